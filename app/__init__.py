@@ -1,0 +1,1 @@
+"""Capacity Planner: memory footprints, MIG fit checks and inference recommendations."""

@@ -1,0 +1,1 @@
+"""HTTP adapter: routers, dependencies, middleware and problem+json errors."""

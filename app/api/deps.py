@@ -1,0 +1,106 @@
+"""Dependencies: settings, database session, API-key auth, If-Match."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, Header, HTTPException, Request
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.orm import Session
+
+from app.config import Settings
+from app.services.concurrency import IfMatch
+
+logger = logging.getLogger("app.auth")
+
+
+def get_settings_dep(request: Request) -> Settings:
+    """The settings the app was built with."""
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
+
+
+def get_session(request: Request) -> Iterator[Session]:
+    """A session per request; services commit, anything uncommitted is rolled back."""
+    with request.app.state.session_factory() as session:
+        yield session
+
+
+SessionDep = Annotated[Session, Depends(get_session)]
+
+_bearer = HTTPBearer(
+    auto_error=False, description="API key as a bearer token: `Authorization: Bearer <key>`."
+)
+_api_key_header = APIKeyHeader(
+    name="X-API-Key", auto_error=False, description="API key in the `X-API-Key` header."
+)
+
+
+def _key_matches(candidate: str, keys: tuple[str, ...]) -> bool:
+    """Constant-time comparison against every configured key (no early exit)."""
+    matched = False
+    for key in keys:
+        matched |= hmac.compare_digest(candidate.encode(), key.encode())
+    return matched
+
+
+def _authenticate(
+    settings: Settings,
+    bearer: HTTPAuthorizationCredentials | None,
+    api_key: str | None,
+) -> None:
+    keys = settings.api_key_list
+    if not keys:
+        return  # open dev mode, logged once at start-up
+    candidate = bearer.credentials if bearer is not None else api_key
+    if not candidate:
+        raise HTTPException(
+            status_code=401,
+            detail="this endpoint needs an API key: send 'Authorization: Bearer <key>' "
+            "or 'X-API-Key: <key>'",
+            headers={"WWW-Authenticate": 'Bearer realm="capacity-planner"'},
+        )
+    if not _key_matches(candidate, keys):
+        logger.warning("rejected API key")  # never log the key itself
+        raise HTTPException(status_code=403, detail="the API key is not accepted")
+
+
+def require_writer(
+    settings: SettingsDep,
+    bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    api_key: Annotated[str | None, Depends(_api_key_header)],
+) -> None:
+    """Writes need a valid key whenever keys are configured."""
+    _authenticate(settings, bearer, api_key)
+
+
+def require_reader(
+    settings: SettingsDep,
+    bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    api_key: Annotated[str | None, Depends(_api_key_header)],
+) -> None:
+    """Reads are open unless CAPPLAN_REQUIRE_AUTH_FOR_READS is set."""
+    if settings.require_auth_for_reads:
+        _authenticate(settings, bearer, api_key)
+
+
+def get_if_match(
+    if_match: Annotated[
+        str | None,
+        Header(
+            alias="If-Match",
+            description='ETag from a previous GET (e.g. `"3"`), or `*`; required for PUT/DELETE.',
+        ),
+    ] = None,
+) -> IfMatch | None:
+    """The parsed If-Match header."""
+    return IfMatch.parse(if_match)
+
+
+IfMatchDep = Annotated[IfMatch | None, Depends(get_if_match)]

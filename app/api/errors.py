@@ -1,0 +1,206 @@
+"""Map every error to an RFC 9457 `application/problem+json` response."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from app.api.context import request_id_var
+from app.domain.errors import DomainError
+from app.schemas.problem import InvalidField, Problem
+from app.services import errors as svc
+
+PROBLEM_JSON = "application/problem+json"
+logger = logging.getLogger("app.api")
+
+# service error -> (status, type slug, title)
+_SERVICE_ERRORS: dict[type[svc.ServiceError], tuple[int, str, str]] = {
+    svc.NotFound: (404, "not-found", "Not found"),
+    svc.AlreadyExists: (409, "already-exists", "Already exists"),
+    svc.ReadOnly: (409, "read-only", "Read-only resource"),
+    svc.InUse: (409, "in-use", "Resource in use"),
+    svc.PreconditionFailed: (412, "stale-version", "Precondition failed"),
+    svc.PreconditionRequired: (428, "if-match-required", "Precondition required"),
+    svc.InvalidInput: (422, "invalid-input", "Invalid input"),
+}
+
+_HTTP_TITLES = {
+    400: ("bad-request", "Bad request"),
+    401: ("unauthorized", "Authentication required"),
+    403: ("forbidden", "Forbidden"),
+    404: ("not-found", "Not found"),
+    405: ("method-not-allowed", "Method not allowed"),
+    406: ("not-acceptable", "Not acceptable"),
+    413: ("payload-too-large", "Payload too large"),
+    415: ("unsupported-media-type", "Unsupported media type"),
+    503: ("unavailable", "Service unavailable"),
+}
+
+
+def problem_body(
+    status: int,
+    type_slug: str,
+    title: str,
+    detail: str,
+    *,
+    instance: str | None = None,
+    errors: list[InvalidField] | None = None,
+) -> dict[str, Any]:
+    """A problem document as a plain dict."""
+    problem = Problem(
+        type=f"/problems/{type_slug}",
+        title=title,
+        status=status,
+        detail=detail,
+        instance=instance,
+        request_id=request_id_var.get(),
+        errors=errors,
+    )
+    return problem.model_dump(exclude_none=True)
+
+
+def problem_response(
+    request: Request,
+    status: int,
+    type_slug: str,
+    title: str,
+    detail: str,
+    *,
+    errors: list[InvalidField] | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    """A problem+json response for ``request``."""
+    body = problem_body(status, type_slug, title, detail, instance=request.url.path, errors=errors)
+    return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
+
+
+def _pointer(loc: tuple[int | str, ...]) -> tuple[str, str]:
+    if not loc:
+        return "body", "/"
+    location = str(loc[0])
+    rest = loc[1:]
+    if location in ("query", "path", "header", "cookie"):
+        return location, ".".join(str(p) for p in rest)
+    return "body", "/" + "/".join(str(p) for p in rest)
+
+
+def _invalid_fields(exc: RequestValidationError) -> list[InvalidField]:
+    fields = []
+    for error in exc.errors():
+        location, pointer = _pointer(tuple(error.get("loc", ())))
+        kind = str(error.get("type", "invalid"))
+        message = str(error.get("msg", "invalid value"))
+        if kind == "json_invalid":
+            position = loc_tail[0] if (loc_tail := tuple(error.get("loc", ()))[1:]) else "?"
+            pointer = "/"
+            message = f"{error.get('ctx', {}).get('error', message)} at character {position}"
+        elif kind == "extra_forbidden":
+            message = "unknown field; remove it (see the schema in /docs for allowed fields)"
+        elif kind == "missing":
+            message = "field required"
+        fields.append(InvalidField(pointer=pointer, location=location, message=message, type=kind))
+    return fields
+
+
+async def _validation_handler(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    fields = _invalid_fields(exc)
+    if any(f.type == "json_invalid" for f in fields):
+        return problem_response(
+            request,
+            400,
+            "malformed-json",
+            "Malformed JSON",
+            "the request body is not valid JSON: " + "; ".join(f.message for f in fields),
+            errors=fields,
+        )
+    summary = "; ".join(f"{f.pointer or f.location}: {f.message}" for f in fields[:5])
+    more = f" (and {len(fields) - 5} more)" if len(fields) > 5 else ""
+    return problem_response(
+        request,
+        422,
+        "validation-error",
+        "Invalid request",
+        f"{len(fields)} invalid field(s): {summary}{more}",
+        errors=fields,
+    )
+
+
+async def _service_handler(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, svc.ServiceError)
+    status, slug, title = _SERVICE_ERRORS.get(type(exc), (400, "bad-request", "Bad request"))
+    errors = None
+    if isinstance(exc, svc.InvalidInput) and exc.pointer is not None:
+        errors = [InvalidField(pointer=exc.pointer, location="body", message=exc.detail, type=slug)]
+    return problem_response(request, status, slug, title, exc.detail, errors=errors)
+
+
+async def _domain_handler(request: Request, exc: Exception) -> JSONResponse:
+    return problem_response(request, 422, "invalid-input", "Invalid input", str(exc))
+
+
+async def _http_handler(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    slug, title = _HTTP_TITLES.get(exc.status_code, ("error", "Error"))
+    detail = exc.detail if isinstance(exc.detail, str) else title
+    if exc.status_code == 404 and detail == "Not Found":
+        detail = f"no endpoint at {request.url.path}; see /docs for the API"
+    return problem_response(
+        request, exc.status_code, slug, title, detail, headers=getattr(exc, "headers", None)
+    )
+
+
+INTERNAL_ERROR_DETAIL = (
+    "the server failed to handle this request; it has been logged - quote the request_id "
+    "when reporting it"
+)
+
+
+def internal_error_body(path: str) -> dict[str, Any]:
+    """The 500 problem: no exception text, stack trace or SQL, just the request id."""
+    return problem_body(
+        500, "internal-error", "Internal server error", INTERNAL_ERROR_DETAIL, instance=path
+    )
+
+
+async def _unhandled_handler(request: Request, exc: Exception) -> JSONResponse:
+    # Fallback only: RequestContextMiddleware turns errors into 500s with the request id.
+    logger.error("unhandled error", exc_info=exc)
+    return JSONResponse(
+        internal_error_body(request.url.path), status_code=500, media_type=PROBLEM_JSON
+    )
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Register the handlers that turn every error into problem+json."""
+    app.add_exception_handler(RequestValidationError, _validation_handler)
+    app.add_exception_handler(svc.ServiceError, _service_handler)
+    app.add_exception_handler(DomainError, _domain_handler)
+    app.add_exception_handler(StarletteHTTPException, _http_handler)
+    app.add_exception_handler(Exception, _unhandled_handler)
+
+
+def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses=` entries declaring problem+json bodies."""
+    descriptions = {
+        400: "Malformed JSON",
+        401: "API key missing",
+        403: "API key not accepted",
+        404: "Not found",
+        409: "Conflict: duplicate slug, read-only entry, or in use",
+        412: "If-Match does not match the current ETag",
+        413: "Request body over the size limit",
+        422: "Invalid input; `errors` lists every invalid field",
+        428: "If-Match header required",
+        503: "Not ready",
+    }
+    # main.py moves these bodies from application/json to application/problem+json.
+    return {
+        status: {"model": Problem, "description": descriptions.get(status, "Error")}
+        for status in statuses
+    }

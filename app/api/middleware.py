@@ -1,0 +1,188 @@
+"""ASGI middleware: body size limit, request ids, access logs and Prometheus metrics."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+import uuid
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.api.context import request_id_var
+from app.api.errors import PROBLEM_JSON, internal_error_body, problem_body
+
+access_logger = logging.getLogger("app.access")
+error_logger = logging.getLogger("app.api")
+_REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+async def _send_problem(send: Send, status: int, body: dict[str, Any]) -> None:
+    payload = json.dumps(body).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", PROBLEM_JSON.encode()),
+                (b"content-length", str(len(payload)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": payload})
+
+
+class BodySizeLimitMiddleware:
+    """Reject bodies over ``max_bytes`` with 413, by Content-Length or while streaming."""
+
+    def __init__(self, app: ASGIApp, *, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    def _too_large(self, path: str) -> dict[str, Any]:
+        return problem_body(
+            413,
+            "payload-too-large",
+            "Payload too large",
+            f"request body exceeds the limit of {self.max_bytes} bytes "
+            "(setting CAPPLAN_MAX_REQUEST_BYTES)",
+            instance=path,
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope.get("path", "")
+        for name, value in scope.get("headers", []):
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    declared = -1
+                if declared < 0:
+                    body = problem_body(
+                        400, "bad-request", "Bad request", "invalid Content-Length", instance=path
+                    )
+                    await _send_problem(send, 400, body)
+                    return
+                if declared > self.max_bytes:
+                    await _send_problem(send, 413, self._too_large(path))
+                    return
+        received = 0
+        exceeded = False
+        replied = False
+
+        async def limited_receive() -> Message:
+            nonlocal received, exceeded
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    exceeded = True
+                    raise _BodyTooLarge
+            return message
+
+        async def guarded_send(message: Message) -> None:
+            # Frameworks may turn the receive error into their own 400; answer 413 instead.
+            nonlocal replied
+            if exceeded:
+                if message["type"] == "http.response.start" and not replied:
+                    replied = True
+                    await _send_problem(send, 413, self._too_large(path))
+                return
+            replied = replied or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, guarded_send)
+        except _BodyTooLarge:
+            if not replied:
+                await _send_problem(send, 413, self._too_large(path))
+
+
+class Metrics:
+    """Prometheus collectors of one app instance (own registry, so apps do not collide)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "capplan_http_requests_total",
+            "HTTP requests by method, route template and status.",
+            ["method", "route", "status"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "capplan_http_request_duration_seconds",
+            "HTTP request latency by method and route template.",
+            ["method", "route"],
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+            registry=self.registry,
+        )
+
+
+class RequestContextMiddleware:
+    """Give every request an id, log it as one JSON line, and record metrics per route."""
+
+    def __init__(self, app: ASGIApp, *, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = None
+        for name, value in scope.get("headers", []):
+            if name == b"x-request-id":
+                candidate = value.decode("latin-1")
+                if _REQUEST_ID_RE.match(candidate):
+                    request_id = candidate
+        request_id = request_id or uuid.uuid4().hex
+        token = request_id_var.set(request_id)
+        status = 500
+        started = False
+        start = time.perf_counter()
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status, started
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                started = True
+                headers = list(message.get("headers", []))
+                headers.append((b"x-request-id", request_id.encode()))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        except Exception:
+            # Logged here with the request id; the client gets a 500 problem without internals.
+            error_logger.exception("unhandled error")
+            if not started:
+                await _send_problem(send_with_id, 500, internal_error_body(scope.get("path", "")))
+        finally:
+            elapsed = time.perf_counter() - start
+            route = scope.get("route")
+            template = getattr(route, "path", None) or "<unmatched>"
+            method = scope.get("method", "")
+            self.metrics.requests.labels(method, template, str(status)).inc()
+            self.metrics.latency.labels(method, template).observe(elapsed)
+            access_logger.info(
+                "request",
+                extra={
+                    "method": method,
+                    "path": scope.get("path", ""),
+                    "route": template,
+                    "status": status,
+                    "duration_ms": round(elapsed * 1000, 3),
+                },
+            )
+            request_id_var.reset(token)

@@ -1,0 +1,130 @@
+"""/v1/hardware: hardware profiles."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path, Query, Response, status
+
+from app.api.deps import IfMatchDep, SessionDep, require_reader, require_writer
+from app.api.errors import problem_responses
+from app.schemas.hardware import (
+    HardwareCreate,
+    HardwareKind,
+    HardwareList,
+    HardwareRead,
+    HardwareReplace,
+    HardwareSource,
+)
+from app.services import hardware as service
+from app.services.concurrency import etag_for
+
+router = APIRouter(prefix="/v1/hardware", tags=["hardware"])
+SlugPath = Annotated[
+    str, Path(max_length=64, description="Hardware slug.", examples=["nvidia-a100-80gb-sxm"])
+]
+READ = [Depends(require_reader)]
+WRITE = [Depends(require_writer)]
+
+
+@router.get(
+    "",
+    response_model=HardwareList,
+    dependencies=READ,
+    responses=problem_responses(401, 403, 422),
+    summary="List hardware profiles",
+)
+def list_hardware(
+    session: SessionDep,
+    kind: Annotated[HardwareKind | None, Query(description="Only this device class.")] = None,
+    vendor: Annotated[
+        str | None, Query(max_length=64, description="Only this vendor (case-insensitive).")
+    ] = None,
+    family: Annotated[
+        str | None, Query(max_length=64, description="Only this device family.")
+    ] = None,
+    source: Annotated[
+        HardwareSource | None, Query(description="`catalog` (read-only) or `user`.")
+    ] = None,
+    mig_capable: Annotated[
+        bool | None, Query(description="Only devices with (true) or without (false) MIG.")
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=500, description="Page size.")] = 50,
+    offset: Annotated[int, Query(ge=0, le=1_000_000, description="Items to skip.")] = 0,
+) -> HardwareList:
+    """Hardware profiles ordered by slug, filtered and paginated."""
+    return service.list_hardware(
+        session,
+        kind=kind.value if kind else None,
+        vendor=vendor,
+        family=family,
+        source=source.value if source else None,
+        mig_capable=mig_capable,
+        limit=limit,
+        offset=offset,
+    )
+
+
+@router.get(
+    "/{slug}",
+    response_model=HardwareRead,
+    dependencies=READ,
+    responses=problem_responses(401, 403, 404),
+    summary="Get a hardware profile",
+)
+def get_hardware(slug: SlugPath, session: SessionDep, response: Response) -> HardwareRead:
+    """One hardware profile; the ETag header carries its version."""
+    result = service.get_hardware(session, slug=slug)
+    response.headers["ETag"] = etag_for(result.version)
+    return result
+
+
+@router.post(
+    "",
+    response_model=HardwareRead,
+    status_code=status.HTTP_201_CREATED,
+    dependencies=WRITE,
+    responses=problem_responses(400, 401, 403, 409, 413, 422),
+    summary="Create a hardware profile",
+)
+def create_hardware(
+    payload: HardwareCreate, session: SessionDep, response: Response
+) -> HardwareRead:
+    """Store a user-defined hardware profile (the catalog's own entries are read-only)."""
+    result = service.create_hardware(session, payload=payload)
+    response.headers["ETag"] = etag_for(result.version)
+    response.headers["Location"] = f"/v1/hardware/{result.slug}"
+    return result
+
+
+@router.put(
+    "/{slug}",
+    response_model=HardwareRead,
+    dependencies=WRITE,
+    responses=problem_responses(400, 401, 403, 404, 409, 412, 413, 422, 428),
+    summary="Replace a hardware profile",
+)
+def replace_hardware(
+    slug: SlugPath,
+    payload: HardwareReplace,
+    session: SessionDep,
+    if_match: IfMatchDep,
+    response: Response,
+) -> HardwareRead:
+    """Replace a user-defined profile; send the ETag you read as If-Match."""
+    result = service.replace_hardware(session, slug=slug, payload=payload, if_match=if_match)
+    response.headers["ETag"] = etag_for(result.version)
+    return result
+
+
+@router.delete(
+    "/{slug}",
+    status_code=status.HTTP_204_NO_CONTENT,
+    dependencies=WRITE,
+    responses=problem_responses(401, 403, 404, 409, 412, 428),
+    summary="Delete a hardware profile",
+)
+def delete_hardware(slug: SlugPath, session: SessionDep, if_match: IfMatchDep) -> Response:
+    """Delete a user-defined profile; send the ETag you read as If-Match."""
+    service.delete_hardware(session, slug=slug, if_match=if_match)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)

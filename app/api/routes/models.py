@@ -1,0 +1,109 @@
+"""/v1/models: model architectures."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path, Query, Response, status
+
+from app.api.deps import IfMatchDep, SessionDep, require_reader, require_writer
+from app.api.errors import problem_responses
+from app.schemas.models import ModelCreate, ModelList, ModelRead, ModelReplace, Provenance
+from app.services import models as service
+from app.services.concurrency import etag_for
+
+router = APIRouter(prefix="/v1/models", tags=["models"])
+SlugPath = Annotated[str, Path(max_length=64, description="Model slug.", examples=["tiny-cnn"])]
+READ = [Depends(require_reader)]
+WRITE = [Depends(require_writer)]
+
+
+@router.get(
+    "",
+    response_model=ModelList,
+    dependencies=READ,
+    responses=problem_responses(401, 403, 422),
+    summary="List model architectures",
+)
+def list_models(
+    session: SessionDep,
+    family: Annotated[
+        str | None, Query(max_length=64, description="Only this architecture family.")
+    ] = None,
+    provenance: Annotated[
+        Provenance | None, Query(description="Only this provenance (builtin, user, ...).")
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=500, description="Page size.")] = 50,
+    offset: Annotated[int, Query(ge=0, le=1_000_000, description="Items to skip.")] = 0,
+) -> ModelList:
+    """Architectures ordered by slug, filtered and paginated."""
+    return service.list_models(
+        session,
+        family=family,
+        provenance=provenance.value if provenance else None,
+        limit=limit,
+        offset=offset,
+    )
+
+
+@router.get(
+    "/{slug}",
+    response_model=ModelRead,
+    dependencies=READ,
+    responses=problem_responses(401, 403, 404),
+    summary="Get a model architecture",
+)
+def get_model(slug: SlugPath, session: SessionDep, response: Response) -> ModelRead:
+    """One architecture; the ETag header carries its version."""
+    result = service.get_model(session, slug=slug)
+    response.headers["ETag"] = etag_for(result.version)
+    return result
+
+
+@router.post(
+    "",
+    response_model=ModelRead,
+    status_code=status.HTTP_201_CREATED,
+    dependencies=WRITE,
+    responses=problem_responses(400, 401, 403, 409, 413, 422),
+    summary="Create a model architecture",
+)
+def create_model(payload: ModelCreate, session: SessionDep, response: Response) -> ModelRead:
+    """Validate the layer graph (names, ops, attributes, inputs) and store it."""
+    result = service.create_model(session, payload=payload)
+    response.headers["ETag"] = etag_for(result.version)
+    response.headers["Location"] = f"/v1/models/{result.slug}"
+    return result
+
+
+@router.put(
+    "/{slug}",
+    response_model=ModelRead,
+    dependencies=WRITE,
+    responses=problem_responses(400, 401, 403, 404, 409, 412, 413, 422, 428),
+    summary="Replace a model architecture",
+)
+def replace_model(
+    slug: SlugPath,
+    payload: ModelReplace,
+    session: SessionDep,
+    if_match: IfMatchDep,
+    response: Response,
+) -> ModelRead:
+    """Replace a user architecture; send the ETag you read as If-Match."""
+    result = service.replace_model(session, slug=slug, payload=payload, if_match=if_match)
+    response.headers["ETag"] = etag_for(result.version)
+    return result
+
+
+@router.delete(
+    "/{slug}",
+    status_code=status.HTTP_204_NO_CONTENT,
+    dependencies=WRITE,
+    responses=problem_responses(401, 403, 404, 409, 412, 428),
+    summary="Delete a model architecture",
+)
+def delete_model(slug: SlugPath, session: SessionDep, if_match: IfMatchDep) -> Response:
+    """Delete a user architecture; send the ETag you read as If-Match."""
+    service.delete_model(session, slug=slug, if_match=if_match)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -1,0 +1,84 @@
+"""Operational endpoints: liveness, readiness, metrics."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import Field
+from sqlalchemy import text
+from sqlalchemy.exc import SQLAlchemyError
+
+from app.api.errors import problem_response, problem_responses
+from app.db.migrations import current_revisions
+from app.schemas.base import Schema
+
+router = APIRouter(tags=["operations"])
+logger = logging.getLogger("app.ops")
+
+
+class Health(Schema):
+    """Liveness answer."""
+
+    status: str = Field(description="`ok` while the process serves requests.", examples=["ok"])
+
+
+class Readiness(Schema):
+    """Readiness answer."""
+
+    status: str = Field(description="`ready` when the service can do its work.", examples=["ready"])
+    database: str = Field(description="Database backend in use.", examples=["sqlite"])
+    migration: list[str] = Field(
+        description="Alembic revision(s) the database is at.", examples=[["0001"]]
+    )
+
+
+@router.get("/healthz", response_model=Health, summary="Liveness")
+def healthz() -> Health:
+    """The process is alive; does not touch the database."""
+    return Health(status="ok")
+
+
+@router.get(
+    "/readyz",
+    response_model=Readiness,
+    responses=problem_responses(503),
+    summary="Readiness",
+)
+def readyz(request: Request) -> Readiness | JSONResponse:
+    """The database answers and its schema is at the migration head the code expects."""
+    engine = request.app.state.engine
+    try:
+        with engine.connect() as connection:
+            connection.execute(text("SELECT 1"))
+        current = current_revisions(engine)
+    except SQLAlchemyError as exc:
+        logger.warning("readiness: database unreachable: %s", type(exc).__name__)
+        return problem_response(
+            request, 503, "not-ready", "Not ready", "the database is not reachable"
+        )
+    expected: set[str] = request.app.state.head_revisions
+    if current != expected:
+        return problem_response(
+            request,
+            503,
+            "not-ready",
+            "Not ready",
+            f"database schema is at {sorted(current) or 'no revision'}, code expects "
+            f"{sorted(expected)}; run `capplan-server migrate`",
+        )
+    return Readiness(status="ready", database=engine.dialect.name, migration=sorted(current))
+
+
+@router.get(
+    "/metrics",
+    summary="Prometheus metrics",
+    response_class=Response,
+    responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "Metrics."}},
+)
+def metrics(request: Request) -> Response:
+    """Request counts and latency histograms per route, in Prometheus text format."""
+    payload = generate_latest(request.app.state.metrics.registry)
+    return Response(content=payload, media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,125 @@
+"""Command line: serve, migrate, catalog sync/validate, OpenAPI export."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import yaml
+
+from app.config import Settings, get_settings
+from app.logs import configure_logging
+
+
+def _migrate(settings: Settings) -> int:
+    from app.db.migrations import upgrade_to_head
+
+    upgrade_to_head(settings.resolved_database_url)
+    print(f"database at migration head ({_safe_url(settings)})")
+    return 0
+
+
+def _safe_url(settings: Settings) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(settings.resolved_database_url).render_as_string(hide_password=True)
+
+
+def _catalog_sync(settings: Settings) -> int:
+    from app.db.session import make_engine, make_session_factory
+    from app.services.catalog import CatalogError, load_catalog, sync_catalog
+
+    try:
+        entries = load_catalog(settings.catalog_dir)
+    except CatalogError as exc:
+        print(f"catalog invalid: {exc}", file=sys.stderr)
+        return 1
+    engine = make_engine(settings.resolved_database_url)
+    try:
+        with make_session_factory(engine)() as session:
+            report = sync_catalog(session, entries)
+    finally:
+        engine.dispose()
+    print(f"catalog sync: {report.summary()}")
+    for slug in report.skipped_user_owned:
+        print(f"  kept user-owned profile '{slug}' (catalog entry with that slug not loaded)")
+    return 0
+
+
+def _catalog_validate(settings: Settings) -> int:
+    from app.services.catalog import CatalogError, load_catalog
+
+    try:
+        entries = load_catalog(settings.catalog_dir)
+    except CatalogError as exc:
+        print(f"catalog invalid: {exc}", file=sys.stderr)
+        return 1
+    print(f"catalog valid: {len(entries)} devices")
+    return 0
+
+
+def openapi_document(settings: Settings | None = None) -> str:
+    """The app's OpenAPI schema as YAML (what `openapi.yaml` must contain)."""
+    from app.main import create_app
+
+    app = create_app(settings or Settings(database_url="sqlite://"))
+    schema = json.loads(json.dumps(app.openapi()))
+    return yaml.safe_dump(schema, sort_keys=False, allow_unicode=True, width=100)
+
+
+def _openapi(output: str | None) -> int:
+    document = openapi_document()
+    if output:
+        Path(output).write_text(document, encoding="utf-8")
+        print(f"wrote {output}")
+    else:
+        sys.stdout.write(document)
+    return 0
+
+
+def _serve(settings: Settings, host: str | None, port: int | None) -> int:
+    import uvicorn
+
+    from app.main import create_app
+
+    configure_logging(settings.log_level)
+    uvicorn.run(
+        create_app(settings),
+        host=host or settings.host,
+        port=port or settings.port,
+        log_config=None,
+        proxy_headers=True,
+    )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `capplan-server`."""
+    parser = argparse.ArgumentParser(prog="capplan-server", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the API with uvicorn")
+    serve.add_argument("--host", help="bind address (default CAPPLAN_HOST or 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port (default CAPPLAN_PORT or 8000)")
+    sub.add_parser("migrate", help="apply Alembic migrations up to head")
+    sub.add_parser("catalog-sync", help="load hardware_catalog/ into the database (idempotent)")
+    sub.add_parser("catalog-validate", help="validate hardware_catalog/ without a database")
+    export = sub.add_parser("openapi", help="print the OpenAPI schema as YAML")
+    export.add_argument("--output", "-o", help="write to this file instead of stdout")
+    args = parser.parse_args(argv)
+
+    settings = get_settings()
+    if args.command == "serve":
+        return _serve(settings, args.host, args.port)
+    if args.command == "migrate":
+        return _migrate(settings)
+    if args.command == "catalog-sync":
+        return _catalog_sync(settings)
+    if args.command == "catalog-validate":
+        return _catalog_validate(settings)
+    return _openapi(args.output)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

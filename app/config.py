@@ -1,0 +1,66 @@
+"""Service settings, read from the environment (prefix ``CAPPLAN_``) or a ``.env`` file."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+class Settings(BaseSettings):
+    """Every setting of the service; see README.md for the environment variables."""
+
+    model_config = SettingsConfigDict(env_prefix="CAPPLAN_", env_file=".env", extra="ignore")
+
+    data_dir: Path = Field(
+        default=PROJECT_ROOT / "data", description="Directory of the default SQLite database."
+    )
+    database_url: str | None = Field(
+        default=None,
+        description="SQLAlchemy URL; default: SQLite file `<data_dir>/capplan.db`.",
+    )
+    host: str = Field(default="127.0.0.1", description="Address `serve` binds to.")
+    port: int = Field(default=8000, ge=1, le=65535, description="Port `serve` binds to.")
+    api_keys: SecretStr = Field(
+        default=SecretStr(""),
+        description="Comma-separated API keys for writes; empty: open dev mode.",
+    )
+    require_auth_for_reads: bool = Field(
+        default=False, description="Require an API key for reads too."
+    )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(default="INFO")
+    max_request_bytes: int = Field(
+        default=1_048_576, gt=0, description="Largest request body accepted (413 above)."
+    )
+    catalog_dir: Path = Field(
+        default=PROJECT_ROOT / "hardware_catalog", description="Hardware catalog directory."
+    )
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper(cls, value: object) -> object:
+        return value.upper() if isinstance(value, str) else value
+
+    @property
+    def resolved_database_url(self) -> str:
+        """The database URL in force (the SQLite default when none is set)."""
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{self.data_dir / 'capplan.db'}"
+
+    @property
+    def api_key_list(self) -> tuple[str, ...]:
+        """Configured API keys (never log these)."""
+        raw = self.api_keys.get_secret_value()
+        return tuple(key.strip() for key in raw.split(",") if key.strip())
+
+
+@lru_cache
+def get_settings() -> Settings:
+    """The process-wide settings (cached; tests build their own ``Settings``)."""
+    return Settings()

@@ -1,0 +1,86 @@
+"""Application factory: routers, error handlers, middleware, lifespan."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+
+from app.api.errors import PROBLEM_JSON, install_error_handlers
+from app.api.middleware import BodySizeLimitMiddleware, Metrics, RequestContextMiddleware
+from app.api.routes import hardware, models, ops
+from app.config import Settings, get_settings
+from app.db.migrations import head_revisions
+from app.db.session import make_engine, make_session_factory
+
+logger = logging.getLogger("app")
+
+DESCRIPTION = """
+Capacity Planner answers the questions a platform team asks before a deep-learning job lands
+on its hardware: how much memory a model needs to train or serve, whether it fits a GPU or a
+MIG slice, and whether inference belongs on a CPU or a GPU. Every error is
+`application/problem+json` (RFC 9457). Writes need an API key when keys are configured
+(`Authorization: Bearer <key>` or `X-API-Key`) and an `If-Match` ETag when they change an
+existing resource.
+"""
+
+
+def _problem_media_types(schema: dict[str, Any]) -> dict[str, Any]:
+    """Error responses are problem+json, not application/json."""
+    for path in schema.get("paths", {}).values():
+        for operation in path.values():
+            for code, response in operation.get("responses", {}).items():
+                content = response.get("content", {})
+                if code[0] in "45" and "application/json" in content:
+                    content[PROBLEM_JSON] = content.pop("application/json")
+    return schema
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the ASGI app for ``settings`` (default: the environment's)."""
+    settings = settings or get_settings()
+    engine = make_engine(settings.resolved_database_url)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if not settings.api_key_list:
+            logger.warning(
+                "OPEN DEV MODE: no API keys configured (CAPPLAN_API_KEYS); writes are open"
+            )
+        else:
+            logger.info("API keys configured: %d; writes need a key", len(settings.api_key_list))
+        yield
+        engine.dispose()
+
+    app = FastAPI(
+        title="Capacity Planner",
+        version="0.1.0",
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        docs_url="/docs",
+        redoc_url="/redoc",
+    )
+    app.state.settings = settings
+    app.state.engine = engine
+    app.state.session_factory = make_session_factory(engine)
+    app.state.head_revisions = head_revisions()
+    app.state.metrics = Metrics()
+
+    install_error_handlers(app)
+    app.include_router(ops.router)
+    app.include_router(hardware.router)
+    app.include_router(models.router)
+    # Added last = outermost: ids and metrics cover every request, including 413s.
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_request_bytes)
+    app.add_middleware(RequestContextMiddleware, metrics=app.state.metrics)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = _problem_media_types(FastAPI.openapi(app))
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+    return app

@@ -1,0 +1,1 @@
+"""Pydantic request/response models: the API contract."""

@@ -1,0 +1,324 @@
+"""Hardware profile contract; also the schema every `hardware_catalog/` entry must satisfy."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Literal, Self
+
+from pydantic import Field, StringConstraints, model_validator
+
+from app.domain.precision import DType
+from app.schemas.base import MAX_BYTES, Page, Schema, Slug
+
+
+class HardwareKind(StrEnum):
+    """Broad class of a device."""
+
+    GPU = "gpu"
+    CPU = "cpu"
+    TPU = "tpu"
+    EDGE = "edge"
+
+
+class HardwareSource(StrEnum):
+    """Where a hardware profile came from: the shipped catalog (read-only) or a user."""
+
+    CATALOG = "catalog"
+    USER = "user"
+
+
+PositiveBytes = Annotated[int, Field(gt=0, le=MAX_BYTES)]
+PeakTable = dict[DType, Annotated[float, Field(gt=0, lt=1e21)]]
+MigProfileName = Annotated[
+    str,
+    StringConstraints(pattern=r"^[1-8]g\.[0-9]{1,3}gb(?:[+-][a-z]+(?:\.[a-z]+)?)?$"),
+]
+
+
+class HostLink(Schema):
+    """How the device talks to its host (or, for a CPU, to its accelerators)."""
+
+    type: str = Field(
+        min_length=1,
+        max_length=200,
+        description="Human-readable description of the link.",
+        examples=["PCIe Gen4 x16"],
+    )
+    pcie_generation: int | None = Field(
+        default=None, ge=1, le=7, description="PCIe generation, if PCIe.", examples=[4]
+    )
+    pcie_lanes: int | None = Field(
+        default=None, ge=1, le=256, description="PCIe lanes, if PCIe.", examples=[16]
+    )
+    bandwidth_bytes_per_s: PositiveBytes | None = Field(
+        default=None,
+        description="Theoretical per-direction host link bandwidth [B/s].",
+        examples=[31_500_000_000],
+    )
+
+
+class CpuDetails(Schema):
+    """Core counts and clocks of a CPU (or of the CPU side of an edge SoC)."""
+
+    cores: int = Field(gt=0, le=4096, description="Physical cores per socket.", examples=[56])
+    threads: int = Field(gt=0, le=8192, description="Hardware threads per socket.", examples=[112])
+    base_clock_hz: int | None = Field(
+        default=None, gt=0, le=10**11, description="Base clock [Hz].", examples=[2_000_000_000]
+    )
+    boost_clock_hz: int | None = Field(
+        default=None, gt=0, le=10**11, description="Max boost clock [Hz].", examples=[3_800_000_000]
+    )
+    simd: str | None = Field(
+        default=None,
+        max_length=200,
+        description="Vector / matrix extensions that set the peak figures.",
+        examples=["AVX-512 + AMX"],
+    )
+
+
+class MigProfile(Schema):
+    """One MIG GPU-instance profile of a GPU model."""
+
+    name: MigProfileName = Field(
+        description="Profile name as nvidia-smi prints it.", examples=["1g.10gb"]
+    )
+    memory_mib: int = Field(
+        gt=0,
+        le=2**24,
+        description="Usable memory as the driver reports it, smallest value observed [MiB].",
+        examples=[9728],
+    )
+    compute_slices: int = Field(
+        ge=1, le=8, description="Compute slices (the 'Ng' prefix).", examples=[1]
+    )
+    memory_slices: int = Field(
+        ge=1, le=8, description="Memory slices occupied (placement size).", examples=[1]
+    )
+    max_instances: int = Field(
+        ge=1, le=8, description="Maximum instances of this profile on one GPU.", examples=[7]
+    )
+    placements: list[Annotated[int, Field(ge=0, le=7)]] = Field(
+        min_length=1,
+        description="Allowed start indices on the memory-slice axis.",
+        examples=[[0, 1, 2, 3, 4, 5, 6]],
+    )
+    unconfirmed: list[str] = Field(
+        default_factory=list,
+        description="Fields of this profile not confirmed against a primary source.",
+        examples=[["placements"]],
+    )
+
+
+class MigSpec(Schema):
+    """MIG geometry of a GPU model and its profiles."""
+
+    total_compute_slices: int = Field(
+        ge=1, le=8, description="Compute slices of the whole GPU (7, or 4 on A30).", examples=[7]
+    )
+    total_memory_slices: int = Field(
+        ge=1, le=8, description="Memory slices of the whole GPU (8, or 4 on A30).", examples=[8]
+    )
+    max_gpu_instances: int = Field(
+        ge=1, le=8, description="Maximum GPU instances at once.", examples=[7]
+    )
+    profiles: list[MigProfile] = Field(
+        min_length=1, description="Every supported GPU-instance profile."
+    )
+
+    @model_validator(mode="after")
+    def _profiles_fit_geometry(self) -> Self:
+        seen: set[str] = set()
+        for index, profile in enumerate(self.profiles):
+            where = f"profiles[{index}] ({profile.name})"
+            if profile.name in seen:
+                raise ValueError(f"{where}: duplicate profile name")
+            seen.add(profile.name)
+            if profile.compute_slices > self.total_compute_slices:
+                raise ValueError(
+                    f"{where}: compute_slices {profile.compute_slices} exceeds "
+                    f"total_compute_slices {self.total_compute_slices}"
+                )
+            for start in profile.placements:
+                if start + profile.memory_slices > self.total_memory_slices:
+                    raise ValueError(
+                        f"{where}: placement {start} + memory_slices {profile.memory_slices} "
+                        f"runs past total_memory_slices {self.total_memory_slices}"
+                    )
+        return self
+
+
+class FrameworkOverhead(Schema):
+    """Per-device framework defaults the memory engine adds as separate lines."""
+
+    cuda_context_bytes: int = Field(
+        ge=0,
+        le=MAX_BYTES,
+        description="Per-process CUDA context (PyTorch, lazy module loading) [B].",
+        examples=[524_288_000],
+    )
+    workspace_bytes: int = Field(
+        ge=0,
+        le=MAX_BYTES,
+        description="cuBLAS / cuDNN workspace reserved per process [B].",
+        examples=[33_554_432],
+    )
+
+
+class HardwareBase(Schema):
+    """Fields a client supplies for a hardware profile."""
+
+    vendor: str = Field(
+        min_length=1, max_length=64, description="Manufacturer.", examples=["NVIDIA"]
+    )
+    name: str = Field(
+        min_length=1, max_length=200, description="Marketing name.", examples=["A100 80GB SXM4"]
+    )
+    kind: HardwareKind = Field(description="Device class.", examples=["gpu"])
+    family: str | None = Field(
+        default=None,
+        max_length=64,
+        description="Device family; for catalog entries, the catalog file it came from.",
+        examples=["nvidia-ampere"],
+    )
+    architecture: str | None = Field(
+        default=None, max_length=100, description="Micro-architecture.", examples=["Ampere GA100"]
+    )
+    launch_year: int | None = Field(
+        default=None, ge=1990, le=2100, description="Year of launch.", examples=[2020]
+    )
+    memory_bytes: PositiveBytes = Field(
+        description=(
+            "Device memory [B]. GPU HBM/GDDR sold as 'N GB' is N GiB; for CPUs, the memory of "
+            "the reference system named in `notes`."
+        ),
+        examples=[85_899_345_920],
+    )
+    memory_type: str | None = Field(
+        default=None, max_length=64, description="Memory technology.", examples=["HBM2e"]
+    )
+    memory_bandwidth_bytes_per_s: PositiveBytes = Field(
+        description="Peak memory bandwidth [B/s].", examples=[2_039_000_000_000]
+    )
+    peak_flops_per_s: PeakTable = Field(
+        min_length=1,
+        description=(
+            "Dense peak throughput per dtype [FLOP/s, or OP/s for integer dtypes]; the best "
+            "dense figure (tensor/matrix units where present), no 2:4 sparsity."
+        ),
+        examples=[{"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12, "fp16": 312e12}],
+    )
+    peak_sparse_flops_per_s: PeakTable = Field(
+        default_factory=dict,
+        description="2:4 structured-sparsity peaks as marketed [FLOP/s or OP/s], kept apart.",
+        examples=[{"bf16": 624e12}],
+    )
+    host_link: HostLink = Field(description="Host link of the device.")
+    tdp_watts: float | None = Field(
+        default=None, gt=0, le=100_000, description="Thermal design power [W].", examples=[400]
+    )
+    price_usd_per_hour: float | None = Field(
+        default=None,
+        ge=0,
+        le=100_000,
+        description="Indicative on-demand price of one device [USD/h].",
+        examples=[4.1],
+    )
+    cpu: CpuDetails | None = Field(default=None, description="CPU details, for CPUs and SoCs.")
+    mig: MigSpec | None = Field(
+        default=None, description="MIG geometry and profiles; null when MIG is not supported."
+    )
+    framework_overhead: FrameworkOverhead | None = Field(
+        default=None, description="Framework overhead defaults for this device; null: none."
+    )
+    unconfirmed: list[Annotated[str, StringConstraints(max_length=300)]] = Field(
+        default_factory=list,
+        max_length=100,
+        description="Fields not confirmed against a primary source.",
+        examples=[["price_usd_per_hour"]],
+    )
+    sources: list[Annotated[str, StringConstraints(min_length=1, max_length=500)]] = Field(
+        default_factory=list,
+        max_length=50,
+        description="Where the figures come from.",
+        examples=[["https://www.nvidia.com/en-us/data-center/a100/"]],
+    )
+    notes: str | None = Field(
+        default=None, max_length=4000, description="Free-form remarks.", examples=[None]
+    )
+
+    @model_validator(mode="after")
+    def _mig_only_on_gpus(self) -> Self:
+        if self.mig is not None and self.kind is not HardwareKind.GPU:
+            raise ValueError(f"mig: only gpu devices support MIG, not kind '{self.kind.value}'")
+        return self
+
+
+class HardwareCreate(HardwareBase):
+    """A new hardware profile."""
+
+    slug: Slug
+
+
+class HardwareReplace(HardwareBase):
+    """A full replacement of a hardware profile (PUT); the slug is taken from the path."""
+
+
+class CatalogEntry(HardwareCreate):
+    """An entry of a `hardware_catalog/` file: a hardware profile that must cite sources."""
+
+    sources: list[Annotated[str, StringConstraints(min_length=1, max_length=500)]] = Field(
+        min_length=1, max_length=50, description="Where the figures come from."
+    )
+
+
+class CatalogFile(Schema):
+    """One `hardware_catalog/*.yaml` file: a device family."""
+
+    family: str = Field(
+        pattern=r"^[a-z0-9-]+$", description="Family slug; must equal the file name stem."
+    )
+    description: str | None = Field(default=None, description="What the family covers.")
+    devices: list[CatalogEntry] = Field(min_length=1, description="Devices of the family.")
+
+
+class MigProfileRead(MigProfile):
+    """A MIG profile with derived figures."""
+
+    memory_bytes: int = Field(description="Usable memory [B].", examples=[10_200_547_328])
+    kubernetes_resource: str = Field(
+        description="Extended resource name the NVIDIA device plugin advertises ('+' -> '.').",
+        examples=["nvidia.com/mig-1g.10gb"],
+    )
+
+
+class MigSpecRead(MigSpec):
+    """MIG geometry with derived per-profile figures."""
+
+    profiles: list[MigProfileRead] = Field(  # type: ignore[assignment]
+        description="Every supported GPU-instance profile."
+    )
+
+
+class HardwareRead(HardwareCreate):
+    """A stored hardware profile."""
+
+    mig: MigSpecRead | None = Field(  # type: ignore[assignment]
+        default=None, description="MIG geometry and profiles; null when MIG is not supported."
+    )
+    source: HardwareSource = Field(
+        description="`catalog` entries are read-only; `user` entries are editable.",
+        examples=["catalog"],
+    )
+    version: int = Field(description="Optimistic-concurrency version (the ETag).", examples=[1])
+    created_at: datetime = Field(
+        description="Creation time (UTC).", examples=["2026-11-22T06:00:00Z"]
+    )
+    updated_at: datetime = Field(
+        description="Last change (UTC).", examples=["2026-11-22T06:00:00Z"]
+    )
+
+
+HardwareList = Page[HardwareRead]
+
+KindFilter = Literal["gpu", "cpu", "tpu", "edge"]

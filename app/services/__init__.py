@@ -1,0 +1,1 @@
+"""Use cases: repositories -> domain -> schemas; each write use case owns its commit."""

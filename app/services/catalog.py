@@ -1,0 +1,132 @@
+"""Load the shipped hardware catalog and sync it into the database idempotently."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError
+from sqlalchemy.orm import Session
+
+from app.db.models import Hardware, utcnow
+from app.db.repositories import HardwareRepository
+from app.schemas.hardware import CatalogEntry, CatalogFile, HardwareSource
+from app.services.hardware import apply_fields
+
+
+class CatalogError(Exception):
+    """A catalog file is unreadable or invalid; the message names the file and the field."""
+
+
+def load_catalog(directory: Path) -> list[CatalogEntry]:
+    """Read and validate every ``*.yaml`` file; slugs must be unique across files."""
+    files = sorted(directory.glob("*.yaml"))
+    if not files:
+        raise CatalogError(f"no *.yaml files in {directory}")
+    entries: list[CatalogEntry] = []
+    origin: dict[str, str] = {}
+    for path in files:
+        try:
+            raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+            parsed = CatalogFile.model_validate(raw)
+        except yaml.YAMLError as exc:
+            raise CatalogError(f"{path.name}: not valid YAML: {exc}") from exc
+        except ValidationError as exc:
+            raise CatalogError(f"{path.name}: {_describe(exc)}") from exc
+        if parsed.family != path.stem:
+            raise CatalogError(f"{path.name}: family '{parsed.family}' must equal the file stem")
+        for entry in parsed.devices:
+            if entry.slug in origin:
+                raise CatalogError(
+                    f"{path.name}: slug '{entry.slug}' also defined in {origin[entry.slug]}"
+                )
+            if entry.family not in (None, parsed.family):
+                raise CatalogError(
+                    f"{path.name}: device '{entry.slug}' has family '{entry.family}', "
+                    f"expected '{parsed.family}'"
+                )
+            origin[entry.slug] = path.name
+            entries.append(entry.model_copy(update={"family": parsed.family}))
+    return entries
+
+
+def _describe(exc: ValidationError) -> str:
+    first = exc.errors()[0]
+    location = ".".join(str(part) for part in first["loc"])
+    return f"{location}: {first['msg']} ({exc.error_count()} error(s))"
+
+
+def entry_digest(entry: CatalogEntry) -> str:
+    """Content hash of a catalog entry: a sync touches a row only when it changes."""
+    canonical = json.dumps(entry.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+@dataclass(slots=True)
+class SyncReport:
+    """What a sync did, slug by slug."""
+
+    created: list[str] = field(default_factory=list)
+    updated: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    skipped_user_owned: list[str] = field(default_factory=list)
+    not_in_catalog: list[str] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        """Whether the sync wrote anything."""
+        return bool(self.created or self.updated)
+
+    def summary(self) -> str:
+        """One line for logs and the CLI."""
+        return (
+            f"created {len(self.created)}, updated {len(self.updated)}, "
+            f"unchanged {len(self.unchanged)}, skipped (user-owned slug) "
+            f"{len(self.skipped_user_owned)}, stale catalog rows kept {len(self.not_in_catalog)}"
+        )
+
+
+def sync_catalog(session: Session, entries: list[CatalogEntry]) -> SyncReport:
+    """Upsert catalog entries by slug in one transaction.
+
+    User-created rows are never touched, even when a catalog slug collides with one; catalog
+    rows whose entry disappeared from the files are kept (workloads may refer to them) and
+    reported. An entry whose content digest is unchanged is not written, so a second sync
+    changes nothing (versions and timestamps stay put).
+    """
+    report = SyncReport()
+    existing = HardwareRepository(session).all_by_slug()
+    for entry in entries:
+        digest = entry_digest(entry)
+        row = existing.get(entry.slug)
+        if row is None:
+            row = Hardware(
+                slug=entry.slug,
+                source=HardwareSource.CATALOG.value,
+                catalog_digest=digest,
+                created_at=utcnow(),
+            )
+            apply_fields(row, entry)
+            session.add(row)
+            report.created.append(entry.slug)
+        elif row.source != HardwareSource.CATALOG.value:
+            report.skipped_user_owned.append(entry.slug)
+        elif row.catalog_digest == digest:
+            report.unchanged.append(entry.slug)
+        else:
+            row.mig_profiles = []
+            session.flush()
+            apply_fields(row, entry)
+            row.catalog_digest = digest
+            report.updated.append(entry.slug)
+    catalog_slugs = {entry.slug for entry in entries}
+    report.not_in_catalog = sorted(
+        slug
+        for slug, row in existing.items()
+        if row.source == HardwareSource.CATALOG.value and slug not in catalog_slugs
+    )
+    session.commit()
+    return report

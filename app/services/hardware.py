@@ -1,0 +1,236 @@
+"""Hardware profile use cases."""
+
+from __future__ import annotations
+
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from app.db.models import Hardware, MigProfile, utcnow
+from app.db.repositories import HardwareRepository
+from app.schemas.hardware import (
+    CpuDetails,
+    FrameworkOverhead,
+    HardwareBase,
+    HardwareCreate,
+    HardwareList,
+    HardwareRead,
+    HardwareReplace,
+    HardwareSource,
+    HostLink,
+    MigProfileRead,
+    MigSpecRead,
+)
+from app.services.concurrency import IfMatch, commit_versioned, require_match
+from app.services.errors import AlreadyExists, InUse, NotFound, ReadOnly
+
+MIB = 1024 * 1024
+
+
+def kubernetes_resource_name(profile_name: str) -> str:
+    """Extended resource the NVIDIA device plugin advertises for a MIG profile."""
+    return "nvidia.com/mig-" + profile_name.replace("+", ".")
+
+
+def apply_fields(target: Hardware, fields: HardwareBase) -> None:
+    """Copy every client-supplied field onto the ORM row (MIG profiles replaced whole)."""
+    target.vendor = fields.vendor
+    target.name = fields.name
+    target.kind = fields.kind.value
+    target.family = fields.family
+    target.architecture = fields.architecture
+    target.launch_year = fields.launch_year
+    target.memory_bytes = fields.memory_bytes
+    target.memory_type = fields.memory_type
+    target.memory_bandwidth_bytes_per_s = fields.memory_bandwidth_bytes_per_s
+    target.peak_flops_per_s = {k.value: v for k, v in sorted(fields.peak_flops_per_s.items())}
+    target.peak_sparse_flops_per_s = {
+        k.value: v for k, v in sorted(fields.peak_sparse_flops_per_s.items())
+    }
+    target.host_link_type = fields.host_link.type
+    target.host_link_pcie_generation = fields.host_link.pcie_generation
+    target.host_link_pcie_lanes = fields.host_link.pcie_lanes
+    target.host_link_bandwidth_bytes_per_s = fields.host_link.bandwidth_bytes_per_s
+    target.tdp_watts = fields.tdp_watts
+    target.price_usd_per_hour = fields.price_usd_per_hour
+    target.cpu = fields.cpu.model_dump() if fields.cpu else None
+    target.framework_overhead = (
+        fields.framework_overhead.model_dump() if fields.framework_overhead else None
+    )
+    target.unconfirmed = list(fields.unconfirmed)
+    target.sources = list(fields.sources)
+    target.notes = fields.notes
+    mig = fields.mig
+    target.mig_total_compute_slices = mig.total_compute_slices if mig else None
+    target.mig_total_memory_slices = mig.total_memory_slices if mig else None
+    target.mig_max_gpu_instances = mig.max_gpu_instances if mig else None
+    target.mig_profiles = [
+        MigProfile(
+            position=position,
+            name=profile.name,
+            memory_mib=profile.memory_mib,
+            compute_slices=profile.compute_slices,
+            memory_slices=profile.memory_slices,
+            max_instances=profile.max_instances,
+            placements=list(profile.placements),
+            unconfirmed=list(profile.unconfirmed),
+        )
+        for position, profile in enumerate(mig.profiles if mig else [])
+    ]
+    target.updated_at = utcnow()
+
+
+def to_read(row: Hardware) -> HardwareRead:
+    """The API view of a stored profile."""
+    mig = None
+    if row.mig_total_compute_slices is not None:
+        mig = MigSpecRead(
+            total_compute_slices=row.mig_total_compute_slices,
+            total_memory_slices=row.mig_total_memory_slices or 0,
+            max_gpu_instances=row.mig_max_gpu_instances or 0,
+            profiles=[
+                MigProfileRead(
+                    name=p.name,
+                    memory_mib=p.memory_mib,
+                    memory_bytes=p.memory_mib * MIB,
+                    compute_slices=p.compute_slices,
+                    memory_slices=p.memory_slices,
+                    max_instances=p.max_instances,
+                    placements=p.placements,
+                    unconfirmed=p.unconfirmed,
+                    kubernetes_resource=kubernetes_resource_name(p.name),
+                )
+                for p in row.mig_profiles
+            ],
+        )
+    return HardwareRead.model_validate(
+        {
+            "slug": row.slug,
+            "vendor": row.vendor,
+            "name": row.name,
+            "kind": row.kind,
+            "family": row.family,
+            "architecture": row.architecture,
+            "launch_year": row.launch_year,
+            "memory_bytes": row.memory_bytes,
+            "memory_type": row.memory_type,
+            "memory_bandwidth_bytes_per_s": row.memory_bandwidth_bytes_per_s,
+            "peak_flops_per_s": row.peak_flops_per_s,
+            "peak_sparse_flops_per_s": row.peak_sparse_flops_per_s,
+            "host_link": HostLink(
+                type=row.host_link_type,
+                pcie_generation=row.host_link_pcie_generation,
+                pcie_lanes=row.host_link_pcie_lanes,
+                bandwidth_bytes_per_s=row.host_link_bandwidth_bytes_per_s,
+            ),
+            "tdp_watts": row.tdp_watts,
+            "price_usd_per_hour": row.price_usd_per_hour,
+            "cpu": CpuDetails.model_validate(row.cpu) if row.cpu else None,
+            "mig": mig,
+            "framework_overhead": (
+                FrameworkOverhead.model_validate(row.framework_overhead)
+                if row.framework_overhead
+                else None
+            ),
+            "unconfirmed": row.unconfirmed,
+            "sources": row.sources,
+            "notes": row.notes,
+            "source": row.source,
+            "version": row.version,
+            "created_at": row.created_at,
+            "updated_at": row.updated_at,
+        }
+    )
+
+
+def _get_row(repo: HardwareRepository, slug: str) -> Hardware:
+    row = repo.get(slug)
+    if row is None:
+        raise NotFound(
+            f"hardware profile '{slug}' does not exist; GET /v1/hardware lists the slugs"
+        )
+    return row
+
+
+def _require_editable(row: Hardware) -> None:
+    if row.source == HardwareSource.CATALOG.value:
+        raise ReadOnly(
+            f"hardware profile '{row.slug}' comes from the shipped catalog and is read-only; "
+            "create your own profile under a new slug (POST /v1/hardware) to change figures"
+        )
+
+
+def list_hardware(
+    session: Session,
+    *,
+    kind: str | None = None,
+    vendor: str | None = None,
+    family: str | None = None,
+    source: str | None = None,
+    mig_capable: bool | None = None,
+    limit: int = 50,
+    offset: int = 0,
+) -> HardwareList:
+    """A filtered page of hardware profiles."""
+    rows, total = HardwareRepository(session).list(
+        kind=kind,
+        vendor=vendor,
+        family=family,
+        source=source,
+        mig_capable=mig_capable,
+        limit=limit,
+        offset=offset,
+    )
+    return HardwareList(items=[to_read(r) for r in rows], total=total, limit=limit, offset=offset)
+
+
+def get_hardware(session: Session, *, slug: str) -> HardwareRead:
+    """One hardware profile."""
+    return to_read(_get_row(HardwareRepository(session), slug))
+
+
+def create_hardware(session: Session, *, payload: HardwareCreate) -> HardwareRead:
+    """Store a user-defined hardware profile."""
+    repo = HardwareRepository(session)
+    if repo.get(payload.slug) is not None:
+        raise AlreadyExists(
+            f"a hardware profile with slug '{payload.slug}' exists already; "
+            "pick another slug or PUT to /v1/hardware/{slug} to replace yours"
+        )
+    row = Hardware(slug=payload.slug, source=HardwareSource.USER.value, created_at=utcnow())
+    apply_fields(row, payload)
+    session.add(row)
+    try:
+        session.commit()
+    except IntegrityError as exc:  # a concurrent create won the race
+        session.rollback()
+        raise AlreadyExists(
+            f"a hardware profile with slug '{payload.slug}' exists already"
+        ) from exc
+    return to_read(row)
+
+
+def replace_hardware(
+    session: Session, *, slug: str, payload: HardwareReplace, if_match: IfMatch | None
+) -> HardwareRead:
+    """Replace a user-defined profile if the client holds its current version."""
+    row = _get_row(HardwareRepository(session), slug)
+    _require_editable(row)
+    require_match(if_match, current_version=row.version, what=f"hardware profile '{slug}'")
+    # Remove the old MIG rows first so (hardware_id, name) stays unique during the flush.
+    row.mig_profiles = []
+    session.flush()
+    apply_fields(row, payload)
+    commit_versioned(session, what=f"hardware profile '{slug}'")
+    return to_read(row)
+
+
+def delete_hardware(session: Session, *, slug: str, if_match: IfMatch | None) -> None:
+    """Delete a user-defined profile if the client holds its current version."""
+    repo = HardwareRepository(session)
+    row = _get_row(repo, slug)
+    _require_editable(row)
+    require_match(if_match, current_version=row.version, what=f"hardware profile '{slug}'")
+    if repo.is_referenced(row):
+        raise InUse(f"hardware profile '{slug}' is used by saved workloads; delete those first")
+    session.delete(row)
+    commit_versioned(session, what=f"hardware profile '{slug}'")

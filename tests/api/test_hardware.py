@@ -1,0 +1,277 @@
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.api.helpers import assert_problem, hardware, without_slug
+from tests.support import ApiClient, table_counts
+
+A100_80GB = "nvidia-a100-80gb-sxm"
+A100_80GB_PROFILES = [
+    "1g.10gb",
+    "1g.10gb+me",
+    "1g.20gb",
+    "2g.20gb",
+    "3g.40gb",
+    "4g.40gb",
+    "7g.80gb",
+]
+
+
+def test_catalog_is_listed_with_at_least_25_devices(client: ApiClient) -> None:
+    response = client.get("/v1/hardware", params={"limit": 500})
+    assert response.status_code == 200
+    body = response.json()
+    assert body["total"] >= 25
+    assert len(body["items"]) == body["total"]
+    slugs = [item["slug"] for item in body["items"]]
+    assert slugs == sorted(slugs)
+    assert all(item["source"] == "catalog" for item in body["items"])
+
+
+def test_a100_80gb_shows_its_seven_mig_profiles(client: ApiClient) -> None:
+    response = client.get(f"/v1/hardware/{A100_80GB}")
+    assert response.status_code == 200
+    assert response.headers["etag"] == '"1"'
+    body = response.json()
+    assert body["memory_bytes"] == 80 * 2**30
+    assert body["mig"]["total_compute_slices"] == 7
+    profiles = body["mig"]["profiles"]
+    assert [p["name"] for p in profiles] == A100_80GB_PROFILES
+    one_g = profiles[0]
+    assert one_g["memory_bytes"] == one_g["memory_mib"] * 2**20
+    assert one_g["kubernetes_resource"] == "nvidia.com/mig-1g.10gb"
+    assert profiles[1]["kubernetes_resource"] == "nvidia.com/mig-1g.10gb.me"
+
+
+def test_a100_40gb_1g_profile_uses_the_driver_reported_size(client: ApiClient) -> None:
+    body = client.get("/v1/hardware/nvidia-a100-40gb-sxm").json()
+    one_g = next(p for p in body["mig"]["profiles"] if p["name"] == "1g.5gb")
+    assert one_g["memory_mib"] == 4864  # DESIGN.md: not 5 GB
+
+
+@pytest.mark.parametrize(
+    ("params", "check"),
+    [
+        ({"kind": "cpu"}, lambda item: item["kind"] == "cpu"),
+        ({"vendor": "nvidia"}, lambda item: item["vendor"] == "NVIDIA"),
+        ({"family": "nvidia-hopper"}, lambda item: item["family"] == "nvidia-hopper"),
+        ({"mig_capable": "true"}, lambda item: item["mig"] is not None),
+        ({"mig_capable": "false"}, lambda item: item["mig"] is None),
+        ({"source": "catalog"}, lambda item: item["source"] == "catalog"),
+    ],
+)
+def test_list_filters(
+    client: ApiClient, params: dict[str, str], check: Callable[[dict[str, Any]], bool]
+) -> None:
+    body = client.get("/v1/hardware", params={**params, "limit": 500}).json()
+    assert body["total"] > 0
+    assert all(check(item) for item in body["items"])
+
+
+def test_pagination_is_stable(client: ApiClient) -> None:
+    everything = client.get("/v1/hardware", params={"limit": 500}).json()["items"]
+    page = client.get("/v1/hardware", params={"limit": 5, "offset": 5}).json()
+    assert page["limit"] == 5
+    assert page["offset"] == 5
+    assert [i["slug"] for i in page["items"]] == [i["slug"] for i in everything[5:10]]
+
+
+def test_create_read_replace_delete_with_etags(client: ApiClient) -> None:
+    created = client.post("/v1/hardware", json=hardware())
+    assert created.status_code == 201, created.text
+    assert created.headers["location"] == "/v1/hardware/lab-gpu-1"
+    assert created.headers["etag"] == '"1"'
+    assert created.json()["source"] == "user"
+    assert created.json()["mig"]["profiles"][0]["memory_bytes"] == 3072 * 2**20
+
+    fetched = client.get("/v1/hardware/lab-gpu-1")
+    assert fetched.json() == created.json()
+
+    changed = without_slug(hardware(tdp_watts=250))
+    changed["mig"]["profiles"] = changed["mig"]["profiles"][:1]
+    replaced = client.put("/v1/hardware/lab-gpu-1", json=changed, headers={"If-Match": '"1"'})
+    assert replaced.status_code == 200, replaced.text
+    assert replaced.headers["etag"] == '"2"'
+    assert replaced.json()["tdp_watts"] == 250
+    assert [p["name"] for p in replaced.json()["mig"]["profiles"]] == ["1g.3gb"]
+
+    deleted = client.delete("/v1/hardware/lab-gpu-1", headers={"If-Match": '"2"'})
+    assert deleted.status_code == 204
+    assert_problem(client.get("/v1/hardware/lab-gpu-1"), 404, "not-found")
+
+
+def test_if_match_star_matches_any_version(client: ApiClient) -> None:
+    client.post("/v1/hardware", json=hardware())
+    response = client.put(
+        "/v1/hardware/lab-gpu-1", json=without_slug(hardware()), headers={"If-Match": "*"}
+    )
+    assert response.status_code == 200
+
+
+def test_stale_etag_is_412_and_writes_nothing(client: ApiClient, db_url: str) -> None:
+    client.post("/v1/hardware", json=hardware())
+    first = client.put(
+        "/v1/hardware/lab-gpu-1",
+        json=without_slug(hardware(name="v2")),
+        headers={"If-Match": '"1"'},
+    )
+    assert first.status_code == 200
+    before = table_counts(db_url)
+    stale = client.put(
+        "/v1/hardware/lab-gpu-1",
+        json=without_slug(hardware(name="v3")),
+        headers={"If-Match": '"1"'},
+    )
+    body = assert_problem(stale, 412, "stale-version")
+    assert '"2"' in body["detail"]
+    assert client.get("/v1/hardware/lab-gpu-1").json()["name"] == "v2"
+    assert_problem(client.delete("/v1/hardware/lab-gpu-1", headers={"If-Match": '"1"'}), 412)
+    assert table_counts(db_url) == before
+
+
+def test_weak_etag_does_not_satisfy_if_match(client: ApiClient) -> None:
+    client.post("/v1/hardware", json=hardware())
+    response = client.put(
+        "/v1/hardware/lab-gpu-1", json=without_slug(hardware()), headers={"If-Match": 'W/"1"'}
+    )
+    assert_problem(response, 412)
+
+
+def test_missing_if_match_is_428(client: ApiClient) -> None:
+    client.post("/v1/hardware", json=hardware())
+    assert_problem(
+        client.put("/v1/hardware/lab-gpu-1", json=without_slug(hardware())),
+        428,
+        "if-match-required",
+    )
+    assert_problem(client.delete("/v1/hardware/lab-gpu-1"), 428)
+    assert client.get("/v1/hardware/lab-gpu-1").status_code == 200
+
+
+def test_duplicate_slug_is_409_and_writes_nothing(client: ApiClient, db_url: str) -> None:
+    client.post("/v1/hardware", json=hardware())
+    before = table_counts(db_url)
+    body = assert_problem(client.post("/v1/hardware", json=hardware()), 409, "already-exists")
+    assert "lab-gpu-1" in body["detail"]
+    assert table_counts(db_url) == before
+
+
+def test_catalog_slug_cannot_be_taken(client: ApiClient, db_url: str) -> None:
+    before = table_counts(db_url)
+    assert_problem(client.post("/v1/hardware", json=hardware(slug=A100_80GB)), 409)
+    assert table_counts(db_url) == before
+
+
+def test_catalog_entries_are_read_only(client: ApiClient, db_url: str) -> None:
+    before = table_counts(db_url)
+    put = client.put(
+        f"/v1/hardware/{A100_80GB}", json=without_slug(hardware()), headers={"If-Match": '"1"'}
+    )
+    body = assert_problem(put, 409, "read-only")
+    assert "catalog" in body["detail"]
+    assert_problem(
+        client.delete(f"/v1/hardware/{A100_80GB}", headers={"If-Match": '"1"'}), 409, "read-only"
+    )
+    assert table_counts(db_url) == before
+    assert client.get(f"/v1/hardware/{A100_80GB}").json()["version"] == 1
+
+
+def test_unknown_slug_is_404_for_every_method(client: ApiClient) -> None:
+    for method, kwargs in [
+        ("GET", {}),
+        ("PUT", {"json": without_slug(hardware()), "headers": {"If-Match": "*"}}),
+        ("DELETE", {"headers": {"If-Match": "*"}}),
+    ]:
+        response = client.request(method, "/v1/hardware/no-such-gpu", **kwargs)
+        body = assert_problem(response, 404, "not-found")
+        assert "no-such-gpu" in body["detail"]
+
+
+def _mig(**changes: Any) -> dict[str, Any]:
+    mig: dict[str, Any] = hardware()["mig"]
+    mig.update(changes)
+    return mig
+
+
+def _profile(**changes: Any) -> dict[str, Any]:
+    profile: dict[str, Any] = dict(hardware()["mig"]["profiles"][0])
+    profile.update(changes)
+    return profile
+
+
+BAD_HARDWARE = {
+    "negative memory": (hardware(memory_bytes=-1), "/memory_bytes"),
+    "zero memory": (hardware(memory_bytes=0), "/memory_bytes"),
+    "zero bandwidth": (hardware(memory_bandwidth_bytes_per_s=0), "/memory_bandwidth_bytes_per_s"),
+    "memory as text": (hardware(memory_bytes="lots"), "/memory_bytes"),
+    "memory as float": (hardware(memory_bytes=1.5), "/memory_bytes"),
+    "memory overflows bigint": (hardware(memory_bytes=2**64), "/memory_bytes"),
+    "unknown dtype": (hardware(peak_flops_per_s={"fp7": 1e12}), "/peak_flops_per_s/fp7"),
+    "zero peak": (hardware(peak_flops_per_s={"fp32": 0}), "/peak_flops_per_s/fp32"),
+    "empty peaks": (hardware(peak_flops_per_s={}), "/peak_flops_per_s"),
+    "unknown field": (hardware(colour="green"), "/colour"),
+    "unknown nested field": (
+        hardware(host_link={"type": "PCIe", "speed": "fast"}),
+        "/host_link/speed",
+    ),
+    "unknown kind": (hardware(kind="fpga"), "/kind"),
+    "bad slug": (hardware(slug="Not A Slug"), "/slug"),
+    "missing field": ({k: v for k, v in hardware().items() if k != "vendor"}, "/vendor"),
+    "negative tdp": (hardware(tdp_watts=-5), "/tdp_watts"),
+    "mig on a cpu": (hardware(kind="cpu"), "/"),
+    "mig placement past the end": (
+        hardware(mig=_mig(profiles=[_profile(memory_slices=2, placements=[7])])),
+        "/mig",
+    ),
+    "duplicate mig profile": (hardware(mig=_mig(profiles=[_profile(), _profile()])), "/mig"),
+    "bad mig profile name": (hardware(mig=_mig(profiles=[_profile(name="tiny")])), "/mig"),
+    "zero mig memory": (hardware(mig=_mig(profiles=[_profile(memory_mib=0)])), "/mig"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_HARDWARE))
+def test_bad_hardware_is_422_naming_the_field_and_writes_nothing(
+    client: ApiClient, db_url: str, case: str
+) -> None:
+    payload, pointer = BAD_HARDWARE[case]
+    before = table_counts(db_url)
+    body = assert_problem(client.post("/v1/hardware", json=payload), 422, "validation-error")
+    pointers = [error["pointer"] for error in body["errors"]]
+    assert any(p.startswith(pointer) for p in pointers), pointers
+    assert table_counts(db_url) == before
+
+
+def test_bad_replacement_is_422_and_keeps_the_old_version(client: ApiClient, db_url: str) -> None:
+    client.post("/v1/hardware", json=hardware())
+    before = table_counts(db_url)
+    response = client.put(
+        "/v1/hardware/lab-gpu-1",
+        json=without_slug(hardware(memory_bytes=-1)),
+        headers={"If-Match": '"1"'},
+    )
+    assert_problem(response, 422)
+    assert table_counts(db_url) == before
+    assert client.get("/v1/hardware/lab-gpu-1").json()["version"] == 1
+
+
+def test_slug_in_put_body_is_rejected(client: ApiClient) -> None:
+    client.post("/v1/hardware", json=hardware())
+    response = client.put("/v1/hardware/lab-gpu-1", json=hardware(), headers={"If-Match": "*"})
+    assert_problem(response, 422)
+
+
+def test_malformed_json_is_400(client: ApiClient, db_url: str) -> None:
+    before = table_counts(db_url)
+    response = client.post(
+        "/v1/hardware", content=b'{"slug": "x",', headers={"content-type": "application/json"}
+    )
+    body = assert_problem(response, 400, "malformed-json")
+    assert "character" in body["detail"]
+    assert table_counts(db_url) == before
+
+
+def test_bad_query_parameters_are_422(client: ApiClient) -> None:
+    for params in ({"limit": 0}, {"limit": 501}, {"offset": -1}, {"kind": "fpga"}):
+        body = assert_problem(client.get("/v1/hardware", params=params), 422)
+        assert body["errors"][0]["location"] == "query"

@@ -1,0 +1,64 @@
+"""Fixtures: every database test runs on SQLite, and on PostgreSQL when TEST_DATABASE_URL is set.
+
+In CI (CI=true) a missing TEST_DATABASE_URL fails the PostgreSQL half instead of skipping it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from app.main import create_app
+from tests.support import ApiClient, ClientFactory, PostgresDatabases, SqliteDatabases, settings_for
+
+BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
+
+
+@pytest.fixture(scope="session")
+def sqlite_databases(tmp_path_factory: pytest.TempPathFactory) -> SqliteDatabases:
+    return SqliteDatabases(tmp_path_factory.mktemp("sqlite"))
+
+
+@pytest.fixture(scope="session")
+def postgres_databases() -> Iterator[PostgresDatabases]:
+    url = os.environ.get("TEST_DATABASE_URL")
+    if not url:
+        if os.environ.get("CI"):
+            pytest.fail("CI=true but TEST_DATABASE_URL is not set: PostgreSQL tests cannot run")
+        pytest.skip("TEST_DATABASE_URL not set; PostgreSQL tests skipped (SQLite ran)")
+    databases = PostgresDatabases(url)
+    yield databases
+    databases.close()
+
+
+@pytest.fixture(params=BACKENDS)
+def db_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh, migrated database with the shipped catalog loaded."""
+    name = "sqlite_databases" if request.param == "sqlite" else "postgres_databases"
+    databases = request.getfixturevalue(name)
+    with databases.fresh() as url:
+        yield url
+
+
+@pytest.fixture
+def make_client(db_url: str) -> Iterator[ClientFactory]:
+    """Build clients of the real app on this test's database with settings overrides."""
+    clients: list[ApiClient] = []
+
+    def build(**overrides: Any) -> ApiClient:
+        client = ApiClient(create_app(settings_for(db_url, **overrides)))
+        clients.append(client)
+        return client
+
+    yield build
+    for client in clients:
+        client.close()
+
+
+@pytest.fixture
+def client(make_client: ClientFactory) -> ApiClient:
+    """A client of the app in open dev mode (no API keys)."""
+    return make_client()

@@ -1,0 +1,150 @@
+"""Test helpers: per-test databases on SQLite and PostgreSQL, and a sync httpx client."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+from fastapi import FastAPI
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+from app.config import PROJECT_ROOT, Settings
+from app.db.migrations import upgrade_to_head
+from app.db.session import make_engine, make_session_factory
+from app.services.catalog import load_catalog, sync_catalog
+
+CATALOG_DIR = PROJECT_ROOT / "hardware_catalog"
+TABLES = ("hardware", "mig_profile", "model_architecture", "workload")
+
+
+def prepare(url: str) -> None:
+    """Migrate to head and load the shipped catalog."""
+    upgrade_to_head(url)
+    engine = make_engine(url)
+    try:
+        with make_session_factory(engine)() as session:
+            sync_catalog(session, load_catalog(CATALOG_DIR))
+    finally:
+        engine.dispose()
+
+
+class SqliteDatabases:
+    """A migrated template file, copied for every test."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.template = directory / "template.db"
+        prepare(f"sqlite:///{self.template}")
+        self._ids = itertools.count()
+
+    @contextmanager
+    def fresh(self) -> Iterator[str]:
+        path = self.directory / f"test-{next(self._ids)}.db"
+        shutil.copyfile(self.template, path)
+        try:
+            yield f"sqlite:///{path}"
+        finally:
+            path.unlink(missing_ok=True)
+
+
+class PostgresDatabases:
+    """A migrated template database, cloned with CREATE DATABASE ... TEMPLATE per test."""
+
+    def __init__(self, admin_url: str) -> None:
+        self.admin_url = make_url(admin_url)
+        self.prefix = f"capplan_test_{os.getpid()}"
+        self.template = f"{self.prefix}_tmpl"
+        self._ids = itertools.count()
+        self._admin = create_engine(self.admin_url, isolation_level="AUTOCOMMIT")
+        self._drop(self.template)
+        self._execute(f'CREATE DATABASE "{self.template}"')
+        prepare(self.url_for(self.template))
+
+    def url_for(self, name: str) -> str:
+        return self.admin_url.set(database=name).render_as_string(hide_password=False)
+
+    def _execute(self, sql: str) -> None:
+        with self._admin.connect() as connection:
+            connection.execute(text(sql))
+
+    def _drop(self, name: str) -> None:
+        self._execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    @contextmanager
+    def fresh(self) -> Iterator[str]:
+        name = f"{self.prefix}_{next(self._ids)}"
+        self._execute(f'CREATE DATABASE "{name}" TEMPLATE "{self.template}"')
+        try:
+            yield self.url_for(name)
+        finally:
+            self._drop(name)
+
+    def close(self) -> None:
+        self._drop(self.template)
+        self._admin.dispose()
+
+
+def table_counts(url: str) -> dict[str, int]:
+    """Rows per table, to prove a rejected request wrote nothing."""
+    engine = make_engine(url)
+    try:
+        with engine.connect() as connection:
+            return {
+                table: int(connection.execute(text(f"SELECT count(*) FROM {table}")).scalar_one())
+                for table in TABLES
+            }
+    finally:
+        engine.dispose()
+
+
+class ApiClient:
+    """A synchronous facade over ``httpx.AsyncClient`` + ``ASGITransport`` (the real app)."""
+
+    def __init__(self, app: FastAPI) -> None:
+        self.app = app
+        self._runner = asyncio.Runner()
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        self._client = httpx.AsyncClient(transport=transport, base_url="http://test")
+
+    def request(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
+        return self._runner.run(self._client.request(method, url, **kwargs))
+
+    def get(self, url: str, **kwargs: Any) -> httpx.Response:
+        return self.request("GET", url, **kwargs)
+
+    def post(self, url: str, **kwargs: Any) -> httpx.Response:
+        return self.request("POST", url, **kwargs)
+
+    def put(self, url: str, **kwargs: Any) -> httpx.Response:
+        return self.request("PUT", url, **kwargs)
+
+    def delete(self, url: str, **kwargs: Any) -> httpx.Response:
+        return self.request("DELETE", url, **kwargs)
+
+    def close(self) -> None:
+        self._runner.run(self._client.aclose())
+        self._runner.close()
+        self.app.state.engine.dispose()
+
+
+ClientFactory = Callable[..., ApiClient]
+
+
+def settings_for(url: str, **overrides: Any) -> Settings:
+    """Settings for a test database, ignoring the developer's environment and .env."""
+    values: dict[str, Any] = {
+        "database_url": url,
+        "api_keys": "",
+        "require_auth_for_reads": False,
+        "catalog_dir": CATALOG_DIR,
+        **overrides,
+    }
+    return Settings(_env_file=None, **values)  # type: ignore[call-arg]
