@@ -60,6 +60,22 @@ def _catalog_validate(settings: Settings) -> int:
     return 0
 
 
+def catalog_schema_document() -> str:
+    """JSON Schema of a `hardware_catalog/*.yaml` file (what `schema.json` must contain)."""
+    from app.schemas.hardware import CatalogFile
+
+    return json.dumps(CatalogFile.model_json_schema(), indent=2, sort_keys=True) + "\n"
+
+
+def _write_or_print(document: str, output: str | None) -> int:
+    if output:
+        Path(output).write_text(document, encoding="utf-8")
+        print(f"wrote {output}")
+    else:
+        sys.stdout.write(document)
+    return 0
+
+
 def openapi_document(settings: Settings | None = None) -> str:
     """The app's OpenAPI schema as YAML (what `openapi.yaml` must contain)."""
     from app.main import create_app
@@ -67,16 +83,6 @@ def openapi_document(settings: Settings | None = None) -> str:
     app = create_app(settings or Settings(database_url="sqlite://"))
     schema = json.loads(json.dumps(app.openapi()))
     return yaml.safe_dump(schema, sort_keys=False, allow_unicode=True, width=100)
-
-
-def _openapi(output: str | None) -> int:
-    document = openapi_document()
-    if output:
-        Path(output).write_text(document, encoding="utf-8")
-        print(f"wrote {output}")
-    else:
-        sys.stdout.write(document)
-    return 0
 
 
 def _serve(settings: Settings, host: str | None, port: int | None) -> int:
@@ -107,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("catalog-validate", help="validate hardware_catalog/ without a database")
     export = sub.add_parser("openapi", help="print the OpenAPI schema as YAML")
     export.add_argument("--output", "-o", help="write to this file instead of stdout")
+    schema = sub.add_parser("catalog-schema", help="print the catalog file JSON Schema")
+    schema.add_argument("--output", "-o", help="write to this file instead of stdout")
     args = parser.parse_args(argv)
 
     settings = get_settings()
@@ -118,7 +126,9 @@ def main(argv: list[str] | None = None) -> int:
         return _catalog_sync(settings)
     if args.command == "catalog-validate":
         return _catalog_validate(settings)
-    return _openapi(args.output)
+    if args.command == "catalog-schema":
+        return _write_or_print(catalog_schema_document(), args.output)
+    return _write_or_print(openapi_document(), args.output)
 
 
 if __name__ == "__main__":

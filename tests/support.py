@@ -147,4 +147,4 @@ def settings_for(url: str, **overrides: Any) -> Settings:
         "catalog_dir": CATALOG_DIR,
         **overrides,
     }
-    return Settings(_env_file=None, **values)  # type: ignore[call-arg]
+    return Settings(_env_file=None, **values)

@@ -249,7 +249,7 @@ def _walk(
             raise GraphError("duplicate layer name", layer=name, field="name")
         op = raw.get("op")
         spec = OP_SPECS.get(op) if isinstance(op, str) else None
-        if spec is None:
+        if spec is None or not isinstance(op, str):
             raise GraphError(
                 f"unknown op {op!r}; known ops: {', '.join(sorted(OP_SPECS))}",
                 layer=name,

@@ -303,7 +303,7 @@ class MigSpecRead(MigSpec):
 class HardwareRead(HardwareCreate):
     """A stored hardware profile."""
 
-    mig: MigSpecRead | None = Field(  # type: ignore[assignment]
+    mig: MigSpecRead | None = Field(
         default=None, description="MIG geometry and profiles; null when MIG is not supported."
     )
     source: HardwareSource = Field(

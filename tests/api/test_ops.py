@@ -1,5 +1,6 @@
 import json
 import logging
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -111,7 +112,7 @@ def test_streamed_body_over_the_limit_is_413(make_client: ClientFactory, db_url:
     client = make_client(max_request_bytes=1024)
     before = table_counts(db_url)
 
-    async def chunks():  # type: ignore[no-untyped-def]
+    async def chunks() -> AsyncIterator[bytes]:
         for _ in range(10):
             yield b" " * 200
 

@@ -69,7 +69,7 @@ def list_hardware(
     "/{slug}",
     response_model=HardwareRead,
     dependencies=READ,
-    responses=problem_responses(401, 403, 404),
+    responses=problem_responses(401, 403, 404, 422),
     summary="Get a hardware profile",
 )
 def get_hardware(slug: SlugPath, session: SessionDep, response: Response) -> HardwareRead:
@@ -121,7 +121,7 @@ def replace_hardware(
     "/{slug}",
     status_code=status.HTTP_204_NO_CONTENT,
     dependencies=WRITE,
-    responses=problem_responses(401, 403, 404, 409, 412, 428),
+    responses=problem_responses(401, 403, 404, 409, 412, 422, 428),
     summary="Delete a hardware profile",
 )
 def delete_hardware(slug: SlugPath, session: SessionDep, if_match: IfMatchDep) -> Response:

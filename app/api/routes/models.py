@@ -50,7 +50,7 @@ def list_models(
     "/{slug}",
     response_model=ModelRead,
     dependencies=READ,
-    responses=problem_responses(401, 403, 404),
+    responses=problem_responses(401, 403, 404, 422),
     summary="Get a model architecture",
 )
 def get_model(slug: SlugPath, session: SessionDep, response: Response) -> ModelRead:
@@ -100,7 +100,7 @@ def replace_model(
     "/{slug}",
     status_code=status.HTTP_204_NO_CONTENT,
     dependencies=WRITE,
-    responses=problem_responses(401, 403, 404, 409, 412, 428),
+    responses=problem_responses(401, 403, 404, 409, 412, 422, 428),
     summary="Delete a model architecture",
 )
 def delete_model(slug: SlugPath, session: SessionDep, if_match: IfMatchDep) -> Response:

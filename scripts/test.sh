@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Set up, then lint, type-check and run the whole test suite. Exits non-zero on any failure.
+# PostgreSQL tests run too when TEST_DATABASE_URL is set (see README).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/bootstrap.sh
+echo "== ruff check";        .venv/bin/ruff check .
+echo "== ruff format";       .venv/bin/ruff format --check .
+echo "== mypy";              .venv/bin/mypy
+echo "== import contracts";  .venv/bin/lint-imports
+if [ -n "${TEST_DATABASE_URL:-}" ]; then
+  echo "== pytest (SQLite and PostgreSQL)"
+else
+  echo "== pytest (SQLite only: set TEST_DATABASE_URL to include PostgreSQL)"
+fi
+.venv/bin/python -m pytest "$@"

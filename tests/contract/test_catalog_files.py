@@ -1,0 +1,89 @@
+"""The shipped hardware catalog: valid, complete, and its JSON Schema is current."""
+
+import json
+
+import pytest
+
+from app.cli import catalog_schema_document
+from app.services.catalog import load_catalog
+from tests.support import CATALOG_DIR
+
+ENTRIES = {entry.slug: entry for entry in load_catalog(CATALOG_DIR)}
+
+# Issue 2's device list, as catalog slugs.
+REQUIRED = [
+    "nvidia-v100-32gb-sxm2", "nvidia-t4", "nvidia-a10", "nvidia-a30", "nvidia-a100-40gb-sxm",
+    "nvidia-a100-80gb-sxm", "nvidia-l4", "nvidia-l40s", "nvidia-h100-pcie", "nvidia-h100-sxm",
+    "nvidia-h100-nvl", "nvidia-h200-sxm", "nvidia-gh200-96gb", "nvidia-gh200-144gb",
+    "nvidia-b200", "nvidia-titan-x-maxwell", "nvidia-tegra-x1", "nvidia-jetson-agx-orin-64gb",
+    "nvidia-jetson-orin-nano-8gb", "google-tpu-v3", "google-tpu-v4", "google-tpu-v5e",
+    "intel-xeon-e5-2698-v3", "intel-xeon-platinum-8380", "intel-xeon-platinum-8480plus",
+    "amd-epyc-9654", "aws-graviton3",
+]  # fmt: skip
+
+# Profiles per MIG GPU, from shared/reference/mig_profiles.yaml (golden).
+MIG_PROFILE_COUNTS = {
+    "nvidia-a30": 5,
+    "nvidia-a100-40gb-pcie": 7,
+    "nvidia-a100-40gb-sxm": 7,
+    "nvidia-a100-80gb-pcie": 7,
+    "nvidia-a100-80gb-sxm": 7,
+    "nvidia-h100-pcie": 7,
+    "nvidia-h100-sxm": 7,
+    "nvidia-h100-nvl": 7,
+    "nvidia-h200-sxm": 7,
+    "nvidia-gh200-96gb": 7,
+    "nvidia-gh200-144gb": 7,
+    "nvidia-b200": 7,
+}
+
+
+def test_at_least_25_devices_and_every_required_one() -> None:
+    assert len(ENTRIES) >= 25
+    assert [slug for slug in REQUIRED if slug not in ENTRIES] == []
+
+
+@pytest.mark.parametrize(("slug", "count"), sorted(MIG_PROFILE_COUNTS.items()))
+def test_mig_gpus_carry_every_reference_profile(slug: str, count: int) -> None:
+    mig = ENTRIES[slug].mig
+    assert mig is not None
+    assert len(mig.profiles) == count
+
+
+def test_golden_mig_figures() -> None:
+    a100_40 = ENTRIES["nvidia-a100-40gb-sxm"].mig
+    assert a100_40 is not None
+    one_g = next(p for p in a100_40.profiles if p.name == "1g.5gb")
+    assert (one_g.memory_mib, one_g.max_instances, one_g.placements) == (4864, 7, list(range(7)))
+    a30 = ENTRIES["nvidia-a30"].mig
+    assert a30 is not None
+    assert (a30.total_compute_slices, a30.total_memory_slices) == (4, 4)
+
+
+def test_no_mig_outside_mig_capable_gpus() -> None:
+    assert ENTRIES["nvidia-t4"].mig is None
+    assert ENTRIES["nvidia-l40s"].mig is None
+    assert all(e.mig is None for e in ENTRIES.values() if e.kind.value != "gpu")
+
+
+def test_units_are_plausible() -> None:
+    for entry in ENTRIES.values():
+        assert 2**28 <= entry.memory_bytes <= 2**42, entry.slug  # 256 MiB .. 4 TiB
+        assert 10**9 <= entry.memory_bandwidth_bytes_per_s <= 10**13, entry.slug
+        assert all(10**9 <= v <= 10**17 for v in entry.peak_flops_per_s.values()), entry.slug
+        assert entry.sources, entry.slug
+
+
+def test_every_cpu_marks_its_memory_as_unconfirmed() -> None:
+    for entry in ENTRIES.values():
+        if entry.kind.value == "cpu":
+            assert "memory_bytes" in entry.unconfirmed, entry.slug
+            assert entry.cpu is not None, entry.slug
+
+
+def test_schema_json_is_current() -> None:
+    committed = json.loads((CATALOG_DIR / "schema.json").read_text(encoding="utf-8"))
+    assert committed == json.loads(catalog_schema_document()), (
+        "hardware_catalog/schema.json is stale; run `capplan-server catalog-schema -o "
+        "hardware_catalog/schema.json`"
+    )
