@@ -43,5 +43,7 @@ def configure_logging(level: str) -> None:
     for name in ("uvicorn", "uvicorn.error"):
         logging.getLogger(name).handlers = []
         logging.getLogger(name).propagate = True
+    # Alembic's context logs "Will assume ... DDL" on every readiness probe.
+    logging.getLogger("alembic").setLevel(max(logging.WARNING, root.level))
     # The access middleware logs every request; uvicorn's own access log would duplicate it.
     logging.getLogger("uvicorn.access").disabled = True

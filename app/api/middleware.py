@@ -134,6 +134,21 @@ class RequestContextMiddleware:
     def __init__(self, app: ASGIApp, *, metrics: Metrics) -> None:
         self.app = app
         self.metrics = metrics
+        self._static_paths: frozenset[str] | None = None
+
+    def _route_label(self, scope: Scope) -> str:
+        """The route template; fixed paths outside the API routers (docs) keep their path."""
+        template = getattr(scope.get("route"), "path", None)
+        if isinstance(template, str):
+            return template
+        if self._static_paths is None:
+            routes = getattr(scope.get("app"), "routes", [])
+            self._static_paths = frozenset(
+                path for r in routes if "{" not in (path := getattr(r, "path", "{"))
+            )
+        path = scope.get("path", "")
+        # Unknown paths share one label so that scanners cannot explode the metric series.
+        return path if path in self._static_paths else "<unmatched>"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -170,8 +185,7 @@ class RequestContextMiddleware:
                 await _send_problem(send_with_id, 500, internal_error_body(scope.get("path", "")))
         finally:
             elapsed = time.perf_counter() - start
-            route = scope.get("route")
-            template = getattr(route, "path", None) or "<unmatched>"
+            template = self._route_label(scope)
             method = scope.get("method", "")
             self.metrics.requests.labels(method, template, str(status)).inc()
             self.metrics.latency.labels(method, template).observe(elapsed)

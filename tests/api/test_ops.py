@@ -58,6 +58,16 @@ def test_metrics_count_requests_per_route_template(client: ApiClient) -> None:
     assert 'capplan_http_request_duration_seconds_bucket{le="0.005",method="GET"' in text
 
 
+def test_metrics_label_unknown_paths_together(client: ApiClient) -> None:
+    client.get("/docs")
+    client.get("/wp-admin/1")
+    client.get("/wp-admin/2")
+    text = client.get("/metrics").text
+    assert 'route="/docs",status="200"} 1.0' in text
+    assert 'route="<unmatched>",status="404"} 2.0' in text
+    assert "wp-admin" not in text
+
+
 def test_request_id_is_echoed_or_generated(client: ApiClient) -> None:
     given = client.get("/healthz", headers={"X-Request-ID": "abc-123"})
     assert given.headers["x-request-id"] == "abc-123"
