@@ -117,8 +117,6 @@ def sync_catalog(session: Session, entries: list[CatalogEntry]) -> SyncReport:
         elif row.catalog_digest == digest:
             report.unchanged.append(entry.slug)
         else:
-            row.mig_profiles = []
-            session.flush()
             apply_fields(row, entry)
             row.catalog_digest = digest
             report.updated.append(entry.slug)

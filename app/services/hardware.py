@@ -63,19 +63,21 @@ def apply_fields(target: Hardware, fields: HardwareBase) -> None:
     target.mig_total_compute_slices = mig.total_compute_slices if mig else None
     target.mig_total_memory_slices = mig.total_memory_slices if mig else None
     target.mig_max_gpu_instances = mig.max_gpu_instances if mig else None
-    target.mig_profiles = [
-        MigProfile(
-            position=position,
-            name=profile.name,
-            memory_mib=profile.memory_mib,
-            compute_slices=profile.compute_slices,
-            memory_slices=profile.memory_slices,
-            max_instances=profile.max_instances,
-            placements=list(profile.placements),
-            unconfirmed=list(profile.unconfirmed),
-        )
-        for position, profile in enumerate(mig.profiles if mig else [])
-    ]
+    # Update profiles in place by name: (hardware_id, name) stays unique within one flush, and
+    # the parent's versioned UPDATE is flushed before any child row is touched.
+    existing = {profile.name: profile for profile in target.mig_profiles}
+    profiles = []
+    for position, profile in enumerate(mig.profiles if mig else []):
+        child = existing.get(profile.name) or MigProfile(name=profile.name)
+        child.position = position
+        child.memory_mib = profile.memory_mib
+        child.compute_slices = profile.compute_slices
+        child.memory_slices = profile.memory_slices
+        child.max_instances = profile.max_instances
+        child.placements = list(profile.placements)
+        child.unconfirmed = list(profile.unconfirmed)
+        profiles.append(child)
+    target.mig_profiles = profiles
     target.updated_at = utcnow()
 
 
@@ -216,9 +218,6 @@ def replace_hardware(
     row = _get_row(HardwareRepository(session), slug)
     _require_editable(row)
     require_match(if_match, current_version=row.version, what=f"hardware profile '{slug}'")
-    # Remove the old MIG rows first so (hardware_id, name) stays unique during the flush.
-    row.mig_profiles = []
-    session.flush()
     apply_fields(row, payload)
     commit_versioned(session, what=f"hardware profile '{slug}'")
     return to_read(row)
