@@ -15,6 +15,7 @@ import httpx
 from fastapi import FastAPI
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session
 
 from app.config import PROJECT_ROOT, Settings
 from app.db.migrations import upgrade_to_head
@@ -25,15 +26,22 @@ CATALOG_DIR = PROJECT_ROOT / "hardware_catalog"
 TABLES = ("hardware", "mig_profile", "model_architecture", "workload")
 
 
-def prepare(url: str) -> None:
-    """Migrate to head and load the shipped catalog."""
-    upgrade_to_head(url)
+@contextmanager
+def db_session(url: str) -> Iterator[Session]:
+    """A session on its own engine, disposed afterwards."""
     engine = make_engine(url)
     try:
         with make_session_factory(engine)() as session:
-            sync_catalog(session, load_catalog(CATALOG_DIR))
+            yield session
     finally:
         engine.dispose()
+
+
+def prepare(url: str) -> None:
+    """Migrate to head and load the shipped catalog."""
+    upgrade_to_head(url)
+    with db_session(url) as session:
+        sync_catalog(session, load_catalog(CATALOG_DIR))
 
 
 class SqliteDatabases:

@@ -1,48 +1,38 @@
 from typing import Any
 
 import pytest
-from sqlalchemy.orm import Session
 
 from app.db.models import Workload
 from app.db.repositories import ModelRepository
-from app.db.session import make_engine, make_session_factory
 from app.schemas.models import ModelCreate, Provenance
 from app.services.models import create_model
 from tests.api.helpers import MODEL, assert_problem, model, without_slug
-from tests.support import ApiClient, table_counts
+from tests.support import ApiClient, db_session, table_counts
 
 
 def _seed_builtin(db_url: str) -> None:
-    engine = make_engine(db_url)
-    try:
-        with make_session_factory(engine)() as session:
-            payload = ModelCreate.model_validate(model(slug="zoo-cnn", name="Zoo CNN"))
-            create_model(session, payload=payload, provenance=Provenance.BUILTIN)
-    finally:
-        engine.dispose()
+    with db_session(db_url) as session:
+        payload = ModelCreate.model_validate(model(slug="zoo-cnn", name="Zoo CNN"))
+        create_model(session, payload=payload, provenance=Provenance.BUILTIN)
 
 
 def _seed_workload_using(db_url: str, slug: str) -> None:
-    engine = make_engine(db_url)
-    try:
-        with make_session_factory(engine)() as session:
-            row = ModelRepository(session).get(slug)
-            assert row is not None
-            session.add(
-                Workload(
-                    slug="nightly-train",
-                    name="Nightly training",
-                    model_id=row.id,
-                    mode="training",
-                    batch_size=32,
-                    precision="bf16",
-                    optimizer="adamw",
-                    options={},
-                )
+    with db_session(db_url) as session:
+        row = ModelRepository(session).get(slug)
+        assert row is not None
+        session.add(
+            Workload(
+                slug="nightly-train",
+                name="Nightly training",
+                model_id=row.id,
+                mode="training",
+                batch_size=32,
+                precision="bf16",
+                optimizer="adamw",
+                options={},
             )
-            session.commit()
-    finally:
-        engine.dispose()
+        )
+        session.commit()
 
 
 def test_create_get_list_replace_delete(client: ApiClient) -> None:
@@ -189,13 +179,3 @@ def test_invalid_replacement_keeps_the_stored_graph(client: ApiClient, db_url: s
     stored = client.get("/v1/models/tiny-cnn").json()
     assert stored["version"] == 1
     assert stored["layers"] == MODEL["layers"]
-
-
-def test_session_is_usable_after_service_errors(db_url: str) -> None:
-    engine = make_engine(db_url)
-    try:
-        with make_session_factory(engine)() as session:
-            assert isinstance(session, Session)
-            assert ModelRepository(session).get("nothing") is None
-    finally:
-        engine.dispose()

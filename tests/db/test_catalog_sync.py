@@ -5,32 +5,23 @@ import yaml
 from sqlalchemy import select
 
 from app.db.models import Hardware
-from app.db.session import make_engine, make_session_factory
 from app.schemas.hardware import HardwareCreate
 from app.services.catalog import CatalogError, SyncReport, load_catalog, sync_catalog
 from app.services.hardware import create_hardware
-from tests.support import CATALOG_DIR, table_counts
+from tests.support import CATALOG_DIR, db_session, table_counts
 
 FIXTURE_DIR = Path(__file__).parent.parent / "fixtures" / "catalog"
 
 
 def _versions(db_url: str) -> dict[str, tuple[int, str]]:
-    engine = make_engine(db_url)
-    try:
-        with make_session_factory(engine)() as session:
-            rows = session.scalars(select(Hardware)).all()
-            return {r.slug: (r.version, r.updated_at.isoformat()) for r in rows}
-    finally:
-        engine.dispose()
+    with db_session(db_url) as session:
+        rows = session.scalars(select(Hardware)).all()
+        return {r.slug: (r.version, r.updated_at.isoformat()) for r in rows}
 
 
 def _sync(db_url: str, directory: Path) -> SyncReport:
-    engine = make_engine(db_url)
-    try:
-        with make_session_factory(engine)() as session:
-            return sync_catalog(session, load_catalog(directory))
-    finally:
-        engine.dispose()
+    with db_session(db_url) as session:
+        return sync_catalog(session, load_catalog(directory))
 
 
 def test_second_sync_changes_nothing(db_url: str) -> None:
@@ -45,27 +36,19 @@ def test_second_sync_changes_nothing(db_url: str) -> None:
 
 
 def test_sync_never_overwrites_or_deletes_user_entries(db_url: str, tmp_path: Path) -> None:
-    engine = make_engine(db_url)
-    try:
-        with make_session_factory(engine)() as session:
-            mine = yaml.safe_load((FIXTURE_DIR / "test-gpus.yaml").read_text())["devices"][1]
-            mine["name"] = "My own CPU entry"
-            create_hardware(session, payload=HardwareCreate.model_validate(mine))
-    finally:
-        engine.dispose()
+    with db_session(db_url) as session:
+        mine = yaml.safe_load((FIXTURE_DIR / "test-gpus.yaml").read_text())["devices"][1]
+        mine["name"] = "My own CPU entry"
+        create_hardware(session, payload=HardwareCreate.model_validate(mine))
     report = _sync(db_url, FIXTURE_DIR)
     assert report.skipped_user_owned == ["test-cpu"]
     assert report.created == ["test-gpu-mig"]
     # Shipped catalog rows missing from this directory are kept, not deleted.
     assert "nvidia-a100-80gb-sxm" in report.not_in_catalog
-    engine = make_engine(db_url)
-    try:
-        with make_session_factory(engine)() as session:
-            row = session.scalars(select(Hardware).where(Hardware.slug == "test-cpu")).one()
-            assert (row.name, row.source, row.version) == ("My own CPU entry", "user", 1)
-            assert session.scalars(select(Hardware).where(Hardware.slug == "nvidia-t4")).one()
-    finally:
-        engine.dispose()
+    with db_session(db_url) as session:
+        row = session.scalars(select(Hardware).where(Hardware.slug == "test-cpu")).one()
+        assert (row.name, row.source, row.version) == ("My own CPU entry", "user", 1)
+        assert session.scalars(select(Hardware).where(Hardware.slug == "nvidia-t4")).one()
 
 
 def test_changed_entry_is_updated_and_versioned(db_url: str, tmp_path: Path) -> None:
@@ -77,15 +60,11 @@ def test_changed_entry_is_updated_and_versioned(db_url: str, tmp_path: Path) -> 
     report = _sync(db_url, tmp_path)
     assert report.updated == ["test-gpu-mig"]
     assert report.unchanged == ["test-cpu"]
-    engine = make_engine(db_url)
-    try:
-        with make_session_factory(engine)() as session:
-            row = session.scalars(select(Hardware).where(Hardware.slug == "test-gpu-mig")).one()
-            assert row.version == 2
-            assert row.tdp_watts == 350
-            assert [p.name for p in row.mig_profiles] == ["1g.5gb", "1g.5gb+me"]
-    finally:
-        engine.dispose()
+    with db_session(db_url) as session:
+        row = session.scalars(select(Hardware).where(Hardware.slug == "test-gpu-mig")).one()
+        assert row.version == 2
+        assert row.tdp_watts == 350
+        assert [p.name for p in row.mig_profiles] == ["1g.5gb", "1g.5gb+me"]
 
 
 def _write(directory: Path, name: str, data: object) -> None:
