@@ -30,6 +30,7 @@ def _safe_url(settings: Settings) -> str:
 def _catalog_sync(settings: Settings) -> int:
     from app.db.session import make_engine, make_session_factory
     from app.services.catalog import CatalogError, load_catalog, sync_catalog
+    from app.services.zoo import sync_zoo
 
     try:
         entries = load_catalog(settings.catalog_dir)
@@ -40,9 +41,11 @@ def _catalog_sync(settings: Settings) -> int:
     try:
         with make_session_factory(engine)() as session:
             report = sync_catalog(session, entries)
+            zoo_report = sync_zoo(session)
     finally:
         engine.dispose()
     print(f"catalog sync: {report.summary()}")
+    print(f"model zoo sync: {zoo_report.summary()}")
     for slug in report.skipped_user_owned:
         print(f"  kept user-owned profile '{slug}' (catalog entry with that slug not loaded)")
     return 0
@@ -109,7 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--host", help="bind address (default CAPPLAN_HOST or 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default CAPPLAN_PORT or 8000)")
     sub.add_parser("migrate", help="apply Alembic migrations up to head")
-    sub.add_parser("catalog-sync", help="load hardware_catalog/ into the database (idempotent)")
+    sub.add_parser(
+        "catalog-sync",
+        help="load hardware_catalog/ and the built-in model zoo into the database (idempotent)",
+    )
     sub.add_parser("catalog-validate", help="validate hardware_catalog/ without a database")
     export = sub.add_parser("openapi", help="print the OpenAPI schema as YAML")
     export.add_argument("--output", "-o", help="write to this file instead of stdout")

@@ -21,6 +21,7 @@ from app.config import PROJECT_ROOT, Settings
 from app.db.migrations import upgrade_to_head
 from app.db.session import make_engine, make_session_factory
 from app.services.catalog import load_catalog, sync_catalog
+from app.services.zoo import sync_zoo
 
 CATALOG_DIR = PROJECT_ROOT / "hardware_catalog"
 TABLES = ("hardware", "mig_profile", "model_architecture", "workload")
@@ -42,6 +43,7 @@ def prepare(url: str) -> None:
     upgrade_to_head(url)
     with db_session(url) as session:
         sync_catalog(session, load_catalog(CATALOG_DIR))
+        sync_zoo(session)
 
 
 class SqliteDatabases:

@@ -151,6 +151,8 @@ class ModelArchitecture(Timestamped, Base):
     provenance: Mapped[str] = mapped_column(String(16), nullable=False, index=True)
     inputs: Mapped[list[dict[str, Any]]] = mapped_column(JSON, nullable=False)
     layers: Mapped[list[dict[str, Any]]] = mapped_column(JSON, nullable=False)
+    default_bindings: Mapped[dict[str, int]] = mapped_column(JSON, nullable=False)
+    catalog_digest: Mapped[str | None] = mapped_column(String(64))
 
 
 class Workload(Timestamped, Base):

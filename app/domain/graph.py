@@ -90,6 +90,11 @@ def one_of(*choices: str) -> Check:
     return run
 
 
+def layer_name(value: Any) -> str | None:
+    """Accept a layer name (checked against earlier layers later)."""
+    return None if isinstance(value, str) and value else "must be a layer name"
+
+
 def shape(value: Any) -> str | None:
     """Accept a list of positive ints, -1 (inferred) or dimension symbols."""
     if not isinstance(value, list) or not value:
@@ -154,6 +159,7 @@ OP_SPECS: Mapping[str, OpSpec] = {
     ),
     "rmsnorm": OpSpec(optional={"eps": positive_number}),
     "relu": OpSpec(optional=_ACT),
+    "relu6": OpSpec(optional=_ACT),
     "gelu": OpSpec(optional={**_ACT, "approximate": one_of("none", "tanh")}),
     "silu": OpSpec(optional=_ACT),
     "tanh": OpSpec(optional=_ACT),
@@ -161,16 +167,22 @@ OP_SPECS: Mapping[str, OpSpec] = {
     "dropout": OpSpec(optional={"p": probability, "inplace": boolean}),
     "linear": OpSpec(
         required={"out_features": positive_int},
-        optional={"bias": boolean, "in_features": positive_int},
+        optional={"bias": boolean, "in_features": positive_int, "tied_to": layer_name},
     ),
     "flatten": OpSpec(optional={"start_dim": any_int, "end_dim": any_int}),
     "reshape": OpSpec(required={"shape": shape}),
-    "add": OpSpec(min_inputs=2, max_inputs=None),
+    "transpose": OpSpec(required={"dim0": any_int, "dim1": any_int}),
+    "select": OpSpec(required={"dim": any_int, "index": any_int}),
+    "add": OpSpec(optional={"inplace": boolean}, min_inputs=2, max_inputs=None),
     "concat": OpSpec(optional={"dim": any_int}, min_inputs=2, max_inputs=None),
     "embedding": OpSpec(
         required={"num_embeddings": positive_int, "embedding_dim": positive_int},
         optional={"padding_idx": non_negative_int},
     ),
+    "embedding_add": OpSpec(
+        required={"num_embeddings": positive_int}, optional={"positional": boolean}
+    ),
+    "cls_token": OpSpec(),
     "attention": OpSpec(
         required={"num_heads": positive_int},
         optional={
@@ -181,6 +193,8 @@ OP_SPECS: Mapping[str, OpSpec] = {
             "fused": boolean,
             "qkv_bias": boolean,
             "out_bias": boolean,
+            "rotary": boolean,
+            "dropout": probability,
         },
     ),
     "mlp": OpSpec(
@@ -205,6 +219,7 @@ OP_SPECS: Mapping[str, OpSpec] = {
 }
 
 RESERVED_KEYS = frozenset({"name", "op", "inputs", "layers"})
+BLOCK_INPUT = "@input"  # inside a block or repeat: the value that entered it
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -227,13 +242,20 @@ def validate_graph(layers: Sequence[Any], input_names: Iterable[str]) -> GraphSt
         raise GraphError("must be a non-empty list of layers", field="layers")
     defined: set[str] = set(input_names)
     counts: dict[str, int] = {}
-    total = _walk(layers, defined, counts, depth=0, path="layers")
+    total = _walk(layers, defined, set(defined), counts, depth=0, path="layers")
     return GraphStats(layer_count=total, op_counts=dict(sorted(counts.items())))
 
 
 def _walk(
-    layers: Sequence[Any], defined: set[str], counts: dict[str, int], *, depth: int, path: str
+    layers: Sequence[Any],
+    defined: set[str],
+    local: set[str],
+    counts: dict[str, int],
+    *,
+    depth: int,
+    path: str,
 ) -> int:
+    """Check ``layers``; ``defined`` is every visible name, ``local`` those of this scope."""
     if depth > MAX_DEPTH:
         raise GraphError(f"blocks nest deeper than {MAX_DEPTH} levels", field=path)
     total = 0
@@ -245,10 +267,12 @@ def _walk(
         name = raw.get("name")
         if not isinstance(name, str) or not name or len(name) > 128:
             raise GraphError("'name' must be a non-empty string (max 128 chars)", field=where)
-        if name in defined:
+        if name in local:
             raise GraphError("duplicate layer name", layer=name, field="name")
         op = raw.get("op")
         spec = OP_SPECS.get(op) if isinstance(op, str) else None
+        if name == BLOCK_INPUT or name.startswith("@"):
+            raise GraphError("names starting with '@' are reserved", layer=name, field="name")
         if spec is None or not isinstance(op, str):
             raise GraphError(
                 f"unknown op {op!r}; known ops: {', '.join(sorted(OP_SPECS))}",
@@ -263,9 +287,9 @@ def _walk(
             body = raw.get("layers")
             if not isinstance(body, list) or not body:
                 raise GraphError("must be a non-empty list of layers", layer=name, field="layers")
-            # Names inside a block are scoped to it, after the names defined before it.
-            inner = set(defined)
-            body_count = _walk(body, inner, counts, depth=depth + 1, path=f"{name}.layers")
+            # Names inside a block are scoped to it; they may shadow names defined before it.
+            inner = set(defined) | {BLOCK_INPUT}
+            body_count = _walk(body, inner, set(), counts, depth=depth + 1, path=f"{name}.layers")
             times = raw.get("times", 1)
             total += body_count * times
         elif "layers" in raw:
@@ -273,6 +297,7 @@ def _walk(
         if total > MAX_LAYERS:
             raise GraphError(f"graph expands to more than {MAX_LAYERS} layers", field=path)
         defined.add(name)
+        local.add(name)
         previous = name
     return total
 

@@ -85,6 +85,12 @@ class ModelBase(Schema):
         ),
         examples=[LAYERS_EXAMPLE],
     )
+    default_bindings: dict[str, Annotated[int, Field(ge=1, le=2**40)]] = Field(
+        default_factory=dict,
+        description="Values for symbolic dims other than `batch` (e.g. `seq`, `image`) used "
+        "when an estimate does not give them.",
+        examples=[{"image": 32}],
+    )
 
 
 class ModelCreate(ModelBase):

@@ -22,13 +22,16 @@ def _validated_layer_count(fields: ModelBase) -> int:
     try:
         return validate_graph(fields.layers, names).layer_count
     except GraphError as exc:
-        raise InvalidInput(str(exc), pointer=_pointer(exc)) from exc
+        raise invalid_graph(exc) from exc
 
 
-def _pointer(exc: GraphError) -> str:
+def invalid_graph(exc: GraphError) -> InvalidInput:
+    """A 422-mapped error pointing at the layer and field at fault."""
     if exc.layer is not None:
-        return f"/layers/{exc.layer}/{exc.field}" if exc.field else f"/layers/{exc.layer}"
-    return "/" + (exc.field or "layers").replace(".", "/").replace("[", "/").replace("]", "")
+        pointer = f"/layers/{exc.layer}/{exc.field}" if exc.field else f"/layers/{exc.layer}"
+    else:
+        pointer = "/" + (exc.field or "layers").replace(".", "/").replace("[", "/").replace("]", "")
+    return InvalidInput(str(exc), pointer=pointer)
 
 
 def apply_fields(target: ModelArchitecture, fields: ModelBase) -> None:
@@ -38,6 +41,7 @@ def apply_fields(target: ModelArchitecture, fields: ModelBase) -> None:
     target.description = fields.description
     target.inputs = [spec.model_dump() for spec in fields.inputs]
     target.layers = fields.layers
+    target.default_bindings = dict(fields.default_bindings)
     target.updated_at = utcnow()
 
 
@@ -52,6 +56,7 @@ def to_read(row: ModelArchitecture) -> ModelRead:
             "description": row.description,
             "inputs": row.inputs,
             "layers": row.layers,
+            "default_bindings": row.default_bindings,
             "provenance": row.provenance,
             "layer_count": validate_graph(row.layers, names).layer_count,
             "version": row.version,

@@ -4,16 +4,8 @@ import pytest
 
 from app.db.models import Workload
 from app.db.repositories import ModelRepository
-from app.schemas.models import ModelCreate, Provenance
-from app.services.models import create_model
 from tests.api.helpers import MODEL, assert_problem, model, without_slug
 from tests.support import ApiClient, db_session, table_counts
-
-
-def _seed_builtin(db_url: str) -> None:
-    with db_session(db_url) as session:
-        payload = ModelCreate.model_validate(model(slug="zoo-cnn", name="Zoo CNN"))
-        create_model(session, payload=payload, provenance=Provenance.BUILTIN)
 
 
 def _seed_workload_using(db_url: str, slug: str) -> None:
@@ -45,9 +37,12 @@ def test_create_get_list_replace_delete(client: ApiClient) -> None:
     assert created.headers["etag"] == '"1"'
     assert client.get("/v1/models/tiny-cnn").json() == body
 
-    listing = client.get("/v1/models", params={"family": "cnn"}).json()
-    assert [item["slug"] for item in listing["items"]] == ["tiny-cnn"]
-    assert client.get("/v1/models", params={"family": "transformer"}).json()["total"] == 0
+    mine = client.get("/v1/models", params={"family": "cnn", "provenance": "user"}).json()
+    assert [item["slug"] for item in mine["items"]] == ["tiny-cnn"]
+    cnns = client.get("/v1/models", params={"family": "cnn", "limit": 500}).json()["items"]
+    assert "tiny-cnn" in [item["slug"] for item in cnns]
+    assert all(item["family"] == "cnn" for item in cnns)
+    assert client.get("/v1/models", params={"family": "gan"}).json()["total"] == 0
 
     new_layers = [*MODEL["layers"][:-1], {"name": "fc", "op": "linear", "out_features": 100}]
     replaced = client.put(
@@ -72,12 +67,23 @@ def test_duplicate_model_slug_is_409(client: ApiClient, db_url: str) -> None:
 
 
 def test_builtin_models_are_read_only(client: ApiClient, db_url: str) -> None:
-    _seed_builtin(db_url)
-    assert client.get("/v1/models", params={"provenance": "builtin"}).json()["total"] == 1
-    put = client.put("/v1/models/zoo-cnn", json=without_slug(model()), headers={"If-Match": '"1"'})
+    before = table_counts(db_url)
+    put = client.put("/v1/models/resnet-50", json=without_slug(model()), headers={"If-Match": "*"})
     body = assert_problem(put, 409, "read-only")
     assert "built-in" in body["detail"]
-    assert_problem(client.delete("/v1/models/zoo-cnn", headers={"If-Match": "*"}), 409)
+    assert_problem(client.delete("/v1/models/resnet-50", headers={"If-Match": "*"}), 409)
+    assert table_counts(db_url) == before
+    assert client.get("/v1/models/resnet-50").json()["version"] == 1
+
+
+def test_zoo_is_seeded_with_reference_parameter_counts(client: ApiClient) -> None:
+    zoo = client.get("/v1/models", params={"provenance": "builtin", "limit": 500}).json()
+    slugs = {item["slug"] for item in zoo["items"]}
+    assert {"alexnet", "vgg-16", "googlenet", "resnet-50", "mobilenet-v2", "vit-b-16"} <= slugs
+    assert {"bert-base", "gpt-2", "llama-2-7b", "llama-3-8b", "gpt-3-175b"} <= slugs
+    assert "lstm-classifier" in slugs
+    summary = client.get("/v1/models/llama-3-8b/summary", params={"sequence_length": 16}).json()
+    assert summary["total_params"] == 8_030_261_248
 
 
 def test_model_used_by_a_workload_cannot_be_deleted(client: ApiClient, db_url: str) -> None:

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 from fastapi import APIRouter
 
+from app.db.migrations import head_revisions
 from app.logs import JsonFormatter
 from app.main import create_app
 from tests.api.helpers import assert_problem, hardware
@@ -21,7 +22,7 @@ def test_healthz(client: ApiClient) -> None:
 def test_readyz_when_migrated(client: ApiClient, db_url: str) -> None:
     body = client.get("/readyz").json()
     assert body["status"] == "ready"
-    assert body["migration"] == ["0001"]
+    assert body["migration"] == sorted(head_revisions())
     assert body["database"] in db_url
 
 

@@ -8,7 +8,10 @@ from fastapi import APIRouter, Depends, Path, Query, Response, status
 
 from app.api.deps import IfMatchDep, SessionDep, require_reader, require_writer
 from app.api.errors import problem_responses
+from app.domain.memory import Precision
+from app.schemas.estimates import ModelSummary
 from app.schemas.models import ModelCreate, ModelList, ModelRead, ModelReplace, Provenance
+from app.services import estimates as estimates_service
 from app.services import models as service
 from app.services.concurrency import etag_for
 
@@ -107,3 +110,35 @@ def delete_model(slug: SlugPath, session: SessionDep, if_match: IfMatchDep) -> R
     """Delete a user architecture; send the ETag you read as If-Match."""
     service.delete_model(session, slug=slug, if_match=if_match)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+@router.get(
+    "/{slug}/summary",
+    response_model=ModelSummary,
+    dependencies=READ,
+    responses=problem_responses(401, 403, 404, 422),
+    summary="Per-layer summary of a model",
+)
+def model_summary(
+    slug: SlugPath,
+    session: SessionDep,
+    batch_size: Annotated[int, Query(ge=1, le=1_048_576, description="Batch size.")] = 1,
+    sequence_length: Annotated[
+        int | None, Query(ge=1, le=16_777_216, description="Binds `seq`.")
+    ] = None,
+    image_size: Annotated[
+        int | None, Query(ge=1, le=16_777_216, description="Binds `image`.")
+    ] = None,
+    precision: Annotated[
+        Precision, Query(description="Precision for the byte figures.")
+    ] = Precision.FP32,
+) -> ModelSummary:
+    """Every executed layer: output shape, parameters, FLOPs and output size, with totals."""
+    return estimates_service.summarize(
+        session,
+        slug=slug,
+        batch_size=batch_size,
+        sequence_length=sequence_length,
+        image_size=image_size,
+        precision=precision,
+    )

@@ -1,0 +1,78 @@
+"""/v1/estimates: memory footprints."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query
+
+from app.api.deps import SessionDep, require_reader
+from app.api.errors import problem_responses
+from app.domain.memory import Checkpointing, Mode, Optimizer, Precision, Runtime
+from app.schemas.estimates import MemoryEstimateRequest, MemoryEstimateResponse
+from app.services import estimates as service
+
+router = APIRouter(prefix="/v1/estimates", tags=["estimates"])
+
+
+@router.post(
+    "/memory",
+    response_model=MemoryEstimateResponse,
+    response_model_exclude_none=True,
+    dependencies=[Depends(require_reader)],
+    responses=problem_responses(400, 401, 403, 404, 413, 422),
+    summary="Estimate a memory footprint",
+)
+def estimate_memory(payload: MemoryEstimateRequest, session: SessionDep) -> MemoryEstimateResponse:
+    """Peak memory per device for training or inference, with a breakdown that adds up to the
+    peak, the phase of the peak, and the assumptions behind every line. Nothing is stored."""
+    return service.estimate(session, payload=payload)
+
+
+@router.get(
+    "/memory",
+    response_model=MemoryEstimateResponse,
+    response_model_exclude_none=True,
+    dependencies=[Depends(require_reader)],
+    responses=problem_responses(401, 403, 404, 422),
+    summary="Estimate a memory footprint (query form)",
+)
+def estimate_memory_get(
+    session: SessionDep,
+    model: Annotated[str, Query(max_length=64, description="Stored model slug.")],
+    mode: Annotated[Mode, Query(description="training or inference.")],
+    batch_size: Annotated[int, Query(ge=1, le=1_048_576, description="Batch size.")],
+    sequence_length: Annotated[
+        int | None, Query(ge=1, le=16_777_216, description="Binds `seq`.")
+    ] = None,
+    image_size: Annotated[
+        int | None, Query(ge=1, le=16_777_216, description="Binds `image`.")
+    ] = None,
+    micro_batch_size: Annotated[
+        int | None, Query(ge=1, le=1_048_576, description="Batch per forward pass.")
+    ] = None,
+    precision: Annotated[Precision, Query(description="Precision convention.")] = Precision.FP32,
+    optimizer: Annotated[Optimizer, Query(description="Optimizer.")] = Optimizer.ADAMW,
+    checkpointing: Annotated[
+        Checkpointing, Query(description="Activation checkpointing.")
+    ] = Checkpointing.NONE,
+    hardware: Annotated[str | None, Query(max_length=64, description="Hardware slug.")] = None,
+    runtime: Annotated[Runtime | None, Query(description="Runtime.")] = None,
+) -> MemoryEstimateResponse:
+    """The same estimate as the POST form for a stored model, for scripts and curl."""
+    payload = MemoryEstimateRequest.model_validate(
+        {
+            "model": model,
+            "mode": mode,
+            "batch_size": batch_size,
+            "sequence_length": sequence_length,
+            "image_size": image_size,
+            "micro_batch_size": micro_batch_size,
+            "precision": precision,
+            "optimizer": optimizer,
+            "checkpointing": checkpointing,
+            "hardware": hardware,
+            "runtime": runtime,
+        }
+    )
+    return service.estimate(session, payload=payload)

@@ -1,0 +1,898 @@
+"""Training and inference memory footprints with a breakdown, a peak phase and assumptions.
+
+The model replays one step over the analysed graph (:mod:`app.domain.analysis`):
+
+* forward: every layer allocates its output (views and in-place ops do not) and keeps the
+  tensors autograd saves; other values die after their last consumer;
+* backward, layer by layer in reverse: the gradient of the output and of the inputs are live,
+  parameter gradients accumulate, and saved tensors are freed after the backward of the
+  earliest layer that kept them;
+* optimizer step: weights + gradients + optimizer state + the step's temporaries.
+
+The reported peak is the largest of those moments in steady state (optimizer state exists
+from the second iteration on); the first iteration, when optimizer state is created in the
+step, is reported beside it. Sizes are integer bytes.
+
+References
+----------
+Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models", 2022.
+Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models", 2020.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from fractions import Fraction
+
+from app.domain.analysis import GraphAnalysis, LayerAnalysis
+from app.domain.errors import DomainError
+from app.domain.ops import Saved, Storage, TensorKind
+
+MIB = 2**20
+
+
+class Mode(StrEnum):
+    """What the model is doing."""
+
+    TRAINING = "training"
+    INFERENCE = "inference"
+
+
+class Precision(StrEnum):
+    """Numeric format of weights, gradients, optimizer state and activations."""
+
+    FP32 = "fp32"
+    TF32 = "tf32"
+    BF16 = "bf16"  # pure bf16: everything in 2 bytes
+    FP16 = "fp16"
+    FP8 = "fp8"
+    INT8 = "int8"
+    INT4 = "int4"
+    AMP_BF16 = "amp_bf16"  # PyTorch autocast: fp32 weights/grads, bf16 compute
+    AMP_FP16 = "amp_fp16"
+    MIXED_BF16 = "mixed_bf16"  # ZeRO / Megatron: bf16 weights/grads + fp32 master and moments
+    MIXED_FP16 = "mixed_fp16"
+
+
+class Optimizer(StrEnum):
+    """Optimizer whose state is kept per trainable parameter."""
+
+    SGD = "sgd"
+    SGD_MOMENTUM = "sgd_momentum"
+    ADAM = "adam"
+    ADAMW = "adamw"
+    ADAGRAD = "adagrad"
+    RMSPROP = "rmsprop"
+    LION = "lion"
+    ADAM_8BIT = "adam_8bit"
+    ADAFACTOR = "adafactor"
+
+
+class OptimizerImpl(StrEnum):
+    """PyTorch optimizer implementation; they keep different temporaries in the step."""
+
+    AUTO = "auto"  # foreach on CUDA, for-loop on CPU (PyTorch's default)
+    FOR_LOOP = "for_loop"
+    FOREACH = "foreach"
+    FUSED = "fused"
+
+
+class Checkpointing(StrEnum):
+    """Activation checkpointing (recomputation) policy."""
+
+    NONE = "none"
+    SELECTIVE = "selective"  # drop attention's S x S tensors, recompute them (Korthikanti)
+    FULL = "full"  # keep only each repeated block's input, recompute the block in backward
+
+
+class Runtime(StrEnum):
+    """Where the model runs; kernels and allocators differ."""
+
+    CUDA = "pytorch_cuda"
+    CPU = "pytorch_cpu"
+
+
+class MemoryInputError(DomainError):
+    """A combination of options that cannot be estimated."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Parallelism:
+    """Parallel degrees; the estimate is per device."""
+
+    data: int = 1
+    tensor: int = 1
+    pipeline: int = 1
+    zero_stage: int = 0  # 0 none, 1 optimizer state, 2 + gradients, 3 + parameters (FSDP)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FrameworkOverhead:
+    """Per-process overheads of the runtime (CUDA only), each reported as its own line."""
+
+    cuda_context_bytes: int = 512 * MIB
+    workspace_bytes: int = 32 * MIB
+    fragmentation_fraction: float = 0.05
+    round_allocations: bool = True
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryRequest:
+    """Everything besides the graph that a footprint depends on."""
+
+    mode: Mode
+    precision: Precision = Precision.FP32
+    optimizer: Optimizer = Optimizer.ADAMW
+    optimizer_impl: OptimizerImpl = OptimizerImpl.AUTO
+    checkpointing: Checkpointing = Checkpointing.NONE
+    runtime: Runtime = Runtime.CUDA
+    parallelism: Parallelism = field(default_factory=Parallelism)
+    accumulation_steps: int = 1
+    kv_cache: bool = True
+    fp32_grad_buffer: bool = False
+    overhead: FrameworkOverhead = field(default_factory=FrameworkOverhead)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PrecisionPlan:
+    """Bytes per element of each kind of state under one precision convention."""
+
+    weight: Fraction
+    grad: Fraction
+    master: int
+    state_slot: int
+    activation: int
+    weight_cache: int
+    convention: str
+
+
+_PLANS: Mapping[Precision, PrecisionPlan] = {
+    Precision.FP32: PrecisionPlan(
+        weight=Fraction(4),
+        grad=Fraction(4),
+        master=0,
+        state_slot=4,
+        activation=4,
+        weight_cache=0,
+        convention="fp32 weights, gradients, optimizer state and activations",
+    ),
+    Precision.TF32: PrecisionPlan(
+        weight=Fraction(4),
+        grad=Fraction(4),
+        master=0,
+        state_slot=4,
+        activation=4,
+        weight_cache=0,
+        convention="tf32 math on fp32 storage: same bytes as fp32",
+    ),
+    Precision.BF16: PrecisionPlan(
+        weight=Fraction(2),
+        grad=Fraction(2),
+        master=0,
+        state_slot=2,
+        activation=2,
+        weight_cache=0,
+        convention="pure bf16: weights, gradients, optimizer state and "
+        "activations all 2 bytes (PyTorch keeps optimizer state in the parameter dtype)",
+    ),
+    Precision.FP16: PrecisionPlan(
+        weight=Fraction(2),
+        grad=Fraction(2),
+        master=0,
+        state_slot=2,
+        activation=2,
+        weight_cache=0,
+        convention="pure fp16: everything 2 bytes",
+    ),
+    Precision.AMP_BF16: PrecisionPlan(
+        weight=Fraction(4),
+        grad=Fraction(4),
+        master=0,
+        state_slot=4,
+        activation=2,
+        weight_cache=2,
+        convention="PyTorch autocast (bf16): fp32 weights and gradients, "
+        "fp32 optimizer state, a cached bf16 copy of weights during forward/backward, "
+        "activations mostly bf16",
+    ),
+    Precision.AMP_FP16: PrecisionPlan(
+        weight=Fraction(4),
+        grad=Fraction(4),
+        master=0,
+        state_slot=4,
+        activation=2,
+        weight_cache=2,
+        convention="PyTorch autocast (fp16) with GradScaler: fp32 weights and "
+        "gradients, a cached fp16 weight copy, activations mostly fp16",
+    ),
+    Precision.MIXED_BF16: PrecisionPlan(
+        weight=Fraction(2),
+        grad=Fraction(2),
+        master=4,
+        state_slot=4,
+        activation=2,
+        weight_cache=0,
+        convention="ZeRO/Megatron mixed precision: bf16 weights and gradients, "
+        "fp32 master weights and fp32 optimizer moments (2 + 2 + 4 + 8 = 16 B/param with Adam)",
+    ),
+    Precision.MIXED_FP16: PrecisionPlan(
+        weight=Fraction(2),
+        grad=Fraction(2),
+        master=4,
+        state_slot=4,
+        activation=2,
+        weight_cache=0,
+        convention="ZeRO/Megatron mixed precision: fp16 weights and gradients, "
+        "fp32 master weights and moments (16 B/param with Adam)",
+    ),
+    Precision.FP8: PrecisionPlan(
+        weight=Fraction(1),
+        grad=Fraction(0),
+        master=0,
+        state_slot=0,
+        activation=2,
+        weight_cache=0,
+        convention="fp8 weight-only inference: matmul/conv weights 1 byte "
+        "with a per-tensor fp32 scale, other weights and activations bf16",
+    ),
+    Precision.INT8: PrecisionPlan(
+        weight=Fraction(1),
+        grad=Fraction(0),
+        master=0,
+        state_slot=0,
+        activation=2,
+        weight_cache=0,
+        convention="int8 weight-only inference: matmul/conv weights 1 byte "
+        "with one fp16 scale per output channel, other weights and activations fp16",
+    ),
+    Precision.INT4: PrecisionPlan(
+        weight=Fraction(1, 2),
+        grad=Fraction(0),
+        master=0,
+        state_slot=0,
+        activation=2,
+        weight_cache=0,
+        convention="int4 weight-only inference (GPTQ/AWQ style): matmul/conv "
+        "weights 4 bits with one fp16 scale and zero point per group of 128, others fp16",
+    ),
+}
+
+QUANTIZED = frozenset({Precision.FP8, Precision.INT8, Precision.INT4})
+INT4_GROUP = 128
+_QUANTIZED_OPS = frozenset(
+    {"conv2d", "depthwise_conv2d", "pointwise_conv2d", "linear", "attention", "mlp", "lstm", "gru"}
+)
+
+# Optimizer state slots per trainable parameter element.
+_STATE_SLOTS: Mapping[Optimizer, int] = {
+    Optimizer.SGD: 0,
+    Optimizer.SGD_MOMENTUM: 1,
+    Optimizer.ADAM: 2,
+    Optimizer.ADAMW: 2,
+    Optimizer.ADAGRAD: 1,
+    Optimizer.RMSPROP: 1,
+    Optimizer.LION: 1,
+    Optimizer.ADAM_8BIT: 2,
+    Optimizer.ADAFACTOR: 0,  # factored, computed from shapes
+}
+ADAM_8BIT_BLOCK = 2048  # bitsandbytes block size: one fp32 absmax per block per state
+
+
+def precision_plan(precision: Precision) -> PrecisionPlan:
+    """Bytes per element for a precision convention."""
+    return _PLANS[precision]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryLine:
+    """One line of the breakdown at the peak."""
+
+    key: str
+    bytes: int
+    formula: str
+    assumptions: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayerMemory:
+    """Per-layer view: what the layer produces and keeps."""
+
+    name: str
+    op: str
+    output_shape: tuple[int, ...]
+    params: int
+    flops: int
+    output_bytes: int
+    saved_bytes: int  # new storages this layer keeps for backward (training)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryEstimate:
+    """A footprint: lines that add up to the peak, the phase of the peak, and the rest."""
+
+    mode: Mode
+    runtime: Runtime
+    params: int
+    trainable_params: int
+    lines: tuple[MemoryLine, ...]
+    peak_bytes: int
+    peak_phase: str
+    phase_peaks: Mapping[str, int]
+    first_iteration_peak_bytes: int | None
+    first_iteration_peak_phase: str | None
+    seed_rule_bytes: int | None
+    layers: tuple[LayerMemory, ...]
+    assumptions: tuple[str, ...]
+
+
+@dataclass(slots=True)
+class _Moment:
+    """Composition of live memory at one moment."""
+
+    phase: str
+    parts: dict[str, int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.parts.values())
+
+
+def _ceil(value: Fraction | int) -> int:
+    fraction = Fraction(value)
+    return -(-fraction.numerator // fraction.denominator)
+
+
+class _Sizer:
+    """Bytes of storages under one precision and runtime."""
+
+    def __init__(self, plan: PrecisionPlan, runtime: Runtime) -> None:
+        self.plan = plan
+        self.runtime = runtime
+
+    def storage_bytes(self, numel: int, storage: Storage) -> int:
+        if storage is Storage.ACT:
+            return numel * self.plan.activation
+        if storage is Storage.FP32:
+            return numel * 4
+        if storage is Storage.INT64:
+            return numel * 8
+        # Dropout mask: a bool tensor on CUDA; on CPU the mask has the input's dtype.
+        return numel if self.runtime is Runtime.CUDA else numel * self.plan.activation
+
+    def value_bytes(self, numel: int, kind: TensorKind) -> int:
+        return numel * (8 if kind is TensorKind.INDEX else self.plan.activation)
+
+
+def _weights_bytes(
+    analysis: GraphAnalysis, plan: PrecisionPlan, precision: Precision
+) -> tuple[int, list[str]]:
+    """Stored weight bytes, with quantization scales for weight-only formats."""
+    if precision not in QUANTIZED:
+        return _ceil(analysis.params * plan.weight), []
+    total = Fraction(0)
+    quantized = 0
+    for layer in analysis.layers:
+        for shape in layer.result.param_shapes:
+            numel = math.prod(shape)
+            if layer.op in _QUANTIZED_OPS and len(shape) >= 2:
+                quantized += numel
+                total += numel * plan.weight
+                if precision is Precision.INT8:
+                    total += shape[0] * 2
+                elif precision is Precision.INT4:
+                    total += _ceil(Fraction(numel, INT4_GROUP)) * 4  # fp16 scale + zero
+                else:
+                    total += 4
+            else:
+                total += numel * 2
+    note = (
+        f"{quantized:,} of {analysis.params:,} parameters quantized (matmul/conv weights); "
+        "embeddings, norms and biases stay 16-bit"
+    )
+    return _ceil(total), [note]
+
+
+def _optimizer_state_bytes(
+    shapes: Sequence[tuple[int, ...]], optimizer: Optimizer, plan: PrecisionPlan
+) -> tuple[int, str]:
+    if optimizer is Optimizer.ADAFACTOR:
+        elements = 0
+        for shape in shapes:
+            if len(shape) >= 2:
+                rows = math.prod(shape[:-1])
+                cols = math.prod(shape[:-2]) * shape[-1]
+                elements += rows + cols
+            else:
+                elements += math.prod(shape)
+        return elements * 4, "Adafactor: factored fp32 second moment (rows + cols), no momentum"
+    params = sum(math.prod(s) for s in shapes)
+    if optimizer is Optimizer.ADAM_8BIT:
+        blocks = sum(-(-math.prod(s) // ADAM_8BIT_BLOCK) for s in shapes)
+        return 2 * params + 2 * blocks * 4, (
+            "8-bit Adam: two 1-byte moments + one fp32 absmax per 2048-element block per moment"
+        )
+    slots = _STATE_SLOTS[optimizer]
+    return slots * params * plan.state_slot, (
+        f"{optimizer.value}: {slots} state tensor(s) per parameter x {plan.state_slot} B"
+    )
+
+
+def _step_temporaries(
+    shapes: Sequence[tuple[int, ...]], request: MemoryRequest, plan: PrecisionPlan
+) -> tuple[int, str]:
+    impl = request.optimizer_impl
+    if impl is OptimizerImpl.AUTO:
+        impl = OptimizerImpl.FOREACH if request.runtime is Runtime.CUDA else OptimizerImpl.FOR_LOOP
+    if request.optimizer in (Optimizer.SGD, Optimizer.SGD_MOMENTUM) or impl is OptimizerImpl.FUSED:
+        return 0, f"{impl.value} {request.optimizer.value} step updates in place"
+    element = max(plan.state_slot, 2)
+    if impl is OptimizerImpl.FOR_LOOP:
+        largest = max((math.prod(s) for s in shapes), default=0)
+        return 2 * largest * element, (
+            f"for-loop step: two temporaries the size of the largest parameter ({largest:,})"
+        )
+    total = sum(math.prod(s) for s in shapes)
+    return total * element, "foreach step: one temporary per parameter, all at once"
+
+
+@dataclass(slots=True)
+class _Plan:
+    """Resolved storage sizes and lifetimes for one estimate."""
+
+    sizes: dict[object, int]
+    savers: dict[object, list[int]]
+    layer_saved: list[set[object]]
+    last_use: dict[object, int]
+    pinned: set[object]
+
+
+def _storage_key(layer_index: int, layer: LayerAnalysis, saved: Saved, fp32_acts: bool) -> object:
+    if saved.source == "in0":
+        return layer.input_storages[0]
+    if saved.source == "out":
+        return layer.output_storage
+    if saved.source == "in0_fp32" and fp32_acts:
+        return layer.input_storages[0]
+    return (layer_index, saved.label)
+
+
+_ATTENTION_MATRICES = frozenset({"probs", "probs_mask", "probs_dropped"})
+
+
+def _checkpoint_unit(name: str) -> str | None:
+    """Repeated blocks are the checkpoint units: ``layers.3.attn`` -> ``layers.3``."""
+    parts = name.split(".")
+    if len(parts) >= 3 and parts[1].isdigit():
+        return f"{parts[0]}.{parts[1]}"
+    return None
+
+
+def _build_plan(
+    analysis: GraphAnalysis, sizer: _Sizer, request: MemoryRequest, training: bool
+) -> _Plan:
+    sizes: dict[object, int] = {}
+    for bound in analysis.inputs:
+        sizes[bound.storage] = sizer.value_bytes(bound.numel, bound.kind)
+    for layer in analysis.layers:
+        if layer.allocates_output:
+            sizes[layer.output_storage] = sizer.value_bytes(layer.output_numel, layer.output_kind)
+    savers: dict[object, list[int]] = {}
+    layer_saved: list[set[object]] = []
+    last_use: dict[object, int] = {}
+    fp32_acts = sizer.plan.activation == 4
+    tp = request.parallelism.tensor
+    for index, layer in enumerate(analysis.layers):
+        for storage in layer.input_storages:
+            last_use[storage] = index
+        kept: set[object] = set()
+        if training:
+            for saved in layer.saved:
+                if request.checkpointing is Checkpointing.SELECTIVE and (
+                    saved.label in _ATTENTION_MATRICES
+                ):
+                    continue
+                key = _storage_key(index, layer, saved, fp32_acts)
+                if key not in sizes:
+                    numel = saved.numel
+                    if tp > 1 and layer.op in ("attention", "mlp") and saved.source == "new":
+                        numel = -(-numel // tp)
+                    sizes[key] = sizer.storage_bytes(numel, saved.storage)
+                kept.add(key)
+                savers.setdefault(key, []).append(index)
+        layer_saved.append(kept)
+    pinned: set[object] = {bound.storage for bound in analysis.inputs}
+    pinned.add(analysis.output_storage)
+    return _Plan(
+        sizes=sizes, savers=savers, layer_saved=layer_saved, last_use=last_use, pinned=pinned
+    )
+
+
+def _apply_full_checkpointing(analysis: GraphAnalysis, plan: _Plan) -> dict[str, set[object]]:
+    """Keep only each unit's input; return every unit's recomputed saved set."""
+    units: dict[str, set[object]] = {}
+    seen_first: set[str] = set()
+    for index, layer in enumerate(analysis.layers):
+        unit = _checkpoint_unit(layer.name)
+        if unit is None:
+            continue
+        units.setdefault(unit, set()).update(plan.layer_saved[index])
+        for key in plan.layer_saved[index]:
+            plan.savers[key].remove(index)
+        plan.layer_saved[index] = set()
+        if unit not in seen_first:
+            seen_first.add(unit)
+            entry = layer.input_storages[0]
+            plan.layer_saved[index] = {entry}
+            plan.savers.setdefault(entry, []).append(index)
+    for key in [k for k, v in plan.savers.items() if not v]:
+        del plan.savers[key]
+    return units
+
+
+def _forward_moments(
+    analysis: GraphAnalysis,
+    plan: _Plan,
+    sizer: _Sizer,
+    request: MemoryRequest,
+    static: dict[str, int],
+) -> list[_Moment]:
+    live: set[object] = {bound.storage for bound in analysis.inputs}
+    moments: list[_Moment] = []
+    for index, layer in enumerate(analysis.layers):
+        if layer.allocates_output:
+            live.add(layer.output_storage)
+        live |= plan.layer_saved[index]
+        transient = sum(sizer.storage_bytes(t.numel, t.storage) for t in layer.transients)
+        if (
+            request.runtime is Runtime.CPU
+            and request.mode is Mode.INFERENCE
+            and layer.op
+            in (
+                "conv2d",
+                "depthwise_conv2d",
+                "pointwise_conv2d",
+            )
+        ):
+            transient += plan.sizes.get(layer.output_storage, 0)  # oneDNN output buffer
+        parts = dict(static)
+        parts["activations"] = sum(plan.sizes[k] for k in live if k in plan.sizes)
+        parts["transient"] = transient
+        moments.append(_Moment(phase="forward", parts=parts))
+        for storage in layer.input_storages:
+            if (
+                plan.last_use.get(storage) == index
+                and storage not in plan.savers
+                and storage not in plan.pinned
+            ):
+                live.discard(storage)
+    return moments
+
+
+def _backward_moments(
+    analysis: GraphAnalysis,
+    plan: _Plan,
+    sizer: _Sizer,
+    static: dict[str, int],
+    grad_bytes_per_layer: list[int],
+    units: dict[str, set[object]],
+) -> list[_Moment]:
+    live: set[object] = set(plan.savers) | {bound.storage for bound in analysis.inputs}
+    grads = 0
+    moments: list[_Moment] = []
+    for index in range(len(analysis.layers) - 1, -1, -1):
+        layer = analysis.layers[index]
+        unit = _checkpoint_unit(layer.name)
+        extra_recompute = 0
+        if units and unit is not None:
+            # The block being recomputed holds its full saved set during its backward.
+            extra_recompute = sum(plan.sizes[k] for k in units[unit] if k not in live)
+        grads += grad_bytes_per_layer[index]
+        grad_out = sizer.value_bytes(layer.output_numel, TensorKind.FLOAT)
+        grad_in = sum(
+            plan.sizes.get(storage, 0) for storage in layer.input_storages if storage in plan.sizes
+        )
+        internal = max(
+            (plan.sizes.get((index, s.label), 0) for s in layer.saved if s.source == "new"),
+            default=0,
+        )
+        parts = dict(static)
+        parts["gradients"] = parts.get("gradients", 0) + grads
+        parts["activations"] = sum(plan.sizes[k] for k in live if k in plan.sizes)
+        parts["activations"] += extra_recompute
+        parts["transient"] = grad_out + grad_in + 2 * internal
+        moments.append(_Moment(phase="backward", parts=parts))
+        for key in plan.layer_saved[index]:
+            if plan.savers.get(key, [None])[0] == index and key not in plan.pinned:
+                live.discard(key)
+    return moments
+
+
+def _grad_bytes_per_layer(analysis: GraphAnalysis, plan_bytes: Fraction, shard: int) -> list[int]:
+    return [_ceil(layer.params * plan_bytes / shard) for layer in analysis.layers]
+
+
+def _seed_rule(analysis: GraphAnalysis, sizer: _Sizer) -> int | None:
+    """'Parameters + the two largest consecutive feature maps' for chains; None otherwise."""
+    if any(layer.input_names for layer in analysis.layers):
+        return None
+    best = 0
+    previous = sizer.value_bytes(analysis.inputs[0].numel, analysis.inputs[0].kind)
+    for layer in analysis.layers:
+        current = sizer.value_bytes(layer.output_numel, layer.output_kind)
+        best = max(best, previous + current)
+        previous = current
+    return best
+
+
+def _allocator_overhead(overhead: FrameworkOverhead, tensor_sizes: Iterable[int]) -> int:
+    """CUDA caching allocator: 512 B granularity, 2 MiB blocks for large tensors."""
+    if not overhead.round_allocations:
+        return 0
+    waste = 0
+    for size in tensor_sizes:
+        waste += -size % (2 * MIB) if size > MIB else -size % 512
+    return waste
+
+
+def estimate_memory(
+    analysis: GraphAnalysis,
+    request: MemoryRequest,
+    *,
+    per_layer: bool = False,
+) -> MemoryEstimate:
+    """Peak memory per device for one training step or one inference forward pass.
+
+    Parameters
+    ----------
+    analysis : GraphAnalysis
+        The model analysed at the micro-batch size (batch per device per forward).
+    request : MemoryRequest
+        Mode, precision convention, optimizer, checkpointing, parallelism, runtime.
+    per_layer : bool
+        Whether to return the per-layer view.
+
+    Returns
+    -------
+    MemoryEstimate
+        Lines that add up to ``peak_bytes`` at ``peak_phase``, and the assumptions.
+
+    Notes
+    -----
+    Weights: params x bytes(weight dtype) / (tensor x pipeline) / (data if ZeRO-3).
+    Gradients: trainable params x bytes(grad dtype), sharded by ZeRO-2/3.
+    Optimizer state: per trainable param (SGD 0, momentum 1, Adam/AdamW 2 slots of the state
+    dtype; 8-bit Adam 2 B; Adafactor rows + cols), sharded by ZeRO-1+.
+    KV cache (inference): 2 x layers x kv_heads x head_dim x seq x batch x bytes.
+    """
+    training = request.mode is Mode.TRAINING
+    precision = request.precision
+    plan = precision_plan(precision)
+    if training and precision in QUANTIZED:
+        raise MemoryInputError(
+            f"precision '{precision.value}' is for inference (weight-only quantization); train "
+            "in fp32, tf32, bf16, fp16, amp_bf16, amp_fp16, mixed_bf16 or mixed_fp16"
+        )
+    par = request.parallelism
+    if par.zero_stage and par.data < 2:
+        raise MemoryInputError("ZeRO sharding needs a data-parallel degree of at least 2")
+    sizer = _Sizer(plan, request.runtime)
+    assumptions: list[str] = [plan.convention, f"runtime: {request.runtime.value}"]
+    model_shard = par.tensor * par.pipeline
+    params = analysis.params
+    shapes = analysis.param_shapes
+
+    weights_full, weight_notes = _weights_bytes(analysis, plan, precision)
+    weights = _ceil(Fraction(weights_full, model_shard))
+    if par.zero_stage >= 3:
+        weights = _ceil(Fraction(weights, par.data))
+    lines_static: dict[str, int] = {"weights": weights}
+    formulas: dict[str, str] = {
+        "weights": f"{params:,} params x {float(plan.weight):g} B"
+        + (f" / {model_shard} (tensor x pipeline)" if model_shard > 1 else "")
+        + (f" / {par.data} (ZeRO-3)" if par.zero_stage >= 3 else "")
+    }
+    notes: dict[str, list[str]] = {"weights": weight_notes}
+    buffers = sum(layer.result.buffers_bytes for layer in analysis.layers)
+    if buffers:
+        lines_static["buffers"] = buffers
+        formulas["buffers"] = "batch-norm running mean/var (fp32) and step counters"
+
+    inputs_bytes = sum(sizer.value_bytes(b.numel, b.kind) for b in analysis.inputs)
+    first_moments: list[_Moment] = []
+    steady_moments: list[_Moment] = []
+    layers_view: list[LayerMemory] = []
+    storage_plan = _build_plan(analysis, sizer, request, training)
+
+    if training:
+        grad_shard = model_shard * (par.data if par.zero_stage >= 2 else 1)
+        grad_bytes = _ceil(params * plan.grad / grad_shard)
+        if plan.master and request.fp32_grad_buffer:
+            grad_bytes += _ceil(Fraction(params * 4, grad_shard))
+            assumptions.append("fp32 gradient accumulation buffer kept beside 16-bit gradients")
+        state_bytes, state_note = _optimizer_state_bytes(shapes, request.optimizer, plan)
+        state_shard = model_shard * (par.data if par.zero_stage >= 1 else 1)
+        state_bytes = _ceil(Fraction(state_bytes, state_shard))
+        master = _ceil(Fraction(params * plan.master, state_shard))
+        labels_rows = math.prod(analysis.output_shape[:-1]) if analysis.output_shape else 1
+        labels_bytes = labels_rows * 8
+        temporaries, temp_note = _step_temporaries(shapes, request, plan)
+        temporaries = _ceil(Fraction(temporaries, state_shard))
+        cache = params * plan.weight_cache // model_shard if plan.weight_cache else 0
+        units: dict[str, set[object]] = {}
+        if request.checkpointing is Checkpointing.FULL:
+            units = _apply_full_checkpointing(analysis, storage_plan)
+            if not units:
+                assumptions.append(
+                    "full checkpointing: the graph has no repeated blocks; no effect"
+                )
+        base = {**lines_static, "inputs": inputs_bytes + labels_bytes}
+        if master:
+            base["master_weights"] = master
+        if cache:
+            base["weight_cast_cache"] = cache
+        loss = _loss_bytes(analysis, sizer)
+        grad_layers = _grad_bytes_per_layer(analysis, plan.grad, grad_shard)
+        accumulate = request.accumulation_steps > 1
+        for steady in (False, True):
+            static = dict(base)
+            if steady:
+                static["optimizer_state"] = state_bytes
+            if accumulate:
+                static["gradients"] = grad_bytes
+            fwd = _forward_moments(analysis, storage_plan, sizer, request, static)
+            end = dict(fwd[-1].parts) if fwd else dict(static)
+            end["transient"] = 0
+            end["loss"] = loss
+            fwd.append(_Moment(phase="forward", parts=end))
+            bwd_static = dict(static)
+            bwd_static["loss"] = loss
+            if accumulate:
+                bwd_static.pop("gradients")
+            bwd = _backward_moments(
+                analysis,
+                storage_plan,
+                sizer,
+                bwd_static,
+                grad_layers if not accumulate else [0] * len(grad_layers),
+                units,
+            )
+            if accumulate:
+                for moment in bwd:
+                    moment.parts["gradients"] = grad_bytes
+            step_parts = {
+                **lines_static,
+                "inputs": inputs_bytes + labels_bytes,
+                "gradients": grad_bytes,
+                "optimizer_state": state_bytes,
+                "transient": temporaries,
+            }
+            if master:
+                step_parts["master_weights"] = master
+            moments = [*fwd, *bwd, _Moment(phase="optimizer_step", parts=step_parts)]
+            (steady_moments if steady else first_moments).extend(moments)
+        formulas.update(
+            gradients=f"{params:,} trainable params x {float(plan.grad):g} B"
+            + (f" / {grad_shard}" if grad_shard > 1 else ""),
+            optimizer_state=state_note + (f" / {state_shard} (sharded)" if state_shard > 1 else ""),
+            master_weights=f"{params:,} x {plan.master} B fp32 master copy",
+            weight_cast_cache=f"{params:,} x {plan.weight_cache} B autocast weight copies",
+            inputs=f"model inputs + int64 labels ({labels_rows:,} rows)",
+            loss="cross-entropy: log-probabilities of the logits kept for backward",
+        )
+        notes["transient"] = [temp_note]
+        if request.accumulation_steps > 1:
+            assumptions.append(
+                f"gradient accumulation over {request.accumulation_steps} micro-batches: "
+                "gradients persist across micro-batches; activations are per micro-batch"
+            )
+        if request.checkpointing is Checkpointing.SELECTIVE:
+            assumptions.append("selective checkpointing: attention S x S tensors recomputed")
+        if request.checkpointing is Checkpointing.FULL and units:
+            assumptions.append(
+                f"full checkpointing over {len(units)} repeated blocks: block inputs kept, one "
+                "block recomputed at a time in backward"
+            )
+    else:
+        static = {**lines_static, "inputs": inputs_bytes}
+        kv = 0
+        if request.kv_cache:
+            kv_numel = sum(layer.result.kv_cache_numel for layer in analysis.layers)
+            kv = _ceil(Fraction(kv_numel * plan.activation, par.tensor))
+            if kv:
+                static["kv_cache"] = kv
+                formulas["kv_cache"] = (
+                    "2 x layers x kv_heads x head_dim x seq x batch x "
+                    f"{plan.activation} B = {kv:,} B"
+                )
+        steady_moments = _forward_moments(analysis, storage_plan, sizer, request, static)
+        formulas["inputs"] = "model inputs held by the caller"
+        assumptions.append("activations live from their producer to their last consumer")
+
+    peak = max(steady_moments, key=lambda m: m.total)
+    first_peak = max(first_moments, key=lambda m: m.total) if first_moments else None
+    parts = dict(peak.parts)
+    if request.runtime is Runtime.CUDA:
+        overhead = request.overhead
+        live_sizes = list(storage_plan.sizes.values()) + [
+            _ceil(math.prod(s) * plan.weight) for s in shapes
+        ]
+        parts["allocator_rounding"] = _allocator_overhead(overhead, live_sizes)
+        parts["fragmentation_reserve"] = int(sum(parts.values()) * overhead.fragmentation_fraction)
+        parts["workspace"] = overhead.workspace_bytes
+        parts["cuda_context"] = overhead.cuda_context_bytes
+        formulas.update(
+            allocator_rounding="caching allocator: 512 B granularity, 2 MiB blocks over 1 MiB",
+            fragmentation_reserve=f"{overhead.fragmentation_fraction:.0%} of allocated bytes",
+            workspace="cuBLAS/cuDNN workspace per process",
+            cuda_context="CUDA context (PyTorch, lazy module loading)",
+        )
+    formulas.setdefault("activations", "tensors kept for backward / live at the peak")
+    formulas.setdefault("transient", "gradients of activations, kernel temporaries, step buffers")
+    formulas.setdefault("gradients", "parameter gradients accumulated so far")
+    formulas.setdefault("optimizer_state", "optimizer state")
+    formulas.setdefault("loss", "loss terms")
+    order = [
+        "weights", "master_weights", "weight_cast_cache", "gradients", "optimizer_state",
+        "buffers", "inputs", "activations", "loss", "transient", "kv_cache", "workspace",
+        "allocator_rounding", "fragmentation_reserve", "cuda_context",
+    ]  # fmt: skip
+    lines = tuple(
+        MemoryLine(
+            key=key,
+            bytes=parts[key],
+            formula=formulas.get(key, key),
+            assumptions=tuple(notes.get(key, [])),
+        )
+        for key in order
+        if key in parts
+    )
+    if per_layer:
+        for index, layer in enumerate(analysis.layers):
+            new_saved = sum(
+                storage_plan.sizes.get(key, 0)
+                for key in storage_plan.layer_saved[index]
+                if storage_plan.savers.get(key, [None])[0] == index
+            )
+            layers_view.append(
+                LayerMemory(
+                    name=layer.name,
+                    op=layer.op,
+                    output_shape=layer.output_shape,
+                    params=layer.params,
+                    flops=layer.flops,
+                    output_bytes=sizer.value_bytes(layer.output_numel, layer.output_kind),
+                    saved_bytes=new_saved,
+                )
+            )
+    phase_peaks: dict[str, int] = {}
+    for moment in steady_moments:
+        phase_peaks[moment.phase] = max(phase_peaks.get(moment.phase, 0), moment.total)
+    extra = sum(parts.values()) - peak.total
+    return MemoryEstimate(
+        mode=request.mode,
+        runtime=request.runtime,
+        params=params,
+        trainable_params=params if training else 0,
+        lines=lines,
+        peak_bytes=sum(parts.values()),
+        peak_phase=peak.phase,
+        phase_peaks={k: v + extra for k, v in phase_peaks.items()},
+        first_iteration_peak_bytes=first_peak.total + extra if first_peak else None,
+        first_iteration_peak_phase=first_peak.phase if first_peak else None,
+        seed_rule_bytes=(
+            weights + seed if (seed := _seed_rule(analysis, sizer)) is not None else None
+        ),
+        layers=tuple(layers_view),
+        assumptions=tuple(assumptions),
+    )
+
+
+def _loss_bytes(analysis: GraphAnalysis, sizer: _Sizer) -> int:
+    """Cross-entropy over the final output: log-probabilities kept for backward."""
+    if analysis.layers and analysis.layers[-1].op == "cross_entropy":
+        return 0
+    numel = math.prod(analysis.output_shape) if analysis.output_shape else 1
+    return sizer.storage_bytes(numel, Storage.ACT)

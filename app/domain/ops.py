@@ -1,0 +1,753 @@
+"""Per-op semantics: output shape, parameters, FLOPs, and the tensors autograd keeps.
+
+Shapes are batch-first (``[N, C, H, W]`` for images, ``[N, S, D]`` for sequences). FLOPs count
+a multiply-add as two operations. Saved tensors follow PyTorch's autograd formulas
+(``derivatives.yaml``) for the eager kernels: what a layer keeps alive from its forward until
+its backward. A saved tensor names its storage (an input, the output, or a new internal
+tensor), so that a storage kept by two layers is counted once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from app.domain.errors import GraphError
+
+
+class TensorKind(StrEnum):
+    """What a value flowing between layers holds."""
+
+    FLOAT = "float"  # stored in the compute dtype
+    INDEX = "int64"  # token ids, labels
+
+
+class Storage(StrEnum):
+    """Element type of a saved or transient tensor; resolved to bytes by the memory model."""
+
+    ACT = "activation"  # the compute (activation) dtype
+    FP32 = "fp32"  # always 4 bytes (norm statistics, upcast softmax)
+    INT64 = "int64"  # indices
+    MASK = "dropout_mask"  # runtime dependent: 1 B on CUDA, the activation dtype on CPU
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Saved:
+    """A tensor an op keeps for backward: ``source`` is ``in0``.., ``out`` or ``new``."""
+
+    label: str
+    source: str
+    numel: int
+    storage: Storage = Storage.ACT
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Transient:
+    """A tensor that exists only inside the op's forward (its internal peak)."""
+
+    label: str
+    numel: int
+    storage: Storage = Storage.ACT
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OpResult:
+    """What one layer does to its inputs."""
+
+    shape: tuple[int, ...]
+    kind: TensorKind = TensorKind.FLOAT
+    param_shapes: tuple[tuple[int, ...], ...] = ()
+    flops: int = 0
+    saved: tuple[Saved, ...] = ()
+    alias_of: int | None = None  # output shares storage with this input (views, in-place ops)
+    transients: tuple[Transient, ...] = ()
+    buffers_bytes: int = 0  # non-trainable state (batchnorm running statistics)
+    kv_cache_numel: int = 0  # keys + values cached per forward for decoding
+
+    @property
+    def params(self) -> int:
+        """Trainable parameter count of the layer."""
+        return sum(math.prod(shape) for shape in self.param_shapes)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Value:
+    """A tensor flowing between layers."""
+
+    shape: tuple[int, ...]
+    kind: TensorKind = TensorKind.FLOAT
+
+    @property
+    def numel(self) -> int:
+        """Number of elements."""
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OpContext:
+    """What an op implementation may read: its attributes, inputs and name."""
+
+    name: str
+    attrs: Mapping[str, Any]
+    inputs: Sequence[Value]
+    training: bool = True
+    tied_params: Mapping[str, int] = field(default_factory=dict)
+
+    def fail(self, message: str, field_name: str) -> GraphError:
+        """A GraphError for this layer."""
+        return GraphError(message, layer=self.name, field=field_name)
+
+    @property
+    def x(self) -> Value:
+        """The first input."""
+        return self.inputs[0]
+
+    def attr(self, key: str, default: Any) -> Any:
+        """An attribute with its PyTorch default."""
+        return self.attrs.get(key, default)
+
+
+def _pair(value: Any) -> tuple[int, int]:
+    if isinstance(value, list):
+        return int(value[0]), int(value[1])
+    return int(value), int(value)
+
+
+def _rank(ctx: OpContext, rank: int, what: str) -> None:
+    if len(ctx.x.shape) != rank:
+        raise ctx.fail(
+            f"expects a {rank}-d input ({what}), got shape {list(ctx.x.shape)}", "inputs"
+        )
+
+
+def _float_input(ctx: OpContext) -> None:
+    if ctx.x.kind is not TensorKind.FLOAT:
+        raise ctx.fail("expects a floating-point input, got token ids", "inputs")
+
+
+def _conv_out(size: int, kernel: int, stride: int, pad: int, dilation: int, ctx: OpContext) -> int:
+    out = (size + 2 * pad - dilation * (kernel - 1) - 1) // stride + 1
+    if out < 1:
+        raise ctx.fail(
+            f"kernel {kernel} (dilation {dilation}) does not fit input size {size} "
+            f"with padding {pad}",
+            "kernel_size",
+        )
+    return out
+
+
+def _conv(ctx: OpContext, out_channels: int, kernel: Any, groups: int, bias: bool) -> OpResult:
+    _rank(ctx, 4, "N, C, H, W")
+    _float_input(ctx)
+    n, c, h, w = ctx.x.shape
+    declared = ctx.attrs.get("in_channels")
+    if declared is not None and declared != c:
+        raise ctx.fail(f"in_channels {declared} does not match input {c}", "in_channels")
+    if c % groups or out_channels % groups:
+        raise ctx.fail(
+            f"groups {groups} must divide in_channels {c} and out_channels {out_channels}",
+            "groups",
+        )
+    kh, kw = _pair(kernel)
+    sh, sw = _pair(ctx.attr("stride", 1))
+    dh, dw = _pair(ctx.attr("dilation", 1))
+    padding = ctx.attr("padding", 0)
+    if padding == "same":
+        if (sh, sw) != (1, 1):
+            raise ctx.fail("padding 'same' needs stride 1", "padding")
+        ph, pw = dh * (kh - 1) // 2, dw * (kw - 1) // 2
+    elif padding == "valid":
+        ph = pw = 0
+    else:
+        ph, pw = _pair(padding)
+    oh = _conv_out(h, kh, sh, ph, dh, ctx)
+    ow = _conv_out(w, kw, sw, pw, dw, ctx)
+    weight = (out_channels, c // groups, kh, kw)
+    params = (weight, (out_channels,)) if bias else (weight,)
+    macs = n * out_channels * oh * ow * (c // groups) * kh * kw
+    return OpResult(
+        shape=(n, out_channels, oh, ow),
+        param_shapes=params,
+        flops=2 * macs,
+        saved=(Saved(label="input", source="in0", numel=ctx.x.numel),),
+    )
+
+
+def conv2d(ctx: OpContext) -> OpResult:
+    """2-d convolution (cross-correlation) with stride, padding, dilation and groups."""
+    return _conv(
+        ctx,
+        ctx.attrs["out_channels"],
+        ctx.attrs["kernel_size"],
+        ctx.attr("groups", 1),
+        ctx.attr("bias", True),
+    )
+
+
+def depthwise_conv2d(ctx: OpContext) -> OpResult:
+    """Depthwise convolution: groups = in_channels."""
+    _rank(ctx, 4, "N, C, H, W")
+    channels = ctx.x.shape[1]
+    out = channels * ctx.attr("channel_multiplier", 1)
+    return _conv(ctx, out, ctx.attrs["kernel_size"], channels, ctx.attr("bias", True))
+
+
+def pointwise_conv2d(ctx: OpContext) -> OpResult:
+    """1x1 convolution."""
+    return _conv(ctx, ctx.attrs["out_channels"], 1, 1, ctx.attr("bias", True))
+
+
+def _pool_out(ctx: OpContext) -> tuple[int, int, int, int]:
+    _rank(ctx, 4, "N, C, H, W")
+    n, c, h, w = ctx.x.shape
+    kh, kw = _pair(ctx.attrs["kernel_size"])
+    sh, sw = _pair(ctx.attr("stride", ctx.attrs["kernel_size"]))
+    ph, pw = _pair(ctx.attr("padding", 0))
+    if ph > kh // 2 or pw > kw // 2:
+        raise ctx.fail("padding must be at most half the kernel size", "padding")
+    dims = []
+    for size, k, s, p in ((h, kh, sh, ph), (w, kw, sw, pw)):
+        if ctx.attr("ceil_mode", False):
+            out = -(-(size + 2 * p - k) // s) + 1
+            if (out - 1) * s >= size + p:  # last window must start inside the input
+                out -= 1
+        else:
+            out = (size + 2 * p - k) // s + 1
+        if out < 1:
+            raise ctx.fail(f"kernel {k} does not fit input size {size}", "kernel_size")
+        dims.append(out)
+    return n, c, dims[0], dims[1]
+
+
+def maxpool2d(ctx: OpContext) -> OpResult:
+    """Max pooling; backward needs the input and int64 argmax indices."""
+    shape = _pool_out(ctx)
+    kh, kw = _pair(ctx.attrs["kernel_size"])
+    out = math.prod(shape)
+    return OpResult(
+        shape=shape,
+        flops=out * kh * kw,
+        saved=(
+            Saved(label="input", source="in0", numel=ctx.x.numel),
+            Saved(label="indices", source="new", numel=out, storage=Storage.INT64),
+        ),
+    )
+
+
+def avgpool2d(ctx: OpContext) -> OpResult:
+    """Average pooling; autograd keeps the input."""
+    shape = _pool_out(ctx)
+    kh, kw = _pair(ctx.attrs["kernel_size"])
+    return OpResult(
+        shape=shape,
+        flops=math.prod(shape) * kh * kw,
+        saved=(Saved(label="input", source="in0", numel=ctx.x.numel),),
+    )
+
+
+def _adaptive(ctx: OpContext, indices: bool) -> OpResult:
+    _rank(ctx, 4, "N, C, H, W")
+    n, c, _, _ = ctx.x.shape
+    oh, ow = _pair(ctx.attrs["output_size"])
+    shape = (n, c, oh, ow)
+    saved = [Saved(label="input", source="in0", numel=ctx.x.numel)]
+    if indices:
+        saved.append(
+            Saved(label="indices", source="new", numel=n * c * oh * ow, storage=Storage.INT64)
+        )
+    return OpResult(shape=shape, flops=ctx.x.numel, saved=tuple(saved))
+
+
+def adaptive_avgpool2d(ctx: OpContext) -> OpResult:
+    """Adaptive average pooling to a fixed output size."""
+    return _adaptive(ctx, indices=False)
+
+
+def adaptive_maxpool2d(ctx: OpContext) -> OpResult:
+    """Adaptive max pooling to a fixed output size."""
+    return _adaptive(ctx, indices=True)
+
+
+def batchnorm2d(ctx: OpContext) -> OpResult:
+    """Batch norm over channels; keeps input and fp32 per-channel mean and inverse std."""
+    _rank(ctx, 4, "N, C, H, W")
+    _float_input(ctx)
+    channels = ctx.x.shape[1]
+    affine = ctx.attr("affine", True)
+    saved = [Saved(label="input", source="in0", numel=ctx.x.numel)]
+    if ctx.training:
+        saved += [
+            Saved(label="save_mean", source="new", numel=channels, storage=Storage.FP32),
+            Saved(label="save_invstd", source="new", numel=channels, storage=Storage.FP32),
+        ]
+    return OpResult(
+        shape=ctx.x.shape,
+        param_shapes=((channels,), (channels,)) if affine else (),
+        flops=4 * ctx.x.numel,
+        saved=tuple(saved),
+        buffers_bytes=2 * channels * 4 + 8,  # running mean/var fp32 + num_batches_tracked
+    )
+
+
+def _rows(ctx: OpContext) -> int:
+    return ctx.x.numel // ctx.x.shape[-1]
+
+
+def layernorm(ctx: OpContext) -> OpResult:
+    """Layer norm over the last dim; keeps input and fp32 per-row mean and rstd."""
+    _float_input(ctx)
+    dim = ctx.x.shape[-1]
+    affine = ctx.attr("elementwise_affine", True)
+    params: tuple[tuple[int, ...], ...] = ()
+    if affine:
+        params = ((dim,), (dim,)) if ctx.attr("bias", True) else ((dim,),)
+    rows = _rows(ctx)
+    return OpResult(
+        shape=ctx.x.shape,
+        param_shapes=params,
+        flops=5 * ctx.x.numel,
+        saved=(
+            Saved(label="input", source="in0", numel=ctx.x.numel),
+            Saved(label="mean", source="new", numel=rows, storage=Storage.FP32),
+            Saved(label="rstd", source="new", numel=rows, storage=Storage.FP32),
+        ),
+    )
+
+
+def rmsnorm(ctx: OpContext) -> OpResult:
+    """RMS norm as Hugging Face Llama computes it (in fp32, then cast back).
+
+    Keeps the fp32 input (a copy when activations are 16-bit), the normalized tensor in the
+    activation dtype (multiplied by the weight), and the fp32 per-row rsqrt.
+    """
+    _float_input(ctx)
+    rows = _rows(ctx)
+    return OpResult(
+        shape=ctx.x.shape,
+        param_shapes=((ctx.x.shape[-1],),),
+        flops=4 * ctx.x.numel,
+        saved=(
+            Saved(label="input_fp32", source="in0_fp32", numel=ctx.x.numel, storage=Storage.FP32),
+            Saved(label="normalized", source="new", numel=ctx.x.numel),
+            Saved(label="rstd", source="new", numel=rows, storage=Storage.FP32),
+        ),
+    )
+
+
+def _activation(saves: str) -> Callable[[OpContext], OpResult]:
+    def run(ctx: OpContext) -> OpResult:
+        _float_input(ctx)
+        inplace = bool(ctx.attr("inplace", False))
+        # In-place ops write into their input's storage; what they keep is that storage.
+        source = "in0" if (saves == "in0" or inplace) else "out"
+        return OpResult(
+            shape=ctx.x.shape,
+            flops=ctx.x.numel,
+            saved=(Saved(label=saves, source=source, numel=ctx.x.numel),),
+            alias_of=0 if inplace else None,
+        )
+
+    return run
+
+
+relu = _activation("out")  # threshold_backward(grad, result)
+relu6 = _activation("in0")  # hardtanh_backward(grad, self)
+gelu = _activation("in0")
+silu = _activation("in0")
+tanh = _activation("out")
+sigmoid = _activation("out")
+
+
+def dropout(ctx: OpContext) -> OpResult:
+    """Dropout: identity in inference; in training keeps a mask (and writes a new output)."""
+    p = ctx.attr("p", 0.5)
+    if not ctx.training or p == 0:
+        return OpResult(shape=ctx.x.shape, alias_of=0)
+    return OpResult(
+        shape=ctx.x.shape,
+        flops=2 * ctx.x.numel,
+        saved=(Saved(label="mask", source="new", numel=ctx.x.numel, storage=Storage.MASK),),
+        alias_of=0 if ctx.attr("inplace", False) else None,
+    )
+
+
+def linear(ctx: OpContext) -> OpResult:
+    """Fully connected layer over the last dim; keeps its input."""
+    _float_input(ctx)
+    if not ctx.x.shape:
+        raise ctx.fail("expects at least a 1-d input", "inputs")
+    features = ctx.x.shape[-1]
+    declared = ctx.attrs.get("in_features")
+    if declared is not None and declared != features:
+        raise ctx.fail(f"in_features {declared} does not match input {features}", "in_features")
+    out = ctx.attrs["out_features"]
+    rows = _rows(ctx)
+    weight = out * features
+    tied = ctx.attrs.get("tied_to")
+    if tied is not None:
+        shared = ctx.tied_params.get(tied)
+        if shared is None:
+            raise ctx.fail(f"'{tied}' is not an earlier layer with a weight", "tied_to")
+        if shared != weight:
+            raise ctx.fail(
+                f"cannot tie to '{tied}': its weight has {shared} elements, this layer needs "
+                f"{weight} ({out} x {features})",
+                "tied_to",
+            )
+    params: list[tuple[int, ...]] = [] if tied is not None else [(out, features)]
+    if ctx.attr("bias", True):
+        params.append((out,))
+    return OpResult(
+        shape=(*ctx.x.shape[:-1], out),
+        param_shapes=tuple(params),
+        flops=2 * rows * features * out,
+        saved=(Saved(label="input", source="in0", numel=ctx.x.numel),),
+    )
+
+
+def _dim(ctx: OpContext, dim: int, rank: int, field_name: str) -> int:
+    if not -rank <= dim < rank:
+        raise ctx.fail(f"dim {dim} out of range for a {rank}-d input", field_name)
+    return dim % rank
+
+
+def flatten(ctx: OpContext) -> OpResult:
+    """Merge dims ``start_dim..end_dim`` (a view)."""
+    rank = len(ctx.x.shape)
+    start = _dim(ctx, ctx.attr("start_dim", 1), rank, "start_dim")
+    end = _dim(ctx, ctx.attr("end_dim", -1), rank, "end_dim")
+    if start > end:
+        raise ctx.fail("start_dim must not come after end_dim", "start_dim")
+    shape = (*ctx.x.shape[:start], math.prod(ctx.x.shape[start : end + 1]), *ctx.x.shape[end + 1 :])
+    return OpResult(shape=shape, kind=ctx.x.kind, alias_of=0)
+
+
+def reshape(ctx: OpContext) -> OpResult:
+    """Reshape to ``shape`` (one -1 inferred; symbols resolved by the graph); a view."""
+    target = list(ctx.attrs["shape"])
+    if any(not isinstance(d, int) for d in target):
+        raise ctx.fail("symbols in shape must be bound before shape inference", "shape")
+    if target.count(-1) > 1:
+        raise ctx.fail("at most one dimension may be -1", "shape")
+    known = math.prod(d for d in target if d != -1)
+    numel = ctx.x.numel
+    if -1 in target:
+        if numel % known:
+            raise ctx.fail(f"cannot reshape {list(ctx.x.shape)} into {target}", "shape")
+        target[target.index(-1)] = numel // known
+    if math.prod(target) != numel:
+        raise ctx.fail(f"cannot reshape {list(ctx.x.shape)} into {target}", "shape")
+    return OpResult(shape=tuple(target), kind=ctx.x.kind, alias_of=0)
+
+
+def transpose(ctx: OpContext) -> OpResult:
+    """Swap two dims (a view)."""
+    rank = len(ctx.x.shape)
+    a = _dim(ctx, ctx.attrs["dim0"], rank, "dim0")
+    b = _dim(ctx, ctx.attrs["dim1"], rank, "dim1")
+    shape = list(ctx.x.shape)
+    shape[a], shape[b] = shape[b], shape[a]
+    return OpResult(shape=tuple(shape), kind=ctx.x.kind, alias_of=0)
+
+
+def select(ctx: OpContext) -> OpResult:
+    """Pick one index along a dim, removing it (a view)."""
+    rank = len(ctx.x.shape)
+    dim = _dim(ctx, ctx.attrs["dim"], rank, "dim")
+    index = ctx.attrs["index"]
+    if not -ctx.x.shape[dim] <= index < ctx.x.shape[dim]:
+        raise ctx.fail(f"index {index} out of range for size {ctx.x.shape[dim]}", "index")
+    return OpResult(shape=ctx.x.shape[:dim] + ctx.x.shape[dim + 1 :], kind=ctx.x.kind, alias_of=0)
+
+
+def add(ctx: OpContext) -> OpResult:
+    """Element-wise sum of same-shaped inputs (residual connections); keeps nothing."""
+    shapes = {value.shape for value in ctx.inputs}
+    if len(shapes) != 1:
+        raise ctx.fail(
+            "inputs must have the same shape, got " + ", ".join(str(list(s)) for s in shapes),
+            "inputs",
+        )
+    # In place (`out += identity` in torchvision's ResNet) writes into the first input.
+    return OpResult(
+        shape=ctx.x.shape,
+        flops=ctx.x.numel * (len(ctx.inputs) - 1),
+        alias_of=0 if ctx.attr("inplace", False) else None,
+    )
+
+
+def concat(ctx: OpContext) -> OpResult:
+    """Concatenate along ``dim`` (default 1, channels); keeps nothing."""
+    rank = len(ctx.x.shape)
+    dim = _dim(ctx, ctx.attr("dim", 1), rank, "dim")
+    for value in ctx.inputs:
+        if len(value.shape) != rank or any(
+            a != b
+            for i, (a, b) in enumerate(zip(value.shape, ctx.x.shape, strict=True))
+            if i != dim
+        ):
+            raise ctx.fail(
+                f"inputs must match except in dim {dim}: "
+                + ", ".join(str(list(v.shape)) for v in ctx.inputs),
+                "inputs",
+            )
+    size = sum(value.shape[dim] for value in ctx.inputs)
+    return OpResult(shape=(*ctx.x.shape[:dim], size, *ctx.x.shape[dim + 1 :]))
+
+
+def embedding(ctx: OpContext) -> OpResult:
+    """Lookup table; keeps the int64 indices (its input)."""
+    if ctx.x.kind is not TensorKind.INDEX:
+        raise ctx.fail("expects int64 token ids as input", "inputs")
+    vocab, dim = ctx.attrs["num_embeddings"], ctx.attrs["embedding_dim"]
+    return OpResult(
+        shape=(*ctx.x.shape, dim),
+        param_shapes=((vocab, dim),),
+        saved=(Saved(label="indices", source="in0", numel=ctx.x.numel, storage=Storage.INT64),),
+    )
+
+
+def embedding_add(ctx: OpContext) -> OpResult:
+    """Add a learned embedding indexed by position (positions, token types); keeps nothing big."""
+    _float_input(ctx)
+    if len(ctx.x.shape) != 3:
+        raise ctx.fail("expects [N, S, D]", "inputs")
+    _, seq, dim = ctx.x.shape
+    rows = ctx.attrs["num_embeddings"]
+    if ctx.attr("positional", True) and rows < seq:
+        raise ctx.fail(f"{rows} positions cannot cover sequence length {seq}", "num_embeddings")
+    return OpResult(shape=ctx.x.shape, param_shapes=((rows, dim),), flops=ctx.x.numel)
+
+
+def cls_token(ctx: OpContext) -> OpResult:
+    """Prepend one learned token to a sequence (ViT's class token)."""
+    _float_input(ctx)
+    if len(ctx.x.shape) != 3:
+        raise ctx.fail("expects [N, S, D]", "inputs")
+    n, seq, dim = ctx.x.shape
+    return OpResult(shape=(n, seq + 1, dim), param_shapes=((1, 1, dim),))
+
+
+def attention(ctx: OpContext) -> OpResult:
+    """Multi-head self-attention with q/k/v/o projections (MHA, GQA, MQA).
+
+    Unfused ("eager"): keeps the block input, q, k and v (k and v expanded to every query head
+    for GQA), the fp32 softmax probabilities, a dropout mask and dropped probabilities when
+    attention dropout is on, and the context fed to the output projection. Fused (flash /
+    memory-efficient SDPA): keeps q, k, v, the output and the fp32 log-sum-exp, never the
+    S x S matrix.
+    """
+    _float_input(ctx)
+    if len(ctx.x.shape) != 3:
+        raise ctx.fail("expects [N, S, D]", "inputs")
+    n, seq, hidden = ctx.x.shape
+    declared = ctx.attrs.get("hidden_size")
+    if declared is not None and declared != hidden:
+        raise ctx.fail(f"hidden_size {declared} does not match input {hidden}", "hidden_size")
+    heads = ctx.attrs["num_heads"]
+    kv_heads = ctx.attr("num_kv_heads", heads)
+    if heads % kv_heads:
+        raise ctx.fail(f"num_kv_heads {kv_heads} must divide num_heads {heads}", "num_kv_heads")
+    head_dim = ctx.attrs.get("head_dim")
+    if head_dim is None:
+        if hidden % heads:
+            raise ctx.fail(f"num_heads {heads} must divide hidden size {hidden}", "num_heads")
+        head_dim = hidden // heads
+    q_dim, kv_dim = heads * head_dim, kv_heads * head_dim
+    qkv_bias, out_bias = ctx.attr("qkv_bias", True), ctx.attr("out_bias", True)
+    params: list[tuple[int, ...]] = [
+        (q_dim, hidden),
+        (kv_dim, hidden),
+        (kv_dim, hidden),
+        (hidden, q_dim),
+    ]
+    if qkv_bias:
+        params += [(q_dim,), (kv_dim,), (kv_dim,)]
+    if out_bias:
+        params.append((hidden,))
+    tokens = n * seq
+    causal = ctx.attr("causal", False)
+    score_pairs = n * heads * seq * seq
+    attended = score_pairs // 2 + n * heads * seq // 2 if causal else score_pairs
+    flops = 2 * tokens * hidden * (q_dim + 2 * kv_dim) + 2 * tokens * q_dim * hidden
+    flops += 2 * 2 * attended * head_dim + 5 * attended
+    q_numel = tokens * q_dim
+    expanded_kv = tokens * q_dim  # k/v repeated to every query head before the matmuls
+    dropout_p = ctx.attr("dropout", 0.0) if ctx.training else 0.0
+    saved = [
+        Saved(label="input", source="in0", numel=ctx.x.numel),
+        Saved(label="q", source="new", numel=q_numel),
+        Saved(label="k", source="new", numel=expanded_kv),
+        Saved(label="v", source="new", numel=expanded_kv),
+        Saved(label="context", source="new", numel=q_numel),
+    ]
+    transients = [Transient(label="qkv", numel=q_numel + 2 * expanded_kv)]
+    if ctx.attr("fused", False):
+        saved += [
+            Saved(label="attn_out", source="new", numel=q_numel),
+            Saved(label="logsumexp", source="new", numel=n * heads * seq, storage=Storage.FP32),
+        ]
+    else:
+        saved.append(Saved(label="probs", source="new", numel=score_pairs, storage=Storage.FP32))
+        transients.append(Transient(label="scores", numel=score_pairs, storage=Storage.FP32))
+        if dropout_p > 0:
+            saved += [
+                Saved(label="probs_mask", source="new", numel=score_pairs, storage=Storage.MASK),
+                Saved(label="probs_dropped", source="new", numel=score_pairs),
+            ]
+    return OpResult(
+        shape=ctx.x.shape,
+        param_shapes=tuple(params),
+        flops=flops,
+        saved=tuple(saved),
+        transients=tuple(transients),
+        kv_cache_numel=2 * tokens * kv_dim,
+    )
+
+
+_GATED = {"swiglu": "silu", "geglu": "gelu"}
+
+
+def mlp(ctx: OpContext) -> OpResult:
+    """Transformer feed-forward: up projection, activation (or gated), down projection.
+
+    Plain (GELU/ReLU/SiLU): keeps the input, the pre-activation and the activation output.
+    Gated (SwiGLU/GeGLU, no bias in Llama): keeps the input, gate, activated gate, up, and the
+    product fed to the down projection.
+    """
+    _float_input(ctx)
+    hidden = ctx.x.shape[-1]
+    inner = ctx.attrs["intermediate_size"]
+    activation = ctx.attr("activation", "gelu")
+    bias = ctx.attr("bias", True)
+    rows = _rows(ctx)
+    wide = rows * inner
+    gated = activation in _GATED
+    projections = 3 if gated else 2
+    params: list[tuple[int, ...]] = [(inner, hidden)] * (projections - 1) + [(hidden, inner)]
+    if bias:
+        params += [(inner,)] * (projections - 1) + [(hidden,)]
+    saved = [Saved(label="input", source="in0", numel=ctx.x.numel)]
+    if gated:
+        saved += [
+            Saved(label="gate", source="new", numel=wide),
+            Saved(label="activated_gate", source="new", numel=wide),
+            Saved(label="up", source="new", numel=wide),
+            Saved(label="product", source="new", numel=wide),
+        ]
+    else:
+        saved += [
+            Saved(label="pre_activation", source="new", numel=wide),
+            Saved(label="activated", source="new", numel=wide),
+        ]
+    return OpResult(
+        shape=ctx.x.shape,
+        param_shapes=tuple(params),
+        flops=2 * rows * hidden * inner * projections + 4 * wide,
+        saved=tuple(saved),
+        transients=(Transient(label="intermediate", numel=(3 if gated else 2) * wide),),
+    )
+
+
+def _recurrent(gates: int) -> Callable[[OpContext], OpResult]:
+    def run(ctx: OpContext) -> OpResult:
+        _float_input(ctx)
+        if len(ctx.x.shape) != 3:
+            raise ctx.fail("expects batch-first [N, S, D]", "inputs")
+        n, seq, features = ctx.x.shape
+        size = ctx.attrs["hidden_size"]
+        layers = ctx.attr("num_layers", 1)
+        directions = 2 if ctx.attr("bidirectional", False) else 1
+        bias = ctx.attr("bias", True)
+        params: list[tuple[int, ...]] = []
+        flops = 0
+        for layer in range(layers):
+            width = features if layer == 0 else size * directions
+            for _ in range(directions):
+                params += [(gates * size, width), (gates * size, size)]
+                if bias:
+                    params += [(gates * size,), (gates * size,)]
+                flops += 2 * n * seq * gates * size * (width + size) + 8 * n * seq * size
+        steps = n * seq * directions * layers
+        # Per step the CPU kernel keeps the gate activations and the cell/hidden states.
+        return OpResult(
+            shape=(n, seq, size * directions),
+            param_shapes=tuple(params),
+            flops=flops,
+            saved=(
+                Saved(label="input", source="in0", numel=ctx.x.numel),
+                Saved(label="gates", source="new", numel=steps * gates * size),
+                Saved(label="states", source="new", numel=steps * size * 2),
+            ),
+        )
+
+    return run
+
+
+lstm = _recurrent(4)
+gru = _recurrent(3)
+
+
+def softmax(ctx: OpContext) -> OpResult:
+    """Softmax along ``dim``; keeps its output."""
+    _float_input(ctx)
+    _dim(ctx, ctx.attr("dim", -1), len(ctx.x.shape), "dim")
+    return OpResult(
+        shape=ctx.x.shape,
+        flops=5 * ctx.x.numel,
+        saved=(Saved(label="output", source="out", numel=ctx.x.numel),),
+    )
+
+
+def cross_entropy(ctx: OpContext) -> OpResult:
+    """Mean cross-entropy over the last dim: log_softmax (kept) then NLL against int64 labels."""
+    _float_input(ctx)
+    rows = _rows(ctx)
+    return OpResult(
+        shape=(),
+        flops=6 * ctx.x.numel,
+        saved=(
+            Saved(label="log_probs", source="new", numel=ctx.x.numel),
+            Saved(label="labels", source="new", numel=rows, storage=Storage.INT64),
+        ),
+    )
+
+
+OP_IMPLEMENTATIONS: Mapping[str, Callable[[OpContext], OpResult]] = {
+    "conv2d": conv2d,
+    "depthwise_conv2d": depthwise_conv2d,
+    "pointwise_conv2d": pointwise_conv2d,
+    "maxpool2d": maxpool2d,
+    "avgpool2d": avgpool2d,
+    "adaptive_avgpool2d": adaptive_avgpool2d,
+    "adaptive_maxpool2d": adaptive_maxpool2d,
+    "batchnorm2d": batchnorm2d,
+    "layernorm": layernorm,
+    "rmsnorm": rmsnorm,
+    "relu": relu,
+    "relu6": relu6,
+    "gelu": gelu,
+    "silu": silu,
+    "tanh": tanh,
+    "sigmoid": sigmoid,
+    "dropout": dropout,
+    "linear": linear,
+    "flatten": flatten,
+    "reshape": reshape,
+    "transpose": transpose,
+    "select": select,
+    "add": add,
+    "concat": concat,
+    "embedding": embedding,
+    "embedding_add": embedding_add,
+    "cls_token": cls_token,
+    "attention": attention,
+    "mlp": mlp,
+    "lstm": lstm,
+    "gru": gru,
+    "softmax": softmax,
+    "cross_entropy": cross_entropy,
+}

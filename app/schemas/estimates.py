@@ -1,0 +1,279 @@
+"""Memory estimate and model summary contract."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Self
+
+from pydantic import Field, model_validator
+
+from app.domain.memory import Checkpointing, Mode, Optimizer, OptimizerImpl, Precision, Runtime
+from app.schemas.base import MAX_BYTES, Schema, Slug
+from app.schemas.models import InputSpec
+
+BatchSize = Annotated[int, Field(ge=1, le=1_048_576)]
+Length = Annotated[int, Field(ge=1, le=16_777_216)]
+
+
+class InlineArchitecture(Schema):
+    """An architecture given in the request instead of a stored model."""
+
+    inputs: list[InputSpec] = Field(min_length=1, max_length=16, description="Model inputs.")
+    layers: list[dict[str, Any]] = Field(
+        min_length=1,
+        max_length=10_000,
+        description="Layer graph, as in `POST /v1/models`.",
+        examples=[[{"name": "fc", "op": "linear", "out_features": 10}]],
+    )
+    default_bindings: dict[str, Annotated[int, Field(ge=1, le=2**40)]] = Field(
+        default_factory=dict,
+        description="Values for symbolic dims other than `batch` when the request gives none.",
+        examples=[{"seq": 2048}],
+    )
+
+
+class ParallelismSpec(Schema):
+    """Parallel degrees; the estimate is per device."""
+
+    data: int = Field(default=1, ge=1, le=65_536, description="Data-parallel degree.", examples=[8])
+    tensor: int = Field(
+        default=1, ge=1, le=1024, description="Tensor-parallel degree.", examples=[1]
+    )
+    pipeline: int = Field(
+        default=1, ge=1, le=1024, description="Pipeline-parallel degree.", examples=[1]
+    )
+    zero_stage: int = Field(
+        default=0,
+        ge=0,
+        le=3,
+        description="ZeRO stage (1: optimizer state, 2: + gradients, 3/FSDP: + parameters "
+        "sharded over the data-parallel group).",
+        examples=[0],
+    )
+
+
+class OverheadSpec(Schema):
+    """Overrides for the runtime's framework overhead lines (CUDA)."""
+
+    cuda_context_bytes: int | None = Field(
+        default=None, ge=0, le=MAX_BYTES, description="CUDA context [B].", examples=[536870912]
+    )
+    workspace_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_BYTES,
+        description="cuBLAS/cuDNN workspace [B].",
+        examples=[33554432],
+    )
+    fragmentation_fraction: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="Reserve for allocator fragmentation.",
+        examples=[0.05],
+    )
+
+
+class MemoryEstimateRequest(Schema):
+    """What to estimate: a model (stored or inline) and how it runs."""
+
+    model: Slug | None = Field(
+        default=None, description="Stored model slug.", examples=["llama-2-7b"]
+    )
+    architecture: InlineArchitecture | None = Field(
+        default=None, description="Inline architecture (instead of `model`)."
+    )
+    mode: Mode = Field(description="training or inference.", examples=["training"])
+    batch_size: BatchSize = Field(
+        description="Global batch per data-parallel replica per optimizer step.", examples=[8]
+    )
+    micro_batch_size: BatchSize | None = Field(
+        default=None,
+        description="Batch per forward pass (gradient accumulation); must divide batch_size. "
+        "Default: batch_size.",
+        examples=[None],
+    )
+    sequence_length: Length | None = Field(
+        default=None, description="Binds the `seq` dim (tokens).", examples=[2048]
+    )
+    image_size: Length | None = Field(
+        default=None, description="Binds the `image` dim (pixels per side).", examples=[None]
+    )
+    bindings: dict[str, Annotated[int, Field(ge=1, le=2**40)]] = Field(
+        default_factory=dict,
+        description="Values for other symbolic dims.",
+        examples=[{}],
+    )
+    precision: Precision = Field(
+        default=Precision.FP32,
+        description="fp32, tf32, bf16/fp16 (pure), fp8/int8/int4 (weight-only inference), "
+        "amp_bf16/amp_fp16 (PyTorch autocast), mixed_bf16/mixed_fp16 (ZeRO/Megatron).",
+        examples=["bf16"],
+    )
+    optimizer: Optimizer = Field(
+        default=Optimizer.ADAMW, description="Optimizer (training).", examples=["adamw"]
+    )
+    optimizer_impl: OptimizerImpl = Field(
+        default=OptimizerImpl.AUTO,
+        description="auto (foreach on CUDA, for-loop on CPU), for_loop, foreach or fused.",
+        examples=["auto"],
+    )
+    checkpointing: Checkpointing = Field(
+        default=Checkpointing.NONE, description="Activation checkpointing.", examples=["none"]
+    )
+    parallelism: ParallelismSpec = Field(
+        default_factory=ParallelismSpec, description="Parallel degrees."
+    )
+    fp32_grad_buffer: bool = Field(
+        default=False,
+        description="mixed_* only: keep an fp32 gradient buffer (18 B/param with Adam).",
+        examples=[False],
+    )
+    kv_cache: bool = Field(
+        default=True,
+        description="Inference: include the KV cache of attention layers.",
+        examples=[True],
+    )
+    hardware: Slug | None = Field(
+        default=None,
+        description="Hardware profile: sets runtime and overhead defaults and the fit check.",
+        examples=["nvidia-a100-80gb-sxm"],
+    )
+    runtime: Runtime | None = Field(
+        default=None,
+        description="pytorch_cuda or pytorch_cpu; default from the hardware kind, else CUDA.",
+        examples=["pytorch_cuda"],
+    )
+    framework_overhead: OverheadSpec | None = Field(
+        default=None, description="Override the framework overhead lines."
+    )
+    per_layer: bool = Field(
+        default=False, description="Include the per-layer view.", examples=[False]
+    )
+
+    @model_validator(mode="after")
+    def _one_model(self) -> Self:
+        if (self.model is None) == (self.architecture is None):
+            raise ValueError("give exactly one of 'model' (a stored slug) or 'architecture'")
+        if self.micro_batch_size is not None and self.batch_size % self.micro_batch_size:
+            raise ValueError(
+                f"micro_batch_size {self.micro_batch_size} must divide batch_size {self.batch_size}"
+            )
+        return self
+
+
+class BreakdownLine(Schema):
+    """One line of the footprint at the peak."""
+
+    key: str = Field(description="What the bytes are.", examples=["optimizer_state"])
+    bytes: int = Field(description="Size [B].", examples=[53_907_317_248])
+    gib: float = Field(description="Size [GiB], rounded.", examples=[50.2])
+    formula: str = Field(
+        description="How the line is computed.",
+        examples=["adamw: 2 state tensor(s) per parameter x 4 B"],
+    )
+    assumptions: list[str] = Field(description="Assumptions behind the line.", examples=[[]])
+
+
+class LayerRow(Schema):
+    """One executed layer."""
+
+    name: str = Field(description="Qualified layer name.", examples=["layers.0.attn"])
+    op: str = Field(description="Op.", examples=["attention"])
+    output_shape: list[int] = Field(description="Output shape.", examples=[[1, 2048, 4096]])
+    params: int = Field(description="Trainable parameters.", examples=[67_108_864])
+    flops: int = Field(description="Forward FLOPs.", examples=[1_099_511_627_776])
+    output_bytes: int = Field(description="Output size [B].", examples=[16_777_216])
+    saved_bytes: int = Field(
+        description="New tensors this layer keeps for backward (training) [B].",
+        examples=[83_886_080],
+    )
+
+
+class FitSummary(Schema):
+    """Whether the peak fits the hardware profile's memory."""
+
+    hardware: str = Field(description="Hardware slug.", examples=["nvidia-a100-80gb-sxm"])
+    memory_bytes: int = Field(description="Device memory [B].", examples=[85_899_345_920])
+    fits: bool = Field(description="Peak <= device memory.", examples=[True])
+    headroom_bytes: int = Field(
+        description="Device memory minus peak (negative: short by).", examples=[4_294_967_296]
+    )
+
+
+class MemoryEstimateResponse(Schema):
+    """A footprint with its breakdown and assumptions."""
+
+    model: str = Field(description="Model slug, or `inline`.", examples=["llama-2-7b"])
+    mode: Mode = Field(description="training or inference.", examples=["training"])
+    runtime: Runtime = Field(description="Runtime the numbers are for.", examples=["pytorch_cuda"])
+    precision: Precision = Field(description="Precision convention.", examples=["bf16"])
+    batch_size: int = Field(description="Batch per optimizer step.", examples=[8])
+    micro_batch_size: int = Field(description="Batch per forward pass.", examples=[8])
+    bindings: dict[str, int] = Field(
+        description="Every symbolic dim as bound.", examples=[{"batch": 8, "seq": 2048}]
+    )
+    params: int = Field(description="Parameters of the model.", examples=[6_738_415_616])
+    flops_per_forward: int = Field(
+        description="Forward FLOPs at the micro-batch.", examples=[110_000_000_000_000]
+    )
+    breakdown: list[BreakdownLine] = Field(description="Lines that add up to peak_bytes.")
+    peak_bytes: int = Field(description="Peak per device [B].", examples=[120_000_000_000])
+    peak_gib: float = Field(description="Peak per device [GiB].", examples=[111.8])
+    peak_phase: str = Field(
+        description="forward, backward or optimizer_step (steady state).", examples=["backward"]
+    )
+    phase_peaks: dict[str, int] = Field(
+        description="Largest total per phase [B].", examples=[{"forward": 1, "backward": 2}]
+    )
+    first_iteration_peak_bytes: int | None = Field(
+        default=None,
+        description="Training: peak of the first iteration, before optimizer state exists "
+        "during forward/backward [B].",
+        examples=[110_000_000_000],
+    )
+    first_iteration_peak_phase: str | None = Field(
+        default=None, description="Phase of the first-iteration peak.", examples=["optimizer_step"]
+    )
+    seed_rule_bytes: int | None = Field(
+        default=None,
+        description="Inference on chains: weights + the two largest consecutive feature maps.",
+        examples=[1_375_513_760],
+    )
+    assumptions: list[str] = Field(description="Global assumptions.", examples=[["runtime: ..."]])
+    fit: FitSummary | None = Field(default=None, description="Fit against `hardware`.")
+    layers: list[LayerRow] | None = Field(
+        default=None, description="Per-layer view when `per_layer` is true."
+    )
+
+
+class ModelSummaryRow(Schema):
+    """One layer of a model summary."""
+
+    name: str = Field(description="Qualified layer name.", examples=["features.conv1"])
+    op: str = Field(description="Op.", examples=["conv2d"])
+    output_shape: list[int] = Field(description="Output shape.", examples=[[1, 64, 224, 224]])
+    params: int = Field(description="Trainable parameters.", examples=[1792])
+    flops: int = Field(description="Forward FLOPs.", examples=[173_408_256])
+    activation_elements: int = Field(
+        description="Elements of the layer's output.", examples=[3_211_264]
+    )
+    activation_bytes: int = Field(
+        description="Bytes of the layer's output at the chosen precision.", examples=[12_845_056]
+    )
+
+
+class ModelSummary(Schema):
+    """A per-layer table of a stored model and its totals."""
+
+    model: str = Field(description="Model slug.", examples=["vgg-16"])
+    bindings: dict[str, int] = Field(
+        description="Symbolic dims as bound.", examples=[{"batch": 1, "image": 224}]
+    )
+    precision: Precision = Field(description="Precision for byte figures.", examples=["fp32"])
+    layers: list[ModelSummaryRow] = Field(description="Layers in execution order.")
+    total_params: int = Field(description="Trainable parameters.", examples=[138_357_544])
+    total_flops: int = Field(description="Forward FLOPs.", examples=[30_960_000_000])
+    total_activation_bytes: int = Field(
+        description="Sum of every layer output (not a peak).", examples=[120_000_000]
+    )
+    layer_count: int = Field(description="Executed layers.", examples=[40])

@@ -1,0 +1,274 @@
+"""Memory estimate and model summary use cases."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from app.db.models import Hardware
+from app.db.repositories import HardwareRepository, ModelRepository
+from app.domain.analysis import GraphAnalysis, InputDecl, LayerAnalysis, analyze
+from app.domain.errors import GraphError
+from app.domain.memory import (
+    FrameworkOverhead,
+    MemoryEstimate,
+    MemoryInputError,
+    MemoryRequest,
+    Mode,
+    Parallelism,
+    Precision,
+    Runtime,
+    estimate_memory,
+    precision_plan,
+)
+from app.domain.ops import TensorKind
+from app.schemas.estimates import (
+    BreakdownLine,
+    FitSummary,
+    LayerRow,
+    MemoryEstimateRequest,
+    MemoryEstimateResponse,
+    ModelSummary,
+    ModelSummaryRow,
+)
+from app.services.errors import InvalidInput, NotFound
+from app.services.models import invalid_graph
+
+GIB = 2**30
+MAX_REPORTED_BYTES = 2**63 - 1
+
+
+def _decls(inputs: Sequence[Mapping[str, Any]]) -> list[InputDecl]:
+    return [
+        InputDecl(
+            name=spec["name"],
+            shape=tuple(spec["shape"]),
+            kind=TensorKind.INDEX if spec.get("dtype") == "int64" else TensorKind.FLOAT,
+        )
+        for spec in inputs
+    ]
+
+
+def _bindings(
+    defaults: Mapping[str, int],
+    extra: Mapping[str, int],
+    *,
+    batch: int,
+    sequence_length: int | None,
+    image_size: int | None,
+) -> dict[str, int]:
+    bound = {**defaults, **extra, "batch": batch}
+    if sequence_length is not None:
+        bound["seq"] = sequence_length
+    if image_size is not None:
+        bound["image"] = image_size
+    return dict(sorted(bound.items()))
+
+
+def _analyze(
+    inputs: Sequence[Mapping[str, Any]],
+    layers: Sequence[Mapping[str, Any]],
+    bindings: Mapping[str, int],
+    *,
+    training: bool,
+) -> GraphAnalysis:
+    try:
+        return analyze(_decls(inputs), layers, bindings, training=training)
+    except GraphError as exc:
+        raise invalid_graph(exc) from exc
+
+
+def _hardware(session: Session, slug: str | None) -> Hardware | None:
+    if slug is None:
+        return None
+    row = HardwareRepository(session).get(slug)
+    if row is None:
+        raise NotFound(f"hardware profile '{slug}' does not exist; GET /v1/hardware lists them")
+    return row
+
+
+def _overhead(payload: MemoryEstimateRequest, hardware: Hardware | None) -> FrameworkOverhead:
+    values: dict[str, Any] = {}
+    if hardware is not None and hardware.framework_overhead:
+        values.update(hardware.framework_overhead)
+    if payload.framework_overhead is not None:
+        values.update(payload.framework_overhead.model_dump(exclude_none=True))
+    return FrameworkOverhead(**values)
+
+
+def _runtime(payload: MemoryEstimateRequest, hardware: Hardware | None) -> Runtime:
+    if payload.runtime is not None:
+        return payload.runtime
+    if hardware is not None and hardware.kind == "cpu":
+        return Runtime.CPU
+    return Runtime.CUDA
+
+
+def estimate(session: Session, *, payload: MemoryEstimateRequest) -> MemoryEstimateResponse:
+    """Estimate the footprint of a stored or inline model."""
+    if payload.model is not None:
+        row = ModelRepository(session).get(payload.model)
+        if row is None:
+            raise NotFound(f"model '{payload.model}' does not exist; GET /v1/models lists them")
+        inputs, layers, defaults = row.inputs, row.layers, row.default_bindings
+        label = row.slug
+    else:
+        assert payload.architecture is not None  # enforced by the schema
+        arch = payload.architecture
+        inputs = [spec.model_dump() for spec in arch.inputs]
+        layers, defaults, label = arch.layers, arch.default_bindings, "inline"
+    hardware = _hardware(session, payload.hardware)
+    micro = payload.micro_batch_size or payload.batch_size
+    bindings = _bindings(
+        defaults,
+        payload.bindings,
+        batch=micro,
+        sequence_length=payload.sequence_length,
+        image_size=payload.image_size,
+    )
+    training = payload.mode is Mode.TRAINING
+    analysis = _analyze(inputs, layers, bindings, training=training)
+    par = payload.parallelism
+    request = MemoryRequest(
+        mode=payload.mode,
+        precision=payload.precision,
+        optimizer=payload.optimizer,
+        optimizer_impl=payload.optimizer_impl,
+        checkpointing=payload.checkpointing,
+        runtime=_runtime(payload, hardware),
+        parallelism=Parallelism(
+            data=par.data, tensor=par.tensor, pipeline=par.pipeline, zero_stage=par.zero_stage
+        ),
+        accumulation_steps=payload.batch_size // micro,
+        kv_cache=payload.kv_cache,
+        fp32_grad_buffer=payload.fp32_grad_buffer,
+        overhead=_overhead(payload, hardware),
+    )
+    try:
+        result = estimate_memory(analysis, request, per_layer=payload.per_layer)
+    except MemoryInputError as exc:
+        raise InvalidInput(str(exc)) from exc
+    if result.peak_bytes > MAX_REPORTED_BYTES:
+        raise InvalidInput(
+            f"the estimate ({result.peak_bytes:.3e} B) exceeds 2^63 bytes; reduce batch_size or "
+            "sequence_length",
+            pointer="/batch_size",
+        )
+    return _response(label, payload, micro, bindings, analysis, result, hardware)
+
+
+def _response(
+    label: str,
+    payload: MemoryEstimateRequest,
+    micro: int,
+    bindings: dict[str, int],
+    analysis: GraphAnalysis,
+    result: MemoryEstimate,
+    hardware: Hardware | None,
+) -> MemoryEstimateResponse:
+    fit = None
+    if hardware is not None:
+        fit = FitSummary(
+            hardware=hardware.slug,
+            memory_bytes=hardware.memory_bytes,
+            fits=result.peak_bytes <= hardware.memory_bytes,
+            headroom_bytes=hardware.memory_bytes - result.peak_bytes,
+        )
+    layers = None
+    if payload.per_layer:
+        layers = [
+            LayerRow(
+                name=row.name,
+                op=row.op,
+                output_shape=list(row.output_shape),
+                params=row.params,
+                flops=row.flops,
+                output_bytes=row.output_bytes,
+                saved_bytes=row.saved_bytes,
+            )
+            for row in result.layers
+        ]
+    return MemoryEstimateResponse(
+        model=label,
+        mode=payload.mode,
+        runtime=result.runtime,
+        precision=payload.precision,
+        batch_size=payload.batch_size,
+        micro_batch_size=micro,
+        bindings=bindings,
+        params=result.params,
+        flops_per_forward=analysis.flops,
+        breakdown=[
+            BreakdownLine(
+                key=line.key,
+                bytes=line.bytes,
+                gib=round(line.bytes / GIB, 3),
+                formula=line.formula,
+                assumptions=list(line.assumptions),
+            )
+            for line in result.lines
+        ],
+        peak_bytes=result.peak_bytes,
+        peak_gib=round(result.peak_bytes / GIB, 3),
+        peak_phase=result.peak_phase,
+        phase_peaks=dict(result.phase_peaks),
+        first_iteration_peak_bytes=result.first_iteration_peak_bytes,
+        first_iteration_peak_phase=result.first_iteration_peak_phase,
+        seed_rule_bytes=result.seed_rule_bytes,
+        assumptions=list(result.assumptions),
+        fit=fit,
+        layers=layers,
+    )
+
+
+def summarize(
+    session: Session,
+    *,
+    slug: str,
+    batch_size: int,
+    sequence_length: int | None,
+    image_size: int | None,
+    precision: Precision,
+) -> ModelSummary:
+    """Per-layer table of a stored model (inference shapes)."""
+    row = ModelRepository(session).get(slug)
+    if row is None:
+        raise NotFound(f"model '{slug}' does not exist; GET /v1/models lists them")
+    bindings = _bindings(
+        row.default_bindings,
+        {},
+        batch=batch_size,
+        sequence_length=sequence_length,
+        image_size=image_size,
+    )
+    analysis = _analyze(row.inputs, row.layers, bindings, training=False)
+    act = precision_plan(precision).activation
+
+    def size(layer: LayerAnalysis) -> int:
+        return layer.output_numel * (8 if layer.output_kind is TensorKind.INDEX else act)
+
+    rows = [
+        ModelSummaryRow(
+            name=layer.name,
+            op=layer.op,
+            output_shape=list(layer.output_shape),
+            params=layer.params,
+            flops=layer.flops,
+            activation_elements=layer.output_numel,
+            activation_bytes=layer.output_numel
+            * (8 if layer.output_kind is TensorKind.INDEX else act),
+        )
+        for layer in analysis.layers
+    ]
+    return ModelSummary(
+        model=slug,
+        bindings=bindings,
+        precision=precision,
+        layers=rows,
+        total_params=analysis.params,
+        total_flops=analysis.flops,
+        total_activation_bytes=sum(r.activation_bytes for r in rows),
+        layer_count=len(rows),
+    )
