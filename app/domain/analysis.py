@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from app.domain.errors import GraphError
 from app.domain.graph import BLOCK_INPUT, validate_graph
@@ -37,9 +37,8 @@ class InputDecl:
     kind: TensorKind = TensorKind.FLOAT
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LayerAnalysis:
-    """One executed layer."""
+class LayerAnalysis(NamedTuple):
+    """One executed layer (a named tuple: thousands are built per estimate)."""
 
     name: str
     op: str
@@ -50,11 +49,7 @@ class LayerAnalysis:
     output_storage: int
     allocates_output: bool
     result: OpResult
-
-    @property
-    def output_numel(self) -> int:
-        """Elements of the output."""
-        return math.prod(self.output_shape)
+    output_numel: int
 
     @property
     def params(self) -> int:
@@ -105,7 +100,7 @@ class GraphAnalysis:
     @property
     def params(self) -> int:
         """Trainable parameters of the whole model."""
-        return sum(layer.params for layer in self.layers)
+        return sum(layer.result.params for layer in self.layers)
 
     @property
     def flops(self) -> int:
@@ -118,8 +113,7 @@ class GraphAnalysis:
         return [shape for layer in self.layers for shape in layer.result.param_shapes]
 
 
-@dataclass(slots=True)
-class _Binding:
+class _Binding(NamedTuple):
     value: Value
     storage: int
     weight_numel: int | None = None
@@ -175,7 +169,7 @@ def analyze(
         shape = _bind_dims(decl.shape, bindings, f"inputs[{index}].shape")
         _check_size(shape, f"input '{decl.name}'", None)
         storage = state.new_storage()
-        env[decl.name] = _Binding(value=Value(shape=shape, kind=decl.kind), storage=storage)
+        env[decl.name] = _Binding(Value(shape=shape, kind=decl.kind), storage)
         bound.append(InputAnalysis(name=decl.name, shape=shape, kind=decl.kind, storage=storage))
     first = env[inputs[0].name]
     last = _walk(layers, env, first, state, prefix="")
@@ -235,7 +229,7 @@ def _run(
     if raw["op"] == "reshape":
         attrs = {**raw, "shape": list(_bind_dims(raw["shape"], state.bindings, "shape"))}
     key = (id(raw), tuple(src.value.shape for src in sources))
-    result = state.cache.get(key) if raw["op"] not in ("reshape", "linear") else None
+    result = state.cache.get(key) if "tied_to" not in raw else None
     if result is None:
         ctx = OpContext(
             name=name,
@@ -251,9 +245,9 @@ def _run(
             else {},
         )
         result = OP_IMPLEMENTATIONS[raw["op"]](ctx)
+        if result.shape:
+            _check_size(result.shape, "output", name)
         state.cache[key] = result
-    if result.shape:
-        _check_size(result.shape, "output", name)
     if result.alias_of is not None:
         storage = sources[result.alias_of].storage
     else:
@@ -269,10 +263,9 @@ def _run(
             output_storage=storage,
             allocates_output=result.alias_of is None,
             result=result,
+            output_numel=math.prod(result.shape),
         )
     )
     has_weight = raw["op"] == "embedding" or (raw["op"] == "linear" and "tied_to" not in raw)
     weight = math.prod(result.param_shapes[0]) if has_weight else None
-    return _Binding(
-        value=Value(shape=result.shape, kind=result.kind), storage=storage, weight_numel=weight
-    )
+    return _Binding(Value(shape=result.shape, kind=result.kind), storage, weight)

@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from fractions import Fraction
+from typing import NamedTuple
 
 from app.domain.analysis import GraphAnalysis, LayerAnalysis
 from app.domain.errors import DomainError
@@ -374,10 +375,13 @@ def _weights_bytes(
         return _ceil(analysis.params * plan.weight), []
     total = Fraction(0)
     quantized = 0
-    for layer in analysis.layers:
+    # The output head (the last layer with weights) stays 16-bit, as GPTQ/AWQ/bitsandbytes keep
+    # lm_head; so do embeddings, norms and biases.
+    head = max((i for i, layer in enumerate(analysis.layers) if layer.result.params), default=-1)
+    for index, layer in enumerate(analysis.layers):
         for shape in layer.result.param_shapes:
             numel = math.prod(shape)
-            if layer.op in _QUANTIZED_OPS and len(shape) >= 2:
+            if layer.op in _QUANTIZED_OPS and len(shape) >= 2 and index != head:
                 quantized += numel
                 total += numel * plan.weight
                 if precision is Precision.INT8:
@@ -390,7 +394,7 @@ def _weights_bytes(
                 total += numel * 2
     note = (
         f"{quantized:,} of {analysis.params:,} parameters quantized (matmul/conv weights); "
-        "embeddings, norms and biases stay 16-bit"
+        "embeddings, norms, biases and the output head stay 16-bit"
     )
     return _ceil(total), [note]
 
@@ -425,7 +429,12 @@ def _step_temporaries(
 ) -> tuple[int, str]:
     impl = request.optimizer_impl
     if impl is OptimizerImpl.AUTO:
-        impl = OptimizerImpl.FOREACH if request.runtime is Runtime.CUDA else OptimizerImpl.FOR_LOOP
+        if request.precision in (Precision.MIXED_BF16, Precision.MIXED_FP16):
+            impl = OptimizerImpl.FUSED  # DeepSpeed / Megatron fused Adam
+        elif request.runtime is Runtime.CUDA:
+            impl = OptimizerImpl.FOREACH
+        else:
+            impl = OptimizerImpl.FOR_LOOP
     if request.optimizer in (Optimizer.SGD, Optimizer.SGD_MOMENTUM) or impl is OptimizerImpl.FUSED:
         return 0, f"{impl.value} {request.optimizer.value} step updates in place"
     element = max(plan.state_slot, 2)
@@ -440,13 +449,41 @@ def _step_temporaries(
 
 @dataclass(slots=True)
 class _Plan:
-    """Resolved storage sizes and lifetimes for one estimate."""
+    """Resolved storage sizes and, per layer, what is allocated and freed when."""
 
     sizes: dict[object, int]
-    savers: dict[object, list[int]]
+    savers: dict[object, list[int]]  # storage -> layers that keep it, in forward order
     layer_saved: list[set[object]]
     last_use: dict[object, int]
     pinned: set[object]
+    op_sizes: list[_OpSizes]
+
+
+class _OpSizes(NamedTuple):
+    """Byte figures of one op result (shared by every repeat of a block)."""
+
+    saved: tuple[tuple[Saved, int], ...]
+    forward_transient: int
+    backward_internal: int
+    output: int
+
+
+def _op_sizes(layer: LayerAnalysis, sizer: _Sizer, tp: int) -> _OpSizes:
+    saved = []
+    for item in layer.result.saved:
+        numel = item.numel
+        if tp > 1 and layer.op in ("attention", "mlp") and item.source == "new":
+            numel = -(-numel // tp)
+        saved.append((item, sizer.storage_bytes(numel, item.storage)))
+    internal = max((size for item, size in saved if item.source == "new"), default=0)
+    return _OpSizes(
+        saved=tuple(saved),
+        forward_transient=sum(
+            sizer.storage_bytes(t.numel, t.storage) for t in layer.result.transients
+        ),
+        backward_internal=internal,
+        output=sizer.value_bytes(layer.output_numel, TensorKind.FLOAT),
+    )
 
 
 def _storage_key(layer_index: int, layer: LayerAnalysis, saved: Saved, fp32_acts: bool) -> object:
@@ -460,12 +497,13 @@ def _storage_key(layer_index: int, layer: LayerAnalysis, saved: Saved, fp32_acts
 
 
 _ATTENTION_MATRICES = frozenset({"probs", "probs_mask", "probs_dropped"})
+_CONV_OPS = frozenset({"conv2d", "depthwise_conv2d", "pointwise_conv2d"})
 
 
 def _checkpoint_unit(name: str) -> str | None:
     """Repeated blocks are the checkpoint units: ``layers.3.attn`` -> ``layers.3``."""
-    parts = name.split(".")
-    if len(parts) >= 3 and parts[1].isdigit():
+    parts = name.split(".", 2)
+    if len(parts) == 3 and parts[1].isdigit():
         return f"{parts[0]}.{parts[1]}"
     return None
 
@@ -484,134 +522,146 @@ def _build_plan(
     last_use: dict[object, int] = {}
     fp32_acts = sizer.plan.activation == 4
     tp = request.parallelism.tensor
+    selective = request.checkpointing is Checkpointing.SELECTIVE
+    by_result: dict[int, _OpSizes] = {}
+    op_sizes: list[_OpSizes] = []
     for index, layer in enumerate(analysis.layers):
+        derived = by_result.get(id(layer.result))
+        if derived is None:
+            derived = by_result[id(layer.result)] = _op_sizes(layer, sizer, tp)
+        op_sizes.append(derived)
         for storage in layer.input_storages:
             last_use[storage] = index
         kept: set[object] = set()
         if training:
-            for saved in layer.saved:
-                if request.checkpointing is Checkpointing.SELECTIVE and (
-                    saved.label in _ATTENTION_MATRICES
-                ):
+            for saved, size in derived.saved:
+                if selective and saved.label in _ATTENTION_MATRICES:
                     continue
                 key = _storage_key(index, layer, saved, fp32_acts)
                 if key not in sizes:
-                    numel = saved.numel
-                    if tp > 1 and layer.op in ("attention", "mlp") and saved.source == "new":
-                        numel = -(-numel // tp)
-                    sizes[key] = sizer.storage_bytes(numel, saved.storage)
+                    sizes[key] = size
                 kept.add(key)
                 savers.setdefault(key, []).append(index)
         layer_saved.append(kept)
     pinned: set[object] = {bound.storage for bound in analysis.inputs}
     pinned.add(analysis.output_storage)
     return _Plan(
-        sizes=sizes, savers=savers, layer_saved=layer_saved, last_use=last_use, pinned=pinned
+        sizes=sizes,
+        savers=savers,
+        layer_saved=layer_saved,
+        last_use=last_use,
+        pinned=pinned,
+        op_sizes=op_sizes,
     )
 
 
-def _apply_full_checkpointing(analysis: GraphAnalysis, plan: _Plan) -> dict[str, set[object]]:
-    """Keep only each unit's input; return every unit's recomputed saved set."""
+def _apply_full_checkpointing(analysis: GraphAnalysis, plan: _Plan) -> dict[str, int]:
+    """Keep only each unit's input; return the bytes each unit holds while recomputed."""
     units: dict[str, set[object]] = {}
-    seen_first: set[str] = set()
     for index, layer in enumerate(analysis.layers):
         unit = _checkpoint_unit(layer.name)
         if unit is None:
             continue
+        first = unit not in units
         units.setdefault(unit, set()).update(plan.layer_saved[index])
         for key in plan.layer_saved[index]:
             plan.savers[key].remove(index)
         plan.layer_saved[index] = set()
-        if unit not in seen_first:
-            seen_first.add(unit)
+        if first:
             entry = layer.input_storages[0]
             plan.layer_saved[index] = {entry}
             plan.savers.setdefault(entry, []).append(index)
     for key in [k for k, v in plan.savers.items() if not v]:
         del plan.savers[key]
-    return units
+    return {
+        unit: sum(plan.sizes[k] for k in keys if k not in plan.savers)
+        for unit, keys in units.items()
+    }
 
 
-def _forward_moments(
-    analysis: GraphAnalysis,
-    plan: _Plan,
-    sizer: _Sizer,
-    request: MemoryRequest,
-    static: dict[str, int],
-) -> list[_Moment]:
+@dataclass(frozen=True, slots=True)
+class _Peak:
+    """The largest dynamic moment of a phase: activations, transients, gradients."""
+
+    activations: int = 0
+    transient: int = 0
+    gradients: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.activations + self.transient + self.gradients
+
+
+def _forward(
+    analysis: GraphAnalysis, plan: _Plan, sizer: _Sizer, request: MemoryRequest
+) -> tuple[_Peak, set[object], int]:
+    """Replay the forward; return its peak and what is live at its end."""
     live: set[object] = {bound.storage for bound in analysis.inputs}
-    moments: list[_Moment] = []
+    live_bytes = sum(plan.sizes[k] for k in live)
+    sizes = plan.sizes
+    onednn = request.runtime is Runtime.CPU and request.mode is Mode.INFERENCE
+    best = _Peak()
     for index, layer in enumerate(analysis.layers):
-        if layer.allocates_output:
+        if layer.allocates_output and layer.output_storage not in live:
             live.add(layer.output_storage)
-        live |= plan.layer_saved[index]
-        transient = sum(sizer.storage_bytes(t.numel, t.storage) for t in layer.transients)
-        if (
-            request.runtime is Runtime.CPU
-            and request.mode is Mode.INFERENCE
-            and layer.op
-            in (
-                "conv2d",
-                "depthwise_conv2d",
-                "pointwise_conv2d",
-            )
-        ):
-            transient += plan.sizes.get(layer.output_storage, 0)  # oneDNN output buffer
-        parts = dict(static)
-        parts["activations"] = sum(plan.sizes[k] for k in live if k in plan.sizes)
-        parts["transient"] = transient
-        moments.append(_Moment(phase="forward", parts=parts))
+            live_bytes += sizes[layer.output_storage]
+        for key in plan.layer_saved[index]:
+            if key not in live:
+                live.add(key)
+                live_bytes += sizes[key]
+        transient = plan.op_sizes[index].forward_transient
+        if onednn and layer.op in _CONV_OPS:
+            transient += sizes.get(layer.output_storage, 0)  # oneDNN holds an output buffer
+        if live_bytes + transient > best.total:
+            best = _Peak(activations=live_bytes, transient=transient)
         for storage in layer.input_storages:
             if (
                 plan.last_use.get(storage) == index
                 and storage not in plan.savers
                 and storage not in plan.pinned
+                and storage in live
             ):
                 live.discard(storage)
-    return moments
+                live_bytes -= sizes[storage]
+    return best, live, live_bytes
 
 
-def _backward_moments(
+def _backward(
     analysis: GraphAnalysis,
     plan: _Plan,
     sizer: _Sizer,
-    static: dict[str, int],
+    live: set[object],
+    live_bytes: int,
     grad_bytes_per_layer: list[int],
-    units: dict[str, set[object]],
-) -> list[_Moment]:
-    live: set[object] = set(plan.savers) | {bound.storage for bound in analysis.inputs}
+    recompute: dict[str, int],
+) -> _Peak:
+    """Replay the backward in reverse layer order; return its peak."""
+    sizes = plan.sizes
     grads = 0
-    moments: list[_Moment] = []
+    best = _Peak()
     for index in range(len(analysis.layers) - 1, -1, -1):
         layer = analysis.layers[index]
-        unit = _checkpoint_unit(layer.name)
-        extra_recompute = 0
-        if units and unit is not None:
-            # The block being recomputed holds its full saved set during its backward.
-            extra_recompute = sum(plan.sizes[k] for k in units[unit] if k not in live)
+        extra = 0
+        if recompute:
+            unit = _checkpoint_unit(layer.name)
+            extra = recompute.get(unit, 0) if unit is not None else 0
         grads += grad_bytes_per_layer[index]
-        grad_out = sizer.value_bytes(layer.output_numel, TensorKind.FLOAT)
-        grad_in = sum(
-            plan.sizes.get(storage, 0) for storage in layer.input_storages if storage in plan.sizes
-        )
-        internal = max(
-            (plan.sizes.get((index, s.label), 0) for s in layer.saved if s.source == "new"),
-            default=0,
-        )
-        parts = dict(static)
-        parts["gradients"] = parts.get("gradients", 0) + grads
-        parts["activations"] = sum(plan.sizes[k] for k in live if k in plan.sizes)
-        parts["activations"] += extra_recompute
-        parts["transient"] = grad_out + grad_in + 2 * internal
-        moments.append(_Moment(phase="backward", parts=parts))
+        derived = plan.op_sizes[index]
+        grad_in = sum(sizes.get(storage, 0) for storage in layer.input_storages)
+        transient = derived.output + grad_in + 2 * derived.backward_internal
+        if live_bytes + extra + transient + grads > best.total:
+            best = _Peak(activations=live_bytes + extra, transient=transient, gradients=grads)
         for key in plan.layer_saved[index]:
-            if plan.savers.get(key, [None])[0] == index and key not in plan.pinned:
+            savers = plan.savers.get(key)
+            if savers and savers[0] == index and key not in plan.pinned and key in live:
                 live.discard(key)
-    return moments
+                live_bytes -= sizes[key]
+    return best
 
 
 def _grad_bytes_per_layer(analysis: GraphAnalysis, plan_bytes: Fraction, shard: int) -> list[int]:
-    return [_ceil(layer.params * plan_bytes / shard) for layer in analysis.layers]
+    num, den = plan_bytes.numerator, plan_bytes.denominator * shard
+    return [-(-layer.result.params * num // den) for layer in analysis.layers]
 
 
 def _seed_rule(analysis: GraphAnalysis, sizer: _Sizer) -> int | None:
@@ -708,10 +758,12 @@ def estimate_memory(
 
     if training:
         grad_shard = model_shard * (par.data if par.zero_stage >= 2 else 1)
-        grad_bytes = _ceil(params * plan.grad / grad_shard)
+        grad_element = plan.grad
         if plan.master and request.fp32_grad_buffer:
-            grad_bytes += _ceil(Fraction(params * 4, grad_shard))
-            assumptions.append("fp32 gradient accumulation buffer kept beside 16-bit gradients")
+            # Megatron's main_grad: gradients accumulate straight into an fp32 buffer.
+            grad_element = Fraction(4)
+            assumptions.append("gradients accumulate in an fp32 buffer (Megatron main_grad)")
+        grad_bytes = _ceil(params * grad_element / grad_shard)
         state_bytes, state_note = _optimizer_state_bytes(shapes, request.optimizer, plan)
         state_shard = model_shard * (par.data if par.zero_stage >= 1 else 1)
         state_bytes = _ceil(Fraction(state_bytes, state_shard))
@@ -721,10 +773,10 @@ def estimate_memory(
         temporaries, temp_note = _step_temporaries(shapes, request, plan)
         temporaries = _ceil(Fraction(temporaries, state_shard))
         cache = params * plan.weight_cache // model_shard if plan.weight_cache else 0
-        units: dict[str, set[object]] = {}
+        recompute: dict[str, int] = {}
         if request.checkpointing is Checkpointing.FULL:
-            units = _apply_full_checkpointing(analysis, storage_plan)
-            if not units:
+            recompute = _apply_full_checkpointing(analysis, storage_plan)
+            if not recompute:
                 assumptions.append(
                     "full checkpointing: the graph has no repeated blocks; no effect"
                 )
@@ -734,47 +786,39 @@ def estimate_memory(
         if cache:
             base["weight_cast_cache"] = cache
         loss = _loss_bytes(analysis, sizer)
-        grad_layers = _grad_bytes_per_layer(analysis, plan.grad, grad_shard)
         accumulate = request.accumulation_steps > 1
+        grad_layers = (
+            [0] * len(analysis.layers)
+            if accumulate
+            else _grad_bytes_per_layer(analysis, grad_element, grad_shard)
+        )
+        fwd_peak, end_live, end_bytes = _forward(analysis, storage_plan, sizer, request)
+        fwd_end = _Peak(activations=end_bytes)
+        bwd_peak = _backward(
+            analysis, storage_plan, sizer, end_live, end_bytes, grad_layers, recompute
+        )
+        held_grads = {"gradients": grad_bytes} if accumulate else {}
+        step_parts = {
+            **lines_static,
+            "inputs": inputs_bytes + labels_bytes,
+            **({"master_weights": master} if master else {}),
+            "gradients": grad_bytes,
+            "optimizer_state": state_bytes,
+            "transient": temporaries,
+        }
         for steady in (False, True):
-            static = dict(base)
+            static = {**base, **held_grads}
             if steady:
                 static["optimizer_state"] = state_bytes
-            if accumulate:
-                static["gradients"] = grad_bytes
-            fwd = _forward_moments(analysis, storage_plan, sizer, request, static)
-            end = dict(fwd[-1].parts) if fwd else dict(static)
-            end["transient"] = 0
-            end["loss"] = loss
-            fwd.append(_Moment(phase="forward", parts=end))
-            bwd_static = dict(static)
-            bwd_static["loss"] = loss
-            if accumulate:
-                bwd_static.pop("gradients")
-            bwd = _backward_moments(
-                analysis,
-                storage_plan,
-                sizer,
-                bwd_static,
-                grad_layers if not accumulate else [0] * len(grad_layers),
-                units,
-            )
-            if accumulate:
-                for moment in bwd:
-                    moment.parts["gradients"] = grad_bytes
-            step_parts = {
-                **lines_static,
-                "inputs": inputs_bytes + labels_bytes,
-                "gradients": grad_bytes,
-                "optimizer_state": state_bytes,
-                "transient": temporaries,
-            }
-            if master:
-                step_parts["master_weights"] = master
-            moments = [*fwd, *bwd, _Moment(phase="optimizer_step", parts=step_parts)]
+            moments = [
+                _moment("forward", static, fwd_peak, 0),
+                _moment("forward", static, fwd_end, loss),
+                _moment("backward", static, bwd_peak, loss),
+                _Moment(phase="optimizer_step", parts=dict(step_parts)),
+            ]
             (steady_moments if steady else first_moments).extend(moments)
         formulas.update(
-            gradients=f"{params:,} trainable params x {float(plan.grad):g} B"
+            gradients=f"{params:,} trainable params x {float(grad_element):g} B"
             + (f" / {grad_shard}" if grad_shard > 1 else ""),
             optimizer_state=state_note + (f" / {state_shard} (sharded)" if state_shard > 1 else ""),
             master_weights=f"{params:,} x {plan.master} B fp32 master copy",
@@ -790,9 +834,9 @@ def estimate_memory(
             )
         if request.checkpointing is Checkpointing.SELECTIVE:
             assumptions.append("selective checkpointing: attention S x S tensors recomputed")
-        if request.checkpointing is Checkpointing.FULL and units:
+        if request.checkpointing is Checkpointing.FULL and recompute:
             assumptions.append(
-                f"full checkpointing over {len(units)} repeated blocks: block inputs kept, one "
+                f"full checkpointing over {len(recompute)} repeated blocks: block inputs kept, one "
                 "block recomputed at a time in backward"
             )
     else:
@@ -807,7 +851,8 @@ def estimate_memory(
                     "2 x layers x kv_heads x head_dim x seq x batch x "
                     f"{plan.activation} B = {kv:,} B"
                 )
-        steady_moments = _forward_moments(analysis, storage_plan, sizer, request, static)
+        fwd_peak, _, _ = _forward(analysis, storage_plan, sizer, request)
+        steady_moments = [_moment("forward", static, fwd_peak, 0)]
         formulas["inputs"] = "model inputs held by the caller"
         assumptions.append("activations live from their producer to their last consumer")
 
@@ -816,8 +861,9 @@ def estimate_memory(
     parts = dict(peak.parts)
     if request.runtime is Runtime.CUDA:
         overhead = request.overhead
+        num, den = plan.weight.numerator, plan.weight.denominator
         live_sizes = list(storage_plan.sizes.values()) + [
-            _ceil(math.prod(s) * plan.weight) for s in shapes
+            -(-math.prod(s) * num // den) for s in shapes
         ]
         parts["allocator_rounding"] = _allocator_overhead(overhead, live_sizes)
         parts["fragmentation_reserve"] = int(sum(parts.values()) * overhead.fragmentation_fraction)
@@ -888,6 +934,16 @@ def estimate_memory(
         layers=tuple(layers_view),
         assumptions=tuple(assumptions),
     )
+
+
+def _moment(phase: str, static: Mapping[str, int], peak: _Peak, loss: int) -> _Moment:
+    parts = dict(static)
+    parts["gradients"] = parts.get("gradients", 0) + peak.gradients
+    parts["activations"] = peak.activations
+    parts["transient"] = peak.transient
+    if loss:
+        parts["loss"] = loss
+    return _Moment(phase=phase, parts=parts)
 
 
 def _loss_bytes(analysis: GraphAnalysis, sizer: _Sizer) -> int:

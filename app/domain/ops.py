@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 from app.domain.errors import GraphError
 
@@ -66,15 +66,13 @@ class OpResult:
     transients: tuple[Transient, ...] = ()
     buffers_bytes: int = 0  # non-trainable state (batchnorm running statistics)
     kv_cache_numel: int = 0  # keys + values cached per forward for decoding
+    params: int = field(init=False)  # trainable parameters, derived from param_shapes
 
-    @property
-    def params(self) -> int:
-        """Trainable parameter count of the layer."""
-        return sum(math.prod(shape) for shape in self.param_shapes)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "params", sum(math.prod(s) for s in self.param_shapes))
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Value:
+class Value(NamedTuple):
     """A tensor flowing between layers."""
 
     shape: tuple[int, ...]

@@ -260,6 +260,10 @@ class ModelSummaryRow(Schema):
     activation_bytes: int = Field(
         description="Bytes of the layer's output at the chosen precision.", examples=[12_845_056]
     )
+    allocates: bool = Field(
+        description="False for views and in-place ops, whose output shares its input's memory.",
+        examples=[True],
+    )
 
 
 class ModelSummary(Schema):
@@ -274,6 +278,8 @@ class ModelSummary(Schema):
     total_params: int = Field(description="Trainable parameters.", examples=[138_357_544])
     total_flops: int = Field(description="Forward FLOPs.", examples=[30_960_000_000])
     total_activation_bytes: int = Field(
-        description="Sum of every layer output (not a peak).", examples=[120_000_000]
+        description="Sum of the outputs of layers that allocate (views and in-place ops share "
+        "memory); not a peak.",
+        examples=[1_934_357_504],
     )
     layer_count: int = Field(description="Executed layers.", examples=[40])

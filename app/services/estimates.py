@@ -269,6 +269,6 @@ def summarize(
         layers=rows,
         total_params=analysis.params,
         total_flops=analysis.flops,
-        total_activation_bytes=sum(r.activation_bytes for r in rows),
+        total_activation_bytes=sum(r.activation_bytes for r in rows if r.allocates),
         layer_count=len(rows),
     )

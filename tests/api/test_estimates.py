@@ -1,0 +1,241 @@
+from typing import Any
+
+import pytest
+
+from tests.api.helpers import assert_problem
+from tests.support import ApiClient, table_counts
+
+TINY: dict[str, Any] = {
+    "inputs": [{"name": "x", "shape": ["batch", 64]}],
+    "layers": [
+        {"name": "fc1", "op": "linear", "out_features": 128},
+        {"name": "act", "op": "gelu"},
+        {"name": "fc2", "op": "linear", "out_features": 10},
+    ],
+}
+
+
+def _estimate(client: ApiClient, **body: Any) -> dict[str, Any]:
+    response = client.post("/v1/estimates/memory", json=body)
+    assert response.status_code == 200, response.text
+    result: dict[str, Any] = response.json()
+    return result
+
+
+def test_training_estimate_of_a_stored_model(client: ApiClient) -> None:
+    body = _estimate(
+        client,
+        model="gpt-2",
+        mode="training",
+        batch_size=4,
+        sequence_length=512,
+        precision="amp_bf16",
+        optimizer="adamw",
+    )
+    assert body["params"] == 124_439_808
+    assert body["bindings"] == {"batch": 4, "seq": 512}
+    assert body["peak_phase"] in {"forward", "backward", "optimizer_step"}
+    assert sum(line["bytes"] for line in body["breakdown"]) == body["peak_bytes"]
+    keys = {line["key"] for line in body["breakdown"]}
+    assert {"weights", "optimizer_state", "activations", "cuda_context"} <= keys
+    assert all(line["formula"] for line in body["breakdown"])
+    assert any("autocast" in a for a in body["assumptions"])
+    assert body["first_iteration_peak_bytes"] <= body["peak_bytes"]
+
+
+def test_inline_architecture_inference(client: ApiClient, db_url: str) -> None:
+    before = table_counts(db_url)
+    body = _estimate(
+        client, architecture=TINY, mode="inference", batch_size=2, runtime="pytorch_cpu"
+    )
+    assert body["model"] == "inline"
+    assert body["params"] == 64 * 128 + 128 + 128 * 10 + 10
+    weights = next(line for line in body["breakdown"] if line["key"] == "weights")
+    assert weights["bytes"] == body["params"] * 4
+    assert body["seed_rule_bytes"] == body["params"] * 4 + 2 * 2 * 128 * 4
+    assert table_counts(db_url) == before  # estimates store nothing
+
+
+def test_get_form_matches_post(client: ApiClient) -> None:
+    params = {
+        "model": "resnet-50",
+        "mode": "training",
+        "batch_size": 8,
+        "optimizer": "sgd_momentum",
+    }
+    got = client.get("/v1/estimates/memory", params=params)
+    assert got.status_code == 200, got.text
+    posted = _estimate(client, **params)
+    assert got.json() == posted
+
+
+def test_hardware_sets_runtime_and_checks_the_fit(client: ApiClient) -> None:
+    gpu = _estimate(
+        client, model="llama-2-7b", mode="inference", batch_size=1, sequence_length=4096,
+        precision="bf16", hardware="nvidia-a100-80gb-sxm",
+    )  # fmt: skip
+    assert gpu["runtime"] == "pytorch_cuda"
+    assert gpu["fit"]["fits"] is True
+    assert gpu["fit"]["headroom_bytes"] == 80 * 2**30 - gpu["peak_bytes"]
+    kv = next(line for line in gpu["breakdown"] if line["key"] == "kv_cache")
+    assert kv["bytes"] == 2 * 32 * 32 * 128 * 4096 * 2
+    cpu = _estimate(
+        client, model="resnet-50", mode="inference", batch_size=1,
+        hardware="intel-xeon-platinum-8480plus",
+    )  # fmt: skip
+    assert cpu["runtime"] == "pytorch_cpu"
+    assert "cuda_context" not in {line["key"] for line in cpu["breakdown"]}
+    big = _estimate(
+        client, model="llama-2-7b", mode="training", batch_size=1, sequence_length=512,
+        hardware="nvidia-t4",
+    )  # fmt: skip
+    assert big["fit"]["fits"] is False
+    assert big["fit"]["headroom_bytes"] < 0
+
+
+def test_overrides_replace_framework_overhead(client: ApiClient) -> None:
+    body = _estimate(
+        client, model="resnet-50", mode="inference", batch_size=1,
+        framework_overhead={"cuda_context_bytes": 123, "workspace_bytes": 0},
+    )  # fmt: skip
+    lines = {line["key"]: line["bytes"] for line in body["breakdown"]}
+    assert lines["cuda_context"] == 123
+    assert lines["workspace"] == 0
+
+
+def test_per_layer_view(client: ApiClient) -> None:
+    body = _estimate(client, model="vgg-16", mode="training", batch_size=2, per_layer=True)
+    layers = body["layers"]
+    assert layers[0]["name"] == "features.conv1" or layers[0]["op"] == "conv2d"
+    assert layers[0]["params"] == 1792
+    assert sum(layer["params"] for layer in layers) == 138_357_544
+    assert "layers" not in _estimate(client, model="vgg-16", mode="training", batch_size=2)
+
+
+def test_vgg16_summary_reproduces_the_seed_walkthrough(client: ApiClient) -> None:
+    response = client.get("/v1/models/vgg-16/summary", params={"batch_size": 1})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    convs = [row for row in body["layers"] if row["op"] == "conv2d"]
+    assert convs[0]["params"] == 1792
+    assert convs[1]["params"] == 36928
+    flatten = next(row for row in body["layers"] if row["op"] == "flatten")
+    assert flatten["activation_elements"] == 25088
+    assert body["total_params"] == 138_357_544
+    assert body["bindings"] == {"batch": 1, "image": 224}
+    b32 = client.get("/v1/models/vgg-16/summary", params={"batch_size": 32}).json()
+    assert b32["layers"][0]["activation_bytes"] == 411_041_792
+    assert b32["total_activation_bytes"] == 1_934_357_504  # the seed's "1.88 GB" (1.93e9 B)
+
+
+BAD: dict[str, dict[str, Any]] = {
+    "both model and architecture": {"model": "gpt-2", "architecture": TINY},
+    "neither model nor architecture": {},
+    "batch 0": {"model": "gpt-2", "batch_size": 0},
+    "negative batch": {"model": "gpt-2", "batch_size": -4},
+    "unknown precision": {"model": "gpt-2", "precision": "fp7"},
+    "unknown optimizer": {"model": "gpt-2", "optimizer": "adamax9"},
+    "unknown field": {"model": "gpt-2", "colour": "red"},
+    "micro batch does not divide": {"model": "gpt-2", "batch_size": 6, "micro_batch_size": 4},
+    "negative input dim": {
+        "architecture": {**TINY, "inputs": [{"name": "x", "shape": ["batch", -64]}]}
+    },
+    "zero stage 4": {"model": "gpt-2", "parallelism": {"data": 2, "zero_stage": 4}},
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_schema_errors_are_422(client: ApiClient, case: str) -> None:
+    body = {"mode": "training", "batch_size": 2, "sequence_length": 16, **BAD[case]}
+    assert_problem(client.post("/v1/estimates/memory", json=body), 422, "validation-error")
+
+
+def _inline(*layers: dict[str, Any], inputs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {"inputs": inputs or TINY["inputs"], "layers": list(layers)}
+
+
+GRAPH_ERRORS = {
+    "unknown op": (_inline({"name": "warp", "op": "warp_drive"}), "layer 'warp': field 'op'"),
+    "shape mismatch": (
+        _inline({"name": "fc", "op": "linear", "out_features": 4, "in_features": 32}),
+        "layer 'fc': field 'in_features': in_features 32 does not match input 64",
+    ),
+    "cycle": (
+        _inline(
+            {"name": "a", "op": "add", "inputs": ["x", "b"]},
+            {"name": "b", "op": "relu", "inputs": ["a"]},
+        ),
+        "layer 'a': field 'inputs'",
+    ),
+    "conv on a 2-d input": (
+        _inline({"name": "conv", "op": "conv2d", "out_channels": 8, "kernel_size": 3}),
+        "layer 'conv': field 'inputs'",
+    ),
+    "unbound symbol": (
+        _inline(
+            {"name": "fc", "op": "linear", "out_features": 4},
+            inputs=[{"name": "x", "shape": ["batch", "width"]}],
+        ),
+        "symbol 'width' is not bound",
+    ),
+    "tensor too large": (
+        _inline(
+            {"name": "wide", "op": "linear", "out_features": 2**30},
+            inputs=[{"name": "x", "shape": ["batch", 2**20, 64]}],
+        ),
+        "layer 'wide'",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(GRAPH_ERRORS))
+def test_graph_errors_are_422_naming_layer_and_field(client: ApiClient, case: str) -> None:
+    architecture, fragment = GRAPH_ERRORS[case]
+    response = client.post(
+        "/v1/estimates/memory",
+        json={"architecture": architecture, "mode": "training", "batch_size": 2},
+    )
+    body = assert_problem(response, 422, "invalid-input")
+    assert fragment in body["detail"]
+
+
+def test_byte_overflow_is_422_not_500(client: ApiClient) -> None:
+    response = client.post(
+        "/v1/estimates/memory",
+        json={
+            "model": "gpt-3-175b",
+            "mode": "training",
+            "batch_size": 1_048_576,
+            "sequence_length": 16_777_216,
+        },
+    )
+    body = assert_problem(response, 422)
+    assert "2^" in body["detail"]
+
+
+def test_semantic_errors_are_422(client: ApiClient) -> None:
+    quantized = client.post(
+        "/v1/estimates/memory",
+        json={"model": "gpt-2", "mode": "training", "batch_size": 1, "precision": "int4"},
+    )
+    assert "inference" in assert_problem(quantized, 422)["detail"]
+    zero = client.post(
+        "/v1/estimates/memory",
+        json={
+            "model": "gpt-2", "mode": "training", "batch_size": 1,
+            "parallelism": {"zero_stage": 2},
+        },
+    )  # fmt: skip
+    assert "data-parallel" in assert_problem(zero, 422)["detail"]
+
+
+def test_unknown_model_and_hardware_are_404(client: ApiClient) -> None:
+    missing = {"model": "gpt-9", "mode": "inference", "batch_size": 1}
+    assert (
+        "gpt-9" in assert_problem(client.post("/v1/estimates/memory", json=missing), 404)["detail"]
+    )
+    hw = {"model": "gpt-2", "mode": "inference", "batch_size": 1, "hardware": "nvidia-x9000"}
+    assert_problem(client.post("/v1/estimates/memory", json=hw), 404)
+    assert_problem(client.get("/v1/models/gpt-9/summary"), 404)
+    get = client.get("/v1/estimates/memory", params={"model": "gpt-2", "mode": "inference"})
+    assert_problem(get, 422)

@@ -1,0 +1,237 @@
+"""Golden numbers for the memory model (exact bytes) and its qualitative properties."""
+
+from typing import Any
+
+import pytest
+
+from app.domain.analysis import GraphAnalysis, InputDecl, analyze
+from app.domain.memory import (
+    Checkpointing,
+    MemoryInputError,
+    MemoryRequest,
+    Mode,
+    Optimizer,
+    Parallelism,
+    Precision,
+    Runtime,
+    estimate_memory,
+)
+from app.domain.zoo import ZOO
+
+GPT3_PARAMS = 174_604_259_328
+
+
+def _analysis(slug: str, *, training: bool, **bindings: int) -> GraphAnalysis:
+    model = ZOO[slug]
+    bound = {**model.default_bindings, "batch": 1, **bindings}
+    return analyze(model.inputs, model.layers, bound, training=training)
+
+
+def _lines(slug: str, request: MemoryRequest, **bindings: int) -> dict[str, int]:
+    analysis = _analysis(slug, training=request.mode is Mode.TRAINING, **bindings)
+    return {line.key: line.bytes for line in estimate_memory(analysis, request).lines}
+
+
+def _train(**kwargs: Any) -> MemoryRequest:
+    return MemoryRequest(mode=Mode.TRAINING, runtime=Runtime.CPU, **kwargs)
+
+
+def test_gpt3_fp32_weights_are_about_700_gb() -> None:
+    lines = _lines("gpt-3-175b", MemoryRequest(mode=Mode.INFERENCE), seq=16)
+    assert lines["weights"] == GPT3_PARAMS * 4 == 698_417_037_312
+
+
+def test_vgg16_seed_rule_batch_32() -> None:
+    # weights 553,430,176 B + the two largest consecutive maps (conv1, conv2: 411,041,792 B each)
+    analysis = _analysis("vgg-16", training=False, batch=32)
+    estimate = estimate_memory(analysis, MemoryRequest(mode=Mode.INFERENCE))
+    assert estimate.seed_rule_bytes == 553_430_176 + 2 * 411_041_792
+
+
+def test_vgg16_feature_maps_at_batch_32_are_1_93_gb() -> None:
+    analysis = _analysis("vgg-16", training=False, batch=32)
+    allocated = sum(layer.output_numel * 4 for layer in analysis.layers if layer.allocates_output)
+    assert allocated == 1_934_357_504
+
+
+WIDE = [{"name": "fc", "op": "linear", "out_features": 4096, "bias": False}]
+WIDE_PARAMS = 4096 * 4096
+
+
+def _wide(request: MemoryRequest) -> dict[str, int]:
+    """A single wide linear layer: gradients are complete at any training peak."""
+    analysis = analyze([InputDecl(name="x", shape=(1, 4096))], WIDE, {}, training=True)
+    return {line.key: line.bytes for line in estimate_memory(analysis, request).lines}
+
+
+@pytest.mark.parametrize(
+    ("precision", "expected"),
+    [
+        # (weights, gradients, master weights, optimizer state) bytes per parameter, AdamW
+        (Precision.FP32, (4, 4, 0, 8)),
+        (Precision.BF16, (2, 2, 0, 4)),  # pure bf16: PyTorch keeps state in the param dtype
+        (Precision.AMP_BF16, (4, 4, 0, 8)),  # autocast; + a 2 B cast cache in forward/backward
+        (Precision.MIXED_BF16, (2, 2, 4, 8)),  # ZeRO/Megatron: 16 B/param
+    ],
+)
+def test_adamw_bytes_per_parameter_by_convention(
+    precision: Precision, expected: tuple[int, int, int, int]
+) -> None:
+    lines = _wide(_train(precision=precision, optimizer=Optimizer.ADAMW))
+    got = tuple(
+        lines.get(key, 0) // WIDE_PARAMS
+        for key in ("weights", "gradients", "master_weights", "optimizer_state")
+    )
+    assert got == expected
+
+
+def test_fp32_gradient_buffer_makes_mixed_precision_18_bytes_per_param() -> None:
+    lines = _wide(_train(precision=Precision.MIXED_BF16, fp32_grad_buffer=True))
+    keys = ("weights", "gradients", "master_weights", "optimizer_state")
+    assert sum(lines[key] for key in keys) == 18 * WIDE_PARAMS
+
+
+def test_autocast_weight_cache_is_two_bytes_per_param_outside_the_step() -> None:
+    analysis = analyze([InputDecl(name="x", shape=(1, 4096))], WIDE, {}, training=True)
+    estimate = estimate_memory(analysis, _train(precision=Precision.AMP_BF16))
+    lines = {line.key: line.bytes for line in estimate.lines}
+    if estimate.peak_phase != "optimizer_step":
+        assert lines["weight_cast_cache"] == 2 * WIDE_PARAMS
+    assert estimate.phase_peaks["backward"] >= 18 * WIDE_PARAMS
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "state_bytes"),
+    [
+        (Optimizer.SGD, 0),
+        (Optimizer.SGD_MOMENTUM, 4 * 4096 * 1024),
+        (Optimizer.ADAM, 8 * 4096 * 1024),
+        (Optimizer.ADAMW, 8 * 4096 * 1024),
+        (Optimizer.ADAGRAD, 4 * 4096 * 1024),
+        (Optimizer.RMSPROP, 4 * 4096 * 1024),
+        (Optimizer.LION, 4 * 4096 * 1024),
+        (Optimizer.ADAM_8BIT, 2 * 4096 * 1024 + 2 * 4 * (4096 * 1024 // 2048)),
+        (Optimizer.ADAFACTOR, 4 * (4096 + 1024)),
+    ],
+)
+def test_optimizer_state_golden(optimizer: Optimizer, state_bytes: int) -> None:
+    layers = [{"name": "fc", "op": "linear", "out_features": 4096, "bias": False}]
+    analysis = analyze([InputDecl(name="x", shape=(1, 1024))], layers, {}, training=True)
+    lines = {
+        line.key: line.bytes
+        for line in estimate_memory(analysis, _train(optimizer=optimizer)).lines
+    }
+    assert lines.get("optimizer_state", 0) == state_bytes
+
+
+def test_zero_stages_shard_state_then_gradients_then_weights() -> None:
+    def lines(stage: int) -> dict[str, int]:
+        request = _train(
+            precision=Precision.MIXED_BF16, parallelism=Parallelism(data=8, zero_stage=stage)
+        )
+        analysis = _analysis("gpt-2", training=True, seq=8)
+        estimate = estimate_memory(analysis, request)
+        return {line.key: line.bytes for line in estimate.lines}
+
+    params = 124_439_808
+    none, one, two, three = lines(0), lines(1), lines(2), lines(3)
+    assert none["weights"] == one["weights"] == two["weights"] == 2 * params
+    assert three["weights"] == 2 * params // 8
+    assert one["optimizer_state"] == 8 * params // 8
+    assert one["master_weights"] == 4 * params // 8
+
+
+def test_tensor_parallel_divides_weights() -> None:
+    request = MemoryRequest(mode=Mode.INFERENCE, parallelism=Parallelism(tensor=4))
+    lines = _lines("llama-2-7b", request, seq=16)
+    assert lines["weights"] == 6_738_415_616 * 4 // 4
+
+
+def test_kv_cache_golden_llama() -> None:
+    # 2 x 32 layers x 32 kv heads x 128 x 4096 tokens x 2 B = 2 GiB; GQA (8 kv heads) at 8192
+    bf16 = MemoryRequest(mode=Mode.INFERENCE, precision=Precision.BF16)
+    assert _lines("llama-2-7b", bf16, seq=4096)["kv_cache"] == 2 * 32 * 32 * 128 * 4096 * 2
+    assert _lines("llama-3-8b", bf16, seq=8192)["kv_cache"] == 2 * 32 * 8 * 128 * 8192 * 2
+    assert "kv_cache" not in _lines(
+        "llama-2-7b", MemoryRequest(mode=Mode.INFERENCE, kv_cache=False), seq=16
+    )
+
+
+def test_int4_quantizes_matmul_weights_only() -> None:
+    lines = _lines(
+        "llama-2-7b", MemoryRequest(mode=Mode.INFERENCE, precision=Precision.INT4), seq=16
+    )
+    embed = lm_head = 32000 * 4096
+    norms = 65 * 4096
+    quantized = 6_738_415_616 - embed - lm_head - norms
+    scales = quantized // 128 * 4
+    assert lines["weights"] == quantized // 2 + scales + 2 * (embed + lm_head + norms)
+
+
+def test_training_needs_gradients_and_adam_state() -> None:
+    layers = [{"name": "fc", "op": "linear", "out_features": 4096}]
+    analysis = analyze([InputDecl(name="x", shape=(1, 4096))], layers, {}, training=True)
+    weights = (4096 * 4096 + 4096) * 4
+    adam = estimate_memory(analysis, _train(optimizer=Optimizer.ADAMW))
+    sgd = estimate_memory(analysis, _train(optimizer=Optimizer.SGD))
+    assert sgd.peak_bytes >= 2 * weights
+    assert adam.peak_bytes >= 4 * weights  # weights + grads + two moments
+    assert adam.first_iteration_peak_phase == "optimizer_step"
+
+
+def test_inference_is_far_smaller_than_training() -> None:
+    inference = estimate_memory(
+        _analysis("resnet-50", training=False, batch=8),
+        MemoryRequest(mode=Mode.INFERENCE, runtime=Runtime.CPU),
+    )
+    training = estimate_memory(
+        _analysis("resnet-50", training=True, batch=8), _train(optimizer=Optimizer.ADAMW)
+    )
+    assert training.peak_bytes > 3 * inference.peak_bytes
+
+
+def test_checkpointing_reduces_activations() -> None:
+    def peak(policy: Checkpointing) -> int:
+        analysis = _analysis("gpt-2", training=True, batch=4, seq=512)
+        return estimate_memory(analysis, _train(checkpointing=policy)).peak_bytes
+
+    none, selective, full = (peak(p) for p in Checkpointing)
+    assert full < selective < none
+
+
+def test_micro_batching_keeps_activations_per_micro_batch() -> None:
+    small = estimate_memory(_analysis("gpt-2", training=True, batch=1, seq=256), _train())
+    accumulated = estimate_memory(
+        _analysis("gpt-2", training=True, batch=1, seq=256), _train(accumulation_steps=8)
+    )
+    large = estimate_memory(_analysis("gpt-2", training=True, batch=8, seq=256), _train())
+    assert small.peak_bytes <= accumulated.peak_bytes < large.peak_bytes
+
+
+def test_cuda_adds_overhead_lines_cpu_does_not() -> None:
+    analysis = _analysis("resnet-50", training=False)
+    cuda = estimate_memory(analysis, MemoryRequest(mode=Mode.INFERENCE, runtime=Runtime.CUDA))
+    cpu = estimate_memory(analysis, MemoryRequest(mode=Mode.INFERENCE, runtime=Runtime.CPU))
+    cuda_keys = {line.key for line in cuda.lines}
+    assert {"cuda_context", "workspace", "allocator_rounding"} <= cuda_keys
+    assert "cuda_context" not in {line.key for line in cpu.lines}
+
+
+def test_lines_add_up_to_the_peak() -> None:
+    for slug in ("resnet-50", "gpt-2", "lstm-classifier"):
+        for mode in Mode:
+            analysis = _analysis(slug, training=mode is Mode.TRAINING, seq=64)
+            estimate = estimate_memory(analysis, MemoryRequest(mode=mode))
+            assert sum(line.bytes for line in estimate.lines) == estimate.peak_bytes
+            assert all(line.bytes >= 0 for line in estimate.lines)
+
+
+def test_quantized_training_is_rejected() -> None:
+    with pytest.raises(MemoryInputError, match="inference"):
+        estimate_memory(_analysis("gpt-2", training=True, seq=8), _train(precision=Precision.INT4))
+
+
+def test_zero_without_data_parallel_is_rejected() -> None:
+    request = _train(parallelism=Parallelism(zero_stage=2))
+    with pytest.raises(MemoryInputError, match="data-parallel"):
+        estimate_memory(_analysis("gpt-2", training=True, seq=8), request)
