@@ -257,8 +257,8 @@ def summarize(
             params=layer.params,
             flops=layer.flops,
             activation_elements=layer.output_numel,
-            activation_bytes=layer.output_numel
-            * (8 if layer.output_kind is TensorKind.INDEX else act),
+            activation_bytes=size(layer),
+            allocates=layer.allocates_output,
         )
         for layer in analysis.layers
     ]
