@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 from app.domain.analysis import GraphAnalysis, LayerAnalysis
 from app.domain.errors import DomainError
-from app.domain.ops import Saved, Storage, TensorKind
+from app.domain.ops import Storage, TensorKind
 
 MIB = 2**20
 
@@ -400,7 +400,7 @@ def _weights_bytes(
 
 
 def _optimizer_state_bytes(
-    shapes: Sequence[tuple[int, ...]], optimizer: Optimizer, plan: PrecisionPlan
+    shapes: Sequence[tuple[int, ...]], total_params: int, optimizer: Optimizer, plan: PrecisionPlan
 ) -> tuple[int, str]:
     if optimizer is Optimizer.ADAFACTOR:
         elements = 0
@@ -412,7 +412,7 @@ def _optimizer_state_bytes(
             else:
                 elements += math.prod(shape)
         return elements * 4, "Adafactor: factored fp32 second moment (rows + cols), no momentum"
-    params = sum(math.prod(s) for s in shapes)
+    params = total_params
     if optimizer is Optimizer.ADAM_8BIT:
         blocks = sum(-(-math.prod(s) // ADAM_8BIT_BLOCK) for s in shapes)
         return 2 * params + 2 * blocks * 4, (
@@ -425,7 +425,10 @@ def _optimizer_state_bytes(
 
 
 def _step_temporaries(
-    shapes: Sequence[tuple[int, ...]], request: MemoryRequest, plan: PrecisionPlan
+    shapes: Sequence[tuple[int, ...]],
+    total_params: int,
+    request: MemoryRequest,
+    plan: PrecisionPlan,
 ) -> tuple[int, str]:
     impl = request.optimizer_impl
     if impl is OptimizerImpl.AUTO:
@@ -443,61 +446,77 @@ def _step_temporaries(
         return 2 * largest * element, (
             f"for-loop step: two temporaries the size of the largest parameter ({largest:,})"
         )
-    total = sum(math.prod(s) for s in shapes)
-    return total * element, "foreach step: one temporary per parameter, all at once"
+    return total_params * element, "foreach step: one temporary per parameter, all at once"
 
 
-@dataclass(slots=True)
-class _Plan:
-    """Resolved storage sizes and, per layer, what is allocated and freed when."""
-
-    sizes: dict[object, int]
-    savers: dict[object, list[int]]  # storage -> layers that keep it, in forward order
-    layer_saved: list[set[object]]
-    last_use: dict[object, int]
-    pinned: set[object]
-    op_sizes: list[_OpSizes]
+_IN0, _OUT, _NEW = 0, 1, 2
 
 
 class _OpSizes(NamedTuple):
     """Byte figures of one op result (shared by every repeat of a block)."""
 
-    saved: tuple[tuple[Saved, int], ...]
+    kept: tuple[tuple[int, str, int], ...]  # (_IN0 | _OUT | _NEW, label, bytes) for backward
     forward_transient: int
     backward_internal: int
     output: int
+    param_waste: int  # allocator rounding of the layer's parameter tensors
 
 
-def _op_sizes(layer: LayerAnalysis, sizer: _Sizer, tp: int) -> _OpSizes:
-    saved = []
+def _op_sizes(layer: LayerAnalysis, sizer: _Sizer, request: MemoryRequest) -> _OpSizes:
+    tp = request.parallelism.tensor
+    selective = request.checkpointing is Checkpointing.SELECTIVE
+    fp32_acts = sizer.plan.activation == 4
+    kept: list[tuple[int, str, int]] = []
+    internal = 0
     for item in layer.result.saved:
         numel = item.numel
         if tp > 1 and layer.op in ("attention", "mlp") and item.source == "new":
             numel = -(-numel // tp)
-        saved.append((item, sizer.storage_bytes(numel, item.storage)))
-    internal = max((size for item, size in saved if item.source == "new"), default=0)
+        size = sizer.storage_bytes(numel, item.storage)
+        if item.source == "new":
+            # Recomputed tensors (selective checkpointing) are back during this backward too.
+            internal = max(internal, size)
+        if selective and item.label in _ATTENTION_MATRICES:
+            continue
+        if item.source == "in0" or (item.source == "in0_fp32" and fp32_acts):
+            kept.append((_IN0, item.label, size))
+        elif item.source == "out":
+            kept.append((_OUT, item.label, size))
+        else:
+            kept.append((_NEW, item.label, size))
     return _OpSizes(
-        saved=tuple(saved),
+        kept=tuple(kept),
         forward_transient=sum(
             sizer.storage_bytes(t.numel, t.storage) for t in layer.result.transients
         ),
         backward_internal=internal,
         output=sizer.value_bytes(layer.output_numel, TensorKind.FLOAT),
+        param_waste=_rounding_waste(
+            _ceil(math.prod(shape) * sizer.plan.weight) for shape in layer.result.param_shapes
+        ),
     )
 
 
-def _storage_key(layer_index: int, layer: LayerAnalysis, saved: Saved, fp32_acts: bool) -> object:
-    if saved.source == "in0":
-        return layer.input_storages[0]
-    if saved.source == "out":
-        return layer.output_storage
-    if saved.source == "in0_fp32" and fp32_acts:
-        return layer.input_storages[0]
-    return (layer_index, saved.label)
+@dataclass(slots=True)
+class _Plan:
+    """Resolved storage sizes and, per layer, which storages it keeps for backward."""
+
+    sizes: dict[object, int]
+    layer_saved: list[list[object]]  # per layer: storages it keeps for backward
+    last_use: dict[object, int]  # storage -> last layer reading it in forward
+    pinned: set[object]  # model inputs and the final output: held by the caller
+    op_sizes: list[_OpSizes]
+    grad_in: list[int]  # per layer: bytes of the gradients of its inputs
 
 
-_ATTENTION_MATRICES = frozenset({"probs", "probs_mask", "probs_dropped"})
-_CONV_OPS = frozenset({"conv2d", "depthwise_conv2d", "pointwise_conv2d"})
+@dataclass(slots=True)
+class _Schedule:
+    """When storages appear and disappear, derived from the plan."""
+
+    first_saver: dict[object, int]  # kept storage -> earliest layer keeping it
+    adds: dict[int, list[object]]  # layer -> kept storages that are not its input or output
+    frees_forward: dict[int, list[object]]  # layer -> storages dead after it in forward
+    frees_backward: dict[int, list[object]]  # layer -> kept storages released after its backward
 
 
 def _checkpoint_unit(name: str) -> str | None:
@@ -508,50 +527,59 @@ def _checkpoint_unit(name: str) -> str | None:
     return None
 
 
+_ATTENTION_MATRICES = frozenset({"probs", "probs_mask", "probs_dropped"})
+_CONV_OPS = frozenset({"conv2d", "depthwise_conv2d", "pointwise_conv2d"})
+
+
 def _build_plan(
     analysis: GraphAnalysis, sizer: _Sizer, request: MemoryRequest, training: bool
 ) -> _Plan:
     sizes: dict[object, int] = {}
     for bound in analysis.inputs:
         sizes[bound.storage] = sizer.value_bytes(bound.numel, bound.kind)
-    for layer in analysis.layers:
-        if layer.allocates_output:
-            sizes[layer.output_storage] = sizer.value_bytes(layer.output_numel, layer.output_kind)
-    savers: dict[object, list[int]] = {}
-    layer_saved: list[set[object]] = []
+    act = sizer.plan.activation
+    layer_saved: list[list[object]] = []
     last_use: dict[object, int] = {}
-    fp32_acts = sizer.plan.activation == 4
-    tp = request.parallelism.tensor
-    selective = request.checkpointing is Checkpointing.SELECTIVE
+    grad_in: list[int] = []
     by_result: dict[int, _OpSizes] = {}
     op_sizes: list[_OpSizes] = []
     for index, layer in enumerate(analysis.layers):
         derived = by_result.get(id(layer.result))
         if derived is None:
-            derived = by_result[id(layer.result)] = _op_sizes(layer, sizer, tp)
+            derived = by_result[id(layer.result)] = _op_sizes(layer, sizer, request)
         op_sizes.append(derived)
-        for storage in layer.input_storages:
+        inputs = layer.input_storages
+        incoming = 0
+        for storage in inputs:
             last_use[storage] = index
-        kept: set[object] = set()
+            incoming += sizes.get(storage, 0)
+        grad_in.append(incoming)
+        if layer.allocates_output:
+            element = 8 if layer.output_kind is TensorKind.INDEX else act
+            sizes[layer.output_storage] = layer.output_numel * element
+        kept: list[object] = []
         if training:
-            for saved, size in derived.saved:
-                if selective and saved.label in _ATTENTION_MATRICES:
-                    continue
-                key = _storage_key(index, layer, saved, fp32_acts)
-                if key not in sizes:
+            for source, label, size in derived.kept:
+                key: object
+                if source == _IN0:
+                    key = inputs[0]
+                elif source == _OUT:
+                    key = layer.output_storage
+                else:
+                    key = (index, label)
                     sizes[key] = size
-                kept.add(key)
-                savers.setdefault(key, []).append(index)
+                if key not in kept:
+                    kept.append(key)
         layer_saved.append(kept)
     pinned: set[object] = {bound.storage for bound in analysis.inputs}
     pinned.add(analysis.output_storage)
     return _Plan(
         sizes=sizes,
-        savers=savers,
         layer_saved=layer_saved,
         last_use=last_use,
         pinned=pinned,
         op_sizes=op_sizes,
+        grad_in=grad_in,
     )
 
 
@@ -564,19 +592,41 @@ def _apply_full_checkpointing(analysis: GraphAnalysis, plan: _Plan) -> dict[str,
             continue
         first = unit not in units
         units.setdefault(unit, set()).update(plan.layer_saved[index])
-        for key in plan.layer_saved[index]:
-            plan.savers[key].remove(index)
-        plan.layer_saved[index] = set()
-        if first:
-            entry = layer.input_storages[0]
-            plan.layer_saved[index] = {entry}
-            plan.savers.setdefault(entry, []).append(index)
-    for key in [k for k, v in plan.savers.items() if not v]:
-        del plan.savers[key]
+        plan.layer_saved[index] = [layer.input_storages[0]] if first else []
+    still_kept = {key for kept in plan.layer_saved for key in kept}
     return {
-        unit: sum(plan.sizes[k] for k in keys if k not in plan.savers)
+        unit: sum(plan.sizes[k] for k in keys if k not in still_kept)
         for unit, keys in units.items()
     }
+
+
+def _schedule(analysis: GraphAnalysis, plan: _Plan) -> _Schedule:
+    first_saver: dict[object, int] = {}
+    adds: dict[int, list[object]] = {}
+    for index, kept in enumerate(plan.layer_saved):
+        if not kept:
+            continue
+        layer = analysis.layers[index]
+        for key in kept:
+            if key not in first_saver:
+                first_saver[key] = index
+                if key not in layer.input_storages and key != layer.output_storage:
+                    adds.setdefault(index, []).append(key)
+    frees_forward: dict[int, list[object]] = {}
+    pinned = plan.pinned
+    for storage, index in plan.last_use.items():
+        if storage not in first_saver and storage not in pinned:
+            frees_forward.setdefault(index, []).append(storage)
+    frees_backward: dict[int, list[object]] = {}
+    for key, index in first_saver.items():
+        if key not in pinned:
+            frees_backward.setdefault(index, []).append(key)
+    return _Schedule(
+        first_saver=first_saver,
+        adds=adds,
+        frees_forward=frees_forward,
+        frees_backward=frees_backward,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -593,34 +643,33 @@ class _Peak:
 
 
 def _forward(
-    analysis: GraphAnalysis, plan: _Plan, sizer: _Sizer, request: MemoryRequest
+    analysis: GraphAnalysis,
+    plan: _Plan,
+    schedule: _Schedule,
+    request: MemoryRequest,
 ) -> tuple[_Peak, set[object], int]:
     """Replay the forward; return its peak and what is live at its end."""
-    live: set[object] = {bound.storage for bound in analysis.inputs}
-    live_bytes = sum(plan.sizes[k] for k in live)
     sizes = plan.sizes
+    live: set[object] = {bound.storage for bound in analysis.inputs}
+    live_bytes = sum(sizes[k] for k in live)
     onednn = request.runtime is Runtime.CPU and request.mode is Mode.INFERENCE
-    best = _Peak()
+    adds, frees = schedule.adds, schedule.frees_forward
+    best_total, best = -1, _Peak()
     for index, layer in enumerate(analysis.layers):
-        if layer.allocates_output and layer.output_storage not in live:
+        if layer.allocates_output:
             live.add(layer.output_storage)
             live_bytes += sizes[layer.output_storage]
-        for key in plan.layer_saved[index]:
-            if key not in live:
-                live.add(key)
-                live_bytes += sizes[key]
+        for key in adds.get(index, ()):
+            live.add(key)
+            live_bytes += sizes[key]
         transient = plan.op_sizes[index].forward_transient
         if onednn and layer.op in _CONV_OPS:
             transient += sizes.get(layer.output_storage, 0)  # oneDNN holds an output buffer
-        if live_bytes + transient > best.total:
+        if live_bytes + transient > best_total:
+            best_total = live_bytes + transient
             best = _Peak(activations=live_bytes, transient=transient)
-        for storage in layer.input_storages:
-            if (
-                plan.last_use.get(storage) == index
-                and storage not in plan.savers
-                and storage not in plan.pinned
-                and storage in live
-            ):
+        for storage in frees.get(index, ()):
+            if storage in live:
                 live.discard(storage)
                 live_bytes -= sizes[storage]
     return best, live, live_bytes
@@ -629,7 +678,7 @@ def _forward(
 def _backward(
     analysis: GraphAnalysis,
     plan: _Plan,
-    sizer: _Sizer,
+    schedule: _Schedule,
     live: set[object],
     live_bytes: int,
     grad_bytes_per_layer: list[int],
@@ -637,23 +686,23 @@ def _backward(
 ) -> _Peak:
     """Replay the backward in reverse layer order; return its peak."""
     sizes = plan.sizes
+    frees = schedule.frees_backward
     grads = 0
-    best = _Peak()
+    best_total, best = -1, _Peak()
     for index in range(len(analysis.layers) - 1, -1, -1):
-        layer = analysis.layers[index]
         extra = 0
         if recompute:
-            unit = _checkpoint_unit(layer.name)
+            unit = _checkpoint_unit(analysis.layers[index].name)
             extra = recompute.get(unit, 0) if unit is not None else 0
         grads += grad_bytes_per_layer[index]
         derived = plan.op_sizes[index]
-        grad_in = sum(sizes.get(storage, 0) for storage in layer.input_storages)
-        transient = derived.output + grad_in + 2 * derived.backward_internal
-        if live_bytes + extra + transient + grads > best.total:
+        transient = derived.output + plan.grad_in[index] + 2 * derived.backward_internal
+        total = live_bytes + extra + transient + grads
+        if total > best_total:
+            best_total = total
             best = _Peak(activations=live_bytes + extra, transient=transient, gradients=grads)
-        for key in plan.layer_saved[index]:
-            savers = plan.savers.get(key)
-            if savers and savers[0] == index and key not in plan.pinned and key in live:
+        for key in frees.get(index, ()):
+            if key in live:
                 live.discard(key)
                 live_bytes -= sizes[key]
     return best
@@ -677,10 +726,8 @@ def _seed_rule(analysis: GraphAnalysis, sizer: _Sizer) -> int | None:
     return best
 
 
-def _allocator_overhead(overhead: FrameworkOverhead, tensor_sizes: Iterable[int]) -> int:
-    """CUDA caching allocator: 512 B granularity, 2 MiB blocks for large tensors."""
-    if not overhead.round_allocations:
-        return 0
+def _rounding_waste(tensor_sizes: Iterable[int]) -> int:
+    """CUDA caching allocator: 512 B granularity, 2 MiB blocks for tensors over 1 MiB."""
     waste = 0
     for size in tensor_sizes:
         waste += -size % (2 * MIB) if size > MIB else -size % 512
@@ -764,13 +811,13 @@ def estimate_memory(
             grad_element = Fraction(4)
             assumptions.append("gradients accumulate in an fp32 buffer (Megatron main_grad)")
         grad_bytes = _ceil(params * grad_element / grad_shard)
-        state_bytes, state_note = _optimizer_state_bytes(shapes, request.optimizer, plan)
+        state_bytes, state_note = _optimizer_state_bytes(shapes, params, request.optimizer, plan)
         state_shard = model_shard * (par.data if par.zero_stage >= 1 else 1)
         state_bytes = _ceil(Fraction(state_bytes, state_shard))
         master = _ceil(Fraction(params * plan.master, state_shard))
         labels_rows = math.prod(analysis.output_shape[:-1]) if analysis.output_shape else 1
         labels_bytes = labels_rows * 8
-        temporaries, temp_note = _step_temporaries(shapes, request, plan)
+        temporaries, temp_note = _step_temporaries(shapes, params, request, plan)
         temporaries = _ceil(Fraction(temporaries, state_shard))
         cache = params * plan.weight_cache // model_shard if plan.weight_cache else 0
         recompute: dict[str, int] = {}
@@ -792,10 +839,11 @@ def estimate_memory(
             if accumulate
             else _grad_bytes_per_layer(analysis, grad_element, grad_shard)
         )
-        fwd_peak, end_live, end_bytes = _forward(analysis, storage_plan, sizer, request)
+        schedule = _schedule(analysis, storage_plan)
+        fwd_peak, end_live, end_bytes = _forward(analysis, storage_plan, schedule, request)
         fwd_end = _Peak(activations=end_bytes)
         bwd_peak = _backward(
-            analysis, storage_plan, sizer, end_live, end_bytes, grad_layers, recompute
+            analysis, storage_plan, schedule, end_live, end_bytes, grad_layers, recompute
         )
         held_grads = {"gradients": grad_bytes} if accumulate else {}
         step_parts = {
@@ -851,7 +899,9 @@ def estimate_memory(
                     "2 x layers x kv_heads x head_dim x seq x batch x "
                     f"{plan.activation} B = {kv:,} B"
                 )
-        fwd_peak, _, _ = _forward(analysis, storage_plan, sizer, request)
+        fwd_peak, _, _ = _forward(
+            analysis, storage_plan, _schedule(analysis, storage_plan), request
+        )
         steady_moments = [_moment("forward", static, fwd_peak, 0)]
         formulas["inputs"] = "model inputs held by the caller"
         assumptions.append("activations live from their producer to their last consumer")
@@ -861,11 +911,12 @@ def estimate_memory(
     parts = dict(peak.parts)
     if request.runtime is Runtime.CUDA:
         overhead = request.overhead
-        num, den = plan.weight.numerator, plan.weight.denominator
-        live_sizes = list(storage_plan.sizes.values()) + [
-            -(-math.prod(s) * num // den) for s in shapes
-        ]
-        parts["allocator_rounding"] = _allocator_overhead(overhead, live_sizes)
+        parts["allocator_rounding"] = (
+            _rounding_waste(storage_plan.sizes.values())
+            + sum(op.param_waste for op in storage_plan.op_sizes)
+            if overhead.round_allocations
+            else 0
+        )
         parts["fragmentation_reserve"] = int(sum(parts.values()) * overhead.fragmentation_fraction)
         parts["workspace"] = overhead.workspace_bytes
         parts["cuda_context"] = overhead.cuda_context_bytes
@@ -896,11 +947,12 @@ def estimate_memory(
         if key in parts
     )
     if per_layer:
+        first_saver = _schedule(analysis, storage_plan).first_saver
         for index, layer in enumerate(analysis.layers):
             new_saved = sum(
                 storage_plan.sizes.get(key, 0)
                 for key in storage_plan.layer_saved[index]
-                if storage_plan.savers.get(key, [None])[0] == index
+                if first_saver.get(key) == index
             )
             layers_view.append(
                 LayerMemory(
