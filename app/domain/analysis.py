@@ -511,6 +511,12 @@ def _evaluate(
     result = OP_IMPLEMENTATIONS[raw["op"]](ctx)
     if result.shape:
         _check_size(result.shape, "output", name)
+    if result.params > MAX_NUMEL:
+        raise GraphError(
+            f"{result.params:,} parameters in one layer exceed 2^50; check the sizes",
+            layer=name,
+            field="params",
+        )
     has_weight = raw["op"] == "embedding" or (raw["op"] == "linear" and not tied)
     return _Computed(
         result=result,

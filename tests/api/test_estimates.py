@@ -178,6 +178,13 @@ GRAPH_ERRORS = {
         ),
         "symbol 'width' is not bound",
     ),
+    "parameters too large": (
+        _inline(
+            {"name": "huge", "op": "linear", "out_features": 2**40},
+            inputs=[{"name": "x", "shape": ["batch", 2**20]}],
+        ),
+        "layer 'huge': field 'params'",
+    ),
     "tensor too large": (
         _inline(
             {"name": "wide", "op": "linear", "out_features": 2**30},

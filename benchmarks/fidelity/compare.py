@@ -1,0 +1,214 @@
+"""Compare the service's memory estimates with what PyTorch really allocated.
+
+Reads ``measurements.json`` (written by ``measure.py`` in this folder's own venv with torch)
+and, for every record, estimates the same configuration with the service's pure domain code
+(no torch needed: run it with the service's venv), then prints a table and writes
+``results.md``.
+
+    .venv/bin/python benchmarks/fidelity/compare.py
+
+Training is compared with the estimate's first-iteration peak (the measurement times the first
+step, when the optimizer state is created); inference with the forward peak. Both are for the
+``pytorch_cpu`` runtime, where there is no CUDA context or caching allocator.
+
+Targets (issue 3): parameter counts exact; training within +-5 % median and +-15 % every case;
+inference within +-10 % median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from app.domain.analysis import analyze
+from app.domain.memory import (
+    MemoryRequest,
+    Mode,
+    Optimizer,
+    OptimizerImpl,
+    Precision,
+    Runtime,
+    estimate_memory,
+)
+from app.domain.zoo import ZOO, ZooModel, bert, gpt2, llama, lstm_classifier, vit
+
+HERE = Path(__file__).resolve().parent
+TARGETS = {"training_median": 5.0, "training_max": 15.0, "inference_median": 10.0}
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One measured configuration with its estimate."""
+
+    key: str
+    mode: str
+    measured_bytes: int
+    estimated_bytes: int
+    params_measured: int
+    params_estimated: int
+    measured_phase: str
+    estimated_phase: str
+
+    @property
+    def error_pct(self) -> float:
+        """Signed error of the estimate [%]."""
+        return 100.0 * (self.estimated_bytes - self.measured_bytes) / self.measured_bytes
+
+
+def _model_for(record: dict[str, Any]) -> ZooModel:
+    name = record["model"]
+    fused = record.get("attn_implementation") == "sdpa"
+    cnn = {
+        "alexnet": "alexnet",
+        "vgg16": "vgg-16",
+        "googlenet": "googlenet",
+        "resnet50": "resnet-50",
+        "mobilenet_v2": "mobilenet-v2",
+    }
+    if name in cnn:
+        return ZOO[cnn[name]]
+    if name.startswith("vit"):
+        return vit(fused=fused)
+    if name.startswith("bert"):
+        return bert(fused=fused)
+    if name.startswith("gpt2"):
+        return gpt2(fused=fused)
+    if name.startswith("lstm"):
+        return lstm_classifier()
+    if name.startswith("llama"):
+        layers = record.get("layers") or 32
+        return llama(
+            layers=layers,
+            hidden=4096,
+            heads=32,
+            kv_heads=32,
+            intermediate=11008,
+            vocab=32000,
+            fused=fused,
+        )
+    raise KeyError(f"no zoo model for '{name}'")
+
+
+def _request(record: dict[str, Any]) -> MemoryRequest:
+    mode = Mode(record["mode"])
+    precision = Precision.BF16 if record["dtype"] == "bf16" else Precision.FP32
+    optimizer_name = record.get("optimizer") or "sgd"
+    impl = OptimizerImpl.FOR_LOOP
+    if optimizer_name.endswith("_foreach"):
+        impl, optimizer_name = OptimizerImpl.FOREACH, optimizer_name.removesuffix("_foreach")
+    elif optimizer_name.endswith("_fused"):
+        impl, optimizer_name = OptimizerImpl.FUSED, optimizer_name.removesuffix("_fused")
+    return MemoryRequest(
+        mode=mode,
+        precision=precision,
+        optimizer=Optimizer(optimizer_name),
+        optimizer_impl=impl,
+        runtime=Runtime.CPU,
+        kv_cache=bool(record.get("use_cache")),
+    )
+
+
+def estimate_row(record: dict[str, Any]) -> Row:
+    """Estimate one measured configuration."""
+    model = _model_for(record)
+    request = _request(record)
+    bindings = {**model.default_bindings, "batch": record["batch"]}
+    if record.get("seq_len"):
+        bindings["seq"] = record["seq_len"]
+    if record.get("image_size"):
+        bindings["image"] = record["image_size"]
+    training = request.mode is Mode.TRAINING
+    analysis = analyze(model.inputs, model.layers, bindings, training=training)
+    estimate = estimate_memory(analysis, request)
+    if training and estimate.first_iteration_peak_bytes is not None:
+        estimated, phase = estimate.first_iteration_peak_bytes, estimate.first_iteration_peak_phase
+    else:
+        estimated, phase = estimate.peak_bytes, estimate.peak_phase
+    return Row(
+        key=record["key"],
+        mode=request.mode.value,
+        measured_bytes=record["peak_bytes"],
+        estimated_bytes=estimated,
+        params_measured=record["params"],
+        params_estimated=analysis.params,
+        measured_phase=record.get("peak_phase") or "?",
+        estimated_phase=phase or "?",
+    )
+
+
+def _mib(value: int) -> str:
+    return f"{value / 2**20:,.1f}"
+
+
+def render(rows: list[Row]) -> tuple[str, bool]:
+    """A markdown report and whether every target holds."""
+    lines = [
+        "| configuration | measured MiB | estimated MiB | error % | phase (measured / est.) "
+        "| params |",
+        "|---|---:|---:|---:|---|---|",
+    ]
+    for row in rows:
+        params = (
+            "exact"
+            if row.params_measured == row.params_estimated
+            else (f"{row.params_estimated:,} vs {row.params_measured:,}")
+        )
+        lines.append(
+            f"| {row.key} | {_mib(row.measured_bytes)} | {_mib(row.estimated_bytes)} "
+            f"| {row.error_pct:+.1f} | {row.measured_phase} / {row.estimated_phase} | {params} |"
+        )
+    summary, ok = [], True
+    for mode in ("training", "inference"):
+        errors = [abs(r.error_pct) for r in rows if r.mode == mode]
+        if not errors:
+            continue
+        median, worst = statistics.median(errors), max(errors)
+        target_median = TARGETS[f"{mode}_median"]
+        median_ok = median <= target_median
+        worst_ok = mode != "training" or worst <= TARGETS["training_max"]
+        ok = ok and median_ok and worst_ok
+        summary.append(
+            f"- {mode}: {len(errors)} cases, median |error| {median:.1f} % "
+            f"(target {target_median:g} %: {'met' if median_ok else 'NOT met'}), worst "
+            f"{worst:.1f} %"
+            + (
+                f" (target {TARGETS['training_max']:g} %: {'met' if worst_ok else 'NOT met'})"
+                if mode == "training"
+                else ""
+            )
+        )
+    exact = all(r.params_measured == r.params_estimated for r in rows)
+    ok = ok and exact
+    summary.append(f"- parameter counts: {'all exact' if exact else 'MISMATCH'}")
+    return "\n".join([*summary, "", *lines]), ok
+
+
+def main() -> int:
+    """Compare, print and write the report; exit 1 when a target is missed."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--measurements", type=Path, default=HERE / "measurements.json")
+    parser.add_argument("--out", type=Path, default=HERE / "results.md")
+    args = parser.parse_args()
+    records = json.loads(args.measurements.read_text())
+    rows = [estimate_row(record) for record in records]
+    report, ok = render(rows)
+    meta = records[0] if records else {}
+    header = (
+        "# Fidelity: estimated vs measured peak memory (PyTorch CPU)\n\n"
+        f"Measured with torch {meta.get('torch_version', '?')}, transformers "
+        f"{meta.get('transformers_version', '?')} by `measure.py`; estimated by the service's "
+        "domain code for runtime `pytorch_cpu` (`compare.py`). Training compares the first "
+        "iteration's peak.\n\n"
+    )
+    args.out.write_text(header + report + "\n")
+    print(report)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
