@@ -200,7 +200,9 @@ OP_SPECS: Mapping[str, OpSpec] = {
     "mlp": OpSpec(
         required={"intermediate_size": positive_int},
         optional={
-            "activation": one_of("gelu", "gelu_tanh", "relu", "silu", "swiglu", "geglu"),
+            "activation": one_of(
+                "gelu", "gelu_tanh", "gelu_new", "relu", "silu", "swiglu", "geglu"
+            ),
             "bias": boolean,
         },
     ),

@@ -460,6 +460,7 @@ class _OpSizes(NamedTuple):
     backward_internal: int
     output: int
     param_waste: int  # allocator rounding of the layer's parameter tensors
+    backward_extra: int  # kernel buffers in this layer's backward beyond the gradients
 
 
 def _op_sizes(layer: LayerAnalysis, sizer: _Sizer, request: MemoryRequest) -> _OpSizes:
@@ -493,6 +494,12 @@ def _op_sizes(layer: LayerAnalysis, sizer: _Sizer, request: MemoryRequest) -> _O
         output=sizer.value_bytes(layer.output_numel, TensorKind.FLOAT),
         param_waste=_rounding_waste(
             _ceil(math.prod(shape) * sizer.plan.weight) for shape in layer.result.param_shapes
+        ),
+        backward_extra=(
+            _CPU_BACKWARD_EXTRA.get(layer.op, 0)
+            * sizer.value_bytes(layer.output_numel, TensorKind.FLOAT)
+            if sizer.runtime is Runtime.CPU
+            else 0
         ),
     )
 
@@ -528,6 +535,19 @@ def _checkpoint_unit(name: str) -> str | None:
 
 
 _ATTENTION_MATRICES = frozenset({"probs", "probs_mask", "probs_dropped"})
+# Extra output-sized buffers an op's backward holds beyond the input/output gradients,
+# measured per op on PyTorch 2.13 CPU (benchmarks/fidelity/probes.md): oneDNN convolutions
+# reorder the incoming gradient and hold a workspace; batch norm, ReLU and HF RMSNorm (fp32
+# upcast, several pointwise steps) keep temporaries.
+_CPU_BACKWARD_EXTRA: Mapping[str, int] = {
+    "conv2d": 2,
+    "depthwise_conv2d": 2,
+    "pointwise_conv2d": 2,
+    "batchnorm2d": 1,
+    "relu": 1,
+    "relu6": 1,
+    "rmsnorm": 3,
+}
 _CONV_OPS = frozenset({"conv2d", "depthwise_conv2d", "pointwise_conv2d"})
 
 
@@ -652,7 +672,7 @@ def _forward(
     sizes = plan.sizes
     live: set[object] = {bound.storage for bound in analysis.inputs}
     live_bytes = sum(sizes[k] for k in live)
-    onednn = request.runtime is Runtime.CPU and request.mode is Mode.INFERENCE
+    onednn = request.runtime is Runtime.CPU
     adds, frees = schedule.adds, schedule.frees_forward
     best_total, best = -1, _Peak()
     for index, layer in enumerate(analysis.layers):
@@ -664,7 +684,8 @@ def _forward(
             live_bytes += sizes[key]
         transient = plan.op_sizes[index].forward_transient
         if onednn and layer.op in _CONV_OPS:
-            transient += sizes.get(layer.output_storage, 0)  # oneDNN holds an output buffer
+            # oneDNN computes into its own output buffer and copies out (2x output, measured)
+            transient += plan.op_sizes[index].output
         if live_bytes + transient > best_total:
             best_total = live_bytes + transient
             best = _Peak(activations=live_bytes, transient=transient)
@@ -696,7 +717,12 @@ def _backward(
             extra = recompute.get(unit, 0) if unit is not None else 0
         grads += grad_bytes_per_layer[index]
         derived = plan.op_sizes[index]
-        transient = derived.output + plan.grad_in[index] + 2 * derived.backward_internal
+        transient = (
+            derived.output
+            + plan.grad_in[index]
+            + 2 * derived.backward_internal
+            + derived.backward_extra
+        )
         total = live_bytes + extra + transient + grads
         if total > best_total:
             best_total = total
@@ -999,8 +1025,14 @@ def _moment(phase: str, static: Mapping[str, int], peak: _Peak, loss: int) -> _M
 
 
 def _loss_bytes(analysis: GraphAnalysis, sizer: _Sizer) -> int:
-    """Cross-entropy over the final output: log-probabilities kept for backward."""
+    """Cross-entropy over the final output: log-probabilities kept for backward.
+
+    Token-level losses (logits of rank 3, language models) follow Hugging Face's
+    ForCausalLMLoss, which upcasts the logits to fp32 first: the kept log-probabilities are
+    fp32 whatever the activation dtype. Classification losses keep them in the logits' dtype.
+    """
     if analysis.layers and analysis.layers[-1].op == "cross_entropy":
         return 0
     numel = math.prod(analysis.output_shape) if analysis.output_shape else 1
-    return sizer.storage_bytes(numel, Storage.ACT)
+    storage = Storage.FP32 if len(analysis.output_shape) >= 3 else Storage.ACT
+    return sizer.storage_bytes(numel, storage)

@@ -352,7 +352,30 @@ def _activation(saves: str) -> Callable[[OpContext], OpResult]:
 
 
 relu = _activation("out")  # threshold_backward(grad, result)
-relu6 = _activation("in0")  # hardtanh_backward(grad, self)
+
+
+def relu6(ctx: OpContext) -> OpResult:
+    """ReLU6 (hardtanh 0..6): its backward needs the input, so in place autograd keeps a clone.
+
+    ``hardtanh_backward(grad, self)`` needs the values before clamping; for the in-place form
+    autograd saves a copy of the input before overwriting it (measured on PyTorch 2.13 CPU:
+    one input-sized clone per in-place ReLU6 in MobileNetV2).
+    """
+    _float_input(ctx)
+    if ctx.attr("inplace", False):
+        return OpResult(
+            shape=ctx.x.shape,
+            flops=ctx.x.numel,
+            saved=(Saved(label="input_clone", source="new", numel=ctx.x.numel),),
+            alias_of=0,
+        )
+    return OpResult(
+        shape=ctx.x.shape,
+        flops=ctx.x.numel,
+        saved=(Saved(label="input", source="in0", numel=ctx.x.numel),),
+    )
+
+
 gelu = _activation("in0")
 silu = _activation("in0")
 tanh = _activation("out")
@@ -583,7 +606,9 @@ def attention(ctx: OpContext) -> OpResult:
         Saved(label="context", source="new", numel=q_numel),
     ]
     transients = [Transient(label="qkv", numel=q_numel + 2 * expanded_kv)]
-    if ctx.attr("fused", False):
+    # PyTorch's fused CPU kernel has no dropout: with dropout in training SDPA runs the math
+    # path, which keeps the same tensors as the unfused implementation (measured, 2.13 CPU).
+    if ctx.attr("fused", False) and dropout_p == 0:
         saved += [
             Saved(label="attn_out", source="new", numel=q_numel),
             Saved(label="logsumexp", source="new", numel=n * heads * seq, storage=Storage.FP32),
@@ -607,6 +632,9 @@ def attention(ctx: OpContext) -> OpResult:
 
 
 _GATED = {"swiglu": "silu", "geglu": "gelu"}
+# Hugging Face NewGELUActivation (GPT-2's gelu_new) is a composite of pow/mul/add/tanh: autograd
+# keeps three intermediate-sized tensors besides its input (measured, PyTorch 2.13 CPU).
+_COMPOSITE_EXTRA = {"gelu_new": 3}
 
 
 def mlp(ctx: OpContext) -> OpResult:
@@ -641,6 +669,10 @@ def mlp(ctx: OpContext) -> OpResult:
             Saved(label="pre_activation", source="new", numel=wide),
             Saved(label="activated", source="new", numel=wide),
         ]
+        saved += [
+            Saved(label=f"activation_part{i}", source="new", numel=wide)
+            for i in range(_COMPOSITE_EXTRA.get(activation, 0))
+        ]
     return OpResult(
         shape=ctx.x.shape,
         param_shapes=tuple(params),
@@ -648,6 +680,9 @@ def mlp(ctx: OpContext) -> OpResult:
         saved=tuple(saved),
         transients=(Transient(label="intermediate", numel=(3 if gated else 2) * wide),),
     )
+
+
+_RNN_WORKSPACE_PER_GATE = 15.585 / 4  # workspace floats per output element per gate
 
 
 def _recurrent(gates: int) -> Callable[[OpContext], OpResult]:
@@ -669,16 +704,22 @@ def _recurrent(gates: int) -> Callable[[OpContext], OpResult]:
                 if bias:
                     params += [(gates * size,), (gates * size,)]
                 flops += 2 * n * seq * gates * size * (width + size) + 8 * n * seq * size
-        steps = n * seq * directions * layers
-        # Per step the CPU kernel keeps the gate activations and the cell/hidden states.
+        out_numel = n * seq * size * directions
+        # oneDNN's RNN layer keeps its input, output and a byte workspace of ~15.6 floats per
+        # output element per layer (gates and states of every step; measured for LSTM on
+        # PyTorch 2.13 CPU, scaled by gates for GRU), and briefly ~4.5 outputs more.
+        workspace = math.ceil(out_numel * layers * _RNN_WORKSPACE_PER_GATE * gates)
         return OpResult(
             shape=(n, seq, size * directions),
             param_shapes=tuple(params),
             flops=flops,
             saved=(
                 Saved(label="input", source="in0", numel=ctx.x.numel),
-                Saved(label="gates", source="new", numel=steps * gates * size),
-                Saved(label="states", source="new", numel=steps * size * 2),
+                Saved(label="output", source="out", numel=out_numel),
+                Saved(label="workspace", source="new", numel=workspace, storage=Storage.FP32),
+            ),
+            transients=(
+                Transient(label="layer_buffers", numel=math.ceil(4.5 * out_numel * layers)),
             ),
         )
 

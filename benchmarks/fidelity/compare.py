@@ -195,9 +195,13 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=HERE / "results.md")
     args = parser.parse_args()
     records = json.loads(args.measurements.read_text())
-    rows = [estimate_row(record) for record in records]
+    measured = [record for record in records if "skipped" not in record]
+    rows = [estimate_row(record) for record in measured]
     report, ok = render(rows)
-    meta = records[0] if records else {}
+    skipped = [f"- skipped {r['key']}: {r['skipped']}" for r in records if "skipped" in r]
+    if skipped:
+        report += "\n\nNot measured:\n" + "\n".join(skipped)
+    meta = measured[0] if measured else {}
     header = (
         "# Fidelity: estimated vs measured peak memory (PyTorch CPU)\n\n"
         f"Measured with torch {meta.get('torch_version', '?')}, transformers "

@@ -69,7 +69,7 @@ def gpt2(
             "name": "mlp",
             "op": "mlp",
             "intermediate_size": intermediate or 4 * hidden,
-            "activation": "gelu_tanh",
+            "activation": "gelu_new",  # HF GPT-2 default (NewGELUActivation)
         },
         _dropout("mlp_drop", dropout),
         _add("mlp_add", "attn_add", "mlp_drop"),
