@@ -474,8 +474,9 @@ def _op_sizes(layer: LayerAnalysis, sizer: _Sizer, request: MemoryRequest) -> _O
         if tp > 1 and layer.op in ("attention", "mlp") and item.source == "new":
             numel = -(-numel // tp)
         size = sizer.storage_bytes(numel, item.storage)
-        if item.source == "new":
-            # Recomputed tensors (selective checkpointing) are back during this backward too.
+        if item.source == "new" and layer.op in _COMPOSITE_OPS:
+            # Gradients of a composite op's internal tensors (S x S scores, MLP intermediates)
+            # are live in its backward; recomputed ones (selective checkpointing) too.
             internal = max(internal, size)
         if selective and item.label in _ATTENTION_MATRICES:
             continue
@@ -547,7 +548,10 @@ _CPU_BACKWARD_EXTRA: Mapping[str, int] = {
     "relu": 1,
     "relu6": 1,
     "rmsnorm": 3,
+    "lstm": 5,  # oneDNN RNN backward: ~4.8 outputs of gate gradients and buffers
+    "gru": 5,
 }
+_COMPOSITE_OPS = frozenset({"attention", "mlp"})
 _CONV_OPS = frozenset({"conv2d", "depthwise_conv2d", "pointwise_conv2d"})
 
 

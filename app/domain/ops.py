@@ -615,7 +615,11 @@ def attention(ctx: OpContext) -> OpResult:
         ]
     else:
         saved.append(Saved(label="probs", source="new", numel=score_pairs, storage=Storage.FP32))
-        transients.append(Transient(label="scores", numel=score_pairs, storage=Storage.FP32))
+        # Scores and softmax probabilities coexist while the softmax runs.
+        transients += [
+            Transient(label="scores", numel=score_pairs, storage=Storage.FP32),
+            Transient(label="probs", numel=score_pairs, storage=Storage.FP32),
+        ]
         if dropout_p > 0:
             saved += [
                 Saved(label="probs_mask", source="new", numel=score_pairs, storage=Storage.MASK),
