@@ -515,6 +515,8 @@ class _Plan:
     pinned: set[object]  # model inputs and the final output: held by the caller
     op_sizes: list[_OpSizes]
     grad_in: list[int]  # per layer: bytes of the gradients of its inputs
+    first_saver: dict[object, int]  # kept storage -> earliest layer keeping it
+    adds: dict[int, list[object]]  # layer -> kept storages that are not its input or output
 
 
 @dataclass(slots=True)
@@ -567,6 +569,8 @@ def _build_plan(
     grad_in: list[int] = []
     by_result: dict[int, _OpSizes] = {}
     op_sizes: list[_OpSizes] = []
+    first_saver: dict[object, int] = {}
+    adds: dict[int, list[object]] = {}
     for index, layer in enumerate(analysis.layers):
         derived = by_result.get(id(layer.result))
         if derived is None:
@@ -592,8 +596,11 @@ def _build_plan(
                 else:
                     key = (index, label)
                     sizes[key] = size
+                    adds.setdefault(index, []).append(key)
                 if key not in kept:
                     kept.append(key)
+                    if key not in first_saver:
+                        first_saver[key] = index
         layer_saved.append(kept)
     pinned: set[object] = {bound.storage for bound in analysis.inputs}
     pinned.add(analysis.output_storage)
@@ -604,6 +611,8 @@ def _build_plan(
         pinned=pinned,
         op_sizes=op_sizes,
         grad_in=grad_in,
+        first_saver=first_saver,
+        adds=adds,
     )
 
 
@@ -617,27 +626,25 @@ def _apply_full_checkpointing(analysis: GraphAnalysis, plan: _Plan) -> dict[str,
         first = unit not in units
         units.setdefault(unit, set()).update(plan.layer_saved[index])
         plan.layer_saved[index] = [layer.input_storages[0]] if first else []
-    still_kept = {key for kept in plan.layer_saved for key in kept}
+    plan.first_saver, plan.adds = {}, {}
+    for index, kept in enumerate(plan.layer_saved):
+        layer = analysis.layers[index]
+        for key in kept:
+            if key not in plan.first_saver:
+                plan.first_saver[key] = index
+                if key not in layer.input_storages and key != layer.output_storage:
+                    plan.adds.setdefault(index, []).append(key)
+    still_kept = set(plan.first_saver)
     return {
         unit: sum(plan.sizes[k] for k in keys if k not in still_kept)
         for unit, keys in units.items()
     }
 
 
-def _schedule(analysis: GraphAnalysis, plan: _Plan) -> _Schedule:
-    first_saver: dict[object, int] = {}
-    adds: dict[int, list[object]] = {}
-    for index, kept in enumerate(plan.layer_saved):
-        if not kept:
-            continue
-        layer = analysis.layers[index]
-        for key in kept:
-            if key not in first_saver:
-                first_saver[key] = index
-                if key not in layer.input_storages and key != layer.output_storage:
-                    adds.setdefault(index, []).append(key)
+def _schedule(plan: _Plan) -> _Schedule:
+    """Which storages die after which layer, in forward and in backward."""
+    first_saver, pinned = plan.first_saver, plan.pinned
     frees_forward: dict[int, list[object]] = {}
-    pinned = plan.pinned
     for storage, index in plan.last_use.items():
         if storage not in first_saver and storage not in pinned:
             frees_forward.setdefault(index, []).append(storage)
@@ -647,7 +654,7 @@ def _schedule(analysis: GraphAnalysis, plan: _Plan) -> _Schedule:
             frees_backward.setdefault(index, []).append(key)
     return _Schedule(
         first_saver=first_saver,
-        adds=adds,
+        adds=plan.adds,
         frees_forward=frees_forward,
         frees_backward=frees_backward,
     )
@@ -869,7 +876,7 @@ def estimate_memory(
             if accumulate
             else _grad_bytes_per_layer(analysis, grad_element, grad_shard)
         )
-        schedule = _schedule(analysis, storage_plan)
+        schedule = _schedule(storage_plan)
         fwd_peak, end_live, end_bytes = _forward(analysis, storage_plan, schedule, request)
         fwd_end = _Peak(activations=end_bytes)
         bwd_peak = _backward(
@@ -929,9 +936,7 @@ def estimate_memory(
                     "2 x layers x kv_heads x head_dim x seq x batch x "
                     f"{plan.activation} B = {kv:,} B"
                 )
-        fwd_peak, _, _ = _forward(
-            analysis, storage_plan, _schedule(analysis, storage_plan), request
-        )
+        fwd_peak, _, _ = _forward(analysis, storage_plan, _schedule(storage_plan), request)
         steady_moments = [_moment("forward", static, fwd_peak, 0)]
         formulas["inputs"] = "model inputs held by the caller"
         assumptions.append("activations live from their producer to their last consumer")
@@ -977,7 +982,7 @@ def estimate_memory(
         if key in parts
     )
     if per_layer:
-        first_saver = _schedule(analysis, storage_plan).first_saver
+        first_saver = _schedule(storage_plan).first_saver
         for index, layer in enumerate(analysis.layers):
             new_saved = sum(
                 storage_plan.sizes.get(key, 0)
