@@ -298,6 +298,17 @@ class MemoryLine:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class KeptTensor:
+    """A tensor a layer keeps for backward, with the dtype it is stored in."""
+
+    label: str
+    source: str  # "input", "output" or "new" (created by the layer)
+    elements: int
+    dtype: str
+    bytes: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class LayerMemory:
     """Per-layer view: what the layer produces and keeps."""
 
@@ -308,6 +319,7 @@ class LayerMemory:
     flops: int
     output_bytes: int
     saved_bytes: int  # new storages this layer keeps for backward (training)
+    kept: tuple[KeptTensor, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -998,6 +1010,7 @@ def estimate_memory(
                     flops=layer.flops,
                     output_bytes=sizer.value_bytes(layer.output_numel, layer.output_kind),
                     saved_bytes=new_saved,
+                    kept=_kept_tensors(layer, sizer, request) if training else (),
                 )
             )
     phase_peaks: dict[str, int] = {}
@@ -1021,6 +1034,53 @@ def estimate_memory(
         layers=tuple(layers_view),
         assumptions=tuple(assumptions),
     )
+
+
+_ACTIVATION_DTYPE: Mapping[Precision, str] = {
+    Precision.FP32: "fp32",
+    Precision.TF32: "fp32",
+    Precision.BF16: "bf16",
+    Precision.FP16: "fp16",
+    Precision.FP8: "bf16",
+    Precision.INT8: "fp16",
+    Precision.INT4: "fp16",
+    Precision.AMP_BF16: "bf16",
+    Precision.AMP_FP16: "fp16",
+    Precision.MIXED_BF16: "bf16",
+    Precision.MIXED_FP16: "fp16",
+}
+_SOURCES = {"in0": "input", "in0_fp32": "input", "out": "output", "new": "new"}
+
+
+def _kept_tensors(
+    layer: LayerAnalysis, sizer: _Sizer, request: MemoryRequest
+) -> tuple[KeptTensor, ...]:
+    """What a layer keeps for backward, with storage dtypes for this precision and runtime."""
+    act = _ACTIVATION_DTYPE[request.precision]
+    kept = []
+    for item in layer.result.saved:
+        if request.checkpointing is Checkpointing.SELECTIVE and item.label in _ATTENTION_MATRICES:
+            continue
+        source = _SOURCES.get(item.source, "new")
+        storage = item.storage
+        if item.source == "in0_fp32" and act != "fp32":
+            source = "new"  # a fp32 copy of a 16-bit input
+        if storage is Storage.ACT:
+            dtype = act
+        elif storage is Storage.MASK:
+            dtype = "bool" if request.runtime is Runtime.CUDA else act
+        else:
+            dtype = storage.value
+        kept.append(
+            KeptTensor(
+                label=item.label,
+                source=source,
+                elements=item.numel,
+                dtype=dtype,
+                bytes=sizer.storage_bytes(item.numel, storage),
+            )
+        )
+    return tuple(kept)
 
 
 def _moment(phase: str, static: Mapping[str, int], peak: _Peak, loss: int) -> _Moment:

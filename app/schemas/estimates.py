@@ -174,6 +174,19 @@ class BreakdownLine(Schema):
     assumptions: list[str] = Field(description="Assumptions behind the line.", examples=[[]])
 
 
+class KeptTensorRow(Schema):
+    """A tensor a layer keeps for backward."""
+
+    label: str = Field(description="What the tensor is.", examples=["input"])
+    source: str = Field(
+        description="`input` or `output` (shared with a neighbour layer) or `new`.",
+        examples=["input"],
+    )
+    elements: int = Field(description="Number of elements.", examples=[3_211_264])
+    dtype: str = Field(description="Storage dtype.", examples=["fp32"])
+    bytes: int = Field(description="Size [B].", examples=[12_845_056])
+
+
 class LayerRow(Schema):
     """One executed layer."""
 
@@ -186,6 +199,11 @@ class LayerRow(Schema):
     saved_bytes: int = Field(
         description="New tensors this layer keeps for backward (training) [B].",
         examples=[83_886_080],
+    )
+    kept_for_backward: list[KeptTensorRow] = Field(
+        description="Training: every tensor the layer keeps for backward, with its dtype "
+        "(shared ones count once in the totals).",
+        examples=[[]],
     )
 
 

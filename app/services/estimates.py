@@ -27,6 +27,7 @@ from app.domain.ops import TensorKind
 from app.schemas.estimates import (
     BreakdownLine,
     FitSummary,
+    KeptTensorRow,
     LayerRow,
     MemoryEstimateRequest,
     MemoryEstimateResponse,
@@ -187,6 +188,16 @@ def _response(
                 flops=row.flops,
                 output_bytes=row.output_bytes,
                 saved_bytes=row.saved_bytes,
+                kept_for_backward=[
+                    KeptTensorRow(
+                        label=kept.label,
+                        source=kept.source,
+                        elements=kept.elements,
+                        dtype=kept.dtype,
+                        bytes=kept.bytes,
+                    )
+                    for kept in row.kept
+                ],
             )
             for row in result.layers
         ]

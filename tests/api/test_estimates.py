@@ -110,6 +110,23 @@ def test_per_layer_view(client: ApiClient) -> None:
     assert layers[0]["params"] == 1792
     assert sum(layer["params"] for layer in layers) == 138_357_544
     assert "layers" not in _estimate(client, model="vgg-16", mode="training", batch_size=2)
+    pool = next(layer for layer in layers if layer["op"] == "maxpool2d")
+    kinds = {(k["label"], k["source"], k["dtype"]) for k in pool["kept_for_backward"]}
+    assert kinds == {("input", "input", "fp32"), ("indices", "new", "int64")}
+    indices = next(k for k in pool["kept_for_backward"] if k["label"] == "indices")
+    assert indices["bytes"] == indices["elements"] * 8
+
+
+def test_per_layer_dtypes_follow_precision_and_runtime(client: ApiClient) -> None:
+    body = _estimate(
+        client, model="gpt-2", mode="training", batch_size=1, sequence_length=32,
+        precision="bf16", runtime="pytorch_cuda", per_layer=True,
+    )  # fmt: skip
+    attn = next(layer for layer in body["layers"] if layer["op"] == "attention")
+    dtypes = {k["label"]: k["dtype"] for k in attn["kept_for_backward"]}
+    assert dtypes["q"] == "bf16"
+    assert dtypes["probs"] == "fp32"  # softmax in fp32
+    assert dtypes["probs_mask"] == "bool"  # CUDA keeps a 1-byte dropout mask
 
 
 def test_vgg16_summary_reproduces_the_seed_walkthrough(client: ApiClient) -> None:
