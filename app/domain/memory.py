@@ -150,115 +150,55 @@ class PrecisionPlan:
     convention: str
 
 
+_CONVENTIONS: Mapping[Precision, str] = {
+    Precision.FP32: "fp32 weights, gradients, optimizer state and activations",
+    Precision.TF32: "tf32 math on fp32 storage: same bytes as fp32",
+    Precision.BF16: "pure bf16: weights, gradients, optimizer state and activations all 2 bytes "
+    "(PyTorch keeps optimizer state in the parameter dtype)",
+    Precision.FP16: "pure fp16: everything 2 bytes",
+    Precision.AMP_BF16: "PyTorch autocast (bf16): fp32 weights and gradients, fp32 optimizer "
+    "state, a cached bf16 copy of weights during forward/backward, activations mostly bf16",
+    Precision.AMP_FP16: "PyTorch autocast (fp16) with GradScaler: fp32 weights and gradients, a "
+    "cached fp16 weight copy, activations mostly fp16",
+    Precision.MIXED_BF16: "ZeRO/Megatron mixed precision: bf16 weights and gradients, fp32 "
+    "master weights and fp32 optimizer moments (2 + 2 + 4 + 8 = 16 B/param with Adam)",
+    Precision.MIXED_FP16: "ZeRO/Megatron mixed precision: fp16 weights and gradients, fp32 "
+    "master weights and moments (16 B/param with Adam)",
+    Precision.FP8: "fp8 weight-only inference: matmul/conv weights 1 byte with a per-tensor "
+    "fp32 scale, other weights and activations bf16",
+    Precision.INT8: "int8 weight-only inference: matmul/conv weights 1 byte with one fp16 scale "
+    "per output channel, other weights and activations fp16",
+    Precision.INT4: "int4 weight-only inference (GPTQ/AWQ style): matmul/conv weights 4 bits "
+    "with one fp16 scale and zero point per group of 128, others fp16",
+}
+
+# Bytes per element: weight, gradient, fp32 master copy, optimizer state slot, activation,
+# autocast weight-cast cache.
+_BYTES: Mapping[Precision, tuple[Fraction, int, int, int, int, int]] = {
+    Precision.FP32:       (Fraction(4), 4, 0, 4, 4, 0),
+    Precision.TF32:       (Fraction(4), 4, 0, 4, 4, 0),
+    Precision.BF16:       (Fraction(2), 2, 0, 2, 2, 0),
+    Precision.FP16:       (Fraction(2), 2, 0, 2, 2, 0),
+    Precision.AMP_BF16:   (Fraction(4), 4, 0, 4, 2, 2),
+    Precision.AMP_FP16:   (Fraction(4), 4, 0, 4, 2, 2),
+    Precision.MIXED_BF16: (Fraction(2), 2, 4, 4, 2, 0),
+    Precision.MIXED_FP16: (Fraction(2), 2, 4, 4, 2, 0),
+    Precision.FP8:        (Fraction(1), 0, 0, 0, 2, 0),
+    Precision.INT8:       (Fraction(1), 0, 0, 0, 2, 0),
+    Precision.INT4:       (Fraction(1, 2), 0, 0, 0, 2, 0),
+}  # fmt: skip
+
 _PLANS: Mapping[Precision, PrecisionPlan] = {
-    Precision.FP32: PrecisionPlan(
-        weight=Fraction(4),
-        grad=Fraction(4),
-        master=0,
-        state_slot=4,
-        activation=4,
-        weight_cache=0,
-        convention="fp32 weights, gradients, optimizer state and activations",
-    ),
-    Precision.TF32: PrecisionPlan(
-        weight=Fraction(4),
-        grad=Fraction(4),
-        master=0,
-        state_slot=4,
-        activation=4,
-        weight_cache=0,
-        convention="tf32 math on fp32 storage: same bytes as fp32",
-    ),
-    Precision.BF16: PrecisionPlan(
-        weight=Fraction(2),
-        grad=Fraction(2),
-        master=0,
-        state_slot=2,
-        activation=2,
-        weight_cache=0,
-        convention="pure bf16: weights, gradients, optimizer state and "
-        "activations all 2 bytes (PyTorch keeps optimizer state in the parameter dtype)",
-    ),
-    Precision.FP16: PrecisionPlan(
-        weight=Fraction(2),
-        grad=Fraction(2),
-        master=0,
-        state_slot=2,
-        activation=2,
-        weight_cache=0,
-        convention="pure fp16: everything 2 bytes",
-    ),
-    Precision.AMP_BF16: PrecisionPlan(
-        weight=Fraction(4),
-        grad=Fraction(4),
-        master=0,
-        state_slot=4,
-        activation=2,
-        weight_cache=2,
-        convention="PyTorch autocast (bf16): fp32 weights and gradients, "
-        "fp32 optimizer state, a cached bf16 copy of weights during forward/backward, "
-        "activations mostly bf16",
-    ),
-    Precision.AMP_FP16: PrecisionPlan(
-        weight=Fraction(4),
-        grad=Fraction(4),
-        master=0,
-        state_slot=4,
-        activation=2,
-        weight_cache=2,
-        convention="PyTorch autocast (fp16) with GradScaler: fp32 weights and "
-        "gradients, a cached fp16 weight copy, activations mostly fp16",
-    ),
-    Precision.MIXED_BF16: PrecisionPlan(
-        weight=Fraction(2),
-        grad=Fraction(2),
-        master=4,
-        state_slot=4,
-        activation=2,
-        weight_cache=0,
-        convention="ZeRO/Megatron mixed precision: bf16 weights and gradients, "
-        "fp32 master weights and fp32 optimizer moments (2 + 2 + 4 + 8 = 16 B/param with Adam)",
-    ),
-    Precision.MIXED_FP16: PrecisionPlan(
-        weight=Fraction(2),
-        grad=Fraction(2),
-        master=4,
-        state_slot=4,
-        activation=2,
-        weight_cache=0,
-        convention="ZeRO/Megatron mixed precision: fp16 weights and gradients, "
-        "fp32 master weights and moments (16 B/param with Adam)",
-    ),
-    Precision.FP8: PrecisionPlan(
-        weight=Fraction(1),
-        grad=Fraction(0),
-        master=0,
-        state_slot=0,
-        activation=2,
-        weight_cache=0,
-        convention="fp8 weight-only inference: matmul/conv weights 1 byte "
-        "with a per-tensor fp32 scale, other weights and activations bf16",
-    ),
-    Precision.INT8: PrecisionPlan(
-        weight=Fraction(1),
-        grad=Fraction(0),
-        master=0,
-        state_slot=0,
-        activation=2,
-        weight_cache=0,
-        convention="int8 weight-only inference: matmul/conv weights 1 byte "
-        "with one fp16 scale per output channel, other weights and activations fp16",
-    ),
-    Precision.INT4: PrecisionPlan(
-        weight=Fraction(1, 2),
-        grad=Fraction(0),
-        master=0,
-        state_slot=0,
-        activation=2,
-        weight_cache=0,
-        convention="int4 weight-only inference (GPTQ/AWQ style): matmul/conv "
-        "weights 4 bits with one fp16 scale and zero point per group of 128, others fp16",
-    ),
+    precision: PrecisionPlan(
+        weight=weight,
+        grad=Fraction(grad),
+        master=master,
+        state_slot=state,
+        activation=act,
+        weight_cache=cache,
+        convention=_CONVENTIONS[precision],
+    )
+    for precision, (weight, grad, master, state, act, cache) in _BYTES.items()
 }
 
 QUANTIZED = frozenset({Precision.FP8, Precision.INT8, Precision.INT4})

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Depends, Query
 
 from app.api.deps import SessionDep, require_reader
 from app.api.errors import problem_responses
+from app.api.params import BatchSizeQuery, ImageSizeQuery, SequenceLengthQuery
 from app.domain.memory import Checkpointing, Mode, Optimizer, Precision, Runtime
 from app.schemas.estimates import MemoryEstimateRequest, MemoryEstimateResponse
 from app.services import estimates as service
@@ -41,13 +42,9 @@ def estimate_memory_get(
     session: SessionDep,
     model: Annotated[str, Query(max_length=64, description="Stored model slug.")],
     mode: Annotated[Mode, Query(description="training or inference.")],
-    batch_size: Annotated[int, Query(ge=1, le=1_048_576, description="Batch size.")],
-    sequence_length: Annotated[
-        int | None, Query(ge=1, le=16_777_216, description="Binds `seq`.")
-    ] = None,
-    image_size: Annotated[
-        int | None, Query(ge=1, le=16_777_216, description="Binds `image`.")
-    ] = None,
+    batch_size: BatchSizeQuery,
+    sequence_length: SequenceLengthQuery = None,
+    image_size: ImageSizeQuery = None,
     micro_batch_size: Annotated[
         int | None, Query(ge=1, le=1_048_576, description="Batch per forward pass.")
     ] = None,

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Depends, Path, Query, Response, status
 
 from app.api.deps import IfMatchDep, SessionDep, require_reader, require_writer
 from app.api.errors import problem_responses
+from app.api.params import BatchSizeQuery, ImageSizeQuery, SequenceLengthQuery
 from app.domain.memory import Precision
 from app.schemas.estimates import ModelSummary
 from app.schemas.models import ModelCreate, ModelList, ModelRead, ModelReplace, Provenance
@@ -122,13 +123,9 @@ def delete_model(slug: SlugPath, session: SessionDep, if_match: IfMatchDep) -> R
 def model_summary(
     slug: SlugPath,
     session: SessionDep,
-    batch_size: Annotated[int, Query(ge=1, le=1_048_576, description="Batch size.")] = 1,
-    sequence_length: Annotated[
-        int | None, Query(ge=1, le=16_777_216, description="Binds `seq`.")
-    ] = None,
-    image_size: Annotated[
-        int | None, Query(ge=1, le=16_777_216, description="Binds `image`.")
-    ] = None,
+    batch_size: BatchSizeQuery = 1,
+    sequence_length: SequenceLengthQuery = None,
+    image_size: ImageSizeQuery = None,
     precision: Annotated[
         Precision, Query(description="Precision for the byte figures.")
     ] = Precision.FP32,
