@@ -413,6 +413,8 @@ class _OpSizes(NamedTuple):
     output: int
     param_waste: int  # allocator rounding of the layer's parameter tensors
     backward_extra: int  # kernel buffers in this layer's backward beyond the gradients
+    output_storage: int  # bytes of the output value in its own dtype (ids are 8 B)
+    backward_static: int  # output gradient + internal gradients + kernel buffers
 
 
 def _op_sizes(layer: LayerAnalysis, sizer: _Sizer, request: MemoryRequest) -> _OpSizes:
@@ -438,22 +440,25 @@ def _op_sizes(layer: LayerAnalysis, sizer: _Sizer, request: MemoryRequest) -> _O
             kept.append((_OUT, item.label, size))
         else:
             kept.append((_NEW, item.label, size))
+    output = sizer.value_bytes(layer.output_numel, TensorKind.FLOAT)
+    backward_extra = (
+        _CPU_BACKWARD_EXTRA.get(layer.op, 0) * output if sizer.runtime is Runtime.CPU else 0
+    )
     return _OpSizes(
         kept=tuple(kept),
         forward_transient=sum(
             sizer.storage_bytes(t.numel, t.storage) for t in layer.result.transients
-        ),
+        )
+        # oneDNN computes into its own output buffer and copies out (2x output, measured)
+        + (output if sizer.runtime is Runtime.CPU and layer.op in _CONV_OPS else 0),
         backward_internal=internal,
-        output=sizer.value_bytes(layer.output_numel, TensorKind.FLOAT),
+        output=output,
         param_waste=_rounding_waste(
             _ceil(math.prod(shape) * sizer.plan.weight) for shape in layer.result.param_shapes
         ),
-        backward_extra=(
-            _CPU_BACKWARD_EXTRA.get(layer.op, 0)
-            * sizer.value_bytes(layer.output_numel, TensorKind.FLOAT)
-            if sizer.runtime is Runtime.CPU
-            else 0
-        ),
+        backward_extra=backward_extra,
+        output_storage=sizer.value_bytes(layer.output_numel, layer.output_kind),
+        backward_static=output + 2 * internal + backward_extra,
     )
 
 
@@ -515,7 +520,6 @@ def _build_plan(
     sizes: dict[object, int] = {}
     for bound in analysis.inputs:
         sizes[bound.storage] = sizer.value_bytes(bound.numel, bound.kind)
-    act = sizer.plan.activation
     layer_saved: list[list[object]] = []
     last_use: dict[object, int] = {}
     grad_in: list[int] = []
@@ -535,18 +539,17 @@ def _build_plan(
             incoming += sizes.get(storage, 0)
         grad_in.append(incoming)
         if layer.allocates_output:
-            element = 8 if layer.output_kind is TensorKind.INDEX else act
-            sizes[layer.output_storage] = layer.output_numel * element
+            sizes[layer.output_storage] = derived.output_storage
         kept: list[object] = []
         if training:
-            for source, label, size in derived.kept:
+            for slot, (source, _label, size) in enumerate(derived.kept):
                 key: object
                 if source == _IN0:
                     key = inputs[0]
                 elif source == _OUT:
                     key = layer.output_storage
                 else:
-                    key = (index, label)
+                    key = -(index * 64 + slot) - 1  # new storages: negative ids, unique
                     sizes[key] = size
                     adds.setdefault(index, []).append(key)
                 if key not in kept:
@@ -635,27 +638,26 @@ def _forward(
     sizes = plan.sizes
     live: set[object] = {bound.storage for bound in analysis.inputs}
     live_bytes = sum(sizes[k] for k in live)
-    onednn = request.runtime is Runtime.CPU
-    adds, frees = schedule.adds, schedule.frees_forward
+    adds, frees, op_sizes = schedule.adds, schedule.frees_forward, plan.op_sizes
+    add, discard = live.add, live.discard
     best_total, best = -1, _Peak()
     for index, layer in enumerate(analysis.layers):
         if layer.allocates_output:
-            live.add(layer.output_storage)
+            add(layer.output_storage)
             live_bytes += sizes[layer.output_storage]
-        for key in adds.get(index, ()):
-            live.add(key)
-            live_bytes += sizes[key]
-        transient = plan.op_sizes[index].forward_transient
-        if onednn and layer.op in _CONV_OPS:
-            # oneDNN computes into its own output buffer and copies out (2x output, measured)
-            transient += plan.op_sizes[index].output
+        if index in adds:
+            for key in adds[index]:
+                add(key)
+                live_bytes += sizes[key]
+        transient = op_sizes[index].forward_transient
         if live_bytes + transient > best_total:
             best_total = live_bytes + transient
             best = _Peak(activations=live_bytes, transient=transient)
-        for storage in frees.get(index, ()):
-            if storage in live:
-                live.discard(storage)
-                live_bytes -= sizes[storage]
+        if index in frees:
+            for storage in frees[index]:
+                if storage in live:
+                    discard(storage)
+                    live_bytes -= sizes[storage]
     return best, live, live_bytes
 
 
@@ -671,6 +673,7 @@ def _backward(
     """Replay the backward in reverse layer order; return its peak."""
     sizes = plan.sizes
     frees = schedule.frees_backward
+    op_sizes, grad_in = plan.op_sizes, plan.grad_in
     grads = 0
     best_total, best = -1, _Peak()
     for index in range(len(analysis.layers) - 1, -1, -1):
@@ -679,13 +682,7 @@ def _backward(
             unit = _checkpoint_unit(analysis.layers[index].name)
             extra = recompute.get(unit, 0) if unit is not None else 0
         grads += grad_bytes_per_layer[index]
-        derived = plan.op_sizes[index]
-        transient = (
-            derived.output
-            + plan.grad_in[index]
-            + 2 * derived.backward_internal
-            + derived.backward_extra
-        )
+        transient = op_sizes[index].backward_static + grad_in[index]
         total = live_bytes + extra + transient + grads
         if total > best_total:
             best_total = total
