@@ -511,6 +511,22 @@ _CPU_BACKWARD_EXTRA: Mapping[str, int] = {
     "gru": 5,
 }
 _COMPOSITE_OPS = frozenset({"attention", "mlp"})
+
+_RUNTIME_NOTES: Mapping[Runtime, str] = {
+    Runtime.CPU: (
+        "runtime pytorch_cpu, calibrated on PyTorch 2.13 CPU measurements "
+        "(benchmarks/fidelity): dropout masks in the activation dtype; oneDNN convolutions "
+        "hold an output-sized buffer in forward; backward kernel buffers in outputs: conv 2, "
+        "batch norm 1, ReLU/ReLU6 1, RMSNorm 3, LSTM/GRU 5; in-place ReLU6 keeps an input "
+        "clone; SDPA with dropout runs the math kernel; default optimizer step: for-loop"
+    ),
+    Runtime.CUDA: (
+        "runtime pytorch_cuda: 1-byte dropout masks; CUDA context, cuBLAS workspace, "
+        "caching-allocator rounding and a fragmentation reserve as separate lines; default "
+        "optimizer step: foreach (fused for mixed_*); per-kernel CUDA buffers not measured "
+        "here (no GPU was available), so none are added"
+    ),
+}
 _CONV_OPS = frozenset({"conv2d", "depthwise_conv2d", "pointwise_conv2d"})
 
 
@@ -762,7 +778,7 @@ def estimate_memory(
     if par.zero_stage and par.data < 2:
         raise MemoryInputError("ZeRO sharding needs a data-parallel degree of at least 2")
     sizer = _Sizer(plan, request.runtime)
-    assumptions: list[str] = [plan.convention, f"runtime: {request.runtime.value}"]
+    assumptions: list[str] = [plan.convention, _RUNTIME_NOTES[request.runtime]]
     model_shard = par.tensor * par.pipeline
     params = analysis.params
     shapes = analysis.param_shapes
