@@ -73,8 +73,8 @@ class OverheadSpec(Schema):
     )
 
 
-class MemoryEstimateRequest(Schema):
-    """What to estimate: a model (stored or inline) and how it runs."""
+class WorkloadSpec(Schema):
+    """A model (stored or inline) and how it runs: the inputs of a memory estimate."""
 
     model: Slug | None = Field(
         default=None, description="Stored model slug.", examples=["llama-2-7b"]
@@ -133,6 +133,21 @@ class MemoryEstimateRequest(Schema):
         description="Inference: include the KV cache of attention layers.",
         examples=[True],
     )
+
+    @model_validator(mode="after")
+    def _one_model(self) -> Self:
+        if (self.model is None) == (self.architecture is None):
+            raise ValueError("give exactly one of 'model' (a stored slug) or 'architecture'")
+        if self.micro_batch_size is not None and self.batch_size % self.micro_batch_size:
+            raise ValueError(
+                f"micro_batch_size {self.micro_batch_size} must divide batch_size {self.batch_size}"
+            )
+        return self
+
+
+class MemoryEstimateRequest(WorkloadSpec):
+    """What to estimate: a workload, and where it runs."""
+
     hardware: Slug | None = Field(
         default=None,
         description="Hardware profile: sets runtime and overhead defaults and the fit check.",
@@ -149,16 +164,6 @@ class MemoryEstimateRequest(Schema):
     per_layer: bool = Field(
         default=False, description="Include the per-layer view.", examples=[False]
     )
-
-    @model_validator(mode="after")
-    def _one_model(self) -> Self:
-        if (self.model is None) == (self.architecture is None):
-            raise ValueError("give exactly one of 'model' (a stored slug) or 'architecture'")
-        if self.micro_batch_size is not None and self.batch_size % self.micro_batch_size:
-            raise ValueError(
-                f"micro_batch_size {self.micro_batch_size} must divide batch_size {self.batch_size}"
-            )
-        return self
 
 
 class BreakdownLine(Schema):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -33,6 +34,7 @@ from app.schemas.estimates import (
     MemoryEstimateResponse,
     ModelSummary,
     ModelSummaryRow,
+    WorkloadSpec,
 )
 from app.services.errors import InvalidInput, NotFound
 from app.services.models import invalid_graph
@@ -107,48 +109,70 @@ def _runtime(payload: MemoryEstimateRequest, hardware: Hardware | None) -> Runti
     return Runtime.CUDA
 
 
-def estimate(session: Session, *, payload: MemoryEstimateRequest) -> MemoryEstimateResponse:
-    """Estimate the footprint of a stored or inline model."""
-    if payload.model is not None:
-        row = ModelRepository(session).get(payload.model)
+@dataclass(frozen=True, slots=True)
+class EstimateRun:
+    """One memory estimate of a workload, with what it was computed from."""
+
+    label: str
+    micro_batch: int
+    bindings: dict[str, int]
+    analysis: GraphAnalysis
+    result: MemoryEstimate
+
+
+def _graph(
+    session: Session, spec: WorkloadSpec
+) -> tuple[list[Any], list[Any], dict[str, int], str]:
+    if spec.model is not None:
+        row = ModelRepository(session).get(spec.model)
         if row is None:
-            raise NotFound(f"model '{payload.model}' does not exist; GET /v1/models lists them")
-        inputs, layers, defaults = row.inputs, row.layers, row.default_bindings
-        label = row.slug
-    else:
-        assert payload.architecture is not None  # enforced by the schema
-        arch = payload.architecture
-        inputs = [spec.model_dump() for spec in arch.inputs]
-        layers, defaults, label = arch.layers, arch.default_bindings, "inline"
-    hardware = _hardware(session, payload.hardware)
-    micro = payload.micro_batch_size or payload.batch_size
+            raise NotFound(f"model '{spec.model}' does not exist; GET /v1/models lists them")
+        return row.inputs, row.layers, row.default_bindings, row.slug
+    assert spec.architecture is not None  # enforced by the schema
+    arch = spec.architecture
+    inputs = [item.model_dump() for item in arch.inputs]
+    return inputs, arch.layers, dict(arch.default_bindings), "inline"
+
+
+def run_estimate(
+    session: Session,
+    spec: WorkloadSpec,
+    *,
+    runtime: Runtime,
+    overhead: FrameworkOverhead,
+    per_layer: bool = False,
+    batch_size: int | None = None,
+) -> EstimateRun:
+    """Estimate ``spec`` (optionally at another batch size) for a runtime and its overheads."""
+    inputs, layers, defaults, label = _graph(session, spec)
+    batch = batch_size or spec.batch_size
+    micro = min(spec.micro_batch_size or batch, batch)
     bindings = _bindings(
         defaults,
-        payload.bindings,
+        spec.bindings,
         batch=micro,
-        sequence_length=payload.sequence_length,
-        image_size=payload.image_size,
+        sequence_length=spec.sequence_length,
+        image_size=spec.image_size,
     )
-    training = payload.mode is Mode.TRAINING
-    analysis = _analyze(inputs, layers, bindings, training=training)
-    par = payload.parallelism
+    analysis = _analyze(inputs, layers, bindings, training=spec.mode is Mode.TRAINING)
+    par = spec.parallelism
     request = MemoryRequest(
-        mode=payload.mode,
-        precision=payload.precision,
-        optimizer=payload.optimizer,
-        optimizer_impl=payload.optimizer_impl,
-        checkpointing=payload.checkpointing,
-        runtime=_runtime(payload, hardware),
+        mode=spec.mode,
+        precision=spec.precision,
+        optimizer=spec.optimizer,
+        optimizer_impl=spec.optimizer_impl,
+        checkpointing=spec.checkpointing,
+        runtime=runtime,
         parallelism=Parallelism(
             data=par.data, tensor=par.tensor, pipeline=par.pipeline, zero_stage=par.zero_stage
         ),
-        accumulation_steps=payload.batch_size // micro,
-        kv_cache=payload.kv_cache,
-        fp32_grad_buffer=payload.fp32_grad_buffer,
-        overhead=_overhead(payload, hardware),
+        accumulation_steps=max(1, batch // micro),
+        kv_cache=spec.kv_cache,
+        fp32_grad_buffer=spec.fp32_grad_buffer,
+        overhead=overhead,
     )
     try:
-        result = estimate_memory(analysis, request, per_layer=payload.per_layer)
+        result = estimate_memory(analysis, request, per_layer=per_layer)
     except MemoryInputError as exc:
         raise InvalidInput(str(exc)) from exc
     if result.peak_bytes > MAX_REPORTED_BYTES:
@@ -157,7 +181,24 @@ def estimate(session: Session, *, payload: MemoryEstimateRequest) -> MemoryEstim
             "sequence_length",
             pointer="/batch_size",
         )
-    return _response(label, payload, micro, bindings, analysis, result, hardware)
+    return EstimateRun(
+        label=label, micro_batch=micro, bindings=bindings, analysis=analysis, result=result
+    )
+
+
+def estimate(session: Session, *, payload: MemoryEstimateRequest) -> MemoryEstimateResponse:
+    """Estimate the footprint of a stored or inline model."""
+    hardware = _hardware(session, payload.hardware)
+    run = run_estimate(
+        session,
+        payload,
+        runtime=_runtime(payload, hardware),
+        overhead=_overhead(payload, hardware),
+        per_layer=payload.per_layer,
+    )
+    return _response(
+        run.label, payload, run.micro_batch, run.bindings, run.analysis, run.result, hardware
+    )
 
 
 def _response(

@@ -1,0 +1,44 @@
+"""/v1/mig: MIG profiles, fit checks, layout validation and partition plans."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path
+
+from app.api.deps import SessionDep, require_reader
+from app.api.errors import problem_responses
+from app.schemas.mig import MigFitRequest, MigFitResponse, MigProfileList
+from app.services import mig as service
+
+router = APIRouter(tags=["mig"], dependencies=[Depends(require_reader)])
+
+
+@router.get(
+    "/v1/hardware/{slug}/mig-profiles",
+    response_model=MigProfileList,
+    responses=problem_responses(401, 403, 404, 422),
+    summary="MIG profiles of a GPU",
+)
+def mig_profiles(
+    slug: Annotated[str, Path(max_length=64, description="Hardware slug.")],
+    session: SessionDep,
+) -> MigProfileList:
+    """Every profile with usable memory in bytes and MiB, slices, placements and the
+    Kubernetes resource name."""
+    return service.list_profiles(session, slug=slug)
+
+
+@router.post(
+    "/v1/mig/fit",
+    response_model=MigFitResponse,
+    response_model_exclude_none=True,
+    responses=problem_responses(400, 401, 403, 404, 413, 422),
+    summary="Which MIG profiles can host a workload",
+)
+def mig_fit(payload: MigFitRequest, session: SessionDep) -> MigFitResponse:
+    """For every profile of the GPU: required bytes (memory estimate + CUDA context + safety
+    margin, each a named line), usable bytes, headroom, fits, limiting factor; the smallest
+    fitting profile (fewest compute slices, then least memory); and, when none fits, the
+    full GPU, larger catalog GPUs, and the largest batch that fits the biggest profile."""
+    return service.fit(session, payload=payload)

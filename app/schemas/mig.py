@@ -1,0 +1,149 @@
+"""MIG contract: profiles, fit checks, layout validation and partition plans."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from app.schemas.base import MAX_BYTES, Schema, Slug
+from app.schemas.estimates import WorkloadSpec
+
+
+class MigProfileInfo(Schema):
+    """A MIG profile of a GPU model with its sizes in bytes and MiB."""
+
+    name: str = Field(description="Profile name as nvidia-smi prints it.", examples=["1g.10gb"])
+    memory_mib: int = Field(description="Usable memory [MiB].", examples=[9728])
+    memory_bytes: int = Field(description="Usable memory [B].", examples=[10_200_547_328])
+    compute_slices: int = Field(description="Compute slices.", examples=[1])
+    memory_slices: int = Field(description="Memory slices.", examples=[1])
+    max_instances: int = Field(description="Maximum instances per GPU.", examples=[7])
+    placements: list[int] = Field(description="Allowed start slices.", examples=[[0, 1, 2]])
+    kubernetes_resource: str = Field(
+        description="Extended resource name.", examples=["nvidia.com/mig-1g.10gb"]
+    )
+    unconfirmed: list[str] = Field(
+        description="Fields not confirmed against a primary source.", examples=[[]]
+    )
+
+
+class MigProfileList(Schema):
+    """Every MIG profile of a GPU model."""
+
+    gpu: str = Field(description="Hardware slug.", examples=["nvidia-a100-80gb-sxm"])
+    total_compute_slices: int = Field(description="Compute slices of the GPU.", examples=[7])
+    total_memory_slices: int = Field(description="Memory slices of the GPU.", examples=[8])
+    max_gpu_instances: int = Field(description="Maximum GPU instances.", examples=[7])
+    profiles: list[MigProfileInfo] = Field(description="Profiles, smallest first.")
+
+
+class MigFitRequest(Schema):
+    """Which MIG profiles of a GPU can host a workload."""
+
+    workload: WorkloadSpec = Field(description="The workload to place.")
+    gpu: Slug = Field(description="MIG-capable hardware slug.", examples=["nvidia-a100-80gb-sxm"])
+    profile: str | None = Field(
+        default=None,
+        max_length=32,
+        description="Ask about this profile in particular.",
+        examples=["2g.20gb"],
+    )
+    cuda_context_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_BYTES,
+        description="Per-process CUDA context [B]; default: the GPU profile's, else 512 MiB.",
+        examples=[536_870_912],
+    )
+    safety_margin_fraction: float = Field(
+        default=0.05,
+        ge=0,
+        le=1,
+        description="Safety margin as a fraction of estimate + context.",
+        examples=[0.05],
+    )
+
+
+class RequiredLine(Schema):
+    """One named, overridable part of the required memory."""
+
+    key: str = Field(description="What the bytes are.", examples=["cuda_context"])
+    bytes: int = Field(description="Size [B].", examples=[536_870_912])
+    detail: str = Field(description="Where the figure comes from.", examples=["default"])
+
+
+class ProfileFit(Schema):
+    """The fit of the workload on one profile."""
+
+    profile: str = Field(description="Profile name.", examples=["2g.20gb"])
+    kubernetes_resource: str = Field(
+        description="Extended resource name.", examples=["nvidia.com/mig-2g.20gb"]
+    )
+    compute_slices: int = Field(description="Compute slices.", examples=[2])
+    usable_bytes: int = Field(description="Usable memory [B].", examples=[21_072_183_296])
+    required_bytes: int = Field(description="Required memory [B].", examples=[15_000_000_000])
+    headroom_bytes: int = Field(
+        description="usable - required; negative: short by.", examples=[6_072_183_296]
+    )
+    fits: bool = Field(description="required <= usable.", examples=[True])
+    limiting_factor: Literal["none", "memory"] = Field(
+        description="What stops the fit (`memory`), or `none`.", examples=["none"]
+    )
+
+
+class LargerGpu(Schema):
+    """A catalog GPU whose whole memory holds the workload."""
+
+    hardware: str = Field(description="Hardware slug.", examples=["nvidia-h200-sxm"])
+    memory_bytes: int = Field(description="Device memory [B].", examples=[151_397_597_184])
+    mig_capable: bool = Field(description="Whether it supports MIG.", examples=[True])
+
+
+class FitAlternatives(Schema):
+    """What would work when no profile fits."""
+
+    full_gpu_fits: bool = Field(
+        description="Whether the whole GPU (MIG disabled) holds it.", examples=[False]
+    )
+    full_gpu_memory_bytes: int = Field(
+        description="Whole-GPU memory [B].", examples=[85_899_345_920]
+    )
+    larger_gpus: list[LargerGpu] = Field(
+        description="Catalog GPUs that hold it whole, smallest first (up to 5)."
+    )
+    largest_batch_on_biggest_profile: int | None = Field(
+        default=None,
+        description="Largest batch size that fits the biggest profile; null if even 1 does not.",
+        examples=[4],
+    )
+    biggest_profile: str = Field(description="The biggest profile.", examples=["7g.80gb"])
+
+
+class MigFitResponse(Schema):
+    """Per-profile fit, the smallest fitting profile, and alternatives."""
+
+    gpu: str = Field(description="Hardware slug.", examples=["nvidia-a100-80gb-sxm"])
+    required_bytes: int = Field(description="Required memory [B].", examples=[15_000_000_000])
+    required: list[RequiredLine] = Field(description="Lines that add up to required_bytes.")
+    estimate_peak_phase: str = Field(
+        description="Phase of the estimate's peak.", examples=["forward"]
+    )
+    profiles: list[ProfileFit] = Field(description="Every profile, smallest first.")
+    smallest_fitting_profile: str | None = Field(
+        default=None,
+        description="Fewest compute slices, then least memory, that fits; null if none.",
+        examples=["2g.20gb"],
+    )
+    smallest_fitting_resource: str | None = Field(
+        default=None,
+        description="Its Kubernetes resource name.",
+        examples=["nvidia.com/mig-2g.20gb"],
+    )
+    requested: ProfileFit | None = Field(
+        default=None, description="The fit on the requested `profile`."
+    )
+    alternatives: FitAlternatives | None = Field(
+        default=None, description="When no profile fits: what would."
+    )
+    assumptions: list[str] = Field(description="Assumptions of the estimate.", examples=[[]])

@@ -1,0 +1,153 @@
+from typing import Any
+
+import pytest
+
+from tests.api.helpers import assert_problem
+from tests.support import ApiClient, table_counts
+
+A100_80 = "nvidia-a100-80gb-sxm"
+GPT2_INFERENCE: dict[str, Any] = {
+    "model": "gpt-2",
+    "mode": "inference",
+    "batch_size": 1,
+    "sequence_length": 128,
+    "precision": "bf16",
+}
+
+
+def _fit(client: ApiClient, **body: Any) -> dict[str, Any]:
+    response = client.post("/v1/mig/fit", json=body)
+    assert response.status_code == 200, response.text
+    result: dict[str, Any] = response.json()
+    return result
+
+
+def test_mig_profiles_in_bytes_and_mib(client: ApiClient) -> None:
+    body = client.get(f"/v1/hardware/{A100_80}/mig-profiles").json()
+    assert body["total_compute_slices"] == 7
+    assert len(body["profiles"]) == 7
+    first = body["profiles"][0]
+    assert first["memory_bytes"] == first["memory_mib"] * 2**20
+    assert first["kubernetes_resource"] == f"nvidia.com/mig-{first['name'].replace('+', '.')}"
+    slices = [p["compute_slices"] for p in body["profiles"]]
+    assert slices == sorted(slices)
+
+
+def test_small_workload_fits_the_smallest_profile(client: ApiClient) -> None:
+    body = _fit(client, gpu=A100_80, workload=GPT2_INFERENCE)
+    assert body["smallest_fitting_profile"] == "1g.10gb"
+    assert body["smallest_fitting_resource"] == "nvidia.com/mig-1g.10gb"
+    assert "alternatives" not in body
+    lines = {line["key"]: line["bytes"] for line in body["required"]}
+    assert set(lines) == {"memory_estimate", "cuda_context", "safety_margin"}
+    assert sum(lines.values()) == body["required_bytes"]
+    assert lines["cuda_context"] == 512 * 2**20
+    assert lines["safety_margin"] == -(-(lines["memory_estimate"] + lines["cuda_context"]) // 20)
+    for profile in body["profiles"]:
+        assert profile["headroom_bytes"] == profile["usable_bytes"] - body["required_bytes"]
+        assert profile["fits"] == (profile["headroom_bytes"] >= 0)
+        assert profile["limiting_factor"] == ("none" if profile["fits"] else "memory")
+
+
+def test_overrides_are_named_lines(client: ApiClient) -> None:
+    body = _fit(
+        client,
+        gpu=A100_80,
+        workload=GPT2_INFERENCE,
+        cuda_context_bytes=0,
+        safety_margin_fraction=0,
+        profile="3g.40gb",
+    )
+    lines = {line["key"]: line for line in body["required"]}
+    assert lines["cuda_context"]["bytes"] == 0
+    assert lines["cuda_context"]["detail"] == "request override"
+    assert lines["safety_margin"]["bytes"] == 0
+    assert body["required_bytes"] == lines["memory_estimate"]["bytes"]
+    assert body["requested"]["profile"] == "3g.40gb"
+    assert body["requested"]["fits"] is True
+
+
+def test_profile_choice_prefers_fewer_compute_slices(client: ApiClient) -> None:
+    # bf16 Llama-2-7B (13.5 GB of weights) fits the 1-slice 20 GB profile ...
+    bf16 = {**GPT2_INFERENCE, "model": "llama-2-7b", "sequence_length": 2048}
+    assert _fit(client, gpu=A100_80, workload=bf16)["smallest_fitting_profile"] == "1g.20gb"
+    # ... in fp32 (27 GB) it needs 40 GB: 3g.40gb and 4g.40gb both hold it, 3 slices win.
+    fp32 = {**bf16, "precision": "fp32"}
+    body = _fit(client, gpu=A100_80, workload=fp32)
+    fitting = {p["profile"] for p in body["profiles"] if p["fits"]}
+    assert {"3g.40gb", "4g.40gb", "7g.80gb"} <= fitting
+    assert body["smallest_fitting_profile"] == "3g.40gb"
+
+
+def test_nothing_fits_suggests_alternatives(client: ApiClient) -> None:
+    workload = {
+        "model": "llama-2-7b",
+        "mode": "inference",
+        "batch_size": 64,
+        "sequence_length": 4096,
+        "precision": "bf16",
+    }
+    body = _fit(client, gpu="nvidia-a30", workload=workload)
+    assert body.get("smallest_fitting_profile") is None
+    alt = body["alternatives"]
+    assert alt["biggest_profile"] == "4g.24gb"
+    assert alt["full_gpu_fits"] is False
+    sizes = [gpu["memory_bytes"] for gpu in alt["larger_gpus"]]
+    assert sizes == sorted(sizes)
+    assert all(size >= body["required_bytes"] for size in sizes)
+    # at batch 1 the model does not fit 24 GB either (13.5 GB weights + 2 GB KV at 4096)...
+    batch = alt["largest_batch_on_biggest_profile"]
+    assert batch is None or 1 <= batch < 64
+    if batch is not None:
+        smaller = {**workload, "batch_size": batch}
+        check = _fit(client, gpu="nvidia-a30", workload=smaller, profile="4g.24gb")
+        assert check["requested"]["fits"] is True
+        bigger = {**workload, "batch_size": batch + 1}
+        check = _fit(client, gpu="nvidia-a30", workload=bigger, profile="4g.24gb")
+        assert check["requested"]["fits"] is False
+
+
+def test_answers_do_not_depend_on_order(client: ApiClient) -> None:
+    first = _fit(client, gpu=A100_80, workload=GPT2_INFERENCE)
+    second = _fit(client, gpu=A100_80, workload=dict(reversed(list(GPT2_INFERENCE.items()))))
+    assert first == second
+
+
+def test_unknown_gpu_is_404_naming_the_choices(client: ApiClient, db_url: str) -> None:
+    before = table_counts(db_url)
+    body = assert_problem(
+        client.post("/v1/mig/fit", json={"gpu": "nvidia-x9", "workload": GPT2_INFERENCE}), 404
+    )
+    assert A100_80 in body["detail"]
+    assert_problem(client.get("/v1/hardware/nvidia-x9/mig-profiles"), 404)
+    assert table_counts(db_url) == before
+
+
+def test_unknown_profile_is_404_naming_the_choices(client: ApiClient) -> None:
+    response = client.post(
+        "/v1/mig/fit", json={"gpu": A100_80, "workload": GPT2_INFERENCE, "profile": "9g.99gb"}
+    )
+    body = assert_problem(response, 404)
+    assert "1g.10gb" in body["detail"]
+
+
+def test_gpu_without_mig_is_422(client: ApiClient) -> None:
+    body = assert_problem(
+        client.post("/v1/mig/fit", json={"gpu": "nvidia-t4", "workload": GPT2_INFERENCE}), 422
+    )
+    assert "does not support MIG" in body["detail"]
+    assert_problem(client.get("/v1/hardware/nvidia-t4/mig-profiles"), 422)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"gpu": A100_80},
+        {"gpu": A100_80, "workload": {**GPT2_INFERENCE, "batch_size": 0}},
+        {"gpu": A100_80, "workload": GPT2_INFERENCE, "safety_margin_fraction": -0.1},
+        {"gpu": A100_80, "workload": GPT2_INFERENCE, "cuda_context_bytes": -1},
+        {"gpu": A100_80, "workload": GPT2_INFERENCE, "extra": 1},
+    ],
+)
+def test_bad_fit_requests_are_422(client: ApiClient, body: dict[str, Any]) -> None:
+    assert_problem(client.post("/v1/mig/fit", json=body), 422, "validation-error")
