@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -147,3 +147,137 @@ class MigFitResponse(Schema):
         default=None, description="When no profile fits: what would."
     )
     assumptions: list[str] = Field(description="Assumptions of the estimate.", examples=[[]])
+
+
+class InstanceSpec(Schema):
+    """One GPU instance: a profile at a start position."""
+
+    profile: str = Field(max_length=32, description="Profile name.", examples=["3g.20gb"])
+    start: int = Field(ge=0, le=7, description="Start memory slice.", examples=[4])
+
+
+class LayoutValidateRequest(Schema):
+    """A layout to check on a GPU model."""
+
+    gpu: Slug = Field(description="MIG-capable hardware slug.", examples=["nvidia-a100-40gb-sxm"])
+    instances: list[InstanceSpec] = Field(
+        min_length=1, max_length=16, description="GPU instances of one GPU."
+    )
+
+
+class Violation(Schema):
+    """A broken layout rule."""
+
+    rule: str = Field(
+        description="unknown_profile, bad_start, out_of_range, overlap, count_over_max, "
+        "instances_over_max or compute_over_total.",
+        examples=["overlap"],
+    )
+    message: str = Field(
+        description="What is wrong, naming the instances.",
+        examples=["instance 1 (1g.5gb at 0) overlaps instance 0 (1g.5gb at 0)"],
+    )
+    instances: list[int] = Field(
+        description="Indices (in the request) of the instances involved.", examples=[[0, 1]]
+    )
+
+
+class LayoutValidateResponse(Schema):
+    """Whether a layout is valid, and every rule it breaks."""
+
+    gpu: str = Field(description="Hardware slug.", examples=["nvidia-a100-40gb-sxm"])
+    valid: bool = Field(description="No rule is broken.", examples=[True])
+    violations: list[Violation] = Field(description="Broken rules, in a stable order.")
+
+
+class PlanItem(Schema):
+    """A workload to host: a profile given directly, or a workload to size with a fit check."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        description="Name of the workload in the plan.",
+        examples=["chatbot"],
+    )
+    replicas: int = Field(ge=1, le=10_000, description="Instances needed.", examples=[3])
+    profile: str | None = Field(
+        default=None, max_length=32, description="Profile to use.", examples=["2g.20gb"]
+    )
+    workload: WorkloadSpec | None = Field(
+        default=None, description="Size it: the smallest fitting profile is used."
+    )
+
+
+class MigPlanRequest(Schema):
+    """Workloads with replica counts to pack onto GPUs of one model."""
+
+    gpu: Slug = Field(description="MIG-capable hardware slug.", examples=["nvidia-a100-80gb-sxm"])
+    workloads: list[PlanItem] = Field(min_length=1, max_length=500, description="What to host.")
+    config_name: str = Field(
+        default="capacity-planner",
+        pattern=r"^[a-z0-9][a-z0-9-]{0,62}$",
+        description="Name of the mig-parted config.",
+        examples=["capacity-planner"],
+    )
+    cuda_context_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_BYTES,
+        description="Per-process CUDA context for sized workloads [B].",
+        examples=[None],
+    )
+    safety_margin_fraction: float = Field(
+        default=0.05, ge=0, le=1, description="Safety margin for sized workloads.", examples=[0.05]
+    )
+
+
+class PlannedInstance(Schema):
+    """One GPU instance in the plan."""
+
+    workload: str = Field(description="Workload name.", examples=["chatbot"])
+    profile: str = Field(description="Profile.", examples=["2g.20gb"])
+    start: int = Field(description="Start memory slice.", examples=[0])
+    kubernetes_resource: str = Field(
+        description="Extended resource name.", examples=["nvidia.com/mig-2g.20gb"]
+    )
+
+
+class PlannedGpu(Schema):
+    """One GPU of the plan with its explicit, valid layout."""
+
+    index: int = Field(description="GPU number in the plan.", examples=[0])
+    instances: list[PlannedInstance] = Field(description="Instances, by start slice.")
+    free_compute_slices: int = Field(description="Unused compute slices.", examples=[1])
+    free_memory_slices: int = Field(description="Unused memory slices.", examples=[1])
+    unused_memory_slices: list[int] = Field(
+        description="Indices of the unused memory slices.", examples=[[7]]
+    )
+
+
+class PlannedWorkload(Schema):
+    """How a workload was sized."""
+
+    name: str = Field(description="Workload name.", examples=["chatbot"])
+    profile: str = Field(description="Profile used.", examples=["2g.20gb"])
+    replicas: int = Field(description="Instances.", examples=[3])
+    required_bytes: int | None = Field(
+        default=None, description="Required memory when sized by a fit check [B].", examples=[None]
+    )
+
+
+class MigPlanResponse(Schema):
+    """The fewest GPUs that host every replica, their layouts and a mig-parted config."""
+
+    gpu: str = Field(description="Hardware slug.", examples=["nvidia-a100-80gb-sxm"])
+    gpu_count: int = Field(description="GPUs needed.", examples=[2])
+    optimal: bool = Field(description="Whether the count is proven minimal.", examples=[True])
+    workloads: list[PlannedWorkload] = Field(description="Profile per workload.")
+    gpus: list[PlannedGpu] = Field(description="Layout per GPU.")
+    mig_parted: dict[str, Any] = Field(
+        description="NVIDIA mig-parted config (`version: v1`, `mig-configs`).",
+        examples=[{"version": "v1", "mig-configs": {}}],
+    )
+    mig_parted_yaml: str = Field(
+        description="The same config as YAML, ready to apply.", examples=["version: v1\n"]
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import yaml
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -10,21 +11,36 @@ from app.db.repositories import HardwareRepository
 from app.domain.memory import FrameworkOverhead, Runtime
 from app.domain.mig import (
     MIB,
+    Demand,
+    MigError,
     MigGeometry,
     MigProfileSpec,
+    Placement,
     kubernetes_resource,
+    mig_parted_config,
+    plan_partitions,
     smallest_fitting,
 )
+from app.domain.mig import validate_layout as check_layout
 from app.schemas.estimates import WorkloadSpec
 from app.schemas.mig import (
     FitAlternatives,
     LargerGpu,
+    LayoutValidateRequest,
+    LayoutValidateResponse,
     MigFitRequest,
     MigFitResponse,
+    MigPlanRequest,
+    MigPlanResponse,
     MigProfileInfo,
     MigProfileList,
+    PlanItem,
+    PlannedGpu,
+    PlannedInstance,
+    PlannedWorkload,
     ProfileFit,
     RequiredLine,
+    Violation,
 )
 from app.services.errors import InvalidInput, NotFound
 from app.services.estimates import run_estimate
@@ -180,9 +196,7 @@ def fit(session: Session, *, payload: MigFitRequest) -> MigFitResponse:
     """Which profiles of a GPU hold the workload; if none, what would."""
     row = mig_hardware(session, payload.gpu)
     geo = geometry(row)
-    requested_profile = (
-        require_profile(geo, payload.profile) if payload.profile else None
-    )
+    requested_profile = require_profile(geo, payload.profile) if payload.profile else None
     lines, phase, assumptions = required_memory(
         session,
         payload.workload,
@@ -263,3 +277,101 @@ def _largest_batch(
         else:
             high = middle - 1
     return low
+
+
+def validate_layout(session: Session, *, payload: LayoutValidateRequest) -> LayoutValidateResponse:
+    """Check a layout against the GPU's MIG rules."""
+    geo = geometry(mig_hardware(session, payload.gpu))
+    for item in payload.instances:
+        require_profile(geo, item.profile)
+    violations = check_layout(
+        geo, [Placement(profile=item.profile, start=item.start) for item in payload.instances]
+    )
+    return LayoutValidateResponse(
+        gpu=geo.gpu,
+        valid=not violations,
+        violations=[
+            Violation(rule=v.rule, message=v.message, instances=list(v.instances))
+            for v in violations
+        ],
+    )
+
+
+def _plan_profile(
+    session: Session, payload: MigPlanRequest, row: Hardware, geo: MigGeometry, item: PlanItem
+) -> PlannedWorkload:
+    if (item.profile is None) == (item.workload is None):
+        raise InvalidInput(
+            f"workload '{item.name}': give exactly one of 'profile' or 'workload'",
+            pointer="/workloads",
+        )
+    if item.profile is not None:
+        require_profile(geo, item.profile)
+        return PlannedWorkload(name=item.name, profile=item.profile, replicas=item.replicas)
+    assert item.workload is not None
+    lines, _, _ = required_memory(
+        session,
+        item.workload,
+        row,
+        cuda_context_bytes=payload.cuda_context_bytes,
+        safety_margin_fraction=payload.safety_margin_fraction,
+    )
+    required = sum(line.bytes for line in lines)
+    chosen = smallest_fitting(geo, required)
+    if chosen is None:
+        biggest = max(p.memory_bytes for p in geo.profiles)
+        raise InvalidInput(
+            f"workload '{item.name}' needs {required / 2**30:.1f} GiB; the biggest profile of "
+            f"'{geo.gpu}' gives {biggest / 2**30:.1f} GiB (POST /v1/mig/fit for alternatives)",
+            pointer="/workloads",
+        )
+    return PlannedWorkload(
+        name=item.name, profile=chosen.name, replicas=item.replicas, required_bytes=required
+    )
+
+
+def plan(session: Session, *, payload: MigPlanRequest) -> MigPlanResponse:
+    """Pack every replica onto the fewest GPUs with explicit valid layouts."""
+    names = [item.name for item in payload.workloads]
+    if len(set(names)) != len(names):
+        raise InvalidInput("workload names must be unique", pointer="/workloads")
+    row = mig_hardware(session, payload.gpu)
+    geo = geometry(row)
+    sized = sorted(
+        (_plan_profile(session, payload, row, geo, item) for item in payload.workloads),
+        key=lambda w: w.name,
+    )
+    try:
+        result = plan_partitions(
+            geo,
+            [Demand(workload=w.name, profile=w.profile, replicas=w.replicas) for w in sized],
+        )
+    except MigError as exc:
+        raise InvalidInput(str(exc), pointer="/workloads") from exc
+    config = mig_parted_config(geo, result, config_name=payload.config_name)
+    return MigPlanResponse(
+        gpu=geo.gpu,
+        gpu_count=len(result.gpus),
+        optimal=result.optimal,
+        workloads=sized,
+        gpus=[
+            PlannedGpu(
+                index=gpu.index,
+                instances=[
+                    PlannedInstance(
+                        workload=inst.workload,
+                        profile=inst.profile,
+                        start=inst.start,
+                        kubernetes_resource=kubernetes_resource(inst.profile),
+                    )
+                    for inst in gpu.instances
+                ],
+                free_compute_slices=gpu.free_compute_slices,
+                free_memory_slices=gpu.free_memory_slices,
+                unused_memory_slices=list(gpu.unused_memory_slices),
+            )
+            for gpu in result.gpus
+        ],
+        mig_parted=config,
+        mig_parted_yaml=yaml.safe_dump(config, sort_keys=False),
+    )

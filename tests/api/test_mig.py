@@ -151,3 +151,123 @@ def test_gpu_without_mig_is_422(client: ApiClient) -> None:
 )
 def test_bad_fit_requests_are_422(client: ApiClient, body: dict[str, Any]) -> None:
     assert_problem(client.post("/v1/mig/fit", json=body), 422, "validation-error")
+
+
+A100_40 = "nvidia-a100-40gb-sxm"
+
+
+def _validate(client: ApiClient, gpu: str, *instances: tuple[str, int]) -> dict[str, Any]:
+    body = {"gpu": gpu, "instances": [{"profile": p, "start": s} for p, s in instances]}
+    response = client.post("/v1/mig/layouts/validate", json=body)
+    assert response.status_code == 200, response.text
+    result: dict[str, Any] = response.json()
+    return result
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        # NVIDIA MIG user guide examples (A100-40GB)
+        (("3g.20gb", 4), ("2g.10gb", 2), ("1g.5gb", 0), ("1g.5gb", 1)),
+        (("2g.10gb", 4), ("1g.5gb", 0), ("1g.5gb", 1), ("1g.5gb", 2), ("1g.5gb", 3), ("1g.5gb", 6)),
+        (("7g.40gb", 0),),
+    ],
+)
+def test_guide_layouts_are_valid(client: ApiClient, layout: tuple[tuple[str, int], ...]) -> None:
+    body = _validate(client, A100_40, *layout)
+    assert body == {"gpu": A100_40, "valid": True, "violations": []}
+
+
+@pytest.mark.parametrize(
+    ("layout", "rule"),
+    [
+        ((("1g.5gb", 7),), "bad_start"),
+        ((("1g.5gb", 0), ("1g.5gb", 0)), "overlap"),
+        ((("7g.40gb", 0), ("1g.5gb", 0)), "overlap"),
+        ((("4g.20gb", 0), ("4g.20gb", 4)), "count_over_max"),
+        ((("4g.20gb", 0), ("3g.20gb", 4), ("1g.5gb", 4)), "overlap"),
+    ],
+)
+def test_invalid_layouts_name_the_rule(
+    client: ApiClient, layout: tuple[tuple[str, int], ...], rule: str
+) -> None:
+    body = _validate(client, A100_40, *layout)
+    assert body["valid"] is False
+    assert rule in {v["rule"] for v in body["violations"]}
+    assert all(v["message"] for v in body["violations"])
+
+
+def test_unknown_profile_in_a_layout_is_404(client: ApiClient) -> None:
+    body = {"gpu": A100_40, "instances": [{"profile": "1g.20gb", "start": 0}]}
+    problem = assert_problem(client.post("/v1/mig/layouts/validate", json=body), 404)
+    assert "1g.5gb" in problem["detail"]
+
+
+def _plan(client: ApiClient, **body: Any) -> dict[str, Any]:
+    response = client.post("/v1/mig/plan", json=body)
+    assert response.status_code == 200, response.text
+    result: dict[str, Any] = response.json()
+    return result
+
+
+def test_plan_packs_onto_the_fewest_gpus_with_valid_layouts(client: ApiClient) -> None:
+    body = _plan(
+        client,
+        gpu=A100_80,
+        workloads=[
+            {"name": "big", "profile": "4g.40gb", "replicas": 1},
+            {"name": "mid", "profile": "3g.40gb", "replicas": 1},
+            {"name": "small", "profile": "1g.10gb", "replicas": 7},
+        ],
+    )
+    assert body["gpu_count"] == 2
+    assert body["optimal"] is True
+    placed = [i for gpu in body["gpus"] for i in gpu["instances"]]
+    assert sorted(i["workload"] for i in placed) == ["big", "mid"] + ["small"] * 7
+    for gpu in body["gpus"]:
+        layout = [(i["profile"], i["start"]) for i in gpu["instances"]]
+        assert _validate(client, A100_80, *layout)["valid"] is True
+    config = body["mig_parted"]
+    assert config["version"] == "v1"
+    assert "capacity-planner" in config["mig-configs"]
+    assert body["mig_parted_yaml"].startswith("version: v1")
+
+
+def test_plan_sizes_workloads_with_a_fit_check(client: ApiClient) -> None:
+    body = _plan(
+        client,
+        gpu=A100_80,
+        workloads=[{"name": "gpt2", "workload": GPT2_INFERENCE, "replicas": 7}],
+    )
+    assert body["workloads"][0]["profile"] == "1g.10gb"
+    assert body["workloads"][0]["required_bytes"] > 0
+    assert body["gpu_count"] == 1
+
+
+def test_same_request_same_plan(client: ApiClient) -> None:
+    items = [
+        {"name": "a", "profile": "2g.20gb", "replicas": 3},
+        {"name": "b", "profile": "1g.10gb", "replicas": 5},
+        {"name": "c", "profile": "3g.40gb", "replicas": 2},
+    ]
+    first = _plan(client, gpu=A100_80, workloads=items)
+    second = _plan(client, gpu=A100_80, workloads=list(reversed(items)))
+    assert first == second
+
+
+@pytest.mark.parametrize(
+    ("item", "status"),
+    [
+        ({"name": "x", "profile": "1g.10gb", "replicas": 0}, 422),
+        ({"name": "x", "profile": "1g.10gb", "replicas": 10_001}, 422),
+        ({"name": "x", "profile": "9g.90gb", "replicas": 1}, 404),
+        ({"name": "x", "replicas": 1}, 422),
+    ],
+)
+def test_bad_plan_requests(client: ApiClient, item: dict[str, Any], status: int) -> None:
+    assert_problem(client.post("/v1/mig/plan", json={"gpu": A100_80, "workloads": [item]}), status)
+
+
+def test_plan_on_a_gpu_without_mig_is_422(client: ApiClient) -> None:
+    item = {"name": "x", "profile": "1g.10gb", "replicas": 1}
+    assert_problem(client.post("/v1/mig/plan", json={"gpu": "nvidia-l4", "workloads": [item]}), 422)

@@ -8,7 +8,15 @@ from fastapi import APIRouter, Depends, Path
 
 from app.api.deps import SessionDep, require_reader
 from app.api.errors import problem_responses
-from app.schemas.mig import MigFitRequest, MigFitResponse, MigProfileList
+from app.schemas.mig import (
+    LayoutValidateRequest,
+    LayoutValidateResponse,
+    MigFitRequest,
+    MigFitResponse,
+    MigPlanRequest,
+    MigPlanResponse,
+    MigProfileList,
+)
 from app.services import mig as service
 
 router = APIRouter(tags=["mig"], dependencies=[Depends(require_reader)])
@@ -42,3 +50,31 @@ def mig_fit(payload: MigFitRequest, session: SessionDep) -> MigFitResponse:
     fitting profile (fewest compute slices, then least memory); and, when none fits, the
     full GPU, larger catalog GPUs, and the largest batch that fits the biggest profile."""
     return service.fit(session, payload=payload)
+
+
+@router.post(
+    "/v1/mig/layouts/validate",
+    response_model=LayoutValidateResponse,
+    responses=problem_responses(400, 401, 403, 404, 413, 422),
+    summary="Validate a MIG layout",
+)
+def mig_validate_layout(
+    payload: LayoutValidateRequest, session: SessionDep
+) -> LayoutValidateResponse:
+    """Valid, or every rule broken: unknown profile, bad start, out of range, overlapping
+    memory slices, count over the profile's maximum, too many instances, compute slices over
+    the GPU's total."""
+    return service.validate_layout(session, payload=payload)
+
+
+@router.post(
+    "/v1/mig/plan",
+    response_model=MigPlanResponse,
+    responses=problem_responses(400, 401, 403, 404, 413, 422),
+    summary="Plan MIG partitions for a set of workloads",
+)
+def mig_plan(payload: MigPlanRequest, session: SessionDep) -> MigPlanResponse:
+    """The fewest GPUs of the model that host every replica (profiles given, or sized by a
+    fit check), each with an explicit valid layout and its unused capacity, plus a
+    ready-to-apply NVIDIA mig-parted config. The same request always gives the same plan."""
+    return service.plan(session, payload=payload)
