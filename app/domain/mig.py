@@ -7,6 +7,10 @@ memory-slice intervals ``[start, start + memory_slices)`` do not overlap and sta
 GPU, per-profile counts stay within their maxima, the instance count stays within the GPU's
 maximum, and compute slices sum to at most the GPU's total.
 
+Public API: ``validate_layout`` (one GPU's layout against those rules), ``valid_layouts``
+(every valid layout of a geometry), ``plan_partitions`` (the fewest GPUs hosting a set of
+demands, with explicit layouts) and ``mig_parted_config`` (a plan as a mig-parted config).
+
 References
 ----------
 NVIDIA Multi-Instance GPU User Guide, "Supported MIG Profiles" and "Placement of GPU
@@ -149,6 +153,9 @@ def validate_layout(
     -----
     The rules are those of the module docstring (the NVML checks). Every rule is hereditary:
     removing instances from a valid layout leaves it valid, which the planner relies on.
+    Media-extension profiles (``+me``) are held to one instance each through their
+    ``max_instances``; whether two *different* ``+me``-style profiles may share a GPU is
+    unconfirmed in the reference data, and these rules allow it.
     """
     violations: list[LayoutViolation] = []
     known: list[tuple[int, Placement, MigProfileSpec]] = []
@@ -400,9 +407,9 @@ class _BudgetExhausted(Exception):
 
 def _maximal(vectors: Sequence[_Vector]) -> list[_Vector]:
     """The vectors no other vector dominates component-wise, in descending order."""
-    ordered = sorted(set(vectors), reverse=True)
     kept: list[_Vector] = []
-    for vector in sorted(ordered, key=lambda v: (-sum(v), tuple(-x for x in v))):
+    # A dominating vector has a larger sum, so it is kept before the ones it dominates.
+    for vector in sorted(set(vectors), key=lambda v: (-sum(v), tuple(-x for x in v))):
         if not any(all(a <= b for a, b in zip(vector, other, strict=True)) for other in kept):
             kept.append(vector)
     return sorted(kept, reverse=True)
@@ -451,6 +458,8 @@ def _lp_relaxation(layouts: Sequence[_Vector], demand: _Vector) -> tuple[list[fl
                 ratio = row[-1] / row[enter]
                 if ratio < best - eps or (ratio <= best + eps and basis[i] < basis[leave]):
                     best, leave = ratio, i
+        if leave < 0:  # cannot happen for a covering LP; float noise at worst
+            break
         pivot_row = rows[leave]
         pivot = pivot_row[enter]
         for j in range(width + 1):
@@ -634,6 +643,7 @@ def _solve_cover(
             residual = tuple(max(d - s, 0) for d, s in zip(demand, covered, strict=True))
             fixed = [i for i, b in enumerate(base) for _ in range(b)]
             rest = cover.greedy(residual)
+            cover.nodes = 0
             try:
                 rest = cover.minimum(residual, cover.bound(residual), rest, budget)
             except _BudgetExhausted:
@@ -794,7 +804,10 @@ def plan_partitions(geometry: MigGeometry, demands: Sequence[Demand]) -> Partiti
     for vector in sorted((maximal[i] for i in chosen), reverse=True):
         take = tuple(min(r, c) for r, c in zip(remaining, vector, strict=True))
         remaining = [r - t for r, t in zip(remaining, take, strict=True)]
-        actual.append(take)
+        if any(take):
+            actual.append(take)
+    if any(remaining):
+        raise AssertionError(f"cover leaves {remaining} replicas unplaced")
     actual.sort(reverse=True)
 
     concrete = {c: _concrete_for(geometry, specs, by_counts, c) for c in sorted(set(actual))}

@@ -47,6 +47,7 @@ from app.services.estimates import run_estimate
 
 DEFAULT_CUDA_CONTEXT_BYTES = 512 * MIB
 MAX_BATCH_SEARCH = 1_048_576
+MAX_PLAN_REPLICAS = 100_000
 
 
 def _mig_gpu_slugs(session: Session) -> list[str]:
@@ -335,6 +336,12 @@ def plan(session: Session, *, payload: MigPlanRequest) -> MigPlanResponse:
     names = [item.name for item in payload.workloads]
     if len(set(names)) != len(names):
         raise InvalidInput("workload names must be unique", pointer="/workloads")
+    total = sum(item.replicas for item in payload.workloads)
+    if total > MAX_PLAN_REPLICAS:
+        raise InvalidInput(
+            f"{total:,} replicas in one plan; at most {MAX_PLAN_REPLICAS:,} (split the request)",
+            pointer="/workloads",
+        )
     row = mig_hardware(session, payload.gpu)
     geo = geometry(row)
     sized = sorted(

@@ -271,3 +271,16 @@ def test_bad_plan_requests(client: ApiClient, item: dict[str, Any], status: int)
 def test_plan_on_a_gpu_without_mig_is_422(client: ApiClient) -> None:
     item = {"name": "x", "profile": "1g.10gb", "replicas": 1}
     assert_problem(client.post("/v1/mig/plan", json={"gpu": "nvidia-l4", "workloads": [item]}), 422)
+
+
+def test_plan_total_replicas_are_capped(client: ApiClient) -> None:
+    items = [{"name": f"w{i}", "profile": "1g.10gb", "replicas": 10_000} for i in range(11)]
+    body = assert_problem(
+        client.post("/v1/mig/plan", json={"gpu": A100_80, "workloads": items}), 422
+    )
+    assert "110,000 replicas" in body["detail"]
+
+
+def test_duplicate_workload_names_are_422(client: ApiClient) -> None:
+    items = [{"name": "same", "profile": "1g.10gb", "replicas": 1}] * 2
+    assert_problem(client.post("/v1/mig/plan", json={"gpu": A100_80, "workloads": items}), 422)
