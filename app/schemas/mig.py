@@ -41,7 +41,9 @@ class MigProfileList(Schema):
 class MigFitRequest(Schema):
     """Which MIG profiles of a GPU can host a workload."""
 
-    workload: WorkloadSpec = Field(description="The workload to place.")
+    workload: WorkloadSpec | Slug = Field(
+        description="The workload to place: a stored workload's slug, or inline."
+    )
     gpu: Slug = Field(description="MIG-capable hardware slug.", examples=["nvidia-a100-80gb-sxm"])
     profile: str | None = Field(
         default=None,
@@ -204,8 +206,10 @@ class PlanItem(Schema):
     profile: str | None = Field(
         default=None, max_length=32, description="Profile to use.", examples=["2g.20gb"]
     )
-    workload: WorkloadSpec | None = Field(
-        default=None, description="Size it: the smallest fitting profile is used."
+    workload: WorkloadSpec | Slug | None = Field(
+        default=None,
+        description="Size it (stored workload slug or inline): the smallest fitting profile "
+        "is used.",
     )
 
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import yaml
+from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.db.models import Hardware
+from app.db.models import Hardware, Workload
 from app.db.repositories import HardwareRepository
 from app.domain.memory import FrameworkOverhead, Runtime
 from app.domain.mig import (
@@ -144,6 +145,34 @@ def _cuda_context(payload_bytes: int | None, row: Hardware) -> tuple[int, str]:
     return DEFAULT_CUDA_CONTEXT_BYTES, "default 512 MiB (PyTorch, lazy module loading)"
 
 
+def workload_spec(session: Session, workload: WorkloadSpec | str) -> WorkloadSpec:
+    """An inline workload as is, or a stored one (by slug) as the estimate's inputs."""
+    if not isinstance(workload, str):
+        return workload
+    row = session.scalars(select(Workload).where(Workload.slug == workload)).one_or_none()
+    if row is None:
+        raise NotFound(f"workload '{workload}' does not exist")
+    fields = {
+        "model": row.model.slug,
+        "mode": row.mode,
+        "batch_size": row.batch_size,
+        "sequence_length": row.sequence_length,
+        "image_size": row.image_size,
+        "precision": row.precision,
+        **({"optimizer": row.optimizer} if row.optimizer else {}),
+        **row.options,
+    }
+    try:
+        return WorkloadSpec.model_validate(fields)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise InvalidInput(
+            f"stored workload '{workload}' is not estimable: {where}: {first['msg']}",
+            pointer="/workload",
+        ) from exc
+
+
 def required_memory(
     session: Session,
     spec: WorkloadSpec,
@@ -200,7 +229,7 @@ def fit(session: Session, *, payload: MigFitRequest) -> MigFitResponse:
     requested_profile = require_profile(geo, payload.profile) if payload.profile else None
     lines, phase, assumptions = required_memory(
         session,
-        payload.workload,
+        workload_spec(session, payload.workload),
         row,
         cuda_context_bytes=payload.cuda_context_bytes,
         safety_margin_fraction=payload.safety_margin_fraction,
@@ -256,11 +285,12 @@ def _largest_batch(
 ) -> int | None:
     """Binary search for the largest batch whose requirement fits ``profile`` (memory grows
     with the batch size, so the predicate is monotone)."""
+    spec = workload_spec(session, payload.workload)
 
     def fits(batch: int) -> bool:
         lines, _, _ = required_memory(
             session,
-            payload.workload,
+            spec,
             row,
             cuda_context_bytes=payload.cuda_context_bytes,
             safety_margin_fraction=payload.safety_margin_fraction,
@@ -270,7 +300,7 @@ def _largest_batch(
 
     if not fits(1):
         return None
-    low, high = 1, min(payload.workload.batch_size, MAX_BATCH_SEARCH)
+    low, high = 1, min(spec.batch_size, MAX_BATCH_SEARCH)
     while low < high:
         middle = (low + high + 1) // 2
         if fits(middle):
@@ -312,7 +342,7 @@ def _plan_profile(
     assert item.workload is not None
     lines, _, _ = required_memory(
         session,
-        item.workload,
+        workload_spec(session, item.workload),
         row,
         cuda_context_bytes=payload.cuda_context_bytes,
         safety_margin_fraction=payload.safety_margin_fraction,

@@ -2,8 +2,10 @@ from typing import Any
 
 import pytest
 
+from app.db.models import Workload
+from app.db.repositories import ModelRepository
 from tests.api.helpers import assert_problem
-from tests.support import ApiClient, table_counts
+from tests.support import ApiClient, db_session, table_counts
 
 A100_80 = "nvidia-a100-80gb-sxm"
 GPT2_INFERENCE: dict[str, Any] = {
@@ -284,3 +286,42 @@ def test_plan_total_replicas_are_capped(client: ApiClient) -> None:
 def test_duplicate_workload_names_are_422(client: ApiClient) -> None:
     items = [{"name": "same", "profile": "1g.10gb", "replicas": 1}] * 2
     assert_problem(client.post("/v1/mig/plan", json={"gpu": A100_80, "workloads": items}), 422)
+
+
+def _store_workload(db_url: str, slug: str, **options: Any) -> None:
+    with db_session(db_url) as session:
+        model = ModelRepository(session).get("gpt-2")
+        assert model is not None
+        session.add(
+            Workload(
+                slug=slug,
+                name=slug,
+                model_id=model.id,
+                mode="inference",
+                batch_size=1,
+                sequence_length=128,
+                precision="bf16",
+                options=options,
+            )
+        )
+        session.commit()
+
+
+def test_fit_and_plan_accept_a_stored_workload(client: ApiClient, db_url: str) -> None:
+    _store_workload(db_url, "nightly-chat", kv_cache=True)
+    stored = _fit(client, gpu=A100_80, workload="nightly-chat")
+    inline = _fit(client, gpu=A100_80, workload=GPT2_INFERENCE)
+    assert stored["required_bytes"] == inline["required_bytes"]
+    assert stored["smallest_fitting_profile"] == "1g.10gb"
+    plan = _plan(
+        client, gpu=A100_80, workloads=[{"name": "chat", "workload": "nightly-chat", "replicas": 2}]
+    )
+    assert plan["workloads"][0]["profile"] == "1g.10gb"
+
+
+def test_unknown_or_broken_stored_workload(client: ApiClient, db_url: str) -> None:
+    missing = client.post("/v1/mig/fit", json={"gpu": A100_80, "workload": "no-such-workload"})
+    assert "no-such-workload" in assert_problem(missing, 404)["detail"]
+    _store_workload(db_url, "broken", checkpointing="sometimes")
+    broken = client.post("/v1/mig/fit", json={"gpu": A100_80, "workload": "broken"})
+    assert "checkpointing" in assert_problem(broken, 422)["detail"]
