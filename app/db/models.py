@@ -186,3 +186,4 @@ class Workload(Timestamped, Base):
     options: Mapped[dict[str, Any]] = mapped_column(JSON, nullable=False)
 
     model: Mapped[ModelArchitecture] = relationship(lazy="joined")
+    hardware: Mapped[Hardware | None] = relationship(lazy="joined")

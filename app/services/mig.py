@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import yaml
-from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.db.models import Hardware, Workload
+from app.db.models import Hardware
 from app.db.repositories import HardwareRepository
 from app.domain.memory import FrameworkOverhead, Runtime
 from app.domain.mig import (
@@ -45,6 +44,7 @@ from app.schemas.mig import (
 )
 from app.services.errors import InvalidInput, NotFound
 from app.services.estimates import run_estimate
+from app.services.workloads import stored_spec
 
 DEFAULT_CUDA_CONTEXT_BYTES = 512 * MIB
 MAX_BATCH_SEARCH = 1_048_576
@@ -147,30 +147,7 @@ def _cuda_context(payload_bytes: int | None, row: Hardware) -> tuple[int, str]:
 
 def workload_spec(session: Session, workload: WorkloadSpec | str) -> WorkloadSpec:
     """An inline workload as is, or a stored one (by slug) as the estimate's inputs."""
-    if not isinstance(workload, str):
-        return workload
-    row = session.scalars(select(Workload).where(Workload.slug == workload)).one_or_none()
-    if row is None:
-        raise NotFound(f"workload '{workload}' does not exist")
-    fields = {
-        "model": row.model.slug,
-        "mode": row.mode,
-        "batch_size": row.batch_size,
-        "sequence_length": row.sequence_length,
-        "image_size": row.image_size,
-        "precision": row.precision,
-        **({"optimizer": row.optimizer} if row.optimizer else {}),
-        **row.options,
-    }
-    try:
-        return WorkloadSpec.model_validate(fields)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"])
-        raise InvalidInput(
-            f"stored workload '{workload}' is not estimable: {where}: {first['msg']}",
-            pointer="/workload",
-        ) from exc
+    return workload if not isinstance(workload, str) else stored_spec(session, workload)
 
 
 def required_memory(

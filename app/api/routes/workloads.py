@@ -1,0 +1,120 @@
+"""/v1/workloads: saved questions (model + how it runs)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path, Query, Response, status
+
+from app.api.deps import IfMatchDep, SessionDep, require_reader, require_writer
+from app.api.errors import problem_responses
+from app.domain.memory import Mode
+from app.schemas.estimates import MemoryEstimateResponse
+from app.schemas.workloads import WorkloadCreate, WorkloadList, WorkloadRead, WorkloadReplace
+from app.services import workloads as service
+from app.services.concurrency import etag_for
+
+router = APIRouter(prefix="/v1/workloads", tags=["workloads"])
+SlugPath = Annotated[
+    str, Path(max_length=64, description="Workload slug.", examples=["chat-serving"])
+]
+READ = [Depends(require_reader)]
+WRITE = [Depends(require_writer)]
+
+
+@router.get(
+    "",
+    response_model=WorkloadList,
+    dependencies=READ,
+    responses=problem_responses(401, 403, 422),
+    summary="List workloads",
+)
+def list_workloads(
+    session: SessionDep,
+    model: Annotated[str | None, Query(max_length=64, description="Only this model.")] = None,
+    mode: Annotated[Mode | None, Query(description="Only this mode.")] = None,
+    limit: Annotated[int, Query(ge=1, le=500, description="Page size.")] = 50,
+    offset: Annotated[int, Query(ge=0, le=1_000_000, description="Items to skip.")] = 0,
+) -> WorkloadList:
+    """Workloads ordered by slug, filtered and paginated."""
+    return service.list_workloads(
+        session, model=model, mode=mode.value if mode else None, limit=limit, offset=offset
+    )
+
+
+@router.get(
+    "/{slug}",
+    response_model=WorkloadRead,
+    dependencies=READ,
+    responses=problem_responses(401, 403, 404, 422),
+    summary="Get a workload",
+)
+def get_workload(slug: SlugPath, session: SessionDep, response: Response) -> WorkloadRead:
+    """One workload; the ETag header carries its version."""
+    result = service.get_workload(session, slug=slug)
+    response.headers["ETag"] = etag_for(result.version)
+    return result
+
+
+@router.get(
+    "/{slug}/memory",
+    response_model=MemoryEstimateResponse,
+    response_model_exclude_none=True,
+    dependencies=READ,
+    responses=problem_responses(401, 403, 404, 422),
+    summary="Memory footprint of a workload",
+)
+def workload_memory(slug: SlugPath, session: SessionDep) -> MemoryEstimateResponse:
+    """The memory estimate of the workload on its target hardware (if it names one)."""
+    return service.workload_memory(session, slug=slug)
+
+
+@router.post(
+    "",
+    response_model=WorkloadRead,
+    status_code=status.HTTP_201_CREATED,
+    dependencies=WRITE,
+    responses=problem_responses(400, 401, 403, 409, 413, 422),
+    summary="Create a workload",
+)
+def create_workload(
+    payload: WorkloadCreate, session: SessionDep, response: Response
+) -> WorkloadRead:
+    """Store a workload after checking that its model exists and that it can be estimated."""
+    result = service.create_workload(session, payload=payload)
+    response.headers["ETag"] = etag_for(result.version)
+    response.headers["Location"] = f"/v1/workloads/{result.slug}"
+    return result
+
+
+@router.put(
+    "/{slug}",
+    response_model=WorkloadRead,
+    dependencies=WRITE,
+    responses=problem_responses(400, 401, 403, 404, 412, 413, 422, 428),
+    summary="Replace a workload",
+)
+def replace_workload(
+    slug: SlugPath,
+    payload: WorkloadReplace,
+    session: SessionDep,
+    if_match: IfMatchDep,
+    response: Response,
+) -> WorkloadRead:
+    """Replace a workload; send the ETag you read as If-Match."""
+    result = service.replace_workload(session, slug=slug, payload=payload, if_match=if_match)
+    response.headers["ETag"] = etag_for(result.version)
+    return result
+
+
+@router.delete(
+    "/{slug}",
+    status_code=status.HTTP_204_NO_CONTENT,
+    dependencies=WRITE,
+    responses=problem_responses(401, 403, 404, 412, 422, 428),
+    summary="Delete a workload",
+)
+def delete_workload(slug: SlugPath, session: SessionDep, if_match: IfMatchDep) -> Response:
+    """Delete a workload; send the ETag you read as If-Match."""
+    service.delete_workload(session, slug=slug, if_match=if_match)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)

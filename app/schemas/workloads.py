@@ -1,0 +1,93 @@
+"""Workload contract: a named, saved question (model + how it runs)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated
+
+from pydantic import Field
+
+from app.domain.memory import Checkpointing, Mode, Optimizer, OptimizerImpl, Precision
+from app.schemas.base import Page, Schema, Slug
+from app.schemas.estimates import BatchSize, Length, ParallelismSpec
+
+
+class WorkloadOptions(Schema):
+    """Less common knobs of a workload; every field has the estimate's default."""
+
+    micro_batch_size: BatchSize | None = Field(
+        default=None,
+        description="Batch per forward pass (gradient accumulation).",
+        examples=[None],
+    )
+    optimizer_impl: OptimizerImpl = Field(
+        default=OptimizerImpl.AUTO, description="Optimizer implementation.", examples=["auto"]
+    )
+    checkpointing: Checkpointing = Field(
+        default=Checkpointing.NONE, description="Activation checkpointing.", examples=["none"]
+    )
+    parallelism: ParallelismSpec = Field(
+        default_factory=ParallelismSpec, description="Parallel degrees (per-device estimate)."
+    )
+    kv_cache: bool = Field(default=True, description="Inference: KV cache.", examples=[True])
+    fp32_grad_buffer: bool = Field(
+        default=False, description="mixed_* only: fp32 gradient buffer.", examples=[False]
+    )
+    bindings: dict[str, Annotated[int, Field(ge=1, le=2**40)]] = Field(
+        default_factory=dict, description="Values for other symbolic dims.", examples=[{}]
+    )
+
+
+class WorkloadBase(Schema):
+    """Fields a client supplies for a workload."""
+
+    name: str = Field(
+        min_length=1, max_length=200, description="Display name.", examples=["Chat serving"]
+    )
+    description: str | None = Field(
+        default=None, max_length=4000, description="Free-form description.", examples=[None]
+    )
+    model: Slug = Field(description="Stored model slug.", examples=["llama-3-8b"])
+    mode: Mode = Field(description="training or inference.", examples=["inference"])
+    batch_size: BatchSize = Field(description="Batch size.", examples=[8])
+    sequence_length: Length | None = Field(
+        default=None, description="Binds `seq`.", examples=[4096]
+    )
+    image_size: Length | None = Field(default=None, description="Binds `image`.", examples=[None])
+    precision: Precision = Field(description="Precision convention.", examples=["bf16"])
+    optimizer: Optimizer | None = Field(
+        default=None, description="Optimizer (training; default adamw).", examples=[None]
+    )
+    hardware: Slug | None = Field(
+        default=None,
+        description="Hardware it targets (sets runtime and overheads of its estimate).",
+        examples=["nvidia-a100-80gb-sxm"],
+    )
+    options: WorkloadOptions = Field(
+        default_factory=WorkloadOptions, description="Less common knobs."
+    )
+
+
+class WorkloadCreate(WorkloadBase):
+    """A new workload."""
+
+    slug: Slug
+
+
+class WorkloadReplace(WorkloadBase):
+    """A full replacement of a workload (PUT); the slug is taken from the path."""
+
+
+class WorkloadRead(WorkloadCreate):
+    """A stored workload."""
+
+    version: int = Field(description="Optimistic-concurrency version (the ETag).", examples=[1])
+    created_at: datetime = Field(
+        description="Creation time (UTC).", examples=["2026-11-22T06:00:00Z"]
+    )
+    updated_at: datetime = Field(
+        description="Last change (UTC).", examples=["2026-11-22T06:00:00Z"]
+    )
+
+
+WorkloadList = Page[WorkloadRead]

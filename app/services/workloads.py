@@ -1,0 +1,195 @@
+"""Workload use cases: saved questions that estimates, fit checks and admission refer to."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from app.db.models import Hardware, Workload, utcnow
+from app.db.repositories import HardwareRepository, ModelRepository
+from app.domain.memory import FrameworkOverhead, Runtime
+from app.schemas.estimates import MemoryEstimateRequest, MemoryEstimateResponse, WorkloadSpec
+from app.schemas.workloads import (
+    WorkloadBase,
+    WorkloadCreate,
+    WorkloadList,
+    WorkloadRead,
+    WorkloadReplace,
+)
+from app.services import estimates
+from app.services.concurrency import IfMatch, commit_versioned, require_match
+from app.services.errors import AlreadyExists, InvalidInput, NotFound
+
+
+def to_spec(fields: WorkloadBase) -> WorkloadSpec:
+    """The memory-estimate inputs of a workload."""
+    options = fields.options.model_dump()
+    return WorkloadSpec.model_validate(
+        {
+            "model": fields.model,
+            "mode": fields.mode,
+            "batch_size": fields.batch_size,
+            "sequence_length": fields.sequence_length,
+            "image_size": fields.image_size,
+            "precision": fields.precision,
+            **({"optimizer": fields.optimizer} if fields.optimizer else {}),
+            **options,
+        }
+    )
+
+
+def _fields(row: Workload) -> dict[str, Any]:
+    """The client-supplied fields of a stored workload."""
+    return {
+        "name": row.name,
+        "description": row.description,
+        "model": row.model.slug,
+        "mode": row.mode,
+        "batch_size": row.batch_size,
+        "sequence_length": row.sequence_length,
+        "image_size": row.image_size,
+        "precision": row.precision,
+        "optimizer": row.optimizer,
+        "hardware": row.hardware.slug if row.hardware else None,
+        "options": row.options,
+    }
+
+
+def to_read(row: Workload) -> WorkloadRead:
+    """The API view of a stored workload."""
+    return WorkloadRead.model_validate(
+        {
+            **_fields(row),
+            "slug": row.slug,
+            "version": row.version,
+            "created_at": row.created_at,
+            "updated_at": row.updated_at,
+        }
+    )
+
+
+def _get_row(session: Session, slug: str) -> Workload:
+    row = session.scalars(select(Workload).where(Workload.slug == slug)).one_or_none()
+    if row is None:
+        raise NotFound(f"workload '{slug}' does not exist; GET /v1/workloads lists them")
+    return row
+
+
+def _apply(session: Session, row: Workload, fields: WorkloadBase) -> None:
+    """Check the references and that the workload can be estimated, then copy the fields."""
+    model = ModelRepository(session).get(fields.model)
+    if model is None:
+        raise InvalidInput(
+            f"model '{fields.model}' does not exist; GET /v1/models lists them", pointer="/model"
+        )
+    hardware: Hardware | None = None
+    if fields.hardware is not None:
+        hardware = HardwareRepository(session).get(fields.hardware)
+        if hardware is None:
+            raise InvalidInput(
+                f"hardware profile '{fields.hardware}' does not exist", pointer="/hardware"
+            )
+    # Reject what no estimate could answer (unknown symbols, quantized training, ...) now.
+    estimates.run_estimate(
+        session, to_spec(fields), runtime=Runtime.CUDA, overhead=FrameworkOverhead()
+    )
+    row.name = fields.name
+    row.description = fields.description
+    row.model_id = model.id
+    row.model = model
+    row.mode = fields.mode.value
+    row.batch_size = fields.batch_size
+    row.sequence_length = fields.sequence_length
+    row.image_size = fields.image_size
+    row.precision = fields.precision.value
+    row.optimizer = fields.optimizer.value if fields.optimizer else None
+    row.hardware_id = hardware.id if hardware else None
+    row.hardware = hardware
+    row.options = fields.options.model_dump(mode="json")
+    row.updated_at = utcnow()
+
+
+def list_workloads(
+    session: Session,
+    *,
+    model: str | None = None,
+    mode: str | None = None,
+    limit: int = 50,
+    offset: int = 0,
+) -> WorkloadList:
+    """A filtered page of workloads ordered by slug."""
+    query = select(Workload)
+    if model is not None:
+        row = ModelRepository(session).get(model)
+        query = query.where(Workload.model_id == (row.id if row else -1))
+    if mode is not None:
+        query = query.where(Workload.mode == mode)
+    total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
+    rows = session.scalars(query.order_by(Workload.slug).limit(limit).offset(offset)).all()
+    return WorkloadList(items=[to_read(r) for r in rows], total=total, limit=limit, offset=offset)
+
+
+def get_workload(session: Session, *, slug: str) -> WorkloadRead:
+    """One workload."""
+    return to_read(_get_row(session, slug))
+
+
+def create_workload(session: Session, *, payload: WorkloadCreate) -> WorkloadRead:
+    """Validate and store a workload."""
+    if session.scalars(select(Workload.id).where(Workload.slug == payload.slug)).first():
+        raise AlreadyExists(f"a workload with slug '{payload.slug}' exists already")
+    row = Workload(slug=payload.slug, created_at=utcnow())
+    _apply(session, row, payload)
+    session.add(row)
+    try:
+        session.commit()
+    except IntegrityError as exc:
+        session.rollback()
+        raise AlreadyExists(f"a workload with slug '{payload.slug}' exists already") from exc
+    return to_read(row)
+
+
+def replace_workload(
+    session: Session, *, slug: str, payload: WorkloadReplace, if_match: IfMatch | None
+) -> WorkloadRead:
+    """Replace a workload if the client holds its current version."""
+    row = _get_row(session, slug)
+    require_match(if_match, current_version=row.version, what=f"workload '{slug}'")
+    _apply(session, row, payload)
+    commit_versioned(session, what=f"workload '{slug}'")
+    return to_read(row)
+
+
+def delete_workload(session: Session, *, slug: str, if_match: IfMatch | None) -> None:
+    """Delete a workload if the client holds its current version."""
+    row = _get_row(session, slug)
+    require_match(if_match, current_version=row.version, what=f"workload '{slug}'")
+    session.delete(row)
+    commit_versioned(session, what=f"workload '{slug}'")
+
+
+def stored_spec(session: Session, slug: str) -> WorkloadSpec:
+    """The estimate inputs of a stored workload (404 unknown, 422 when not estimable)."""
+    row = _get_row(session, slug)
+    try:
+        return to_spec(WorkloadBase.model_validate(_fields(row)))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise InvalidInput(
+            f"stored workload '{slug}' is not estimable: {where}: {first['msg']}",
+            pointer="/workload",
+        ) from exc
+
+
+def workload_memory(session: Session, *, slug: str) -> MemoryEstimateResponse:
+    """The footprint of a stored workload on its target hardware (if any)."""
+    row = _get_row(session, slug)
+    spec = stored_spec(session, slug)
+    hardware = row.hardware.slug if row.hardware else None
+    request = MemoryEstimateRequest.model_validate({**spec.model_dump(), "hardware": hardware})
+    return estimates.estimate(session, payload=request)
