@@ -100,6 +100,8 @@ def _serve(settings: Settings, host: str | None, port: int | None) -> int:
         port=port or settings.port,
         log_config=None,
         proxy_headers=True,
+        ssl_certfile=str(settings.ssl_certfile) if settings.ssl_certfile else None,
+        ssl_keyfile=str(settings.ssl_keyfile) if settings.ssl_keyfile else None,
     )
     return 0
 

@@ -40,6 +40,14 @@ class Settings(BaseSettings):
     catalog_dir: Path = Field(
         default=PROJECT_ROOT / "hardware_catalog", description="Hardware catalog directory."
     )
+    ssl_certfile: Path | None = Field(
+        default=None, description="TLS certificate for `serve` (admission webhooks need HTTPS)."
+    )
+    ssl_keyfile: Path | None = Field(default=None, description="TLS private key for `serve`.")
+    admission_failure_policy: Literal["deny", "allow"] = Field(
+        default="deny",
+        description="Admission answer when a review cannot be evaluated (allow adds a warning).",
+    )
 
     @field_validator("log_level", mode="before")
     @classmethod
