@@ -71,9 +71,9 @@ def _answer(client: ApiClient, body: Any) -> dict[str, Any]:
     result: dict[str, Any] = response.json()
     assert result["apiVersion"] == "admission.k8s.io/v1"
     assert result["kind"] == "AdmissionReview"
-    warnings = result["response"].get("warnings", [])
-    assert all(len(w) <= 120 for w in warnings)
-    return result["response"]
+    answer: dict[str, Any] = result["response"]
+    assert all(len(w) <= 120 for w in answer.get("warnings", []))
+    return answer
 
 
 def test_fits(with_workloads: ApiClient) -> None:
