@@ -1,0 +1,178 @@
+"""Load benchmark of the admission webhook against a running server on loopback.
+
+Starts `capplan-server serve` on 127.0.0.1 (a fresh SQLite database in a temporary folder,
+migrated, catalog synced, one workload stored), then sends AdmissionReviews open-loop at a
+fixed rate (default 200 requests/s for 10 s) and prints p50/p99 latency and the achieved rate.
+Target (issue 5): p99 under 50 ms at 200 requests/s on 2 cores. Exits 1 when missed.
+
+    .venv/bin/python benchmarks/admission_load.py [--rate 200] [--seconds 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKLOAD = {
+    "slug": "chat",
+    "name": "Chat",
+    "model": "llama-3-8b",
+    "mode": "inference",
+    "batch_size": 8,
+    "sequence_length": 4096,
+    "precision": "bf16",
+}
+TARGET_P99_MS = 50.0
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def _review(resource: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": str(uuid.uuid4()),
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "operation": "CREATE",
+            "namespace": "ml",
+            "object": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": "chat",
+                    "annotations": {
+                        "capacity-planner.io/workload": "chat",
+                        "capacity-planner.io/gpu": "nvidia-a100-80gb-sxm",
+                    },
+                },
+                "spec": {
+                    "containers": [{"name": "server", "resources": {"limits": {resource: "1"}}}]
+                },
+            },
+        },
+    }
+
+
+def _start_server(data_dir: Path, port: int) -> subprocess.Popen[bytes]:
+    env = {
+        **os.environ,
+        "CAPPLAN_DATA_DIR": str(data_dir),
+        "CAPPLAN_LOG_LEVEL": "WARNING",
+        "CAPPLAN_API_KEYS": "",
+    }
+    env.pop("CAPPLAN_DATABASE_URL", None)
+    python = sys.executable
+    for command in ("migrate", "catalog-sync"):
+        subprocess.run(
+            [python, "-m", "app.cli", command], cwd=ROOT, env=env, check=True, capture_output=True
+        )
+    return subprocess.Popen(
+        [python, "-m", "app.cli", "serve", "--port", str(port)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+async def _wait_ready(base: str) -> None:
+    async with httpx.AsyncClient(base_url=base) as client:
+        for _ in range(200):
+            try:
+                if (await client.get("/readyz")).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            await asyncio.sleep(0.1)
+    raise RuntimeError("server did not become ready")
+
+
+async def _load(base: str, rate: float, seconds: float) -> tuple[list[float], int, float]:
+    latencies: list[float] = []
+    errors = 0
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+    async with httpx.AsyncClient(base_url=base, limits=limits, timeout=10) as client:
+        created = await client.post("/v1/workloads", json=WORKLOAD)
+        created.raise_for_status()
+        # warm up: import paths, caches, connections
+        for _ in range(20):
+            await client.post("/v1/admission/pods", json=_review("nvidia.com/mig-3g.40gb"))
+
+        async def one(body: dict[str, Any]) -> None:
+            nonlocal errors
+            start = time.perf_counter()
+            try:
+                response = await client.post("/v1/admission/pods", json=body)
+                response.raise_for_status()
+                response.json()["response"]["allowed"]
+            except (httpx.HTTPError, KeyError, ValueError):
+                errors += 1
+                return
+            latencies.append((time.perf_counter() - start) * 1000)
+
+        total = int(rate * seconds)
+        resources = ("nvidia.com/mig-3g.40gb", "nvidia.com/mig-1g.10gb", "nvidia.com/gpu")
+        bodies = [_review(resources[i % len(resources)]) for i in range(total)]
+        tasks = []
+        begin = time.perf_counter()
+        for index, body in enumerate(bodies):
+            delay = begin + index / rate - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(body)))
+        await asyncio.gather(*tasks)
+        elapsed = time.perf_counter() - begin
+    return latencies, errors, elapsed
+
+
+def main() -> int:
+    """Run the benchmark and print its figures."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rate", type=float, default=200.0, help="requests per second")
+    parser.add_argument("--seconds", type=float, default=10.0, help="duration")
+    args = parser.parse_args()
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryDirectory() as tmp:
+        server = _start_server(Path(tmp), port)
+        try:
+            asyncio.run(_wait_ready(base))
+            latencies, errors, elapsed = asyncio.run(_load(base, args.rate, args.seconds))
+        finally:
+            server.terminate()
+            server.wait(timeout=10)
+    latencies.sort()
+    done = len(latencies)
+    p50 = statistics.median(latencies)
+    p99 = latencies[min(done - 1, int(0.99 * done))]
+    print(f"cores: {os.cpu_count()}, offered rate: {args.rate:g}/s for {args.seconds:g} s")
+    print(f"requests: {done} ok, {errors} errors, achieved {done / elapsed:.1f}/s")
+    print(f"latency ms: p50 {p50:.2f}, p90 {latencies[int(0.9 * done)]:.2f}, p99 {p99:.2f}, "
+          f"max {latencies[-1]:.2f}")  # fmt: skip
+    ok = errors == 0 and p99 < TARGET_P99_MS
+    print(f"target p99 < {TARGET_P99_MS:g} ms: {'met' if ok else 'NOT met'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
