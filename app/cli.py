@@ -88,21 +88,26 @@ def openapi_document(settings: Settings | None = None) -> str:
     return yaml.safe_dump(schema, sort_keys=False, allow_unicode=True, width=100)
 
 
-def _serve(settings: Settings, host: str | None, port: int | None) -> int:
+def _serve(settings: Settings, host: str | None, port: int | None, workers: int | None) -> int:
     import uvicorn
 
     from app.main import create_app
 
     configure_logging(settings.log_level)
-    uvicorn.run(
-        create_app(settings),
-        host=host or settings.host,
-        port=port or settings.port,
-        log_config=None,
-        proxy_headers=True,
-        ssl_certfile=str(settings.ssl_certfile) if settings.ssl_certfile else None,
-        ssl_keyfile=str(settings.ssl_keyfile) if settings.ssl_keyfile else None,
-    )
+    options = {
+        "host": host or settings.host,
+        "port": port or settings.port,
+        "log_config": None,
+        "proxy_headers": True,
+        "ssl_certfile": str(settings.ssl_certfile) if settings.ssl_certfile else None,
+        "ssl_keyfile": str(settings.ssl_keyfile) if settings.ssl_keyfile else None,
+    }
+    count = workers or settings.workers
+    if count > 1:
+        # Worker processes import the app themselves; settings come from the environment.
+        uvicorn.run("app.main:create_app", factory=True, workers=count, **options)  # type: ignore[arg-type]
+    else:
+        uvicorn.run(create_app(settings), **options)  # type: ignore[arg-type]
     return 0
 
 
@@ -113,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     serve = sub.add_parser("serve", help="run the API with uvicorn")
     serve.add_argument("--host", help="bind address (default CAPPLAN_HOST or 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default CAPPLAN_PORT or 8000)")
+    serve.add_argument(
+        "--workers", type=int, help="worker processes (default CAPPLAN_WORKERS or 1)"
+    )
     sub.add_parser("migrate", help="apply Alembic migrations up to head")
     sub.add_parser(
         "catalog-sync",
@@ -127,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
 
     settings = get_settings()
     if args.command == "serve":
-        return _serve(settings, args.host, args.port)
+        return _serve(settings, args.host, args.port, args.workers)
     if args.command == "migrate":
         return _migrate(settings)
     if args.command == "catalog-sync":

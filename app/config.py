@@ -26,6 +26,7 @@ class Settings(BaseSettings):
     )
     host: str = Field(default="127.0.0.1", description="Address `serve` binds to.")
     port: int = Field(default=8000, ge=1, le=65535, description="Port `serve` binds to.")
+    workers: int = Field(default=1, ge=1, le=64, description="Worker processes of `serve`.")
     api_keys: SecretStr = Field(
         default=SecretStr(""),
         description="Comma-separated API keys for writes; empty: open dev mode.",

@@ -73,7 +73,7 @@ def _review(resource: str) -> dict[str, Any]:
     }
 
 
-def _start_server(data_dir: Path, port: int) -> subprocess.Popen[bytes]:
+def _start_server(data_dir: Path, port: int, workers: int = 1) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
         "CAPPLAN_DATA_DIR": str(data_dir),
@@ -87,7 +87,7 @@ def _start_server(data_dir: Path, port: int) -> subprocess.Popen[bytes]:
             [python, "-m", "app.cli", command], cwd=ROOT, env=env, check=True, capture_output=True
         )
     return subprocess.Popen(
-        [python, "-m", "app.cli", "serve", "--port", str(port)],
+        [python, "-m", "app.cli", "serve", "--port", str(port), "--workers", str(workers)],
         cwd=ROOT,
         env=env,
         stdout=subprocess.DEVNULL,
@@ -150,11 +150,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=float, default=200.0, help="requests per second")
     parser.add_argument("--seconds", type=float, default=10.0, help="duration")
+    parser.add_argument("--workers", type=int, default=2, help="server worker processes")
     args = parser.parse_args()
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory() as tmp:
-        server = _start_server(Path(tmp), port)
+        server = _start_server(Path(tmp), port, args.workers)
         try:
             asyncio.run(_wait_ready(base))
             latencies, errors, elapsed = asyncio.run(_load(base, args.rate, args.seconds))
@@ -165,7 +166,10 @@ def main() -> int:
     done = len(latencies)
     p50 = statistics.median(latencies)
     p99 = latencies[min(done - 1, int(0.99 * done))]
-    print(f"cores: {os.cpu_count()}, offered rate: {args.rate:g}/s for {args.seconds:g} s")
+    print(
+        f"cores: {os.cpu_count()}, server workers: {args.workers}, offered rate: "
+        f"{args.rate:g}/s for {args.seconds:g} s (load generator on the same machine)"
+    )
     print(f"requests: {done} ok, {errors} errors, achieved {done / elapsed:.1f}/s")
     print(f"latency ms: p50 {p50:.2f}, p90 {latencies[int(0.9 * done)]:.2f}, p99 {p99:.2f}, "
           f"max {latencies[-1]:.2f}")  # fmt: skip

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -120,18 +122,48 @@ class EstimateRun:
     result: MemoryEstimate
 
 
-def _graph(
-    session: Session, spec: WorkloadSpec
-) -> tuple[list[Any], list[Any], dict[str, int], str]:
+# inputs, layers, default bindings, label, and a key that changes whenever the graph does
+GraphSource = tuple[list[Any], list[Any], dict[str, int], str, str]
+
+
+def _graph(session: Session, spec: WorkloadSpec) -> GraphSource:
     if spec.model is not None:
         row = ModelRepository(session).get(spec.model)
         if row is None:
             raise NotFound(f"model '{spec.model}' does not exist; GET /v1/models lists them")
-        return row.inputs, row.layers, row.default_bindings, row.slug
+        # id + version + update time: a row deleted and re-created under the same slug differs
+        key = f"{row.slug}:{row.id}:{row.version}:{row.updated_at.isoformat()}"
+        return row.inputs, row.layers, row.default_bindings, row.slug, key
     assert spec.architecture is not None  # enforced by the schema
     arch = spec.architecture
     inputs = [item.model_dump() for item in arch.inputs]
-    return inputs, arch.layers, dict(arch.default_bindings), "inline"
+    return inputs, arch.layers, dict(arch.default_bindings), "inline", ""
+
+
+class _EstimateCache:
+    """A small thread-safe LRU of estimates: they are pure functions of their inputs."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._items: OrderedDict[tuple[Any, ...], EstimateRun] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[Any, ...]) -> EstimateRun | None:
+        with self._lock:
+            run = self._items.get(key)
+            if run is not None:
+                self._items.move_to_end(key)
+            return run
+
+    def put(self, key: tuple[Any, ...], run: EstimateRun) -> None:
+        with self._lock:
+            self._items[key] = run
+            self._items.move_to_end(key)
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+
+
+_CACHE = _EstimateCache(size=256)
 
 
 def run_estimate(
@@ -144,7 +176,13 @@ def run_estimate(
     batch_size: int | None = None,
 ) -> EstimateRun:
     """Estimate ``spec`` (optionally at another batch size) for a runtime and its overheads."""
-    inputs, layers, defaults, label = _graph(session, spec)
+    inputs, layers, defaults, label, graph_key = _graph(session, spec)
+    cache_key = None
+    if graph_key:  # stored models only: inline graphs are not worth hashing
+        cache_key = (graph_key, spec.model_dump_json(), runtime, overhead, per_layer, batch_size)
+        cached = _CACHE.get(cache_key)
+        if cached is not None:
+            return cached
     batch = batch_size or spec.batch_size
     micro = min(spec.micro_batch_size or batch, batch)
     bindings = _bindings(
@@ -181,9 +219,12 @@ def run_estimate(
             "sequence_length",
             pointer="/batch_size",
         )
-    return EstimateRun(
+    run = EstimateRun(
         label=label, micro_batch=micro, bindings=bindings, analysis=analysis, result=result
     )
+    if cache_key is not None:
+        _CACHE.put(cache_key, run)
+    return run
 
 
 def estimate(session: Session, *, payload: MemoryEstimateRequest) -> MemoryEstimateResponse:

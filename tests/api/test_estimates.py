@@ -263,3 +263,26 @@ def test_unknown_model_and_hardware_are_404(client: ApiClient) -> None:
     assert_problem(client.get("/v1/models/gpt-9/summary"), 404)
     get = client.get("/v1/estimates/memory", params={"model": "gpt-2", "mode": "inference"})
     assert_problem(get, 422)
+
+
+def test_cached_estimates_follow_model_edits(client: ApiClient) -> None:
+    model = {
+        "slug": "edit-me",
+        "name": "Edit me",
+        "family": "mlp",
+        "inputs": [{"name": "x", "shape": ["batch", 64]}],
+        "layers": [{"name": "fc", "op": "linear", "out_features": 16}],
+    }
+    client.post("/v1/models", json=model)
+    body = {"model": "edit-me", "mode": "inference", "batch_size": 1, "runtime": "pytorch_cpu"}
+    first = _estimate(client, **body)
+    assert _estimate(client, **body) == first  # served from the cache
+    wider = {**model, "layers": [{"name": "fc", "op": "linear", "out_features": 4096}]}
+    wider.pop("slug")
+    assert (
+        client.put("/v1/models/edit-me", json=wider, headers={"If-Match": '"1"'}).status_code == 200
+    )
+    assert _estimate(client, **body)["params"] == 64 * 4096 + 4096
+    client.delete("/v1/models/edit-me", headers={"If-Match": "*"})
+    client.post("/v1/models", json=model)  # same slug, new row
+    assert _estimate(client, **body)["params"] == first["params"]
