@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -94,20 +95,25 @@ def _serve(settings: Settings, host: str | None, port: int | None, workers: int 
     from app.main import create_app
 
     configure_logging(settings.log_level)
-    options = {
-        "host": host or settings.host,
-        "port": port or settings.port,
-        "log_config": None,
-        "proxy_headers": True,
-        "ssl_certfile": str(settings.ssl_certfile) if settings.ssl_certfile else None,
-        "ssl_keyfile": str(settings.ssl_keyfile) if settings.ssl_keyfile else None,
-    }
+
+    def run(target: Any, **extra: Any) -> None:
+        uvicorn.run(
+            target,
+            host=host or settings.host,
+            port=port or settings.port,
+            log_config=None,
+            proxy_headers=True,
+            ssl_certfile=str(settings.ssl_certfile) if settings.ssl_certfile else None,
+            ssl_keyfile=str(settings.ssl_keyfile) if settings.ssl_keyfile else None,
+            **extra,
+        )
+
     count = workers or settings.workers
     if count > 1:
         # Worker processes import the app themselves; settings come from the environment.
-        uvicorn.run("app.main:create_app", factory=True, workers=count, **options)  # type: ignore[arg-type]
+        run("app.main:create_app", factory=True, workers=count)
     else:
-        uvicorn.run(create_app(settings), **options)  # type: ignore[arg-type]
+        run(create_app(settings))
     return 0
 
 
