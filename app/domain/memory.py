@@ -736,6 +736,186 @@ def _rounding_waste(tensor_sizes: Iterable[int]) -> int:
     return waste
 
 
+@dataclass(slots=True)
+class _Estimation:
+    """What the parts of one estimate read, and the explanations they add to."""
+
+    analysis: GraphAnalysis
+    request: MemoryRequest
+    plan: PrecisionPlan
+    sizer: _Sizer
+    storage_plan: _Plan
+    params: int
+    static: dict[str, int]  # lines present in every phase (weights, buffers)
+    inputs_bytes: int
+    formulas: dict[str, str]
+    notes: dict[str, list[str]]
+    assumptions: list[str]
+
+
+def _training_moments(e: _Estimation) -> tuple[list[_Moment], list[_Moment]]:
+    """First-iteration and steady-state moments of one training step."""
+    analysis, request, plan, sizer = e.analysis, e.request, e.plan, e.sizer
+    storage_plan, lines_static, inputs_bytes = e.storage_plan, e.static, e.inputs_bytes
+    formulas, notes, assumptions = e.formulas, e.notes, e.assumptions
+    par = request.parallelism
+    model_shard = par.tensor * par.pipeline
+    params, shapes = e.params, analysis.param_shapes
+    first_moments: list[_Moment] = []
+    steady_moments: list[_Moment] = []
+    grad_shard = model_shard * (par.data if par.zero_stage >= 2 else 1)
+    grad_element = plan.grad
+    if plan.master and request.fp32_grad_buffer:
+        # Megatron's main_grad: gradients accumulate straight into an fp32 buffer.
+        grad_element = Fraction(4)
+        assumptions.append("gradients accumulate in an fp32 buffer (Megatron main_grad)")
+    grad_bytes = _ceil(params * grad_element / grad_shard)
+    state_bytes, state_note = _optimizer_state_bytes(shapes, params, request.optimizer, plan)
+    state_shard = model_shard * (par.data if par.zero_stage >= 1 else 1)
+    state_bytes = _ceil(Fraction(state_bytes, state_shard))
+    master = _ceil(Fraction(params * plan.master, state_shard))
+    labels_rows = math.prod(analysis.output_shape[:-1]) if analysis.output_shape else 1
+    labels_bytes = labels_rows * 8
+    temporaries, temp_note = _step_temporaries(shapes, params, request, plan)
+    temporaries = _ceil(Fraction(temporaries, state_shard))
+    cache = params * plan.weight_cache // model_shard if plan.weight_cache else 0
+    recompute: dict[str, int] = {}
+    if request.checkpointing is Checkpointing.FULL:
+        recompute = _apply_full_checkpointing(analysis, storage_plan)
+        if not recompute:
+            assumptions.append("full checkpointing: the graph has no repeated blocks; no effect")
+    base = {**lines_static, "inputs": inputs_bytes + labels_bytes}
+    if master:
+        base["master_weights"] = master
+    if cache:
+        base["weight_cast_cache"] = cache
+    loss = _loss_bytes(analysis, sizer)
+    accumulate = request.accumulation_steps > 1
+    grad_layers = (
+        [0] * len(analysis.layers)
+        if accumulate
+        else _grad_bytes_per_layer(analysis, grad_element, grad_shard)
+    )
+    schedule = _schedule(storage_plan)
+    fwd_peak, end_live, end_bytes = _forward(analysis, storage_plan, schedule, request)
+    fwd_end = _Peak(activations=end_bytes)
+    bwd_peak = _backward(
+        analysis, storage_plan, schedule, end_live, end_bytes, grad_layers, recompute
+    )
+    held_grads = {"gradients": grad_bytes} if accumulate else {}
+    step_parts = {
+        **lines_static,
+        "inputs": inputs_bytes + labels_bytes,
+        **({"master_weights": master} if master else {}),
+        "gradients": grad_bytes,
+        "optimizer_state": state_bytes,
+        "transient": temporaries,
+    }
+    for steady in (False, True):
+        static = {**base, **held_grads}
+        if steady:
+            static["optimizer_state"] = state_bytes
+        moments = [
+            _moment("forward", static, fwd_peak, 0),
+            _moment("forward", static, fwd_end, loss),
+            _moment("backward", static, bwd_peak, loss),
+            _Moment(phase="optimizer_step", parts=dict(step_parts)),
+        ]
+        (steady_moments if steady else first_moments).extend(moments)
+    formulas.update(
+        gradients=f"{params:,} trainable params x {float(grad_element):g} B"
+        + (f" / {grad_shard}" if grad_shard > 1 else ""),
+        optimizer_state=state_note + (f" / {state_shard} (sharded)" if state_shard > 1 else ""),
+        master_weights=f"{params:,} x {plan.master} B fp32 master copy",
+        weight_cast_cache=f"{params:,} x {plan.weight_cache} B autocast weight copies",
+        inputs=f"model inputs + int64 labels ({labels_rows:,} rows)",
+        loss="cross-entropy: log-probabilities of the logits kept for backward",
+    )
+    notes["transient"] = [temp_note]
+    if request.accumulation_steps > 1:
+        assumptions.append(
+            f"gradient accumulation over {request.accumulation_steps} micro-batches: "
+            "gradients persist across micro-batches; activations are per micro-batch"
+        )
+    if request.checkpointing is Checkpointing.SELECTIVE:
+        assumptions.append("selective checkpointing: attention S x S tensors recomputed")
+    if request.checkpointing is Checkpointing.FULL and recompute:
+        assumptions.append(
+            f"full checkpointing over {len(recompute)} repeated blocks: block inputs kept, one "
+            "block recomputed at a time in backward"
+        )
+    return first_moments, steady_moments
+
+
+def _inference_moments(e: _Estimation) -> list[_Moment]:
+    """The forward pass of inference, with the KV cache of attention layers."""
+    analysis, request, plan, storage_plan = e.analysis, e.request, e.plan, e.storage_plan
+    formulas, assumptions, par = e.formulas, e.assumptions, request.parallelism
+    static = {**e.static, "inputs": e.inputs_bytes}
+    kv = 0
+    if request.kv_cache:
+        kv_numel = sum(layer.result.kv_cache_numel for layer in analysis.layers)
+        kv = _ceil(Fraction(kv_numel * plan.activation, par.tensor))
+        if kv:
+            static["kv_cache"] = kv
+            formulas["kv_cache"] = (
+                f"2 x layers x kv_heads x head_dim x seq x batch x {plan.activation} B = {kv:,} B"
+            )
+    fwd_peak, _, _ = _forward(analysis, storage_plan, _schedule(storage_plan), request)
+    formulas["inputs"] = "model inputs held by the caller"
+    assumptions.append("activations live from their producer to their last consumer")
+
+    return [_moment("forward", static, fwd_peak, 0)]
+
+
+def _cuda_lines(e: _Estimation, parts: dict[str, int]) -> None:
+    """CUDA runtime: allocator rounding, fragmentation reserve, workspace and context."""
+    request, storage_plan, formulas = e.request, e.storage_plan, e.formulas
+    overhead = request.overhead
+    parts["allocator_rounding"] = (
+        _rounding_waste(storage_plan.sizes.values())
+        + sum(op.param_waste for op in storage_plan.op_sizes)
+        if overhead.round_allocations
+        else 0
+    )
+    parts["fragmentation_reserve"] = int(sum(parts.values()) * overhead.fragmentation_fraction)
+    parts["workspace"] = overhead.workspace_bytes
+    parts["cuda_context"] = overhead.cuda_context_bytes
+    formulas.update(
+        allocator_rounding="caching allocator: 512 B granularity, 2 MiB blocks over 1 MiB",
+        fragmentation_reserve=f"{overhead.fragmentation_fraction:.0%} of allocated bytes",
+        workspace="cuBLAS/cuDNN workspace per process",
+        cuda_context="CUDA context (PyTorch, lazy module loading)",
+    )
+
+
+def _layer_view(e: _Estimation) -> tuple[LayerMemory, ...]:
+    """Per layer: output, parameters, FLOPs and what it keeps for backward."""
+    analysis, request, sizer, storage_plan = e.analysis, e.request, e.sizer, e.storage_plan
+    training = request.mode is Mode.TRAINING
+    layers_view: list[LayerMemory] = []
+    first_saver = _schedule(storage_plan).first_saver
+    for index, layer in enumerate(analysis.layers):
+        new_saved = sum(
+            storage_plan.sizes.get(key, 0)
+            for key in storage_plan.layer_saved[index]
+            if first_saver.get(key) == index
+        )
+        layers_view.append(
+            LayerMemory(
+                name=layer.name,
+                op=layer.op,
+                output_shape=layer.output_shape,
+                params=layer.params,
+                flops=layer.flops,
+                output_bytes=sizer.value_bytes(layer.output_numel, layer.output_kind),
+                saved_bytes=new_saved,
+                kept=_kept_tensors(layer, sizer, request) if training else (),
+            )
+        )
+    return tuple(layers_view)
+
+
 def estimate_memory(
     analysis: GraphAnalysis,
     request: MemoryRequest,
@@ -781,7 +961,6 @@ def estimate_memory(
     assumptions: list[str] = [plan.convention, _RUNTIME_NOTES[request.runtime]]
     model_shard = par.tensor * par.pipeline
     params = analysis.params
-    shapes = analysis.param_shapes
 
     weights_full, weight_notes = _weights_bytes(analysis, plan, precision)
     weights = _ceil(Fraction(weights_full, model_shard))
@@ -799,133 +978,30 @@ def estimate_memory(
         lines_static["buffers"] = buffers
         formulas["buffers"] = "batch-norm running mean/var (fp32) and step counters"
 
-    inputs_bytes = sum(sizer.value_bytes(b.numel, b.kind) for b in analysis.inputs)
-    first_moments: list[_Moment] = []
-    steady_moments: list[_Moment] = []
-    layers_view: list[LayerMemory] = []
     storage_plan = _build_plan(analysis, sizer, request, training)
-
+    e = _Estimation(
+        analysis=analysis,
+        request=request,
+        plan=plan,
+        sizer=sizer,
+        storage_plan=storage_plan,
+        params=params,
+        static=lines_static,
+        inputs_bytes=sum(sizer.value_bytes(b.numel, b.kind) for b in analysis.inputs),
+        formulas=formulas,
+        notes=notes,
+        assumptions=assumptions,
+    )
     if training:
-        grad_shard = model_shard * (par.data if par.zero_stage >= 2 else 1)
-        grad_element = plan.grad
-        if plan.master and request.fp32_grad_buffer:
-            # Megatron's main_grad: gradients accumulate straight into an fp32 buffer.
-            grad_element = Fraction(4)
-            assumptions.append("gradients accumulate in an fp32 buffer (Megatron main_grad)")
-        grad_bytes = _ceil(params * grad_element / grad_shard)
-        state_bytes, state_note = _optimizer_state_bytes(shapes, params, request.optimizer, plan)
-        state_shard = model_shard * (par.data if par.zero_stage >= 1 else 1)
-        state_bytes = _ceil(Fraction(state_bytes, state_shard))
-        master = _ceil(Fraction(params * plan.master, state_shard))
-        labels_rows = math.prod(analysis.output_shape[:-1]) if analysis.output_shape else 1
-        labels_bytes = labels_rows * 8
-        temporaries, temp_note = _step_temporaries(shapes, params, request, plan)
-        temporaries = _ceil(Fraction(temporaries, state_shard))
-        cache = params * plan.weight_cache // model_shard if plan.weight_cache else 0
-        recompute: dict[str, int] = {}
-        if request.checkpointing is Checkpointing.FULL:
-            recompute = _apply_full_checkpointing(analysis, storage_plan)
-            if not recompute:
-                assumptions.append(
-                    "full checkpointing: the graph has no repeated blocks; no effect"
-                )
-        base = {**lines_static, "inputs": inputs_bytes + labels_bytes}
-        if master:
-            base["master_weights"] = master
-        if cache:
-            base["weight_cast_cache"] = cache
-        loss = _loss_bytes(analysis, sizer)
-        accumulate = request.accumulation_steps > 1
-        grad_layers = (
-            [0] * len(analysis.layers)
-            if accumulate
-            else _grad_bytes_per_layer(analysis, grad_element, grad_shard)
-        )
-        schedule = _schedule(storage_plan)
-        fwd_peak, end_live, end_bytes = _forward(analysis, storage_plan, schedule, request)
-        fwd_end = _Peak(activations=end_bytes)
-        bwd_peak = _backward(
-            analysis, storage_plan, schedule, end_live, end_bytes, grad_layers, recompute
-        )
-        held_grads = {"gradients": grad_bytes} if accumulate else {}
-        step_parts = {
-            **lines_static,
-            "inputs": inputs_bytes + labels_bytes,
-            **({"master_weights": master} if master else {}),
-            "gradients": grad_bytes,
-            "optimizer_state": state_bytes,
-            "transient": temporaries,
-        }
-        for steady in (False, True):
-            static = {**base, **held_grads}
-            if steady:
-                static["optimizer_state"] = state_bytes
-            moments = [
-                _moment("forward", static, fwd_peak, 0),
-                _moment("forward", static, fwd_end, loss),
-                _moment("backward", static, bwd_peak, loss),
-                _Moment(phase="optimizer_step", parts=dict(step_parts)),
-            ]
-            (steady_moments if steady else first_moments).extend(moments)
-        formulas.update(
-            gradients=f"{params:,} trainable params x {float(grad_element):g} B"
-            + (f" / {grad_shard}" if grad_shard > 1 else ""),
-            optimizer_state=state_note + (f" / {state_shard} (sharded)" if state_shard > 1 else ""),
-            master_weights=f"{params:,} x {plan.master} B fp32 master copy",
-            weight_cast_cache=f"{params:,} x {plan.weight_cache} B autocast weight copies",
-            inputs=f"model inputs + int64 labels ({labels_rows:,} rows)",
-            loss="cross-entropy: log-probabilities of the logits kept for backward",
-        )
-        notes["transient"] = [temp_note]
-        if request.accumulation_steps > 1:
-            assumptions.append(
-                f"gradient accumulation over {request.accumulation_steps} micro-batches: "
-                "gradients persist across micro-batches; activations are per micro-batch"
-            )
-        if request.checkpointing is Checkpointing.SELECTIVE:
-            assumptions.append("selective checkpointing: attention S x S tensors recomputed")
-        if request.checkpointing is Checkpointing.FULL and recompute:
-            assumptions.append(
-                f"full checkpointing over {len(recompute)} repeated blocks: block inputs kept, one "
-                "block recomputed at a time in backward"
-            )
+        first_moments, steady_moments = _training_moments(e)
     else:
-        static = {**lines_static, "inputs": inputs_bytes}
-        kv = 0
-        if request.kv_cache:
-            kv_numel = sum(layer.result.kv_cache_numel for layer in analysis.layers)
-            kv = _ceil(Fraction(kv_numel * plan.activation, par.tensor))
-            if kv:
-                static["kv_cache"] = kv
-                formulas["kv_cache"] = (
-                    "2 x layers x kv_heads x head_dim x seq x batch x "
-                    f"{plan.activation} B = {kv:,} B"
-                )
-        fwd_peak, _, _ = _forward(analysis, storage_plan, _schedule(storage_plan), request)
-        steady_moments = [_moment("forward", static, fwd_peak, 0)]
-        formulas["inputs"] = "model inputs held by the caller"
-        assumptions.append("activations live from their producer to their last consumer")
+        first_moments, steady_moments = [], _inference_moments(e)
 
     peak = max(steady_moments, key=lambda m: m.total)
     first_peak = max(first_moments, key=lambda m: m.total) if first_moments else None
     parts = dict(peak.parts)
     if request.runtime is Runtime.CUDA:
-        overhead = request.overhead
-        parts["allocator_rounding"] = (
-            _rounding_waste(storage_plan.sizes.values())
-            + sum(op.param_waste for op in storage_plan.op_sizes)
-            if overhead.round_allocations
-            else 0
-        )
-        parts["fragmentation_reserve"] = int(sum(parts.values()) * overhead.fragmentation_fraction)
-        parts["workspace"] = overhead.workspace_bytes
-        parts["cuda_context"] = overhead.cuda_context_bytes
-        formulas.update(
-            allocator_rounding="caching allocator: 512 B granularity, 2 MiB blocks over 1 MiB",
-            fragmentation_reserve=f"{overhead.fragmentation_fraction:.0%} of allocated bytes",
-            workspace="cuBLAS/cuDNN workspace per process",
-            cuda_context="CUDA context (PyTorch, lazy module loading)",
-        )
+        _cuda_lines(e, parts)
     formulas.setdefault("activations", "tensors kept for backward / live at the peak")
     formulas.setdefault("transient", "gradients of activations, kernel temporaries, step buffers")
     formulas.setdefault("gradients", "parameter gradients accumulated so far")
@@ -946,26 +1022,7 @@ def estimate_memory(
         for key in order
         if key in parts
     )
-    if per_layer:
-        first_saver = _schedule(storage_plan).first_saver
-        for index, layer in enumerate(analysis.layers):
-            new_saved = sum(
-                storage_plan.sizes.get(key, 0)
-                for key in storage_plan.layer_saved[index]
-                if first_saver.get(key) == index
-            )
-            layers_view.append(
-                LayerMemory(
-                    name=layer.name,
-                    op=layer.op,
-                    output_shape=layer.output_shape,
-                    params=layer.params,
-                    flops=layer.flops,
-                    output_bytes=sizer.value_bytes(layer.output_numel, layer.output_kind),
-                    saved_bytes=new_saved,
-                    kept=_kept_tensors(layer, sizer, request) if training else (),
-                )
-            )
+    layers_view = _layer_view(e) if per_layer else ()
     phase_peaks: dict[str, int] = {}
     for moment in steady_moments:
         phase_peaks[moment.phase] = max(phase_peaks.get(moment.phase, 0), moment.total)
@@ -984,7 +1041,7 @@ def estimate_memory(
         seed_rule_bytes=(
             weights + seed if (seed := _seed_rule(analysis, sizer)) is not None else None
         ),
-        layers=tuple(layers_view),
+        layers=layers_view,
         assumptions=tuple(assumptions),
     )
 
