@@ -22,10 +22,13 @@ Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Paramet
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from fractions import Fraction
+from itertools import accumulate
+from operator import add, sub
 from typing import NamedTuple
 
 from app.domain.analysis import GraphAnalysis, LayerAnalysis
@@ -407,7 +410,10 @@ _IN0, _OUT, _NEW = 0, 1, 2
 class _OpSizes(NamedTuple):
     """Byte figures of one op result (shared by every repeat of a block)."""
 
-    kept: tuple[tuple[int, str, int], ...]  # (_IN0 | _OUT | _NEW, label, bytes) for backward
+    keeps_input: bool  # keeps its first input for backward
+    keeps_output: bool  # keeps its output for backward
+    new_kept: tuple[tuple[int, int], ...]  # (slot, bytes) of tensors it creates to keep
+    new_total: int  # their bytes
     forward_transient: int
     backward_internal: int
     output: int
@@ -421,7 +427,7 @@ def _op_sizes(layer: LayerAnalysis, sizer: _Sizer, request: MemoryRequest) -> _O
     tp = request.parallelism.tensor
     selective = request.checkpointing is Checkpointing.SELECTIVE
     fp32_acts = sizer.plan.activation == 4
-    kept: list[tuple[int, str, int]] = []
+    kept: list[tuple[int, int]] = []  # (_IN0 | _OUT | _NEW, bytes) in saved order
     internal = 0
     for item in layer.result.saved:
         numel = item.numel
@@ -435,17 +441,20 @@ def _op_sizes(layer: LayerAnalysis, sizer: _Sizer, request: MemoryRequest) -> _O
         if selective and item.label in _ATTENTION_MATRICES:
             continue
         if item.source == "in0" or (item.source == "in0_fp32" and fp32_acts):
-            kept.append((_IN0, item.label, size))
+            kept.append((_IN0, size))
         elif item.source == "out":
-            kept.append((_OUT, item.label, size))
+            kept.append((_OUT, size))
         else:
-            kept.append((_NEW, item.label, size))
+            kept.append((_NEW, size))
     output = sizer.value_bytes(layer.output_numel, TensorKind.FLOAT)
     backward_extra = (
         _CPU_BACKWARD_EXTRA.get(layer.op, 0) * output if sizer.runtime is Runtime.CPU else 0
     )
     return _OpSizes(
-        kept=tuple(kept),
+        keeps_input=any(source == _IN0 for source, _ in kept),
+        keeps_output=any(source == _OUT for source, _ in kept),
+        new_kept=tuple((slot, size) for slot, (source, size) in enumerate(kept) if source == _NEW),
+        new_total=sum(size for source, size in kept if source == _NEW),
         forward_transient=sum(
             sizer.storage_bytes(t.numel, t.storage) for t in layer.result.transients
         )
@@ -464,26 +473,33 @@ def _op_sizes(layer: LayerAnalysis, sizer: _Sizer, request: MemoryRequest) -> _O
 
 @dataclass(slots=True)
 class _Plan:
-    """Resolved storage sizes and, per layer, which storages it keeps for backward."""
+    """Resolved storage sizes and, per layer, which storages it keeps for backward.
 
-    sizes: dict[object, int]
-    layer_saved: list[list[object]]  # per layer: storages it keeps for backward
-    last_use: dict[object, int]  # storage -> last layer reading it in forward
-    pinned: set[object]  # model inputs and the final output: held by the caller
+    Storage ids are the analysis's (positive: model inputs and layer outputs); tensors a layer
+    creates only to keep for backward get negative ids.
+    """
+
+    sizes: dict[int, int]  # storage -> bytes
+    reused: list[tuple[int, ...]]  # per layer: its input/output storages it keeps for backward
+    layer_saved: list[list[int]] | None  # per layer: every storage it keeps (built on demand)
+    last_use: dict[int, int]  # storage -> last layer reading it in forward
+    pinned: set[int]  # model inputs and the final output: held by the caller
     op_sizes: list[_OpSizes]
+    out_alloc: list[int]  # per layer: bytes of the output it allocates (0: a view, in place)
     grad_in: list[int]  # per layer: bytes of the gradients of its inputs
-    first_saver: dict[object, int]  # kept storage -> earliest layer keeping it
-    adds: dict[int, list[object]]  # layer -> kept storages that are not its input or output
+    first_saver: dict[int, int]  # kept storage -> earliest layer keeping it
+    # Layer -> kept storages that are not its input or output. None until a caller needs their
+    # ids (full checkpointing, the per-layer view): until then each layer's new tensors are
+    # implied by its op sizes, kept only by it and freed after its own backward.
+    adds: dict[int, list[int]] | None
 
 
-@dataclass(slots=True)
-class _Schedule:
-    """When storages appear and disappear, derived from the plan."""
+class _Timeline(NamedTuple):
+    """Per layer, the bytes that appear and disappear around it, derived from the plan."""
 
-    first_saver: dict[object, int]  # kept storage -> earliest layer keeping it
-    adds: dict[int, list[object]]  # layer -> kept storages that are not its input or output
-    frees_forward: dict[int, list[object]]  # layer -> storages dead after it in forward
-    frees_backward: dict[int, list[object]]  # layer -> kept storages released after its backward
+    alloc: list[int]  # allocated in its forward: its output and the new tensors it keeps
+    free_forward: list[int]  # values whose last consumer it is (and that nothing keeps)
+    free_backward: list[int]  # kept tensors released after its backward (earliest keeper)
 
 
 def _checkpoint_unit(name: str) -> str | None:
@@ -533,78 +549,113 @@ _CONV_OPS = frozenset({"conv2d", "depthwise_conv2d", "pointwise_conv2d"})
 def _build_plan(
     analysis: GraphAnalysis, sizer: _Sizer, request: MemoryRequest, training: bool
 ) -> _Plan:
-    sizes: dict[object, int] = {}
-    for bound in analysis.inputs:
-        sizes[bound.storage] = sizer.value_bytes(bound.numel, bound.kind)
-    layer_saved: list[list[object]] = []
-    last_use: dict[object, int] = {}
-    grad_in: list[int] = []
-    by_result: dict[int, _OpSizes] = {}
-    op_sizes: list[_OpSizes] = []
-    first_saver: dict[object, int] = {}
-    adds: dict[int, list[object]] = {}
-    for index, layer in enumerate(analysis.layers):
-        derived = by_result.get(id(layer.result))
-        if derived is None:
-            derived = by_result[id(layer.result)] = _op_sizes(layer, sizer, request)
-        op_sizes.append(derived)
-        inputs = layer.input_storages
-        incoming = 0
-        for storage in inputs:
-            last_use[storage] = index
-            incoming += sizes.get(storage, 0)
-        grad_in.append(incoming)
-        if layer.allocates_output:
-            sizes[layer.output_storage] = derived.output_storage
-        kept: list[object] = []
-        if training:
-            for slot, (source, _label, size) in enumerate(derived.kept):
-                key: object
-                if source == _IN0:
-                    key = inputs[0]
-                elif source == _OUT:
-                    key = layer.output_storage
-                else:
-                    key = -(index * 64 + slot) - 1  # new storages: negative ids, unique
-                    sizes[key] = size
-                    adds.setdefault(index, []).append(key)
-                if key not in kept:
-                    kept.append(key)
-                    if key not in first_saver:
-                        first_saver[key] = index
-        layer_saved.append(kept)
-    pinned: set[object] = {bound.storage for bound in analysis.inputs}
+    layers = analysis.layers
+    # Byte figures once per distinct op result: the iterations of a repeat share theirs.
+    distinct = {id(layer.result): layer for layer in layers}
+    derived = {key: _op_sizes(layer, sizer, request) for key, layer in distinct.items()}
+    op_sizes = [derived[id(layer.result)] for layer in layers]
+    sizes = {bound.storage: sizer.value_bytes(bound.numel, bound.kind) for bound in analysis.inputs}
+    out_alloc = [
+        op.output_storage if layer.allocates_output else 0
+        for layer, op in zip(layers, op_sizes, strict=True)
+    ]
+    sizes.update(
+        {
+            layer.output_storage: op.output_storage
+            for layer, op in zip(layers, op_sizes, strict=True)
+            if layer.allocates_output
+        }
+    )
+    # Every storage a layer reads is a model input or an earlier layer's (allocated) output.
+    grad_in = [sum([sizes[storage] for storage in layer.input_storages]) for layer in layers]
+    last_use = {
+        storage: index for index, layer in enumerate(layers) for storage in layer.input_storages
+    }
+    n = len(layers)
+    # Kept inputs/outputs per layer (an in-place op keeps one storage once), then the tensors
+    # layers create only to keep: negative ids, unique per (layer, slot).
+    reused: list[tuple[int, ...]] = [()] * n
+    if training:
+        reused = [
+            (
+                ((layer.input_storages[0],) if op.keeps_input else ())
+                + (
+                    (layer.output_storage,)
+                    if op.keeps_output
+                    and not (op.keeps_input and layer.output_storage == layer.input_storages[0])
+                    else ()
+                )
+            )
+            if op.keeps_input or op.keeps_output
+            else ()
+            for layer, op in zip(layers, op_sizes, strict=True)
+        ]
+    # Earliest keeper: walk backwards so that earlier layers overwrite later ones.
+    first_saver = {key: index for index in range(n - 1, -1, -1) for key in reused[index]}
+    pinned = {bound.storage for bound in analysis.inputs}
     pinned.add(analysis.output_storage)
     return _Plan(
         sizes=sizes,
-        layer_saved=layer_saved,
+        reused=reused,
+        layer_saved=None,
         last_use=last_use,
         pinned=pinned,
         op_sizes=op_sizes,
+        out_alloc=out_alloc,
         grad_in=grad_in,
         first_saver=first_saver,
-        adds=adds,
+        adds=None if training else {},  # inference keeps nothing for backward
     )
+
+
+def _new_storages(plan: _Plan) -> dict[int, list[int]]:
+    """Give the tensors layers create to keep their ids (negative, unique per layer and slot)."""
+    if plan.adds is None:
+        plan.adds = {
+            index: [-(index * 64) - 1 - slot for slot, _ in op.new_kept]
+            for index, op in enumerate(plan.op_sizes)
+            if op.new_kept
+        }
+        plan.sizes.update(
+            {
+                -(index * 64) - 1 - slot: size
+                for index, op in enumerate(plan.op_sizes)
+                for slot, size in op.new_kept
+            }
+        )
+        plan.first_saver.update({key: index for index, keys in plan.adds.items() for key in keys})
+    return plan.adds
+
+
+def _layer_saved(plan: _Plan) -> list[list[int]]:
+    """Per layer, the storages it keeps for backward: kept inputs/outputs, then new tensors."""
+    if plan.layer_saved is None:
+        adds = _new_storages(plan)
+        plan.layer_saved = [[*keys, *adds.get(index, ())] for index, keys in enumerate(plan.reused)]
+    return plan.layer_saved
 
 
 def _apply_full_checkpointing(analysis: GraphAnalysis, plan: _Plan) -> dict[str, int]:
     """Keep only each unit's input; return the bytes each unit holds while recomputed."""
-    units: dict[str, set[object]] = {}
+    units: dict[str, set[int]] = {}
+    layer_saved = _layer_saved(plan)  # gives new tensors their ids
     for index, layer in enumerate(analysis.layers):
         unit = _checkpoint_unit(layer.name)
         if unit is None:
             continue
         first = unit not in units
-        units.setdefault(unit, set()).update(plan.layer_saved[index])
-        plan.layer_saved[index] = [layer.input_storages[0]] if first else []
-    plan.first_saver, plan.adds = {}, {}
-    for index, kept in enumerate(plan.layer_saved):
+        units.setdefault(unit, set()).update(layer_saved[index])
+        layer_saved[index] = [layer.input_storages[0]] if first else []
+    plan.first_saver = {}
+    adds: dict[int, list[int]] = {}
+    for index, kept in enumerate(layer_saved):
         layer = analysis.layers[index]
         for key in kept:
             if key not in plan.first_saver:
                 plan.first_saver[key] = index
                 if key not in layer.input_storages and key != layer.output_storage:
-                    plan.adds.setdefault(index, []).append(key)
+                    adds.setdefault(index, []).append(key)
+    plan.adds = adds
     still_kept = set(plan.first_saver)
     return {
         unit: sum(plan.sizes[k] for k in keys if k not in still_kept)
@@ -612,23 +663,26 @@ def _apply_full_checkpointing(analysis: GraphAnalysis, plan: _Plan) -> dict[str,
     }
 
 
-def _schedule(plan: _Plan) -> _Schedule:
-    """Which storages die after which layer, in forward and in backward."""
-    first_saver, pinned = plan.first_saver, plan.pinned
-    frees_forward: dict[int, list[object]] = {}
+def _timeline(plan: _Plan) -> _Timeline:
+    """Bytes allocated and freed around each layer, in forward and in backward."""
+    sizes, first_saver, pinned = plan.sizes, plan.first_saver, plan.pinned
+    if plan.adds is None:  # new tensors: kept by their creator only, freed after its backward
+        new = [op.new_total for op in plan.op_sizes]
+        alloc = list(map(add, plan.out_alloc, new))
+        free_backward = new
+    else:
+        alloc = list(plan.out_alloc)
+        for index, keys in plan.adds.items():
+            alloc[index] += sum([sizes[key] for key in keys])
+        free_backward = [0] * len(alloc)
+    free_forward = [0] * len(alloc)
     for storage, index in plan.last_use.items():
         if storage not in first_saver and storage not in pinned:
-            frees_forward.setdefault(index, []).append(storage)
-    frees_backward: dict[int, list[object]] = {}
+            free_forward[index] += sizes[storage]
     for key, index in first_saver.items():
         if key not in pinned:
-            frees_backward.setdefault(index, []).append(key)
-    return _Schedule(
-        first_saver=first_saver,
-        adds=plan.adds,
-        frees_forward=frees_forward,
-        frees_backward=frees_backward,
-    )
+            free_backward[index] += sizes[key]
+    return _Timeline(alloc=alloc, free_forward=free_forward, free_backward=free_backward)
 
 
 @dataclass(frozen=True, slots=True)
@@ -644,70 +698,69 @@ class _Peak:
         return self.activations + self.transient + self.gradients
 
 
-def _forward(
-    analysis: GraphAnalysis,
-    plan: _Plan,
-    schedule: _Schedule,
-    request: MemoryRequest,
-) -> tuple[_Peak, set[object], int]:
-    """Replay the forward; return its peak and what is live at its end."""
-    sizes = plan.sizes
-    live: set[object] = {bound.storage for bound in analysis.inputs}
-    live_bytes = sum(sizes[k] for k in live)
-    adds, frees, op_sizes = schedule.adds, schedule.frees_forward, plan.op_sizes
-    add, discard = live.add, live.discard
-    best_total, best = -1, _Peak()
-    for index, layer in enumerate(analysis.layers):
-        if layer.allocates_output:
-            add(layer.output_storage)
-            live_bytes += sizes[layer.output_storage]
-        if index in adds:
-            for key in adds[index]:
-                add(key)
-                live_bytes += sizes[key]
-        transient = op_sizes[index].forward_transient
-        if live_bytes + transient > best_total:
-            best_total = live_bytes + transient
-            best = _Peak(activations=live_bytes, transient=transient)
-        if index in frees:
-            for storage in frees[index]:
-                if storage in live:
-                    discard(storage)
-                    live_bytes -= sizes[storage]
-    return best, live, live_bytes
+def _forward(plan: _Plan, timeline: _Timeline, inputs_bytes: int) -> tuple[_Peak, int]:
+    """Replay the forward; return its peak and the bytes live at its end.
+
+    Before layer ``i`` the live bytes are the inputs plus everything allocated by layers
+    ``< i`` minus what died after them; at layer ``i`` its allocations and its forward
+    transient join them. Running sums, so the walk is C loops over per-layer figures.
+    """
+    alloc = timeline.alloc
+    if not alloc:
+        return _Peak(), inputs_bytes
+    before = list(accumulate(map(sub, alloc, timeline.free_forward), initial=inputs_bytes))
+    during = list(map(add, before, alloc))  # zip-like: stops after the last layer
+    transients = [op.forward_transient for op in plan.op_sizes]
+    totals = list(map(add, during, transients))
+    index = max(range(len(totals)), key=totals.__getitem__)  # the first largest
+    return _Peak(activations=during[index], transient=transients[index]), before[-1]
 
 
 def _backward(
     analysis: GraphAnalysis,
     plan: _Plan,
-    schedule: _Schedule,
-    live: set[object],
+    timeline: _Timeline,
     live_bytes: int,
     grad_bytes_per_layer: list[int],
     recompute: dict[str, int],
 ) -> _Peak:
-    """Replay the backward in reverse layer order; return its peak."""
-    sizes = plan.sizes
-    frees = schedule.frees_backward
-    op_sizes, grad_in = plan.op_sizes, plan.grad_in
-    grads = 0
-    best_total, best = -1, _Peak()
-    for index in range(len(analysis.layers) - 1, -1, -1):
-        extra = 0
-        if recompute:
-            unit = _checkpoint_unit(analysis.layers[index].name)
-            extra = recompute.get(unit, 0) if unit is not None else 0
-        grads += grad_bytes_per_layer[index]
-        transient = op_sizes[index].backward_static + grad_in[index]
-        total = live_bytes + extra + transient + grads
-        if total > best_total:
-            best_total = total
-            best = _Peak(activations=live_bytes + extra, transient=transient, gradients=grads)
-        for key in frees.get(index, ()):
-            if key in live:
-                live.discard(key)
-                live_bytes -= sizes[key]
-    return best
+    """Replay the backward in reverse layer order; return its peak.
+
+    At layer ``i`` (walking from the last): the kept tensors of layers ``<= i`` (all live
+    bytes at the end of forward minus those released after the backward of layers ``> i``),
+    the block being recomputed, the output/input gradients and kernel buffers of ``i``, and
+    the parameter gradients of layers ``>= i``.
+    """
+    n = len(analysis.layers)
+    if not n:
+        return _Peak()
+    live = list(accumulate(reversed(timeline.free_backward), sub, initial=live_bytes))
+    if recompute:
+        extra = [recompute.get(_checkpoint_unit(layer.name) or "", 0) for layer in analysis.layers]
+        live = list(map(add, live, reversed(extra)))
+    grads = list(accumulate(reversed(grad_bytes_per_layer)))
+    transients = list(
+        map(add, [op.backward_static for op in reversed(plan.op_sizes)], reversed(plan.grad_in))
+    )
+    totals = list(map(add, map(add, live, transients), grads))
+    k = max(range(n), key=totals.__getitem__)  # the first largest, walking backwards
+    return _Peak(activations=live[k], transient=transients[k], gradients=grads[k])
+
+
+def _storage_sizes(plan: _Plan) -> Counter[int]:
+    """How many storages of each size the step allocates (new tensors without ids included)."""
+    counts = Counter(plan.sizes.values())
+    if plan.adds is None:
+        per_op = Counter(map(id, plan.op_sizes))
+        for op in {id(op): op for op in plan.op_sizes}.values():
+            for _, size in op.new_kept:
+                counts[size] += per_op[id(op)]
+    return counts
+
+
+def _input_bytes(analysis: GraphAnalysis, plan: _Plan) -> int:
+    """Bytes of the model inputs' storages (live from the start)."""
+    return sum(plan.sizes[storage] for storage in {bound.storage for bound in analysis.inputs})
 
 
 def _grad_bytes_per_layer(analysis: GraphAnalysis, plan_bytes: Fraction, shard: int) -> list[int]:
@@ -728,12 +781,12 @@ def _seed_rule(analysis: GraphAnalysis, sizer: _Sizer) -> int | None:
     return best
 
 
-def _rounding_waste(tensor_sizes: Iterable[int]) -> int:
+def _rounding_waste(tensor_sizes: Iterable[int] | Counter[int]) -> int:
     """CUDA caching allocator: 512 B granularity, 2 MiB blocks for tensors over 1 MiB."""
-    waste = 0
-    for size in tensor_sizes:
-        waste += -size % (2 * MIB) if size > MIB else -size % 512
-    return waste
+    counts = tensor_sizes if isinstance(tensor_sizes, Counter) else Counter(tensor_sizes)
+    return sum(
+        count * (-size % (2 * MIB) if size > MIB else -size % 512) for size, count in counts.items()
+    )
 
 
 @dataclass(slots=True)
@@ -796,12 +849,10 @@ def _training_moments(e: _Estimation) -> tuple[list[_Moment], list[_Moment]]:
         if accumulate
         else _grad_bytes_per_layer(analysis, grad_element, grad_shard)
     )
-    schedule = _schedule(storage_plan)
-    fwd_peak, end_live, end_bytes = _forward(analysis, storage_plan, schedule, request)
+    timeline = _timeline(storage_plan)
+    fwd_peak, end_bytes = _forward(storage_plan, timeline, _input_bytes(analysis, storage_plan))
     fwd_end = _Peak(activations=end_bytes)
-    bwd_peak = _backward(
-        analysis, storage_plan, schedule, end_live, end_bytes, grad_layers, recompute
-    )
+    bwd_peak = _backward(analysis, storage_plan, timeline, end_bytes, grad_layers, recompute)
     held_grads = {"gradients": grad_bytes} if accumulate else {}
     step_parts = {
         **lines_static,
@@ -861,7 +912,9 @@ def _inference_moments(e: _Estimation) -> list[_Moment]:
             formulas["kv_cache"] = (
                 f"2 x layers x kv_heads x head_dim x seq x batch x {plan.activation} B = {kv:,} B"
             )
-    fwd_peak, _, _ = _forward(analysis, storage_plan, _schedule(storage_plan), request)
+    fwd_peak, _ = _forward(
+        storage_plan, _timeline(storage_plan), _input_bytes(analysis, storage_plan)
+    )
     formulas["inputs"] = "model inputs held by the caller"
     assumptions.append("activations live from their producer to their last consumer")
 
@@ -873,7 +926,7 @@ def _cuda_lines(e: _Estimation, parts: dict[str, int]) -> None:
     request, storage_plan, formulas = e.request, e.storage_plan, e.formulas
     overhead = request.overhead
     parts["allocator_rounding"] = (
-        _rounding_waste(storage_plan.sizes.values())
+        _rounding_waste(_storage_sizes(storage_plan))
         + sum(op.param_waste for op in storage_plan.op_sizes)
         if overhead.round_allocations
         else 0
@@ -894,11 +947,12 @@ def _layer_view(e: _Estimation) -> tuple[LayerMemory, ...]:
     analysis, request, sizer, storage_plan = e.analysis, e.request, e.sizer, e.storage_plan
     training = request.mode is Mode.TRAINING
     layers_view: list[LayerMemory] = []
-    first_saver = _schedule(storage_plan).first_saver
+    first_saver = storage_plan.first_saver
+    layer_saved = _layer_saved(storage_plan)
     for index, layer in enumerate(analysis.layers):
         new_saved = sum(
             storage_plan.sizes.get(key, 0)
-            for key in storage_plan.layer_saved[index]
+            for key in layer_saved[index]
             if first_saver.get(key) == index
         )
         layers_view.append(

@@ -1,0 +1,132 @@
+"""Regression snapshot of the memory model over ~2,300 configurations.
+
+Every zoo model in both modes, across precisions, runtimes, optimizers and their
+implementations, checkpointing policies, parallelism and accumulation. The snapshot
+(``memory_snapshot.json``) keeps the peak per configuration and a digest of the whole estimate
+(every line, formula, assumption and, for the first variant, the per-layer view), so a
+refactor of the timeline that changes any figure or text fails here, naming the configuration.
+
+The snapshot was generated before the timeline became array-based (running sums instead of a
+per-layer replay of live sets). An intended change to the model regenerates it:
+``UPDATE_MEMORY_SNAPSHOT=1 .venv/bin/python -m pytest tests/domain/test_memory_snapshot.py``
+(and the diff of the JSON shows which peaks moved).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import itertools
+import json
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.domain import memory as M
+from app.domain.analysis import GraphAnalysis, analyze
+from app.domain.zoo import ZOO
+
+SNAPSHOT = Path(__file__).with_name("memory_snapshot.json")
+LARGE = ("gpt-3-175b", "llama-2-7b", "llama-3-8b")
+
+
+def _canon(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _canon(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, Mapping):
+        return {str(k): _canon(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_canon(v) for v in value]
+    return value
+
+
+def _variants(mode: M.Mode) -> list[dict[str, Any]]:
+    if mode is M.Mode.INFERENCE:
+        return [{}, {"kv_cache": False}, {"parallelism": M.Parallelism(tensor=2)}]
+    variants: list[dict[str, Any]] = [
+        {"optimizer": opt, "optimizer_impl": impl, "checkpointing": ckpt}
+        for opt, impl, ckpt in itertools.product(
+            [M.Optimizer.ADAMW, M.Optimizer.SGD_MOMENTUM, M.Optimizer.ADAFACTOR],
+            [M.OptimizerImpl.AUTO, M.OptimizerImpl.FOR_LOOP],
+            list(M.Checkpointing),
+        )
+    ]
+    variants.append(
+        {"parallelism": M.Parallelism(data=4, tensor=2, zero_stage=2), "accumulation_steps": 4}
+    )
+    variants.append({"parallelism": M.Parallelism(data=8, zero_stage=3), "fp32_grad_buffer": True})
+    return variants
+
+
+def _cases() -> Iterator[tuple[str, GraphAnalysis, M.MemoryRequest, bool]]:
+    for slug, model in ZOO.items():
+        bindings = {**model.default_bindings, "batch": 1}
+        if slug in LARGE:
+            bindings["seq"] = 512
+        for mode in M.Mode:
+            analysis = analyze(
+                model.inputs, model.layers, bindings, training=mode is M.Mode.TRAINING
+            )
+            precisions = [
+                M.Precision.FP32,
+                M.Precision.BF16,
+                M.Precision.AMP_FP16,
+                M.Precision.MIXED_BF16,
+            ]
+            if mode is M.Mode.INFERENCE:
+                precisions += [M.Precision.INT4, M.Precision.FP8]
+            for precision, runtime in itertools.product(precisions, M.Runtime):
+                for index, variant in enumerate(_variants(mode)):
+                    request = M.MemoryRequest(
+                        mode=mode, precision=precision, runtime=runtime, **variant
+                    )
+                    label = f"{slug}|{mode.value}|{precision.value}|{runtime.value}|{index}"
+                    yield label, analysis, request, index == 0
+
+
+def _entry(analysis: GraphAnalysis, request: M.MemoryRequest, per_layer: bool) -> list[Any]:
+    try:
+        estimate = M.estimate_memory(analysis, request, per_layer=per_layer)
+    except M.MemoryInputError as exc:
+        return ["error", str(exc)]
+    text = json.dumps(_canon(estimate), sort_keys=True, separators=(",", ":"))
+    return [estimate.peak_bytes, hashlib.sha256(text.encode()).hexdigest()[:16]]
+
+
+def _current() -> dict[str, list[Any]]:
+    return {label: _entry(a, r, per_layer) for label, a, r, per_layer in _cases()}
+
+
+@pytest.fixture(scope="module")
+def current() -> dict[str, list[Any]]:
+    entries = _current()
+    if os.environ.get("UPDATE_MEMORY_SNAPSHOT"):
+        lines = [f"{json.dumps(k)}: {json.dumps(v)}" for k, v in sorted(entries.items())]
+        SNAPSHOT.write_text("{\n" + ",\n".join(lines) + "\n}\n")
+    return entries
+
+
+def test_memory_estimates_match_snapshot(current: dict[str, list[Any]]) -> None:
+    expected: dict[str, list[Any]] = json.loads(SNAPSHOT.read_text())
+    assert sorted(current) == sorted(expected)
+    changed = [
+        f"{label}: peak {expected[label][0]} -> {current[label][0]}"
+        for label in sorted(expected)
+        if current[label] != expected[label]
+    ]
+    assert not changed, f"{len(changed)} estimates changed:\n" + "\n".join(changed[:20])
+
+
+def test_snapshot_is_not_trivial() -> None:
+    """The snapshot covers both modes and many distinct peaks."""
+    expected: dict[str, list[Any]] = json.loads(SNAPSHOT.read_text())
+    peaks = {entry[0] for entry in expected.values() if entry[0] != "error"}
+    assert len(expected) > 2000
+    assert len(peaks) > 1000
+    assert {label.split("|")[1] for label in expected} == {"training", "inference"}
