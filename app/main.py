@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -52,6 +53,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             )
         else:
             logger.info("API keys configured: %d; writes need a key", len(settings.api_key_list))
+        # Everything imported and built so far (FastAPI, pydantic, SQLAlchemy, the model zoo:
+        # ~150,000 objects) lives as long as the process. Moving it out of the collector's
+        # generations keeps full collections from scanning it: they took ~75 ms each and were
+        # the admission webhook's p99 (benchmarks/admission_load.py).
+        gc.collect()
+        gc.freeze()
         yield
         engine.dispose()
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import socket
 import statistics
@@ -107,41 +108,96 @@ async def _wait_ready(base: str) -> None:
     raise RuntimeError("server did not become ready")
 
 
-async def _load(base: str, rate: float, seconds: float) -> tuple[list[float], int, float]:
-    latencies: list[float] = []
-    errors = 0
-    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
-    async with httpx.AsyncClient(base_url=base, limits=limits, timeout=10) as client:
+def _cpu_seconds(root: int) -> float | None:
+    """User + system CPU time of a process and its children (Linux /proc), or None."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    try:
+        entries = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return None
+    for pid in entries:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(pid) == root or int(fields[1]) == root:  # fields[1]: parent pid
+            total += (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
+    return total
+
+
+def _request_bytes(port: int, body: dict[str, Any]) -> bytes:
+    payload = json.dumps(body).encode()
+    head = (
+        f"POST /v1/admission/pods HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
+    )
+    return head.encode() + payload
+
+
+async def _exchange(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes
+) -> tuple[int, bytes]:
+    """One HTTP/1.1 request on a kept-alive connection: (status, body)."""
+    writer.write(request)
+    head = await reader.readuntil(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line[:15].lower() == b"content-length:":
+            length = int(line[15:])
+    return status, await reader.readexactly(length)
+
+
+async def _load(
+    base: str, port: int, rate: float, seconds: float, connections: int
+) -> tuple[list[float], int, float]:
+    """Open-loop load: request ``i`` is due at ``begin + i / rate``; its latency counts from
+    then (time queued for a free connection included, so a slow server cannot hide behind a
+    slow client). The client is raw asyncio streams with pre-encoded requests, to leave the
+    two cores to the server."""
+    async with httpx.AsyncClient(base_url=base, timeout=10) as client:
         created = await client.post("/v1/workloads", json=WORKLOAD)
         created.raise_for_status()
-        # warm up: import paths, caches, connections
-        for _ in range(20):
-            await client.post("/v1/admission/pods", json=_review("nvidia.com/mig-3g.40gb"))
+    resources = ("nvidia.com/mig-3g.40gb", "nvidia.com/mig-1g.10gb", "nvidia.com/gpu")
+    total = int(rate * seconds)
+    requests = [_request_bytes(port, _review(resources[i % len(resources)])) for i in range(total)]
+    idle: asyncio.Queue[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = asyncio.Queue()
+    for _ in range(connections):
+        idle.put_nowait(await asyncio.open_connection("127.0.0.1", port))
+    for request in requests[:50]:  # warm up: import paths, caches, every connection
+        conn = await idle.get()
+        await _exchange(*conn, request)
+        idle.put_nowait(conn)
+    latencies: list[float] = []
+    errors = 0
 
-        async def one(body: dict[str, Any]) -> None:
-            nonlocal errors
-            start = time.perf_counter()
-            try:
-                response = await client.post("/v1/admission/pods", json=body)
-                response.raise_for_status()
-                response.json()["response"]["allowed"]
-            except (httpx.HTTPError, KeyError, ValueError):
-                errors += 1
-                return
-            latencies.append((time.perf_counter() - start) * 1000)
+    async def one(request: bytes, due: float) -> None:
+        nonlocal errors
+        conn = await idle.get()
+        try:
+            status, body = await _exchange(*conn, request)
+        except (OSError, asyncio.IncompleteReadError, ValueError):
+            errors += 1
+            return
+        idle.put_nowait(conn)
+        if status != 200 or b'"allowed"' not in body:
+            errors += 1
+            return
+        latencies.append((time.perf_counter() - due) * 1000)
 
-        total = int(rate * seconds)
-        resources = ("nvidia.com/mig-3g.40gb", "nvidia.com/mig-1g.10gb", "nvidia.com/gpu")
-        bodies = [_review(resources[i % len(resources)]) for i in range(total)]
-        tasks = []
-        begin = time.perf_counter()
-        for index, body in enumerate(bodies):
-            delay = begin + index / rate - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(body)))
-        await asyncio.gather(*tasks)
-        elapsed = time.perf_counter() - begin
+    tasks = []
+    begin = time.perf_counter()
+    for index, request in enumerate(requests):
+        due = begin + index / rate
+        delay = due - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one(request, due)))
+    await asyncio.gather(*tasks)
+    elapsed = time.perf_counter() - begin
+    while not idle.empty():
+        idle.get_nowait()[1].close()
     return latencies, errors, elapsed
 
 
@@ -151,6 +207,7 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=200.0, help="requests per second")
     parser.add_argument("--seconds", type=float, default=10.0, help="duration")
     parser.add_argument("--workers", type=int, default=2, help="server worker processes")
+    parser.add_argument("--connections", type=int, default=32, help="kept-alive connections")
     args = parser.parse_args()
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
@@ -158,7 +215,11 @@ def main() -> int:
         server = _start_server(Path(tmp), port, args.workers)
         try:
             asyncio.run(_wait_ready(base))
-            latencies, errors, elapsed = asyncio.run(_load(base, args.rate, args.seconds))
+            cpu_before = _cpu_seconds(server.pid)
+            latencies, errors, elapsed = asyncio.run(
+                _load(base, port, args.rate, args.seconds, args.connections)
+            )
+            cpu_after = _cpu_seconds(server.pid)
         finally:
             server.terminate()
             server.wait(timeout=10)
@@ -173,6 +234,15 @@ def main() -> int:
     print(f"requests: {done} ok, {errors} errors, achieved {done / elapsed:.1f}/s")
     print(f"latency ms: p50 {p50:.2f}, p90 {latencies[int(0.9 * done)]:.2f}, p99 {p99:.2f}, "
           f"max {latencies[-1]:.2f}")  # fmt: skip
+    if cpu_before is not None and cpu_after is not None:
+        used = cpu_after - cpu_before  # includes the 50 warm-up requests
+        print(
+            f"server CPU: {used:.2f} s for {done + 50} requests = "
+            f"{used / (done + 50) * 1000:.2f} ms per request "
+            f"({used / elapsed:.2f} of {os.cpu_count()} cores)"
+        )
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"load average after the run: {load}")
     ok = errors == 0 and p99 < TARGET_P99_MS
     print(f"target p99 < {TARGET_P99_MS:g} ms: {'met' if ok else 'NOT met'}")
     return 0 if ok else 1

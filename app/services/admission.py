@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,7 +13,7 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from app.db.models import Hardware
-from app.db.repositories import HardwareRepository
+from app.db.repositories import FingerprintRepository, HardwareRepository
 from app.domain.admission import (
     WHOLE_GPU,
     GpuRequest,
@@ -163,18 +166,104 @@ def _inline_spec(notes: dict[str, str]) -> WorkloadSpec:
         raise ReviewError(f"inline workload annotations invalid: {where}: {first['msg']}") from exc
 
 
+_INLINE_KEYS = ("model", "mode", "batch-size", "precision", "sequence-length", "image-size")
+_Decisions = tuple[Decision, ...]
+
+
+class _DecisionCache:
+    """Decisions keyed by the state they were computed from (thread-safe LRU, per process).
+
+    A key holds the (id, version, updated_at) of the workload, its model and the GPU's hardware
+    profile, read by one cheap query each: any write to those rows changes the key, so a hit
+    is exactly what the full evaluation would answer now. Misses and errors are not cached.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._items: OrderedDict[Hashable, _Decisions] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable) -> _Decisions | None:
+        with self._lock:
+            found = self._items.get(key)
+            if found is not None:
+                self._items.move_to_end(key)
+            return found
+
+    def put(self, key: Hashable, decisions: _Decisions) -> None:
+        with self._lock:
+            self._items[key] = decisions
+            self._items.move_to_end(key)
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+
+DECISIONS = _DecisionCache(size=1024)
+
+
+def _state_key(
+    session: Session, notes: dict[str, str], gpu: str, requests: list[GpuRequest]
+) -> Hashable | None:
+    """What the decisions depend on, or None when a row is missing (the full path says why)."""
+    rows = FingerprintRepository(session)
+    subject: Hashable
+    if "workload" in notes:
+        subject, state = notes["workload"], rows.workload(notes["workload"])
+    else:
+        subject, state = (
+            tuple((key, notes.get(key)) for key in _INLINE_KEYS),
+            rows.model(notes["model"]),
+        )
+    hardware = rows.hardware(gpu)
+    if state is None or hardware is None:
+        return None
+    wanted = tuple((r.resource, r.count) for r in requests)
+    return subject, state, gpu, hardware, wanted
+
+
+def _decisions(
+    session: Session, notes: dict[str, str], gpu: str, requests: list[GpuRequest]
+) -> _Decisions:
+    """Each request's decision: from the cache when the rows are unchanged, else computed."""
+    key = _state_key(session, notes, gpu, requests)
+    if key is not None and (cached := DECISIONS.get(key)) is not None:
+        return cached
+    if "workload" in notes:
+        label = notes["workload"]
+        spec = workload_spec(session, label)
+    else:
+        spec = _inline_spec(notes)
+        label = spec.model or "inline"
+    hardware = HardwareRepository(session).get(gpu)
+    if hardware is None:
+        raise ReviewError(f"capacity-planner.io/gpu '{gpu}' is not a known hardware profile")
+    decisions = tuple(
+        decide(
+            session,
+            spec=spec,
+            label=label,
+            hardware=hardware,
+            resource=request.resource,
+            count=request.count,
+        )
+        for request in requests
+    )
+    # Cache only if nothing changed while computing (a concurrent write moves the key on).
+    if key is not None and _state_key(session, notes, gpu, requests) == key:
+        DECISIONS.put(key, decisions)
+    return decisions
+
+
 def _evaluate(session: Session, pod: dict[str, Any]) -> tuple[bool, str, list[str]]:
     requests = gpu_requests(pod)
     if not requests:
         return True, "no GPU requested", []
     notes = planner_annotations(pod)
-    if "workload" in notes:
-        label = notes["workload"]
-        spec = workload_spec(session, label)
-    elif "model" in notes:
-        spec = _inline_spec(notes)
-        label = spec.model or "inline"
-    else:
+    if "workload" not in notes and "model" not in notes:
         raise ReviewError(
             "pod asks for GPUs but names no workload: annotate capacity-planner.io/workload "
             "(or capacity-planner.io/model, mode, batch-size, precision)"
@@ -185,23 +274,7 @@ def _evaluate(session: Session, pod: dict[str, Any]) -> tuple[bool, str, list[st
             "which GPU model? set annotation or nodeSelector capacity-planner.io/gpu to a "
             "hardware slug (GET /v1/hardware)"
         )
-    hardware = HardwareRepository(session).get(gpu)
-    if hardware is None:
-        raise ReviewError(f"capacity-planner.io/gpu '{gpu}' is not a known hardware profile")
-    decisions: list[tuple[GpuRequest, Decision]] = [
-        (
-            request,
-            decide(
-                session,
-                spec=spec,
-                label=label,
-                hardware=hardware,
-                resource=request.resource,
-                count=request.count,
-            ),
-        )
-        for request in requests
-    ]
+    decisions = list(zip(requests, _decisions(session, notes, gpu, requests), strict=True))
     denied = [(r, d) for r, d in decisions if not d.allowed]
     warnings = [w for _, d in decisions for w in d.warnings]
     if denied:

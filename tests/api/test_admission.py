@@ -3,7 +3,7 @@ from typing import Any
 
 import pytest
 
-from tests.api.helpers import assert_problem
+from tests.api.helpers import assert_problem, hardware, model, without_slug
 from tests.support import ApiClient, ClientFactory, table_counts
 
 A100_80 = "nvidia-a100-80gb-sxm"
@@ -226,3 +226,54 @@ def test_simple_check_form(with_workloads: ApiClient, db_url: str) -> None:
 )
 def test_bad_checks(with_workloads: ApiClient, body: dict[str, Any], status: int) -> None:
     assert_problem(with_workloads.post("/v1/admission/check", json=body), status)
+
+
+# --------------------------------------------------------------------------------------------
+# The decision cache is keyed by row state: a write must change the next answer.
+# --------------------------------------------------------------------------------------------
+
+
+def _put(client: ApiClient, path: str, body: dict[str, Any]) -> None:
+    etag = client.get(path).headers["etag"]
+    response = client.put(path, json=body, headers={"If-Match": etag})
+    assert response.status_code == 200, response.text
+
+
+def test_review_follows_workload_updates(with_workloads: ApiClient) -> None:
+    body = review(_container("server", {"nvidia.com/mig-1g.10gb": "1"}), annotations=NOTES)
+    first = _answer(with_workloads, body)
+    assert first["allowed"] is True
+    assert _answer(with_workloads, body) == first  # the same answer again (a cache hit)
+    too_big = {k: v for k, v in BIG.items() if k != "slug"}
+    _put(with_workloads, "/v1/workloads/chat", {**too_big, "name": "Chat"})
+    after = _answer(with_workloads, body)
+    assert after["allowed"] is False
+    assert "chat inference bs 8 bf16" in after["status"]["message"]
+
+
+def test_review_follows_hardware_and_model_updates(client: ApiClient) -> None:
+    assert client.post("/v1/hardware", json=hardware()).status_code == 201
+    assert client.post("/v1/models", json=model()).status_code == 201
+    notes = {
+        "capacity-planner.io/model": "tiny-cnn",
+        "capacity-planner.io/mode": "training",
+        "capacity-planner.io/batch-size": "512",
+        "capacity-planner.io/precision": "fp32",
+        "capacity-planner.io/gpu": "lab-gpu-1",
+    }
+    body = review(_container("trainer", {"nvidia.com/mig-1g.3gb": "1"}), annotations=notes)
+    assert _answer(client, body)["allowed"] is True
+    # The slice shrinks to 600 MiB: less than the CUDA context alone.
+    smaller = hardware()
+    smaller["mig"]["profiles"][0]["memory_mib"] = 600
+    _put(client, "/v1/hardware/lab-gpu-1", without_slug(smaller))
+    denied = _answer(client, body)
+    assert denied["allowed"] is False
+    assert "gives 0.6 GiB usable" in denied["status"]["message"]
+    # Back to 3 GiB, then the model grows until it no longer fits.
+    _put(client, "/v1/hardware/lab-gpu-1", without_slug(hardware()))
+    assert _answer(client, body)["allowed"] is True
+    wide = model()
+    wide["layers"][0] = {**wide["layers"][0], "out_channels": 512}
+    _put(client, "/v1/models/tiny-cnn", without_slug(wide))
+    assert _answer(client, body)["allowed"] is False
