@@ -204,7 +204,17 @@ _PLANS: Mapping[Precision, PrecisionPlan] = {
 QUANTIZED = frozenset({Precision.FP8, Precision.INT8, Precision.INT4})
 INT4_GROUP = 128
 _QUANTIZED_OPS = frozenset(
-    {"conv2d", "depthwise_conv2d", "pointwise_conv2d", "linear", "attention", "mlp", "lstm", "gru"}
+    {
+        "conv2d",
+        "depthwise_conv2d",
+        "pointwise_conv2d",
+        "linear",
+        "attention",
+        "mlp",
+        "moe",
+        "lstm",
+        "gru",
+    }  # fmt: skip
 )
 
 # Optimizer state slots per trainable parameter element.
@@ -402,6 +412,7 @@ def _step_temporaries(
 
 
 _IN0, _OUT, _NEW = 0, 1, 2
+_INPUT = 3  # _INPUT + k: the op's k-th input (``in1``, ``in2``, ...)
 
 
 class _OpSizes(NamedTuple):
@@ -425,7 +436,7 @@ def _op_sizes(layer: LayerAnalysis, sizer: _Sizer, request: MemoryRequest) -> _O
     internal = 0
     for item in layer.result.saved:
         numel = item.numel
-        if tp > 1 and layer.op in ("attention", "mlp") and item.source == "new":
+        if tp > 1 and layer.op in _COMPOSITE_OPS and item.source == "new":
             numel = -(-numel // tp)
         size = sizer.storage_bytes(numel, item.storage)
         if item.source == "new" and layer.op in _COMPOSITE_OPS:
@@ -438,9 +449,14 @@ def _op_sizes(layer: LayerAnalysis, sizer: _Sizer, request: MemoryRequest) -> _O
             kept.append((_IN0, item.label, size))
         elif item.source == "out":
             kept.append((_OUT, item.label, size))
+        elif item.source[:2] == "in" and item.source[2:].isdigit():
+            kept.append((_INPUT + int(item.source[2:]), item.label, size))
         else:
             kept.append((_NEW, item.label, size))
-    output = sizer.value_bytes(layer.output_numel, TensorKind.FLOAT)
+    # A stored tensor's output is the weight itself: no activation bytes, no gradient buffer.
+    output = (
+        sizer.value_bytes(layer.output_numel, TensorKind.FLOAT) if layer.result.materialized else 0
+    )
     backward_extra = (
         _CPU_BACKWARD_EXTRA.get(layer.op, 0) * output if sizer.runtime is Runtime.CPU else 0
     )
@@ -457,7 +473,9 @@ def _op_sizes(layer: LayerAnalysis, sizer: _Sizer, request: MemoryRequest) -> _O
             _ceil(math.prod(shape) * sizer.plan.weight) for shape in layer.result.param_shapes
         ),
         backward_extra=backward_extra,
-        output_storage=sizer.value_bytes(layer.output_numel, layer.output_kind),
+        output_storage=sizer.value_bytes(layer.output_numel, layer.output_kind)
+        if layer.result.materialized
+        else 0,
         backward_static=output + 2 * internal + backward_extra,
     )
 
@@ -510,7 +528,7 @@ _CPU_BACKWARD_EXTRA: Mapping[str, int] = {
     "lstm": 5,  # oneDNN RNN backward: ~4.8 outputs of gate gradients and buffers
     "gru": 5,
 }
-_COMPOSITE_OPS = frozenset({"attention", "mlp"})
+_COMPOSITE_OPS = frozenset({"attention", "mlp", "moe"})
 
 _RUNTIME_NOTES: Mapping[Runtime, str] = {
     Runtime.CPU: (
@@ -564,6 +582,8 @@ def _build_plan(
                     key = inputs[0]
                 elif source == _OUT:
                     key = layer.output_storage
+                elif source >= _INPUT:
+                    key = inputs[source - _INPUT]
                 else:
                     key = -(index * 64 + slot) - 1  # new storages: negative ids, unique
                     sizes[key] = size
@@ -596,7 +616,9 @@ def _apply_full_checkpointing(analysis: GraphAnalysis, plan: _Plan) -> dict[str,
             continue
         first = unit not in units
         units.setdefault(unit, set()).update(plan.layer_saved[index])
-        plan.layer_saved[index] = [layer.input_storages[0]] if first else []
+        plan.layer_saved[index] = (
+            [layer.input_storages[0]] if first and layer.input_storages else []
+        )
     plan.first_saver, plan.adds = {}, {}
     for index, kept in enumerate(plan.layer_saved):
         layer = analysis.layers[index]
