@@ -496,9 +496,9 @@ def _evaluate(
     attrs = raw
     if raw["op"] == "reshape":
         attrs = {**raw, "shape": list(_bind_dims(raw["shape"], state.bindings, "shape"))}
-    elif raw["op"] == "tensor" and "broadcast_to" in raw:
-        bound = _bind_dims(raw["broadcast_to"], state.bindings, "broadcast_to")
-        attrs = {**raw, "broadcast_to": list(bound)}
+    elif raw["op"] == "tensor" and "output_shape" in raw:
+        bound = _bind_dims(raw["output_shape"], state.bindings, "output_shape")
+        attrs = {**raw, "output_shape": list(bound)}
     tied = "tied_to" in raw
     ctx = OpContext(
         name=name,

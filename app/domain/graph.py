@@ -257,7 +257,7 @@ OP_SPECS: Mapping[str, OpSpec] = {
     ),
     "tensor": OpSpec(
         required={"shape": fixed_shape},
-        optional={"trainable": boolean, "broadcast_to": shape},
+        optional={"trainable": boolean, "output_shape": shape},
         min_inputs=0,
         max_inputs=0,
     ),

@@ -645,7 +645,8 @@ _COMPOSITE_EXTRA = {"gelu_new": 3}
 def _ffn_params(hidden: int, inner: int, *, gated: bool, bias: bool) -> list[tuple[int, ...]]:
     """Weights (and biases) of one feed-forward network: up (and gate) and down projections."""
     projections = 3 if gated else 2
-    params: list[tuple[int, ...]] = [(inner, hidden)] * (projections - 1) + [(hidden, inner)]
+    params: list[tuple[int, ...]] = [(inner, hidden)] * (projections - 1)
+    params.append((hidden, inner))
     if bias:
         params += [(inner,)] * (projections - 1) + [(hidden,)]
     return params
@@ -792,7 +793,7 @@ def moe(ctx: OpContext) -> OpResult:
     rows = _rows(ctx)
     routed = rows * top_k  # (token, expert) pairs
     wide = routed * inner
-    params = [(experts, hidden)]
+    params: list[tuple[int, ...]] = [(experts, hidden)]
     for _ in range(experts):
         params += _ffn_params(hidden, inner, gated=gated, bias=ctx.attr("bias", False))
     saved = [
@@ -931,18 +932,14 @@ def tensor(ctx: OpContext) -> OpResult:
     """A tensor stored in the model (a learned parameter, or a constant when not trainable).
 
     Imported graphs use it for weights that feed generic ops (a position embedding added to
-    the patches, a class token concatenated to them). ``broadcast_to`` expands it (a view, as
-    ``Tensor.expand``); either way it takes no activation memory: weights are counted apart.
+    the patches, a class token concatenated to them). ``output_shape``, when given, is the shape
+    of what the model feeds on (an expansion, slice or lookup of the stored tensor, a view in
+    PyTorch); either way it takes no activation memory: weights are counted apart.
     """
     stored = tuple(ctx.attrs["shape"])
-    target = ctx.attrs.get("broadcast_to")
-    shape = stored
-    if target is not None:
-        if any(not isinstance(d, int) or d < 1 for d in target):
-            raise ctx.fail("dims must be bound positive sizes", "broadcast_to")
-        shape = _broadcast(ctx, [stored, tuple(target)], "broadcast_to")
-        if shape != tuple(target):
-            raise ctx.fail(f"cannot broadcast {list(stored)} to {list(target)}", "broadcast_to")
+    shape = tuple(ctx.attrs.get("output_shape", stored))
+    if any(not isinstance(d, int) or d < 1 for d in shape):
+        raise ctx.fail("dims must be bound positive sizes", "output_shape")
     trainable = ctx.attr("trainable", True)
     return OpResult(
         shape=shape,
