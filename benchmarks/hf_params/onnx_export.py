@@ -132,8 +132,9 @@ def main() -> int:
             note = f"{type(exc).__name__}: {exc}"
         equal = graph == expected == source
         ok &= equal
-        rows.append(f"| {label} | {expected:,} | {graph if graph is None else f'{graph:,}'} | "
-                    f"{source if source is None else f'{source:,}'} | {'yes' if equal else '**NO**'} | {note} |")  # fmt: skip
+        shown = [f"{n:,}" if n is not None else "-" for n in (expected, graph, source)]
+        verdict = "yes" if equal else "**NO**"
+        rows.append(f"| {label} | {' | '.join(shown)} | {verdict} | {note} |")
         print(rows[-1], flush=True)
     header = [
         "# Real ONNX exports vs the importer",
