@@ -205,8 +205,6 @@ def _stored_elements(tensor: TensorProto) -> int | None:
         tensor.uint64_data,
     ):
         if len(values):
-            if tensor.data_type in (TensorProto.FLOAT16, TensorProto.BFLOAT16):
-                return len(values)
             return len(values)
     return 0 if tensor.data_type != TensorProto.STRING else None
 
@@ -227,12 +225,11 @@ class _Const:
 class _Mapper:
     """Walks the nodes once, building layers."""
 
-    def __init__(self, model: ModelProto, *, lenient: bool, sequence_length: int) -> None:
+    def __init__(self, model: ModelProto, *, lenient: bool) -> None:
         self.model = model
         self.graph = model.graph
         self.lenient = lenient
         self.opset = _default_opset(model)
-        self.sequence_length = sequence_length
         self.layers: list[dict[str, Any]] = []
         self.act: dict[str, str] = {}  # ONNX value -> layer or input name
         self.consts: dict[str, _Const] = {}
@@ -1066,8 +1063,18 @@ def import_onnx(
     """
     model = parse_model(data)
     seq = sequence_length or DEFAULT_SEQUENCE_LENGTH
-    mapper = _Mapper(model, lenient=lenient, sequence_length=seq)
-    mapper.run()
+    mapper = _Mapper(model, lenient=lenient)
+    try:
+        mapper.run()
+    except ImportRejected:
+        raise
+    except Exception as exc:  # a well-formed graph the mapper does not expect: a 422, never 500
+        node = len(mapper.mapping) and sum(sum(c.values()) for c in mapper.mapping.values())
+        raise _reject(
+            f"the importer could not map this graph (stopped near node {node}: "
+            f"{type(exc).__name__}); please report it with the file",
+            kind="unmappable-onnx",
+        ) from exc
     unsupported = tuple(
         UnsupportedOp(source_op=op, count=len(nodes), nodes=tuple(nodes[:5]))
         for op, nodes in sorted(mapper.unsupported.items())

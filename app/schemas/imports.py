@@ -127,4 +127,6 @@ class ModelImportResponse(Schema):
     """The stored model and the import report."""
 
     model: ModelRead = Field(description="The stored model (provenance `onnx` or `hf_config`).")
-    report: ImportReport = Field(description="What was imported and how.")
+    report: ImportReport = Field(
+        description="The import report: counts, op mapping, unsupported ops, assumptions."
+    )
