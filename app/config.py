@@ -38,6 +38,11 @@ class Settings(BaseSettings):
     max_request_bytes: int = Field(
         default=1_048_576, gt=0, description="Largest request body accepted (413 above)."
     )
+    max_import_bytes: int = Field(
+        default=104_857_600,
+        gt=0,
+        description="Largest ONNX upload accepted by /v1/models/import/onnx (413 above).",
+    )
     catalog_dir: Path = Field(
         default=PROJECT_ROOT / "hardware_catalog", description="Hardware catalog directory."
     )

@@ -12,7 +12,7 @@ from fastapi import FastAPI
 
 from app.api.errors import PROBLEM_JSON, install_error_handlers
 from app.api.middleware import BodySizeLimitMiddleware, Metrics, RequestContextMiddleware
-from app.api.routes import admission, estimates, hardware, mig, models, ops, workloads
+from app.api.routes import admission, estimates, hardware, imports, mig, models, ops, workloads
 from app.config import Settings, get_settings
 from app.db.migrations import head_revisions
 from app.db.session import make_engine, make_session_factory
@@ -79,13 +79,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_error_handlers(app)
     app.include_router(ops.router)
     app.include_router(hardware.router)
+    app.include_router(imports.router)
     app.include_router(models.router)
     app.include_router(estimates.router)
     app.include_router(workloads.router)
     app.include_router(mig.router)
     app.include_router(admission.router)
     # Added last = outermost: ids and metrics cover every request, including 413s.
-    app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_request_bytes)
+    app.add_middleware(
+        BodySizeLimitMiddleware,
+        max_bytes=settings.max_request_bytes,
+        path_limits={imports.ONNX_PATH: (settings.max_import_bytes, "CAPPLAN_MAX_IMPORT_BYTES")},
+    )
     app.add_middleware(RequestContextMiddleware, metrics=app.state.metrics)
 
     def openapi() -> dict[str, Any]:

@@ -27,6 +27,7 @@ _SERVICE_ERRORS: dict[type[svc.ServiceError], tuple[int, str, str]] = {
     svc.PreconditionFailed: (412, "stale-version", "Precondition failed"),
     svc.PreconditionRequired: (428, "if-match-required", "Precondition required"),
     svc.InvalidInput: (422, "invalid-input", "Invalid input"),
+    svc.ImportFailed: (422, "invalid-import", "Import failed"),
 }
 
 _HTTP_TITLES = {
@@ -135,7 +136,14 @@ async def _service_handler(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, svc.ServiceError)
     status, slug, title = _SERVICE_ERRORS.get(type(exc), (400, "bad-request", "Bad request"))
     errors = None
-    if isinstance(exc, svc.InvalidInput) and exc.pointer is not None:
+    if isinstance(exc, svc.ImportFailed):
+        slug = exc.kind
+        causes = exc.problems or ((exc.pointer or "/", exc.detail),)
+        errors = [
+            InvalidField(pointer=pointer, location="body", message=message, type=slug)
+            for pointer, message in causes
+        ]
+    elif isinstance(exc, svc.InvalidInput) and exc.pointer is not None:
         errors = [InvalidField(pointer=exc.pointer, location="body", message=exc.detail, type=slug)]
     return problem_response(request, status, slug, title, exc.detail, errors=errors)
 

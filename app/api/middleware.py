@@ -40,19 +40,29 @@ async def _send_problem(send: Send, status: int, body: dict[str, Any]) -> None:
 
 
 class BodySizeLimitMiddleware:
-    """Reject bodies over ``max_bytes`` with 413, by Content-Length or while streaming."""
+    """Reject bodies over ``max_bytes`` with 413, by Content-Length or while streaming.
 
-    def __init__(self, app: ASGIApp, *, max_bytes: int) -> None:
+    ``path_limits`` maps exact paths to their own limit and the setting that sets it (ONNX
+    uploads are larger than any JSON body).
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        max_bytes: int,
+        path_limits: dict[str, tuple[int, str]] | None = None,
+    ) -> None:
         self.app = app
-        self.max_bytes = max_bytes
+        self.default = (max_bytes, "CAPPLAN_MAX_REQUEST_BYTES")
+        self.path_limits = path_limits or {}
 
-    def _too_large(self, path: str) -> dict[str, Any]:
+    def _too_large(self, path: str, limit: int, setting: str) -> dict[str, Any]:
         return problem_body(
             413,
             "payload-too-large",
             "Payload too large",
-            f"request body exceeds the limit of {self.max_bytes} bytes "
-            "(setting CAPPLAN_MAX_REQUEST_BYTES)",
+            f"request body exceeds the limit of {limit} bytes (setting {setting})",
             instance=path,
         )
 
@@ -61,6 +71,7 @@ class BodySizeLimitMiddleware:
             await self.app(scope, receive, send)
             return
         path = scope.get("path", "")
+        max_bytes, setting = self.path_limits.get(path, self.default)
         for name, value in scope.get("headers", []):
             if name == b"content-length":
                 try:
@@ -73,8 +84,8 @@ class BodySizeLimitMiddleware:
                     )
                     await _send_problem(send, 400, body)
                     return
-                if declared > self.max_bytes:
-                    await _send_problem(send, 413, self._too_large(path))
+                if declared > max_bytes:
+                    await _send_problem(send, 413, self._too_large(path, max_bytes, setting))
                     return
         received = 0
         exceeded = False
@@ -85,7 +96,7 @@ class BodySizeLimitMiddleware:
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > self.max_bytes:
+                if received > max_bytes:
                     exceeded = True
                     raise _BodyTooLarge
             return message
@@ -96,7 +107,7 @@ class BodySizeLimitMiddleware:
             if exceeded:
                 if message["type"] == "http.response.start" and not replied:
                     replied = True
-                    await _send_problem(send, 413, self._too_large(path))
+                    await _send_problem(send, 413, self._too_large(path, max_bytes, setting))
                 return
             replied = replied or message["type"] == "http.response.start"
             await send(message)
@@ -105,7 +116,7 @@ class BodySizeLimitMiddleware:
             await self.app(scope, limited_receive, guarded_send)
         except _BodyTooLarge:
             if not replied:
-                await _send_problem(send, 413, self._too_large(path))
+                await _send_problem(send, 413, self._too_large(path, max_bytes, setting))
 
 
 class Metrics:

@@ -436,6 +436,8 @@ def _run(
     """Record one op layer, evaluating the op unless the cache already holds its result."""
     name = prefix + raw["name"]
     refs = raw.get("inputs")
+    if refs is None and raw["op"] == "tensor":
+        refs = ()  # a stored tensor reads nothing
     if refs is None:
         sources: tuple[_Binding, ...] = (current,)
         names: tuple[str, ...] = ()
@@ -494,6 +496,9 @@ def _evaluate(
     attrs = raw
     if raw["op"] == "reshape":
         attrs = {**raw, "shape": list(_bind_dims(raw["shape"], state.bindings, "shape"))}
+    elif raw["op"] == "tensor" and "output_shape" in raw:
+        bound = _bind_dims(raw["output_shape"], state.bindings, "output_shape")
+        attrs = {**raw, "output_shape": list(bound)}
     tied = "tied_to" in raw
     ctx = OpContext(
         name=name,

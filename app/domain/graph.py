@@ -44,6 +44,22 @@ def any_int(value: Any) -> str | None:
     return None if _is_int(value) and abs(value) <= 64 else "must be an integer in [-64, 64]"
 
 
+def signed_int(value: Any) -> str | None:
+    """Accept an integer in [-2^40, 2^40] (slice bounds)."""
+    return None if _is_int(value) and abs(value) <= MAX_DIM else "must be an integer"
+
+
+def identifier(value: Any) -> str | None:
+    """Accept a short name such as an ONNX op type (letters, digits, '_', '.', '-')."""
+    ok = (
+        isinstance(value, str)
+        and 0 < len(value) <= 64
+        and value.replace("_", "a").replace(".", "a").replace("-", "a").isalnum()
+        and value.isascii()
+    )
+    return None if ok else "must be a name of letters, digits, '_', '.' or '-' (max 64 chars)"
+
+
 def boolean(value: Any) -> str | None:
     """Accept true/false."""
     return None if isinstance(value, bool) else "must be true or false"
@@ -95,6 +111,13 @@ def layer_name(value: Any) -> str | None:
     return None if isinstance(value, str) and value else "must be a layer name"
 
 
+def fixed_shape(value: Any) -> str | None:
+    """Accept a list of positive ints (at most 8), or [] for a scalar."""
+    if not isinstance(value, list) or len(value) > 8:
+        return "must be a list of at most 8 positive integers"
+    return None if all(positive_int(d) is None for d in value) else "must be positive integers"
+
+
 def shape(value: Any) -> str | None:
     """Accept a list of positive ints, -1 (inferred) or dimension symbols."""
     if not isinstance(value, list) or not value:
@@ -117,6 +140,16 @@ class OpSpec:
     min_inputs: int = 1
     max_inputs: int | None = 1
     nested: bool = False
+
+
+# Element-wise functions of the ``elementwise`` op (numpy broadcasting over every input).
+ELEMENTWISE_FUNCTIONS = (
+    "abs", "add", "ceil", "clip", "cos", "div", "elu", "erf", "exp", "floor", "hardsigmoid",
+    "hardswish", "identity", "leaky_relu", "log", "max", "min", "mish", "mul", "neg", "pow",
+    "reciprocal", "round", "rsqrt", "sign", "sin", "softplus", "sqrt", "sub", "where",
+)  # fmt: skip
+REDUCE_FUNCTIONS = ("mean", "sum", "max", "min", "prod", "l1", "l2", "sum_square", "log_sum_exp")
+_MLP_ACTIVATIONS = ("gelu", "gelu_tanh", "gelu_new", "relu", "silu", "swiglu", "geglu")
 
 
 _ACT = {"inplace": boolean}
@@ -200,12 +233,35 @@ OP_SPECS: Mapping[str, OpSpec] = {
     "mlp": OpSpec(
         required={"intermediate_size": positive_int},
         optional={
-            "activation": one_of(
-                "gelu", "gelu_tanh", "gelu_new", "relu", "silu", "swiglu", "geglu"
-            ),
+            "activation": one_of(*_MLP_ACTIVATIONS),
             "bias": boolean,
         },
     ),
+    "moe": OpSpec(
+        required={
+            "num_experts": positive_int,
+            "experts_per_token": positive_int,
+            "intermediate_size": positive_int,
+        },
+        optional={"activation": one_of(*_MLP_ACTIVATIONS), "bias": boolean},
+    ),
+    "matmul": OpSpec(min_inputs=2, max_inputs=2),
+    "elementwise": OpSpec(required={"function": one_of(*ELEMENTWISE_FUNCTIONS)}, max_inputs=None),
+    "reduce": OpSpec(
+        required={"dim": any_int},
+        optional={"keepdim": boolean, "function": one_of(*REDUCE_FUNCTIONS)},
+    ),
+    "slice": OpSpec(
+        required={"dim": any_int, "start": signed_int, "end": signed_int},
+        optional={"step": positive_int},
+    ),
+    "tensor": OpSpec(
+        required={"shape": fixed_shape},
+        optional={"trainable": boolean, "output_shape": shape},
+        min_inputs=0,
+        max_inputs=0,
+    ),
+    "opaque": OpSpec(required={"source_op": identifier}, max_inputs=None),
     "lstm": OpSpec(
         required={"hidden_size": positive_int},
         optional={"num_layers": positive_int, "bidirectional": boolean, "bias": boolean},
@@ -309,6 +365,8 @@ def _check_inputs(
 ) -> None:
     inputs = raw.get("inputs")
     if inputs is None:
+        if spec.max_inputs == 0:
+            return  # reads nothing (a stored tensor)
         if spec.min_inputs > 1:
             raise GraphError(f"needs at least {spec.min_inputs} inputs", layer=name, field="inputs")
         if previous is None and not defined:

@@ -207,7 +207,17 @@ _PLANS: Mapping[Precision, PrecisionPlan] = {
 QUANTIZED = frozenset({Precision.FP8, Precision.INT8, Precision.INT4})
 INT4_GROUP = 128
 _QUANTIZED_OPS = frozenset(
-    {"conv2d", "depthwise_conv2d", "pointwise_conv2d", "linear", "attention", "mlp", "lstm", "gru"}
+    {
+        "conv2d",
+        "depthwise_conv2d",
+        "pointwise_conv2d",
+        "linear",
+        "attention",
+        "mlp",
+        "moe",
+        "lstm",
+        "gru",
+    }  # fmt: skip
 )
 
 # Optimizer state slots per trainable parameter element.
@@ -405,12 +415,14 @@ def _step_temporaries(
 
 
 _IN0, _OUT, _NEW = 0, 1, 2
+_INPUT = 3  # _INPUT + k: the op's k-th input (``in1``, ``in2``, ...)
 
 
 class _OpSizes(NamedTuple):
     """Byte figures of one op result (shared by every repeat of a block)."""
 
-    keeps_input: bool  # keeps its first input for backward
+    kept_inputs: tuple[int, ...]  # which of its inputs it keeps for backward (0: the first)
+    keeps_input: bool  # kept_inputs is exactly (0,): the common case, handled inline
     keeps_output: bool  # keeps its output for backward
     new_kept: tuple[tuple[int, int], ...]  # (slot, bytes) of tensors it creates to keep
     new_total: int  # their bytes
@@ -431,7 +443,7 @@ def _op_sizes(layer: LayerAnalysis, sizer: _Sizer, request: MemoryRequest) -> _O
     internal = 0
     for item in layer.result.saved:
         numel = item.numel
-        if tp > 1 and layer.op in ("attention", "mlp") and item.source == "new":
+        if tp > 1 and layer.op in _COMPOSITE_OPS and item.source == "new":
             numel = -(-numel // tp)
         size = sizer.storage_bytes(numel, item.storage)
         if item.source == "new" and layer.op in _COMPOSITE_OPS:
@@ -444,14 +456,27 @@ def _op_sizes(layer: LayerAnalysis, sizer: _Sizer, request: MemoryRequest) -> _O
             kept.append((_IN0, size))
         elif item.source == "out":
             kept.append((_OUT, size))
+        elif item.source[:2] == "in" and item.source[2:].isdigit():
+            kept.append((_INPUT + int(item.source[2:]), size))
         else:
             kept.append((_NEW, size))
-    output = sizer.value_bytes(layer.output_numel, TensorKind.FLOAT)
+    # A stored tensor's output is the weight itself: no activation bytes, no gradient buffer.
+    output = (
+        sizer.value_bytes(layer.output_numel, TensorKind.FLOAT) if layer.result.materialized else 0
+    )
     backward_extra = (
         _CPU_BACKWARD_EXTRA.get(layer.op, 0) * output if sizer.runtime is Runtime.CPU else 0
     )
+    kept_inputs = tuple(
+        dict.fromkeys(
+            source - _INPUT if source >= _INPUT else 0
+            for source, _ in kept
+            if source == _IN0 or source >= _INPUT
+        )
+    )
     return _OpSizes(
-        keeps_input=any(source == _IN0 for source, _ in kept),
+        kept_inputs=kept_inputs,
+        keeps_input=kept_inputs == (0,),
         keeps_output=any(source == _OUT for source, _ in kept),
         new_kept=tuple((slot, size) for slot, (source, size) in enumerate(kept) if source == _NEW),
         new_total=sum(size for source, size in kept if source == _NEW),
@@ -466,7 +491,9 @@ def _op_sizes(layer: LayerAnalysis, sizer: _Sizer, request: MemoryRequest) -> _O
             _ceil(math.prod(shape) * sizer.plan.weight) for shape in layer.result.param_shapes
         ),
         backward_extra=backward_extra,
-        output_storage=sizer.value_bytes(layer.output_numel, layer.output_kind),
+        output_storage=sizer.value_bytes(layer.output_numel, layer.output_kind)
+        if layer.result.materialized
+        else 0,
         backward_static=output + 2 * internal + backward_extra,
     )
 
@@ -526,7 +553,7 @@ _CPU_BACKWARD_EXTRA: Mapping[str, int] = {
     "lstm": 5,  # oneDNN RNN backward: ~4.8 outputs of gate gradients and buffers
     "gru": 5,
 }
-_COMPOSITE_OPS = frozenset({"attention", "mlp"})
+_COMPOSITE_OPS = frozenset({"attention", "mlp", "moe"})
 
 _RUNTIME_NOTES: Mapping[Runtime, str] = {
     Runtime.CPU: (
@@ -586,7 +613,9 @@ def _build_plan(
                     else ()
                 )
             )
-            if op.keeps_input or op.keeps_output
+            if op.keeps_input or (op.keeps_output and not op.kept_inputs)
+            else _reused(layer, op)
+            if op.kept_inputs
             else ()
             for layer, op in zip(layers, op_sizes, strict=True)
         ]
@@ -606,6 +635,14 @@ def _build_plan(
         first_saver=first_saver,
         adds=None if training else {},  # inference keeps nothing for backward
     )
+
+
+def _reused(layer: LayerAnalysis, op: _OpSizes) -> tuple[int, ...]:
+    """The storages of the inputs (any of them) and output a layer keeps, each once."""
+    keys = [layer.input_storages[k] for k in op.kept_inputs]
+    if op.keeps_output:
+        keys.append(layer.output_storage)
+    return tuple(dict.fromkeys(keys))
 
 
 def _new_storages(plan: _Plan) -> dict[int, list[int]]:
@@ -645,7 +682,7 @@ def _apply_full_checkpointing(analysis: GraphAnalysis, plan: _Plan) -> dict[str,
             continue
         first = unit not in units
         units.setdefault(unit, set()).update(layer_saved[index])
-        layer_saved[index] = [layer.input_storages[0]] if first else []
+        layer_saved[index] = [layer.input_storages[0]] if first and layer.input_storages else []
     plan.first_saver = {}
     adds: dict[int, list[int]] = {}
     for index, kept in enumerate(layer_saved):

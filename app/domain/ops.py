@@ -66,6 +66,7 @@ class OpResult:
     transients: tuple[Transient, ...] = ()
     buffers_bytes: int = 0  # non-trainable state (batchnorm running statistics)
     kv_cache_numel: int = 0  # keys + values cached per forward for decoding
+    materialized: bool = True  # False: the output is a weight (or a view of one), no activation
     params: int = field(init=False)  # trainable parameters, derived from param_shapes
 
     def __post_init__(self) -> None:
@@ -641,6 +642,34 @@ _GATED = {"swiglu": "silu", "geglu": "gelu"}
 _COMPOSITE_EXTRA = {"gelu_new": 3}
 
 
+def _ffn_params(hidden: int, inner: int, *, gated: bool, bias: bool) -> list[tuple[int, ...]]:
+    """Weights (and biases) of one feed-forward network: up (and gate) and down projections."""
+    projections = 3 if gated else 2
+    params: list[tuple[int, ...]] = [(inner, hidden)] * (projections - 1)
+    params.append((hidden, inner))
+    if bias:
+        params += [(inner,)] * (projections - 1) + [(hidden,)]
+    return params
+
+
+def _ffn_saved(activation: str, wide: int) -> list[Saved]:
+    """What a feed-forward network keeps besides its input, for ``wide`` intermediate values."""
+    if activation in _GATED:
+        return [
+            Saved(label="gate", source="new", numel=wide),
+            Saved(label="activated_gate", source="new", numel=wide),
+            Saved(label="up", source="new", numel=wide),
+            Saved(label="product", source="new", numel=wide),
+        ]
+    return [
+        Saved(label="pre_activation", source="new", numel=wide),
+        Saved(label="activated", source="new", numel=wide),
+    ] + [
+        Saved(label=f"activation_part{i}", source="new", numel=wide)
+        for i in range(_COMPOSITE_EXTRA.get(activation, 0))
+    ]
+
+
 def mlp(ctx: OpContext) -> OpResult:
     """Transformer feed-forward: up projection, activation (or gated), down projection.
 
@@ -652,31 +681,12 @@ def mlp(ctx: OpContext) -> OpResult:
     hidden = ctx.x.shape[-1]
     inner = ctx.attrs["intermediate_size"]
     activation = ctx.attr("activation", "gelu")
-    bias = ctx.attr("bias", True)
     rows = _rows(ctx)
     wide = rows * inner
     gated = activation in _GATED
     projections = 3 if gated else 2
-    params: list[tuple[int, ...]] = [(inner, hidden)] * (projections - 1) + [(hidden, inner)]
-    if bias:
-        params += [(inner,)] * (projections - 1) + [(hidden,)]
-    saved = [Saved(label="input", source="in0", numel=ctx.x.numel)]
-    if gated:
-        saved += [
-            Saved(label="gate", source="new", numel=wide),
-            Saved(label="activated_gate", source="new", numel=wide),
-            Saved(label="up", source="new", numel=wide),
-            Saved(label="product", source="new", numel=wide),
-        ]
-    else:
-        saved += [
-            Saved(label="pre_activation", source="new", numel=wide),
-            Saved(label="activated", source="new", numel=wide),
-        ]
-        saved += [
-            Saved(label=f"activation_part{i}", source="new", numel=wide)
-            for i in range(_COMPOSITE_EXTRA.get(activation, 0))
-        ]
+    params = _ffn_params(hidden, inner, gated=gated, bias=ctx.attr("bias", True))
+    saved = [Saved(label="input", source="in0", numel=ctx.x.numel), *_ffn_saved(activation, wide)]
     return OpResult(
         shape=ctx.x.shape,
         param_shapes=tuple(params),
@@ -759,6 +769,192 @@ def cross_entropy(ctx: OpContext) -> OpResult:
     )
 
 
+def moe(ctx: OpContext) -> OpResult:
+    """Sparse mixture-of-experts feed-forward (Mixtral): a router and ``num_experts`` MLPs.
+
+    Every token goes to its ``experts_per_token`` best experts (a bias-free router linear,
+    softmax, top-k) and their outputs are summed with the routing weights. Parameters: the
+    router (experts x hidden) plus every expert's projections; FLOPs and saved tensors count
+    only the experts a token visits (k per token): the router logits (fp32), the routing
+    weights, each routed copy of the input, and each expert's intermediates as in ``mlp``.
+    """
+    _float_input(ctx)
+    hidden = ctx.x.shape[-1]
+    experts = ctx.attrs["num_experts"]
+    top_k = ctx.attrs["experts_per_token"]
+    if top_k > experts:
+        raise ctx.fail(
+            f"experts_per_token {top_k} exceeds num_experts {experts}", "experts_per_token"
+        )
+    inner = ctx.attrs["intermediate_size"]
+    activation = ctx.attr("activation", "swiglu")
+    gated = activation in _GATED
+    projections = 3 if gated else 2
+    rows = _rows(ctx)
+    routed = rows * top_k  # (token, expert) pairs
+    wide = routed * inner
+    params: list[tuple[int, ...]] = [(experts, hidden)]
+    for _ in range(experts):
+        params += _ffn_params(hidden, inner, gated=gated, bias=ctx.attr("bias", False))
+    saved = [
+        Saved(label="input", source="in0", numel=ctx.x.numel),
+        Saved(label="router_logits", source="new", numel=rows * experts, storage=Storage.FP32),
+        Saved(label="routing_weights", source="new", numel=routed, storage=Storage.FP32),
+        Saved(label="routed_input", source="new", numel=routed * hidden),
+        *_ffn_saved(activation, wide),
+    ]
+    return OpResult(
+        shape=ctx.x.shape,
+        param_shapes=tuple(params),
+        flops=2 * rows * hidden * experts
+        + 5 * rows * experts
+        + 2 * routed * hidden * inner * projections
+        + 4 * wide
+        + 2 * routed * hidden,
+        saved=tuple(saved),
+        transients=(
+            Transient(label="intermediate", numel=(3 if gated else 2) * wide),
+            Transient(label="expert_outputs", numel=routed * hidden),
+        ),
+    )
+
+
+def _broadcast(
+    ctx: OpContext, shapes: Sequence[tuple[int, ...]], field_name: str
+) -> tuple[int, ...]:
+    """The numpy broadcast of ``shapes`` (right-aligned; sizes equal or 1)."""
+    rank = max(len(s) for s in shapes)
+    out: list[int] = []
+    for axis in range(rank):
+        sizes = {s[axis - rank + len(s)] for s in shapes if axis - rank + len(s) >= 0} - {1}
+        if len(sizes) > 1:
+            raise ctx.fail(
+                "shapes do not broadcast: " + ", ".join(str(list(s)) for s in shapes), field_name
+            )
+        out.append(sizes.pop() if sizes else 1)
+    return tuple(out)
+
+
+def matmul(ctx: OpContext) -> OpResult:
+    """Matrix product of two activations (``torch.matmul``: batch dims broadcast).
+
+    Attention written out as ops (q @ k^T, probabilities @ v) is a pair of these. Autograd
+    keeps both inputs.
+    """
+    for value in ctx.inputs:
+        if value.kind is not TensorKind.FLOAT or not value.shape:
+            raise ctx.fail("expects two floating-point inputs of rank >= 1", "inputs")
+    a, b = ctx.inputs[0].shape, ctx.inputs[1].shape
+    left = a if len(a) > 1 else (1, *a)
+    right = b if len(b) > 1 else (*b, 1)
+    if left[-1] != right[-2]:
+        raise ctx.fail(f"cannot multiply {list(a)} by {list(b)}: inner sizes differ", "inputs")
+    batch = _broadcast(ctx, [left[:-2], right[:-2]], "inputs")
+    m, k, n = left[-2], left[-1], right[-1]
+    shape = (*batch, *((m,) if len(a) > 1 else ()), *((n,) if len(b) > 1 else ()))
+    return OpResult(
+        shape=shape,
+        flops=2 * math.prod(batch) * m * k * n,
+        saved=(
+            Saved(label="a", source="in0", numel=ctx.inputs[0].numel),
+            Saved(label="b", source="in1", numel=ctx.inputs[1].numel),
+        ),
+    )
+
+
+# What autograd keeps for each element-wise function: nothing, its inputs, or its output.
+_KEEPS_NOTHING = frozenset({"add", "sub", "neg", "identity", "where", "round", "floor", "ceil",
+                            "sign"})  # fmt: skip
+_KEEPS_OUTPUT = frozenset({"exp", "sqrt", "rsqrt", "reciprocal"})
+
+
+def elementwise(ctx: OpContext) -> OpResult:
+    """An element-wise function of one or more inputs, broadcast like numpy.
+
+    Keeps what ``derivatives.yaml`` keeps: nothing for add/sub/neg, the output for
+    exp/sqrt/rsqrt/reciprocal, the inputs otherwise (mul keeps both factors).
+    """
+    for value in ctx.inputs:
+        if value.kind is not TensorKind.FLOAT:
+            raise ctx.fail("expects floating-point inputs, got token ids", "inputs")
+    shapes = [value.shape for value in ctx.inputs]
+    shape = _broadcast(ctx, shapes, "inputs") if len(shapes) > 1 else shapes[0]
+    function = ctx.attrs["function"]
+    numel = math.prod(shape)
+    saved: tuple[Saved, ...] = ()
+    if function in _KEEPS_OUTPUT:
+        saved = (Saved(label="output", source="out", numel=numel),)
+    elif function not in _KEEPS_NOTHING:
+        saved = tuple(
+            Saved(label=f"input{i}", source=f"in{i}", numel=value.numel)
+            for i, value in enumerate(ctx.inputs)
+        )
+    return OpResult(shape=shape, flops=numel * max(1, len(shapes) - 1), saved=saved)
+
+
+def reduce(ctx: OpContext) -> OpResult:
+    """Reduce one dim (mean, sum, max, ...), keeping it as size 1 or dropping it.
+
+    Mean and sum keep nothing for backward; the others keep their input.
+    """
+    _float_input(ctx)
+    rank = len(ctx.x.shape)
+    dim = _dim(ctx, ctx.attrs["dim"], rank, "dim")
+    keep = ctx.attr("keepdim", False)
+    shape = ctx.x.shape[:dim] + ((1,) if keep else ()) + ctx.x.shape[dim + 1 :]
+    function = ctx.attr("function", "mean")
+    saved = (
+        ()
+        if function in ("mean", "sum")
+        else (Saved(label="input", source="in0", numel=ctx.x.numel),)
+    )
+    return OpResult(shape=shape, flops=ctx.x.numel, saved=saved)
+
+
+def slice_(ctx: OpContext) -> OpResult:
+    """``x[..., start:end:step, ...]`` along ``dim`` (Python bounds, clamped); a view."""
+    rank = len(ctx.x.shape)
+    dim = _dim(ctx, ctx.attrs["dim"], rank, "dim")
+    size = len(
+        range(
+            *slice(ctx.attrs["start"], ctx.attrs["end"], ctx.attr("step", 1)).indices(
+                ctx.x.shape[dim]
+            )
+        )
+    )
+    if size < 1:
+        raise ctx.fail(f"selects nothing from size {ctx.x.shape[dim]}", "start")
+    shape = (*ctx.x.shape[:dim], size, *ctx.x.shape[dim + 1 :])
+    return OpResult(shape=shape, kind=ctx.x.kind, alias_of=0)
+
+
+def tensor(ctx: OpContext) -> OpResult:
+    """A tensor stored in the model (a learned parameter, or a constant when not trainable).
+
+    Imported graphs use it for weights that feed generic ops (a position embedding added to
+    the patches, a class token concatenated to them). ``output_shape``, when given, is the shape
+    of what the model feeds on (an expansion, slice or lookup of the stored tensor, a view in
+    PyTorch); either way it takes no activation memory: weights are counted apart.
+    """
+    stored = tuple(ctx.attrs["shape"])
+    shape = tuple(ctx.attrs.get("output_shape", stored))
+    if any(not isinstance(d, int) or d < 1 for d in shape):
+        raise ctx.fail("dims must be bound positive sizes", "output_shape")
+    trainable = ctx.attr("trainable", True)
+    return OpResult(
+        shape=shape,
+        param_shapes=(stored,) if trainable else (),
+        buffers_bytes=0 if trainable else 4 * math.prod(stored),
+        materialized=False,
+    )
+
+
+def opaque(ctx: OpContext) -> OpResult:
+    """An op the importer did not understand (lenient import): passes its first input's shape
+    through, with no parameters, FLOPs or saved tensors. Estimates are a lower bound there."""
+    return OpResult(shape=ctx.x.shape, kind=ctx.x.kind)
+
+
 OP_IMPLEMENTATIONS: Mapping[str, Callable[[OpContext], OpResult]] = {
     "conv2d": conv2d,
     "depthwise_conv2d": depthwise_conv2d,
@@ -793,4 +989,11 @@ OP_IMPLEMENTATIONS: Mapping[str, Callable[[OpContext], OpResult]] = {
     "gru": gru,
     "softmax": softmax,
     "cross_entropy": cross_entropy,
+    "moe": moe,
+    "matmul": matmul,
+    "elementwise": elementwise,
+    "reduce": reduce,
+    "slice": slice_,
+    "tensor": tensor,
+    "opaque": opaque,
 }

@@ -41,3 +41,19 @@ class InvalidInput(ServiceError):
     def __init__(self, detail: str, *, pointer: str | None = None) -> None:
         super().__init__(detail)
         self.pointer = pointer
+
+
+class ImportFailed(InvalidInput):
+    """An ONNX file or HF config that cannot be imported; ``problems`` name each cause."""
+
+    def __init__(
+        self,
+        detail: str,
+        *,
+        kind: str,
+        pointer: str | None = None,
+        problems: tuple[tuple[str, str], ...] = (),
+    ) -> None:
+        super().__init__(detail, pointer=pointer)
+        self.kind = kind
+        self.problems = problems

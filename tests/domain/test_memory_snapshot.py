@@ -1,13 +1,16 @@
-"""Regression snapshot of the memory model over ~2,300 configurations.
+"""Regression snapshot of the memory model over ~3,500 configurations.
 
-Every zoo model in both modes, across precisions, runtimes, optimizers and their
-implementations, checkpointing policies, parallelism and accumulation. The snapshot
-(``memory_snapshot.json``) keeps the peak per configuration and a digest of the whole estimate
-(every line, formula, assumption and, for the first variant, the per-layer view), so a
-refactor of the timeline that changes any figure or text fails here, naming the configuration.
+Every zoo model and six imported graphs (Hugging Face configs with MoE, GPT-NeoX, T5 and
+Gemma; ONNX files with matmul attention and a CNN) in both modes, across precisions, runtimes,
+optimizers and their implementations, checkpointing policies, parallelism and accumulation. The
+snapshot (``memory_snapshot.json``) keeps the peak per configuration and a digest of the whole
+estimate (every line, formula, assumption and, for the first variant, the per-layer view), so
+a refactor of the timeline that changes any figure or text fails here, naming the
+configuration.
 
 The snapshot was generated before the timeline became array-based (running sums instead of a
-per-layer replay of live sets). An intended change to the model regenerates it:
+per-layer replay of live sets): the zoo entries by that older engine, the imported ones by the
+older engine extended with the importers' ops. An intended change to the model regenerates it:
 ``UPDATE_MEMORY_SNAPSHOT=1 .venv/bin/python -m pytest tests/domain/test_memory_snapshot.py``
 (and the diff of the JSON shows which peaks moved).
 """
@@ -27,10 +30,14 @@ from typing import Any
 import pytest
 
 from app.domain import memory as M
-from app.domain.analysis import GraphAnalysis, analyze
+from app.domain.analysis import GraphAnalysis, InputDecl, analyze
 from app.domain.zoo import ZOO
+from app.importers.hf_config import import_hf_config
+from app.importers.onnx_model import import_onnx
+from tests.importers.onnx_models import small_cnn, tiny_attention
 
 SNAPSHOT = Path(__file__).with_name("memory_snapshot.json")
+HF_CONFIGS = Path(__file__).parents[1] / "fixtures" / "hf_configs"
 LARGE = ("gpt-3-175b", "llama-2-7b", "llama-3-8b")
 
 
@@ -64,15 +71,30 @@ def _variants(mode: M.Mode) -> list[dict[str, Any]]:
     return variants
 
 
-def _cases() -> Iterator[tuple[str, GraphAnalysis, M.MemoryRequest, bool]]:
+def _imported() -> Iterator[tuple[str, tuple[InputDecl, ...], list[Any], dict[str, int]]]:
+    """Graphs the importers build: matmuls keeping a second input, MoE, stored tensors."""
+    for name in ("mixtral-8x7b-v0.1", "pythia-160m", "t5-small-encoder", "gemma-2b"):
+        config = json.loads((HF_CONFIGS / f"{name}.json").read_text())
+        graph = import_hf_config(config, sequence_length=64)
+        yield f"hf:{name}", graph.inputs, graph.layers, {**graph.default_bindings, "batch": 1}
+    for name, data in (("cnn", small_cnn()), ("attention", tiny_attention(tied=False))):
+        graph = import_onnx(data)
+        yield f"onnx:{name}", graph.inputs, graph.layers, {**graph.default_bindings, "batch": 2}
+
+
+def _models() -> Iterator[tuple[str, tuple[InputDecl, ...], Any, dict[str, int]]]:
     for slug, model in ZOO.items():
         bindings = {**model.default_bindings, "batch": 1}
         if slug in LARGE:
             bindings["seq"] = 512
+        yield slug, model.inputs, model.layers, bindings
+    yield from _imported()
+
+
+def _cases() -> Iterator[tuple[str, GraphAnalysis, M.MemoryRequest, bool]]:
+    for slug, inputs, layers, bindings in _models():
         for mode in M.Mode:
-            analysis = analyze(
-                model.inputs, model.layers, bindings, training=mode is M.Mode.TRAINING
-            )
+            analysis = analyze(inputs, layers, bindings, training=mode is M.Mode.TRAINING)
             precisions = [
                 M.Precision.FP32,
                 M.Precision.BF16,

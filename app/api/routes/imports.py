@@ -1,0 +1,135 @@
+"""/v1/models/import: models from ONNX files and Hugging Face config.json."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, File, Form, Response, UploadFile, status
+
+from app.api.deps import SessionDep, SettingsDep, require_writer
+from app.api.errors import problem_responses
+from app.schemas.base import SLUG_PATTERN
+from app.schemas.imports import HfConfigImport, ImportFields, ModelImportResponse
+from app.services import imports as service
+from app.services.concurrency import etag_for
+from app.services.errors import ImportFailed
+
+router = APIRouter(
+    prefix="/v1/models/import", tags=["models"], dependencies=[Depends(require_writer)]
+)
+ONNX_PATH = "/v1/models/import/onnx"
+
+
+def _created(result: ModelImportResponse, response: Response) -> ModelImportResponse:
+    response.headers["ETag"] = etag_for(result.model.version)
+    response.headers["Location"] = f"/v1/models/{result.model.slug}"
+    return result
+
+
+@router.post(
+    "/hf-config",
+    response_model=ModelImportResponse,
+    status_code=status.HTTP_201_CREATED,
+    responses=problem_responses(400, 401, 403, 409, 413, 422),
+    summary="Import a model from a Hugging Face config.json",
+)
+def import_hf_config(
+    payload: HfConfigImport, session: SessionDep, response: Response
+) -> ModelImportResponse:
+    """Build the layer graph a `config.json` describes (nothing is downloaded) and store it
+    with provenance `hf_config`. Parameter counts equal the transformers class named in
+    `report.reference` (decoders: `*ForCausalLM`; BERT/RoBERTa: `*Model` with pooler; ViT:
+    `ViTModel` with pooler, or `ViTForImageClassification` when `architectures` names it; T5:
+    `T5EncoderModel`). An unknown `model_type` is a 422 listing the supported ones."""
+    return _created(service.import_hf(session, payload=payload), response)
+
+
+@router.post(
+    "/onnx",
+    response_model=ModelImportResponse,
+    status_code=status.HTTP_201_CREATED,
+    responses=problem_responses(400, 401, 403, 409, 413, 422),
+    summary="Import a model from an ONNX file (multipart upload)",
+)
+def import_onnx(
+    session: SessionDep,
+    settings: SettingsDep,
+    response: Response,
+    file: Annotated[
+        UploadFile,
+        File(
+            description="The `.onnx` file, self-contained (no external data).",
+            examples=["model.onnx"],
+        ),
+    ],
+    slug: Annotated[
+        str,
+        Form(
+            pattern=SLUG_PATTERN,
+            min_length=1,
+            max_length=64,
+            description="Slug of the stored model.",
+            examples=["my-resnet"],
+        ),
+    ],
+    name: Annotated[
+        str | None,
+        Form(
+            min_length=1,
+            max_length=200,
+            description="Display name; default: the ONNX graph name.",
+            examples=["My ResNet"],
+        ),
+    ] = None,
+    family: Annotated[
+        str | None,
+        Form(
+            max_length=64,
+            pattern=r"^[a-z0-9][a-z0-9_-]*$",
+            description="Family for filtering; default `onnx`.",
+            examples=["cnn"],
+        ),
+    ] = None,
+    description: Annotated[
+        str | None, Form(max_length=4000, description="Free-form description.", examples=[None])
+    ] = None,
+    sequence_length: Annotated[
+        int | None,
+        Form(
+            ge=1,
+            le=1_048_576,
+            description="Default `seq` binding when token-id inputs "
+            "have a symbolic sequence axis (default 128).",
+            examples=[512],
+        ),
+    ] = None,
+    lenient: Annotated[
+        bool,
+        Form(
+            description="Import unsupported ops as shape-preserving layers with no "
+            "parameters instead of answering 422.",
+            examples=[False],
+        ),
+    ] = False,
+) -> ModelImportResponse:
+    """Parse the ONNX graph in memory (never from a path), run ONNX shape inference, map its
+    operators onto the layer graph, and store it with provenance `onnx`. The graph's parameter
+    count must equal the initializers' (else 422). Unsupported ops are a 422 listing them,
+    unless `lenient`. Uploads over CAPPLAN_MAX_IMPORT_BYTES are a 413; garbage, truncated
+    files, external-data references and absurd sizes are a 422."""
+    data = file.file.read(settings.max_import_bytes + 1)
+    if len(data) > settings.max_import_bytes:  # the middleware stops larger bodies first
+        raise ImportFailed(
+            f"the file exceeds {settings.max_import_bytes} bytes (CAPPLAN_MAX_IMPORT_BYTES)",
+            kind="invalid-onnx",
+            pointer="/file",
+        )
+    fields = ImportFields(
+        slug=slug,
+        name=name,
+        family=family,
+        description=description,
+        sequence_length=sequence_length,
+    )
+    result = service.import_onnx_bytes(session, data=data, fields=fields, lenient=lenient)
+    return _created(result, response)

@@ -1,0 +1,407 @@
+"""Hugging Face ``config.json`` -> layer graph, for the common decoder and encoder families.
+
+Nothing is downloaded: the config alone fixes every parameter shape. Each family is built by
+the zoo's transformer builders (:mod:`app.domain.zoo.transformers`) and is compared with one
+``transformers`` class, named in :data:`REFERENCE_CLASSES` and in every import's
+``reference``; ``benchmarks/hf_params/`` checks the counts against ``transformers`` itself.
+
+Standard library and :mod:`app.domain` only, so the benchmark can import it without the
+service's dependencies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from app.domain.graph import MAX_DIM
+from app.domain.zoo import transformers as builders
+from app.importers.result import (
+    ImportedGraph,
+    ImportRejected,
+    graph_parameter_count,
+    top_level_mapping,
+)
+
+# model_type -> (reference class, family of the stored model)
+REFERENCE_CLASSES: Mapping[str, tuple[str, str]] = {
+    "llama": ("LlamaForCausalLM", "transformer-decoder"),
+    "mistral": ("MistralForCausalLM", "transformer-decoder"),
+    "mixtral": ("MixtralForCausalLM", "transformer-decoder"),
+    "qwen2": ("Qwen2ForCausalLM", "transformer-decoder"),
+    "gemma": ("GemmaForCausalLM", "transformer-decoder"),
+    "gpt2": ("GPT2LMHeadModel", "transformer-decoder"),
+    "gpt_neox": ("GPTNeoXForCausalLM", "transformer-decoder"),
+    "bert": ("BertModel", "transformer-encoder"),
+    "roberta": ("RobertaModel", "transformer-encoder"),
+    "t5": ("T5EncoderModel", "transformer-encoder"),
+    "vit": ("ViTModel", "vision-transformer"),
+}
+SUPPORTED_MODEL_TYPES = tuple(sorted(REFERENCE_CLASSES))
+DEFAULT_SEQUENCE_CAP = 4096
+_LEARNED_POSITIONS = frozenset({"gpt2", "bert", "roberta"})
+
+# transformers' activation names -> the graph's MLP activations (plain, gated)
+_PLAIN = {
+    "gelu": "gelu",
+    "gelu_new": "gelu_new",
+    "gelu_fast": "gelu_new",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "relu": "relu",
+    "silu": "silu",
+    "swish": "silu",
+}
+_GATED = {
+    "silu": "swiglu",
+    "swish": "swiglu",
+    "gelu": "geglu",
+    "gelu_new": "geglu",
+    "gelu_fast": "geglu",
+    "gelu_pytorch_tanh": "geglu",
+}
+
+
+class _Config:
+    """Typed reads of a config dict; every problem names its key as a JSON pointer."""
+
+    def __init__(self, raw: Mapping[str, Any]) -> None:
+        self.raw = raw
+
+    def _fail(self, key: str, message: str) -> ImportRejected:
+        return ImportRejected(f"config field '{key}' {message}", pointer=f"/config/{key}")
+
+    def size(self, key: str, default: int | None = None, *, alias: str | None = None) -> int:
+        """A positive integer (sizes, counts)."""
+        value = self.raw.get(key)
+        if value is None and alias is not None:
+            key, value = alias, self.raw.get(alias)
+        if value is None:
+            if default is None:
+                raise self._fail(key, "is required for this model type")
+            return default
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DIM:
+            raise self._fail(key, f"must be a positive integer, got {value!r}")
+        return value
+
+    def flag(self, key: str, default: bool) -> bool:
+        value = self.raw.get(key, default)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise self._fail(key, f"must be true or false, got {value!r}")
+        return value
+
+    def number(self, key: str, default: float) -> float:
+        value = self.raw.get(key, default)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            raise self._fail(key, f"must be a non-negative number, got {value!r}")
+        return float(value)
+
+    def text(self, key: str, default: str) -> str:
+        value = self.raw.get(key, default)
+        if value is None:
+            return default
+        if not isinstance(value, str):
+            raise self._fail(key, f"must be a string, got {value!r}")
+        return value
+
+    def activation(self, key: str, default: str, *, gated: bool) -> str:
+        name = self.text(key, default)
+        table = _GATED if gated else _PLAIN
+        if name not in table:
+            raise self._fail(key, f"{name!r} is not supported; use one of {', '.join(table)}")
+        return table[name]
+
+    def dropout(self, key: str) -> float:
+        value = self.number(key, 0.0)
+        if value >= 1:
+            raise self._fail(key, "must be below 1")
+        return value
+
+    def architectures(self) -> list[str]:
+        value = self.raw.get("architectures") or []
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise self._fail("architectures", "must be a list of class names")
+        return value
+
+
+Built = tuple[builders.Graph, str, list[str], int | None]  # graph, reference, notes, positions
+
+
+def _decoder(config: _Config, model_type: str) -> Built:
+    hidden = config.size("hidden_size")
+    heads = config.size("num_attention_heads")
+    head_dim_given = config.raw.get("head_dim") is not None
+    head_dim = config.size("head_dim", hidden // heads if hidden % heads == 0 else None)
+    notes = []
+    if model_type == "gemma":
+        act = config.activation(
+            "hidden_activation" if "hidden_activation" in config.raw else "hidden_act",
+            "gelu_pytorch_tanh",
+            gated=True,
+        )
+        notes.append("Gemma scales embeddings by sqrt(hidden_size) and adds 1 to RMSNorm weights "
+                     "(no extra parameters)")  # fmt: skip
+    else:
+        act = config.activation("hidden_act", "silu", gated=True)
+    attention_bias = config.flag("attention_bias", False)
+    qkv_bias = attention_bias or model_type == "qwen2"
+    experts = None
+    top_k = 2
+    if model_type == "mixtral":
+        experts = config.size("num_local_experts", 8)
+        top_k = config.size("num_experts_per_tok", 2)
+        if top_k > experts:
+            raise ImportRejected(
+                f"num_experts_per_tok {top_k} exceeds num_local_experts {experts}",
+                pointer="/config/num_experts_per_tok",
+            )
+        notes.append(f"mixture of {experts} experts, {top_k} per token: estimates count every "
+                     "expert's weights and the routed tokens' activations")  # fmt: skip
+    tied = config.flag("tie_word_embeddings", model_type == "gemma")
+    if config.raw.get("sliding_window") and config.flag("use_sliding_window", True):
+        notes.append("sliding-window attention has no parameters; activations are modelled "
+                     "as full causal attention (an upper bound)")  # fmt: skip
+    if head_dim_given:
+        notes.append(f"explicit head_dim {head_dim}")
+    graph = builders.llama(
+        layers=config.size("num_hidden_layers"),
+        hidden=hidden,
+        heads=heads,
+        kv_heads=config.size("num_key_value_heads", heads),
+        intermediate=config.size("intermediate_size"),
+        vocab=config.size("vocab_size"),
+        tied=tied,
+        eps=config.number("rms_norm_eps", 1e-6),
+        head_dim=head_dim if head_dim_given else None,
+        qkv_bias=qkv_bias,
+        out_bias=attention_bias,
+        activation=act,
+        mlp_bias=config.flag("mlp_bias", False),
+        experts=experts,
+        experts_per_token=top_k,
+    )
+    reference = f"{REFERENCE_CLASSES[model_type][0]} (LM head {'tied' if tied else 'untied'})"
+    return graph, reference, notes, config.size("max_position_embeddings", 4096)
+
+
+def _gpt2(config: _Config, model_type: str) -> Built:
+    hidden = config.size("n_embd", alias="hidden_size")
+    tied = config.flag("tie_word_embeddings", True)
+    graph = builders.gpt2(
+        layers=config.size("n_layer", alias="num_hidden_layers"),
+        hidden=hidden,
+        heads=config.size("n_head", alias="num_attention_heads"),
+        vocab=config.size("vocab_size"),
+        positions=config.size("n_positions", 1024),
+        intermediate=config.size("n_inner", 4 * hidden),
+        dropout=config.dropout("resid_pdrop"),
+        tied=tied,
+        activation=config.activation("activation_function", "gelu_new", gated=False),
+        eps=config.number("layer_norm_epsilon", 1e-5),
+    )
+    notes = ["learned absolute positions: n_positions bounds the sequence length"]
+    reference = f"GPT2LMHeadModel (LM head {'tied' if tied else 'untied'})"
+    return graph, reference, notes, config.size("n_positions", 1024)
+
+
+def _gpt_neox(config: _Config, model_type: str) -> Built:
+    tied = config.flag("tie_word_embeddings", False)
+    parallel = config.flag("use_parallel_residual", True)
+    graph = builders.gpt_neox(
+        layers=config.size("num_hidden_layers"),
+        hidden=config.size("hidden_size"),
+        heads=config.size("num_attention_heads"),
+        intermediate=config.size("intermediate_size"),
+        vocab=config.size("vocab_size"),
+        parallel_residual=parallel,
+        tied=tied,
+        bias=config.flag("attention_bias", True),
+        activation=config.activation("hidden_act", "gelu", gated=False),
+        eps=config.number("layer_norm_eps", 1e-5),
+    )
+    notes = [
+        f"{'parallel' if parallel else 'sequential'} residual; rotary embeddings "
+        f"(rotary_pct {config.number('rotary_pct', 0.25)}) have no parameters"
+    ]
+    reference = f"GPTNeoXForCausalLM (embed_out {'tied' if tied else 'untied'})"
+    return graph, reference, notes, config.size("max_position_embeddings", 2048)
+
+
+def _bert(config: _Config, model_type: str) -> Built:
+    kind = config.text("position_embedding_type", "absolute")
+    if kind != "absolute":
+        raise ImportRejected(
+            f"position_embedding_type {kind!r} is not supported; only 'absolute'",
+            pointer="/config/position_embedding_type",
+        )
+    hidden = config.size("hidden_size")
+    graph = builders.bert(
+        layers=config.size("num_hidden_layers"),
+        hidden=hidden,
+        heads=config.size("num_attention_heads"),
+        vocab=config.size("vocab_size"),
+        positions=config.size("max_position_embeddings", 512),
+        type_vocab=config.size("type_vocab_size", 2),
+        intermediate=config.size("intermediate_size", 4 * hidden),
+        dropout=config.dropout("hidden_dropout_prob"),
+        eps=config.number("layer_norm_eps", 1e-12),
+        activation=config.activation("hidden_act", "gelu", gated=False),
+    )
+    name = REFERENCE_CLASSES[model_type][0]
+    notes = ["the encoder with its pooler; task heads (masked LM, classification) are not "
+             "imported"]  # fmt: skip
+    if model_type == "roberta":
+        notes.append("RoBERTa offsets positions by padding_idx + 1: max_position_embeddings - 2 "
+                     "tokens fit")  # fmt: skip
+        positions = config.size("max_position_embeddings", 514) - 2
+    else:
+        positions = config.size("max_position_embeddings", 512)
+    return graph, f"{name} (with pooler)", notes, max(positions, 1)
+
+
+def _t5(config: _Config, model_type: str) -> Built:
+    projection = config.text("feed_forward_proj", "relu")
+    if projection not in ("relu", "gated-gelu", "gated-silu"):
+        raise ImportRejected(
+            f"feed_forward_proj {projection!r} is not supported; use relu, gated-gelu or "
+            "gated-silu",
+            pointer="/config/feed_forward_proj",
+        )
+    hidden = config.size("d_model")
+    heads = config.size("num_heads")
+    graph = builders.t5_encoder(
+        layers=config.size("num_layers"),
+        hidden=hidden,
+        heads=heads,
+        head_dim=config.size("d_kv", hidden // heads if hidden % heads == 0 else None),
+        intermediate=config.size("d_ff"),
+        vocab=config.size("vocab_size"),
+        gated=projection != "relu",
+        buckets=config.size("relative_attention_num_buckets", 32),
+        dropout=config.dropout("dropout_rate"),
+        eps=config.number("layer_norm_epsilon", 1e-6),
+    )
+    if projection == "gated-silu":
+        _swap_activation(graph, "geglu", "swiglu")
+    notes = ["only the encoder stack (T5EncoderModel); the decoder is not imported",
+             "relative position bias: a learned table in the first block"]  # fmt: skip
+    return graph, "T5EncoderModel", notes, 512
+
+
+def _swap_activation(graph: builders.Graph, old: str, new: str) -> None:
+    for layer in graph[1]:
+        for inner in layer.get("layers", []):
+            if inner.get("activation") == old:
+                inner["activation"] = new
+
+
+def _vit(config: _Config, model_type: str) -> Built:
+    architectures = config.architectures()
+    classify = "ViTForImageClassification" in architectures
+    hidden = config.size("hidden_size")
+    classes = 0
+    if classify:
+        labels = config.raw.get("id2label")
+        if isinstance(labels, Mapping) and labels:
+            classes = len(labels)
+        else:
+            classes = config.size("num_labels", 2)
+    graph = builders.vit(
+        layers=config.size("num_hidden_layers"),
+        hidden=hidden,
+        heads=config.size("num_attention_heads"),
+        intermediate=config.size("intermediate_size", 4 * hidden),
+        patch=config.size("patch_size", 16),
+        image=config.size("image_size", 224),
+        classes=max(classes, 1),
+        dropout=config.dropout("hidden_dropout_prob"),
+        head="classifier" if classify else "pooler",
+        qkv_bias=config.flag("qkv_bias", True),
+        channels=config.size("num_channels", 3),
+        eps=config.number("layer_norm_eps", 1e-12),
+        activation=config.activation("hidden_act", "gelu", gated=False),
+    )
+    if classify:
+        reference = f"ViTForImageClassification ({classes} labels, no pooler)"
+    else:
+        reference = "ViTModel (with pooler)"
+    notes = ["learned positions fix the image size: inputs must be image_size square"]
+    return graph, reference, notes, None
+
+
+_BUILDERS: Mapping[str, Callable[[_Config, str], Built]] = {
+    "llama": _decoder,
+    "mistral": _decoder,
+    "mixtral": _decoder,
+    "qwen2": _decoder,
+    "gemma": _decoder,
+    "gpt2": _gpt2,
+    "gpt_neox": _gpt_neox,
+    "bert": _bert,
+    "roberta": _bert,
+    "t5": _t5,
+    "vit": _vit,
+}
+
+
+def import_hf_config(
+    raw: Mapping[str, Any], *, sequence_length: int | None = None
+) -> ImportedGraph:
+    """Build the layer graph a ``config.json`` describes.
+
+    Raises
+    ------
+    ImportRejected
+        Unknown ``model_type`` (listing the supported ones), or a field that is missing or
+        out of range (naming it).
+    """
+    if not isinstance(raw, Mapping):
+        raise ImportRejected("config must be a JSON object", pointer="/config")
+    model_type = raw.get("model_type")
+    if model_type not in _BUILDERS or not isinstance(model_type, str):
+        raise ImportRejected(
+            f"model_type {model_type!r} is not supported; supported: "
+            + ", ".join(SUPPORTED_MODEL_TYPES),
+            pointer="/config/model_type",
+            kind="unsupported-model-type",
+        )
+    config = _Config(raw)
+    (inputs, layers), reference, notes, positions = _BUILDERS[model_type](config, model_type)
+    bindings: dict[str, int] = {}
+    if model_type == "vit":
+        bindings["image"] = config.size("image_size", 224)
+    else:
+        limit = positions or DEFAULT_SEQUENCE_CAP
+        seq = sequence_length or min(limit, DEFAULT_SEQUENCE_CAP)
+        if model_type in _LEARNED_POSITIONS and seq > limit:
+            raise ImportRejected(
+                f"sequence_length {seq} exceeds the model's {limit} learned positions",
+                pointer="/sequence_length",
+            )
+        bindings["seq"] = seq
+        if sequence_length is None:
+            notes.append(f"default sequence length {seq}: the smaller of the model's {limit} "
+                         f"positions and {DEFAULT_SEQUENCE_CAP}")  # fmt: skip
+    params = graph_parameter_count(inputs, layers, bindings)
+    name_or_path = raw.get("_name_or_path")
+    label = name_or_path if isinstance(name_or_path, str) and name_or_path else model_type
+    class_name, family = REFERENCE_CLASSES[model_type]
+    return ImportedGraph(
+        name=f"{label} ({class_name})"[:200],
+        family=family,
+        description=(
+            f"Imported from a Hugging Face config.json (model_type {model_type}); "
+            f"parameters match transformers {reference}."
+        ),
+        inputs=inputs,
+        layers=layers,
+        default_bindings=bindings,
+        parameter_count=params,
+        source_parameter_count=None,
+        reference=f"transformers {reference}",
+        op_mapping=top_level_mapping(layers),
+        assumptions=tuple(notes),
+    )

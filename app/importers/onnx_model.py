@@ -1,0 +1,1143 @@
+"""ONNX model bytes -> layer graph.
+
+Only the bytes given are read: the model is parsed with ``ModelProto.ParseFromString`` and
+shape-inferred in memory; a tensor that points at external data is rejected without looking
+at the path. Nodes are mapped in their (topological) order onto graph ops:
+
+* weights of Conv, Gemm, MatMul (constant right operand, with a following bias Add folded in),
+  BatchNormalization, LayerNormalization, RMSNormalization and Gather-as-embedding stay with
+  their op; a MatMul whose weight an earlier embedding owns is tied to it;
+* other float initializers that feed activations (a position embedding, a class token) become
+  ``tensor`` layers, counted as parameters;
+* nodes that only compute on constants and shapes (Shape, Gather on a shape, Concat of ints,
+  Constant, ...) are folded away: their values only size later reshapes, which take their
+  output shape from ONNX shape inference;
+* everything else is unsupported: listed, and rejected unless ``lenient`` (then a zero-param,
+  shape-preserving ``opaque`` layer).
+
+Parameters are counted twice, independently: from the initializers (float tensors of more
+than one element, minus batch-norm running statistics) and from the graph's shape inference.
+The two must be equal.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import onnx
+from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto
+
+from app.domain.analysis import InputDecl
+from app.domain.graph import MAX_DIM
+from app.domain.ops import TensorKind
+from app.importers.result import (
+    ImportedGraph,
+    ImportRejected,
+    OpMapping,
+    UnsupportedOp,
+    graph_parameter_count,
+)
+
+MAX_NODES = 50_000
+MIN_OPSET, MIN_IR = 7, 3
+DEFAULT_SEQUENCE_LENGTH = 128
+_FLOAT_TYPES = frozenset(
+    {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE}
+)
+_INT_TYPES = frozenset({TensorProto.INT64, TensorProto.INT32})
+_ITEM_BYTES: dict[int, int] = {
+    TensorProto.FLOAT: 4, TensorProto.FLOAT16: 2, TensorProto.BFLOAT16: 2, TensorProto.DOUBLE: 8,
+    TensorProto.INT64: 8, TensorProto.INT32: 4, TensorProto.INT16: 2, TensorProto.INT8: 1,
+    TensorProto.UINT8: 1, TensorProto.BOOL: 1, TensorProto.UINT16: 2, TensorProto.UINT32: 4,
+    TensorProto.UINT64: 8,
+}  # fmt: skip
+_SHAPE_OPS = frozenset({"Shape", "Size"})
+# Folded ops whose output is a view, expansion, slice or lookup of their first input: a
+# parameter stays that parameter through them (a transposed LM head, an expanded class token).
+_VIEW_OF_FIRST_INPUT = frozenset(
+    {"Transpose", "Expand", "Unsqueeze", "Squeeze", "Reshape", "Identity", "Cast", "Gather",
+     "Slice", "Flatten"}
+)  # fmt: skip
+_ALIAS_OPS = frozenset({"Identity"})
+_ACTIVATIONS = {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh"}
+_ELEMENTWISE_UNARY = {
+    "LeakyRelu": "leaky_relu", "Elu": "elu", "HardSigmoid": "hardsigmoid",
+    "HardSwish": "hardswish", "Softplus": "softplus", "Mish": "mish", "Erf": "erf",
+    "Exp": "exp", "Log": "log", "Sqrt": "sqrt", "Reciprocal": "reciprocal", "Neg": "neg",
+    "Abs": "abs", "Sin": "sin", "Cos": "cos", "Floor": "floor", "Ceil": "ceil",
+    "Round": "round", "Sign": "sign", "Clip": "clip",
+}  # fmt: skip
+_ELEMENTWISE_BINARY = {
+    "Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Pow": "pow", "Max": "max",
+    "Min": "min", "Where": "where",
+}  # fmt: skip
+_REDUCE = {
+    "ReduceMean": "mean", "ReduceSum": "sum", "ReduceMax": "max", "ReduceMin": "min",
+    "ReduceProd": "prod", "ReduceL1": "l1", "ReduceL2": "l2", "ReduceSumSquare": "sum_square",
+    "ReduceLogSumExp": "log_sum_exp",
+}  # fmt: skip
+_NAME_CHARS = re.compile(r"[^A-Za-z0-9_/-]+")
+
+
+def _reject(detail: str, pointer: str = "/file", kind: str = "invalid-onnx") -> ImportRejected:
+    return ImportRejected(detail, pointer=pointer, kind=kind)
+
+
+# -- parsing and hostile-input checks ---------------------------------------------------------
+
+
+def parse_model(data: bytes) -> ModelProto:
+    """Parse ONNX bytes; reject garbage, truncation, external data and absurd sizes."""
+    if not data:
+        raise _reject("the uploaded file is empty")
+    model = ModelProto()
+    try:
+        model.ParseFromString(data)
+    except Exception as exc:  # protobuf's DecodeError, or a RuntimeError from the C++ parser
+        raise _reject(f"not a valid ONNX file (protobuf decoding failed: {exc})") from exc
+    if not model.HasField("graph") or not model.graph.node:
+        raise _reject("not a valid ONNX file: it holds no graph nodes")
+    if not MIN_IR <= model.ir_version <= onnx.IR_VERSION:
+        raise _reject(
+            f"ONNX IR version {model.ir_version} is not supported "
+            f"(supported: {MIN_IR}..{onnx.IR_VERSION})"
+        )
+    opset = _default_opset(model)
+    if not MIN_OPSET <= opset <= onnx.defs.onnx_opset_version():
+        raise _reject(
+            f"opset {opset} of the default ONNX domain is not supported "
+            f"(supported: {MIN_OPSET}..{onnx.defs.onnx_opset_version()})"
+        )
+    nodes = sum(1 for _ in _all_nodes(model.graph))
+    if nodes > MAX_NODES:
+        raise _reject(f"the graph has {nodes} nodes; at most {MAX_NODES} are imported")
+    for where, tensor in _all_tensors(model.graph):
+        _check_tensor(where, tensor)
+    for where, dims in _declared_dims(model.graph):
+        for dim in dims:
+            if dim.HasField("dim_value") and not 0 <= dim.dim_value <= MAX_DIM:
+                raise _reject(f"{where} declares dimension {dim.dim_value}; at most 2^40 allowed")
+    return model
+
+
+def _default_opset(model: ModelProto) -> int:
+    for entry in model.opset_import:
+        if entry.domain in ("", "ai.onnx"):
+            return int(entry.version)
+    raise _reject("the model imports no opset of the default ONNX domain")
+
+
+def _all_nodes(graph: GraphProto) -> Iterator[NodeProto]:
+    for node in graph.node:
+        yield node
+        for attribute in node.attribute:
+            for sub in _subgraphs(attribute):
+                yield from _all_nodes(sub)
+
+
+def _subgraphs(attribute: AttributeProto) -> list[GraphProto]:
+    graphs = list(attribute.graphs)
+    if attribute.HasField("g"):
+        graphs.append(attribute.g)
+    return graphs
+
+
+def _all_tensors(graph: GraphProto) -> Iterator[tuple[str, TensorProto]]:
+    for tensor in graph.initializer:
+        yield f"initializer '{tensor.name}'", tensor
+    for sparse in graph.sparse_initializer:
+        yield f"sparse initializer '{sparse.values.name}'", sparse.values
+        yield f"sparse initializer '{sparse.values.name}' indices", sparse.indices
+    for node in graph.node:
+        for attribute in node.attribute:
+            where = f"node '{node.name or node.op_type}' attribute '{attribute.name}'"
+            if attribute.HasField("t"):
+                yield where, attribute.t
+            for tensor in attribute.tensors:
+                yield where, tensor
+            if attribute.HasField("sparse_tensor"):
+                yield where, attribute.sparse_tensor.values
+            for sub in _subgraphs(attribute):
+                yield from _all_tensors(sub)
+
+
+def _declared_dims(graph: GraphProto) -> Iterator[tuple[str, Any]]:
+    for info in [*graph.input, *graph.output, *graph.value_info]:
+        if info.type.HasField("tensor_type") and info.type.tensor_type.HasField("shape"):
+            yield f"value '{info.name}'", info.type.tensor_type.shape.dim
+
+
+def _check_tensor(where: str, tensor: TensorProto) -> None:
+    if tensor.data_location == TensorProto.EXTERNAL or len(tensor.external_data):
+        raise _reject(
+            f"{where} refers to external data; only self-contained ONNX files are imported "
+            "(save the model without external data, e.g. onnx.save(model, f, "
+            "save_as_external_data=False)); nothing was read from any path",
+            kind="external-data",
+        )
+    if len(tensor.dims) > 8 or any(not 0 <= d <= MAX_DIM for d in tensor.dims):
+        raise _reject(f"{where} declares dims {list(tensor.dims)}: at most 8 dims of 0..2^40")
+    numel = math.prod(tensor.dims)
+    if numel > MAX_DIM:
+        raise _reject(f"{where} declares {numel} elements; at most 2^40")
+    stored = _stored_elements(tensor)
+    if stored is not None and stored != numel:
+        raise _reject(
+            f"{where} declares dims {list(tensor.dims)} ({numel} elements) but holds {stored}"
+        )
+
+
+def _stored_elements(tensor: TensorProto) -> int | None:
+    """Elements actually present in the tensor's data, or None when that cannot be told."""
+    if tensor.HasField("raw_data"):
+        item = _ITEM_BYTES.get(tensor.data_type)
+        return len(tensor.raw_data) // item if item else None
+    for values in (
+        tensor.float_data,
+        tensor.int32_data,
+        tensor.int64_data,
+        tensor.double_data,
+        tensor.uint64_data,
+    ):
+        if len(values):
+            return len(values)
+    return 0 if tensor.data_type != TensorProto.STRING else None
+
+
+# -- mapping ----------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Const:
+    """A value known without running the model: an initializer, a Constant, or a fold."""
+
+    dims: tuple[int, ...] | None
+    is_float: bool
+    origin: str | None = None  # the initializer it is (a view/expansion of), if any
+    values: tuple[int, ...] | None = None  # small integer tensors (axes, split sizes, indices)
+
+
+class _Mapper:
+    """Walks the nodes once, building layers."""
+
+    def __init__(self, model: ModelProto, *, lenient: bool) -> None:
+        self.model = model
+        self.graph = model.graph
+        self.lenient = lenient
+        self.opset = _default_opset(model)
+        self.layers: list[dict[str, Any]] = []
+        self.act: dict[str, str] = {}  # ONNX value -> layer or input name
+        self.consts: dict[str, _Const] = {}
+        self.names: set[str] = set()
+        self.symbols: dict[str, str] = {}  # ONNX dim_param -> graph symbol
+        self.shapes: dict[str, list[int | str | None]] = {}
+        self.mapping: dict[str, Counter[tuple[str, ...]]] = {}
+        self.unsupported: dict[str, list[str]] = {}
+        self.unsupported_problems: list[tuple[str, str]] = []
+        self.weight_owner: dict[str, str] = {}  # initializer -> embedding/linear layer using it
+        self.tensor_layers: dict[str, str] = {}
+        self.pending_bias: dict[str, dict[str, Any]] = {}  # MatMul output -> its linear layer
+        self.consumers: Counter[str] = Counter(i for n in self.graph.node for i in n.input if i)
+        self.unsupported_inputs: set[str] = set()
+        self.supported_inputs: set[str] = set()
+        self.notes: list[str] = []
+        self.inputs: list[InputDecl] = []
+        self.float_values: set[str] = set()
+        self.folded_biases: set[str] = set()
+        self.input_symbols: dict[
+            tuple[str, int], str
+        ] = {}  # (input, axis) -> batch / seq  # initializers added to a MatMul as its bias
+        self.initializers: dict[str, TensorProto] = {}
+
+    # -- values
+
+    def _name(self, node: NodeProto, index: int, suffix: str = "") -> str:
+        base = _NAME_CHARS.sub("_", node.name or "").strip("/_") or f"{node.op_type}_{index}"
+        base = (base[:100] + suffix) if suffix else base[:100]
+        name, n = base, 1
+        while name in self.names:
+            n += 1
+            name = f"{base}_{n}"
+        self.names.add(name)
+        return name
+
+    def _add(self, layer: dict[str, Any]) -> str:
+        self.layers.append(layer)
+        return str(layer["name"])
+
+    def _tensor_layer(self, value: str, like: list[int | str | None] | None = None) -> str | None:
+        """A ``tensor`` layer for a constant feeding an activation op (None for scalars/ints)."""
+        const = self.consts[value]
+        stored = self.consts[const.origin].dims if const.origin is not None else const.dims
+        if not const.is_float or stored is None or math.prod(stored) <= 1:
+            return None
+        if value in self.tensor_layers:
+            return self.tensor_layers[value]
+        shown = self.shapes.get(value)
+        layer: dict[str, Any] = {"op": "tensor", "inputs": [], "shape": list(stored)}
+        if (
+            shown is not None
+            and None in shown
+            and len(shown) == len(stored)
+            and stored[0] == 1
+            and all(d is None or d == s for d, s in zip(shown[1:], stored[1:], strict=True))
+        ):
+            # An expansion whose target shape inference could not follow: the common case is
+            # a [1, ...] parameter (a class token) expanded over the batch.
+            shown = ["batch", *stored[1:]]
+            self.notes.append(f"'{value}' taken as an expansion of [1, ...] over the batch")
+        elif (
+            shown is not None
+            and None in shown
+            and like is not None
+            and None not in like
+            and len(like) == len(shown)
+            and all(d is None or d == e for d, e in zip(shown, like, strict=True))
+        ):
+            # A lookup (positions, token types) added to an activation: it has that shape.
+            shown = like
+            self.notes.append(f"'{value}' taken to have the shape of the activation it joins")
+        if shown is not None and shown != list(stored):
+            if None in shown:
+                return None
+            layer["output_shape"] = shown
+        if const.origin is None:
+            layer["trainable"] = False
+        name = re.sub(_NAME_CHARS, "_", value).strip("/_")[:100] or "tensor"
+        while name in self.names:
+            name += "_"
+        self.names.add(name)
+        layer["name"] = name
+        self.tensor_layers[value] = self._add(layer)
+        return name
+
+    def _operand(self, value: str, like: list[int | str | None] | None = None) -> str | None:
+        """The layer that provides ``value`` to an activation op, or None (dropped scalar)."""
+        if value in self.act:
+            return self.act[value]
+        if value in self.consts:
+            return self._tensor_layer(value, like)
+        return None
+
+    # -- bookkeeping
+
+    def _map(self, node: NodeProto, ops: Sequence[str]) -> None:
+        self.mapping.setdefault(node.op_type, Counter())[tuple(ops)] += 1
+        self.supported_inputs.update(i for i in node.input if i)
+
+    def _unsupported(self, node: NodeProto, index: int, why: str) -> None:
+        label = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+        self.unsupported.setdefault(label, []).append(node.name or f"#{index}")
+        self.unsupported_problems.append((f"/graph/node/{index}", f"{label}: {why}"))
+        self.unsupported_inputs.update(i for i in node.input if i)
+        acts = [self.act[i] for i in node.input if i in self.act]
+        if self.lenient and acts:
+            name = self._add(
+                {
+                    "name": self._name(node, index),
+                    "op": "opaque",
+                    "source_op": _NAME_CHARS.sub("_", label)[:64],
+                    "inputs": acts,
+                }
+            )
+            for output in node.output:
+                self.act[output] = name
+        else:
+            for output in node.output:  # keep walking: report every unsupported op at once
+                if acts:
+                    self.act[output] = acts[0]
+
+    # -- attributes
+
+    @staticmethod
+    def _attr(node: NodeProto, name: str, default: Any = None) -> Any:
+        for attribute in node.attribute:
+            if attribute.name == name:
+                return onnx.helper.get_attribute_value(attribute)
+        return default
+
+    def _ints(self, node: NodeProto, name: str, position: int) -> list[int] | None:
+        """An int list given as attribute (old opsets) or as constant input ``position``."""
+        value = self._attr(node, name)
+        if value is not None:
+            return [int(v) for v in value]
+        if len(node.input) > position and node.input[position]:
+            const = self.consts.get(node.input[position])
+            if const is None or const.values is None:
+                return None
+            return list(const.values)
+        return []
+
+    # -- the walk
+
+    def run(self) -> None:
+        initializers = {t.name: t for t in self.graph.initializer}
+        for name, tensor in initializers.items():
+            self.consts[name] = _Const(
+                dims=tuple(tensor.dims),
+                is_float=tensor.data_type in _FLOAT_TYPES,
+                origin=name if tensor.data_type in _FLOAT_TYPES else None,
+                values=_small_ints(tensor),
+            )
+        self.initializers = dict(initializers)
+        self._bind_inputs(set(initializers))
+        self._infer_shapes()
+        for index, node in enumerate(self.graph.node):
+            self._node(node, index)
+
+    def _infer_shapes(self) -> None:
+        """Every value's shape, with ``batch`` and ``seq`` where they are symbolic.
+
+        ONNX shape inference runs twice with the symbolic input dims set to two different
+        probe sizes; a dim that follows the probes is that symbol, a dim that stays put is a
+        number, anything else (a product such as batch x heads) is unknown.
+        """
+        runs = [_infer(_with_probe_dims(self.model, self.input_symbols, probe)) for probe in
+                _PROBES]  # fmt: skip
+        seen: dict[str, list[list[int | None]]] = {}
+        for run in runs:
+            for info in [*run.graph.value_info, *run.graph.output, *run.graph.input]:
+                tensor_type = info.type.tensor_type
+                if tensor_type.elem_type in _FLOAT_TYPES:
+                    self.float_values.add(info.name)
+                if not tensor_type.HasField("shape"):
+                    continue
+                dims = [int(d.dim_value) if d.HasField("dim_value") else None
+                        for d in tensor_type.shape.dim]  # fmt: skip
+                seen.setdefault(info.name, []).append(dims)
+        for name, found in seen.items():
+            if len(found) != len(runs) or len({len(dims) for dims in found}) != 1:
+                continue
+            merged: list[int | str | None] = []
+            for values in zip(*found, strict=True):
+                if None in values:
+                    merged.append(None)
+                elif len(set(values)) == 1:
+                    merged.append(values[0])
+                else:
+                    merged.append(next((symbol for symbol, sizes in _PROBE_SIZES.items()
+                                        if tuple(values) == sizes), None))  # fmt: skip
+            self.shapes[name] = merged
+
+    def _bind_inputs(self, initializer_names: set[str]) -> None:
+        for info in self.graph.input:
+            if info.name in initializer_names:
+                continue
+            tensor_type = info.type.tensor_type
+            if not info.type.HasField("tensor_type"):
+                raise _reject(f"input '{info.name}' is not a tensor", "/graph/input")
+            if tensor_type.elem_type in _FLOAT_TYPES:
+                kind = TensorKind.FLOAT
+            elif tensor_type.elem_type in _INT_TYPES:
+                kind = TensorKind.INDEX
+            else:
+                raise _reject(
+                    f"input '{info.name}' has element type "
+                    f"{TensorProto.DataType.Name(tensor_type.elem_type)}; only float and integer "
+                    "inputs are imported",
+                    "/graph/input",
+                )
+            shape: list[int | str] = []
+            for axis, dim in enumerate(tensor_type.shape.dim):
+                if dim.HasField("dim_value") and dim.dim_value > 0:
+                    shape.append(int(dim.dim_value))
+                    continue
+                symbol = self.symbols.get(dim.dim_param) if dim.HasField("dim_param") else None
+                if symbol is None:
+                    if axis == 0:
+                        symbol = "batch"
+                    elif axis == 1 and kind is TensorKind.INDEX:
+                        symbol = "seq"
+                    else:
+                        raise _reject(
+                            f"input '{info.name}' dim {axis} is symbolic "
+                            f"({dim.dim_param or 'unnamed'}); only the batch dim (0) and the "
+                            "sequence dim (1) of token ids may be: export with fixed sizes",
+                            "/graph/input",
+                        )
+                    if dim.dim_param:
+                        self.symbols[dim.dim_param] = symbol
+                shape.append(symbol)
+                self.input_symbols[(info.name, axis)] = symbol
+            if not shape:
+                raise _reject(f"input '{info.name}' is a scalar; expected a tensor", "/graph/input")
+            name = _NAME_CHARS.sub("_", info.name).strip("_")[:64] or "input"
+            if not name[0].isalpha():
+                name = f"x{name}"[:64]
+            self.names.add(name)
+            self.inputs.append(InputDecl(name=name, shape=tuple(shape), kind=kind))
+            self.act[info.name] = name
+            if isinstance(shape[0], int):
+                self.notes.append(
+                    f"input '{info.name}' has a fixed batch dimension {shape[0]}: estimates use "
+                    "that batch size (export with a dynamic batch axis to vary it)"
+                )
+        if not self.inputs:
+            raise _reject("the graph has no inputs besides its initializers", "/graph/input")
+
+    def _node(self, node: NodeProto, index: int) -> None:
+        op = node.op_type
+        if node.domain not in ("", "ai.onnx"):
+            self._unsupported(node, index, f"custom domain '{node.domain}' is not supported")
+            return
+        acts = [i for i in node.input if i in self.act]
+        if op in _SHAPE_OPS or (not acts and op not in ("Constant",)):
+            self._fold(node)
+            return
+        if op == "Constant":
+            self._constant(node)
+            return
+        handler = getattr(self, f"_op_{op}", None)
+        why = handler(node, index) if handler is not None else "no mapping for this op"
+        if why:
+            self._unsupported(node, index, why)
+
+    def _fold(self, node: NodeProto) -> None:
+        """A node computed on constants and shapes only: no layer; its outputs are constants."""
+        origin = None
+        if node.op_type in _VIEW_OF_FIRST_INPUT:
+            source = self.consts.get(node.input[0]) if node.input else None
+            origin = source.origin if source is not None else None
+        if node.op_type == "Identity" and origin is not None:
+            # The TorchScript exporter stores equal parameters once and names each user's copy
+            # with an Identity: each copy is a parameter of the source model.
+            origin = node.output[0]
+            self.initializers[origin] = self.initializers[node.input[0]]
+            self.consts[origin] = _Const(dims=self.consts[node.input[0]].dims, is_float=True,
+                                         origin=origin)  # fmt: skip
+            self._map(node, ())
+            return
+        for output in node.output:
+            shown = self.shapes.get(output)
+            dims = (
+                tuple(d for d in shown if isinstance(d, int))
+                if shown is not None and all(isinstance(d, int) for d in shown)
+                else None
+            )
+            is_float = origin is not None or (
+                node.op_type not in _SHAPE_OPS and self._float_output(output)
+            )
+            self.consts[output] = _Const(dims=dims, is_float=is_float, origin=origin)
+        self._map(node, ())
+
+    def _float_output(self, value: str) -> bool:
+        return value in self.float_values
+
+    def _constant(self, node: NodeProto) -> None:
+        tensor = self._attr(node, "value")
+        if isinstance(tensor, TensorProto):
+            is_float = tensor.data_type in _FLOAT_TYPES
+            self.consts[node.output[0]] = _Const(
+                dims=tuple(tensor.dims),
+                is_float=is_float,
+                origin=node.output[0] if is_float else None,
+                values=_small_ints(tensor),
+            )
+            # Exporters store some weights as Constant nodes: they count like initializers.
+            self.initializers[node.output[0]] = tensor
+        else:
+            ints = self._attr(node, "value_ints")
+            single = self._attr(node, "value_int")
+            values = tuple(ints) if ints is not None else (single,) if single is not None else None
+            self.consts[node.output[0]] = _Const(
+                dims=(len(ints),) if ints is not None else (), is_float=False, values=values
+            )
+        self._map(node, ())
+
+    def _emit(self, node: NodeProto, index: int, layer: dict[str, Any], ops: Sequence[str]) -> str:
+        layer = {"name": self._name(node, index), **layer}
+        name = self._add(layer)
+        self.act[node.output[0]] = name
+        self._map(node, ops)
+        return name
+
+    def _x(self, node: NodeProto) -> str:
+        return self.act[node.input[0]]
+
+    def _rank(self, value: str) -> int | None:
+        shown = self.shapes.get(value)
+        return len(shown) if shown is not None else None
+
+    # -- op handlers: return None when mapped, or why not
+
+    def _op_Identity(self, node: NodeProto, index: int) -> str | None:
+        self.act[node.output[0]] = self._x(node)
+        self._map(node, ())
+        return None
+
+    def _op_Cast(self, node: NodeProto, index: int) -> str | None:
+        if self._attr(node, "to") not in _FLOAT_TYPES:
+            return "casts an activation to a non-float type"
+        return self._op_Identity(node, index)
+
+    def _op_Dropout(self, node: NodeProto, index: int) -> str | None:
+        ratio = self._attr(node, "ratio", 0.5)
+        if len(node.input) > 1 and node.input[1]:
+            ratio = 0.5  # a ratio input (opset 12+); its value is not read
+        self._emit(node, index, {"op": "dropout", "p": float(ratio), "inputs": [self._x(node)]},
+                   ["dropout"])  # fmt: skip
+        return None
+
+    def _activation(self, node: NodeProto, index: int, op: str, **attrs: Any) -> str | None:
+        self._emit(node, index, {"op": op, **attrs, "inputs": [self._x(node)]}, [op])
+        return None
+
+    def _op_Relu(self, node: NodeProto, index: int) -> str | None:
+        return self._activation(node, index, "relu")
+
+    def _op_Sigmoid(self, node: NodeProto, index: int) -> str | None:
+        return self._activation(node, index, "sigmoid")
+
+    def _op_Tanh(self, node: NodeProto, index: int) -> str | None:
+        return self._activation(node, index, "tanh")
+
+    def _op_Gelu(self, node: NodeProto, index: int) -> str | None:
+        if self._attr(node, "approximate", b"none") in (b"tanh", "tanh"):
+            return self._activation(node, index, "gelu", approximate="tanh")
+        return self._activation(node, index, "gelu")
+
+    def _op_Softmax(self, node: NodeProto, index: int) -> str | None:
+        rank = self._rank(node.input[0])
+        axis = int(self._attr(node, "axis", -1 if self.opset >= 13 else 1))
+        if self.opset < 13 and rank is not None and axis not in (-1, rank - 1):
+            return "opset < 13 Softmax over several flattened axes is not supported"
+        return self._activation(node, index, "softmax", dim=axis)
+
+    def _op_Clip(self, node: NodeProto, index: int) -> str | None:
+        return self._elementwise(node, index, "clip", [node.input[0]])
+
+    def _elementwise(
+        self, node: NodeProto, index: int, function: str, values: Sequence[str]
+    ) -> str | None:
+        like = next((self.shapes.get(v) for v in values if v in self.act), None)
+        operands = [name for v in values if v and (name := self._operand(v, like)) is not None]
+        if not operands:
+            return "no floating-point operand"
+        self._emit(
+            node, index, {"op": "elementwise", "function": function, "inputs": operands},
+            ["elementwise"],
+        )  # fmt: skip
+        return None
+
+    def _binary(self, node: NodeProto, index: int) -> str | None:
+        function = _ELEMENTWISE_BINARY[node.op_type]
+        values = list(node.input[1:] if node.op_type == "Where" else node.input)
+        if node.op_type == "Add" and len(values) == 2:
+            folded = self._fold_bias(node, values)
+            if folded:
+                return None
+            a, b = values
+            shape_a, shape_b = self.shapes.get(a), self.shapes.get(b)
+            if (
+                a in self.act
+                and b in self.act
+                and shape_a is not None
+                and shape_a == shape_b
+                and None not in shape_a
+            ):
+                self._emit(node, index, {"op": "add", "inputs": [self.act[a], self.act[b]]},
+                           ["add"])  # fmt: skip
+                return None
+        return self._elementwise(node, index, function, values)
+
+    def _fold_bias(self, node: NodeProto, values: Sequence[str]) -> bool:
+        """``MatMul`` then ``Add`` of a 1-d weight: the linear layer's bias."""
+        for act_value, const_value in (values, values[::-1]):
+            linear = self.pending_bias.get(act_value)
+            const = self.consts.get(const_value)
+            if (
+                linear is not None
+                and const is not None
+                and const.origin is not None
+                and const.dims == (linear["out_features"],)
+                and self.consumers[act_value] == 1
+            ):
+                linear["bias"] = True
+                self.folded_biases.add(const_value)
+                self.act[node.output[0]] = linear["name"]
+                del self.pending_bias[act_value]
+                self._map(node, ("linear.bias",))
+                return True
+        return False
+
+    def _linear(
+        self, node: NodeProto, index: int, weight: _Const, out_features: int, bias: bool
+    ) -> dict[str, Any]:
+        layer: dict[str, Any] = {"op": "linear", "out_features": out_features, "bias": bias}
+        owner = self.weight_owner.get(weight.origin or "")
+        if owner is not None:
+            layer["tied_to"] = owner
+        layer["inputs"] = [self._x(node)]
+        name = self._emit(node, index, layer, ["linear"])
+        if weight.origin is not None and owner is None:
+            self.weight_owner[weight.origin] = name
+        return self.layers[-1]
+
+    def _op_MatMul(self, node: NodeProto, index: int) -> str | None:
+        a, b = node.input[0], node.input[1]
+        weight = self.consts.get(b)
+        if a in self.act and weight is not None:
+            if weight.dims is None or len(weight.dims) != 2 or not weight.is_float:
+                return "a constant right operand must be a 2-d float weight"
+            layer = self._linear(node, index, weight, weight.dims[1], bias=False)
+            self.pending_bias[node.output[0]] = layer
+            return None
+        left, right = self._operand(a), self._operand(b)
+        if left is None or right is None:
+            return "operands must be float tensors of rank >= 1"
+        self._emit(node, index, {"op": "matmul", "inputs": [left, right]}, ["matmul"])
+        return None
+
+    def _op_Gemm(self, node: NodeProto, index: int) -> str | None:
+        weight = self.consts.get(node.input[1])
+        if node.input[0] not in self.act or weight is None or weight.dims is None:
+            return "only activation x constant weight is supported"
+        if self._attr(node, "transA", 0):
+            return "transA=1 is not supported"
+        if len(weight.dims) != 2:
+            return "the weight must be 2-d"
+        trans_b = bool(self._attr(node, "transB", 0))
+        out_features = weight.dims[0] if trans_b else weight.dims[1]
+        bias = len(node.input) > 2 and node.input[2] in self.consts
+        if bias:
+            self.supported_inputs.add(node.input[2])
+        self._linear(node, index, weight, out_features, bias)
+        return None
+
+    def _op_Conv(self, node: NodeProto, index: int) -> str | None:
+        weight = self.consts.get(node.input[1])
+        if weight is None or weight.dims is None or len(weight.dims) != 4:
+            return "only 2-d convolutions with a constant weight are supported"
+        padding = self._padding(node, weight.dims[2:])
+        if isinstance(padding, str) and padding not in ("same", "valid"):
+            return padding
+        layer: dict[str, Any] = {
+            "op": "conv2d",
+            "out_channels": weight.dims[0],
+            "kernel_size": list(weight.dims[2:]),
+            "stride": list(self._attr(node, "strides", [1, 1])),
+            "padding": padding,
+            "dilation": list(self._attr(node, "dilations", [1, 1])),
+            "groups": int(self._attr(node, "group", 1)),
+            "bias": len(node.input) > 2 and bool(node.input[2]),
+            "inputs": [self._x(node)],
+        }
+        self._emit(node, index, layer, ["conv2d"])
+        return None
+
+    def _padding(self, node: NodeProto, kernel: Sequence[int]) -> list[int] | str:
+        auto = self._attr(node, "auto_pad", b"NOTSET")
+        auto = auto.decode() if isinstance(auto, bytes) else str(auto)
+        if auto == "VALID":
+            return [0, 0]
+        if auto in ("SAME_UPPER", "SAME_LOWER"):
+            strides = list(self._attr(node, "strides", [1, 1]))
+            if strides == [1, 1] and all(k % 2 for k in kernel):
+                return [(k - 1) // 2 for k in kernel]
+            return f"auto_pad {auto} with stride or even kernel is not supported"
+        pads = list(self._attr(node, "pads", [0, 0, 0, 0]))
+        if len(pads) != 4 or pads[:2] != pads[2:]:
+            return f"asymmetric pads {pads} are not supported"
+        return pads[:2]
+
+    def _pool(self, node: NodeProto, index: int, op: str) -> str | None:
+        if self._rank(node.input[0]) not in (4, None):
+            return "only 2-d pooling is supported"
+        kernel = list(self._attr(node, "kernel_shape", []))
+        if len(kernel) != 2:
+            return "only 2-d pooling is supported"
+        if any(d != 1 for d in self._attr(node, "dilations", [1, 1])):
+            return "dilated pooling is not supported"
+        padding = self._padding(node, kernel)
+        if isinstance(padding, str):
+            return padding
+        layer = {
+            "op": op,
+            "kernel_size": kernel,
+            "stride": list(self._attr(node, "strides", [1, 1])),
+            "padding": padding,
+            "ceil_mode": bool(self._attr(node, "ceil_mode", 0)),
+            "inputs": [self._x(node)],
+        }
+        self._emit(node, index, layer, [op])
+        return None
+
+    def _op_MaxPool(self, node: NodeProto, index: int) -> str | None:
+        if len(node.output) > 1 and node.output[1]:
+            return "MaxPool with an Indices output is not supported"
+        return self._pool(node, index, "maxpool2d")
+
+    def _op_AveragePool(self, node: NodeProto, index: int) -> str | None:
+        return self._pool(node, index, "avgpool2d")
+
+    def _op_GlobalAveragePool(self, node: NodeProto, index: int) -> str | None:
+        if self._rank(node.input[0]) not in (4, None):
+            return "only 4-d inputs are supported"
+        return self._activation(node, index, "adaptive_avgpool2d", output_size=1)
+
+    def _op_GlobalMaxPool(self, node: NodeProto, index: int) -> str | None:
+        if self._rank(node.input[0]) not in (4, None):
+            return "only 4-d inputs are supported"
+        return self._activation(node, index, "adaptive_maxpool2d", output_size=1)
+
+    def _op_BatchNormalization(self, node: NodeProto, index: int) -> str | None:
+        if self._rank(node.input[0]) not in (4, None):
+            return "only 4-d (N, C, H, W) batch norm is supported"
+        if any(o for o in node.output[1:]):
+            return "training-mode BatchNormalization outputs are not supported"
+        eps = float(self._attr(node, "epsilon", 1e-5))
+        return self._activation(node, index, "batchnorm2d", eps=eps)
+
+    def _norm(self, node: NodeProto, index: int, op: str, **attrs: Any) -> str | None:
+        rank = self._rank(node.input[0])
+        axis = int(self._attr(node, "axis", -1))
+        if axis != -1 and (rank is None or axis != rank - 1):
+            return f"normalization over axis {axis} (not the last) is not supported"
+        return self._activation(node, index, op, eps=float(self._attr(node, "epsilon", 1e-5)),
+                                **attrs)  # fmt: skip
+
+    def _op_LayerNormalization(self, node: NodeProto, index: int) -> str | None:
+        bias = len(node.input) > 2 and bool(node.input[2])
+        return self._norm(node, index, "layernorm", **({} if bias else {"bias": False}))
+
+    def _op_RMSNormalization(self, node: NodeProto, index: int) -> str | None:
+        return self._norm(node, index, "rmsnorm")
+
+    def _op_Flatten(self, node: NodeProto, index: int) -> str | None:
+        axis = int(self._attr(node, "axis", 1))
+        if axis == 1:
+            return self._activation(node, index, "flatten", start_dim=1)
+        return self._op_Reshape(node, index)
+
+    def _op_Reshape(self, node: NodeProto, index: int) -> str | None:
+        shown = self.shapes.get(node.output[0])
+        if shown is None or not shown:
+            return "shape inference could not resolve the output shape"
+        target = [-1 if d is None else d for d in shown]
+        if target.count(-1) > 1:
+            return f"shape inference left {target.count(-1)} output dims unknown"
+        self._emit(node, index, {"op": "reshape", "shape": target, "inputs": [self._x(node)]},
+                   ["reshape"])  # fmt: skip
+        return None
+
+    _op_Squeeze = _op_Reshape
+    _op_Unsqueeze = _op_Reshape
+
+    def _op_Transpose(self, node: NodeProto, index: int) -> str | None:
+        rank = self._rank(node.input[0])
+        perm = self._attr(node, "perm")
+        if perm is None:
+            if rank is None:
+                return "unknown rank"
+            perm = list(range(rank))[::-1]
+        current, order = self._x(node), list(range(len(perm)))
+        swaps = []
+        for position, wanted in enumerate(perm):
+            at = order.index(wanted)
+            if at != position:
+                order[position], order[at] = order[at], order[position]
+                swaps.append((position, at))
+        if not swaps:
+            return self._op_Identity(node, index)
+        for n, (a, b) in enumerate(swaps):
+            layer = {"op": "transpose", "dim0": a, "dim1": b, "inputs": [current]}
+            suffix = f"_swap{n}" if len(swaps) > 1 else ""
+            current = self._add({"name": self._name(node, index, suffix), **layer})
+        self.act[node.output[0]] = current
+        self._map(node, ["transpose"] * len(swaps))
+        return None
+
+    def _op_Concat(self, node: NodeProto, index: int) -> str | None:
+        operands = [self._operand(v) for v in node.input]
+        if any(o is None for o in operands):
+            return "concatenates a scalar or non-float constant"
+        axis = int(self._attr(node, "axis", 0))
+        self._emit(node, index, {"op": "concat", "dim": axis, "inputs": operands}, ["concat"])
+        return None
+
+    def _op_Gather(self, node: NodeProto, index: int) -> str | None:
+        data, indices = node.input[0], node.input[1]
+        axis = int(self._attr(node, "axis", 0))
+        table = self.consts.get(data)
+        if table is not None and indices in self.act:
+            if table.dims is None or len(table.dims) != 2 or axis != 0 or not table.is_float:
+                return "only a 2-d float table indexed along axis 0 (an embedding) is supported"
+            layer = {
+                "op": "embedding",
+                "num_embeddings": table.dims[0],
+                "embedding_dim": table.dims[1],
+                "inputs": [self.act[indices]],
+            }
+            name = self._emit(node, index, layer, ["embedding"])
+            if table.origin is not None:
+                self.weight_owner.setdefault(table.origin, name)
+            return None
+        picked = self.consts.get(indices)
+        if data in self.act and picked is not None and picked.dims == () and picked.values:
+            layer = {
+                "op": "select",
+                "dim": axis,
+                "index": picked.values[0],
+                "inputs": [self.act[data]],
+            }
+            self._emit(node, index, layer, ["select"])
+            return None
+        return "only embeddings and single-index selects are supported"
+
+    def _op_Slice(self, node: NodeProto, index: int) -> str | None:
+        if self.opset < 10:
+            starts, ends = self._attr(node, "starts"), self._attr(node, "ends")
+            axes, steps = self._attr(node, "axes"), None
+        else:
+            starts, ends = self._ints(node, "", 1), self._ints(node, "", 2)
+            axes, steps = self._ints(node, "", 3), self._ints(node, "", 4)
+        if not starts or not ends:
+            return "starts and ends must be constants"
+        axes = list(axes) if axes else list(range(len(starts)))
+        steps = list(steps) if steps else [1] * len(starts)
+        if any(s < 1 for s in steps):
+            return "negative or zero steps are not supported"
+        current = self._x(node)
+        for n, (axis, start, end, step) in enumerate(zip(axes, starts, ends, steps, strict=False)):
+            clamp = MAX_DIM
+            layer = {
+                "op": "slice",
+                "dim": int(axis),
+                "start": max(-clamp, min(clamp, int(start))),
+                "end": max(-clamp, min(clamp, int(end))),
+                "inputs": [current],
+            }
+            if step != 1:
+                layer["step"] = int(step)
+            current = self._add({"name": self._name(node, index, f"_{n}" if n else ""), **layer})
+        self.act[node.output[0]] = current
+        self._map(node, ["slice"] * len(axes))
+        return None
+
+    def _op_Split(self, node: NodeProto, index: int) -> str | None:
+        shown = self.shapes.get(node.input[0])
+        axis = int(self._attr(node, "axis", 0))
+        sizes = self._ints(node, "split", 1)
+        if not sizes:
+            if shown is None or not isinstance(shown[axis], int):
+                return "the split dimension must be known"
+            total = int(shown[axis])  # type: ignore[arg-type]
+            parts = len(node.output)
+            sizes = [-(-total // parts)] * (parts - 1)
+            sizes.append(total - sum(sizes))
+        start = 0
+        for n, (output, size) in enumerate(zip(node.output, sizes, strict=False)):
+            layer = {
+                "op": "slice",
+                "dim": axis,
+                "start": start,
+                "end": start + size,
+                "inputs": [self._x(node)],
+            }
+            self.act[output] = self._add({"name": self._name(node, index, f"_{n}"), **layer})
+            start += size
+        self._map(node, ["slice"] * len(node.output))
+        return None
+
+    def _reduce(self, node: NodeProto, index: int) -> str | None:
+        rank = self._rank(node.input[0])
+        axes = self._ints(node, "axes", 1)
+        if not axes:
+            if rank is None:
+                return "reducing every axis of an unknown rank"
+            axes = list(range(rank))
+        if rank is not None:
+            axes = [a % rank for a in axes]
+        keep = bool(self._attr(node, "keepdims", 1))
+        current = self._x(node)
+        for n, axis in enumerate(sorted(axes, reverse=True)):
+            layer = {
+                "op": "reduce",
+                "dim": axis,
+                "keepdim": keep,
+                "function": _REDUCE[node.op_type],
+                "inputs": [current],
+            }
+            current = self._add({"name": self._name(node, index, f"_{n}" if n else ""), **layer})
+        self.act[node.output[0]] = current
+        self._map(node, ["reduce"] * len(axes))
+        return None
+
+
+def _small_ints(tensor: TensorProto) -> tuple[int, ...] | None:
+    if tensor.data_type not in _INT_TYPES or math.prod(tensor.dims) > 64:
+        return None
+    return tuple(int(v) for v in onnx.numpy_helper.to_array(tensor).reshape(-1).tolist())
+
+
+_PROBES: tuple[dict[str, int], ...] = ({"batch": 7, "seq": 13}, {"batch": 11, "seq": 17})
+_PROBE_SIZES = {symbol: tuple(probe[symbol] for probe in _PROBES) for symbol in _PROBES[0]}
+
+
+def _with_probe_dims(
+    model: ModelProto, symbols: dict[tuple[str, int], str], probe: dict[str, int]
+) -> ModelProto:
+    """A copy of ``model`` whose symbolic input dims are set to the probe's sizes."""
+    probed = ModelProto()
+    probed.CopyFrom(model)
+    del probed.graph.value_info[:]
+    for info in probed.graph.input:
+        for axis, dim in enumerate(info.type.tensor_type.shape.dim):
+            symbol = symbols.get((info.name, axis))
+            if symbol is not None:
+                dim.Clear()
+                dim.dim_value = probe[symbol]
+    return probed
+
+
+def _infer(model: ModelProto) -> ModelProto:
+    try:
+        return onnx.shape_inference.infer_shapes(
+            model, check_type=False, strict_mode=False, data_prop=True
+        )
+    except Exception as exc:  # onnx raises several unrelated types (InferenceError, ...)
+        raise _reject(f"ONNX shape inference failed: {exc}".split("\n")[0][:500]) from exc
+
+
+for _op, _function in _ELEMENTWISE_UNARY.items():
+    if _op != "Clip":  # Clip's bounds are inputs 1 and 2, not operands
+        setattr(
+            _Mapper,
+            f"_op_{_op}",
+            lambda self, node, index, _f=_function: self._elementwise(
+                node, index, _f, [node.input[0]]
+            ),
+        )
+for _op in _ELEMENTWISE_BINARY:
+    setattr(_Mapper, f"_op_{_op}", _Mapper._binary)
+for _op in _REDUCE:
+    setattr(_Mapper, f"_op_{_op}", _Mapper._reduce)
+
+
+def _initializer_parameters(mapper: _Mapper) -> tuple[int, list[str], int]:
+    """Parameters by the initializers alone: float tensors of more than one element that some
+    supported node reads, less batch-norm running statistics. Also returns the names of those
+    that feed no recognized weight slot (counted as parameters by assumption) and the
+    elements read only by unsupported nodes (left out)."""
+    buffers: set[str] = set()
+    weight_slots: set[str] = set(mapper.folded_biases)
+    slots = {"Conv": (1, 2), "Gemm": (1, 2), "MatMul": (1,), "LayerNormalization": (1, 2),
+             "RMSNormalization": (1,), "BatchNormalization": (1, 2), "Gather": (0,)}  # fmt: skip
+    for node in mapper.graph.node:
+        if node.op_type == "BatchNormalization":
+            buffers.update(node.input[3:5])
+        for position in slots.get(node.op_type, ()):
+            if len(node.input) > position:
+                const = mapper.consts.get(node.input[position])
+                weight_slots.add(const.origin if const and const.origin else node.input[position])
+    total, assumed, unsupported_only = 0, [], 0
+    for name, tensor in mapper.initializers.items():
+        numel = math.prod(tensor.dims)
+        if tensor.data_type not in _FLOAT_TYPES or numel <= 1 or name in buffers:
+            continue
+        if name not in mapper.supported_inputs:
+            if name in mapper.unsupported_inputs:
+                unsupported_only += numel
+            continue
+        total += numel
+        if name not in weight_slots:
+            assumed.append(name)
+    return total, assumed, unsupported_only
+
+
+def import_onnx(
+    data: bytes, *, lenient: bool = False, sequence_length: int | None = None
+) -> ImportedGraph:
+    """Map an ONNX model onto the layer graph.
+
+    Raises
+    ------
+    ImportRejected
+        Garbage or truncated bytes, external data, absurd sizes, failed shape inference,
+        unsupported ops (unless ``lenient``), or a parameter count that does not add up.
+    """
+    model = parse_model(data)
+    seq = sequence_length or DEFAULT_SEQUENCE_LENGTH
+    mapper = _Mapper(model, lenient=lenient)
+    try:
+        mapper.run()
+    except ImportRejected:
+        raise
+    except Exception as exc:  # a well-formed graph the mapper does not expect: a 422, never 500
+        node = len(mapper.mapping) and sum(sum(c.values()) for c in mapper.mapping.values())
+        raise _reject(
+            f"the importer could not map this graph (stopped near node {node}: "
+            f"{type(exc).__name__}); please report it with the file",
+            kind="unmappable-onnx",
+        ) from exc
+    unsupported = tuple(
+        UnsupportedOp(source_op=op, count=len(nodes), nodes=tuple(nodes[:5]))
+        for op, nodes in sorted(mapper.unsupported.items())
+    )
+    if unsupported and not lenient:
+        listing = ", ".join(f"{u.source_op} (x{u.count})" for u in unsupported)
+        raise ImportRejected(
+            f"the model uses ops that cannot be imported: {listing}; send lenient=true to "
+            "import them as shape-preserving layers without parameters",
+            pointer="/file",
+            problems=mapper.unsupported_problems[:50],
+            kind="unsupported-onnx-ops",
+        )
+    if not mapper.layers:
+        raise _reject("no node of the graph computes on its inputs; nothing to import")
+    bindings = {"seq": seq} if any("seq" in decl.shape for decl in mapper.inputs) else {}
+    graph_params = graph_parameter_count(mapper.inputs, mapper.layers, bindings)
+    source_params, assumed, left_out = _initializer_parameters(mapper)
+    if graph_params != source_params:
+        raise ImportRejected(
+            f"parameter count mismatch: the initializers hold {source_params:,} parameters "
+            f"but the imported graph has {graph_params:,}; the mapping lost or duplicated "
+            "weights, so the model was not stored",
+            pointer="/file",
+            kind="parameter-mismatch",
+        )
+    notes = list(mapper.notes)
+    if assumed:
+        shown = ", ".join(assumed[:5]) + (" ..." if len(assumed) > 5 else "")
+        notes.append(
+            f"{len(assumed)} float initializer(s) outside a weight slot counted as parameters "
+            f"(ONNX does not tell parameters from buffers): {shown}"
+        )
+    if left_out:
+        notes.append(f"{left_out:,} initializer elements read only by unsupported ops are left out")
+    if unsupported:
+        notes.append("unsupported ops imported as shape-preserving layers with no parameters, "
+                     "FLOPs or saved tensors: estimates are a lower bound there")  # fmt: skip
+    if bindings:
+        notes.append(f"default sequence length {seq}")
+    notes.append("batch-norm running statistics are buffers, not parameters")
+    producer = model.producer_name or "unknown producer"
+    graph_name = model.graph.name or "onnx model"
+    mapping = tuple(
+        OpMapping(source_op=op, count=count, mapped_to=ops)
+        for op, counter in sorted(mapper.mapping.items())
+        for ops, count in sorted(counter.items())
+    )
+    return ImportedGraph(
+        name=graph_name[:200],
+        family="onnx",
+        description=(
+            f"Imported from ONNX (producer {producer} {model.producer_version}, IR "
+            f"{model.ir_version}, opset {_default_opset(model)}): {len(model.graph.node)} nodes, "
+            f"{len(mapper.layers)} layers."
+        )[:4000],
+        inputs=tuple(mapper.inputs),
+        layers=mapper.layers,
+        default_bindings=bindings,
+        parameter_count=graph_params,
+        source_parameter_count=source_params,
+        reference="ONNX initializers",
+        op_mapping=mapping,
+        unsupported=unsupported,
+        assumptions=tuple(notes),
+    )

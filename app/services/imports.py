@@ -1,0 +1,107 @@
+"""Import use cases: an ONNX file or a Hugging Face config.json becomes a stored model."""
+
+from __future__ import annotations
+
+from pydantic import ValidationError
+from sqlalchemy.orm import Session
+
+from app.db.repositories import ModelRepository
+from app.importers.hf_config import import_hf_config
+from app.importers.result import ImportedGraph, ImportRejected
+from app.schemas.imports import (
+    HfConfigImport,
+    ImportFields,
+    ImportReport,
+    ModelImportResponse,
+    OpMappingRead,
+    UnsupportedOpRead,
+)
+from app.schemas.models import ModelCreate, Provenance
+from app.services.errors import AlreadyExists, ImportFailed
+from app.services.models import create_model
+
+
+def _failed(exc: ImportRejected) -> ImportFailed:
+    return ImportFailed(exc.detail, kind=exc.kind, pointer=exc.pointer, problems=exc.problems)
+
+
+def _require_free_slug(session: Session, slug: str) -> None:
+    """Fail before the (possibly slow) import when the slug is taken."""
+    if ModelRepository(session).get(slug) is not None:
+        raise AlreadyExists(
+            f"a model with slug '{slug}' exists already; pick another slug "
+            "or PUT to /v1/models/{slug} to replace yours"
+        )
+
+
+def _store(
+    session: Session, fields: ImportFields, imported: ImportedGraph, provenance: Provenance
+) -> ModelImportResponse:
+    try:
+        payload = ModelCreate.model_validate(
+            {
+                "slug": fields.slug,
+                "name": fields.name or imported.name,
+                "family": fields.family or imported.family,
+                "description": fields.description or imported.description,
+                "inputs": [
+                    {
+                        "name": decl.name,
+                        "shape": list(decl.shape),
+                        "dtype": decl.kind.value if decl.kind.value == "int64" else "float",
+                    }
+                    for decl in imported.inputs
+                ],
+                "layers": imported.layers,
+                "default_bindings": imported.default_bindings,
+            }
+        )
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = "/".join(str(p) for p in first.get("loc", ()))
+        raise ImportFailed(
+            f"the imported model is not storable: {where}: {first.get('msg', 'invalid')}",
+            kind="invalid-import",
+            pointer=f"/{where}",
+        ) from exc
+    model = create_model(session, payload=payload, provenance=provenance)
+    report = ImportReport(
+        source="onnx" if provenance is Provenance.ONNX else "hf_config",
+        parameter_count=imported.parameter_count,
+        source_parameter_count=imported.source_parameter_count,
+        reference=imported.reference,
+        op_mapping=[
+            OpMappingRead(source_op=m.source_op, count=m.count, mapped_to=list(m.mapped_to))
+            for m in imported.op_mapping
+        ],
+        unsupported_ops=[
+            UnsupportedOpRead(source_op=u.source_op, count=u.count, nodes=list(u.nodes))
+            for u in imported.unsupported
+        ],
+        assumptions=list(imported.assumptions),
+    )
+    return ModelImportResponse(model=model, report=report)
+
+
+def import_hf(session: Session, *, payload: HfConfigImport) -> ModelImportResponse:
+    """Build the graph a config.json describes and store it (provenance ``hf_config``)."""
+    _require_free_slug(session, payload.slug)
+    try:
+        imported = import_hf_config(payload.config, sequence_length=payload.sequence_length)
+    except ImportRejected as exc:
+        raise _failed(exc) from exc
+    return _store(session, payload, imported, Provenance.HF_CONFIG)
+
+
+def import_onnx_bytes(
+    session: Session, *, data: bytes, fields: ImportFields, lenient: bool
+) -> ModelImportResponse:
+    """Map an uploaded ONNX model onto a graph and store it (provenance ``onnx``)."""
+    from app.importers.onnx_model import import_onnx  # the onnx package loads on first use
+
+    _require_free_slug(session, fields.slug)
+    try:
+        imported = import_onnx(data, lenient=lenient, sequence_length=fields.sequence_length)
+    except ImportRejected as exc:
+        raise _failed(exc) from exc
+    return _store(session, fields, imported, Provenance.ONNX)

@@ -1,0 +1,246 @@
+"""POST /v1/models/import/{hf-config,onnx} against the real app and database."""
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from app.config import PROJECT_ROOT
+from tests.api.helpers import assert_problem
+from tests.importers import onnx_models
+from tests.support import ApiClient, ClientFactory, table_counts
+
+HF_CONFIGS = PROJECT_ROOT / "tests" / "fixtures" / "hf_configs"
+
+
+def _config(name: str) -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads((HF_CONFIGS / f"{name}.json").read_text())
+    return loaded
+
+
+def _upload(client: ApiClient, data: bytes, **fields: Any) -> Any:
+    form = {"slug": "uploaded", **{k: str(v).lower() if isinstance(v, bool) else str(v)
+                                   for k, v in fields.items()}}  # fmt: skip
+    return client.post(
+        "/v1/models/import/onnx",
+        files={"file": ("model.onnx", data, "application/octet-stream")},
+        data=form,
+    )
+
+
+def test_hf_import_stores_an_editable_model_with_the_transformers_count(
+    client: ApiClient,
+) -> None:
+    response = client.post(
+        "/v1/models/import/hf-config", json={"slug": "my-llama", "config": _config("llama-3-8b")}
+    )
+    assert response.status_code == 201, response.text
+    body = response.json()
+    assert response.headers["etag"] == '"1"'
+    assert response.headers["location"] == "/v1/models/my-llama"
+    assert body["model"]["provenance"] == "hf_config"
+    assert body["model"]["family"] == "transformer-decoder"
+    assert body["model"]["default_bindings"] == {"seq": 4096}
+    report = body["report"]
+    assert report["source"] == "hf_config"
+    assert report["parameter_count"] == 8_030_261_248
+    assert report["source_parameter_count"] is None
+    assert report["reference"] == "transformers LlamaForCausalLM (LM head untied)"
+    assert {"source_op": "layers", "count": 32,
+            "mapped_to": ["rmsnorm", "attention", "add", "rmsnorm", "mlp", "add"]} in report[
+        "op_mapping"]  # fmt: skip
+    assert report["unsupported_ops"] == []
+    assert any("default sequence length 4096" in a for a in report["assumptions"])
+
+    summary = client.get("/v1/models/my-llama/summary", params={"sequence_length": 128}).json()
+    assert summary["total_params"] == 8_030_261_248
+    estimate = client.post(
+        "/v1/estimates/memory",
+        json={"model": "my-llama", "mode": "inference", "batch_size": 1, "precision": "bf16"},
+    )
+    assert estimate.status_code == 200, estimate.text
+
+    stored = client.get("/v1/models/my-llama").json()
+    stored.pop("slug")
+    for key in ("provenance", "layer_count", "version", "created_at", "updated_at"):
+        stored.pop(key)
+    stored["name"] = "renamed"
+    replaced = client.put("/v1/models/my-llama", json=stored, headers={"If-Match": '"1"'})
+    assert replaced.status_code == 200, replaced.text
+    assert replaced.json()["provenance"] == "hf_config"
+    assert client.delete("/v1/models/my-llama", headers={"If-Match": '"2"'}).status_code == 204
+
+
+def test_hf_import_moe_and_overrides(client: ApiClient) -> None:
+    response = client.post(
+        "/v1/models/import/hf-config",
+        json={
+            "slug": "mixtral",
+            "name": "Mixtral",
+            "family": "moe",
+            "sequence_length": 2048,
+            "config": _config("mixtral-8x7b-v0.1"),
+        },
+    )
+    assert response.status_code == 201, response.text
+    body = response.json()
+    assert body["report"]["parameter_count"] == 46_702_792_704
+    assert body["model"]["name"] == "Mixtral"
+    assert body["model"]["family"] == "moe"
+    assert body["model"]["default_bindings"] == {"seq": 2048}
+    ops = {op for entry in body["report"]["op_mapping"] for op in entry["mapped_to"]}
+    assert "moe" in ops
+
+
+@pytest.mark.parametrize(
+    ("config", "status", "kind", "pointer"),
+    [
+        ({"model_type": "falcon"}, 422, "unsupported-model-type", "/config/model_type"),
+        ({"model_type": "llama"}, 422, "invalid-import", "/config/hidden_size"),
+        ({**_config("gpt2"), "n_layer": -3}, 422, "invalid-import", "/config/n_layer"),
+        ({**_config("bert-base-uncased"), "position_embedding_type": "relative_key"}, 422,
+         "invalid-import", "/config/position_embedding_type"),
+    ],
+)  # fmt: skip
+def test_hf_import_rejects_bad_configs(
+    client: ApiClient,
+    db_url: str,
+    config: dict[str, Any],
+    status: int,
+    kind: str,
+    pointer: str,
+) -> None:
+    before = table_counts(db_url)
+    response = client.post("/v1/models/import/hf-config", json={"slug": "x", "config": config})
+    body = assert_problem(response, status, kind)
+    assert body["errors"][0]["pointer"] == pointer
+    if kind == "unsupported-model-type":
+        assert "llama, mistral, mixtral, qwen2, gemma" in body["detail"] or "gpt_neox" in body[
+            "detail"]  # fmt: skip
+    assert table_counts(db_url) == before
+
+
+def test_hf_import_schema_errors_and_duplicates(client: ApiClient, db_url: str) -> None:
+    before = table_counts(db_url)
+    assert_problem(client.post("/v1/models/import/hf-config", json={"slug": "x"}), 422)
+    assert_problem(
+        client.post("/v1/models/import/hf-config", json={"slug": "Bad Slug", "config": {}}), 422
+    )
+    assert table_counts(db_url) == before
+    payload = {"slug": "resnet-50", "config": _config("gpt2")}
+    assert_problem(client.post("/v1/models/import/hf-config", json=payload), 409, "already-exists")
+    assert table_counts(db_url) == before
+
+
+def test_onnx_import_maps_ops_and_counts_initializers(client: ApiClient) -> None:
+    response = _upload(client, onnx_models.small_cnn(), slug="small-cnn", family="cnn")
+    assert response.status_code == 201, response.text
+    body = response.json()
+    report = body["report"]
+    assert body["model"]["provenance"] == "onnx"
+    assert body["model"]["family"] == "cnn"
+    assert body["model"]["inputs"] == [
+        {"name": "image", "shape": ["batch", 3, 32, 32], "dtype": "float"}
+    ]
+    assert report["parameter_count"] == report["source_parameter_count"] == 2_970
+    mapping = {entry["source_op"]: entry["mapped_to"] for entry in report["op_mapping"]}
+    assert mapping["Conv"] == ["conv2d"]
+    assert mapping["Gemm"] == ["linear"]
+    assert mapping["BatchNormalization"] == ["batchnorm2d"]
+    assert mapping["GlobalAveragePool"] == ["adaptive_avgpool2d"]
+    summary = client.get("/v1/models/small-cnn/summary", params={"batch_size": 4}).json()
+    assert summary["total_params"] == 2_970
+    assert summary["layers"][-1]["output_shape"] == [4, 10]
+    estimate = client.get(
+        "/v1/estimates/memory",
+        params={"model": "small-cnn", "mode": "training", "batch_size": 8},
+    )
+    assert estimate.status_code == 200, estimate.text
+
+
+def test_onnx_import_attention_as_matmuls_with_a_tied_head(client: ApiClient) -> None:
+    response = _upload(client, onnx_models.tiny_attention(), slug="tiny-lm", sequence_length=32)
+    assert response.status_code == 201, response.text
+    body = response.json()
+    assert body["report"]["parameter_count"] == body["report"]["source_parameter_count"] == 3_024
+    assert body["model"]["inputs"][0] == {
+        "name": "input_ids", "shape": ["batch", "seq"], "dtype": "int64",
+    }  # fmt: skip
+    assert body["model"]["default_bindings"] == {"seq": 32}
+    layers = {layer["name"]: layer for layer in body["model"]["layers"]}
+    assert layers["head/MatMul"]["tied_to"] == "wte/Gather"
+    ops = [layer["op"] for layer in body["model"]["layers"]]
+    assert ops.count("matmul") == 2
+    summary = client.get(
+        "/v1/models/tiny-lm/summary", params={"batch_size": 2, "sequence_length": 24}
+    ).json()
+    assert summary["layers"][-1]["output_shape"] == [2, 24, 50]
+
+
+def test_onnx_unsupported_ops_are_listed_then_lenient(client: ApiClient, db_url: str) -> None:
+    before = table_counts(db_url)
+    body = assert_problem(_upload(client, onnx_models.with_unsupported()), 422,
+                          "unsupported-onnx-ops")  # fmt: skip
+    assert "Hardmax (x1)" in body["detail"]
+    assert "LpNormalization (x1)" in body["detail"]
+    assert [e["pointer"] for e in body["errors"]] == ["/graph/node/1", "/graph/node/2"]
+    assert table_counts(db_url) == before
+
+    response = _upload(client, onnx_models.with_unsupported(), lenient=True)
+    assert response.status_code == 201, response.text
+    report = response.json()["report"]
+    assert [u["source_op"] for u in report["unsupported_ops"]] == ["Hardmax", "LpNormalization"]
+    assert report["parameter_count"] == 20
+    assert any("lower bound" in note for note in report["assumptions"])
+
+
+BAD_FILES: dict[str, tuple[Callable[[], bytes], str, str]] = {
+    "external data": (onnx_models.with_external_data, "external-data", "external data"),
+    "huge declared dims": (onnx_models.with_huge_dims, "invalid-onnx", "at most 2^40"),
+    "dims that lie": (onnx_models.with_lying_dims, "invalid-onnx", "but holds 10"),
+    "garbage": (lambda: b"\x00\xffnot an onnx file\xff" * 20, "invalid-onnx", "protobuf"),
+    "truncated": (lambda: onnx_models.small_cnn()[:400], "invalid-onnx", "protobuf"),
+    "empty": (lambda: b"", "invalid-onnx", "empty"),
+    "old opset": (lambda: onnx_models.small_cnn_at_opset(6), "invalid-onnx", "opset 6"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_FILES))
+def test_onnx_import_rejects_bad_files(client: ApiClient, db_url: str, case: str) -> None:
+    build, kind, words = BAD_FILES[case]
+    before = table_counts(db_url)
+    body = assert_problem(_upload(client, build()), 422, kind)
+    assert words in body["detail"]
+    assert "etc/passwd" not in body["detail"]
+    assert table_counts(db_url) == before
+
+
+def test_onnx_upload_limit_is_413(make_client: ClientFactory, db_url: str) -> None:
+    client = make_client(max_import_bytes=2_000)
+    before = table_counts(db_url)
+    body = assert_problem(_upload(client, onnx_models.small_cnn()), 413, "payload-too-large")
+    assert "CAPPLAN_MAX_IMPORT_BYTES" in body["detail"]
+    assert table_counts(db_url) == before
+
+
+def test_onnx_import_form_errors(client: ApiClient, db_url: str) -> None:
+    before = table_counts(db_url)
+    missing_file = client.post("/v1/models/import/onnx", data={"slug": "x"})
+    assert assert_problem(missing_file, 422)["errors"][0]["pointer"] == "/file"
+    bad_slug = _upload(client, onnx_models.small_cnn(), slug="Not A Slug")
+    assert assert_problem(bad_slug, 422)["errors"][0]["pointer"] == "/slug"
+    assert_problem(client.post("/v1/models/import/onnx", json={"slug": "x"}), 422)
+    assert_problem(_upload(client, onnx_models.small_cnn(), slug="vgg-16"), 409)
+    assert table_counts(db_url) == before
+
+
+def test_imports_need_a_write_key(make_client: ClientFactory, db_url: str) -> None:
+    client = make_client(api_keys="secret")
+    before = table_counts(db_url)
+    assert_problem(_upload(client, onnx_models.small_cnn()), 401)
+    payload = {"slug": "x", "config": _config("gpt2")}
+    assert_problem(client.post("/v1/models/import/hf-config", json=payload), 401)
+    assert table_counts(db_url) == before
+    ok = client.post("/v1/models/import/hf-config", json=payload, headers={"X-API-Key": "secret"})
+    assert ok.status_code == 201, ok.text

@@ -1,0 +1,194 @@
+"""Small ONNX models built with ``onnx.helper``, for the importer and API tests."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 17
+
+
+def _init(name: str, *shape: int, dtype: type = np.float32) -> onnx.TensorProto:
+    rng = np.random.default_rng(len(name))
+    return numpy_helper.from_array(rng.standard_normal(shape).astype(dtype), name)
+
+
+def _ints(name: str, values: list[int]) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.array(values, dtype=np.int64), name)
+
+
+def _model(
+    nodes: list[onnx.NodeProto],
+    inputs: list[onnx.ValueInfoProto],
+    outputs: list[onnx.ValueInfoProto],
+    initializers: list[onnx.TensorProto],
+    *,
+    name: str = "test",
+    opset: int = OPSET,
+) -> bytes:
+    graph = helper.make_graph(nodes, name, inputs, outputs, initializers)
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="capplan-tests"
+    )
+    model.ir_version = 8
+    return bytes(model.SerializeToString())
+
+
+def small_cnn() -> bytes:
+    """Conv-BN-ReLU-MaxPool, a residual Add, GlobalAveragePool, Flatten, Gemm, Softmax.
+
+    Parameters: conv1 3*16*9 + 16 = 448, bn 32, conv2 16*16*9 + 16 = 2320, fc 16*10 + 10 = 170:
+    2,970 (the batch-norm running mean and variance, 32 elements, are buffers).
+    """
+    x = helper.make_tensor_value_info("image", TensorProto.FLOAT, ["N", 3, 32, 32])
+    y = helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["N", 10])
+    inits = [
+        _init("conv1.weight", 16, 3, 3, 3), _init("conv1.bias", 16),
+        _init("bn.weight", 16), _init("bn.bias", 16),
+        _init("bn.running_mean", 16), _init("bn.running_var", 16),
+        _init("conv2.weight", 16, 16, 3, 3), _init("conv2.bias", 16),
+        _init("fc.weight", 10, 16), _init("fc.bias", 10),
+    ]  # fmt: skip
+    nodes = [
+        helper.make_node("Conv", ["image", "conv1.weight", "conv1.bias"], ["c1"],
+                         name="/conv1/Conv", pads=[1, 1, 1, 1], kernel_shape=[3, 3]),
+        helper.make_node("BatchNormalization",
+                         ["c1", "bn.weight", "bn.bias", "bn.running_mean", "bn.running_var"],
+                         ["b1"], name="/bn/BatchNormalization", epsilon=1e-5),
+        helper.make_node("Relu", ["b1"], ["r1"], name="/relu/Relu"),
+        helper.make_node("MaxPool", ["r1"], ["p1"], name="/pool/MaxPool", kernel_shape=[2, 2],
+                         strides=[2, 2]),
+        helper.make_node("Conv", ["p1", "conv2.weight", "conv2.bias"], ["c2"], name="/conv2/Conv",
+                         pads=[1, 1, 1, 1], kernel_shape=[3, 3]),
+        helper.make_node("Add", ["c2", "p1"], ["res"], name="/Add"),
+        helper.make_node("GlobalAveragePool", ["res"], ["gap"], name="/gap/GlobalAveragePool"),
+        helper.make_node("Flatten", ["gap"], ["flat"], name="/Flatten", axis=1),
+        helper.make_node("Gemm", ["flat", "fc.weight", "fc.bias"], ["logits"], name="/fc/Gemm",
+                         transB=1),
+        helper.make_node("Softmax", ["logits"], ["probs"], name="/Softmax", axis=-1),
+    ]  # fmt: skip
+    return _model(nodes, [x], [y], inits, name="small-cnn")
+
+
+def tiny_attention(hidden: int = 16, heads: int = 2, vocab: int = 50, tied: bool = True) -> bytes:
+    """Embedding, LayerNormalization, single-head-split self-attention written as MatMuls,
+    Reshape/Transpose/Softmax, an MLP with Gelu, and an LM head tied to the embedding
+    (MatMul with the transposed table).
+
+    Parameters: embedding 50*16 = 800, ln 32, q/k/v/o 4*(16*16 + 16) = 1088, mlp
+    16*32 + 32 + 32*16 + 16 = 1072, final ln 32, head tied: 3,024.
+    """
+    ids = helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"])
+    out = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "sequence", vocab])
+    head = hidden // heads
+    inits = [
+        _init("wte", vocab, hidden), _init("ln.weight", hidden), _init("ln.bias", hidden),
+        _init("q.weight", hidden, hidden), _init("q.bias", hidden),
+        _init("k.weight", hidden, hidden), _init("k.bias", hidden),
+        _init("v.weight", hidden, hidden), _init("v.bias", hidden),
+        _init("o.weight", hidden, hidden), _init("o.bias", hidden),
+        _init("up.weight", hidden, 2 * hidden), _init("up.bias", 2 * hidden),
+        _init("down.weight", 2 * hidden, hidden), _init("down.bias", hidden),
+        _init("lnf.weight", hidden), _init("lnf.bias", hidden),
+        _init("scale", 1), _ints("heads_shape", [0, 0, heads, head]),
+        _ints("merge_shape", [0, 0, hidden]),
+    ]  # fmt: skip
+    nodes = [
+        helper.make_node("Gather", ["wte", "input_ids"], ["emb"], name="/wte/Gather"),
+        helper.make_node("LayerNormalization", ["emb", "ln.weight", "ln.bias"], ["h"],
+                         name="/ln/LayerNormalization", axis=-1, epsilon=1e-5),
+    ]  # fmt: skip
+    for proj in ("q", "k", "v"):
+        nodes += [
+            helper.make_node("MatMul", ["h", f"{proj}.weight"], [f"{proj}_mm"],
+                             name=f"/{proj}/MatMul"),
+            helper.make_node("Add", [f"{proj}_mm", f"{proj}.bias"], [f"{proj}_lin"],
+                             name=f"/{proj}/Add"),
+            helper.make_node("Reshape", [f"{proj}_lin", "heads_shape"], [f"{proj}_heads"],
+                             name=f"/{proj}/Reshape"),
+            helper.make_node("Transpose", [f"{proj}_heads"], [f"{proj}_t"],
+                             name=f"/{proj}/Transpose",
+                             perm=[0, 2, 3, 1] if proj == "k" else [0, 2, 1, 3]),
+        ]  # fmt: skip
+    nodes += [
+        helper.make_node("MatMul", ["q_t", "k_t"], ["scores"], name="/attn/MatMul"),
+        helper.make_node("Mul", ["scores", "scale"], ["scaled"], name="/attn/Mul"),
+        helper.make_node("Softmax", ["scaled"], ["probs"], name="/attn/Softmax", axis=-1),
+        helper.make_node("MatMul", ["probs", "v_t"], ["ctx"], name="/attn/MatMul_1"),
+        helper.make_node("Transpose", ["ctx"], ["ctx_t"], name="/attn/Transpose",
+                         perm=[0, 2, 1, 3]),
+        helper.make_node("Reshape", ["ctx_t", "merge_shape"], ["merged"], name="/attn/Reshape"),
+        helper.make_node("MatMul", ["merged", "o.weight"], ["o_mm"], name="/o/MatMul"),
+        helper.make_node("Add", ["o_mm", "o.bias"], ["attn"], name="/o/Add"),
+        helper.make_node("Add", ["h", "attn"], ["h2"], name="/residual/Add"),
+        helper.make_node("MatMul", ["h2", "up.weight"], ["up_mm"], name="/up/MatMul"),
+        helper.make_node("Add", ["up_mm", "up.bias"], ["up"], name="/up/Add"),
+        helper.make_node("Gelu", ["up"], ["act"], name="/act/Gelu"),
+        helper.make_node("MatMul", ["act", "down.weight"], ["down_mm"], name="/down/MatMul"),
+        helper.make_node("Add", ["down_mm", "down.bias"], ["mlp"], name="/down/Add"),
+        helper.make_node("Add", ["h2", "mlp"], ["h3"], name="/residual_1/Add"),
+        helper.make_node("LayerNormalization", ["h3", "lnf.weight", "lnf.bias"], ["hf"],
+                         name="/lnf/LayerNormalization", axis=-1, epsilon=1e-5),
+    ]  # fmt: skip
+    if tied:
+        nodes += [
+            helper.make_node("Transpose", ["wte"], ["wte_t"], name="/head/Transpose", perm=[1, 0]),
+            helper.make_node("MatMul", ["hf", "wte_t"], ["logits"], name="/head/MatMul"),
+        ]
+    else:
+        inits.append(_init("head.weight", hidden, vocab))
+        nodes.append(
+            helper.make_node("MatMul", ["hf", "head.weight"], ["logits"], name="/head/MatMul")
+        )
+    return _model(nodes, [ids], [out], inits, name="tiny-attention", opset=20)
+
+
+def with_unsupported() -> bytes:
+    """Relu, then a TopK and a NonZero (unsupported), then a Gemm of 4*4 + 4 = 20 params."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"], name="relu"),
+        helper.make_node("Hardmax", ["r"], ["h"], name="hardmax"),
+        helper.make_node("LpNormalization", ["h"], ["n"], name="lpnorm"),
+        helper.make_node("Gemm", ["n", "w", "b"], ["y"], name="fc", transB=1),
+    ]
+    return _model(nodes, [x], [y], [_init("w", 4, 4), _init("b", 4)], name="odd")
+
+
+def with_external_data() -> bytes:
+    """A model whose weight claims to live in a file next to it."""
+    model = onnx.load_from_string(small_cnn())
+    tensor = model.graph.initializer[0]
+    tensor.ClearField("raw_data")
+    tensor.ClearField("float_data")
+    tensor.data_location = TensorProto.EXTERNAL
+    entry = tensor.external_data.add()
+    entry.key, entry.value = "location", "../../../etc/passwd"
+    return bytes(model.SerializeToString())
+
+
+def with_huge_dims() -> bytes:
+    """An initializer that declares 2^45 elements but stores none."""
+    model = onnx.load_from_string(small_cnn())
+    tensor = model.graph.initializer[-1]
+    del tensor.dims[:]
+    tensor.dims.extend([2**15, 2**15, 2**15])
+    return bytes(model.SerializeToString())
+
+
+def with_lying_dims() -> bytes:
+    """An initializer whose dims do not match the data it holds."""
+    model = onnx.load_from_string(small_cnn())
+    tensor = model.graph.initializer[-1]
+    del tensor.dims[:]
+    tensor.dims.extend([1000, 1000])
+    return bytes(model.SerializeToString())
+
+
+def small_cnn_at_opset(opset: int) -> bytes:
+    """``small_cnn`` claiming another opset of the default domain."""
+    model = onnx.load_from_string(small_cnn())
+    model.opset_import[0].version = opset
+    return bytes(model.SerializeToString())
