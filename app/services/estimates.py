@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from sqlalchemy.orm import Session
 
@@ -30,12 +30,14 @@ from app.domain.ops import TensorKind
 from app.schemas.estimates import (
     BreakdownLine,
     FitSummary,
+    InlineArchitecture,
     KeptTensorRow,
     LayerRow,
     MemoryEstimateRequest,
     MemoryEstimateResponse,
     ModelSummary,
     ModelSummaryRow,
+    OverheadSpec,
     WorkloadSpec,
 )
 from app.services.errors import InvalidInput, NotFound
@@ -56,7 +58,7 @@ def _decls(inputs: Sequence[Mapping[str, Any]]) -> list[InputDecl]:
     ]
 
 
-def _bindings(
+def bind_dims(
     defaults: Mapping[str, int],
     extra: Mapping[str, int],
     *,
@@ -64,6 +66,7 @@ def _bindings(
     sequence_length: int | None,
     image_size: int | None,
 ) -> dict[str, int]:
+    """Symbol bindings: the model's defaults, the request's, then batch, seq and image."""
     bound = {**defaults, **extra, "batch": batch}
     if sequence_length is not None:
         bound["seq"] = sequence_length
@@ -72,13 +75,14 @@ def _bindings(
     return dict(sorted(bound.items()))
 
 
-def _analyze(
+def analyze_graph(
     inputs: Sequence[Mapping[str, Any]],
     layers: Sequence[Mapping[str, Any]],
     bindings: Mapping[str, int],
     *,
     training: bool,
 ) -> GraphAnalysis:
+    """Analyse a stored or inline graph; an invalid graph is a 422 naming layer and field."""
     try:
         return analyze(_decls(inputs), layers, bindings, training=training)
     except GraphError as exc:
@@ -94,12 +98,15 @@ def _hardware(session: Session, slug: str | None) -> Hardware | None:
     return row
 
 
-def _overhead(payload: MemoryEstimateRequest, hardware: Hardware | None) -> FrameworkOverhead:
+def hardware_overhead(
+    hardware: Hardware | None, override: OverheadSpec | None = None
+) -> FrameworkOverhead:
+    """The framework overhead defaults of a hardware profile, with request overrides."""
     values: dict[str, Any] = {}
     if hardware is not None and hardware.framework_overhead:
         values.update(hardware.framework_overhead)
-    if payload.framework_overhead is not None:
-        values.update(payload.framework_overhead.model_dump(exclude_none=True))
+    if override is not None:
+        values.update(override.model_dump(exclude_none=True))
     return FrameworkOverhead(**values)
 
 
@@ -126,44 +133,52 @@ class EstimateRun:
 GraphSource = tuple[list[Any], list[Any], dict[str, int], str, str]
 
 
-def _graph(session: Session, spec: WorkloadSpec) -> GraphSource:
-    if spec.model is not None:
-        row = ModelRepository(session).get(spec.model)
+def model_graph(
+    session: Session, model: str | None, architecture: InlineArchitecture | None
+) -> GraphSource:
+    """A stored model (by slug; 404 when unknown) or an inline architecture as a graph."""
+    if model is not None:
+        row = ModelRepository(session).get(model)
         if row is None:
-            raise NotFound(f"model '{spec.model}' does not exist; GET /v1/models lists them")
+            raise NotFound(f"model '{model}' does not exist; GET /v1/models lists them")
         # id + version + update time: a row deleted and re-created under the same slug differs
         key = f"{row.slug}:{row.id}:{row.version}:{row.updated_at.isoformat()}"
         return row.inputs, row.layers, row.default_bindings, row.slug, key
-    assert spec.architecture is not None  # enforced by the schema
-    arch = spec.architecture
-    inputs = [item.model_dump() for item in arch.inputs]
-    return inputs, arch.layers, dict(arch.default_bindings), "inline", ""
+    assert architecture is not None  # enforced by the schemas
+    inputs = [item.model_dump() for item in architecture.inputs]
+    return inputs, architecture.layers, dict(architecture.default_bindings), "inline", ""
 
 
-class _EstimateCache:
-    """A small thread-safe LRU of estimates: they are pure functions of their inputs."""
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class LruCache(Generic[K, V]):
+    """A small thread-safe LRU for pure functions of their key."""
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self._items: OrderedDict[tuple[Any, ...], EstimateRun] = OrderedDict()
+        self._items: OrderedDict[K, V] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, key: tuple[Any, ...]) -> EstimateRun | None:
+    def get(self, key: K) -> V | None:
+        """The value for ``key``, or None (and mark it recently used)."""
         with self._lock:
-            run = self._items.get(key)
-            if run is not None:
+            value = self._items.get(key)
+            if value is not None:
                 self._items.move_to_end(key)
-            return run
+            return value
 
-    def put(self, key: tuple[Any, ...], run: EstimateRun) -> None:
+    def put(self, key: K, value: V) -> None:
+        """Store ``value``, evicting the least recently used beyond ``size``."""
         with self._lock:
-            self._items[key] = run
+            self._items[key] = value
             self._items.move_to_end(key)
             while len(self._items) > self.size:
                 self._items.popitem(last=False)
 
 
-_CACHE = _EstimateCache(size=256)
+_CACHE: LruCache[tuple[Any, ...], EstimateRun] = LruCache(size=256)
 
 
 def run_estimate(
@@ -176,7 +191,7 @@ def run_estimate(
     batch_size: int | None = None,
 ) -> EstimateRun:
     """Estimate ``spec`` (optionally at another batch size) for a runtime and its overheads."""
-    inputs, layers, defaults, label, graph_key = _graph(session, spec)
+    inputs, layers, defaults, label, graph_key = model_graph(session, spec.model, spec.architecture)
     cache_key = None
     if graph_key:  # stored models only: inline graphs are not worth hashing
         cache_key = (graph_key, spec.model_dump_json(), runtime, overhead, per_layer, batch_size)
@@ -185,14 +200,14 @@ def run_estimate(
             return cached
     batch = batch_size or spec.batch_size
     micro = min(spec.micro_batch_size or batch, batch)
-    bindings = _bindings(
+    bindings = bind_dims(
         defaults,
         spec.bindings,
         batch=micro,
         sequence_length=spec.sequence_length,
         image_size=spec.image_size,
     )
-    analysis = _analyze(inputs, layers, bindings, training=spec.mode is Mode.TRAINING)
+    analysis = analyze_graph(inputs, layers, bindings, training=spec.mode is Mode.TRAINING)
     par = spec.parallelism
     request = MemoryRequest(
         mode=spec.mode,
@@ -234,7 +249,7 @@ def estimate(session: Session, *, payload: MemoryEstimateRequest) -> MemoryEstim
         session,
         payload,
         runtime=_runtime(payload, hardware),
-        overhead=_overhead(payload, hardware),
+        overhead=hardware_overhead(hardware, payload.framework_overhead),
         per_layer=payload.per_layer,
     )
     return _response(
@@ -329,14 +344,14 @@ def summarize(
     row = ModelRepository(session).get(slug)
     if row is None:
         raise NotFound(f"model '{slug}' does not exist; GET /v1/models lists them")
-    bindings = _bindings(
+    bindings = bind_dims(
         row.default_bindings,
         {},
         batch=batch_size,
         sequence_length=sequence_length,
         image_size=image_size,
     )
-    analysis = _analyze(row.inputs, row.layers, bindings, training=False)
+    analysis = analyze_graph(row.inputs, row.layers, bindings, training=False)
     act = precision_plan(precision).activation
 
     def size(layer: LayerAnalysis) -> int:
