@@ -30,8 +30,8 @@ Efficiency factors, the activation cache share and overheads are named defaults 
 kind (:data:`DEFAULT_CALIBRATIONS`), derived by ``benchmarks/calibration/calibrate.py`` from
 measured MLPerf ResNet-50 Offline throughput, host-to-device copy bandwidth and kernel-launch
 figures; a request may override them. Without the cache share the per-layer byte count (every
-activation to and from DRAM) overstates what fused engines move: compute efficiency alone
-cannot fit the measurements (64 % of rows within 1.5x, worst 2.3x).
+activation to and from DRAM) overstates what fused engines move, and a compute-only fit needs
+near-peak efficiencies (0.87-1.0) to reach the measurements (see benchmarks/calibration).
 
 References
 ----------
