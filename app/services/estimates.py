@@ -10,6 +10,7 @@ from typing import Any, Generic, TypeVar
 
 from sqlalchemy.orm import Session
 
+from app.charts import breakdown_svg
 from app.db.models import Hardware
 from app.db.repositories import HardwareRepository, ModelRepository
 from app.domain.analysis import GraphAnalysis, InputDecl, LayerAnalysis, analyze
@@ -379,4 +380,20 @@ def summarize(
         total_flops=analysis.flops,
         total_activation_bytes=sum(r.activation_bytes for r in rows if r.allocates),
         layer_count=len(rows),
+    )
+
+
+def memory_chart(session: Session, *, payload: MemoryEstimateRequest) -> str:
+    """The estimate's breakdown as an SVG bar chart in GiB (with the device's memory)."""
+    result = estimate(session, payload=payload)
+    fit = result.fit
+    return breakdown_svg(
+        title=f"Memory: {result.model}, {result.mode.value}, batch {result.batch_size}, "
+        f"{result.precision.value}",
+        subtitle=f"peak {result.peak_gib:.3f} GiB in {result.peak_phase} ({result.runtime.value}); "
+        "POST /v1/estimates/memory for formulas and assumptions",
+        lines=[(line.key, line.bytes) for line in result.breakdown],
+        total_bytes=result.peak_bytes,
+        capacity_bytes=None if fit is None else fit.memory_bytes,
+        capacity_label="" if fit is None else fit.hardware,
     )

@@ -8,6 +8,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from app.charts import Roof, RoofPoint, roofline_svg
 from app.db.models import Hardware
 from app.db.repositories import HardwareRepository
 from app.domain.analysis import GraphAnalysis
@@ -37,12 +38,14 @@ from app.domain.roofline import (
     Calibration,
     Device,
     DeviceKind,
+    InferencePrecision,
     PrecisionScheme,
     Prediction,
     Workload,
     decoder_workload,
     forward_workload,
     is_decoder,
+    kernel_points,
     mig_slice,
     pcie_bandwidth_bytes_per_s,
     predict,
@@ -586,4 +589,96 @@ def ranked_candidate(rank_: int, item: Assessment, generated: int | None) -> Ran
             )
             for t in p.phases
         ],
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Roofline picture
+# --------------------------------------------------------------------------------------------
+
+MAX_CHART_DEVICES = 8
+
+
+def roofline_chart(
+    session: Session,
+    *,
+    model: str,
+    devices: Sequence[str],
+    precision: InferencePrecision,
+    batch_size: int,
+    sequence_length: int | None = None,
+    image_size: int | None = None,
+    prompt_tokens: int = 512,
+    generated_tokens: int = 128,
+) -> str:
+    """An SVG roofline of a stored model's kernels on up to eight devices (or MIG slices)."""
+    if not devices:
+        raise InvalidInput("name at least one device", pointer="devices")
+    if len(devices) > MAX_CHART_DEVICES:
+        raise InvalidInput(
+            f"at most {MAX_CHART_DEVICES} devices per chart, got {len(devices)}",
+            pointer="devices",
+        )
+    source = model_source(
+        session,
+        model=model,
+        architecture=None,
+        bindings={},
+        sequence_length=sequence_length,
+        image_size=image_size,
+        prompt_tokens=prompt_tokens,
+        generated_tokens=generated_tokens,
+        fuse_elementwise=True,
+    )
+    scheme = PRECISION_SCHEMES[precision]
+    workload = source.workload(batch_size, scheme)
+    roofs: list[Roof] = []
+    points: list[RoofPoint] = []
+    skipped: list[str] = []
+    for candidate in candidates(session, devices, {}):
+        device = candidate.device
+        reason = unsupported_reason(device, scheme)
+        if reason is not None:
+            skipped.append(f"{device.slug} ({reason})")
+            continue
+        prediction = predict(workload, device, DEFAULT_CALIBRATIONS[device.kind])
+        index = len(roofs)
+        roofs.append(
+            Roof(
+                label=f"{device.name}, {prediction.compute_dtype.value}",
+                peak_flops_per_s=prediction.effective_flops_per_s,
+                bandwidth_bytes_per_s=prediction.effective_bandwidth_bytes_per_s,
+                spec_peak_flops_per_s=prediction.peak_flops_per_s * device.compute_fraction,
+                spec_bandwidth_bytes_per_s=device.memory_bandwidth_bytes_per_s
+                * device.bandwidth_fraction,
+            )
+        )
+        for phase in workload.phases:
+            points += [
+                RoofPoint(
+                    roof=index,
+                    label=f"{phase.name} {point.name} ({'+'.join(point.ops)})",
+                    intensity_flops_per_byte=point.intensity_flops_per_byte,
+                    achieved_flops_per_s=point.achieved_flops_per_s,
+                    decode=phase.name == "decode",
+                )
+                for point in kernel_points(phase, prediction)
+                if point.achieved_flops_per_s > 0
+            ]
+    if not roofs:
+        raise InvalidInput(
+            f"no named device can run {precision.value}: " + "; ".join(skipped),
+            pointer="precision",
+        )
+    subtitle = (
+        f"{source.label}: {len(workload.phases[0].kernels)} kernels per "
+        f"{workload.phases[0].name}, achieved FLOP/s with launch overhead"
+    )
+    if skipped:
+        subtitle += "; not drawn: " + ", ".join(skipped)
+    return roofline_svg(
+        title=f"Roofline: {source.label}, {precision.value}, batch {batch_size}",
+        subtitle=subtitle,
+        roofs=roofs,
+        points=points,
     )
