@@ -48,6 +48,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from fractions import Fraction
 from itertools import accumulate
+from typing import Any
 
 from app.domain.analysis import GraphAnalysis, LayerAnalysis
 from app.domain.errors import DomainError
@@ -412,6 +413,119 @@ def _is_view(layer: LayerAnalysis) -> bool:
     return layer.result.alias_of is not None and layer.flops == 0
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KernelCount:
+    """A kernel's work in elements, independent of the precision (see :func:`count_kernels`)."""
+
+    name: str
+    ops: tuple[str, ...]
+    flops: int
+    weight_elements: int
+    float_inputs: int  # elements read
+    index_inputs: int  # int64 elements read (token ids)
+    float_outputs: int
+    index_outputs: int
+    kv_elements: int  # KV cache elements written and read
+    launches: int
+
+    def at(self, scheme: PrecisionScheme) -> Kernel:
+        """The kernel's bytes at a precision (weights rounded up to whole bytes)."""
+        act = scheme.activation_bytes
+        weight = scheme.weight_bytes
+        return Kernel(
+            name=self.name,
+            ops=self.ops,
+            flops=self.flops,
+            weight_bytes=-(-self.weight_elements * weight.numerator // weight.denominator),
+            input_bytes=self.float_inputs * act + self.index_inputs * INDEX_BYTES,
+            output_bytes=self.float_outputs * act + self.index_outputs * INDEX_BYTES,
+            kv_cache_bytes=self.kv_elements * act,
+            launches=self.launches,
+        )
+
+
+def count_kernels(
+    analysis: GraphAnalysis,
+    *,
+    fuse_elementwise: bool = True,
+    kv_cache: bool = False,
+    kv_context_tokens: int = 0,
+) -> tuple[KernelCount, ...]:
+    """Per-kernel FLOPs and elements moved of one forward pass (see :func:`build_kernels`)."""
+    index_kind = TensorKind.INDEX
+    numel: dict[int, tuple[int, TensorKind]] = {
+        item.storage: (item.numel, item.kind) for item in analysis.inputs
+    }
+    per_result: dict[int, tuple[int, int]] = {}  # id(OpResult) -> (weights, launches)
+    rows: list[list[Any]] = []  # [name, ops, flops, w, f_in, i_in, f_out, i_out, kv, launches]
+    open_storage: int | None = None  # output storage of the last kernel, while fusable
+    for layer in analysis.layers:
+        if _is_view(layer):
+            numel[layer.output_storage] = (layer.output_numel, layer.output_kind)
+            continue
+        inputs = [numel.get(s, (0, TensorKind.FLOAT)) for s in layer.input_storages]
+        numel[layer.output_storage] = (layer.output_numel, layer.output_kind)
+        out_index = layer.output_kind is index_kind
+        out_float, out_idx = (0, layer.output_numel) if out_index else (layer.output_numel, 0)
+        flops = layer.flops
+        if (
+            fuse_elementwise
+            and rows
+            and open_storage is not None
+            and (layer.op in FUSABLE_OPS and open_storage in layer.input_storages)
+        ):
+            chained = layer.input_storages.index(open_storage)
+            row = rows[-1]
+            row[1] = (*row[1], layer.op)
+            row[2] += flops
+            row[3] += layer.params
+            for position, (elements, kind) in enumerate(inputs):
+                if position != chained:
+                    row[5 if kind is index_kind else 4] += elements
+            row[6], row[7] = out_float, out_idx
+        else:
+            known = per_result.get(id(layer.result))
+            if known is None:
+                known = per_result[id(layer.result)] = (_weight_elements(layer), _launches(layer))
+            kv = 0
+            if kv_cache and layer.op == "attention" and layer.result.kv_cache_numel:
+                kv = layer.result.kv_cache_numel  # this step's keys and values
+                if kv_context_tokens:
+                    kv += layer.result.kv_cache_numel // layer.output_shape[1] * kv_context_tokens
+                    tokens = layer.output_numel // layer.output_shape[-1]
+                    flops += 4 * tokens * kv_context_tokens * layer.result.param_shapes[0][0]
+            rows.append(
+                [
+                    layer.name,
+                    (layer.op,),
+                    flops,
+                    known[0],
+                    sum(e for e, kind in inputs if kind is not index_kind),
+                    sum(e for e, kind in inputs if kind is index_kind),
+                    out_float,
+                    out_idx,
+                    kv,
+                    known[1],
+                ]
+            )
+        open_storage = layer.output_storage
+    return tuple(
+        KernelCount(
+            name=name,
+            ops=ops,
+            flops=flops,
+            weight_elements=weights,
+            float_inputs=f_in,
+            index_inputs=i_in,
+            float_outputs=f_out,
+            index_outputs=i_out,
+            kv_elements=kv,
+            launches=launches,
+        )
+        for name, ops, flops, weights, f_in, i_in, f_out, i_out, kv, launches in rows
+    )
+
+
 def build_kernels(
     analysis: GraphAnalysis,
     scheme: PrecisionScheme,
@@ -448,67 +562,13 @@ def build_kernels(
     layer, the KV cache read ``2 * b * c * kv_dim * bytes`` and the attention FLOPs over the
     cache ``4 * b * c * q_dim`` (QK^T and PV; softmax FLOPs left out).
     """
-    act = scheme.activation_bytes
-    numel: dict[int, tuple[int, TensorKind]] = {
-        item.storage: (item.numel, item.kind) for item in analysis.inputs
-    }
-
-    def value_bytes(elements: int, kind: TensorKind) -> int:
-        return elements * (INDEX_BYTES if kind is TensorKind.INDEX else act)
-
-    kernels: list[Kernel] = []
-    open_storage: int | None = None  # output storage of the last kernel, while fusable
-    for layer in analysis.layers:
-        if _is_view(layer):
-            numel[layer.output_storage] = (layer.output_numel, layer.output_kind)
-            continue
-        inputs = [numel.get(s, (0, TensorKind.FLOAT)) for s in layer.input_storages]
-        weight_bytes = math.ceil(_weight_elements(layer) * scheme.weight_bytes)
-        output_bytes = value_bytes(layer.output_numel, layer.output_kind)
-        numel[layer.output_storage] = (layer.output_numel, layer.output_kind)
-        kv_bytes = 0
-        flops = layer.flops
-        if kv_cache and layer.op == "attention" and layer.result.kv_cache_numel:
-            kv_bytes = layer.result.kv_cache_numel * act  # this step's keys and values
-            if kv_context_tokens:
-                seq = layer.output_shape[1]
-                kv_bytes += layer.result.kv_cache_numel // seq * kv_context_tokens * act
-                q_dim = layer.result.param_shapes[0][0]
-                tokens = layer.output_numel // layer.output_shape[-1]
-                flops += 4 * tokens * kv_context_tokens * q_dim
-        if (
-            fuse_elementwise
-            and kernels
-            and layer.op in FUSABLE_OPS
-            and open_storage is not None
-            and open_storage in layer.input_storages
-        ):
-            chained = layer.input_storages.index(open_storage)
-            extra = sum(value_bytes(*spec) for index, spec in enumerate(inputs) if index != chained)
-            head = kernels[-1]
-            kernels[-1] = replace(
-                head,
-                ops=(*head.ops, layer.op),
-                flops=head.flops + flops,
-                weight_bytes=head.weight_bytes + weight_bytes,
-                input_bytes=head.input_bytes + extra,
-                output_bytes=output_bytes,
-            )
-        else:
-            kernels.append(
-                Kernel(
-                    name=layer.name,
-                    ops=(layer.op,),
-                    flops=flops,
-                    weight_bytes=weight_bytes,
-                    input_bytes=sum(value_bytes(*spec) for spec in inputs),
-                    output_bytes=output_bytes,
-                    kv_cache_bytes=kv_bytes,
-                    launches=_launches(layer),
-                )
-            )
-        open_storage = layer.output_storage
-    return tuple(kernels)
+    counts = count_kernels(
+        analysis,
+        fuse_elementwise=fuse_elementwise,
+        kv_cache=kv_cache,
+        kv_context_tokens=kv_context_tokens,
+    )
+    return tuple(count.at(scheme) for count in counts)
 
 
 # --------------------------------------------------------------------------------------------
@@ -598,51 +658,99 @@ class Workload:
         return sum(p.bytes_moved * p.repeats for p in self.phases)
 
 
-def _input_bytes(analysis: GraphAnalysis, scheme: PrecisionScheme) -> int:
-    act = scheme.activation_bytes
-    return sum(
-        i.numel * (INDEX_BYTES if i.kind is TensorKind.INDEX else act) for i in analysis.inputs
-    )
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PhaseShape:
+    """A phase in elements: its kernels and copies, independent of the precision."""
+
+    name: str
+    counts: tuple[KernelCount, ...]
+    h2d_float: int  # elements copied in
+    h2d_index: int
+    d2h_float: int  # elements copied out
+    d2h_index: int
+    repeats: int = 1
+
+    def at(self, scheme: PrecisionScheme) -> Phase:
+        """The phase in bytes at a precision."""
+        act = scheme.activation_bytes
+        return Phase(
+            name=self.name,
+            kernels=tuple(count.at(scheme) for count in self.counts),
+            h2d_bytes=self.h2d_float * act + self.h2d_index * INDEX_BYTES,
+            d2h_bytes=self.d2h_float * act + self.d2h_index * INDEX_BYTES,
+            repeats=self.repeats,
+        )
 
 
-def forward_workload(
-    analysis: GraphAnalysis, scheme: PrecisionScheme, *, batch: int, fuse_elementwise: bool = True
-) -> Workload:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkloadShape:
+    """A request at a batch size, before a precision is chosen."""
+
+    batch: int
+    phases: tuple[PhaseShape, ...]
+    decoder: bool = False
+    generated_tokens: int = 0
+
+    def at(self, scheme: PrecisionScheme) -> Workload:
+        """The workload at a precision."""
+        return Workload(
+            batch=self.batch,
+            scheme=scheme,
+            phases=tuple(phase.at(scheme) for phase in self.phases),
+            decoder=self.decoder,
+            generated_tokens=self.generated_tokens,
+        )
+
+
+def _input_elements(analysis: GraphAnalysis) -> tuple[int, int]:
+    index = sum(i.numel for i in analysis.inputs if i.kind is TensorKind.INDEX)
+    return sum(i.numel for i in analysis.inputs) - index, index
+
+
+def forward_shape(
+    analysis: GraphAnalysis, *, batch: int, fuse_elementwise: bool = True
+) -> WorkloadShape:
     """One forward pass per request (CNNs, encoders): inputs copied in, output copied out.
 
     Float inputs and outputs travel at the activation precision (the host quantizes before the
     copy, as MLPerf harnesses do), token ids as int64.
     """
     out = math.prod(analysis.output_shape)
-    d2h = out * (
-        INDEX_BYTES if analysis.output_kind is TensorKind.INDEX else scheme.activation_bytes
-    )
-    phase = Phase(
+    out_index = analysis.output_kind is TensorKind.INDEX
+    h2d_float, h2d_index = _input_elements(analysis)
+    phase = PhaseShape(
         name="forward",
-        kernels=build_kernels(analysis, scheme, fuse_elementwise=fuse_elementwise),
-        h2d_bytes=_input_bytes(analysis, scheme),
-        d2h_bytes=d2h,
+        counts=count_kernels(analysis, fuse_elementwise=fuse_elementwise),
+        h2d_float=h2d_float,
+        h2d_index=h2d_index,
+        d2h_float=0 if out_index else out,
+        d2h_index=out if out_index else 0,
     )
-    return Workload(batch=batch, scheme=scheme, phases=(phase,))
+    return WorkloadShape(batch=batch, phases=(phase,))
 
 
-def decoder_workload(
+def forward_workload(
+    analysis: GraphAnalysis, scheme: PrecisionScheme, *, batch: int, fuse_elementwise: bool = True
+) -> Workload:
+    """:func:`forward_shape` at a precision."""
+    return forward_shape(analysis, batch=batch, fuse_elementwise=fuse_elementwise).at(scheme)
+
+
+def decoder_shape(
     prefill: GraphAnalysis,
     step: GraphAnalysis,
-    scheme: PrecisionScheme,
     *,
     batch: int,
     prompt_tokens: int,
     generated_tokens: int,
     fuse_elementwise: bool = True,
-) -> Workload:
+) -> WorkloadShape:
     """A decoder LLM request: prefill the prompt, then one decode step per further token.
 
     Parameters
     ----------
     prefill : the graph analysed at ``seq = prompt_tokens``
     step : the graph analysed at ``seq = 1`` (one new token per sequence)
-    scheme : precision
     batch : sequences decoded together [-]
     prompt_tokens : prompt length [tokens]
     generated_tokens : tokens generated per sequence; the prefill yields the first [tokens]
@@ -655,34 +763,54 @@ def decoder_workload(
     one bound), and sends each sequence's sampled token id (8 B) to the host. The LM head runs
     over every prompt position in the prefill, as Hugging Face ``generate`` does.
     """
-    sampled = batch * INDEX_BYTES
-    first = Phase(
+    h2d_float, h2d_index = _input_elements(prefill)
+    first = PhaseShape(
         name="prefill",
-        kernels=build_kernels(prefill, scheme, fuse_elementwise=fuse_elementwise, kv_cache=True),
-        h2d_bytes=_input_bytes(prefill, scheme),
-        d2h_bytes=sampled,
+        counts=count_kernels(prefill, fuse_elementwise=fuse_elementwise, kv_cache=True),
+        h2d_float=h2d_float,
+        h2d_index=h2d_index,
+        d2h_float=0,
+        d2h_index=batch,
     )
-    context = prompt_tokens + generated_tokens // 2
-    decode = Phase(
+    decode = PhaseShape(
         name="decode",
-        kernels=build_kernels(
+        counts=count_kernels(
             step,
-            scheme,
             fuse_elementwise=fuse_elementwise,
             kv_cache=True,
-            kv_context_tokens=context,
+            kv_context_tokens=prompt_tokens + generated_tokens // 2,
         ),
-        h2d_bytes=0,
-        d2h_bytes=sampled,
+        h2d_float=0,
+        h2d_index=0,
+        d2h_float=0,
+        d2h_index=batch,
         repeats=generated_tokens - 1,
     )
-    return Workload(
-        batch=batch,
-        scheme=scheme,
-        phases=(first, decode),
-        decoder=True,
-        generated_tokens=generated_tokens,
+    return WorkloadShape(
+        batch=batch, phases=(first, decode), decoder=True, generated_tokens=generated_tokens
     )
+
+
+def decoder_workload(
+    prefill: GraphAnalysis,
+    step: GraphAnalysis,
+    scheme: PrecisionScheme,
+    *,
+    batch: int,
+    prompt_tokens: int,
+    generated_tokens: int,
+    fuse_elementwise: bool = True,
+) -> Workload:
+    """:func:`decoder_shape` at a precision."""
+    shape = decoder_shape(
+        prefill,
+        step,
+        batch=batch,
+        prompt_tokens=prompt_tokens,
+        generated_tokens=generated_tokens,
+        fuse_elementwise=fuse_elementwise,
+    )
+    return shape.at(scheme)
 
 
 def is_decoder(layers: Sequence[Mapping[str, object]]) -> bool:

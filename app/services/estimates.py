@@ -178,6 +178,11 @@ class LruCache(Generic[K, V]):
             while len(self._items) > self.size:
                 self._items.popitem(last=False)
 
+    def clear(self) -> None:
+        """Forget everything (benchmarks time cold requests)."""
+        with self._lock:
+            self._items.clear()
+
 
 _CACHE: LruCache[tuple[Any, ...], EstimateRun] = LruCache(size=256)
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy.orm import Session
 
@@ -42,8 +42,9 @@ from app.domain.roofline import (
     PrecisionScheme,
     Prediction,
     Workload,
-    decoder_workload,
-    forward_workload,
+    WorkloadShape,
+    decoder_shape,
+    forward_shape,
     is_decoder,
     kernel_points,
     mig_slice,
@@ -113,8 +114,17 @@ ASSUMPTIONS = [
     "CPU figures are per socket, as the catalog lists CPUs",
 ]
 
+T = TypeVar("T")
 _ANALYSES: LruCache[tuple[Any, ...], GraphAnalysis] = LruCache(size=128)
+_SHAPES: LruCache[tuple[Any, ...], WorkloadShape] = LruCache(size=128)
 _PEAKS: LruCache[tuple[Any, ...], int] = LruCache(size=2048)
+
+
+def clear_caches() -> None:
+    """Forget cached analyses and memory peaks (they are pure: only speed changes)."""
+    _ANALYSES.clear()
+    _SHAPES.clear()
+    _PEAKS.clear()
 
 
 # --------------------------------------------------------------------------------------------
@@ -258,17 +268,27 @@ class ModelSource:
     fuse_elementwise: bool
     memo: dict[tuple[Any, ...], Any]
 
+    def _remember(
+        self, key: tuple[Any, ...], shared: LruCache[tuple[Any, ...], T], compute: Callable[[], T]
+    ) -> T:
+        """Per request in ``memo``; across requests in ``shared`` for stored models."""
+        found: T | None = self.memo.get(key)
+        if found is None and self.key:
+            found = shared.get(key)
+        if found is None:
+            found = compute()
+            if self.key:
+                shared.put(key, found)
+        self.memo[key] = found
+        return found
+
     def analysis(self, bindings: dict[str, int]) -> GraphAnalysis:
         """The inference analysis at ``bindings`` (cached for stored models)."""
-        key = (self.key, tuple(bindings.items()))
-        cached = self.memo.get(key) or (_ANALYSES.get(key) if self.key else None)
-        if cached is None:
-            cached = analyze_graph(self.inputs, self.layers, bindings, training=False)
-            if self.key:
-                _ANALYSES.put(key, cached)
-        self.memo[key] = cached
-        result: GraphAnalysis = cached
-        return result
+        return self._remember(
+            (self.key, "analysis", tuple(bindings.items())),
+            _ANALYSES,
+            lambda: analyze_graph(self.inputs, self.layers, bindings, training=False),
+        )
 
     def bindings(self, batch: int, *, seq: int | None = None) -> dict[str, int]:
         """Symbol bindings at a batch (decoders: at a sequence length)."""
@@ -280,31 +300,38 @@ class ModelSource:
             image_size=self.image_size,
         )
 
+    def shape(self, batch: int) -> WorkloadShape:
+        """The request's phases at a batch, before the precision (cached for stored models)."""
+        fuse = self.fuse_elementwise
+        if not self.decoder:
+            bindings = self.bindings(batch)
+            return self._remember(
+                (self.key, "shape", tuple(bindings.items()), fuse),
+                _SHAPES,
+                lambda: forward_shape(self.analysis(bindings), batch=batch, fuse_elementwise=fuse),
+            )
+        prompt, generated = self.prompt_tokens, self.generated_tokens
+        prefill = self.bindings(batch, seq=prompt)
+        return self._remember(
+            (self.key, "shape", tuple(prefill.items()), fuse, generated),
+            _SHAPES,
+            lambda: decoder_shape(
+                self.analysis(prefill),
+                self.analysis(self.bindings(batch, seq=1)),
+                batch=batch,
+                prompt_tokens=prompt,
+                generated_tokens=generated,
+                fuse_elementwise=fuse,
+            ),
+        )
+
     def workload(self, batch: int, scheme: PrecisionScheme) -> Workload:
         """The request's phases at a batch and precision."""
-        memo_key = ("workload", batch, scheme.precision)
-        cached = self.memo.get(memo_key)
-        if cached is not None:
-            result: Workload = cached
-            return result
-        fuse = self.fuse_elementwise
-        if self.decoder:
-            prefill = self.analysis(self.bindings(batch, seq=self.prompt_tokens))
-            step = self.analysis(self.bindings(batch, seq=1))
-            result = decoder_workload(
-                prefill,
-                step,
-                scheme,
-                batch=batch,
-                prompt_tokens=self.prompt_tokens,
-                generated_tokens=self.generated_tokens,
-                fuse_elementwise=fuse,
-            )
-        else:
-            forward = self.analysis(self.bindings(batch))
-            result = forward_workload(forward, scheme, batch=batch, fuse_elementwise=fuse)
-        self.memo[memo_key] = result
-        return result
+        key = ("workload", batch, scheme.precision)
+        found: Workload | None = self.memo.get(key)
+        if found is None:
+            found = self.memo[key] = self.shape(batch).at(scheme)
+        return found
 
     def memory_bindings(self, batch: int) -> dict[str, int]:
         """Bindings of the memory estimate (decoders: the whole context, for the KV cache)."""
@@ -315,31 +342,23 @@ class ModelSource:
     def peak_bytes(self, batch: int, scheme: PrecisionScheme, candidate: Candidate) -> int:
         """The memory engine's inference peak for a candidate's runtime and overheads [B]."""
         bindings = self.memory_bindings(batch)
-        key = (
-            self.key,
-            tuple(bindings.items()),
-            scheme.precision,
-            candidate.runtime,
-            candidate.overhead,
+        request = MemoryRequest(
+            mode=Mode.INFERENCE,
+            precision=Precision(scheme.precision.value),
+            runtime=candidate.runtime,
+            overhead=candidate.overhead,
+            kv_cache=self.decoder,
         )
-        cached = self.memo.get(key) or (_PEAKS.get(key) if self.key else None)
-        if cached is None:
-            request = MemoryRequest(
-                mode=Mode.INFERENCE,
-                precision=Precision(scheme.precision.value),
-                runtime=candidate.runtime,
-                overhead=candidate.overhead,
-                kv_cache=self.decoder,
-            )
+
+        def estimate() -> int:
             try:
-                cached = estimate_memory(self.analysis(bindings), request).peak_bytes
+                return estimate_memory(self.analysis(bindings), request).peak_bytes
             except MemoryInputError as exc:
                 raise InvalidInput(str(exc)) from exc
-            if self.key:
-                _PEAKS.put(key, cached)
-        self.memo[key] = cached
-        result: int = cached
-        return result
+
+        return self._remember(
+            (self.key, "peak", tuple(bindings.items()), request), _PEAKS, estimate
+        )
 
     def memory_fit(self, batch: int, scheme: PrecisionScheme, candidate: Candidate) -> MemoryFit:
         """The fit of the workload on the candidate's memory."""
