@@ -182,6 +182,10 @@ class InferenceRecommendationRequest(Schema):
 class RooflineInputs(Schema):
     """Every number the prediction of one candidate is computed from."""
 
+    precision_convention: str = Field(
+        description="What the precision means: bytes per weight and activation, and the math.",
+        examples=["int8 W8A8 as in MLPerf (TensorRT, OpenVINO, IPEX): ..."],
+    )
     compute_dtype: str = Field(description="Dtype whose peak runs the math.", examples=["int8"])
     peak_flops_per_s: float = Field(
         description="The whole device's dense catalog peak for compute_dtype [FLOP/s].",

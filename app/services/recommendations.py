@@ -524,6 +524,7 @@ def calibration_read(cal: Calibration) -> CalibrationRead:
 def _inputs(p: Prediction) -> RooflineInputs:
     device, cal = p.device, p.calibration
     return RooflineInputs(
+        precision_convention=PRECISION_SCHEMES[p.precision].convention,
         compute_dtype=p.compute_dtype.value,
         peak_flops_per_s=p.peak_flops_per_s,
         peak_source=p.peak_source,

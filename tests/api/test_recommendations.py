@@ -66,6 +66,7 @@ def test_every_figure_comes_with_its_inputs(client: ApiClient) -> None:
     (best,) = body["candidates"]
     inputs = best["inputs"]
     assert inputs["compute_dtype"] == "int8"
+    assert inputs["precision_convention"].startswith("int8 W8A8")
     assert inputs["peak_flops_per_s"] == 250e12
     assert inputs["effective_flops_per_s"] == pytest.approx(
         inputs["peak_flops_per_s"] * inputs["compute_fraction"] * inputs["compute_efficiency"]
