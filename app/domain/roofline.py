@@ -91,62 +91,33 @@ class PrecisionScheme:
     convention: str
 
 
+_P = InferencePrecision
+# Peak dtypes (first available wins), bytes per weight, bytes per activation, convention.
+_SCHEMES: Mapping[InferencePrecision, tuple[tuple[DType, ...], Fraction, int, str]] = {
+    _P.FP32: ((DType.FP32,), Fraction(4), 4, "fp32 weights, activations and math (no tensor "
+              "cores / AMX)"),
+    _P.TF32: ((DType.TF32,), Fraction(4), 4, "fp32 storage, tf32 tensor-core math"),
+    _P.BF16: ((DType.BF16,), Fraction(2), 2, "bf16 weights, activations, KV cache and math"),
+    _P.FP16: ((DType.FP16,), Fraction(2), 2, "fp16 weights, activations, KV cache and math"),
+    _P.FP8: ((DType.FP8,), Fraction(1), 1, "fp8 W8A8 (TensorRT / Transformer Engine): weights, "
+             "activations and KV cache 1 byte, fp8 tensor-core math"),
+    _P.INT8: ((DType.INT8,), Fraction(1), 1, "int8 W8A8 as in MLPerf (TensorRT, OpenVINO, "
+              "IPEX): weights, activations and KV cache 1 byte, int8 math (tensor cores; VNNI "
+              "or AMX on CPUs)"),
+    _P.INT4: ((DType.FP16, DType.BF16), Fraction(1, 2), 2, "int4 weight-only (GPTQ/AWQ, "
+              "W4A16): weights 4 bits, activations and KV cache 16-bit, math at the fp16 (else "
+              "bf16) peak after dequantization"),
+}  # fmt: skip
+
 PRECISION_SCHEMES: Mapping[InferencePrecision, PrecisionScheme] = {
-    scheme.precision: scheme
-    for scheme in (
-        PrecisionScheme(
-            precision=InferencePrecision.FP32,
-            compute_dtypes=(DType.FP32,),
-            weight_bytes=Fraction(4),
-            activation_bytes=4,
-            convention="fp32 weights, activations and math (no tensor cores / AMX)",
-        ),
-        PrecisionScheme(
-            precision=InferencePrecision.TF32,
-            compute_dtypes=(DType.TF32,),
-            weight_bytes=Fraction(4),
-            activation_bytes=4,
-            convention="fp32 storage, tf32 tensor-core math",
-        ),
-        PrecisionScheme(
-            precision=InferencePrecision.BF16,
-            compute_dtypes=(DType.BF16,),
-            weight_bytes=Fraction(2),
-            activation_bytes=2,
-            convention="bf16 weights, activations, KV cache and math",
-        ),
-        PrecisionScheme(
-            precision=InferencePrecision.FP16,
-            compute_dtypes=(DType.FP16,),
-            weight_bytes=Fraction(2),
-            activation_bytes=2,
-            convention="fp16 weights, activations, KV cache and math",
-        ),
-        PrecisionScheme(
-            precision=InferencePrecision.FP8,
-            compute_dtypes=(DType.FP8,),
-            weight_bytes=Fraction(1),
-            activation_bytes=1,
-            convention="fp8 W8A8 (TensorRT / Transformer Engine): weights, activations and KV "
-            "cache 1 byte, fp8 tensor-core math",
-        ),
-        PrecisionScheme(
-            precision=InferencePrecision.INT8,
-            compute_dtypes=(DType.INT8,),
-            weight_bytes=Fraction(1),
-            activation_bytes=1,
-            convention="int8 W8A8 as in MLPerf (TensorRT, OpenVINO, IPEX): weights, activations "
-            "and KV cache 1 byte, int8 math (tensor cores; VNNI or AMX on CPUs)",
-        ),
-        PrecisionScheme(
-            precision=InferencePrecision.INT4,
-            compute_dtypes=(DType.FP16, DType.BF16),
-            weight_bytes=Fraction(1, 2),
-            activation_bytes=2,
-            convention="int4 weight-only (GPTQ/AWQ, W4A16): weights 4 bits, activations and KV "
-            "cache 16-bit, math at the fp16 (else bf16) peak after dequantization",
-        ),
+    precision: PrecisionScheme(
+        precision=precision,
+        compute_dtypes=dtypes,
+        weight_bytes=weight,
+        activation_bytes=activation,
+        convention=convention,
     )
+    for precision, (dtypes, weight, activation, convention) in _SCHEMES.items()
 }
 
 

@@ -510,15 +510,7 @@ def recommend(
 
 def calibration_read(cal: Calibration) -> CalibrationRead:
     """The API view of a calibration."""
-    return CalibrationRead(
-        compute_efficiency=cal.compute_efficiency,
-        memory_efficiency=cal.memory_efficiency,
-        activation_cache_share=cal.activation_cache_share,
-        host_link_efficiency=cal.host_link_efficiency,
-        kernel_launch_overhead_s=cal.kernel_launch_overhead_s,
-        request_overhead_s=cal.request_overhead_s,
-        basis=cal.basis,
-    )
+    return CalibrationRead.model_validate(cal)
 
 
 def _inputs(p: Prediction) -> RooflineInputs:
@@ -588,27 +580,7 @@ def ranked_candidate(rank_: int, item: Assessment, generated: int | None) -> Ran
         per_token_latency_ms=None if p.per_token_s is None else p.per_token_s * 1e3,
         tokens_per_s=None if generated is None else p.throughput_per_s * generated,
         inputs=_inputs(p),
-        phases=[
-            PhaseRead(
-                name=t.name,
-                repeats=t.repeats,
-                kernels=t.kernels,
-                launches=t.launches,
-                compute_bound_kernels=t.compute_bound_kernels,
-                flops=t.flops,
-                bytes_moved=t.bytes_moved,
-                dram_bytes=t.dram_bytes,
-                compute_s=t.compute_s,
-                memory_s=t.memory_s,
-                launch_s=t.launch_s,
-                h2d_bytes=t.h2d_bytes,
-                h2d_s=t.h2d_s,
-                d2h_bytes=t.d2h_bytes,
-                d2h_s=t.d2h_s,
-                latency_s=t.latency_s,
-            )
-            for t in p.phases
-        ],
+        phases=[PhaseRead.model_validate(t) for t in p.phases],
     )
 
 

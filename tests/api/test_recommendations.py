@@ -4,19 +4,11 @@ from typing import Any
 
 import pytest
 
-from tests.api.helpers import assert_problem
+from tests.api.helpers import TINY_MLP, assert_problem
 from tests.support import ApiClient, ClientFactory, table_counts
 
 URL = "/v1/recommendations/inference"
 RESNET_FLOPS = 8_239_859_200
-TINY: dict[str, Any] = {
-    "inputs": [{"name": "x", "shape": ["batch", 64]}],
-    "layers": [
-        {"name": "fc1", "op": "linear", "out_features": 128},
-        {"name": "act", "op": "gelu"},
-        {"name": "fc2", "op": "linear", "out_features": 10},
-    ],
-}
 
 
 def _recommend(client: ApiClient, **body: Any) -> dict[str, Any]:
@@ -173,7 +165,7 @@ def test_decoder_llm_reports_prefill_and_decode(client: ApiClient) -> None:
 def test_inline_architecture(client: ApiClient) -> None:
     body = _recommend(
         client,
-        architecture=TINY,
+        architecture=TINY_MLP,
         devices=["intel-xeon-platinum-8380"],
         precisions=["fp32"],
         batch_sizes=[1],
@@ -256,7 +248,7 @@ def test_the_only_candidate_lacking_the_precision_is_an_error(
             "/calibration/gpu/compute_efficiency",
         ),
         ({"calibration": {"fpga": {}}}, "/calibration/fpga/[key]"),
-        ({"architecture": TINY}, "/"),
+        ({"architecture": TINY_MLP}, "/"),
         ({"colour": "blue"}, "/colour"),
     ],
 )

@@ -7,27 +7,20 @@ functions, so a change to the roofline, the op semantics or the catalog that bre
 calibration, or a default edited by hand, fails CI.
 """
 
-import importlib.util
-import sys
 from types import ModuleType
 from typing import Any
 
 import pytest
 
 from app.config import PROJECT_ROOT
+from tests.support import load_script
 
 CALIBRATION = PROJECT_ROOT / "benchmarks" / "calibration"
 
 
 @pytest.fixture(scope="module")
 def calibrate() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("calibrate", CALIBRATION / "calibrate.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their module through sys.modules
-    spec.loader.exec_module(module)
-    return module
+    return load_script(CALIBRATION / "calibrate.py", "calibrate")
 
 
 @pytest.fixture(scope="module")
