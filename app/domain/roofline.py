@@ -898,13 +898,6 @@ class Prediction:
         effective bandwidth) [FLOP/B]."""
         return self.effective_flops_per_s / self.effective_bandwidth_bytes_per_s
 
-    @property
-    def energy_j(self) -> float | None:
-        """Energy of one batch at TDP for the whole latency (an upper bound) [J]."""
-        if self.device.tdp_watts is None:
-            return None
-        return self.device.tdp_watts * self.latency_s
-
 
 def compute_dtype_for(device: Device, scheme: PrecisionScheme) -> DType | None:
     """The dtype whose peak runs the precision's math on ``device``, or None."""

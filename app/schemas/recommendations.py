@@ -223,6 +223,10 @@ class RooflineInputs(Schema):
         description="Where the link figure comes from.", examples=["catalog"]
     )
     host_link_efficiency: float = Field(description="Calibrated efficiency.", examples=[0.73])
+    effective_host_link_bytes_per_s: float | None = Field(
+        description="host link x host_link_efficiency (null: no copy) [B/s].",
+        examples=[23.0e9],
+    )
     kernel_launch_overhead_s: float = Field(description="Per kernel launch [s].", examples=[4e-6])
     request_overhead_s: float = Field(description="Per request [s].", examples=[4.2e-5])
     tdp_watts: float | None = Field(description="TDP (MIG: share) [W].", examples=[350.0])

@@ -531,6 +531,7 @@ def _inputs(p: Prediction) -> RooflineInputs:
         host_link_bytes_per_s=device.host_link_bytes_per_s if device.needs_host_copy else None,
         host_link_source=device.host_link_source,
         host_link_efficiency=cal.host_link_efficiency,
+        effective_host_link_bytes_per_s=p.effective_host_link_bytes_per_s,
         kernel_launch_overhead_s=cal.kernel_launch_overhead_s,
         request_overhead_s=p.request_overhead_s,
         tdp_watts=device.tdp_watts,

@@ -65,9 +65,12 @@ def test_every_figure_comes_with_its_inputs(client: ApiClient) -> None:
     )
     assert inputs["effective_bandwidth_bytes_per_s"] == pytest.approx(600e9 * 0.8)
     assert inputs["host_link_bytes_per_s"] == 31.5e9
+    link = inputs["effective_host_link_bytes_per_s"]
+    assert link == pytest.approx(31.5e9 * inputs["host_link_efficiency"])
     assert inputs["price_usd_per_hour"] == 1.006
     (phase,) = best["phases"]
     assert phase["h2d_bytes"] == 8 * 3 * 224 * 224  # int8 images
+    assert phase["h2d_s"] == pytest.approx(phase["h2d_bytes"] / link)
     assert phase["d2h_bytes"] == 8 * 1000
     assert phase["flops"] == 8 * RESNET_FLOPS
     assert phase["kernels"] == 56
