@@ -12,7 +12,17 @@ from fastapi import FastAPI
 
 from app.api.errors import PROBLEM_JSON, install_error_handlers
 from app.api.middleware import BodySizeLimitMiddleware, Metrics, RequestContextMiddleware
-from app.api.routes import admission, estimates, hardware, imports, mig, models, ops, workloads
+from app.api.routes import (
+    admission,
+    estimates,
+    hardware,
+    imports,
+    mig,
+    models,
+    ops,
+    recommendations,
+    workloads,
+)
 from app.config import Settings, get_settings
 from app.db.migrations import head_revisions
 from app.db.session import make_engine, make_session_factory
@@ -85,6 +95,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(workloads.router)
     app.include_router(mig.router)
     app.include_router(admission.router)
+    app.include_router(recommendations.router)
     # Added last = outermost: ids and metrics cover every request, including 413s.
     app.add_middleware(
         BodySizeLimitMiddleware,

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import itertools
 import os
 import shutil
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import httpx
@@ -158,3 +161,14 @@ def settings_for(url: str, **overrides: Any) -> Settings:
         **overrides,
     }
     return Settings(_env_file=None, **values)
+
+
+def load_script(path: Path, name: str) -> ModuleType:
+    """Import a benchmark script (benchmarks/ is not a package) as module ``name``."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve their module through sys.modules
+    spec.loader.exec_module(module)
+    return module

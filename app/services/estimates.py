@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from sqlalchemy.orm import Session
 
+from app.charts import breakdown_svg
 from app.db.models import Hardware
 from app.db.repositories import HardwareRepository, ModelRepository
 from app.domain.analysis import GraphAnalysis, InputDecl, LayerAnalysis, analyze
@@ -30,12 +31,14 @@ from app.domain.ops import TensorKind
 from app.schemas.estimates import (
     BreakdownLine,
     FitSummary,
+    InlineArchitecture,
     KeptTensorRow,
     LayerRow,
     MemoryEstimateRequest,
     MemoryEstimateResponse,
     ModelSummary,
     ModelSummaryRow,
+    OverheadSpec,
     WorkloadSpec,
 )
 from app.services.errors import InvalidInput, NotFound
@@ -56,7 +59,7 @@ def _decls(inputs: Sequence[Mapping[str, Any]]) -> list[InputDecl]:
     ]
 
 
-def _bindings(
+def bind_dims(
     defaults: Mapping[str, int],
     extra: Mapping[str, int],
     *,
@@ -64,6 +67,7 @@ def _bindings(
     sequence_length: int | None,
     image_size: int | None,
 ) -> dict[str, int]:
+    """Symbol bindings: the model's defaults, the request's, then batch, seq and image."""
     bound = {**defaults, **extra, "batch": batch}
     if sequence_length is not None:
         bound["seq"] = sequence_length
@@ -72,13 +76,14 @@ def _bindings(
     return dict(sorted(bound.items()))
 
 
-def _analyze(
+def analyze_graph(
     inputs: Sequence[Mapping[str, Any]],
     layers: Sequence[Mapping[str, Any]],
     bindings: Mapping[str, int],
     *,
     training: bool,
 ) -> GraphAnalysis:
+    """Analyse a stored or inline graph; an invalid graph is a 422 naming layer and field."""
     try:
         return analyze(_decls(inputs), layers, bindings, training=training)
     except GraphError as exc:
@@ -94,12 +99,15 @@ def _hardware(session: Session, slug: str | None) -> Hardware | None:
     return row
 
 
-def _overhead(payload: MemoryEstimateRequest, hardware: Hardware | None) -> FrameworkOverhead:
+def hardware_overhead(
+    hardware: Hardware | None, override: OverheadSpec | None = None
+) -> FrameworkOverhead:
+    """The framework overhead defaults of a hardware profile, with request overrides."""
     values: dict[str, Any] = {}
     if hardware is not None and hardware.framework_overhead:
         values.update(hardware.framework_overhead)
-    if payload.framework_overhead is not None:
-        values.update(payload.framework_overhead.model_dump(exclude_none=True))
+    if override is not None:
+        values.update(override.model_dump(exclude_none=True))
     return FrameworkOverhead(**values)
 
 
@@ -126,44 +134,57 @@ class EstimateRun:
 GraphSource = tuple[list[Any], list[Any], dict[str, int], str, str]
 
 
-def _graph(session: Session, spec: WorkloadSpec) -> GraphSource:
-    if spec.model is not None:
-        row = ModelRepository(session).get(spec.model)
+def model_graph(
+    session: Session, model: str | None, architecture: InlineArchitecture | None
+) -> GraphSource:
+    """A stored model (by slug; 404 when unknown) or an inline architecture as a graph."""
+    if model is not None:
+        row = ModelRepository(session).get(model)
         if row is None:
-            raise NotFound(f"model '{spec.model}' does not exist; GET /v1/models lists them")
+            raise NotFound(f"model '{model}' does not exist; GET /v1/models lists them")
         # id + version + update time: a row deleted and re-created under the same slug differs
         key = f"{row.slug}:{row.id}:{row.version}:{row.updated_at.isoformat()}"
         return row.inputs, row.layers, row.default_bindings, row.slug, key
-    assert spec.architecture is not None  # enforced by the schema
-    arch = spec.architecture
-    inputs = [item.model_dump() for item in arch.inputs]
-    return inputs, arch.layers, dict(arch.default_bindings), "inline", ""
+    assert architecture is not None  # enforced by the schemas
+    inputs = [item.model_dump() for item in architecture.inputs]
+    return inputs, architecture.layers, dict(architecture.default_bindings), "inline", ""
 
 
-class _EstimateCache:
-    """A small thread-safe LRU of estimates: they are pure functions of their inputs."""
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class LruCache(Generic[K, V]):
+    """A small thread-safe LRU for pure functions of their key."""
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self._items: OrderedDict[tuple[Any, ...], EstimateRun] = OrderedDict()
+        self._items: OrderedDict[K, V] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, key: tuple[Any, ...]) -> EstimateRun | None:
+    def get(self, key: K) -> V | None:
+        """The value for ``key``, or None (and mark it recently used)."""
         with self._lock:
-            run = self._items.get(key)
-            if run is not None:
+            value = self._items.get(key)
+            if value is not None:
                 self._items.move_to_end(key)
-            return run
+            return value
 
-    def put(self, key: tuple[Any, ...], run: EstimateRun) -> None:
+    def put(self, key: K, value: V) -> None:
+        """Store ``value``, evicting the least recently used beyond ``size``."""
         with self._lock:
-            self._items[key] = run
+            self._items[key] = value
             self._items.move_to_end(key)
             while len(self._items) > self.size:
                 self._items.popitem(last=False)
 
+    def clear(self) -> None:
+        """Forget everything (benchmarks time cold requests)."""
+        with self._lock:
+            self._items.clear()
 
-_CACHE = _EstimateCache(size=256)
+
+_CACHE: LruCache[tuple[Any, ...], EstimateRun] = LruCache(size=256)
 
 
 def run_estimate(
@@ -176,7 +197,7 @@ def run_estimate(
     batch_size: int | None = None,
 ) -> EstimateRun:
     """Estimate ``spec`` (optionally at another batch size) for a runtime and its overheads."""
-    inputs, layers, defaults, label, graph_key = _graph(session, spec)
+    inputs, layers, defaults, label, graph_key = model_graph(session, spec.model, spec.architecture)
     cache_key = None
     if graph_key:  # stored models only: inline graphs are not worth hashing
         cache_key = (graph_key, spec.model_dump_json(), runtime, overhead, per_layer, batch_size)
@@ -185,14 +206,14 @@ def run_estimate(
             return cached
     batch = batch_size or spec.batch_size
     micro = min(spec.micro_batch_size or batch, batch)
-    bindings = _bindings(
+    bindings = bind_dims(
         defaults,
         spec.bindings,
         batch=micro,
         sequence_length=spec.sequence_length,
         image_size=spec.image_size,
     )
-    analysis = _analyze(inputs, layers, bindings, training=spec.mode is Mode.TRAINING)
+    analysis = analyze_graph(inputs, layers, bindings, training=spec.mode is Mode.TRAINING)
     par = spec.parallelism
     request = MemoryRequest(
         mode=spec.mode,
@@ -234,7 +255,7 @@ def estimate(session: Session, *, payload: MemoryEstimateRequest) -> MemoryEstim
         session,
         payload,
         runtime=_runtime(payload, hardware),
-        overhead=_overhead(payload, hardware),
+        overhead=hardware_overhead(hardware, payload.framework_overhead),
         per_layer=payload.per_layer,
     )
     return _response(
@@ -329,14 +350,14 @@ def summarize(
     row = ModelRepository(session).get(slug)
     if row is None:
         raise NotFound(f"model '{slug}' does not exist; GET /v1/models lists them")
-    bindings = _bindings(
+    bindings = bind_dims(
         row.default_bindings,
         {},
         batch=batch_size,
         sequence_length=sequence_length,
         image_size=image_size,
     )
-    analysis = _analyze(row.inputs, row.layers, bindings, training=False)
+    analysis = analyze_graph(row.inputs, row.layers, bindings, training=False)
     act = precision_plan(precision).activation
 
     def size(layer: LayerAnalysis) -> int:
@@ -364,4 +385,20 @@ def summarize(
         total_flops=analysis.flops,
         total_activation_bytes=sum(r.activation_bytes for r in rows if r.allocates),
         layer_count=len(rows),
+    )
+
+
+def memory_chart(session: Session, *, payload: MemoryEstimateRequest) -> str:
+    """The estimate's breakdown as an SVG bar chart in GiB (with the device's memory)."""
+    result = estimate(session, payload=payload)
+    fit = result.fit
+    return breakdown_svg(
+        title=f"Memory: {result.model}, {result.mode.value}, batch {result.batch_size}, "
+        f"{result.precision.value}",
+        subtitle=f"peak {result.peak_gib:.3f} GiB in {result.peak_phase} ({result.runtime.value}); "
+        "POST /v1/estimates/memory for formulas and assumptions",
+        lines=[(line.key, line.bytes) for line in result.breakdown],
+        total_bytes=result.peak_bytes,
+        capacity_bytes=None if fit is None else fit.memory_bytes,
+        capacity_label="" if fit is None else fit.hardware,
     )

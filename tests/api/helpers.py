@@ -61,6 +61,17 @@ MODEL: dict[str, Any] = {
 }
 
 
+# A two-layer MLP, given inline to estimates and recommendations.
+TINY_MLP: dict[str, Any] = {
+    "inputs": [{"name": "x", "shape": ["batch", 64]}],
+    "layers": [
+        {"name": "fc1", "op": "linear", "out_features": 128},
+        {"name": "act", "op": "gelu"},
+        {"name": "fc2", "op": "linear", "out_features": 10},
+    ],
+}
+
+
 def hardware(**changes: Any) -> dict[str, Any]:
     """A valid hardware payload with top-level ``changes``."""
     payload = copy.deepcopy(HARDWARE)

@@ -2,17 +2,8 @@ from typing import Any
 
 import pytest
 
-from tests.api.helpers import assert_problem
+from tests.api.helpers import TINY_MLP, assert_problem
 from tests.support import ApiClient, table_counts
-
-TINY: dict[str, Any] = {
-    "inputs": [{"name": "x", "shape": ["batch", 64]}],
-    "layers": [
-        {"name": "fc1", "op": "linear", "out_features": 128},
-        {"name": "act", "op": "gelu"},
-        {"name": "fc2", "op": "linear", "out_features": 10},
-    ],
-}
 
 
 def _estimate(client: ApiClient, **body: Any) -> dict[str, Any]:
@@ -46,7 +37,7 @@ def test_training_estimate_of_a_stored_model(client: ApiClient) -> None:
 def test_inline_architecture_inference(client: ApiClient, db_url: str) -> None:
     before = table_counts(db_url)
     body = _estimate(
-        client, architecture=TINY, mode="inference", batch_size=2, runtime="pytorch_cpu"
+        client, architecture=TINY_MLP, mode="inference", batch_size=2, runtime="pytorch_cpu"
     )
     assert body["model"] == "inline"
     assert body["params"] == 64 * 128 + 128 + 128 * 10 + 10
@@ -146,7 +137,7 @@ def test_vgg16_summary_reproduces_the_seed_walkthrough(client: ApiClient) -> Non
 
 
 BAD: dict[str, dict[str, Any]] = {
-    "both model and architecture": {"model": "gpt-2", "architecture": TINY},
+    "both model and architecture": {"model": "gpt-2", "architecture": TINY_MLP},
     "neither model nor architecture": {},
     "batch 0": {"model": "gpt-2", "batch_size": 0},
     "negative batch": {"model": "gpt-2", "batch_size": -4},
@@ -155,7 +146,7 @@ BAD: dict[str, dict[str, Any]] = {
     "unknown field": {"model": "gpt-2", "colour": "red"},
     "micro batch does not divide": {"model": "gpt-2", "batch_size": 6, "micro_batch_size": 4},
     "negative input dim": {
-        "architecture": {**TINY, "inputs": [{"name": "x", "shape": ["batch", -64]}]}
+        "architecture": {**TINY_MLP, "inputs": [{"name": "x", "shape": ["batch", -64]}]}
     },
     "zero stage 4": {"model": "gpt-2", "parallelism": {"data": 2, "zero_stage": 4}},
 }
@@ -168,7 +159,7 @@ def test_schema_errors_are_422(client: ApiClient, case: str) -> None:
 
 
 def _inline(*layers: dict[str, Any], inputs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    return {"inputs": inputs or TINY["inputs"], "layers": list(layers)}
+    return {"inputs": inputs or TINY_MLP["inputs"], "layers": list(layers)}
 
 
 GRAPH_ERRORS = {

@@ -5,29 +5,22 @@ replays those records through `benchmarks/fidelity/compare.py` so a change to th
 or the memory model that breaks fidelity fails CI. Deterministic: nothing is timed.
 """
 
-import importlib.util
 import json
 import statistics
-import sys
 from types import ModuleType
 from typing import Any
 
 import pytest
 
 from app.config import PROJECT_ROOT
+from tests.support import load_script
 
 FIDELITY = PROJECT_ROOT / "benchmarks" / "fidelity"
 
 
 @pytest.fixture(scope="module")
 def compare() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("fidelity_compare", FIDELITY / "compare.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their module through sys.modules
-    spec.loader.exec_module(module)
-    return module
+    return load_script(FIDELITY / "compare.py", "fidelity_compare")
 
 
 @pytest.fixture(scope="module")

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Query, Response
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
 
 from app.api.deps import SessionDep, require_reader
 from app.api.errors import problem_responses
+from app.api.media import SVG, svg_responses
 from app.api.params import BatchSizeQuery, ImageSizeQuery, SequenceLengthQuery
 from app.domain.memory import Checkpointing, Mode, Optimizer, Precision, Runtime
 from app.schemas.estimates import MemoryEstimateRequest, MemoryEstimateResponse
@@ -30,16 +33,7 @@ def estimate_memory(payload: MemoryEstimateRequest, session: SessionDep) -> Memo
     return service.estimate(session, payload=payload)
 
 
-@router.get(
-    "/memory",
-    response_model=MemoryEstimateResponse,
-    response_model_exclude_none=True,
-    dependencies=[Depends(require_reader)],
-    responses=problem_responses(401, 403, 404, 422),
-    summary="Estimate a memory footprint (query form)",
-)
-def estimate_memory_get(
-    session: SessionDep,
+def memory_query(
     model: Annotated[str, Query(max_length=64, description="Stored model slug.")],
     mode: Annotated[Mode, Query(description="training or inference.")],
     batch_size: BatchSizeQuery,
@@ -55,21 +49,61 @@ def estimate_memory_get(
     ] = Checkpointing.NONE,
     hardware: Annotated[str | None, Query(max_length=64, description="Hardware slug.")] = None,
     runtime: Annotated[Runtime | None, Query(description="Runtime.")] = None,
-) -> MemoryEstimateResponse:
+) -> MemoryEstimateRequest:
+    """The query form of a memory estimate (a 422 naming the query when it is inconsistent)."""
+    try:
+        return MemoryEstimateRequest.model_validate(
+            {
+                "model": model,
+                "mode": mode,
+                "batch_size": batch_size,
+                "sequence_length": sequence_length,
+                "image_size": image_size,
+                "micro_batch_size": micro_batch_size,
+                "precision": precision,
+                "optimizer": optimizer,
+                "checkpointing": checkpointing,
+                "hardware": hardware,
+                "runtime": runtime,
+            }
+        )
+    except ValidationError as exc:
+        raise RequestValidationError(
+            [{**error, "loc": ("query", *error["loc"])} for error in exc.errors()]
+        ) from exc
+
+
+MemoryQuery = Annotated[MemoryEstimateRequest, Depends(memory_query)]
+
+
+@router.get(
+    "/memory",
+    response_model=MemoryEstimateResponse,
+    response_model_exclude_none=True,
+    dependencies=[Depends(require_reader)],
+    responses=problem_responses(401, 403, 404, 422),
+    summary="Estimate a memory footprint (query form)",
+)
+def estimate_memory_get(session: SessionDep, payload: MemoryQuery) -> MemoryEstimateResponse:
     """The same estimate as the POST form for a stored model, for scripts and curl."""
-    payload = MemoryEstimateRequest.model_validate(
-        {
-            "model": model,
-            "mode": mode,
-            "batch_size": batch_size,
-            "sequence_length": sequence_length,
-            "image_size": image_size,
-            "micro_batch_size": micro_batch_size,
-            "precision": precision,
-            "optimizer": optimizer,
-            "checkpointing": checkpointing,
-            "hardware": hardware,
-            "runtime": runtime,
-        }
-    )
     return service.estimate(session, payload=payload)
+
+
+@router.get(
+    "/memory.svg",
+    response_class=Response,
+    dependencies=[Depends(require_reader)],
+    responses=svg_responses(
+        "The breakdown as horizontal bars in GiB, with the total and, when "
+        "`hardware` is given, a line at its memory.",
+        401,
+        403,
+        404,
+        422,
+    ),
+    summary="Memory breakdown as an SVG bar chart",
+)
+def estimate_memory_svg(session: SessionDep, payload: MemoryQuery) -> Response:
+    """The query form of a memory estimate drawn as a bar chart (`image/svg+xml`): one bar per
+    breakdown line and the peak, labelled in GiB."""
+    return Response(service.memory_chart(session, payload=payload), media_type=SVG)

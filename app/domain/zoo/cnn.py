@@ -233,11 +233,15 @@ def googlenet(*, classes: int = 1000, dropout_p: float = 0.2) -> Graph:
     return (IMAGE,), layers
 
 
-def bottleneck(width: int, stride: int, *, downsample: bool) -> list[Layer]:
-    """torchvision's ResNet v1.5 Bottleneck: the stride sits on the 3x3 conv."""
+def bottleneck(
+    width: int, stride: int, *, downsample: bool, stride_on_3x3: bool = True
+) -> list[Layer]:
+    """torchvision's ResNet v1.5 Bottleneck: the stride sits on the 3x3 conv (v1, the original
+    paper's, puts it on the first 1x1 conv: ~5 % fewer FLOPs, same parameters)."""
+    stride_1x1, stride_3x3 = (1, stride) if stride_on_3x3 else (stride, 1)
     layers = [
-        *conv_bn_relu("conv1", width, 1),
-        *conv_bn_relu("conv2", width, 3, stride, 1),
+        *conv_bn_relu("conv1", width, 1, stride_1x1),
+        *conv_bn_relu("conv2", width, 3, stride_3x3, 1),
         conv("conv3", 4 * width, 1, bias=False),
         bn("conv3_bn"),
     ]
@@ -266,13 +270,18 @@ def stage(name: str, blocks: int, first: list[Layer], rest: list[Layer]) -> Laye
 RESNET50_BLOCKS = (3, 4, 6, 3)
 
 
-def resnet(blocks: tuple[int, ...] = RESNET50_BLOCKS, *, classes: int = 1000) -> Graph:
-    """``torchvision.models.resnet50`` (bottleneck ResNets; (3, 4, 23, 3) gives ResNet-101)."""
+def resnet(
+    blocks: tuple[int, ...] = RESNET50_BLOCKS, *, classes: int = 1000, stride_on_3x3: bool = True
+) -> Graph:
+    """``torchvision.models.resnet50`` (bottleneck ResNets; (3, 4, 23, 3) gives ResNet-101);
+    ``stride_on_3x3=False`` builds the original v1 (He et al. 2016)."""
     # The stem is "stem", not torchvision's "conv1": inner names may not shadow outer ones.
     layers = [*conv_bn_relu("stem", 64, 7, 2, 3), maxpool("maxpool", 3, 2, 1)]
     for index, count in enumerate(blocks):
         width = 64 * 2**index
-        first = bottleneck(width, 1 if index == 0 else 2, downsample=True)
+        first = bottleneck(
+            width, 1 if index == 0 else 2, downsample=True, stride_on_3x3=stride_on_3x3
+        )
         rest = bottleneck(width, 1, downsample=False)
         layers.append(stage(f"layer{index + 1}", count, first, rest))
     return (IMAGE,), [*layers, *pool_flatten(1), linear("fc", classes)]

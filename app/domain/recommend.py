@@ -1,0 +1,380 @@
+"""CPU vs GPU (vs MIG slice) inference recommendations: assess, rank and explain (pure).
+
+Every candidate is a prediction (:mod:`app.domain.roofline`) at one device, precision and
+batch size, with the memory engine's verdict on whether it fits. It is eligible when it fits,
+meets the latency SLO, and has what the objective needs (a price for cost, a TDP for energy).
+Per device and precision the batch that serves the objective best among the eligible ones is
+kept; the survivors are ranked by the objective, and the first is explained in plain words
+against the best candidate of the other kind (a CPU against an accelerator, and back).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from app.domain.roofline import Bound, DeviceKind, Prediction, cpu_compute_unit
+
+SECONDS_PER_HOUR = 3600.0
+
+
+class Objective(StrEnum):
+    """What a recommendation minimises."""
+
+    COST = "cost"  # cost per million inferences (or per hour for a throughput target)
+    ENERGY = "energy"  # energy per inference
+    LATENCY = "latency"  # latency per request
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Requirements:
+    """The service-level objective and throughput target of a recommendation."""
+
+    objective: Objective = Objective.COST
+    latency_slo_s: float | None = None
+    throughput_target_per_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryFit:
+    """The memory engine's peak for the workload against the device's memory."""
+
+    required_bytes: int
+    available_bytes: int
+    detail: str
+
+    @property
+    def fits(self) -> bool:
+        """Peak <= device (or MIG profile) memory."""
+        return self.required_bytes <= self.available_bytes
+
+
+def cost_per_million_usd(price_usd_per_hour: float, throughput_per_s: float) -> float:
+    """Cost of a million inferences on a fully used device.
+
+    Parameters
+    ----------
+    price_usd_per_hour : device price [USD/h]
+    throughput_per_s : steady-state inferences per second [1/s]
+
+    Returns
+    -------
+    cost : price / 3600 / throughput * 10^6 [USD]
+    """
+    return price_usd_per_hour / SECONDS_PER_HOUR / throughput_per_s * 1e6
+
+
+def energy_per_inference_j(tdp_watts: float, latency_s: float, batch: int) -> float:
+    """Energy of one inference, an upper bound: the device at TDP for the whole request.
+
+    Parameters
+    ----------
+    tdp_watts : thermal design power [W]
+    latency_s : latency of a batch [s]
+    batch : inferences per batch [-]
+
+    Returns
+    -------
+    energy : TDP * latency / batch [J]
+    """
+    return tdp_watts * latency_s / batch
+
+
+def devices_needed(target_per_s: float, throughput_per_s: float) -> int:
+    """Devices to reach a throughput target: ceil(target / throughput per device) [-]."""
+    return max(1, math.ceil(target_per_s / throughput_per_s - 1e-9))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Assessment:
+    """A prediction judged against the requirements, with the reasons it is not eligible."""
+
+    prediction: Prediction
+    memory: MemoryFit
+    meets_latency_slo: bool
+    devices_needed: int | None  # None without a throughput target
+    cost_usd_per_million: float | None
+    fleet_cost_usd_per_hour: float | None  # devices_needed * price
+    energy_j_per_inference: float | None
+    reasons: tuple[str, ...]  # empty when eligible
+
+    @property
+    def eligible(self) -> bool:
+        """Fits, meets the SLO, and has what the objective needs."""
+        return not self.reasons
+
+
+def assess(prediction: Prediction, memory: MemoryFit, requirements: Requirements) -> Assessment:
+    """Judge one prediction: SLO, devices for the target, cost, energy, and why it fails."""
+    device = prediction.device
+    throughput = prediction.throughput_per_s
+    reasons: list[str] = []
+    if not memory.fits:
+        reasons.append(
+            f"does not fit: needs {memory.required_bytes / 2**30:.2f} GiB, has "
+            f"{memory.available_bytes / 2**30:.2f} GiB"
+        )
+    slo = requirements.latency_slo_s
+    meets = slo is None or prediction.latency_s <= slo
+    if not meets:
+        reasons.append(
+            f"latency {prediction.latency_s * 1e3:.3g} ms exceeds the {slo * 1e3:.3g} ms SLO"
+            if slo is not None
+            else "latency over the SLO"
+        )
+    target = requirements.throughput_target_per_s
+    needed = None if target is None else devices_needed(target, throughput)
+    price = device.price_usd_per_hour
+    cost = fleet = None
+    if price is not None:
+        cost = cost_per_million_usd(price, throughput)
+        fleet = None if needed is None else needed * price
+    elif requirements.objective is Objective.COST:
+        reasons.append("no price: give prices_usd_per_hour to rank it by cost")
+    energy = None
+    if device.tdp_watts is not None:
+        energy = energy_per_inference_j(device.tdp_watts, prediction.latency_s, prediction.batch)
+    elif requirements.objective is Objective.ENERGY:
+        reasons.append("no TDP in the hardware profile: energy unknown")
+    return Assessment(
+        prediction=prediction,
+        memory=memory,
+        meets_latency_slo=meets,
+        devices_needed=needed,
+        cost_usd_per_million=cost,
+        fleet_cost_usd_per_hour=fleet,
+        energy_j_per_inference=energy,
+        reasons=tuple(reasons),
+    )
+
+
+def _objective_key(item: Assessment, objective: Objective) -> tuple[float, ...]:
+    p = item.prediction
+    inf = math.inf
+    if objective is Objective.COST:
+        cost = item.fleet_cost_usd_per_hour
+        if cost is None:
+            cost = item.cost_usd_per_million
+        return (inf if cost is None else cost, p.latency_s)
+    if objective is Objective.ENERGY:
+        energy = item.energy_j_per_inference
+        return (inf if energy is None else energy, p.latency_s)
+    return (p.latency_s, -p.throughput_per_s)
+
+
+def sort_key(item: Assessment, objective: Objective) -> tuple[object, ...]:
+    """Eligible first, then by the objective; ties by slug, precision and batch (stable)."""
+    p = item.prediction
+    return (
+        not item.eligible,
+        not item.memory.fits,
+        not item.meets_latency_slo,
+        *_objective_key(item, objective),
+        p.device.slug,
+        p.precision.value,
+        p.batch,
+    )
+
+
+def best_batch(options: Sequence[Assessment], objective: Objective) -> Assessment:
+    """Of one device's options at one precision (several batch sizes), the one to show.
+
+    The eligible option that serves the objective best; when none is eligible, one that fits
+    with the lowest latency (the closest miss), else the smallest batch.
+    """
+    if not options:
+        raise ValueError("no options")
+    eligible = [o for o in options if o.eligible]
+    if eligible:
+        return min(eligible, key=lambda o: sort_key(o, objective))
+    fitting = [o for o in options if o.memory.fits]
+    if fitting:
+        return min(fitting, key=lambda o: (o.prediction.latency_s, o.prediction.batch))
+    return min(options, key=lambda o: o.prediction.batch)
+
+
+def rank(assessments: Iterable[Assessment], objective: Objective) -> list[Assessment]:
+    """Eligible candidates by the objective, then the rest (fitting before not fitting)."""
+    return sorted(assessments, key=lambda o: sort_key(o, objective))
+
+
+# --------------------------------------------------------------------------------------------
+# Explanation
+# --------------------------------------------------------------------------------------------
+
+
+def _ms(seconds: float) -> str:
+    value = seconds * 1e3
+    return f"{value:.3g} ms" if value < 1000 else f"{value:,.0f} ms"
+
+
+def _rate(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
+def _ratio_words(ratio: float) -> str:
+    """'a third of', 'half', '2.5x' - how one cost compares with another."""
+    for fraction, words in ((1 / 4, "a quarter of"), (1 / 3, "a third of"), (1 / 2, "half")):
+        if abs(ratio - fraction) <= 0.03:
+            return words
+    if ratio < 1:
+        return f"{ratio:.0%} of"
+    return f"{ratio:.1f}x"
+
+
+def _is_cpu(item: Assessment) -> bool:
+    return item.prediction.device.kind is DeviceKind.CPU
+
+
+def _bound_sentence(item: Assessment) -> str:
+    p = item.prediction
+    split = p.time_split_s
+    latency = p.latency_s
+    intensity = p.arithmetic_intensity_flops_per_byte
+    ridge = p.ridge_point_flops_per_byte
+    side = "above" if intensity > ridge else "below"
+    if p.bound is Bound.COMPUTE:
+        why = (
+            f"compute-bound: {split[Bound.COMPUTE] / latency:.0%} of the time runs kernels "
+            f"limited by its {p.effective_flops_per_s / 1e12:.3g} TFLOP/s effective peak"
+        )
+    elif p.bound is Bound.MEMORY:
+        why = (
+            f"memory-bound: {split[Bound.MEMORY] / latency:.0%} of the time waits on memory "
+            f"at {p.effective_bandwidth_bytes_per_s / 1e9:.3g} GB/s effective"
+        )
+    elif p.bound is Bound.TRANSFER:
+        why = (
+            f"transfer-bound: {split[Bound.TRANSFER] / latency:.0%} of the time copies "
+            "inputs and outputs over the host link"
+        )
+    else:
+        why = (
+            f"overhead-bound: {split[Bound.OVERHEAD] / latency:.0%} of the time goes to "
+            "kernel launches and the per-request serving overhead"
+        )
+    return (
+        f"It is {why} (arithmetic intensity {intensity:.3g} FLOP/B, {side} its ridge point of "
+        f"{ridge:.3g} FLOP/B)."
+    )
+
+
+def _headline(item: Assessment, requirements: Requirements) -> str:
+    p = item.prediction
+    parts = [f"{_ms(p.latency_s)} per request"]
+    if requirements.latency_slo_s is not None:
+        parts[0] += f" against the {_ms(requirements.latency_slo_s)} SLO"
+    if p.first_token_s is not None and p.per_token_s is not None:
+        parts.append(
+            f"{_ms(p.first_token_s)} to the first token then {_ms(p.per_token_s)} per token"
+        )
+    unit = "sequences" if p.first_token_s is not None else "inferences"
+    parts.append(f"{_rate(p.throughput_per_s)} {unit}/s per device")
+    if item.devices_needed is not None and requirements.throughput_target_per_s is not None:
+        count = item.devices_needed
+        parts.append(
+            f"{count} device{'s' if count != 1 else ''} for "
+            f"{_rate(requirements.throughput_target_per_s)}/s"
+        )
+    if item.cost_usd_per_million is not None:
+        parts.append(f"${item.cost_usd_per_million:.3g} per million inferences")
+    if item.energy_j_per_inference is not None:
+        parts.append(f"at most {item.energy_j_per_inference:.3g} J per inference")
+    return ", ".join(parts)
+
+
+def _overhead_share(item: Assessment) -> float:
+    split = item.prediction.time_split_s
+    return (split[Bound.TRANSFER] + split[Bound.OVERHEAD]) / item.prediction.latency_s
+
+
+def _objective_text(item: Assessment, objective: Objective, requirements: Requirements) -> str:
+    if objective is Objective.COST:
+        target = requirements.throughput_target_per_s
+        if item.fleet_cost_usd_per_hour is not None and target is not None:
+            return f"${item.fleet_cost_usd_per_hour:.3g}/h for {_rate(target)}/s"
+        return f"${item.cost_usd_per_million or 0:.3g} per million inferences"
+    if objective is Objective.ENERGY:
+        return f"{item.energy_j_per_inference or 0:.3g} J per inference"
+    return _ms(item.prediction.latency_s)
+
+
+def _device_label(p: Prediction) -> str:
+    if p.device.kind is DeviceKind.CPU and p.device.simd:
+        return f"{p.device.name} with {cpu_compute_unit(p.device.simd, p.compute_dtype)}"
+    return p.device.name
+
+
+def _comparison(
+    best: Assessment, other: Assessment, objective: Objective, requirements: Requirements
+) -> str:
+    p = other.prediction
+    label = "CPU" if _is_cpu(other) else "accelerator"
+    head = f"The best {label} option, {_device_label(p)} at {p.precision.value} batch {p.batch}"
+    if not other.eligible:
+        return f"{head}, is not eligible: {'; '.join(other.reasons)}."
+    mine, theirs = _objective_key(best, objective)[0], _objective_key(other, objective)[0]
+    measure = {
+        Objective.COST: "the cost",
+        Objective.ENERGY: "the energy",
+        Objective.LATENCY: "the latency",
+    }[objective]
+    sentence = head
+    if mine > 0:
+        theirs_text = _objective_text(other, objective, requirements)
+        mine_text = _objective_text(best, objective, requirements)
+        shared = " for "
+        if shared in mine_text and theirs_text.endswith(mine_text[mine_text.index(shared) :]):
+            theirs_text = theirs_text[: theirs_text.index(shared)]
+        sentence += (
+            f", needs {_ratio_words(theirs / mine)} {measure} ({theirs_text} against {mine_text})"
+        )
+    share = _overhead_share(other)
+    if share >= 0.3:
+        sentence += (
+            f": at batch {p.batch} it spends {share:.0%} of its {_ms(p.latency_s)} on "
+            "host-link transfer and launch/serving overhead"
+        )
+    return sentence + "."
+
+
+def explain(
+    ranked: Sequence[Assessment],
+    requirements: Requirements,
+    *,
+    model: str,
+    unpriced: int = 0,
+    excluded: int = 0,
+) -> str:
+    """A paragraph in plain words: what to run, why, and what the alternative costs."""
+    objective = requirements.objective
+    notes = []
+    if unpriced and objective is Objective.COST:
+        notes.append(
+            f"{unpriced} candidate(s) have no price (give prices_usd_per_hour to rank them by cost)"
+        )
+    if excluded:
+        notes.append(
+            f"{excluded} device/precision pair(s) were excluded (see 'excluded' for the reasons)"
+        )
+    tail = (" " + "; ".join(notes) + ".") if notes else ""
+    if not ranked:
+        return f"No candidate could be evaluated for {model}.{tail}"
+    best = ranked[0]
+    p = best.prediction
+    if not best.eligible:
+        return (
+            f"No candidate meets every requirement for {model}. The closest is "
+            f"{p.device.name} at {p.precision.value} batch {p.batch} "
+            f"({_headline(best, requirements)}), which fails: {'; '.join(best.reasons)}.{tail}"
+        )
+    text = (
+        f"Run {model} on {_device_label(p)} at {p.precision.value}, batch {p.batch}: "
+        f"{_headline(best, requirements)}. {_bound_sentence(best)}"
+    )
+    others = [o for o in ranked[1:] if _is_cpu(o) != _is_cpu(best)]
+    if others:
+        text += " " + _comparison(best, others[0], objective, requirements)
+    return text + tail

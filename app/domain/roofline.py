@@ -1,0 +1,1077 @@
+"""Calibrated roofline model of inference latency and throughput on one device (pure).
+
+A model's forward pass is a sequence of kernels (layers, with element-wise layers fused into
+the kernel that produced their input). Each kernel takes
+
+    t_k = max(F_k / (P * eta_c * f_c), D_k / (BW * eta_m * f_m)) + t_launch
+    D_k = W_k + KV_k + (1 - s) * (I_k + O_k)
+
+where F_k are its FLOPs; W_k, I_k, O_k and KV_k its weight, input, output and KV-cache bytes
+at the chosen precision (``B_k = W_k + I_k + O_k + KV_k`` is its bytes moved); D_k the part of
+them that reaches DRAM when on-chip caches (L2, LLC) serve the share ``s`` of the activation
+traffic between kernels (the roofline's operational intensity is per DRAM byte, after the
+caches); P the device's dense peak for the precision's compute dtype, BW its memory bandwidth,
+eta_c / eta_m the efficiencies of the device kind, f_c / f_m the MIG slice's share of compute
+and bandwidth (1 for a whole device) and t_launch the per-kernel launch overhead. On a GPU
+the batch's inputs cross the host link before the kernels run and its outputs after, at
+L * eta_l, and every request pays a fixed serving overhead t_req:
+
+    latency = t_req + sum over phases of repeats * (h2d + sum_k t_k + d2h)
+
+Decoder LLMs have two phases: prefill over the prompt (once) and one decode step per further
+generated token (the weights plus the KV cache of every earlier token are read per step).
+
+Steady-state throughput overlaps what can overlap: on an accelerator the copy engines move the
+next batch while the kernels run and the host prepares the next request, so a batch every
+``max(kernel time, h2d, d2h, t_req)``; a CPU does everything on its own cores, one batch per
+latency. ``throughput = batch / interval``.
+
+Efficiency factors, the activation cache share and overheads are named defaults per device
+kind (:data:`DEFAULT_CALIBRATIONS`), derived by ``benchmarks/calibration/calibrate.py`` from
+measured MLPerf ResNet-50 Offline throughput, host-to-device copy bandwidth and kernel-launch
+figures; a request may override them. Without the cache share the per-layer byte count (every
+activation to and from DRAM) overstates what fused engines move, and a compute-only fit needs
+near-peak efficiencies (0.87-1.0) to reach the measurements (see benchmarks/calibration).
+
+References
+----------
+Williams, Waterman and Patterson, "Roofline: an insightful visual performance model for
+multicore architectures", Communications of the ACM 52(4), 2009.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from fractions import Fraction
+from itertools import accumulate
+from typing import Any
+
+from app.domain.analysis import GraphAnalysis, LayerAnalysis
+from app.domain.errors import DomainError
+from app.domain.mig import MigGeometry, MigProfileSpec
+from app.domain.ops import TensorKind
+from app.domain.precision import DType
+
+INDEX_BYTES = 8  # token ids and labels are int64
+
+
+class RooflineInputError(DomainError):
+    """A workload or device that the roofline model cannot evaluate."""
+
+
+# --------------------------------------------------------------------------------------------
+# Precision
+# --------------------------------------------------------------------------------------------
+
+
+class InferencePrecision(StrEnum):
+    """How weights, activations and math are represented at inference."""
+
+    FP32 = "fp32"
+    TF32 = "tf32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP8 = "fp8"
+    INT8 = "int8"
+    INT4 = "int4"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PrecisionScheme:
+    """Bytes per weight and per activation element, and which peak the math runs at."""
+
+    precision: InferencePrecision
+    compute_dtypes: tuple[DType, ...]  # the first the device has a peak for is used
+    weight_bytes: Fraction
+    activation_bytes: int  # activations, model inputs/outputs (floats) and the KV cache
+    convention: str
+
+
+_P = InferencePrecision
+# Peak dtypes (first available wins), bytes per weight, bytes per activation, convention.
+_SCHEMES: Mapping[InferencePrecision, tuple[tuple[DType, ...], Fraction, int, str]] = {
+    _P.FP32: ((DType.FP32,), Fraction(4), 4, "fp32 weights, activations and math (no tensor "
+              "cores / AMX)"),
+    _P.TF32: ((DType.TF32,), Fraction(4), 4, "fp32 storage, tf32 tensor-core math"),
+    _P.BF16: ((DType.BF16,), Fraction(2), 2, "bf16 weights, activations, KV cache and math"),
+    _P.FP16: ((DType.FP16,), Fraction(2), 2, "fp16 weights, activations, KV cache and math"),
+    _P.FP8: ((DType.FP8,), Fraction(1), 1, "fp8 W8A8 (TensorRT / Transformer Engine): weights, "
+             "activations and KV cache 1 byte, fp8 tensor-core math"),
+    _P.INT8: ((DType.INT8,), Fraction(1), 1, "int8 W8A8 as in MLPerf (TensorRT, OpenVINO, "
+              "IPEX): weights, activations and KV cache 1 byte, int8 math (tensor cores; VNNI "
+              "or AMX on CPUs)"),
+    _P.INT4: ((DType.FP16, DType.BF16), Fraction(1, 2), 2, "int4 weight-only (GPTQ/AWQ, "
+              "W4A16): weights 4 bits, activations and KV cache 16-bit, math at the fp16 (else "
+              "bf16) peak after dequantization"),
+}  # fmt: skip
+
+PRECISION_SCHEMES: Mapping[InferencePrecision, PrecisionScheme] = {
+    precision: PrecisionScheme(
+        precision=precision,
+        compute_dtypes=dtypes,
+        weight_bytes=weight,
+        activation_bytes=activation,
+        convention=convention,
+    )
+    for precision, (dtypes, weight, activation, convention) in _SCHEMES.items()
+}
+
+
+# --------------------------------------------------------------------------------------------
+# Devices and calibration
+# --------------------------------------------------------------------------------------------
+
+
+class DeviceKind(StrEnum):
+    """Broad class of a device; calibration defaults are per kind."""
+
+    GPU = "gpu"
+    CPU = "cpu"
+    EDGE = "edge"  # SoCs with unified memory (Jetson, Apple silicon): no host-link copy
+    TPU = "tpu"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Device:
+    """A candidate device: a whole GPU/CPU/SoC, or one MIG slice of a GPU.
+
+    Peaks and bandwidth are the whole device's catalog figures; a MIG slice gets
+    ``compute_fraction`` and ``bandwidth_fraction`` of them. ``memory_bytes``, ``tdp_watts`` and
+    ``price_usd_per_hour`` are already the slice's own (usable memory, share of power and price).
+    """
+
+    slug: str  # "nvidia-a100-80gb-sxm" or "nvidia-a100-80gb-sxm/1g.10gb"
+    name: str
+    kind: DeviceKind
+    peak_flops_per_s: Mapping[DType, float]
+    memory_bandwidth_bytes_per_s: float
+    memory_bytes: int
+    host_link_bytes_per_s: float | None  # None: unified memory (edge, CPU) or unknown
+    host_link_source: str
+    tdp_watts: float | None
+    price_usd_per_hour: float | None
+    price_source: str = "catalog"
+    simd: str | None = None  # CPUs: the vector / matrix extensions
+    parent: str | None = None  # MIG: the GPU's slug
+    mig_profile: str | None = None
+    compute_fraction: float = 1.0
+    bandwidth_fraction: float = 1.0
+
+    @property
+    def needs_host_copy(self) -> bool:
+        """Whether inputs and outputs cross a host link (discrete accelerators)."""
+        return self.kind in (DeviceKind.GPU, DeviceKind.TPU)
+
+
+def mig_slice(gpu: Device, geometry: MigGeometry, profile: MigProfileSpec) -> Device:
+    """One MIG instance of ``gpu`` as a device of its own.
+
+    Notes
+    -----
+    compute fraction = compute slices / the GPU's total compute slices (7, or 4 on A30);
+    bandwidth fraction = memory slices / total memory slices (8, or 4 on A30); memory = the
+    profile's usable bytes; TDP and price scale with the compute fraction. The host link is not
+    partitioned: a slice alone on its GPU gets all of it.
+    """
+    compute = profile.compute_slices / geometry.total_compute_slices
+    bandwidth = profile.memory_slices / geometry.total_memory_slices
+    return replace(
+        gpu,
+        slug=f"{gpu.slug}/{profile.name}",
+        name=f"{gpu.name} MIG {profile.name}",
+        memory_bytes=profile.memory_bytes,
+        tdp_watts=None if gpu.tdp_watts is None else gpu.tdp_watts * compute,
+        price_usd_per_hour=(
+            None if gpu.price_usd_per_hour is None else gpu.price_usd_per_hour * compute
+        ),
+        price_source=f"{gpu.price_source}, x {profile.compute_slices}/"
+        f"{geometry.total_compute_slices} compute slices",
+        parent=gpu.slug,
+        mig_profile=profile.name,
+        compute_fraction=compute,
+        bandwidth_fraction=bandwidth,
+    )
+
+
+# Theoretical per-direction bandwidth of one PCIe lane after line coding [B/s]; the catalog's
+# x16 figures (15.75 / 31.5 / 63 GB/s for Gen3 / 4 / 5) divided by 16.
+PCIE_LANE_BYTES_PER_S: Mapping[int, float] = {
+    1: 0.25e9,
+    2: 0.5e9,
+    3: 0.984375e9,
+    4: 1.96875e9,
+    5: 3.9375e9,
+    6: 7.875e9,
+}
+
+
+def pcie_bandwidth_bytes_per_s(generation: int, lanes: int) -> float | None:
+    """Theoretical per-direction bandwidth of a PCIe link, or None for an unknown generation.
+
+    Parameters
+    ----------
+    generation : PCIe generation (1-6) [-]
+    lanes : link width [-]
+
+    Returns
+    -------
+    bandwidth : lanes * per-lane rate after 8b/10b (Gen1-2) or 128b/130b (Gen3+) coding [B/s]
+    """
+    rate = PCIE_LANE_BYTES_PER_S.get(generation)
+    return None if rate is None else rate * lanes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Calibration:
+    """Efficiencies and overheads of one device kind, and where they come from."""
+
+    compute_efficiency: float  # achieved / dense peak FLOP/s
+    memory_efficiency: float  # achieved / peak memory bandwidth
+    activation_cache_share: float  # share of activation traffic served by on-chip caches
+    host_link_efficiency: float  # measured host-to-device copy / theoretical link bandwidth
+    kernel_launch_overhead_s: float  # per kernel launch
+    request_overhead_s: float  # per request: host-side framework call and synchronisation
+    basis: str
+
+
+# Derived by benchmarks/calibration/calibrate.py from benchmarks/calibration/
+# calibration_benchmarks.yaml (a copy, with sources, of ../shared/reference/); its results.md
+# has every row; tests/contract/test_calibration.py fails when these drift from the derivation.
+_OVERHEADS = (
+    "kernel launch 4.0 us = median of the measured per-kernel launch figures (raw "
+    "cuLaunchKernel 3.0 and ~1.3 us, runtime submission 4-6 us, PyTorch eager ~20 us); request "
+    "overhead 42.4 us = median of the measured end-to-end torch.compile call figures (44.3, "
+    "42.4, ~33 us)"
+)
+_LINK = (
+    "host-link efficiency 0.73 = median over 6 rows of measured pinned host-to-device copy "
+    "bandwidth / theoretical per-direction link bandwidth (0.56-0.83)"
+)
+_FIT = (
+    "fit (least squares on log predicted/measured, grids of 0.01 and 0.05) to MLPerf ResNet-50 "
+    "v1.5 Offline INT8 throughput at batch 256"
+)
+DEFAULT_CALIBRATIONS: Mapping[DeviceKind, Calibration] = {
+    DeviceKind.GPU: Calibration(
+        compute_efficiency=0.5,
+        memory_efficiency=0.8,
+        activation_cache_share=0.5,
+        host_link_efficiency=0.73,
+        kernel_launch_overhead_s=4.0e-6,
+        request_overhead_s=42.4e-6,
+        basis=f"compute efficiency and activation cache share: {_FIT}, 14 rows per accelerator "
+        "(T4, A10, A30, A100, H100, H200, L4, L40S); memory efficiency 0.8: assumed (the file "
+        f"has no bandwidth rows); {_LINK}; {_OVERHEADS}",
+    ),
+    DeviceKind.CPU: Calibration(
+        compute_efficiency=0.75,
+        memory_efficiency=0.7,
+        activation_cache_share=0.35,
+        host_link_efficiency=0.73,
+        kernel_launch_overhead_s=2.0e-6,
+        request_overhead_s=42.4e-6,
+        basis=f"compute efficiency and activation cache share: {_FIT}, 6 rows per socket (Xeon "
+        "8380 AVX-512 VNNI; 8480+, 8592+, 6980P AMX); memory efficiency 0.7 and the 2 us "
+        "per-primitive dispatch: assumed (no CPU bandwidth or dispatch rows); request overhead "
+        "as for GPUs; no host-link copy",
+    ),
+    DeviceKind.EDGE: Calibration(
+        compute_efficiency=0.46,
+        memory_efficiency=0.8,
+        activation_cache_share=0.5,
+        host_link_efficiency=1.0,
+        kernel_launch_overhead_s=4.0e-6,
+        request_overhead_s=42.4e-6,
+        basis=f"compute efficiency: {_FIT}, 2 Jetson Orin rows, with the GPUs' activation cache "
+        "share (Orin is an Ampere GPU); unified memory, so no host-link copy; memory efficiency "
+        "assumed; launch and request overheads as for GPUs",
+    ),
+    DeviceKind.TPU: Calibration(
+        compute_efficiency=0.5,
+        memory_efficiency=0.8,
+        activation_cache_share=0.5,
+        host_link_efficiency=0.73,
+        kernel_launch_overhead_s=4.0e-6,
+        request_overhead_s=42.4e-6,
+        basis="not calibrated (the file has no TPU rows): the GPU values",
+    ),
+}
+
+
+# --------------------------------------------------------------------------------------------
+# Kernels: per-layer FLOPs and bytes moved
+# --------------------------------------------------------------------------------------------
+
+# Element-wise layers an inference engine (TensorRT, OpenVINO, oneDNN, torch.compile) fuses
+# into the epilogue of the kernel that produced their input.
+FUSABLE_OPS = frozenset({"batchnorm2d", "relu", "relu6", "gelu", "silu", "tanh", "sigmoid", "add"})
+# Layers that run several kernels: one per weight matrix plus one for what lies between them
+# (attention's softmax(QK^T)V, the MLP's activation, the recurrence).
+COMPOSITE_OPS = frozenset({"attention", "mlp", "lstm", "gru"})
+LOOKUP_OPS = frozenset({"embedding", "embedding_add"})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Kernel:
+    """One kernel: a layer with the element-wise layers fused into it.
+
+    ``input_bytes`` are the head layer's inputs plus the other inputs of fused layers (the
+    residual of an add); ``output_bytes`` the last fused layer's output; ``kv_cache_bytes`` the
+    KV cache written (prefill) or read and written (decode) by an attention layer.
+    """
+
+    name: str
+    ops: tuple[str, ...]
+    flops: int
+    weight_bytes: int
+    input_bytes: int
+    output_bytes: int
+    kv_cache_bytes: int
+    launches: int
+
+    @property
+    def bytes_moved(self) -> int:
+        """Weights + inputs + outputs + KV cache traffic [B]."""
+        return self.weight_bytes + self.input_bytes + self.output_bytes + self.kv_cache_bytes
+
+    def dram_bytes(self, cache_share: float) -> float:
+        """Bytes that reach DRAM when caches serve ``cache_share`` of the activations.
+
+        Parameters
+        ----------
+        cache_share : share of input and output traffic served on chip [-]
+
+        Returns
+        -------
+        dram : W + KV + (1 - cache_share) * (I + O) [B]
+        """
+        activations = self.input_bytes + self.output_bytes
+        return self.weight_bytes + self.kv_cache_bytes + (1 - cache_share) * activations
+
+    def intensity_flops_per_byte(self, cache_share: float) -> float:
+        """Operational intensity F / D: FLOPs per DRAM byte [FLOP/B]."""
+        dram = self.dram_bytes(cache_share)
+        return self.flops / dram if dram else math.inf
+
+
+def _weight_elements(layer: LayerAnalysis) -> int:
+    """Weight elements a layer reads per forward.
+
+    A lookup (embedding) reads only the rows it gathers: one table element per output element.
+    A linear layer tied to an embedding (GPT-2's LM head) owns no parameter but reads the whole
+    shared matrix: its FLOPs are 2 * rows * in * out, so the matrix has FLOPs / (2 * rows).
+    """
+    if layer.op in LOOKUP_OPS:
+        return min(layer.params, layer.output_numel)
+    if layer.op == "linear" and not any(len(s) >= 2 for s in layer.result.param_shapes):
+        rows = layer.output_numel // layer.output_shape[-1]
+        return layer.params + layer.flops // (2 * rows)
+    return layer.params
+
+
+def _launches(layer: LayerAnalysis) -> int:
+    if layer.op in COMPOSITE_OPS:
+        return 1 + sum(1 for shape in layer.result.param_shapes if len(shape) >= 2)
+    return 1
+
+
+def _is_view(layer: LayerAnalysis) -> bool:
+    """Views and inference-time identities (dropout) launch nothing and move nothing."""
+    return layer.result.alias_of is not None and layer.flops == 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KernelCount:
+    """A kernel's work in elements, independent of the precision (see :func:`count_kernels`)."""
+
+    name: str
+    ops: tuple[str, ...]
+    flops: int
+    weight_elements: int
+    float_inputs: int  # elements read
+    index_inputs: int  # int64 elements read (token ids)
+    float_outputs: int
+    index_outputs: int
+    kv_elements: int  # KV cache elements written and read
+    launches: int
+
+    def at(self, scheme: PrecisionScheme) -> Kernel:
+        """The kernel's bytes at a precision (weights rounded up to whole bytes)."""
+        act = scheme.activation_bytes
+        weight = scheme.weight_bytes
+        return Kernel(
+            name=self.name,
+            ops=self.ops,
+            flops=self.flops,
+            weight_bytes=-(-self.weight_elements * weight.numerator // weight.denominator),
+            input_bytes=self.float_inputs * act + self.index_inputs * INDEX_BYTES,
+            output_bytes=self.float_outputs * act + self.index_outputs * INDEX_BYTES,
+            kv_cache_bytes=self.kv_elements * act,
+            launches=self.launches,
+        )
+
+
+def count_kernels(
+    analysis: GraphAnalysis,
+    *,
+    fuse_elementwise: bool = True,
+    kv_cache: bool = False,
+    kv_context_tokens: int = 0,
+) -> tuple[KernelCount, ...]:
+    """Per-kernel FLOPs and elements moved of one forward pass (see :func:`build_kernels`)."""
+    index_kind = TensorKind.INDEX
+    numel: dict[int, tuple[int, TensorKind]] = {
+        item.storage: (item.numel, item.kind) for item in analysis.inputs
+    }
+    per_result: dict[int, tuple[int, int]] = {}  # id(OpResult) -> (weights, launches)
+    rows: list[list[Any]] = []  # [name, ops, flops, w, f_in, i_in, f_out, i_out, kv, launches]
+    open_storage: int | None = None  # output storage of the last kernel, while fusable
+    for layer in analysis.layers:
+        if _is_view(layer):
+            numel[layer.output_storage] = (layer.output_numel, layer.output_kind)
+            continue
+        inputs = [numel.get(s, (0, TensorKind.FLOAT)) for s in layer.input_storages]
+        numel[layer.output_storage] = (layer.output_numel, layer.output_kind)
+        out_index = layer.output_kind is index_kind
+        out_float, out_idx = (0, layer.output_numel) if out_index else (layer.output_numel, 0)
+        flops = layer.flops
+        if (
+            fuse_elementwise
+            and rows
+            and open_storage is not None
+            and (layer.op in FUSABLE_OPS and open_storage in layer.input_storages)
+        ):
+            chained = layer.input_storages.index(open_storage)
+            row = rows[-1]
+            row[1] = (*row[1], layer.op)
+            row[2] += flops
+            row[3] += layer.params
+            for position, (elements, kind) in enumerate(inputs):
+                if position != chained:
+                    row[5 if kind is index_kind else 4] += elements
+            row[6], row[7] = out_float, out_idx
+        else:
+            known = per_result.get(id(layer.result))
+            if known is None:
+                known = per_result[id(layer.result)] = (_weight_elements(layer), _launches(layer))
+            kv = 0
+            if kv_cache and layer.op == "attention" and layer.result.kv_cache_numel:
+                kv = layer.result.kv_cache_numel  # this step's keys and values
+                if kv_context_tokens:
+                    kv += layer.result.kv_cache_numel // layer.output_shape[1] * kv_context_tokens
+                    tokens = layer.output_numel // layer.output_shape[-1]
+                    flops += 4 * tokens * kv_context_tokens * layer.result.param_shapes[0][0]
+            rows.append(
+                [
+                    layer.name,
+                    (layer.op,),
+                    flops,
+                    known[0],
+                    sum(e for e, kind in inputs if kind is not index_kind),
+                    sum(e for e, kind in inputs if kind is index_kind),
+                    out_float,
+                    out_idx,
+                    kv,
+                    known[1],
+                ]
+            )
+        open_storage = layer.output_storage
+    return tuple(
+        KernelCount(
+            name=name,
+            ops=ops,
+            flops=flops,
+            weight_elements=weights,
+            float_inputs=f_in,
+            index_inputs=i_in,
+            float_outputs=f_out,
+            index_outputs=i_out,
+            kv_elements=kv,
+            launches=launches,
+        )
+        for name, ops, flops, weights, f_in, i_in, f_out, i_out, kv, launches in rows
+    )
+
+
+def build_kernels(
+    analysis: GraphAnalysis,
+    scheme: PrecisionScheme,
+    *,
+    fuse_elementwise: bool = True,
+    kv_cache: bool = False,
+    kv_context_tokens: int = 0,
+) -> tuple[Kernel, ...]:
+    """Per-kernel FLOPs and bytes moved of one forward pass at a precision.
+
+    Parameters
+    ----------
+    analysis : the graph analysed in inference mode (``analyze(..., training=False)``)
+    scheme : bytes per weight and activation element
+    fuse_elementwise : fuse batchnorm, activations and adds into the kernel that produced
+        their input (the inference engines' epilogue fusion); else every layer is a kernel
+    kv_cache : decoders: attention layers write their keys and values to the KV cache
+    kv_context_tokens : decode steps: tokens already in the cache, which every attention
+        layer reads and attends to
+
+    Returns
+    -------
+    kernels : in execution order
+
+    Notes
+    -----
+    Bytes moved by a layer = weight bytes + input bytes + output bytes, with weights at
+    ``scheme.weight_bytes`` per element (embeddings: only the gathered rows; tied heads: the
+    shared matrix), float tensors at ``scheme.activation_bytes`` and token ids at 8 B. The
+    intermediates inside a composite layer (q/k/v and scores in attention, the MLP's wide
+    activation) are assumed to stay on chip, as fused kernels keep them. A fused layer adds
+    its FLOPs and weights to the kernel, reads only its other inputs, and its output replaces
+    the kernel's output (the intermediate is never written). Decode steps add, per attention
+    layer, the KV cache read ``2 * b * c * kv_dim * bytes`` and the attention FLOPs over the
+    cache ``4 * b * c * q_dim`` (QK^T and PV; softmax FLOPs left out).
+    """
+    counts = count_kernels(
+        analysis,
+        fuse_elementwise=fuse_elementwise,
+        kv_cache=kv_cache,
+        kv_context_tokens=kv_context_tokens,
+    )
+    return tuple(count.at(scheme) for count in counts)
+
+
+# --------------------------------------------------------------------------------------------
+# Phases and workloads
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Profile:
+    """Kernels sorted by operational intensity, with prefix sums: a device's kernel time is then
+    two sums split at its ridge point (one bisection) instead of a loop over kernels."""
+
+    intensities: tuple[float, ...]
+    bytes_prefix: tuple[float, ...]  # DRAM bytes of the i least intense kernels
+    flops_suffix: tuple[int, ...]  # FLOPs of the kernels from i on
+
+    @classmethod
+    def of(cls, kernels: Sequence[Kernel], cache_share: float) -> _Profile:
+        ordered = sorted(kernels, key=lambda k: k.intensity_flops_per_byte(cache_share))
+        flops = [k.flops for k in ordered]
+        return cls(
+            intensities=tuple(k.intensity_flops_per_byte(cache_share) for k in ordered),
+            bytes_prefix=(0.0, *accumulate(k.dram_bytes(cache_share) for k in ordered)),
+            flops_suffix=(*reversed(tuple(accumulate(reversed(flops)))), 0),
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Phase:
+    """Kernels run ``repeats`` times per request, with the bytes copied in and out each time."""
+
+    name: str  # "forward", "prefill" or "decode"
+    kernels: tuple[Kernel, ...]
+    h2d_bytes: int
+    d2h_bytes: int
+    repeats: int = 1
+    flops: int = field(init=False)
+    bytes_moved: int = field(init=False)
+    launches: int = field(init=False)
+    _profiles: dict[float, _Profile] = field(
+        init=False, repr=False, compare=False, default_factory=dict
+    )
+
+    def __post_init__(self) -> None:
+        if self.repeats < 0:
+            raise RooflineInputError(f"phase '{self.name}': repeats must be >= 0")
+        object.__setattr__(self, "flops", sum(k.flops for k in self.kernels))
+        object.__setattr__(self, "bytes_moved", sum(k.bytes_moved for k in self.kernels))
+        object.__setattr__(self, "launches", sum(k.launches for k in self.kernels))
+
+    def dram_bytes(self, cache_share: float) -> float:
+        """DRAM bytes of one repetition at an activation cache share [B]."""
+        return self.profile(cache_share).bytes_prefix[-1]
+
+    def profile(self, cache_share: float) -> _Profile:
+        """The sorted kernels at an activation cache share (built once per share)."""
+        found = self._profiles.get(cache_share)
+        if found is None:
+            found = self._profiles[cache_share] = _Profile.of(self.kernels, cache_share)
+        return found
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Workload:
+    """What one request does at a batch size and precision."""
+
+    batch: int
+    scheme: PrecisionScheme
+    phases: tuple[Phase, ...]
+    decoder: bool = False
+    generated_tokens: int = 0  # decoders: tokens produced per sequence (prefill gives the 1st)
+
+    def __post_init__(self) -> None:
+        if self.batch < 1:
+            raise RooflineInputError("batch must be >= 1")
+        if not self.phases:
+            raise RooflineInputError("a workload needs at least one phase")
+
+    @property
+    def flops(self) -> int:
+        """FLOPs per request (all phases and repeats)."""
+        return sum(p.flops * p.repeats for p in self.phases)
+
+    @property
+    def bytes_moved(self) -> int:
+        """Device-memory bytes moved per request [B]."""
+        return sum(p.bytes_moved * p.repeats for p in self.phases)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PhaseShape:
+    """A phase in elements: its kernels and copies, independent of the precision."""
+
+    name: str
+    counts: tuple[KernelCount, ...]
+    h2d_float: int  # elements copied in
+    h2d_index: int
+    d2h_float: int  # elements copied out
+    d2h_index: int
+    repeats: int = 1
+
+    def at(self, scheme: PrecisionScheme) -> Phase:
+        """The phase in bytes at a precision."""
+        act = scheme.activation_bytes
+        return Phase(
+            name=self.name,
+            kernels=tuple(count.at(scheme) for count in self.counts),
+            h2d_bytes=self.h2d_float * act + self.h2d_index * INDEX_BYTES,
+            d2h_bytes=self.d2h_float * act + self.d2h_index * INDEX_BYTES,
+            repeats=self.repeats,
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkloadShape:
+    """A request at a batch size, before a precision is chosen."""
+
+    batch: int
+    phases: tuple[PhaseShape, ...]
+    decoder: bool = False
+    generated_tokens: int = 0
+
+    def at(self, scheme: PrecisionScheme) -> Workload:
+        """The workload at a precision."""
+        return Workload(
+            batch=self.batch,
+            scheme=scheme,
+            phases=tuple(phase.at(scheme) for phase in self.phases),
+            decoder=self.decoder,
+            generated_tokens=self.generated_tokens,
+        )
+
+
+def _input_elements(analysis: GraphAnalysis) -> tuple[int, int]:
+    index = sum(i.numel for i in analysis.inputs if i.kind is TensorKind.INDEX)
+    return sum(i.numel for i in analysis.inputs) - index, index
+
+
+def forward_shape(
+    analysis: GraphAnalysis, *, batch: int, fuse_elementwise: bool = True
+) -> WorkloadShape:
+    """One forward pass per request (CNNs, encoders): inputs copied in, output copied out.
+
+    Float inputs and outputs travel at the activation precision (the host quantizes before the
+    copy, as MLPerf harnesses do), token ids as int64.
+    """
+    out = math.prod(analysis.output_shape)
+    out_index = analysis.output_kind is TensorKind.INDEX
+    h2d_float, h2d_index = _input_elements(analysis)
+    phase = PhaseShape(
+        name="forward",
+        counts=count_kernels(analysis, fuse_elementwise=fuse_elementwise),
+        h2d_float=h2d_float,
+        h2d_index=h2d_index,
+        d2h_float=0 if out_index else out,
+        d2h_index=out if out_index else 0,
+    )
+    return WorkloadShape(batch=batch, phases=(phase,))
+
+
+def forward_workload(
+    analysis: GraphAnalysis, scheme: PrecisionScheme, *, batch: int, fuse_elementwise: bool = True
+) -> Workload:
+    """:func:`forward_shape` at a precision."""
+    return forward_shape(analysis, batch=batch, fuse_elementwise=fuse_elementwise).at(scheme)
+
+
+def decoder_shape(
+    prefill: GraphAnalysis,
+    step: GraphAnalysis,
+    *,
+    batch: int,
+    prompt_tokens: int,
+    generated_tokens: int,
+    fuse_elementwise: bool = True,
+) -> WorkloadShape:
+    """A decoder LLM request: prefill the prompt, then one decode step per further token.
+
+    Parameters
+    ----------
+    prefill : the graph analysed at ``seq = prompt_tokens``
+    step : the graph analysed at ``seq = 1`` (one new token per sequence)
+    batch : sequences decoded together [-]
+    prompt_tokens : prompt length [tokens]
+    generated_tokens : tokens generated per sequence; the prefill yields the first [tokens]
+
+    Notes
+    -----
+    The prefill copies the prompt's token ids in (8 B each) and writes the KV cache; every decode
+    step reads all weights and the KV cache of ``c`` earlier tokens, evaluated at the mean
+    context ``c = prompt_tokens + generated_tokens / 2`` (decode time is linear in ``c`` within
+    one bound), and sends each sequence's sampled token id (8 B) to the host. The LM head runs
+    over every prompt position in the prefill, as Hugging Face ``generate`` does.
+    """
+    h2d_float, h2d_index = _input_elements(prefill)
+    first = PhaseShape(
+        name="prefill",
+        counts=count_kernels(prefill, fuse_elementwise=fuse_elementwise, kv_cache=True),
+        h2d_float=h2d_float,
+        h2d_index=h2d_index,
+        d2h_float=0,
+        d2h_index=batch,
+    )
+    decode = PhaseShape(
+        name="decode",
+        counts=count_kernels(
+            step,
+            fuse_elementwise=fuse_elementwise,
+            kv_cache=True,
+            kv_context_tokens=prompt_tokens + generated_tokens // 2,
+        ),
+        h2d_float=0,
+        h2d_index=0,
+        d2h_float=0,
+        d2h_index=batch,
+        repeats=generated_tokens - 1,
+    )
+    return WorkloadShape(
+        batch=batch, phases=(first, decode), decoder=True, generated_tokens=generated_tokens
+    )
+
+
+def decoder_workload(
+    prefill: GraphAnalysis,
+    step: GraphAnalysis,
+    scheme: PrecisionScheme,
+    *,
+    batch: int,
+    prompt_tokens: int,
+    generated_tokens: int,
+    fuse_elementwise: bool = True,
+) -> Workload:
+    """:func:`decoder_shape` at a precision."""
+    shape = decoder_shape(
+        prefill,
+        step,
+        batch=batch,
+        prompt_tokens=prompt_tokens,
+        generated_tokens=generated_tokens,
+        fuse_elementwise=fuse_elementwise,
+    )
+    return shape.at(scheme)
+
+
+def is_decoder(layers: Sequence[Mapping[str, object]]) -> bool:
+    """Whether a layer graph has causal self-attention (a decoder LLM), blocks included."""
+    for layer in layers:
+        if layer.get("op") == "attention" and layer.get("causal"):
+            return True
+        nested = layer.get("layers")
+        if isinstance(nested, list) and is_decoder(nested):
+            return True
+    return False
+
+
+# --------------------------------------------------------------------------------------------
+# Prediction
+# --------------------------------------------------------------------------------------------
+
+
+class Bound(StrEnum):
+    """What a request's latency mostly goes to."""
+
+    COMPUTE = "compute"
+    MEMORY = "memory"
+    TRANSFER = "transfer"
+    OVERHEAD = "overhead"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PhaseTiming:
+    """One phase on one device, per repetition."""
+
+    name: str
+    repeats: int
+    kernels: int
+    launches: int
+    compute_bound_kernels: int
+    flops: int
+    bytes_moved: int
+    dram_bytes: float
+    compute_s: float  # kernels limited by compute
+    memory_s: float  # kernels limited by memory bandwidth
+    launch_s: float
+    h2d_bytes: int
+    h2d_s: float
+    d2h_bytes: int
+    d2h_s: float
+
+    @property
+    def kernel_s(self) -> float:
+        """Time the device runs kernels [s]."""
+        return self.compute_s + self.memory_s + self.launch_s
+
+    @property
+    def latency_s(self) -> float:
+        """Copy in, kernels, copy out [s]."""
+        return self.h2d_s + self.kernel_s + self.d2h_s
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Prediction:
+    """Latency and throughput of a workload on a device, with every input of the formulas."""
+
+    device: Device
+    precision: InferencePrecision
+    batch: int
+    compute_dtype: DType
+    peak_flops_per_s: float  # the whole device's catalog peak for compute_dtype
+    peak_source: str
+    calibration: Calibration
+    effective_flops_per_s: float  # peak * compute fraction * compute efficiency
+    effective_bandwidth_bytes_per_s: float
+    effective_host_link_bytes_per_s: float | None
+    phases: tuple[PhaseTiming, ...]
+    request_overhead_s: float
+    latency_s: float
+    interval_s: float  # steady-state time per batch
+    flops: int
+    bytes_moved: int
+    dram_bytes: float
+    first_token_s: float | None = None  # decoders
+    per_token_s: float | None = None
+
+    @property
+    def throughput_per_s(self) -> float:
+        """Inferences (sequences for decoders) per second at steady state."""
+        return self.batch / self.interval_s
+
+    @property
+    def time_split_s(self) -> Mapping[Bound, float]:
+        """Latency split into compute-bound, memory-bound, transfer and overhead time [s]."""
+        split = dict.fromkeys(Bound, 0.0)
+        for phase in self.phases:
+            split[Bound.COMPUTE] += phase.compute_s * phase.repeats
+            split[Bound.MEMORY] += phase.memory_s * phase.repeats
+            split[Bound.TRANSFER] += (phase.h2d_s + phase.d2h_s) * phase.repeats
+            split[Bound.OVERHEAD] += phase.launch_s * phase.repeats
+        split[Bound.OVERHEAD] += self.request_overhead_s
+        return split
+
+    @property
+    def bound(self) -> Bound:
+        """The largest share of the latency."""
+        split = self.time_split_s
+        return max(Bound, key=lambda b: split[b])
+
+    @property
+    def arithmetic_intensity_flops_per_byte(self) -> float:
+        """Operational intensity of the whole request: FLOPs per DRAM byte [FLOP/B]."""
+        return self.flops / self.dram_bytes if self.dram_bytes else math.inf
+
+    @property
+    def ridge_point_flops_per_byte(self) -> float:
+        """Intensity above which a kernel is compute-bound on this device (effective peak /
+        effective bandwidth) [FLOP/B]."""
+        return self.effective_flops_per_s / self.effective_bandwidth_bytes_per_s
+
+
+def compute_dtype_for(device: Device, scheme: PrecisionScheme) -> DType | None:
+    """The dtype whose peak runs the precision's math on ``device``, or None."""
+    return next((d for d in scheme.compute_dtypes if device.peak_flops_per_s.get(d)), None)
+
+
+def unsupported_reason(device: Device, scheme: PrecisionScheme) -> str | None:
+    """Why ``device`` cannot run ``scheme`` (no peak for its dtype, no host link), or None."""
+    if compute_dtype_for(device, scheme) is None:
+        have = ", ".join(sorted(d.value for d in device.peak_flops_per_s)) or "none"
+        wanted = " or ".join(d.value for d in scheme.compute_dtypes)
+        return f"no {wanted} peak in the hardware profile (it lists: {have})"
+    if device.needs_host_copy and device.host_link_bytes_per_s is None:
+        return "no host-link bandwidth in the hardware profile: the copy cannot be modelled"
+    return None
+
+
+def cpu_compute_unit(simd: str, dtype: DType) -> str:
+    """The CPU unit whose peak runs ``dtype``: AMX tiles, AVX-512 VNNI or FMA, AVX2 FMA."""
+    if dtype in (DType.INT8, DType.BF16, DType.FP16) and "AMX" in simd:
+        return "AMX tiles"
+    if dtype is DType.INT8 and "VNNI" in simd:
+        return "AVX-512 VNNI"
+    if "AVX-512" in simd:
+        return "AVX-512 FMA"
+    if "AVX2" in simd:
+        return "AVX2 FMA"
+    return simd
+
+
+def _peak_source(device: Device, dtype: DType) -> str:
+    base = f"catalog dense {dtype.value} peak"
+    if device.kind is not DeviceKind.CPU or not device.simd:
+        return base
+    return f"{base} ({cpu_compute_unit(device.simd, dtype)}; the CPU has {device.simd})"
+
+
+def _phase_timing(
+    phase: Phase, *, flops_per_s: float, bytes_per_s: float, link: float | None, cal: Calibration
+) -> PhaseTiming:
+    prof = phase.profile(cal.activation_cache_share)
+    split = bisect_right(prof.intensities, flops_per_s / bytes_per_s)
+    return PhaseTiming(
+        name=phase.name,
+        repeats=phase.repeats,
+        kernels=len(phase.kernels),
+        launches=phase.launches,
+        compute_bound_kernels=len(prof.intensities) - split,
+        flops=phase.flops,
+        bytes_moved=phase.bytes_moved,
+        dram_bytes=prof.bytes_prefix[-1],
+        compute_s=prof.flops_suffix[split] / flops_per_s,
+        memory_s=prof.bytes_prefix[split] / bytes_per_s,
+        launch_s=phase.launches * cal.kernel_launch_overhead_s,
+        h2d_bytes=phase.h2d_bytes if link else 0,
+        h2d_s=phase.h2d_bytes / link if link else 0.0,
+        d2h_bytes=phase.d2h_bytes if link else 0,
+        d2h_s=phase.d2h_bytes / link if link else 0.0,
+    )
+
+
+def predict(workload: Workload, device: Device, calibration: Calibration) -> Prediction:
+    """Latency, throughput and their split for ``workload`` on ``device``.
+
+    Parameters
+    ----------
+    workload : kernels per phase, copies and batch
+    device : peaks, bandwidths, MIG fractions
+    calibration : efficiencies and overheads of the device's kind
+
+    Returns
+    -------
+    prediction : with the effective rates and per-phase times the figures come from
+
+    Raises
+    ------
+    RooflineInputError
+        When the device cannot run the precision (see :func:`unsupported_reason`).
+
+    Notes
+    -----
+    Per kernel ``t_k = max(F_k / P_eff, D_k / BW_eff) + t_launch`` with
+    ``D_k = W_k + KV_k + (1 - s) * (I_k + O_k)`` (``s``: activation cache share),
+    ``P_eff = P[dtype] * f_c * eta_c`` and ``BW_eff = BW * f_m * eta_m``; a GPU adds
+    ``h2d / L_eff + d2h / L_eff`` per phase repetition (``L_eff = L * eta_l``) and ``t_req``
+    per request. Latency is the serial sum; the steady-state interval per batch is
+    ``max(sum of kernel time, h2d time, d2h time, t_req)`` on accelerators (copy engines and
+    the host overlap the kernels) and the latency on CPUs.
+    """
+    reason = unsupported_reason(device, workload.scheme)
+    dtype = compute_dtype_for(device, workload.scheme)
+    if reason is not None or dtype is None:
+        raise RooflineInputError(f"{device.slug} cannot run {workload.scheme.precision}: {reason}")
+    cal = calibration
+    peak = device.peak_flops_per_s[dtype]
+    flops_per_s = peak * device.compute_fraction * cal.compute_efficiency
+    bytes_per_s = (
+        device.memory_bandwidth_bytes_per_s * device.bandwidth_fraction * cal.memory_efficiency
+    )
+    link = None
+    if device.needs_host_copy and device.host_link_bytes_per_s is not None:
+        link = device.host_link_bytes_per_s * cal.host_link_efficiency
+    timings = tuple(
+        _phase_timing(p, flops_per_s=flops_per_s, bytes_per_s=bytes_per_s, link=link, cal=cal)
+        for p in workload.phases
+    )
+    request = cal.request_overhead_s
+    latency = request + sum(t.latency_s * t.repeats for t in timings)
+    if device.kind is DeviceKind.CPU:
+        interval = latency
+    else:
+        interval = max(
+            sum(t.kernel_s * t.repeats for t in timings),
+            sum(t.h2d_s * t.repeats for t in timings),
+            sum(t.d2h_s * t.repeats for t in timings),
+            request,
+        )
+    first_token = per_token = None
+    if workload.decoder:
+        first_token = request + timings[0].latency_s
+        per_token = timings[1].latency_s if len(timings) > 1 else None
+    return Prediction(
+        device=device,
+        precision=workload.scheme.precision,
+        batch=workload.batch,
+        compute_dtype=dtype,
+        peak_flops_per_s=peak,
+        peak_source=_peak_source(device, dtype),
+        calibration=cal,
+        effective_flops_per_s=flops_per_s,
+        effective_bandwidth_bytes_per_s=bytes_per_s,
+        effective_host_link_bytes_per_s=link,
+        phases=timings,
+        request_overhead_s=request,
+        latency_s=latency,
+        interval_s=interval,
+        flops=workload.flops,
+        bytes_moved=workload.bytes_moved,
+        dram_bytes=sum(t.dram_bytes * t.repeats for t in timings),
+        first_token_s=first_token,
+        per_token_s=per_token,
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KernelPoint:
+    """One kernel on a roofline chart."""
+
+    name: str
+    ops: tuple[str, ...]
+    intensity_flops_per_byte: float
+    achieved_flops_per_s: float  # FLOPs / (roofline time + launch overhead)
+    bound: Bound  # compute or memory (the launch overhead is in the achieved rate)
+
+
+def kernel_points(phase: Phase, prediction: Prediction) -> tuple[KernelPoint, ...]:
+    """Every kernel of ``phase`` with its intensity and achieved rate on the predicted device
+    (the per-kernel loop that :func:`predict` sums in closed form)."""
+    flops_per_s = prediction.effective_flops_per_s
+    bytes_per_s = prediction.effective_bandwidth_bytes_per_s
+    launch = prediction.calibration.kernel_launch_overhead_s
+    share = prediction.calibration.activation_cache_share
+    points = []
+    for kernel in phase.kernels:
+        compute = kernel.flops / flops_per_s
+        memory = kernel.dram_bytes(share) / bytes_per_s
+        seconds = max(compute, memory) + kernel.launches * launch
+        points.append(
+            KernelPoint(
+                name=kernel.name,
+                ops=kernel.ops,
+                intensity_flops_per_byte=kernel.intensity_flops_per_byte(share),
+                achieved_flops_per_s=kernel.flops / seconds,
+                bound=Bound.COMPUTE if compute > memory else Bound.MEMORY,
+            )
+        )
+    return tuple(points)

@@ -1,0 +1,440 @@
+"""Inference recommendation contract: CPU vs GPU vs MIG slice, with the roofline behind it."""
+
+from __future__ import annotations
+
+from typing import Annotated, Self
+
+from pydantic import Field, StringConstraints, model_validator
+
+from app.domain.recommend import Objective
+from app.domain.roofline import Bound, DeviceKind, InferencePrecision
+from app.schemas.base import Schema, Slug
+from app.schemas.estimates import BatchSize, InlineArchitecture, Length
+
+MAX_BATCH_SIZES = 16
+MAX_DEVICES = 200
+MAX_SEARCH_BATCH = 65_536
+
+CANDIDATE_PATTERN = (
+    r"^[a-z0-9](?:[a-z0-9-]{0,62}[a-z0-9])?(?:/[1-8]g\.[0-9]{1,3}gb(?:[+-][a-z]+(?:\.[a-z]+)?)?)?$"
+)
+CandidateName = Annotated[
+    str,
+    StringConstraints(pattern=CANDIDATE_PATTERN, min_length=1, max_length=100),
+    Field(
+        description="A hardware slug (the whole device) or `slug/profile` (one MIG slice).",
+        examples=["nvidia-a100-80gb-sxm/1g.10gb"],
+    ),
+]
+
+
+class CalibrationOverride(Schema):
+    """Replace some of a device kind's calibrated efficiencies and overheads."""
+
+    compute_efficiency: float | None = Field(
+        default=None, gt=0, le=1, description="Achieved / dense peak FLOP/s.", examples=[0.5]
+    )
+    memory_efficiency: float | None = Field(
+        default=None, gt=0, le=1, description="Achieved / peak memory bandwidth.", examples=[0.8]
+    )
+    activation_cache_share: float | None = Field(
+        default=None,
+        ge=0,
+        lt=1,
+        description="Share of activation traffic between kernels served by on-chip caches.",
+        examples=[0.5],
+    )
+    host_link_efficiency: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="Achieved / theoretical host-link bandwidth.",
+        examples=[0.75],
+    )
+    kernel_launch_overhead_us: float | None = Field(
+        default=None, ge=0, le=1e6, description="Per kernel launch [us].", examples=[5.0]
+    )
+    request_overhead_us: float | None = Field(
+        default=None, ge=0, le=1e9, description="Per request [us].", examples=[50.0]
+    )
+
+
+class InferenceRecommendationRequest(Schema):
+    """Which device, precision and batch size should serve a model, and why."""
+
+    model: Slug | None = Field(
+        default=None, description="Stored model slug.", examples=["resnet-50"]
+    )
+    architecture: InlineArchitecture | None = Field(
+        default=None, description="Inline architecture (instead of `model`)."
+    )
+    batch_sizes: list[BatchSize] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_BATCH_SIZES,
+        description="Batch sizes to consider. Default: find the best among 1, 2, 4, ... up to "
+        "`max_batch_size`.",
+        examples=[[1, 8, 32]],
+    )
+    max_batch_size: int = Field(
+        default=256,
+        ge=1,
+        le=MAX_SEARCH_BATCH,
+        description="Largest batch the search tries when `batch_sizes` is not given.",
+        examples=[256],
+    )
+    precisions: list[InferencePrecision] = Field(
+        default=[
+            InferencePrecision.FP32,
+            InferencePrecision.BF16,
+            InferencePrecision.FP16,
+            InferencePrecision.INT8,
+        ],
+        min_length=1,
+        max_length=len(InferencePrecision),
+        description="Precisions to consider: fp32, tf32, bf16, fp16, fp8 / int8 (W8A8), int4 "
+        "(weight-only W4A16). A device without a peak for one is excluded for it, with the reason.",
+        examples=[["fp16", "int8"]],
+    )
+    latency_slo_ms: float | None = Field(
+        default=None,
+        gt=0,
+        le=3.6e6,
+        description="Latency service-level objective per request [ms]; decoders: the whole "
+        "request (time to first token + every further token).",
+        examples=[20.0],
+    )
+    throughput_target_per_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=1e12,
+        description="Inferences (decoders: sequences) per second to serve; sets devices needed.",
+        examples=[1000.0],
+    )
+    devices: list[CandidateName] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_DEVICES,
+        description="Candidate devices. Default: every hardware profile and every MIG slice.",
+        examples=[["intel-xeon-platinum-8480plus", "nvidia-a10", "nvidia-a100-80gb-sxm/1g.10gb"]],
+    )
+    objective: Objective = Field(
+        default=Objective.COST,
+        description="cost (per million inferences, or per hour for the throughput target), "
+        "energy (per inference) or latency.",
+        examples=["cost"],
+    )
+    sequence_length: Length | None = Field(
+        default=None,
+        description="Binds `seq` for encoders (tokens); decoders use prompt_tokens.",
+        examples=[None],
+    )
+    image_size: Length | None = Field(
+        default=None, description="Binds `image` (pixels per side).", examples=[224]
+    )
+    bindings: dict[str, Annotated[int, Field(ge=1, le=2**40)]] = Field(
+        default_factory=dict, description="Values for other symbolic dims.", examples=[{}]
+    )
+    prompt_tokens: Length = Field(
+        default=512,
+        description="Decoder LLMs: prompt length of the prefill phase [tokens].",
+        examples=[512],
+    )
+    generated_tokens: Length = Field(
+        default=128,
+        description="Decoder LLMs: tokens generated per sequence; the prefill gives the first, "
+        "each further one is a decode step [tokens].",
+        examples=[128],
+    )
+    prices_usd_per_hour: dict[Slug, Annotated[float, Field(ge=0, le=1e6)]] = Field(
+        default_factory=dict,
+        max_length=MAX_DEVICES,
+        description="Prices per device slug, overriding the catalog [USD/h]; MIG slices pay "
+        "their share of compute slices.",
+        examples=[{"intel-xeon-platinum-8480plus": 1.1}],
+    )
+    calibration: dict[DeviceKind, CalibrationOverride] = Field(
+        default_factory=dict,
+        description="Override the calibrated efficiencies and overheads per device kind.",
+        examples=[{"gpu": {"compute_efficiency": 0.5}}],
+    )
+    fuse_elementwise: bool = Field(
+        default=True,
+        description="Fuse batchnorm, activations and residual adds into the kernel before them "
+        "(as TensorRT, OpenVINO and torch.compile do); false: one kernel per layer (eager).",
+        examples=[True],
+    )
+    limit: int = Field(
+        default=10, ge=1, le=500, description="Ranked candidates to return.", examples=[10]
+    )
+
+    @model_validator(mode="after")
+    def _one_model(self) -> Self:
+        if (self.model is None) == (self.architecture is None):
+            raise ValueError("give exactly one of 'model' (a stored slug) or 'architecture'")
+        if len(set(self.precisions)) != len(self.precisions):
+            raise ValueError("precisions must not repeat")
+        if self.devices is not None and len(set(self.devices)) != len(self.devices):
+            raise ValueError("devices must not repeat")
+        return self
+
+
+class RooflineInputs(Schema):
+    """Every number the prediction of one candidate is computed from."""
+
+    precision_convention: str = Field(
+        description="What the precision means: bytes per weight and activation, and the math.",
+        examples=["int8 W8A8 as in MLPerf (TensorRT, OpenVINO, IPEX): ..."],
+    )
+    compute_dtype: str = Field(description="Dtype whose peak runs the math.", examples=["int8"])
+    peak_flops_per_s: float = Field(
+        description="The whole device's dense catalog peak for compute_dtype [FLOP/s].",
+        examples=[229.4e12],
+    )
+    peak_source: str = Field(
+        description="Which peak that is, and why.",
+        examples=["catalog dense int8 peak (AMX tiles; the CPU has AVX-512 + AMX)"],
+    )
+    compute_fraction: float = Field(
+        description="Share of the device's compute (MIG: compute slices / total).", examples=[1.0]
+    )
+    compute_efficiency: float = Field(description="Calibrated efficiency.", examples=[0.46])
+    effective_flops_per_s: float = Field(
+        description="peak x compute_fraction x compute_efficiency [FLOP/s].", examples=[1.05e14]
+    )
+    memory_bandwidth_bytes_per_s: float = Field(
+        description="The whole device's peak memory bandwidth [B/s].", examples=[307.2e9]
+    )
+    bandwidth_fraction: float = Field(
+        description="Share of the bandwidth (MIG: memory slices / total).", examples=[1.0]
+    )
+    memory_efficiency: float = Field(description="Assumed efficiency.", examples=[0.7])
+    activation_cache_share: float = Field(
+        description="Share of activation traffic served on chip (calibrated).", examples=[0.35]
+    )
+    effective_bandwidth_bytes_per_s: float = Field(
+        description="bandwidth x bandwidth_fraction x memory_efficiency [B/s].", examples=[2.15e11]
+    )
+    host_link_bytes_per_s: float | None = Field(
+        description="Theoretical per-direction host link (null: no copy) [B/s].",
+        examples=[31.5e9],
+    )
+    host_link_source: str = Field(
+        description="Where the link figure comes from.", examples=["catalog"]
+    )
+    host_link_efficiency: float = Field(description="Calibrated efficiency.", examples=[0.73])
+    effective_host_link_bytes_per_s: float | None = Field(
+        description="host link x host_link_efficiency (null: no copy) [B/s].",
+        examples=[23.0e9],
+    )
+    kernel_launch_overhead_s: float = Field(description="Per kernel launch [s].", examples=[4e-6])
+    request_overhead_s: float = Field(description="Per request [s].", examples=[4.2e-5])
+    tdp_watts: float | None = Field(description="TDP (MIG: share) [W].", examples=[350.0])
+    price_usd_per_hour: float | None = Field(
+        description="Price used (MIG: share) [USD/h].", examples=[1.1]
+    )
+    price_source: str = Field(description="Where the price comes from.", examples=["catalog"])
+
+
+class PhaseRead(Schema):
+    """One phase of a request on the candidate, per repetition."""
+
+    name: str = Field(description="forward, prefill or decode.", examples=["forward"])
+    repeats: int = Field(
+        description="Times per request (decode: generated tokens - 1).", examples=[1]
+    )
+    kernels: int = Field(description="Kernels after fusion.", examples=[71])
+    launches: int = Field(description="Kernel launches.", examples=[71])
+    compute_bound_kernels: int = Field(
+        description="Kernels whose intensity is above the ridge point.", examples=[53]
+    )
+    flops: int = Field(description="FLOPs per repetition.", examples=[8_239_859_200])
+    bytes_moved: int = Field(
+        description="Weights + inputs + outputs (+ KV cache) per repetition [B].",
+        examples=[70_000_000],
+    )
+    dram_bytes: float = Field(
+        description="Of those, what reaches DRAM: weights + KV cache + (1 - activation cache "
+        "share) x activations [B].",
+        examples=[40_000_000],
+    )
+    compute_s: float = Field(description="Time of compute-bound kernels [s].", examples=[1e-4])
+    memory_s: float = Field(description="Time of memory-bound kernels [s].", examples=[2e-5])
+    launch_s: float = Field(description="Launch overhead [s].", examples=[2.8e-4])
+    h2d_bytes: int = Field(description="Host-to-device copy [B].", examples=[150_528])
+    h2d_s: float = Field(description="Host-to-device time [s].", examples=[6.5e-6])
+    d2h_bytes: int = Field(description="Device-to-host copy [B].", examples=[1000])
+    d2h_s: float = Field(description="Device-to-host time [s].", examples=[4e-8])
+    latency_s: float = Field(description="h2d + kernels + d2h [s].", examples=[4e-4])
+
+
+class TimeShares(Schema):
+    """What fraction of the latency goes where."""
+
+    compute: float = Field(description="Compute-bound kernels.", examples=[0.2])
+    memory: float = Field(description="Memory-bound kernels.", examples=[0.05])
+    transfer: float = Field(description="Host-link copies.", examples=[0.05])
+    overhead: float = Field(description="Launches and per-request overhead.", examples=[0.7])
+
+
+class RankedCandidate(Schema):
+    """One device at one precision, at its best batch size, judged against the request."""
+
+    rank: int = Field(description="1 = recommended.", examples=[1])
+    device: str = Field(description="Candidate name.", examples=["intel-xeon-platinum-8480plus"])
+    device_name: str = Field(description="Human-readable name.", examples=["Xeon Platinum 8480+"])
+    kind: DeviceKind = Field(description="gpu, cpu, edge or tpu.", examples=["cpu"])
+    mig_profile: str | None = Field(
+        default=None, description="MIG profile of a slice.", examples=[None]
+    )
+    precision: InferencePrecision = Field(description="Precision.", examples=["int8"])
+    batch_size: int = Field(description="Best batch among those tried.", examples=[4])
+    eligible: bool = Field(description="Fits, meets the SLO, priced for cost.", examples=[True])
+    reasons: list[str] = Field(description="Why it is not eligible.", examples=[[]])
+    latency_ms: float = Field(description="Latency per request [ms].", examples=[1.9])
+    throughput_per_s: float = Field(
+        description="Steady-state inferences (decoders: sequences) per second per device.",
+        examples=[2100.0],
+    )
+    meets_latency_slo: bool = Field(description="latency <= SLO (or no SLO).", examples=[True])
+    devices_needed: int | None = Field(
+        default=None, description="Devices for the throughput target.", examples=[1]
+    )
+    cost_usd_per_million: float | None = Field(
+        default=None, description="price / 3600 / throughput x 1e6 [USD].", examples=[0.15]
+    )
+    fleet_cost_usd_per_hour: float | None = Field(
+        default=None, description="devices_needed x price [USD/h].", examples=[1.1]
+    )
+    energy_j_per_inference: float | None = Field(
+        default=None, description="TDP x latency / batch (an upper bound) [J].", examples=[0.17]
+    )
+    fits_in_memory: bool = Field(description="Memory engine peak <= memory.", examples=[True])
+    memory_required_bytes: int = Field(
+        description="Inference peak from the memory engine [B].", examples=[700_000_000]
+    )
+    memory_available_bytes: int = Field(
+        description="Device or MIG profile memory [B].", examples=[549_755_813_888]
+    )
+    memory_detail: str = Field(
+        description="How the required bytes were estimated.",
+        examples=["POST /v1/estimates/memory with mode=inference, precision=int8, ..."],
+    )
+    bound: Bound = Field(description="Largest share of the latency.", examples=["compute"])
+    time_shares: TimeShares = Field(description="Latency split.")
+    arithmetic_intensity_flops_per_byte: float = Field(
+        description="Operational intensity: FLOPs / DRAM bytes over the request [FLOP/B].",
+        examples=[117.0],
+    )
+    ridge_point_flops_per_byte: float = Field(
+        description="Effective peak / effective bandwidth [FLOP/B].", examples=[490.0]
+    )
+    flops_per_inference: float = Field(
+        description="FLOPs per inference (per sequence for decoders).", examples=[8.24e9]
+    )
+    time_to_first_token_ms: float | None = Field(
+        default=None, description="Decoders: request overhead + prefill [ms].", examples=[None]
+    )
+    per_token_latency_ms: float | None = Field(
+        default=None, description="Decoders: one decode step [ms].", examples=[None]
+    )
+    tokens_per_s: float | None = Field(
+        default=None, description="Decoders: generated tokens per second.", examples=[None]
+    )
+    inputs: RooflineInputs = Field(description="What the figures are computed from.")
+    phases: list[PhaseRead] = Field(description="Per-phase time split.")
+
+
+class Exclusion(Schema):
+    """A device and precision that was not evaluated, and why."""
+
+    device: str = Field(description="Candidate name.", examples=["nvidia-v100-32gb-sxm2"])
+    precision: InferencePrecision = Field(description="Precision.", examples=["int8"])
+    reason: str = Field(
+        description="Why.", examples=["no int8 peak in the hardware profile (it lists: fp16)"]
+    )
+
+
+class CalibrationRead(Schema):
+    """Efficiencies and overheads used for one device kind."""
+
+    compute_efficiency: float = Field(description="Achieved / peak FLOP/s.", examples=[0.41])
+    memory_efficiency: float = Field(description="Achieved / peak bandwidth.", examples=[0.8])
+    activation_cache_share: float = Field(
+        description="Share of activation traffic served on chip.", examples=[0.5]
+    )
+    host_link_efficiency: float = Field(description="Achieved / link.", examples=[0.73])
+    kernel_launch_overhead_s: float = Field(description="Per launch [s].", examples=[4e-6])
+    request_overhead_s: float = Field(description="Per request [s].", examples=[4.2e-5])
+    basis: str = Field(
+        description="How the values were derived (or that the request overrode them).",
+        examples=["geometric mean of ... MLPerf ResNet-50 Offline INT8 rows"],
+    )
+
+
+class WorkloadSummary(Schema):
+    """The model as evaluated."""
+
+    model: str = Field(description="Model slug, or `inline`.", examples=["resnet-50"])
+    decoder: bool = Field(
+        description="Decoder LLM: prefill + per-token decode phases.", examples=[False]
+    )
+    params: int = Field(description="Parameters.", examples=[25_557_032])
+    bindings: dict[str, int] = Field(
+        description="Symbolic dims at batch 1 (decoders: the prefill).",
+        examples=[{"batch": 1, "image": 224}],
+    )
+    flops_per_inference: float = Field(
+        description="FLOPs per inference at batch 1 (decoders: per sequence).", examples=[8.24e9]
+    )
+    prompt_tokens: int | None = Field(default=None, description="Decoders.", examples=[None])
+    generated_tokens: int | None = Field(default=None, description="Decoders.", examples=[None])
+    batch_sizes: list[int] = Field(description="Batch sizes tried.", examples=[[1, 2, 4]])
+
+
+class InferenceRecommendationResponse(Schema):
+    """A ranked list of candidates with a recommendation in plain words."""
+
+    recommendation: str = Field(
+        description="One paragraph: what to run, why, and what the alternative costs.",
+        examples=["Run resnet-50 on Xeon Platinum 8480+ at int8, batch 4: ..."],
+    )
+    objective: Objective = Field(description="What was minimised.", examples=["cost"])
+    latency_slo_ms: float | None = Field(
+        default=None, description="The SLO applied [ms].", examples=[20.0]
+    )
+    throughput_target_per_s: float | None = Field(
+        default=None, description="The target applied.", examples=[1000.0]
+    )
+    workload: WorkloadSummary = Field(
+        description="The model, its shapes and the batch sizes that were evaluated."
+    )
+    candidates: list[RankedCandidate] = Field(description="Best first, `limit` of them.")
+    total_candidates: int = Field(
+        description="Device/precision pairs evaluated (before `limit`).", examples=[412]
+    )
+    eligible_candidates: int = Field(description="Of those, eligible.", examples=[96])
+    excluded: list[Exclusion] = Field(description="Pairs not evaluated, with the reason.")
+    calibration: dict[DeviceKind, CalibrationRead] = Field(
+        description="Efficiencies and overheads per device kind, as used.",
+        examples=[
+            {
+                "cpu": {
+                    "compute_efficiency": 0.75,
+                    "memory_efficiency": 0.7,
+                    "activation_cache_share": 0.35,
+                    "host_link_efficiency": 0.73,
+                    "kernel_launch_overhead_s": 2e-6,
+                    "request_overhead_s": 4.24e-5,
+                    "basis": "compute efficiency and activation cache share: fit ...",
+                }
+            }
+        ],
+    )
+    formulas: list[str] = Field(
+        description="The formulas behind every figure.",
+        examples=[["t_kernel = max(F / P_eff, B / BW_eff) + t_launch"]],
+    )
+    assumptions: list[str] = Field(
+        description="Conventions behind the figures.", examples=[["bytes moved = ..."]]
+    )

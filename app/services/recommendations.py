@@ -1,0 +1,677 @@
+"""Inference recommendation use cases: candidates, roofline predictions, fits, ranking."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
+
+from sqlalchemy.orm import Session
+
+from app.charts import Roof, RoofPoint, roofline_svg
+from app.db.models import Hardware
+from app.db.repositories import HardwareRepository
+from app.domain.analysis import GraphAnalysis
+from app.domain.memory import (
+    FrameworkOverhead,
+    MemoryInputError,
+    MemoryRequest,
+    Mode,
+    Precision,
+    Runtime,
+    estimate_memory,
+)
+from app.domain.precision import DType
+from app.domain.recommend import (
+    Assessment,
+    MemoryFit,
+    Requirements,
+    assess,
+    best_batch,
+    explain,
+    rank,
+)
+from app.domain.roofline import (
+    DEFAULT_CALIBRATIONS,
+    PRECISION_SCHEMES,
+    Bound,
+    Calibration,
+    Device,
+    DeviceKind,
+    InferencePrecision,
+    PrecisionScheme,
+    Prediction,
+    Workload,
+    WorkloadShape,
+    decoder_shape,
+    forward_shape,
+    is_decoder,
+    kernel_points,
+    mig_slice,
+    pcie_bandwidth_bytes_per_s,
+    predict,
+    unsupported_reason,
+)
+from app.schemas.estimates import InlineArchitecture
+from app.schemas.recommendations import (
+    CalibrationOverride,
+    CalibrationRead,
+    Exclusion,
+    InferenceRecommendationRequest,
+    InferenceRecommendationResponse,
+    PhaseRead,
+    RankedCandidate,
+    RooflineInputs,
+    TimeShares,
+    WorkloadSummary,
+)
+from app.services.errors import InvalidInput, NotFound
+from app.services.estimates import (
+    LruCache,
+    analyze_graph,
+    bind_dims,
+    hardware_overhead,
+    model_graph,
+)
+from app.services.mig import geometry, require_profile
+
+FORMULAS = [
+    "t_kernel = max(F / P_eff, D / BW_eff) + launches x t_launch, with P_eff = peak[dtype] x "
+    "compute_fraction x compute_efficiency and BW_eff = bandwidth x bandwidth_fraction x "
+    "memory_efficiency",
+    "B (bytes moved by a kernel) = weight bytes W + input bytes I + output bytes O (+ KV cache "
+    "read and written, KV) at the precision; D (its DRAM bytes) = W + KV + (1 - "
+    "activation_cache_share) x (I + O)",
+    "GPU phase latency = h2d_bytes / L_eff + sum of t_kernel + d2h_bytes / L_eff, with L_eff = "
+    "host link x host_link_efficiency; CPUs and unified-memory SoCs copy nothing",
+    "latency = request_overhead + sum over phases of repeats x phase latency",
+    "throughput = batch / interval; interval = max(kernel time, h2d time, d2h time, "
+    "request_overhead) on accelerators (copies and host work overlap the kernels), = latency "
+    "on CPUs",
+    "devices_needed = ceil(throughput_target / throughput)",
+    "cost_usd_per_million = price_usd_per_hour / 3600 / throughput x 1e6; fleet cost = "
+    "devices_needed x price",
+    "energy_j_per_inference = TDP x latency / batch (an upper bound)",
+    "operational intensity = FLOPs / DRAM bytes; ridge point = P_eff / BW_eff; a kernel above "
+    "the ridge point is compute-bound",
+]
+
+ASSUMPTIONS = [
+    "per-layer FLOPs, parameters and shapes come from the model analysis (GET "
+    "/v1/models/{slug}/summary); a multiply-add is 2 FLOPs",
+    "weights are read once per kernel (embeddings: only the gathered rows; a tied LM head: "
+    "the shared matrix); intermediates inside attention / MLP / LSTM layers stay on chip",
+    "element-wise layers fuse into the kernel before them unless fuse_elementwise is false",
+    "composite layers launch one kernel per weight matrix plus one",
+    "fits_in_memory: the memory engine's inference peak (runtime pytorch_cuda for GPUs and "
+    "SoCs, pytorch_cpu for CPUs) against device memory or the MIG profile's usable memory; "
+    "for fp8/int8 it is the engine's weight-only convention (16-bit activations), so an upper "
+    "bound for W8A8",
+    "a MIG slice gets compute_slices / total of the compute and memory_slices / total of the "
+    "bandwidth, the whole host link, and its share of TDP and price",
+    "decoders: latency = time to first token (request overhead + prefill) + (generated_tokens - 1)"
+    " decode steps at the mean context prompt_tokens + generated_tokens / 2",
+    "CPU figures are per socket, as the catalog lists CPUs",
+]
+
+T = TypeVar("T")
+_ANALYSES: LruCache[tuple[Any, ...], GraphAnalysis] = LruCache(size=128)
+_SHAPES: LruCache[tuple[Any, ...], WorkloadShape] = LruCache(size=128)
+_PEAKS: LruCache[tuple[Any, ...], int] = LruCache(size=2048)
+
+
+def clear_caches() -> None:
+    """Forget cached analyses and memory peaks (they are pure: only speed changes)."""
+    _ANALYSES.clear()
+    _SHAPES.clear()
+    _PEAKS.clear()
+
+
+# --------------------------------------------------------------------------------------------
+# Devices
+# --------------------------------------------------------------------------------------------
+
+
+def _host_link(row: Hardware) -> tuple[float | None, str]:
+    if row.kind in (DeviceKind.CPU, DeviceKind.EDGE):
+        return None, "none: the host's own memory (no copy)"
+    if row.host_link_bandwidth_bytes_per_s:
+        return float(row.host_link_bandwidth_bytes_per_s), "catalog host_link.bandwidth"
+    gen, lanes = row.host_link_pcie_generation, row.host_link_pcie_lanes
+    if gen is not None and lanes is not None:
+        bandwidth = pcie_bandwidth_bytes_per_s(gen, lanes)
+        if bandwidth is not None:
+            return bandwidth, f"theoretical PCIe Gen{gen} x{lanes} per direction"
+    return None, "unknown"
+
+
+def device_of(row: Hardware, *, price_usd_per_hour: float | None = None) -> Device:
+    """The roofline view of a hardware row (a request's price replaces the catalog's)."""
+    link, link_source = _host_link(row)
+    price, price_source = row.price_usd_per_hour, "catalog"
+    if price_usd_per_hour is not None:
+        price, price_source = price_usd_per_hour, "request"
+    elif price is None:
+        price_source = "none in the catalog"
+    return Device(
+        slug=row.slug,
+        name=f"{row.vendor} {row.name}",
+        kind=DeviceKind(row.kind),
+        peak_flops_per_s={DType(k): float(v) for k, v in row.peak_flops_per_s.items()},
+        memory_bandwidth_bytes_per_s=float(row.memory_bandwidth_bytes_per_s),
+        memory_bytes=row.memory_bytes,
+        host_link_bytes_per_s=link,
+        host_link_source=link_source,
+        tdp_watts=row.tdp_watts,
+        price_usd_per_hour=price,
+        price_source=price_source,
+        simd=(row.cpu or {}).get("simd"),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A device with the memory-engine settings of its hardware row."""
+
+    device: Device
+    runtime: Runtime
+    overhead: FrameworkOverhead
+
+
+def _candidate(row: Hardware, device: Device) -> Candidate:
+    runtime = Runtime.CPU if device.kind is DeviceKind.CPU else Runtime.CUDA
+    return Candidate(device=device, runtime=runtime, overhead=hardware_overhead(row))
+
+
+def _slices(row: Hardware, whole: Device) -> list[Device]:
+    if row.mig_total_compute_slices is None:
+        return []
+    geo = geometry(row)
+    return [mig_slice(whole, geo, profile) for profile in geo.profiles]
+
+
+def candidates(
+    session: Session, names: Sequence[str] | None, prices: Mapping[str, float]
+) -> list[Candidate]:
+    """The named devices (``slug`` or ``slug/profile``), or every device and MIG slice."""
+    rows = HardwareRepository(session).all_by_slug()
+    for slug in prices:
+        if slug not in rows:
+            raise NotFound(
+                f"prices_usd_per_hour names hardware profile '{slug}', which does not exist; "
+                "GET /v1/hardware lists them"
+            )
+    if names is None:
+        found = []
+        for slug in sorted(rows):
+            whole = device_of(rows[slug], price_usd_per_hour=prices.get(slug))
+            found += [_candidate(rows[slug], d) for d in [whole, *_slices(rows[slug], whole)]]
+        return found
+    chosen = []
+    for name in names:
+        slug, _, profile_name = name.partition("/")
+        row = rows.get(slug)
+        if row is None:
+            raise NotFound(f"hardware profile '{slug}' does not exist; GET /v1/hardware lists them")
+        whole = device_of(row, price_usd_per_hour=prices.get(slug))
+        if not profile_name:
+            chosen.append(_candidate(row, whole))
+            continue
+        if row.mig_total_compute_slices is None:
+            raise NotFound(f"'{slug}' does not support MIG, so it has no profile '{profile_name}'")
+        geo = geometry(row)
+        chosen.append(_candidate(row, mig_slice(whole, geo, require_profile(geo, profile_name))))
+    return chosen
+
+
+def calibrations(
+    overrides: Mapping[DeviceKind, CalibrationOverride],
+) -> dict[DeviceKind, Calibration]:
+    """The default calibration of every kind with a request's overrides applied."""
+    result = dict(DEFAULT_CALIBRATIONS)
+    for kind, override in overrides.items():
+        values = override.model_dump(exclude_none=True)
+        if not values:
+            continue
+        if "kernel_launch_overhead_us" in values:
+            values["kernel_launch_overhead_s"] = values.pop("kernel_launch_overhead_us") * 1e-6
+        if "request_overhead_us" in values:
+            values["request_overhead_s"] = values.pop("request_overhead_us") * 1e-6
+        changed = ", ".join(sorted(values))
+        base = result[kind]
+        result[kind] = replace(
+            base, **values, basis=f"request override of {changed}; otherwise: {base.basis}"
+        )
+    return result
+
+
+# --------------------------------------------------------------------------------------------
+# Workloads
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class ModelSource:
+    """A graph to evaluate, with the request's shape options and per-request memo tables."""
+
+    inputs: list[Any]
+    layers: list[Any]
+    defaults: dict[str, int]
+    label: str
+    key: str  # empty for inline graphs (not cached across requests)
+    extra: Mapping[str, int]
+    sequence_length: int | None
+    image_size: int | None
+    decoder: bool
+    prompt_tokens: int
+    generated_tokens: int
+    fuse_elementwise: bool
+    memo: dict[tuple[Any, ...], Any]
+
+    def _remember(
+        self, key: tuple[Any, ...], shared: LruCache[tuple[Any, ...], T], compute: Callable[[], T]
+    ) -> T:
+        """Per request in ``memo``; across requests in ``shared`` for stored models."""
+        found: T | None = self.memo.get(key)
+        if found is None and self.key:
+            found = shared.get(key)
+        if found is None:
+            found = compute()
+            if self.key:
+                shared.put(key, found)
+        self.memo[key] = found
+        return found
+
+    def analysis(self, bindings: dict[str, int]) -> GraphAnalysis:
+        """The inference analysis at ``bindings`` (cached for stored models)."""
+        return self._remember(
+            (self.key, "analysis", tuple(bindings.items())),
+            _ANALYSES,
+            lambda: analyze_graph(self.inputs, self.layers, bindings, training=False),
+        )
+
+    def bindings(self, batch: int, *, seq: int | None = None) -> dict[str, int]:
+        """Symbol bindings at a batch (decoders: at a sequence length)."""
+        return bind_dims(
+            self.defaults,
+            self.extra,
+            batch=batch,
+            sequence_length=seq if self.decoder else self.sequence_length,
+            image_size=self.image_size,
+        )
+
+    def shape(self, batch: int) -> WorkloadShape:
+        """The request's phases at a batch, before the precision (cached for stored models)."""
+        fuse = self.fuse_elementwise
+        if not self.decoder:
+            bindings = self.bindings(batch)
+            return self._remember(
+                (self.key, "shape", tuple(bindings.items()), fuse),
+                _SHAPES,
+                lambda: forward_shape(self.analysis(bindings), batch=batch, fuse_elementwise=fuse),
+            )
+        prompt, generated = self.prompt_tokens, self.generated_tokens
+        prefill = self.bindings(batch, seq=prompt)
+        return self._remember(
+            (self.key, "shape", tuple(prefill.items()), fuse, generated),
+            _SHAPES,
+            lambda: decoder_shape(
+                self.analysis(prefill),
+                self.analysis(self.bindings(batch, seq=1)),
+                batch=batch,
+                prompt_tokens=prompt,
+                generated_tokens=generated,
+                fuse_elementwise=fuse,
+            ),
+        )
+
+    def workload(self, batch: int, scheme: PrecisionScheme) -> Workload:
+        """The request's phases at a batch and precision."""
+        key = ("workload", batch, scheme.precision)
+        found: Workload | None = self.memo.get(key)
+        if found is None:
+            found = self.memo[key] = self.shape(batch).at(scheme)
+        return found
+
+    def memory_bindings(self, batch: int) -> dict[str, int]:
+        """Bindings of the memory estimate (decoders: the whole context, for the KV cache)."""
+        if self.decoder:
+            return self.bindings(batch, seq=self.prompt_tokens + self.generated_tokens)
+        return self.bindings(batch)
+
+    def peak_bytes(self, batch: int, scheme: PrecisionScheme, candidate: Candidate) -> int:
+        """The memory engine's inference peak for a candidate's runtime and overheads [B]."""
+        bindings = self.memory_bindings(batch)
+        request = MemoryRequest(
+            mode=Mode.INFERENCE,
+            precision=Precision(scheme.precision.value),
+            runtime=candidate.runtime,
+            overhead=candidate.overhead,
+            kv_cache=self.decoder,
+        )
+
+        def estimate() -> int:
+            try:
+                return estimate_memory(self.analysis(bindings), request).peak_bytes
+            except MemoryInputError as exc:
+                raise InvalidInput(str(exc)) from exc
+
+        return self._remember(
+            (self.key, "peak", tuple(bindings.items()), request), _PEAKS, estimate
+        )
+
+    def memory_fit(self, batch: int, scheme: PrecisionScheme, candidate: Candidate) -> MemoryFit:
+        """The fit of the workload on the candidate's memory."""
+        bindings = self.memory_bindings(batch)
+        shape = ", ".join(f"{k}={v}" for k, v in bindings.items())
+        return MemoryFit(
+            required_bytes=self.peak_bytes(batch, scheme, candidate),
+            available_bytes=candidate.device.memory_bytes,
+            detail=f"memory engine inference peak ({candidate.runtime.value}, precision "
+            f"{scheme.precision.value}, {shape}); POST /v1/estimates/memory for the breakdown",
+        )
+
+
+def model_source(
+    session: Session,
+    *,
+    model: str | None,
+    architecture: InlineArchitecture | None,
+    bindings: Mapping[str, int],
+    sequence_length: int | None,
+    image_size: int | None,
+    prompt_tokens: int,
+    generated_tokens: int,
+    fuse_elementwise: bool,
+) -> ModelSource:
+    """The graph of a stored or inline model with the request's shape options."""
+    inputs, layers, defaults, label, key = model_graph(session, model, architecture)
+    has_seq = any("seq" in spec.get("shape", ()) for spec in inputs)
+    return ModelSource(
+        inputs=inputs,
+        layers=layers,
+        defaults=dict(defaults),
+        label=label,
+        key=key,
+        extra=dict(bindings),
+        sequence_length=sequence_length,
+        image_size=image_size,
+        decoder=has_seq and is_decoder(layers),
+        prompt_tokens=prompt_tokens,
+        generated_tokens=generated_tokens,
+        fuse_elementwise=fuse_elementwise,
+        memo={},
+    )
+
+
+def _batches(payload: InferenceRecommendationRequest) -> list[int]:
+    if payload.batch_sizes is not None:
+        return sorted(set(payload.batch_sizes))
+    batches = [1]
+    while batches[-1] * 2 <= payload.max_batch_size:
+        batches.append(batches[-1] * 2)
+    return batches
+
+
+# --------------------------------------------------------------------------------------------
+# The use case
+# --------------------------------------------------------------------------------------------
+
+
+def recommend(
+    session: Session, *, payload: InferenceRecommendationRequest
+) -> InferenceRecommendationResponse:
+    """Rank every candidate device and precision at its best batch size, and explain."""
+    source = model_source(
+        session,
+        model=payload.model,
+        architecture=payload.architecture,
+        bindings=payload.bindings,
+        sequence_length=payload.sequence_length,
+        image_size=payload.image_size,
+        prompt_tokens=payload.prompt_tokens,
+        generated_tokens=payload.generated_tokens,
+        fuse_elementwise=payload.fuse_elementwise,
+    )
+    pool = candidates(session, payload.devices, payload.prices_usd_per_hour)
+    cals = calibrations(payload.calibration)
+    schemes = [PRECISION_SCHEMES[p] for p in payload.precisions]
+    excluded: list[Exclusion] = []
+    runnable: list[tuple[Candidate, PrecisionScheme]] = []
+    for candidate in pool:
+        for scheme in schemes:
+            reason = unsupported_reason(candidate.device, scheme)
+            if reason is None:
+                runnable.append((candidate, scheme))
+            else:
+                excluded.append(
+                    Exclusion(
+                        device=candidate.device.slug, precision=scheme.precision, reason=reason
+                    )
+                )
+    if not runnable:
+        raise InvalidInput(
+            "no candidate device can run the requested precisions: "
+            + "; ".join(f"{e.device} {e.precision.value}: {e.reason}" for e in excluded[:10]),
+            pointer="/precisions",
+        )
+    requirements = Requirements(
+        objective=payload.objective,
+        latency_slo_s=None if payload.latency_slo_ms is None else payload.latency_slo_ms / 1e3,
+        throughput_target_per_s=payload.throughput_target_per_s,
+    )
+    batches = _batches(payload)
+    options: dict[tuple[str, str], list[Assessment]] = {}
+    for batch in batches:
+        for candidate, scheme in runnable:
+            workload = source.workload(batch, scheme)
+            device = candidate.device
+            prediction = predict(workload, device, cals[device.kind])
+            fit = source.memory_fit(batch, scheme, candidate)
+            key = (device.slug, scheme.precision.value)
+            options.setdefault(key, []).append(assess(prediction, fit, requirements))
+    shown = [best_batch(found, payload.objective) for found in options.values()]
+    ranked = rank(shown, payload.objective)
+    unpriced = len({a.prediction.device.slug for a in ranked if a.cost_usd_per_million is None})
+    paragraph = explain(
+        ranked, requirements, model=source.label, unpriced=unpriced, excluded=len(excluded)
+    )
+    first = source.workload(1, runnable[0][1])
+    summary_bindings = (
+        source.bindings(1, seq=source.prompt_tokens) if source.decoder else source.bindings(1)
+    )
+    return InferenceRecommendationResponse(
+        recommendation=paragraph,
+        objective=payload.objective,
+        latency_slo_ms=payload.latency_slo_ms,
+        throughput_target_per_s=payload.throughput_target_per_s,
+        workload=WorkloadSummary(
+            model=source.label,
+            decoder=source.decoder,
+            params=source.analysis(summary_bindings).params,
+            bindings=summary_bindings,
+            flops_per_inference=float(first.flops),
+            prompt_tokens=source.prompt_tokens if source.decoder else None,
+            generated_tokens=source.generated_tokens if source.decoder else None,
+            batch_sizes=batches,
+        ),
+        candidates=[
+            ranked_candidate(index, item, source.generated_tokens if source.decoder else None)
+            for index, item in enumerate(ranked[: payload.limit], start=1)
+        ],
+        total_candidates=len(ranked),
+        eligible_candidates=sum(1 for a in ranked if a.eligible),
+        excluded=excluded,
+        calibration={kind: calibration_read(cal) for kind, cal in cals.items()},
+        formulas=FORMULAS,
+        assumptions=ASSUMPTIONS,
+    )
+
+
+def calibration_read(cal: Calibration) -> CalibrationRead:
+    """The API view of a calibration."""
+    return CalibrationRead.model_validate(cal)
+
+
+def _inputs(p: Prediction) -> RooflineInputs:
+    device, cal = p.device, p.calibration
+    return RooflineInputs(
+        precision_convention=PRECISION_SCHEMES[p.precision].convention,
+        compute_dtype=p.compute_dtype.value,
+        peak_flops_per_s=p.peak_flops_per_s,
+        peak_source=p.peak_source,
+        compute_fraction=device.compute_fraction,
+        compute_efficiency=cal.compute_efficiency,
+        effective_flops_per_s=p.effective_flops_per_s,
+        memory_bandwidth_bytes_per_s=device.memory_bandwidth_bytes_per_s,
+        bandwidth_fraction=device.bandwidth_fraction,
+        memory_efficiency=cal.memory_efficiency,
+        activation_cache_share=cal.activation_cache_share,
+        effective_bandwidth_bytes_per_s=p.effective_bandwidth_bytes_per_s,
+        host_link_bytes_per_s=device.host_link_bytes_per_s if device.needs_host_copy else None,
+        host_link_source=device.host_link_source,
+        host_link_efficiency=cal.host_link_efficiency,
+        effective_host_link_bytes_per_s=p.effective_host_link_bytes_per_s,
+        kernel_launch_overhead_s=cal.kernel_launch_overhead_s,
+        request_overhead_s=p.request_overhead_s,
+        tdp_watts=device.tdp_watts,
+        price_usd_per_hour=device.price_usd_per_hour,
+        price_source=device.price_source,
+    )
+
+
+def ranked_candidate(rank_: int, item: Assessment, generated: int | None) -> RankedCandidate:
+    """The API view of one assessed candidate."""
+    p = item.prediction
+    device = p.device
+    split = p.time_split_s
+    latency = p.latency_s
+    return RankedCandidate(
+        rank=rank_,
+        device=device.slug,
+        device_name=device.name,
+        kind=device.kind,
+        mig_profile=device.mig_profile,
+        precision=p.precision,
+        batch_size=p.batch,
+        eligible=item.eligible,
+        reasons=list(item.reasons),
+        latency_ms=latency * 1e3,
+        throughput_per_s=p.throughput_per_s,
+        meets_latency_slo=item.meets_latency_slo,
+        devices_needed=item.devices_needed,
+        cost_usd_per_million=item.cost_usd_per_million,
+        fleet_cost_usd_per_hour=item.fleet_cost_usd_per_hour,
+        energy_j_per_inference=item.energy_j_per_inference,
+        fits_in_memory=item.memory.fits,
+        memory_required_bytes=item.memory.required_bytes,
+        memory_available_bytes=item.memory.available_bytes,
+        memory_detail=item.memory.detail,
+        bound=p.bound,
+        time_shares=TimeShares(
+            compute=split[Bound.COMPUTE] / latency,
+            memory=split[Bound.MEMORY] / latency,
+            transfer=split[Bound.TRANSFER] / latency,
+            overhead=split[Bound.OVERHEAD] / latency,
+        ),
+        arithmetic_intensity_flops_per_byte=p.arithmetic_intensity_flops_per_byte,
+        ridge_point_flops_per_byte=p.ridge_point_flops_per_byte,
+        flops_per_inference=p.flops / p.batch,
+        time_to_first_token_ms=None if p.first_token_s is None else p.first_token_s * 1e3,
+        per_token_latency_ms=None if p.per_token_s is None else p.per_token_s * 1e3,
+        tokens_per_s=None if generated is None else p.throughput_per_s * generated,
+        inputs=_inputs(p),
+        phases=[PhaseRead.model_validate(t) for t in p.phases],
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Roofline picture
+# --------------------------------------------------------------------------------------------
+
+MAX_CHART_DEVICES = 8
+
+
+def roofline_chart(
+    session: Session,
+    *,
+    model: str,
+    devices: Sequence[str],
+    precision: InferencePrecision,
+    batch_size: int,
+    sequence_length: int | None = None,
+    image_size: int | None = None,
+    prompt_tokens: int = 512,
+    generated_tokens: int = 128,
+) -> str:
+    """An SVG roofline of a stored model's kernels on up to eight devices (or MIG slices)."""
+    if not devices:
+        raise InvalidInput("name at least one device", pointer="devices")
+    if len(devices) > MAX_CHART_DEVICES:
+        raise InvalidInput(
+            f"at most {MAX_CHART_DEVICES} devices per chart, got {len(devices)}",
+            pointer="devices",
+        )
+    source = model_source(
+        session,
+        model=model,
+        architecture=None,
+        bindings={},
+        sequence_length=sequence_length,
+        image_size=image_size,
+        prompt_tokens=prompt_tokens,
+        generated_tokens=generated_tokens,
+        fuse_elementwise=True,
+    )
+    scheme = PRECISION_SCHEMES[precision]
+    workload = source.workload(batch_size, scheme)
+    roofs: list[Roof] = []
+    points: list[RoofPoint] = []
+    skipped: list[str] = []
+    for candidate in candidates(session, devices, {}):
+        device = candidate.device
+        reason = unsupported_reason(device, scheme)
+        if reason is not None:
+            skipped.append(f"{device.slug} ({reason})")
+            continue
+        prediction = predict(workload, device, DEFAULT_CALIBRATIONS[device.kind])
+        index = len(roofs)
+        roofs.append(
+            Roof(
+                label=f"{device.name}, {prediction.compute_dtype.value}",
+                peak_flops_per_s=prediction.effective_flops_per_s,
+                bandwidth_bytes_per_s=prediction.effective_bandwidth_bytes_per_s,
+                spec_peak_flops_per_s=prediction.peak_flops_per_s * device.compute_fraction,
+                spec_bandwidth_bytes_per_s=device.memory_bandwidth_bytes_per_s
+                * device.bandwidth_fraction,
+            )
+        )
+        for phase in workload.phases:
+            points += [
+                RoofPoint(
+                    roof=index,
+                    label=f"{phase.name} {point.name} ({'+'.join(point.ops)})",
+                    intensity_flops_per_byte=point.intensity_flops_per_byte,
+                    achieved_flops_per_s=point.achieved_flops_per_s,
+                    decode=phase.name == "decode",
+                )
+                for point in kernel_points(phase, prediction)
+                if point.achieved_flops_per_s > 0
+            ]
+    if not roofs:
+        raise InvalidInput(
+            f"no named device can run {precision.value}: " + "; ".join(skipped),
+            pointer="precision",
+        )
+    subtitle = (
+        f"{source.label}: {len(workload.phases[0].kernels)} kernels per "
+        f"{workload.phases[0].name}, achieved FLOP/s with launch overhead"
+    )
+    if skipped:
+        subtitle += "; not drawn: " + ", ".join(skipped)
+    return roofline_svg(
+        title=f"Roofline: {source.label}, {precision.value}, batch {batch_size}",
+        subtitle=subtitle,
+        roofs=roofs,
+        points=points,
+    )

@@ -1,0 +1,79 @@
+"""How long one inference recommendation takes in-process, cold and warm.
+
+    .venv/bin/python benchmarks/recommendation_speed.py [--runs 5]
+
+Builds a temporary SQLite database (migrated, catalog and zoo synced), then calls the
+recommendation service for the default request (every catalog device and MIG slice, fp32 /
+bf16 / fp16 / int8, batch sizes 1 to 256) of several zoo models: once with empty caches (cold:
+every graph analysis and memory estimate computed) and ``--runs`` times warm (the analysis and
+memory-peak caches filled; the roofline still evaluated for every candidate). Prints the cold
+time and the warm median. Target (issue 6): a default request well under 1 s; exit 1 when a
+cold request takes longer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from app.config import PROJECT_ROOT
+from app.db.migrations import upgrade_to_head
+from app.db.session import make_engine, make_session_factory
+from app.schemas.recommendations import InferenceRecommendationRequest
+from app.services.catalog import load_catalog, sync_catalog
+from app.services.recommendations import clear_caches, recommend
+from app.services.zoo import sync_zoo
+
+CASES: list[dict[str, Any]] = [
+    {"model": "resnet-50", "latency_slo_ms": 20},
+    {"model": "bert-base", "sequence_length": 128, "latency_slo_ms": 50},
+    {"model": "llama-2-7b", "latency_slo_ms": 10_000},
+    {"model": "gpt-3-175b", "latency_slo_ms": 60_000},
+]
+TARGET_MS = 1000.0
+
+
+def main() -> int:
+    """Print one line per case."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=5, help="warm runs per case")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as folder:
+        url = f"sqlite:///{Path(folder) / 'bench.db'}"
+        upgrade_to_head(url)
+        engine = make_engine(url)
+        sessions = make_session_factory(engine)
+        with sessions() as session:
+            sync_catalog(session, load_catalog(PROJECT_ROOT / "hardware_catalog"))
+            sync_zoo(session)
+        print(f"{'model':<12} {'candidates':>10} {'cold ms':>8} {'warm median ms':>15}  target")
+        ok = True
+        for case in CASES:
+            payload = InferenceRecommendationRequest.model_validate(case)
+            with sessions() as session:
+                clear_caches()
+                start = time.perf_counter()
+                result = recommend(session, payload=payload)
+                cold = (time.perf_counter() - start) * 1000
+                warm = []
+                for _ in range(args.runs):
+                    start = time.perf_counter()
+                    recommend(session, payload=payload)
+                    warm.append((time.perf_counter() - start) * 1000)
+            verdict = "ok" if cold < TARGET_MS else "OVER"
+            ok &= cold < TARGET_MS
+            print(
+                f"{case['model']:<12} {result.total_candidates:>10} {cold:8.0f} "
+                f"{statistics.median(warm):15.0f}  cold < {TARGET_MS:.0f} ms {verdict}"
+            )
+        engine.dispose()
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,300 @@
+"""POST /v1/recommendations/inference against the real app and database."""
+
+from typing import Any
+
+import pytest
+
+from tests.api.helpers import TINY_MLP, assert_problem
+from tests.support import ApiClient, ClientFactory, table_counts
+
+URL = "/v1/recommendations/inference"
+RESNET_FLOPS = 8_239_859_200
+
+
+def _recommend(client: ApiClient, **body: Any) -> dict[str, Any]:
+    response = client.post(URL, json=body)
+    assert response.status_code == 200, response.text
+    result: dict[str, Any] = response.json()
+    return result
+
+
+def _by_device(body: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(c["device"], c["precision"]): c for c in body["candidates"]}
+
+
+def test_whole_catalog_by_default(client: ApiClient, db_url: str) -> None:
+    before = table_counts(db_url)
+    body = _recommend(client, model="resnet-50", latency_slo_ms=20, limit=500)
+    assert table_counts(db_url) == before  # recommendations store nothing
+    assert body["workload"]["model"] == "resnet-50"
+    assert body["workload"]["flops_per_inference"] == RESNET_FLOPS
+    assert body["workload"]["batch_sizes"] == [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    devices = {c["device"] for c in body["candidates"]}
+    assert {"intel-xeon-platinum-8480plus", "nvidia-a10", "nvidia-a100-80gb-sxm/1g.10gb"} <= devices
+    assert {c["kind"] for c in body["candidates"]} >= {"cpu", "gpu", "edge"}
+    assert body["total_candidates"] == len(body["candidates"]) > 300
+    assert [c["rank"] for c in body["candidates"]] == list(range(1, len(body["candidates"]) + 1))
+    excluded = {(e["device"], e["precision"]): e["reason"] for e in body["excluded"]}
+    assert "int8" in excluded[("nvidia-v100-32gb-sxm2", "int8")]
+    assert "host-link" in excluded[("google-tpu-v4", "int8")]
+    assert set(body["calibration"]) == {"gpu", "cpu", "edge", "tpu"}
+    assert "MLPerf" in body["calibration"]["gpu"]["basis"]
+    assert body["recommendation"].startswith("Run resnet-50 on ")
+    assert body["formulas"]
+    assert body["assumptions"]
+    # eligible candidates come first, ranked by cost; none of the unpriced ones is eligible
+    eligible = [c for c in body["candidates"] if c["eligible"]]
+    assert eligible == body["candidates"][: len(eligible)] != []
+    assert body["eligible_candidates"] == len(eligible)
+    costs = [c["cost_usd_per_million"] for c in eligible]
+    assert costs == sorted(costs)
+    assert all(c["latency_ms"] <= 20 and c["fits_in_memory"] for c in eligible)
+
+
+def test_every_figure_comes_with_its_inputs(client: ApiClient) -> None:
+    body = _recommend(
+        client, model="resnet-50", devices=["nvidia-a10"], precisions=["int8"], batch_sizes=[8]
+    )
+    (best,) = body["candidates"]
+    inputs = best["inputs"]
+    assert inputs["compute_dtype"] == "int8"
+    assert inputs["precision_convention"].startswith("int8 W8A8")
+    assert inputs["peak_flops_per_s"] == 250e12
+    assert inputs["effective_flops_per_s"] == pytest.approx(
+        inputs["peak_flops_per_s"] * inputs["compute_fraction"] * inputs["compute_efficiency"]
+    )
+    assert inputs["effective_bandwidth_bytes_per_s"] == pytest.approx(600e9 * 0.8)
+    assert inputs["host_link_bytes_per_s"] == 31.5e9
+    link = inputs["effective_host_link_bytes_per_s"]
+    assert link == pytest.approx(31.5e9 * inputs["host_link_efficiency"])
+    assert inputs["price_usd_per_hour"] == 1.006
+    (phase,) = best["phases"]
+    assert phase["h2d_bytes"] == 8 * 3 * 224 * 224  # int8 images
+    assert phase["h2d_s"] == pytest.approx(phase["h2d_bytes"] / link)
+    assert phase["d2h_bytes"] == 8 * 1000
+    assert phase["flops"] == 8 * RESNET_FLOPS
+    assert phase["kernels"] == 56
+    assert best["latency_ms"] == pytest.approx(
+        (inputs["request_overhead_s"] + phase["latency_s"]) * 1e3
+    )
+    assert best["cost_usd_per_million"] == pytest.approx(
+        1.006 / 3600 / best["throughput_per_s"] * 1e6
+    )
+    assert best["energy_j_per_inference"] == pytest.approx(150 * best["latency_ms"] / 1e3 / 8)
+    shares = best["time_shares"]
+    assert sum(shares.values()) == pytest.approx(1)
+    assert best["bound"] == max(shares, key=shares.__getitem__)
+    assert best["ridge_point_flops_per_byte"] == pytest.approx(
+        inputs["effective_flops_per_s"] / inputs["effective_bandwidth_bytes_per_s"]
+    )
+
+
+def test_a_cpu_with_amx_beats_a_gpu_at_batch_one(client: ApiClient) -> None:
+    body = _recommend(
+        client,
+        model="resnet-50",
+        devices=["intel-xeon-platinum-8480plus", "nvidia-a100-80gb-sxm"],
+        precisions=["int8"],
+        batch_sizes=[1],
+        latency_slo_ms=20,
+        throughput_target_per_s=1000,
+        prices_usd_per_hour={"intel-xeon-platinum-8480plus": 0.5, "nvidia-a100-80gb-sxm": 4.0},
+    )
+    cpu, gpu = body["candidates"]
+    assert cpu["device"] == "intel-xeon-platinum-8480plus"
+    assert cpu["inputs"]["peak_source"].startswith("catalog dense int8 peak (AMX tiles")
+    assert cpu["inputs"]["price_source"] == "request"
+    assert cpu["phases"][0]["h2d_bytes"] == 0  # the CPU reads the request where it is
+    assert cpu["devices_needed"] == gpu["devices_needed"] == 1
+    assert cpu["fleet_cost_usd_per_hour"] == 0.5
+    assert gpu["fleet_cost_usd_per_hour"] == 4.0
+    assert gpu["time_shares"]["transfer"] + gpu["time_shares"]["overhead"] > 0.5
+    text = body["recommendation"]
+    assert text.startswith(
+        "Run resnet-50 on Intel Xeon Platinum 8480+ (Sapphire Rapids) with AMX tiles at int8, "
+        "batch 1:"
+    )
+    assert "against the 20 ms SLO" in text
+    assert "The best accelerator option, NVIDIA A100 80GB SXM4 at int8 batch 1" in text
+    assert "needs 8.0x the cost ($4/h against $0.5/h for 1,000/s)" in text
+    assert "host-link transfer and launch/serving overhead" in text
+
+
+def test_mig_slices_are_candidates(client: ApiClient) -> None:
+    body = _recommend(
+        client,
+        model="resnet-50",
+        devices=["nvidia-a100-80gb-sxm/1g.10gb", "nvidia-a100-80gb-sxm/7g.80gb"],
+        precisions=["fp16"],
+        batch_sizes=[32],
+        objective="energy",
+    )
+    found = _by_device(body)
+    small = found[("nvidia-a100-80gb-sxm/1g.10gb", "fp16")]
+    assert small["mig_profile"] == "1g.10gb"
+    assert small["memory_available_bytes"] == 9728 * 2**20
+    assert small["inputs"]["compute_fraction"] == pytest.approx(1 / 7)
+    assert small["inputs"]["bandwidth_fraction"] == pytest.approx(1 / 8)
+    assert small["inputs"]["tdp_watts"] == pytest.approx(400 / 7)
+    whole = found[("nvidia-a100-80gb-sxm/7g.80gb", "fp16")]
+    assert whole["throughput_per_s"] > 4 * small["throughput_per_s"]
+
+
+def test_decoder_llm_reports_prefill_and_decode(client: ApiClient) -> None:
+    body = _recommend(
+        client,
+        model="gpt-2",
+        devices=["nvidia-a10", "intel-xeon-platinum-8480plus"],
+        precisions=["bf16"],
+        batch_sizes=[1, 8],
+        prompt_tokens=128,
+        generated_tokens=32,
+        objective="latency",
+    )
+    assert body["workload"]["decoder"] is True
+    assert body["workload"]["prompt_tokens"] == 128
+    assert body["workload"]["bindings"] == {"batch": 1, "seq": 128}
+    for candidate in body["candidates"]:
+        prefill, decode = candidate["phases"]
+        assert (prefill["name"], decode["name"], decode["repeats"]) == ("prefill", "decode", 31)
+        assert candidate["latency_ms"] == pytest.approx(
+            candidate["time_to_first_token_ms"] + 31 * candidate["per_token_latency_ms"]
+        )
+        assert candidate["tokens_per_s"] == pytest.approx(32 * candidate["throughput_per_s"])
+        assert "seq=160" in candidate["memory_detail"]  # the KV cache of the whole context
+        assert decode["dram_bytes"] > 124_439_808 * 2  # every weight, every token
+
+
+def test_inline_architecture(client: ApiClient) -> None:
+    body = _recommend(
+        client,
+        architecture=TINY_MLP,
+        devices=["intel-xeon-platinum-8380"],
+        precisions=["fp32"],
+        batch_sizes=[1],
+    )
+    assert body["workload"]["model"] == "inline"
+    # fc1 2*64*128 + gelu 128 + fc2 2*128*10, one kernel for fc1+gelu and one for fc2
+    assert body["workload"]["flops_per_inference"] == 2 * 64 * 128 + 128 + 2 * 128 * 10
+    (candidate,) = body["candidates"]
+    assert candidate["phases"][0]["kernels"] == 2
+
+
+def test_calibration_can_be_overridden(client: ApiClient) -> None:
+    common: dict[str, Any] = {
+        "model": "resnet-50",
+        "devices": ["nvidia-a10"],
+        "precisions": ["int8"],
+        "batch_sizes": [256],
+    }
+    default = _recommend(client, **common)["candidates"][0]
+    slower = _recommend(client, **common, calibration={"gpu": {"compute_efficiency": 0.25}})
+    candidate = slower["candidates"][0]
+    assert candidate["inputs"]["compute_efficiency"] == 0.25
+    assert candidate["throughput_per_s"] < default["throughput_per_s"]
+    assert slower["calibration"]["gpu"]["basis"].startswith(
+        "request override of compute_efficiency"
+    )
+    launch = _recommend(client, **common, calibration={"gpu": {"kernel_launch_overhead_us": 50}})
+    assert launch["candidates"][0]["inputs"]["kernel_launch_overhead_s"] == pytest.approx(50e-6)
+
+
+def test_a_precision_the_device_lacks_is_excluded_with_a_reason(client: ApiClient) -> None:
+    body = _recommend(
+        client,
+        model="resnet-50",
+        devices=["nvidia-v100-32gb-sxm2", "nvidia-a10"],
+        precisions=["int8"],
+        batch_sizes=[1],
+    )
+    assert [c["device"] for c in body["candidates"]] == ["nvidia-a10"]
+    (excluded,) = body["excluded"]
+    assert excluded["device"] == "nvidia-v100-32gb-sxm2"
+    assert excluded["reason"].startswith("no int8 peak in the hardware profile")
+
+
+def test_the_only_candidate_lacking_the_precision_is_an_error(
+    client: ApiClient, db_url: str
+) -> None:
+    before = table_counts(db_url)
+    response = client.post(
+        URL,
+        json={"model": "resnet-50", "devices": ["nvidia-v100-32gb-sxm2"], "precisions": ["int8"]},
+    )
+    body = assert_problem(response, 422, "invalid-input")
+    assert "nvidia-v100-32gb-sxm2 int8: no int8 peak" in body["detail"]
+    assert body["errors"][0]["pointer"] == "/precisions"
+    assert table_counts(db_url) == before
+
+
+@pytest.mark.parametrize(
+    ("change", "pointer"),
+    [
+        ({"latency_slo_ms": 0}, "/latency_slo_ms"),
+        ({"latency_slo_ms": -5}, "/latency_slo_ms"),
+        ({"batch_sizes": [0]}, "/batch_sizes/0"),
+        ({"batch_sizes": [-1, 4]}, "/batch_sizes/0"),
+        ({"batch_sizes": []}, "/batch_sizes"),
+        ({"batch_sizes": list(range(1, 18))}, "/batch_sizes"),
+        ({"max_batch_size": 0}, "/max_batch_size"),
+        ({"throughput_target_per_s": 0}, "/throughput_target_per_s"),
+        ({"precisions": ["int3"]}, "/precisions/0"),
+        ({"precisions": ["int8", "int8"]}, "/"),
+        ({"devices": ["nvidia-a10", "nvidia-a10"]}, "/"),
+        ({"devices": ["NVIDIA A10"]}, "/devices/0"),
+        ({"devices": [f"d-{i}" for i in range(201)]}, "/devices"),
+        ({"objective": "speed"}, "/objective"),
+        ({"generated_tokens": 0}, "/generated_tokens"),
+        ({"limit": 0}, "/limit"),
+        (
+            {"calibration": {"gpu": {"compute_efficiency": 1.5}}},
+            "/calibration/gpu/compute_efficiency",
+        ),
+        ({"calibration": {"fpga": {}}}, "/calibration/fpga/[key]"),
+        ({"architecture": TINY_MLP}, "/"),
+        ({"colour": "blue"}, "/colour"),
+    ],
+)
+def test_invalid_requests_are_422(
+    client: ApiClient, db_url: str, change: dict[str, Any], pointer: str
+) -> None:
+    before = table_counts(db_url)
+    response = client.post(URL, json={"model": "resnet-50", **change})
+    body = assert_problem(response, 422, "validation-error")
+    assert pointer in [error["pointer"] for error in body["errors"]], body["errors"]
+    assert table_counts(db_url) == before
+
+
+@pytest.mark.parametrize(
+    ("change", "detail"),
+    [
+        ({"devices": ["no-such-gpu"]}, "hardware profile 'no-such-gpu' does not exist"),
+        ({"devices": ["nvidia-a100-80gb-sxm/5g.99gb"]}, "valid profiles: 1g.10gb"),
+        ({"devices": ["intel-xeon-platinum-8380/1g.10gb"]}, "does not support MIG"),
+        ({"prices_usd_per_hour": {"no-such-cpu": 1.0}}, "'no-such-cpu', which does not exist"),
+        ({"model": "no-such-model"}, "model 'no-such-model' does not exist"),
+    ],
+)
+def test_unknown_names_are_404(
+    client: ApiClient, db_url: str, change: dict[str, Any], detail: str
+) -> None:
+    before = table_counts(db_url)
+    response = client.post(URL, json={"model": "resnet-50", **change})
+    body = assert_problem(response, 404, "not-found")
+    assert detail in body["detail"]
+    assert table_counts(db_url) == before
+
+
+def test_a_prompt_longer_than_the_model_allows_is_422(client: ApiClient) -> None:
+    response = client.post(
+        URL, json={"model": "gpt-2", "prompt_tokens": 2000, "devices": ["nvidia-a10"]}
+    )
+    body = assert_problem(response, 422)
+    assert "positions" in body["detail"]
+
+
+def test_reads_can_require_a_key(make_client: ClientFactory) -> None:
+    closed = make_client(api_keys="k1", require_auth_for_reads=True)
+    body = {"model": "resnet-50", "devices": ["nvidia-a10"], "batch_sizes": [1]}
+    assert_problem(closed.post(URL, json=body), 401)
+    assert closed.post(URL, json=body, headers={"X-API-Key": "k1"}).status_code == 200

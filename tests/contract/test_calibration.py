@@ -1,0 +1,88 @@
+"""The roofline calibration still reproduces the committed measurements (in-process, fast).
+
+`benchmarks/calibration/calibrate.py` derives the efficiency factors and overheads of
+`DEFAULT_CALIBRATIONS` from `calibration_benchmarks.yaml` (MLPerf ResNet-50 Offline, host-link
+copies, kernel launches) and prints predicted vs measured for every row. This runs the same
+functions, so a change to the roofline, the op semantics or the catalog that breaks the
+calibration, or a default edited by hand, fails CI.
+"""
+
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from app.config import PROJECT_ROOT
+from tests.support import load_script
+
+CALIBRATION = PROJECT_ROOT / "benchmarks" / "calibration"
+
+
+@pytest.fixture(scope="module")
+def calibrate() -> ModuleType:
+    return load_script(CALIBRATION / "calibrate.py", "calibrate")
+
+
+@pytest.fixture(scope="module")
+def rows(calibrate: ModuleType) -> list[dict[str, Any]]:
+    loaded: list[dict[str, Any]] = calibrate.load_rows()
+    return loaded
+
+
+@pytest.fixture(scope="module")
+def devices(calibrate: ModuleType) -> dict[str, Any]:
+    found: dict[str, Any] = calibrate.catalog_devices()
+    return found
+
+
+@pytest.fixture(scope="module")
+def results(calibrate: ModuleType, rows: list[dict[str, Any]], devices: dict[str, Any]) -> Any:
+    return calibrate.evaluate(rows, devices)
+
+
+def test_the_copy_is_the_shared_reference(rows: list[dict[str, Any]]) -> None:
+    shared = PROJECT_ROOT.parent / "shared" / "reference" / "calibration_benchmarks.yaml"
+    if not shared.exists():
+        pytest.skip("../shared/reference is not checked out next to the repository")
+    text = (CALIBRATION / "calibration_benchmarks.yaml").read_text(encoding="utf-8")
+    body = "".join(text.splitlines(keepends=True)[3:])  # after the three comment lines
+    assert body == shared.read_text(encoding="utf-8")
+
+
+def test_every_row_is_printed(rows: list[dict[str, Any]], results: Any) -> None:
+    assert len(rows) == 33
+    assert [r.index for r in results] == list(range(len(rows)))
+    assert all(r.measured is not None and r.predicted is not None for r in results)
+    metrics = {r.metric for r in results}
+    assert metrics == {
+        "ResNet-50 Offline INT8",
+        "host-to-device copy",
+        "kernel launch",
+        "launch path above cuLaunchKernel",
+    }
+
+
+def test_throughput_targets_hold(calibrate: ModuleType, results: Any) -> None:
+    within, total, worst, ok = calibrate.targets(results)
+    assert total == 22
+    assert within >= 0.8 * total
+    assert worst <= 2.0
+    assert ok
+
+
+def test_shipped_defaults_are_the_derivation(
+    calibrate: ModuleType, rows: list[dict[str, Any]], devices: dict[str, Any]
+) -> None:
+    derivation = calibrate.derive(rows, devices)
+    assert calibrate.shipped_matches(derivation) == []
+
+
+def test_committed_report_is_current(
+    calibrate: ModuleType, rows: list[dict[str, Any]], devices: dict[str, Any], results: Any
+) -> None:
+    report, ok = calibrate.render(results, calibrate.derive(rows, devices))
+    assert ok
+    assert report == (CALIBRATION / "results.md").read_text(encoding="utf-8"), (
+        "benchmarks/calibration/results.md is stale; run .venv/bin/python "
+        "benchmarks/calibration/calibrate.py --write-results"
+    )

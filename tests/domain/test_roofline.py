@@ -1,0 +1,426 @@
+"""Golden numbers and properties of the roofline model (hand-computable cases, the seeds'
+figures, monotonicity over the zoo)."""
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from app.domain.analysis import GraphAnalysis, InputDecl, analyze
+from app.domain.mig import MigGeometry, MigProfileSpec
+from app.domain.precision import DType
+from app.domain.roofline import (
+    DEFAULT_CALIBRATIONS,
+    PRECISION_SCHEMES,
+    Bound,
+    Calibration,
+    Device,
+    DeviceKind,
+    InferencePrecision,
+    RooflineInputError,
+    Workload,
+    build_kernels,
+    decoder_workload,
+    forward_workload,
+    is_decoder,
+    kernel_points,
+    mig_slice,
+    pcie_bandwidth_bytes_per_s,
+    predict,
+    unsupported_reason,
+)
+from app.domain.zoo import ZOO, gpt2
+from app.domain.zoo.cnn import resnet
+
+FP32 = PRECISION_SCHEMES[InferencePrecision.FP32]
+INT8 = PRECISION_SCHEMES[InferencePrecision.INT8]
+
+MLP: list[dict[str, Any]] = [
+    {"name": "fc1", "op": "linear", "out_features": 128},
+    {"name": "act", "op": "relu"},
+    {"name": "fc2", "op": "linear", "out_features": 10},
+]
+
+# Round numbers so that every figure below can be checked by hand.
+HAND_GPU = Device(
+    slug="hand-gpu",
+    name="Hand GPU",
+    kind=DeviceKind.GPU,
+    peak_flops_per_s={DType.FP32: 1e12},
+    memory_bandwidth_bytes_per_s=1e11,
+    memory_bytes=2**30,
+    host_link_bytes_per_s=1e10,
+    host_link_source="test",
+    tdp_watts=100.0,
+    price_usd_per_hour=3.6,
+)
+HAND_CAL = Calibration(
+    compute_efficiency=0.5,
+    memory_efficiency=0.5,
+    activation_cache_share=0.0,
+    host_link_efficiency=0.5,
+    kernel_launch_overhead_s=1e-5,
+    request_overhead_s=1e-4,
+    basis="test",
+)
+
+
+def _mlp(batch: int) -> GraphAnalysis:
+    inputs = (InputDecl(name="x", shape=("batch", 64)),)
+    return analyze(inputs, MLP, {"batch": batch}, training=False)
+
+
+def test_kernels_of_a_hand_computable_mlp() -> None:
+    kernels = build_kernels(_mlp(2), FP32)
+    assert [k.ops for k in kernels] == [("linear", "relu"), ("linear",)]
+    first, second = kernels
+    # fc1: 2*2*64*128 FLOPs + relu 2*128; weights (64*128 + 128) * 4 B; x 2*64*4; out 2*128*4
+    assert (first.flops, first.weight_bytes, first.input_bytes, first.output_bytes) == (
+        33_024,
+        33_280,
+        512,
+        1_024,
+    )
+    # fc2: 2*2*128*10 FLOPs; weights (128*10 + 10) * 4 B; reads fc1's 1,024 B; out 2*10*4
+    assert (second.flops, second.weight_bytes, second.input_bytes, second.output_bytes) == (
+        5_120,
+        5_160,
+        1_024,
+        80,
+    )
+    assert first.bytes_moved == 34_816
+    assert first.dram_bytes(0.5) == 33_280 + 0.5 * (512 + 1_024)
+    unfused = build_kernels(_mlp(2), FP32, fuse_elementwise=False)
+    assert [k.ops for k in unfused] == [("linear",), ("relu",), ("linear",)]
+    assert sum(k.flops for k in unfused) == sum(k.flops for k in kernels)
+
+
+def test_hand_computed_latency_on_a_gpu() -> None:
+    workload = forward_workload(_mlp(2), FP32, batch=2)
+    p = predict(workload, HAND_GPU, HAND_CAL)
+    # P_eff = 1e12 * 0.5, BW_eff = 1e11 * 0.5: ridge 10 FLOP/B; both kernels (< 1 FLOP/B) are
+    # memory-bound: (34,816 + 6,264) B / 5e10 B/s = 8.216e-7 s; two launches 2e-5 s;
+    # copies 512 B and 80 B at 1e10 * 0.5 B/s; request 1e-4 s.
+    (phase,) = p.phases
+    assert phase.compute_s == 0
+    assert phase.memory_s == pytest.approx(8.216e-7)
+    assert phase.launch_s == pytest.approx(2e-5)
+    assert phase.h2d_s == pytest.approx(1.024e-7)
+    assert phase.d2h_s == pytest.approx(1.6e-8)
+    assert p.latency_s == pytest.approx(1e-4 + 1.024e-7 + 8.216e-7 + 2e-5 + 1.6e-8)
+    # the host-side request overhead (1e-4) is the longest stage: 2 / 1e-4 = 20,000 / s
+    assert p.interval_s == pytest.approx(1e-4)
+    assert p.throughput_per_s == pytest.approx(20_000)
+    assert p.bound is Bound.OVERHEAD
+    assert p.ridge_point_flops_per_byte == pytest.approx(10)
+    assert p.arithmetic_intensity_flops_per_byte == pytest.approx(38_144 / 41_080)
+
+
+def test_hand_computed_compute_bound_cpu() -> None:
+    cpu = replace(HAND_GPU, kind=DeviceKind.CPU, peak_flops_per_s={DType.FP32: 1e8})
+    p = predict(forward_workload(_mlp(2), FP32, batch=2), cpu, HAND_CAL)
+    (phase,) = p.phases
+    # P_eff 5e7: ridge 0.001 FLOP/B, both kernels compute-bound: 38,144 / 5e7 s; no copies
+    assert phase.compute_s == pytest.approx(38_144 / 5e7)
+    assert phase.memory_s == 0
+    assert phase.h2d_s == phase.d2h_s == 0
+    assert p.latency_s == pytest.approx(1e-4 + 38_144 / 5e7 + 2e-5)
+    assert p.interval_s == p.latency_s  # a CPU overlaps nothing
+    assert p.bound is Bound.COMPUTE
+
+
+def test_cache_share_only_discounts_activations() -> None:
+    cal = replace(HAND_CAL, activation_cache_share=0.5)
+    (phase,) = predict(forward_workload(_mlp(2), FP32, batch=2), HAND_GPU, cal).phases
+    # weights 33,280 + 5,160 B stay; activations (512 + 1,024) + (1,024 + 80) B are halved
+    assert phase.dram_bytes == pytest.approx(38_440 + 0.5 * 2_640)
+    assert phase.memory_s == pytest.approx((38_440 + 0.5 * 2_640) / 5e10)
+
+
+def test_seed_resnet50_gops_per_image() -> None:
+    """The seeds' ~7.72 GOPs per 224x224 image and '230 Gops for 30 fps'.
+
+    Convention: a multiply-add is 2 operations. The seeds' figure is the original ResNet-50
+    (v1, stride on the first 1x1 conv of a downsampling block) counting convolutions and the
+    classifier: 2 x 3.858 G MACs. The zoo's ResNet-50 is torchvision's v1.5 (stride on the
+    3x3 conv, what MLPerf runs): 8.18 GOPs in convolutions and classifier, 8.24 G with
+    batchnorm, ReLU, residual adds and pooling, which is what the roofline counts.
+    """
+    inputs, layers = resnet(stride_on_3x3=False)
+    v1 = analyze(inputs, layers, {"batch": 1, "image": 224}, training=False)
+    matmul = sum(layer.flops for layer in v1.layers if layer.op in ("conv2d", "linear"))
+    assert matmul == 7_715_946_496
+    assert round(matmul / 1e9, 2) == 7.72
+    assert matmul * 30 == 231_478_394_880  # "230 Gops for 30 fps"
+    assert matmul * 30 == pytest.approx(230e9, rel=0.01)
+    model = ZOO["resnet-50"]
+    v15 = analyze(model.inputs, model.layers, {"batch": 1, "image": 224}, training=False)
+    matmul15 = sum(layer.flops for layer in v15.layers if layer.op in ("conv2d", "linear"))
+    assert matmul15 == 8_178_368_512
+    workload = forward_workload(v15, INT8, batch=1)
+    assert workload.flops == v15.flops == 8_239_859_200
+    assert v1.params == v15.params == 25_557_032
+    # fused as TensorRT runs it: 53 convolutions (BN/ReLU/add in their epilogues), max pool,
+    # average pool, classifier
+    assert len(workload.phases[0].kernels) == 56
+
+
+def test_embedding_reads_rows_and_tied_head_reads_the_matrix() -> None:
+    model = gpt2(layers=1, hidden=64, heads=4, vocab=100, positions=32)
+    analysis = analyze(model.inputs, model.layers, {"batch": 2, "seq": 8}, training=False)
+    kernels = {k.name: k for k in build_kernels(analysis, FP32)}
+    # the token embedding gathers 2 x 8 rows of 64, not the 100 x 64 table
+    assert kernels["wte"].weight_bytes == 2 * 8 * 64 * 4
+    # the LM head owns no parameter (tied) but streams the whole 100 x 64 matrix
+    head = kernels["lm_head"]
+    assert head.weight_bytes == 100 * 64 * 4
+    assert head.output_bytes == 2 * 8 * 100 * 4
+
+
+def test_decode_reads_the_kv_cache() -> None:
+    model = gpt2(layers=2, hidden=64, heads=4, vocab=100, positions=64)
+    prefill = analyze(model.inputs, model.layers, {"batch": 3, "seq": 16}, training=False)
+    step = analyze(model.inputs, model.layers, {"batch": 3, "seq": 1}, training=False)
+    workload = decoder_workload(prefill, step, FP32, batch=3, prompt_tokens=16, generated_tokens=8)
+    first, decode = workload.phases
+    assert (first.name, first.repeats, decode.name, decode.repeats) == ("prefill", 1, "decode", 7)
+    # context = 16 + 8 // 2 = 20 cached tokens: each of the 2 attention layers reads
+    # 2 (K, V) x 3 sequences x 20 tokens x 64 x 4 B and writes this step's 2 x 3 x 64 x 4 B
+    kv = [k.kv_cache_bytes for k in decode.kernels if k.kv_cache_bytes]
+    assert kv == [2 * 3 * 20 * 64 * 4 + 2 * 3 * 64 * 4] * 2
+    # and attends to them: 4 x 3 x 20 x 64 FLOPs each beyond the one-token graph
+    step_flops = sum(k.flops for k in build_kernels(step, FP32))
+    assert decode.flops == step_flops + 2 * 4 * 3 * 20 * 64
+    # the prefill writes the prompt's keys and values
+    assert [k.kv_cache_bytes for k in first.kernels if k.kv_cache_bytes] == [
+        2 * 3 * 16 * 64 * 4
+    ] * 2
+    # token ids in, one sampled id per sequence out
+    assert (first.h2d_bytes, first.d2h_bytes, decode.h2d_bytes, decode.d2h_bytes) == (
+        3 * 16 * 8,
+        3 * 8,
+        0,
+        3 * 8,
+    )
+    p = predict(workload, HAND_GPU, HAND_CAL)
+    assert p.first_token_s == pytest.approx(1e-4 + p.phases[0].latency_s)
+    assert p.per_token_s == pytest.approx(p.phases[1].latency_s)
+    assert p.first_token_s is not None
+    assert p.per_token_s is not None
+    assert p.latency_s == pytest.approx(p.first_token_s + 7 * p.per_token_s)
+    assert is_decoder(model.layers)
+    assert not is_decoder(ZOO["bert-base"].layers)
+
+
+A100_GEOMETRY = MigGeometry(
+    gpu="a100",
+    total_compute_slices=7,
+    total_memory_slices=8,
+    max_gpu_instances=7,
+    profiles=(
+        MigProfileSpec(
+            name="1g.10gb",
+            memory_mib=9728,
+            compute_slices=1,
+            memory_slices=1,
+            max_instances=7,
+            placements=(0, 1, 2, 3, 4, 5, 6),
+        ),
+        MigProfileSpec(
+            name="3g.40gb",
+            memory_mib=40192,
+            compute_slices=3,
+            memory_slices=4,
+            max_instances=2,
+            placements=(0, 4),
+        ),
+    ),
+)
+
+
+def test_mig_slices_get_their_share() -> None:
+    gpu = replace(HAND_GPU, slug="a100")
+    small, large = (mig_slice(gpu, A100_GEOMETRY, p) for p in A100_GEOMETRY.profiles)
+    assert small.slug == "a100/1g.10gb"
+    assert (small.compute_fraction, small.bandwidth_fraction) == (1 / 7, 1 / 8)
+    assert (large.compute_fraction, large.bandwidth_fraction) == (3 / 7, 4 / 8)
+    assert small.memory_bytes == 9728 * 2**20
+    assert small.price_usd_per_hour == pytest.approx(3.6 / 7)
+    assert small.tdp_watts == pytest.approx(100 / 7)
+    assert small.host_link_bytes_per_s == gpu.host_link_bytes_per_s
+    p = predict(forward_workload(_mlp(2), FP32, batch=2), small, HAND_CAL)
+    assert p.effective_flops_per_s == pytest.approx(1e12 / 7 * 0.5)
+    assert p.effective_bandwidth_bytes_per_s == pytest.approx(1e11 / 8 * 0.5)
+    assert p.phases[0].memory_s == pytest.approx(41_080 / (1e11 / 8 * 0.5))
+
+
+def test_unsupported_precisions_and_links_give_reasons() -> None:
+    reason = unsupported_reason(HAND_GPU, INT8)
+    assert reason is not None
+    assert "int8" in reason
+    assert "fp32" in reason
+    with pytest.raises(RooflineInputError, match="int8"):
+        predict(forward_workload(_mlp(1), INT8, batch=1), HAND_GPU, HAND_CAL)
+    no_link = replace(HAND_GPU, host_link_bytes_per_s=None)
+    assert "host-link" in (unsupported_reason(no_link, FP32) or "")
+    soc = replace(no_link, kind=DeviceKind.EDGE)
+    assert unsupported_reason(soc, FP32) is None  # unified memory: nothing to copy
+    int4 = PRECISION_SCHEMES[InferencePrecision.INT4]
+    bf16_only = replace(HAND_GPU, peak_flops_per_s={DType.BF16: 1e12})
+    assert unsupported_reason(bf16_only, int4) is None  # W4A16 math at the bf16 peak
+
+
+def test_pcie_bandwidth() -> None:
+    assert pcie_bandwidth_bytes_per_s(3, 16) == pytest.approx(15.75e9)
+    assert pcie_bandwidth_bytes_per_s(4, 16) == pytest.approx(31.5e9)
+    assert pcie_bandwidth_bytes_per_s(5, 8) == pytest.approx(31.5e9)
+    assert pcie_bandwidth_bytes_per_s(9, 16) is None
+
+
+# --------------------------------------------------------------------------------------------
+# Properties over the zoo
+# --------------------------------------------------------------------------------------------
+
+DEVICES = [
+    Device(  # A100-80GB-SXM-like
+        slug="gpu",
+        name="GPU",
+        kind=DeviceKind.GPU,
+        peak_flops_per_s={DType.FP32: 19.5e12, DType.BF16: 312e12, DType.INT8: 624e12},
+        memory_bandwidth_bytes_per_s=2.039e12,
+        memory_bytes=80 * 2**30,
+        host_link_bytes_per_s=31.5e9,
+        host_link_source="test",
+        tdp_watts=400.0,
+        price_usd_per_hour=4.1,
+    ),
+    Device(  # Sapphire-Rapids-like socket
+        slug="cpu",
+        name="CPU",
+        kind=DeviceKind.CPU,
+        peak_flops_per_s={DType.FP32: 7.168e12, DType.BF16: 114.7e12, DType.INT8: 229.4e12},
+        memory_bandwidth_bytes_per_s=307.2e9,
+        memory_bytes=512 * 2**30,
+        host_link_bytes_per_s=None,
+        host_link_source="test",
+        tdp_watts=350.0,
+        price_usd_per_hour=None,
+        simd="AVX-512 + AMX",
+    ),
+    Device(  # Jetson-Orin-like SoC
+        slug="soc",
+        name="SoC",
+        kind=DeviceKind.EDGE,
+        peak_flops_per_s={DType.INT8: 137.5e12},
+        memory_bandwidth_bytes_per_s=204.8e9,
+        memory_bytes=64 * 2**30,
+        host_link_bytes_per_s=None,
+        host_link_source="test",
+        tdp_watts=60.0,
+        price_usd_per_hour=None,
+    ),
+]
+DEVICES.append(mig_slice(DEVICES[0], A100_GEOMETRY, A100_GEOMETRY.profiles[0]))
+BATCHES = [1, 2, 4, 8, 16, 32]
+PROMPT, GENERATED = 32, 8
+
+
+def _workload(slug: str, batch: int, precision: InferencePrecision) -> Workload:
+    model = ZOO[slug]
+    scheme = PRECISION_SCHEMES[precision]
+    bindings = {**model.default_bindings, "batch": batch}
+    if is_decoder(model.layers):
+        prefill = analyze(model.inputs, model.layers, {**bindings, "seq": PROMPT}, training=False)
+        step = analyze(model.inputs, model.layers, {**bindings, "seq": 1}, training=False)
+        return decoder_workload(
+            prefill, step, scheme, batch=batch, prompt_tokens=PROMPT, generated_tokens=GENERATED
+        )
+    if "seq" in bindings:
+        bindings["seq"] = 128
+    analysis = analyze(model.inputs, model.layers, bindings, training=False)
+    return forward_workload(analysis, scheme, batch=batch)
+
+
+@pytest.fixture(scope="module")
+def workloads() -> dict[tuple[str, InferencePrecision], list[Workload]]:
+    return {
+        (slug, precision): [_workload(slug, b, precision) for b in BATCHES]
+        for slug in ZOO
+        for precision in (InferencePrecision.FP32, InferencePrecision.INT8)
+    }
+
+
+def test_bigger_batch_never_lowers_throughput_or_latency(
+    workloads: dict[tuple[str, InferencePrecision], list[Workload]],
+) -> None:
+    checked = 0
+    for (slug, precision), series in workloads.items():
+        for device in DEVICES:
+            if unsupported_reason(device, series[0].scheme):
+                continue
+            cal = DEFAULT_CALIBRATIONS[device.kind]
+            predictions = [predict(w, device, cal) for w in series]
+            for small, big in zip(predictions, predictions[1:], strict=False):
+                where = f"{slug} {precision} {device.slug} batch {small.batch}->{big.batch}"
+                assert big.throughput_per_s >= small.throughput_per_s * (1 - 1e-12), where
+                assert big.latency_s >= small.latency_s * (1 - 1e-12), where
+                checked += 1
+    assert checked >= len(ZOO) * 5 * 5
+
+
+def test_a_faster_link_never_raises_latency(
+    workloads: dict[tuple[str, InferencePrecision], list[Workload]],
+) -> None:
+    gpu = DEVICES[0]
+    for (slug, _), series in workloads.items():
+        for workload in series:
+            before = predict(workload, gpu, DEFAULT_CALIBRATIONS[DeviceKind.GPU])
+            for factor in (2.0, 4.0):
+                link = gpu.host_link_bytes_per_s or 0
+                faster = replace(gpu, host_link_bytes_per_s=link * factor)
+                after = predict(workload, faster, DEFAULT_CALIBRATIONS[DeviceKind.GPU])
+                assert after.latency_s <= before.latency_s, slug
+                assert after.throughput_per_s >= before.throughput_per_s, slug
+                before = after
+
+
+def test_closed_form_equals_the_per_kernel_loop(
+    workloads: dict[tuple[str, InferencePrecision], list[Workload]],
+) -> None:
+    for (slug, _), series in workloads.items():
+        workload = series[2]
+        for device in DEVICES:
+            if unsupported_reason(device, workload.scheme):
+                continue
+            p = predict(workload, device, DEFAULT_CALIBRATIONS[device.kind])
+            for phase, timing in zip(workload.phases, p.phases, strict=True):
+                points = kernel_points(phase, p)
+                looped = sum(
+                    k.flops / pt.achieved_flops_per_s
+                    for k, pt in zip(phase.kernels, points, strict=True)
+                    if k.flops
+                )
+                idle = sum(
+                    k.dram_bytes(p.calibration.activation_cache_share)
+                    / p.effective_bandwidth_bytes_per_s
+                    + k.launches * p.calibration.kernel_launch_overhead_s
+                    for k in phase.kernels
+                    if not k.flops
+                )
+                assert looped + idle == pytest.approx(timing.kernel_s, rel=1e-9), slug
+                computed = sum(1 for pt in points if pt.bound is Bound.COMPUTE)
+                assert computed == timing.compute_bound_kernels, slug
+
+
+def _all_flops(analysis: GraphAnalysis) -> int:
+    return sum(layer.flops for layer in analysis.layers)
+
+
+@pytest.mark.parametrize("slug", ["resnet-50", "bert-base", "vit-b-16", "lstm-classifier"])
+def test_forward_flops_are_the_analysis_flops(slug: str) -> None:
+    model = ZOO[slug]
+    bindings: dict[str, Any] = {**model.default_bindings, "batch": 4}
+    analysis = analyze(model.inputs, model.layers, bindings, training=False)
+    for precision in InferencePrecision:
+        workload = forward_workload(analysis, PRECISION_SCHEMES[precision], batch=4)
+        assert workload.flops == _all_flops(analysis)

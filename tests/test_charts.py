@@ -1,0 +1,85 @@
+"""The SVG charts: valid XML, escaped labels, log axes and roofs where they belong."""
+
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from app.charts import GIB, Roof, RoofPoint, breakdown_svg, roofline_svg
+
+NS = "{http://www.w3.org/2000/svg}"
+ROOF = Roof(
+    label="GPU <A&B>",
+    peak_flops_per_s=1e14,
+    bandwidth_bytes_per_s=1e12,
+    spec_peak_flops_per_s=2e14,
+    spec_bandwidth_bytes_per_s=1.25e12,
+)
+
+
+def test_roofline_is_valid_svg_with_escaped_labels() -> None:
+    points = [
+        RoofPoint(roof=0, label="conv <1>", intensity_flops_per_byte=10, achieved_flops_per_s=5e12),
+        RoofPoint(
+            roof=0,
+            label="decode",
+            intensity_flops_per_byte=1,
+            achieved_flops_per_s=5e11,
+            decode=True,
+        ),
+    ]
+    svg = roofline_svg(title="T & U", subtitle="s", roofs=[ROOF], points=points)
+    root = ET.fromstring(svg)
+    texts = ["".join(n.itertext()) for n in root.iter(f"{NS}text")]
+    assert "GPU <A&B>" in texts
+    assert "ridge 100 FLOP/B" in texts  # 1e14 / 1e12
+    assert {"100 TFLOP/s", "1 TFLOP/s", "0.1", "1", "10", "100"} <= set(texts)
+    assert len(root.findall(f".//{NS}polygon")) == 1
+    tips = [n.text for n in root.iter(f"{NS}title")]
+    assert "conv <1>: 10 FLOP/B, 5 TFLOP/s" in tips
+
+
+def _xy(points: str) -> list[tuple[float, float]]:
+    return [(float(x), float(y)) for x, y in (pair.split(",") for pair in points.split())]
+
+
+def test_the_roof_bends_at_the_ridge_point() -> None:
+    root = ET.fromstring(roofline_svg(title="t", subtitle="", roofs=[ROOF], points=[]))
+    dashed, solid = (_xy(p.attrib["points"]) for p in root.iter(f"{NS}polyline"))
+    (start, ridge, end), ridge_mark = solid, root.find(f".//{NS}circle")
+    assert ridge_mark is not None
+    assert (float(ridge_mark.attrib["cx"]), float(ridge_mark.attrib["cy"])) == pytest.approx(
+        ridge, abs=0.1
+    )
+    assert ridge[1] == pytest.approx(end[1])  # flat after the ridge
+    assert start[1] > ridge[1]  # rising (SVG y grows downwards) before it
+    # slope 1 on log-log axes: a decade of intensity is a decade of FLOP/s
+    lines = list(root.iter(f"{NS}line"))
+    verticals = sorted(float(n.attrib["x1"]) for n in lines if n.attrib["x1"] == n.attrib["x2"])
+    horizontals = sorted(
+        float(n.attrib["y1"])
+        for n in lines
+        if n.attrib["y1"] == n.attrib["y2"] and float(n.attrib["x1"]) == verticals[0]
+    )
+    x_decade = verticals[1] - verticals[0]
+    y_decade = horizontals[1] - horizontals[0]
+    assert (start[1] - ridge[1]) / y_decade == pytest.approx((ridge[0] - start[0]) / x_decade)
+    assert dashed[-1][1] < end[1]  # the catalog peak is above the calibrated one
+
+
+def test_breakdown_bars_in_gib() -> None:
+    svg = breakdown_svg(
+        title="m",
+        subtitle="s",
+        lines=[("weights", 2 * GIB), ("a<b", GIB // 2), ("empty", 0)],
+        total_bytes=3 * GIB,
+        capacity_bytes=4 * GIB,
+        capacity_label="gpu",
+    )
+    root = ET.fromstring(svg)
+    texts = ["".join(n.itertext()) for n in root.iter(f"{NS}text")]
+    assert {"weights", "a<b", "total (peak)", "2.000 GiB", "0.500 GiB", "3.000 GiB"} <= set(texts)
+    assert "empty" not in texts
+    assert "gpu 4 GiB" in texts
+    widths = [float(r.attrib["width"]) for r in root.iter(f"{NS}rect")][1:]
+    assert widths[0] == pytest.approx(4 * widths[1], abs=0.5)  # 2 GiB vs 0.5 GiB
+    assert widths[2] == pytest.approx(1.5 * widths[0], abs=0.2)  # the 3 GiB total
