@@ -213,6 +213,50 @@ def test_cli_hardware_mig_workloads_admission_health(http: TestClient, tmp_path:
     assert run(http, "health") == (0, "ready\n", "")
 
 
+def test_client_recommendations_and_charts(api: CapacityPlannerClient) -> None:
+    devices = ["intel-xeon-platinum-8480plus", "nvidia-a100-40gb-sxm/1g.5gb", "nvidia-l4"]
+    result = api.recommend_inference(
+        {"model": "resnet-50", "batch_sizes": [1, 8], "precisions": ["int8"],
+         "devices": devices, "latency_slo_ms": 20, "objective": "latency"}
+    )  # fmt: skip
+    assert {c.device for c in result.candidates} <= set(devices)
+    assert result.candidates[0].rank == 1
+    latencies = [c.latency_ms for c in result.candidates if c.eligible]
+    assert latencies == sorted(latencies)  # objective latency: fastest first
+    svg = api.roofline_svg("resnet-50", ["nvidia-l4", "intel-xeon-platinum-8480plus"])
+    assert svg.lstrip().startswith("<")
+    assert "</svg>" in svg
+    chart = api.memory_svg(model="gpt-2", mode="inference", batch_size=1, sequence_length=64)
+    assert "GiB" in chart
+    assert "</svg>" in chart
+    with pytest.raises(ApiError) as unknown:
+        api.recommend_inference({"model": "resnet-50", "devices": ["nvidia-x9"]})
+    assert unknown.value.status == 404
+
+
+def test_cli_recommend(http: TestClient, tmp_path: Path) -> None:
+    svg = tmp_path / "roofline.svg"
+    code, out, err = run(http, "recommend", "resnet-50", "--batch", "1", "--batch", "4",
+                         "--precision", "int8", "--slo-ms", "20", "--target", "500",
+                         "--devices", "intel-xeon-platinum-8480plus,nvidia-l4,nvidia-t4",
+                         "--price", "intel-xeon-platinum-8480plus=0.3",
+                         "--svg", str(svg))  # fmt: skip
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith("Run resnet-50 on ")  # the recommendation paragraph comes first
+    assert any(line.startswith("#  device") for line in lines)
+    assert "candidates eligible" in out
+    assert "</svg>" in svg.read_text()
+    code, out, err = run(http, "recommend", "resnet-50", "--batch", "2", "--precision", "fp32",
+                         "--devices", "nvidia-l4", "--json")  # fmt: skip
+    assert code == 0, err
+    assert json.loads(out)["candidates"][0]["device"] == "nvidia-l4"
+    assert run(http, "recommend", "resnet-50", "--price", "oops")[0] == 2
+    code, _, err = run(http, "recommend", "resnet-50", "--slo-ms", "0")
+    assert code == 1
+    assert "error 422" in err
+
+
 def test_cli_usage_errors_exit_2(http: TestClient, tmp_path: Path) -> None:
     assert run(http, "estimate")[0] == 2
     assert run(http, "models", "show")[0] == 2

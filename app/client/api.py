@@ -23,6 +23,10 @@ from app.schemas.mig import (
     MigProfileList,
 )
 from app.schemas.models import ModelCreate, ModelList, ModelRead, ModelReplace
+from app.schemas.recommendations import (
+    InferenceRecommendationRequest,
+    InferenceRecommendationResponse,
+)
 from app.schemas.workloads import WorkloadCreate, WorkloadList, WorkloadRead, WorkloadReplace
 
 T = TypeVar("T", bound=BaseModel)
@@ -278,6 +282,25 @@ class CapacityPlannerClient:
     ) -> MemoryEstimateResponse:
         """POST /v1/estimates/memory."""
         return self._post("/v1/estimates/memory", MemoryEstimateResponse, payload)
+
+    def memory_svg(self, **query: Any) -> str:
+        """GET /v1/estimates/memory.svg: the query of ``GET /v1/estimates/memory`` as a chart."""
+        params = {k: v for k, v in query.items() if v is not None}
+        return self._send("GET", "/v1/estimates/memory.svg", params=params).text
+
+    # -- recommendations
+
+    def recommend_inference(
+        self, payload: InferenceRecommendationRequest | Mapping[str, Any]
+    ) -> InferenceRecommendationResponse:
+        """POST /v1/recommendations/inference."""
+        return self._post("/v1/recommendations/inference", InferenceRecommendationResponse, payload)
+
+    def roofline_svg(self, model: str, devices: list[str], **query: Any) -> str:
+        """GET /v1/recommendations/roofline.svg for a stored model and up to 8 devices."""
+        params = {"model": model, "devices": ",".join(devices), **query}
+        params = {k: v for k, v in params.items() if v is not None}
+        return self._send("GET", "/v1/recommendations/roofline.svg", params=params).text
 
     # -- MIG
 

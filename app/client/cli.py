@@ -4,6 +4,7 @@
     capplan fit llama-3-8b --gpu h100-80gb --mode inference --batch 8 --precision bf16
     capplan import onnx model.onnx --slug my-model
     capplan import hf-config config.json --slug my-llama
+    capplan recommend resnet-50 --slo-ms 20 --target 1000 --price intel-xeon-6980p=0.3
 
 Readable tables by default, ``--json`` for the raw answer. The server is ``--url`` or
 CAPPLAN_URL (default http://127.0.0.1:8000); the key ``--api-key`` or CAPPLAN_API_KEY.
@@ -378,6 +379,74 @@ def cmd_admission(client: CapacityPlannerClient, args: argparse.Namespace, out: 
     return 0
 
 
+def _prices(values: list[str]) -> dict[str, float]:
+    prices: dict[str, float] = {}
+    for value in values:
+        slug, _, price = value.partition("=")
+        try:
+            prices[slug] = float(price)
+        except ValueError:
+            raise UsageError(f"--price {value!r}: expected SLUG=USD_PER_HOUR") from None
+    return prices
+
+
+def cmd_recommend(client: CapacityPlannerClient, args: argparse.Namespace, out: TextIO) -> int:
+    payload: dict[str, Any] = {"model": args.model, "objective": args.objective}
+    for key, value in (
+        ("batch_sizes", args.batch),
+        ("precisions", args.precision),
+        ("latency_slo_ms", args.slo_ms),
+        ("throughput_target_per_s", args.target),
+        ("devices", args.devices.split(",") if args.devices else None),
+        ("sequence_length", args.seq),
+        ("image_size", args.image),
+        ("prompt_tokens", args.prompt_tokens),
+        ("generated_tokens", args.generated_tokens),
+        ("limit", args.limit),
+    ):
+        if value is not None:
+            payload[key] = value
+    if args.price:
+        payload["prices_usd_per_hour"] = _prices(args.price)
+    result = wait_with_progress(
+        "ranking devices", lambda: client.recommend_inference(payload), sys.stderr
+    )
+    chosen = list(dict.fromkeys(c.device for c in result.candidates[:4]))
+    if args.svg and chosen:
+        Path(args.svg).write_text(client.roofline_svg(args.model, chosen), encoding="utf-8")
+    if args.json:
+        out.write(_dump(result) + "\n")
+        return 0
+    out.write(result.recommendation + "\n\n")
+    rows = [
+        (
+            c.rank,
+            c.device,
+            c.precision,
+            c.batch_size,
+            c.latency_ms,
+            c.throughput_per_s,
+            c.devices_needed,
+            c.cost_usd_per_million,
+            c.bound,
+            c.fits_in_memory,
+            "yes" if c.eligible else "; ".join(c.reasons)[:40],
+        )
+        for c in result.candidates
+    ]
+    headers = ["#", "device", "precision", "batch", "latency ms", "per s", "devices",
+               "$/M", "bound", "fits", "eligible"]  # fmt: skip
+    out.write(table(rows, headers) + "\n")
+    out.write(
+        f"\n{result.eligible_candidates} of {result.total_candidates} candidates eligible; "
+        f"{len(result.excluded)} device/precision pairs excluded (--json lists why)\n"
+    )
+    if args.svg:
+        written = f"written to {args.svg}" if chosen else "not written: no candidates"
+        out.write(f"roofline of the top devices {written}\n")
+    return 0
+
+
 def cmd_health(client: CapacityPlannerClient, args: argparse.Namespace, out: TextIO) -> int:
     ready = client.ready()
     out.write(json.dumps(ready, indent=2) + "\n" if args.json else f"{ready['status']}\n")
@@ -460,6 +529,31 @@ def build_parser() -> argparse.ArgumentParser:
     admission = sub.add_parser("admission", parents=[common], help="admission check (JSON)")
     admission.add_argument("file", help="POST /v1/admission/check body as a JSON file")
     admission.set_defaults(run=cmd_admission)
+
+    recommend = sub.add_parser(
+        "recommend", parents=[common], help="CPU vs GPU vs MIG slice for inference, ranked"
+    )
+    recommend.add_argument("model", help="stored model slug")
+    recommend.add_argument(
+        "--batch", type=int, action="append", help="batch size to try (repeat; default: search)"
+    )
+    recommend.add_argument(
+        "--precision", action="append", help="fp32, bf16, fp16, int8, ... (repeat)"
+    )
+    recommend.add_argument("--slo-ms", type=float, help="latency SLO [ms]")
+    recommend.add_argument("--target", type=float, help="throughput target [inferences/s]")
+    recommend.add_argument("--devices", help="comma-separated slugs or slug/profile MIG slices")
+    recommend.add_argument("--objective", choices=["cost", "energy", "latency"], default="cost")
+    recommend.add_argument(
+        "--price", action="append", metavar="SLUG=USD", help="price per hour (repeat)"
+    )
+    recommend.add_argument("--seq", type=int, help="sequence length")
+    recommend.add_argument("--image", type=int, help="image size")
+    recommend.add_argument("--prompt-tokens", type=int, help="decoders: prompt length")
+    recommend.add_argument("--generated-tokens", type=int, help="decoders: tokens generated")
+    recommend.add_argument("--limit", type=int, default=10, help="rows to show")
+    recommend.add_argument("--svg", help="also write the top devices' roofline SVG here")
+    recommend.set_defaults(run=cmd_recommend)
 
     health = sub.add_parser("health", parents=[common], help="is the server ready")
     health.set_defaults(run=cmd_health)

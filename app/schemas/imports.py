@@ -103,6 +103,7 @@ class ImportReport(Schema):
         examples=[25_557_032],
     )
     source_parameter_count: int | None = Field(
+        default=None,
         description="ONNX: parameters counted from the initializers; always equal to "
         "`parameter_count` (an import where they differ is rejected). Null for HF configs.",
         examples=[25_557_032],

@@ -216,6 +216,7 @@ class RooflineInputs(Schema):
         description="bandwidth x bandwidth_fraction x memory_efficiency [B/s].", examples=[2.15e11]
     )
     host_link_bytes_per_s: float | None = Field(
+        default=None,
         description="Theoretical per-direction host link (null: no copy) [B/s].",
         examples=[31.5e9],
     )
@@ -224,14 +225,17 @@ class RooflineInputs(Schema):
     )
     host_link_efficiency: float = Field(description="Calibrated efficiency.", examples=[0.73])
     effective_host_link_bytes_per_s: float | None = Field(
+        default=None,
         description="host link x host_link_efficiency (null: no copy) [B/s].",
         examples=[23.0e9],
     )
     kernel_launch_overhead_s: float = Field(description="Per kernel launch [s].", examples=[4e-6])
     request_overhead_s: float = Field(description="Per request [s].", examples=[4.2e-5])
-    tdp_watts: float | None = Field(description="TDP (MIG: share) [W].", examples=[350.0])
+    tdp_watts: float | None = Field(
+        default=None, description="TDP (MIG: share) [W].", examples=[350.0]
+    )
     price_usd_per_hour: float | None = Field(
-        description="Price used (MIG: share) [USD/h].", examples=[1.1]
+        default=None, description="Price used (MIG: share) [USD/h].", examples=[1.1]
     )
     price_source: str = Field(description="Where the price comes from.", examples=["catalog"])
 
