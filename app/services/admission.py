@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-import threading
-from collections import OrderedDict
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +23,7 @@ from app.domain.mig import kubernetes_resource, smallest_fitting
 from app.schemas.admission import AdmissionCheckRequest, AdmissionCheckResponse
 from app.schemas.estimates import WorkloadSpec
 from app.services.errors import InvalidInput, ServiceError
+from app.services.estimates import LruCache
 from app.services.mig import geometry, required_memory, workload_spec
 
 logger = logging.getLogger("app.admission")
@@ -170,39 +169,11 @@ _INLINE_KEYS = ("model", "mode", "batch-size", "precision", "sequence-length", "
 _Decisions = tuple[Decision, ...]
 
 
-class _DecisionCache:
-    """Decisions keyed by the state they were computed from (thread-safe LRU, per process).
-
-    A key holds the (id, version, updated_at) of the workload, its model and the GPU's hardware
-    profile, read by one cheap query each: any write to those rows changes the key, so a hit
-    is exactly what the full evaluation would answer now. Misses and errors are not cached.
-    """
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._items: OrderedDict[Hashable, _Decisions] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: Hashable) -> _Decisions | None:
-        with self._lock:
-            found = self._items.get(key)
-            if found is not None:
-                self._items.move_to_end(key)
-            return found
-
-    def put(self, key: Hashable, decisions: _Decisions) -> None:
-        with self._lock:
-            self._items[key] = decisions
-            self._items.move_to_end(key)
-            while len(self._items) > self.size:
-                self._items.popitem(last=False)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._items.clear()
-
-
-DECISIONS = _DecisionCache(size=1024)
+# Decisions keyed by the state they were computed from: the (id, version, updated_at) of the
+# workload, its model and the GPU's hardware profile, read by one cheap query each. Any write to
+# those rows changes the key, so a hit is exactly what the full evaluation would answer now.
+# Misses and errors are not cached.
+DECISIONS: LruCache[Hashable, _Decisions] = LruCache(size=1024)
 
 
 def _state_key(
