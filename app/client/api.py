@@ -115,8 +115,14 @@ class CapacityPlannerClient:
         return response
 
     def _get(self, url: str, model: type[T], params: Mapping[str, Any] | None = None) -> T:
+        return model.model_validate(self._fetch(url, params).json())
+
+    def _text(self, url: str, params: Mapping[str, Any] | None = None) -> str:
+        return self._fetch(url, params).text
+
+    def _fetch(self, url: str, params: Mapping[str, Any] | None) -> httpx.Response:
         query = {k: v for k, v in (params or {}).items() if v is not None}
-        return model.model_validate(self._send("GET", url, params=query).json())
+        return self._send("GET", url, params=query)
 
     def _post(self, url: str, model: type[T], payload: Payload) -> T:
         return model.model_validate(self._send("POST", url, json=_body(payload)).json())
@@ -285,8 +291,7 @@ class CapacityPlannerClient:
 
     def memory_svg(self, **query: Any) -> str:
         """GET /v1/estimates/memory.svg: the query of ``GET /v1/estimates/memory`` as a chart."""
-        params = {k: v for k, v in query.items() if v is not None}
-        return self._send("GET", "/v1/estimates/memory.svg", params=params).text
+        return self._text("/v1/estimates/memory.svg", query)
 
     # -- recommendations
 
@@ -299,8 +304,7 @@ class CapacityPlannerClient:
     def roofline_svg(self, model: str, devices: list[str], **query: Any) -> str:
         """GET /v1/recommendations/roofline.svg for a stored model and up to 8 devices."""
         params = {"model": model, "devices": ",".join(devices), **query}
-        params = {k: v for k, v in params.items() if v is not None}
-        return self._send("GET", "/v1/recommendations/roofline.svg", params=params).text
+        return self._text("/v1/recommendations/roofline.svg", params)
 
     # -- MIG
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from fractions import Fraction
@@ -488,7 +488,9 @@ def _op_sizes(layer: LayerAnalysis, sizer: _Sizer, request: MemoryRequest) -> _O
         backward_internal=internal,
         output=output,
         param_waste=_rounding_waste(
-            _ceil(math.prod(shape) * sizer.plan.weight) for shape in layer.result.param_shapes
+            Counter(
+                _ceil(math.prod(shape) * sizer.plan.weight) for shape in layer.result.param_shapes
+            )
         ),
         backward_extra=backward_extra,
         output_storage=sizer.value_bytes(layer.output_numel, layer.output_kind)
@@ -818,9 +820,12 @@ def _seed_rule(analysis: GraphAnalysis, sizer: _Sizer) -> int | None:
     return best
 
 
-def _rounding_waste(tensor_sizes: Iterable[int] | Counter[int]) -> int:
-    """CUDA caching allocator: 512 B granularity, 2 MiB blocks for tensors over 1 MiB."""
-    counts = tensor_sizes if isinstance(tensor_sizes, Counter) else Counter(tensor_sizes)
+def _rounding_waste(counts: Mapping[int, int]) -> int:
+    """CUDA caching allocator: 512 B granularity, 2 MiB blocks for tensors over 1 MiB.
+
+    ``counts`` maps a tensor size [B] to how many tensors have it; returns the bytes the
+    allocator adds on top of them [B].
+    """
     return sum(
         count * (-size % (2 * MIB) if size > MIB else -size % 512) for size, count in counts.items()
     )
