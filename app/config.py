@@ -50,6 +50,46 @@ class Settings(BaseSettings):
         default=None, description="TLS certificate for `serve` (admission webhooks need HTTPS)."
     )
     ssl_keyfile: Path | None = Field(default=None, description="TLS private key for `serve`.")
+    db_pool_size: int = Field(
+        default=8,
+        ge=1,
+        le=256,
+        description="Database connections per worker process, and so the number of requests "
+        "that work on the database at once (the others queue without holding a connection).",
+    )
+    db_queue_timeout_s: float = Field(
+        default=2.0,
+        gt=0,
+        le=60,
+        description="How long a request may wait for a database slot before it is answered 503 "
+        "with Retry-After (load shedding).",
+    )
+    db_connect_timeout_s: int = Field(
+        default=2,
+        ge=1,
+        le=60,
+        description="PostgreSQL connect timeout in seconds (libpq `connect_timeout`).",
+    )
+    db_statement_timeout_s: float = Field(
+        default=5.0,
+        gt=0,
+        le=600,
+        description="PostgreSQL `statement_timeout`: the server cancels longer statements.",
+    )
+    db_call_timeout_s: float = Field(
+        default=8.0,
+        gt=0,
+        le=600,
+        description="Client-side limit on one request's database work (a frozen or partitioned "
+        "database answers nothing, so only this ends the wait); 503 after it.",
+    )
+    admission_timeout_s: float = Field(
+        default=0.8,
+        gt=0,
+        le=30,
+        description="Limit on an admission review's database work; past it the review is "
+        "answered by CAPPLAN_ADMISSION_FAILURE_POLICY (Kubernetes' own webhook timeout is longer).",
+    )
     admission_failure_policy: Literal["deny", "allow"] = Field(
         default="deny",
         description="Admission answer when a review cannot be evaluated (allow adds a warning).",

@@ -10,6 +10,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from app.api.database import Database
 from app.api.errors import PROBLEM_JSON, install_error_handlers
 from app.api.middleware import BodySizeLimitMiddleware, Metrics, RequestContextMiddleware
 from app.api.routes import (
@@ -25,7 +26,7 @@ from app.api.routes import (
 )
 from app.config import Settings, get_settings
 from app.db.migrations import head_revisions
-from app.db.session import make_engine, make_session_factory
+from app.db.session import PoolOptions, make_engine, make_session_factory
 
 logger = logging.getLogger("app")
 
@@ -53,7 +54,15 @@ def _problem_media_types(schema: dict[str, Any]) -> dict[str, Any]:
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the ASGI app for ``settings`` (default: the environment's)."""
     settings = settings or get_settings()
-    engine = make_engine(settings.resolved_database_url)
+    engine = make_engine(
+        settings.resolved_database_url,
+        PoolOptions(
+            pool_size=settings.db_pool_size,
+            checkout_timeout_s=settings.db_queue_timeout_s,
+            connect_timeout_s=settings.db_connect_timeout_s,
+            statement_timeout_s=settings.db_statement_timeout_s,
+        ),
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -83,6 +92,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.engine = engine
     app.state.session_factory = make_session_factory(engine)
+    app.state.database = Database(
+        app.state.session_factory,
+        slots=settings.db_pool_size,
+        queue_timeout_s=settings.db_queue_timeout_s,
+        call_timeout_s=settings.db_call_timeout_s,
+    )
     app.state.head_revisions = head_revisions()
     app.state.metrics = Metrics()
 

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import hmac
 import logging
-from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import Depends, Header, HTTPException, Request
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
-from sqlalchemy.orm import Session
 
+from app.api.database import Database
 from app.config import Settings
 from app.services.concurrency import IfMatch
 
@@ -30,17 +29,17 @@ async def get_settings_dep(request: Request) -> Settings:
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 
 
-async def get_session(request: Request) -> AsyncIterator[Session]:
-    """A session per request; services commit, anything uncommitted is rolled back.
+async def get_database(request: Request) -> Database:
+    """The app's database gateway: handlers pass it a function of a session to run.
 
-    Creating and closing a session does no I/O of its own (connections are checked out lazily
-    by the sync route, which runs in a worker thread), so this stays on the event loop.
+    No handler gets a session of its own: sessions live and die inside the worker thread that
+    uses them (see app.api.database), so no connection is ever held across an await.
     """
-    with request.app.state.session_factory() as session:
-        yield session
+    database: Database = request.app.state.database
+    return database
 
 
-SessionDep = Annotated[Session, Depends(get_session)]
+DatabaseDep = Annotated[Database, Depends(get_database)]
 
 _bearer = HTTPBearer(
     auto_error=False, description="API key as a bearer token: `Authorization: Bearer <key>`."

@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.api.context import request_id_var
+from app.api.database import DatabaseUnavailable
 from app.domain.errors import DomainError
 from app.schemas.problem import InvalidField, Problem
 from app.services import errors as svc
@@ -148,6 +149,19 @@ async def _service_handler(request: Request, exc: Exception) -> JSONResponse:
     return problem_response(request, status, slug, title, exc.detail, errors=errors)
 
 
+async def _database_handler(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, DatabaseUnavailable)
+    title = "Database busy" if exc.type_slug == "database-busy" else "Database unavailable"
+    return problem_response(
+        request,
+        503,
+        exc.type_slug,
+        title,
+        exc.detail,
+        headers={"Retry-After": str(exc.retry_after_s)},
+    )
+
+
 async def _domain_handler(request: Request, exc: Exception) -> JSONResponse:
     return problem_response(request, 422, "invalid-input", "Invalid input", str(exc))
 
@@ -188,6 +202,7 @@ def install_error_handlers(app: FastAPI) -> None:
     """Register the handlers that turn every error into problem+json."""
     app.add_exception_handler(RequestValidationError, _validation_handler)
     app.add_exception_handler(svc.ServiceError, _service_handler)
+    app.add_exception_handler(DatabaseUnavailable, _database_handler)
     app.add_exception_handler(DomainError, _domain_handler)
     app.add_exception_handler(StarletteHTTPException, _http_handler)
     app.add_exception_handler(Exception, _unhandled_handler)
@@ -205,7 +220,7 @@ def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
         413: "Request body over the size limit",
         422: "Invalid input; `errors` lists every invalid field",
         428: "If-Match header required",
-        503: "Not ready",
+        503: "Database busy or unavailable (`Retry-After` says when to retry)",
     }
     # main.py moves these bodies from application/json to application/problem+json.
     return {

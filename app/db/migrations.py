@@ -6,7 +6,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 
 from app.config import PROJECT_ROOT
 
@@ -31,7 +31,9 @@ def head_revisions() -> set[str]:
     return set(ScriptDirectory.from_config(alembic_config()).get_heads())
 
 
-def current_revisions(engine: Engine) -> set[str]:
+def current_revisions(bind: Engine | Connection) -> set[str]:
     """Revisions the database is at (empty when it was never migrated)."""
-    with engine.connect() as connection:
+    if isinstance(bind, Connection):
+        return set(MigrationContext.configure(bind).get_current_heads())
+    with bind.connect() as connection:
         return set(MigrationContext.configure(connection).get_current_heads())

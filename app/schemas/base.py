@@ -4,7 +4,25 @@ from __future__ import annotations
 
 from typing import Annotated, Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+
+
+def storable(value: str) -> str:
+    """Reject text a database cannot store the same way everywhere.
+
+    PostgreSQL refuses NUL in text (SQLite keeps it), and a lone UTF-16 surrogate (which JSON's
+    ``\\ud800`` escapes can produce) cannot be encoded as UTF-8 at all.
+    """
+    if "\x00" in value:
+        raise ValueError("must not contain the NUL character (U+0000)")
+    if any("\ud800" <= char <= "\udfff" for char in value):
+        raise ValueError("must not contain unpaired UTF-16 surrogates (U+D800-U+DFFF)")
+    return value
+
+
+# For path and query parameters (and any free text): 422 naming the parameter, identical on
+# SQLite and PostgreSQL, instead of a database error.
+StorableStr = Annotated[str, AfterValidator(storable)]
 
 SLUG_PATTERN = r"^[a-z0-9](?:[a-z0-9-]{0,62}[a-z0-9])?$"
 

@@ -25,7 +25,7 @@ def _failed(exc: ImportRejected) -> ImportFailed:
     return ImportFailed(exc.detail, kind=exc.kind, pointer=exc.pointer, problems=exc.problems)
 
 
-def _require_free_slug(session: Session, slug: str) -> None:
+def require_free_slug(session: Session, slug: str) -> None:
     """Fail before the (possibly slow) import when the slug is taken."""
     if ModelRepository(session).get(slug) is not None:
         raise AlreadyExists(
@@ -85,7 +85,7 @@ def _store(
 
 def import_hf(session: Session, *, payload: HfConfigImport) -> ModelImportResponse:
     """Build the graph a config.json describes and store it (provenance ``hf_config``)."""
-    _require_free_slug(session, payload.slug)
+    require_free_slug(session, payload.slug)
     try:
         imported = import_hf_config(payload.config, sequence_length=payload.sequence_length)
     except ImportRejected as exc:
@@ -93,15 +93,28 @@ def import_hf(session: Session, *, payload: HfConfigImport) -> ModelImportRespon
     return _store(session, payload, imported, Provenance.HF_CONFIG)
 
 
+def map_onnx(data: bytes, *, fields: ImportFields, lenient: bool) -> ImportedGraph:
+    """Map an uploaded ONNX model onto a graph; no database needed (it can take seconds, so the
+    route runs it outside its database slot)."""
+    from app.importers.onnx_model import import_onnx  # the onnx package loads on first use
+
+    try:
+        return import_onnx(data, lenient=lenient, sequence_length=fields.sequence_length)
+    except ImportRejected as exc:
+        raise _failed(exc) from exc
+
+
+def store_onnx(
+    session: Session, *, fields: ImportFields, imported: ImportedGraph
+) -> ModelImportResponse:
+    """Store a mapped ONNX graph (provenance ``onnx``); a slug taken meanwhile is a 409."""
+    return _store(session, fields, imported, Provenance.ONNX)
+
+
 def import_onnx_bytes(
     session: Session, *, data: bytes, fields: ImportFields, lenient: bool
 ) -> ModelImportResponse:
-    """Map an uploaded ONNX model onto a graph and store it (provenance ``onnx``)."""
-    from app.importers.onnx_model import import_onnx  # the onnx package loads on first use
-
-    _require_free_slug(session, fields.slug)
-    try:
-        imported = import_onnx(data, lenient=lenient, sequence_length=fields.sequence_length)
-    except ImportRejected as exc:
-        raise _failed(exc) from exc
-    return _store(session, fields, imported, Provenance.ONNX)
+    """Map an uploaded ONNX model onto a graph and store it, in one session (scripts)."""
+    require_free_slug(session, fields.slug)
+    imported = map_onnx(data, fields=fields, lenient=lenient)
+    return store_onnx(session, fields=fields, imported=imported)

@@ -6,9 +6,8 @@ import json
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from starlette.concurrency import run_in_threadpool
 
-from app.api.deps import SessionDep, SettingsDep, require_reader
+from app.api.deps import DatabaseDep, SettingsDep, require_reader
 from app.api.errors import problem_responses
 from app.schemas.admission import AdmissionCheckRequest, AdmissionCheckResponse
 from app.services import admission as service
@@ -73,7 +72,7 @@ REVIEW_EXAMPLE: dict[str, Any] = {
 )
 async def admission_pods(
     request: Request,
-    session: SessionDep,
+    db: DatabaseDep,
     settings: SettingsDep,
 ) -> dict[str, Any]:
     """Allow the pod when every container's and init container's GPU resource holds its
@@ -85,9 +84,7 @@ async def admission_pods(
         body: Any = json.loads(await request.body())
     except ValueError:
         body = None
-    return await run_in_threadpool(
-        service.review, session, body, failure_policy=settings.admission_failure_policy
-    )
+    return await db.call(service.review, body, failure_policy=settings.admission_failure_policy)
 
 
 @router.post(
@@ -96,6 +93,8 @@ async def admission_pods(
     responses=problem_responses(400, 401, 403, 404, 413, 422),
     summary="May a workload run on a GPU resource (simple form)",
 )
-def admission_check(payload: AdmissionCheckRequest, session: SessionDep) -> AdmissionCheckResponse:
+async def admission_check(
+    payload: AdmissionCheckRequest, db: DatabaseDep
+) -> AdmissionCheckResponse:
     """The webhook's decision for one workload and one resource, for scripts and CI."""
-    return service.check(session, payload=payload)
+    return await db.call(service.check, payload=payload)

@@ -8,11 +8,12 @@ from fastapi import APIRouter, Depends, Query, Response
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
-from app.api.deps import SessionDep, require_reader
+from app.api.deps import DatabaseDep, require_reader
 from app.api.errors import problem_responses
 from app.api.media import SVG, svg_responses
 from app.api.params import BatchSizeQuery, ImageSizeQuery, SequenceLengthQuery
 from app.domain.memory import Checkpointing, Mode, Optimizer, Precision, Runtime
+from app.schemas.base import StorableStr
 from app.schemas.estimates import MemoryEstimateRequest, MemoryEstimateResponse
 from app.services import estimates as service
 
@@ -27,14 +28,16 @@ router = APIRouter(prefix="/v1/estimates", tags=["estimates"])
     responses=problem_responses(400, 401, 403, 404, 413, 422),
     summary="Estimate a memory footprint",
 )
-def estimate_memory(payload: MemoryEstimateRequest, session: SessionDep) -> MemoryEstimateResponse:
+async def estimate_memory(
+    payload: MemoryEstimateRequest, db: DatabaseDep
+) -> MemoryEstimateResponse:
     """Peak memory per device for training or inference, with a breakdown that adds up to the
     peak, the phase of the peak, and the assumptions behind every line. Nothing is stored."""
-    return service.estimate(session, payload=payload)
+    return await db.call(service.estimate, payload=payload)
 
 
-def memory_query(
-    model: Annotated[str, Query(max_length=64, description="Stored model slug.")],
+async def memory_query(
+    model: Annotated[StorableStr, Query(max_length=64, description="Stored model slug.")],
     mode: Annotated[Mode, Query(description="training or inference.")],
     batch_size: BatchSizeQuery,
     sequence_length: SequenceLengthQuery = None,
@@ -47,7 +50,9 @@ def memory_query(
     checkpointing: Annotated[
         Checkpointing, Query(description="Activation checkpointing.")
     ] = Checkpointing.NONE,
-    hardware: Annotated[str | None, Query(max_length=64, description="Hardware slug.")] = None,
+    hardware: Annotated[
+        StorableStr | None, Query(max_length=64, description="Hardware slug.")
+    ] = None,
     runtime: Annotated[Runtime | None, Query(description="Runtime.")] = None,
 ) -> MemoryEstimateRequest:
     """The query form of a memory estimate (a 422 naming the query when it is inconsistent)."""
@@ -84,9 +89,9 @@ MemoryQuery = Annotated[MemoryEstimateRequest, Depends(memory_query)]
     responses=problem_responses(401, 403, 404, 422),
     summary="Estimate a memory footprint (query form)",
 )
-def estimate_memory_get(session: SessionDep, payload: MemoryQuery) -> MemoryEstimateResponse:
+async def estimate_memory_get(db: DatabaseDep, payload: MemoryQuery) -> MemoryEstimateResponse:
     """The same estimate as the POST form for a stored model, for scripts and curl."""
-    return service.estimate(session, payload=payload)
+    return await db.call(service.estimate, payload=payload)
 
 
 @router.get(
@@ -103,7 +108,7 @@ def estimate_memory_get(session: SessionDep, payload: MemoryQuery) -> MemoryEsti
     ),
     summary="Memory breakdown as an SVG bar chart",
 )
-def estimate_memory_svg(session: SessionDep, payload: MemoryQuery) -> Response:
+async def estimate_memory_svg(db: DatabaseDep, payload: MemoryQuery) -> Response:
     """The query form of a memory estimate drawn as a bar chart (`image/svg+xml`): one bar per
     breakdown line and the peak, labelled in GiB."""
-    return Response(service.memory_chart(session, payload=payload), media_type=SVG)
+    return Response(await db.call(service.memory_chart, payload=payload), media_type=SVG)

@@ -6,8 +6,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query, Response, status
 
-from app.api.deps import IfMatchDep, SessionDep, require_reader, require_writer
+from app.api.deps import DatabaseDep, IfMatchDep, require_reader, require_writer
 from app.api.errors import problem_responses
+from app.schemas.base import StorableStr
 from app.schemas.hardware import (
     HardwareCreate,
     HardwareKind,
@@ -21,7 +22,8 @@ from app.services.concurrency import etag_for
 
 router = APIRouter(prefix="/v1/hardware", tags=["hardware"])
 SlugPath = Annotated[
-    str, Path(max_length=64, description="Hardware slug.", examples=["nvidia-a100-80gb-sxm"])
+    StorableStr,
+    Path(max_length=64, description="Hardware slug.", examples=["nvidia-a100-80gb-sxm"]),
 ]
 READ = [Depends(require_reader)]
 WRITE = [Depends(require_writer)]
@@ -34,14 +36,14 @@ WRITE = [Depends(require_writer)]
     responses=problem_responses(401, 403, 422),
     summary="List hardware profiles",
 )
-def list_hardware(
-    session: SessionDep,
+async def list_hardware(
+    db: DatabaseDep,
     kind: Annotated[HardwareKind | None, Query(description="Only this device class.")] = None,
     vendor: Annotated[
-        str | None, Query(max_length=64, description="Only this vendor (case-insensitive).")
+        StorableStr | None, Query(max_length=64, description="Only this vendor (case-insensitive).")
     ] = None,
     family: Annotated[
-        str | None, Query(max_length=64, description="Only this device family.")
+        StorableStr | None, Query(max_length=64, description="Only this device family.")
     ] = None,
     source: Annotated[
         HardwareSource | None, Query(description="`catalog` (read-only) or `user`.")
@@ -53,8 +55,8 @@ def list_hardware(
     offset: Annotated[int, Query(ge=0, le=1_000_000, description="Items to skip.")] = 0,
 ) -> HardwareList:
     """Hardware profiles ordered by slug, filtered and paginated."""
-    return service.list_hardware(
-        session,
+    return await db.call(
+        service.list_hardware,
         kind=kind.value if kind else None,
         vendor=vendor,
         family=family,
@@ -72,9 +74,9 @@ def list_hardware(
     responses=problem_responses(401, 403, 404, 422),
     summary="Get a hardware profile",
 )
-def get_hardware(slug: SlugPath, session: SessionDep, response: Response) -> HardwareRead:
+async def get_hardware(slug: SlugPath, db: DatabaseDep, response: Response) -> HardwareRead:
     """One hardware profile; the ETag header carries its version."""
-    result = service.get_hardware(session, slug=slug)
+    result = await db.call(service.get_hardware, slug=slug)
     response.headers["ETag"] = etag_for(result.version)
     return result
 
@@ -87,11 +89,11 @@ def get_hardware(slug: SlugPath, session: SessionDep, response: Response) -> Har
     responses=problem_responses(400, 401, 403, 409, 413, 422),
     summary="Create a hardware profile",
 )
-def create_hardware(
-    payload: HardwareCreate, session: SessionDep, response: Response
+async def create_hardware(
+    payload: HardwareCreate, db: DatabaseDep, response: Response
 ) -> HardwareRead:
     """Store a user-defined hardware profile (the catalog's own entries are read-only)."""
-    result = service.create_hardware(session, payload=payload)
+    result = await db.call(service.create_hardware, payload=payload)
     response.headers["ETag"] = etag_for(result.version)
     response.headers["Location"] = f"/v1/hardware/{result.slug}"
     return result
@@ -104,15 +106,15 @@ def create_hardware(
     responses=problem_responses(400, 401, 403, 404, 409, 412, 413, 422, 428),
     summary="Replace a hardware profile",
 )
-def replace_hardware(
+async def replace_hardware(
     slug: SlugPath,
     payload: HardwareReplace,
-    session: SessionDep,
+    db: DatabaseDep,
     if_match: IfMatchDep,
     response: Response,
 ) -> HardwareRead:
     """Replace a user-defined profile; send the ETag you read as If-Match."""
-    result = service.replace_hardware(session, slug=slug, payload=payload, if_match=if_match)
+    result = await db.call(service.replace_hardware, slug=slug, payload=payload, if_match=if_match)
     response.headers["ETag"] = etag_for(result.version)
     return result
 
@@ -124,7 +126,7 @@ def replace_hardware(
     responses=problem_responses(401, 403, 404, 409, 412, 422, 428),
     summary="Delete a hardware profile",
 )
-def delete_hardware(slug: SlugPath, session: SessionDep, if_match: IfMatchDep) -> Response:
+async def delete_hardware(slug: SlugPath, db: DatabaseDep, if_match: IfMatchDep) -> Response:
     """Delete a user-defined profile; send the ETag you read as If-Match."""
-    service.delete_hardware(session, slug=slug, if_match=if_match)
+    await db.call(service.delete_hardware, slug=slug, if_match=if_match)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated
 
+import anyio.to_thread
 from fastapi import APIRouter, Depends, File, Form, Response, UploadFile, status
 
-from app.api.deps import SessionDep, SettingsDep, require_writer
+from app.api.deps import DatabaseDep, SettingsDep, require_writer
 from app.api.errors import problem_responses
-from app.schemas.base import SLUG_PATTERN
+from app.schemas.base import SLUG_PATTERN, StorableStr
 from app.schemas.imports import HfConfigImport, ImportFields, ModelImportResponse
 from app.services import imports as service
 from app.services.concurrency import etag_for
@@ -33,15 +35,15 @@ def _created(result: ModelImportResponse, response: Response) -> ModelImportResp
     responses=problem_responses(400, 401, 403, 409, 413, 422),
     summary="Import a model from a Hugging Face config.json",
 )
-def import_hf_config(
-    payload: HfConfigImport, session: SessionDep, response: Response
+async def import_hf_config(
+    payload: HfConfigImport, db: DatabaseDep, response: Response
 ) -> ModelImportResponse:
     """Build the layer graph a `config.json` describes (nothing is downloaded) and store it
     with provenance `hf_config`. Parameter counts equal the transformers class named in
     `report.reference` (decoders: `*ForCausalLM`; BERT/RoBERTa: `*Model` with pooler; ViT:
     `ViTModel` with pooler, or `ViTForImageClassification` when `architectures` names it; T5:
     `T5EncoderModel`). An unknown `model_type` is a 422 listing the supported ones."""
-    return _created(service.import_hf(session, payload=payload), response)
+    return _created(await db.call(service.import_hf, payload=payload), response)
 
 
 @router.post(
@@ -51,8 +53,8 @@ def import_hf_config(
     responses=problem_responses(400, 401, 403, 409, 413, 422),
     summary="Import a model from an ONNX file (multipart upload)",
 )
-def import_onnx(
-    session: SessionDep,
+async def import_onnx(
+    db: DatabaseDep,
     settings: SettingsDep,
     response: Response,
     file: Annotated[
@@ -73,7 +75,7 @@ def import_onnx(
         ),
     ],
     name: Annotated[
-        str | None,
+        StorableStr | None,
         Form(
             min_length=1,
             max_length=200,
@@ -91,7 +93,8 @@ def import_onnx(
         ),
     ] = None,
     description: Annotated[
-        str | None, Form(max_length=4000, description="Free-form description.", examples=[None])
+        StorableStr | None,
+        Form(max_length=4000, description="Free-form description.", examples=[None]),
     ] = None,
     sequence_length: Annotated[
         int | None,
@@ -117,7 +120,7 @@ def import_onnx(
     count must equal the initializers' (else 422). Unsupported ops are a 422 listing them,
     unless `lenient`. Uploads over CAPPLAN_MAX_IMPORT_BYTES are a 413; garbage, truncated
     files, external-data references and absurd sizes are a 422."""
-    data = file.file.read(settings.max_import_bytes + 1)
+    data = await file.read(settings.max_import_bytes + 1)
     if len(data) > settings.max_import_bytes:  # the middleware stops larger bodies first
         raise ImportFailed(
             f"the file exceeds {settings.max_import_bytes} bytes (CAPPLAN_MAX_IMPORT_BYTES)",
@@ -131,5 +134,10 @@ def import_onnx(
         description=description,
         sequence_length=sequence_length,
     )
-    result = service.import_onnx_bytes(session, data=data, fields=fields, lenient=lenient)
+    await db.call(service.require_free_slug, slug)  # fail fast, before the slow mapping
+    # Parsing and mapping can take seconds of CPU: done outside any database slot.
+    imported = await anyio.to_thread.run_sync(
+        functools.partial(service.map_onnx, data, fields=fields, lenient=lenient)
+    )
+    result = await db.call(service.store_onnx, fields=fields, imported=imported)
     return _created(result, response)

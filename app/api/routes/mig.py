@@ -6,8 +6,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path
 
-from app.api.deps import SessionDep, require_reader
+from app.api.deps import DatabaseDep, require_reader
 from app.api.errors import problem_responses
+from app.schemas.base import StorableStr
 from app.schemas.mig import (
     LayoutValidateRequest,
     LayoutValidateResponse,
@@ -28,13 +29,13 @@ router = APIRouter(tags=["mig"], dependencies=[Depends(require_reader)])
     responses=problem_responses(401, 403, 404, 422),
     summary="MIG profiles of a GPU",
 )
-def mig_profiles(
-    slug: Annotated[str, Path(max_length=64, description="Hardware slug.")],
-    session: SessionDep,
+async def mig_profiles(
+    slug: Annotated[StorableStr, Path(max_length=64, description="Hardware slug.")],
+    db: DatabaseDep,
 ) -> MigProfileList:
     """Every profile with usable memory in bytes and MiB, slices, placements and the
     Kubernetes resource name."""
-    return service.list_profiles(session, slug=slug)
+    return await db.call(service.list_profiles, slug=slug)
 
 
 @router.post(
@@ -44,12 +45,12 @@ def mig_profiles(
     responses=problem_responses(400, 401, 403, 404, 413, 422),
     summary="Which MIG profiles can host a workload",
 )
-def mig_fit(payload: MigFitRequest, session: SessionDep) -> MigFitResponse:
+async def mig_fit(payload: MigFitRequest, db: DatabaseDep) -> MigFitResponse:
     """For every profile of the GPU: required bytes (memory estimate + CUDA context + safety
     margin, each a named line), usable bytes, headroom, fits, limiting factor; the smallest
     fitting profile (fewest compute slices, then least memory); and, when none fits, the
     full GPU, larger catalog GPUs, and the largest batch that fits the biggest profile."""
-    return service.fit(session, payload=payload)
+    return await db.call(service.fit, payload=payload)
 
 
 @router.post(
@@ -58,13 +59,13 @@ def mig_fit(payload: MigFitRequest, session: SessionDep) -> MigFitResponse:
     responses=problem_responses(400, 401, 403, 404, 413, 422),
     summary="Validate a MIG layout",
 )
-def mig_validate_layout(
-    payload: LayoutValidateRequest, session: SessionDep
+async def mig_validate_layout(
+    payload: LayoutValidateRequest, db: DatabaseDep
 ) -> LayoutValidateResponse:
     """Valid, or every rule broken: unknown profile, bad start, out of range, overlapping
     memory slices, count over the profile's maximum, too many instances, compute slices over
     the GPU's total."""
-    return service.validate_layout(session, payload=payload)
+    return await db.call(service.validate_layout, payload=payload)
 
 
 @router.post(
@@ -73,8 +74,8 @@ def mig_validate_layout(
     responses=problem_responses(400, 401, 403, 404, 413, 422),
     summary="Plan MIG partitions for a set of workloads",
 )
-def mig_plan(payload: MigPlanRequest, session: SessionDep) -> MigPlanResponse:
+async def mig_plan(payload: MigPlanRequest, db: DatabaseDep) -> MigPlanResponse:
     """The fewest GPUs of the model that host every replica (profiles given, or sized by a
     fit check), each with an explicit valid layout and its unused capacity, plus a
     ready-to-apply NVIDIA mig-parted config. The same request always gives the same plan."""
-    return service.plan(session, payload=payload)
+    return await db.call(service.plan, payload=payload)

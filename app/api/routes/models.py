@@ -6,10 +6,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query, Response, status
 
-from app.api.deps import IfMatchDep, SessionDep, require_reader, require_writer
+from app.api.deps import DatabaseDep, IfMatchDep, require_reader, require_writer
 from app.api.errors import problem_responses
 from app.api.params import BatchSizeQuery, ImageSizeQuery, SequenceLengthQuery
 from app.domain.memory import Precision
+from app.schemas.base import StorableStr
 from app.schemas.estimates import ModelSummary
 from app.schemas.models import ModelCreate, ModelList, ModelRead, ModelReplace, Provenance
 from app.services import estimates as estimates_service
@@ -17,7 +18,9 @@ from app.services import models as service
 from app.services.concurrency import etag_for
 
 router = APIRouter(prefix="/v1/models", tags=["models"])
-SlugPath = Annotated[str, Path(max_length=64, description="Model slug.", examples=["tiny-cnn"])]
+SlugPath = Annotated[
+    StorableStr, Path(max_length=64, description="Model slug.", examples=["tiny-cnn"])
+]
 READ = [Depends(require_reader)]
 WRITE = [Depends(require_writer)]
 
@@ -29,10 +32,10 @@ WRITE = [Depends(require_writer)]
     responses=problem_responses(401, 403, 422),
     summary="List model architectures",
 )
-def list_models(
-    session: SessionDep,
+async def list_models(
+    db: DatabaseDep,
     family: Annotated[
-        str | None, Query(max_length=64, description="Only this architecture family.")
+        StorableStr | None, Query(max_length=64, description="Only this architecture family.")
     ] = None,
     provenance: Annotated[
         Provenance | None, Query(description="Only this provenance (builtin, user, ...).")
@@ -41,8 +44,8 @@ def list_models(
     offset: Annotated[int, Query(ge=0, le=1_000_000, description="Items to skip.")] = 0,
 ) -> ModelList:
     """Architectures ordered by slug, filtered and paginated."""
-    return service.list_models(
-        session,
+    return await db.call(
+        service.list_models,
         family=family,
         provenance=provenance.value if provenance else None,
         limit=limit,
@@ -57,9 +60,9 @@ def list_models(
     responses=problem_responses(401, 403, 404, 422),
     summary="Get a model architecture",
 )
-def get_model(slug: SlugPath, session: SessionDep, response: Response) -> ModelRead:
+async def get_model(slug: SlugPath, db: DatabaseDep, response: Response) -> ModelRead:
     """One architecture; the ETag header carries its version."""
-    result = service.get_model(session, slug=slug)
+    result = await db.call(service.get_model, slug=slug)
     response.headers["ETag"] = etag_for(result.version)
     return result
 
@@ -72,9 +75,9 @@ def get_model(slug: SlugPath, session: SessionDep, response: Response) -> ModelR
     responses=problem_responses(400, 401, 403, 409, 413, 422),
     summary="Create a model architecture",
 )
-def create_model(payload: ModelCreate, session: SessionDep, response: Response) -> ModelRead:
+async def create_model(payload: ModelCreate, db: DatabaseDep, response: Response) -> ModelRead:
     """Validate the layer graph (names, ops, attributes, inputs) and store it."""
-    result = service.create_model(session, payload=payload)
+    result = await db.call(service.create_model, payload=payload)
     response.headers["ETag"] = etag_for(result.version)
     response.headers["Location"] = f"/v1/models/{result.slug}"
     return result
@@ -87,15 +90,15 @@ def create_model(payload: ModelCreate, session: SessionDep, response: Response) 
     responses=problem_responses(400, 401, 403, 404, 409, 412, 413, 422, 428),
     summary="Replace a model architecture",
 )
-def replace_model(
+async def replace_model(
     slug: SlugPath,
     payload: ModelReplace,
-    session: SessionDep,
+    db: DatabaseDep,
     if_match: IfMatchDep,
     response: Response,
 ) -> ModelRead:
     """Replace a user architecture; send the ETag you read as If-Match."""
-    result = service.replace_model(session, slug=slug, payload=payload, if_match=if_match)
+    result = await db.call(service.replace_model, slug=slug, payload=payload, if_match=if_match)
     response.headers["ETag"] = etag_for(result.version)
     return result
 
@@ -107,9 +110,9 @@ def replace_model(
     responses=problem_responses(401, 403, 404, 409, 412, 422, 428),
     summary="Delete a model architecture",
 )
-def delete_model(slug: SlugPath, session: SessionDep, if_match: IfMatchDep) -> Response:
+async def delete_model(slug: SlugPath, db: DatabaseDep, if_match: IfMatchDep) -> Response:
     """Delete a user architecture; send the ETag you read as If-Match."""
-    service.delete_model(session, slug=slug, if_match=if_match)
+    await db.call(service.delete_model, slug=slug, if_match=if_match)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
@@ -120,9 +123,9 @@ def delete_model(slug: SlugPath, session: SessionDep, if_match: IfMatchDep) -> R
     responses=problem_responses(401, 403, 404, 422),
     summary="Per-layer summary of a model",
 )
-def model_summary(
+async def model_summary(
     slug: SlugPath,
-    session: SessionDep,
+    db: DatabaseDep,
     batch_size: BatchSizeQuery = 1,
     sequence_length: SequenceLengthQuery = None,
     image_size: ImageSizeQuery = None,
@@ -131,8 +134,8 @@ def model_summary(
     ] = Precision.FP32,
 ) -> ModelSummary:
     """Every executed layer: output shape, parameters, FLOPs and output size, with totals."""
-    return estimates_service.summarize(
-        session,
+    return await db.call(
+        estimates_service.summarize,
         slug=slug,
         batch_size=batch_size,
         sequence_length=sequence_length,

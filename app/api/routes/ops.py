@@ -10,7 +10,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import Field
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session
 
+from app.api.database import DatabaseUnavailable
+from app.api.deps import DatabaseDep
 from app.api.errors import problem_response, problem_responses
 from app.db.migrations import current_revisions
 from app.schemas.base import Schema
@@ -35,10 +38,19 @@ class Readiness(Schema):
     )
 
 
+_HEALTHY = Response(b'{"status":"ok"}', media_type="application/json")
+
+
 @router.get("/healthz", response_model=Health, summary="Liveness")
-def healthz() -> Health:
-    """The process is alive; does not touch the database."""
-    return Health(status="ok")
+async def healthz() -> Response:
+    """The process is alive: answered on the event loop, touching neither the database nor the
+    worker threads, so it stays fast while the database is down or every slot is busy."""
+    return Response(_HEALTHY.body, media_type="application/json")
+
+
+def _revisions(session: Session) -> set[str]:
+    session.execute(text("SELECT 1"))
+    return current_revisions(session.connection())
 
 
 @router.get(
@@ -47,14 +59,13 @@ def healthz() -> Health:
     responses=problem_responses(503),
     summary="Readiness",
 )
-def readyz(request: Request) -> Readiness | JSONResponse:
-    """The database answers and its schema is at the migration head the code expects."""
+async def readyz(request: Request, db: DatabaseDep) -> Readiness | JSONResponse:
+    """The database answers (within CAPPLAN_DB_QUEUE_TIMEOUT_S, queueing like any request) and
+    its schema is at the migration head the code expects."""
     engine = request.app.state.engine
     try:
-        with engine.connect() as connection:
-            connection.execute(text("SELECT 1"))
-        current = current_revisions(engine)
-    except SQLAlchemyError as exc:
+        current = await db.run(_revisions, timeout_s=db.queue_timeout_s)
+    except (DatabaseUnavailable, SQLAlchemyError) as exc:
         logger.warning("readiness: database unreachable: %s", type(exc).__name__)
         return problem_response(
             request, 503, "not-ready", "Not ready", "the database is not reachable"
@@ -78,7 +89,7 @@ def readyz(request: Request) -> Readiness | JSONResponse:
     response_class=Response,
     responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "Metrics."}},
 )
-def metrics(request: Request) -> Response:
+async def metrics(request: Request) -> Response:
     """Request counts and latency histograms per route, in Prometheus text format."""
     payload = generate_latest(request.app.state.metrics.registry)
     return Response(content=payload, media_type=CONTENT_TYPE_LATEST)

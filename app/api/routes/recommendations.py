@@ -6,11 +6,12 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Response
 
-from app.api.deps import SessionDep, require_reader
+from app.api.deps import DatabaseDep, require_reader
 from app.api.errors import problem_responses
 from app.api.media import SVG, svg_responses
 from app.api.params import BatchSizeQuery, ImageSizeQuery, SequenceLengthQuery
 from app.domain.roofline import InferencePrecision
+from app.schemas.base import StorableStr
 from app.schemas.recommendations import (
     InferenceRecommendationRequest,
     InferenceRecommendationResponse,
@@ -29,8 +30,8 @@ router = APIRouter(
     responses=problem_responses(400, 401, 403, 404, 413, 422),
     summary="Recommend a device, precision and batch size for inference",
 )
-def recommend_inference(
-    payload: InferenceRecommendationRequest, session: SessionDep
+async def recommend_inference(
+    payload: InferenceRecommendationRequest, db: DatabaseDep
 ) -> InferenceRecommendationResponse:
     """Should the CPU run this model directly, or should the data cross the host link to a GPU
     (or a MIG slice)? Every candidate device and precision is predicted with a calibrated
@@ -39,7 +40,7 @@ def recommend_inference(
     per candidate is kept, and the list is ranked by the objective among the candidates that fit
     and meet the SLO; a paragraph says what to run and why. Every figure comes with the inputs
     of its formulas. Nothing is stored."""
-    return service.recommend(session, payload=payload)
+    return await db.call(service.recommend, payload=payload)
 
 
 @router.get(
@@ -55,11 +56,11 @@ def recommend_inference(
     ),
     summary="Roofline chart of a model on devices (SVG)",
 )
-def roofline_svg(
-    session: SessionDep,
-    model: Annotated[str, Query(max_length=64, description="Stored model slug.")],
+async def roofline_svg(
+    db: DatabaseDep,
+    model: Annotated[StorableStr, Query(max_length=64, description="Stored model slug.")],
     devices: Annotated[
-        str,
+        StorableStr,
         Query(
             min_length=1,
             max_length=800,
@@ -85,8 +86,8 @@ def roofline_svg(
     prefill dots, decode triangles) at its intensity and achieved rate including launch
     overhead. Devices that lack the precision are listed in the subtitle."""
     names = [name.strip() for name in devices.split(",") if name.strip()]
-    svg = service.roofline_chart(
-        session,
+    svg = await db.call(
+        service.roofline_chart,
         model=model,
         devices=names,
         precision=precision,

@@ -6,9 +6,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query, Response, status
 
-from app.api.deps import IfMatchDep, SessionDep, require_reader, require_writer
+from app.api.deps import DatabaseDep, IfMatchDep, require_reader, require_writer
 from app.api.errors import problem_responses
 from app.domain.memory import Mode
+from app.schemas.base import StorableStr
 from app.schemas.estimates import MemoryEstimateResponse
 from app.schemas.workloads import WorkloadCreate, WorkloadList, WorkloadRead, WorkloadReplace
 from app.services import workloads as service
@@ -16,7 +17,7 @@ from app.services.concurrency import etag_for
 
 router = APIRouter(prefix="/v1/workloads", tags=["workloads"])
 SlugPath = Annotated[
-    str, Path(max_length=64, description="Workload slug.", examples=["chat-serving"])
+    StorableStr, Path(max_length=64, description="Workload slug.", examples=["chat-serving"])
 ]
 READ = [Depends(require_reader)]
 WRITE = [Depends(require_writer)]
@@ -29,16 +30,22 @@ WRITE = [Depends(require_writer)]
     responses=problem_responses(401, 403, 422),
     summary="List workloads",
 )
-def list_workloads(
-    session: SessionDep,
-    model: Annotated[str | None, Query(max_length=64, description="Only this model.")] = None,
+async def list_workloads(
+    db: DatabaseDep,
+    model: Annotated[
+        StorableStr | None, Query(max_length=64, description="Only this model.")
+    ] = None,
     mode: Annotated[Mode | None, Query(description="Only this mode.")] = None,
     limit: Annotated[int, Query(ge=1, le=500, description="Page size.")] = 50,
     offset: Annotated[int, Query(ge=0, le=1_000_000, description="Items to skip.")] = 0,
 ) -> WorkloadList:
     """Workloads ordered by slug, filtered and paginated."""
-    return service.list_workloads(
-        session, model=model, mode=mode.value if mode else None, limit=limit, offset=offset
+    return await db.call(
+        service.list_workloads,
+        model=model,
+        mode=mode.value if mode else None,
+        limit=limit,
+        offset=offset,
     )
 
 
@@ -49,9 +56,9 @@ def list_workloads(
     responses=problem_responses(401, 403, 404, 422),
     summary="Get a workload",
 )
-def get_workload(slug: SlugPath, session: SessionDep, response: Response) -> WorkloadRead:
+async def get_workload(slug: SlugPath, db: DatabaseDep, response: Response) -> WorkloadRead:
     """One workload; the ETag header carries its version."""
-    result = service.get_workload(session, slug=slug)
+    result = await db.call(service.get_workload, slug=slug)
     response.headers["ETag"] = etag_for(result.version)
     return result
 
@@ -64,9 +71,9 @@ def get_workload(slug: SlugPath, session: SessionDep, response: Response) -> Wor
     responses=problem_responses(401, 403, 404, 422),
     summary="Memory footprint of a workload",
 )
-def workload_memory(slug: SlugPath, session: SessionDep) -> MemoryEstimateResponse:
+async def workload_memory(slug: SlugPath, db: DatabaseDep) -> MemoryEstimateResponse:
     """The memory estimate of the workload on its target hardware (if it names one)."""
-    return service.workload_memory(session, slug=slug)
+    return await db.call(service.workload_memory, slug=slug)
 
 
 @router.post(
@@ -77,11 +84,11 @@ def workload_memory(slug: SlugPath, session: SessionDep) -> MemoryEstimateRespon
     responses=problem_responses(400, 401, 403, 409, 413, 422),
     summary="Create a workload",
 )
-def create_workload(
-    payload: WorkloadCreate, session: SessionDep, response: Response
+async def create_workload(
+    payload: WorkloadCreate, db: DatabaseDep, response: Response
 ) -> WorkloadRead:
     """Store a workload after checking that its model exists and that it can be estimated."""
-    result = service.create_workload(session, payload=payload)
+    result = await db.call(service.create_workload, payload=payload)
     response.headers["ETag"] = etag_for(result.version)
     response.headers["Location"] = f"/v1/workloads/{result.slug}"
     return result
@@ -94,15 +101,15 @@ def create_workload(
     responses=problem_responses(400, 401, 403, 404, 412, 413, 422, 428),
     summary="Replace a workload",
 )
-def replace_workload(
+async def replace_workload(
     slug: SlugPath,
     payload: WorkloadReplace,
-    session: SessionDep,
+    db: DatabaseDep,
     if_match: IfMatchDep,
     response: Response,
 ) -> WorkloadRead:
     """Replace a workload; send the ETag you read as If-Match."""
-    result = service.replace_workload(session, slug=slug, payload=payload, if_match=if_match)
+    result = await db.call(service.replace_workload, slug=slug, payload=payload, if_match=if_match)
     response.headers["ETag"] = etag_for(result.version)
     return result
 
@@ -114,7 +121,7 @@ def replace_workload(
     responses=problem_responses(401, 403, 404, 412, 422, 428),
     summary="Delete a workload",
 )
-def delete_workload(slug: SlugPath, session: SessionDep, if_match: IfMatchDep) -> Response:
+async def delete_workload(slug: SlugPath, db: DatabaseDep, if_match: IfMatchDep) -> Response:
     """Delete a workload; send the ETag you read as If-Match."""
-    service.delete_workload(session, slug=slug, if_match=if_match)
+    await db.call(service.delete_workload, slug=slug, if_match=if_match)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

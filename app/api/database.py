@@ -1,0 +1,146 @@
+"""Database work for request handlers: off the event loop, bounded, and shed when it cannot run.
+
+Every handler that needs the database hands a function of a ``Session`` to ``Database.run``.
+The function runs in a worker thread with its own session, which is opened, used and closed
+inside that thread, so:
+
+* a request never holds a connection while it waits for anything else (a thread, the event
+  loop, response validation): the old design held a pooled connection from the endpoint until
+  its response was validated in another thread-pool slot, and a burst deadlocked threads
+  against connections until the 30 s pool timeout;
+* at most ``pool_size`` requests work on the database at once; the others wait on the event
+  loop for a slot, holding nothing, for at most ``queue_timeout_s`` and are then shed with a
+  503 and ``Retry-After``;
+* a call that has not finished after ``call_timeout_s`` (a frozen or partitioned database
+  answers nothing, and PostgreSQL's own ``statement_timeout`` cannot fire in a stopped server)
+  is answered 503; its thread is left to finish on its own and returns its connection when the
+  database comes back;
+* connection failures (refused, reset, timed out, pool exhausted) are 503s naming the
+  database, never 500s, and the next request simply tries again: recovery needs no restart.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Concatenate, ParamSpec, TypeVar
+
+import anyio
+import anyio.to_thread
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.orm import Session, sessionmaker
+
+T = TypeVar("T")
+P = ParamSpec("P")
+logger = logging.getLogger("app.db")
+
+
+class DatabaseUnavailable(Exception):
+    """The database cannot do this request's work now; answered 503 with Retry-After."""
+
+    def __init__(self, detail: str, *, type_slug: str, retry_after_s: int) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.type_slug = type_slug
+        self.retry_after_s = retry_after_s
+
+
+def busy(queue_timeout_s: float) -> DatabaseUnavailable:
+    """All database slots stayed taken for the whole queue timeout."""
+    return DatabaseUnavailable(
+        f"the service is at its database concurrency limit and no slot freed up within "
+        f"{queue_timeout_s:g} s (setting CAPPLAN_DB_QUEUE_TIMEOUT_S); retry shortly",
+        type_slug="database-busy",
+        retry_after_s=1,
+    )
+
+
+def unavailable(reason: str) -> DatabaseUnavailable:
+    """The database did not answer, or answered that it cannot serve."""
+    return DatabaseUnavailable(
+        f"the database is not available ({reason}); retry shortly",
+        type_slug="database-unavailable",
+        retry_after_s=5,
+    )
+
+
+# Errors that say "the database cannot serve now", as opposed to a bug or bad data.
+_UNAVAILABLE_ERRORS: tuple[type[Exception], ...] = (
+    sa_exc.OperationalError,  # refused, reset, server shut down, statement timeout, locked
+    sa_exc.InterfaceError,  # connection closed under us
+    sa_exc.TimeoutError,  # pool checkout timed out (connections held by stuck calls)
+)
+
+
+class Database:
+    """The only way request handlers reach the database (see the module docstring)."""
+
+    def __init__(
+        self,
+        session_factory: sessionmaker[Session],
+        *,
+        slots: int,
+        queue_timeout_s: float,
+        call_timeout_s: float,
+    ) -> None:
+        self._session_factory = session_factory
+        self.slots = slots
+        self.queue_timeout_s = queue_timeout_s
+        self.call_timeout_s = call_timeout_s
+        self._slot_limiter = anyio.CapacityLimiter(slots)
+        # Threads for database calls only, separate from the default pool (response
+        # validation of sync endpoints, file uploads) so neither can starve the other. Calls
+        # abandoned at their deadline release their token while their thread still runs.
+        self._thread_limiter = anyio.CapacityLimiter(slots)
+
+    @property
+    def in_use(self) -> int:
+        """Slots taken right now (for metrics and tests)."""
+        return int(self._slot_limiter.borrowed_tokens)
+
+    def _call(self, work: Callable[[Session], T]) -> T:
+        try:
+            with self._session_factory() as session:
+                return work(session)
+        except _UNAVAILABLE_ERRORS as exc:
+            logger.warning("database unavailable: %s", type(exc.__cause__ or exc).__name__)
+            raise unavailable(type(exc.__cause__ or exc).__name__) from exc
+        except sa_exc.DBAPIError as exc:
+            if exc.connection_invalidated:
+                raise unavailable("connection lost") from exc
+            raise
+
+    async def run(self, work: Callable[[Session], T], *, timeout_s: float | None = None) -> T:
+        """Run ``work(session)`` in a worker thread with a session of its own.
+
+        Raises ``DatabaseUnavailable`` when no slot frees up within the queue timeout, when the
+        call takes longer than ``timeout_s`` (default: the call timeout), or when the database
+        cannot be reached.
+        """
+        deadline_s = self.call_timeout_s if timeout_s is None else timeout_s
+        try:
+            with anyio.fail_after(min(self.queue_timeout_s, deadline_s)):
+                await self._slot_limiter.acquire()
+        except TimeoutError:
+            raise busy(min(self.queue_timeout_s, deadline_s)) from None
+        try:
+            with anyio.fail_after(deadline_s) as scope:
+                return await anyio.to_thread.run_sync(
+                    self._call, work, abandon_on_cancel=True, limiter=self._thread_limiter
+                )
+        except TimeoutError:
+            if not scope.cancel_called:
+                raise
+            logger.warning("database call abandoned after %.2f s", deadline_s)
+            raise unavailable(f"no answer within {deadline_s:g} s") from None
+        finally:
+            self._slot_limiter.release()
+
+    async def call(
+        self,
+        function: Callable[Concatenate[Session, P], T],
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> T:
+        """``run`` for a service function: ``await db.call(service.get, slug=slug)``."""
+        return await self.run(lambda session: function(session, *args, **kwargs))
