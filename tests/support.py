@@ -8,11 +8,11 @@ import itertools
 import os
 import shutil
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 from fastapi import FastAPI
@@ -25,6 +25,8 @@ from app.db.migrations import upgrade_to_head
 from app.db.session import make_engine, make_session_factory
 from app.services.catalog import load_catalog, sync_catalog
 from app.services.zoo import sync_zoo
+
+T = TypeVar("T")
 
 CATALOG_DIR = PROJECT_ROOT / "hardware_catalog"
 TABLES = ("hardware", "mig_profile", "model_architecture", "workload")
@@ -141,6 +143,15 @@ class ApiClient:
 
     def delete(self, url: str, **kwargs: Any) -> httpx.Response:
         return self.request("DELETE", url, **kwargs)
+
+    @property
+    def async_client(self) -> httpx.AsyncClient:
+        """The underlying async client, for concurrent requests inside ``run``."""
+        return self._client
+
+    def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Run ``coroutine`` on this client's event loop (the app's loop)."""
+        return self._runner.run(coroutine)
 
     def close(self) -> None:
         self._runner.run(self._client.aclose())

@@ -1,0 +1,143 @@
+"""Bursts, slot limits and deadlines: the service sheds load with 503s and never deadlocks.
+
+The old design held a pooled connection from a sync endpoint until its response was validated
+in another worker-thread slot; a burst of more requests than threads + connections deadlocked
+until the 30 s pool timeout. These tests fire such bursts at the real app on each database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import anyio.to_thread
+import httpx
+import pytest
+from sqlalchemy.orm import Session
+
+from app.api.database import Database, DatabaseUnavailable
+from tests.api.helpers import PROBLEM_JSON
+from tests.support import ApiClient, ClientFactory
+
+BURST = 240  # > 40 threads + 15 connections of the old defaults, many times over
+ESTIMATE = {"model": "bert-base", "mode": "training", "batch_size": 4, "precision": "bf16"}
+
+
+async def _burst(client: httpx.AsyncClient, count: int) -> list[httpx.Response]:
+    def one(index: int) -> Any:
+        if index % 3 == 2:
+            return client.post("/v1/estimates/memory", json={**ESTIMATE, "batch_size": index})
+        if index % 3 == 1:
+            return client.get("/v1/hardware", params={"limit": 5})
+        return client.get("/v1/models/resnet-50")
+
+    # The old code needed the 30 s pool timeout to move at all: fail well before it.
+    async with asyncio.timeout(20):
+        return await asyncio.gather(*(one(i) for i in range(count)))
+
+
+def test_burst_is_answered_without_deadlock(client: ApiClient) -> None:
+    started = time.perf_counter()
+    responses = client.run(_burst(client.async_client, BURST))
+    elapsed = time.perf_counter() - started
+    statuses = Counter(r.status_code for r in responses)
+    assert set(statuses) <= {200, 503}, statuses
+    for response in responses:
+        if response.status_code == 503:  # shedding is allowed, and says when to come back
+            assert response.headers["content-type"] == PROBLEM_JSON
+            assert response.headers["retry-after"] == "1"
+    assert statuses[200] >= BURST // 2, statuses
+    assert elapsed < 20
+    assert client.app.state.database.in_use == 0  # every slot came back
+
+
+def test_healthz_needs_neither_the_database_nor_a_worker_thread(client: ApiClient) -> None:
+    database: Database = client.app.state.database
+    release = threading.Event()
+
+    async def scenario() -> tuple[int, float, int]:
+        default_threads = anyio.to_thread.current_default_thread_limiter()
+        borrowers = [object() for _ in range(int(default_threads.total_tokens))]
+        for borrower in borrowers:  # no worker thread is free
+            default_threads.acquire_on_behalf_of_nowait(borrower)
+        holders = [  # and every database slot is taken
+            asyncio.create_task(database.run(lambda _s: release.wait(10)))
+            for _ in range(database.slots)
+        ]
+        await asyncio.sleep(0.05)
+        try:
+            assert database.in_use == database.slots
+            start = time.perf_counter()
+            async with asyncio.timeout(2):
+                health = await client.async_client.get("/healthz")
+            return health.status_code, time.perf_counter() - start, database.in_use
+        finally:
+            for borrower in borrowers:
+                default_threads.release_on_behalf_of(borrower)
+            release.set()
+            await asyncio.gather(*holders)
+
+    status, seconds, busy_slots = client.run(scenario())
+    assert status == 200
+    assert busy_slots == client.app.state.database.slots
+    assert seconds < 0.5
+
+
+def test_a_request_that_gets_no_slot_in_time_is_shed_with_503(
+    make_client: ClientFactory,
+) -> None:
+    client = make_client(db_pool_size=1, db_queue_timeout_s=0.2)
+    database: Database = client.app.state.database
+    release = threading.Event()
+
+    async def scenario() -> httpx.Response:
+        holder = asyncio.create_task(database.run(lambda _s: release.wait(10)))
+        await asyncio.sleep(0.05)
+        try:
+            return await client.async_client.get("/v1/models/resnet-50")
+        finally:
+            release.set()
+            await holder
+
+    started = time.perf_counter()
+    response = client.run(scenario())
+    assert time.perf_counter() - started < 2
+    assert response.status_code == 503
+    assert response.headers["content-type"] == PROBLEM_JSON
+    assert response.headers["retry-after"] == "1"
+    assert response.json()["type"] == "/problems/database-busy"
+    assert "CAPPLAN_DB_QUEUE_TIMEOUT_S" in response.json()["detail"]
+    # The slot is free again: the same request now succeeds.
+    assert client.get("/v1/models/resnet-50").status_code == 200
+
+
+def test_a_call_past_its_deadline_is_abandoned_and_answered_503(
+    make_client: ClientFactory,
+) -> None:
+    client = make_client(db_call_timeout_s=0.3)
+    database: Database = client.app.state.database
+    release = threading.Event()
+
+    def stuck(session: Session) -> None:
+        session.connection()  # holds a connection, like a query to a frozen server
+        release.wait(10)
+
+    async def scenario() -> tuple[DatabaseUnavailable, float, int]:
+        start = time.perf_counter()
+        with pytest.raises(DatabaseUnavailable) as caught:
+            await database.run(stuck)
+        return caught.value, time.perf_counter() - start, database.in_use
+
+    error, seconds, in_use = client.run(scenario())
+    try:
+        assert seconds < 1.5
+        assert error.type_slug == "database-unavailable"
+        assert error.retry_after_s == 5
+        assert in_use == 0  # the slot is released although the thread still runs
+        # Other requests still get connections from the rest of the pool meanwhile.
+        assert client.get("/v1/hardware/nvidia-a100-80gb-sxm").status_code == 200
+    finally:
+        release.set()
