@@ -25,7 +25,7 @@ router = APIRouter(prefix="/v1/estimates", tags=["estimates"])
     response_model=MemoryEstimateResponse,
     response_model_exclude_none=True,
     dependencies=[Depends(require_reader)],
-    responses=problem_responses(400, 401, 403, 404, 413, 422),
+    responses=problem_responses(400, 401, 403, 404, 413, 422, 503),
     summary="Estimate a memory footprint",
 )
 async def estimate_memory(
@@ -86,7 +86,7 @@ MemoryQuery = Annotated[MemoryEstimateRequest, Depends(memory_query)]
     response_model=MemoryEstimateResponse,
     response_model_exclude_none=True,
     dependencies=[Depends(require_reader)],
-    responses=problem_responses(401, 403, 404, 422),
+    responses=problem_responses(401, 403, 404, 422, 503),
     summary="Estimate a memory footprint (query form)",
 )
 async def estimate_memory_get(db: DatabaseDep, payload: MemoryQuery) -> MemoryEstimateResponse:
@@ -105,6 +105,7 @@ async def estimate_memory_get(db: DatabaseDep, payload: MemoryQuery) -> MemoryEs
         403,
         404,
         422,
+        503,
     ),
     summary="Memory breakdown as an SVG bar chart",
 )

@@ -33,7 +33,7 @@ WRITE = [Depends(require_writer)]
     "",
     response_model=HardwareList,
     dependencies=READ,
-    responses=problem_responses(401, 403, 422),
+    responses=problem_responses(401, 403, 422, 503),
     summary="List hardware profiles",
 )
 async def list_hardware(
@@ -71,7 +71,7 @@ async def list_hardware(
     "/{slug}",
     response_model=HardwareRead,
     dependencies=READ,
-    responses=problem_responses(401, 403, 404, 422),
+    responses=problem_responses(401, 403, 404, 422, 503),
     summary="Get a hardware profile",
 )
 async def get_hardware(slug: SlugPath, db: DatabaseDep, response: Response) -> HardwareRead:
@@ -86,7 +86,7 @@ async def get_hardware(slug: SlugPath, db: DatabaseDep, response: Response) -> H
     response_model=HardwareRead,
     status_code=status.HTTP_201_CREATED,
     dependencies=WRITE,
-    responses=problem_responses(400, 401, 403, 409, 413, 422),
+    responses=problem_responses(400, 401, 403, 409, 413, 422, 503),
     summary="Create a hardware profile",
 )
 async def create_hardware(
@@ -103,7 +103,7 @@ async def create_hardware(
     "/{slug}",
     response_model=HardwareRead,
     dependencies=WRITE,
-    responses=problem_responses(400, 401, 403, 404, 409, 412, 413, 422, 428),
+    responses=problem_responses(400, 401, 403, 404, 409, 412, 413, 422, 428, 503),
     summary="Replace a hardware profile",
 )
 async def replace_hardware(
@@ -123,7 +123,7 @@ async def replace_hardware(
     "/{slug}",
     status_code=status.HTTP_204_NO_CONTENT,
     dependencies=WRITE,
-    responses=problem_responses(401, 403, 404, 409, 412, 422, 428),
+    responses=problem_responses(401, 403, 404, 409, 412, 422, 428, 503),
     summary="Delete a hardware profile",
 )
 async def delete_hardware(slug: SlugPath, db: DatabaseDep, if_match: IfMatchDep) -> Response:

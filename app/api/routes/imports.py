@@ -32,7 +32,7 @@ def _created(result: ModelImportResponse, response: Response) -> ModelImportResp
     "/hf-config",
     response_model=ModelImportResponse,
     status_code=status.HTTP_201_CREATED,
-    responses=problem_responses(400, 401, 403, 409, 413, 422),
+    responses=problem_responses(400, 401, 403, 409, 413, 422, 503),
     summary="Import a model from a Hugging Face config.json",
 )
 async def import_hf_config(
@@ -50,7 +50,7 @@ async def import_hf_config(
     "/onnx",
     response_model=ModelImportResponse,
     status_code=status.HTTP_201_CREATED,
-    responses=problem_responses(400, 401, 403, 409, 413, 422),
+    responses=problem_responses(400, 401, 403, 409, 413, 422, 503),
     summary="Import a model from an ONNX file (multipart upload)",
 )
 async def import_onnx(

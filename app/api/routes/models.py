@@ -29,7 +29,7 @@ WRITE = [Depends(require_writer)]
     "",
     response_model=ModelList,
     dependencies=READ,
-    responses=problem_responses(401, 403, 422),
+    responses=problem_responses(401, 403, 422, 503),
     summary="List model architectures",
 )
 async def list_models(
@@ -57,7 +57,7 @@ async def list_models(
     "/{slug}",
     response_model=ModelRead,
     dependencies=READ,
-    responses=problem_responses(401, 403, 404, 422),
+    responses=problem_responses(401, 403, 404, 422, 503),
     summary="Get a model architecture",
 )
 async def get_model(slug: SlugPath, db: DatabaseDep, response: Response) -> ModelRead:
@@ -72,7 +72,7 @@ async def get_model(slug: SlugPath, db: DatabaseDep, response: Response) -> Mode
     response_model=ModelRead,
     status_code=status.HTTP_201_CREATED,
     dependencies=WRITE,
-    responses=problem_responses(400, 401, 403, 409, 413, 422),
+    responses=problem_responses(400, 401, 403, 409, 413, 422, 503),
     summary="Create a model architecture",
 )
 async def create_model(payload: ModelCreate, db: DatabaseDep, response: Response) -> ModelRead:
@@ -87,7 +87,7 @@ async def create_model(payload: ModelCreate, db: DatabaseDep, response: Response
     "/{slug}",
     response_model=ModelRead,
     dependencies=WRITE,
-    responses=problem_responses(400, 401, 403, 404, 409, 412, 413, 422, 428),
+    responses=problem_responses(400, 401, 403, 404, 409, 412, 413, 422, 428, 503),
     summary="Replace a model architecture",
 )
 async def replace_model(
@@ -107,7 +107,7 @@ async def replace_model(
     "/{slug}",
     status_code=status.HTTP_204_NO_CONTENT,
     dependencies=WRITE,
-    responses=problem_responses(401, 403, 404, 409, 412, 422, 428),
+    responses=problem_responses(401, 403, 404, 409, 412, 422, 428, 503),
     summary="Delete a model architecture",
 )
 async def delete_model(slug: SlugPath, db: DatabaseDep, if_match: IfMatchDep) -> Response:
@@ -120,7 +120,7 @@ async def delete_model(slug: SlugPath, db: DatabaseDep, if_match: IfMatchDep) ->
     "/{slug}/summary",
     response_model=ModelSummary,
     dependencies=READ,
-    responses=problem_responses(401, 403, 404, 422),
+    responses=problem_responses(401, 403, 404, 422, 503),
     summary="Per-layer summary of a model",
 )
 async def model_summary(

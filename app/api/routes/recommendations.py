@@ -27,7 +27,7 @@ router = APIRouter(
     "/inference",
     response_model=InferenceRecommendationResponse,
     response_model_exclude_none=True,
-    responses=problem_responses(400, 401, 403, 404, 413, 422),
+    responses=problem_responses(400, 401, 403, 404, 413, 422, 503),
     summary="Recommend a device, precision and batch size for inference",
 )
 async def recommend_inference(
@@ -53,6 +53,7 @@ async def recommend_inference(
         403,
         404,
         422,
+        503,
     ),
     summary="Roofline chart of a model on devices (SVG)",
 )

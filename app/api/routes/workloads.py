@@ -27,7 +27,7 @@ WRITE = [Depends(require_writer)]
     "",
     response_model=WorkloadList,
     dependencies=READ,
-    responses=problem_responses(401, 403, 422),
+    responses=problem_responses(401, 403, 422, 503),
     summary="List workloads",
 )
 async def list_workloads(
@@ -53,7 +53,7 @@ async def list_workloads(
     "/{slug}",
     response_model=WorkloadRead,
     dependencies=READ,
-    responses=problem_responses(401, 403, 404, 422),
+    responses=problem_responses(401, 403, 404, 422, 503),
     summary="Get a workload",
 )
 async def get_workload(slug: SlugPath, db: DatabaseDep, response: Response) -> WorkloadRead:
@@ -68,7 +68,7 @@ async def get_workload(slug: SlugPath, db: DatabaseDep, response: Response) -> W
     response_model=MemoryEstimateResponse,
     response_model_exclude_none=True,
     dependencies=READ,
-    responses=problem_responses(401, 403, 404, 422),
+    responses=problem_responses(401, 403, 404, 422, 503),
     summary="Memory footprint of a workload",
 )
 async def workload_memory(slug: SlugPath, db: DatabaseDep) -> MemoryEstimateResponse:
@@ -81,7 +81,7 @@ async def workload_memory(slug: SlugPath, db: DatabaseDep) -> MemoryEstimateResp
     response_model=WorkloadRead,
     status_code=status.HTTP_201_CREATED,
     dependencies=WRITE,
-    responses=problem_responses(400, 401, 403, 409, 413, 422),
+    responses=problem_responses(400, 401, 403, 409, 413, 422, 503),
     summary="Create a workload",
 )
 async def create_workload(
@@ -98,7 +98,7 @@ async def create_workload(
     "/{slug}",
     response_model=WorkloadRead,
     dependencies=WRITE,
-    responses=problem_responses(400, 401, 403, 404, 412, 413, 422, 428),
+    responses=problem_responses(400, 401, 403, 404, 412, 413, 422, 428, 503),
     summary="Replace a workload",
 )
 async def replace_workload(
@@ -118,7 +118,7 @@ async def replace_workload(
     "/{slug}",
     status_code=status.HTTP_204_NO_CONTENT,
     dependencies=WRITE,
-    responses=problem_responses(401, 403, 404, 412, 422, 428),
+    responses=problem_responses(401, 403, 404, 412, 422, 428, 503),
     summary="Delete a workload",
 )
 async def delete_workload(slug: SlugPath, db: DatabaseDep, if_match: IfMatchDep) -> Response:
