@@ -10,7 +10,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from app.api.database import Database
+from app.api.database import Database, register_database_metrics
 from app.api.errors import PROBLEM_JSON, install_error_handlers
 from app.api.middleware import BodySizeLimitMiddleware, Metrics, RequestContextMiddleware
 from app.api.routes import (
@@ -100,6 +100,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.head_revisions = head_revisions()
     app.state.metrics = Metrics()
+    register_database_metrics(app.state.metrics.registry, app.state.database)
 
     install_error_handlers(app)
     app.include_router(ops.router)

@@ -27,6 +27,7 @@ from typing import Concatenate, ParamSpec, TypeVar
 
 import anyio
 import anyio.to_thread
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -92,6 +93,7 @@ class Database:
         # validation of sync endpoints, file uploads) so neither can starve the other. Calls
         # abandoned at their deadline release their token while their thread still runs.
         self._thread_limiter = anyio.CapacityLimiter(slots)
+        self.on_failure: Callable[[str], None] = lambda _kind: None  # see /metrics
 
     @property
     def in_use(self) -> int:
@@ -122,6 +124,7 @@ class Database:
             with anyio.fail_after(min(self.queue_timeout_s, deadline_s)):
                 await self._slot_limiter.acquire()
         except TimeoutError:
+            self.on_failure("database-busy")
             raise busy(min(self.queue_timeout_s, deadline_s)) from None
         try:
             with anyio.fail_after(deadline_s) as scope:
@@ -132,7 +135,11 @@ class Database:
             if not scope.cancel_called:
                 raise
             logger.warning("database call abandoned after %.2f s", deadline_s)
+            self.on_failure("database-unavailable")
             raise unavailable(f"no answer within {deadline_s:g} s") from None
+        except DatabaseUnavailable:
+            self.on_failure("database-unavailable")
+            raise
         finally:
             self._slot_limiter.release()
 
@@ -144,3 +151,20 @@ class Database:
     ) -> T:
         """``run`` for a service function: ``await db.call(service.get, slug=slug)``."""
         return await self.run(lambda session: function(session, *args, **kwargs))
+
+
+def register_database_metrics(registry: CollectorRegistry, database: Database) -> None:
+    """Slots in use and database failures by type, on ``/metrics``."""
+    slots = Gauge(
+        "capplan_db_slots_in_use",
+        "Requests working on the database right now (limit: CAPPLAN_DB_POOL_SIZE).",
+        registry=registry,
+    )
+    slots.set_function(lambda: database.in_use)
+    failures = Counter(
+        "capplan_db_failures",
+        "Requests answered 503 because the database was busy or unavailable, by problem type.",
+        ["type"],
+        registry=registry,
+    )
+    database.on_failure = lambda kind: failures.labels(kind).inc()

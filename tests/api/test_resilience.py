@@ -112,6 +112,9 @@ def test_a_request_that_gets_no_slot_in_time_is_shed_with_503(
     assert "CAPPLAN_DB_QUEUE_TIMEOUT_S" in response.json()["detail"]
     # The slot is free again: the same request now succeeds.
     assert client.get("/v1/models/resnet-50").status_code == 200
+    metrics = client.get("/metrics").text
+    assert 'capplan_db_failures_total{type="database-busy"} 1.0' in metrics
+    assert "capplan_db_slots_in_use 0.0" in metrics
 
 
 def test_a_call_past_its_deadline_is_abandoned_and_answered_503(
