@@ -92,6 +92,7 @@ def openapi_document(settings: Settings | None = None) -> str:
 def _serve(settings: Settings, host: str | None, port: int | None, workers: int | None) -> int:
     import uvicorn
 
+    from app.api.http_server import HTTP_PROTOCOL
     from app.main import create_app
 
     configure_logging(settings.log_level)
@@ -103,6 +104,7 @@ def _serve(settings: Settings, host: str | None, port: int | None, workers: int 
             port=port or settings.port,
             log_config=None,
             proxy_headers=True,
+            http=HTTP_PROTOCOL,  # requests the HTTP parser rejects get problem+json 400s too
             ssl_certfile=str(settings.ssl_certfile) if settings.ssl_certfile else None,
             ssl_keyfile=str(settings.ssl_keyfile) if settings.ssl_keyfile else None,
             **extra,

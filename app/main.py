@@ -10,6 +10,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from app.api.auth_gate import AuthGateMiddleware
 from app.api.database import Database, register_database_metrics
 from app.api.errors import PROBLEM_JSON, install_error_handlers
 from app.api.middleware import BodySizeLimitMiddleware, Metrics, RequestContextMiddleware
@@ -118,6 +119,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         max_bytes=settings.max_request_bytes,
         path_limits={imports.ONNX_PATH: (settings.max_import_bytes, "CAPPLAN_MAX_IMPORT_BYTES")},
     )
+    # Outside the size limit: 401/403 come before 413 and before any body byte is received.
+    app.add_middleware(AuthGateMiddleware, router=app.router, settings=settings)
     app.add_middleware(RequestContextMiddleware, metrics=app.state.metrics)
 
     def openapi() -> dict[str, Any]:

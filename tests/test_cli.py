@@ -1,16 +1,22 @@
 """The `capplan-server` commands the README and the container use."""
 
 import asyncio
+import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import uvicorn
 import yaml
 
+from app.api.errors import PROBLEM_JSON
+from app.api.http_server import HTTP_PROTOCOL, ProblemH11Protocol
 from app.cli import main
 from app.config import get_settings
 from app.main import create_app
+from tests.live_server import live_server, raw_request
 from tests.support import settings_for
 
 
@@ -85,3 +91,71 @@ def test_configured_keys_are_counted_not_logged(caplog: pytest.LogCaptureFixture
     assert "API keys configured: 2" in messages
     assert "secret" not in messages
     assert "OPEN DEV MODE" not in messages
+
+
+# -- serve: requests the HTTP parser rejects are problem+json 400s -----------------------------
+
+
+def test_serve_runs_uvicorn_with_the_problem_protocol(
+    env_db: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: seen.update(kwargs))
+    monkeypatch.setattr("app.cli.configure_logging", lambda level: None)
+    assert main(["serve", "--port", "8123"]) == 0
+    assert seen["http"] is HTTP_PROTOCOL
+    assert seen["port"] == 8123
+    assert main(["serve", "--workers", "2"]) == 0  # worker processes get the class too
+    assert seen["http"] is HTTP_PROTOCOL
+
+
+PROTOCOL_ERRORS = {
+    "Content-Length: abc": b"POST /v1/mig/fit HTTP/1.1\r\nHost: t\r\nContent-Length: abc\r\n\r\n",
+    "negative Content-Length": (
+        b"POST /v1/mig/fit HTTP/1.1\r\nHost: t\r\nContent-Length: -1\r\n\r\n"
+    ),
+    "malformed request line": b"GARBAGE\r\n\r\n",
+    "malformed header": b"GET /healthz HTTP/1.1\r\nHost: t\r\nBad Header: y\r\n\r\n",
+    "bytes outside ASCII in the path": b"GET /v1/hardware/\xff HTTP/1.1\r\nHost: t\r\n\r\n",
+}
+
+
+@pytest.fixture(scope="module")
+def protocol_servers() -> Iterator[dict[str, tuple[str, int]]]:
+    """The app behind both protocol classes (httptools, uvicorn's default, and h11)."""
+    app = create_app(settings_for("sqlite://"))
+    with (
+        live_server(app, http=HTTP_PROTOCOL) as default,
+        live_server(app, http=ProblemH11Protocol) as h11,
+    ):
+        yield {"default": default, "h11": h11}
+
+
+@pytest.mark.parametrize("server", ["default", "h11"])
+@pytest.mark.parametrize("case", list(PROTOCOL_ERRORS))
+def test_requests_the_parser_rejects_get_a_problem_400(
+    protocol_servers: dict[str, tuple[str, int]], server: str, case: str
+) -> None:
+    response = raw_request(protocol_servers[server], PROTOCOL_ERRORS[case])
+    assert response.status == 400
+    assert response.headers["content-type"] == PROBLEM_JSON
+    body = json.loads(response.body)
+    assert body["type"] == "/problems/bad-request"
+    assert body["status"] == 400
+    assert body["detail"].startswith("the request is not valid HTTP/1.1")
+    assert body["request_id"] == response.headers["x-request-id"]
+    assert response.closed
+
+
+def test_the_parser_reason_is_named(protocol_servers: dict[str, tuple[str, int]]) -> None:
+    response = raw_request(protocol_servers["default"], PROTOCOL_ERRORS["Content-Length: abc"])
+    assert "Content-Length" in json.loads(response.body)["detail"]
+
+
+@pytest.mark.parametrize("server", ["default", "h11"])
+def test_valid_requests_are_unaffected(
+    protocol_servers: dict[str, tuple[str, int]], server: str
+) -> None:
+    response = raw_request(protocol_servers[server], b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+    assert response.status == 200
+    assert json.loads(response.body) == {"status": "ok"}

@@ -36,6 +36,9 @@ from app.domain.analysis import InputDecl
 from app.domain.graph import MAX_DIM
 from app.domain.ops import TensorKind
 from app.importers.result import (
+    MAX_STORED_INPUT_RANK,
+    MAX_STORED_INPUTS,
+    MAX_STORED_LAYERS,
     ImportedGraph,
     ImportRejected,
     OpMapping,
@@ -43,7 +46,13 @@ from app.importers.result import (
     graph_parameter_count,
 )
 
-MAX_NODES = 50_000
+# Structural caps, checked right after the protobuf is parsed and before anything costly
+# (shape inference, mapping, the graph's own shape inference): each is one pass or less.
+MAX_NODES = 50_000  # subgraphs included
+MAX_NODE_EDGES = 16 * MAX_NODES  # node inputs + outputs
+MAX_TENSORS = 2 * MAX_NODES  # initializers, sparse initializers and attribute tensors
+MAX_DECLARED_VALUES = 4 * MAX_NODES  # graph inputs, outputs and value_info
+MAX_DECLARED_RANK = 32
 MIN_OPSET, MIN_IR = 7, 3
 DEFAULT_SEQUENCE_LENGTH = 128
 _FLOAT_TYPES = frozenset(
@@ -113,16 +122,110 @@ def parse_model(data: bytes) -> ModelProto:
             f"opset {opset} of the default ONNX domain is not supported "
             f"(supported: {MIN_OPSET}..{onnx.defs.onnx_opset_version()})"
         )
-    nodes = sum(1 for _ in _all_nodes(model.graph))
-    if nodes > MAX_NODES:
-        raise _reject(f"the graph has {nodes} nodes; at most {MAX_NODES} are imported")
-    for where, tensor in _all_tensors(model.graph):
+    _check_structure(model.graph)
+    for count, (where, tensor) in enumerate(_all_tensors(model.graph), start=1):
+        if count > MAX_TENSORS:
+            raise _reject(f"the graph holds more than {MAX_TENSORS} tensors; at most that many")
         _check_tensor(where, tensor)
     for where, dims in _declared_dims(model.graph):
+        if len(dims) > MAX_DECLARED_RANK:
+            raise _reject(f"{where} declares {len(dims)} dims; at most {MAX_DECLARED_RANK}")
         for dim in dims:
             if dim.HasField("dim_value") and not 0 <= dim.dim_value <= MAX_DIM:
                 raise _reject(f"{where} declares dimension {dim.dim_value}; at most 2^40 allowed")
     return model
+
+
+def _check_structure(graph: GraphProto) -> None:
+    """Counts that bound every later pass, and what the stored model could never hold."""
+    tensors = len(graph.initializer) + len(graph.sparse_initializer)
+    if tensors > MAX_TENSORS:
+        raise _reject(f"the graph has {tensors} initializers; at most {MAX_TENSORS} are imported")
+    values = len(graph.input) + len(graph.output) + len(graph.value_info)
+    if values > MAX_DECLARED_VALUES:
+        raise _reject(
+            f"the graph declares {values} values (inputs, outputs, value_info); "
+            f"at most {MAX_DECLARED_VALUES}"
+        )
+    nodes = edges = 0
+    for node in _all_nodes(graph):
+        nodes += 1
+        edges += len(node.input) + len(node.output)
+        if nodes > MAX_NODES:
+            raise _reject(f"the graph has more than {MAX_NODES} nodes; at most that many")
+        if edges > MAX_NODE_EDGES:
+            raise _reject(f"the graph's nodes have more than {MAX_NODE_EDGES} inputs and outputs")
+    initializers = {t.name for t in graph.initializer}
+    inputs = [info for info in graph.input if info.name not in initializers]
+    if len(inputs) > MAX_STORED_INPUTS:
+        raise _reject(
+            f"the graph has {len(inputs)} inputs; a stored model has at most {MAX_STORED_INPUTS}",
+            "/graph/input",
+        )
+    for info in inputs:
+        rank = len(info.type.tensor_type.shape.dim)
+        if rank > MAX_STORED_INPUT_RANK:
+            raise _reject(
+                f"input '{info.name}' has {rank} dims; a stored input has at most "
+                f"{MAX_STORED_INPUT_RANK}",
+                "/graph/input",
+            )
+    least = _least_layers(graph, {info.name for info in inputs})
+    if least > MAX_STORED_LAYERS:
+        raise _reject(
+            f"the graph has {least} nodes that compute on its inputs and each maps to at least "
+            f"one layer (or is unsupported); a stored model has at most {MAX_STORED_LAYERS} layers"
+        )
+
+
+# Ops that can map to no layer although they compute on an activation: Identity, Cast to a
+# float type and a Transpose whose perm is the identity (or not given: the rank decides) alias
+# their input, an Add of a MatMul's output and a constant may be that MatMul's bias, and
+# Reduce*/Split make as many layers as their constant axes or outputs say.
+_ALIASING = frozenset({"Identity", "Cast", "Transpose", "Split", *_REDUCE})
+
+
+def _may_map_to_nothing(node: NodeProto, live: set[str], matmul_outputs: set[str]) -> bool:
+    op = node.op_type
+    if op == "Add":
+        a, b = (list(node.input) + ["", ""])[:2]
+        return (a in matmul_outputs and b not in live) or (b in matmul_outputs and a not in live)
+    if op not in _ALIASING:
+        return False
+    attributes = {attribute.name: attribute for attribute in node.attribute}
+    if op == "Cast":
+        return "to" in attributes and attributes["to"].i in _FLOAT_TYPES
+    if op == "Transpose" and "perm" in attributes:
+        perm = list(attributes["perm"].ints)
+        return perm == sorted(perm)
+    return True
+
+
+def _least_layers(graph: GraphProto, inputs: set[str]) -> int:
+    """A lower bound of the layers ``_Mapper`` makes, in one pass without shape inference.
+
+    It follows the mapper's walk: a node of the default domain that reads an activation (a
+    graph input or an earlier such node's first output) and is not a shape op goes to its
+    handler, which emits at least one layer unless ``_may_map_to_nothing`` (or it is
+    unsupported: then the import fails, or is one opaque layer when lenient); a custom-domain
+    node reading an activation is unsupported. Either way its first output is an activation.
+    """
+    live = set(inputs)
+    matmul_outputs: set[str] = set()
+    least = 0
+    for node in graph.node:
+        custom = node.domain not in ("", "ai.onnx")
+        if not custom and (node.op_type in _SHAPE_OPS or node.op_type == "Constant"):
+            continue
+        if not any(value in live for value in node.input):
+            continue
+        if custom or not _may_map_to_nothing(node, live, matmul_outputs):
+            least += 1
+        if node.output:
+            live.add(node.output[0])
+            if node.op_type == "MatMul" and not custom:
+                matmul_outputs.add(node.output[0])
+    return least
 
 
 def _default_opset(model: ModelProto) -> int:
@@ -267,6 +370,11 @@ class _Mapper:
         return name
 
     def _add(self, layer: dict[str, Any]) -> str:
+        if len(self.layers) >= MAX_STORED_LAYERS:  # stop now, not after shape inference
+            raise _reject(
+                f"the graph maps to more than {MAX_STORED_LAYERS} layers, the most a stored "
+                "model holds"
+            )
         self.layers.append(layer)
         return str(layer["name"])
 

@@ -9,6 +9,12 @@ from typing import Any
 from app.domain.analysis import InputDecl, analyze
 from app.domain.errors import GraphError
 
+# What a stored model may hold (ModelBase in app/schemas/models.py; a test keeps these equal).
+# Importers reject a source that cannot fit before they do the expensive work, not after.
+MAX_STORED_LAYERS = 10_000  # top-level layers (imported graphs are flat)
+MAX_STORED_INPUTS = 16
+MAX_STORED_INPUT_RANK = 8
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OpMapping:

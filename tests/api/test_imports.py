@@ -203,6 +203,8 @@ BAD_FILES: dict[str, tuple[Callable[[], bytes], str, str]] = {
     "truncated": (lambda: onnx_models.small_cnn()[:400], "invalid-onnx", "protobuf"),
     "empty": (lambda: b"", "invalid-onnx", "empty"),
     "old opset": (lambda: onnx_models.small_cnn_at_opset(6), "invalid-onnx", "opset 6"),
+    # Under the 50,000-node cap, but no stored model holds 49,000 layers: refused up front.
+    "49,000 layers": (lambda: onnx_models.chain(49_000), "invalid-onnx", "at most 10000 layers"),
 }
 
 

@@ -192,3 +192,28 @@ def small_cnn_at_opset(opset: int) -> bytes:
     model = onnx.load_from_string(small_cnn())
     model.opset_import[0].version = opset
     return bytes(model.SerializeToString())
+
+
+def chain(nodes: int, op: str = "Relu") -> bytes:
+    """``nodes`` unary ``op`` nodes one after the other on a [N, 16] input (no initializers).
+
+    An ``Add`` chain adds each value to itself: two activations, so one ``add`` layer each.
+    """
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])
+    y = helper.make_tensor_value_info(f"v{nodes}", TensorProto.FLOAT, ["N", 16])
+    arity = 2 if op == "Add" else 1
+    body = [
+        helper.make_node(op, [f"v{i}" if i else "x"] * arity, [f"v{i + 1}"], name=f"n{i}")
+        for i in range(nodes)
+    ]
+    return _model(body, [x], [y], [], name="chain")
+
+
+def with_inputs(count: int, rank: int = 2) -> bytes:
+    """``count`` float inputs of ``rank`` dims summed into one output."""
+    shape: list[str | int | None] = ["N", *[2] * (rank - 1)]
+    inputs = [
+        helper.make_tensor_value_info(f"x{i}", TensorProto.FLOAT, shape) for i in range(count)
+    ]
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)
+    return _model([helper.make_node("Sum", [i.name for i in inputs], ["y"])], inputs, [y], [])

@@ -1,11 +1,17 @@
 """The ONNX importer on hand-built graphs: hostile inputs and odd corners, without a server."""
 
+from collections.abc import Callable
+
+import annotated_types
 import onnx
 import pytest
 from onnx import TensorProto, helper
+from pydantic.fields import FieldInfo
 
+from app.importers import onnx_model, result
 from app.importers.onnx_model import import_onnx
 from app.importers.result import ImportRejected
+from app.schemas.models import InputSpec, ModelCreate
 from tests.importers import onnx_models
 
 
@@ -41,3 +47,149 @@ def test_fixed_batch_is_kept_and_said() -> None:
     imported = import_onnx(model.SerializeToString())
     assert imported.inputs[0].shape == (1, 3, 32, 32)
     assert any("fixed batch dimension 1" in note for note in imported.assumptions)
+
+
+# -- structural caps: checked before shape inference and mapping ------------------------------
+
+
+def _no_expensive_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail the test if shape inference (the first costly step) or graph analysis runs."""
+
+    def forbidden(*args: object, **kwargs: object) -> None:
+        raise AssertionError("expensive work ran before the structural caps rejected the file")
+
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes", forbidden)
+    monkeypatch.setattr(result, "analyze", forbidden)
+
+
+def test_stored_model_limits_are_the_schemas() -> None:
+    def max_length(field: FieldInfo) -> int:
+        return next(m.max_length for m in field.metadata if isinstance(m, annotated_types.MaxLen))
+
+    assert result.MAX_STORED_LAYERS == max_length(ModelCreate.model_fields["layers"])
+    assert result.MAX_STORED_INPUTS == max_length(ModelCreate.model_fields["inputs"])
+    assert result.MAX_STORED_INPUT_RANK == max_length(InputSpec.model_fields["shape"])
+
+
+def test_49000_nodes_that_cannot_fit_the_layer_cap_are_rejected_before_shape_inference(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    data = onnx_models.chain(49_000)
+    _no_expensive_work(monkeypatch)
+    with pytest.raises(ImportRejected, match="at most 10000 layers") as caught:
+        import_onnx(data, lenient=True)
+    assert caught.value.kind == "invalid-onnx"
+    assert "49000 nodes" in caught.value.detail
+
+
+def test_the_layer_bound_counts_only_nodes_that_must_become_layers() -> None:
+    # Identity nodes alias their input: 12,000 of them map to no layer, so no early rejection
+    # (the file is then refused for mapping to nothing, after shape inference).
+    with pytest.raises(ImportRejected, match="nothing to import"):
+        import_onnx(onnx_models.chain(12_000, "Identity"))
+
+
+def test_more_layers_than_a_model_holds_stops_the_mapping_at_the_cap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A Transpose without perm may be an identity (rank 1) so the early bound does not count
+    # it; at rank 2 each is a layer, and the mapping stops at the cap: before the graph's own
+    # (slow) shape inference.
+    data = onnx_models.chain(10_002, "Transpose")
+    model = onnx.load_from_string(data)
+    assert onnx_model._least_layers(model.graph, {"x"}) == 0
+    monkeypatch.setattr(result, "analyze", lambda *a, **k: pytest.fail("analysis ran"))
+    with pytest.raises(ImportRejected, match="maps to more than 10000 layers"):
+        import_onnx(data)
+
+
+LAYER_BOUND_CASES: dict[str, tuple[Callable[[], bytes], int]] = {
+    "cnn": (onnx_models.small_cnn, 10),  # every node, the residual Add of two activations too
+    "attention": (onnx_models.tiny_attention, 25),  # bias Adds and identity views are free
+    "attention, untied": (lambda: onnx_models.tiny_attention(tied=False), 25),
+    "unsupported ops": (onnx_models.with_unsupported, 4),
+    "adds": (lambda: onnx_models.chain(50, "Add"), 50),  # of two activations: no bias
+    "transposes": (lambda: onnx_models.chain(50, "Transpose"), 0),
+    "relus": (lambda: onnx_models.chain(50), 50),
+}
+
+
+@pytest.mark.parametrize("case", list(LAYER_BOUND_CASES))
+def test_the_early_layer_bound_never_exceeds_the_mapped_layers(case: str) -> None:
+    build, at_least = LAYER_BOUND_CASES[case]
+    data = build()
+    model = onnx.load_from_string(data)
+    initializers = {t.name for t in model.graph.initializer}
+    inputs = {i.name for i in model.graph.input if i.name not in initializers}
+    least = onnx_model._least_layers(model.graph, inputs)
+    assert least >= at_least
+    assert least <= len(import_onnx(data, lenient=True).layers)
+
+
+@pytest.mark.parametrize(
+    ("build", "words", "pointer"),
+    [
+        (lambda: onnx_models.with_inputs(17), "17 inputs", "/graph/input"),
+        (lambda: onnx_models.with_inputs(1, rank=9), "9 dims", "/graph/input"),
+    ],
+)
+def test_what_a_stored_model_cannot_hold_is_rejected_up_front(
+    monkeypatch: pytest.MonkeyPatch, build: Callable[[], bytes], words: str, pointer: str
+) -> None:
+    data = build()
+    _no_expensive_work(monkeypatch)
+    with pytest.raises(ImportRejected, match=words) as caught:
+        import_onnx(data)
+    assert caught.value.pointer == pointer
+
+
+@pytest.mark.parametrize(
+    ("cap", "value", "words"),
+    [
+        ("MAX_NODES", 5, "more than 5 nodes"),
+        ("MAX_NODE_EDGES", 10, "more than 10 inputs and outputs"),
+        ("MAX_TENSORS", 5, "10 initializers"),
+        ("MAX_DECLARED_VALUES", 1, "declares 2 values"),
+    ],
+)
+def test_counting_caps(monkeypatch: pytest.MonkeyPatch, cap: str, value: int, words: str) -> None:
+    data = onnx_models.small_cnn()  # 9 nodes, 10 initializers, 1 input + 1 output
+    assert import_onnx(data).layers  # within the real caps
+    monkeypatch.setattr(onnx_model, cap, value)
+    _no_expensive_work(monkeypatch)
+    with pytest.raises(ImportRejected, match=words):
+        import_onnx(data)
+
+
+def test_attribute_tensors_count_towards_the_tensor_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])
+    constants = [
+        helper.make_node(
+            "Constant",
+            [],
+            [f"c{i}"],
+            value=helper.make_tensor(f"t{i}", TensorProto.FLOAT, [4], [1.0] * 4),
+        )
+        for i in range(3)
+    ]
+    adds = [
+        helper.make_node("Add", [source, f"c{i}"], [target])
+        for i, (source, target) in enumerate([("x", "a0"), ("a0", "a1"), ("a1", "y")])
+    ]
+    graph = helper.make_graph([*constants, *adds], "g", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    data = model.SerializeToString()
+    assert import_onnx(data).layers
+    monkeypatch.setattr(onnx_model, "MAX_TENSORS", 2)
+    with pytest.raises(ImportRejected, match="more than 2 tensors"):
+        import_onnx(data)
+
+
+def test_declared_rank_is_capped(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = onnx.load_from_string(onnx_models.small_cnn())
+    model.graph.value_info.append(helper.make_tensor_value_info("c1", TensorProto.FLOAT, [1] * 40))
+    _no_expensive_work(monkeypatch)
+    with pytest.raises(ImportRejected, match="declares 40 dims; at most 32"):
+        import_onnx(model.SerializeToString())
