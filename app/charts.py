@@ -8,6 +8,7 @@ picture.
 from __future__ import annotations
 
 import math
+import sys
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -55,6 +56,15 @@ def _document(width: int, height: int, title: str, body: list[str]) -> str:
 # --------------------------------------------------------------------------------------------
 
 
+class ChartInputError(ValueError):
+    """Numbers a chart cannot draw (zero, negative, subnormal or not finite on a log axis)."""
+
+
+def _drawable(value: float) -> bool:
+    """Whether ``value`` has a finite logarithm that is not absurd: a finite normal float > 0."""
+    return isinstance(value, int | float) and math.isfinite(value) and value >= sys.float_info.min
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Roof:
     """One device's roofline: attainable FLOP/s = min(peak, intensity x bandwidth)."""
@@ -64,6 +74,23 @@ class Roof:
     bandwidth_bytes_per_s: float
     spec_peak_flops_per_s: float  # catalog, drawn dashed
     spec_bandwidth_bytes_per_s: float
+
+    def __post_init__(self) -> None:
+        # Drawn on log axes and divided by: each must be a positive, finite, normal number.
+        for name in (
+            "peak_flops_per_s",
+            "bandwidth_bytes_per_s",
+            "spec_peak_flops_per_s",
+            "spec_bandwidth_bytes_per_s",
+        ):
+            value = getattr(self, name)
+            if not _drawable(value):
+                raise ChartInputError(
+                    f"roof '{self.label}': {name} must be a positive, finite number of at least "
+                    f"{sys.float_info.min:g}, got {value!r}"
+                )
+        if not _drawable(self.ridge_flops_per_byte):
+            raise ChartInputError(f"roof '{self.label}': the ridge point is out of range")
 
     @property
     def ridge_flops_per_byte(self) -> float:
@@ -121,7 +148,13 @@ def roofline_svg(
     """A log-log roofline: one roof per device (solid: calibrated; dashed: catalog peak and
     bandwidth) with its ridge point marked, and the model's kernels as points."""
     if not roofs:
-        raise ValueError("no roofs to draw")
+        raise ChartInputError("no roofs to draw")
+    # A kernel with no DRAM traffic has infinite intensity; one that does nothing has no rate.
+    points = [
+        p
+        for p in points
+        if _drawable(p.intensity_flops_per_byte) and _drawable(p.achieved_flops_per_s)
+    ]
     width, height = 1120, 640
     notes = textwrap.wrap(subtitle, 150)
     left, right, top, bottom = 110, 760, 56 + 16 * len(notes), 556

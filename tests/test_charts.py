@@ -1,10 +1,13 @@
 """The SVG charts: valid XML, escaped labels, log axes and roofs where they belong."""
 
+import math
 import xml.etree.ElementTree as ET
+from dataclasses import replace
+from typing import Any
 
 import pytest
 
-from app.charts import GIB, Roof, RoofPoint, breakdown_svg, roofline_svg
+from app.charts import GIB, ChartInputError, Roof, RoofPoint, breakdown_svg, roofline_svg
 
 NS = "{http://www.w3.org/2000/svg}"
 ROOF = Roof(
@@ -83,3 +86,44 @@ def test_breakdown_bars_in_gib() -> None:
     widths = [float(r.attrib["width"]) for r in root.iter(f"{NS}rect")][1:]
     assert widths[0] == pytest.approx(4 * widths[1], abs=0.5)  # 2 GiB vs 0.5 GiB
     assert widths[2] == pytest.approx(1.5 * widths[0], abs=0.2)  # the 3 GiB total
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("peak_flops_per_s", 5e-324),
+        ("peak_flops_per_s", 0.0),
+        ("bandwidth_bytes_per_s", 1e-308),
+        ("spec_peak_flops_per_s", float("inf")),
+        ("spec_bandwidth_bytes_per_s", float("nan")),
+        ("bandwidth_bytes_per_s", -1.0),
+    ],
+)
+def test_a_roof_that_a_log_axis_cannot_draw_is_refused(field: str, value: float) -> None:
+    changes: dict[str, Any] = {field: value}
+    with pytest.raises(ChartInputError) as raised:
+        replace(ROOF, **changes)
+    assert str(raised.value) == (
+        f"roof 'GPU <A&B>': {field} must be a positive, finite number of at least "
+        f"2.22507e-308, got {value!r}"
+    )
+
+
+def test_a_roof_whose_ridge_underflows_is_refused() -> None:
+    with pytest.raises(ChartInputError, match="the ridge point is out of range"):
+        replace(ROOF, peak_flops_per_s=1e-300, bandwidth_bytes_per_s=1e300)
+
+
+def test_points_off_the_log_axes_are_left_out() -> None:
+    points = [
+        RoofPoint(roof=0, label="ok", intensity_flops_per_byte=10, achieved_flops_per_s=5e12),
+        RoofPoint(
+            roof=0, label="no dram", intensity_flops_per_byte=math.inf, achieved_flops_per_s=1e12
+        ),
+        RoofPoint(roof=0, label="idle", intensity_flops_per_byte=1, achieved_flops_per_s=0.0),
+        RoofPoint(roof=0, label="tiny", intensity_flops_per_byte=5e-324, achieved_flops_per_s=1e9),
+    ]
+    root = ET.fromstring(roofline_svg(title="t", subtitle="", roofs=[ROOF], points=points))
+    tips = [n.text or "" for n in root.iter(f"{NS}title")]
+    assert [tip.split(":")[0] for tip in tips[1:]] == ["ok"]
+    assert "inf" not in roofline_svg(title="t", subtitle="", roofs=[ROOF], points=points)

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import logging
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.api.context import request_id_var
@@ -17,6 +21,7 @@ from app.schemas.problem import InvalidField, Problem
 from app.services import errors as svc
 
 PROBLEM_JSON = "application/problem+json"
+_SURROGATE = re.compile("[\ud800-\udfff]")
 logger = logging.getLogger("app.api")
 
 # service error -> (status, type slug, title)
@@ -58,8 +63,8 @@ def problem_body(
         type=f"/problems/{type_slug}",
         title=title,
         status=status,
-        detail=detail,
-        instance=instance,
+        detail=_printable(detail),
+        instance=None if instance is None else _printable(instance),
         request_id=request_id_var.get(),
         errors=errors,
     )
@@ -81,6 +86,11 @@ def problem_response(
     return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
 
 
+def json_pointer(parts: Iterable[int | str]) -> str:
+    """An RFC 6901 JSON pointer ("~" and "/" in a key escaped as "~0" and "~1")."""
+    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in parts) or "/"
+
+
 def _pointer(loc: tuple[int | str, ...]) -> tuple[str, str]:
     if not loc:
         return "body", "/"
@@ -88,15 +98,55 @@ def _pointer(loc: tuple[int | str, ...]) -> tuple[str, str]:
     rest = loc[1:]
     if location in ("query", "path", "header", "cookie"):
         return location, ".".join(str(p) for p in rest)
-    return "body", "/" + "/".join(str(p) for p in rest)
+    return "body", json_pointer(rest)
 
 
-def _invalid_fields(exc: RequestValidationError) -> list[InvalidField]:
+# How pydantic names the member of a union it tried ("WorkloadSpec", "constrained-str",
+# "function-after[...]", "int"): never a field name of this API (those are snake_case).
+_UNION_TAG = re.compile(r"^(?:[A-Z]\w*|[a-z]+(?:-[a-z]+)+|[\w-]+\[.*\]|str|int|float|bool)$", re.S)
+_ABSENT = object()
+
+
+def _without_union_tags(loc: tuple[int | str, ...], body: Any) -> tuple[int | str, ...]:
+    """``loc`` without the union member names pydantic puts in it, which are not part of the
+    body: a JSON pointer names keys and indices only (``/workload/architecture/layers/0/name``,
+    not ``/workload/WorkloadSpec/architecture/...``)."""
+    kept: list[int | str] = []
+    node = body
+    for part in loc:
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            node = node[part]
+        elif isinstance(part, str) and part != "[key]" and _UNION_TAG.match(part):
+            continue
+        else:
+            node = _ABSENT  # a missing field or a dict key's "[key]": kept, nothing below
+        kept.append(part)
+    return tuple(kept)
+
+
+def _printable(text: str) -> str:
+    """Lone surrogates (UTF-8 cannot encode them, so no JSON response could carry them) shown
+    as ``\\udXXX`` text; everything else, NUL included, is kept (JSON escapes it)."""
+    return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def _invalid_fields(
+    errors: Sequence[Mapping[str, Any]],
+    *,
+    prefix: tuple[int | str, ...] = (),
+    body: Any = _ABSENT,
+) -> list[InvalidField]:
     fields = []
-    for error in exc.errors():
-        location, pointer = _pointer(tuple(error.get("loc", ())))
+    for error in errors:
+        loc = (*prefix, *tuple(error.get("loc", ())))
+        if body is not _ABSENT and loc[:1] == ("body",):
+            loc = ("body", *_without_union_tags(loc[1:], body))
+        location, pointer = _pointer(loc)
+        pointer = _printable(pointer)
         kind = str(error.get("type", "invalid"))
-        message = str(error.get("msg", "invalid value"))
+        message = _printable(str(error.get("msg", "invalid value")))
         if kind == "json_invalid":
             position = loc_tail[0] if (loc_tail := tuple(error.get("loc", ()))[1:]) else "?"
             pointer = "/"
@@ -111,7 +161,7 @@ def _invalid_fields(exc: RequestValidationError) -> list[InvalidField]:
 
 async def _validation_handler(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    fields = _invalid_fields(exc)
+    fields = _invalid_fields(exc.errors(), body=exc.body)
     if any(f.type == "json_invalid" for f in fields):
         return problem_response(
             request,
@@ -121,15 +171,52 @@ async def _validation_handler(request: Request, exc: Exception) -> JSONResponse:
             "the request body is not valid JSON: " + "; ".join(f.message for f in fields),
             errors=fields,
         )
+    return problem_response(
+        request, 422, "validation-error", "Invalid request", _summary(fields), errors=fields
+    )
+
+
+def _summary(fields: Sequence[InvalidField]) -> str:
     summary = "; ".join(f"{f.pointer or f.location}: {f.message}" for f in fields[:5])
     more = f" (and {len(fields) - 5} more)" if len(fields) > 5 else ""
+    return f"{len(fields)} invalid field(s): {summary}{more}"
+
+
+async def _pydantic_handler(request: Request, exc: Exception) -> JSONResponse:
+    """A pydantic ValidationError that escaped a service (a model it builds from the request):
+    422 listing every error with a JSON pointer relative to the body, logged for the developers
+    (the service should have raised InvalidInput naming the request field)."""
+    assert isinstance(exc, ValidationError)
+    logger.warning("validation error escaped a service: %s", exc.title, exc_info=exc)
+    fields = _invalid_fields(exc.errors(include_input=False, include_url=False), prefix=("body",))
+    return problem_response(
+        request, 422, "invalid-input", "Invalid input", _summary(fields), errors=fields
+    )
+
+
+async def _recursion_handler(request: Request, exc: Exception) -> JSONResponse:
+    """Input nested deeper than the code walking it can follow."""
+    logger.warning("recursion limit reached handling a request", exc_info=exc)
     return problem_response(
         request,
         422,
-        "validation-error",
-        "Invalid request",
-        f"{len(fields)} invalid field(s): {summary}{more}",
-        errors=fields,
+        "invalid-input",
+        "Invalid input",
+        "the request is nested too deeply to be processed; flatten it",
+    )
+
+
+async def _data_error_handler(request: Request, exc: Exception) -> JSONResponse:
+    """Safety net: a value the database refused (out of range, unencodable text) is the client's
+    input, not a server fault; validation should have caught it first, so it is logged."""
+    logger.error("database refused a value (DataError); add a schema check", exc_info=exc)
+    return problem_response(
+        request,
+        422,
+        "invalid-input",
+        "Invalid input",
+        "a value in the request cannot be stored (out of range or an unsupported character); "
+        "nothing was written",
     )
 
 
@@ -204,6 +291,9 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(svc.ServiceError, _service_handler)
     app.add_exception_handler(DatabaseUnavailable, _database_handler)
     app.add_exception_handler(DomainError, _domain_handler)
+    app.add_exception_handler(ValidationError, _pydantic_handler)
+    app.add_exception_handler(RecursionError, _recursion_handler)
+    app.add_exception_handler(DataError, _data_error_handler)
     app.add_exception_handler(StarletteHTTPException, _http_handler)
     app.add_exception_handler(Exception, _unhandled_handler)
 

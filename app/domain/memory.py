@@ -112,6 +112,15 @@ class Parallelism:
     pipeline: int = 1
     zero_stage: int = 0  # 0 none, 1 optimizer state, 2 + gradients, 3 + parameters (FSDP)
 
+    def __post_init__(self) -> None:
+        # The estimate divides by these degrees.
+        for name in ("data", "tensor", "pipeline"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise MemoryInputError(f"parallelism.{name} must be an integer >= 1, got {value!r}")
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise MemoryInputError(f"parallelism.zero_stage must be 0-3, got {self.zero_stage!r}")
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FrameworkOverhead:
@@ -121,6 +130,17 @@ class FrameworkOverhead:
     workspace_bytes: int = 32 * MIB
     fragmentation_fraction: float = 0.05
     round_allocations: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("cuda_context_bytes", "workspace_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise MemoryInputError(f"{name} must be an integer >= 0, got {value!r}")
+        fraction = self.fragmentation_fraction
+        if not (isinstance(fraction, int | float) and math.isfinite(fraction)):
+            raise MemoryInputError(f"fragmentation_fraction must be a number, got {fraction!r}")
+        if not 0 <= fraction <= 1:
+            raise MemoryInputError(f"fragmentation_fraction must be in [0, 1], got {fraction!r}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -138,6 +158,11 @@ class MemoryRequest:
     kv_cache: bool = True
     fp32_grad_buffer: bool = False
     overhead: FrameworkOverhead = field(default_factory=FrameworkOverhead)
+
+    def __post_init__(self) -> None:
+        steps = self.accumulation_steps
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise MemoryInputError(f"accumulation_steps must be an integer >= 1, got {steps!r}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -11,13 +11,40 @@ against the best candidate of the other kind (a CPU against an accelerator, and 
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from app.domain.errors import DomainError
 from app.domain.roofline import Bound, DeviceKind, Prediction, cpu_compute_unit
 
 SECONDS_PER_HOUR = 3600.0
+
+
+class RecommendationInputError(DomainError):
+    """A requirement or figure a recommendation cannot be computed from."""
+
+
+def _positive(name: str, value: float) -> None:
+    """``value`` is a finite number at least the smallest normal float (dividing by it is safe)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise RecommendationInputError(f"{name} must be a number, got {value!r}")
+    if not (math.isfinite(value) and value >= sys.float_info.min):
+        raise RecommendationInputError(f"{name} must be a positive, finite number, got {value!r}")
+
+
+def _non_negative(name: str, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise RecommendationInputError(f"{name} must be a number, got {value!r}")
+    if not (math.isfinite(value) and value >= 0):
+        raise RecommendationInputError(f"{name} must be a finite number >= 0, got {value!r}")
+
+
+def _finite(name: str, value: float) -> float:
+    if not math.isfinite(value):
+        raise RecommendationInputError(f"{name} overflows ({value!r}): the inputs are out of scale")
+    return value
 
 
 class Objective(StrEnum):
@@ -36,6 +63,12 @@ class Requirements:
     latency_slo_s: float | None = None
     throughput_target_per_s: float | None = None
 
+    def __post_init__(self) -> None:
+        if self.latency_slo_s is not None:
+            _positive("latency_slo_s", self.latency_slo_s)
+        if self.throughput_target_per_s is not None:
+            _positive("throughput_target_per_s", self.throughput_target_per_s)
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MemoryFit:
@@ -44,6 +77,12 @@ class MemoryFit:
     required_bytes: int
     available_bytes: int
     detail: str
+
+    def __post_init__(self) -> None:
+        for name in ("required_bytes", "available_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise RecommendationInputError(f"{name} must be an integer >= 0, got {value!r}")
 
     @property
     def fits(self) -> bool:
@@ -63,7 +102,10 @@ def cost_per_million_usd(price_usd_per_hour: float, throughput_per_s: float) -> 
     -------
     cost : price / 3600 / throughput * 10^6 [USD]
     """
-    return price_usd_per_hour / SECONDS_PER_HOUR / throughput_per_s * 1e6
+    _non_negative("price_usd_per_hour", price_usd_per_hour)
+    _positive("throughput_per_s", throughput_per_s)
+    cost = price_usd_per_hour / SECONDS_PER_HOUR / throughput_per_s * 1e6
+    return _finite("cost_usd_per_million", cost)
 
 
 def energy_per_inference_j(tdp_watts: float, latency_s: float, batch: int) -> float:
@@ -79,12 +121,18 @@ def energy_per_inference_j(tdp_watts: float, latency_s: float, batch: int) -> fl
     -------
     energy : TDP * latency / batch [J]
     """
-    return tdp_watts * latency_s / batch
+    _non_negative("tdp_watts", tdp_watts)
+    _non_negative("latency_s", latency_s)
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise RecommendationInputError(f"batch must be an integer >= 1, got {batch!r}")
+    return _finite("energy_j_per_inference", tdp_watts * latency_s / batch)
 
 
 def devices_needed(target_per_s: float, throughput_per_s: float) -> int:
     """Devices to reach a throughput target: ceil(target / throughput per device) [-]."""
-    return max(1, math.ceil(target_per_s / throughput_per_s - 1e-9))
+    _positive("throughput_target_per_s", target_per_s)
+    _positive("throughput_per_s", throughput_per_s)
+    return max(1, math.ceil(_finite("devices_needed", target_per_s / throughput_per_s) - 1e-9))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -130,7 +178,7 @@ def assess(prediction: Prediction, memory: MemoryFit, requirements: Requirements
     cost = fleet = None
     if price is not None:
         cost = cost_per_million_usd(price, throughput)
-        fleet = None if needed is None else needed * price
+        fleet = None if needed is None else _finite("fleet_cost_usd_per_hour", needed * price)
     elif requirements.objective is Objective.COST:
         reasons.append("no price: give prices_usd_per_hour to rank it by cost")
     energy = None

@@ -42,6 +42,7 @@ multicore architectures", Communications of the ACM 52(4), 2009.
 from __future__ import annotations
 
 import math
+import sys
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -61,6 +62,37 @@ INDEX_BYTES = 8  # token ids and labels are int64
 
 class RooflineInputError(DomainError):
     """A workload or device that the roofline model cannot evaluate."""
+
+
+# Physically sane ranges of the figures the model divides by. The hardware schema rejects
+# profiles outside them on write; the model checks again before dividing (profiles stored before
+# that check, devices built by other code), so no input can make it divide by zero, by a
+# subnormal number or by infinity.
+MIN_PEAK_FLOPS_PER_S = 1e6  # 1 MFLOP/s: slower than any processor worth planning for
+MAX_PEAK_FLOPS_PER_S = 1e21  # 1 ZFLOP/s per device: >100 000x a 2025 flagship GPU's dense peak
+MIN_BANDWIDTH_BYTES_PER_S = 1e6  # 1 MB/s: below any memory or host link (PCIe 1.0 x1: 250 MB/s)
+MAX_BANDWIDTH_BYTES_PER_S = 1e18  # 1 EB/s: ~50x wafer-scale on-chip SRAM (21 PB/s)
+MIN_EFFICIENCY = 1e-4  # calibrated efficiencies: 0.01 % to 100 %
+MIN_FRACTION = 1 / 1024  # MIG slice share of compute or bandwidth
+MAX_OVERHEAD_S = 3600.0  # per kernel launch or per request
+MAX_TDP_WATTS = 1e6
+MAX_PRICE_USD_PER_HOUR = 1e9
+
+
+def _in_range(value: object, low: float, high: float) -> bool:
+    """Whether ``value`` is a real number (not bool, NaN or infinite) in ``[low, high]``."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    if isinstance(value, float) and not math.isfinite(value):
+        return False
+    return low <= value <= high
+
+
+def _require(name: str, value: object, low: float, high: float, unit: str = "") -> None:
+    if not _in_range(value, low, high):
+        raise RooflineInputError(
+            f"{name} must be a finite number in [{low:g}, {high:g}]{unit}, got {value!r}"
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -177,6 +209,15 @@ def mig_slice(gpu: Device, geometry: MigGeometry, profile: MigProfileSpec) -> De
     profile's usable bytes; TDP and price scale with the compute fraction. The host link is not
     partitioned: a slice alone on its GPU gets all of it.
     """
+    for what, part, total in (
+        ("compute", profile.compute_slices, geometry.total_compute_slices),
+        ("memory", profile.memory_slices, geometry.total_memory_slices),
+    ):
+        if not 1 <= part <= total:
+            raise RooflineInputError(
+                f"{gpu.slug} MIG {profile.name}: {what} slices {part} must be between 1 and the "
+                f"GPU's total of {total}"
+            )
     compute = profile.compute_slices / geometry.total_compute_slices
     bandwidth = profile.memory_slices / geometry.total_memory_slices
     return replace(
@@ -236,6 +277,15 @@ class Calibration:
     kernel_launch_overhead_s: float  # per kernel launch
     request_overhead_s: float  # per request: host-side framework call and synchronisation
     basis: str
+
+    def __post_init__(self) -> None:
+        for name in ("compute_efficiency", "memory_efficiency", "host_link_efficiency"):
+            _require(name, getattr(self, name), MIN_EFFICIENCY, 1.0)
+        share = self.activation_cache_share
+        if not (_in_range(share, 0.0, 1.0) and share < 1.0):
+            raise RooflineInputError(f"activation_cache_share must be in [0, 1), got {share!r}")
+        _require("kernel_launch_overhead_s", self.kernel_launch_overhead_s, 0.0, MAX_OVERHEAD_S)
+        _require("request_overhead_s", self.request_overhead_s, 0.0, MAX_OVERHEAD_S)
 
 
 # Derived by benchmarks/calibration/calibrate.py from benchmarks/calibration/
@@ -864,6 +914,28 @@ class Prediction:
     first_token_s: float | None = None  # decoders
     per_token_s: float | None = None
 
+    def __post_init__(self) -> None:
+        # Every property below divides by one of these: a prediction only exists with them sane.
+        if self.batch < 1:
+            raise RooflineInputError(f"batch must be >= 1, got {self.batch}")
+        where = f"{self.device.slug} at {self.precision.value}, batch {self.batch}"
+        for name in ("effective_flops_per_s", "effective_bandwidth_bytes_per_s"):
+            value = getattr(self, name)
+            if not _in_range(value, sys.float_info.min, math.inf):
+                raise RooflineInputError(f"{where}: {name} must be positive, got {value!r}")
+        for name in ("latency_s", "interval_s"):
+            value = getattr(self, name)
+            if not _in_range(value, 0.0, math.inf):
+                raise RooflineInputError(
+                    f"{where}: the {name[:-2]} is not a finite time ({value!r}): the device's "
+                    "figures are too small for this workload"
+                )
+            if value < sys.float_info.min:
+                raise RooflineInputError(
+                    f"{where}: the {name[:-2]} would be 0 s: the model runs no kernel and copies "
+                    "nothing, and the calibration sets no launch or request overhead"
+                )
+
     @property
     def throughput_per_s(self) -> float:
         """Inferences (sequences for decoders) per second at steady state."""
@@ -904,15 +976,47 @@ def compute_dtype_for(device: Device, scheme: PrecisionScheme) -> DType | None:
     return next((d for d in scheme.compute_dtypes if device.peak_flops_per_s.get(d)), None)
 
 
+def implausible_figures(device: Device, dtype: DType) -> str | None:
+    """Why the figures of ``device`` that a prediction at ``dtype`` divides by are not physical
+    (zero, subnormal, negative, non-finite or absurdly large), or None when they are sane."""
+    problems = []
+    ranges: list[tuple[str, object, float, float, str]] = [
+        (f"peak_flops_per_s[{dtype.value}]", device.peak_flops_per_s.get(dtype),
+         MIN_PEAK_FLOPS_PER_S, MAX_PEAK_FLOPS_PER_S, " FLOP/s"),
+        ("memory_bandwidth_bytes_per_s", device.memory_bandwidth_bytes_per_s,
+         MIN_BANDWIDTH_BYTES_PER_S, MAX_BANDWIDTH_BYTES_PER_S, " B/s"),
+        ("compute_fraction", device.compute_fraction, MIN_FRACTION, 1.0, ""),
+        ("bandwidth_fraction", device.bandwidth_fraction, MIN_FRACTION, 1.0, ""),
+    ]  # fmt: skip
+    if device.needs_host_copy and device.host_link_bytes_per_s is not None:
+        ranges.append(("host_link.bandwidth_bytes_per_s", device.host_link_bytes_per_s,
+                       MIN_BANDWIDTH_BYTES_PER_S, MAX_BANDWIDTH_BYTES_PER_S, " B/s"))  # fmt: skip
+    if device.tdp_watts is not None:
+        ranges.append(("tdp_watts", device.tdp_watts, 0.0, MAX_TDP_WATTS, " W"))
+    if device.price_usd_per_hour is not None:
+        ranges.append(("price_usd_per_hour", device.price_usd_per_hour, 0.0,
+                       MAX_PRICE_USD_PER_HOUR, " USD/h"))  # fmt: skip
+    for name, value, low, high, unit in ranges:
+        if not _in_range(value, low, high):
+            problems.append(f"{name} {value!r} is outside [{low:g}, {high:g}]{unit}")
+    if not _in_range(device.memory_bytes, 0, math.inf):
+        problems.append(f"memory_bytes {device.memory_bytes!r} is not a size")
+    if not problems:
+        return None
+    return "non-physical figures in the hardware profile: " + "; ".join(problems)
+
+
 def unsupported_reason(device: Device, scheme: PrecisionScheme) -> str | None:
-    """Why ``device`` cannot run ``scheme`` (no peak for its dtype, no host link), or None."""
-    if compute_dtype_for(device, scheme) is None:
+    """Why ``device`` cannot run ``scheme`` (no peak for its dtype, no host link, figures that
+    are not physical), or None."""
+    dtype = compute_dtype_for(device, scheme)
+    if dtype is None:
         have = ", ".join(sorted(d.value for d in device.peak_flops_per_s)) or "none"
         wanted = " or ".join(d.value for d in scheme.compute_dtypes)
         return f"no {wanted} peak in the hardware profile (it lists: {have})"
     if device.needs_host_copy and device.host_link_bytes_per_s is None:
         return "no host-link bandwidth in the hardware profile: the copy cannot be modelled"
-    return None
+    return implausible_figures(device, dtype)
 
 
 def cpu_compute_unit(simd: str, dtype: DType) -> str:
@@ -975,7 +1079,8 @@ def predict(workload: Workload, device: Device, calibration: Calibration) -> Pre
     Raises
     ------
     RooflineInputError
-        When the device cannot run the precision (see :func:`unsupported_reason`).
+        When the device cannot run the precision or its figures are not physical (see
+        :func:`unsupported_reason`), or the latency would not be a positive, finite time.
 
     Notes
     -----
@@ -1056,7 +1161,7 @@ class KernelPoint:
 def kernel_points(phase: Phase, prediction: Prediction) -> tuple[KernelPoint, ...]:
     """Every kernel of ``phase`` with its intensity and achieved rate on the predicted device
     (the per-kernel loop that :func:`predict` sums in closed form)."""
-    flops_per_s = prediction.effective_flops_per_s
+    flops_per_s = prediction.effective_flops_per_s  # positive: checked by Prediction
     bytes_per_s = prediction.effective_bandwidth_bytes_per_s
     launch = prediction.calibration.kernel_launch_overhead_s
     share = prediction.calibration.activation_cache_share
@@ -1070,7 +1175,7 @@ def kernel_points(phase: Phase, prediction: Prediction) -> tuple[KernelPoint, ..
                 name=kernel.name,
                 ops=kernel.ops,
                 intensity_flops_per_byte=kernel.intensity_flops_per_byte(share),
-                achieved_flops_per_s=kernel.flops / seconds,
+                achieved_flops_per_s=kernel.flops / seconds if seconds > 0 else 0.0,
                 bound=Bound.COMPUTE if compute > memory else Bound.MEMORY,
             )
         )

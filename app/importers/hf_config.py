@@ -11,6 +11,7 @@ service's dependencies.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -61,6 +62,10 @@ _GATED = {
 }
 
 
+# Epsilons, dropout rates and ratios are small; a bound keeps NaN, infinity and 1e308 out.
+MAX_NUMBER = 1e6
+
+
 class _Config:
     """Typed reads of a config dict; every problem names its key as a JSON pointer."""
 
@@ -95,8 +100,10 @@ class _Config:
         value = self.raw.get(key, default)
         if value is None:
             return default
-        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        if isinstance(value, bool) or not isinstance(value, int | float):
             raise self._fail(key, f"must be a non-negative number, got {value!r}")
+        if (isinstance(value, float) and not math.isfinite(value)) or not 0 <= value <= MAX_NUMBER:
+            raise self._fail(key, f"must be a finite number in [0, {MAX_NUMBER:g}], got {value!r}")
         return float(value)
 
     def text(self, key: str, default: str) -> str:

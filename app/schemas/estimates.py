@@ -7,7 +7,7 @@ from typing import Annotated, Any, Self
 from pydantic import Field, model_validator
 
 from app.domain.memory import Checkpointing, Mode, Optimizer, OptimizerImpl, Precision, Runtime
-from app.schemas.base import MAX_BYTES, Schema, Slug
+from app.schemas.base import MAX_BYTES, Schema, Slug, located_error
 from app.schemas.models import InputSpec
 
 BatchSize = Annotated[int, Field(ge=1, le=1_048_576)]
@@ -136,13 +136,29 @@ class WorkloadSpec(Schema):
 
     @model_validator(mode="after")
     def _one_model(self) -> Self:
-        if (self.model is None) == (self.architecture is None):
-            raise ValueError("give exactly one of 'model' (a stored slug) or 'architecture'")
+        one_model_rule(type(self).__name__, self.model, self.architecture)
         if self.micro_batch_size is not None and self.batch_size % self.micro_batch_size:
-            raise ValueError(
-                f"micro_batch_size {self.micro_batch_size} must divide batch_size {self.batch_size}"
+            micro, batch = self.micro_batch_size, self.batch_size
+            raise located_error(
+                type(self).__name__,
+                ("micro_batch_size",),
+                f"micro_batch_size {micro} must divide batch_size {batch}",
             )
         return self
+
+
+def one_model_rule(model_name: str, model: str | None, architecture: object) -> None:
+    """Exactly one of a stored model's slug and an inline architecture (422 naming the field)."""
+    if model is None and architecture is None:
+        raise located_error(
+            model_name, ("model",), "give 'model' (a stored slug) or 'architecture' (inline)"
+        )
+    if model is not None and architecture is not None:
+        raise located_error(
+            model_name,
+            ("architecture",),
+            "give exactly one of 'model' (a stored slug) or 'architecture', not both",
+        )
 
 
 class MemoryEstimateRequest(WorkloadSpec):

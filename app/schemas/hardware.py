@@ -4,12 +4,18 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Literal, Self
+from typing import Annotated, ClassVar, Literal, Self
 
 from pydantic import Field, StringConstraints, model_validator
 
 from app.domain.precision import DType
-from app.schemas.base import MAX_BYTES, Page, Schema, Slug
+from app.domain.roofline import (
+    MAX_BANDWIDTH_BYTES_PER_S,
+    MAX_PEAK_FLOPS_PER_S,
+    MIN_BANDWIDTH_BYTES_PER_S,
+    MIN_PEAK_FLOPS_PER_S,
+)
+from app.schemas.base import MAX_BYTES, Page, Schema, Slug, located_error
 
 
 class HardwareKind(StrEnum):
@@ -28,8 +34,26 @@ class HardwareSource(StrEnum):
     USER = "user"
 
 
-PositiveBytes = Annotated[int, Field(gt=0, le=MAX_BYTES)]
-PeakTable = dict[DType, Annotated[float, Field(gt=0, lt=1e21)]]
+# Physically sane ranges (the roofline model divides by these figures; zero, subnormal, negative
+# or non-finite values are rejected with a 422 naming the field). The upper bounds leave orders
+# of magnitude of room for future hardware.
+MIN_MEMORY_BYTES = 2**20  # 1 MiB
+MIN_BANDWIDTH = int(MIN_BANDWIDTH_BYTES_PER_S)
+MAX_BANDWIDTH = int(MAX_BANDWIDTH_BYTES_PER_S)
+MIN_TDP_WATTS = 0.01
+MAX_TDP_WATTS = 100_000
+MAX_PRICE_USD_PER_HOUR = 100_000
+MIN_CLOCK_HZ = 10**6
+PEAK_RANGE = (
+    f"each in [{MIN_PEAK_FLOPS_PER_S:.0e}, {MAX_PEAK_FLOPS_PER_S:.0e}] (1 MFLOP/s to 1 ZFLOP/s)"
+)
+BANDWIDTH_RANGE = f"[{MIN_BANDWIDTH:.0e}, {MAX_BANDWIDTH:.0e}] B/s (1 MB/s to 1 EB/s)"
+
+Bandwidth = Annotated[int, Field(ge=MIN_BANDWIDTH, le=MAX_BANDWIDTH)]
+PeakTable = dict[
+    DType,
+    Annotated[float, Field(ge=MIN_PEAK_FLOPS_PER_S, le=MAX_PEAK_FLOPS_PER_S, allow_inf_nan=False)],
+]
 MigProfileName = Annotated[
     str,
     StringConstraints(pattern=r"^[1-8]g\.[0-9]{1,3}gb(?:[+-][a-z]+(?:\.[a-z]+)?)?$"),
@@ -51,9 +75,9 @@ class HostLink(Schema):
     pcie_lanes: int | None = Field(
         default=None, ge=1, le=256, description="PCIe lanes, if PCIe.", examples=[16]
     )
-    bandwidth_bytes_per_s: PositiveBytes | None = Field(
+    bandwidth_bytes_per_s: Bandwidth | None = Field(
         default=None,
-        description="Theoretical per-direction host link bandwidth [B/s].",
+        description=f"Theoretical per-direction host link bandwidth, {BANDWIDTH_RANGE}.",
         examples=[31_500_000_000],
     )
 
@@ -64,10 +88,18 @@ class CpuDetails(Schema):
     cores: int = Field(gt=0, le=4096, description="Physical cores per socket.", examples=[56])
     threads: int = Field(gt=0, le=8192, description="Hardware threads per socket.", examples=[112])
     base_clock_hz: int | None = Field(
-        default=None, gt=0, le=10**11, description="Base clock [Hz].", examples=[2_000_000_000]
+        default=None,
+        ge=MIN_CLOCK_HZ,
+        le=10**11,
+        description="Base clock, 1 MHz to 100 GHz [Hz].",
+        examples=[2_000_000_000],
     )
     boost_clock_hz: int | None = Field(
-        default=None, gt=0, le=10**11, description="Max boost clock [Hz].", examples=[3_800_000_000]
+        default=None,
+        ge=MIN_CLOCK_HZ,
+        le=10**11,
+        description="Max boost clock, 1 MHz to 100 GHz [Hz].",
+        examples=[3_800_000_000],
     )
     simd: str | None = Field(
         default=None,
@@ -132,18 +164,24 @@ class MigSpec(Schema):
         for index, profile in enumerate(self.profiles):
             where = f"profiles[{index}] ({profile.name})"
             if profile.name in seen:
-                raise ValueError(f"{where}: duplicate profile name")
+                raise located_error(
+                    "MigSpec", ("profiles", index, "name"), f"{where}: duplicate profile name"
+                )
             seen.add(profile.name)
             if profile.compute_slices > self.total_compute_slices:
-                raise ValueError(
+                raise located_error(
+                    "MigSpec",
+                    ("profiles", index, "compute_slices"),
                     f"{where}: compute_slices {profile.compute_slices} exceeds "
-                    f"total_compute_slices {self.total_compute_slices}"
+                    f"total_compute_slices {self.total_compute_slices}",
                 )
-            for start in profile.placements:
+            for position, start in enumerate(profile.placements):
                 if start + profile.memory_slices > self.total_memory_slices:
-                    raise ValueError(
+                    raise located_error(
+                        "MigSpec",
+                        ("profiles", index, "placements", position),
                         f"{where}: placement {start} + memory_slices {profile.memory_slices} "
-                        f"runs past total_memory_slices {self.total_memory_slices}"
+                        f"runs past total_memory_slices {self.total_memory_slices}",
                     )
         return self
 
@@ -187,41 +225,50 @@ class HardwareBase(Schema):
     launch_year: int | None = Field(
         default=None, ge=1990, le=2100, description="Year of launch.", examples=[2020]
     )
-    memory_bytes: PositiveBytes = Field(
+    memory_bytes: int = Field(
+        ge=MIN_MEMORY_BYTES,
+        le=MAX_BYTES,
         description=(
-            "Device memory [B]. GPU HBM/GDDR sold as 'N GB' is N GiB; for CPUs, the memory of "
-            "the reference system named in `notes`."
+            "Device memory, at least 1 MiB [B]. GPU HBM/GDDR sold as 'N GB' is N GiB; for CPUs, "
+            "the memory of the reference system named in `notes`."
         ),
         examples=[85_899_345_920],
     )
     memory_type: str | None = Field(
         default=None, max_length=64, description="Memory technology.", examples=["HBM2e"]
     )
-    memory_bandwidth_bytes_per_s: PositiveBytes = Field(
-        description="Peak memory bandwidth [B/s].", examples=[2_039_000_000_000]
+    memory_bandwidth_bytes_per_s: Bandwidth = Field(
+        description=f"Peak memory bandwidth, {BANDWIDTH_RANGE}.", examples=[2_039_000_000_000]
     )
     peak_flops_per_s: PeakTable = Field(
         min_length=1,
         description=(
             "Dense peak throughput per dtype [FLOP/s, or OP/s for integer dtypes]; the best "
-            "dense figure (tensor/matrix units where present), no 2:4 sparsity."
+            f"dense figure (tensor/matrix units where present), no 2:4 sparsity; {PEAK_RANGE}."
         ),
         examples=[{"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12, "fp16": 312e12}],
     )
     peak_sparse_flops_per_s: PeakTable = Field(
         default_factory=dict,
-        description="2:4 structured-sparsity peaks as marketed [FLOP/s or OP/s], kept apart.",
+        description="2:4 structured-sparsity peaks as marketed [FLOP/s or OP/s], kept apart; "
+        f"{PEAK_RANGE}.",
         examples=[{"bf16": 624e12}],
     )
     host_link: HostLink = Field(description="Host link of the device.")
     tdp_watts: float | None = Field(
-        default=None, gt=0, le=100_000, description="Thermal design power [W].", examples=[400]
+        default=None,
+        ge=MIN_TDP_WATTS,
+        le=MAX_TDP_WATTS,
+        allow_inf_nan=False,
+        description="Thermal design power, 0.01 W to 100 kW [W].",
+        examples=[400],
     )
     price_usd_per_hour: float | None = Field(
         default=None,
         ge=0,
-        le=100_000,
-        description="Indicative on-demand price of one device [USD/h].",
+        le=MAX_PRICE_USD_PER_HOUR,
+        allow_inf_nan=False,
+        description="Indicative on-demand price of one device, 0 to 100 000 [USD/h].",
         examples=[4.1],
     )
     cpu: CpuDetails | None = Field(default=None, description="CPU details, for CPUs and SoCs.")
@@ -250,7 +297,11 @@ class HardwareBase(Schema):
     @model_validator(mode="after")
     def _mig_only_on_gpus(self) -> Self:
         if self.mig is not None and self.kind is not HardwareKind.GPU:
-            raise ValueError(f"mig: only gpu devices support MIG, not kind '{self.kind.value}'")
+            raise located_error(
+                type(self).__name__,
+                ("mig",),
+                f"only gpu devices support MIG, not kind '{self.kind.value}'",
+            )
         return self
 
 
@@ -302,6 +353,9 @@ class MigSpecRead(MigSpec):
 
 class HardwareRead(HardwareCreate):
     """A stored hardware profile."""
+
+    # Read from rows that were checked when written (the Create/Replace bodies): not re-walked.
+    check_storable_text: ClassVar[bool] = False
 
     mig: MigSpecRead | None = Field(
         default=None, description="MIG geometry and profiles; null when MIG is not supported."

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, StringConstraints
 
@@ -105,6 +105,9 @@ class ModelReplace(ModelBase):
 
 class ModelRead(ModelCreate):
     """A stored model architecture."""
+
+    # Read from rows that were checked when written (the Create/Replace bodies): not re-walked.
+    check_storable_text: ClassVar[bool] = False
 
     provenance: Provenance = Field(
         description="`builtin` entries are read-only.", examples=["user"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pydantic import Field
 
 from app.schemas.base import Schema
@@ -9,6 +11,8 @@ from app.schemas.base import Schema
 
 class InvalidField(Schema):
     """One invalid input field."""
+
+    check_storable_text: ClassVar[bool] = False  # a pointer may name a key the client sent
 
     pointer: str = Field(
         description="JSON pointer (body) or parameter name of the field.",
@@ -25,6 +29,8 @@ class InvalidField(Schema):
 
 class Problem(Schema):
     """An error, as `application/problem+json`."""
+
+    check_storable_text: ClassVar[bool] = False  # the detail may quote what the client sent
 
     type: str = Field(
         description="URI reference identifying the problem type.", examples=["/problems/not-found"]

@@ -7,9 +7,9 @@ from typing import Annotated, Self
 from pydantic import Field, StringConstraints, model_validator
 
 from app.domain.recommend import Objective
-from app.domain.roofline import Bound, DeviceKind, InferencePrecision
-from app.schemas.base import Schema, Slug
-from app.schemas.estimates import BatchSize, InlineArchitecture, Length
+from app.domain.roofline import MIN_EFFICIENCY, Bound, DeviceKind, InferencePrecision
+from app.schemas.base import Schema, Slug, located_error
+from app.schemas.estimates import BatchSize, InlineArchitecture, Length, one_model_rule
 
 MAX_BATCH_SIZES = 16
 MAX_DEVICES = 200
@@ -28,34 +28,59 @@ CandidateName = Annotated[
 ]
 
 
+PriceUsdPerHour = Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)]
+
+
 class CalibrationOverride(Schema):
     """Replace some of a device kind's calibrated efficiencies and overheads."""
 
     compute_efficiency: float | None = Field(
-        default=None, gt=0, le=1, description="Achieved / dense peak FLOP/s.", examples=[0.5]
+        default=None,
+        ge=MIN_EFFICIENCY,
+        le=1,
+        allow_inf_nan=False,
+        description="Achieved / dense peak FLOP/s, in [0.0001, 1].",
+        examples=[0.5],
     )
     memory_efficiency: float | None = Field(
-        default=None, gt=0, le=1, description="Achieved / peak memory bandwidth.", examples=[0.8]
+        default=None,
+        ge=MIN_EFFICIENCY,
+        le=1,
+        allow_inf_nan=False,
+        description="Achieved / peak memory bandwidth, in [0.0001, 1].",
+        examples=[0.8],
     )
     activation_cache_share: float | None = Field(
         default=None,
         ge=0,
         lt=1,
+        allow_inf_nan=False,
         description="Share of activation traffic between kernels served by on-chip caches.",
         examples=[0.5],
     )
     host_link_efficiency: float | None = Field(
         default=None,
-        gt=0,
+        ge=MIN_EFFICIENCY,
         le=1,
-        description="Achieved / theoretical host-link bandwidth.",
+        allow_inf_nan=False,
+        description="Achieved / theoretical host-link bandwidth, in [0.0001, 1].",
         examples=[0.75],
     )
     kernel_launch_overhead_us: float | None = Field(
-        default=None, ge=0, le=1e6, description="Per kernel launch [us].", examples=[5.0]
+        default=None,
+        ge=0,
+        le=1e6,
+        allow_inf_nan=False,
+        description="Per kernel launch [us].",
+        examples=[5.0],
     )
     request_overhead_us: float | None = Field(
-        default=None, ge=0, le=1e9, description="Per request [us].", examples=[50.0]
+        default=None,
+        ge=0,
+        le=1e9,
+        allow_inf_nan=False,
+        description="Per request [us].",
+        examples=[50.0],
     )
 
 
@@ -98,17 +123,20 @@ class InferenceRecommendationRequest(Schema):
     )
     latency_slo_ms: float | None = Field(
         default=None,
-        gt=0,
+        ge=1e-3,
         le=3.6e6,
-        description="Latency service-level objective per request [ms]; decoders: the whole "
-        "request (time to first token + every further token).",
+        allow_inf_nan=False,
+        description="Latency service-level objective per request, 1 us to 1 h [ms]; decoders: "
+        "the whole request (time to first token + every further token).",
         examples=[20.0],
     )
     throughput_target_per_s: float | None = Field(
         default=None,
-        gt=0,
+        ge=1e-6,
         le=1e12,
-        description="Inferences (decoders: sequences) per second to serve; sets devices needed.",
+        allow_inf_nan=False,
+        description="Inferences (decoders: sequences) per second to serve, in [1e-6, 1e12]; "
+        "sets devices needed.",
         examples=[1000.0],
     )
     devices: list[CandidateName] | None = Field(
@@ -146,11 +174,11 @@ class InferenceRecommendationRequest(Schema):
         "each further one is a decode step [tokens].",
         examples=[128],
     )
-    prices_usd_per_hour: dict[Slug, Annotated[float, Field(ge=0, le=1e6)]] = Field(
+    prices_usd_per_hour: dict[Slug, PriceUsdPerHour] = Field(
         default_factory=dict,
         max_length=MAX_DEVICES,
-        description="Prices per device slug, overriding the catalog [USD/h]; MIG slices pay "
-        "their share of compute slices.",
+        description="Prices per device slug, overriding the catalog, 0 to 1 000 000 [USD/h]; "
+        "MIG slices pay their share of compute slices.",
         examples=[{"intel-xeon-platinum-8480plus": 1.1}],
     )
     calibration: dict[DeviceKind, CalibrationOverride] = Field(
@@ -170,12 +198,14 @@ class InferenceRecommendationRequest(Schema):
 
     @model_validator(mode="after")
     def _one_model(self) -> Self:
-        if (self.model is None) == (self.architecture is None):
-            raise ValueError("give exactly one of 'model' (a stored slug) or 'architecture'")
-        if len(set(self.precisions)) != len(self.precisions):
-            raise ValueError("precisions must not repeat")
-        if self.devices is not None and len(set(self.devices)) != len(self.devices):
-            raise ValueError("devices must not repeat")
+        name = type(self).__name__
+        one_model_rule(name, self.model, self.architecture)
+        for field, values in (("precisions", self.precisions), ("devices", self.devices or [])):
+            seen: set[str] = set()
+            for index, value in enumerate(values):
+                if value in seen:
+                    raise located_error(name, (field, index), f"{field} must not repeat: {value}")
+                seen.add(value)
         return self
 
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, ClassVar, Self
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from app.domain.memory import Checkpointing, Mode, Optimizer, OptimizerImpl, Precision
-from app.schemas.base import Page, Schema, Slug
+from app.schemas.base import Page, Schema, Slug, located_error
 from app.schemas.estimates import BatchSize, Length, ParallelismSpec
 
 
@@ -67,6 +67,17 @@ class WorkloadBase(Schema):
         default_factory=WorkloadOptions, description="Less common knobs."
     )
 
+    @model_validator(mode="after")
+    def _micro_batch_divides(self) -> Self:
+        micro = self.options.micro_batch_size
+        if micro is not None and self.batch_size % micro:
+            raise located_error(
+                type(self).__name__,
+                ("options", "micro_batch_size"),
+                f"micro_batch_size {micro} must divide batch_size {self.batch_size}",
+            )
+        return self
+
 
 class WorkloadCreate(WorkloadBase):
     """A new workload."""
@@ -80,6 +91,9 @@ class WorkloadReplace(WorkloadBase):
 
 class WorkloadRead(WorkloadCreate):
     """A stored workload."""
+
+    # Read from rows that were checked when written (the Create/Replace bodies): not re-walked.
+    check_storable_text: ClassVar[bool] = False
 
     version: int = Field(description="Optimistic-concurrency version (the ETag).", examples=[1])
     created_at: datetime = Field(

@@ -17,6 +17,7 @@ from app.schemas.workloads import (
     WorkloadBase,
     WorkloadCreate,
     WorkloadList,
+    WorkloadOptions,
     WorkloadRead,
     WorkloadReplace,
 )
@@ -24,22 +25,38 @@ from app.services import estimates
 from app.services.concurrency import IfMatch, commit_versioned, require_match
 from app.services.errors import AlreadyExists, InvalidInput, NotFound
 
+_OPTIONS = frozenset(WorkloadOptions.model_fields)
+
 
 def to_spec(fields: WorkloadBase) -> WorkloadSpec:
-    """The memory-estimate inputs of a workload."""
+    """The memory-estimate inputs of a workload (422 naming the workload's field when the
+    combination is not a valid estimate request)."""
     options = fields.options.model_dump()
-    return WorkloadSpec.model_validate(
-        {
-            "model": fields.model,
-            "mode": fields.mode,
-            "batch_size": fields.batch_size,
-            "sequence_length": fields.sequence_length,
-            "image_size": fields.image_size,
-            "precision": fields.precision,
-            **({"optimizer": fields.optimizer} if fields.optimizer else {}),
-            **options,
-        }
-    )
+    try:
+        return WorkloadSpec.model_validate(
+            {
+                "model": fields.model,
+                "mode": fields.mode,
+                "batch_size": fields.batch_size,
+                "sequence_length": fields.sequence_length,
+                "image_size": fields.image_size,
+                "precision": fields.precision,
+                **({"optimizer": fields.optimizer} if fields.optimizer else {}),
+                **options,
+            }
+        )
+    except ValidationError as exc:
+        raise _invalid_spec(exc) from exc
+
+
+def _invalid_spec(exc: ValidationError) -> InvalidInput:
+    """The first error of a workload's estimate inputs, pointing at the workload's field."""
+    first = exc.errors(include_url=False, include_input=False)[0]
+    loc = tuple(str(part) for part in first["loc"])
+    if loc and loc[0] in _OPTIONS:
+        loc = ("options", *loc)
+    pointer = "".join("/" + part.replace("~", "~0").replace("/", "~1") for part in loc) or "/"
+    return InvalidInput(f"{pointer}: {first['msg']}", pointer=pointer)
 
 
 def _fields(row: Workload) -> dict[str, Any]:
@@ -178,11 +195,15 @@ def stored_spec(session: Session, slug: str) -> WorkloadSpec:
     try:
         return to_spec(WorkloadBase.model_validate(_fields(row)))
     except ValidationError as exc:
-        first = exc.errors()[0]
+        first = exc.errors(include_url=False, include_input=False)[0]
         where = ".".join(str(part) for part in first["loc"])
         raise InvalidInput(
             f"stored workload '{slug}' is not estimable: {where}: {first['msg']}",
             pointer="/workload",
+        ) from exc
+    except InvalidInput as exc:
+        raise InvalidInput(
+            f"stored workload '{slug}' is not estimable: {exc.detail}", pointer="/workload"
         ) from exc
 
 
