@@ -22,7 +22,9 @@ inside that thread, so:
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Concatenate, ParamSpec, TypeVar
 
 import anyio
@@ -73,6 +75,12 @@ _UNAVAILABLE_ERRORS: tuple[type[Exception], ...] = (
 )
 
 
+@dataclass(slots=True)
+class _Call:
+    abandoned: bool = False
+    finished: bool = False
+
+
 class Database:
     """The only way request handlers reach the database (see the module docstring)."""
 
@@ -93,12 +101,29 @@ class Database:
         # validation of sync endpoints, file uploads) so neither can starve the other. Calls
         # abandoned at their deadline release their token while their thread still runs.
         self._thread_limiter = anyio.CapacityLimiter(slots)
+        self._lock = threading.Lock()
+        self._stuck = 0  # abandoned calls whose threads still wait on the database
         self.on_failure: Callable[[str], None] = lambda _kind: None  # see /metrics
+
+    @property
+    def stuck(self) -> int:
+        """Calls given up on at their deadline whose threads have not come back yet."""
+        return self._stuck
 
     @property
     def in_use(self) -> int:
         """Slots taken right now (for metrics and tests)."""
         return int(self._slot_limiter.borrowed_tokens)
+
+    def _tracked(self, work: Callable[[Session], T], call: _Call) -> T:
+        """``_call``, counted as stuck once its request has given up on it (see ``run``)."""
+        try:
+            return self._call(work)
+        finally:
+            with self._lock:
+                call.finished = True
+                if call.abandoned:
+                    self._stuck -= 1
 
     def _call(self, work: Callable[[Session], T]) -> T:
         try:
@@ -120,20 +145,30 @@ class Database:
         cannot be reached.
         """
         deadline_s = self.call_timeout_s if timeout_s is None else timeout_s
+        if self._stuck >= self.slots:
+            # Every pooled connection is held by an abandoned call that has not come back: no
+            # call could get a connection, so answer now instead of after the checkout timeout.
+            self.on_failure("database-unavailable")
+            raise unavailable(f"{self._stuck} earlier calls are still waiting for it")
         try:
             with anyio.fail_after(min(self.queue_timeout_s, deadline_s)):
                 await self._slot_limiter.acquire()
         except TimeoutError:
             self.on_failure("database-busy")
             raise busy(min(self.queue_timeout_s, deadline_s)) from None
+        call = _Call()
         try:
             with anyio.fail_after(deadline_s) as scope:
                 return await anyio.to_thread.run_sync(
-                    self._call, work, abandon_on_cancel=True, limiter=self._thread_limiter
+                    self._tracked, work, call, abandon_on_cancel=True, limiter=self._thread_limiter
                 )
         except TimeoutError:
             if not scope.cancel_called:
                 raise
+            with self._lock:
+                if not call.finished:
+                    call.abandoned = True
+                    self._stuck += 1
             logger.warning("database call abandoned after %.2f s", deadline_s)
             self.on_failure("database-unavailable")
             raise unavailable(f"no answer within {deadline_s:g} s") from None
@@ -161,6 +196,12 @@ def register_database_metrics(registry: CollectorRegistry, database: Database) -
         registry=registry,
     )
     slots.set_function(lambda: database.in_use)
+    stuck = Gauge(
+        "capplan_db_stuck_calls",
+        "Calls given up on at CAPPLAN_DB_CALL_TIMEOUT_S whose threads still wait on the database.",
+        registry=registry,
+    )
+    stuck.set_function(lambda: database.stuck)
     failures = Counter(
         "capplan_db_failures",
         "Requests answered 503 because the database was busy or unavailable, by problem type.",

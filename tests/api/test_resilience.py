@@ -120,7 +120,7 @@ def test_a_request_that_gets_no_slot_in_time_is_shed_with_503(
 def test_a_call_past_its_deadline_is_abandoned_and_answered_503(
     make_client: ClientFactory,
 ) -> None:
-    client = make_client(db_call_timeout_s=0.3)
+    client = make_client(db_call_timeout_s=0.3, db_pool_size=2)
     database: Database = client.app.state.database
     release = threading.Event()
 
@@ -128,19 +128,36 @@ def test_a_call_past_its_deadline_is_abandoned_and_answered_503(
         session.connection()  # holds a connection, like a query to a frozen server
         release.wait(10)
 
-    async def scenario() -> tuple[DatabaseUnavailable, float, int]:
+    async def abandon() -> tuple[DatabaseUnavailable, float]:
         start = time.perf_counter()
         with pytest.raises(DatabaseUnavailable) as caught:
             await database.run(stuck)
-        return caught.value, time.perf_counter() - start, database.in_use
+        return caught.value, time.perf_counter() - start
 
-    error, seconds, in_use = client.run(scenario())
     try:
+        error, seconds = client.run(abandon())
         assert seconds < 1.5
         assert error.type_slug == "database-unavailable"
         assert error.retry_after_s == 5
-        assert in_use == 0  # the slot is released although the thread still runs
-        # Other requests still get connections from the rest of the pool meanwhile.
+        assert (database.in_use, database.stuck) == (0, 1)  # slot free, thread still out
+        # The other connection still serves requests meanwhile.
         assert client.get("/v1/hardware/nvidia-a100-80gb-sxm").status_code == 200
+        client.run(abandon())
+        assert database.stuck == 2
+        # Every connection is held by a stuck call: answered at once, not after a checkout wait.
+        started = time.perf_counter()
+        response = client.get("/v1/hardware/nvidia-a100-80gb-sxm")
+        assert time.perf_counter() - started < 0.2
+        assert response.status_code == 503
+        assert response.json()["type"] == "/problems/database-unavailable"
+        assert response.headers["retry-after"] == "5"
+        assert "capplan_db_stuck_calls 2.0" in client.get("/metrics").text
     finally:
         release.set()
+    # The database "comes back": the stuck calls finish and requests are served again.
+    for _ in range(100):
+        if database.stuck == 0:
+            break
+        time.sleep(0.02)
+    assert database.stuck == 0
+    assert client.get("/v1/hardware/nvidia-a100-80gb-sxm").status_code == 200
