@@ -11,7 +11,6 @@ import asyncio
 import threading
 import time
 from collections import Counter
-from typing import Any
 
 import anyio.to_thread
 import httpx
@@ -27,12 +26,13 @@ ESTIMATE = {"model": "bert-base", "mode": "training", "batch_size": 4, "precisio
 
 
 async def _burst(client: httpx.AsyncClient, count: int) -> list[httpx.Response]:
-    def one(index: int) -> Any:
+    async def one(index: int) -> httpx.Response:
         if index % 3 == 2:
-            return client.post("/v1/estimates/memory", json={**ESTIMATE, "batch_size": index})
+            body = {**ESTIMATE, "batch_size": index}
+            return await client.post("/v1/estimates/memory", json=body)
         if index % 3 == 1:
-            return client.get("/v1/hardware", params={"limit": 5})
-        return client.get("/v1/models/resnet-50")
+            return await client.get("/v1/hardware", params={"limit": 5})
+        return await client.get("/v1/models/resnet-50")
 
     # The old code needed the 30 s pool timeout to move at all: fail well before it.
     async with asyncio.timeout(20):
