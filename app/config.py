@@ -90,6 +90,14 @@ class Settings(BaseSettings):
         description="Limit on an admission review's database work; past it the review is "
         "answered by CAPPLAN_ADMISSION_FAILURE_POLICY (Kubernetes' own webhook timeout is longer).",
     )
+    cache_staleness_s: float = Field(
+        default=1.0,
+        gt=0,
+        le=60,
+        description="How long after a write through another worker process or replica cached "
+        "admission decisions and MIG fits may still reflect the old data (each process re-reads "
+        "a digest of the planning data at most this often; its own writes show at once).",
+    )
     admission_failure_policy: Literal["deny", "allow"] = Field(
         default="deny",
         description="Admission answer when a review cannot be evaluated (allow adds a warning).",

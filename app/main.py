@@ -104,14 +104,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     register_database_metrics(app.state.metrics.registry, app.state.database)
 
     install_error_handlers(app)
+    # Routers are matched in order: the admission webhook and MIG fits, the hot paths of a
+    # cluster, come first (each router passed costs a match attempt per request).
     app.include_router(ops.router)
+    app.include_router(admission.router)
+    app.include_router(mig.router)
     app.include_router(hardware.router)
     app.include_router(imports.router)
     app.include_router(models.router)
     app.include_router(estimates.router)
     app.include_router(workloads.router)
-    app.include_router(mig.router)
-    app.include_router(admission.router)
     app.include_router(recommendations.router)
     # Added last = outermost: ids and metrics cover every request, including 413s.
     app.add_middleware(

@@ -219,9 +219,7 @@ def _database(backend: str, postgres_url: str | None, tmp: Path) -> Iterator[dic
     with psycopg.connect(conninfo, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     try:
-        env["CAPPLAN_DATABASE_URL"] = admin.set(database=name).render_as_string(
-            hide_password=False
-        )
+        env["CAPPLAN_DATABASE_URL"] = admin.set(database=name).render_as_string(hide_password=False)
         _run(["migrate"], env)
         _run(["catalog-sync"], env)
         yield env

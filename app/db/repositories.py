@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -94,50 +93,3 @@ class ModelRepository:
         """Whether a workload points at this architecture."""
         query = select(func.count()).where(Workload.model_id == model.id)
         return bool(self.session.scalar(query))
-
-
-# A row's identity and state: (id, version, updated_at). An update bumps the version; a row
-# deleted and re-created under the same slug gets another id or update time.
-Fingerprint = tuple[Any, ...]
-
-
-def _fingerprint(row: Any) -> Fingerprint | None:
-    """A result row as a plain tuple (hashable), or None."""
-    return tuple(row) if row is not None else None
-
-
-class FingerprintRepository:
-    """Cheap identity/version lookups (no JSON columns loaded), for caches keyed by state."""
-
-    def __init__(self, session: Session) -> None:
-        self.session = session
-
-    def workload(self, slug: str) -> Fingerprint | None:
-        """The workload's and its model's (id, version, updated_at), or None."""
-        query = (
-            select(
-                Workload.id,
-                Workload.version,
-                Workload.updated_at,
-                ModelArchitecture.id,
-                ModelArchitecture.version,
-                ModelArchitecture.updated_at,
-            )
-            .join(ModelArchitecture, Workload.model_id == ModelArchitecture.id)
-            .where(Workload.slug == slug)
-        )
-        return _fingerprint(self.session.execute(query).one_or_none())
-
-    def model(self, slug: str) -> Fingerprint | None:
-        """The model's (id, version, updated_at), or None."""
-        query = select(
-            ModelArchitecture.id, ModelArchitecture.version, ModelArchitecture.updated_at
-        ).where(ModelArchitecture.slug == slug)
-        return _fingerprint(self.session.execute(query).one_or_none())
-
-    def hardware(self, slug: str) -> Fingerprint | None:
-        """The hardware profile's (id, version, updated_at), or None (MIG rows change with it)."""
-        query = select(Hardware.id, Hardware.version, Hardware.updated_at).where(
-            Hardware.slug == slug
-        )
-        return _fingerprint(self.session.execute(query).one_or_none())

@@ -32,10 +32,15 @@ class GpuRequest:
         return self.resource.startswith(MIG_PREFIX)
 
 
+MAX_QUANTITY_DIGITS = 6  # a million GPUs in one container is nonsense, not a number to parse
+
+
 def _quantity(value: Any, where: str) -> int:
     text = str(value).strip()
-    if not text.isdigit() or int(text) < 1:
-        raise PodSpecError(f"{where}: GPU quantity must be a positive integer, got {value!r}")
+    # ASCII digits only: str.isdigit() accepts "²", which int() refuses.
+    if not (text.isascii() and text.isdigit()) or len(text) > MAX_QUANTITY_DIGITS or int(text) < 1:
+        shown = text if len(text) <= 20 else text[:20] + "…"
+        raise PodSpecError(f"{where}: GPU quantity must be a positive integer, got {shown!r}")
     return int(text)
 
 

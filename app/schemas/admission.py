@@ -1,6 +1,8 @@
-"""Admission contract: the simple check form (the webhook speaks AdmissionReview)."""
+"""Admission contract: the simple check form, and the AdmissionReview the webhook answers."""
 
 from __future__ import annotations
+
+from typing import Literal
 
 from pydantic import Field
 
@@ -48,3 +50,42 @@ class AdmissionCheckResponse(Schema):
     warnings: list[str] = Field(
         description="Warnings (each at most 120 characters).", examples=[[]]
     )
+
+
+class AdmissionStatus(Schema):
+    """Why: the HTTP-like code and a sentence a person can act on."""
+
+    code: int = Field(description="200 when allowed, 403 when denied.", examples=[200])
+    message: str = Field(
+        description="The decision's reason.",
+        examples=["container 'server': chat inference bs 1 bf16 needs 1.2 GiB; ..."],
+    )
+
+
+class AdmissionResponse(Schema):
+    """The decision on one review."""
+
+    uid: str = Field(
+        description="The review's `request.uid`, echoed (empty when the body had none).",
+        examples=["705ab4f5-6393-11e8-b7cc-42010a800002"],
+    )
+    allowed: bool = Field(description="Whether the pod may be created.", examples=[True])
+    status: AdmissionStatus = Field(description="The reason, as a code and a message.")
+    warnings: list[str] | None = Field(
+        default=None,
+        description="Warnings shown to the client (each at most 120 characters); omitted if none.",
+        examples=[["chat: headroom 0.4 GiB on nvidia.com/mig-1g.10gb is under 10%"]],
+    )
+
+
+class AdmissionReviewAnswer(Schema):
+    """An admission.k8s.io/v1 AdmissionReview carrying the webhook's response."""
+
+    apiVersion: Literal["admission.k8s.io/v1"] = Field(
+        description="Always `admission.k8s.io/v1`, the version of the request.",
+        examples=["admission.k8s.io/v1"],
+    )
+    kind: Literal["AdmissionReview"] = Field(
+        description="Always `AdmissionReview`.", examples=["AdmissionReview"]
+    )
+    response: AdmissionResponse = Field(description="The decision, for the review's uid.")

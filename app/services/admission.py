@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import logging
+import json
+import re
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,22 +12,21 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from app.db.models import Hardware
-from app.db.repositories import FingerprintRepository, HardwareRepository
+from app.db.repositories import HardwareRepository
 from app.domain.admission import (
     WHOLE_GPU,
     GpuRequest,
-    PodSpecError,
     gpu_requests,
     planner_annotations,
 )
 from app.domain.mig import kubernetes_resource, smallest_fitting
 from app.schemas.admission import AdmissionCheckRequest, AdmissionCheckResponse
+from app.schemas.base import SLUG_PATTERN
 from app.schemas.estimates import WorkloadSpec
 from app.services.errors import InvalidInput, ServiceError
-from app.services.estimates import LruCache
 from app.services.mig import geometry, required_memory, workload_spec
+from app.services.state_cache import Digest, PerWatch, timed_digest
 
-logger = logging.getLogger("app.admission")
 GIB = 2**30
 LOW_HEADROOM = 0.10
 MAX_WARNING = 120
@@ -166,53 +166,121 @@ def _inline_spec(notes: dict[str, str]) -> WorkloadSpec:
 
 
 _INLINE_KEYS = ("model", "mode", "batch-size", "precision", "sequence-length", "image-size")
-_Decisions = tuple[Decision, ...]
+API_VERSION = "admission.k8s.io/v1"
+REVIEW_KIND = "AdmissionReview"
+_SLUG = re.compile(SLUG_PATTERN)
+
+# The webhook's answers (everything after the uid, pre-rendered) per database, keyed by what the
+# pod asks: its workload (or inline annotations), GPU and GPU requests. Valid in the generation of
+# the planning data they were computed in (see app.services.state_cache). Errors are not cached.
+DECISIONS: PerWatch[Hashable, bytes] = PerWatch(size=1024)
 
 
-# Decisions keyed by the state they were computed from: the (id, version, updated_at) of the
-# workload, its model and the GPU's hardware profile, read by one cheap query each. Any write to
-# those rows changes the key, so a hit is exactly what the full evaluation would answer now.
-# Misses and errors are not cached.
-DECISIONS: LruCache[Hashable, _Decisions] = LruCache(size=1024)
+@dataclass(frozen=True, slots=True)
+class Review:
+    """What the webhook reads from a body: the uid to echo, and the pod or why there is none."""
+
+    uid: str
+    pod: dict[str, Any] | None
+    problem: str | None = None
 
 
-def _state_key(
-    session: Session, notes: dict[str, str], gpu: str, requests: list[GpuRequest]
-) -> Hashable | None:
-    """What the decisions depend on, or None when a row is missing (the full path says why)."""
-    rows = FingerprintRepository(session)
+def read_review(raw: bytes) -> Review:
+    """Parse an AdmissionReview (``json.loads`` only: no model validation).
+
+    A JSON object whose ``apiVersion`` or ``kind`` is present and is not ``admission.k8s.io/v1``
+    ``AdmissionReview`` raises ``InvalidInput`` (answered 422, never evaluated as v1). Anything
+    else the webhook can answer is a ``Review``: a body that is not JSON, is nested deeper than
+    the parser goes, or lacks ``request.uid`` echoes an empty uid; a missing ``apiVersion`` or
+    ``kind``, or an ``object`` that is not a Pod, is a ``problem``.
+    """
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than json can parse
+        body = None
+    if not isinstance(body, dict):
+        return Review("", None, "malformed AdmissionReview: request.uid is missing")
+    for name, expected in (("apiVersion", API_VERSION), ("kind", REVIEW_KIND)):
+        value = body.get(name)
+        if value is not None and value != expected:
+            shown = value if isinstance(value, str) else json.dumps(value)[:40]
+            raise InvalidInput(
+                f"{name} {shown[:80]!r} is not supported: this webhook answers "
+                f'{API_VERSION} {REVIEW_KIND} only (admissionReviewVersions: ["v1"])',
+                pointer=f"/{name}",
+            )
+    request = body.get("request")
+    uid = request.get("uid") if isinstance(request, dict) else None
+    if not isinstance(request, dict) or not isinstance(uid, str) or not uid:
+        return Review("", None, "malformed AdmissionReview: request.uid is missing")
+    missing = [name for name in ("apiVersion", "kind") if name not in body]
+    if missing:
+        return Review(uid, None, f"malformed AdmissionReview: {' and '.join(missing)} missing")
+    pod = request.get("object")
+    if not isinstance(pod, dict) or pod.get("kind", "Pod") != "Pod":
+        return Review(uid, None, "malformed AdmissionReview: request.object is not a Pod")
+    return Review(uid, pod)
+
+
+@dataclass(frozen=True, slots=True)
+class Question:
+    """What a pod asks, as far as the decision goes (``key`` identifies it in the cache)."""
+
+    notes: dict[str, str]
+    gpu: str
+    requests: tuple[GpuRequest, ...]
+    key: Hashable
+
+
+def _slug(notes: dict[str, str], name: str) -> str:
+    value = notes[name]
+    if not _SLUG.match(value):
+        raise ReviewError(
+            f"capacity-planner.io/{name} {value[:64]!r} is not a slug (lowercase letters, digits "
+            "and inner hyphens, 1-64 characters)"
+        )
+    return value
+
+
+def question(pod: dict[str, Any]) -> Question | None:
+    """What ``pod`` asks (pure), or None when it asks for no GPU. Raises ``ReviewError`` or
+    ``PodSpecError`` when it cannot be evaluated."""
+    requests = tuple(gpu_requests(pod))
+    if not requests:
+        return None
+    notes = planner_annotations(pod)
+    if "workload" not in notes and "model" not in notes:
+        raise ReviewError(
+            "pod asks for GPUs but names no workload: annotate capacity-planner.io/workload "
+            "(or capacity-planner.io/model, mode, batch-size, precision)"
+        )
+    if notes.get("gpu") is None:
+        raise ReviewError(
+            "which GPU model? set annotation or nodeSelector capacity-planner.io/gpu to a "
+            "hardware slug (GET /v1/hardware)"
+        )
+    gpu = _slug(notes, "gpu")
     subject: Hashable
     if "workload" in notes:
-        subject, state = notes["workload"], rows.workload(notes["workload"])
+        subject = ("workload", _slug(notes, "workload"))
     else:
-        subject, state = (
-            tuple((key, notes.get(key)) for key in _INLINE_KEYS),
-            rows.model(notes["model"]),
-        )
-    hardware = rows.hardware(gpu)
-    if state is None or hardware is None:
-        return None
-    wanted = tuple((r.resource, r.count) for r in requests)
-    return subject, state, gpu, hardware, wanted
+        _slug(notes, "model")
+        subject = ("inline", *(notes.get(key) for key in _INLINE_KEYS))
+    return Question(notes=notes, gpu=gpu, requests=requests, key=(subject, gpu, requests))
 
 
-def _decisions(
-    session: Session, notes: dict[str, str], gpu: str, requests: list[GpuRequest]
-) -> _Decisions:
-    """Each request's decision: from the cache when the rows are unchanged, else computed."""
-    key = _state_key(session, notes, gpu, requests)
-    if key is not None and (cached := DECISIONS.get(key)) is not None:
-        return cached
+def _decisions(session: Session, asked: Question) -> tuple[Decision, ...]:
+    notes = asked.notes
     if "workload" in notes:
         label = notes["workload"]
         spec = workload_spec(session, label)
     else:
         spec = _inline_spec(notes)
         label = spec.model or "inline"
-    hardware = HardwareRepository(session).get(gpu)
+    hardware = HardwareRepository(session).get(asked.gpu)
     if hardware is None:
-        raise ReviewError(f"capacity-planner.io/gpu '{gpu}' is not a known hardware profile")
-    decisions = tuple(
+        raise ReviewError(f"capacity-planner.io/gpu '{asked.gpu}' is not a known hardware profile")
+    return tuple(
         decide(
             session,
             spec=spec,
@@ -221,31 +289,13 @@ def _decisions(
             resource=request.resource,
             count=request.count,
         )
-        for request in requests
+        for request in asked.requests
     )
-    # Cache only if nothing changed while computing (a concurrent write moves the key on).
-    if key is not None and _state_key(session, notes, gpu, requests) == key:
-        DECISIONS.put(key, decisions)
-    return decisions
 
 
-def _evaluate(session: Session, pod: dict[str, Any]) -> tuple[bool, str, list[str]]:
-    requests = gpu_requests(pod)
-    if not requests:
-        return True, "no GPU requested", []
-    notes = planner_annotations(pod)
-    if "workload" not in notes and "model" not in notes:
-        raise ReviewError(
-            "pod asks for GPUs but names no workload: annotate capacity-planner.io/workload "
-            "(or capacity-planner.io/model, mode, batch-size, precision)"
-        )
-    gpu = notes.get("gpu")
-    if gpu is None:
-        raise ReviewError(
-            "which GPU model? set annotation or nodeSelector capacity-planner.io/gpu to a "
-            "hardware slug (GET /v1/hardware)"
-        )
-    decisions = list(zip(requests, _decisions(session, notes, gpu, requests), strict=True))
+def evaluate(session: Session, asked: Question) -> tuple[bool, str, list[str]]:
+    """Allowed, message and warnings for a pod's GPU requests (reads the database)."""
+    decisions = list(zip(asked.requests, _decisions(session, asked), strict=True))
     denied = [(r, d) for r, d in decisions if not d.allowed]
     warnings = [w for _, d in decisions for w in d.warnings]
     if denied:
@@ -257,38 +307,44 @@ def _evaluate(session: Session, pod: dict[str, Any]) -> tuple[bool, str, list[st
     return True, decision.message + suffix, warnings
 
 
-def review(session: Session, body: Any, *, failure_policy: str) -> dict[str, Any]:
-    """Answer an AdmissionReview; never raises, always echoes the uid."""
-    uid = ""
-    request = body.get("request") if isinstance(body, dict) else None
-    if isinstance(request, dict) and isinstance(request.get("uid"), str):
-        uid = request["uid"]
-    try:
-        if not isinstance(request, dict) or not uid:
-            raise ReviewError("malformed AdmissionReview: request.uid is missing")
-        pod = request.get("object")
-        if not isinstance(pod, dict) or pod.get("kind", "Pod") != "Pod":
-            raise ReviewError("malformed AdmissionReview: request.object is not a Pod")
-        allowed, message, warnings = _evaluate(session, pod)
-    except (ReviewError, PodSpecError, ServiceError) as exc:
-        detail = exc.detail if isinstance(exc, ServiceError) else str(exc)
-        allowed, message, warnings = _on_failure(failure_policy, detail)
-    except Exception:  # an internal error must still produce a well-formed answer
-        logger.exception("admission review failed")
-        allowed, message, warnings = _on_failure(
-            failure_policy, "internal error in capacity-planner; see its logs"
-        )
+def evaluate_with_digest(session: Session, asked: Question) -> tuple[bytes, Digest, float]:
+    """``evaluate`` rendered as an answer tail, with the digest of the data it saw (read first,
+    in the same session, so the answer is at least as new as the digest)."""
+    digest, read_at = timed_digest(session)
+    return answer_tail(*evaluate(session, asked)), digest, read_at
+
+
+def answer_tail(allowed: bool, message: str, warnings: list[str]) -> bytes:
+    """The AdmissionResponse after its uid, rendered once (cached answers are bytes)."""
     response: dict[str, Any] = {
-        "uid": uid,
         "allowed": allowed,
         "status": {"code": 200 if allowed else 403, "message": message},
     }
     if warnings:
         response["warnings"] = [_warning(w) for w in warnings]
-    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
+    return json.dumps(response, separators=(",", ":")).encode()[1:]
 
 
-def _on_failure(policy: str, reason: str) -> tuple[bool, str, list[str]]:
+_HEAD = b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":'
+
+
+def render(uid: str, tail: bytes) -> bytes:
+    """The AdmissionReview answer: ``uid`` echoed, then a tail from ``answer_tail``."""
+    return b"".join((_HEAD, json.dumps(uid).encode(), b",", tail, b"}"))
+
+
+def on_failure(policy: str, reason: str) -> bytes:
+    """The answer tail when a review cannot be evaluated: deny, or allow with a warning."""
     if policy == "allow":
-        return True, f"not checked: {reason}", [_warning(f"capacity-planner: {reason}")]
-    return False, f"denied: {reason}", []
+        return answer_tail(True, f"not checked: {reason}", [f"capacity-planner: {reason}"])
+    return answer_tail(False, f"denied: {reason}", [])
+
+
+def failure_reason(exc: BaseException) -> str:
+    """The reason an ``on_failure`` answer gives for a review error."""
+    if isinstance(exc, ServiceError):
+        return exc.detail
+    return str(exc)
+
+
+NO_GPU = answer_tail(True, "no GPU requested", [])

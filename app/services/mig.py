@@ -44,6 +44,7 @@ from app.schemas.mig import (
 )
 from app.services.errors import InvalidInput, NotFound
 from app.services.estimates import run_estimate
+from app.services.state_cache import Digest, PerWatch, timed_digest
 from app.services.workloads import stored_spec
 
 DEFAULT_CUDA_CONTEXT_BYTES = 512 * MIB
@@ -229,6 +230,19 @@ def fit(session: Session, *, payload: MigFitRequest) -> MigFitResponse:
         alternatives=alternatives,
         assumptions=assumptions,
     )
+
+
+# Fit answers (rendered JSON) per database, keyed by the request, valid in the generation of the
+# planning data they were computed in (app.services.state_cache). Errors are not cached.
+FITS: PerWatch[str, bytes] = PerWatch(size=256)
+
+
+def fit_with_digest(session: Session, *, payload: MigFitRequest) -> tuple[bytes, Digest, float]:
+    """``fit`` rendered as the response body, with the digest of the data it saw (read first,
+    in the same session, so the answer is at least as new as the digest)."""
+    digest, read_at = timed_digest(session)
+    body = fit(session, payload=payload).model_dump_json(by_alias=True, exclude_none=True)
+    return body.encode(), digest, read_at
 
 
 def _alternatives(

@@ -2,16 +2,28 @@
 
 from __future__ import annotations
 
-import json
+import functools
+import logging
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+import anyio
+from fastapi import APIRouter, Depends, Request, Response
 
-from app.api.deps import DatabaseDep, SettingsDep, require_reader
+from app.api.database import Database, DatabaseUnavailable
+from app.api.deps import DatabaseDep, get_database, require_reader
 from app.api.errors import problem_responses
-from app.schemas.admission import AdmissionCheckRequest, AdmissionCheckResponse
+from app.config import Settings
+from app.domain.admission import PodSpecError
+from app.schemas.admission import (
+    AdmissionCheckRequest,
+    AdmissionCheckResponse,
+    AdmissionReviewAnswer,
+)
 from app.services import admission as service
+from app.services.errors import ServiceError
+from app.services.state_cache import StateWatch, read_digest, staleness_of, watch_for
 
+logger = logging.getLogger("app.admission")
 router = APIRouter(
     prefix="/v1/admission", tags=["admission"], dependencies=[Depends(require_reader)]
 )
@@ -48,6 +60,21 @@ REVIEW_EXAMPLE: dict[str, Any] = {
     },
 }
 
+ANSWER_EXAMPLE: dict[str, Any] = {
+    "apiVersion": "admission.k8s.io/v1",
+    "kind": "AdmissionReview",
+    "response": {
+        "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+        "allowed": True,
+        "status": {
+            "code": 200,
+            "message": "chat-serving inference bs 4 bf16 needs 17.9 GiB; nvidia.com/mig-2g.20gb "
+            "gives 19.5 GiB usable",
+        },
+        "warnings": ["chat-serving: headroom 1.6 GiB on nvidia.com/mig-2g.20gb is under 10%"],
+    },
+}
+
 
 @router.post(
     "/pods",
@@ -63,28 +90,95 @@ REVIEW_EXAMPLE: dict[str, Any] = {
             },
         }
     },
+    response_model=AdmissionReviewAnswer,
     responses={
         200: {
             "description": "An AdmissionReview with the same uid, allowed, status and warnings.",
-            "content": {"application/json": {"example": {"response": {"allowed": True}}}},
-        }
+            "content": {"application/json": {"example": ANSWER_EXAMPLE}},
+        },
+        **problem_responses(401, 403, 413, 422),
     },
 )
-async def admission_pods(
-    request: Request,
-    db: DatabaseDep,
-    settings: SettingsDep,
-) -> dict[str, Any]:
+async def admission_pods(request: Request) -> Response:
     """Allow the pod when every container's and init container's GPU resource holds its
     workload (`capacity-planner.io/workload` annotation, or inline `model`, `mode`,
     `batch-size`, `precision` annotations) on the GPU named by `capacity-planner.io/gpu`.
-    Malformed reviews, unknown workloads and internal errors still get a well-formed
-    AdmissionReview, decided by CAPPLAN_ADMISSION_FAILURE_POLICY."""
+
+    **Versions.** Only `admission.k8s.io/v1` `AdmissionReview` is spoken (the webhook
+    configuration lists `admissionReviewVersions: ["v1"]`, and the API server sends the first
+    listed version it supports). Kubernetes expects the answer in the version of the request,
+    so a review whose `apiVersion` or `kind` is another value (e.g. `admission.k8s.io/v1beta1`)
+    is not evaluated as v1: it is answered `422 application/problem+json` pointing at the
+    field, which the API server treats as a failed call and decides by the webhook's own
+    `failurePolicy`.
+
+    **Everything else gets an AdmissionReview** (200, the request's uid echoed), decided by
+    CAPPLAN_ADMISSION_FAILURE_POLICY (`deny`, or `allow` with a warning) when the review cannot
+    be evaluated: a body that is not JSON or is nested too deeply to parse (uid empty), a
+    missing uid, `apiVersion` or `kind`, an object that is not a Pod, a malformed pod, an
+    unknown workload, model or GPU, an internal error, or a database that is unreachable or does
+    not answer within CAPPLAN_ADMISSION_TIMEOUT_S (the answer comes within that time).
+
+    **Caching.** Decisions are cached per workload, GPU and GPU request and are valid while the
+    planning data (hardware, models, workloads) is unchanged: a change through this process is
+    reflected in the next review, a change through another process or replica within
+    CAPPLAN_CACHE_STALENESS_S (1 s)."""
+    # The database and settings are not dependencies: FastAPI solves each dependency on every
+    # request, and one costs about a third of what a cached review costs in all.
+    db = await get_database(request)
+    settings: Settings = request.app.state.settings
+    review = service.read_review(await request.body())  # another apiVersion/kind: 422
+    tail = await _decide(review, request, db, settings)
+    return Response(service.render(review.uid, tail), media_type="application/json")
+
+
+async def _decide(
+    review: service.Review, request: Request, db: Database, settings: Settings
+) -> bytes:
+    """The answer after the uid: cached, evaluated, or by the failure policy. Never raises."""
+    policy = settings.admission_failure_policy
+    timeout_s = settings.admission_timeout_s
     try:
-        body: Any = json.loads(await request.body())
-    except ValueError:
-        body = None
-    return await db.call(service.review, body, failure_policy=settings.admission_failure_policy)
+        if review.pod is None:
+            raise service.ReviewError(review.problem or "malformed AdmissionReview")
+        asked = service.question(review.pod)
+        if asked is None:
+            return service.NO_GPU
+        watch = watch_for(request.app.state.session_factory, staleness_of(settings))
+        cache = service.DECISIONS.of(watch)
+        generation = watch.current()
+        if generation is not None and (cached := cache.get(asked.key, generation)) is not None:
+            return cached  # no database, no thread, no timer
+        with anyio.fail_after(timeout_s):
+            return await _cached_or_evaluated(asked, watch, db, timeout_s)
+    except (service.ReviewError, PodSpecError, ServiceError) as exc:
+        return service.on_failure(policy, service.failure_reason(exc))
+    except DatabaseUnavailable as exc:
+        return service.on_failure(policy, f"capacity-planner's database: {exc.detail}")
+    except TimeoutError:
+        return service.on_failure(
+            policy, f"no decision within {timeout_s:g} s (CAPPLAN_ADMISSION_TIMEOUT_S)"
+        )
+    except Exception:  # an internal error must still produce a well-formed answer
+        logger.exception("admission review failed")
+        return service.on_failure(policy, "internal error in capacity-planner; see its logs")
+
+
+async def _cached_or_evaluated(
+    asked: service.Question, watch: StateWatch, db: Database, timeout_s: float
+) -> bytes:
+    cache = service.DECISIONS.of(watch)
+    generation = await watch.generation(lambda: db.run(read_digest, timeout_s=timeout_s))
+    cached = cache.get(asked.key, generation)
+    if cached is not None:
+        return cached
+    local = watch.local  # before evaluating: a commit meanwhile makes the entry stale
+    tail, digest, read_at = await db.run(
+        functools.partial(service.evaluate_with_digest, asked=asked), timeout_s=timeout_s
+    )
+    watch.observe(digest, read_at)
+    cache.put(asked.key, (digest, local), tail)
+    return tail
 
 
 @router.post(

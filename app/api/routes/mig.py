@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path
+from fastapi import APIRouter, Depends, Path, Request, Response
 
 from app.api.deps import DatabaseDep, require_reader
 from app.api.errors import problem_responses
+from app.config import Settings
 from app.schemas.base import StorableStr
 from app.schemas.mig import (
     LayoutValidateRequest,
@@ -19,6 +21,7 @@ from app.schemas.mig import (
     MigProfileList,
 )
 from app.services import mig as service
+from app.services.state_cache import read_digest, staleness_of, watch_for
 
 router = APIRouter(tags=["mig"], dependencies=[Depends(require_reader)])
 
@@ -45,12 +48,30 @@ async def mig_profiles(
     responses=problem_responses(400, 401, 403, 404, 413, 422),
     summary="Which MIG profiles can host a workload",
 )
-async def mig_fit(payload: MigFitRequest, db: DatabaseDep) -> MigFitResponse:
+async def mig_fit(payload: MigFitRequest, request: Request, db: DatabaseDep) -> Response:
     """For every profile of the GPU: required bytes (memory estimate + CUDA context + safety
     margin, each a named line), usable bytes, headroom, fits, limiting factor; the smallest
     fitting profile (fewest compute slices, then least memory); and, when none fits, the
-    full GPU, larger catalog GPUs, and the largest batch that fits the biggest profile."""
-    return await db.call(service.fit, payload=payload)
+    full GPU, larger catalog GPUs, and the largest batch that fits the biggest profile.
+
+    Answers are cached per request while the planning data (hardware, models, workloads) is
+    unchanged: a change through this process shows in the next answer, a change through
+    another process or replica within CAPPLAN_CACHE_STALENESS_S (1 s)."""
+    settings: Settings = request.app.state.settings  # (a dependency costs more than a hit)
+    watch = watch_for(request.app.state.session_factory, staleness_of(settings))
+    cache = service.FITS.of(watch)
+    key = payload.model_dump_json()
+    cached = cache.get(key, await watch.generation(lambda: db.run(read_digest)))
+    if cached is not None:
+        # Rendered once by the service from a MigFitResponse: no second validation here.
+        return Response(cached, media_type="application/json")
+    local = watch.local  # before computing: a commit meanwhile makes the entry stale
+    body, digest, read_at = await db.run(
+        functools.partial(service.fit_with_digest, payload=payload)
+    )
+    watch.observe(digest, read_at)
+    cache.put(key, (digest, local), body)
+    return Response(body, media_type="application/json")
 
 
 @router.post(
