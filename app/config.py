@@ -50,8 +50,17 @@ class Settings(BaseSettings):
         default=None, description="TLS certificate for `serve` (admission webhooks need HTTPS)."
     )
     ssl_keyfile: Path | None = Field(default=None, description="TLS private key for `serve`.")
+    max_in_flight: int = Field(
+        default=64,
+        ge=1,
+        le=100_000,
+        description="Requests admitted into the application at once per worker process (the "
+        "probes /healthz, /readyz, /metrics and the admission webhook always are); the others "
+        "wait, costing almost nothing, for at most CAPPLAN_DB_QUEUE_TIMEOUT_S, then get 503 "
+        "with Retry-After.",
+    )
     db_pool_size: int = Field(
-        default=8,
+        default=4,
         ge=1,
         le=256,
         description="Database connections per worker process, and so the number of requests "

@@ -13,6 +13,7 @@ from fastapi import FastAPI
 from app.api.auth_gate import AuthGateMiddleware
 from app.api.database import Database, register_database_metrics
 from app.api.errors import PROBLEM_JSON, install_error_handlers
+from app.api.inflight import InFlightLimitMiddleware
 from app.api.middleware import BodySizeLimitMiddleware, Metrics, RequestContextMiddleware
 from app.api.routes import (
     admission,
@@ -123,6 +124,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     # Outside the size limit: 401/403 come before 413 and before any body byte is received.
     app.add_middleware(AuthGateMiddleware, router=app.router, settings=settings)
+    # Inside the request context (shed requests are logged and counted), outside everything else.
+    app.add_middleware(
+        InFlightLimitMiddleware,
+        limit=settings.max_in_flight,
+        queue_timeout_s=settings.db_queue_timeout_s,
+    )
     app.add_middleware(RequestContextMiddleware, metrics=app.state.metrics)
 
     def openapi() -> dict[str, Any]:

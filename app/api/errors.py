@@ -310,7 +310,8 @@ def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
         413: "Request body over the size limit",
         422: "Invalid input; `errors` lists every invalid field",
         428: "If-Match header required",
-        503: "Database busy or unavailable (`Retry-After` says when to retry)",
+        503: "Overloaded, or the database is busy or unavailable (`Retry-After` says when to "
+        "retry)",
     }
     # main.py moves these bodies from application/json to application/problem+json.
     return {

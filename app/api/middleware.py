@@ -24,7 +24,13 @@ class _BodyTooLarge(Exception):
     pass
 
 
-async def _send_problem(send: Send, status: int, body: dict[str, Any]) -> None:
+async def send_problem(
+    send: Send,
+    status: int,
+    body: dict[str, Any],
+    headers: list[tuple[bytes, bytes]] | None = None,
+) -> None:
+    """Answer a problem+json document from ASGI middleware."""
     payload = json.dumps(body).encode()
     await send(
         {
@@ -33,6 +39,7 @@ async def _send_problem(send: Send, status: int, body: dict[str, Any]) -> None:
             "headers": [
                 (b"content-type", PROBLEM_JSON.encode()),
                 (b"content-length", str(len(payload)).encode()),
+                *(headers or []),
             ],
         }
     )
@@ -82,10 +89,10 @@ class BodySizeLimitMiddleware:
                     body = problem_body(
                         400, "bad-request", "Bad request", "invalid Content-Length", instance=path
                     )
-                    await _send_problem(send, 400, body)
+                    await send_problem(send, 400, body)
                     return
                 if declared > max_bytes:
-                    await _send_problem(send, 413, self._too_large(path, max_bytes, setting))
+                    await send_problem(send, 413, self._too_large(path, max_bytes, setting))
                     return
         received = 0
         exceeded = False
@@ -107,7 +114,7 @@ class BodySizeLimitMiddleware:
             if exceeded:
                 if message["type"] == "http.response.start" and not replied:
                     replied = True
-                    await _send_problem(send, 413, self._too_large(path, max_bytes, setting))
+                    await send_problem(send, 413, self._too_large(path, max_bytes, setting))
                 return
             replied = replied or message["type"] == "http.response.start"
             await send(message)
@@ -116,7 +123,7 @@ class BodySizeLimitMiddleware:
             await self.app(scope, limited_receive, guarded_send)
         except _BodyTooLarge:
             if not replied:
-                await _send_problem(send, 413, self._too_large(path, max_bytes, setting))
+                await send_problem(send, 413, self._too_large(path, max_bytes, setting))
 
 
 class Metrics:
@@ -193,7 +200,7 @@ class RequestContextMiddleware:
             # Logged here with the request id; the client gets a 500 problem without internals.
             error_logger.exception("unhandled error")
             if not started:
-                await _send_problem(send_with_id, 500, internal_error_body(scope.get("path", "")))
+                await send_problem(send_with_id, 500, internal_error_body(scope.get("path", "")))
         finally:
             elapsed = time.perf_counter() - start
             template = self._route_label(scope)

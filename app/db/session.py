@@ -21,7 +21,7 @@ class PoolOptions:
     peer that vanished from the network.
     """
 
-    pool_size: int = 8
+    pool_size: int = 4
     checkout_timeout_s: float = 2.0
     connect_timeout_s: int = 2
     statement_timeout_s: float = 5.0
@@ -70,7 +70,7 @@ def make_engine(url: str, pool: PoolOptions | None = None) -> Engine:
             "keepalives_interval": 3,
             "keepalives_count": 3,
         }
-    return create_engine(url, pool_pre_ping=True, **kwargs)
+    return create_engine(url, pool_pre_ping=pool is None, **kwargs)
 
 
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:

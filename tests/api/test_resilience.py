@@ -16,8 +16,10 @@ import anyio.to_thread
 import httpx
 import pytest
 from sqlalchemy.orm import Session
+from starlette.types import Receive, Scope, Send
 
 from app.api.database import Database, DatabaseUnavailable
+from app.api.inflight import InFlightLimitMiddleware
 from tests.api.helpers import PROBLEM_JSON
 from tests.support import ApiClient, ClientFactory
 
@@ -161,3 +163,40 @@ def test_a_call_past_its_deadline_is_abandoned_and_answered_503(
         time.sleep(0.02)
     assert database.stuck == 0
     assert client.get("/v1/hardware/nvidia-a100-80gb-sxm").status_code == 200
+
+
+def test_requests_over_the_in_flight_limit_wait_then_are_shed_and_probes_bypass() -> None:
+    release = asyncio.Event()
+    entered: list[str] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        entered.append(scope["path"])
+        if scope["path"] == "/slow":
+            await release.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    gate = InFlightLimitMiddleware(app, limit=1, queue_timeout_s=0.2)
+
+    async def scenario() -> tuple[httpx.Response, httpx.Response, httpx.Response, float]:
+        transport = httpx.ASGITransport(app=gate)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            slow = asyncio.create_task(client.get("/slow"))
+            await asyncio.sleep(0.05)
+            start = time.perf_counter()
+            shed = await client.get("/other")  # waits for the one slot, then gives up
+            waited = time.perf_counter() - start
+            probe = await client.get("/healthz")  # never waits
+            release.set()
+            return await slow, shed, probe, waited
+
+    slow, shed, probe, waited = asyncio.run(scenario())
+    assert slow.status_code == 200
+    assert probe.status_code == 200
+    assert shed.status_code == 503
+    assert 0.15 < waited < 1.0
+    assert shed.headers["content-type"] == PROBLEM_JSON
+    assert shed.headers["retry-after"] == "1"
+    assert shed.json()["type"] == "/problems/overloaded"
+    assert "CAPPLAN_MAX_IN_FLIGHT" in shed.json()["detail"]
+    assert entered == ["/slow", "/healthz"]  # the shed request never reached the app

@@ -96,7 +96,7 @@ ANSWER_EXAMPLE: dict[str, Any] = {
             "description": "An AdmissionReview with the same uid, allowed, status and warnings.",
             "content": {"application/json": {"example": ANSWER_EXAMPLE}},
         },
-        **problem_responses(401, 403, 413, 422),
+        **problem_responses(401, 403, 413, 422, 503),
     },
 )
 async def admission_pods(request: Request) -> Response:
@@ -184,7 +184,7 @@ async def _cached_or_evaluated(
 @router.post(
     "/check",
     response_model=AdmissionCheckResponse,
-    responses=problem_responses(400, 401, 403, 404, 413, 422),
+    responses=problem_responses(400, 401, 403, 404, 413, 422, 503),
     summary="May a workload run on a GPU resource (simple form)",
 )
 async def admission_check(

@@ -29,7 +29,7 @@ router = APIRouter(tags=["mig"], dependencies=[Depends(require_reader)])
 @router.get(
     "/v1/hardware/{slug}/mig-profiles",
     response_model=MigProfileList,
-    responses=problem_responses(401, 403, 404, 422),
+    responses=problem_responses(401, 403, 404, 422, 503),
     summary="MIG profiles of a GPU",
 )
 async def mig_profiles(
@@ -45,7 +45,7 @@ async def mig_profiles(
     "/v1/mig/fit",
     response_model=MigFitResponse,
     response_model_exclude_none=True,
-    responses=problem_responses(400, 401, 403, 404, 413, 422),
+    responses=problem_responses(400, 401, 403, 404, 413, 422, 503),
     summary="Which MIG profiles can host a workload",
 )
 async def mig_fit(payload: MigFitRequest, request: Request, db: DatabaseDep) -> Response:
@@ -77,7 +77,7 @@ async def mig_fit(payload: MigFitRequest, request: Request, db: DatabaseDep) -> 
 @router.post(
     "/v1/mig/layouts/validate",
     response_model=LayoutValidateResponse,
-    responses=problem_responses(400, 401, 403, 404, 413, 422),
+    responses=problem_responses(400, 401, 403, 404, 413, 422, 503),
     summary="Validate a MIG layout",
 )
 async def mig_validate_layout(
@@ -92,7 +92,7 @@ async def mig_validate_layout(
 @router.post(
     "/v1/mig/plan",
     response_model=MigPlanResponse,
-    responses=problem_responses(400, 401, 403, 404, 413, 422),
+    responses=problem_responses(400, 401, 403, 404, 413, 422, 503),
     summary="Plan MIG partitions for a set of workloads",
 )
 async def mig_plan(payload: MigPlanRequest, db: DatabaseDep) -> MigPlanResponse:
