@@ -183,6 +183,9 @@ class LruCache(Generic[K, V]):
         with self._lock:
             self._items.clear()
 
+    def __len__(self) -> int:
+        return len(self._items)
+
 
 _CACHE: LruCache[tuple[Any, ...], EstimateRun] = LruCache(size=256)
 

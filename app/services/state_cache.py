@@ -29,7 +29,6 @@ import logging
 import threading
 import time
 import weakref
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Any, Generic, TypeVar
 
@@ -38,6 +37,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.config import Settings
 from app.db.models import Hardware, MigProfile, ModelArchitecture, Workload
+from app.services.estimates import LruCache
 
 logger = logging.getLogger("app.cache")
 
@@ -188,33 +188,23 @@ class GenerationCache(Generic[K, V]):
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self._items: OrderedDict[K, tuple[Generation, V]] = OrderedDict()
-        self._lock = threading.Lock()
+        self._items: LruCache[K, tuple[Generation, V]] = LruCache(size)
 
     def get(self, key: K, generation: Generation) -> V | None:
-        """The answer for ``key`` if it was computed in ``generation``."""
-        with self._lock:
-            found = self._items.get(key)
-            if found is None:
-                return None
-            if found[0][1] != generation[1] or found[0][0] != generation[0]:
-                del self._items[key]
-                return None
-            self._items.move_to_end(key)
-            return found[1]
+        """The answer for ``key`` if it was computed in ``generation`` (a stale one is a miss
+        and is replaced by the next ``put``)."""
+        found = self._items.get(key)
+        if found is None or found[0][1] != generation[1] or found[0][0] != generation[0]:
+            return None
+        return found[1]
 
     def put(self, key: K, generation: Generation, value: V) -> None:
         """Store an answer computed from the data of ``generation``."""
-        with self._lock:
-            self._items[key] = (generation, value)
-            self._items.move_to_end(key)
-            while len(self._items) > self.size:
-                self._items.popitem(last=False)
+        self._items.put(key, (generation, value))
 
     def clear(self) -> None:
         """Forget everything (benchmarks time cold requests)."""
-        with self._lock:
-            self._items.clear()
+        self._items.clear()
 
     def __len__(self) -> int:
         return len(self._items)
