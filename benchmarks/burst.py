@@ -29,7 +29,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -40,54 +39,11 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-WORKLOAD = {
-    "slug": "chat",
-    "name": "Chat",
-    "model": "llama-3-8b",
-    "mode": "inference",
-    "batch_size": 8,
-    "sequence_length": 4096,
-    "precision": "bf16",
-}
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from admission_load import WORKLOAD, _free_port, _review  # noqa: E402  (not a package)
+
 LATENCY_TARGET_S = 5.0
 HEALTHZ_TARGET_MS = 100.0
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-def _review(uid: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": uid,
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "operation": "CREATE",
-            "namespace": "ml",
-            "object": {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {
-                    "name": "chat",
-                    "annotations": {
-                        "capacity-planner.io/workload": "chat",
-                        "capacity-planner.io/gpu": "nvidia-a100-80gb-sxm",
-                    },
-                },
-                "spec": {
-                    "containers": [
-                        {"name": "server", "resources": {"limits": {"nvidia.com/mig-3g.40gb": "1"}}}
-                    ]
-                },
-            },
-        },
-    }
 
 
 def _http(method: str, path: str, port: int, body: dict[str, Any] | None = None) -> bytes:
@@ -112,7 +68,9 @@ def _mix(index: int, port: int) -> tuple[str, bytes]:
     if slot < 16:
         body = {"workload": "chat", "gpu": "nvidia-a100-80gb-sxm"}
         return "POST mig fit", _http("POST", "/v1/mig/fit", port, body)
-    return "POST admission", _http("POST", "/v1/admission/pods", port, _review(str(uuid.uuid4())))
+    return "POST admission", _http(
+        "POST", "/v1/admission/pods", port, _review("nvidia.com/mig-3g.40gb")
+    )
 
 
 async def _send(port: int, request: bytes, timeout_s: float) -> tuple[int, dict[str, str], bytes]:

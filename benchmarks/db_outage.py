@@ -32,12 +32,10 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -48,6 +46,9 @@ from typing import Any
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from admission_load import _free_port, _review  # noqa: E402  (benchmarks/ is not a package)
+
 TICK_S = 0.1
 CLIENT_TIMEOUT_S = 30.0
 ADMISSION_LIMIT_S = 1.0
@@ -63,39 +64,6 @@ WORKLOAD = {
 A100 = "nvidia-a100-80gb-sxm"
 
 
-def _review() -> dict[str, Any]:
-    return {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": str(uuid.uuid4()),
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "operation": "CREATE",
-            "namespace": "ml",
-            "object": {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {
-                    "name": "chat",
-                    "annotations": {
-                        "capacity-planner.io/workload": "chat",
-                        "capacity-planner.io/gpu": A100,
-                    },
-                },
-                "spec": {
-                    "containers": [
-                        {
-                            "name": "server",
-                            "resources": {"limits": {"nvidia.com/mig-1g.10gb": "1"}},
-                        }
-                    ]
-                },
-            },
-        },
-    }
-
-
 # name -> (method, path, body factory); "db" marks the endpoints that need the database.
 ENDPOINTS: dict[str, tuple[str, str, Callable[[], Any] | None]] = {
     "model": ("GET", "/v1/models/resnet-50", None),
@@ -105,18 +73,11 @@ ENDPOINTS: dict[str, tuple[str, str, Callable[[], Any] | None]] = {
         "/v1/mig/fit",
         lambda: {"gpu": A100, "workload": {k: WORKLOAD[k] for k in list(WORKLOAD)[2:]}},
     ),
-    "admission": ("POST", "/v1/admission/pods", _review),
+    "admission": ("POST", "/v1/admission/pods", lambda: _review("nvidia.com/mig-1g.10gb")),
     "healthz": ("GET", "/healthz", None),
     "readyz": ("GET", "/readyz", None),
 }
 DB_ENDPOINTS = ("model", "hardware", "mig-fit")
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 # -- a private PostgreSQL -----------------------------------------------------------------------

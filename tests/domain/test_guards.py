@@ -4,6 +4,7 @@ exact message (golden), instead of ZeroDivisionError, OverflowError or an infini
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 from dataclasses import replace
@@ -27,8 +28,6 @@ from app.domain.recommend import (
 )
 from app.domain.roofline import (
     PRECISION_SCHEMES,
-    Calibration,
-    Device,
     DeviceKind,
     InferencePrecision,
     Phase,
@@ -41,30 +40,13 @@ from app.domain.roofline import (
     predict,
     unsupported_reason,
 )
+from tests.domain.test_roofline import HAND_CAL, HAND_GPU
 
 FP32 = PRECISION_SCHEMES[InferencePrecision.FP32]
 SUBNORMAL = sys.float_info.min / 2
-GPU = Device(
-    slug="g",
-    name="G",
-    kind=DeviceKind.GPU,
-    peak_flops_per_s={DType.FP32: 1e12},
-    memory_bandwidth_bytes_per_s=1e11,
-    memory_bytes=2**30,
-    host_link_bytes_per_s=1e10,
-    host_link_source="test",
-    tdp_watts=100.0,
-    price_usd_per_hour=3.6,
-)
-CAL = Calibration(
-    compute_efficiency=0.5,
-    memory_efficiency=0.5,
-    activation_cache_share=0.0,
-    host_link_efficiency=0.5,
-    kernel_launch_overhead_s=1e-5,
-    request_overhead_s=1e-4,
-    basis="test",
-)
+# The roofline golden tests' round-number device, under a short slug (messages name it).
+GPU = dataclasses.replace(HAND_GPU, slug="g", name="G")
+CAL = HAND_CAL
 
 
 def _workload(batch: int = 2) -> Workload:
