@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 @dataclass(frozen=True, slots=True)
 class PoolOptions:
-    """How a serving process talks to its database (see the `CAPPLAN_DB_*` settings).
+    """How a serving process talks to its database (values: the `CAPPLAN_DB_*` settings).
 
     ``pool_size`` connections are kept and never exceeded; a checkout waits at most
     ``checkout_timeout_s``. On PostgreSQL, connecting gives up after ``connect_timeout_s``,
@@ -21,10 +21,10 @@ class PoolOptions:
     peer that vanished from the network.
     """
 
-    pool_size: int = 4
-    checkout_timeout_s: float = 2.0
-    connect_timeout_s: int = 2
-    statement_timeout_s: float = 5.0
+    pool_size: int
+    checkout_timeout_s: float
+    connect_timeout_s: int
+    statement_timeout_s: float
 
 
 def _enable_sqlite_foreign_keys(dbapi_connection: Any, _record: Any) -> None:
