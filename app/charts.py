@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from xml.sax.saxutils import escape
 
-GIB = 2**30
+from app.domain.units import GIB
+
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
 FONT = 'font-family="Helvetica, Arial, sans-serif"'
 

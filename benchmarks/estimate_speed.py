@@ -13,8 +13,9 @@ import os
 import statistics
 import time
 
-from app.domain.analysis import analyze
-from app.domain.memory import MemoryRequest, Mode, Precision, estimate_memory
+from app.domain.graph.analysis import analyze
+from app.domain.memory.estimate import MemoryRequest, Mode, estimate_memory
+from app.domain.precision import Precision
 from app.domain.zoo import ZOO
 
 CASES = [

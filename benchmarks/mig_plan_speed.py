@@ -11,14 +11,8 @@ from __future__ import annotations
 import statistics
 import time
 
-from app.domain.mig import (
-    Demand,
-    MigGeometry,
-    MigProfileSpec,
-    PartitionPlan,
-    plan_partitions,
-    valid_layouts,
-)
+from app.domain.mig.layout import MigGeometry, MigProfileSpec, valid_layouts
+from app.domain.mig.plan import Demand, PartitionPlan, plan_partitions
 
 A100_80GB = MigGeometry(
     gpu="A100 80GB SXM4",

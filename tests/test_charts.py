@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from app.charts import GIB, ChartInputError, Roof, RoofPoint, breakdown_svg, roofline_svg
+from app.charts import ChartInputError, Roof, RoofPoint, breakdown_svg, roofline_svg
+from app.domain.units import GIB
 
 NS = "{http://www.w3.org/2000/svg}"
 ROOF = Roof(

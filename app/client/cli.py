@@ -27,9 +27,9 @@ import httpx
 from pydantic import BaseModel
 
 from app.client.api import ApiError, CapacityPlannerClient
+from app.domain.units import GIB
 
 T = TypeVar("T")
-GIB = 1024**3
 SHOW_AFTER_S = 1.0
 
 

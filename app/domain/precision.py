@@ -1,7 +1,16 @@
-"""Numeric data types and their storage size."""
+"""Numeric formats: data types, and ONE table of precision conventions.
+
+A *precision* names a convention for how a model is stored and computed: the dtype of its
+weights (and whether matmul/conv weights are quantized, weight-only or with activations too),
+of its activations and KV cache, the dtype of the math (which peak of a device it runs at), and
+for training, the dtypes of gradients, master weights and optimizer state. The memory engine
+and the roofline both read this table; nothing else defines bytes per element.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from enum import StrEnum
 from fractions import Fraction
 
@@ -45,3 +54,186 @@ def tensor_bytes(num_elements: int, dtype: DType) -> int:
         raise ValueError("num_elements must be >= 0")
     size = num_elements * _BYTES_PER_ELEMENT[dtype]
     return -(-size.numerator // size.denominator)
+
+
+class Precision(StrEnum):
+    """A precision convention (see :data:`CONVENTIONS`)."""
+
+    FP32 = "fp32"
+    TF32 = "tf32"
+    BF16 = "bf16"  # pure bf16: everything in 2 bytes
+    FP16 = "fp16"
+    AMP_BF16 = "amp_bf16"  # PyTorch autocast: fp32 weights/grads, bf16 compute
+    AMP_FP16 = "amp_fp16"
+    MIXED_BF16 = "mixed_bf16"  # ZeRO / Megatron: bf16 weights/grads + fp32 master and moments
+    MIXED_FP16 = "mixed_fp16"
+    FP8 = "fp8"  # W8A8 fp8 (TensorRT / Transformer Engine)
+    INT8 = "int8"  # W8A8 int8 (MLPerf: TensorRT, OpenVINO, IPEX)
+    INT8_WEIGHT_ONLY = "int8_weight_only"  # W8A16 (bitsandbytes LLM.int8, torchao)
+    INT4 = "int4"  # W4A16 weight-only (GPTQ / AWQ)
+
+
+class Quantization(StrEnum):
+    """What a quantized convention converts."""
+
+    NONE = "none"
+    WEIGHT_ONLY = "weight_only"  # matmul/conv weights; activations and math stay 16-bit
+    W8A8 = "w8a8"  # weights and activations 8-bit, 8-bit math
+
+
+class ScaleLayout(StrEnum):
+    """The quantization scales stored beside quantized weights."""
+
+    NONE = "none"
+    PER_TENSOR_FP32 = "per_tensor_fp32"  # one fp32 scale per weight tensor
+    PER_CHANNEL_FP16 = "per_channel_fp16"  # one fp16 scale per output channel
+    GROUP_FP16_SCALE_ZERO = "group_fp16_scale_zero"  # fp16 scale + zero per group of weights
+
+
+QUANTIZATION_GROUP = 128  # elements per group of GROUP_FP16_SCALE_ZERO (GPTQ/AWQ default)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PrecisionConvention:
+    """One row of the precision table.
+
+    ``weight_dtype`` is the storage of quantizable (matmul/conv) weights; under quantization
+    the other weights (embeddings, norms, biases, the output head) are ``other_weight_dtype``.
+    ``compute_dtypes`` lists the peaks the math can run at, the first one a device has wins.
+    Training fields are None for inference-only conventions.
+    """
+
+    precision: Precision
+    weight_dtype: DType
+    other_weight_dtype: DType
+    activation_dtype: DType
+    kv_cache_dtype: DType
+    compute_dtypes: tuple[DType, ...]
+    quantization: Quantization
+    scales: ScaleLayout
+    grad_dtype: DType | None
+    master_weight_dtype: DType | None  # a separate fp32 copy (ZeRO / Megatron)
+    optimizer_state_dtype: DType | None
+    weight_cache_dtype: DType | None  # autocast's cached low-precision copy of the weights
+    description: str
+
+    @property
+    def trainable(self) -> bool:
+        """Whether the convention has gradients (training is possible)."""
+        return self.grad_dtype is not None
+
+    @property
+    def quantized(self) -> bool:
+        """Whether matmul/conv weights are stored quantized."""
+        return self.quantization is not Quantization.NONE
+
+
+def _row(
+    precision: Precision,
+    *,
+    weight: DType,
+    activation: DType,
+    compute: tuple[DType, ...],
+    description: str,
+    other_weight: DType | None = None,
+    kv_cache: DType | None = None,
+    quantization: Quantization = Quantization.NONE,
+    scales: ScaleLayout = ScaleLayout.NONE,
+    grad: DType | None = None,
+    master: DType | None = None,
+    state: DType | None = None,
+    cache: DType | None = None,
+) -> PrecisionConvention:
+    return PrecisionConvention(
+        precision=precision,
+        weight_dtype=weight,
+        other_weight_dtype=other_weight or weight,
+        activation_dtype=activation,
+        kv_cache_dtype=kv_cache or activation,
+        compute_dtypes=compute,
+        quantization=quantization,
+        scales=scales,
+        grad_dtype=grad,
+        master_weight_dtype=master,
+        optimizer_state_dtype=state,
+        weight_cache_dtype=cache,
+        description=description,
+    )
+
+
+_P, _D, _Q = Precision, DType, Quantization
+CONVENTIONS: Mapping[Precision, PrecisionConvention] = {
+    row.precision: row
+    for row in (
+        _row(_P.FP32, weight=_D.FP32, activation=_D.FP32, compute=(_D.FP32,), grad=_D.FP32,
+             state=_D.FP32, description="fp32 weights, gradients, optimizer state, activations "
+             "and math (no tensor cores / AMX)"),
+        _row(_P.TF32, weight=_D.FP32, activation=_D.FP32, compute=(_D.TF32,), grad=_D.FP32,
+             state=_D.FP32, description="tf32 tensor-core math on fp32 storage: same bytes as "
+             "fp32"),
+        _row(_P.BF16, weight=_D.BF16, activation=_D.BF16, compute=(_D.BF16,), grad=_D.BF16,
+             state=_D.BF16, description="pure bf16: weights, gradients, optimizer state, "
+             "activations, KV cache and math all bf16 (PyTorch keeps optimizer state in the "
+             "parameter dtype)"),
+        _row(_P.FP16, weight=_D.FP16, activation=_D.FP16, compute=(_D.FP16,), grad=_D.FP16,
+             state=_D.FP16, description="pure fp16: everything 2 bytes, fp16 math"),
+        _row(_P.AMP_BF16, weight=_D.FP32, activation=_D.BF16, compute=(_D.BF16,), grad=_D.FP32,
+             state=_D.FP32, cache=_D.BF16, description="PyTorch autocast (bf16): fp32 weights, "
+             "gradients and optimizer state, a cached bf16 copy of the weights during "
+             "forward/backward, activations mostly bf16, bf16 math"),
+        _row(_P.AMP_FP16, weight=_D.FP32, activation=_D.FP16, compute=(_D.FP16,), grad=_D.FP32,
+             state=_D.FP32, cache=_D.FP16, description="PyTorch autocast (fp16) with "
+             "GradScaler: fp32 weights and gradients, a cached fp16 weight copy, activations "
+             "mostly fp16, fp16 math"),
+        _row(_P.MIXED_BF16, weight=_D.BF16, activation=_D.BF16, compute=(_D.BF16,),
+             grad=_D.BF16, master=_D.FP32, state=_D.FP32, description="ZeRO/Megatron mixed "
+             "precision: bf16 weights and gradients, fp32 master weights and fp32 optimizer "
+             "moments (2 + 2 + 4 + 8 = 16 B/param with Adam)"),
+        _row(_P.MIXED_FP16, weight=_D.FP16, activation=_D.FP16, compute=(_D.FP16,),
+             grad=_D.FP16, master=_D.FP32, state=_D.FP32, description="ZeRO/Megatron mixed "
+             "precision: fp16 weights and gradients, fp32 master weights and moments "
+             "(16 B/param with Adam)"),
+        _row(_P.FP8, weight=_D.FP8, other_weight=_D.BF16, activation=_D.FP8,
+             compute=(_D.FP8,), quantization=_Q.W8A8, scales=ScaleLayout.PER_TENSOR_FP32,
+             description="fp8 W8A8 inference (TensorRT / Transformer Engine): matmul/conv "
+             "weights, activations and KV cache 1 byte with per-tensor fp32 scales, other "
+             "weights bf16, fp8 tensor-core math"),
+        _row(_P.INT8, weight=_D.INT8, other_weight=_D.FP16, activation=_D.INT8,
+             compute=(_D.INT8,), quantization=_Q.W8A8, scales=ScaleLayout.PER_CHANNEL_FP16,
+             description="int8 W8A8 inference as in MLPerf (TensorRT, OpenVINO, IPEX): "
+             "matmul/conv weights (one fp16 scale per output channel), activations and KV cache "
+             "1 byte, other weights fp16, int8 math (tensor cores; VNNI or AMX on CPUs)"),
+        _row(_P.INT8_WEIGHT_ONLY, weight=_D.INT8, other_weight=_D.FP16, activation=_D.FP16,
+             compute=(_D.FP16, _D.BF16), quantization=_Q.WEIGHT_ONLY,
+             scales=ScaleLayout.PER_CHANNEL_FP16, description="int8 weight-only inference "
+             "(W8A16: bitsandbytes, torchao): matmul/conv weights 1 byte with one fp16 scale "
+             "per output channel, other weights, activations and KV cache fp16, math at the "
+             "fp16 (else bf16) peak after dequantization"),
+        _row(_P.INT4, weight=_D.INT4, other_weight=_D.FP16, activation=_D.FP16,
+             compute=(_D.FP16, _D.BF16), quantization=_Q.WEIGHT_ONLY,
+             scales=ScaleLayout.GROUP_FP16_SCALE_ZERO, description="int4 weight-only "
+             f"inference (W4A16: GPTQ/AWQ): matmul/conv weights 4 bits with an fp16 scale and "
+             f"zero point per group of {QUANTIZATION_GROUP}, other weights, activations and KV "
+             "cache fp16, math at the fp16 (else bf16) peak after dequantization"),
+    )
+}  # fmt: skip
+
+
+def convention(precision: Precision) -> PrecisionConvention:
+    """The row of the precision table for ``precision``."""
+    return CONVENTIONS[precision]
+
+
+def scale_bytes(precision: Precision, shape: tuple[int, ...]) -> Fraction:
+    """Bytes of the quantization scales stored beside one quantized weight of ``shape``."""
+    layout = CONVENTIONS[precision].scales
+    if layout is ScaleLayout.PER_TENSOR_FP32:
+        return Fraction(4)
+    if layout is ScaleLayout.PER_CHANNEL_FP16:
+        return Fraction(shape[0] * 2)
+    if layout is ScaleLayout.GROUP_FP16_SCALE_ZERO:
+        numel = 1
+        for dim in shape:
+            numel *= dim
+        return Fraction(-(-numel // QUANTIZATION_GROUP) * 4)
+    return Fraction(0)

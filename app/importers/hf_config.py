@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from app.domain.graph import MAX_DIM
+from app.domain.graph.format import MAX_DIM
 from app.domain.zoo import transformers as builders
 from app.importers.result import (
     ImportedGraph,

@@ -32,9 +32,9 @@ from typing import Any
 import onnx
 from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto
 
-from app.domain.analysis import InputDecl
-from app.domain.graph import MAX_DIM
-from app.domain.ops import TensorKind
+from app.domain.graph.analysis import InputDecl
+from app.domain.graph.format import MAX_DIM
+from app.domain.graph.ops import TensorKind
 from app.importers.result import (
     MAX_STORED_INPUT_RANK,
     MAX_STORED_INPUTS,

@@ -6,8 +6,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from app.domain.analysis import InputDecl, analyze
 from app.domain.errors import GraphError
+from app.domain.graph.analysis import InputDecl, analyze
 
 # What a stored model may hold (ModelBase in app/schemas/models.py; a test keeps these equal).
 # Importers reject a source that cannot fit before they do the expensive work, not after.

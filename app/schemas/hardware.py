@@ -8,13 +8,13 @@ from typing import Annotated, ClassVar, Literal, Self
 
 from pydantic import Field, StringConstraints, model_validator
 
-from app.domain.precision import DType
-from app.domain.roofline import (
+from app.domain.performance.roofline import (
     MAX_BANDWIDTH_BYTES_PER_S,
     MAX_PEAK_FLOPS_PER_S,
     MIN_BANDWIDTH_BYTES_PER_S,
     MIN_PEAK_FLOPS_PER_S,
 )
+from app.domain.precision import DType
 from app.schemas.base import MAX_BYTES, Page, Schema, Slug, located_error
 
 

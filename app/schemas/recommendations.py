@@ -6,8 +6,9 @@ from typing import Annotated, Self
 
 from pydantic import Field, StringConstraints, model_validator
 
-from app.domain.recommend import Objective
-from app.domain.roofline import MIN_EFFICIENCY, Bound, DeviceKind, InferencePrecision
+from app.domain.performance.recommend import Objective
+from app.domain.performance.roofline import MIN_EFFICIENCY, Bound, DeviceKind
+from app.domain.precision import Precision
 from app.schemas.base import Schema, Slug, located_error
 from app.schemas.estimates import BatchSize, InlineArchitecture, Length, one_model_rule
 
@@ -108,15 +109,15 @@ class InferenceRecommendationRequest(Schema):
         description="Largest batch the search tries when `batch_sizes` is not given.",
         examples=[256],
     )
-    precisions: list[InferencePrecision] = Field(
+    precisions: list[Precision] = Field(
         default=[
-            InferencePrecision.FP32,
-            InferencePrecision.BF16,
-            InferencePrecision.FP16,
-            InferencePrecision.INT8,
+            Precision.FP32,
+            Precision.BF16,
+            Precision.FP16,
+            Precision.INT8,
         ],
         min_length=1,
-        max_length=len(InferencePrecision),
+        max_length=len(Precision),
         description="Precisions to consider: fp32, tf32, bf16, fp16, fp8 / int8 (W8A8), int4 "
         "(weight-only W4A16). A device without a peak for one is excluded for it, with the reason.",
         examples=[["fp16", "int8"]],
@@ -321,7 +322,7 @@ class RankedCandidate(Schema):
     mig_profile: str | None = Field(
         default=None, description="MIG profile of a slice.", examples=[None]
     )
-    precision: InferencePrecision = Field(description="Precision.", examples=["int8"])
+    precision: Precision = Field(description="Precision.", examples=["int8"])
     batch_size: int = Field(description="Best batch among those tried.", examples=[4])
     eligible: bool = Field(description="Fits, meets the SLO, priced for cost.", examples=[True])
     reasons: list[str] = Field(description="Why it is not eligible.", examples=[[]])
@@ -383,7 +384,7 @@ class Exclusion(Schema):
     """A device and precision that was not evaluated, and why."""
 
     device: str = Field(description="Candidate name.", examples=["nvidia-v100-32gb-sxm2"])
-    precision: InferencePrecision = Field(description="Precision.", examples=["int8"])
+    precision: Precision = Field(description="Precision.", examples=["int8"])
     reason: str = Field(
         description="Why.", examples=["no int8 peak in the hardware profile (it lists: fp16)"]
     )

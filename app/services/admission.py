@@ -19,7 +19,8 @@ from app.domain.admission import (
     gpu_requests,
     planner_annotations,
 )
-from app.domain.mig import kubernetes_resource, smallest_fitting
+from app.domain.mig.layout import kubernetes_resource, smallest_fitting
+from app.domain.units import GIB
 from app.schemas.admission import AdmissionCheckRequest, AdmissionCheckResponse
 from app.schemas.base import SLUG_PATTERN
 from app.schemas.estimates import WorkloadSpec
@@ -27,7 +28,6 @@ from app.services.errors import InvalidInput, ServiceError
 from app.services.mig import geometry, required_memory, workload_spec
 from app.services.state_cache import Digest, PerWatch, timed_digest
 
-GIB = 2**30
 LOW_HEADROOM = 0.10
 MAX_WARNING = 120
 

@@ -13,21 +13,22 @@ from sqlalchemy.orm import Session
 from app.charts import breakdown_svg
 from app.db.models import Hardware
 from app.db.repositories import HardwareRepository, ModelRepository
-from app.domain.analysis import GraphAnalysis, InputDecl, LayerAnalysis, analyze
 from app.domain.errors import GraphError
-from app.domain.memory import (
+from app.domain.graph.analysis import GraphAnalysis, InputDecl, LayerAnalysis, analyze
+from app.domain.graph.ops import TensorKind
+from app.domain.memory.estimate import (
     FrameworkOverhead,
     MemoryEstimate,
     MemoryInputError,
     MemoryRequest,
     Mode,
     Parallelism,
-    Precision,
     Runtime,
     estimate_memory,
     precision_plan,
 )
-from app.domain.ops import TensorKind
+from app.domain.precision import Precision
+from app.domain.units import GIB
 from app.schemas.estimates import (
     BreakdownLine,
     FitSummary,
@@ -44,7 +45,6 @@ from app.schemas.estimates import (
 from app.services.errors import InvalidInput, NotFound
 from app.services.models import invalid_graph
 
-GIB = 2**30
 MAX_REPORTED_BYTES = 2**63 - 1
 
 

@@ -7,6 +7,7 @@ from sqlalchemy.orm import Session
 
 from app.db.models import Hardware, MigProfile, utcnow
 from app.db.repositories import HardwareRepository
+from app.domain.units import MIB
 from app.schemas.hardware import (
     CpuDetails,
     FrameworkOverhead,
@@ -22,8 +23,6 @@ from app.schemas.hardware import (
 )
 from app.services.concurrency import IfMatch, commit_versioned, require_match
 from app.services.errors import AlreadyExists, InUse, NotFound, ReadOnly
-
-MIB = 1024 * 1024
 
 
 def kubernetes_resource_name(profile_name: str) -> str:

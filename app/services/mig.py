@@ -8,20 +8,19 @@ from sqlalchemy.orm import Session
 
 from app.db.models import Hardware
 from app.db.repositories import HardwareRepository
-from app.domain.memory import FrameworkOverhead, Runtime
-from app.domain.mig import (
-    MIB,
-    Demand,
+from app.domain.memory.estimate import FrameworkOverhead, Runtime
+from app.domain.mig.layout import (
     MigError,
     MigGeometry,
     MigProfileSpec,
     Placement,
     kubernetes_resource,
-    mig_parted_config,
-    plan_partitions,
     smallest_fitting,
 )
-from app.domain.mig import validate_layout as check_layout
+from app.domain.mig.layout import validate_layout as check_layout
+from app.domain.mig.parted import mig_parted_config
+from app.domain.mig.plan import Demand, plan_partitions
+from app.domain.units import MIB
 from app.schemas.estimates import WorkloadSpec
 from app.schemas.mig import (
     FitAlternatives,

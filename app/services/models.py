@@ -8,7 +8,7 @@ from sqlalchemy.orm import Session
 from app.db.models import ModelArchitecture, utcnow
 from app.db.repositories import ModelRepository
 from app.domain.errors import GraphError
-from app.domain.graph import validate_graph
+from app.domain.graph.format import validate_graph
 from app.schemas.models import ModelBase, ModelCreate, ModelList, ModelRead, ModelReplace
 from app.schemas.models import Provenance as ProvenanceEnum
 from app.services.concurrency import IfMatch, commit_versioned, require_match

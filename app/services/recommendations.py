@@ -11,18 +11,16 @@ from sqlalchemy.orm import Session
 from app.charts import Roof, RoofPoint, roofline_svg
 from app.db.models import Hardware
 from app.db.repositories import HardwareRepository
-from app.domain.analysis import GraphAnalysis
-from app.domain.memory import (
+from app.domain.graph.analysis import GraphAnalysis
+from app.domain.memory.estimate import (
     FrameworkOverhead,
     MemoryInputError,
     MemoryRequest,
     Mode,
-    Precision,
     Runtime,
     estimate_memory,
 )
-from app.domain.precision import DType
-from app.domain.recommend import (
+from app.domain.performance.recommend import (
     Assessment,
     MemoryFit,
     Requirements,
@@ -31,14 +29,13 @@ from app.domain.recommend import (
     explain,
     rank,
 )
-from app.domain.roofline import (
+from app.domain.performance.roofline import (
     DEFAULT_CALIBRATIONS,
     PRECISION_SCHEMES,
     Bound,
     Calibration,
     Device,
     DeviceKind,
-    InferencePrecision,
     PrecisionScheme,
     Prediction,
     Workload,
@@ -52,6 +49,7 @@ from app.domain.roofline import (
     predict,
     unsupported_reason,
 )
+from app.domain.precision import DType, Precision
 from app.schemas.estimates import InlineArchitecture
 from app.schemas.recommendations import (
     CalibrationOverride,
@@ -597,7 +595,7 @@ def roofline_chart(
     *,
     model: str,
     devices: Sequence[str],
-    precision: InferencePrecision,
+    precision: Precision,
     batch_size: int,
     sequence_length: int | None = None,
     image_size: int | None = None,

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from app.db.models import Hardware, Workload, utcnow
 from app.db.repositories import HardwareRepository, ModelRepository
-from app.domain.memory import FrameworkOverhead, Runtime
+from app.domain.memory.estimate import FrameworkOverhead, Runtime
 from app.schemas.estimates import MemoryEstimateRequest, MemoryEstimateResponse, WorkloadSpec
 from app.schemas.workloads import (
     WorkloadBase,

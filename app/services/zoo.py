@@ -10,7 +10,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.db.models import ModelArchitecture, utcnow
-from app.domain.ops import TensorKind
+from app.domain.graph.ops import TensorKind
 from app.domain.zoo import ZOO, ZooModel
 from app.schemas.models import Provenance
 from app.services.catalog import SyncReport

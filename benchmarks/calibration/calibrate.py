@@ -39,19 +39,19 @@ import yaml
 
 from app.config import PROJECT_ROOT
 from app.db.models import Hardware
-from app.domain.analysis import analyze
-from app.domain.roofline import (
+from app.domain.graph.analysis import analyze
+from app.domain.performance.roofline import (
     DEFAULT_CALIBRATIONS,
     PRECISION_SCHEMES,
     Calibration,
     Device,
     DeviceKind,
-    InferencePrecision,
     Workload,
     forward_workload,
     pcie_bandwidth_bytes_per_s,
     predict,
 )
+from app.domain.precision import Precision
 from app.domain.zoo import ZOO
 from app.services.catalog import load_catalog
 from app.services.hardware import apply_fields
@@ -146,7 +146,7 @@ def resnet50_int8(batch: int = BATCH) -> Workload:
     """MLPerf's model: ResNet-50 v1.5 at 224 x 224, INT8, one forward per batch."""
     model = ZOO["resnet-50"]
     analysis = analyze(model.inputs, model.layers, {"batch": batch, "image": 224}, training=False)
-    return forward_workload(analysis, PRECISION_SCHEMES[InferencePrecision.INT8], batch=batch)
+    return forward_workload(analysis, PRECISION_SCHEMES[Precision.INT8], batch=batch)
 
 
 def measured_throughput(row: Mapping[str, Any]) -> float:

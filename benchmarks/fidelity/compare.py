@@ -25,16 +25,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.domain.analysis import analyze
-from app.domain.memory import (
+from app.domain.graph.analysis import analyze
+from app.domain.memory.estimate import (
     MemoryRequest,
     Mode,
     Optimizer,
     OptimizerImpl,
-    Precision,
     Runtime,
     estimate_memory,
 )
+from app.domain.precision import Precision
 from app.domain.zoo import ZOO, ZooModel, bert, gpt2, llama, lstm_classifier, vit
 
 HERE = Path(__file__).resolve().parent

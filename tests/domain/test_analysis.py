@@ -21,17 +21,17 @@ from typing import Any, NamedTuple
 
 import pytest
 
-import app.domain.analysis as analysis_module
-from app.domain.analysis import (
+import app.domain.graph.analysis as analysis_module
+from app.domain.errors import GraphError
+from app.domain.graph.analysis import (
     GraphAnalysis,
     InputAnalysis,
     InputDecl,
     LayerAnalysis,
     analyze,
 )
-from app.domain.errors import GraphError
-from app.domain.graph import BLOCK_INPUT, validate_graph
-from app.domain.ops import OP_IMPLEMENTATIONS, OpContext, OpResult, TensorKind, Value
+from app.domain.graph.format import BLOCK_INPUT, validate_graph
+from app.domain.graph.ops import OP_IMPLEMENTATIONS, OpContext, OpResult, TensorKind, Value
 from app.domain.zoo import ZOO
 
 SNAPSHOT = Path(__file__).with_name("analysis_snapshot.json")

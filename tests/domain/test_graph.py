@@ -3,7 +3,7 @@ from typing import Any
 import pytest
 
 from app.domain.errors import GraphError
-from app.domain.graph import OP_SPECS, validate_graph
+from app.domain.graph.format import OP_SPECS, validate_graph
 
 CNN: list[dict[str, Any]] = [
     {"name": "conv1", "op": "conv2d", "out_channels": 64, "kernel_size": 3, "padding": 1},

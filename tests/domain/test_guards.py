@@ -12,12 +12,17 @@ from typing import Any
 
 import pytest
 
-from app.domain.analysis import InputDecl, analyze
 from app.domain.errors import DomainError
-from app.domain.memory import FrameworkOverhead, MemoryInputError, MemoryRequest, Mode, Parallelism
-from app.domain.mig import MigGeometry, MigProfileSpec
-from app.domain.precision import DType
-from app.domain.recommend import (
+from app.domain.graph.analysis import InputDecl, analyze
+from app.domain.memory.estimate import (
+    FrameworkOverhead,
+    MemoryInputError,
+    MemoryRequest,
+    Mode,
+    Parallelism,
+)
+from app.domain.mig.layout import MigGeometry, MigProfileSpec
+from app.domain.performance.recommend import (
     MemoryFit,
     RecommendationInputError,
     Requirements,
@@ -26,10 +31,9 @@ from app.domain.recommend import (
     devices_needed,
     energy_per_inference_j,
 )
-from app.domain.roofline import (
+from app.domain.performance.roofline import (
     PRECISION_SCHEMES,
     DeviceKind,
-    InferencePrecision,
     Phase,
     RooflineInputError,
     Workload,
@@ -40,9 +44,10 @@ from app.domain.roofline import (
     predict,
     unsupported_reason,
 )
+from app.domain.precision import DType, Precision
 from tests.domain.test_roofline import HAND_CAL, HAND_GPU
 
-FP32 = PRECISION_SCHEMES[InferencePrecision.FP32]
+FP32 = PRECISION_SCHEMES[Precision.FP32]
 SUBNORMAL = sys.float_info.min / 2
 # The roofline golden tests' round-number device, under a short slug (messages name it).
 GPU = dataclasses.replace(HAND_GPU, slug="g", name="G")

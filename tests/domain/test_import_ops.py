@@ -4,9 +4,9 @@ from typing import Any
 
 import pytest
 
-from app.domain.analysis import InputDecl, analyze
 from app.domain.errors import GraphError
-from app.domain.memory import MemoryRequest, Mode, estimate_memory
+from app.domain.graph.analysis import InputDecl, analyze
+from app.domain.memory.estimate import MemoryRequest, Mode, estimate_memory
 
 X = InputDecl(name="x", shape=("batch", 4, 8))
 

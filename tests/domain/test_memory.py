@@ -4,18 +4,18 @@ from typing import Any
 
 import pytest
 
-from app.domain.analysis import GraphAnalysis, InputDecl, analyze
-from app.domain.memory import (
+from app.domain.graph.analysis import GraphAnalysis, InputDecl, analyze
+from app.domain.memory.estimate import (
     Checkpointing,
     MemoryInputError,
     MemoryRequest,
     Mode,
     Optimizer,
     Parallelism,
-    Precision,
     Runtime,
     estimate_memory,
 )
+from app.domain.precision import Precision
 from app.domain.zoo import ZOO
 
 GPT3_PARAMS = 174_604_259_328

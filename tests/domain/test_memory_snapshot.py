@@ -29,8 +29,9 @@ from typing import Any
 
 import pytest
 
-from app.domain import memory as M
-from app.domain.analysis import GraphAnalysis, InputDecl, analyze
+from app.domain.graph.analysis import GraphAnalysis, InputDecl, analyze
+from app.domain.memory import estimate as M
+from app.domain.precision import Precision
 from app.domain.zoo import ZOO
 from app.importers.hf_config import import_hf_config
 from app.importers.onnx_model import import_onnx
@@ -96,13 +97,13 @@ def _cases() -> Iterator[tuple[str, GraphAnalysis, M.MemoryRequest, bool]]:
         for mode in M.Mode:
             analysis = analyze(inputs, layers, bindings, training=mode is M.Mode.TRAINING)
             precisions = [
-                M.Precision.FP32,
-                M.Precision.BF16,
-                M.Precision.AMP_FP16,
-                M.Precision.MIXED_BF16,
+                Precision.FP32,
+                Precision.BF16,
+                Precision.AMP_FP16,
+                Precision.MIXED_BF16,
             ]
             if mode is M.Mode.INFERENCE:
-                precisions += [M.Precision.INT4, M.Precision.FP8]
+                precisions += [Precision.INT4, Precision.FP8]
             for precision, runtime in itertools.product(precisions, M.Runtime):
                 for index, variant in enumerate(_variants(mode)):
                     request = M.MemoryRequest(

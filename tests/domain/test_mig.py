@@ -18,20 +18,16 @@ import pytest
 import yaml
 
 from app.domain.errors import DomainError
-from app.domain.mig import (
-    Demand,
+from app.domain.mig.layout import (
     MigError,
     MigGeometry,
     MigProfileSpec,
-    PartitionPlan,
     Placement,
-    _BudgetExhausted,
-    _Cover,
-    mig_parted_config,
-    plan_partitions,
     valid_layouts,
     validate_layout,
 )
+from app.domain.mig.parted import mig_parted_config
+from app.domain.mig.plan import Demand, PartitionPlan, _BudgetExhausted, _Cover, plan_partitions
 
 CATALOG = Path(__file__).resolve().parents[2] / "hardware_catalog"
 

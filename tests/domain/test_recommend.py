@@ -4,9 +4,8 @@ from dataclasses import replace
 
 import pytest
 
-from app.domain.analysis import InputDecl, analyze
-from app.domain.precision import DType
-from app.domain.recommend import (
+from app.domain.graph.analysis import InputDecl, analyze
+from app.domain.performance.recommend import (
     Assessment,
     MemoryFit,
     Objective,
@@ -19,17 +18,17 @@ from app.domain.recommend import (
     explain,
     rank,
 )
-from app.domain.roofline import (
+from app.domain.performance.roofline import (
     DEFAULT_CALIBRATIONS,
     PRECISION_SCHEMES,
     Bound,
     Device,
     DeviceKind,
-    InferencePrecision,
     Workload,
     forward_workload,
     predict,
 )
+from app.domain.precision import DType, Precision
 from app.domain.zoo import ZOO
 
 FITS = MemoryFit(required_bytes=1, available_bytes=2, detail="test")
@@ -70,7 +69,7 @@ def test_formulas() -> None:
     assert devices_needed(1, 300) == 1
 
 
-def _resnet(batch: int, precision: InferencePrecision = InferencePrecision.INT8) -> Workload:
+def _resnet(batch: int, precision: Precision = Precision.INT8) -> Workload:
     model = ZOO["resnet-50"]
     analysis = analyze(model.inputs, model.layers, {"batch": batch, "image": 224}, training=False)
     return forward_workload(analysis, PRECISION_SCHEMES[precision], batch=batch)
@@ -169,7 +168,7 @@ def test_every_objective_ranks(objective: Objective) -> None:
     inputs = (InputDecl(name="x", shape=("batch", 64)),)
     layers = [{"name": "fc", "op": "linear", "out_features": 10}]
     analysis = analyze(inputs, layers, {"batch": 1}, training=False)
-    workload = forward_workload(analysis, PRECISION_SCHEMES[InferencePrecision.FP32], batch=1)
+    workload = forward_workload(analysis, PRECISION_SCHEMES[Precision.FP32], batch=1)
     requirements = Requirements(objective=objective)
     items = [
         assess(predict(workload, d, DEFAULT_CALIBRATIONS[d.kind]), FITS, requirements)

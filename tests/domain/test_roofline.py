@@ -6,17 +6,15 @@ from typing import Any
 
 import pytest
 
-from app.domain.analysis import GraphAnalysis, InputDecl, analyze
-from app.domain.mig import MigGeometry, MigProfileSpec
-from app.domain.precision import DType
-from app.domain.roofline import (
+from app.domain.graph.analysis import GraphAnalysis, InputDecl, analyze
+from app.domain.mig.layout import MigGeometry, MigProfileSpec
+from app.domain.performance.roofline import (
     DEFAULT_CALIBRATIONS,
     PRECISION_SCHEMES,
     Bound,
     Calibration,
     Device,
     DeviceKind,
-    InferencePrecision,
     RooflineInputError,
     Workload,
     build_kernels,
@@ -29,11 +27,12 @@ from app.domain.roofline import (
     predict,
     unsupported_reason,
 )
+from app.domain.precision import DType, Precision
 from app.domain.zoo import ZOO, gpt2
 from app.domain.zoo.cnn import resnet
 
-FP32 = PRECISION_SCHEMES[InferencePrecision.FP32]
-INT8 = PRECISION_SCHEMES[InferencePrecision.INT8]
+FP32 = PRECISION_SCHEMES[Precision.FP32]
+INT8 = PRECISION_SCHEMES[Precision.INT8]
 
 MLP: list[dict[str, Any]] = [
     {"name": "fc1", "op": "linear", "out_features": 128},
@@ -265,7 +264,7 @@ def test_unsupported_precisions_and_links_give_reasons() -> None:
     assert "host-link" in (unsupported_reason(no_link, FP32) or "")
     soc = replace(no_link, kind=DeviceKind.EDGE)
     assert unsupported_reason(soc, FP32) is None  # unified memory: nothing to copy
-    int4 = PRECISION_SCHEMES[InferencePrecision.INT4]
+    int4 = PRECISION_SCHEMES[Precision.INT4]
     bf16_only = replace(HAND_GPU, peak_flops_per_s={DType.BF16: 1e12})
     assert unsupported_reason(bf16_only, int4) is None  # W4A16 math at the bf16 peak
 
@@ -325,7 +324,7 @@ BATCHES = [1, 2, 4, 8, 16, 32]
 PROMPT, GENERATED = 32, 8
 
 
-def _workload(slug: str, batch: int, precision: InferencePrecision) -> Workload:
+def _workload(slug: str, batch: int, precision: Precision) -> Workload:
     model = ZOO[slug]
     scheme = PRECISION_SCHEMES[precision]
     bindings = {**model.default_bindings, "batch": batch}
@@ -342,16 +341,16 @@ def _workload(slug: str, batch: int, precision: InferencePrecision) -> Workload:
 
 
 @pytest.fixture(scope="module")
-def workloads() -> dict[tuple[str, InferencePrecision], list[Workload]]:
+def workloads() -> dict[tuple[str, Precision], list[Workload]]:
     return {
         (slug, precision): [_workload(slug, b, precision) for b in BATCHES]
         for slug in ZOO
-        for precision in (InferencePrecision.FP32, InferencePrecision.INT8)
+        for precision in (Precision.FP32, Precision.INT8)
     }
 
 
 def test_bigger_batch_never_lowers_throughput_or_latency(
-    workloads: dict[tuple[str, InferencePrecision], list[Workload]],
+    workloads: dict[tuple[str, Precision], list[Workload]],
 ) -> None:
     checked = 0
     for (slug, precision), series in workloads.items():
@@ -369,7 +368,7 @@ def test_bigger_batch_never_lowers_throughput_or_latency(
 
 
 def test_a_faster_link_never_raises_latency(
-    workloads: dict[tuple[str, InferencePrecision], list[Workload]],
+    workloads: dict[tuple[str, Precision], list[Workload]],
 ) -> None:
     gpu = DEVICES[0]
     for (slug, _), series in workloads.items():
@@ -385,7 +384,7 @@ def test_a_faster_link_never_raises_latency(
 
 
 def test_closed_form_equals_the_per_kernel_loop(
-    workloads: dict[tuple[str, InferencePrecision], list[Workload]],
+    workloads: dict[tuple[str, Precision], list[Workload]],
 ) -> None:
     for (slug, _), series in workloads.items():
         workload = series[2]
@@ -421,6 +420,6 @@ def test_forward_flops_are_the_analysis_flops(slug: str) -> None:
     model = ZOO[slug]
     bindings: dict[str, Any] = {**model.default_bindings, "batch": 4}
     analysis = analyze(model.inputs, model.layers, bindings, training=False)
-    for precision in InferencePrecision:
+    for precision in Precision:
         workload = forward_workload(analysis, PRECISION_SCHEMES[precision], batch=4)
         assert workload.flops == _all_flops(analysis)

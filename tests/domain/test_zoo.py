@@ -3,8 +3,8 @@ import re
 
 import pytest
 
-from app.domain.analysis import GraphAnalysis, analyze
-from app.domain.graph import validate_graph
+from app.domain.graph.analysis import GraphAnalysis, analyze
+from app.domain.graph.format import validate_graph
 from app.domain.zoo import ZOO, ZooModel, bert, gpt2, llama, lstm_classifier, vit
 
 SLUG = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,62}[a-z0-9])?$")

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Path, Query, Response, status
 from app.api.deps import DatabaseDep, IfMatchDep, require_reader, require_writer
 from app.api.errors import problem_responses
 from app.api.params import BatchSizeQuery, ImageSizeQuery, SequenceLengthQuery
-from app.domain.memory import Precision
+from app.domain.precision import Precision
 from app.schemas.base import StorableStr
 from app.schemas.estimates import ModelSummary
 from app.schemas.models import ModelCreate, ModelList, ModelRead, ModelReplace, Provenance

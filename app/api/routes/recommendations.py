@@ -10,7 +10,7 @@ from app.api.deps import DatabaseDep, require_reader
 from app.api.errors import problem_responses
 from app.api.media import SVG, svg_responses
 from app.api.params import BatchSizeQuery, ImageSizeQuery, SequenceLengthQuery
-from app.domain.roofline import InferencePrecision
+from app.domain.precision import Precision
 from app.schemas.base import StorableStr
 from app.schemas.recommendations import (
     InferenceRecommendationRequest,
@@ -68,9 +68,7 @@ async def roofline_svg(
             description="Comma-separated hardware slugs or `slug/profile` MIG slices (at most 8).",
         ),
     ],
-    precision: Annotated[
-        InferencePrecision, Query(description="Precision.")
-    ] = InferencePrecision.INT8,
+    precision: Annotated[Precision, Query(description="Precision.")] = Precision.INT8,
     batch_size: BatchSizeQuery = 1,
     sequence_length: SequenceLengthQuery = None,
     image_size: ImageSizeQuery = None,

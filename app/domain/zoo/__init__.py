@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
 
-from app.domain.analysis import InputDecl
+from app.domain.graph.analysis import InputDecl
 from app.domain.zoo import cnn, rnn, transformers
 
 __all__ = ["ZOO", "ZooModel", "bert", "gpt2", "llama", "lstm_classifier", "vit"]

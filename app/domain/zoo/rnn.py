@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.domain.analysis import InputDecl
-from app.domain.ops import TensorKind
+from app.domain.graph.analysis import InputDecl
+from app.domain.graph.ops import TensorKind
 
 Layer = dict[str, Any]
 Graph = tuple[tuple[InputDecl, ...], list[Layer]]

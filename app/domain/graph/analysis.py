@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from app.domain.errors import GraphError
-from app.domain.graph import BLOCK_INPUT, validate_graph
-from app.domain.ops import (
+from app.domain.graph.format import BLOCK_INPUT, validate_graph
+from app.domain.graph.ops import (
     OP_IMPLEMENTATIONS,
     OpContext,
     OpResult,

@@ -31,11 +31,20 @@ from itertools import accumulate
 from operator import add, sub
 from typing import NamedTuple
 
-from app.domain.analysis import GraphAnalysis, LayerAnalysis
 from app.domain.errors import DomainError
-from app.domain.ops import Storage, TensorKind
-
-MIB = 2**20
+from app.domain.graph.analysis import GraphAnalysis, LayerAnalysis
+from app.domain.graph.ops import Storage, TensorKind
+from app.domain.graph.traits import CONV_OPS, INTERNAL_TENSOR_OPS, QUANTIZABLE_OPS
+from app.domain.precision import (
+    CONVENTIONS,
+    DType,
+    Precision,
+    PrecisionConvention,
+    bytes_per_element,
+    convention,
+    scale_bytes,
+)
+from app.domain.units import MIB
 
 
 class Mode(StrEnum):
@@ -43,22 +52,6 @@ class Mode(StrEnum):
 
     TRAINING = "training"
     INFERENCE = "inference"
-
-
-class Precision(StrEnum):
-    """Numeric format of weights, gradients, optimizer state and activations."""
-
-    FP32 = "fp32"
-    TF32 = "tf32"
-    BF16 = "bf16"  # pure bf16: everything in 2 bytes
-    FP16 = "fp16"
-    FP8 = "fp8"
-    INT8 = "int8"
-    INT4 = "int4"
-    AMP_BF16 = "amp_bf16"  # PyTorch autocast: fp32 weights/grads, bf16 compute
-    AMP_FP16 = "amp_fp16"
-    MIXED_BF16 = "mixed_bf16"  # ZeRO / Megatron: bf16 weights/grads + fp32 master and moments
-    MIXED_FP16 = "mixed_fp16"
 
 
 class Optimizer(StrEnum):
@@ -178,72 +171,23 @@ class PrecisionPlan:
     convention: str
 
 
-_CONVENTIONS: Mapping[Precision, str] = {
-    Precision.FP32: "fp32 weights, gradients, optimizer state and activations",
-    Precision.TF32: "tf32 math on fp32 storage: same bytes as fp32",
-    Precision.BF16: "pure bf16: weights, gradients, optimizer state and activations all 2 bytes "
-    "(PyTorch keeps optimizer state in the parameter dtype)",
-    Precision.FP16: "pure fp16: everything 2 bytes",
-    Precision.AMP_BF16: "PyTorch autocast (bf16): fp32 weights and gradients, fp32 optimizer "
-    "state, a cached bf16 copy of weights during forward/backward, activations mostly bf16",
-    Precision.AMP_FP16: "PyTorch autocast (fp16) with GradScaler: fp32 weights and gradients, a "
-    "cached fp16 weight copy, activations mostly fp16",
-    Precision.MIXED_BF16: "ZeRO/Megatron mixed precision: bf16 weights and gradients, fp32 "
-    "master weights and fp32 optimizer moments (2 + 2 + 4 + 8 = 16 B/param with Adam)",
-    Precision.MIXED_FP16: "ZeRO/Megatron mixed precision: fp16 weights and gradients, fp32 "
-    "master weights and moments (16 B/param with Adam)",
-    Precision.FP8: "fp8 weight-only inference: matmul/conv weights 1 byte with a per-tensor "
-    "fp32 scale, other weights and activations bf16",
-    Precision.INT8: "int8 weight-only inference: matmul/conv weights 1 byte with one fp16 scale "
-    "per output channel, other weights and activations fp16",
-    Precision.INT4: "int4 weight-only inference (GPTQ/AWQ style): matmul/conv weights 4 bits "
-    "with one fp16 scale and zero point per group of 128, others fp16",
-}
+def _bytes(dtype: DType | None) -> int:
+    return 0 if dtype is None else int(bytes_per_element(dtype))
 
-# Bytes per element: weight, gradient, fp32 master copy, optimizer state slot, activation,
-# autocast weight-cast cache.
-_BYTES: Mapping[Precision, tuple[Fraction, int, int, int, int, int]] = {
-    Precision.FP32:       (Fraction(4), 4, 0, 4, 4, 0),
-    Precision.TF32:       (Fraction(4), 4, 0, 4, 4, 0),
-    Precision.BF16:       (Fraction(2), 2, 0, 2, 2, 0),
-    Precision.FP16:       (Fraction(2), 2, 0, 2, 2, 0),
-    Precision.AMP_BF16:   (Fraction(4), 4, 0, 4, 2, 2),
-    Precision.AMP_FP16:   (Fraction(4), 4, 0, 4, 2, 2),
-    Precision.MIXED_BF16: (Fraction(2), 2, 4, 4, 2, 0),
-    Precision.MIXED_FP16: (Fraction(2), 2, 4, 4, 2, 0),
-    Precision.FP8:        (Fraction(1), 0, 0, 0, 2, 0),
-    Precision.INT8:       (Fraction(1), 0, 0, 0, 2, 0),
-    Precision.INT4:       (Fraction(1, 2), 0, 0, 0, 2, 0),
-}  # fmt: skip
 
-_PLANS: Mapping[Precision, PrecisionPlan] = {
-    precision: PrecisionPlan(
-        weight=weight,
-        grad=Fraction(grad),
-        master=master,
-        state_slot=state,
-        activation=act,
-        weight_cache=cache,
-        convention=_CONVENTIONS[precision],
+def _plan(row: PrecisionConvention) -> PrecisionPlan:
+    return PrecisionPlan(
+        weight=bytes_per_element(row.weight_dtype),
+        grad=Fraction(_bytes(row.grad_dtype)),
+        master=_bytes(row.master_weight_dtype),
+        state_slot=_bytes(row.optimizer_state_dtype),
+        activation=_bytes(row.activation_dtype),
+        weight_cache=_bytes(row.weight_cache_dtype),
+        convention=row.description,
     )
-    for precision, (weight, grad, master, state, act, cache) in _BYTES.items()
-}
 
-QUANTIZED = frozenset({Precision.FP8, Precision.INT8, Precision.INT4})
-INT4_GROUP = 128
-_QUANTIZED_OPS = frozenset(
-    {
-        "conv2d",
-        "depthwise_conv2d",
-        "pointwise_conv2d",
-        "linear",
-        "attention",
-        "mlp",
-        "moe",
-        "lstm",
-        "gru",
-    }  # fmt: skip
-)
+
+_PLANS: Mapping[Precision, PrecisionPlan] = {p: _plan(row) for p, row in CONVENTIONS.items()}
 
 # Optimizer state slots per trainable parameter element.
 _STATE_SLOTS: Mapping[Optimizer, int] = {
@@ -361,8 +305,10 @@ def _weights_bytes(
     analysis: GraphAnalysis, plan: PrecisionPlan, precision: Precision
 ) -> tuple[int, list[str]]:
     """Stored weight bytes, with quantization scales for weight-only formats."""
-    if precision not in QUANTIZED:
+    row = convention(precision)
+    if not row.quantized:
         return _ceil(analysis.params * plan.weight), []
+    other_weight = bytes_per_element(row.other_weight_dtype)
     total = Fraction(0)
     quantized = 0
     # The output head (the last layer with weights) stays 16-bit, as GPTQ/AWQ/bitsandbytes keep
@@ -371,17 +317,12 @@ def _weights_bytes(
     for index, layer in enumerate(analysis.layers):
         for shape in layer.result.param_shapes:
             numel = math.prod(shape)
-            if layer.op in _QUANTIZED_OPS and len(shape) >= 2 and index != head:
+            if layer.op in QUANTIZABLE_OPS and len(shape) >= 2 and index != head:
                 quantized += numel
                 total += numel * plan.weight
-                if precision is Precision.INT8:
-                    total += shape[0] * 2
-                elif precision is Precision.INT4:
-                    total += _ceil(Fraction(numel, INT4_GROUP)) * 4  # fp16 scale + zero
-                else:
-                    total += 4
+                total += scale_bytes(precision, shape)
             else:
-                total += numel * 2
+                total += numel * other_weight
     note = (
         f"{quantized:,} of {analysis.params:,} parameters quantized (matmul/conv weights); "
         "embeddings, norms, biases and the output head stay 16-bit"
@@ -468,10 +409,10 @@ def _op_sizes(layer: LayerAnalysis, sizer: _Sizer, request: MemoryRequest) -> _O
     internal = 0
     for item in layer.result.saved:
         numel = item.numel
-        if tp > 1 and layer.op in _COMPOSITE_OPS and item.source == "new":
+        if tp > 1 and layer.op in INTERNAL_TENSOR_OPS and item.source == "new":
             numel = -(-numel // tp)
         size = sizer.storage_bytes(numel, item.storage)
-        if item.source == "new" and layer.op in _COMPOSITE_OPS:
+        if item.source == "new" and layer.op in INTERNAL_TENSOR_OPS:
             # Gradients of a composite op's internal tensors (S x S scores, MLP intermediates)
             # are live in its backward; recomputed ones (selective checkpointing) too.
             internal = max(internal, size)
@@ -509,7 +450,7 @@ def _op_sizes(layer: LayerAnalysis, sizer: _Sizer, request: MemoryRequest) -> _O
             sizer.storage_bytes(t.numel, t.storage) for t in layer.result.transients
         )
         # oneDNN computes into its own output buffer and copies out (2x output, measured)
-        + (output if sizer.runtime is Runtime.CPU and layer.op in _CONV_OPS else 0),
+        + (output if sizer.runtime is Runtime.CPU and layer.op in CONV_OPS else 0),
         backward_internal=internal,
         output=output,
         param_waste=_rounding_waste(
@@ -580,7 +521,6 @@ _CPU_BACKWARD_EXTRA: Mapping[str, int] = {
     "lstm": 5,  # oneDNN RNN backward: ~4.8 outputs of gate gradients and buffers
     "gru": 5,
 }
-_COMPOSITE_OPS = frozenset({"attention", "mlp", "moe"})
 
 _RUNTIME_NOTES: Mapping[Runtime, str] = {
     Runtime.CPU: (
@@ -597,7 +537,6 @@ _RUNTIME_NOTES: Mapping[Runtime, str] = {
         "here (no GPU was available), so none are added"
     ),
 }
-_CONV_OPS = frozenset({"conv2d", "depthwise_conv2d", "pointwise_conv2d"})
 
 
 def _build_plan(
@@ -1070,10 +1009,11 @@ def estimate_memory(
     training = request.mode is Mode.TRAINING
     precision = request.precision
     plan = precision_plan(precision)
-    if training and precision in QUANTIZED:
+    if training and not convention(precision).trainable:
+        trainable = ", ".join(p.value for p, row in CONVENTIONS.items() if row.trainable)
         raise MemoryInputError(
-            f"precision '{precision.value}' is for inference (weight-only quantization); train "
-            "in fp32, tf32, bf16, fp16, amp_bf16, amp_fp16, mixed_bf16 or mixed_fp16"
+            f"precision '{precision.value}' is for inference (quantized weights); train in "
+            f"{trainable}"
         )
     par = request.parallelism
     if par.zero_stage and par.data < 2:
@@ -1167,19 +1107,6 @@ def estimate_memory(
     )
 
 
-_ACTIVATION_DTYPE: Mapping[Precision, str] = {
-    Precision.FP32: "fp32",
-    Precision.TF32: "fp32",
-    Precision.BF16: "bf16",
-    Precision.FP16: "fp16",
-    Precision.FP8: "bf16",
-    Precision.INT8: "fp16",
-    Precision.INT4: "fp16",
-    Precision.AMP_BF16: "bf16",
-    Precision.AMP_FP16: "fp16",
-    Precision.MIXED_BF16: "bf16",
-    Precision.MIXED_FP16: "fp16",
-}
 _SOURCES = {"in0": "input", "in0_fp32": "input", "out": "output", "new": "new"}
 
 
@@ -1187,7 +1114,7 @@ def _kept_tensors(
     layer: LayerAnalysis, sizer: _Sizer, request: MemoryRequest
 ) -> tuple[KeptTensor, ...]:
     """What a layer keeps for backward, with storage dtypes for this precision and runtime."""
-    act = _ACTIVATION_DTYPE[request.precision]
+    act = convention(request.precision).activation_dtype.value
     kept = []
     for item in layer.result.saved:
         if request.checkpointing is Checkpointing.SELECTIVE and item.label in _ATTENTION_MATRICES:

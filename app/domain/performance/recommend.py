@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from app.domain.errors import DomainError
-from app.domain.roofline import Bound, DeviceKind, Prediction, cpu_compute_unit
+from app.domain.performance.roofline import Bound, DeviceKind, Prediction, cpu_compute_unit
 
 SECONDS_PER_HOUR = 3600.0
 

@@ -1,342 +1,29 @@
-"""NVIDIA MIG: profiles, layout validity, fit, and partition planning (pure).
-
-A MIG-capable GPU is partitioned into GPU instances. Each profile has compute slices, memory
-slices, a usable memory size, a maximum count, and allowed start positions on the memory-slice
-axis. A layout is valid when every instance sits on an allowed start of its profile, the
-memory-slice intervals ``[start, start + memory_slices)`` do not overlap and stay within the
-GPU, per-profile counts stay within their maxima, the instance count stays within the GPU's
-maximum, and compute slices sum to at most the GPU's total.
-
-Public API: ``validate_layout`` (one GPU's layout against those rules), ``valid_layouts``
-(every valid layout of a geometry), ``plan_partitions`` (the fewest GPUs hosting a set of
-demands, with explicit layouts) and ``mig_parted_config`` (a plan as a mig-parted config).
-
-References
-----------
-NVIDIA Multi-Instance GPU User Guide, "Supported MIG Profiles" and "Placement of GPU
-instances"; NVIDIA/mig-parted configuration format.
-"""
+"""MIG partition planning: the fewest GPUs hosting a set of demands, with explicit layouts."""
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
 
-from app.domain.errors import DomainError
-
-MIB = 2**20
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MigProfileSpec:
-    """One GPU-instance profile of a GPU model."""
-
-    name: str
-    memory_mib: int
-    compute_slices: int
-    memory_slices: int
-    max_instances: int
-    placements: tuple[int, ...]
-
-    @property
-    def memory_bytes(self) -> int:
-        """Usable memory [B]."""
-        return self.memory_mib * MIB
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MigGeometry:
-    """A GPU model's MIG geometry and profiles."""
-
-    gpu: str
-    total_compute_slices: int
-    total_memory_slices: int
-    max_gpu_instances: int
-    profiles: tuple[MigProfileSpec, ...]
-
-    def profile(self, name: str) -> MigProfileSpec | None:
-        """The profile called ``name``, if any."""
-        return next((p for p in self.profiles if p.name == name), None)
-
-
-def kubernetes_resource(profile_name: str) -> str:
-    """Extended resource the NVIDIA device plugin advertises (``+me`` becomes ``.me``)."""
-    return "nvidia.com/mig-" + profile_name.replace("+", ".")
-
-
-def smallest_fitting(geometry: MigGeometry, required_bytes: int) -> MigProfileSpec | None:
-    """The profile with the fewest compute slices, then the least memory, that holds
-    ``required_bytes``; ties broken by name so the answer never depends on input order."""
-    fitting = [p for p in geometry.profiles if p.memory_bytes >= required_bytes]
-    if not fitting:
-        return None
-    return min(fitting, key=lambda p: (p.compute_slices, p.memory_mib, p.memory_slices, p.name))
-
-
-# --------------------------------------------------------------------------------------------
-# Errors
-# --------------------------------------------------------------------------------------------
-
-
-class MigError(DomainError):
-    """A MIG planning request is invalid (unknown profile, bad replica count, no demands)."""
-
+from app.domain.mig.layout import (
+    ConcreteLayout,
+    MigError,
+    MigGeometry,
+    MigProfileSpec,
+    Placement,
+    enumerate_layouts,
+    profiles_named,
+    unknown_profile,
+    validate_layout,
+)
 
 MAX_REPLICAS_PER_DEMAND = 10_000
 SEARCH_NODE_BUDGET = 40_000
 """Nodes the exact covering search may expand before it settles for its best bound.
 
 A node budget, not a time budget, so that the same request always gives the same plan."""
-
-
-# --------------------------------------------------------------------------------------------
-# Layout validation
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Placement:
-    """One GPU instance of a layout: a profile at a start on the memory-slice axis."""
-
-    profile: str
-    start: int
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LayoutViolation:
-    """One broken validity rule of a layout.
-
-    ``rule`` is one of ``unknown_profile``, ``bad_start``, ``out_of_range``, ``overlap``,
-    ``count_over_max``, ``instances_over_max``, ``compute_over_total``; ``instances`` are the
-    indices (into the validated sequence) of the instances involved, ascending.
-    """
-
-    rule: str
-    message: str
-    instances: tuple[int, ...]
-
-
-def _interval(start: int, memory_slices: int) -> str:
-    return f"[{start},{start + memory_slices})"
-
-
-def _starts(spec: MigProfileSpec) -> str:
-    return ", ".join(str(s) for s in spec.placements) or "none"
-
-
-def validate_layout(
-    geometry: MigGeometry, placements: Sequence[Placement]
-) -> tuple[LayoutViolation, ...]:
-    """Check one GPU's layout against the MIG validity rules.
-
-    Parameters
-    ----------
-    geometry
-        The GPU model's MIG geometry.
-    placements
-        The GPU instances, in any order; violations refer to them by index.
-
-    Returns
-    -------
-    tuple of LayoutViolation
-        Empty when the layout is valid. Otherwise, in this fixed order: per-instance problems
-        in instance order (``unknown_profile``, ``bad_start``, ``out_of_range``), overlapping
-        pairs ``(i, j)`` with ``i < j`` in lexicographic order, ``count_over_max`` per profile
-        in the geometry's profile order, then ``instances_over_max`` and
-        ``compute_over_total``. Instances of unknown profiles take part in no other check.
-
-    Notes
-    -----
-    The rules are those of the module docstring (the NVML checks). Every rule is hereditary:
-    removing instances from a valid layout leaves it valid, which the planner relies on.
-    Media-extension profiles (``+me``) are held to one instance each through their
-    ``max_instances``; whether two *different* ``+me``-style profiles may share a GPU is
-    unconfirmed in the reference data, and these rules allow it.
-    """
-    violations: list[LayoutViolation] = []
-    known: list[tuple[int, Placement, MigProfileSpec]] = []
-    total = geometry.total_memory_slices
-    for i, placement in enumerate(placements):
-        spec = geometry.profile(placement.profile)
-        label = f"instance {i} ({placement.profile} at {placement.start})"
-        if spec is None:
-            names = ", ".join(p.name for p in geometry.profiles)
-            violations.append(
-                LayoutViolation(
-                    rule="unknown_profile",
-                    message=f"{label}: {geometry.gpu} has no profile '{placement.profile}'; "
-                    f"valid profiles: {names}",
-                    instances=(i,),
-                )
-            )
-            continue
-        known.append((i, placement, spec))
-        if placement.start not in spec.placements:
-            violations.append(
-                LayoutViolation(
-                    rule="bad_start",
-                    message=f"{label}: {spec.name} cannot start at memory slice "
-                    f"{placement.start}; allowed starts: {_starts(spec)}",
-                    instances=(i,),
-                )
-            )
-        end = placement.start + spec.memory_slices
-        span = _interval(placement.start, spec.memory_slices)
-        if placement.start < 0 or end > total:
-            violations.append(
-                LayoutViolation(
-                    rule="out_of_range",
-                    message=f"{label}: memory slices {span} lie outside the GPU's "
-                    f"{total} memory slices [0,{total})",
-                    instances=(i,),
-                )
-            )
-    for a, (i, pi, si) in enumerate(known):
-        for j, pj, sj in known[a + 1 :]:
-            if pi.start < pj.start + sj.memory_slices and pj.start < pi.start + si.memory_slices:
-                violations.append(
-                    LayoutViolation(
-                        rule="overlap",
-                        message=f"instance {j} ({pj.profile} at {pj.start}) overlaps instance {i} "
-                        f"({pi.profile} at {pi.start}): memory slices "
-                        f"{_interval(pj.start, sj.memory_slices)} and "
-                        f"{_interval(pi.start, si.memory_slices)}",
-                        instances=(i, j),
-                    )
-                )
-    for spec in geometry.profiles:
-        members = tuple(i for i, _, s in known if s.name == spec.name)
-        if len(members) > spec.max_instances:
-            violations.append(
-                LayoutViolation(
-                    rule="count_over_max",
-                    message=f"{len(members)} instances of {spec.name} (instances "
-                    f"{', '.join(map(str, members))}); at most {spec.max_instances} allowed "
-                    f"on {geometry.gpu}",
-                    instances=members,
-                )
-            )
-    everyone = tuple(i for i, _, _ in known)
-    if len(known) > geometry.max_gpu_instances:
-        violations.append(
-            LayoutViolation(
-                rule="instances_over_max",
-                message=f"{len(known)} GPU instances; {geometry.gpu} allows at most "
-                f"{geometry.max_gpu_instances}",
-                instances=everyone,
-            )
-        )
-    compute = sum(s.compute_slices for _, _, s in known)
-    if compute > geometry.total_compute_slices:
-        terms = " + ".join(f"{s.compute_slices} ({s.name})" for _, _, s in known)
-        violations.append(
-            LayoutViolation(
-                rule="compute_over_total",
-                message=f"compute slices sum to {compute} = {terms}; {geometry.gpu} has "
-                f"{geometry.total_compute_slices}",
-                instances=everyone,
-            )
-        )
-    return tuple(violations)
-
-
-# --------------------------------------------------------------------------------------------
-# Layout enumeration
-# --------------------------------------------------------------------------------------------
-
-_Concrete = tuple[tuple[int, int], ...]
-"""A concrete layout as ``(profile index, start)`` pairs in start order."""
-
-
-def _largest_first(spec: MigProfileSpec) -> tuple[int, int, int, str]:
-    return (-spec.compute_slices, -spec.memory_slices, -spec.memory_mib, spec.name)
-
-
-@functools.lru_cache(maxsize=128)
-def _enumerate(geometry: MigGeometry, specs: tuple[MigProfileSpec, ...]) -> tuple[_Concrete, ...]:
-    """Every valid layout (the empty one included) built from ``specs`` only."""
-    total = geometry.total_memory_slices
-    starting: list[list[int]] = [[] for _ in range(total)]
-    for index, spec in enumerate(specs):
-        for start in sorted(set(spec.placements)):
-            if 0 <= start and start + spec.memory_slices <= total and spec.memory_slices > 0:
-                starting[start].append(index)
-    counts = [0] * len(specs)
-    chosen: list[tuple[int, int]] = []
-    found: list[_Concrete] = []
-
-    def walk(slice_: int, compute: int) -> None:
-        if slice_ >= total:
-            found.append(tuple(chosen))
-            return
-        walk(slice_ + 1, compute)
-        if len(chosen) >= geometry.max_gpu_instances:
-            return
-        for index in starting[slice_]:
-            spec = specs[index]
-            if (
-                counts[index] < spec.max_instances
-                and compute + spec.compute_slices <= geometry.total_compute_slices
-            ):
-                counts[index] += 1
-                chosen.append((index, slice_))
-                walk(slice_ + spec.memory_slices, compute + spec.compute_slices)
-                chosen.pop()
-                counts[index] -= 1
-
-    walk(0, 0)
-    return tuple(found)
-
-
-def valid_layouts(
-    geometry: MigGeometry, profiles: Sequence[str] | None = None
-) -> tuple[tuple[Placement, ...], ...]:
-    """Every non-empty valid layout of ``geometry`` with concrete starts.
-
-    Parameters
-    ----------
-    geometry
-        The GPU model's MIG geometry.
-    profiles
-        Restrict the layouts to these profile names (unknown names raise ``MigError``);
-        ``None`` means every profile of the geometry.
-
-    Returns
-    -------
-    tuple of tuple of Placement
-        Each layout's instances in start order. Layouts are generated by a walk along the
-        memory-slice axis that, at every free slice, either leaves it empty or starts an
-        instance there, so each set of instances appears exactly once. The enumeration is
-        cached per geometry and profile set.
-    """
-    specs = _specs(geometry, profiles)
-    return tuple(
-        tuple(Placement(profile=specs[i].name, start=s) for i, s in layout)
-        for layout in _enumerate(geometry, specs)
-        if layout
-    )
-
-
-def _specs(geometry: MigGeometry, names: Sequence[str] | None) -> tuple[MigProfileSpec, ...]:
-    if names is None:
-        return tuple(sorted(geometry.profiles, key=_largest_first))
-    specs: list[MigProfileSpec] = []
-    for name in sorted(set(names)):
-        spec = geometry.profile(name)
-        if spec is None:
-            raise MigError(_unknown_profile(geometry, name))
-        specs.append(spec)
-    return tuple(sorted(specs, key=_largest_first))
-
-
-def _unknown_profile(geometry: MigGeometry, name: str) -> str:
-    names = ", ".join(p.name for p in geometry.profiles)
-    return f"unknown MIG profile '{name}' for {geometry.gpu}; valid profiles: {names}"
-
 
 # --------------------------------------------------------------------------------------------
 # Planning: data
@@ -669,7 +356,7 @@ def _solve_cover(
 
 
 def _room(
-    geometry: MigGeometry, specs: tuple[MigProfileSpec, ...], layout: _Concrete
+    geometry: MigGeometry, specs: tuple[MigProfileSpec, ...], layout: ConcreteLayout
 ) -> tuple[int, int, int]:
     """How much room ``layout`` leaves: the compute and memory slices of the largest single
     instance (any profile of the geometry) that can still be added, and how many
@@ -704,13 +391,13 @@ def _room(
 def _concrete_for(
     geometry: MigGeometry,
     specs: tuple[MigProfileSpec, ...],
-    by_counts: dict[_Vector, list[_Concrete]],
+    by_counts: dict[_Vector, list[ConcreteLayout]],
     counts: _Vector,
-) -> _Concrete:
+) -> ConcreteLayout:
     """The concrete layout for ``counts`` that leaves the most room (``_room``) for later
     instances; ties go to the lexicographically smallest ``(start, profile)`` list."""
 
-    def key(layout: _Concrete) -> tuple[int, int, int, list[tuple[int, str]]]:
+    def key(layout: ConcreteLayout) -> tuple[int, int, int, list[tuple[int, str]]]:
         compute, memory, options = _room(geometry, specs, layout)
         return (-compute, -memory, -options, [(s, specs[i].name) for i, s in layout])
 
@@ -723,7 +410,7 @@ def _check_demands(geometry: MigGeometry, demands: Sequence[Demand]) -> dict[tup
     merged: dict[tuple[str, str], int] = {}
     for demand in demands:
         if geometry.profile(demand.profile) is None:
-            raise MigError(_unknown_profile(geometry, demand.profile))
+            raise MigError(unknown_profile(geometry, demand.profile))
         if not demand.workload:
             raise MigError(f"a demand for {demand.profile} has an empty workload name")
         replicas = demand.replicas
@@ -775,13 +462,13 @@ def plan_partitions(geometry: MigGeometry, demands: Sequence[Demand]) -> Partiti
     does not depend on the order of ``demands``.
     """
     merged = _check_demands(geometry, demands)
-    specs = _specs(geometry, sorted({profile for _, profile in merged}))
+    specs = profiles_named(geometry, sorted({profile for _, profile in merged}))
     position = {spec.name: p for p, spec in enumerate(specs)}
     demand = [0] * len(specs)
     for (_, profile), replicas in merged.items():
         demand[position[profile]] += replicas
-    by_counts: dict[_Vector, list[_Concrete]] = {}
-    for layout in _enumerate(geometry, specs):
+    by_counts: dict[_Vector, list[ConcreteLayout]] = {}
+    for layout in enumerate_layouts(geometry, specs):
         counts = [0] * len(specs)
         for index, _ in layout:
             counts[index] += 1
@@ -850,61 +537,3 @@ def plan_partitions(geometry: MigGeometry, demands: Sequence[Demand]) -> Partiti
             raise AssertionError(f"planned GPU {gpu} is invalid: {violations[0].message}")
         gpus.append(assignment)
     return PartitionPlan(gpus=tuple(gpus), optimal=optimal, lower_bound_gpus=lower)
-
-
-# --------------------------------------------------------------------------------------------
-# mig-parted export
-# --------------------------------------------------------------------------------------------
-
-
-def mig_parted_config(
-    geometry: MigGeometry, plan: PartitionPlan, *, config_name: str
-) -> dict[str, Any]:
-    """The plan as an NVIDIA mig-parted configuration (plain dicts, ready for YAML/JSON).
-
-    Parameters
-    ----------
-    geometry
-        The GPU model the plan was made for (fixes the order of ``mig-devices`` keys).
-    plan
-        A plan from ``plan_partitions``.
-    config_name
-        Key under ``mig-configs``.
-
-    Returns
-    -------
-    dict
-        ``{"version": "v1", "mig-configs": {config_name: [entry, ...]}}`` with one entry per
-        distinct count layout, in order of its first GPU: ``{"devices": [indices],
-        "mig-enabled": True, "mig-devices": {profile: count}}``; ``devices`` is ``"all"``
-        when a single layout covers every GPU. Profiles appear in the geometry's order.
-
-    Notes
-    -----
-    mig-parted applies counts only: the driver chooses the placement of each instance, so
-    the plan's explicit starts are the layout to verify against (``nvidia-smi mig -lgi``),
-    not something mig-parted enforces. Device indices are plan indices; a node with fewer
-    GPUs needs the entries split per node.
-    """
-    if not config_name:
-        raise MigError("config_name must not be empty")
-    order = {spec.name: i for i, spec in enumerate(geometry.profiles)}
-    groups: dict[tuple[tuple[str, int], ...], list[int]] = {}
-    for gpu in plan.gpus:
-        counts: dict[str, int] = {}
-        for inst in gpu.instances:
-            if inst.profile not in order:
-                raise MigError(_unknown_profile(geometry, inst.profile))
-            counts[inst.profile] = counts.get(inst.profile, 0) + 1
-        key = tuple(sorted(counts.items(), key=lambda kv: order[kv[0]]))
-        groups.setdefault(key, []).append(gpu.index)
-    entries: list[dict[str, Any]] = []
-    for key, devices in groups.items():
-        entries.append(
-            {
-                "devices": "all" if len(groups) == 1 else sorted(devices),
-                "mig-enabled": True,
-                "mig-devices": dict(key),
-            }
-        )
-    return {"version": "v1", "mig-configs": {config_name: entries}}

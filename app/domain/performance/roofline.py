@@ -51,11 +51,12 @@ from fractions import Fraction
 from itertools import accumulate
 from typing import Any
 
-from app.domain.analysis import GraphAnalysis, LayerAnalysis
 from app.domain.errors import DomainError
-from app.domain.mig import MigGeometry, MigProfileSpec
-from app.domain.ops import TensorKind
-from app.domain.precision import DType
+from app.domain.graph.analysis import GraphAnalysis, LayerAnalysis
+from app.domain.graph.ops import TensorKind
+from app.domain.graph.traits import FUSABLE_EPILOGUE_OPS, LOOKUP_OPS, MULTI_KERNEL_OPS
+from app.domain.mig.layout import MigGeometry, MigProfileSpec
+from app.domain.precision import CONVENTIONS, DType, Precision, bytes_per_element
 
 INDEX_BYTES = 8  # token ids and labels are int64
 
@@ -100,56 +101,29 @@ def _require(name: str, value: object, low: float, high: float, unit: str = "") 
 # --------------------------------------------------------------------------------------------
 
 
-class InferencePrecision(StrEnum):
-    """How weights, activations and math are represented at inference."""
-
-    FP32 = "fp32"
-    TF32 = "tf32"
-    BF16 = "bf16"
-    FP16 = "fp16"
-    FP8 = "fp8"
-    INT8 = "int8"
-    INT4 = "int4"
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PrecisionScheme:
-    """Bytes per weight and per activation element, and which peak the math runs at."""
+    """The roofline's view of a precision convention: bytes per weight and per activation
+    element, and which peaks the math can run at (the first the device has wins)."""
 
-    precision: InferencePrecision
-    compute_dtypes: tuple[DType, ...]  # the first the device has a peak for is used
+    precision: Precision
+    compute_dtypes: tuple[DType, ...]
     weight_bytes: Fraction
-    activation_bytes: int  # activations, model inputs/outputs (floats) and the KV cache
+    activation_bytes: int  # activations, model inputs/outputs (floats)
+    kv_cache_bytes: int
     convention: str
 
 
-_P = InferencePrecision
-# Peak dtypes (first available wins), bytes per weight, bytes per activation, convention.
-_SCHEMES: Mapping[InferencePrecision, tuple[tuple[DType, ...], Fraction, int, str]] = {
-    _P.FP32: ((DType.FP32,), Fraction(4), 4, "fp32 weights, activations and math (no tensor "
-              "cores / AMX)"),
-    _P.TF32: ((DType.TF32,), Fraction(4), 4, "fp32 storage, tf32 tensor-core math"),
-    _P.BF16: ((DType.BF16,), Fraction(2), 2, "bf16 weights, activations, KV cache and math"),
-    _P.FP16: ((DType.FP16,), Fraction(2), 2, "fp16 weights, activations, KV cache and math"),
-    _P.FP8: ((DType.FP8,), Fraction(1), 1, "fp8 W8A8 (TensorRT / Transformer Engine): weights, "
-             "activations and KV cache 1 byte, fp8 tensor-core math"),
-    _P.INT8: ((DType.INT8,), Fraction(1), 1, "int8 W8A8 as in MLPerf (TensorRT, OpenVINO, "
-              "IPEX): weights, activations and KV cache 1 byte, int8 math (tensor cores; VNNI "
-              "or AMX on CPUs)"),
-    _P.INT4: ((DType.FP16, DType.BF16), Fraction(1, 2), 2, "int4 weight-only (GPTQ/AWQ, "
-              "W4A16): weights 4 bits, activations and KV cache 16-bit, math at the fp16 (else "
-              "bf16) peak after dequantization"),
-}  # fmt: skip
-
-PRECISION_SCHEMES: Mapping[InferencePrecision, PrecisionScheme] = {
+PRECISION_SCHEMES: Mapping[Precision, PrecisionScheme] = {
     precision: PrecisionScheme(
         precision=precision,
-        compute_dtypes=dtypes,
-        weight_bytes=weight,
-        activation_bytes=activation,
-        convention=convention,
+        compute_dtypes=row.compute_dtypes,
+        weight_bytes=bytes_per_element(row.weight_dtype),
+        activation_bytes=int(bytes_per_element(row.activation_dtype)),
+        kv_cache_bytes=int(bytes_per_element(row.kv_cache_dtype)),
+        convention=row.description,
     )
-    for precision, (dtypes, weight, activation, convention) in _SCHEMES.items()
+    for precision, row in CONVENTIONS.items()
 }
 
 
@@ -356,14 +330,6 @@ DEFAULT_CALIBRATIONS: Mapping[DeviceKind, Calibration] = {
 # Kernels: per-layer FLOPs and bytes moved
 # --------------------------------------------------------------------------------------------
 
-# Element-wise layers an inference engine (TensorRT, OpenVINO, oneDNN, torch.compile) fuses
-# into the epilogue of the kernel that produced their input.
-FUSABLE_OPS = frozenset({"batchnorm2d", "relu", "relu6", "gelu", "silu", "tanh", "sigmoid", "add"})
-# Layers that run several kernels: one per weight matrix plus one for what lies between them
-# (attention's softmax(QK^T)V, the MLP's activation, the recurrence).
-COMPOSITE_OPS = frozenset({"attention", "mlp", "lstm", "gru"})
-LOOKUP_OPS = frozenset({"embedding", "embedding_add"})
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Kernel:
@@ -424,7 +390,7 @@ def _weight_elements(layer: LayerAnalysis) -> int:
 
 
 def _launches(layer: LayerAnalysis) -> int:
-    if layer.op in COMPOSITE_OPS:
+    if layer.op in MULTI_KERNEL_OPS:
         return 1 + sum(1 for shape in layer.result.param_shapes if len(shape) >= 2)
     return 1
 
@@ -493,7 +459,7 @@ def count_kernels(
             fuse_elementwise
             and rows
             and open_storage is not None
-            and (layer.op in FUSABLE_OPS and open_storage in layer.input_storages)
+            and (layer.op in FUSABLE_EPILOGUE_OPS and open_storage in layer.input_storages)
         ):
             chained = layer.input_storages.index(open_storage)
             row = rows[-1]
@@ -895,7 +861,7 @@ class Prediction:
     """Latency and throughput of a workload on a device, with every input of the formulas."""
 
     device: Device
-    precision: InferencePrecision
+    precision: Precision
     batch: int
     compute_dtype: DType
     peak_flops_per_s: float  # the whole device's catalog peak for compute_dtype

@@ -1,0 +1,28 @@
+"""What the planners need to know about each op beyond its shapes: one home for op traits.
+
+Shapes, parameters, FLOPs and saved tensors live in :mod:`app.domain.graph.ops`; these sets
+say how an op behaves in a kernel schedule, under quantization and under tensor parallelism.
+"""
+
+from __future__ import annotations
+
+# Element-wise layers an inference engine (TensorRT, OpenVINO, oneDNN, torch.compile) fuses
+# into the epilogue of the kernel that produced their input.
+FUSABLE_EPILOGUE_OPS = frozenset(
+    {"batchnorm2d", "relu", "relu6", "gelu", "silu", "tanh", "sigmoid", "add"}
+)
+# Layers that run several kernels: one per weight matrix plus one for what lies between them
+# (attention's softmax(QK^T)V, the MLP's activation, the recurrence).
+MULTI_KERNEL_OPS = frozenset({"attention", "mlp", "lstm", "gru"})
+# Layers that read rows of a table instead of multiplying by it.
+LOOKUP_OPS = frozenset({"embedding", "embedding_add"})
+# Layers whose matrices a weight quantizer (GPTQ/AWQ, TensorRT, bitsandbytes) converts.
+QUANTIZABLE_OPS = frozenset(
+    {"conv2d", "depthwise_conv2d", "pointwise_conv2d", "linear", "attention", "mlp", "moe",
+     "lstm", "gru"}
+)  # fmt: skip
+# Layers whose new saved tensors are internal (S x S scores, MLP intermediates): tensor
+# parallelism splits them, and their gradients are live inside the layer's backward.
+INTERNAL_TENSOR_OPS = frozenset({"attention", "mlp", "moe"})
+# Convolutions (oneDNN holds an output-sized buffer in their CPU forward).
+CONV_OPS = frozenset({"conv2d", "depthwise_conv2d", "pointwise_conv2d"})
