@@ -14,8 +14,9 @@ import statistics
 import time
 
 from app.domain.graph.analysis import analyze
-from app.domain.memory.estimate import MemoryRequest, Mode, estimate_memory
+from app.domain.memory.estimate import MemoryRequest, estimate_memory
 from app.domain.precision import Precision
+from app.domain.workload import Mode
 from app.domain.zoo import ZOO
 
 CASES = [

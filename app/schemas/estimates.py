@@ -6,8 +6,8 @@ from typing import Annotated, Any, Self
 
 from pydantic import Field, model_validator
 
-from app.domain.memory.estimate import Checkpointing, Mode, Optimizer, OptimizerImpl, Runtime
 from app.domain.precision import Precision
+from app.domain.workload import Checkpointing, Mode, Optimizer, OptimizerImpl, Runtime
 from app.schemas.base import MAX_BYTES, Schema, Slug, located_error
 from app.schemas.models import InputSpec
 

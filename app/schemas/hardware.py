@@ -8,7 +8,7 @@ from typing import Annotated, ClassVar, Literal, Self
 
 from pydantic import Field, StringConstraints, model_validator
 
-from app.domain.performance.roofline import (
+from app.domain.hardware import (
     MAX_BANDWIDTH_BYTES_PER_S,
     MAX_PEAK_FLOPS_PER_S,
     MIN_BANDWIDTH_BYTES_PER_S,

@@ -6,8 +6,9 @@ from typing import Annotated, Self
 
 from pydantic import Field, StringConstraints, model_validator
 
+from app.domain.hardware import MIN_EFFICIENCY, DeviceKind
 from app.domain.performance.recommend import Objective
-from app.domain.performance.roofline import MIN_EFFICIENCY, Bound, DeviceKind
+from app.domain.performance.roofline import Bound
 from app.domain.precision import Precision
 from app.schemas.base import Schema, Slug, located_error
 from app.schemas.estimates import BatchSize, InlineArchitecture, Length, one_model_rule

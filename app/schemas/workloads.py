@@ -7,8 +7,8 @@ from typing import Annotated, ClassVar, Self
 
 from pydantic import Field, model_validator
 
-from app.domain.memory.estimate import Checkpointing, Mode, Optimizer, OptimizerImpl
 from app.domain.precision import Precision
+from app.domain.workload import Checkpointing, Mode, Optimizer, OptimizerImpl
 from app.schemas.base import Page, Schema, Slug, located_error
 from app.schemas.estimates import BatchSize, Length, ParallelismSpec
 

@@ -16,19 +16,17 @@ from app.db.repositories import HardwareRepository, ModelRepository
 from app.domain.errors import GraphError
 from app.domain.graph.analysis import GraphAnalysis, InputDecl, LayerAnalysis, analyze
 from app.domain.graph.ops import TensorKind
+from app.domain.hardware import FrameworkOverhead
 from app.domain.memory.estimate import (
-    FrameworkOverhead,
     MemoryEstimate,
     MemoryInputError,
     MemoryRequest,
-    Mode,
-    Parallelism,
-    Runtime,
     estimate_memory,
     precision_plan,
 )
 from app.domain.precision import Precision
 from app.domain.units import GIB
+from app.domain.workload import Mode, Parallelism, Runtime
 from app.schemas.estimates import (
     BreakdownLine,
     FitSummary,

@@ -8,7 +8,7 @@ from sqlalchemy.orm import Session
 
 from app.db.models import Hardware
 from app.db.repositories import HardwareRepository
-from app.domain.memory.estimate import FrameworkOverhead, Runtime
+from app.domain.hardware import FrameworkOverhead
 from app.domain.mig.layout import (
     MigError,
     MigGeometry,
@@ -21,6 +21,7 @@ from app.domain.mig.layout import validate_layout as check_layout
 from app.domain.mig.parted import mig_parted_config
 from app.domain.mig.plan import Demand, plan_partitions
 from app.domain.units import MIB
+from app.domain.workload import Runtime
 from app.schemas.estimates import WorkloadSpec
 from app.schemas.mig import (
     FitAlternatives,

@@ -12,14 +12,14 @@ from app.charts import Roof, RoofPoint, roofline_svg
 from app.db.models import Hardware
 from app.db.repositories import HardwareRepository
 from app.domain.graph.analysis import GraphAnalysis
-from app.domain.memory.estimate import (
+from app.domain.hardware import (
+    DeviceKind,
     FrameworkOverhead,
-    MemoryInputError,
-    MemoryRequest,
-    Mode,
-    Runtime,
-    estimate_memory,
+    HardwareSpec,
+    mig_slice,
+    pcie_bandwidth_bytes_per_s,
 )
+from app.domain.memory.estimate import MemoryInputError, MemoryRequest, estimate_memory
 from app.domain.performance.recommend import (
     Assessment,
     MemoryFit,
@@ -34,8 +34,6 @@ from app.domain.performance.roofline import (
     PRECISION_SCHEMES,
     Bound,
     Calibration,
-    Device,
-    DeviceKind,
     PrecisionScheme,
     Prediction,
     Workload,
@@ -44,12 +42,11 @@ from app.domain.performance.roofline import (
     forward_shape,
     is_decoder,
     kernel_points,
-    mig_slice,
-    pcie_bandwidth_bytes_per_s,
     predict,
     unsupported_reason,
 )
 from app.domain.precision import DType, Precision
+from app.domain.workload import Mode, Runtime
 from app.schemas.estimates import InlineArchitecture
 from app.schemas.recommendations import (
     CalibrationOverride,
@@ -143,7 +140,7 @@ def _host_link(row: Hardware) -> tuple[float | None, str]:
     return None, "unknown"
 
 
-def device_of(row: Hardware, *, price_usd_per_hour: float | None = None) -> Device:
+def device_of(row: Hardware, *, price_usd_per_hour: float | None = None) -> HardwareSpec:
     """The roofline view of a hardware row (a request's price replaces the catalog's)."""
     link, link_source = _host_link(row)
     price, price_source = row.price_usd_per_hour, "catalog"
@@ -151,7 +148,7 @@ def device_of(row: Hardware, *, price_usd_per_hour: float | None = None) -> Devi
         price, price_source = price_usd_per_hour, "request"
     elif price is None:
         price_source = "none in the catalog"
-    return Device(
+    return HardwareSpec(
         slug=row.slug,
         name=f"{row.vendor} {row.name}",
         kind=DeviceKind(row.kind),
@@ -171,17 +168,17 @@ def device_of(row: Hardware, *, price_usd_per_hour: float | None = None) -> Devi
 class Candidate:
     """A device with the memory-engine settings of its hardware row."""
 
-    device: Device
+    device: HardwareSpec
     runtime: Runtime
     overhead: FrameworkOverhead
 
 
-def _candidate(row: Hardware, device: Device) -> Candidate:
+def _candidate(row: Hardware, device: HardwareSpec) -> Candidate:
     runtime = Runtime.CPU if device.kind is DeviceKind.CPU else Runtime.CUDA
     return Candidate(device=device, runtime=runtime, overhead=hardware_overhead(row))
 
 
-def _slices(row: Hardware, whole: Device) -> list[Device]:
+def _slices(row: Hardware, whole: HardwareSpec) -> list[HardwareSpec]:
     if row.mig_total_compute_slices is None:
         return []
     geo = geometry(row)

@@ -11,7 +11,8 @@ from sqlalchemy.orm import Session
 
 from app.db.models import Hardware, Workload, utcnow
 from app.db.repositories import HardwareRepository, ModelRepository
-from app.domain.memory.estimate import FrameworkOverhead, Runtime
+from app.domain.hardware import FrameworkOverhead
+from app.domain.workload import Runtime
 from app.schemas.estimates import MemoryEstimateRequest, MemoryEstimateResponse, WorkloadSpec
 from app.schemas.workloads import (
     WorkloadBase,

@@ -40,15 +40,13 @@ import yaml
 from app.config import PROJECT_ROOT
 from app.db.models import Hardware
 from app.domain.graph.analysis import analyze
+from app.domain.hardware import DeviceKind, HardwareSpec, pcie_bandwidth_bytes_per_s
 from app.domain.performance.roofline import (
     DEFAULT_CALIBRATIONS,
     PRECISION_SCHEMES,
     Calibration,
-    Device,
-    DeviceKind,
     Workload,
     forward_workload,
-    pcie_bandwidth_bytes_per_s,
     predict,
 )
 from app.domain.precision import Precision
@@ -132,7 +130,7 @@ def load_rows(path: Path = DATA) -> list[dict[str, Any]]:
     return rows
 
 
-def catalog_devices() -> dict[str, Device]:
+def catalog_devices() -> dict[str, HardwareSpec]:
     """Every shipped catalog device as the recommendation service sees it (no database)."""
     devices = {}
     for entry in load_catalog(PROJECT_ROOT / "hardware_catalog"):
@@ -182,7 +180,9 @@ def _note_e2e(note: str) -> str | None:
     return found.group(1) if found else None
 
 
-def link_bandwidth(row: Mapping[str, Any], devices: Mapping[str, Device]) -> tuple[float, str]:
+def link_bandwidth(
+    row: Mapping[str, Any], devices: Mapping[str, HardwareSpec]
+) -> tuple[float, str]:
     """Theoretical per-direction link of a copy row: the catalog's, else from the scenario."""
     slug = CATALOG_SLUGS.get(row["device"])
     if slug is not None:
@@ -198,13 +198,13 @@ def link_bandwidth(row: Mapping[str, Any], devices: Mapping[str, Device]) -> tup
     return bandwidth, f"not in catalog: PCIe Gen{gen} x{lanes} from the scenario"
 
 
-def throughput(workload: Workload, device: Device, calibration: Calibration) -> float:
+def throughput(workload: Workload, device: HardwareSpec, calibration: Calibration) -> float:
     """Modelled samples/s."""
     return predict(workload, device, calibration).throughput_per_s
 
 
 def implied_efficiency(
-    workload: Workload, device: Device, calibration: Calibration, measured: float
+    workload: Workload, device: HardwareSpec, calibration: Calibration, measured: float
 ) -> float:
     """The compute efficiency at which the model reproduces ``measured`` (1 if it cannot)."""
     low, high = 1e-4, 1.0
@@ -224,7 +224,7 @@ SHARE_GRID = [step / 100 for step in range(0, 91, 5)]
 
 
 def _squared_log_error(
-    workload: Workload, items: list[tuple[Device, float]], calibration: Calibration
+    workload: Workload, items: list[tuple[HardwareSpec, float]], calibration: Calibration
 ) -> float:
     return sum(
         math.log(throughput(workload, device, calibration) / measured) ** 2
@@ -234,7 +234,7 @@ def _squared_log_error(
 
 def fit(
     workload: Workload,
-    items: list[tuple[Device, float]],
+    items: list[tuple[HardwareSpec, float]],
     base: Calibration,
     shares: Iterable[float],
 ) -> tuple[float, float]:
@@ -251,7 +251,7 @@ def fit(
     return best[1], best[2]
 
 
-def derive(rows: list[dict[str, Any]], devices: Mapping[str, Device]) -> Derivation:
+def derive(rows: list[dict[str, Any]], devices: Mapping[str, HardwareSpec]) -> Derivation:
     """Every default the reference determines.
 
     Memory efficiency (0.8 GPU and SoC, 0.7 CPU) and the CPU's per-primitive dispatch are not
@@ -279,7 +279,7 @@ def derive(rows: list[dict[str, Any]], devices: Mapping[str, Device]) -> Derivat
             link_ratios[index] = float(row["value"]) * 1e9 / link
     link_efficiency = round(statistics.median(link_ratios.values()), 2)
     workload = resnet50_int8()
-    items: dict[DeviceKind, list[tuple[Device, float]]] = {}
+    items: dict[DeviceKind, list[tuple[HardwareSpec, float]]] = {}
     for row in rows:
         if row["metric"] == "throughput":
             device = devices[CATALOG_SLUGS[row["device"]]]
@@ -324,7 +324,7 @@ def derive(rows: list[dict[str, Any]], devices: Mapping[str, Device]) -> Derivat
 
 def evaluate(
     rows: list[dict[str, Any]],
-    devices: Mapping[str, Device],
+    devices: Mapping[str, HardwareSpec],
     calibrations: Mapping[DeviceKind, Calibration] = DEFAULT_CALIBRATIONS,
 ) -> list[RowResult]:
     """Predicted vs measured for every row, with the given (default: shipped) calibration."""

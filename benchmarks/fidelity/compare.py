@@ -26,15 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from app.domain.graph.analysis import analyze
-from app.domain.memory.estimate import (
-    MemoryRequest,
-    Mode,
-    Optimizer,
-    OptimizerImpl,
-    Runtime,
-    estimate_memory,
-)
+from app.domain.memory.estimate import MemoryRequest, estimate_memory
 from app.domain.precision import Precision
+from app.domain.workload import Mode, Optimizer, OptimizerImpl, Runtime
 from app.domain.zoo import ZOO, ZooModel, bert, gpt2, llama, lstm_classifier, vit
 
 HERE = Path(__file__).resolve().parent

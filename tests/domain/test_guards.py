@@ -14,13 +14,8 @@ import pytest
 
 from app.domain.errors import DomainError
 from app.domain.graph.analysis import InputDecl, analyze
-from app.domain.memory.estimate import (
-    FrameworkOverhead,
-    MemoryInputError,
-    MemoryRequest,
-    Mode,
-    Parallelism,
-)
+from app.domain.hardware import DeviceKind, FrameworkOverhead, HardwareInputError, mig_slice
+from app.domain.memory.estimate import MemoryInputError, MemoryRequest
 from app.domain.mig.layout import MigGeometry, MigProfileSpec
 from app.domain.performance.recommend import (
     MemoryFit,
@@ -33,18 +28,17 @@ from app.domain.performance.recommend import (
 )
 from app.domain.performance.roofline import (
     PRECISION_SCHEMES,
-    DeviceKind,
     Phase,
     RooflineInputError,
     Workload,
     forward_workload,
     implausible_figures,
     kernel_points,
-    mig_slice,
     predict,
     unsupported_reason,
 )
 from app.domain.precision import DType, Precision
+from app.domain.workload import Mode, Parallelism, WorkloadInputError
 from tests.domain.test_roofline import HAND_CAL, HAND_GPU
 
 FP32 = PRECISION_SCHEMES[Precision.FP32]
@@ -246,7 +240,7 @@ def test_a_mig_profile_larger_than_its_gpu_is_refused() -> None:
         gpu="g", total_compute_slices=0, total_memory_slices=8, max_gpu_instances=7,
         profiles=(profile,),
     )  # fmt: skip
-    with pytest.raises(RooflineInputError) as raised:
+    with pytest.raises(HardwareInputError) as raised:
         mig_slice(GPU, empty, profile)
     assert str(raised.value) == (
         "g MIG 1g.5gb: compute slices 1 must be between 1 and the GPU's total of 0"
@@ -359,12 +353,18 @@ def test_golden_recommendation_arithmetic_on_sane_inputs() -> None:
     ],
 )
 def test_memory_inputs_are_checked_when_built(build: Any, golden: str) -> None:
-    with pytest.raises(MemoryInputError) as raised:
+    with pytest.raises((MemoryInputError, WorkloadInputError, HardwareInputError)) as raised:
         build()
     assert str(raised.value) == golden
 
 
 def test_every_guard_error_is_a_domain_error() -> None:
     """The API maps DomainError to a 422 problem."""
-    for error in (RooflineInputError, RecommendationInputError, MemoryInputError):
+    for error in (
+        RooflineInputError,
+        RecommendationInputError,
+        MemoryInputError,
+        WorkloadInputError,
+        HardwareInputError,
+    ):
         assert issubclass(error, DomainError)

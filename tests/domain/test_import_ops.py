@@ -6,7 +6,8 @@ import pytest
 
 from app.domain.errors import GraphError
 from app.domain.graph.analysis import InputDecl, analyze
-from app.domain.memory.estimate import MemoryRequest, Mode, estimate_memory
+from app.domain.memory.estimate import MemoryRequest, estimate_memory
+from app.domain.workload import Mode
 
 X = InputDecl(name="x", shape=("batch", 4, 8))
 

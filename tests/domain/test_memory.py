@@ -5,17 +5,9 @@ from typing import Any
 import pytest
 
 from app.domain.graph.analysis import GraphAnalysis, InputDecl, analyze
-from app.domain.memory.estimate import (
-    Checkpointing,
-    MemoryInputError,
-    MemoryRequest,
-    Mode,
-    Optimizer,
-    Parallelism,
-    Runtime,
-    estimate_memory,
-)
+from app.domain.memory.estimate import MemoryInputError, MemoryRequest, estimate_memory
 from app.domain.precision import Precision
+from app.domain.workload import Checkpointing, Mode, Optimizer, Parallelism, Runtime
 from app.domain.zoo import ZOO
 
 GPT3_PARAMS = 174_604_259_328

@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 
+from app.domain import workload as W
 from app.domain.graph.analysis import GraphAnalysis, InputDecl, analyze
 from app.domain.memory import estimate as M
 from app.domain.precision import Precision
@@ -54,21 +55,21 @@ def _canon(value: Any) -> Any:
     return value
 
 
-def _variants(mode: M.Mode) -> list[dict[str, Any]]:
-    if mode is M.Mode.INFERENCE:
-        return [{}, {"kv_cache": False}, {"parallelism": M.Parallelism(tensor=2)}]
+def _variants(mode: W.Mode) -> list[dict[str, Any]]:
+    if mode is W.Mode.INFERENCE:
+        return [{}, {"kv_cache": False}, {"parallelism": W.Parallelism(tensor=2)}]
     variants: list[dict[str, Any]] = [
         {"optimizer": opt, "optimizer_impl": impl, "checkpointing": ckpt}
         for opt, impl, ckpt in itertools.product(
-            [M.Optimizer.ADAMW, M.Optimizer.SGD_MOMENTUM, M.Optimizer.ADAFACTOR],
-            [M.OptimizerImpl.AUTO, M.OptimizerImpl.FOR_LOOP],
-            list(M.Checkpointing),
+            [W.Optimizer.ADAMW, W.Optimizer.SGD_MOMENTUM, W.Optimizer.ADAFACTOR],
+            [W.OptimizerImpl.AUTO, W.OptimizerImpl.FOR_LOOP],
+            list(W.Checkpointing),
         )
     ]
     variants.append(
-        {"parallelism": M.Parallelism(data=4, tensor=2, zero_stage=2), "accumulation_steps": 4}
+        {"parallelism": W.Parallelism(data=4, tensor=2, zero_stage=2), "accumulation_steps": 4}
     )
-    variants.append({"parallelism": M.Parallelism(data=8, zero_stage=3), "fp32_grad_buffer": True})
+    variants.append({"parallelism": W.Parallelism(data=8, zero_stage=3), "fp32_grad_buffer": True})
     return variants
 
 
@@ -94,17 +95,17 @@ def _models() -> Iterator[tuple[str, tuple[InputDecl, ...], Any, dict[str, int]]
 
 def _cases() -> Iterator[tuple[str, GraphAnalysis, M.MemoryRequest, bool]]:
     for slug, inputs, layers, bindings in _models():
-        for mode in M.Mode:
-            analysis = analyze(inputs, layers, bindings, training=mode is M.Mode.TRAINING)
+        for mode in W.Mode:
+            analysis = analyze(inputs, layers, bindings, training=mode is W.Mode.TRAINING)
             precisions = [
                 Precision.FP32,
                 Precision.BF16,
                 Precision.AMP_FP16,
                 Precision.MIXED_BF16,
             ]
-            if mode is M.Mode.INFERENCE:
+            if mode is W.Mode.INFERENCE:
                 precisions += [Precision.INT4, Precision.FP8]
-            for precision, runtime in itertools.product(precisions, M.Runtime):
+            for precision, runtime in itertools.product(precisions, W.Runtime):
                 for index, variant in enumerate(_variants(mode)):
                     request = M.MemoryRequest(
                         mode=mode, precision=precision, runtime=runtime, **variant

@@ -5,6 +5,7 @@ from dataclasses import replace
 import pytest
 
 from app.domain.graph.analysis import InputDecl, analyze
+from app.domain.hardware import DeviceKind, HardwareSpec
 from app.domain.performance.recommend import (
     Assessment,
     MemoryFit,
@@ -22,8 +23,6 @@ from app.domain.performance.roofline import (
     DEFAULT_CALIBRATIONS,
     PRECISION_SCHEMES,
     Bound,
-    Device,
-    DeviceKind,
     Workload,
     forward_workload,
     predict,
@@ -34,7 +33,7 @@ from app.domain.zoo import ZOO
 FITS = MemoryFit(required_bytes=1, available_bytes=2, detail="test")
 TOO_BIG = MemoryFit(required_bytes=3 * 2**30, available_bytes=2**30, detail="test")
 
-GPU = Device(
+GPU = HardwareSpec(
     slug="gpu",
     name="Big GPU",
     kind=DeviceKind.GPU,
@@ -46,7 +45,7 @@ GPU = Device(
     tdp_watts=400.0,
     price_usd_per_hour=4.0,
 )
-CPU = Device(
+CPU = HardwareSpec(
     slug="cpu",
     name="Big CPU",
     kind=DeviceKind.CPU,
@@ -76,7 +75,7 @@ def _resnet(batch: int, precision: Precision = Precision.INT8) -> Workload:
 
 
 def _assess(
-    device: Device, batch: int, requirements: Requirements, fit: MemoryFit = FITS
+    device: HardwareSpec, batch: int, requirements: Requirements, fit: MemoryFit = FITS
 ) -> Assessment:
     workload = _resnet(batch)
     prediction = predict(workload, device, DEFAULT_CALIBRATIONS[device.kind])

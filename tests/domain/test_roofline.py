@@ -7,14 +7,13 @@ from typing import Any
 import pytest
 
 from app.domain.graph.analysis import GraphAnalysis, InputDecl, analyze
+from app.domain.hardware import DeviceKind, HardwareSpec, mig_slice, pcie_bandwidth_bytes_per_s
 from app.domain.mig.layout import MigGeometry, MigProfileSpec
 from app.domain.performance.roofline import (
     DEFAULT_CALIBRATIONS,
     PRECISION_SCHEMES,
     Bound,
     Calibration,
-    Device,
-    DeviceKind,
     RooflineInputError,
     Workload,
     build_kernels,
@@ -22,8 +21,6 @@ from app.domain.performance.roofline import (
     forward_workload,
     is_decoder,
     kernel_points,
-    mig_slice,
-    pcie_bandwidth_bytes_per_s,
     predict,
     unsupported_reason,
 )
@@ -41,7 +38,7 @@ MLP: list[dict[str, Any]] = [
 ]
 
 # Round numbers so that every figure below can be checked by hand.
-HAND_GPU = Device(
+HAND_GPU = HardwareSpec(
     slug="hand-gpu",
     name="Hand GPU",
     kind=DeviceKind.GPU,
@@ -281,7 +278,7 @@ def test_pcie_bandwidth() -> None:
 # --------------------------------------------------------------------------------------------
 
 DEVICES = [
-    Device(  # A100-80GB-SXM-like
+    HardwareSpec(  # A100-80GB-SXM-like
         slug="gpu",
         name="GPU",
         kind=DeviceKind.GPU,
@@ -293,7 +290,7 @@ DEVICES = [
         tdp_watts=400.0,
         price_usd_per_hour=4.1,
     ),
-    Device(  # Sapphire-Rapids-like socket
+    HardwareSpec(  # Sapphire-Rapids-like socket
         slug="cpu",
         name="CPU",
         kind=DeviceKind.CPU,
@@ -306,7 +303,7 @@ DEVICES = [
         price_usd_per_hour=None,
         simd="AVX-512 + AMX",
     ),
-    Device(  # Jetson-Orin-like SoC
+    HardwareSpec(  # Jetson-Orin-like SoC
         slug="soc",
         name="SoC",
         kind=DeviceKind.EDGE,

@@ -12,8 +12,8 @@ from app.api.deps import DatabaseDep, require_reader
 from app.api.errors import problem_responses
 from app.api.media import SVG, svg_responses
 from app.api.params import BatchSizeQuery, ImageSizeQuery, SequenceLengthQuery
-from app.domain.memory.estimate import Checkpointing, Mode, Optimizer, Runtime
 from app.domain.precision import Precision
+from app.domain.workload import Checkpointing, Mode, Optimizer, Runtime
 from app.schemas.base import StorableStr
 from app.schemas.estimates import MemoryEstimateRequest, MemoryEstimateResponse
 from app.services import estimates as service

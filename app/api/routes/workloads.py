@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, Path, Query, Response, status
 
 from app.api.deps import DatabaseDep, IfMatchDep, require_reader, require_writer
 from app.api.errors import problem_responses
-from app.domain.memory.estimate import Mode
+from app.domain.workload import Mode
 from app.schemas.base import StorableStr
 from app.schemas.estimates import MemoryEstimateResponse
 from app.schemas.workloads import WorkloadCreate, WorkloadList, WorkloadRead, WorkloadReplace

@@ -25,16 +25,15 @@ import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from fractions import Fraction
 from itertools import accumulate
 from operator import add, sub
 from typing import NamedTuple
 
-from app.domain.errors import DomainError
 from app.domain.graph.analysis import GraphAnalysis, LayerAnalysis
 from app.domain.graph.ops import Storage, TensorKind
 from app.domain.graph.traits import CONV_OPS, INTERNAL_TENSOR_OPS, QUANTIZABLE_OPS
+from app.domain.hardware import FrameworkOverhead
 from app.domain.precision import (
     CONVENTIONS,
     DType,
@@ -45,95 +44,19 @@ from app.domain.precision import (
     scale_bytes,
 )
 from app.domain.units import MIB
+from app.domain.workload import (
+    Checkpointing,
+    Mode,
+    Optimizer,
+    OptimizerImpl,
+    Parallelism,
+    Runtime,
+    WorkloadInputError,
+)
 
 
-class Mode(StrEnum):
-    """What the model is doing."""
-
-    TRAINING = "training"
-    INFERENCE = "inference"
-
-
-class Optimizer(StrEnum):
-    """Optimizer whose state is kept per trainable parameter."""
-
-    SGD = "sgd"
-    SGD_MOMENTUM = "sgd_momentum"
-    ADAM = "adam"
-    ADAMW = "adamw"
-    ADAGRAD = "adagrad"
-    RMSPROP = "rmsprop"
-    LION = "lion"
-    ADAM_8BIT = "adam_8bit"
-    ADAFACTOR = "adafactor"
-
-
-class OptimizerImpl(StrEnum):
-    """PyTorch optimizer implementation; they keep different temporaries in the step."""
-
-    AUTO = "auto"  # foreach on CUDA, for-loop on CPU (PyTorch's default)
-    FOR_LOOP = "for_loop"
-    FOREACH = "foreach"
-    FUSED = "fused"
-
-
-class Checkpointing(StrEnum):
-    """Activation checkpointing (recomputation) policy."""
-
-    NONE = "none"
-    SELECTIVE = "selective"  # drop attention's S x S tensors, recompute them (Korthikanti)
-    FULL = "full"  # keep only each repeated block's input, recompute the block in backward
-
-
-class Runtime(StrEnum):
-    """Where the model runs; kernels and allocators differ."""
-
-    CUDA = "pytorch_cuda"
-    CPU = "pytorch_cpu"
-
-
-class MemoryInputError(DomainError):
+class MemoryInputError(WorkloadInputError):
     """A combination of options that cannot be estimated."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Parallelism:
-    """Parallel degrees; the estimate is per device."""
-
-    data: int = 1
-    tensor: int = 1
-    pipeline: int = 1
-    zero_stage: int = 0  # 0 none, 1 optimizer state, 2 + gradients, 3 + parameters (FSDP)
-
-    def __post_init__(self) -> None:
-        # The estimate divides by these degrees.
-        for name in ("data", "tensor", "pipeline"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise MemoryInputError(f"parallelism.{name} must be an integer >= 1, got {value!r}")
-        if self.zero_stage not in (0, 1, 2, 3):
-            raise MemoryInputError(f"parallelism.zero_stage must be 0-3, got {self.zero_stage!r}")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class FrameworkOverhead:
-    """Per-process overheads of the runtime (CUDA only), each reported as its own line."""
-
-    cuda_context_bytes: int = 512 * MIB
-    workspace_bytes: int = 32 * MIB
-    fragmentation_fraction: float = 0.05
-    round_allocations: bool = True
-
-    def __post_init__(self) -> None:
-        for name in ("cuda_context_bytes", "workspace_bytes"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise MemoryInputError(f"{name} must be an integer >= 0, got {value!r}")
-        fraction = self.fragmentation_fraction
-        if not (isinstance(fraction, int | float) and math.isfinite(fraction)):
-            raise MemoryInputError(f"fragmentation_fraction must be a number, got {fraction!r}")
-        if not 0 <= fraction <= 1:
-            raise MemoryInputError(f"fragmentation_fraction must be in [0, 1], got {fraction!r}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from app.domain.errors import DomainError
-from app.domain.performance.roofline import Bound, DeviceKind, Prediction, cpu_compute_unit
+from app.domain.hardware import DeviceKind
+from app.domain.performance.roofline import Bound, Prediction, cpu_compute_unit
 
 SECONDS_PER_HOUR = 3600.0
 

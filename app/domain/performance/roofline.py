@@ -45,7 +45,7 @@ import math
 import sys
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from enum import StrEnum
 from fractions import Fraction
 from itertools import accumulate
@@ -55,7 +55,21 @@ from app.domain.errors import DomainError
 from app.domain.graph.analysis import GraphAnalysis, LayerAnalysis
 from app.domain.graph.ops import TensorKind
 from app.domain.graph.traits import FUSABLE_EPILOGUE_OPS, LOOKUP_OPS, MULTI_KERNEL_OPS
-from app.domain.mig.layout import MigGeometry, MigProfileSpec
+from app.domain.hardware import (
+    MAX_BANDWIDTH_BYTES_PER_S,
+    MAX_OVERHEAD_S,
+    MAX_PEAK_FLOPS_PER_S,
+    MAX_PRICE_USD_PER_HOUR,
+    MAX_TDP_WATTS,
+    MIN_BANDWIDTH_BYTES_PER_S,
+    MIN_EFFICIENCY,
+    MIN_FRACTION,
+    MIN_PEAK_FLOPS_PER_S,
+    DeviceKind,
+    HardwareSpec,
+    in_range,
+    require_range,
+)
 from app.domain.precision import CONVENTIONS, DType, Precision, bytes_per_element
 
 INDEX_BYTES = 8  # token ids and labels are int64
@@ -63,37 +77,6 @@ INDEX_BYTES = 8  # token ids and labels are int64
 
 class RooflineInputError(DomainError):
     """A workload or device that the roofline model cannot evaluate."""
-
-
-# Physically sane ranges of the figures the model divides by. The hardware schema rejects
-# profiles outside them on write; the model checks again before dividing (profiles stored before
-# that check, devices built by other code), so no input can make it divide by zero, by a
-# subnormal number or by infinity.
-MIN_PEAK_FLOPS_PER_S = 1e6  # 1 MFLOP/s: slower than any processor worth planning for
-MAX_PEAK_FLOPS_PER_S = 1e21  # 1 ZFLOP/s per device: >100 000x a 2025 flagship GPU's dense peak
-MIN_BANDWIDTH_BYTES_PER_S = 1e6  # 1 MB/s: below any memory or host link (PCIe 1.0 x1: 250 MB/s)
-MAX_BANDWIDTH_BYTES_PER_S = 1e18  # 1 EB/s: ~50x wafer-scale on-chip SRAM (21 PB/s)
-MIN_EFFICIENCY = 1e-4  # calibrated efficiencies: 0.01 % to 100 %
-MIN_FRACTION = 1 / 1024  # MIG slice share of compute or bandwidth
-MAX_OVERHEAD_S = 3600.0  # per kernel launch or per request
-MAX_TDP_WATTS = 1e6
-MAX_PRICE_USD_PER_HOUR = 1e9
-
-
-def _in_range(value: object, low: float, high: float) -> bool:
-    """Whether ``value`` is a real number (not bool, NaN or infinite) in ``[low, high]``."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return False
-    if isinstance(value, float) and not math.isfinite(value):
-        return False
-    return low <= value <= high
-
-
-def _require(name: str, value: object, low: float, high: float, unit: str = "") -> None:
-    if not _in_range(value, low, high):
-        raise RooflineInputError(
-            f"{name} must be a finite number in [{low:g}, {high:g}]{unit}, got {value!r}"
-        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -132,114 +115,6 @@ PRECISION_SCHEMES: Mapping[Precision, PrecisionScheme] = {
 # --------------------------------------------------------------------------------------------
 
 
-class DeviceKind(StrEnum):
-    """Broad class of a device; calibration defaults are per kind."""
-
-    GPU = "gpu"
-    CPU = "cpu"
-    EDGE = "edge"  # SoCs with unified memory (Jetson, Apple silicon): no host-link copy
-    TPU = "tpu"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Device:
-    """A candidate device: a whole GPU/CPU/SoC, or one MIG slice of a GPU.
-
-    Peaks and bandwidth are the whole device's catalog figures; a MIG slice gets
-    ``compute_fraction`` and ``bandwidth_fraction`` of them. ``memory_bytes``, ``tdp_watts`` and
-    ``price_usd_per_hour`` are already the slice's own (usable memory, share of power and price).
-    """
-
-    slug: str  # "nvidia-a100-80gb-sxm" or "nvidia-a100-80gb-sxm/1g.10gb"
-    name: str
-    kind: DeviceKind
-    peak_flops_per_s: Mapping[DType, float]
-    memory_bandwidth_bytes_per_s: float
-    memory_bytes: int
-    host_link_bytes_per_s: float | None  # None: unified memory (edge, CPU) or unknown
-    host_link_source: str
-    tdp_watts: float | None
-    price_usd_per_hour: float | None
-    price_source: str = "catalog"
-    simd: str | None = None  # CPUs: the vector / matrix extensions
-    parent: str | None = None  # MIG: the GPU's slug
-    mig_profile: str | None = None
-    compute_fraction: float = 1.0
-    bandwidth_fraction: float = 1.0
-
-    @property
-    def needs_host_copy(self) -> bool:
-        """Whether inputs and outputs cross a host link (discrete accelerators)."""
-        return self.kind in (DeviceKind.GPU, DeviceKind.TPU)
-
-
-def mig_slice(gpu: Device, geometry: MigGeometry, profile: MigProfileSpec) -> Device:
-    """One MIG instance of ``gpu`` as a device of its own.
-
-    Notes
-    -----
-    compute fraction = compute slices / the GPU's total compute slices (7, or 4 on A30);
-    bandwidth fraction = memory slices / total memory slices (8, or 4 on A30); memory = the
-    profile's usable bytes; TDP and price scale with the compute fraction. The host link is not
-    partitioned: a slice alone on its GPU gets all of it.
-    """
-    for what, part, total in (
-        ("compute", profile.compute_slices, geometry.total_compute_slices),
-        ("memory", profile.memory_slices, geometry.total_memory_slices),
-    ):
-        if not 1 <= part <= total:
-            raise RooflineInputError(
-                f"{gpu.slug} MIG {profile.name}: {what} slices {part} must be between 1 and the "
-                f"GPU's total of {total}"
-            )
-    compute = profile.compute_slices / geometry.total_compute_slices
-    bandwidth = profile.memory_slices / geometry.total_memory_slices
-    return replace(
-        gpu,
-        slug=f"{gpu.slug}/{profile.name}",
-        name=f"{gpu.name} MIG {profile.name}",
-        memory_bytes=profile.memory_bytes,
-        tdp_watts=None if gpu.tdp_watts is None else gpu.tdp_watts * compute,
-        price_usd_per_hour=(
-            None if gpu.price_usd_per_hour is None else gpu.price_usd_per_hour * compute
-        ),
-        price_source=f"{gpu.price_source}, x {profile.compute_slices}/"
-        f"{geometry.total_compute_slices} compute slices",
-        parent=gpu.slug,
-        mig_profile=profile.name,
-        compute_fraction=compute,
-        bandwidth_fraction=bandwidth,
-    )
-
-
-# Theoretical per-direction bandwidth of one PCIe lane after line coding [B/s]; the catalog's
-# x16 figures (15.75 / 31.5 / 63 GB/s for Gen3 / 4 / 5) divided by 16.
-PCIE_LANE_BYTES_PER_S: Mapping[int, float] = {
-    1: 0.25e9,
-    2: 0.5e9,
-    3: 0.984375e9,
-    4: 1.96875e9,
-    5: 3.9375e9,
-    6: 7.875e9,
-}
-
-
-def pcie_bandwidth_bytes_per_s(generation: int, lanes: int) -> float | None:
-    """Theoretical per-direction bandwidth of a PCIe link, or None for an unknown generation.
-
-    Parameters
-    ----------
-    generation : PCIe generation (1-6) [-]
-    lanes : link width [-]
-
-    Returns
-    -------
-    bandwidth : lanes * per-lane rate after 8b/10b (Gen1-2) or 128b/130b (Gen3+) coding [B/s]
-    """
-    rate = PCIE_LANE_BYTES_PER_S.get(generation)
-    return None if rate is None else rate * lanes
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Calibration:
     """Efficiencies and overheads of one device kind, and where they come from."""
@@ -254,12 +129,24 @@ class Calibration:
 
     def __post_init__(self) -> None:
         for name in ("compute_efficiency", "memory_efficiency", "host_link_efficiency"):
-            _require(name, getattr(self, name), MIN_EFFICIENCY, 1.0)
+            require_range(name, getattr(self, name), MIN_EFFICIENCY, 1.0, error=RooflineInputError)
         share = self.activation_cache_share
-        if not (_in_range(share, 0.0, 1.0) and share < 1.0):
+        if not (in_range(share, 0.0, 1.0) and share < 1.0):
             raise RooflineInputError(f"activation_cache_share must be in [0, 1), got {share!r}")
-        _require("kernel_launch_overhead_s", self.kernel_launch_overhead_s, 0.0, MAX_OVERHEAD_S)
-        _require("request_overhead_s", self.request_overhead_s, 0.0, MAX_OVERHEAD_S)
+        require_range(
+            "kernel_launch_overhead_s",
+            self.kernel_launch_overhead_s,
+            0.0,
+            MAX_OVERHEAD_S,
+            error=RooflineInputError,
+        )
+        require_range(
+            "request_overhead_s",
+            self.request_overhead_s,
+            0.0,
+            MAX_OVERHEAD_S,
+            error=RooflineInputError,
+        )
 
 
 # Derived by benchmarks/calibration/calibrate.py from benchmarks/calibration/
@@ -641,7 +528,7 @@ class Workload:
 
     @property
     def bytes_moved(self) -> int:
-        """Device-memory bytes moved per request [B]."""
+        """HardwareSpec-memory bytes moved per request [B]."""
         return sum(p.bytes_moved * p.repeats for p in self.phases)
 
 
@@ -860,7 +747,7 @@ class PhaseTiming:
 class Prediction:
     """Latency and throughput of a workload on a device, with every input of the formulas."""
 
-    device: Device
+    device: HardwareSpec
     precision: Precision
     batch: int
     compute_dtype: DType
@@ -887,11 +774,11 @@ class Prediction:
         where = f"{self.device.slug} at {self.precision.value}, batch {self.batch}"
         for name in ("effective_flops_per_s", "effective_bandwidth_bytes_per_s"):
             value = getattr(self, name)
-            if not _in_range(value, sys.float_info.min, math.inf):
+            if not in_range(value, sys.float_info.min, math.inf):
                 raise RooflineInputError(f"{where}: {name} must be positive, got {value!r}")
         for name in ("latency_s", "interval_s"):
             value = getattr(self, name)
-            if not _in_range(value, 0.0, math.inf):
+            if not in_range(value, 0.0, math.inf):
                 raise RooflineInputError(
                     f"{where}: the {name[:-2]} is not a finite time ({value!r}): the device's "
                     "figures are too small for this workload"
@@ -937,12 +824,12 @@ class Prediction:
         return self.effective_flops_per_s / self.effective_bandwidth_bytes_per_s
 
 
-def compute_dtype_for(device: Device, scheme: PrecisionScheme) -> DType | None:
+def compute_dtype_for(device: HardwareSpec, scheme: PrecisionScheme) -> DType | None:
     """The dtype whose peak runs the precision's math on ``device``, or None."""
     return next((d for d in scheme.compute_dtypes if device.peak_flops_per_s.get(d)), None)
 
 
-def implausible_figures(device: Device, dtype: DType) -> str | None:
+def implausible_figures(device: HardwareSpec, dtype: DType) -> str | None:
     """Why the figures of ``device`` that a prediction at ``dtype`` divides by are not physical
     (zero, subnormal, negative, non-finite or absurdly large), or None when they are sane."""
     problems = []
@@ -963,16 +850,16 @@ def implausible_figures(device: Device, dtype: DType) -> str | None:
         ranges.append(("price_usd_per_hour", device.price_usd_per_hour, 0.0,
                        MAX_PRICE_USD_PER_HOUR, " USD/h"))  # fmt: skip
     for name, value, low, high, unit in ranges:
-        if not _in_range(value, low, high):
+        if not in_range(value, low, high):
             problems.append(f"{name} {value!r} is outside [{low:g}, {high:g}]{unit}")
-    if not _in_range(device.memory_bytes, 0, math.inf):
+    if not in_range(device.memory_bytes, 0, math.inf):
         problems.append(f"memory_bytes {device.memory_bytes!r} is not a size")
     if not problems:
         return None
     return "non-physical figures in the hardware profile: " + "; ".join(problems)
 
 
-def unsupported_reason(device: Device, scheme: PrecisionScheme) -> str | None:
+def unsupported_reason(device: HardwareSpec, scheme: PrecisionScheme) -> str | None:
     """Why ``device`` cannot run ``scheme`` (no peak for its dtype, no host link, figures that
     are not physical), or None."""
     dtype = compute_dtype_for(device, scheme)
@@ -998,7 +885,7 @@ def cpu_compute_unit(simd: str, dtype: DType) -> str:
     return simd
 
 
-def _peak_source(device: Device, dtype: DType) -> str:
+def _peak_source(device: HardwareSpec, dtype: DType) -> str:
     base = f"catalog dense {dtype.value} peak"
     if device.kind is not DeviceKind.CPU or not device.simd:
         return base
@@ -1029,7 +916,7 @@ def _phase_timing(
     )
 
 
-def predict(workload: Workload, device: Device, calibration: Calibration) -> Prediction:
+def predict(workload: Workload, device: HardwareSpec, calibration: Calibration) -> Prediction:
     """Latency, throughput and their split for ``workload`` on ``device``.
 
     Parameters

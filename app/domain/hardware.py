@@ -1,0 +1,198 @@
+"""ONE hardware spec: what the planners know about a device, built once per request.
+
+A :class:`HardwareSpec` is a whole GPU, CPU or SoC from the catalog, or one MIG slice of a GPU
+(:func:`mig_slice`). It carries the roofline's figures (peaks, bandwidths, link, power, price),
+the usable memory, the MIG geometry of a MIG-capable GPU, and the framework overheads the memory
+engine and the fit charge on it (CUDA context, library workspaces, fragmentation reserve).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+
+from app.domain.errors import DomainError
+from app.domain.mig.layout import MigGeometry, MigProfileSpec
+from app.domain.precision import DType
+from app.domain.units import MIB
+from app.domain.workload import Runtime
+
+
+class HardwareInputError(DomainError):
+    """Hardware figures that no device can have."""
+
+
+# Physically sane ranges of the figures the model divides by. The hardware schema rejects
+# profiles outside them on write; the model checks again before dividing (profiles stored before
+# that check, devices built by other code), so no input can make it divide by zero, by a
+# subnormal number or by infinity.
+MIN_PEAK_FLOPS_PER_S = 1e6  # 1 MFLOP/s: slower than any processor worth planning for
+MAX_PEAK_FLOPS_PER_S = 1e21  # 1 ZFLOP/s per device: >100 000x a 2025 flagship GPU's dense peak
+MIN_BANDWIDTH_BYTES_PER_S = 1e6  # 1 MB/s: below any memory or host link (PCIe 1.0 x1: 250 MB/s)
+MAX_BANDWIDTH_BYTES_PER_S = 1e18  # 1 EB/s: ~50x wafer-scale on-chip SRAM (21 PB/s)
+MIN_EFFICIENCY = 1e-4  # calibrated efficiencies: 0.01 % to 100 %
+MIN_FRACTION = 1 / 1024  # MIG slice share of compute or bandwidth
+MAX_OVERHEAD_S = 3600.0  # per kernel launch or per request
+MAX_TDP_WATTS = 1e6
+MAX_PRICE_USD_PER_HOUR = 1e9
+
+
+def in_range(value: object, low: float, high: float) -> bool:
+    """Whether ``value`` is a real number (not bool, NaN or infinite) in ``[low, high]``."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    if isinstance(value, float) and not math.isfinite(value):
+        return False
+    return low <= value <= high
+
+
+def require_range(
+    name: str,
+    value: object,
+    low: float,
+    high: float,
+    unit: str = "",
+    error: type[DomainError] = HardwareInputError,
+) -> None:
+    """Raise ``error`` unless ``value`` is a finite number in [low, high]."""
+    if not in_range(value, low, high):
+        raise error(f"{name} must be a finite number in [{low:g}, {high:g}]{unit}, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FrameworkOverhead:
+    """Per-process overheads of the runtime (CUDA only), each reported as its own line."""
+
+    cuda_context_bytes: int = 512 * MIB
+    workspace_bytes: int = 32 * MIB
+    fragmentation_fraction: float = 0.05
+    round_allocations: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("cuda_context_bytes", "workspace_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise HardwareInputError(f"{name} must be an integer >= 0, got {value!r}")
+        fraction = self.fragmentation_fraction
+        if not (isinstance(fraction, int | float) and math.isfinite(fraction)):
+            raise HardwareInputError(f"fragmentation_fraction must be a number, got {fraction!r}")
+        if not 0 <= fraction <= 1:
+            raise HardwareInputError(f"fragmentation_fraction must be in [0, 1], got {fraction!r}")
+
+
+class DeviceKind(StrEnum):
+    """Broad class of a device; calibration defaults are per kind."""
+
+    GPU = "gpu"
+    CPU = "cpu"
+    EDGE = "edge"  # SoCs with unified memory (Jetson, Apple silicon): no host-link copy
+    TPU = "tpu"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HardwareSpec:
+    """A candidate device: a whole GPU/CPU/SoC, or one MIG slice of a GPU.
+
+    Peaks and bandwidth are the whole device's catalog figures; a MIG slice gets
+    ``compute_fraction`` and ``bandwidth_fraction`` of them. ``memory_bytes``, ``tdp_watts`` and
+    ``price_usd_per_hour`` are already the slice's own (usable memory, share of power and price).
+    """
+
+    slug: str  # "nvidia-a100-80gb-sxm" or "nvidia-a100-80gb-sxm/1g.10gb"
+    name: str
+    kind: DeviceKind
+    peak_flops_per_s: Mapping[DType, float]
+    memory_bandwidth_bytes_per_s: float
+    memory_bytes: int
+    host_link_bytes_per_s: float | None  # None: unified memory (edge, CPU) or unknown
+    host_link_source: str
+    tdp_watts: float | None
+    price_usd_per_hour: float | None
+    price_source: str = "catalog"
+    simd: str | None = None  # CPUs: the vector / matrix extensions
+    parent: str | None = None  # MIG: the GPU's slug
+    mig_profile: str | None = None
+    compute_fraction: float = 1.0
+    bandwidth_fraction: float = 1.0
+    mig: MigGeometry | None = None  # a MIG-capable GPU's geometry (None on a slice)
+    overhead: FrameworkOverhead = field(default_factory=FrameworkOverhead)
+
+    @property
+    def runtime(self) -> Runtime:
+        """The PyTorch runtime the memory engine models on this device."""
+        return Runtime.CPU if self.kind is DeviceKind.CPU else Runtime.CUDA
+
+    @property
+    def needs_host_copy(self) -> bool:
+        """Whether inputs and outputs cross a host link (discrete accelerators)."""
+        return self.kind in (DeviceKind.GPU, DeviceKind.TPU)
+
+
+def mig_slice(gpu: HardwareSpec, geometry: MigGeometry, profile: MigProfileSpec) -> HardwareSpec:
+    """One MIG instance of ``gpu`` as a device of its own.
+
+    Notes
+    -----
+    compute fraction = compute slices / the GPU's total compute slices (7, or 4 on A30);
+    bandwidth fraction = memory slices / total memory slices (8, or 4 on A30); memory = the
+    profile's usable bytes; TDP and price scale with the compute fraction. The host link is not
+    partitioned: a slice alone on its GPU gets all of it.
+    """
+    for what, part, total in (
+        ("compute", profile.compute_slices, geometry.total_compute_slices),
+        ("memory", profile.memory_slices, geometry.total_memory_slices),
+    ):
+        if not 1 <= part <= total:
+            raise HardwareInputError(
+                f"{gpu.slug} MIG {profile.name}: {what} slices {part} must be between 1 and the "
+                f"GPU's total of {total}"
+            )
+    compute = profile.compute_slices / geometry.total_compute_slices
+    bandwidth = profile.memory_slices / geometry.total_memory_slices
+    return replace(
+        gpu,
+        slug=f"{gpu.slug}/{profile.name}",
+        name=f"{gpu.name} MIG {profile.name}",
+        memory_bytes=profile.memory_bytes,
+        tdp_watts=None if gpu.tdp_watts is None else gpu.tdp_watts * compute,
+        price_usd_per_hour=(
+            None if gpu.price_usd_per_hour is None else gpu.price_usd_per_hour * compute
+        ),
+        price_source=f"{gpu.price_source}, x {profile.compute_slices}/"
+        f"{geometry.total_compute_slices} compute slices",
+        parent=gpu.slug,
+        mig=None,
+        mig_profile=profile.name,
+        compute_fraction=compute,
+        bandwidth_fraction=bandwidth,
+    )
+
+
+# Theoretical per-direction bandwidth of one PCIe lane after line coding [B/s]; the catalog's
+# x16 figures (15.75 / 31.5 / 63 GB/s for Gen3 / 4 / 5) divided by 16.
+PCIE_LANE_BYTES_PER_S: Mapping[int, float] = {
+    1: 0.25e9,
+    2: 0.5e9,
+    3: 0.984375e9,
+    4: 1.96875e9,
+    5: 3.9375e9,
+    6: 7.875e9,
+}
+
+
+def pcie_bandwidth_bytes_per_s(generation: int, lanes: int) -> float | None:
+    """Theoretical per-direction bandwidth of a PCIe link, or None for an unknown generation.
+
+    Parameters
+    ----------
+    generation : PCIe generation (1-6) [-]
+    lanes : link width [-]
+
+    Returns
+    -------
+    bandwidth : lanes * per-lane rate after 8b/10b (Gen1-2) or 128b/130b (Gen3+) coding [B/s]
+    """
+    rate = PCIE_LANE_BYTES_PER_S.get(generation)
+    return None if rate is None else rate * lanes

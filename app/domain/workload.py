@@ -1,0 +1,314 @@
+"""ONE workload spec: a model, what it does, and every option and default that shapes its cost.
+
+:class:`WorkloadSpec` is what the estimate, the MIG fit, the admission webhook and the
+recommendations are asked about. Options a caller leaves out are filled from ONE default table
+(:data:`DEFAULTS`, :func:`resolve`), and every default used is returned with the answer, so the
+API, the CLI, stored workloads and pod annotations give the same figure for the same workload.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from app.domain.errors import DomainError
+from app.domain.precision import Precision
+
+
+class WorkloadInputError(DomainError):
+    """Workload options that cannot be combined."""
+
+
+class Mode(StrEnum):
+    """What the model is doing."""
+
+    TRAINING = "training"
+    INFERENCE = "inference"
+
+
+class Optimizer(StrEnum):
+    """Optimizer whose state is kept per trainable parameter."""
+
+    SGD = "sgd"
+    SGD_MOMENTUM = "sgd_momentum"
+    ADAM = "adam"
+    ADAMW = "adamw"
+    ADAGRAD = "adagrad"
+    RMSPROP = "rmsprop"
+    LION = "lion"
+    ADAM_8BIT = "adam_8bit"
+    ADAFACTOR = "adafactor"
+
+
+class OptimizerImpl(StrEnum):
+    """PyTorch optimizer implementation; they keep different temporaries in the step."""
+
+    AUTO = "auto"  # foreach on CUDA, for-loop on CPU (PyTorch's default)
+    FOR_LOOP = "for_loop"
+    FOREACH = "foreach"
+    FUSED = "fused"
+
+
+class Checkpointing(StrEnum):
+    """Activation checkpointing (recomputation) policy."""
+
+    NONE = "none"
+    SELECTIVE = "selective"  # drop attention's S x S tensors, recompute them (Korthikanti)
+    FULL = "full"  # keep only each repeated block's input, recompute the block in backward
+
+
+class Runtime(StrEnum):
+    """Where the model runs; kernels and allocators differ."""
+
+    CUDA = "pytorch_cuda"
+    CPU = "pytorch_cpu"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Parallelism:
+    """Parallel degrees; the estimate is per device."""
+
+    data: int = 1
+    tensor: int = 1
+    pipeline: int = 1
+    zero_stage: int = 0  # 0 none, 1 optimizer state, 2 + gradients, 3 + parameters (FSDP)
+
+    def __post_init__(self) -> None:
+        # The estimate divides by these degrees.
+        for name in ("data", "tensor", "pipeline"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise WorkloadInputError(
+                    f"parallelism.{name} must be an integer >= 1, got {value!r}"
+                )
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise WorkloadInputError(f"parallelism.zero_stage must be 0-3, got {self.zero_stage!r}")
+
+
+class Attention(StrEnum):
+    """How attention is computed (the graph says where attention is, not how).
+
+    ``eager``: the unfused Python implementation (Hugging Face ``attn_implementation="eager"``):
+    the S x S scores and fp32 softmax probabilities are materialised and kept for backward.
+    ``sdpa_math``: PyTorch SDPA's math backend; keeps the same tensors as eager.
+    ``flash``: FlashAttention (CUDA fp16/bf16; PyTorch's fused CPU kernel): keeps the output
+    and the fp32 log-sum-exp, never an S x S matrix.
+    ``mem_efficient``: the memory-efficient (xFormers/cutlass) kernel: same saved tensors as
+    flash, available for fp32 on CUDA too.
+    """
+
+    EAGER = "eager"
+    SDPA_MATH = "sdpa_math"
+    FLASH = "flash"
+    MEM_EFFICIENT = "mem_efficient"
+
+
+FUSED_ATTENTION = frozenset({Attention.FLASH, Attention.MEM_EFFICIENT})
+
+
+class Logits(StrEnum):
+    """Which positions of a decoder's output head are computed at inference."""
+
+    LAST = "last"  # serving stacks (vLLM, TGI, TensorRT-LLM, HF generate): the last position
+    ALL = "all"  # a full forward (scoring, perplexity): every position
+
+
+_HALF = frozenset({Precision.BF16, Precision.FP16, Precision.AMP_BF16, Precision.AMP_FP16,
+                   Precision.MIXED_BF16, Precision.MIXED_FP16, Precision.INT4,
+                   Precision.INT8_WEIGHT_ONLY})  # fmt: skip
+
+
+def default_attention(
+    runtime: Runtime, precision: Precision, *, training: bool, dropout: bool
+) -> tuple[Attention, str]:
+    """The attention kernel PyTorch's SDPA dispatcher picks, and why.
+
+    CUDA: flash for fp16/bf16 inputs (autocast and weight-only formats compute in 16 bits),
+    else memory-efficient (fp32; W8A8 engines run their own fused kernels, priced as flash).
+    CPU: the fused flash kernel, except in training with attention dropout, which it does not
+    support, so SDPA falls back to the math kernel (measured, PyTorch 2.13 CPU).
+    """
+    if runtime is Runtime.CUDA:
+        if precision in _HALF or precision in (Precision.INT8, Precision.FP8):
+            return Attention.FLASH, "CUDA with 16-bit (or 8-bit) attention inputs: SDPA picks flash"
+        return Attention.MEM_EFFICIENT, "CUDA fp32: flash needs fp16/bf16, SDPA picks mem_efficient"
+    if training and dropout:
+        return Attention.SDPA_MATH, "CPU training with attention dropout: SDPA runs the math kernel"
+    return Attention.FLASH, "CPU: SDPA runs the fused flash kernel"
+
+
+def default_precision(mode: Mode, runtime: Runtime) -> Precision:
+    """bf16 serving and autocast-bf16 training on CUDA; fp32 on CPU."""
+    if runtime is Runtime.CPU:
+        return Precision.FP32
+    return Precision.BF16 if mode is Mode.INFERENCE else Precision.AMP_BF16
+
+
+@dataclass(frozen=True, slots=True)
+class DefaultRule:
+    """One row of the default table: the option, its default, and where it comes from."""
+
+    option: str
+    default: str
+    rule: str
+
+
+DEFAULTS: tuple[DefaultRule, ...] = (
+    DefaultRule("runtime", "pytorch_cuda", "pytorch_cpu on a CPU hardware profile"),
+    DefaultRule("precision", "bf16 (inference) / amp_bf16 (training) on CUDA, fp32 on CPU",
+                "default_precision"),
+    DefaultRule("sequence_length", "the model's `seq` default binding", "model"),
+    DefaultRule("image_size", "the model's `image` default binding", "model"),
+    DefaultRule("micro_batch_size", "batch_size", "no gradient accumulation"),
+    DefaultRule("optimizer", "adamw", "training only"),
+    DefaultRule("optimizer_impl", "auto: foreach on CUDA, for-loop on CPU, fused for mixed_*",
+                "PyTorch default"),
+    DefaultRule("checkpointing", "none", ""),
+    DefaultRule("attention", "flash on CUDA fp16/bf16, mem_efficient on CUDA fp32, flash on "
+                "CPU (sdpa_math with dropout in training)", "PyTorch SDPA dispatcher"),
+    DefaultRule("logits", "last (decoder inference); every position in training",
+                "serving stacks compute the last position only"),
+    DefaultRule("kv_cache", "true for decoders (causal attention) at inference; encoders have "
+                "none", ""),
+    DefaultRule("safety_margin_fraction", "0.05", "of estimate + context + workspace"),
+)  # fmt: skip
+
+DEFAULT_SAFETY_MARGIN_FRACTION = 0.05
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DefaultUsed:
+    """An option the caller left out, the value it got, and why."""
+
+    option: str
+    value: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkloadSpec:
+    """A workload as asked: None means "use the default" (see :func:`resolve`)."""
+
+    mode: Mode
+    batch_size: int
+    micro_batch_size: int | None = None
+    sequence_length: int | None = None
+    image_size: int | None = None
+    bindings: Mapping[str, int] = field(default_factory=dict)
+    precision: Precision | None = None
+    optimizer: Optimizer | None = None
+    optimizer_impl: OptimizerImpl | None = None
+    checkpointing: Checkpointing | None = None
+    parallelism: Parallelism = field(default_factory=Parallelism)
+    fp32_grad_buffer: bool = False
+    kv_cache: bool | None = None
+    attention: Attention | None = None
+    logits: Logits | None = None
+    runtime: Runtime | None = None
+
+    def __post_init__(self) -> None:
+        batch, micro = self.batch_size, self.micro_batch_size
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise WorkloadInputError(f"batch_size must be an integer >= 1, got {batch!r}")
+        if micro is not None and (micro < 1 or batch % micro):
+            raise WorkloadInputError(f"micro_batch_size {micro} must divide batch_size {batch}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResolvedWorkload:
+    """A workload with every option decided, and the defaults that decided them."""
+
+    mode: Mode
+    batch_size: int
+    micro_batch_size: int
+    bindings: Mapping[str, int]  # every symbolic dim, batch included (at the micro-batch)
+    precision: Precision
+    optimizer: Optimizer
+    optimizer_impl: OptimizerImpl
+    checkpointing: Checkpointing
+    parallelism: Parallelism
+    fp32_grad_buffer: bool
+    kv_cache: bool | None  # None: the model decides (decoders yes, encoders never)
+    attention: Attention | None  # None: per layer, by default_attention
+    logits: Logits
+    runtime: Runtime
+    defaults_used: tuple[DefaultUsed, ...]
+
+    @property
+    def training(self) -> bool:
+        """Whether the workload trains."""
+        return self.mode is Mode.TRAINING
+
+
+def resolve(
+    spec: WorkloadSpec,
+    *,
+    model_bindings: Mapping[str, int],
+    hardware_runtime: Runtime | None = None,
+    batch_size: int | None = None,
+) -> ResolvedWorkload:
+    """Fill every option ``spec`` leaves out from the default table, recording each.
+
+    ``model_bindings`` are the model's default symbolic dims; ``hardware_runtime`` the runtime of
+    the hardware it runs on (None: no hardware given); ``batch_size`` overrides the spec's (the
+    fit's largest-batch search).
+    """
+    used: list[DefaultUsed] = []
+
+    def default(option: str, value: str, reason: str) -> None:
+        used.append(DefaultUsed(option=option, value=value, reason=reason))
+
+    if spec.runtime is not None:
+        runtime = spec.runtime
+    elif hardware_runtime is not None:
+        runtime = hardware_runtime
+        default("runtime", runtime.value, "from the hardware profile's kind")
+    else:
+        runtime = Runtime.CUDA
+        default("runtime", runtime.value, "no hardware given: CUDA")
+    precision = spec.precision
+    if precision is None:
+        precision = default_precision(spec.mode, runtime)
+        default("precision", precision.value, f"{spec.mode.value} on {runtime.value}")
+    batch = batch_size if batch_size is not None else spec.batch_size
+    micro = min(spec.micro_batch_size or batch, batch)
+    if spec.micro_batch_size is None and spec.mode is Mode.TRAINING:
+        default("micro_batch_size", str(micro), "batch_size: no gradient accumulation")
+    bound = {**model_bindings, **spec.bindings, "batch": micro}
+    for option, symbol, given in (
+        ("sequence_length", "seq", spec.sequence_length),
+        ("image_size", "image", spec.image_size),
+    ):
+        if given is not None:
+            bound[symbol] = given
+        elif symbol in bound and symbol not in spec.bindings:
+            default(option, str(bound[symbol]), f"the model's default `{symbol}`")
+    training = spec.mode is Mode.TRAINING
+    optimizer = spec.optimizer or Optimizer.ADAMW
+    impl = spec.optimizer_impl or OptimizerImpl.AUTO
+    if training:
+        if spec.optimizer is None:
+            default("optimizer", optimizer.value, "AdamW")
+        if spec.optimizer_impl is None:
+            default("optimizer_impl", impl.value, "PyTorch's default implementation")
+    logits = spec.logits or (Logits.ALL if training else Logits.LAST)
+    if spec.logits is None and not training:
+        default("logits", logits.value, "serving stacks compute the last position only")
+    return ResolvedWorkload(
+        mode=spec.mode,
+        batch_size=batch,
+        micro_batch_size=micro,
+        bindings=dict(sorted(bound.items())),
+        precision=precision,
+        optimizer=optimizer,
+        optimizer_impl=impl,
+        checkpointing=spec.checkpointing or Checkpointing.NONE,
+        parallelism=spec.parallelism,
+        fp32_grad_buffer=spec.fp32_grad_buffer,
+        kv_cache=spec.kv_cache,
+        attention=spec.attention,
+        logits=logits,
+        runtime=runtime,
+        defaults_used=tuple(used),
+    )
