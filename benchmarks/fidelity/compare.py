@@ -28,7 +28,7 @@ from typing import Any
 from app.domain.graph.analysis import analyze
 from app.domain.memory.estimate import MemoryRequest, estimate_memory
 from app.domain.precision import Precision
-from app.domain.workload import Mode, Optimizer, OptimizerImpl, Runtime
+from app.domain.workload import Attention, Mode, Optimizer, OptimizerImpl, Runtime
 from app.domain.zoo import ZOO, ZooModel, bert, gpt2, llama, lstm_classifier, vit
 
 HERE = Path(__file__).resolve().parent
@@ -58,7 +58,6 @@ class Row:
 
 def _model_for(record: dict[str, Any]) -> ZooModel:
     name = record["model"]
-    fused = record.get("attn_implementation") == "sdpa"
     cnn = {
         "alexnet": "alexnet",
         "vgg16": "vgg-16",
@@ -69,11 +68,11 @@ def _model_for(record: dict[str, Any]) -> ZooModel:
     if name in cnn:
         return ZOO[cnn[name]]
     if name.startswith("vit"):
-        return vit(fused=fused)
+        return vit()
     if name.startswith("bert"):
-        return bert(fused=fused)
+        return bert()
     if name.startswith("gpt2"):
-        return gpt2(fused=fused)
+        return gpt2()
     if name.startswith("lstm"):
         return lstm_classifier()
     if name.startswith("llama"):
@@ -85,7 +84,6 @@ def _model_for(record: dict[str, Any]) -> ZooModel:
             kv_heads=32,
             intermediate=11008,
             vocab=32000,
-            fused=fused,
         )
     raise KeyError(f"no zoo model for '{name}'")
 
@@ -119,7 +117,17 @@ def estimate_row(record: dict[str, Any]) -> Row:
     if record.get("image_size"):
         bindings["image"] = record["image_size"]
     training = request.mode is Mode.TRAINING
-    analysis = analyze(model.inputs, model.layers, bindings, training=training)
+    # Measured with HF attn_implementation "sdpa" (PyTorch's CPU dispatcher: the fused kernel,
+    # math with dropout in training) or "eager".
+    sdpa = record.get("attn_implementation") == "sdpa"
+    analysis = analyze(
+        model.inputs,
+        model.layers,
+        bindings,
+        training=training,
+        attention=Attention.FLASH if sdpa else Attention.EAGER,
+        runtime=Runtime.CPU,
+    )
     estimate = estimate_memory(analysis, request)
     if training and estimate.first_iteration_peak_bytes is not None:
         estimated, phase = estimate.first_iteration_peak_bytes, estimate.first_iteration_peak_phase

@@ -32,6 +32,7 @@ from app.domain.graph.analysis import (
 )
 from app.domain.graph.format import BLOCK_INPUT, validate_graph
 from app.domain.graph.ops import OP_IMPLEMENTATIONS, OpContext, OpResult, TensorKind, Value
+from app.domain.workload import Attention
 from app.domain.zoo import ZOO
 
 SNAPSHOT = Path(__file__).with_name("analysis_snapshot.json")
@@ -261,6 +262,7 @@ class _RefState:
     def __init__(self, training: bool, bindings: Mapping[str, int]) -> None:
         self.training = training
         self.bindings = bindings
+        self.attention: Attention | None = None
         self.layers: list[LayerAnalysis] = []
         self.next_storage = 0
         self.cache: dict[tuple[int, tuple[tuple[int, ...], ...]], OpResult] = {}
@@ -301,10 +303,12 @@ def reference_analyze(
     bindings: Mapping[str, int],
     *,
     training: bool,
+    attention: Attention | None = None,
 ) -> GraphAnalysis:
     """The original ``analyze``: every layer of every iteration run through the op cache."""
     validate_graph(layers, [decl.name for decl in inputs])
     state = _RefState(training, bindings)
+    state.attention = attention
     env: dict[str, _RefBinding] = {}
     bound: list[InputAnalysis] = []
     for index, decl in enumerate(inputs):
@@ -314,12 +318,20 @@ def reference_analyze(
         env[decl.name] = _RefBinding(Value(shape=shape, kind=decl.kind), storage)
         bound.append(InputAnalysis(name=decl.name, shape=shape, kind=decl.kind, storage=storage))
     last = _ref_walk(layers, env, env[inputs[0].name], state, prefix="")
+    used = [
+        (r.attention, r.attention_reason)
+        for r in (x.result for x in state.layers)
+        if r.attention is not None
+    ]
     return GraphAnalysis(
         inputs=tuple(bound),
         layers=tuple(state.layers),
         output_shape=last.value.shape,
         output_kind=last.value.kind,
         output_storage=last.storage,
+        attention_used=tuple(dict.fromkeys(used)),
+        is_decoder=any(x.op == "attention" and x.result.kv_cache_numel for x in state.layers)
+        or '"causal": true' in json.dumps(layers),
     )
 
 
@@ -368,6 +380,7 @@ def _ref_run(
             attrs=attrs,
             inputs=[src.value for src in sources],
             training=state.training,
+            attention=state.attention,
             tied_params=tied if "tied_to" in raw else {},
         )
         result = OP_IMPLEMENTATIONS[raw["op"]](ctx)
@@ -410,7 +423,14 @@ class Case(NamedTuple):
     training: bool
 
     def run(self, analyzer: Analyzer = analyze) -> GraphAnalysis:
-        return analyzer(self.inputs, self.layers, self.bindings, training=self.training)
+        # Pinned to eager attention, the implementation the snapshot was taken with.
+        return analyzer(
+            self.inputs,
+            self.layers,
+            self.bindings,
+            training=self.training,
+            attention=Attention.EAGER,
+        )
 
 
 def _cases() -> dict[str, Case]:

@@ -7,16 +7,17 @@ import pytest
 from app.domain.graph.analysis import GraphAnalysis, InputDecl, analyze
 from app.domain.memory.estimate import MemoryInputError, MemoryRequest, estimate_memory
 from app.domain.precision import Precision
-from app.domain.workload import Checkpointing, Mode, Optimizer, Parallelism, Runtime
+from app.domain.workload import Attention, Checkpointing, Mode, Optimizer, Parallelism, Runtime
 from app.domain.zoo import ZOO
 
 GPT3_PARAMS = 174_604_259_328
 
 
 def _analysis(slug: str, *, training: bool, **bindings: int) -> GraphAnalysis:
+    """Eager attention: these tests are about the engine, not the attention default."""
     model = ZOO[slug]
     bound = {**model.default_bindings, "batch": 1, **bindings}
-    return analyze(model.inputs, model.layers, bound, training=training)
+    return analyze(model.inputs, model.layers, bound, training=training, attention=Attention.EAGER)
 
 
 def _lines(slug: str, request: MemoryRequest, **bindings: int) -> dict[str, int]:

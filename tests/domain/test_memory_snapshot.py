@@ -96,7 +96,14 @@ def _models() -> Iterator[tuple[str, tuple[InputDecl, ...], Any, dict[str, int]]
 def _cases() -> Iterator[tuple[str, GraphAnalysis, M.MemoryRequest, bool]]:
     for slug, inputs, layers, bindings in _models():
         for mode in W.Mode:
-            analysis = analyze(inputs, layers, bindings, training=mode is W.Mode.TRAINING)
+            # Pinned to eager attention: the implementation the snapshot was taken with.
+            analysis = analyze(
+                inputs,
+                layers,
+                bindings,
+                training=mode is W.Mode.TRAINING,
+                attention=W.Attention.EAGER,
+            )
             precisions = [
                 Precision.FP32,
                 Precision.BF16,

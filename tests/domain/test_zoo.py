@@ -5,6 +5,7 @@ import pytest
 
 from app.domain.graph.analysis import GraphAnalysis, analyze
 from app.domain.graph.format import validate_graph
+from app.domain.workload import Attention, Runtime
 from app.domain.zoo import ZOO, ZooModel, bert, gpt2, llama, lstm_classifier, vit
 
 SLUG = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,62}[a-z0-9])?$")
@@ -12,12 +13,20 @@ FAMILIES = {"cnn", "transformer-encoder", "transformer-decoder", "vision-transfo
 SHORT_SEQ = 16  # parameters do not depend on the sequence length
 
 
-def run(model: ZooModel, batch: int = 1, **bindings: int) -> GraphAnalysis:
+def run(
+    model: ZooModel,
+    batch: int = 1,
+    attention: Attention = Attention.EAGER,
+    runtime: Runtime = Runtime.CPU,
+    **bindings: int,
+) -> GraphAnalysis:
     return analyze(
         model.inputs,
         model.layers,
         {"batch": batch, **model.default_bindings, **bindings},
         training=True,
+        attention=attention,
+        runtime=runtime,
     )
 
 
@@ -240,10 +249,16 @@ def test_lstm_builder_closed_form() -> None:
 
 def test_fused_attention_keeps_parameters_and_drops_the_score_matrix() -> None:
     eager = run(gpt2(layers=1, dropout=0.0), seq=256)
-    fused = run(gpt2(layers=1, dropout=0.0, fused=True), seq=256)
+    fused = run(gpt2(layers=1, dropout=0.0), attention=Attention.FLASH, seq=256)
     # With attention dropout in training, PyTorch's fused CPU kernel is not used: SDPA runs
     # its math path and keeps the probabilities like the eager implementation.
-    fused_with_dropout = run(gpt2(layers=1, fused=True), seq=256)
+    fused_with_dropout = run(gpt2(layers=1), attention=Attention.FLASH, seq=256)
+    assert fused_with_dropout.attention_used[0][0] is Attention.SDPA_MATH
+    # On CUDA flash supports dropout: no S x S matrix is kept.
+    cuda = run(gpt2(layers=1), attention=Attention.FLASH, runtime=Runtime.CUDA, seq=256)
+    assert {s.label for layer in cuda.layers if layer.op == "attention" for s in layer.saved} >= {
+        "logsumexp"
+    }
     assert eager.params == fused.params == fused_with_dropout.params
     saved = [
         {s.label for layer in analysis.layers if layer.op == "attention" for s in layer.saved}

@@ -29,6 +29,8 @@ from app.domain.graph.ops import (
     Transient,
     Value,
 )
+from app.domain.precision import Precision
+from app.domain.workload import Attention, Logits, Runtime
 
 MAX_NUMEL = 2**50  # elements in one tensor; beyond this no device has the memory (2^53 B fp64)
 
@@ -101,6 +103,9 @@ class GraphAnalysis:
     output_shape: tuple[int, ...]
     output_kind: TensorKind
     output_storage: int
+    attention_used: tuple[tuple[Attention, str], ...] = ()  # distinct (implementation, why)
+    is_decoder: bool = False  # has causal attention
+    logits: Logits = Logits.ALL  # LAST: the output head ran on the last position only
 
     @property
     def params(self) -> int:
@@ -145,6 +150,10 @@ _make = tuple.__new__
 class _State:
     training: bool
     bindings: Mapping[str, int]
+    attention: Attention | None = None
+    runtime: Runtime = Runtime.CUDA
+    precision: Precision = Precision.FP32
+    head: int | None = None  # id of the layer dict computed at the last position only
     layers: list[LayerAnalysis] = field(default_factory=list)
     next_storage: int = 0
     cache: dict[_CacheKey, _Computed] = field(default_factory=dict)
@@ -176,8 +185,16 @@ def analyze(
     bindings: Mapping[str, int],
     *,
     training: bool,
+    attention: Attention | None = None,
+    runtime: Runtime = Runtime.CUDA,
+    precision: Precision = Precision.FP32,
+    logits: Logits = Logits.ALL,
 ) -> GraphAnalysis:
     """Infer every layer's shapes, parameters, FLOPs and saved tensors.
+
+    ``attention`` is how attention layers compute (None: PyTorch SDPA's choice for ``runtime``
+    and ``precision``, per layer). With ``logits=last`` at inference, a decoder's output head
+    (the last top-level linear layer) runs on the last position only, as serving stacks do.
 
     Raises
     ------
@@ -185,7 +202,18 @@ def analyze(
         Naming the layer and field of the first shape mismatch, unbound symbol or bad size.
     """
     validate_graph(layers, [decl.name for decl in inputs])
-    state = _State(training=training, bindings=bindings)
+    decoder = _has_causal_attention(layers)
+    head = None
+    if decoder and not training and logits is Logits.LAST:
+        head = next((id(raw) for raw in reversed(layers) if raw["op"] == "linear"), None)
+    state = _State(
+        training=training,
+        bindings=bindings,
+        attention=attention,
+        runtime=runtime,
+        precision=precision,
+        head=head,
+    )
     env: dict[str, _Binding] = {}
     bound: list[InputAnalysis] = []
     for index, decl in enumerate(inputs):
@@ -202,7 +230,25 @@ def analyze(
         output_shape=last.value.shape,
         output_kind=last.value.kind,
         output_storage=last.storage,
+        attention_used=tuple(
+            dict.fromkeys(
+                (layer.result.attention, layer.result.attention_reason)
+                for layer in state.layers
+                if layer.result.attention is not None
+            )
+        ),
+        is_decoder=decoder,
+        logits=Logits.LAST if head is not None else Logits.ALL,
     )
+
+
+def _has_causal_attention(layers: Sequence[Mapping[str, Any]]) -> bool:
+    for raw in layers:
+        if raw["op"] == "attention" and raw.get("causal", False):
+            return True
+        if raw["op"] in ("block", "repeat") and _has_causal_attention(raw["layers"]):
+            return True
+    return False
 
 
 def _check_size(shape: tuple[int, ...], what: str, layer: str | None) -> None:
@@ -448,6 +494,12 @@ def _run(
         names = tuple(refs)
         storages = tuple([source.storage for source in sources])
         shapes = tuple([source.value.shape for source in sources])
+    if state.head is not None and id(raw) == state.head and len(shapes[0]) == 3:
+        # serving: hidden[:, -1:, :] (a view) feeds the head
+        n, _, d = shapes[0]
+        first = sources[0]
+        sources = (_make(_Binding, (Value((n, 1, d), first.value.kind), first.storage, None)),)
+        shapes = ((n, 1, d),)
     if "tied_to" in raw:
         state.tied_runs += 1
         computed = _evaluate(raw, env, sources, state, name=name)
@@ -505,6 +557,9 @@ def _evaluate(
         attrs=attrs,
         inputs=[source.value for source in sources],
         training=state.training,
+        attention=state.attention,
+        runtime=state.runtime,
+        precision=state.precision,
         tied_params={
             ref: binding.weight_numel
             for ref, binding in env.items()

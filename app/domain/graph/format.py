@@ -223,7 +223,6 @@ OP_SPECS: Mapping[str, OpSpec] = {
             "head_dim": positive_int,
             "hidden_size": positive_int,
             "causal": boolean,
-            "fused": boolean,
             "qkv_bias": boolean,
             "out_bias": boolean,
             "rotary": boolean,
@@ -395,6 +394,14 @@ def _check_attributes(raw: Mapping[str, Any], spec: OpSpec, name: str) -> None:
         if key in RESERVED_KEYS:
             continue
         check = spec.required.get(key) or spec.optional.get(key)
+        if check is None and raw["op"] == "attention" and key == "fused":
+            raise GraphError(
+                "a graph says where attention is, not how it is computed: the attention "
+                "implementation is a request option (attention=eager|sdpa_math|flash|"
+                "mem_efficient); remove 'fused'",
+                layer=name,
+                field=key,
+            )
         if check is None:
             allowed = sorted({*spec.required, *spec.optional})
             raise GraphError(

@@ -16,6 +16,8 @@ from enum import StrEnum
 from typing import Any, NamedTuple
 
 from app.domain.errors import GraphError
+from app.domain.precision import Precision
+from app.domain.workload import FUSED_ATTENTION, Attention, Runtime, default_attention
 
 
 class TensorKind(StrEnum):
@@ -67,6 +69,8 @@ class OpResult:
     buffers_bytes: int = 0  # non-trainable state (batchnorm running statistics)
     kv_cache_numel: int = 0  # keys + values cached per forward for decoding
     materialized: bool = True  # False: the output is a weight (or a view of one), no activation
+    attention: Attention | None = None  # attention layers: the implementation that ran
+    attention_reason: str = ""
     params: int = field(init=False)  # trainable parameters, derived from param_shapes
 
     def __post_init__(self) -> None:
@@ -94,6 +98,9 @@ class OpContext:
     inputs: Sequence[Value]
     training: bool = True
     tied_params: Mapping[str, int] = field(default_factory=dict)
+    attention: Attention | None = None  # None: PyTorch SDPA's choice for runtime and precision
+    runtime: Runtime = Runtime.CUDA
+    precision: Precision = Precision.FP32
 
     def fail(self, message: str, field_name: str) -> GraphError:
         """A GraphError for this layer."""
@@ -556,11 +563,14 @@ def cls_token(ctx: OpContext) -> OpResult:
 def attention(ctx: OpContext) -> OpResult:
     """Multi-head self-attention with q/k/v/o projections (MHA, GQA, MQA).
 
-    Unfused ("eager"): keeps the block input, q, k and v (k and v expanded to every query head
+    How attention is computed is the request's ``attention`` option (``ctx.attention``; None:
+    what PyTorch's SDPA dispatcher picks, :func:`app.domain.workload.default_attention`).
+    eager / sdpa_math: keep the block input, q, k and v (k and v expanded to every query head
     for GQA), the fp32 softmax probabilities, a dropout mask and dropped probabilities when
-    attention dropout is on, and the context fed to the output projection. Fused (flash /
-    memory-efficient SDPA): keeps q, k, v, the output and the fp32 log-sum-exp, never the
-    S x S matrix.
+    attention dropout is on, and the context fed to the output projection; the S x S scores and
+    probabilities are transients in forward. flash / mem_efficient: keep q, k, v, the output and
+    the fp32 log-sum-exp, never an S x S matrix. Only causal (decoder) attention fills a KV
+    cache at inference; an encoder attends over its whole input once and caches nothing.
     """
     _float_input(ctx)
     if len(ctx.x.shape) != 3:
@@ -607,9 +617,17 @@ def attention(ctx: OpContext) -> OpResult:
         Saved(label="context", source="new", numel=q_numel),
     ]
     transients = [Transient(label="qkv", numel=q_numel + 2 * expanded_kv)]
+    if ctx.attention is None:
+        impl, reason = default_attention(
+            ctx.runtime, ctx.precision, training=ctx.training, dropout=dropout_p > 0
+        )
+    else:
+        impl, reason = ctx.attention, "requested"
     # PyTorch's fused CPU kernel has no dropout: with dropout in training SDPA runs the math
     # path, which keeps the same tensors as the unfused implementation (measured, 2.13 CPU).
-    if ctx.attr("fused", False) and dropout_p == 0:
+    if impl in FUSED_ATTENTION and ctx.runtime is Runtime.CPU and dropout_p > 0:
+        impl, reason = Attention.SDPA_MATH, "CPU fused attention has no dropout: SDPA runs math"
+    if impl in FUSED_ATTENTION:
         saved += [
             Saved(label="attn_out", source="new", numel=q_numel),
             Saved(label="logsumexp", source="new", numel=n * heads * seq, storage=Storage.FP32),
@@ -632,7 +650,9 @@ def attention(ctx: OpContext) -> OpResult:
         flops=flops,
         saved=tuple(saved),
         transients=tuple(transients),
-        kv_cache_numel=2 * tokens * kv_dim,
+        kv_cache_numel=2 * tokens * kv_dim if causal else 0,
+        attention=impl,
+        attention_reason=reason,
     )
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from itertools import accumulate
@@ -46,6 +46,7 @@ from app.domain.precision import (
 from app.domain.units import MIB
 from app.domain.workload import (
     Checkpointing,
+    Logits,
     Mode,
     Optimizer,
     OptimizerImpl,
@@ -752,13 +753,14 @@ def _training_moments(e: _Estimation) -> tuple[list[_Moment], list[_Moment]]:
         grad_element = Fraction(4)
         assumptions.append("gradients accumulate in an fp32 buffer (Megatron main_grad)")
     grad_bytes = _ceil(params * grad_element / grad_shard)
-    state_bytes, state_note = _optimizer_state_bytes(shapes, params, request.optimizer, plan)
+    state_full, state_note = _optimizer_state_bytes(shapes, params, request.optimizer, plan)
     state_shard = model_shard * (par.data if par.zero_stage >= 1 else 1)
-    state_bytes = _ceil(Fraction(state_bytes, state_shard))
+    state_bytes = _ceil(Fraction(state_full, state_shard))
     master = _ceil(Fraction(params * plan.master, state_shard))
     labels_rows = math.prod(analysis.output_shape[:-1]) if analysis.output_shape else 1
     labels_bytes = labels_rows * 8
     temporaries, temp_note = _step_temporaries(shapes, params, request, plan)
+    shard_words = _shard_words(par)
     temporaries = _ceil(Fraction(temporaries, state_shard))
     cache = params * plan.weight_cache // model_shard if plan.weight_cache else 0
     recompute: dict[str, int] = {}
@@ -803,11 +805,14 @@ def _training_moments(e: _Estimation) -> tuple[list[_Moment], list[_Moment]]:
         ]
         (steady_moments if steady else first_moments).extend(moments)
     formulas.update(
-        gradients=f"{params:,} trainable params x {float(grad_element):g} B"
-        + (f" / {grad_shard}" if grad_shard > 1 else ""),
-        optimizer_state=state_note + (f" / {state_shard} (sharded)" if state_shard > 1 else ""),
-        master_weights=f"{params:,} x {plan.master} B fp32 master copy",
-        weight_cast_cache=f"{params:,} x {plan.weight_cache} B autocast weight copies",
+        gradients=f"ceil({params:,} [trainable params] x {grad_element} [B] / {grad_shard} "
+        f"[{shard_words(2)}]) = {grad_bytes:,} B",
+        optimizer_state=f"ceil({state_full:,} [B: {state_note}] / {state_shard} "
+        f"[{shard_words(1)}]) = {state_bytes:,} B",
+        master_weights=f"ceil({params:,} [params] x {plan.master} [B fp32 master copy] / "
+        f"{state_shard} [{shard_words(1)}]) = {master:,} B",
+        weight_cast_cache=f"floor({params:,} [params] x {plan.weight_cache} [B autocast weight "
+        f"copy] / {model_shard} [tensor x pipeline]) = {cache:,} B",
         inputs=f"model inputs + int64 labels ({labels_rows:,} rows)",
         loss="cross-entropy: log-probabilities of the logits kept for backward",
     )
@@ -829,17 +834,23 @@ def _training_moments(e: _Estimation) -> tuple[list[_Moment], list[_Moment]]:
 
 def _inference_moments(e: _Estimation) -> list[_Moment]:
     """The forward pass of inference, with the KV cache of attention layers."""
-    analysis, request, plan, storage_plan = e.analysis, e.request, e.plan, e.storage_plan
+    analysis, request, storage_plan = e.analysis, e.request, e.storage_plan
     formulas, assumptions, par = e.formulas, e.assumptions, request.parallelism
     static = {**e.static, "inputs": e.inputs_bytes}
     kv = 0
+    if request.kv_cache and not analysis.is_decoder:
+        assumptions.append(
+            "no KV cache: an encoder (no causal attention) attends over its whole input once"
+        )
     if request.kv_cache:
         kv_numel = sum(layer.result.kv_cache_numel for layer in analysis.layers)
-        kv = _ceil(Fraction(kv_numel * plan.activation, par.tensor))
+        kv_bytes = int(bytes_per_element(convention(request.precision).kv_cache_dtype))
+        kv = _ceil(Fraction(kv_numel * kv_bytes, par.tensor))
         if kv:
             static["kv_cache"] = kv
             formulas["kv_cache"] = (
-                f"2 x layers x kv_heads x head_dim x seq x batch x {plan.activation} B = {kv:,} B"
+                f"ceil({kv_numel:,} [elements: 2 x layers x kv_heads x head_dim x seq x batch] "
+                f"x {kv_bytes} [B] / {par.tensor} [tensor]) = {kv:,} B"
             )
     fwd_peak, _ = _forward(
         storage_plan, _timeline(storage_plan), _input_bytes(analysis, storage_plan)
@@ -848,6 +859,18 @@ def _inference_moments(e: _Estimation) -> list[_Moment]:
     assumptions.append("activations live from their producer to their last consumer")
 
     return [_moment("forward", static, fwd_peak, 0)]
+
+
+def _shard_words(par: Parallelism) -> Callable[[int], str]:
+    """Words for the divisor of state sharded from ZeRO stage ``stage`` on."""
+
+    def words(stage: int) -> str:
+        parts = ["tensor x pipeline"]
+        if par.zero_stage >= stage:
+            parts.append(f"ZeRO-{par.zero_stage} data ranks")
+        return " x ".join(parts)
+
+    return words
 
 
 def _cuda_lines(e: _Estimation, parts: dict[str, int]) -> None:
@@ -860,14 +883,19 @@ def _cuda_lines(e: _Estimation, parts: dict[str, int]) -> None:
         if overhead.round_allocations
         else 0
     )
-    parts["fragmentation_reserve"] = int(sum(parts.values()) * overhead.fragmentation_fraction)
+    allocated = sum(parts.values())
+    parts["fragmentation_reserve"] = int(allocated * overhead.fragmentation_fraction)
     parts["workspace"] = overhead.workspace_bytes
     parts["cuda_context"] = overhead.cuda_context_bytes
     formulas.update(
-        allocator_rounding="caching allocator: 512 B granularity, 2 MiB blocks over 1 MiB",
-        fragmentation_reserve=f"{overhead.fragmentation_fraction:.0%} of allocated bytes",
-        workspace="cuBLAS/cuDNN workspace per process",
-        cuda_context="CUDA context (PyTorch, lazy module loading)",
+        allocator_rounding=f"{parts['allocator_rounding']:,} [B: caching allocator, 512 B "
+        "granularity, 2 MiB blocks over 1 MiB] = " + f"{parts['allocator_rounding']:,} B",
+        fragmentation_reserve=f"floor({allocated:,} [B allocated] x "
+        f"{overhead.fragmentation_fraction!r}) = {parts['fragmentation_reserve']:,} B",
+        workspace=f"{overhead.workspace_bytes:,} [B: cuBLAS/cuDNN workspace per process] = "
+        f"{overhead.workspace_bytes:,} B",
+        cuda_context=f"{overhead.cuda_context_bytes:,} [B: CUDA context, PyTorch with lazy "
+        f"module loading] = {overhead.cuda_context_bytes:,} B",
     )
 
 
@@ -943,19 +971,29 @@ def estimate_memory(
         raise MemoryInputError("ZeRO sharding needs a data-parallel degree of at least 2")
     sizer = _Sizer(plan, request.runtime)
     assumptions: list[str] = [plan.convention, _RUNTIME_NOTES[request.runtime]]
+    assumptions += [f"attention: {impl.value} ({why})" for impl, why in analysis.attention_used]
+    if analysis.is_decoder and not training:
+        assumptions.append(
+            "logits: last position only (serving)"
+            if analysis.logits is Logits.LAST
+            else "logits: every position"
+        )
     model_shard = par.tensor * par.pipeline
     params = analysis.params
 
     weights_full, weight_notes = _weights_bytes(analysis, plan, precision)
     weights = _ceil(Fraction(weights_full, model_shard))
+    if convention(precision).quantized:
+        expression = f"{weights_full:,} [B: quantized weights, scales and 16-bit rest]"
+    else:
+        expression = f"{params:,} [params] x {plan.weight} [B]"
+    if model_shard > 1:
+        expression = f"ceil({expression} / {model_shard} [tensor x pipeline])"
     if par.zero_stage >= 3:
         weights = _ceil(Fraction(weights, par.data))
+        expression = f"ceil({expression} / {par.data} [ZeRO-3 data ranks])"
     lines_static: dict[str, int] = {"weights": weights}
-    formulas: dict[str, str] = {
-        "weights": f"{params:,} params x {float(plan.weight):g} B"
-        + (f" / {model_shard} (tensor x pipeline)" if model_shard > 1 else "")
-        + (f" / {par.data} (ZeRO-3)" if par.zero_stage >= 3 else "")
-    }
+    formulas: dict[str, str] = {"weights": f"{expression} = {weights:,} B"}
     notes: dict[str, list[str]] = {"weights": weight_notes}
     buffers = sum(layer.result.buffers_bytes for layer in analysis.layers)
     if buffers:
@@ -986,11 +1024,19 @@ def estimate_memory(
     parts = dict(peak.parts)
     if request.runtime is Runtime.CUDA:
         _cuda_lines(e, parts)
-    formulas.setdefault("activations", "tensors kept for backward / live at the peak")
-    formulas.setdefault("transient", "gradients of activations, kernel temporaries, step buffers")
-    formulas.setdefault("gradients", "parameter gradients accumulated so far")
-    formulas.setdefault("optimizer_state", "optimizer state")
-    formulas.setdefault("loss", "loss terms")
+    # Lines that are sums over the step's timeline name their total (per layer: per_layer=true).
+    described = {
+        "activations": "tensors kept for backward / live at the peak",
+        "transient": "gradients of activations, kernel temporaries, step buffers",
+        "gradients": "parameter gradients accumulated so far",
+        "optimizer_state": "optimizer state",
+        "loss": "loss terms",
+        "inputs": formulas.get("inputs", "model inputs"),
+        "buffers": formulas.get("buffers", "buffers"),
+    }
+    for key, words in described.items():
+        if key in parts and not formulas.get(key, "").endswith(f"= {parts[key]:,} B"):
+            formulas[key] = f"{parts[key]:,} [B: {words}] = {parts[key]:,} B"
     order = [
         "weights", "master_weights", "weight_cast_cache", "gradients", "optimizer_state",
         "buffers", "inputs", "activations", "loss", "transient", "kv_cache", "workspace",

@@ -74,7 +74,6 @@ def gpt2(
     positions: int = 1024,
     intermediate: int | None = None,
     dropout: float = 0.1,
-    fused: bool = False,
 ) -> ZooModel:
     """A GPT-2 style decoder (Hugging Face ``GPT2LMHeadModel``) of any size."""
     inner = intermediate or 4 * hidden
@@ -86,7 +85,6 @@ def gpt2(
         positions=positions,
         intermediate=inner,
         dropout=dropout,
-        fused=fused,
     )
     return _model(
         graph,
@@ -116,7 +114,6 @@ def bert(
     intermediate: int | None = None,
     dropout: float = 0.1,
     pooler: bool = True,
-    fused: bool = False,
 ) -> ZooModel:
     """A BERT style encoder (Hugging Face ``BertModel``) of any size."""
     inner = intermediate or 4 * hidden
@@ -130,7 +127,6 @@ def bert(
         intermediate=inner,
         dropout=dropout,
         pooler=pooler,
-        fused=fused,
     )
     return _model(
         graph,
@@ -160,7 +156,6 @@ def vit(
     image: int = 224,
     classes: int = 1000,
     dropout: float = 0.0,
-    fused: bool = False,
 ) -> ZooModel:
     """A Vision Transformer (Hugging Face ``ViTForImageClassification``) of any size."""
     inner = intermediate or 4 * hidden
@@ -173,7 +168,6 @@ def vit(
         image=image,
         classes=classes,
         dropout=dropout,
-        fused=fused,
     )
     return _model(
         graph,
@@ -202,7 +196,6 @@ def llama(
     intermediate: int,
     vocab: int,
     tied: bool = False,
-    fused: bool = False,
     positions: int = 4096,
 ) -> ZooModel:
     """A Llama style decoder (Hugging Face ``LlamaForCausalLM``) of any size.
@@ -217,7 +210,6 @@ def llama(
         intermediate=intermediate,
         vocab=vocab,
         tied=tied,
-        fused=fused,
     )
     return _model(
         graph,

@@ -36,14 +36,12 @@ def _layernorm(name: str, eps: float | None = None) -> Layer:
     return layer
 
 
-def _attention(heads: int, *, dropout: float, fused: bool, causal: bool = False) -> Layer:
+def _attention(heads: int, *, dropout: float, causal: bool = False) -> Layer:
     layer: Layer = {"name": "attn", "op": "attention", "num_heads": heads}
     if causal:
         layer["causal"] = True
     if dropout:
         layer["dropout"] = dropout
-    if fused:
-        layer["fused"] = True
     return layer
 
 
@@ -56,7 +54,6 @@ def gpt2(
     positions: int = 1024,
     intermediate: int | None = None,
     dropout: float = 0.1,
-    fused: bool = False,
     tied: bool = True,
     activation: str = "gelu_new",
     eps: float | None = None,
@@ -64,7 +61,7 @@ def gpt2(
     """``transformers.GPT2LMHeadModel``: pre-LN blocks, GELU (tanh) MLP, head tied to ``wte``."""
     block = [
         _layernorm("ln_1", eps),
-        _attention(heads, dropout=dropout, fused=fused, causal=True),
+        _attention(heads, dropout=dropout, causal=True),
         _dropout("attn_drop", dropout),  # resid_dropout
         _add("attn_add", BLOCK_INPUT, "attn_drop"),
         _layernorm("ln_2", eps),
@@ -106,7 +103,6 @@ def bert(
     intermediate: int | None = None,
     dropout: float = 0.1,
     pooler: bool = True,
-    fused: bool = False,
     eps: float = 1e-12,
     activation: str = "gelu",
 ) -> Graph:
@@ -115,7 +111,7 @@ def bert(
     RoBERTa (``RobertaModel``) is the same graph with its own sizes.
     """
     block = [
-        _attention(heads, dropout=dropout, fused=fused),
+        _attention(heads, dropout=dropout),
         _dropout("attn_drop", dropout),
         _add("attn_add", BLOCK_INPUT, "attn_drop"),
         _layernorm("attn_ln", eps),
@@ -175,7 +171,6 @@ def vit(
     image: int = 224,
     classes: int = 1000,
     dropout: float = 0.0,
-    fused: bool = False,
     head: str = "classifier",
     qkv_bias: bool = True,
     channels: int = 3,
@@ -190,7 +185,7 @@ def vit(
     ``head`` is ``classifier`` (``ViTForImageClassification``: a linear layer on the class
     token), ``pooler`` (``ViTModel``: dense + tanh on the class token) or ``none``.
     """
-    attention = _attention(heads, dropout=dropout, fused=fused)
+    attention = _attention(heads, dropout=dropout)
     if not qkv_bias:
         attention["qkv_bias"] = False
     block: list[Layer] = [_layernorm("ln_before", eps), attention]
@@ -248,7 +243,6 @@ def llama(
     intermediate: int,
     vocab: int,
     tied: bool = False,
-    fused: bool = False,
     eps: float = 1e-5,
     head_dim: int | None = None,
     qkv_bias: bool = False,
@@ -276,8 +270,6 @@ def llama(
     }
     if head_dim is not None:
         attention["head_dim"] = head_dim
-    if fused:
-        attention["fused"] = True
     feed_forward: Layer = {
         "name": "mlp",
         "op": "mlp",
@@ -329,14 +321,13 @@ def gpt_neox(
     bias: bool = True,
     activation: str = "gelu",
     eps: float = 1e-5,
-    fused: bool = False,
 ) -> Graph:
     """``transformers.GPTNeoXForCausalLM`` (Pythia): pre-LN blocks with rotary attention.
 
     With ``parallel_residual`` (the default) attention and MLP both read the block input and
     are added to it together: ``x + attn(ln1(x)) + mlp(ln2(x))``.
     """
-    attention = _attention(heads, dropout=0.0, fused=fused, causal=True)
+    attention = _attention(heads, dropout=0.0, causal=True)
     attention["rotary"] = True
     if not bias:
         attention["qkv_bias"] = attention["out_bias"] = False
@@ -379,7 +370,6 @@ def t5_encoder(
     buckets: int = 32,
     dropout: float = 0.1,
     eps: float = 1e-6,
-    fused: bool = False,
 ) -> Graph:
     """``transformers.T5EncoderModel``: RMS-normed pre-norm blocks, bias-free projections.
 
@@ -387,7 +377,7 @@ def t5_encoder(
     it is a stored tensor here, and the attention layers do not model its S x S expansion.
     The MLP is ReLU (``feed_forward_proj: relu``) or gated GELU (``gated-gelu``, T5 v1.1).
     """
-    attention = _attention(heads, dropout=dropout, fused=fused)
+    attention = _attention(heads, dropout=dropout)
     attention.update({"head_dim": head_dim, "qkv_bias": False, "out_bias": False})
     block = [
         {"name": "attn_norm", "op": "rmsnorm", "eps": eps},
