@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from app.schemas.base import Schema, Slug
-from app.schemas.estimates import WorkloadSpec
+from app.schemas.estimates import DefaultUsedRow, WorkloadSpec
 
 
 class AdmissionCheckRequest(Schema):
@@ -49,6 +49,12 @@ class AdmissionCheckResponse(Schema):
     )
     warnings: list[str] = Field(
         description="Warnings (each at most 120 characters).", examples=[[]]
+    )
+    attention: list[str] = Field(
+        description="Attention implementations the estimate used, with why.", examples=[[]]
+    )
+    defaults_used: list[DefaultUsedRow] = Field(
+        description="Every workload option left out and the value the default table gave."
     )
 
 

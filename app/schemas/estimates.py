@@ -7,7 +7,16 @@ from typing import Annotated, Any, Self
 from pydantic import Field, model_validator
 
 from app.domain.precision import Precision
-from app.domain.workload import Checkpointing, Mode, Optimizer, OptimizerImpl, Runtime
+from app.domain.workload import (
+    DEFAULT_SAFETY_MARGIN_FRACTION,
+    Attention,
+    Checkpointing,
+    Logits,
+    Mode,
+    Optimizer,
+    OptimizerImpl,
+    Runtime,
+)
 from app.schemas.base import MAX_BYTES, Schema, Slug, located_error
 from app.schemas.models import InputSpec
 
@@ -104,22 +113,40 @@ class WorkloadSpec(Schema):
         description="Values for other symbolic dims.",
         examples=[{}],
     )
-    precision: Precision = Field(
-        default=Precision.FP32,
-        description="fp32, tf32, bf16/fp16 (pure), fp8/int8/int4 (weight-only inference), "
-        "amp_bf16/amp_fp16 (PyTorch autocast), mixed_bf16/mixed_fp16 (ZeRO/Megatron).",
+    precision: Precision | None = Field(
+        default=None,
+        description="Precision convention (the one table in app/domain/precision.py: fp32, "
+        "tf32, bf16/fp16 (pure), amp_bf16/amp_fp16 (PyTorch autocast), mixed_bf16/mixed_fp16 "
+        "(ZeRO/Megatron), fp8 and int8 (W8A8 inference), int8_weight_only (W8A16), int4 "
+        "(W4A16)). Default: bf16 for inference and amp_bf16 for training on CUDA, fp32 on CPU.",
         examples=["bf16"],
     )
-    optimizer: Optimizer = Field(
-        default=Optimizer.ADAMW, description="Optimizer (training).", examples=["adamw"]
+    optimizer: Optimizer | None = Field(
+        default=None, description="Optimizer (training). Default: adamw.", examples=["adamw"]
     )
-    optimizer_impl: OptimizerImpl = Field(
-        default=OptimizerImpl.AUTO,
-        description="auto (foreach on CUDA, for-loop on CPU), for_loop, foreach or fused.",
+    optimizer_impl: OptimizerImpl | None = Field(
+        default=None,
+        description="auto (foreach on CUDA, for-loop on CPU, fused for mixed_*), for_loop, "
+        "foreach or fused. Default: auto.",
         examples=["auto"],
     )
-    checkpointing: Checkpointing = Field(
-        default=Checkpointing.NONE, description="Activation checkpointing.", examples=["none"]
+    checkpointing: Checkpointing | None = Field(
+        default=None, description="Activation checkpointing. Default: none.", examples=["none"]
+    )
+    attention: Attention | None = Field(
+        default=None,
+        description="How attention is computed: eager, sdpa_math (S x S scores materialised), "
+        "flash or mem_efficient (fused, no S x S matrix). Default: what PyTorch's SDPA "
+        "dispatcher picks: flash on CUDA fp16/bf16, mem_efficient on CUDA fp32, flash on CPU "
+        "(sdpa_math in training with attention dropout).",
+        examples=["flash"],
+    )
+    logits: Logits | None = Field(
+        default=None,
+        description="Decoder inference: compute the output head for the last position only "
+        "(`last`, what serving stacks do) or for every position (`all`). Default: last at "
+        "inference; training always computes every position.",
+        examples=["last"],
     )
     parallelism: ParallelismSpec = Field(
         default_factory=ParallelismSpec, description="Parallel degrees."
@@ -129,9 +156,10 @@ class WorkloadSpec(Schema):
         description="mixed_* only: keep an fp32 gradient buffer (18 B/param with Adam).",
         examples=[False],
     )
-    kv_cache: bool = Field(
-        default=True,
-        description="Inference: include the KV cache of attention layers.",
+    kv_cache: bool | None = Field(
+        default=None,
+        description="Inference: include the KV cache of causal (decoder) attention layers. "
+        "Default: true; encoders never have one.",
         examples=[True],
     )
 
@@ -181,6 +209,13 @@ class MemoryEstimateRequest(WorkloadSpec):
     per_layer: bool = Field(
         default=False, description="Include the per-layer view.", examples=[False]
     )
+    safety_margin_fraction: float = Field(
+        default=DEFAULT_SAFETY_MARGIN_FRACTION,
+        ge=0,
+        lt=1,
+        description="Reserve on top of estimate + context + workspace in the fit.",
+        examples=[0.05],
+    )
 
 
 class BreakdownLine(Schema):
@@ -229,14 +264,47 @@ class LayerRow(Schema):
     )
 
 
+class RequiredLine(Schema):
+    """One part of the memory a workload requires on a device."""
+
+    key: str = Field(
+        description="memory_estimate, cuda_context, workspace or safety_margin.",
+        examples=["cuda_context"],
+    )
+    bytes: int = Field(description="Size [B].", examples=[536_870_912])
+    detail: str = Field(
+        description="The arithmetic that gives the line.",
+        examples=["536,870,912 [B: the estimate's cuda_context line] = 536,870,912 B"],
+    )
+
+
+class DefaultUsedRow(Schema):
+    """An option the request left out, the value it got from the default table, and why."""
+
+    option: str = Field(description="Option name.", examples=["precision"])
+    value: str = Field(description="Value used.", examples=["bf16"])
+    reason: str = Field(description="Why.", examples=["inference on pytorch_cuda"])
+
+
 class FitSummary(Schema):
-    """Whether the peak fits the hardware profile's memory."""
+    """Whether the workload fits the hardware profile's memory (the same requirement and verdict
+    as the MIG fit, admission and recommendations)."""
 
     hardware: str = Field(description="Hardware slug.", examples=["nvidia-a100-80gb-sxm"])
     memory_bytes: int = Field(description="Device memory [B].", examples=[85_899_345_920])
-    fits: bool = Field(description="Peak <= device memory.", examples=[True])
+    usable_bytes: int = Field(description="Memory the workload may use [B].", examples=[1])
+    required_bytes: int = Field(
+        description="Estimate + CUDA context + workspace + safety margin [B].",
+        examples=[40_000_000_000],
+    )
+    required: list[RequiredLine] = Field(description="The lines of required_bytes.")
+    safety_margin_fraction: float = Field(
+        description="Reserve on top of estimate + context + workspace.", examples=[0.05]
+    )
+    fits: bool = Field(description="required_bytes <= usable_bytes.", examples=[True])
     headroom_bytes: int = Field(
-        description="Device memory minus peak (negative: short by).", examples=[4_294_967_296]
+        description="usable_bytes minus required_bytes (negative: short by).",
+        examples=[4_294_967_296],
     )
 
 
@@ -280,6 +348,13 @@ class MemoryEstimateResponse(Schema):
         examples=[1_375_513_760],
     )
     assumptions: list[str] = Field(description="Global assumptions.", examples=[["runtime: ..."]])
+    attention: list[str] = Field(
+        description="Attention implementations used, with why (empty without attention).",
+        examples=[["flash: CUDA with 16-bit (or 8-bit) attention inputs: SDPA picks flash"]],
+    )
+    defaults_used: list[DefaultUsedRow] = Field(
+        description="Every option the request left out and the value the default table gave."
+    )
     fit: FitSummary | None = Field(default=None, description="Fit against `hardware`.")
     layers: list[LayerRow] | None = Field(
         default=None, description="Per-layer view when `per_layer` is true."

@@ -6,8 +6,9 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from app.domain.workload import DEFAULT_SAFETY_MARGIN_FRACTION
 from app.schemas.base import MAX_BYTES, Schema, Slug
-from app.schemas.estimates import WorkloadSpec
+from app.schemas.estimates import DefaultUsedRow, RequiredLine, WorkloadSpec
 
 
 class MigProfileInfo(Schema):
@@ -59,20 +60,12 @@ class MigFitRequest(Schema):
         examples=[536_870_912],
     )
     safety_margin_fraction: float = Field(
-        default=0.05,
+        default=DEFAULT_SAFETY_MARGIN_FRACTION,
         ge=0,
-        le=1,
-        description="Safety margin as a fraction of estimate + context.",
+        lt=1,
+        description="Safety margin as a fraction of estimate + context + workspace.",
         examples=[0.05],
     )
-
-
-class RequiredLine(Schema):
-    """One named, overridable part of the required memory."""
-
-    key: str = Field(description="What the bytes are.", examples=["cuda_context"])
-    bytes: int = Field(description="Size [B].", examples=[536_870_912])
-    detail: str = Field(description="Where the figure comes from.", examples=["default"])
 
 
 class ProfileFit(Schema):
@@ -149,6 +142,16 @@ class MigFitResponse(Schema):
         default=None, description="When no profile fits: what would."
     )
     assumptions: list[str] = Field(description="Assumptions of the estimate.", examples=[[]])
+    attention: list[str] = Field(
+        default_factory=list,
+        description="Attention implementations used, with why.",
+        examples=[["flash: CUDA with 16-bit (or 8-bit) attention inputs: SDPA picks flash"]],
+    )
+    defaults_used: list[DefaultUsedRow] = Field(
+        default_factory=list,
+        description="Every workload option left out and the value the default table gave.",
+        examples=[[{"option": "precision", "value": "bf16", "reason": "inference on CUDA"}]],
+    )
 
 
 class InstanceSpec(Schema):

@@ -19,11 +19,13 @@ from app.domain.admission import (
     gpu_requests,
     planner_annotations,
 )
+from app.domain.fit import fit
 from app.domain.mig.layout import kubernetes_resource, smallest_fitting
 from app.domain.units import GIB
+from app.domain.workload import DEFAULT_SAFETY_MARGIN_FRACTION
 from app.schemas.admission import AdmissionCheckRequest, AdmissionCheckResponse
 from app.schemas.base import SLUG_PATTERN
-from app.schemas.estimates import WorkloadSpec
+from app.schemas.estimates import DefaultUsedRow, WorkloadSpec
 from app.services.errors import InvalidInput, ServiceError
 from app.services.mig import geometry, required_memory, workload_spec
 from app.services.state_cache import Digest, PerWatch, timed_digest
@@ -46,14 +48,16 @@ class Decision:
     usable_bytes: int
     smallest_fitting_resource: str | None
     warnings: list[str] = field(default_factory=list)
+    attention: list[str] = field(default_factory=list)
+    defaults_used: list[DefaultUsedRow] = field(default_factory=list)
 
 
 def _warning(text: str) -> str:
     return text if len(text) <= MAX_WARNING else text[: MAX_WARNING - 1] + "…"
 
 
-def _describe(label: str, spec: WorkloadSpec) -> str:
-    return f"{label} {spec.mode.value} bs {spec.batch_size} {spec.precision.value}"
+def _describe(label: str, spec: WorkloadSpec, precision: str) -> str:
+    return f"{label} {spec.mode.value} bs {spec.batch_size} {precision}"
 
 
 def decide(
@@ -66,10 +70,14 @@ def decide(
     count: int,
 ) -> Decision:
     """Compare the workload's requirement with one resource (per device / per slice)."""
-    lines, _, _ = required_memory(
-        session, spec, hardware, cuda_context_bytes=None, safety_margin_fraction=0.05
+    need = required_memory(
+        session,
+        spec,
+        hardware,
+        cuda_context_bytes=None,
+        safety_margin_fraction=DEFAULT_SAFETY_MARGIN_FRACTION,
     )
-    required = sum(line.bytes for line in lines)
+    required = need.required_bytes
     smallest = None
     if hardware.mig_total_compute_slices is not None:
         geo = geometry(hardware)
@@ -89,8 +97,9 @@ def decide(
             )
         usable = profile.memory_bytes
         what = f"{resource} gives {usable / GIB:.1f} GiB usable"
-    allowed = required <= usable
-    message = f"{_describe(label, spec)} needs {required / GIB:.1f} GiB; {what}"
+    allowed = fit(need.requirement, usable).fits
+    described = _describe(label, spec, need.run.resolved.precision.value)
+    message = f"{described} needs {required / GIB:.1f} GiB; {what}"
     if not allowed:
         hint = (
             f"smallest fitting: {smallest.removeprefix('nvidia.com/')}"
@@ -115,6 +124,8 @@ def decide(
         usable_bytes=usable,
         smallest_fitting_resource=smallest,
         warnings=warnings,
+        attention=need.run.attention,
+        defaults_used=need.run.defaults_used(),
     )
 
 
@@ -143,6 +154,8 @@ def check(session: Session, *, payload: AdmissionCheckRequest) -> AdmissionCheck
         usable_bytes=decision.usable_bytes,
         smallest_fitting_resource=decision.smallest_fitting_resource,
         warnings=decision.warnings,
+        attention=decision.attention,
+        defaults_used=decision.defaults_used,
     )
 
 
@@ -151,8 +164,11 @@ def _inline_spec(notes: dict[str, str]) -> WorkloadSpec:
         "model": notes.get("model"),
         "mode": notes.get("mode", "inference"),
         "batch_size": notes.get("batch-size", "1"),
-        "precision": notes.get("precision", "bf16"),
     }
+    # Every other option comes from the one default table, as for the API and the CLI.
+    for key in ("precision", "attention", "logits"):
+        if key in notes:
+            fields[key] = notes[key]
     if "sequence-length" in notes:
         fields["sequence_length"] = notes["sequence-length"]
     if "image-size" in notes:
@@ -165,7 +181,16 @@ def _inline_spec(notes: dict[str, str]) -> WorkloadSpec:
         raise ReviewError(f"inline workload annotations invalid: {where}: {first['msg']}") from exc
 
 
-_INLINE_KEYS = ("model", "mode", "batch-size", "precision", "sequence-length", "image-size")
+_INLINE_KEYS = (
+    "model",
+    "mode",
+    "batch-size",
+    "precision",
+    "sequence-length",
+    "image-size",
+    "attention",
+    "logits",
+)
 API_VERSION = "admission.k8s.io/v1"
 REVIEW_KIND = "AdmissionReview"
 _SLUG = re.compile(SLUG_PATTERN)

@@ -14,6 +14,8 @@ from app.charts import breakdown_svg
 from app.db.models import Hardware
 from app.db.repositories import HardwareRepository, ModelRepository
 from app.domain.errors import GraphError
+from app.domain.fit import FitInputError, Requirement, requirement
+from app.domain.fit import fit as fit_verdict
 from app.domain.graph.analysis import GraphAnalysis, InputDecl, LayerAnalysis, analyze
 from app.domain.graph.ops import TensorKind
 from app.domain.hardware import FrameworkOverhead
@@ -26,9 +28,19 @@ from app.domain.memory.estimate import (
 )
 from app.domain.precision import Precision
 from app.domain.units import GIB
-from app.domain.workload import Mode, Parallelism, Runtime
+from app.domain.workload import (
+    Logits,
+    Mode,
+    Parallelism,
+    ResolvedWorkload,
+    Runtime,
+    WorkloadInputError,
+    resolve,
+)
+from app.domain.workload import WorkloadSpec as DomainWorkloadSpec
 from app.schemas.estimates import (
     BreakdownLine,
+    DefaultUsedRow,
     FitSummary,
     InlineArchitecture,
     KeptTensorRow,
@@ -38,6 +50,7 @@ from app.schemas.estimates import (
     ModelSummary,
     ModelSummaryRow,
     OverheadSpec,
+    RequiredLine,
     WorkloadSpec,
 )
 from app.services.errors import InvalidInput, NotFound
@@ -80,10 +93,20 @@ def analyze_graph(
     bindings: Mapping[str, int],
     *,
     training: bool,
+    resolved: ResolvedWorkload | None = None,
+    logits: Logits = Logits.ALL,
 ) -> GraphAnalysis:
     """Analyse a stored or inline graph; an invalid graph is a 422 naming layer and field."""
+    options: dict[str, Any] = {"logits": logits}
+    if resolved is not None:
+        options = {
+            "attention": resolved.attention,
+            "runtime": resolved.runtime,
+            "precision": resolved.precision,
+            "logits": resolved.logits,
+        }
     try:
-        return analyze(_decls(inputs), layers, bindings, training=training)
+        return analyze(_decls(inputs), layers, bindings, training=training, **options)
     except GraphError as exc:
         raise invalid_graph(exc) from exc
 
@@ -109,12 +132,11 @@ def hardware_overhead(
     return FrameworkOverhead(**values)
 
 
-def _runtime(payload: MemoryEstimateRequest, hardware: Hardware | None) -> Runtime:
-    if payload.runtime is not None:
-        return payload.runtime
-    if hardware is not None and hardware.kind == "cpu":
-        return Runtime.CPU
-    return Runtime.CUDA
+def hardware_runtime(hardware: Hardware | None) -> Runtime | None:
+    """The runtime a hardware profile implies (None without one)."""
+    if hardware is None:
+        return None
+    return Runtime.CPU if hardware.kind == "cpu" else Runtime.CUDA
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +148,24 @@ class EstimateRun:
     bindings: dict[str, int]
     analysis: GraphAnalysis
     result: MemoryEstimate
+    resolved: ResolvedWorkload
+
+    @property
+    def attention(self) -> list[str]:
+        """The attention implementations used, with why."""
+        return [f"{impl.value}: {why}" for impl, why in self.analysis.attention_used]
+
+    def defaults_used(self) -> list[DefaultUsedRow]:
+        """The options the request left out and the values they got."""
+        rows = [
+            DefaultUsedRow(option=d.option, value=d.value, reason=d.reason)
+            for d in self.resolved.defaults_used
+        ]
+        if self.resolved.attention is None and self.analysis.attention_used:
+            value = ", ".join(impl.value for impl, _ in self.analysis.attention_used)
+            why = "; ".join(why for _, why in self.analysis.attention_used)
+            rows.append(DefaultUsedRow(option="attention", value=value, reason=why))
+        return rows
 
 
 # inputs, layers, default bindings, label, and a key that changes whenever the graph does
@@ -188,47 +228,83 @@ class LruCache(Generic[K, V]):
 _CACHE: LruCache[tuple[Any, ...], EstimateRun] = LruCache(size=256)
 
 
+def domain_workload(spec: WorkloadSpec, runtime: Runtime | None = None) -> DomainWorkloadSpec:
+    """The API's workload as the domain's (None options stay None: the default table decides)."""
+    par = spec.parallelism
+    try:
+        return DomainWorkloadSpec(
+            mode=spec.mode,
+            batch_size=spec.batch_size,
+            micro_batch_size=spec.micro_batch_size,
+            sequence_length=spec.sequence_length,
+            image_size=spec.image_size,
+            bindings=dict(spec.bindings),
+            precision=spec.precision,
+            optimizer=spec.optimizer,
+            optimizer_impl=spec.optimizer_impl,
+            checkpointing=spec.checkpointing,
+            parallelism=Parallelism(
+                data=par.data, tensor=par.tensor, pipeline=par.pipeline, zero_stage=par.zero_stage
+            ),
+            fp32_grad_buffer=spec.fp32_grad_buffer,
+            kv_cache=spec.kv_cache,
+            attention=spec.attention,
+            logits=spec.logits,
+            runtime=runtime,
+        )
+    except WorkloadInputError as exc:
+        raise InvalidInput(str(exc)) from exc
+
+
 def run_estimate(
     session: Session,
     spec: WorkloadSpec,
     *,
-    runtime: Runtime,
+    runtime: Runtime | None,
+    hardware_runtime: Runtime | None,
     overhead: FrameworkOverhead,
     per_layer: bool = False,
     batch_size: int | None = None,
 ) -> EstimateRun:
-    """Estimate ``spec`` (optionally at another batch size) for a runtime and its overheads."""
+    """Estimate ``spec`` (optionally at another batch size) with its defaults resolved from the
+    one default table: ``runtime`` is the request's (None: ``hardware_runtime``, else CUDA)."""
     inputs, layers, defaults, label, graph_key = model_graph(session, spec.model, spec.architecture)
     cache_key = None
     if graph_key:  # stored models only: inline graphs are not worth hashing
-        cache_key = (graph_key, spec.model_dump_json(), runtime, overhead, per_layer, batch_size)
+        cache_key = (
+            graph_key,
+            spec.model_dump_json(),
+            runtime,
+            hardware_runtime,
+            overhead,
+            per_layer,
+            batch_size,
+        )
         cached = _CACHE.get(cache_key)
         if cached is not None:
             return cached
-    batch = batch_size or spec.batch_size
-    micro = min(spec.micro_batch_size or batch, batch)
-    bindings = bind_dims(
-        defaults,
-        spec.bindings,
-        batch=micro,
-        sequence_length=spec.sequence_length,
-        image_size=spec.image_size,
+    resolved = resolve(
+        domain_workload(spec, runtime),
+        model_bindings=defaults,
+        hardware_runtime=hardware_runtime,
+        batch_size=batch_size,
     )
-    analysis = analyze_graph(inputs, layers, bindings, training=spec.mode is Mode.TRAINING)
-    par = spec.parallelism
+    batch, micro = resolved.batch_size, resolved.micro_batch_size
+    bindings = dict(resolved.bindings)
+    analysis = analyze_graph(
+        inputs, layers, bindings, training=spec.mode is Mode.TRAINING, resolved=resolved
+    )
     request = MemoryRequest(
-        mode=spec.mode,
-        precision=spec.precision,
-        optimizer=spec.optimizer,
-        optimizer_impl=spec.optimizer_impl,
-        checkpointing=spec.checkpointing,
-        runtime=runtime,
-        parallelism=Parallelism(
-            data=par.data, tensor=par.tensor, pipeline=par.pipeline, zero_stage=par.zero_stage
-        ),
+        mode=resolved.mode,
+        precision=resolved.precision,
+        optimizer=resolved.optimizer,
+        optimizer_impl=resolved.optimizer_impl,
+        checkpointing=resolved.checkpointing,
+        runtime=resolved.runtime,
+        parallelism=resolved.parallelism,
         accumulation_steps=max(1, batch // micro),
-        kv_cache=spec.kv_cache,
-        fp32_grad_buffer=spec.fp32_grad_buffer,
+        kv_cache=True if resolved.kv_cache is None else resolved.kv_cache,
+        fp32_grad_buffer=resolved.fp32_grad_buffer,
         overhead=overhead,
     )
     try:
@@ -242,7 +318,12 @@ def run_estimate(
             pointer="/batch_size",
         )
     run = EstimateRun(
-        label=label, micro_batch=micro, bindings=bindings, analysis=analysis, result=result
+        label=label,
+        micro_batch=micro,
+        bindings=bindings,
+        analysis=analysis,
+        result=result,
+        resolved=resolved,
     )
     if cache_key is not None:
         _CACHE.put(cache_key, run)
@@ -255,31 +336,79 @@ def estimate(session: Session, *, payload: MemoryEstimateRequest) -> MemoryEstim
     run = run_estimate(
         session,
         payload,
-        runtime=_runtime(payload, hardware),
+        runtime=payload.runtime,
+        hardware_runtime=hardware_runtime(hardware),
         overhead=hardware_overhead(hardware, payload.framework_overhead),
         per_layer=payload.per_layer,
     )
-    return _response(
-        run.label, payload, run.micro_batch, run.bindings, run.analysis, run.result, hardware
-    )
+    return _response(run, payload, hardware)
+
+
+def overhead_sources(
+    hardware: Hardware | None, override: OverheadSpec | None = None
+) -> dict[str, str]:
+    """Where the CUDA context and workspace figures come from: the request, the hardware
+    profile or the default."""
+    profile = (hardware.framework_overhead or {}) if hardware is not None else {}
+    given = override.model_dump(exclude_none=True) if override is not None else {}
+    sources = {}
+    for key, field_name, default in (
+        ("cuda_context", "cuda_context_bytes", "default, PyTorch with lazy module loading"),
+        ("workspace", "workspace_bytes", "default cuBLAS/cuDNN workspace"),
+    ):
+        if field_name in given:
+            sources[key] = "request override"
+        elif hardware is not None and field_name in profile:
+            sources[key] = f"hardware profile '{hardware.slug}'"
+        else:
+            sources[key] = default
+    return sources
+
+
+def required_of(
+    run: EstimateRun, safety_margin_fraction: float, sources: Mapping[str, str] | None = None
+) -> Requirement:
+    """The one requirement computation (app.domain.fit) for an estimate run."""
+    try:
+        return requirement(
+            run.result.peak_bytes,
+            run.result.lines,
+            safety_margin_fraction=safety_margin_fraction,
+            sources=sources,
+        )
+    except FitInputError as exc:
+        raise InvalidInput(str(exc), pointer="/safety_margin_fraction") from exc
+
+
+def required_lines(required: Requirement) -> list[RequiredLine]:
+    """A requirement's lines as the API shows them."""
+    return [
+        RequiredLine(key=line.key, bytes=line.bytes, detail=line.formula) for line in required.lines
+    ]
 
 
 def _response(
-    label: str,
-    payload: MemoryEstimateRequest,
-    micro: int,
-    bindings: dict[str, int],
-    analysis: GraphAnalysis,
-    result: MemoryEstimate,
-    hardware: Hardware | None,
+    run: EstimateRun, payload: MemoryEstimateRequest, hardware: Hardware | None
 ) -> MemoryEstimateResponse:
+    label, micro, bindings = run.label, run.micro_batch, run.bindings
+    analysis, result = run.analysis, run.result
     fit = None
     if hardware is not None:
+        required = required_of(
+            run,
+            payload.safety_margin_fraction,
+            overhead_sources(hardware, payload.framework_overhead),
+        )
+        verdict = fit_verdict(required, hardware.memory_bytes)
         fit = FitSummary(
             hardware=hardware.slug,
             memory_bytes=hardware.memory_bytes,
-            fits=result.peak_bytes <= hardware.memory_bytes,
-            headroom_bytes=hardware.memory_bytes - result.peak_bytes,
+            usable_bytes=verdict.usable_bytes,
+            required_bytes=verdict.required_bytes,
+            required=required_lines(required),
+            safety_margin_fraction=required.safety_margin_fraction,
+            fits=verdict.fits,
+            headroom_bytes=verdict.headroom_bytes,
         )
     layers = None
     if payload.per_layer:
@@ -309,7 +438,7 @@ def _response(
         model=label,
         mode=payload.mode,
         runtime=result.runtime,
-        precision=payload.precision,
+        precision=run.resolved.precision,
         batch_size=payload.batch_size,
         micro_batch_size=micro,
         bindings=bindings,
@@ -333,6 +462,8 @@ def _response(
         first_iteration_peak_phase=result.first_iteration_peak_phase,
         seed_rule_bytes=result.seed_rule_bytes,
         assumptions=list(result.assumptions),
+        attention=run.attention,
+        defaults_used=run.defaults_used(),
         fit=fit,
         layers=layers,
     )

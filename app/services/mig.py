@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import yaml
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.db.models import Hardware
 from app.db.repositories import HardwareRepository
-from app.domain.hardware import FrameworkOverhead
+from app.domain.fit import Requirement
 from app.domain.mig.layout import (
     MigError,
     MigGeometry,
@@ -20,9 +22,8 @@ from app.domain.mig.layout import (
 from app.domain.mig.layout import validate_layout as check_layout
 from app.domain.mig.parted import mig_parted_config
 from app.domain.mig.plan import Demand, plan_partitions
-from app.domain.units import MIB
 from app.domain.workload import Runtime
-from app.schemas.estimates import WorkloadSpec
+from app.schemas.estimates import OverheadSpec, RequiredLine, WorkloadSpec
 from app.schemas.mig import (
     FitAlternatives,
     LargerGpu,
@@ -39,15 +40,20 @@ from app.schemas.mig import (
     PlannedInstance,
     PlannedWorkload,
     ProfileFit,
-    RequiredLine,
     Violation,
 )
 from app.services.errors import InvalidInput, NotFound
-from app.services.estimates import run_estimate
+from app.services.estimates import (
+    EstimateRun,
+    hardware_overhead,
+    overhead_sources,
+    required_lines,
+    required_of,
+    run_estimate,
+)
 from app.services.state_cache import Digest, PerWatch, timed_digest
 from app.services.workloads import stored_spec
 
-DEFAULT_CUDA_CONTEXT_BYTES = 512 * MIB
 MAX_BATCH_SEARCH = 1_048_576
 MAX_PLAN_REPLICAS = 100_000
 
@@ -137,18 +143,19 @@ def list_profiles(session: Session, *, slug: str) -> MigProfileList:
     )
 
 
-def _cuda_context(payload_bytes: int | None, row: Hardware) -> tuple[int, str]:
-    if payload_bytes is not None:
-        return payload_bytes, "request override"
-    overhead = row.framework_overhead or {}
-    if "cuda_context_bytes" in overhead:
-        return int(overhead["cuda_context_bytes"]), f"hardware profile '{row.slug}'"
-    return DEFAULT_CUDA_CONTEXT_BYTES, "default 512 MiB (PyTorch, lazy module loading)"
-
-
 def workload_spec(session: Session, workload: WorkloadSpec | str) -> WorkloadSpec:
     """An inline workload as is, or a stored one (by slug) as the estimate's inputs."""
     return workload if not isinstance(workload, str) else stored_spec(session, workload)
+
+
+@dataclass(frozen=True, slots=True)
+class Required:
+    """A workload's requirement on a GPU (app.domain.fit) with the estimate it came from."""
+
+    lines: list[RequiredLine]
+    required_bytes: int
+    run: EstimateRun
+    requirement: Requirement
 
 
 def required_memory(
@@ -159,35 +166,31 @@ def required_memory(
     cuda_context_bytes: int | None,
     safety_margin_fraction: float,
     batch_size: int | None = None,
-) -> tuple[list[RequiredLine], str, list[str]]:
-    """Estimate + CUDA context + safety margin as named lines (the context is not in the
-    estimate line, so it can be overridden on its own)."""
-    overhead = FrameworkOverhead(cuda_context_bytes=0)
-    run = run_estimate(
-        session, spec, runtime=Runtime.CUDA, overhead=overhead, batch_size=batch_size
+) -> Required:
+    """Estimate (with the GPU profile's CUDA context and workspace, the context overridable)
+    + safety margin, as named lines: the one requirement computation."""
+    override = (
+        None if cuda_context_bytes is None else OverheadSpec(cuda_context_bytes=cuda_context_bytes)
     )
-    context, source = _cuda_context(cuda_context_bytes, row)
-    estimate = run.result.peak_bytes
-    margin = int((estimate + context) * safety_margin_fraction + 0.999999)
-    lines = [
-        RequiredLine(
-            key="memory_estimate",
-            bytes=estimate,
-            detail=f"peak of {run.label} ({run.result.peak_phase}), POST /v1/estimates/memory "
-            "for the breakdown",
-        ),
-        RequiredLine(key="cuda_context", bytes=context, detail=source),
-        RequiredLine(
-            key="safety_margin",
-            bytes=margin,
-            detail=f"{safety_margin_fraction:.0%} of estimate + context",
-        ),
-    ]
-    return lines, run.result.peak_phase, list(run.result.assumptions)
+    run = run_estimate(
+        session,
+        spec,
+        runtime=None,
+        hardware_runtime=Runtime.CUDA,
+        overhead=hardware_overhead(row, override),
+        batch_size=batch_size,
+    )
+    required = required_of(run, safety_margin_fraction, overhead_sources(row, override))
+    return Required(
+        lines=required_lines(required),
+        required_bytes=required.required_bytes,
+        run=run,
+        requirement=required,
+    )
 
 
 def _profile_fit(profile: MigProfileSpec, required: int) -> ProfileFit:
-    fits = required <= profile.memory_bytes
+    fits = required <= profile.memory_bytes  # app.domain.fit.fit's verdict
     return ProfileFit(
         profile=profile.name,
         kubernetes_resource=kubernetes_resource(profile.name),
@@ -205,14 +208,14 @@ def fit(session: Session, *, payload: MigFitRequest) -> MigFitResponse:
     row = mig_hardware(session, payload.gpu)
     geo = geometry(row)
     requested_profile = require_profile(geo, payload.profile) if payload.profile else None
-    lines, phase, assumptions = required_memory(
+    need = required_memory(
         session,
         workload_spec(session, payload.workload),
         row,
         cuda_context_bytes=payload.cuda_context_bytes,
         safety_margin_fraction=payload.safety_margin_fraction,
     )
-    required = sum(line.bytes for line in lines)
+    required = need.required_bytes
     fits = [_profile_fit(p, required) for p in geo.profiles]
     smallest = smallest_fitting(geo, required)
     alternatives = None
@@ -221,14 +224,16 @@ def fit(session: Session, *, payload: MigFitRequest) -> MigFitResponse:
     return MigFitResponse(
         gpu=geo.gpu,
         required_bytes=required,
-        required=lines,
-        estimate_peak_phase=phase,
+        required=need.lines,
+        estimate_peak_phase=need.run.result.peak_phase,
         profiles=fits,
         smallest_fitting_profile=smallest.name if smallest else None,
         smallest_fitting_resource=kubernetes_resource(smallest.name) if smallest else None,
         requested=_profile_fit(requested_profile, required) if requested_profile else None,
         alternatives=alternatives,
-        assumptions=assumptions,
+        assumptions=list(need.run.result.assumptions),
+        attention=need.run.attention,
+        defaults_used=need.run.defaults_used(),
     )
 
 
@@ -279,7 +284,7 @@ def _largest_batch(
     spec = workload_spec(session, payload.workload)
 
     def fits(batch: int) -> bool:
-        lines, _, _ = required_memory(
+        need = required_memory(
             session,
             spec,
             row,
@@ -287,7 +292,7 @@ def _largest_batch(
             safety_margin_fraction=payload.safety_margin_fraction,
             batch_size=batch,
         )
-        return sum(line.bytes for line in lines) <= profile.memory_bytes
+        return need.required_bytes <= profile.memory_bytes
 
     if not fits(1):
         return None
@@ -331,14 +336,13 @@ def _plan_profile(
         require_profile(geo, item.profile)
         return PlannedWorkload(name=item.name, profile=item.profile, replicas=item.replicas)
     assert item.workload is not None
-    lines, _, _ = required_memory(
+    required = required_memory(
         session,
         workload_spec(session, item.workload),
         row,
         cuda_context_bytes=payload.cuda_context_bytes,
         safety_margin_fraction=payload.safety_margin_fraction,
-    )
-    required = sum(line.bytes for line in lines)
+    ).required_bytes
     chosen = smallest_fitting(geo, required)
     if chosen is None:
         biggest = max(p.memory_bytes for p in geo.profiles)

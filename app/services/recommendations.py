@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 from app.charts import Roof, RoofPoint, roofline_svg
 from app.db.models import Hardware
 from app.db.repositories import HardwareRepository
+from app.domain.fit import requirement
 from app.domain.graph.analysis import GraphAnalysis
 from app.domain.hardware import (
     DeviceKind,
@@ -46,7 +47,7 @@ from app.domain.performance.roofline import (
     unsupported_reason,
 )
 from app.domain.precision import DType, Precision
-from app.domain.workload import Mode, Runtime
+from app.domain.workload import DEFAULT_SAFETY_MARGIN_FRACTION, Logits, Mode, Runtime
 from app.schemas.estimates import InlineArchitecture
 from app.schemas.recommendations import (
     CalibrationOverride,
@@ -277,12 +278,14 @@ class ModelSource:
         self.memo[key] = found
         return found
 
-    def analysis(self, bindings: dict[str, int]) -> GraphAnalysis:
+    def analysis(self, bindings: dict[str, int], logits: Logits = Logits.ALL) -> GraphAnalysis:
         """The inference analysis at ``bindings`` (cached for stored models)."""
+
+        def compute() -> GraphAnalysis:
+            return analyze_graph(self.inputs, self.layers, bindings, training=False, logits=logits)
+
         return self._remember(
-            (self.key, "analysis", tuple(bindings.items())),
-            _ANALYSES,
-            lambda: analyze_graph(self.inputs, self.layers, bindings, training=False),
+            (self.key, "analysis", tuple(bindings.items()), logits), _ANALYSES, compute
         )
 
     def bindings(self, batch: int, *, seq: int | None = None) -> dict[str, int]:
@@ -334,8 +337,10 @@ class ModelSource:
             return self.bindings(batch, seq=self.prompt_tokens + self.generated_tokens)
         return self.bindings(batch)
 
-    def peak_bytes(self, batch: int, scheme: PrecisionScheme, candidate: Candidate) -> int:
-        """The memory engine's inference peak for a candidate's runtime and overheads [B]."""
+    def required_bytes(self, batch: int, scheme: PrecisionScheme, candidate: Candidate) -> int:
+        """The one requirement (app.domain.fit: the memory engine's inference peak with the
+        candidate's runtime and overheads, plus the default safety margin) [B]. Serving
+        defaults: logits for the last position, attention as PyTorch's SDPA picks it."""
         bindings = self.memory_bindings(batch)
         request = MemoryRequest(
             mode=Mode.INFERENCE,
@@ -347,9 +352,14 @@ class ModelSource:
 
         def estimate() -> int:
             try:
-                return estimate_memory(self.analysis(bindings), request).peak_bytes
+                result = estimate_memory(self.analysis(bindings, Logits.LAST), request)
             except MemoryInputError as exc:
                 raise InvalidInput(str(exc)) from exc
+            return requirement(
+                result.peak_bytes,
+                result.lines,
+                safety_margin_fraction=DEFAULT_SAFETY_MARGIN_FRACTION,
+            ).required_bytes
 
         return self._remember(
             (self.key, "peak", tuple(bindings.items()), request), _PEAKS, estimate
@@ -360,10 +370,12 @@ class ModelSource:
         bindings = self.memory_bindings(batch)
         shape = ", ".join(f"{k}={v}" for k, v in bindings.items())
         return MemoryFit(
-            required_bytes=self.peak_bytes(batch, scheme, candidate),
+            required_bytes=self.required_bytes(batch, scheme, candidate),
             available_bytes=candidate.device.memory_bytes,
             detail=f"memory engine inference peak ({candidate.runtime.value}, precision "
-            f"{scheme.precision.value}, {shape}); POST /v1/estimates/memory for the breakdown",
+            f"{scheme.precision.value}, {shape}) + "
+            f"{DEFAULT_SAFETY_MARGIN_FRACTION:.0%} safety margin; POST /v1/estimates/memory "
+            "with the same options for the breakdown and the same fit",
         )
 
 

@@ -11,8 +11,6 @@ from sqlalchemy.orm import Session
 
 from app.db.models import Hardware, Workload, utcnow
 from app.db.repositories import HardwareRepository, ModelRepository
-from app.domain.hardware import FrameworkOverhead
-from app.domain.workload import Runtime
 from app.schemas.estimates import MemoryEstimateRequest, MemoryEstimateResponse, WorkloadSpec
 from app.schemas.workloads import (
     WorkloadBase,
@@ -113,7 +111,11 @@ def _apply(session: Session, row: Workload, fields: WorkloadBase) -> None:
             )
     # Reject what no estimate could answer (unknown symbols, quantized training, ...) now.
     estimates.run_estimate(
-        session, to_spec(fields), runtime=Runtime.CUDA, overhead=FrameworkOverhead()
+        session,
+        to_spec(fields),
+        runtime=None,
+        hardware_runtime=estimates.hardware_runtime(hardware),
+        overhead=estimates.hardware_overhead(hardware),
     )
     row.name = fields.name
     row.description = fields.description

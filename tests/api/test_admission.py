@@ -93,7 +93,9 @@ def test_does_not_fit_says_what_would(with_workloads: ApiClient) -> None:
     assert answer["status"]["code"] == 403
     message = answer["status"]["message"]
     assert message.startswith("container 'server': llama-chat inference bs 8 bf16 needs ")
-    assert "smallest fitting: mig-7g.80gb" in message or "no MIG profile fits" in message
+    # Fused attention and last-position logits (serving defaults): the Llama chat pod at batch
+    # 8 fits a 3g.40gb slice (with eager attention and every logit it needed a whole GPU).
+    assert "smallest fitting: mig-3g.40gb" in message
 
 
 def test_no_gpu_requested_is_allowed_without_lookup(client: ApiClient) -> None:

@@ -67,7 +67,14 @@ def test_hardware_sets_runtime_and_checks_the_fit(client: ApiClient) -> None:
     )  # fmt: skip
     assert gpu["runtime"] == "pytorch_cuda"
     assert gpu["fit"]["fits"] is True
-    assert gpu["fit"]["headroom_bytes"] == 80 * 2**30 - gpu["peak_bytes"]
+    # The one requirement: the peak (context and workspace included) + a 5 % margin.
+    fit = gpu["fit"]
+    assert fit["required_bytes"] == gpu["peak_bytes"] + -(-gpu["peak_bytes"] * 5 // 100)
+    assert [line["key"] for line in fit["required"]] == [
+        "memory_estimate", "cuda_context", "workspace", "safety_margin",
+    ]  # fmt: skip
+    assert sum(line["bytes"] for line in fit["required"]) == fit["required_bytes"]
+    assert fit["headroom_bytes"] == 80 * 2**30 - fit["required_bytes"]
     kv = next(line for line in gpu["breakdown"] if line["key"] == "kv_cache")
     assert kv["bytes"] == 2 * 32 * 32 * 128 * 4096 * 2
     cpu = _estimate(
@@ -95,7 +102,9 @@ def test_overrides_replace_framework_overhead(client: ApiClient) -> None:
 
 
 def test_per_layer_view(client: ApiClient) -> None:
-    body = _estimate(client, model="vgg-16", mode="training", batch_size=2, per_layer=True)
+    body = _estimate(
+        client, model="vgg-16", mode="training", batch_size=2, precision="fp32", per_layer=True
+    )
     layers = body["layers"]
     assert layers[0]["name"] == "features.conv1" or layers[0]["op"] == "conv2d"
     assert layers[0]["params"] == 1792
@@ -111,7 +120,7 @@ def test_per_layer_view(client: ApiClient) -> None:
 def test_per_layer_dtypes_follow_precision_and_runtime(client: ApiClient) -> None:
     body = _estimate(
         client, model="gpt-2", mode="training", batch_size=1, sequence_length=32,
-        precision="bf16", runtime="pytorch_cuda", per_layer=True,
+        precision="bf16", runtime="pytorch_cuda", attention="eager", per_layer=True,
     )  # fmt: skip
     attn = next(layer for layer in body["layers"] if layer["op"] == "attention")
     dtypes = {k["label"]: k["dtype"] for k in attn["kept_for_backward"]}
@@ -277,3 +286,41 @@ def test_cached_estimates_follow_model_edits(client: ApiClient) -> None:
     client.delete("/v1/models/edit-me", headers={"If-Match": "*"})
     client.post("/v1/models", json=model)  # same slug, new row
     assert _estimate(client, **body)["params"] == first["params"]
+
+
+def test_defaults_are_echoed_and_follow_the_table(client: ApiClient) -> None:
+    """Every option left out is named with the value the one default table gave it."""
+    body = _estimate(
+        client, model="llama-3-8b", mode="inference", batch_size=8,
+        hardware="nvidia-a100-80gb-sxm",
+    )  # fmt: skip
+    used = {row["option"]: row["value"] for row in body["defaults_used"]}
+    assert used == {
+        "runtime": "pytorch_cuda",
+        "precision": "bf16",
+        "sequence_length": "8192",
+        "logits": "last",
+        "attention": "flash",
+    }
+    assert body["precision"] == "bf16"
+    assert body["bindings"]["seq"] == 8192
+    assert body["attention"][0].startswith("flash: ")
+    cpu = _estimate(
+        client, model="bert-base", mode="inference", batch_size=8, runtime="pytorch_cpu"
+    )
+    cpu_used = {row["option"]: row["value"] for row in cpu["defaults_used"]}
+    assert cpu_used["precision"] == "fp32"
+    assert "kv_cache" not in {line["key"] for line in cpu["breakdown"]}  # an encoder
+
+
+def test_llama3_8b_serving_target(client: ApiClient) -> None:
+    """Issue 12's target: Llama-3-8B bf16 inference, batch 8 x 4,096 tokens, CUDA defaults:
+    under 36 GiB, and the fit on a 3g.40gb-sized budget agrees."""
+    body = _estimate(
+        client, model="llama-3-8b", mode="inference", batch_size=8, sequence_length=4096,
+        precision="bf16", hardware="nvidia-a100-80gb-sxm",
+    )  # fmt: skip
+    assert body["peak_bytes"] < 36 * 2**30
+    keys = {line["key"] for line in body["breakdown"]}
+    assert {"weights", "kv_cache", "cuda_context", "workspace"} <= keys
+    assert "gradients" not in keys

@@ -41,10 +41,12 @@ def test_small_workload_fits_the_smallest_profile(client: ApiClient) -> None:
     assert body["smallest_fitting_resource"] == "nvidia.com/mig-1g.10gb"
     assert "alternatives" not in body
     lines = {line["key"]: line["bytes"] for line in body["required"]}
-    assert set(lines) == {"memory_estimate", "cuda_context", "safety_margin"}
+    assert set(lines) == {"memory_estimate", "cuda_context", "workspace", "safety_margin"}
     assert sum(lines.values()) == body["required_bytes"]
     assert lines["cuda_context"] == 512 * 2**20
-    assert lines["safety_margin"] == -(-(lines["memory_estimate"] + lines["cuda_context"]) // 20)
+    assert lines["workspace"] == 32 * 2**20
+    base = lines["memory_estimate"] + lines["cuda_context"] + lines["workspace"]
+    assert lines["safety_margin"] == -(-base // 20)
     for profile in body["profiles"]:
         assert profile["headroom_bytes"] == profile["usable_bytes"] - body["required_bytes"]
         assert profile["fits"] == (profile["headroom_bytes"] >= 0)
@@ -62,9 +64,11 @@ def test_overrides_are_named_lines(client: ApiClient) -> None:
     )
     lines = {line["key"]: line for line in body["required"]}
     assert lines["cuda_context"]["bytes"] == 0
-    assert lines["cuda_context"]["detail"] == "request override"
+    assert lines["cuda_context"]["detail"] == "0 [B CUDA context: request override] = 0 B"
     assert lines["safety_margin"]["bytes"] == 0
-    assert body["required_bytes"] == lines["memory_estimate"]["bytes"]
+    assert body["required_bytes"] == (
+        lines["memory_estimate"]["bytes"] + lines["workspace"]["bytes"]
+    )
     assert body["requested"]["profile"] == "3g.40gb"
     assert body["requested"]["fits"] is True
 

@@ -3,7 +3,7 @@ from datetime import UTC, datetime
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import inspect, select
+from sqlalchemy import Table, inspect, select
 
 from app.db.base import Base
 from app.db.migrations import alembic_config, current_revisions, head_revisions
@@ -51,6 +51,7 @@ def test_upgrade_strips_fused_from_stored_attention_layers(db_url: str) -> None:
     config = alembic_config(db_url)
     engine = make_engine(db_url)
     table = ModelArchitecture.__table__
+    assert isinstance(table, Table)
     layers = [
         {"name": "attn", "op": "attention", "num_heads": 2, "fused": True},
         {

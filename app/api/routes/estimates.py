@@ -13,7 +13,7 @@ from app.api.errors import problem_responses
 from app.api.media import SVG, svg_responses
 from app.api.params import BatchSizeQuery, ImageSizeQuery, SequenceLengthQuery
 from app.domain.precision import Precision
-from app.domain.workload import Checkpointing, Mode, Optimizer, Runtime
+from app.domain.workload import Attention, Checkpointing, Logits, Mode, Optimizer, Runtime
 from app.schemas.base import StorableStr
 from app.schemas.estimates import MemoryEstimateRequest, MemoryEstimateResponse
 from app.services import estimates as service
@@ -46,11 +46,31 @@ async def memory_query(
     micro_batch_size: Annotated[
         int | None, Query(ge=1, le=1_048_576, description="Batch per forward pass.")
     ] = None,
-    precision: Annotated[Precision, Query(description="Precision convention.")] = Precision.FP32,
-    optimizer: Annotated[Optimizer, Query(description="Optimizer.")] = Optimizer.ADAMW,
+    precision: Annotated[
+        Precision | None,
+        Query(
+            description="Precision convention. Default: bf16 (inference) / amp_bf16 "
+            "(training) on CUDA, fp32 on CPU."
+        ),
+    ] = None,
+    optimizer: Annotated[Optimizer | None, Query(description="Optimizer. Default: adamw.")] = None,
     checkpointing: Annotated[
-        Checkpointing, Query(description="Activation checkpointing.")
-    ] = Checkpointing.NONE,
+        Checkpointing | None, Query(description="Activation checkpointing. Default: none.")
+    ] = None,
+    attention: Annotated[
+        Attention | None,
+        Query(
+            description="eager, sdpa_math, flash or mem_efficient. Default: PyTorch SDPA's "
+            "choice (flash on CUDA fp16/bf16, mem_efficient on CUDA fp32, flash on CPU)."
+        ),
+    ] = None,
+    logits: Annotated[
+        Logits | None,
+        Query(description="Decoder inference: last (default) or all positions."),
+    ] = None,
+    kv_cache: Annotated[
+        bool | None, Query(description="Decoder inference: include the KV cache (default).")
+    ] = None,
     hardware: Annotated[
         StorableStr | None, Query(max_length=64, description="Hardware slug.")
     ] = None,
@@ -69,6 +89,9 @@ async def memory_query(
                 "precision": precision,
                 "optimizer": optimizer,
                 "checkpointing": checkpointing,
+                "attention": attention,
+                "logits": logits,
+                "kv_cache": kv_cache,
                 "hardware": hardware,
                 "runtime": runtime,
             }

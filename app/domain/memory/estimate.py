@@ -1050,7 +1050,7 @@ def estimate_memory(
             assumptions=tuple(notes.get(key, [])),
         )
         for key in order
-        if key in parts
+        if key in parts and (training or key != "gradients")  # inference has no gradients
     )
     layers_view = _layer_view(e) if per_layer else ()
     phase_peaks: dict[str, int] = {}
