@@ -8,13 +8,14 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
 from app.api.auth_gate import AuthGateMiddleware
 from app.api.database import Database, register_database_metrics
 from app.api.errors import PROBLEM_JSON, install_error_handlers
 from app.api.inflight import InFlightLimitMiddleware
 from app.api.middleware import BodySizeLimitMiddleware, Metrics, RequestContextMiddleware
+from app.api.query_guard import reject_unknown_query
 from app.api.routes import (
     admission,
     estimates,
@@ -90,6 +91,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
         docs_url="/docs",
         redoc_url="/redoc",
+        dependencies=[Depends(reject_unknown_query)],
     )
     app.state.settings = settings
     app.state.engine = engine
