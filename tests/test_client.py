@@ -140,6 +140,17 @@ def test_cli_estimate_fit_and_json(http: TestClient) -> None:
     assert "weights" in out
     assert "peak " in out
 
+    # Left out, the sequence length, precision, attention and logits come from the server's
+    # default table, and the header says so.
+    code, out, err = run(http, "estimate", "llama-3-8b", "--batch", "8")
+    assert code == 0, err
+    assert "llama-3-8b: inference, batch 8, bf16 " in out
+    assert "seq=8192" in out
+    assert "  sequence_length = 8192 (the model's default `seq`)" in out
+    assert "  precision = bf16 (inference on pytorch_cuda)" in out
+    assert "  logits = last (" in out
+    assert "attention: flash: " in out
+
     code, out, err = run(http, "estimate", "gpt-2", "--batch", "2", "--seq", "64", "--json")
     assert code == 0, err
     assert json.loads(out)["params"] == 124_439_808

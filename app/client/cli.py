@@ -28,6 +28,7 @@ from pydantic import BaseModel
 
 from app.client.api import ApiError, CapacityPlannerClient
 from app.domain.units import GIB
+from app.schemas.estimates import DefaultUsedRow
 
 T = TypeVar("T")
 SHOW_AFTER_S = 1.0
@@ -147,16 +148,34 @@ def _workload(args: argparse.Namespace) -> dict[str, Any]:
         "model": args.model,
         "mode": args.mode,
         "batch_size": args.batch,
-        "precision": args.precision,
     }
+    # Options left out are decided by the server's one default table (echoed in the header).
     for key, value in (
+        ("precision", args.precision),
         ("sequence_length", args.seq),
         ("image_size", args.image),
         ("optimizer", args.optimizer),
+        ("attention", args.attention),
+        ("logits", args.logits),
     ):
         if value is not None:
             spec[key] = value
     return spec
+
+
+def _echo(
+    bindings: dict[str, int] | None, defaults: list[DefaultUsedRow], attention: list[str]
+) -> str:
+    """The header lines naming every binding and every default the server used."""
+    lines = []
+    if bindings:
+        lines.append("bindings: " + ", ".join(f"{k}={v}" for k, v in bindings.items()))
+    if attention:
+        lines.append("attention: " + "; ".join(attention))
+    if defaults:
+        lines.append("defaults used:")
+        lines += [f"  {d.option} = {d.value} ({d.reason})" for d in defaults]
+    return "\n".join(lines) + "\n"
 
 
 def _resolve_gpu(client: CapacityPlannerClient, name: str) -> str:
@@ -196,8 +215,9 @@ def cmd_estimate(client: CapacityPlannerClient, args: argparse.Namespace, out: T
         return 0
     out.write(
         f"{result.model}: {result.mode}, batch {result.batch_size}, {result.precision} "
-        f"({result.params:,} parameters)\n\n"
+        f"({result.params:,} parameters)\n"
     )
+    out.write(_echo(result.bindings, result.defaults_used, result.attention) + "\n")
     rows = [(line.key, line.bytes, gib(line.bytes)) for line in result.breakdown if line.bytes]
     out.write(table(rows, ["line", "bytes", "GiB"]) + "\n\n")
     out.write(f"peak {gib(result.peak_bytes)} ({result.peak_bytes:,} B) at {result.peak_phase}\n")
@@ -217,7 +237,8 @@ def cmd_fit(client: CapacityPlannerClient, args: argparse.Namespace, out: TextIO
     if args.json:
         out.write(_dump(result) + "\n")
         return 0
-    out.write(f"{args.model} on {gpu}: needs {gib(result.required_bytes)}\n\n")
+    out.write(f"{args.model} on {gpu}: needs {gib(result.required_bytes)}\n")
+    out.write(_echo(None, result.defaults_used, result.attention) + "\n")
     rows = [
         (p.profile, p.kubernetes_resource, gib(p.usable_bytes), gib(p.headroom_bytes), p.fits)
         for p in result.profiles
@@ -460,7 +481,21 @@ def _workload_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="model slug (GET /v1/models lists them)")
     parser.add_argument("--mode", choices=["training", "inference"], default="inference")
     parser.add_argument("--batch", type=int, default=1, help="batch size")
-    parser.add_argument("--precision", default="fp32", help="fp32, bf16, fp16, int8, amp_bf16, ...")
+    parser.add_argument(
+        "--precision",
+        default=None,
+        help="fp32, bf16, amp_bf16, int8, ... (default: the server's table: bf16 inference / "
+        "amp_bf16 training on CUDA, fp32 on CPU)",
+    )
+    parser.add_argument(
+        "--attention",
+        choices=["eager", "sdpa_math", "flash", "mem_efficient"],
+        default=None,
+        help="attention implementation (default: PyTorch SDPA's choice)",
+    )
+    parser.add_argument(
+        "--logits", choices=["last", "all"], default=None, help="decoder inference (default last)"
+    )
     parser.add_argument("--seq", type=int, help="sequence length")
     parser.add_argument("--image", type=int, help="image size")
     parser.add_argument("--optimizer", help="training optimizer (default adamw)")

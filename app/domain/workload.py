@@ -155,11 +155,15 @@ class DefaultRule:
 
 
 DEFAULTS: tuple[DefaultRule, ...] = (
+    DefaultRule("mode", "inference", "CLI and pod annotations; the API asks for it"),
+    DefaultRule("batch_size", "1", "CLI and pod annotations; the API asks for it"),
     DefaultRule("runtime", "pytorch_cuda", "pytorch_cpu on a CPU hardware profile"),
     DefaultRule("precision", "bf16 (inference) / amp_bf16 (training) on CUDA, fp32 on CPU",
-                "default_precision"),
-    DefaultRule("sequence_length", "the model's `seq` default binding", "model"),
-    DefaultRule("image_size", "the model's `image` default binding", "model"),
+                "what serving and training stacks run on GPUs"),
+    DefaultRule("sequence_length", "the model's `seq` default binding",
+                "echoed in defaults_used: never silent"),
+    DefaultRule("image_size", "the model's `image` default binding",
+                "echoed in defaults_used: never silent"),
     DefaultRule("micro_batch_size", "batch_size", "no gradient accumulation"),
     DefaultRule("optimizer", "adamw", "training only"),
     DefaultRule("optimizer_impl", "auto: foreach on CUDA, for-loop on CPU, fused for mixed_*",
@@ -175,6 +179,13 @@ DEFAULTS: tuple[DefaultRule, ...] = (
 )  # fmt: skip
 
 DEFAULT_SAFETY_MARGIN_FRACTION = 0.05
+
+
+def defaults_table_markdown() -> str:
+    """:data:`DEFAULTS` as the Markdown table the README shows."""
+    rows = ["| option | default | why / where |", "|---|---|---|"]
+    rows += [f"| `{d.option}` | {d.default} | {d.rule} |" for d in DEFAULTS]
+    return "\n".join(rows) + "\n"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

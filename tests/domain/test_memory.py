@@ -7,7 +7,15 @@ import pytest
 from app.domain.graph.analysis import GraphAnalysis, InputDecl, analyze
 from app.domain.memory.estimate import MemoryInputError, MemoryRequest, estimate_memory
 from app.domain.precision import Precision
-from app.domain.workload import Attention, Checkpointing, Mode, Optimizer, Parallelism, Runtime
+from app.domain.workload import (
+    Attention,
+    Checkpointing,
+    Logits,
+    Mode,
+    Optimizer,
+    Parallelism,
+    Runtime,
+)
 from app.domain.zoo import ZOO
 
 GPT3_PARAMS = 174_604_259_328
@@ -228,3 +236,54 @@ def test_zero_without_data_parallel_is_rejected() -> None:
     request = _train(parallelism=Parallelism(zero_stage=2))
     with pytest.raises(MemoryInputError, match="data-parallel"):
         estimate_memory(_analysis("gpt-2", training=True, seq=8), request)
+
+
+def test_llama3_8b_serving_with_cuda_defaults_is_under_36_gib() -> None:
+    """Issue 12's target: bf16 inference, batch 8 x 4,096 tokens, flash attention (SDPA's CUDA
+    choice for bf16), logits for the last position only. Exact bytes, every line named."""
+    model = ZOO["llama-3-8b"]
+    analysis = analyze(
+        model.inputs,
+        model.layers,
+        {**model.default_bindings, "batch": 8, "seq": 4096},
+        training=False,
+        precision=Precision.BF16,
+        logits=Logits.LAST,
+    )
+    assert analysis.attention_used[0][0] is Attention.FLASH
+    result = estimate_memory(analysis, MemoryRequest(mode=Mode.INFERENCE, precision=Precision.BF16))
+    lines = {line.key: line.bytes for line in result.lines}
+    assert lines == {
+        "weights": 8_030_261_248 * 2,
+        "inputs": 8 * 4096 * 8,  # int64 token ids
+        "activations": 805_568_512,
+        "transient": 2_818_572_288,  # the MLP's 14,336-wide intermediates of one layer
+        "kv_cache": 2 * 32 * 8 * 128 * 4096 * 8 * 2,  # 2 x layers x kv heads x dim x seq x batch
+        "workspace": 32 * 2**20,
+        "allocator_rounding": 45_056,
+        "fragmentation_reserve": 1_198_996_889,
+        "cuda_context": 512 * 2**20,
+    }
+    assert result.peak_bytes == 25_749_360_025 < 36 * 2**30
+
+
+def test_gpt2_amp_bf16_training_activations_with_flash() -> None:
+    """Issue 12's target: GPT-2 AMP-bf16 training at 8 x 1,024 with SDPA's CUDA default
+    (flash): activations within 1.6-5.0 GiB (eager kept 12.75 GiB); the bf16 logits the caller
+    holds are their own line."""
+    model = ZOO["gpt-2"]
+    analysis = analyze(
+        model.inputs,
+        model.layers,
+        {**model.default_bindings, "batch": 8, "seq": 1024},
+        training=True,
+        precision=Precision.AMP_BF16,
+    )
+    result = estimate_memory(
+        analysis, MemoryRequest(mode=Mode.TRAINING, precision=Precision.AMP_BF16)
+    )
+    lines = {line.key: line.bytes for line in result.lines}
+    assert lines["activations"] == 4_567_728_128
+    assert 1.6 * 2**30 <= lines["activations"] <= 5.0 * 2**30
+    assert lines["outputs"] == 8 * 1024 * 50257 * 2
+    assert result.peak_bytes == 10_789_137_433

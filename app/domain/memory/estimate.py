@@ -1022,6 +1022,18 @@ def estimate_memory(
     peak = max(steady_moments, key=lambda m: m.total)
     first_peak = max(first_moments, key=lambda m: m.total) if first_moments else None
     parts = dict(peak.parts)
+    if training and peak.phase == "backward" and parts.get("activations", 0):
+        # The model's output (the logits) is alive through backward because the caller holds
+        # it, not because a layer kept it: its own line.
+        out_bytes = storage_plan.sizes.get(analysis.output_storage, 0)
+        if 0 < out_bytes <= parts["activations"]:
+            parts["activations"] -= out_bytes
+            parts["outputs"] = out_bytes
+            shape = "x".join(str(d) for d in analysis.output_shape)
+            formulas["outputs"] = (
+                f"{out_bytes:,} [B: the model's output, {shape}, returned to the caller] = "
+                f"{out_bytes:,} B"
+            )
     if request.runtime is Runtime.CUDA:
         _cuda_lines(e, parts)
     # Lines that are sums over the step's timeline name their total (per layer: per_layer=true).
@@ -1039,7 +1051,7 @@ def estimate_memory(
             formulas[key] = f"{parts[key]:,} [B: {words}] = {parts[key]:,} B"
     order = [
         "weights", "master_weights", "weight_cast_cache", "gradients", "optimizer_state",
-        "buffers", "inputs", "activations", "loss", "transient", "kv_cache", "workspace",
+        "buffers", "inputs", "outputs", "activations", "loss", "transient", "kv_cache", "workspace",
         "allocator_rounding", "fragmentation_reserve", "cuda_context",
     ]  # fmt: skip
     lines = tuple(
