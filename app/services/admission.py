@@ -20,14 +20,31 @@ from app.domain.admission import (
     planner_annotations,
 )
 from app.domain.fit import fit
-from app.domain.mig.layout import kubernetes_resource, smallest_fitting
+from app.domain.mig.layout import (
+    kubernetes_resource,
+    smallest_fitting,
+)
 from app.domain.units import GIB
-from app.domain.workload import DEFAULT_SAFETY_MARGIN_FRACTION
+from app.domain.workload import (
+    DEFAULT_SAFETY_MARGIN_FRACTION,
+)
 from app.schemas.admission import AdmissionCheckRequest, AdmissionCheckResponse
 from app.schemas.base import SLUG_PATTERN
-from app.schemas.estimates import DefaultUsedRow, WorkloadSpec
-from app.services.errors import InvalidInput, ServiceError
-from app.services.mig import geometry, required_memory, workload_spec
+from app.schemas.estimates import (
+    DefaultUsedRow,
+    WorkloadSpec,
+)
+from app.services.convert import (
+    geometry,
+)
+from app.services.errors import (
+    InvalidInput,
+    ServiceError,
+)
+from app.services.pipeline import (
+    required_memory,
+    workload_spec,
+)
 from app.services.state_cache import Digest, PerWatch, timed_digest
 
 LOW_HEADROOM = 0.10

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -13,8 +12,15 @@ from sqlalchemy.orm import Session
 
 from app.db.models import Hardware, utcnow
 from app.db.repositories import HardwareRepository
-from app.schemas.hardware import CatalogEntry, CatalogFile, HardwareSource
-from app.services.hardware import apply_fields
+from app.schemas.hardware import (
+    CatalogEntry,
+    CatalogFile,
+    HardwareSource,
+)
+from app.services.convert import (
+    apply_hardware_fields,
+)
+from app.services.sync_report import SyncReport
 
 
 class CatalogError(Exception):
@@ -65,30 +71,6 @@ def entry_digest(entry: CatalogEntry) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-@dataclass(slots=True)
-class SyncReport:
-    """What a sync did, slug by slug."""
-
-    created: list[str] = field(default_factory=list)
-    updated: list[str] = field(default_factory=list)
-    unchanged: list[str] = field(default_factory=list)
-    skipped_user_owned: list[str] = field(default_factory=list)
-    not_in_catalog: list[str] = field(default_factory=list)
-
-    @property
-    def changed(self) -> bool:
-        """Whether the sync wrote anything."""
-        return bool(self.created or self.updated)
-
-    def summary(self) -> str:
-        """One line for logs and the CLI."""
-        return (
-            f"created {len(self.created)}, updated {len(self.updated)}, "
-            f"unchanged {len(self.unchanged)}, skipped (user-owned slug) "
-            f"{len(self.skipped_user_owned)}, stale catalog rows kept {len(self.not_in_catalog)}"
-        )
-
-
 def sync_catalog(session: Session, entries: list[CatalogEntry]) -> SyncReport:
     """Upsert catalog entries by slug in one transaction.
 
@@ -109,7 +91,7 @@ def sync_catalog(session: Session, entries: list[CatalogEntry]) -> SyncReport:
                 catalog_digest=digest,
                 created_at=utcnow(),
             )
-            apply_fields(row, entry)
+            apply_hardware_fields(row, entry)
             session.add(row)
             report.created.append(entry.slug)
         elif row.source != HardwareSource.CATALOG.value:
@@ -117,7 +99,7 @@ def sync_catalog(session: Session, entries: list[CatalogEntry]) -> SyncReport:
         elif row.catalog_digest == digest:
             report.unchanged.append(entry.slug)
         else:
-            apply_fields(row, entry)
+            apply_hardware_fields(row, entry)
             row.catalog_digest = digest
             report.updated.append(entry.slug)
     catalog_slugs = {entry.slug for entry in entries}

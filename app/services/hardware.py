@@ -5,13 +5,12 @@ from __future__ import annotations
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app.db.models import Hardware, MigProfile, utcnow
+from app.db.models import Hardware, utcnow
 from app.db.repositories import HardwareRepository
 from app.domain.units import MIB
 from app.schemas.hardware import (
     CpuDetails,
     FrameworkOverhead,
-    HardwareBase,
     HardwareCreate,
     HardwareList,
     HardwareRead,
@@ -22,62 +21,20 @@ from app.schemas.hardware import (
     MigSpecRead,
 )
 from app.services.concurrency import IfMatch, commit_versioned, require_match
-from app.services.errors import AlreadyExists, InUse, NotFound, ReadOnly
+from app.services.convert import (
+    apply_hardware_fields,
+)
+from app.services.errors import (
+    AlreadyExists,
+    InUse,
+    NotFound,
+    ReadOnly,
+)
 
 
 def kubernetes_resource_name(profile_name: str) -> str:
     """Extended resource the NVIDIA device plugin advertises for a MIG profile."""
     return "nvidia.com/mig-" + profile_name.replace("+", ".")
-
-
-def apply_fields(target: Hardware, fields: HardwareBase) -> None:
-    """Copy every client-supplied field onto the ORM row (MIG profiles replaced whole)."""
-    target.vendor = fields.vendor
-    target.name = fields.name
-    target.kind = fields.kind.value
-    target.family = fields.family
-    target.architecture = fields.architecture
-    target.launch_year = fields.launch_year
-    target.memory_bytes = fields.memory_bytes
-    target.memory_type = fields.memory_type
-    target.memory_bandwidth_bytes_per_s = fields.memory_bandwidth_bytes_per_s
-    target.peak_flops_per_s = {k.value: v for k, v in sorted(fields.peak_flops_per_s.items())}
-    target.peak_sparse_flops_per_s = {
-        k.value: v for k, v in sorted(fields.peak_sparse_flops_per_s.items())
-    }
-    target.host_link_type = fields.host_link.type
-    target.host_link_pcie_generation = fields.host_link.pcie_generation
-    target.host_link_pcie_lanes = fields.host_link.pcie_lanes
-    target.host_link_bandwidth_bytes_per_s = fields.host_link.bandwidth_bytes_per_s
-    target.tdp_watts = fields.tdp_watts
-    target.price_usd_per_hour = fields.price_usd_per_hour
-    target.cpu = fields.cpu.model_dump() if fields.cpu else None
-    target.framework_overhead = (
-        fields.framework_overhead.model_dump() if fields.framework_overhead else None
-    )
-    target.unconfirmed = list(fields.unconfirmed)
-    target.sources = list(fields.sources)
-    target.notes = fields.notes
-    mig = fields.mig
-    target.mig_total_compute_slices = mig.total_compute_slices if mig else None
-    target.mig_total_memory_slices = mig.total_memory_slices if mig else None
-    target.mig_max_gpu_instances = mig.max_gpu_instances if mig else None
-    # Update profiles in place by name: (hardware_id, name) stays unique within one flush, and
-    # the parent's versioned UPDATE is flushed before any child row is touched.
-    existing = {profile.name: profile for profile in target.mig_profiles}
-    profiles = []
-    for position, profile in enumerate(mig.profiles if mig else []):
-        child = existing.get(profile.name) or MigProfile(name=profile.name)
-        child.position = position
-        child.memory_mib = profile.memory_mib
-        child.compute_slices = profile.compute_slices
-        child.memory_slices = profile.memory_slices
-        child.max_instances = profile.max_instances
-        child.placements = list(profile.placements)
-        child.unconfirmed = list(profile.unconfirmed)
-        profiles.append(child)
-    target.mig_profiles = profiles
-    target.updated_at = utcnow()
 
 
 def to_read(row: Hardware) -> HardwareRead:
@@ -198,7 +155,7 @@ def create_hardware(session: Session, *, payload: HardwareCreate) -> HardwareRea
             "pick another slug or PUT to /v1/hardware/{slug} to replace yours"
         )
     row = Hardware(slug=payload.slug, source=HardwareSource.USER.value, created_at=utcnow())
-    apply_fields(row, payload)
+    apply_hardware_fields(row, payload)
     session.add(row)
     try:
         session.commit()
@@ -217,7 +174,7 @@ def replace_hardware(
     row = _get_row(HardwareRepository(session), slug)
     _require_editable(row)
     require_match(if_match, current_version=row.version, what=f"hardware profile '{slug}'")
-    apply_fields(row, payload)
+    apply_hardware_fields(row, payload)
     commit_versioned(session, what=f"hardware profile '{slug}'")
     return to_read(row)
 

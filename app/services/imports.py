@@ -16,9 +16,15 @@ from app.schemas.imports import (
     OpMappingRead,
     UnsupportedOpRead,
 )
-from app.schemas.models import ModelCreate, Provenance
-from app.services.errors import AlreadyExists, ImportFailed
-from app.services.models import create_model
+from app.schemas.models import (
+    ModelCreate,
+    Provenance,
+)
+from app.services.errors import (
+    AlreadyExists,
+    ImportFailed,
+)
+from app.services.model_store import create_model
 
 
 def _failed(exc: ImportRejected) -> ImportFailed:

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import yaml
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.db.models import Hardware
-from app.db.repositories import HardwareRepository
-from app.domain.fit import Requirement
 from app.domain.mig.layout import (
     MigError,
     MigGeometry,
@@ -22,8 +18,6 @@ from app.domain.mig.layout import (
 from app.domain.mig.layout import validate_layout as check_layout
 from app.domain.mig.parted import mig_parted_config
 from app.domain.mig.plan import Demand, plan_partitions
-from app.domain.workload import Runtime
-from app.schemas.estimates import OverheadSpec, RequiredLine, WorkloadSpec
 from app.schemas.mig import (
     FitAlternatives,
     LargerGpu,
@@ -42,78 +36,22 @@ from app.schemas.mig import (
     ProfileFit,
     Violation,
 )
-from app.services.errors import InvalidInput, NotFound
-from app.services.estimates import (
-    EstimateRun,
-    hardware_overhead,
-    overhead_sources,
-    required_lines,
-    required_of,
-    run_estimate,
+from app.services.convert import (
+    geometry,
+)
+from app.services.errors import (
+    InvalidInput,
+)
+from app.services.pipeline import (
+    mig_hardware,
+    require_profile,
+    required_memory,
+    workload_spec,
 )
 from app.services.state_cache import Digest, PerWatch, timed_digest
-from app.services.workloads import stored_spec
 
 MAX_BATCH_SEARCH = 1_048_576
 MAX_PLAN_REPLICAS = 100_000
-
-
-def _mig_gpu_slugs(session: Session) -> list[str]:
-    query = select(Hardware.slug).where(Hardware.mig_total_compute_slices.is_not(None))
-    return sorted(session.scalars(query))
-
-
-def mig_hardware(session: Session, slug: str) -> Hardware:
-    """The hardware row of a MIG-capable GPU (404 naming the valid ones; 422 without MIG)."""
-    row = HardwareRepository(session).get(slug)
-    if row is None:
-        raise NotFound(
-            f"hardware profile '{slug}' does not exist; MIG-capable GPUs: "
-            + ", ".join(_mig_gpu_slugs(session))
-        )
-    if row.mig_total_compute_slices is None:
-        raise InvalidInput(
-            f"'{slug}' does not support MIG; MIG-capable GPUs: "
-            + ", ".join(_mig_gpu_slugs(session)),
-            pointer="/gpu",
-        )
-    return row
-
-
-def geometry(row: Hardware) -> MigGeometry:
-    """The pure MIG geometry of a hardware row."""
-    profiles = sorted(
-        (
-            MigProfileSpec(
-                name=p.name,
-                memory_mib=p.memory_mib,
-                compute_slices=p.compute_slices,
-                memory_slices=p.memory_slices,
-                max_instances=p.max_instances,
-                placements=tuple(p.placements),
-            )
-            for p in row.mig_profiles
-        ),
-        key=lambda p: (p.compute_slices, p.memory_mib, p.name),
-    )
-    return MigGeometry(
-        gpu=row.slug,
-        total_compute_slices=row.mig_total_compute_slices or 0,
-        total_memory_slices=row.mig_total_memory_slices or 0,
-        max_gpu_instances=row.mig_max_gpu_instances or 0,
-        profiles=tuple(profiles),
-    )
-
-
-def require_profile(geo: MigGeometry, name: str) -> MigProfileSpec:
-    """The named profile, or a 404 listing the valid ones."""
-    profile = geo.profile(name)
-    if profile is None:
-        raise NotFound(
-            f"'{geo.gpu}' has no MIG profile '{name}'; valid profiles: "
-            + ", ".join(p.name for p in geo.profiles)
-        )
-    return profile
 
 
 def list_profiles(session: Session, *, slug: str) -> MigProfileList:
@@ -140,52 +78,6 @@ def list_profiles(session: Session, *, slug: str) -> MigProfileList:
             )
             for p in geo.profiles
         ],
-    )
-
-
-def workload_spec(session: Session, workload: WorkloadSpec | str) -> WorkloadSpec:
-    """An inline workload as is, or a stored one (by slug) as the estimate's inputs."""
-    return workload if not isinstance(workload, str) else stored_spec(session, workload)
-
-
-@dataclass(frozen=True, slots=True)
-class Required:
-    """A workload's requirement on a GPU (app.domain.fit) with the estimate it came from."""
-
-    lines: list[RequiredLine]
-    required_bytes: int
-    run: EstimateRun
-    requirement: Requirement
-
-
-def required_memory(
-    session: Session,
-    spec: WorkloadSpec,
-    row: Hardware,
-    *,
-    cuda_context_bytes: int | None,
-    safety_margin_fraction: float,
-    batch_size: int | None = None,
-) -> Required:
-    """Estimate (with the GPU profile's CUDA context and workspace, the context overridable)
-    + safety margin, as named lines: the one requirement computation."""
-    override = (
-        None if cuda_context_bytes is None else OverheadSpec(cuda_context_bytes=cuda_context_bytes)
-    )
-    run = run_estimate(
-        session,
-        spec,
-        runtime=None,
-        hardware_runtime=Runtime.CUDA,
-        overhead=hardware_overhead(row, override),
-        batch_size=batch_size,
-    )
-    required = required_of(run, safety_margin_fraction, overhead_sources(row, override))
-    return Required(
-        lines=required_lines(required),
-        required_bytes=required.required_bytes,
-        run=run,
-        requirement=required,
     )
 
 

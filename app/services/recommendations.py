@@ -20,7 +20,11 @@ from app.domain.hardware import (
     mig_slice,
     pcie_bandwidth_bytes_per_s,
 )
-from app.domain.memory.estimate import MemoryInputError, MemoryRequest, estimate_memory
+from app.domain.memory.estimate import (
+    MemoryInputError,
+    MemoryRequest,
+    estimate_memory,
+)
 from app.domain.performance.recommend import (
     Assessment,
     MemoryFit,
@@ -47,8 +51,15 @@ from app.domain.performance.roofline import (
     unsupported_reason,
 )
 from app.domain.precision import DType, Precision
-from app.domain.workload import DEFAULT_SAFETY_MARGIN_FRACTION, Logits, Mode, Runtime
-from app.schemas.estimates import InlineArchitecture
+from app.domain.workload import (
+    DEFAULT_SAFETY_MARGIN_FRACTION,
+    Logits,
+    Mode,
+    Runtime,
+)
+from app.schemas.estimates import (
+    InlineArchitecture,
+)
 from app.schemas.recommendations import (
     CalibrationOverride,
     CalibrationRead,
@@ -61,15 +72,21 @@ from app.schemas.recommendations import (
     TimeShares,
     WorkloadSummary,
 )
-from app.services.errors import InvalidInput, NotFound
-from app.services.estimates import (
-    LruCache,
-    analyze_graph,
+from app.services.cache import LruCache
+from app.services.convert import (
     bind_dims,
+    geometry,
     hardware_overhead,
     model_graph,
 )
-from app.services.mig import geometry, require_profile
+from app.services.errors import (
+    InvalidInput,
+    NotFound,
+)
+from app.services.pipeline import (
+    analyze_graph,
+    require_profile,
+)
 
 FORMULAS = [
     "t_kernel = max(F / P_eff, D / BW_eff) + launches x t_launch, with P_eff = peak[dtype] x "

@@ -37,7 +37,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.config import Settings
 from app.db.models import Hardware, MigProfile, ModelArchitecture, Workload
-from app.services.estimates import LruCache
+from app.services.cache import LruCache
 
 logger = logging.getLogger("app.cache")
 

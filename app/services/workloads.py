@@ -2,97 +2,53 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from pydantic import ValidationError
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.db.models import Hardware, Workload, utcnow
 from app.db.repositories import HardwareRepository, ModelRepository
-from app.schemas.estimates import MemoryEstimateRequest, MemoryEstimateResponse, WorkloadSpec
+from app.schemas.estimates import (
+    MemoryEstimateRequest,
+    MemoryEstimateResponse,
+)
 from app.schemas.workloads import (
     WorkloadBase,
     WorkloadCreate,
     WorkloadList,
-    WorkloadOptions,
     WorkloadRead,
     WorkloadReplace,
 )
-from app.services import estimates
 from app.services.concurrency import IfMatch, commit_versioned, require_match
-from app.services.errors import AlreadyExists, InvalidInput, NotFound
-
-_OPTIONS = frozenset(WorkloadOptions.model_fields)
-
-
-def to_spec(fields: WorkloadBase) -> WorkloadSpec:
-    """The memory-estimate inputs of a workload (422 naming the workload's field when the
-    combination is not a valid estimate request)."""
-    options = fields.options.model_dump()
-    try:
-        return WorkloadSpec.model_validate(
-            {
-                "model": fields.model,
-                "mode": fields.mode,
-                "batch_size": fields.batch_size,
-                "sequence_length": fields.sequence_length,
-                "image_size": fields.image_size,
-                "precision": fields.precision,
-                **({"optimizer": fields.optimizer} if fields.optimizer else {}),
-                **options,
-            }
-        )
-    except ValidationError as exc:
-        raise _invalid_spec(exc) from exc
-
-
-def _invalid_spec(exc: ValidationError) -> InvalidInput:
-    """The first error of a workload's estimate inputs, pointing at the workload's field."""
-    first = exc.errors(include_url=False, include_input=False)[0]
-    loc = tuple(str(part) for part in first["loc"])
-    if loc and loc[0] in _OPTIONS:
-        loc = ("options", *loc)
-    pointer = "".join("/" + part.replace("~", "~0").replace("/", "~1") for part in loc) or "/"
-    return InvalidInput(f"{pointer}: {first['msg']}", pointer=pointer)
-
-
-def _fields(row: Workload) -> dict[str, Any]:
-    """The client-supplied fields of a stored workload."""
-    return {
-        "name": row.name,
-        "description": row.description,
-        "model": row.model.slug,
-        "mode": row.mode,
-        "batch_size": row.batch_size,
-        "sequence_length": row.sequence_length,
-        "image_size": row.image_size,
-        "precision": row.precision,
-        "optimizer": row.optimizer,
-        "hardware": row.hardware.slug if row.hardware else None,
-        "options": row.options,
-    }
+from app.services.convert import (
+    hardware_overhead,
+    hardware_runtime,
+    to_spec,
+    workload_fields,
+)
+from app.services.errors import (
+    AlreadyExists,
+    InvalidInput,
+)
+from app.services.pipeline import (
+    estimate_response,
+    run_estimate,
+    stored_spec,
+    workload_row,
+)
 
 
 def to_read(row: Workload) -> WorkloadRead:
     """The API view of a stored workload."""
     return WorkloadRead.model_validate(
         {
-            **_fields(row),
+            **workload_fields(row),
             "slug": row.slug,
             "version": row.version,
             "created_at": row.created_at,
             "updated_at": row.updated_at,
         }
     )
-
-
-def _get_row(session: Session, slug: str) -> Workload:
-    row = session.scalars(select(Workload).where(Workload.slug == slug)).one_or_none()
-    if row is None:
-        raise NotFound(f"workload '{slug}' does not exist; GET /v1/workloads lists them")
-    return row
 
 
 def _apply(session: Session, row: Workload, fields: WorkloadBase) -> None:
@@ -110,12 +66,12 @@ def _apply(session: Session, row: Workload, fields: WorkloadBase) -> None:
                 f"hardware profile '{fields.hardware}' does not exist", pointer="/hardware"
             )
     # Reject what no estimate could answer (unknown symbols, quantized training, ...) now.
-    estimates.run_estimate(
+    run_estimate(
         session,
         to_spec(fields),
         runtime=None,
-        hardware_runtime=estimates.hardware_runtime(hardware),
-        overhead=estimates.hardware_overhead(hardware),
+        hardware_runtime=hardware_runtime(hardware),
+        overhead=hardware_overhead(hardware),
     )
     row.name = fields.name
     row.description = fields.description
@@ -155,7 +111,7 @@ def list_workloads(
 
 def get_workload(session: Session, *, slug: str) -> WorkloadRead:
     """One workload."""
-    return to_read(_get_row(session, slug))
+    return to_read(workload_row(session, slug))
 
 
 def create_workload(session: Session, *, payload: WorkloadCreate) -> WorkloadRead:
@@ -177,7 +133,7 @@ def replace_workload(
     session: Session, *, slug: str, payload: WorkloadReplace, if_match: IfMatch | None
 ) -> WorkloadRead:
     """Replace a workload if the client holds its current version."""
-    row = _get_row(session, slug)
+    row = workload_row(session, slug)
     require_match(if_match, current_version=row.version, what=f"workload '{slug}'")
     _apply(session, row, payload)
     commit_versioned(session, what=f"workload '{slug}'")
@@ -186,34 +142,16 @@ def replace_workload(
 
 def delete_workload(session: Session, *, slug: str, if_match: IfMatch | None) -> None:
     """Delete a workload if the client holds its current version."""
-    row = _get_row(session, slug)
+    row = workload_row(session, slug)
     require_match(if_match, current_version=row.version, what=f"workload '{slug}'")
     session.delete(row)
     commit_versioned(session, what=f"workload '{slug}'")
 
 
-def stored_spec(session: Session, slug: str) -> WorkloadSpec:
-    """The estimate inputs of a stored workload (404 unknown, 422 when not estimable)."""
-    row = _get_row(session, slug)
-    try:
-        return to_spec(WorkloadBase.model_validate(_fields(row)))
-    except ValidationError as exc:
-        first = exc.errors(include_url=False, include_input=False)[0]
-        where = ".".join(str(part) for part in first["loc"])
-        raise InvalidInput(
-            f"stored workload '{slug}' is not estimable: {where}: {first['msg']}",
-            pointer="/workload",
-        ) from exc
-    except InvalidInput as exc:
-        raise InvalidInput(
-            f"stored workload '{slug}' is not estimable: {exc.detail}", pointer="/workload"
-        ) from exc
-
-
 def workload_memory(session: Session, *, slug: str) -> MemoryEstimateResponse:
     """The footprint of a stored workload on its target hardware (if any)."""
-    row = _get_row(session, slug)
+    row = workload_row(session, slug)
     spec = stored_spec(session, slug)
     hardware = row.hardware.slug if row.hardware else None
     request = MemoryEstimateRequest.model_validate({**spec.model_dump(), "hardware": hardware})
-    return estimates.estimate(session, payload=request)
+    return estimate_response(session, payload=request)

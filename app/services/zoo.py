@@ -12,8 +12,10 @@ from sqlalchemy.orm import Session
 from app.db.models import ModelArchitecture, utcnow
 from app.domain.graph.ops import TensorKind
 from app.domain.zoo import ZOO, ZooModel
-from app.schemas.models import Provenance
-from app.services.catalog import SyncReport
+from app.schemas.models import (
+    Provenance,
+)
+from app.services.sync_report import SyncReport
 
 
 def zoo_fields(model: ZooModel) -> dict[str, Any]:

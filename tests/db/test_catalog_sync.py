@@ -6,8 +6,9 @@ from sqlalchemy import select
 
 from app.db.models import Hardware
 from app.schemas.hardware import HardwareCreate
-from app.services.catalog import CatalogError, SyncReport, load_catalog, sync_catalog
+from app.services.catalog import CatalogError, load_catalog, sync_catalog
 from app.services.hardware import create_hardware
+from app.services.sync_report import SyncReport
 from tests.support import CATALOG_DIR, db_session, table_counts
 
 FIXTURE_DIR = Path(__file__).parent.parent / "fixtures" / "catalog"

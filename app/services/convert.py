@@ -1,0 +1,280 @@
+"""Rows and API schemas converted to what the domain works on, once, at the edge."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy.orm import Session
+
+from app.db.models import Hardware, MigProfile, Workload, utcnow
+from app.db.repositories import ModelRepository
+from app.domain.graph.analysis import InputDecl
+from app.domain.graph.ops import TensorKind
+from app.domain.hardware import (
+    FrameworkOverhead,
+)
+from app.domain.mig.layout import (
+    MigGeometry,
+    MigProfileSpec,
+)
+from app.domain.workload import (
+    Parallelism,
+    Runtime,
+    WorkloadInputError,
+)
+from app.domain.workload import WorkloadSpec as DomainWorkloadSpec
+from app.schemas.estimates import (
+    InlineArchitecture,
+    OverheadSpec,
+    WorkloadSpec,
+)
+from app.schemas.hardware import HardwareBase
+from app.schemas.workloads import (
+    WorkloadBase,
+    WorkloadOptions,
+)
+from app.services.errors import InvalidInput, NotFound
+
+
+def apply_hardware_fields(target: Hardware, fields: HardwareBase) -> None:
+    """Copy every client-supplied field onto the ORM row (MIG profiles replaced whole)."""
+    target.vendor = fields.vendor
+    target.name = fields.name
+    target.kind = fields.kind.value
+    target.family = fields.family
+    target.architecture = fields.architecture
+    target.launch_year = fields.launch_year
+    target.memory_bytes = fields.memory_bytes
+    target.memory_type = fields.memory_type
+    target.memory_bandwidth_bytes_per_s = fields.memory_bandwidth_bytes_per_s
+    target.peak_flops_per_s = {k.value: v for k, v in sorted(fields.peak_flops_per_s.items())}
+    target.peak_sparse_flops_per_s = {
+        k.value: v for k, v in sorted(fields.peak_sparse_flops_per_s.items())
+    }
+    target.host_link_type = fields.host_link.type
+    target.host_link_pcie_generation = fields.host_link.pcie_generation
+    target.host_link_pcie_lanes = fields.host_link.pcie_lanes
+    target.host_link_bandwidth_bytes_per_s = fields.host_link.bandwidth_bytes_per_s
+    target.tdp_watts = fields.tdp_watts
+    target.price_usd_per_hour = fields.price_usd_per_hour
+    target.cpu = fields.cpu.model_dump() if fields.cpu else None
+    target.framework_overhead = (
+        fields.framework_overhead.model_dump() if fields.framework_overhead else None
+    )
+    target.unconfirmed = list(fields.unconfirmed)
+    target.sources = list(fields.sources)
+    target.notes = fields.notes
+    mig = fields.mig
+    target.mig_total_compute_slices = mig.total_compute_slices if mig else None
+    target.mig_total_memory_slices = mig.total_memory_slices if mig else None
+    target.mig_max_gpu_instances = mig.max_gpu_instances if mig else None
+    # Update profiles in place by name: (hardware_id, name) stays unique within one flush, and
+    # the parent's versioned UPDATE is flushed before any child row is touched.
+    existing = {profile.name: profile for profile in target.mig_profiles}
+    profiles = []
+    for position, profile in enumerate(mig.profiles if mig else []):
+        child = existing.get(profile.name) or MigProfile(name=profile.name)
+        child.position = position
+        child.memory_mib = profile.memory_mib
+        child.compute_slices = profile.compute_slices
+        child.memory_slices = profile.memory_slices
+        child.max_instances = profile.max_instances
+        child.placements = list(profile.placements)
+        child.unconfirmed = list(profile.unconfirmed)
+        profiles.append(child)
+    target.mig_profiles = profiles
+    target.updated_at = utcnow()
+
+
+_OPTIONS = frozenset(WorkloadOptions.model_fields)
+
+
+def to_spec(fields: WorkloadBase) -> WorkloadSpec:
+    """The memory-estimate inputs of a workload (422 naming the workload's field when the
+    combination is not a valid estimate request)."""
+    options = fields.options.model_dump()
+    try:
+        return WorkloadSpec.model_validate(
+            {
+                "model": fields.model,
+                "mode": fields.mode,
+                "batch_size": fields.batch_size,
+                "sequence_length": fields.sequence_length,
+                "image_size": fields.image_size,
+                "precision": fields.precision,
+                **({"optimizer": fields.optimizer} if fields.optimizer else {}),
+                **options,
+            }
+        )
+    except ValidationError as exc:
+        raise _invalid_spec(exc) from exc
+
+
+def _invalid_spec(exc: ValidationError) -> InvalidInput:
+    """The first error of a workload's estimate inputs, pointing at the workload's field."""
+    first = exc.errors(include_url=False, include_input=False)[0]
+    loc = tuple(str(part) for part in first["loc"])
+    if loc and loc[0] in _OPTIONS:
+        loc = ("options", *loc)
+    pointer = "".join("/" + part.replace("~", "~0").replace("/", "~1") for part in loc) or "/"
+    return InvalidInput(f"{pointer}: {first['msg']}", pointer=pointer)
+
+
+def workload_fields(row: Workload) -> dict[str, Any]:
+    """The client-supplied fields of a stored workload."""
+    return {
+        "name": row.name,
+        "description": row.description,
+        "model": row.model.slug,
+        "mode": row.mode,
+        "batch_size": row.batch_size,
+        "sequence_length": row.sequence_length,
+        "image_size": row.image_size,
+        "precision": row.precision,
+        "optimizer": row.optimizer,
+        "hardware": row.hardware.slug if row.hardware else None,
+        "options": row.options,
+    }
+
+
+def input_decls(inputs: Sequence[Mapping[str, Any]]) -> list[InputDecl]:
+    return [
+        InputDecl(
+            name=spec["name"],
+            shape=tuple(spec["shape"]),
+            kind=TensorKind.INDEX if spec.get("dtype") == "int64" else TensorKind.FLOAT,
+        )
+        for spec in inputs
+    ]
+
+
+def bind_dims(
+    defaults: Mapping[str, int],
+    extra: Mapping[str, int],
+    *,
+    batch: int,
+    sequence_length: int | None,
+    image_size: int | None,
+) -> dict[str, int]:
+    """Symbol bindings: the model's defaults, the request's, then batch, seq and image."""
+    bound = {**defaults, **extra, "batch": batch}
+    if sequence_length is not None:
+        bound["seq"] = sequence_length
+    if image_size is not None:
+        bound["image"] = image_size
+    return dict(sorted(bound.items()))
+
+
+def hardware_overhead(
+    hardware: Hardware | None, override: OverheadSpec | None = None
+) -> FrameworkOverhead:
+    """The framework overhead defaults of a hardware profile, with request overrides."""
+    values: dict[str, Any] = {}
+    if hardware is not None and hardware.framework_overhead:
+        values.update(hardware.framework_overhead)
+    if override is not None:
+        values.update(override.model_dump(exclude_none=True))
+    return FrameworkOverhead(**values)
+
+
+def hardware_runtime(hardware: Hardware | None) -> Runtime | None:
+    """The runtime a hardware profile implies (None without one)."""
+    if hardware is None:
+        return None
+    return Runtime.CPU if hardware.kind == "cpu" else Runtime.CUDA
+
+
+# inputs, layers, default bindings, label, and a key that changes whenever the graph does
+GraphSource = tuple[list[Any], list[Any], dict[str, int], str, str]
+
+
+def model_graph(
+    session: Session, model: str | None, architecture: InlineArchitecture | None
+) -> GraphSource:
+    """A stored model (by slug; 404 when unknown) or an inline architecture as a graph."""
+    if model is not None:
+        row = ModelRepository(session).get(model)
+        if row is None:
+            raise NotFound(f"model '{model}' does not exist; GET /v1/models lists them")
+        # id + version + update time: a row deleted and re-created under the same slug differs
+        key = f"{row.slug}:{row.id}:{row.version}:{row.updated_at.isoformat()}"
+        return row.inputs, row.layers, row.default_bindings, row.slug, key
+    assert architecture is not None  # enforced by the schemas
+    inputs = [item.model_dump() for item in architecture.inputs]
+    return inputs, architecture.layers, dict(architecture.default_bindings), "inline", ""
+
+
+def domain_workload(spec: WorkloadSpec, runtime: Runtime | None = None) -> DomainWorkloadSpec:
+    """The API's workload as the domain's (None options stay None: the default table decides)."""
+    par = spec.parallelism
+    try:
+        return DomainWorkloadSpec(
+            mode=spec.mode,
+            batch_size=spec.batch_size,
+            micro_batch_size=spec.micro_batch_size,
+            sequence_length=spec.sequence_length,
+            image_size=spec.image_size,
+            bindings=dict(spec.bindings),
+            precision=spec.precision,
+            optimizer=spec.optimizer,
+            optimizer_impl=spec.optimizer_impl,
+            checkpointing=spec.checkpointing,
+            parallelism=Parallelism(
+                data=par.data, tensor=par.tensor, pipeline=par.pipeline, zero_stage=par.zero_stage
+            ),
+            fp32_grad_buffer=spec.fp32_grad_buffer,
+            kv_cache=spec.kv_cache,
+            attention=spec.attention,
+            logits=spec.logits,
+            runtime=runtime,
+        )
+    except WorkloadInputError as exc:
+        raise InvalidInput(str(exc)) from exc
+
+
+def overhead_sources(
+    hardware: Hardware | None, override: OverheadSpec | None = None
+) -> dict[str, str]:
+    """Where the CUDA context and workspace figures come from: the request, the hardware
+    profile or the default."""
+    profile = (hardware.framework_overhead or {}) if hardware is not None else {}
+    given = override.model_dump(exclude_none=True) if override is not None else {}
+    sources = {}
+    for key, field_name, default in (
+        ("cuda_context", "cuda_context_bytes", "default, PyTorch with lazy module loading"),
+        ("workspace", "workspace_bytes", "default cuBLAS/cuDNN workspace"),
+    ):
+        if field_name in given:
+            sources[key] = "request override"
+        elif hardware is not None and field_name in profile:
+            sources[key] = f"hardware profile '{hardware.slug}'"
+        else:
+            sources[key] = default
+    return sources
+
+
+def geometry(row: Hardware) -> MigGeometry:
+    """The pure MIG geometry of a hardware row."""
+    profiles = sorted(
+        (
+            MigProfileSpec(
+                name=p.name,
+                memory_mib=p.memory_mib,
+                compute_slices=p.compute_slices,
+                memory_slices=p.memory_slices,
+                max_instances=p.max_instances,
+                placements=tuple(p.placements),
+            )
+            for p in row.mig_profiles
+        ),
+        key=lambda p: (p.compute_slices, p.memory_mib, p.name),
+    )
+    return MigGeometry(
+        gpu=row.slug,
+        total_compute_slices=row.mig_total_compute_slices or 0,
+        total_memory_slices=row.mig_total_memory_slices or 0,
+        max_gpu_instances=row.mig_max_gpu_instances or 0,
+        profiles=tuple(profiles),
+    )

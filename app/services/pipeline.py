@@ -1,0 +1,434 @@
+"""The estimate pipeline shared by the use cases: load a model, resolve the workload from the one
+default table, analyse, estimate, and the one requirement (app.domain.fit). No use case imports
+another; they all come here."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.db.models import Hardware, Workload
+from app.db.repositories import HardwareRepository
+from app.domain.errors import GraphError
+from app.domain.fit import FitInputError, Requirement, requirement
+from app.domain.fit import fit as fit_verdict
+from app.domain.graph.analysis import GraphAnalysis, analyze
+from app.domain.hardware import (
+    FrameworkOverhead,
+)
+from app.domain.memory.estimate import (
+    MemoryEstimate,
+    MemoryInputError,
+    MemoryRequest,
+    estimate_memory,
+)
+from app.domain.mig.layout import (
+    MigGeometry,
+    MigProfileSpec,
+)
+from app.domain.units import GIB
+from app.domain.workload import (
+    Logits,
+    Mode,
+    ResolvedWorkload,
+    Runtime,
+    resolve,
+)
+from app.schemas.estimates import (
+    BreakdownLine,
+    DefaultUsedRow,
+    FitSummary,
+    KeptTensorRow,
+    LayerRow,
+    MemoryEstimateRequest,
+    MemoryEstimateResponse,
+    OverheadSpec,
+    RequiredLine,
+    WorkloadSpec,
+)
+from app.schemas.workloads import (
+    WorkloadBase,
+)
+from app.services.cache import LruCache
+from app.services.convert import (
+    domain_workload,
+    hardware_overhead,
+    hardware_runtime,
+    input_decls,
+    model_graph,
+    overhead_sources,
+    to_spec,
+    workload_fields,
+)
+from app.services.errors import InvalidInput, NotFound
+from app.services.model_store import invalid_graph
+
+MAX_REPORTED_BYTES = 2**63 - 1
+
+
+def analyze_graph(
+    inputs: Sequence[Mapping[str, Any]],
+    layers: Sequence[Mapping[str, Any]],
+    bindings: Mapping[str, int],
+    *,
+    training: bool,
+    resolved: ResolvedWorkload | None = None,
+    logits: Logits = Logits.ALL,
+) -> GraphAnalysis:
+    """Analyse a stored or inline graph; an invalid graph is a 422 naming layer and field."""
+    options: dict[str, Any] = {"logits": logits}
+    if resolved is not None:
+        options = {
+            "attention": resolved.attention,
+            "runtime": resolved.runtime,
+            "precision": resolved.precision,
+            "logits": resolved.logits,
+        }
+    try:
+        return analyze(input_decls(inputs), layers, bindings, training=training, **options)
+    except GraphError as exc:
+        raise invalid_graph(exc) from exc
+
+
+@dataclass(frozen=True, slots=True)
+class EstimateRun:
+    """One memory estimate of a workload, with what it was computed from."""
+
+    label: str
+    micro_batch: int
+    bindings: dict[str, int]
+    analysis: GraphAnalysis
+    result: MemoryEstimate
+    resolved: ResolvedWorkload
+
+    @property
+    def attention(self) -> list[str]:
+        """The attention implementations used, with why."""
+        return [f"{impl.value}: {why}" for impl, why in self.analysis.attention_used]
+
+    def defaults_used(self) -> list[DefaultUsedRow]:
+        """The options the request left out and the values they got."""
+        rows = [
+            DefaultUsedRow(option=d.option, value=d.value, reason=d.reason)
+            for d in self.resolved.defaults_used
+        ]
+        if self.resolved.attention is None and self.analysis.attention_used:
+            value = ", ".join(impl.value for impl, _ in self.analysis.attention_used)
+            why = "; ".join(why for _, why in self.analysis.attention_used)
+            rows.append(DefaultUsedRow(option="attention", value=value, reason=why))
+        return rows
+
+
+_CACHE: LruCache[tuple[Any, ...], EstimateRun] = LruCache(size=256)
+
+
+def run_estimate(
+    session: Session,
+    spec: WorkloadSpec,
+    *,
+    runtime: Runtime | None,
+    hardware_runtime: Runtime | None,
+    overhead: FrameworkOverhead,
+    per_layer: bool = False,
+    batch_size: int | None = None,
+) -> EstimateRun:
+    """Estimate ``spec`` (optionally at another batch size) with its defaults resolved from the
+    one default table: ``runtime`` is the request's (None: ``hardware_runtime``, else CUDA)."""
+    inputs, layers, defaults, label, graph_key = model_graph(session, spec.model, spec.architecture)
+    cache_key = None
+    if graph_key:  # stored models only: inline graphs are not worth hashing
+        cache_key = (
+            graph_key,
+            spec.model_dump_json(),
+            runtime,
+            hardware_runtime,
+            overhead,
+            per_layer,
+            batch_size,
+        )
+        cached = _CACHE.get(cache_key)
+        if cached is not None:
+            return cached
+    resolved = resolve(
+        domain_workload(spec, runtime),
+        model_bindings=defaults,
+        hardware_runtime=hardware_runtime,
+        batch_size=batch_size,
+    )
+    batch, micro = resolved.batch_size, resolved.micro_batch_size
+    bindings = dict(resolved.bindings)
+    analysis = analyze_graph(
+        inputs, layers, bindings, training=spec.mode is Mode.TRAINING, resolved=resolved
+    )
+    request = MemoryRequest(
+        mode=resolved.mode,
+        precision=resolved.precision,
+        optimizer=resolved.optimizer,
+        optimizer_impl=resolved.optimizer_impl,
+        checkpointing=resolved.checkpointing,
+        runtime=resolved.runtime,
+        parallelism=resolved.parallelism,
+        accumulation_steps=max(1, batch // micro),
+        kv_cache=True if resolved.kv_cache is None else resolved.kv_cache,
+        fp32_grad_buffer=resolved.fp32_grad_buffer,
+        overhead=overhead,
+    )
+    try:
+        result = estimate_memory(analysis, request, per_layer=per_layer)
+    except MemoryInputError as exc:
+        raise InvalidInput(str(exc)) from exc
+    if result.peak_bytes > MAX_REPORTED_BYTES:
+        raise InvalidInput(
+            f"the estimate ({result.peak_bytes:.3e} B) exceeds 2^63 bytes; reduce batch_size or "
+            "sequence_length",
+            pointer="/batch_size",
+        )
+    run = EstimateRun(
+        label=label,
+        micro_batch=micro,
+        bindings=bindings,
+        analysis=analysis,
+        result=result,
+        resolved=resolved,
+    )
+    if cache_key is not None:
+        _CACHE.put(cache_key, run)
+    return run
+
+
+def required_of(
+    run: EstimateRun, safety_margin_fraction: float, sources: Mapping[str, str] | None = None
+) -> Requirement:
+    """The one requirement computation (app.domain.fit) for an estimate run."""
+    try:
+        return requirement(
+            run.result.peak_bytes,
+            run.result.lines,
+            safety_margin_fraction=safety_margin_fraction,
+            sources=sources,
+        )
+    except FitInputError as exc:
+        raise InvalidInput(str(exc), pointer="/safety_margin_fraction") from exc
+
+
+def required_lines(required: Requirement) -> list[RequiredLine]:
+    """A requirement's lines as the API shows them."""
+    return [
+        RequiredLine(key=line.key, bytes=line.bytes, detail=line.formula) for line in required.lines
+    ]
+
+
+def _mig_gpu_slugs(session: Session) -> list[str]:
+    query = select(Hardware.slug).where(Hardware.mig_total_compute_slices.is_not(None))
+    return sorted(session.scalars(query))
+
+
+def mig_hardware(session: Session, slug: str) -> Hardware:
+    """The hardware row of a MIG-capable GPU (404 naming the valid ones; 422 without MIG)."""
+    row = HardwareRepository(session).get(slug)
+    if row is None:
+        raise NotFound(
+            f"hardware profile '{slug}' does not exist; MIG-capable GPUs: "
+            + ", ".join(_mig_gpu_slugs(session))
+        )
+    if row.mig_total_compute_slices is None:
+        raise InvalidInput(
+            f"'{slug}' does not support MIG; MIG-capable GPUs: "
+            + ", ".join(_mig_gpu_slugs(session)),
+            pointer="/gpu",
+        )
+    return row
+
+
+def require_profile(geo: MigGeometry, name: str) -> MigProfileSpec:
+    """The named profile, or a 404 listing the valid ones."""
+    profile = geo.profile(name)
+    if profile is None:
+        raise NotFound(
+            f"'{geo.gpu}' has no MIG profile '{name}'; valid profiles: "
+            + ", ".join(p.name for p in geo.profiles)
+        )
+    return profile
+
+
+def workload_spec(session: Session, workload: WorkloadSpec | str) -> WorkloadSpec:
+    """An inline workload as is, or a stored one (by slug) as the estimate's inputs."""
+    return workload if not isinstance(workload, str) else stored_spec(session, workload)
+
+
+@dataclass(frozen=True, slots=True)
+class Required:
+    """A workload's requirement on a GPU (app.domain.fit) with the estimate it came from."""
+
+    lines: list[RequiredLine]
+    required_bytes: int
+    run: EstimateRun
+    requirement: Requirement
+
+
+def required_memory(
+    session: Session,
+    spec: WorkloadSpec,
+    row: Hardware,
+    *,
+    cuda_context_bytes: int | None,
+    safety_margin_fraction: float,
+    batch_size: int | None = None,
+) -> Required:
+    """Estimate (with the GPU profile's CUDA context and workspace, the context overridable)
+    + safety margin, as named lines: the one requirement computation."""
+    override = (
+        None if cuda_context_bytes is None else OverheadSpec(cuda_context_bytes=cuda_context_bytes)
+    )
+    run = run_estimate(
+        session,
+        spec,
+        runtime=None,
+        hardware_runtime=Runtime.CUDA,
+        overhead=hardware_overhead(row, override),
+        batch_size=batch_size,
+    )
+    required = required_of(run, safety_margin_fraction, overhead_sources(row, override))
+    return Required(
+        lines=required_lines(required),
+        required_bytes=required.required_bytes,
+        run=run,
+        requirement=required,
+    )
+
+
+def workload_row(session: Session, slug: str) -> Workload:
+    row = session.scalars(select(Workload).where(Workload.slug == slug)).one_or_none()
+    if row is None:
+        raise NotFound(f"workload '{slug}' does not exist; GET /v1/workloads lists them")
+    return row
+
+
+def stored_spec(session: Session, slug: str) -> WorkloadSpec:
+    """The estimate inputs of a stored workload (404 unknown, 422 when not estimable)."""
+    row = workload_row(session, slug)
+    try:
+        return to_spec(WorkloadBase.model_validate(workload_fields(row)))
+    except ValidationError as exc:
+        first = exc.errors(include_url=False, include_input=False)[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise InvalidInput(
+            f"stored workload '{slug}' is not estimable: {where}: {first['msg']}",
+            pointer="/workload",
+        ) from exc
+    except InvalidInput as exc:
+        raise InvalidInput(
+            f"stored workload '{slug}' is not estimable: {exc.detail}", pointer="/workload"
+        ) from exc
+
+
+def _hardware(session: Session, slug: str | None) -> Hardware | None:
+    if slug is None:
+        return None
+    row = HardwareRepository(session).get(slug)
+    if row is None:
+        raise NotFound(f"hardware profile '{slug}' does not exist; GET /v1/hardware lists them")
+    return row
+
+
+def estimate_response(
+    session: Session, *, payload: MemoryEstimateRequest
+) -> MemoryEstimateResponse:
+    """Estimate the footprint of a stored or inline model."""
+    hardware = _hardware(session, payload.hardware)
+    run = run_estimate(
+        session,
+        payload,
+        runtime=payload.runtime,
+        hardware_runtime=hardware_runtime(hardware),
+        overhead=hardware_overhead(hardware, payload.framework_overhead),
+        per_layer=payload.per_layer,
+    )
+    return _response(run, payload, hardware)
+
+
+def _response(
+    run: EstimateRun, payload: MemoryEstimateRequest, hardware: Hardware | None
+) -> MemoryEstimateResponse:
+    label, micro, bindings = run.label, run.micro_batch, run.bindings
+    analysis, result = run.analysis, run.result
+    fit = None
+    if hardware is not None:
+        required = required_of(
+            run,
+            payload.safety_margin_fraction,
+            overhead_sources(hardware, payload.framework_overhead),
+        )
+        verdict = fit_verdict(required, hardware.memory_bytes)
+        fit = FitSummary(
+            hardware=hardware.slug,
+            memory_bytes=hardware.memory_bytes,
+            usable_bytes=verdict.usable_bytes,
+            required_bytes=verdict.required_bytes,
+            required=required_lines(required),
+            safety_margin_fraction=required.safety_margin_fraction,
+            fits=verdict.fits,
+            headroom_bytes=verdict.headroom_bytes,
+        )
+    layers = None
+    if payload.per_layer:
+        layers = [
+            LayerRow(
+                name=row.name,
+                op=row.op,
+                output_shape=list(row.output_shape),
+                params=row.params,
+                flops=row.flops,
+                output_bytes=row.output_bytes,
+                saved_bytes=row.saved_bytes,
+                kept_for_backward=[
+                    KeptTensorRow(
+                        label=kept.label,
+                        source=kept.source,
+                        elements=kept.elements,
+                        dtype=kept.dtype,
+                        bytes=kept.bytes,
+                    )
+                    for kept in row.kept
+                ],
+            )
+            for row in result.layers
+        ]
+    return MemoryEstimateResponse(
+        model=label,
+        mode=payload.mode,
+        runtime=result.runtime,
+        precision=run.resolved.precision,
+        batch_size=payload.batch_size,
+        micro_batch_size=micro,
+        bindings=bindings,
+        params=result.params,
+        flops_per_forward=analysis.flops,
+        breakdown=[
+            BreakdownLine(
+                key=line.key,
+                bytes=line.bytes,
+                gib=round(line.bytes / GIB, 3),
+                formula=line.formula,
+                assumptions=list(line.assumptions),
+            )
+            for line in result.lines
+        ],
+        peak_bytes=result.peak_bytes,
+        peak_gib=round(result.peak_bytes / GIB, 3),
+        peak_phase=result.peak_phase,
+        phase_peaks=dict(result.phase_peaks),
+        first_iteration_peak_bytes=result.first_iteration_peak_bytes,
+        first_iteration_peak_phase=result.first_iteration_peak_phase,
+        seed_rule_bytes=result.seed_rule_bytes,
+        assumptions=list(result.assumptions),
+        attention=run.attention,
+        defaults_used=run.defaults_used(),
+        fit=fit,
+        layers=layers,
+    )
