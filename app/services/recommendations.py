@@ -116,10 +116,15 @@ ASSUMPTIONS = [
     "the shared matrix); intermediates inside attention / MLP / LSTM layers stay on chip",
     "element-wise layers fuse into the kernel before them unless fuse_elementwise is false",
     "composite layers launch one kernel per weight matrix plus one",
-    "fits_in_memory: the memory engine's inference peak (runtime pytorch_cuda for GPUs and "
-    "SoCs, pytorch_cpu for CPUs) against device memory or the MIG profile's usable memory; "
-    "for fp8/int8 it is the engine's weight-only convention (16-bit activations), so an upper "
-    "bound for W8A8",
+    "a mixture-of-experts layer reads the router and the experts its tokens are routed to: "
+    "E x (1 - (1 - k/E)^T) of E experts for T tokens routed top-k (uniform routing): k at "
+    "batch-1 decode, all of them in a prefill",
+    "fits_in_memory: the one requirement (as POST /v1/estimates/memory's fit, MIG fit and "
+    "admission): the memory engine's inference peak (runtime pytorch_cuda for GPUs and SoCs, "
+    "pytorch_cpu for CPUs; attention as PyTorch SDPA picks it; decoder logits for the last "
+    "position) + CUDA context + workspace + a 5 % margin, against device memory or the MIG "
+    "profile's usable memory; precisions follow the one table (fp8 and int8 are W8A8, "
+    "int8_weight_only W8A16, int4 W4A16)",
     "a MIG slice gets compute_slices / total of the compute and memory_slices / total of the "
     "bandwidth, the whole host link, and its share of TDP and price",
     "decoders: latency = time to first token (request overhead + prefill) + (generated_tokens - 1)"

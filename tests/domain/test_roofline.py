@@ -1,6 +1,7 @@
 """Golden numbers and properties of the roofline model (hand-computable cases, the seeds'
 figures, monotonicity over the zoo)."""
 
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -18,9 +19,11 @@ from app.domain.performance.roofline import (
     Workload,
     build_kernels,
     decoder_workload,
+    expected_experts_read,
     forward_workload,
     is_decoder,
     kernel_points,
+    moe_weight_elements,
     predict,
     unsupported_reason,
 )
@@ -420,3 +423,31 @@ def test_forward_flops_are_the_analysis_flops(slug: str) -> None:
     for precision in Precision:
         workload = forward_workload(analysis, PRECISION_SCHEMES[precision], batch=4)
         assert workload.flops == _all_flops(analysis)
+
+
+def _moe_layer(tokens: int) -> Any:
+    """A top-2-of-8 MoE layer (hidden 64, intermediate 128, SwiGLU) run on ``tokens`` tokens."""
+    inputs = (InputDecl(name="x", shape=("batch", 1, 64)),)
+    layers = [
+        {"name": "moe", "op": "moe", "num_experts": 8, "experts_per_token": 2,
+         "intermediate_size": 128},
+    ]  # fmt: skip
+    analysis = analyze(inputs, layers, {"batch": tokens}, training=False)
+    return analysis.layers[0]
+
+
+def test_moe_reads_only_the_experts_its_tokens_are_routed_to() -> None:
+    router, per_expert = 8 * 64, 3 * 64 * 128
+    one = _moe_layer(1)
+    assert one.params == router + 8 * per_expert
+    # One token (decode at batch 1) reads its 2 experts, not 8.
+    assert expected_experts_read(8, 2, 1) == 2
+    assert moe_weight_elements(one) == router + 2 * per_expert
+    # Four tokens: 8 * (1 - (3/4)^4) = 5.46875 experts on average (uniform routing).
+    assert moe_weight_elements(_moe_layer(4)) == router + math.ceil(5.46875 * per_expert)
+    # A prefill's worth of tokens reads every expert (to within rounding).
+    assert moe_weight_elements(_moe_layer(512)) == router + 8 * per_expert
+    reads = [moe_weight_elements(_moe_layer(t)) for t in (1, 2, 4, 8, 16, 64)]
+    assert reads == sorted(reads)
+    # FLOPs stay top-k per token.
+    assert _moe_layer(4).flops == 4 * _moe_layer(1).flops

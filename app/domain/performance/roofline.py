@@ -270,10 +270,35 @@ def _weight_elements(layer: LayerAnalysis) -> int:
     """
     if layer.op in LOOKUP_OPS:
         return min(layer.params, layer.output_numel)
+    if layer.op == "moe":
+        return moe_weight_elements(layer)
     if layer.op == "linear" and not any(len(s) >= 2 for s in layer.result.param_shapes):
         rows = layer.output_numel // layer.output_shape[-1]
         return layer.params + layer.flops // (2 * rows)
     return layer.params
+
+
+def expected_experts_read(experts: int, top_k: int, tokens: int) -> float:
+    """Distinct experts a step reads when ``tokens`` each pick ``top_k`` of ``experts``.
+
+    Uniform routing: an expert is missed by one token with probability 1 - k/E, by all of them
+    with (1 - k/E)^T, so E * (1 - (1 - k/E)^T) experts are read: k at one token (decode at
+    batch 1), all E once the step routes enough tokens (prefill, large batches).
+    """
+    return experts * (1 - (1 - top_k / experts) ** tokens)
+
+
+def moe_weight_elements(layer: LayerAnalysis) -> int:
+    """Weight elements a mixture-of-experts layer reads: the router, and the experts its
+    tokens are routed to (:func:`expected_experts_read`), not all of them."""
+    router = layer.result.param_shapes[0]
+    experts = router[0]
+    tokens = layer.output_numel // layer.output_shape[-1]
+    routed = next(s.numel for s in layer.result.saved if s.label == "routing_weights")
+    top_k = routed // tokens
+    per_expert = (layer.params - math.prod(router)) // experts
+    read = expected_experts_read(experts, top_k, tokens)
+    return math.prod(router) + math.ceil(read * per_expert)
 
 
 def _launches(layer: LayerAnalysis) -> int:
