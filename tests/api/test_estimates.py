@@ -324,3 +324,45 @@ def test_llama3_8b_serving_target(client: ApiClient) -> None:
     keys = {line["key"] for line in body["breakdown"]}
     assert {"weights", "kv_cache", "cuda_context", "workspace"} <= keys
     assert "gradients" not in keys
+
+
+def test_a_graph_that_says_how_attention_is_computed_is_refused(
+    client: ApiClient, db_url: str
+) -> None:
+    """'fused' was a graph attribute; the implementation is now the request's `attention`."""
+    before = table_counts(db_url)
+    payload = {
+        "slug": "says-fused",
+        "name": "Says fused",
+        "family": "transformer-encoder",
+        "inputs": [{"name": "x", "shape": ["batch", 16, 64]}],
+        "layers": [{"name": "attn", "op": "attention", "num_heads": 4, "fused": True}],
+    }
+    body = assert_problem(client.post("/v1/models", json=payload), 422)
+    assert "attention=eager|sdpa_math|flash|mem_efficient" in body["detail"]
+    assert table_counts(db_url) == before
+    payload["layers"][0].pop("fused")
+    assert client.post("/v1/models", json=payload).status_code == 201
+    flash = _estimate(client, model="says-fused", mode="training", batch_size=2, attention="flash")
+    eager = _estimate(client, model="says-fused", mode="training", batch_size=2, attention="eager")
+    assert flash["attention"] == ["flash: requested"]
+    assert flash["peak_bytes"] < eager["peak_bytes"]  # no S x S probabilities kept
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("attention", "fast"),
+        ("logits", "first"),
+        ("precision", "int3"),
+        ("safety_margin_fraction", 1),
+    ],
+)
+def test_bad_workload_options_are_422(
+    client: ApiClient, db_url: str, field: str, value: Any
+) -> None:
+    before = table_counts(db_url)
+    payload = {"model": "gpt-2", "mode": "inference", "batch_size": 1, field: value}
+    body = assert_problem(client.post("/v1/estimates/memory", json=payload), 422)
+    assert field in body["detail"]
+    assert table_counts(db_url) == before
