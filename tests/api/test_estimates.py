@@ -331,17 +331,18 @@ def test_a_graph_that_says_how_attention_is_computed_is_refused(
 ) -> None:
     """'fused' was a graph attribute; the implementation is now the request's `attention`."""
     before = table_counts(db_url)
-    payload = {
+    attention: dict[str, Any] = {"name": "attn", "op": "attention", "num_heads": 4, "fused": True}
+    payload: dict[str, Any] = {
         "slug": "says-fused",
         "name": "Says fused",
         "family": "transformer-encoder",
         "inputs": [{"name": "x", "shape": ["batch", 16, 64]}],
-        "layers": [{"name": "attn", "op": "attention", "num_heads": 4, "fused": True}],
+        "layers": [attention],
     }
     body = assert_problem(client.post("/v1/models", json=payload), 422)
     assert "attention=eager|sdpa_math|flash|mem_efficient" in body["detail"]
     assert table_counts(db_url) == before
-    payload["layers"][0].pop("fused")
+    attention.pop("fused")
     assert client.post("/v1/models", json=payload).status_code == 201
     flash = _estimate(client, model="says-fused", mode="training", batch_size=2, attention="flash")
     eager = _estimate(client, model="says-fused", mode="training", batch_size=2, attention="eager")
