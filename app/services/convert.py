@@ -13,12 +13,16 @@ from app.db.repositories import ModelRepository
 from app.domain.graph.analysis import InputDecl
 from app.domain.graph.ops import TensorKind
 from app.domain.hardware import (
+    DeviceKind,
     FrameworkOverhead,
+    HardwareSpec,
+    pcie_bandwidth_bytes_per_s,
 )
 from app.domain.mig.layout import (
     MigGeometry,
     MigProfileSpec,
 )
+from app.domain.precision import DType
 from app.domain.workload import (
     Parallelism,
     Runtime,
@@ -277,4 +281,44 @@ def geometry(row: Hardware) -> MigGeometry:
         total_memory_slices=row.mig_total_memory_slices or 0,
         max_gpu_instances=row.mig_max_gpu_instances or 0,
         profiles=tuple(profiles),
+    )
+
+
+def _host_link(row: Hardware) -> tuple[float | None, str]:
+    if row.kind in (DeviceKind.CPU, DeviceKind.EDGE):
+        return None, "none: the host's own memory (no copy)"
+    if row.host_link_bandwidth_bytes_per_s:
+        return float(row.host_link_bandwidth_bytes_per_s), "catalog host_link.bandwidth"
+    gen, lanes = row.host_link_pcie_generation, row.host_link_pcie_lanes
+    if gen is not None and lanes is not None:
+        bandwidth = pcie_bandwidth_bytes_per_s(gen, lanes)
+        if bandwidth is not None:
+            return bandwidth, f"theoretical PCIe Gen{gen} x{lanes} per direction"
+    return None, "unknown"
+
+
+def hardware_spec(row: Hardware, *, price_usd_per_hour: float | None = None) -> HardwareSpec:
+    """The ONE domain view of a hardware row: roofline figures, MIG geometry and framework
+    overheads (a request's price replaces the catalog's)."""
+    link, link_source = _host_link(row)
+    price, price_source = row.price_usd_per_hour, "catalog"
+    if price_usd_per_hour is not None:
+        price, price_source = price_usd_per_hour, "request"
+    elif price is None:
+        price_source = "none in the catalog"
+    return HardwareSpec(
+        slug=row.slug,
+        name=f"{row.vendor} {row.name}",
+        kind=DeviceKind(row.kind),
+        peak_flops_per_s={DType(k): float(v) for k, v in row.peak_flops_per_s.items()},
+        memory_bandwidth_bytes_per_s=float(row.memory_bandwidth_bytes_per_s),
+        memory_bytes=row.memory_bytes,
+        host_link_bytes_per_s=link,
+        host_link_source=link_source,
+        tdp_watts=row.tdp_watts,
+        price_usd_per_hour=price,
+        price_source=price_source,
+        simd=(row.cpu or {}).get("simd"),
+        mig=geometry(row) if row.mig_total_compute_slices is not None else None,
+        overhead=hardware_overhead(row),
     )

@@ -18,7 +18,6 @@ from app.domain.hardware import (
     FrameworkOverhead,
     HardwareSpec,
     mig_slice,
-    pcie_bandwidth_bytes_per_s,
 )
 from app.domain.memory.estimate import (
     MemoryInputError,
@@ -50,7 +49,7 @@ from app.domain.performance.roofline import (
     predict,
     unsupported_reason,
 )
-from app.domain.precision import DType, Precision
+from app.domain.precision import Precision
 from app.domain.workload import (
     DEFAULT_SAFETY_MARGIN_FRACTION,
     Logits,
@@ -76,7 +75,7 @@ from app.services.cache import LruCache
 from app.services.convert import (
     bind_dims,
     geometry,
-    hardware_overhead,
+    hardware_spec,
     model_graph,
 )
 from app.services.errors import (
@@ -150,43 +149,6 @@ def clear_caches() -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def _host_link(row: Hardware) -> tuple[float | None, str]:
-    if row.kind in (DeviceKind.CPU, DeviceKind.EDGE):
-        return None, "none: the host's own memory (no copy)"
-    if row.host_link_bandwidth_bytes_per_s:
-        return float(row.host_link_bandwidth_bytes_per_s), "catalog host_link.bandwidth"
-    gen, lanes = row.host_link_pcie_generation, row.host_link_pcie_lanes
-    if gen is not None and lanes is not None:
-        bandwidth = pcie_bandwidth_bytes_per_s(gen, lanes)
-        if bandwidth is not None:
-            return bandwidth, f"theoretical PCIe Gen{gen} x{lanes} per direction"
-    return None, "unknown"
-
-
-def device_of(row: Hardware, *, price_usd_per_hour: float | None = None) -> HardwareSpec:
-    """The roofline view of a hardware row (a request's price replaces the catalog's)."""
-    link, link_source = _host_link(row)
-    price, price_source = row.price_usd_per_hour, "catalog"
-    if price_usd_per_hour is not None:
-        price, price_source = price_usd_per_hour, "request"
-    elif price is None:
-        price_source = "none in the catalog"
-    return HardwareSpec(
-        slug=row.slug,
-        name=f"{row.vendor} {row.name}",
-        kind=DeviceKind(row.kind),
-        peak_flops_per_s={DType(k): float(v) for k, v in row.peak_flops_per_s.items()},
-        memory_bandwidth_bytes_per_s=float(row.memory_bandwidth_bytes_per_s),
-        memory_bytes=row.memory_bytes,
-        host_link_bytes_per_s=link,
-        host_link_source=link_source,
-        tdp_watts=row.tdp_watts,
-        price_usd_per_hour=price,
-        price_source=price_source,
-        simd=(row.cpu or {}).get("simd"),
-    )
-
-
 @dataclass(frozen=True, slots=True)
 class Candidate:
     """A device with the memory-engine settings of its hardware row."""
@@ -197,8 +159,7 @@ class Candidate:
 
 
 def _candidate(row: Hardware, device: HardwareSpec) -> Candidate:
-    runtime = Runtime.CPU if device.kind is DeviceKind.CPU else Runtime.CUDA
-    return Candidate(device=device, runtime=runtime, overhead=hardware_overhead(row))
+    return Candidate(device=device, runtime=device.runtime, overhead=device.overhead)
 
 
 def _slices(row: Hardware, whole: HardwareSpec) -> list[HardwareSpec]:
@@ -222,7 +183,7 @@ def candidates(
     if names is None:
         found = []
         for slug in sorted(rows):
-            whole = device_of(rows[slug], price_usd_per_hour=prices.get(slug))
+            whole = hardware_spec(rows[slug], price_usd_per_hour=prices.get(slug))
             found += [_candidate(rows[slug], d) for d in [whole, *_slices(rows[slug], whole)]]
         return found
     chosen = []
@@ -231,7 +192,7 @@ def candidates(
         row = rows.get(slug)
         if row is None:
             raise NotFound(f"hardware profile '{slug}' does not exist; GET /v1/hardware lists them")
-        whole = device_of(row, price_usd_per_hour=prices.get(slug))
+        whole = hardware_spec(row, price_usd_per_hour=prices.get(slug))
         if not profile_name:
             chosen.append(_candidate(row, whole))
             continue

@@ -52,8 +52,7 @@ from app.domain.performance.roofline import (
 from app.domain.precision import Precision
 from app.domain.zoo import ZOO
 from app.services.catalog import load_catalog
-from app.services.convert import apply_hardware_fields
-from app.services.recommendations import device_of
+from app.services.convert import apply_hardware_fields, hardware_spec
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "calibration_benchmarks.yaml"
@@ -136,7 +135,7 @@ def catalog_devices() -> dict[str, HardwareSpec]:
     for entry in load_catalog(PROJECT_ROOT / "hardware_catalog"):
         row = Hardware(slug=entry.slug)
         apply_hardware_fields(row, entry)
-        devices[entry.slug] = device_of(row)
+        devices[entry.slug] = hardware_spec(row)
     return devices
 
 
