@@ -174,9 +174,11 @@ def run_estimate(
         runtime=resolved.runtime,
         parallelism=resolved.parallelism,
         accumulation_steps=max(1, batch // micro),
-        kv_cache=True if resolved.kv_cache is None else resolved.kv_cache,
+        kv_cache=resolved.kv_cache,
         fp32_grad_buffer=resolved.fp32_grad_buffer,
         overhead=overhead,
+        attention=resolved.attention,
+        logits=resolved.logits,
     )
     try:
         result = estimate_memory(analysis, request, per_layer=per_layer)

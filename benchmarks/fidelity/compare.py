@@ -12,7 +12,8 @@ step, when the optimizer state is created); inference with the forward peak. Bot
 ``pytorch_cpu`` runtime, where there is no CUDA context or caching allocator.
 
 Targets (issue 3): parameter counts exact; training within +-5 % median and +-15 % every case;
-inference within +-10 % median.
+inference within +-10 % median. Issue 12: every case together within 1 % median and 7 % worst
+(where the figures were when the attention implementation became a request option).
 """
 
 from __future__ import annotations
@@ -25,14 +26,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.domain.graph.analysis import analyze
-from app.domain.memory.estimate import MemoryRequest, estimate_memory
+from app.domain.memory.estimate import MemoryRequest, analyze_for, estimate_memory
 from app.domain.precision import Precision
 from app.domain.workload import Attention, Mode, Optimizer, OptimizerImpl, Runtime
 from app.domain.zoo import ZOO, ZooModel, bert, gpt2, llama, lstm_classifier, vit
 
 HERE = Path(__file__).resolve().parent
-TARGETS = {"training_median": 5.0, "training_max": 15.0, "inference_median": 10.0}
+TARGETS = {
+    "training_median": 5.0,
+    "training_max": 15.0,
+    "inference_median": 10.0,
+    # issue 12: the figures stay where they were when attention became a request option
+    "all_median": 1.0,
+    "all_max": 7.0,
+}
 HEAVY_SHARE = 0.25
 
 
@@ -97,6 +104,10 @@ def _request(record: dict[str, Any]) -> MemoryRequest:
         impl, optimizer_name = OptimizerImpl.FOREACH, optimizer_name.removesuffix("_foreach")
     elif optimizer_name.endswith("_fused"):
         impl, optimizer_name = OptimizerImpl.FUSED, optimizer_name.removesuffix("_fused")
+    # Measured with Hugging Face attn_implementation "sdpa" (PyTorch's CPU dispatcher: the fused
+    # flash kernel; the math kernel in training with attention dropout, which the analysis
+    # applies on CPU) or "eager". Explicit, so the figures do not follow the default table.
+    sdpa = record.get("attn_implementation") == "sdpa"
     return MemoryRequest(
         mode=mode,
         precision=precision,
@@ -104,6 +115,7 @@ def _request(record: dict[str, Any]) -> MemoryRequest:
         optimizer_impl=impl,
         runtime=Runtime.CPU,
         kv_cache=bool(record.get("use_cache")),
+        attention=Attention.FLASH if sdpa else Attention.EAGER,
     )
 
 
@@ -117,17 +129,7 @@ def estimate_row(record: dict[str, Any]) -> Row:
     if record.get("image_size"):
         bindings["image"] = record["image_size"]
     training = request.mode is Mode.TRAINING
-    # Measured with HF attn_implementation "sdpa" (PyTorch's CPU dispatcher: the fused kernel,
-    # math with dropout in training) or "eager".
-    sdpa = record.get("attn_implementation") == "sdpa"
-    analysis = analyze(
-        model.inputs,
-        model.layers,
-        bindings,
-        training=training,
-        attention=Attention.FLASH if sdpa else Attention.EAGER,
-        runtime=Runtime.CPU,
-    )
+    analysis = analyze_for(model.inputs, model.layers, bindings, request)
     estimate = estimate_memory(analysis, request)
     if training and estimate.first_iteration_peak_bytes is not None:
         estimated, phase = estimate.first_iteration_peak_bytes, estimate.first_iteration_peak_phase
@@ -196,6 +198,16 @@ def render(rows: list[Row]) -> tuple[str, bool]:
                 if mode == "training"
                 else ""
             )
+        )
+    errors = [abs(r.error_pct) for r in rows]
+    if errors:
+        median, worst = statistics.median(errors), max(errors)
+        all_ok = median <= TARGETS["all_median"] and worst <= TARGETS["all_max"]
+        ok = ok and all_ok
+        summary.append(
+            f"- all: {len(errors)} cases, median |error| {median:.1f} %, worst {worst:.1f} % "
+            f"(target {TARGETS['all_median']:g} % / {TARGETS['all_max']:g} %: "
+            f"{'met' if all_ok else 'NOT met'})"
         )
     heavy = [abs(r.error_pct) for r in rows if r.dynamic_share >= HEAVY_SHARE]
     if heavy:

@@ -32,7 +32,7 @@ from app.domain.graph.analysis import (
 )
 from app.domain.graph.format import BLOCK_INPUT, validate_graph
 from app.domain.graph.ops import OP_IMPLEMENTATIONS, OpContext, OpResult, TensorKind, Value
-from app.domain.workload import Attention
+from app.domain.workload import Attention, Logits, Runtime
 from app.domain.zoo import ZOO
 
 SNAPSHOT = Path(__file__).with_name("analysis_snapshot.json")
@@ -536,6 +536,7 @@ def test_snapshot_covers_every_case(snapshot: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("label", list(CASES))
 def test_matches_snapshot(label: str, snapshot: dict[str, Any]) -> None:
+    """Pin: every layer of every case digests as the snapshot says (eager attention)."""
     analysis = CASES[label].run()
     expected = snapshot[label]
     actual = snapshot_entry(analysis)
@@ -712,3 +713,92 @@ def test_errors_name_the_layer_and_field(label: str) -> None:
         reference_analyze(inputs, layers, bindings, training=True)
     assert (fast.value.layer, fast.value.field) == (layer, field)
     assert str(fast.value) == str(slow.value)
+
+
+# --------------------------------------------------------------------------------------------
+# Request options: attention implementation and logits.
+# --------------------------------------------------------------------------------------------
+
+
+def _llama(**options: Any) -> GraphAnalysis:
+    model = ZOO["llama-3-8b"]
+    bindings = {**model.default_bindings, "batch": 2, "seq": 16}
+    return analyze(model.inputs, model.layers, bindings, **options)
+
+
+def test_last_position_logits_run_the_head_on_one_position() -> None:
+    """logits=last at inference: lm_head reads hidden[:, -1:, :]; everything else unchanged."""
+    every = _llama(training=False)
+    last = _llama(training=False, logits=Logits.LAST)
+    assert (every.logits, every.logits_head, every.output_shape) == (
+        Logits.ALL,
+        None,
+        (2, 16, 128_256),
+    )
+    assert (last.logits, last.logits_head, last.output_shape) == (
+        Logits.LAST,
+        "lm_head",
+        (2, 1, 128_256),
+    )
+    assert last.params == every.params
+    head = {layer.name: layer for layer in last.layers}["lm_head"]
+    assert head.output_shape == (2, 1, 128_256)
+    assert head.flops == 2 * 2 * 4096 * 128_256
+    assert [x.output_shape for x in last.layers[:-1]] == [x.output_shape for x in every.layers[:-1]]
+
+
+def test_training_and_encoders_compute_every_position() -> None:
+    trained = _llama(training=True, logits=Logits.LAST)
+    assert (trained.logits, trained.output_shape) == (Logits.ALL, (2, 16, 128_256))
+    assert trained.logits_requested is Logits.LAST
+    model = ZOO["bert-base"]
+    bindings = {**model.default_bindings, "batch": 2, "seq": 16}
+    encoder = analyze(model.inputs, model.layers, bindings, training=False, logits=Logits.LAST)
+    assert (encoder.is_decoder, encoder.logits) == (False, Logits.ALL)
+
+
+def test_a_decoder_head_on_a_pooled_state_is_not_sliced() -> None:
+    """The last top-level linear reads [N, D] (a classifier on the last token's state): there
+    is nothing to slice, and the analysis says every position."""
+    layers = [
+        {"name": "attn", "op": "attention", "num_heads": 2, "causal": True},
+        {"name": "pool", "op": "select", "dim": 1, "index": -1},
+        {"name": "head", "op": "linear", "out_features": 3},
+    ]
+    inputs = (InputDecl(name="x", shape=("batch", "seq", 8)),)
+    analysis = analyze(inputs, layers, {"batch": 2, "seq": 4}, training=False, logits=Logits.LAST)
+    assert analysis.is_decoder
+    assert (analysis.logits, analysis.logits_head, analysis.output_shape) == (
+        Logits.ALL,
+        None,
+        (2, 3),
+    )
+
+
+def test_attention_implementations_keep_their_tensors() -> None:
+    """eager/sdpa_math keep the fp32 S x S probabilities; flash/mem_efficient the output and
+    the fp32 log-sum-exp; the parameters are the same."""
+    saved = {}
+    for impl in Attention:
+        analysis = _llama(training=True, attention=impl)
+        attention = next(layer for layer in analysis.layers if layer.op == "attention")
+        saved[impl] = {item.label for item in attention.saved}
+        assert analysis.attention_used == ((impl, "requested"),)
+    assert "probs" in saved[Attention.EAGER] == saved[Attention.SDPA_MATH]
+    assert saved[Attention.FLASH] == saved[Attention.MEM_EFFICIENT]
+    assert {"attn_out", "logsumexp"} <= saved[Attention.FLASH]
+    assert "probs" not in saved[Attention.FLASH]
+
+
+def test_default_attention_is_chosen_per_layer_with_its_reason() -> None:
+    cuda = _llama(training=False, runtime=Runtime.CUDA)
+    assert [impl for impl, _ in cuda.attention_used] == [Attention.MEM_EFFICIENT]  # fp32
+    cpu = ZOO["gpt-2"]
+    bindings = {**cpu.default_bindings, "batch": 1, "seq": 8}
+    flash_cpu = analyze(
+        cpu.inputs, cpu.layers, bindings, training=True, attention=Attention.FLASH,
+        runtime=Runtime.CPU,
+    )  # fmt: skip
+    ((impl, reason),) = flash_cpu.attention_used
+    assert impl is Attention.SDPA_MATH
+    assert reason.startswith("flash asked for, but PyTorch's fused CPU kernel has no dropout")

@@ -107,3 +107,25 @@ def test_every_op_in_the_design_vocabulary_is_known() -> None:
         "block", "repeat",
     }  # fmt: skip
     assert design_ops <= set(OP_SPECS)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_fused_attention_is_refused_with_the_request_option_named(fused: bool) -> None:
+    """A graph says where attention is, not how it is computed (issue 12)."""
+    layers = [
+        {
+            "name": "blocks",
+            "op": "repeat",
+            "times": 2,
+            "layers": [{"name": "attn", "op": "attention", "num_heads": 4, "fused": fused}],
+        }
+    ]
+    with pytest.raises(GraphError) as caught:
+        validate_graph(layers, ["x"])
+    assert caught.value.field == "fused"
+    assert caught.value.layer == "attn"
+    assert "attention=eager|sdpa_math|flash|mem_efficient" in str(caught.value)
+
+
+def test_attention_spec_has_no_implementation_attribute() -> None:
+    assert "fused" not in {*OP_SPECS["attention"].required, *OP_SPECS["attention"].optional}

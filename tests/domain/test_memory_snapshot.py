@@ -1,4 +1,8 @@
-"""Regression snapshot of the memory model over ~3,500 configurations.
+"""Pins: a regression snapshot of the memory model over ~3,600 configurations.
+
+These tests pin today's figures; they do not say the figures are right (the golden tests in
+``test_memory.py`` and the CPU fidelity benchmark do). What they prove is that a change moved
+nothing but what it names.
 
 Every zoo model and six imported graphs (Hugging Face configs with MoE, GPT-NeoX, T5 and
 Gemma; ONNX files with matmul attention and a CNN) in both modes, across precisions, runtimes,
@@ -7,6 +11,14 @@ snapshot (``memory_snapshot.json``) keeps the peak per configuration and a diges
 estimate (every line, formula, assumption and, for the first variant, the per-layer view), so
 a refactor of the timeline that changes any figure or text fails here, naming the
 configuration.
+
+The ~3,500 original configurations are pinned to ``attention=eager`` and ``logits=all``, the
+behaviour before the attention implementation became a request option, so that they show that
+nothing else moved when it did (issue 12: only encoder-inference peaks moved, by their KV-cache
+line, and formula texts changed to evaluable arithmetic; a run of the engine before and after
+with formulas left out of the digest gave identical digests). The ``|defaults|`` entries pin the
+defaults a request gets: PyTorch SDPA's attention for the runtime and precision, the default
+precision of the mode and runtime, and the last position's logits at inference.
 
 The snapshot was generated before the timeline became array-based (running sums instead of a
 per-layer replay of live sets): the zoo entries by that older engine, the imported ones by the
@@ -36,6 +48,7 @@ from app.domain.precision import Precision
 from app.domain.zoo import ZOO
 from app.importers.hf_config import import_hf_config
 from app.importers.onnx_model import import_onnx
+from tests.domain.test_formulas import evaluate
 from tests.importers.onnx_models import small_cnn, tiny_attention
 
 SNAPSHOT = Path(__file__).with_name("memory_snapshot.json")
@@ -96,13 +109,15 @@ def _models() -> Iterator[tuple[str, tuple[InputDecl, ...], Any, dict[str, int]]
 def _cases() -> Iterator[tuple[str, GraphAnalysis, M.MemoryRequest, bool]]:
     for slug, inputs, layers, bindings in _models():
         for mode in W.Mode:
-            # Pinned to eager attention: the implementation the snapshot was taken with.
+            # Pinned to eager attention and every position's logits: the behaviour the
+            # snapshot was taken with.
             analysis = analyze(
                 inputs,
                 layers,
                 bindings,
                 training=mode is W.Mode.TRAINING,
                 attention=W.Attention.EAGER,
+                logits=W.Logits.ALL,
             )
             precisions = [
                 Precision.FP32,
@@ -119,24 +134,47 @@ def _cases() -> Iterator[tuple[str, GraphAnalysis, M.MemoryRequest, bool]]:
                     )
                     label = f"{slug}|{mode.value}|{precision.value}|{runtime.value}|{index}"
                     yield label, analysis, request, index == 0
+    yield from _default_cases()
 
 
-def _entry(analysis: GraphAnalysis, request: M.MemoryRequest, per_layer: bool) -> list[Any]:
+def _default_cases() -> Iterator[tuple[str, GraphAnalysis, M.MemoryRequest, bool]]:
+    """Every model in both modes on both runtimes with the defaults a request gets."""
+    for slug, inputs, layers, bindings in _models():
+        for mode, runtime in itertools.product(W.Mode, W.Runtime):
+            request = M.MemoryRequest(
+                mode=mode,
+                precision=W.default_precision(mode, runtime),
+                runtime=runtime,
+                logits=W.Logits.LAST if mode is W.Mode.INFERENCE else W.Logits.ALL,
+            )
+            analysis = M.analyze_for(inputs, layers, bindings, request)
+            yield f"{slug}|{mode.value}|defaults|{runtime.value}|0", analysis, request, True
+
+
+def _estimate(
+    analysis: GraphAnalysis, request: M.MemoryRequest, per_layer: bool
+) -> M.MemoryEstimate | str:
     try:
-        estimate = M.estimate_memory(analysis, request, per_layer=per_layer)
+        return M.estimate_memory(analysis, request, per_layer=per_layer)
     except M.MemoryInputError as exc:
-        return ["error", str(exc)]
+        return str(exc)
+
+
+def _entry(estimate: M.MemoryEstimate | str) -> list[Any]:
+    if isinstance(estimate, str):
+        return ["error", estimate]
     text = json.dumps(_canon(estimate), sort_keys=True, separators=(",", ":"))
     return [estimate.peak_bytes, hashlib.sha256(text.encode()).hexdigest()[:16]]
 
 
-def _current() -> dict[str, list[Any]]:
-    return {label: _entry(a, r, per_layer) for label, a, r, per_layer in _cases()}
+@pytest.fixture(scope="module")
+def estimates() -> dict[str, M.MemoryEstimate | str]:
+    return {label: _estimate(a, r, per_layer) for label, a, r, per_layer in _cases()}
 
 
 @pytest.fixture(scope="module")
-def current() -> dict[str, list[Any]]:
-    entries = _current()
+def current(estimates: dict[str, M.MemoryEstimate | str]) -> dict[str, list[Any]]:
+    entries = {label: _entry(estimate) for label, estimate in estimates.items()}
     if os.environ.get("UPDATE_MEMORY_SNAPSHOT"):
         lines = [f"{json.dumps(k)}: {json.dumps(v)}" for k, v in sorted(entries.items())]
         SNAPSHOT.write_text("{\n" + ",\n".join(lines) + "\n}\n")
@@ -144,6 +182,7 @@ def current() -> dict[str, list[Any]]:
 
 
 def test_memory_estimates_match_snapshot(current: dict[str, list[Any]]) -> None:
+    """Pin: every configuration's peak and digest are the snapshot's."""
     expected: dict[str, list[Any]] = json.loads(SNAPSHOT.read_text())
     assert sorted(current) == sorted(expected)
     changed = [
@@ -155,9 +194,26 @@ def test_memory_estimates_match_snapshot(current: dict[str, list[Any]]) -> None:
 
 
 def test_snapshot_is_not_trivial() -> None:
-    """The snapshot covers both modes and many distinct peaks."""
+    """The snapshot covers both modes, the defaults and many distinct peaks."""
     expected: dict[str, list[Any]] = json.loads(SNAPSHOT.read_text())
     peaks = {entry[0] for entry in expected.values() if entry[0] != "error"}
     assert len(expected) > 2000
     assert len(peaks) > 1000
     assert {label.split("|")[1] for label in expected} == {"training", "inference"}
+    defaults = [label for label in expected if label.split("|")[2] == "defaults"]
+    assert len(defaults) == 4 * sum(1 for _ in _models())
+
+
+def test_every_formula_of_the_snapshot_evaluates(
+    estimates: dict[str, M.MemoryEstimate | str],
+) -> None:
+    """Every line of every configuration: its formula's arithmetic is its bytes."""
+    wrong = [
+        f"{label} {line.key}: {line.bytes:,} vs {line.formula}"
+        for label, estimate in estimates.items()
+        if not isinstance(estimate, str)
+        for line in estimate.lines
+        if evaluate(line.formula) != (line.bytes, line.bytes)
+    ]
+    assert len(estimates) > 3500
+    assert not wrong, f"{len(wrong)} formulas disagree with their lines:\n" + "\n".join(wrong[:10])

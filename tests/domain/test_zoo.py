@@ -1,5 +1,8 @@
+import inspect
 import json
 import re
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -7,6 +10,7 @@ from app.domain.graph.analysis import GraphAnalysis, analyze
 from app.domain.graph.format import validate_graph
 from app.domain.workload import Attention, Runtime
 from app.domain.zoo import ZOO, ZooModel, bert, gpt2, llama, lstm_classifier, vit
+from app.domain.zoo import transformers as zoo_transformers
 
 SLUG = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,62}[a-z0-9])?$")
 FAMILIES = {"cnn", "transformer-encoder", "transformer-decoder", "vision-transformer", "rnn"}
@@ -268,3 +272,45 @@ def test_fused_attention_keeps_parameters_and_drops_the_score_matrix() -> None:
     assert "probs" not in saved[1]
     assert "logsumexp" in saved[1]
     assert "probs" in saved[2]
+
+
+def test_builders_say_where_attention_is_not_how() -> None:
+    """No builder takes ``fused`` and no zoo graph carries it: the implementation is a request
+    option (``analyze(attention=...)``)."""
+    builders: list[Callable[..., Any]] = [gpt2, bert, vit, llama]
+    builders += [
+        zoo_transformers.gpt2,
+        zoo_transformers.bert,
+        zoo_transformers.vit,
+        zoo_transformers.llama,
+        zoo_transformers.gpt_neox,
+        zoo_transformers.t5_encoder,
+    ]
+    for builder in builders:
+        assert "fused" not in inspect.signature(builder).parameters, builder.__name__
+
+    def attention_layers(layers: Any) -> list[dict[str, Any]]:
+        found = []
+        for layer in layers:
+            if layer["op"] == "attention":
+                found.append(layer)
+            found += attention_layers(layer.get("layers", []))
+        return found
+
+    transformers = [model for model in ZOO.values() if model.family != "cnn"]
+    for model in transformers:
+        for layer in attention_layers(model.layers):
+            assert "fused" not in layer, model.slug
+    assert sum(len(attention_layers(model.layers)) for model in transformers) >= 6
+
+
+def test_attention_used_and_decoder_flags() -> None:
+    """What each zoo model's analysis says about its attention."""
+    decoder = run(gpt2(layers=2), attention=Attention.EAGER, runtime=Runtime.CUDA, seq=8)
+    assert decoder.is_decoder
+    assert decoder.attention_used == ((Attention.EAGER, "requested"),)
+    encoder = run(bert(layers=2), batch=2, runtime=Runtime.CUDA, seq=8)
+    assert not encoder.is_decoder
+    assert all(layer.result.kv_cache_numel == 0 for layer in encoder.layers)
+    cnn = run(ZOO["resnet-50"])
+    assert (cnn.attention_used, cnn.is_decoder) == ((), False)

@@ -91,3 +91,24 @@ def test_unknown_model_type_lists_the_supported_ones() -> None:
     assert all(model_type in caught.value.detail for model_type in SUPPORTED_MODEL_TYPES)
     with pytest.raises(ImportRejected, match="exceeds num_local_experts"):
         import_hf_config({**_load("mixtral-8x7b-v0.1"), "num_experts_per_tok": 9})
+
+
+def _attention_layers(layers: Any) -> list[dict[str, Any]]:
+    found = []
+    for layer in layers:
+        if layer["op"] == "attention":
+            found.append(layer)
+        found += _attention_layers(layer.get("layers", []))
+    return found
+
+
+@pytest.mark.parametrize("name", list(GOLDEN))
+def test_imports_say_where_attention_is_not_how(name: str) -> None:
+    """Issue 12: no ``fused`` (or other implementation) attribute; decoders are causal."""
+    imported = import_hf_config(_load(name))
+    attention = _attention_layers(imported.layers)
+    assert attention
+    for layer in attention:
+        assert "fused" not in layer
+    decoder = "ForCausalLM" in GOLDEN[name][1] or "LMHead" in GOLDEN[name][1]
+    assert {bool(layer.get("causal")) for layer in attention} == {decoder}

@@ -193,3 +193,11 @@ def test_declared_rank_is_capped(monkeypatch: pytest.MonkeyPatch) -> None:
     _no_expensive_work(monkeypatch)
     with pytest.raises(ImportRejected, match="declares 40 dims; at most 32"):
         import_onnx(model.SerializeToString())
+
+
+def test_imported_attention_graphs_carry_no_implementation() -> None:
+    """A matmul-built attention imports as matmuls and softmax: nothing says how to compute it
+    (issue 12: the implementation is a request option)."""
+    imported = import_onnx(onnx_models.tiny_attention())
+    assert imported.layers
+    assert "fused" not in repr(imported.layers)

@@ -106,6 +106,9 @@ class GraphAnalysis:
     attention_used: tuple[tuple[Attention, str], ...] = ()  # distinct (implementation, why)
     is_decoder: bool = False  # has causal attention
     logits: Logits = Logits.ALL  # LAST: the output head ran on the last position only
+    logits_head: str | None = None  # the layer that ran on the last position only (LAST)
+    attention_requested: Attention | None = None  # the ``attention`` option it was analysed with
+    logits_requested: Logits = Logits.ALL  # the ``logits`` option it was analysed with
 
     @property
     def params(self) -> int:
@@ -154,6 +157,7 @@ class _State:
     runtime: Runtime = Runtime.CUDA
     precision: Precision = Precision.FP32
     head: int | None = None  # id of the layer dict computed at the last position only
+    head_name: str | None = None  # its name, once it ran on a [N, S, D] input
     layers: list[LayerAnalysis] = field(default_factory=list)
     next_storage: int = 0
     cache: dict[_CacheKey, _Computed] = field(default_factory=dict)
@@ -193,8 +197,11 @@ def analyze(
     """Infer every layer's shapes, parameters, FLOPs and saved tensors.
 
     ``attention`` is how attention layers compute (None: PyTorch SDPA's choice for ``runtime``
-    and ``precision``, per layer). With ``logits=last`` at inference, a decoder's output head
-    (the last top-level linear layer) runs on the last position only, as serving stacks do.
+    and ``precision``, per layer; see :func:`app.domain.graph.ops.attention`). With
+    ``logits=last`` at inference, a decoder's output head (the last top-level ``linear`` layer,
+    when it reads a [N, S, D] hidden state) runs on ``hidden[:, -1:, :]`` only, as serving
+    stacks do: its output is [N, 1, V]. Training always computes every position (the loss reads
+    them all); so does an encoder.
 
     Raises
     ------
@@ -238,7 +245,10 @@ def analyze(
             )
         ),
         is_decoder=decoder,
-        logits=Logits.LAST if head is not None else Logits.ALL,
+        logits=Logits.LAST if state.head_name is not None else Logits.ALL,
+        logits_head=state.head_name,
+        attention_requested=attention,
+        logits_requested=logits,
     )
 
 
@@ -495,11 +505,13 @@ def _run(
         storages = tuple([source.storage for source in sources])
         shapes = tuple([source.value.shape for source in sources])
     if state.head is not None and id(raw) == state.head and len(shapes[0]) == 3:
-        # serving: hidden[:, -1:, :] (a view) feeds the head
+        # serving: hidden[:, -1:, :] (a view of the hidden state) feeds the head
         n, _, d = shapes[0]
         first = sources[0]
-        sources = (_make(_Binding, (Value((n, 1, d), first.value.kind), first.storage, None)),)
-        shapes = ((n, 1, d),)
+        sliced = _make(_Binding, (Value((n, 1, d), first.value.kind), first.storage, None))
+        sources = (sliced, *sources[1:])
+        shapes = ((n, 1, d), *shapes[1:])
+        state.head_name = name
     if "tied_to" in raw:
         state.tied_runs += 1
         computed = _evaluate(raw, env, sources, state, name=name)

@@ -569,8 +569,11 @@ def attention(ctx: OpContext) -> OpResult:
     for GQA), the fp32 softmax probabilities, a dropout mask and dropped probabilities when
     attention dropout is on, and the context fed to the output projection; the S x S scores and
     probabilities are transients in forward. flash / mem_efficient: keep q, k, v, the output and
-    the fp32 log-sum-exp, never an S x S matrix. Only causal (decoder) attention fills a KV
-    cache at inference; an encoder attends over its whole input once and caches nothing.
+    the fp32 log-sum-exp, never an S x S matrix. On CPU, PyTorch's fused kernel has no dropout:
+    flash or mem_efficient asked for in training with attention dropout runs SDPA's math kernel
+    (sdpa_math, measured on PyTorch 2.13 CPU; the reason says so). Only causal (decoder)
+    attention fills a KV cache at inference; an encoder attends over its whole input once and
+    caches nothing.
     """
     _float_input(ctx)
     if len(ctx.x.shape) != 3:
@@ -626,7 +629,11 @@ def attention(ctx: OpContext) -> OpResult:
     # PyTorch's fused CPU kernel has no dropout: with dropout in training SDPA runs the math
     # path, which keeps the same tensors as the unfused implementation (measured, 2.13 CPU).
     if impl in FUSED_ATTENTION and ctx.runtime is Runtime.CPU and dropout_p > 0:
-        impl, reason = Attention.SDPA_MATH, "CPU fused attention has no dropout: SDPA runs math"
+        impl, reason = (
+            Attention.SDPA_MATH,
+            f"{impl.value} asked for, but PyTorch's fused CPU kernel has no dropout: SDPA runs "
+            "the math kernel in training with attention dropout",
+        )
     if impl in FUSED_ATTENTION:
         saved += [
             Saved(label="attn_out", source="new", numel=q_numel),

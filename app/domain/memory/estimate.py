@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from itertools import accumulate
 from operator import add, sub
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-from app.domain.graph.analysis import GraphAnalysis, LayerAnalysis
+from app.domain.graph.analysis import GraphAnalysis, InputDecl, LayerAnalysis, analyze
 from app.domain.graph.ops import Storage, TensorKind
 from app.domain.graph.traits import CONV_OPS, INTERNAL_TENSOR_OPS, QUANTIZABLE_OPS
 from app.domain.hardware import FrameworkOverhead
@@ -45,6 +45,7 @@ from app.domain.precision import (
 )
 from app.domain.units import MIB
 from app.domain.workload import (
+    Attention,
     Checkpointing,
     Logits,
     Mode,
@@ -72,9 +73,11 @@ class MemoryRequest:
     runtime: Runtime = Runtime.CUDA
     parallelism: Parallelism = field(default_factory=Parallelism)
     accumulation_steps: int = 1
-    kv_cache: bool = True
+    kv_cache: bool | None = None  # None: decoders (causal attention) yes; encoders never
     fp32_grad_buffer: bool = False
     overhead: FrameworkOverhead = field(default_factory=FrameworkOverhead)
+    attention: Attention | None = None  # None: PyTorch SDPA's choice per attention layer
+    logits: Logits = Logits.ALL  # LAST: decoder inference computes the last position's logits
 
     def __post_init__(self) -> None:
         steps = self.accumulation_steps
@@ -139,8 +142,15 @@ class MemoryLine:
 
     key: str
     bytes: int
-    formula: str
+    formula: str  # arithmetic over the numbers ``bytes`` was computed from; see below
     assumptions: tuple[str, ...] = ()
+
+    # ``formula`` grammar: ``<expression> = <bytes> B`` where the expression is integers (thousands
+    # separators), decimals, ``+``, ``-``, ``x``, ``/``, parentheses, ``ceil(...)`` and
+    # ``floor(...)`` (where the engine rounds), and words in ``[...]`` saying what the number
+    # before them is (ignored by the arithmetic). Evaluated exactly it equals ``bytes``
+    # (tests/domain/test_formulas.py). Lines that are sums over the step's timeline (activations,
+    # transient, gradients in backward) list their components, e.g. activations per producing op.
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -193,6 +203,8 @@ class _Moment:
 
     phase: str
     parts: dict[str, int]
+    at: str = "step"  # "forward" (during layer ``index``), "end" (of forward), "backward", "step"
+    index: int = -1  # the layer, for "forward" and "backward"
 
     @property
     def total(self) -> int:
@@ -233,20 +245,28 @@ def _weights_bytes(
     if not row.quantized:
         return _ceil(analysis.params * plan.weight), []
     other_weight = bytes_per_element(row.other_weight_dtype)
-    total = Fraction(0)
-    quantized = 0
     # The output head (the last layer with weights) stays 16-bit, as GPTQ/AWQ/bitsandbytes keep
     # lm_head; so do embeddings, norms and biases.
     head = max((i for i, layer in enumerate(analysis.layers) if layer.result.params), default=-1)
+    # Each distinct op result (one per repeated block) is summed once, times its uses, in
+    # integers: total = quantized x weight + scales + other x other weight, the same exact sum
+    # as per tensor without Fraction arithmetic per tensor.
+    uses: Counter[tuple[int, bool]] = Counter()
+    shapes_of: dict[int, tuple[tuple[int, ...], ...]] = {}
     for index, layer in enumerate(analysis.layers):
-        for shape in layer.result.param_shapes:
+        uses[(id(layer.result), layer.op in QUANTIZABLE_OPS and index != head)] += 1
+        shapes_of[id(layer.result)] = layer.result.param_shapes
+    quantized = other = 0
+    scales = Fraction(0)
+    for (result_id, quantizable), count in uses.items():
+        for shape in shapes_of[result_id]:
             numel = math.prod(shape)
-            if layer.op in QUANTIZABLE_OPS and len(shape) >= 2 and index != head:
-                quantized += numel
-                total += numel * plan.weight
-                total += scale_bytes(precision, shape)
+            if quantizable and len(shape) >= 2:
+                quantized += count * numel
+                scales += count * scale_bytes(precision, shape)
             else:
-                total += numel * other_weight
+                other += count * numel
+    total = quantized * plan.weight + scales + other * other_weight
     note = (
         f"{quantized:,} of {analysis.params:,} parameters quantized (matmul/conv weights); "
         "embeddings, norms, biases and the output head stay 16-bit"
@@ -329,6 +349,7 @@ def _op_sizes(layer: LayerAnalysis, sizer: _Sizer, request: MemoryRequest) -> _O
     tp = request.parallelism.tensor
     selective = request.checkpointing is Checkpointing.SELECTIVE
     fp32_acts = sizer.plan.activation == 4
+    weight = sizer.plan.weight  # bytes per weight element (1/2 for int4): ceil in integers
     kept: list[tuple[int, int]] = []  # (_IN0 | _OUT | _NEW, bytes) in saved order
     internal = 0
     for item in layer.result.saved:
@@ -379,7 +400,8 @@ def _op_sizes(layer: LayerAnalysis, sizer: _Sizer, request: MemoryRequest) -> _O
         output=output,
         param_waste=_rounding_waste(
             Counter(
-                _ceil(math.prod(shape) * sizer.plan.weight) for shape in layer.result.param_shapes
+                -(-math.prod(shape) * weight.numerator // weight.denominator)
+                for shape in layer.result.param_shapes
             )
         ),
         backward_extra=backward_extra,
@@ -619,6 +641,8 @@ class _Peak:
     activations: int = 0
     transient: int = 0
     gradients: int = 0
+    at: str = "end"  # "forward" (during layer ``index``), "end" (of forward) or "backward"
+    index: int = -1
 
     @property
     def total(self) -> int:
@@ -640,7 +664,8 @@ def _forward(plan: _Plan, timeline: _Timeline, inputs_bytes: int) -> tuple[_Peak
     transients = [op.forward_transient for op in plan.op_sizes]
     totals = list(map(add, during, transients))
     index = max(range(len(totals)), key=totals.__getitem__)  # the first largest
-    return _Peak(activations=during[index], transient=transients[index]), before[-1]
+    peak = _Peak(activations=during[index], transient=transients[index], at="forward", index=index)
+    return peak, before[-1]
 
 
 def _backward(
@@ -671,7 +696,13 @@ def _backward(
     )
     totals = list(map(add, map(add, live, transients), grads))
     k = max(range(n), key=totals.__getitem__)  # the first largest, walking backwards
-    return _Peak(activations=live[k], transient=transients[k], gradients=grads[k])
+    return _Peak(
+        activations=live[k],
+        transient=transients[k],
+        gradients=grads[k],
+        at="backward",
+        index=n - 1 - k,
+    )
 
 
 def _storage_sizes(plan: _Plan) -> Counter[int]:
@@ -734,6 +765,14 @@ class _Estimation:
     formulas: dict[str, str]
     notes: dict[str, list[str]]
     assumptions: list[str]
+    # Training, for the formulas of the lines at the peak:
+    grad_layers: list[int] = field(default_factory=list)  # per layer: gradient bytes
+    grad_term: str = ""  # "ceil(<params> x <B> / <shard>)" of one layer, with {params}
+    held_grads: str = ""  # the held gradients' expression (gradient accumulation)
+    recompute: dict[str, int] = field(default_factory=dict)
+    labels_rows: int = 0
+    loss: str = ""  # the loss line's expression
+    step_transient: str = ""  # the optimizer step's temporaries' expression
 
 
 def _training_moments(e: _Estimation) -> tuple[list[_Moment], list[_Moment]]:
@@ -759,9 +798,12 @@ def _training_moments(e: _Estimation) -> tuple[list[_Moment], list[_Moment]]:
     master = _ceil(Fraction(params * plan.master, state_shard))
     labels_rows = math.prod(analysis.output_shape[:-1]) if analysis.output_shape else 1
     labels_bytes = labels_rows * 8
-    temporaries, temp_note = _step_temporaries(shapes, params, request, plan)
+    temporaries_full, temp_note = _step_temporaries(shapes, params, request, plan)
     shard_words = _shard_words(par)
-    temporaries = _ceil(Fraction(temporaries, state_shard))
+    temporaries = _ceil(Fraction(temporaries_full, state_shard))
+    e.step_transient = (
+        f"ceil({temporaries_full:,} [B: {temp_note}] / {state_shard} [{shard_words(1)}])"
+    )
     cache = params * plan.weight_cache // model_shard if plan.weight_cache else 0
     recompute: dict[str, int] = {}
     if request.checkpointing is Checkpointing.FULL:
@@ -804,17 +846,26 @@ def _training_moments(e: _Estimation) -> tuple[list[_Moment], list[_Moment]]:
             _Moment(phase="optimizer_step", parts=dict(step_parts)),
         ]
         (steady_moments if steady else first_moments).extend(moments)
+    grad_expression = (
+        f"ceil({params:,} [trainable params] x {grad_element} [B] / {grad_shard} "
+        f"[{shard_words(2)}])"
+    )
+    e.grad_layers = grad_layers
+    e.grad_term = (
+        f"ceil({{params:,}} [params] x {grad_element} [B] / {grad_shard} [{shard_words(2)}])"
+    )
+    e.held_grads = grad_expression if accumulate else ""
+    e.recompute = recompute
+    e.labels_rows = labels_rows
+    e.loss = _loss_expression(analysis, sizer)
     formulas.update(
-        gradients=f"ceil({params:,} [trainable params] x {grad_element} [B] / {grad_shard} "
-        f"[{shard_words(2)}]) = {grad_bytes:,} B",
+        gradients=f"{grad_expression} = {grad_bytes:,} B",
         optimizer_state=f"ceil({state_full:,} [B: {state_note}] / {state_shard} "
         f"[{shard_words(1)}]) = {state_bytes:,} B",
         master_weights=f"ceil({params:,} [params] x {plan.master} [B fp32 master copy] / "
         f"{state_shard} [{shard_words(1)}]) = {master:,} B",
         weight_cast_cache=f"floor({params:,} [params] x {plan.weight_cache} [B autocast weight "
         f"copy] / {model_shard} [tensor x pipeline]) = {cache:,} B",
-        inputs=f"model inputs + int64 labels ({labels_rows:,} rows)",
-        loss="cross-entropy: log-probabilities of the logits kept for backward",
     )
     notes["transient"] = [temp_note]
     if request.accumulation_steps > 1:
@@ -838,11 +889,12 @@ def _inference_moments(e: _Estimation) -> list[_Moment]:
     formulas, assumptions, par = e.formulas, e.assumptions, request.parallelism
     static = {**e.static, "inputs": e.inputs_bytes}
     kv = 0
-    if request.kv_cache and not analysis.is_decoder:
+    if not analysis.is_decoder and request.kv_cache is not False:
         assumptions.append(
             "no KV cache: an encoder (no causal attention) attends over its whole input once"
+            + (" (kv_cache=true asked for: encoders never cache)" if request.kv_cache else "")
         )
-    if request.kv_cache:
+    if analysis.is_decoder and request.kv_cache is not False:
         kv_numel = sum(layer.result.kv_cache_numel for layer in analysis.layers)
         kv_bytes = int(bytes_per_element(convention(request.precision).kv_cache_dtype))
         kv = _ceil(Fraction(kv_numel * kv_bytes, par.tensor))
@@ -855,7 +907,6 @@ def _inference_moments(e: _Estimation) -> list[_Moment]:
     fwd_peak, _ = _forward(
         storage_plan, _timeline(storage_plan), _input_bytes(analysis, storage_plan)
     )
-    formulas["inputs"] = "model inputs held by the caller"
     assumptions.append("activations live from their producer to their last consumer")
 
     return [_moment("forward", static, fwd_peak, 0)]
@@ -877,19 +928,23 @@ def _cuda_lines(e: _Estimation, parts: dict[str, int]) -> None:
     """CUDA runtime: allocator rounding, fragmentation reserve, workspace and context."""
     request, storage_plan, formulas = e.request, e.storage_plan, e.formulas
     overhead = request.overhead
-    parts["allocator_rounding"] = (
-        _rounding_waste(_storage_sizes(storage_plan))
-        + sum(op.param_waste for op in storage_plan.op_sizes)
-        if overhead.round_allocations
-        else 0
-    )
+    if overhead.round_allocations:
+        tensors = _rounding_waste(_storage_sizes(storage_plan))
+        weights = sum(op.param_waste for op in storage_plan.op_sizes)
+        parts["allocator_rounding"] = tensors + weights
+        rounding = (
+            f"{tensors:,} [B: activation, kept and input tensors] + {weights:,} [B: parameter "
+            "tensors] [caching allocator: sizes rounded up to 512 B, to 2 MiB blocks over 1 MiB]"
+        )
+    else:
+        parts["allocator_rounding"] = 0
+        rounding = "0 [B: allocator rounding not modelled (round_allocations=false)]"
     allocated = sum(parts.values())
     parts["fragmentation_reserve"] = int(allocated * overhead.fragmentation_fraction)
     parts["workspace"] = overhead.workspace_bytes
     parts["cuda_context"] = overhead.cuda_context_bytes
     formulas.update(
-        allocator_rounding=f"{parts['allocator_rounding']:,} [B: caching allocator, 512 B "
-        "granularity, 2 MiB blocks over 1 MiB] = " + f"{parts['allocator_rounding']:,} B",
+        allocator_rounding=f"{rounding} = {parts['allocator_rounding']:,} B",
         fragmentation_reserve=f"floor({allocated:,} [B allocated] x "
         f"{overhead.fragmentation_fraction!r}) = {parts['fragmentation_reserve']:,} B",
         workspace=f"{overhead.workspace_bytes:,} [B: cuBLAS/cuDNN workspace per process] = "
@@ -897,6 +952,169 @@ def _cuda_lines(e: _Estimation, parts: dict[str, int]) -> None:
         cuda_context=f"{overhead.cuda_context_bytes:,} [B: CUDA context, PyTorch with lazy "
         f"module loading] = {overhead.cuda_context_bytes:,} B",
     )
+
+
+def _term(size: int, words: str, times: int = 1) -> tuple[int, str]:
+    """A term of a sum: its value and its text, ``[times x ]size [words]``."""
+    return size * times, (f"{times} x " if times != 1 else "") + f"{size:,} [{words}]"
+
+
+def _sum(terms: Sequence[tuple[int, str]], total: int, empty: str) -> str:
+    """``a [words] + b [words] = total B`` over the non-zero terms (``0 [empty]`` if none)."""
+    shown = [text for value, text in terms if value]
+    return f"{' + '.join(shown) or f'0 [{empty}]'} = {total:,} B"
+
+
+def _live_groups(e: _Estimation, at: str, index: int, exclude: int | None) -> list[tuple[int, str]]:
+    """The tensors live at a moment of the step, summed per producing op (largest first).
+
+    ``at``: "forward" (during layer ``index``: what earlier layers allocated and that is still
+    read or kept, and what the layer allocates), "end" (of forward) or "backward" (during the
+    backward of layer ``index``: tensors kept by layers up to it, the caller's inputs and output,
+    and the block being recomputed). The same storages the timeline adds and frees, so the sum
+    is the activations of the moment.
+    """
+    analysis, plan = e.analysis, e.storage_plan
+    layers = analysis.layers
+    sites = {bound.storage: -1 for bound in analysis.inputs}
+    for position, layer in enumerate(layers):
+        if layer.allocates_output:
+            sites[layer.output_storage] = position
+    for position, keys in (plan.adds or {}).items():
+        sites.update(dict.fromkeys(keys, position))
+    kept, pinned = plan.first_saver, plan.pinned
+    groups: dict[str, list[int]] = {}
+
+    def put(site: int, size: int, count: int = 1) -> None:
+        label = "the model inputs" if site < 0 else f"{layers[site].op} layers"
+        group = groups.setdefault(label, [0, 0])
+        group[0] += size
+        group[1] += count
+
+    for storage, site in sites.items():
+        size = plan.sizes[storage]
+        if not size or storage == exclude:
+            continue
+        freed = (
+            plan.last_use.get(storage) if storage not in kept and storage not in pinned else None
+        )
+        if at == "forward":
+            if site > index or (freed is not None and freed < index):
+                continue
+        elif freed is not None:
+            continue
+        elif at == "backward" and storage not in pinned and kept.get(storage, -1) > index:
+            continue
+        put(site, size)
+    if plan.adds is None:  # each layer's new kept tensors, freed after its own backward
+        for position, op in enumerate(plan.op_sizes):
+            if op.new_total and (at == "end" or position <= index):
+                put(position, op.new_total, len(op.new_kept))
+    terms = [
+        _term(size, f"B: {count:,} tensor{'s' if count > 1 else ''} from {label}")
+        for label, (size, count) in sorted(groups.items(), key=lambda item: -item[1][0])
+    ]
+    if at == "backward" and e.recompute:
+        unit = _checkpoint_unit(layers[index].name) or ""
+        if e.recompute.get(unit):
+            terms.append(_term(e.recompute[unit], f"B: block '{unit}' recomputed"))
+    return terms
+
+
+def _transient_terms(e: _Estimation, at: str, index: int) -> list[tuple[int, str]]:
+    """The temporaries of layer ``index`` in its forward or backward."""
+    if at not in ("forward", "backward"):
+        return []
+    layer, op = e.analysis.layers[index], e.storage_plan.op_sizes[index]
+    name = layer.name
+    if at == "forward":
+        terms = [
+            _term(e.sizer.storage_bytes(t.numel, t.storage), f"B: '{name}' {t.label}")
+            for t in layer.result.transients
+        ]
+        extra = op.forward_transient - sum(size for size, _ in terms)
+        if extra:  # oneDNN convolutions compute into their own buffer (CPU)
+            terms.append(_term(extra, f"B: '{name}' oneDNN output buffer"))
+        return terms
+    return [
+        _term(op.output, f"B: gradient of the output of '{name}'"),
+        _term(
+            op.backward_internal,
+            f"B: gradients of the largest internal tensor of '{name}' and of its input",
+            times=2,
+        ),
+        _term(op.backward_extra, "B: CPU backward kernel buffers"),
+        _term(e.storage_plan.grad_in[index], f"B: gradients of the inputs of '{name}'"),
+    ]
+
+
+def _explain_peak(e: _Estimation, peak: _Moment, parts: Mapping[str, int]) -> None:
+    """Formulas of the lines that depend on the moment of the peak, from their components."""
+    analysis, sizer, formulas = e.analysis, e.sizer, e.formulas
+    training = e.request.mode is Mode.TRAINING
+    where = (
+        f"during the {peak.at} of '{analysis.layers[peak.index].name}'"
+        if peak.index >= 0
+        else {"end": "at the end of forward", "step": "in the optimizer step"}[peak.at]
+    )
+    inputs = [
+        f"{bound.numel:,} [{bound.name} elements] x {sizer.value_bytes(1, bound.kind)} [B]"
+        for bound in analysis.inputs
+    ]
+    if training:
+        inputs.append(f"{e.labels_rows:,} [int64 labels] x 8 [B]")
+    formulas["inputs"] = f"{' + '.join(inputs) or '0'} = {parts['inputs']:,} B"
+    if "buffers" in parts:
+        buffers: dict[str, list[int]] = {}
+        for layer in analysis.layers:
+            if layer.result.buffers_bytes:
+                group = buffers.setdefault(layer.op, [0, 0])
+                group[0] += layer.result.buffers_bytes
+                group[1] += 1
+        formulas["buffers"] = _sum(
+            [
+                _term(
+                    size, f"B: {count:,} {op} layer{'s' if count > 1 else ''}: running statistics"
+                )
+                for op, (size, count) in buffers.items()
+            ],
+            parts["buffers"],
+            "B",
+        )
+    if "activations" in parts:
+        exclude = analysis.output_storage if "outputs" in parts else None
+        formulas["activations"] = f"[{where}] " + _sum(
+            _live_groups(e, peak.at, peak.index, exclude), parts["activations"], "B: none"
+        )
+    if "transient" in parts:
+        if peak.at == "step":
+            formulas["transient"] = f"{e.step_transient} = {parts['transient']:,} B"
+        else:
+            formulas["transient"] = f"[{where}] " + _sum(
+                _transient_terms(e, peak.at, peak.index), parts["transient"], "B: none"
+            )
+    if training and peak.at != "step":
+        terms = [f"{e.held_grads} [held across micro-batches]"] if e.held_grads else []
+        if peak.at == "backward":
+            grads = Counter(
+                layer.result.params
+                for layer, size in zip(
+                    analysis.layers[peak.index :], e.grad_layers[peak.index :], strict=True
+                )
+                if size
+            )
+            terms += [
+                f"{count:,} [layers] x {e.grad_term.format(params=params)}"
+                for params, count in sorted(grads.items(), key=lambda item: -item[0])
+            ]
+        ran = (
+            f"[{where}: gradients of the layers whose backward ran] "
+            if peak.at == "backward"
+            else f"[{where}: no backward has run yet] "
+        )
+        formulas["gradients"] = f"{ran}{' + '.join(terms) or '0'} = {parts['gradients']:,} B"
+    if "loss" in parts:
+        formulas["loss"] = f"{e.loss} = {parts['loss']:,} B"
 
 
 def _layer_view(e: _Estimation) -> tuple[LayerMemory, ...]:
@@ -927,6 +1145,43 @@ def _layer_view(e: _Estimation) -> tuple[LayerMemory, ...]:
     return tuple(layers_view)
 
 
+def analyze_for(
+    inputs: Sequence[InputDecl],
+    layers: Sequence[Mapping[str, Any]],
+    bindings: Mapping[str, int],
+    request: MemoryRequest,
+) -> GraphAnalysis:
+    """The graph analysed the way ``request`` runs it: its mode, attention implementation
+    (None: PyTorch SDPA's default for its runtime and precision), runtime, precision and
+    logits. The analysis :func:`estimate_memory` expects for ``request``."""
+    return analyze(
+        inputs,
+        layers,
+        bindings,
+        training=request.mode is Mode.TRAINING,
+        attention=request.attention,
+        runtime=request.runtime,
+        precision=request.precision,
+        logits=request.logits,
+    )
+
+
+def _check_analysis(analysis: GraphAnalysis, request: MemoryRequest) -> None:
+    """The request's attention and logits options are the ones the graph was analysed with."""
+    if request.attention is not None and analysis.attention_requested is not request.attention:
+        asked = analysis.attention_requested
+        raise MemoryInputError(
+            f"the request asks for attention={request.attention.value} but the graph was "
+            f"analysed with attention={asked.value if asked else 'default'}: analyse it with "
+            "analyze_for(..., request)"
+        )
+    if request.logits is not analysis.logits_requested and request.logits is Logits.LAST:
+        raise MemoryInputError(
+            "the request asks for logits=last but the graph was analysed with logits="
+            f"{analysis.logits_requested.value}: analyse it with analyze_for(..., request)"
+        )
+
+
 def estimate_memory(
     analysis: GraphAnalysis,
     request: MemoryRequest,
@@ -938,7 +1193,8 @@ def estimate_memory(
     Parameters
     ----------
     analysis : GraphAnalysis
-        The model analysed at the micro-batch size (batch per device per forward).
+        The model analysed at the micro-batch size (batch per device per forward), with the
+        request's attention implementation and logits (:func:`analyze_for`).
     request : MemoryRequest
         Mode, precision convention, optimizer, checkpointing, parallelism, runtime.
     per_layer : bool
@@ -969,15 +1225,14 @@ def estimate_memory(
     par = request.parallelism
     if par.zero_stage and par.data < 2:
         raise MemoryInputError("ZeRO sharding needs a data-parallel degree of at least 2")
+    _check_analysis(analysis, request)
     sizer = _Sizer(plan, request.runtime)
     assumptions: list[str] = [plan.convention, _RUNTIME_NOTES[request.runtime]]
     assumptions += [f"attention: {impl.value} ({why})" for impl, why in analysis.attention_used]
     if analysis.is_decoder and not training:
-        assumptions.append(
-            "logits: last position only (serving)"
-            if analysis.logits is Logits.LAST
-            else "logits: every position"
-        )
+        assumptions.append(_logits_note(analysis))
+    elif training and request.logits is Logits.LAST:
+        assumptions.append("logits: every position (training: the loss reads every position)")
     model_shard = par.tensor * par.pipeline
     params = analysis.params
 
@@ -998,7 +1253,6 @@ def estimate_memory(
     buffers = sum(layer.result.buffers_bytes for layer in analysis.layers)
     if buffers:
         lines_static["buffers"] = buffers
-        formulas["buffers"] = "batch-norm running mean/var (fp32) and step counters"
 
     storage_plan = _build_plan(analysis, sizer, request, training)
     e = _Estimation(
@@ -1036,19 +1290,7 @@ def estimate_memory(
             )
     if request.runtime is Runtime.CUDA:
         _cuda_lines(e, parts)
-    # Lines that are sums over the step's timeline name their total (per layer: per_layer=true).
-    described = {
-        "activations": "tensors kept for backward / live at the peak",
-        "transient": "gradients of activations, kernel temporaries, step buffers",
-        "gradients": "parameter gradients accumulated so far",
-        "optimizer_state": "optimizer state",
-        "loss": "loss terms",
-        "inputs": formulas.get("inputs", "model inputs"),
-        "buffers": formulas.get("buffers", "buffers"),
-    }
-    for key, words in described.items():
-        if key in parts and not formulas.get(key, "").endswith(f"= {parts[key]:,} B"):
-            formulas[key] = f"{parts[key]:,} [B: {words}] = {parts[key]:,} B"
+    _explain_peak(e, peak, parts)
     order = [
         "weights", "master_weights", "weight_cast_cache", "gradients", "optimizer_state",
         "buffers", "inputs", "outputs", "activations", "loss", "transient", "kv_cache", "workspace",
@@ -1085,6 +1327,22 @@ def estimate_memory(
         ),
         layers=layers_view,
         assumptions=tuple(assumptions),
+    )
+
+
+def _logits_note(analysis: GraphAnalysis) -> str:
+    """Which positions a decoder's output head computed at inference."""
+    if analysis.logits is not Logits.LAST:
+        if analysis.logits_requested is Logits.LAST:
+            return (
+                "logits: every position (logits=last asked for, but no linear output head reads "
+                "a [N, S, D] hidden state at the top level)"
+            )
+        return "logits: every position"
+    shape = ", ".join(f"{d:,}" for d in analysis.output_shape)
+    return (
+        f"logits: last position only: '{analysis.logits_head}' runs on hidden[:, -1:, :] and "
+        f"outputs [{shape}], as serving stacks do (logits=last)"
     )
 
 
@@ -1129,7 +1387,16 @@ def _moment(phase: str, static: Mapping[str, int], peak: _Peak, loss: int) -> _M
     parts["transient"] = peak.transient
     if loss:
         parts["loss"] = loss
-    return _Moment(phase=phase, parts=parts)
+    return _Moment(phase=phase, parts=parts, at=peak.at, index=peak.index)
+
+
+def _loss_expression(analysis: GraphAnalysis, sizer: _Sizer) -> str:
+    """The arithmetic of :func:`_loss_bytes`."""
+    numel = math.prod(analysis.output_shape) if analysis.output_shape else 1
+    if len(analysis.output_shape) >= 3:
+        return f"{numel:,} [logits elements] x 4 [B: fp32 log-probabilities, HF ForCausalLMLoss]"
+    element = sizer.storage_bytes(1, Storage.ACT)
+    return f"{numel:,} [logits elements] x {element} [B: log-probabilities kept for backward]"
 
 
 def _loss_bytes(analysis: GraphAnalysis, sizer: _Sizer) -> int:
