@@ -38,10 +38,10 @@ from app.domain.performance.roofline import (
     PRECISION_SCHEMES,
     Bound,
     Calibration,
+    PhasedRequest,
+    PhasedRequestShape,
     PrecisionScheme,
     Prediction,
-    Workload,
-    WorkloadShape,
     decoder_shape,
     forward_shape,
     is_decoder,
@@ -133,7 +133,7 @@ ASSUMPTIONS = [
 
 T = TypeVar("T")
 _ANALYSES: LruCache[tuple[Any, ...], GraphAnalysis] = LruCache(size=128)
-_SHAPES: LruCache[tuple[Any, ...], WorkloadShape] = LruCache(size=128)
+_SHAPES: LruCache[tuple[Any, ...], PhasedRequestShape] = LruCache(size=128)
 _PEAKS: LruCache[tuple[Any, ...], int] = LruCache(size=2048)
 
 
@@ -281,7 +281,7 @@ class ModelSource:
             image_size=self.image_size,
         )
 
-    def shape(self, batch: int) -> WorkloadShape:
+    def shape(self, batch: int) -> PhasedRequestShape:
         """The request's phases at a batch, before the precision (cached for stored models)."""
         fuse = self.fuse_elementwise
         if not self.decoder:
@@ -306,10 +306,10 @@ class ModelSource:
             ),
         )
 
-    def workload(self, batch: int, scheme: PrecisionScheme) -> Workload:
+    def workload(self, batch: int, scheme: PrecisionScheme) -> PhasedRequest:
         """The request's phases at a batch and precision."""
         key = ("workload", batch, scheme.precision)
-        found: Workload | None = self.memo.get(key)
+        found: PhasedRequest | None = self.memo.get(key)
         if found is None:
             found = self.memo[key] = self.shape(batch).at(scheme)
         return found
@@ -331,6 +331,7 @@ class ModelSource:
             runtime=candidate.runtime,
             overhead=candidate.overhead,
             kv_cache=self.decoder,
+            logits=Logits.LAST,
         )
 
         def estimate() -> int:

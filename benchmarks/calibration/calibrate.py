@@ -45,8 +45,8 @@ from app.domain.performance.roofline import (
     DEFAULT_CALIBRATIONS,
     PRECISION_SCHEMES,
     Calibration,
-    Workload,
-    forward_workload,
+    PhasedRequest,
+    forward_request,
     predict,
 )
 from app.domain.precision import Precision
@@ -139,11 +139,11 @@ def catalog_devices() -> dict[str, HardwareSpec]:
     return devices
 
 
-def resnet50_int8(batch: int = BATCH) -> Workload:
+def resnet50_int8(batch: int = BATCH) -> PhasedRequest:
     """MLPerf's model: ResNet-50 v1.5 at 224 x 224, INT8, one forward per batch."""
     model = ZOO["resnet-50"]
     analysis = analyze(model.inputs, model.layers, {"batch": batch, "image": 224}, training=False)
-    return forward_workload(analysis, PRECISION_SCHEMES[Precision.INT8], batch=batch)
+    return forward_request(analysis, PRECISION_SCHEMES[Precision.INT8], batch=batch)
 
 
 def measured_throughput(row: Mapping[str, Any]) -> float:
@@ -197,21 +197,21 @@ def link_bandwidth(
     return bandwidth, f"not in catalog: PCIe Gen{gen} x{lanes} from the scenario"
 
 
-def throughput(workload: Workload, device: HardwareSpec, calibration: Calibration) -> float:
+def throughput(request: PhasedRequest, device: HardwareSpec, calibration: Calibration) -> float:
     """Modelled samples/s."""
-    return predict(workload, device, calibration).throughput_per_s
+    return predict(request, device, calibration).throughput_per_s
 
 
 def implied_efficiency(
-    workload: Workload, device: HardwareSpec, calibration: Calibration, measured: float
+    request: PhasedRequest, device: HardwareSpec, calibration: Calibration, measured: float
 ) -> float:
     """The compute efficiency at which the model reproduces ``measured`` (1 if it cannot)."""
     low, high = 1e-4, 1.0
-    if throughput(workload, device, replace(calibration, compute_efficiency=high)) <= measured:
+    if throughput(request, device, replace(calibration, compute_efficiency=high)) <= measured:
         return high
     for _ in range(60):
         middle = math.sqrt(low * high)
-        if throughput(workload, device, replace(calibration, compute_efficiency=middle)) < measured:
+        if throughput(request, device, replace(calibration, compute_efficiency=middle)) < measured:
             low = middle
         else:
             high = middle
@@ -223,16 +223,16 @@ SHARE_GRID = [step / 100 for step in range(0, 91, 5)]
 
 
 def _squared_log_error(
-    workload: Workload, items: list[tuple[HardwareSpec, float]], calibration: Calibration
+    request: PhasedRequest, items: list[tuple[HardwareSpec, float]], calibration: Calibration
 ) -> float:
     return sum(
-        math.log(throughput(workload, device, calibration) / measured) ** 2
+        math.log(throughput(request, device, calibration) / measured) ** 2
         for device, measured in items
     )
 
 
 def fit(
-    workload: Workload,
+    request: PhasedRequest,
     items: list[tuple[HardwareSpec, float]],
     base: Calibration,
     shares: Iterable[float],
@@ -243,7 +243,7 @@ def fit(
     for share in shares:
         for efficiency in EFFICIENCY_GRID:
             trial = replace(base, compute_efficiency=efficiency, activation_cache_share=share)
-            error = _squared_log_error(workload, items, trial)
+            error = _squared_log_error(request, items, trial)
             if best is None or error < best[0] - 1e-12:
                 best = (error, efficiency, share)
     assert best is not None
@@ -277,7 +277,7 @@ def derive(rows: list[dict[str, Any]], devices: Mapping[str, HardwareSpec]) -> D
             link, _ = link_bandwidth(row, devices)
             link_ratios[index] = float(row["value"]) * 1e9 / link
     link_efficiency = round(statistics.median(link_ratios.values()), 2)
-    workload = resnet50_int8()
+    request = resnet50_int8()
     items: dict[DeviceKind, list[tuple[HardwareSpec, float]]] = {}
     for row in rows:
         if row["metric"] == "throughput":
@@ -297,12 +297,12 @@ def derive(rows: list[dict[str, Any]], devices: Mapping[str, HardwareSpec]) -> D
 
     fitted: dict[DeviceKind, Calibration] = {}
     for kind in (DeviceKind.GPU, DeviceKind.CPU):
-        efficiency, share = fit(workload, items[kind], base(kind), SHARE_GRID)
+        efficiency, share = fit(request, items[kind], base(kind), SHARE_GRID)
         fitted[kind] = replace(
             base(kind), compute_efficiency=efficiency, activation_cache_share=share
         )
     gpu_share = fitted[DeviceKind.GPU].activation_cache_share
-    efficiency, _ = fit(workload, items[DeviceKind.EDGE], base(DeviceKind.EDGE), [gpu_share])
+    efficiency, _ = fit(request, items[DeviceKind.EDGE], base(DeviceKind.EDGE), [gpu_share])
     fitted[DeviceKind.EDGE] = replace(
         base(DeviceKind.EDGE), compute_efficiency=efficiency, activation_cache_share=gpu_share
     )
@@ -311,7 +311,7 @@ def derive(rows: list[dict[str, Any]], devices: Mapping[str, HardwareSpec]) -> D
         if row["metric"] == "throughput":
             device = devices[CATALOG_SLUGS[row["device"]]]
             implied[index] = implied_efficiency(
-                workload, device, fitted[device.kind], measured_throughput(row)
+                request, device, fitted[device.kind], measured_throughput(row)
             )
     return Derivation(
         calibrations=fitted,
@@ -327,7 +327,7 @@ def evaluate(
     calibrations: Mapping[DeviceKind, Calibration] = DEFAULT_CALIBRATIONS,
 ) -> list[RowResult]:
     """Predicted vs measured for every row, with the given (default: shipped) calibration."""
-    workload = resnet50_int8()
+    request = resnet50_int8()
     gpu = calibrations[DeviceKind.GPU]
     results = []
     for index, row in enumerate(rows):
@@ -343,7 +343,7 @@ def evaluate(
                     metric="ResNet-50 Offline INT8",
                     unit=f"samples/s {per}",
                     measured=measured_throughput(row),
-                    predicted=throughput(workload, device, calibrations[device.kind]),
+                    predicted=throughput(request, device, calibrations[device.kind]),
                     note=f"{row['benchmark']}, {row['system']}",
                 )
             )

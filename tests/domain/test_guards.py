@@ -29,9 +29,9 @@ from app.domain.performance.recommend import (
 from app.domain.performance.roofline import (
     PRECISION_SCHEMES,
     Phase,
+    PhasedRequest,
     RooflineInputError,
-    Workload,
-    forward_workload,
+    forward_request,
     implausible_figures,
     kernel_points,
     predict,
@@ -48,11 +48,11 @@ GPU = dataclasses.replace(HAND_GPU, slug="g", name="G")
 CAL = HAND_CAL
 
 
-def _workload(batch: int = 2) -> Workload:
+def _workload(batch: int = 2) -> PhasedRequest:
     layers = [{"name": "fc", "op": "linear", "out_features": 16}]
     decls = (InputDecl(name="x", shape=("batch", 8)),)
     analysis = analyze(decls, layers, {"batch": batch}, training=False)
-    return forward_workload(analysis, FP32, batch=batch)
+    return forward_request(analysis, FP32, batch=batch)
 
 
 # --------------------------------------------------------------------------------------------
@@ -196,7 +196,7 @@ def test_a_request_that_takes_no_time_is_refused() -> None:
     """No kernels, nothing to copy (a CPU) and no overheads: the latency would be 0 s and the
     throughput batch / 0."""
     cpu = replace(GPU, kind=DeviceKind.CPU, host_link_bytes_per_s=None)
-    empty = Workload(
+    empty = PhasedRequest(
         batch=1, scheme=FP32, phases=(Phase(name="forward", kernels=(), h2d_bytes=0, d2h_bytes=0),)
     )
     idle = replace(CAL, kernel_launch_overhead_s=0.0, request_overhead_s=0.0)

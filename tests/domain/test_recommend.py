@@ -17,14 +17,15 @@ from app.domain.performance.recommend import (
     devices_needed,
     energy_per_inference_j,
     explain,
+    quantization_sentence,
     rank,
 )
 from app.domain.performance.roofline import (
     DEFAULT_CALIBRATIONS,
     PRECISION_SCHEMES,
     Bound,
-    Workload,
-    forward_workload,
+    PhasedRequest,
+    forward_request,
     predict,
 )
 from app.domain.precision import DType, Precision
@@ -68,17 +69,17 @@ def test_formulas() -> None:
     assert devices_needed(1, 300) == 1
 
 
-def _resnet(batch: int, precision: Precision = Precision.INT8) -> Workload:
+def _resnet(batch: int, precision: Precision = Precision.INT8) -> PhasedRequest:
     model = ZOO["resnet-50"]
     analysis = analyze(model.inputs, model.layers, {"batch": batch, "image": 224}, training=False)
-    return forward_workload(analysis, PRECISION_SCHEMES[precision], batch=batch)
+    return forward_request(analysis, PRECISION_SCHEMES[precision], batch=batch)
 
 
 def _assess(
     device: HardwareSpec, batch: int, requirements: Requirements, fit: MemoryFit = FITS
 ) -> Assessment:
-    workload = _resnet(batch)
-    prediction = predict(workload, device, DEFAULT_CALIBRATIONS[device.kind])
+    request = _resnet(batch)
+    prediction = predict(request, device, DEFAULT_CALIBRATIONS[device.kind])
     return assess(prediction, fit, requirements)
 
 
@@ -143,6 +144,7 @@ def test_explain_names_the_winner_the_reason_and_the_alternative() -> None:
     assert "2 candidate(s) have no price" in text
     assert "3 device/precision pair(s) were excluded" in text
     assert "with AMX tiles" in text
+    assert "int8 is W8A8: 8-bit weights and activations, math at the int8 peak." in text
     none_fit = [replace(a, memory=TOO_BIG, reasons=("does not fit",)) for a in ranked]
     failed = explain(none_fit, requirements, model="resnet-50")
     assert failed.startswith("No candidate meets every requirement for resnet-50")
@@ -167,12 +169,42 @@ def test_every_objective_ranks(objective: Objective) -> None:
     inputs = (InputDecl(name="x", shape=("batch", 64)),)
     layers = [{"name": "fc", "op": "linear", "out_features": 10}]
     analysis = analyze(inputs, layers, {"batch": 1}, training=False)
-    workload = forward_workload(analysis, PRECISION_SCHEMES[Precision.FP32], batch=1)
+    request = forward_request(analysis, PRECISION_SCHEMES[Precision.FP32], batch=1)
     requirements = Requirements(objective=objective)
     items = [
-        assess(predict(workload, d, DEFAULT_CALIBRATIONS[d.kind]), FITS, requirements)
+        assess(predict(request, d, DEFAULT_CALIBRATIONS[d.kind]), FITS, requirements)
         for d in (GPU, CPU)
     ]
     ranked = rank(items, objective)
     assert all(a.eligible for a in ranked)
     assert explain(ranked, requirements, model="tiny").startswith("Run tiny on ")
+
+
+# precision: the sentence the explanation adds (empty: not quantized)
+QUANTIZATION_SENTENCES = {
+    Precision.FP32: "",
+    Precision.BF16: "",
+    Precision.INT8: "int8 is W8A8: 8-bit weights and activations, math at the int8 peak.",
+    Precision.FP8: "fp8 is W8A8: 8-bit weights and activations, math at the fp8 peak.",
+    Precision.INT8_WEIGHT_ONLY: "int8_weight_only is weight-only W8A16: 8-bit weights "
+    "dequantized to fp16, math at the fp16 peak.",
+    Precision.INT4: "int4 is weight-only W4A16: 4-bit weights dequantized to fp16, math at the "
+    "fp16 peak.",
+}
+
+
+@pytest.mark.parametrize("precision", list(QUANTIZATION_SENTENCES))
+def test_the_explanation_names_weight_only_and_w8a8(precision: Precision) -> None:
+    every_peak = replace(GPU, peak_flops_per_s=dict.fromkeys(DType, 100e12))
+    inputs = (InputDecl(name="x", shape=("batch", 64)),)
+    layers = [{"name": "fc", "op": "linear", "out_features": 10}]
+    analysis = analyze(inputs, layers, {"batch": 1}, training=False)
+    request = forward_request(analysis, PRECISION_SCHEMES[precision], batch=1)
+    prediction = predict(request, every_peak, DEFAULT_CALIBRATIONS[DeviceKind.GPU])
+    assert quantization_sentence(prediction) == QUANTIZATION_SENTENCES[precision]
+    ranked = rank([assess(prediction, FITS, Requirements())], Objective.LATENCY)
+    assert ranked[0].eligible  # precondition: the explanation describes this candidate
+    text = explain(ranked, Requirements(), model="tiny")
+    assert text.startswith(f"Run tiny on Big GPU at {precision.value}, batch 1: ")
+    assert QUANTIZATION_SENTENCES[precision] in text
+    assert ("-bit weights" in text) is bool(QUANTIZATION_SENTENCES[precision])

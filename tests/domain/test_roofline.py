@@ -15,12 +15,13 @@ from app.domain.performance.roofline import (
     PRECISION_SCHEMES,
     Bound,
     Calibration,
+    Kernel,
+    PhasedRequest,
     RooflineInputError,
-    Workload,
     build_kernels,
-    decoder_workload,
+    decoder_request,
     expected_experts_read,
-    forward_workload,
+    forward_request,
     is_decoder,
     kernel_points,
     moe_weight_elements,
@@ -28,8 +29,10 @@ from app.domain.performance.roofline import (
     unsupported_reason,
 )
 from app.domain.precision import DType, Precision
+from app.domain.workload import Attention
 from app.domain.zoo import ZOO, gpt2
 from app.domain.zoo.cnn import resnet
+from app.domain.zoo.transformers import llama as llama_graph
 
 FP32 = PRECISION_SCHEMES[Precision.FP32]
 INT8 = PRECISION_SCHEMES[Precision.INT8]
@@ -95,8 +98,8 @@ def test_kernels_of_a_hand_computable_mlp() -> None:
 
 
 def test_hand_computed_latency_on_a_gpu() -> None:
-    workload = forward_workload(_mlp(2), FP32, batch=2)
-    p = predict(workload, HAND_GPU, HAND_CAL)
+    request = forward_request(_mlp(2), FP32, batch=2)
+    p = predict(request, HAND_GPU, HAND_CAL)
     # P_eff = 1e12 * 0.5, BW_eff = 1e11 * 0.5: ridge 10 FLOP/B; both kernels (< 1 FLOP/B) are
     # memory-bound: (34,816 + 6,264) B / 5e10 B/s = 8.216e-7 s; two launches 2e-5 s;
     # copies 512 B and 80 B at 1e10 * 0.5 B/s; request 1e-4 s.
@@ -117,7 +120,7 @@ def test_hand_computed_latency_on_a_gpu() -> None:
 
 def test_hand_computed_compute_bound_cpu() -> None:
     cpu = replace(HAND_GPU, kind=DeviceKind.CPU, peak_flops_per_s={DType.FP32: 1e8})
-    p = predict(forward_workload(_mlp(2), FP32, batch=2), cpu, HAND_CAL)
+    p = predict(forward_request(_mlp(2), FP32, batch=2), cpu, HAND_CAL)
     (phase,) = p.phases
     # P_eff 5e7: ridge 0.001 FLOP/B, both kernels compute-bound: 38,144 / 5e7 s; no copies
     assert phase.compute_s == pytest.approx(38_144 / 5e7)
@@ -130,7 +133,7 @@ def test_hand_computed_compute_bound_cpu() -> None:
 
 def test_cache_share_only_discounts_activations() -> None:
     cal = replace(HAND_CAL, activation_cache_share=0.5)
-    (phase,) = predict(forward_workload(_mlp(2), FP32, batch=2), HAND_GPU, cal).phases
+    (phase,) = predict(forward_request(_mlp(2), FP32, batch=2), HAND_GPU, cal).phases
     # weights 33,280 + 5,160 B stay; activations (512 + 1,024) + (1,024 + 80) B are halved
     assert phase.dram_bytes == pytest.approx(38_440 + 0.5 * 2_640)
     assert phase.memory_s == pytest.approx((38_440 + 0.5 * 2_640) / 5e10)
@@ -156,12 +159,12 @@ def test_seed_resnet50_gops_per_image() -> None:
     v15 = analyze(model.inputs, model.layers, {"batch": 1, "image": 224}, training=False)
     matmul15 = sum(layer.flops for layer in v15.layers if layer.op in ("conv2d", "linear"))
     assert matmul15 == 8_178_368_512
-    workload = forward_workload(v15, INT8, batch=1)
-    assert workload.flops == v15.flops == 8_239_859_200
+    request = forward_request(v15, INT8, batch=1)
+    assert request.flops == v15.flops == 8_239_859_200
     assert v1.params == v15.params == 25_557_032
     # fused as TensorRT runs it: 53 convolutions (BN/ReLU/add in their epilogues), max pool,
     # average pool, classifier
-    assert len(workload.phases[0].kernels) == 56
+    assert len(request.phases[0].kernels) == 56
 
 
 def test_embedding_reads_rows_and_tied_head_reads_the_matrix() -> None:
@@ -180,8 +183,8 @@ def test_decode_reads_the_kv_cache() -> None:
     model = gpt2(layers=2, hidden=64, heads=4, vocab=100, positions=64)
     prefill = analyze(model.inputs, model.layers, {"batch": 3, "seq": 16}, training=False)
     step = analyze(model.inputs, model.layers, {"batch": 3, "seq": 1}, training=False)
-    workload = decoder_workload(prefill, step, FP32, batch=3, prompt_tokens=16, generated_tokens=8)
-    first, decode = workload.phases
+    request = decoder_request(prefill, step, FP32, batch=3, prompt_tokens=16, generated_tokens=8)
+    first, decode = request.phases
     assert (first.name, first.repeats, decode.name, decode.repeats) == ("prefill", 1, "decode", 7)
     # context = 16 + 8 // 2 = 20 cached tokens: each of the 2 attention layers reads
     # 2 (K, V) x 3 sequences x 20 tokens x 64 x 4 B and writes this step's 2 x 3 x 64 x 4 B
@@ -201,7 +204,7 @@ def test_decode_reads_the_kv_cache() -> None:
         0,
         3 * 8,
     )
-    p = predict(workload, HAND_GPU, HAND_CAL)
+    p = predict(request, HAND_GPU, HAND_CAL)
     assert p.first_token_s == pytest.approx(1e-4 + p.phases[0].latency_s)
     assert p.per_token_s == pytest.approx(p.phases[1].latency_s)
     assert p.first_token_s is not None
@@ -247,7 +250,7 @@ def test_mig_slices_get_their_share() -> None:
     assert small.price_usd_per_hour == pytest.approx(3.6 / 7)
     assert small.tdp_watts == pytest.approx(100 / 7)
     assert small.host_link_bytes_per_s == gpu.host_link_bytes_per_s
-    p = predict(forward_workload(_mlp(2), FP32, batch=2), small, HAND_CAL)
+    p = predict(forward_request(_mlp(2), FP32, batch=2), small, HAND_CAL)
     assert p.effective_flops_per_s == pytest.approx(1e12 / 7 * 0.5)
     assert p.effective_bandwidth_bytes_per_s == pytest.approx(1e11 / 8 * 0.5)
     assert p.phases[0].memory_s == pytest.approx(41_080 / (1e11 / 8 * 0.5))
@@ -259,7 +262,7 @@ def test_unsupported_precisions_and_links_give_reasons() -> None:
     assert "int8" in reason
     assert "fp32" in reason
     with pytest.raises(RooflineInputError, match="int8"):
-        predict(forward_workload(_mlp(1), INT8, batch=1), HAND_GPU, HAND_CAL)
+        predict(forward_request(_mlp(1), INT8, batch=1), HAND_GPU, HAND_CAL)
     no_link = replace(HAND_GPU, host_link_bytes_per_s=None)
     assert "host-link" in (unsupported_reason(no_link, FP32) or "")
     soc = replace(no_link, kind=DeviceKind.EDGE)
@@ -324,36 +327,36 @@ BATCHES = [1, 2, 4, 8, 16, 32]
 PROMPT, GENERATED = 32, 8
 
 
-def _workload(slug: str, batch: int, precision: Precision) -> Workload:
+def _request(slug: str, batch: int, precision: Precision) -> PhasedRequest:
     model = ZOO[slug]
     scheme = PRECISION_SCHEMES[precision]
     bindings = {**model.default_bindings, "batch": batch}
     if is_decoder(model.layers):
         prefill = analyze(model.inputs, model.layers, {**bindings, "seq": PROMPT}, training=False)
         step = analyze(model.inputs, model.layers, {**bindings, "seq": 1}, training=False)
-        return decoder_workload(
+        return decoder_request(
             prefill, step, scheme, batch=batch, prompt_tokens=PROMPT, generated_tokens=GENERATED
         )
     if "seq" in bindings:
         bindings["seq"] = 128
     analysis = analyze(model.inputs, model.layers, bindings, training=False)
-    return forward_workload(analysis, scheme, batch=batch)
+    return forward_request(analysis, scheme, batch=batch)
 
 
 @pytest.fixture(scope="module")
-def workloads() -> dict[tuple[str, Precision], list[Workload]]:
+def requests() -> dict[tuple[str, Precision], list[PhasedRequest]]:
     return {
-        (slug, precision): [_workload(slug, b, precision) for b in BATCHES]
+        (slug, precision): [_request(slug, b, precision) for b in BATCHES]
         for slug in ZOO
         for precision in (Precision.FP32, Precision.INT8)
     }
 
 
 def test_bigger_batch_never_lowers_throughput_or_latency(
-    workloads: dict[tuple[str, Precision], list[Workload]],
+    requests: dict[tuple[str, Precision], list[PhasedRequest]],
 ) -> None:
     checked = 0
-    for (slug, precision), series in workloads.items():
+    for (slug, precision), series in requests.items():
         for device in DEVICES:
             if unsupported_reason(device, series[0].scheme):
                 continue
@@ -368,31 +371,31 @@ def test_bigger_batch_never_lowers_throughput_or_latency(
 
 
 def test_a_faster_link_never_raises_latency(
-    workloads: dict[tuple[str, Precision], list[Workload]],
+    requests: dict[tuple[str, Precision], list[PhasedRequest]],
 ) -> None:
     gpu = DEVICES[0]
-    for (slug, _), series in workloads.items():
-        for workload in series:
-            before = predict(workload, gpu, DEFAULT_CALIBRATIONS[DeviceKind.GPU])
+    for (slug, _), series in requests.items():
+        for request in series:
+            before = predict(request, gpu, DEFAULT_CALIBRATIONS[DeviceKind.GPU])
             for factor in (2.0, 4.0):
                 link = gpu.host_link_bytes_per_s or 0
                 faster = replace(gpu, host_link_bytes_per_s=link * factor)
-                after = predict(workload, faster, DEFAULT_CALIBRATIONS[DeviceKind.GPU])
+                after = predict(request, faster, DEFAULT_CALIBRATIONS[DeviceKind.GPU])
                 assert after.latency_s <= before.latency_s, slug
                 assert after.throughput_per_s >= before.throughput_per_s, slug
                 before = after
 
 
 def test_closed_form_equals_the_per_kernel_loop(
-    workloads: dict[tuple[str, Precision], list[Workload]],
+    requests: dict[tuple[str, Precision], list[PhasedRequest]],
 ) -> None:
-    for (slug, _), series in workloads.items():
-        workload = series[2]
+    for (slug, _), series in requests.items():
+        request = series[2]
         for device in DEVICES:
-            if unsupported_reason(device, workload.scheme):
+            if unsupported_reason(device, request.scheme):
                 continue
-            p = predict(workload, device, DEFAULT_CALIBRATIONS[device.kind])
-            for phase, timing in zip(workload.phases, p.phases, strict=True):
+            p = predict(request, device, DEFAULT_CALIBRATIONS[device.kind])
+            for phase, timing in zip(request.phases, p.phases, strict=True):
                 points = kernel_points(phase, p)
                 looped = sum(
                     k.flops / pt.achieved_flops_per_s
@@ -421,8 +424,8 @@ def test_forward_flops_are_the_analysis_flops(slug: str) -> None:
     bindings: dict[str, Any] = {**model.default_bindings, "batch": 4}
     analysis = analyze(model.inputs, model.layers, bindings, training=False)
     for precision in Precision:
-        workload = forward_workload(analysis, PRECISION_SCHEMES[precision], batch=4)
-        assert workload.flops == _all_flops(analysis)
+        request = forward_request(analysis, PRECISION_SCHEMES[precision], batch=4)
+        assert request.flops == _all_flops(analysis)
 
 
 def _moe_layer(tokens: int) -> Any:
@@ -451,3 +454,203 @@ def test_moe_reads_only_the_experts_its_tokens_are_routed_to() -> None:
     assert reads == sorted(reads)
     # FLOPs stay top-k per token.
     assert _moe_layer(4).flops == 4 * _moe_layer(1).flops
+
+
+# --------------------------------------------------------------------------------------------
+# Mixture of experts in a decoder: bytes per phase
+# --------------------------------------------------------------------------------------------
+
+BF16 = PRECISION_SCHEMES[Precision.BF16]
+MOE_ROUTER, MOE_EXPERT = 8 * 64, 3 * 64 * 128  # elements: router 8 x 64, one SwiGLU expert
+
+
+def _moe_decoder(batch: int, prompt: int = 16, generated: int = 8) -> PhasedRequest:
+    """A one-block Mixtral-like decoder (top-2 of 8 experts) at bf16."""
+    inputs, layers = llama_graph(
+        layers=1, hidden=64, heads=4, kv_heads=2, intermediate=128, vocab=100, experts=8
+    )
+    prefill = analyze(inputs, layers, {"batch": batch, "seq": prompt}, training=False)
+    step = analyze(inputs, layers, {"batch": batch, "seq": 1}, training=False)
+    return decoder_request(
+        prefill, step, BF16, batch=batch, prompt_tokens=prompt, generated_tokens=generated
+    )
+
+
+def _moe_kernel(request: PhasedRequest, phase: int) -> Kernel:
+    (kernel,) = (k for k in request.phases[phase].kernels if "moe" in k.ops)
+    return kernel
+
+
+def test_moe_decode_reads_k_experts_and_a_prefill_reads_all() -> None:
+    one = _moe_decoder(1)
+    # decode at batch 1: one token routed top-2 reads the router and 2 experts, at 2 B each
+    assert _moe_kernel(one, 1).weight_bytes == (MOE_ROUTER + 2 * MOE_EXPERT) * 2 == 99_328
+    # its prefill routes 16 tokens: 8 x (1 - 0.75^16) = 7.9198 experts, rounded up in elements
+    assert _moe_kernel(one, 0).weight_bytes == (MOE_ROUTER + 194_638) * 2 == 390_300
+    assert 8 * (1 - 0.75**16) * MOE_EXPERT == pytest.approx(194_637.48, abs=0.01)
+    # decode at batch 4: 8 x (1 - 0.75^4) = 5.46875 experts = 134,400 elements exactly
+    assert _moe_kernel(_moe_decoder(4), 1).weight_bytes == (MOE_ROUTER + 134_400) * 2 == 269_824
+    # decode at batch 64 reads every expert (to within the rounding up)
+    every = (MOE_ROUTER + 8 * MOE_EXPERT) * 2
+    assert _moe_kernel(_moe_decoder(64), 1).weight_bytes == every == 394_240
+    # monotone in the tokens routed per step, never beyond every expert
+    reads = [_moe_kernel(_moe_decoder(b), 1).weight_bytes for b in (1, 2, 3, 4, 8, 16, 64)]
+    assert reads == sorted(reads)
+    assert len(set(reads)) == len(reads)  # strictly more with every token added here
+    assert reads[-1] == every
+    # FLOPs stay top-k per token: 4 tokens cost 4 x one token's
+    assert _moe_kernel(_moe_decoder(4), 1).flops == 4 * _moe_kernel(one, 1).flops
+    # the request says so, per phase
+    assert (
+        "decode: a mixture-of-experts layer reads the router and 2 of 8 experts = "
+        "8 x (1 - (1 - 2/8)^1) for 1 token(s) routed top-2 (uniform routing); FLOPs count 2 "
+        "experts per token"
+    ) in one.assumptions
+
+
+def test_moe_decode_is_faster_than_reading_every_expert() -> None:
+    """Memory-bound decode at batch 1: the step time falls by the 6 unread experts' bytes."""
+    request = _moe_decoder(1)
+    gpu = replace(HAND_GPU, peak_flops_per_s={DType.BF16: 1e12})
+    decode = predict(request, gpu, HAND_CAL).phases[1]
+    assert decode.compute_bound_kernels == 0  # precondition: every kernel is memory-bound
+    moe = _moe_kernel(request, 1)
+    every = replace(moe, weight_bytes=(MOE_ROUTER + 8 * MOE_EXPERT) * 2)
+    phase = request.phases[1]
+    kernels = tuple(every if k is moe else k for k in phase.kernels)
+    reading_all = replace(request, phases=(request.phases[0], replace(phase, kernels=kernels)))
+    slower = predict(reading_all, gpu, HAND_CAL).phases[1]
+    # BW_eff = 1e11 x 0.5: 6 experts x 24,576 elements x 2 B more per step
+    assert slower.memory_s - decode.memory_s == pytest.approx(6 * MOE_EXPERT * 2 / 5e10)
+
+
+# --------------------------------------------------------------------------------------------
+# The one precision table in the roofline
+# --------------------------------------------------------------------------------------------
+
+# precision: (bytes per weight, per activation, per KV element, peaks, quantization named)
+PRECISION_BYTES: dict[Precision, tuple[float, int, int, tuple[DType, ...], str]] = {
+    Precision.FP32: (4, 4, 4, (DType.FP32,), "not quantized"),
+    Precision.TF32: (4, 4, 4, (DType.TF32,), "not quantized"),
+    Precision.BF16: (2, 2, 2, (DType.BF16,), "not quantized"),
+    Precision.FP16: (2, 2, 2, (DType.FP16,), "not quantized"),
+    Precision.AMP_BF16: (4, 2, 2, (DType.BF16,), "autocast at inference"),
+    Precision.AMP_FP16: (4, 2, 2, (DType.FP16,), "autocast at inference"),
+    Precision.MIXED_BF16: (2, 2, 2, (DType.BF16,), "master copy is training state"),
+    Precision.MIXED_FP16: (2, 2, 2, (DType.FP16,), "master copy is training state"),
+    Precision.FP8: (1, 1, 1, (DType.FP8,), "W8A8"),
+    Precision.INT8: (1, 1, 1, (DType.INT8,), "W8A8"),
+    Precision.INT8_WEIGHT_ONLY: (1, 2, 2, (DType.FP16, DType.BF16), "weight-only W8A16"),
+    Precision.INT4: (0.5, 2, 2, (DType.FP16, DType.BF16), "weight-only W4A16"),
+}
+
+
+def test_every_precision_has_golden_bytes() -> None:
+    assert set(PRECISION_BYTES) == set(Precision) == set(PRECISION_SCHEMES)
+
+
+@pytest.mark.parametrize("precision", list(Precision))
+def test_bytes_per_weight_and_activation_follow_the_precision_table(precision: Precision) -> None:
+    weight, act, kv, peaks, named = PRECISION_BYTES[precision]
+    scheme = PRECISION_SCHEMES[precision]
+    assert (float(scheme.weight_bytes), scheme.activation_bytes, scheme.kv_cache_bytes) == (
+        weight,
+        act,
+        kv,
+    )
+    assert scheme.compute_dtypes == peaks
+    assert named in scheme.assumption
+    assert scheme.assumption.startswith(f"{precision.value}: ")
+    fc1, fc2 = build_kernels(_mlp(2), scheme)
+    # fc1 (+relu): (64 x 128 + 128) weights, 2 x 64 in, 2 x 128 out; fc2: 1,290 weights
+    assert fc1.weight_bytes == math.ceil(8_320 * weight)
+    assert (fc1.input_bytes, fc1.output_bytes) == (2 * 64 * act, 2 * 128 * act)
+    assert fc2.weight_bytes == math.ceil(1_290 * weight)
+    request = forward_request(_mlp(2), scheme, batch=2)
+    assert request.assumptions[0] == scheme.assumption
+
+
+def test_weight_only_runs_at_16_bit_peak_and_w8a8_at_8_bit() -> None:
+    both = replace(HAND_GPU, peak_flops_per_s={DType.FP16: 2e12, DType.INT8: 4e12})
+    int8, wo = INT8, PRECISION_SCHEMES[Precision.INT8_WEIGHT_ONLY]
+    assert predict(forward_request(_mlp(1), int8, batch=1), both, HAND_CAL).compute_dtype is (
+        DType.INT8
+    )
+    assert predict(forward_request(_mlp(1), wo, batch=1), both, HAND_CAL).compute_dtype is (
+        DType.FP16
+    )
+
+
+def test_kv_cache_traffic_uses_the_kv_cache_dtype() -> None:
+    model = gpt2(layers=2, hidden=64, heads=4, vocab=100, positions=64)
+    prefill = analyze(model.inputs, model.layers, {"batch": 3, "seq": 16}, training=False)
+    step = analyze(model.inputs, model.layers, {"batch": 3, "seq": 1}, training=False)
+    fp8_cache = replace(BF16, kv_cache_bytes=1)  # a bf16 model with an 8-bit KV cache
+    decode16, decode8 = (
+        decoder_request(prefill, step, s, batch=3, prompt_tokens=16, generated_tokens=8).phases[1]
+        for s in (BF16, fp8_cache)
+    )
+    kv16 = [k.kv_cache_bytes for k in decode16.kernels if k.kv_cache_bytes]
+    kv8 = [k.kv_cache_bytes for k in decode8.kernels if k.kv_cache_bytes]
+    # 2 (K, V) x 3 sequences x (20 cached + 1 new) tokens x 64, at 2 B then 1 B
+    assert kv16 == [2 * 3 * 21 * 64 * 2] * 2
+    assert kv8 == [2 * 3 * 21 * 64 * 1] * 2
+    same = [(k.input_bytes, k.output_bytes, k.weight_bytes) for k in decode16.kernels]
+    assert same == [(k.input_bytes, k.output_bytes, k.weight_bytes) for k in decode8.kernels]
+
+
+# --------------------------------------------------------------------------------------------
+# Attention implementation
+# --------------------------------------------------------------------------------------------
+
+
+def _gpt2_attention(attention: Attention | None, seq: int) -> GraphAnalysis:
+    model = gpt2(layers=1, hidden=64, heads=4, vocab=100, positions=64)
+    return analyze(
+        model.inputs,
+        model.layers,
+        {"batch": 2, "seq": seq},
+        training=False,
+        attention=attention,
+        precision=Precision.BF16,
+    )
+
+
+def _gpt2_decoder(attention: Attention | None) -> PhasedRequest:
+    """Batch 2, 16 prompt tokens, 8 generated (decode at the mean context 16 + 4 = 20)."""
+    prefill, step = _gpt2_attention(attention, 16), _gpt2_attention(attention, 1)
+    return decoder_request(prefill, step, BF16, batch=2, prompt_tokens=16, generated_tokens=8)
+
+
+def test_unfused_attention_moves_the_scores_and_fused_does_not() -> None:
+    eager, flash, default = (_gpt2_decoder(a) for a in (Attention.EAGER, Attention.FLASH, None))
+    assert eager.attention == ((Attention.EAGER, "requested"),)
+    assert flash.attention == ((Attention.FLASH, "requested"),)
+    (default_impl,) = default.attention  # CUDA bf16: SDPA's flash
+    assert default_impl[0] is Attention.FLASH
+    for request in (flash, default):
+        assert all(k.intermediate_bytes == 0 for p in request.phases for k in p.kernels)
+    (prefill_attn,) = (k for k in eager.phases[0].kernels if "attention" in k.ops)
+    (decode_attn,) = (k for k in eager.phases[1].kernels if "attention" in k.ops)
+    # prefill: fp32 scores and probabilities of 2 x 4 heads x 16 x 16, each written + read
+    assert prefill_attn.intermediate_bytes == 2 * (2 * 4 * 16 * 16) * 2 * 4 == 32_768
+    # decode: 1 query x (20 cached + 1) keys per head and sequence
+    assert decode_attn.intermediate_bytes == 2 * (2 * 4 * 1 * 21) * 2 * 4 == 2_688
+    # everything else is the same kernel
+    for e_phase, f_phase in zip(eager.phases, flash.phases, strict=True):
+        for e, f in zip(e_phase.kernels, f_phase.kernels, strict=True):
+            assert replace(e, intermediate_bytes=0) == f
+        assert e_phase.bytes_moved - f_phase.bytes_moved == sum(
+            k.intermediate_bytes for k in e_phase.kernels
+        )
+    assert prefill_attn.dram_bytes(0.5) == pytest.approx(
+        prefill_attn.weight_bytes
+        + prefill_attn.kv_cache_bytes
+        + 0.5 * (prefill_attn.input_bytes + prefill_attn.output_bytes + 32_768)
+    )
+    assert any("eager (requested): unfused" in a for a in eager.assumptions)
+    assert any("flash (requested): fused" in a for a in flash.assumptions)
+    gpu = replace(HAND_GPU, peak_flops_per_s={DType.BF16: 1e12})
+    slow, fast = (predict(r, gpu, HAND_CAL) for r in (eager, flash))
+    assert slow.attention == eager.attention
+    assert slow.latency_s > fast.latency_s

@@ -18,7 +18,13 @@ from enum import StrEnum
 
 from app.domain.errors import DomainError
 from app.domain.hardware import DeviceKind
-from app.domain.performance.roofline import Bound, Prediction, cpu_compute_unit
+from app.domain.performance.roofline import (
+    PRECISION_SCHEMES,
+    Bound,
+    Prediction,
+    cpu_compute_unit,
+)
+from app.domain.precision import Quantization
 
 SECONDS_PER_HOUR = 3600.0
 
@@ -310,6 +316,27 @@ def _bound_sentence(item: Assessment) -> str:
     )
 
 
+def quantization_sentence(p: Prediction) -> str:
+    """What a quantized precision means in the figures (weight-only or W8A8), or "" when the
+    precision is not quantized (the full convention is in ``Prediction.assumptions``)."""
+    scheme = PRECISION_SCHEMES[p.precision]
+    weight_bits = int(scheme.weight_bytes * 8)
+    activation_bits = scheme.activation_bytes * 8
+    label = f"W{weight_bits}A{activation_bits}"
+    if scheme.quantization is Quantization.WEIGHT_ONLY:
+        return (
+            f"{p.precision.value} is weight-only {label}: {weight_bits}-bit weights "
+            f"dequantized to {scheme.activation_dtype.value}, math at the "
+            f"{p.compute_dtype.value} peak."
+        )
+    if scheme.quantization is Quantization.W8A8:
+        return (
+            f"{p.precision.value} is {label}: {weight_bits}-bit weights and activations, math "
+            f"at the {p.compute_dtype.value} peak."
+        )
+    return ""
+
+
 def _headline(item: Assessment, requirements: Requirements) -> str:
     p = item.prediction
     parts = [f"{_ms(p.latency_s)} per request"]
@@ -423,6 +450,8 @@ def explain(
         f"Run {model} on {_device_label(p)} at {p.precision.value}, batch {p.batch}: "
         f"{_headline(best, requirements)}. {_bound_sentence(best)}"
     )
+    if quantized := quantization_sentence(p):
+        text += " " + quantized
     others = [o for o in ranked[1:] if _is_cpu(o) != _is_cpu(best)]
     if others:
         text += " " + _comparison(best, others[0], objective, requirements)

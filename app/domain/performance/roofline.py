@@ -4,17 +4,24 @@ A model's forward pass is a sequence of kernels (layers, with element-wise layer
 the kernel that produced their input). Each kernel takes
 
     t_k = max(F_k / (P * eta_c * f_c), D_k / (BW * eta_m * f_m)) + t_launch
-    D_k = W_k + KV_k + (1 - s) * (I_k + O_k)
+    D_k = W_k + KV_k + (1 - s) * (I_k + O_k + S_k)
 
 where F_k are its FLOPs; W_k, I_k, O_k and KV_k its weight, input, output and KV-cache bytes
-at the chosen precision (``B_k = W_k + I_k + O_k + KV_k`` is its bytes moved); D_k the part of
-them that reaches DRAM when on-chip caches (L2, LLC) serve the share ``s`` of the activation
-traffic between kernels (the roofline's operational intensity is per DRAM byte, after the
-caches); P the device's dense peak for the precision's compute dtype, BW its memory bandwidth,
-eta_c / eta_m the efficiencies of the device kind, f_c / f_m the MIG slice's share of compute
-and bandwidth (1 for a whole device) and t_launch the per-kernel launch overhead. On a GPU
-the batch's inputs cross the host link before the kernels run and its outputs after, at
-L * eta_l, and every request pays a fixed serving overhead t_req:
+at the chosen precision (one row of the precision table, :data:`PRECISION_SCHEMES`), S_k the
+S x S attention scores and probabilities an unfused attention (eager, sdpa_math) writes and
+reads back (0 for flash / mem_efficient, which keep them on chip; the implementation is the
+one the graph analysis ran, ``analyze(attention=...)``, by default PyTorch SDPA's pick);
+``B_k = W_k + I_k + O_k + KV_k + S_k`` is its bytes moved; D_k the part of them that reaches
+DRAM when on-chip caches (L2, LLC) serve the share ``s`` of the activation traffic between
+kernels (the roofline's operational intensity is per DRAM byte, after the caches); P the
+device's dense peak for the precision's compute dtype (W8A8 conventions: the 8-bit peak;
+weight-only ones: the 16-bit peak), BW its memory bandwidth, eta_c / eta_m the efficiencies
+of the device kind, f_c / f_m the MIG slice's share of compute and bandwidth (1 for a whole
+device) and t_launch the per-kernel launch overhead. A mixture-of-experts layer reads the
+router and the E * (1 - (1 - k/E)^T) experts its T tokens are routed to (uniform routing):
+k at batch-1 decode, all E in a prefill. On a GPU the batch's inputs cross the host link
+before the kernels run and its outputs after, at L * eta_l, and every request pays a fixed
+serving overhead t_req:
 
     latency = t_req + sum over phases of repeats * (h2d + sum_k t_k + d2h)
 
@@ -49,11 +56,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from fractions import Fraction
 from itertools import accumulate
-from typing import Any
 
 from app.domain.errors import DomainError
 from app.domain.graph.analysis import GraphAnalysis, LayerAnalysis
-from app.domain.graph.ops import TensorKind
+from app.domain.graph.ops import Storage, TensorKind
 from app.domain.graph.traits import FUSABLE_EPILOGUE_OPS, LOOKUP_OPS, MULTI_KERNEL_OPS
 from app.domain.hardware import (
     MAX_BANDWIDTH_BYTES_PER_S,
@@ -70,13 +76,22 @@ from app.domain.hardware import (
     in_range,
     require_range,
 )
-from app.domain.precision import CONVENTIONS, DType, Precision, bytes_per_element
+from app.domain.precision import (
+    CONVENTIONS,
+    DType,
+    Precision,
+    PrecisionConvention,
+    Quantization,
+    bytes_per_element,
+)
+from app.domain.workload import FUSED_ATTENTION, Attention
 
 INDEX_BYTES = 8  # token ids and labels are int64
+FP32_BYTES = 4  # upcast softmax scores and probabilities (Storage.FP32)
 
 
 class RooflineInputError(DomainError):
-    """A workload or device that the roofline model cannot evaluate."""
+    """A request or device that the roofline model cannot evaluate."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -86,15 +101,64 @@ class RooflineInputError(DomainError):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PrecisionScheme:
-    """The roofline's view of a precision convention: bytes per weight and per activation
-    element, and which peaks the math can run at (the first the device has wins)."""
+    """The roofline's view of a precision convention (one row of
+    :data:`app.domain.precision.CONVENTIONS`): bytes per weight, per activation and per KV-cache
+    element, and which peaks the math can run at (the first the device has wins).
+
+    Every weight a kernel reads is priced at ``weight_bytes`` (the quantized matmul/conv
+    storage for quantized conventions; scales and 16-bit embeddings or heads are not added).
+    The training-only conventions run inference as their forward does: ``amp_*`` reads the
+    fp32 weights (autocast's cast copy is not priced) with 16-bit activations and math;
+    ``mixed_*`` is its 16-bit weights and activations (the fp32 master copy is not read).
+    """
 
     precision: Precision
     compute_dtypes: tuple[DType, ...]
     weight_bytes: Fraction
     activation_bytes: int  # activations, model inputs/outputs (floats)
     kv_cache_bytes: int
+    quantization: Quantization
+    weight_dtype: DType
+    activation_dtype: DType
+    kv_cache_dtype: DType
     convention: str
+    inference_note: str = ""  # training conventions: what their forward reads at inference
+
+    @property
+    def assumption(self) -> str:
+        """The convention in the roofline's numbers (what a prediction at it assumes)."""
+        weight_bits = int(self.weight_bytes * 8)
+        activation_bits = self.activation_bytes * 8
+        kind = {
+            Quantization.NONE: "not quantized",
+            Quantization.WEIGHT_ONLY: f"weight-only W{weight_bits}A{activation_bits} (weights "
+            f"dequantized to {self.activation_dtype.value} before the math)",
+            Quantization.W8A8: f"W{weight_bits}A{activation_bits} (weights and activations "
+            "8-bit, 8-bit math)",
+        }[self.quantization]
+        peaks = " else ".join(d.value for d in self.compute_dtypes)
+        return (
+            f"{self.precision.value}: {kind}; every weight read at "
+            f"{float(self.weight_bytes):g} B ({self.weight_dtype.value}), activations at "
+            f"{self.activation_bytes} B ({self.activation_dtype.value}), KV cache at "
+            f"{self.kv_cache_bytes} B ({self.kv_cache_dtype.value}); math at the device's "
+            f"{peaks} peak{self.inference_note}"
+        )
+
+
+def _inference_note(row: PrecisionConvention) -> str:
+    """How a training-only convention runs inference (empty for the others)."""
+    if row.weight_cache_dtype is not None:
+        return (
+            f" (autocast at inference: the stored {row.weight_dtype.value} weights are read, "
+            f"the {row.weight_cache_dtype.value} copy autocast casts them to is not priced)"
+        )
+    if row.master_weight_dtype is not None:
+        return (
+            f" (at inference only the {row.weight_dtype.value} weights are read; the "
+            f"{row.master_weight_dtype.value} master copy is training state)"
+        )
+    return ""
 
 
 PRECISION_SCHEMES: Mapping[Precision, PrecisionScheme] = {
@@ -104,7 +168,12 @@ PRECISION_SCHEMES: Mapping[Precision, PrecisionScheme] = {
         weight_bytes=bytes_per_element(row.weight_dtype),
         activation_bytes=int(bytes_per_element(row.activation_dtype)),
         kv_cache_bytes=int(bytes_per_element(row.kv_cache_dtype)),
+        quantization=row.quantization,
+        weight_dtype=row.weight_dtype,
+        activation_dtype=row.activation_dtype,
+        kv_cache_dtype=row.kv_cache_dtype,
         convention=row.description,
+        inference_note=_inference_note(row),
     )
     for precision, row in CONVENTIONS.items()
 }
@@ -224,7 +293,9 @@ class Kernel:
 
     ``input_bytes`` are the head layer's inputs plus the other inputs of fused layers (the
     residual of an add); ``output_bytes`` the last fused layer's output; ``kv_cache_bytes`` the
-    KV cache written (prefill) or read and written (decode) by an attention layer.
+    KV cache written (prefill) or read and written (decode) by an attention layer;
+    ``intermediate_bytes`` the S x S scores and probabilities an unfused attention (eager,
+    sdpa_math) writes to memory and reads back (0 for flash / mem_efficient).
     """
 
     name: str
@@ -234,25 +305,33 @@ class Kernel:
     input_bytes: int
     output_bytes: int
     kv_cache_bytes: int
+    intermediate_bytes: int = 0
     launches: int
 
     @property
     def bytes_moved(self) -> int:
-        """Weights + inputs + outputs + KV cache traffic [B]."""
-        return self.weight_bytes + self.input_bytes + self.output_bytes + self.kv_cache_bytes
+        """Weights + inputs + outputs + KV cache + spilled intermediates [B]."""
+        return (
+            self.weight_bytes
+            + self.input_bytes
+            + self.output_bytes
+            + self.kv_cache_bytes
+            + self.intermediate_bytes
+        )
 
     def dram_bytes(self, cache_share: float) -> float:
         """Bytes that reach DRAM when caches serve ``cache_share`` of the activations.
 
         Parameters
         ----------
-        cache_share : share of input and output traffic served on chip [-]
+        cache_share : share of activation traffic (inputs, outputs, spilled intermediates)
+            served on chip [-]
 
         Returns
         -------
-        dram : W + KV + (1 - cache_share) * (I + O) [B]
+        dram : W + KV + (1 - cache_share) * (I + O + S) [B]
         """
-        activations = self.input_bytes + self.output_bytes
+        activations = self.input_bytes + self.output_bytes + self.intermediate_bytes
         return self.weight_bytes + self.kv_cache_bytes + (1 - cache_share) * activations
 
     def intensity_flops_per_byte(self, cache_share: float) -> float:
@@ -267,6 +346,8 @@ def _weight_elements(layer: LayerAnalysis) -> int:
     A lookup (embedding) reads only the rows it gathers: one table element per output element.
     A linear layer tied to an embedding (GPT-2's LM head) owns no parameter but reads the whole
     shared matrix: its FLOPs are 2 * rows * in * out, so the matrix has FLOPs / (2 * rows).
+    A mixture-of-experts layer reads the experts its tokens are routed to
+    (:func:`moe_weight_elements`).
     """
     if layer.op in LOOKUP_OPS:
         return min(layer.params, layer.output_numel)
@@ -288,17 +369,62 @@ def expected_experts_read(experts: int, top_k: int, tokens: int) -> float:
     return experts * (1 - (1 - top_k / experts) ** tokens)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MoeRouting:
+    """How many experts one step of a mixture-of-experts layer reads (uniform routing).
+
+    The ``moe`` op (Mixtral) has no shared experts; a shared expert, which every token visits,
+    would be read whole at every step and belongs with the router in the always-read part.
+    """
+
+    experts: int  # E
+    top_k: int  # k, experts per token
+    tokens: int  # T, tokens routed in the step
+    router_elements: int  # E x hidden
+    expert_elements: int  # one expert's projections
+
+    @classmethod
+    def of(cls, layer: LayerAnalysis) -> MoeRouting:
+        """The routing of a ``moe`` layer from its analysis (router first in its params)."""
+        router = layer.result.param_shapes[0]
+        experts = router[0]
+        tokens = layer.output_numel // layer.output_shape[-1]
+        routed = next(s.numel for s in layer.result.saved if s.label == "routing_weights")
+        return cls(
+            experts=experts,
+            top_k=routed // tokens,
+            tokens=tokens,
+            router_elements=math.prod(router),
+            expert_elements=(layer.params - math.prod(router)) // experts,
+        )
+
+    @property
+    def experts_read(self) -> float:
+        """E * (1 - (1 - k/E)^T) [-]."""
+        return expected_experts_read(self.experts, self.top_k, self.tokens)
+
+    @property
+    def weight_elements(self) -> int:
+        """Router + ceil(experts read x one expert's elements) [-]."""
+        return self.router_elements + math.ceil(self.experts_read * self.expert_elements)
+
+    @property
+    def note(self) -> str:
+        """The figure in words, with its formula and inputs (the same for every layer of one
+        configuration, so that a model's notes collapse to one line per configuration)."""
+        return (
+            f"a mixture-of-experts layer reads the router and {self.experts_read:.3g} of "
+            f"{self.experts} experts = "
+            f"{self.experts} x (1 - (1 - {self.top_k}/{self.experts})^{self.tokens}) for "
+            f"{self.tokens} token(s) routed top-{self.top_k} (uniform routing); FLOPs count "
+            f"{self.top_k} experts per token"
+        )
+
+
 def moe_weight_elements(layer: LayerAnalysis) -> int:
     """Weight elements a mixture-of-experts layer reads: the router, and the experts its
     tokens are routed to (:func:`expected_experts_read`), not all of them."""
-    router = layer.result.param_shapes[0]
-    experts = router[0]
-    tokens = layer.output_numel // layer.output_shape[-1]
-    routed = next(s.numel for s in layer.result.saved if s.label == "routing_weights")
-    top_k = routed // tokens
-    per_expert = (layer.params - math.prod(router)) // experts
-    read = expected_experts_read(experts, top_k, tokens)
-    return math.prod(router) + math.ceil(read * per_expert)
+    return MoeRouting.of(layer).weight_elements
 
 
 def _launches(layer: LayerAnalysis) -> int:
@@ -310,6 +436,38 @@ def _launches(layer: LayerAnalysis) -> int:
 def _is_view(layer: LayerAnalysis) -> bool:
     """Views and inference-time identities (dropout) launch nothing and move nothing."""
     return layer.result.alias_of is not None and layer.flops == 0
+
+
+SPILLED_ATTENTION_TENSORS = ("scores", "probs")  # the S x S transients of unfused attention
+
+
+def _spilled_attention(layer: LayerAnalysis, context_tokens: int) -> tuple[int, int, str]:
+    """(fp32 elements, activation-dtype elements, note) an attention layer spills to memory.
+
+    eager / sdpa_math materialise the S x S scores and probabilities: the QK^T matmul writes
+    the scores, the softmax reads them and writes the probabilities, the PV matmul reads those,
+    so each is moved twice. With ``context_tokens`` cached (decode) every query attends to
+    ``seq + context`` keys. flash / mem_efficient keep them on chip: nothing is spilled.
+    """
+    impl = layer.result.attention
+    if impl is None or impl in FUSED_ATTENTION:
+        return 0, 0, ""
+    seq = layer.output_shape[1]
+    fp32 = act = 0
+    for transient in layer.result.transients:
+        if transient.label not in SPILLED_ATTENTION_TENSORS:
+            continue
+        elements = 2 * transient.numel * (seq + context_tokens) // seq
+        if transient.storage is Storage.FP32:
+            fp32 += elements
+        else:
+            act += elements
+    note = (
+        f"{impl.value} attention writes and reads back its S x S scores and probabilities: "
+        f"{fp32 + act:,} elements moved per layer ({seq} queries x {seq + context_tokens} keys "
+        "per head, twice each; flash / mem_efficient keep them on chip)"
+    )
+    return fp32, act, note
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -325,7 +483,10 @@ class KernelCount:
     float_outputs: int
     index_outputs: int
     kv_elements: int  # KV cache elements written and read
+    spilled_fp32: int = 0  # unfused attention: fp32 S x S elements written and read back
+    spilled_float: int = 0  # the same at the activation dtype
     launches: int
+    notes: tuple[str, ...] = ()  # what the kernel's figures assume beyond the formulas
 
     def at(self, scheme: PrecisionScheme) -> Kernel:
         """The kernel's bytes at a precision (weights rounded up to whole bytes)."""
@@ -338,8 +499,45 @@ class KernelCount:
             weight_bytes=-(-self.weight_elements * weight.numerator // weight.denominator),
             input_bytes=self.float_inputs * act + self.index_inputs * INDEX_BYTES,
             output_bytes=self.float_outputs * act + self.index_outputs * INDEX_BYTES,
-            kv_cache_bytes=self.kv_elements * act,
+            kv_cache_bytes=self.kv_elements * scheme.kv_cache_bytes,
+            intermediate_bytes=self.spilled_fp32 * FP32_BYTES + self.spilled_float * act,
             launches=self.launches,
+        )
+
+
+@dataclass(slots=True)
+class _Row:
+    """A kernel being assembled by :func:`count_kernels` (fused layers are added to it)."""
+
+    name: str
+    ops: tuple[str, ...]
+    flops: int
+    weights: int
+    float_in: int
+    index_in: int
+    float_out: int
+    index_out: int
+    kv: int
+    spilled_fp32: int
+    spilled_float: int
+    launches: int
+    notes: tuple[str, ...]
+
+    def count(self) -> KernelCount:
+        return KernelCount(
+            name=self.name,
+            ops=self.ops,
+            flops=self.flops,
+            weight_elements=self.weights,
+            float_inputs=self.float_in,
+            index_inputs=self.index_in,
+            float_outputs=self.float_out,
+            index_outputs=self.index_out,
+            kv_elements=self.kv,
+            spilled_fp32=self.spilled_fp32,
+            spilled_float=self.spilled_float,
+            launches=self.launches,
+            notes=self.notes,
         )
 
 
@@ -356,7 +554,7 @@ def count_kernels(
         item.storage: (item.numel, item.kind) for item in analysis.inputs
     }
     per_result: dict[int, tuple[int, int]] = {}  # id(OpResult) -> (weights, launches)
-    rows: list[list[Any]] = []  # [name, ops, flops, w, f_in, i_in, f_out, i_out, kv, launches]
+    rows: list[_Row] = []
     open_storage: int | None = None  # output storage of the last kernel, while fusable
     for layer in analysis.layers:
         if _is_view(layer):
@@ -375,54 +573,56 @@ def count_kernels(
         ):
             chained = layer.input_storages.index(open_storage)
             row = rows[-1]
-            row[1] = (*row[1], layer.op)
-            row[2] += flops
-            row[3] += layer.params
+            row.ops = (*row.ops, layer.op)
+            row.flops += flops
+            row.weights += layer.params
             for position, (elements, kind) in enumerate(inputs):
-                if position != chained:
-                    row[5 if kind is index_kind else 4] += elements
-            row[6], row[7] = out_float, out_idx
+                if position == chained:
+                    continue
+                if kind is index_kind:
+                    row.index_in += elements
+                else:
+                    row.float_in += elements
+            row.float_out, row.index_out = out_float, out_idx
         else:
             known = per_result.get(id(layer.result))
             if known is None:
                 known = per_result[id(layer.result)] = (_weight_elements(layer), _launches(layer))
+            notes: tuple[str, ...] = ()
+            if layer.op == "moe":
+                notes = (MoeRouting.of(layer).note,)
             kv = 0
+            context = 0
             if kv_cache and layer.op == "attention" and layer.result.kv_cache_numel:
                 kv = layer.result.kv_cache_numel  # this step's keys and values
                 if kv_context_tokens:
-                    kv += layer.result.kv_cache_numel // layer.output_shape[1] * kv_context_tokens
+                    context = kv_context_tokens
+                    kv += layer.result.kv_cache_numel // layer.output_shape[1] * context
                     tokens = layer.output_numel // layer.output_shape[-1]
-                    flops += 4 * tokens * kv_context_tokens * layer.result.param_shapes[0][0]
+                    flops += 4 * tokens * context * layer.result.param_shapes[0][0]
+            spilled_fp32 = spilled_float = 0
+            if layer.op == "attention":
+                spilled_fp32, spilled_float, note = _spilled_attention(layer, context)
+                notes = (note,) if note else notes
             rows.append(
-                [
-                    layer.name,
-                    (layer.op,),
-                    flops,
-                    known[0],
-                    sum(e for e, kind in inputs if kind is not index_kind),
-                    sum(e for e, kind in inputs if kind is index_kind),
-                    out_float,
-                    out_idx,
-                    kv,
-                    known[1],
-                ]
+                _Row(
+                    name=layer.name,
+                    ops=(layer.op,),
+                    flops=flops,
+                    weights=known[0],
+                    float_in=sum(e for e, kind in inputs if kind is not index_kind),
+                    index_in=sum(e for e, kind in inputs if kind is index_kind),
+                    float_out=out_float,
+                    index_out=out_idx,
+                    kv=kv,
+                    spilled_fp32=spilled_fp32,
+                    spilled_float=spilled_float,
+                    launches=known[1],
+                    notes=notes,
+                )
             )
         open_storage = layer.output_storage
-    return tuple(
-        KernelCount(
-            name=name,
-            ops=ops,
-            flops=flops,
-            weight_elements=weights,
-            float_inputs=f_in,
-            index_inputs=i_in,
-            float_outputs=f_out,
-            index_outputs=i_out,
-            kv_elements=kv,
-            launches=launches,
-        )
-        for name, ops, flops, weights, f_in, i_in, f_out, i_out, kv, launches in rows
-    )
+    return tuple(row.count() for row in rows)
 
 
 def build_kernels(
@@ -437,8 +637,9 @@ def build_kernels(
 
     Parameters
     ----------
-    analysis : the graph analysed in inference mode (``analyze(..., training=False)``)
-    scheme : bytes per weight and activation element
+    analysis : the graph analysed in inference mode (``analyze(..., training=False)``), with
+        the attention implementation the request runs (``analyze(attention=...)``)
+    scheme : bytes per weight, activation and KV-cache element
     fuse_elementwise : fuse batchnorm, activations and adds into the kernel that produced
         their input (the inference engines' epilogue fusion); else every layer is a kernel
     kv_cache : decoders: attention layers write their keys and values to the KV cache
@@ -453,13 +654,17 @@ def build_kernels(
     -----
     Bytes moved by a layer = weight bytes + input bytes + output bytes, with weights at
     ``scheme.weight_bytes`` per element (embeddings: only the gathered rows; tied heads: the
-    shared matrix), float tensors at ``scheme.activation_bytes`` and token ids at 8 B. The
-    intermediates inside a composite layer (q/k/v and scores in attention, the MLP's wide
-    activation) are assumed to stay on chip, as fused kernels keep them. A fused layer adds
-    its FLOPs and weights to the kernel, reads only its other inputs, and its output replaces
-    the kernel's output (the intermediate is never written). Decode steps add, per attention
-    layer, the KV cache read ``2 * b * c * kv_dim * bytes`` and the attention FLOPs over the
-    cache ``4 * b * c * q_dim`` (QK^T and PV; softmax FLOPs left out).
+    shared matrix; mixture-of-experts: the router and the ``E * (1 - (1 - k/E)^T)`` experts
+    its ``T`` tokens are routed to), float tensors at ``scheme.activation_bytes`` and token ids
+    at 8 B. The intermediates inside a composite layer (q/k/v in attention, the MLP's wide
+    activation) are assumed to stay on chip, as fused kernels keep them; so are attention's
+    S x S scores with flash / mem_efficient, while eager / sdpa_math write the scores and
+    probabilities and read them back (``intermediate_bytes``: 2 x (scores + probabilities) at
+    their fp32 storage). A fused layer adds its FLOPs and weights to the kernel, reads only its
+    other inputs, and its output replaces the kernel's output (the intermediate is never
+    written). Decode steps add, per attention layer, the KV cache read
+    ``2 * b * c * kv_dim * scheme.kv_cache_bytes`` and the attention FLOPs over the cache
+    ``4 * b * c * q_dim`` (QK^T and PV; softmax FLOPs left out).
     """
     counts = count_kernels(
         analysis,
@@ -471,7 +676,7 @@ def build_kernels(
 
 
 # --------------------------------------------------------------------------------------------
-# Phases and workloads
+# Phases and phased requests
 # --------------------------------------------------------------------------------------------
 
 
@@ -486,11 +691,15 @@ class _Profile:
 
     @classmethod
     def of(cls, kernels: Sequence[Kernel], cache_share: float) -> _Profile:
-        ordered = sorted(kernels, key=lambda k: k.intensity_flops_per_byte(cache_share))
-        flops = [k.flops for k in ordered]
+        rows = []  # (intensity, DRAM bytes, FLOPs), each kernel's DRAM bytes computed once
+        for k in kernels:
+            dram = k.dram_bytes(cache_share)
+            rows.append((k.flops / dram if dram else math.inf, dram, k.flops))
+        rows.sort(key=lambda row: row[0])  # stable: ties keep the kernels' order
+        flops = [row[2] for row in rows]
         return cls(
-            intensities=tuple(k.intensity_flops_per_byte(cache_share) for k in ordered),
-            bytes_prefix=(0.0, *accumulate(k.dram_bytes(cache_share) for k in ordered)),
+            intensities=tuple(row[0] for row in rows),
+            bytes_prefix=(0.0, *accumulate(row[1] for row in rows)),
             flops_suffix=(*reversed(tuple(accumulate(reversed(flops)))), 0),
         )
 
@@ -531,20 +740,25 @@ class Phase:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Workload:
-    """What one request does at a batch size and precision."""
+class PhasedRequest:
+    """One request of a model split into phases (a forward pass, or a decoder's prefill and
+    decode steps) at a batch size and precision: what :func:`predict` times. Not the API's
+    workload (:class:`app.domain.workload.WorkloadSpec`): the roofline's view of one request.
+    """
 
     batch: int
     scheme: PrecisionScheme
     phases: tuple[Phase, ...]
     decoder: bool = False
     generated_tokens: int = 0  # decoders: tokens produced per sequence (prefill gives the 1st)
+    attention: tuple[tuple[Attention, str], ...] = ()  # implementations the graph runs, and why
+    assumptions: tuple[str, ...] = ()  # the precision, attention and MoE routing, in words
 
     def __post_init__(self) -> None:
         if self.batch < 1:
             raise RooflineInputError("batch must be >= 1")
         if not self.phases:
-            raise RooflineInputError("a workload needs at least one phase")
+            raise RooflineInputError("a request needs at least one phase")
 
     @property
     def flops(self) -> int:
@@ -553,7 +767,7 @@ class Workload:
 
     @property
     def bytes_moved(self) -> int:
-        """HardwareSpec-memory bytes moved per request [B]."""
+        """Device-memory bytes moved per request [B]."""
         return sum(p.bytes_moved * p.repeats for p in self.phases)
 
 
@@ -569,6 +783,11 @@ class PhaseShape:
     d2h_index: int
     repeats: int = 1
 
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """The distinct notes of its kernels (MoE routing, spilled attention scores)."""
+        return tuple(dict.fromkeys(note for count in self.counts for note in count.notes))
+
     def at(self, scheme: PrecisionScheme) -> Phase:
         """The phase in bytes at a precision."""
         act = scheme.activation_bytes
@@ -581,23 +800,45 @@ class PhaseShape:
         )
 
 
+def attention_assumption(impl: Attention, reason: str) -> str:
+    """What the roofline prices for an attention implementation, and why it was chosen."""
+    if impl in FUSED_ATTENTION:
+        moved = (
+            "fused: the S x S scores stay on chip (only q, k, v and the output move; flash "
+            "and mem_efficient are priced alike)"
+        )
+    else:
+        moved = "unfused: the S x S scores and probabilities are written and read back"
+    return f"attention {impl.value} ({reason}): {moved}"
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
-class WorkloadShape:
-    """A request at a batch size, before a precision is chosen."""
+class PhasedRequestShape:
+    """A :class:`PhasedRequest` in elements, before a precision is chosen."""
 
     batch: int
     phases: tuple[PhaseShape, ...]
     decoder: bool = False
     generated_tokens: int = 0
+    attention: tuple[tuple[Attention, str], ...] = ()
 
-    def at(self, scheme: PrecisionScheme) -> Workload:
-        """The workload at a precision."""
-        return Workload(
+    @property
+    def assumptions(self) -> tuple[str, ...]:
+        """Attention implementations, then each phase's kernel notes (precision-independent)."""
+        attention = (attention_assumption(impl, why) for impl, why in self.attention)
+        notes = (f"{phase.name}: {note}" for phase in self.phases for note in phase.notes)
+        return (*attention, *notes)
+
+    def at(self, scheme: PrecisionScheme) -> PhasedRequest:
+        """The request at a precision."""
+        return PhasedRequest(
             batch=self.batch,
             scheme=scheme,
             phases=tuple(phase.at(scheme) for phase in self.phases),
             decoder=self.decoder,
             generated_tokens=self.generated_tokens,
+            attention=self.attention,
+            assumptions=(scheme.assumption, *self.assumptions),
         )
 
 
@@ -608,11 +849,12 @@ def _input_elements(analysis: GraphAnalysis) -> tuple[int, int]:
 
 def forward_shape(
     analysis: GraphAnalysis, *, batch: int, fuse_elementwise: bool = True
-) -> WorkloadShape:
+) -> PhasedRequestShape:
     """One forward pass per request (CNNs, encoders): inputs copied in, output copied out.
 
     Float inputs and outputs travel at the activation precision (the host quantizes before the
-    copy, as MLPerf harnesses do), token ids as int64.
+    copy, as MLPerf harnesses do), token ids as int64. Attention is priced as the analysis ran
+    it (``analysis.attention_used``).
     """
     out = math.prod(analysis.output_shape)
     out_index = analysis.output_kind is TensorKind.INDEX
@@ -625,12 +867,12 @@ def forward_shape(
         d2h_float=0 if out_index else out,
         d2h_index=out if out_index else 0,
     )
-    return WorkloadShape(batch=batch, phases=(phase,))
+    return PhasedRequestShape(batch=batch, phases=(phase,), attention=analysis.attention_used)
 
 
-def forward_workload(
+def forward_request(
     analysis: GraphAnalysis, scheme: PrecisionScheme, *, batch: int, fuse_elementwise: bool = True
-) -> Workload:
+) -> PhasedRequest:
     """:func:`forward_shape` at a precision."""
     return forward_shape(analysis, batch=batch, fuse_elementwise=fuse_elementwise).at(scheme)
 
@@ -643,7 +885,7 @@ def decoder_shape(
     prompt_tokens: int,
     generated_tokens: int,
     fuse_elementwise: bool = True,
-) -> WorkloadShape:
+) -> PhasedRequestShape:
     """A decoder LLM request: prefill the prompt, then one decode step per further token.
 
     Parameters
@@ -657,10 +899,11 @@ def decoder_shape(
     Notes
     -----
     The prefill copies the prompt's token ids in (8 B each) and writes the KV cache; every decode
-    step reads all weights and the KV cache of ``c`` earlier tokens, evaluated at the mean
-    context ``c = prompt_tokens + generated_tokens / 2`` (decode time is linear in ``c`` within
-    one bound), and sends each sequence's sampled token id (8 B) to the host. The LM head runs
-    over every prompt position in the prefill, as Hugging Face ``generate`` does.
+    step reads all weights (a mixture-of-experts layer: the experts its ``batch`` tokens are
+    routed to) and the KV cache of ``c`` earlier tokens, evaluated at the mean context
+    ``c = prompt_tokens + generated_tokens / 2`` (decode time is linear in ``c`` within one
+    bound), and sends each sequence's sampled token id (8 B) to the host. The LM head runs over
+    every prompt position in the prefill unless the analysis keeps the last position's logits.
     """
     h2d_float, h2d_index = _input_elements(prefill)
     first = PhaseShape(
@@ -685,12 +928,16 @@ def decoder_shape(
         d2h_index=batch,
         repeats=generated_tokens - 1,
     )
-    return WorkloadShape(
-        batch=batch, phases=(first, decode), decoder=True, generated_tokens=generated_tokens
+    return PhasedRequestShape(
+        batch=batch,
+        phases=(first, decode),
+        decoder=True,
+        generated_tokens=generated_tokens,
+        attention=tuple(dict.fromkeys((*prefill.attention_used, *step.attention_used))),
     )
 
 
-def decoder_workload(
+def decoder_request(
     prefill: GraphAnalysis,
     step: GraphAnalysis,
     scheme: PrecisionScheme,
@@ -699,7 +946,7 @@ def decoder_workload(
     prompt_tokens: int,
     generated_tokens: int,
     fuse_elementwise: bool = True,
-) -> Workload:
+) -> PhasedRequest:
     """:func:`decoder_shape` at a precision."""
     shape = decoder_shape(
         prefill,
@@ -770,7 +1017,8 @@ class PhaseTiming:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Prediction:
-    """Latency and throughput of a workload on a device, with every input of the formulas."""
+    """Latency and throughput of a request on a device, with every input of the formulas and
+    what they assume (``assumptions``: precision convention, attention, MoE routing)."""
 
     device: HardwareSpec
     precision: Precision
@@ -791,6 +1039,8 @@ class Prediction:
     dram_bytes: float
     first_token_s: float | None = None  # decoders
     per_token_s: float | None = None
+    attention: tuple[tuple[Attention, str], ...] = ()  # implementations priced, and why
+    assumptions: tuple[str, ...] = ()  # precision convention, attention, MoE routing in words
 
     def __post_init__(self) -> None:
         # Every property below divides by one of these: a prediction only exists with them sane.
@@ -806,7 +1056,7 @@ class Prediction:
             if not in_range(value, 0.0, math.inf):
                 raise RooflineInputError(
                     f"{where}: the {name[:-2]} is not a finite time ({value!r}): the device's "
-                    "figures are too small for this workload"
+                    "figures are too small for this request"
                 )
             if value < sys.float_info.min:
                 raise RooflineInputError(
@@ -941,12 +1191,12 @@ def _phase_timing(
     )
 
 
-def predict(workload: Workload, device: HardwareSpec, calibration: Calibration) -> Prediction:
-    """Latency, throughput and their split for ``workload`` on ``device``.
+def predict(request: PhasedRequest, device: HardwareSpec, calibration: Calibration) -> Prediction:
+    """Latency, throughput and their split for ``request`` on ``device``.
 
     Parameters
     ----------
-    workload : kernels per phase, copies and batch
+    request : kernels per phase, copies, batch, and what they assume
     device : peaks, bandwidths, MIG fractions
     calibration : efficiencies and overheads of the device's kind
 
@@ -963,17 +1213,18 @@ def predict(workload: Workload, device: HardwareSpec, calibration: Calibration) 
     Notes
     -----
     Per kernel ``t_k = max(F_k / P_eff, D_k / BW_eff) + t_launch`` with
-    ``D_k = W_k + KV_k + (1 - s) * (I_k + O_k)`` (``s``: activation cache share),
+    ``D_k = W_k + KV_k + (1 - s) * (I_k + O_k + S_k)`` (``s``: activation cache share,
+    ``S_k``: S x S scores an unfused attention spills),
     ``P_eff = P[dtype] * f_c * eta_c`` and ``BW_eff = BW * f_m * eta_m``; a GPU adds
     ``h2d / L_eff + d2h / L_eff`` per phase repetition (``L_eff = L * eta_l``) and ``t_req``
     per request. Latency is the serial sum; the steady-state interval per batch is
     ``max(sum of kernel time, h2d time, d2h time, t_req)`` on accelerators (copy engines and
     the host overlap the kernels) and the latency on CPUs.
     """
-    reason = unsupported_reason(device, workload.scheme)
-    dtype = compute_dtype_for(device, workload.scheme)
+    reason = unsupported_reason(device, request.scheme)
+    dtype = compute_dtype_for(device, request.scheme)
     if reason is not None or dtype is None:
-        raise RooflineInputError(f"{device.slug} cannot run {workload.scheme.precision}: {reason}")
+        raise RooflineInputError(f"{device.slug} cannot run {request.scheme.precision}: {reason}")
     cal = calibration
     peak = device.peak_flops_per_s[dtype]
     flops_per_s = peak * device.compute_fraction * cal.compute_efficiency
@@ -985,10 +1236,10 @@ def predict(workload: Workload, device: HardwareSpec, calibration: Calibration) 
         link = device.host_link_bytes_per_s * cal.host_link_efficiency
     timings = tuple(
         _phase_timing(p, flops_per_s=flops_per_s, bytes_per_s=bytes_per_s, link=link, cal=cal)
-        for p in workload.phases
+        for p in request.phases
     )
-    request = cal.request_overhead_s
-    latency = request + sum(t.latency_s * t.repeats for t in timings)
+    overhead = cal.request_overhead_s
+    latency = overhead + sum(t.latency_s * t.repeats for t in timings)
     if device.kind is DeviceKind.CPU:
         interval = latency
     else:
@@ -996,16 +1247,16 @@ def predict(workload: Workload, device: HardwareSpec, calibration: Calibration) 
             sum(t.kernel_s * t.repeats for t in timings),
             sum(t.h2d_s * t.repeats for t in timings),
             sum(t.d2h_s * t.repeats for t in timings),
-            request,
+            overhead,
         )
     first_token = per_token = None
-    if workload.decoder:
-        first_token = request + timings[0].latency_s
+    if request.decoder:
+        first_token = overhead + timings[0].latency_s
         per_token = timings[1].latency_s if len(timings) > 1 else None
     return Prediction(
         device=device,
-        precision=workload.scheme.precision,
-        batch=workload.batch,
+        precision=request.scheme.precision,
+        batch=request.batch,
         compute_dtype=dtype,
         peak_flops_per_s=peak,
         peak_source=_peak_source(device, dtype),
@@ -1014,14 +1265,16 @@ def predict(workload: Workload, device: HardwareSpec, calibration: Calibration) 
         effective_bandwidth_bytes_per_s=bytes_per_s,
         effective_host_link_bytes_per_s=link,
         phases=timings,
-        request_overhead_s=request,
+        request_overhead_s=overhead,
         latency_s=latency,
         interval_s=interval,
-        flops=workload.flops,
-        bytes_moved=workload.bytes_moved,
+        flops=request.flops,
+        bytes_moved=request.bytes_moved,
         dram_bytes=sum(t.dram_bytes * t.repeats for t in timings),
         first_token_s=first_token,
         per_token_s=per_token,
+        attention=request.attention,
+        assumptions=request.assumptions,
     )
 
 
