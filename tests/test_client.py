@@ -256,6 +256,8 @@ def test_cli_recommend(http: TestClient, tmp_path: Path) -> None:
     lines = out.splitlines()
     assert lines[0].startswith("Run resnet-50 on ")  # the recommendation paragraph comes first
     assert any(line.startswith("#  device") for line in lines)
+    assert "bindings: batch=1, image=224" in out  # the header echoes bindings and defaults
+    assert "  image_size = 224 (the model's default)" in out
     assert "candidates eligible" in out
     assert "</svg>" in svg.read_text()
     code, out, err = run(http, "recommend", "resnet-50", "--batch", "2", "--precision", "fp32",

@@ -439,6 +439,8 @@ def cmd_recommend(client: CapacityPlannerClient, args: argparse.Namespace, out: 
         out.write(_dump(result) + "\n")
         return 0
     out.write(result.recommendation + "\n\n")
+    workload = result.workload
+    out.write(_echo(workload.bindings, workload.defaults_used, workload.attention) + "\n")
     rows = [
         (
             c.rank,

@@ -11,7 +11,13 @@ from app.domain.performance.recommend import Objective
 from app.domain.performance.roofline import Bound
 from app.domain.precision import Precision
 from app.schemas.base import Schema, Slug, located_error
-from app.schemas.estimates import BatchSize, InlineArchitecture, Length, one_model_rule
+from app.schemas.estimates import (
+    BatchSize,
+    DefaultUsedRow,
+    InlineArchitecture,
+    Length,
+    one_model_rule,
+)
 
 MAX_BATCH_SIZES = 16
 MAX_DEVICES = 200
@@ -426,6 +432,15 @@ class WorkloadSummary(Schema):
     prompt_tokens: int | None = Field(default=None, description="Decoders.", examples=[None])
     generated_tokens: int | None = Field(default=None, description="Decoders.", examples=[None])
     batch_sizes: list[int] = Field(description="Batch sizes tried.", examples=[[1, 2, 4]])
+    attention: list[str] = Field(
+        description="Attention implementation(s) the latency and memory figures assume, with "
+        "why (PyTorch SDPA's choice; empty without attention).",
+        examples=[[]],
+    )
+    defaults_used: list[DefaultUsedRow] = Field(
+        description="Every option the request left out and the value it got.",
+        examples=[[{"option": "image_size", "value": "224", "reason": "the model's default"}]],
+    )
 
 
 class InferenceRecommendationResponse(Schema):

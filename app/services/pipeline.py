@@ -33,6 +33,7 @@ from app.domain.mig.layout import (
 )
 from app.domain.units import GIB
 from app.domain.workload import (
+    Attention,
     Logits,
     Mode,
     ResolvedWorkload,
@@ -79,9 +80,12 @@ def analyze_graph(
     training: bool,
     resolved: ResolvedWorkload | None = None,
     logits: Logits = Logits.ALL,
+    attention: Attention | None = None,
 ) -> GraphAnalysis:
-    """Analyse a stored or inline graph; an invalid graph is a 422 naming layer and field."""
-    options: dict[str, Any] = {"logits": logits}
+    """Analyse a stored or inline graph; an invalid graph is a 422 naming layer and field.
+    ``resolved`` (a whole workload) decides attention, runtime, precision and logits; without
+    it, ``logits`` and ``attention`` do (None: SDPA's choice on CUDA at fp32)."""
+    options: dict[str, Any] = {"logits": logits, "attention": attention}
     if resolved is not None:
         options = {
             "attention": resolved.attention,

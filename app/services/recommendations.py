@@ -52,11 +52,14 @@ from app.domain.performance.roofline import (
 from app.domain.precision import Precision
 from app.domain.workload import (
     DEFAULT_SAFETY_MARGIN_FRACTION,
+    Attention,
     Logits,
     Mode,
     Runtime,
+    default_attention,
 )
 from app.schemas.estimates import (
+    DefaultUsedRow,
     InlineArchitecture,
 )
 from app.schemas.recommendations import (
@@ -261,14 +264,27 @@ class ModelSource:
         self.memo[key] = found
         return found
 
-    def analysis(self, bindings: dict[str, int], logits: Logits = Logits.ALL) -> GraphAnalysis:
-        """The inference analysis at ``bindings`` (cached for stored models)."""
+    def analysis(
+        self,
+        bindings: dict[str, int],
+        logits: Logits = Logits.ALL,
+        attention: Attention | None = None,
+    ) -> GraphAnalysis:
+        """The inference analysis at ``bindings`` (cached for stored models); ``attention``
+        None: SDPA's choice on CUDA at fp32 (a fused kernel, as serving engines run)."""
 
         def compute() -> GraphAnalysis:
-            return analyze_graph(self.inputs, self.layers, bindings, training=False, logits=logits)
+            return analyze_graph(
+                self.inputs,
+                self.layers,
+                bindings,
+                training=False,
+                logits=logits,
+                attention=attention,
+            )
 
         return self._remember(
-            (self.key, "analysis", tuple(bindings.items()), logits), _ANALYSES, compute
+            (self.key, "analysis", tuple(bindings.items()), logits, attention), _ANALYSES, compute
         )
 
     def bindings(self, batch: int, *, seq: int | None = None) -> dict[str, int]:
@@ -323,20 +339,26 @@ class ModelSource:
     def required_bytes(self, batch: int, scheme: PrecisionScheme, candidate: Candidate) -> int:
         """The one requirement (app.domain.fit: the memory engine's inference peak with the
         candidate's runtime and overheads, plus the default safety margin) [B]. Serving
-        defaults: logits for the last position, attention as PyTorch's SDPA picks it."""
+        defaults: logits for the last position, attention as PyTorch's SDPA picks it for the
+        candidate's runtime and the precision."""
         bindings = self.memory_bindings(batch)
+        precision = Precision(scheme.precision.value)
+        attention, _ = default_attention(
+            candidate.runtime, precision, training=False, dropout=False
+        )
         request = MemoryRequest(
             mode=Mode.INFERENCE,
-            precision=Precision(scheme.precision.value),
+            precision=precision,
             runtime=candidate.runtime,
             overhead=candidate.overhead,
             kv_cache=self.decoder,
+            attention=attention,
             logits=Logits.LAST,
         )
 
         def estimate() -> int:
             try:
-                result = estimate_memory(self.analysis(bindings, Logits.LAST), request)
+                result = estimate_memory(self.analysis(bindings, Logits.LAST, attention), request)
             except MemoryInputError as exc:
                 raise InvalidInput(str(exc)) from exc
             return requirement(
@@ -485,6 +507,8 @@ def recommend(
             prompt_tokens=source.prompt_tokens if source.decoder else None,
             generated_tokens=source.generated_tokens if source.decoder else None,
             batch_sizes=batches,
+            attention=_attention_used(source, summary_bindings, runnable),
+            defaults_used=_defaults_used(payload, source, batches),
         ),
         candidates=[
             ranked_candidate(index, item, source.generated_tokens if source.decoder else None)
@@ -497,6 +521,101 @@ def recommend(
         formulas=FORMULAS,
         assumptions=ASSUMPTIONS,
     )
+
+
+def _attention_used(
+    source: ModelSource,
+    bindings: dict[str, int],
+    runnable: Sequence[tuple[Candidate, PrecisionScheme]],
+) -> list[str]:
+    """The attention kernels behind the figures (none without attention layers)."""
+    if not source.analysis(bindings).attention_used:
+        return []
+    found = ["latency: one fused attention kernel per layer (the roofline prices no S x S "
+             "scores)"]  # fmt: skip
+    for candidate, scheme in runnable:
+        precision = Precision(scheme.precision.value)
+        impl, why = default_attention(candidate.runtime, precision, training=False, dropout=False)
+        line = f"memory on {candidate.runtime.value} at {precision.value}: {impl.value} ({why})"
+        if line not in found:
+            found.append(line)
+    return found
+
+
+def _defaults_used(
+    payload: InferenceRecommendationRequest, source: ModelSource, batches: list[int]
+) -> list[DefaultUsedRow]:
+    """Every option the request left out that the figures depend on, and its value."""
+    given = payload.model_fields_set
+    rows: list[DefaultUsedRow] = []
+    names = {
+        name for spec in source.inputs for name in spec.get("shape", ()) if isinstance(name, str)
+    }
+    if source.decoder:
+        for option, value in (
+            ("prompt_tokens", payload.prompt_tokens),
+            ("generated_tokens", payload.generated_tokens),
+        ):
+            if option not in given:
+                rows.append(DefaultUsedRow(option=option, value=str(value), reason="API default"))
+        rows.append(
+            DefaultUsedRow(
+                option="logits",
+                value="last",
+                reason="decoder serving computes the last position's logits (memory fit)",
+            )
+        )
+    shape_options: tuple[tuple[str, str, int | None], ...] = (
+        ("sequence_length", "seq", payload.sequence_length),
+        ("image_size", "image", payload.image_size),
+    )
+    for option, symbol, given_size in shape_options:
+        if symbol == "seq" and source.decoder:
+            continue
+        default = source.defaults.get(symbol)
+        if given_size is None and symbol in names and symbol not in payload.bindings and default:
+            rows.append(
+                DefaultUsedRow(option=option, value=str(default), reason="the model's default")
+            )
+    if payload.batch_sizes is None:
+        rows.append(
+            DefaultUsedRow(
+                option="batch_sizes",
+                value=", ".join(map(str, batches)),
+                reason=f"powers of two up to max_batch_size={payload.max_batch_size}",
+            )
+        )
+    if "precisions" not in given:
+        rows.append(
+            DefaultUsedRow(
+                option="precisions",
+                value=", ".join(p.value for p in payload.precisions),
+                reason="API default",
+            )
+        )
+    if payload.devices is None:
+        rows.append(
+            DefaultUsedRow(
+                option="devices", value="all", reason="every hardware profile and MIG slice"
+            )
+        )
+    rows.append(
+        DefaultUsedRow(
+            option="runtime",
+            value="per candidate",
+            reason="memory fit: pytorch_cpu on CPUs, pytorch_cuda on GPUs; latency: the "
+            "calibrated serving-engine efficiencies",
+        )
+    )
+    if "fuse_elementwise" not in given:
+        rows.append(
+            DefaultUsedRow(
+                option="fuse_elementwise",
+                value=str(payload.fuse_elementwise).lower(),
+                reason="serving engines fuse element-wise layers into the kernel before them",
+            )
+        )
+    return rows
 
 
 def calibration_read(cal: Calibration) -> CalibrationRead:

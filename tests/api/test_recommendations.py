@@ -165,6 +165,48 @@ def test_decoder_llm_reports_prefill_and_decode(client: ApiClient) -> None:
         assert decode["dram_bytes"] > 124_439_808 * 2  # every weight, every token
 
 
+def test_the_defaults_a_recommendation_used_are_echoed(client: ApiClient) -> None:
+    body = _recommend(client, model="resnet-50", devices=["nvidia-a10"], max_batch_size=4)
+    workload = body["workload"]
+    defaults = {row["option"]: row for row in workload["defaults_used"]}
+    assert defaults["image_size"]["value"] == "224"
+    assert defaults["batch_sizes"]["value"] == "1, 2, 4"
+    assert defaults["precisions"]["value"] == "fp32, bf16, fp16, int8"
+    assert defaults["fuse_elementwise"]["value"] == "true"
+    assert "devices" not in defaults  # given
+    assert "runtime" in defaults
+    assert workload["attention"] == []  # no attention layer
+    given = _recommend(
+        client,
+        model="resnet-50",
+        devices=["nvidia-a10"],
+        batch_sizes=[2],
+        precisions=["fp16"],
+        image_size=160,
+        fuse_elementwise=True,
+    )
+    assert {row["option"] for row in given["workload"]["defaults_used"]} == {"runtime"}
+
+
+def test_a_decoder_echoes_its_token_defaults_and_attention(client: ApiClient) -> None:
+    body = _recommend(
+        client,
+        model="gpt-2",
+        devices=["nvidia-a10", "intel-xeon-platinum-8480plus"],
+        precisions=["bf16", "fp32"],
+        batch_sizes=[1],
+    )
+    workload = body["workload"]
+    defaults = {row["option"]: row["value"] for row in workload["defaults_used"]}
+    assert (defaults["prompt_tokens"], defaults["generated_tokens"]) == ("512", "128")
+    assert defaults["logits"] == "last"
+    assert "sequence_length" not in defaults  # decoders are bound by the token counts
+    attention = "\n".join(workload["attention"])
+    assert "memory on pytorch_cuda at bf16: flash" in attention
+    assert "memory on pytorch_cuda at fp32: mem_efficient" in attention
+    assert "memory on pytorch_cpu at fp32: flash" in attention
+
+
 def test_inline_architecture(client: ApiClient) -> None:
     body = _recommend(
         client,
