@@ -183,3 +183,13 @@ def load_script(path: Path, name: str) -> ModuleType:
     sys.modules[spec.name] = module  # dataclasses resolve their module through sys.modules
     spec.loader.exec_module(module)
     return module
+
+
+def attention_layers(layers: Any) -> list[dict[str, Any]]:
+    """Every ``attention`` layer of a graph, blocks' inner layers included."""
+    found = []
+    for layer in layers:
+        if layer["op"] == "attention":
+            found.append(layer)
+        found += attention_layers(layer.get("layers", []))
+    return found

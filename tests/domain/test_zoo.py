@@ -11,6 +11,7 @@ from app.domain.graph.format import validate_graph
 from app.domain.workload import Attention, Runtime
 from app.domain.zoo import ZOO, ZooModel, bert, gpt2, llama, lstm_classifier, vit
 from app.domain.zoo import transformers as zoo_transformers
+from tests.support import attention_layers
 
 SLUG = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,62}[a-z0-9])?$")
 FAMILIES = {"cnn", "transformer-encoder", "transformer-decoder", "vision-transformer", "rnn"}
@@ -288,14 +289,6 @@ def test_builders_say_where_attention_is_not_how() -> None:
     ]
     for builder in builders:
         assert "fused" not in inspect.signature(builder).parameters, builder.__name__
-
-    def attention_layers(layers: Any) -> list[dict[str, Any]]:
-        found = []
-        for layer in layers:
-            if layer["op"] == "attention":
-                found.append(layer)
-            found += attention_layers(layer.get("layers", []))
-        return found
 
     transformers = [model for model in ZOO.values() if model.family != "cnn"]
     for model in transformers:

@@ -10,6 +10,7 @@ from app.config import PROJECT_ROOT
 from app.domain.zoo import ZOO
 from app.importers.hf_config import SUPPORTED_MODEL_TYPES, import_hf_config
 from app.importers.result import ImportRejected
+from tests.support import attention_layers
 
 CONFIGS = PROJECT_ROOT / "tests" / "fixtures" / "hf_configs"
 COUNTS = PROJECT_ROOT / "benchmarks" / "hf_params" / "counts.json"
@@ -93,20 +94,11 @@ def test_unknown_model_type_lists_the_supported_ones() -> None:
         import_hf_config({**_load("mixtral-8x7b-v0.1"), "num_experts_per_tok": 9})
 
 
-def _attention_layers(layers: Any) -> list[dict[str, Any]]:
-    found = []
-    for layer in layers:
-        if layer["op"] == "attention":
-            found.append(layer)
-        found += _attention_layers(layer.get("layers", []))
-    return found
-
-
 @pytest.mark.parametrize("name", list(GOLDEN))
 def test_imports_say_where_attention_is_not_how(name: str) -> None:
     """Issue 12: no ``fused`` (or other implementation) attribute; decoders are causal."""
     imported = import_hf_config(_load(name))
-    attention = _attention_layers(imported.layers)
+    attention = attention_layers(imported.layers)
     assert attention
     for layer in attention:
         assert "fused" not in layer
