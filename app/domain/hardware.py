@@ -67,8 +67,13 @@ class FrameworkOverhead:
 
     cuda_context_bytes: int = 512 * MIB
     workspace_bytes: int = 32 * MIB
-    fragmentation_fraction: float = 0.05
-    round_allocations: bool = True
+    # None: the cached-but-free segments come from replaying the caching allocator; a number:
+    # a fixed reserve of that fraction of the allocated bytes instead.
+    fragmentation_fraction: float | None = None
+    round_allocations: bool = True  # replay the caching allocator (False: no rounding, no cache)
+    expandable_segments: bool = False  # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+    workspace_source: str = "cuBLAS workspace per process and stream (documented default)"
+    context_source: str = "CUDA context, PyTorch with lazy module loading (documented default)"
 
     def __post_init__(self) -> None:
         for name in ("cuda_context_bytes", "workspace_bytes"):
@@ -76,6 +81,8 @@ class FrameworkOverhead:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise HardwareInputError(f"{name} must be an integer >= 0, got {value!r}")
         fraction = self.fragmentation_fraction
+        if fraction is None:
+            return
         if not (isinstance(fraction, int | float) and math.isfinite(fraction)):
             raise HardwareInputError(f"fragmentation_fraction must be a number, got {fraction!r}")
         if not 0 <= fraction <= 1:

@@ -78,8 +78,15 @@ class OverheadSpec(Schema):
         default=None,
         ge=0,
         le=1,
-        description="Reserve for allocator fragmentation.",
-        examples=[0.05],
+        description="A fixed reserve for cached free segments, as a fraction of the allocated "
+        "bytes, instead of replaying PyTorch's caching allocator (the default).",
+        examples=[None],
+    )
+    expandable_segments: bool | None = Field(
+        default=None,
+        description="Replay the allocator with `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`"
+        " (segments grow in 2 MiB / 20 MiB pages; less fragmentation). Default false.",
+        examples=[None],
     )
 
 
@@ -286,6 +293,40 @@ class DefaultUsedRow(Schema):
     reason: str = Field(description="Why.", examples=["inference on pytorch_cuda"])
 
 
+class CudaMemoryRead(Schema):
+    """The step as PyTorch's CUDA counters report it, from a replay of its caching allocator."""
+
+    allocated_bytes: int = Field(
+        description="torch.cuda.max_memory_allocated(): tensors rounded by the allocator, plus "
+        "the cuBLAS workspace it allocates [B].",
+        examples=[25_000_000_000],
+    )
+    reserved_bytes: int = Field(
+        description="torch.cuda.max_memory_reserved(): allocated + cached free segments [B].",
+        examples=[26_000_000_000],
+    )
+    context_bytes: int = Field(
+        description="CUDA context and libraries outside the allocator [B].", examples=[536870912]
+    )
+    device_total_bytes: int = Field(
+        description="reserved + context: the device memory the process holds; equals "
+        "peak_bytes [B].",
+        examples=[26_500_000_000],
+    )
+    first_iteration_allocated_bytes: int | None = Field(
+        default=None,
+        description="Training: allocated in the first step (optimizer state created in step()) "
+        "[B].",
+        examples=[None],
+    )
+    first_iteration_reserved_bytes: int | None = Field(
+        default=None, description="Training: reserved in the first step [B].", examples=[None]
+    )
+    expandable_segments: bool = Field(
+        description="Whether the replay used expandable segments.", examples=[False]
+    )
+
+
 class FitSummary(Schema):
     """Whether the workload fits the hardware profile's memory (the same requirement and verdict
     as the MIG fit, admission and recommendations)."""
@@ -354,6 +395,9 @@ class MemoryEstimateResponse(Schema):
     )
     defaults_used: list[DefaultUsedRow] = Field(
         description="Every option the request left out and the value the default table gave."
+    )
+    cuda: CudaMemoryRead | None = Field(
+        default=None, description="Runtime pytorch_cuda: what PyTorch's counters would report."
     )
     fit: FitSummary | None = Field(default=None, description="Fit against `hardware`.")
     layers: list[LayerRow] | None = Field(

@@ -42,6 +42,7 @@ from app.domain.workload import (
 )
 from app.schemas.estimates import (
     BreakdownLine,
+    CudaMemoryRead,
     DefaultUsedRow,
     FitSummary,
     KeptTensorRow,
@@ -435,6 +436,9 @@ def _response(
         assumptions=list(result.assumptions),
         attention=run.attention,
         defaults_used=run.defaults_used(),
+        cuda=None
+        if result.cuda is None
+        else CudaMemoryRead.model_validate(result.cuda, from_attributes=True),
         fit=fit,
         layers=layers,
     )

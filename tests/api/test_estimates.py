@@ -101,6 +101,36 @@ def test_overrides_replace_framework_overhead(client: ApiClient) -> None:
     assert lines["workspace"] == 0
 
 
+def test_cuda_figures_follow_pytorchs_counters(client: ApiClient) -> None:
+    """allocated (max_memory_allocated) + cached segments = reserved; + context = the peak."""
+    body = _estimate(client, model="gpt-2", mode="training", batch_size=4, sequence_length=512)
+    cuda = body["cuda"]
+    lines = {line["key"]: line["bytes"] for line in body["breakdown"]}
+    assert cuda["reserved_bytes"] == cuda["allocated_bytes"] + lines["fragmentation_reserve"]
+    assert cuda["device_total_bytes"] == cuda["reserved_bytes"] + lines["cuda_context"]
+    assert cuda["device_total_bytes"] == body["peak_bytes"]
+    assert cuda["context_bytes"] == lines["cuda_context"]
+    assert cuda["expandable_segments"] is False
+    assert cuda["first_iteration_allocated_bytes"] > 0
+    assert "max_memory_reserved" in next(
+        line["formula"] for line in body["breakdown"] if line["key"] == "fragmentation_reserve"
+    )
+    grown = _estimate(
+        client, model="gpt-2", mode="training", batch_size=4, sequence_length=512,
+        framework_overhead={"expandable_segments": True},
+    )  # fmt: skip
+    assert grown["cuda"]["expandable_segments"] is True
+    assert grown["cuda"]["allocated_bytes"] <= cuda["allocated_bytes"]
+    fixed = _estimate(
+        client, model="gpt-2", mode="training", batch_size=4, sequence_length=512,
+        framework_overhead={"fragmentation_fraction": 0.1},
+    )  # fmt: skip
+    reserve = next(x for x in fixed["breakdown"] if x["key"] == "fragmentation_reserve")
+    assert "x 0.1 [fragmentation_fraction]" in reserve["formula"]
+    cpu = _estimate(client, model="gpt-2", mode="inference", batch_size=1, runtime="pytorch_cpu")
+    assert "cuda" not in cpu  # no CUDA figures on the CPU runtime
+
+
 def test_per_layer_view(client: ApiClient) -> None:
     body = _estimate(
         client, model="vgg-16", mode="training", batch_size=2, precision="fp32", per_layer=True

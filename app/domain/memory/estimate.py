@@ -34,6 +34,7 @@ from app.domain.graph.analysis import GraphAnalysis, InputDecl, LayerAnalysis, a
 from app.domain.graph.ops import Storage, TensorKind
 from app.domain.graph.traits import CONV_OPS, INTERNAL_TENSOR_OPS, QUANTIZABLE_OPS
 from app.domain.hardware import FrameworkOverhead
+from app.domain.memory.cuda_allocator import AllocatorPeaks, Event, replay_steady
 from app.domain.precision import (
     CONVENTIONS,
     DType,
@@ -195,6 +196,24 @@ class MemoryEstimate:
     seed_rule_bytes: int | None
     layers: tuple[LayerMemory, ...]
     assumptions: tuple[str, ...]
+    cuda: CudaMemory | None = None  # runtime pytorch_cuda: the allocator's figures
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CudaMemory:
+    """What PyTorch reports on a CUDA device for the step [B]: ``allocated`` is
+    ``torch.cuda.max_memory_allocated()`` (the tensors, rounded by the caching allocator, and
+    the cuBLAS workspace it allocates), ``reserved`` is ``torch.cuda.max_memory_reserved()``
+    (allocated + cached free segments), and ``device_total`` adds the CUDA context: the device
+    memory the process holds, which decides an out-of-memory error on a GPU or MIG slice."""
+
+    allocated_bytes: int
+    reserved_bytes: int
+    context_bytes: int
+    device_total_bytes: int
+    first_iteration_allocated_bytes: int | None  # training: the step that creates the state
+    first_iteration_reserved_bytes: int | None
+    expandable_segments: bool
 
 
 @dataclass(slots=True)
@@ -773,6 +792,25 @@ class _Estimation:
     labels_rows: int = 0
     loss: str = ""  # the loss line's expression
     step_transient: str = ""  # the optimizer step's temporaries' expression
+    step: _StepTensors | None = None  # training: the step's tensors, for the allocator replay
+    allocator: tuple[AllocatorPeaks, AllocatorPeaks] | None = None  # first, steady iteration
+    kv_bytes: int = 0  # inference: the KV cache
+
+
+@dataclass(frozen=True, slots=True)
+class _StepTensors:
+    """Sizes of a training step's own tensors, as the allocator replay allocates them."""
+
+    grad_element: Fraction  # bytes per gradient element
+    grad_shard: int
+    state_total: int  # optimizer state [B] (all shards' divisor applied)
+    master_total: int
+    cache_total: int  # autocast weight copies
+    labels_bytes: int
+    loss_bytes: int
+    temporaries_total: int  # the optimizer step's temporaries [B]
+    temporaries_largest: bool  # for-loop step: two temporaries of the largest parameter
+    accumulate: bool  # gradients held across micro-batches (never freed in the step)
 
 
 def _training_moments(e: _Estimation) -> tuple[list[_Moment], list[_Moment]]:
@@ -801,6 +839,18 @@ def _training_moments(e: _Estimation) -> tuple[list[_Moment], list[_Moment]]:
     temporaries_full, temp_note = _step_temporaries(shapes, params, request, plan)
     shard_words = _shard_words(par)
     temporaries = _ceil(Fraction(temporaries_full, state_shard))
+    e.step = _StepTensors(
+        grad_element=grad_element,
+        grad_shard=grad_shard,
+        state_total=state_bytes,
+        master_total=master,
+        cache_total=params * plan.weight_cache // model_shard if plan.weight_cache else 0,
+        labels_bytes=labels_bytes,
+        loss_bytes=_loss_bytes(analysis, sizer),
+        temporaries_total=_ceil(Fraction(temporaries_full, state_shard)),
+        temporaries_largest="for-loop" in temp_note,
+        accumulate=request.accumulation_steps > 1,
+    )
     e.step_transient = (
         f"ceil({temporaries_full:,} [B: {temp_note}] / {state_shard} [{shard_words(1)}])"
     )
@@ -900,6 +950,7 @@ def _inference_moments(e: _Estimation) -> list[_Moment]:
         kv = _ceil(Fraction(kv_numel * kv_bytes, par.tensor))
         if kv:
             static["kv_cache"] = kv
+            e.kv_bytes = kv
             formulas["kv_cache"] = (
                 f"ceil({kv_numel:,} [elements: 2 x layers x kv_heads x head_dim x seq x batch] "
                 f"x {kv_bytes} [B] / {par.tensor} [tensor]) = {kv:,} B"
@@ -924,33 +975,204 @@ def _shard_words(par: Parallelism) -> Callable[[int], str]:
     return words
 
 
+def _param_tensor_bytes(
+    analysis: GraphAnalysis, element: Fraction, divisor: int
+) -> list[list[int]]:
+    """Per layer, the bytes of each of its parameter tensors at ``element`` B per element."""
+    num, den = element.numerator, element.denominator * divisor
+    return [
+        [-(-math.prod(shape) * num // den) for shape in layer.result.param_shapes]
+        for layer in analysis.layers
+    ]
+
+
+def _spread(total: int, sizes: Sequence[int]) -> list[int]:
+    """``total`` bytes split over tensors in proportion to ``sizes`` (state per parameter)."""
+    whole = sum(sizes)
+    return [total * size // whole for size in sizes] if whole and total else []
+
+
+def _allocator_events(e: _Estimation, overhead: FrameworkOverhead) -> tuple[list[Event], int]:
+    """The step as the caching allocator sees it, tensor by tensor, and where steady state
+    starts (the event index of the second iteration; 0 at inference).
+
+    Persistent first (weights, buffers, master weights, KV cache, inputs and labels, the
+    cuBLAS workspace), then per layer in forward: its output and the tensors it creates to keep,
+    its forward transient (allocated and freed), and the values whose last reader it is. Training
+    adds the loss, the backward (per layer, last first: the gradient of its inputs, its kernel
+    buffers, its parameters' gradients; then the gradient of its output and the tensors only it
+    kept are freed), the optimizer step's temporaries, and ``zero_grad(set_to_none=True)``
+    freeing the gradients before the next iteration. Two iterations: the first creates the
+    optimizer state lazily inside ``step()``, as PyTorch's optimizers do.
+    """
+    analysis, plan, request = e.analysis, e.storage_plan, e.request
+    layers = analysis.layers
+    events: list[Event] = []
+    alloc = events.append
+    model_shard = request.parallelism.tensor * request.parallelism.pipeline
+    weights = _param_tensor_bytes(analysis, e.plan.weight, model_shard)
+    for index, sizes in enumerate(weights):
+        for slot, size in enumerate(sizes):
+            alloc(("alloc", ("w", index, slot), size))
+        if layers[index].result.buffers_bytes:
+            alloc(("alloc", ("buf", index), layers[index].result.buffers_bytes))
+    flat = [size for sizes in weights for size in sizes]
+    step = e.step
+    if step is not None and step.master_total:
+        for slot, size in enumerate(_spread(step.master_total, flat)):
+            alloc(("alloc", ("master", slot), size))
+    kv_layers = sum(1 for layer in layers if layer.result.kv_cache_numel)
+    for slot, size in enumerate(_spread(e.kv_bytes, [1] * (2 * kv_layers))):  # K and V
+        alloc(("alloc", ("kv", slot), size))
+    for bound in analysis.inputs:
+        alloc(("alloc", ("s", bound.storage), plan.sizes[bound.storage]))
+    if step is not None and step.labels_bytes:
+        alloc(("alloc", "labels", step.labels_bytes))
+    if overhead.workspace_bytes:
+        alloc(("alloc", "workspace", overhead.workspace_bytes))
+    freed_after: dict[int, list[int]] = {}
+    for storage, index in plan.last_use.items():
+        if storage not in plan.first_saver and storage not in plan.pinned:
+            freed_after.setdefault(index, []).append(storage)
+    kept_after: dict[int, list[int]] = {}
+    for storage, index in plan.first_saver.items():
+        if storage not in plan.pinned:
+            kept_after.setdefault(index, []).append(storage)
+    training = step is not None
+    cache = (
+        _param_tensor_bytes(analysis, Fraction(e.plan.weight_cache), model_shard)
+        if step is not None and step.cache_total
+        else [[] for _ in layers]
+    )
+    inputs = {bound.storage for bound in analysis.inputs}
+    iterations = 2 if training else 1
+    steady_from = 0
+    for iteration in range(iterations):
+        if iteration == 1:
+            steady_from = len(events)
+        live: set[int] = set()
+        for index, layer in enumerate(layers):
+            op = plan.op_sizes[index]
+            for slot, size in enumerate(cache[index]):  # autocast's 16-bit weight copies
+                alloc(("alloc", ("cache", index, slot), size))
+            if plan.out_alloc[index]:
+                alloc(("alloc", ("s", layer.output_storage), plan.out_alloc[index]))
+                live.add(layer.output_storage)
+            if training:
+                for slot, size in op.new_kept:
+                    alloc(("alloc", ("n", index, slot), size))
+            if op.forward_transient:
+                alloc(("alloc", ("t", index), op.forward_transient))
+                alloc(("free", ("t", index), 0))
+            for storage in freed_after.get(index, ()):
+                if storage in live and storage not in inputs:
+                    live.discard(storage)
+                    alloc(("free", ("s", storage), 0))
+        if step is None:
+            break
+        if step.loss_bytes:
+            alloc(("alloc", "loss", step.loss_bytes))
+        for index, sizes in enumerate(cache):  # autocast's cache ends with the forward
+            for slot in range(len(sizes)):
+                alloc(("free", ("cache", index, slot), 0))
+        grads = _param_tensor_bytes(analysis, step.grad_element, step.grad_shard)
+        out_grad = plan.sizes.get(analysis.output_storage, 0)
+        alloc(("alloc", ("gin", len(layers)), out_grad))
+        recomputing: str | None = None
+        for index in reversed(range(len(layers))):
+            layer, op = layers[index], plan.op_sizes[index]
+            unit = _checkpoint_unit(layer.name) if e.recompute else None
+            if unit != recomputing:
+                if recomputing is not None:
+                    alloc(("free", ("re", recomputing), 0))
+                if unit is not None and e.recompute.get(unit):
+                    alloc(("alloc", ("re", unit), e.recompute[unit]))
+                recomputing = unit if unit is not None and e.recompute.get(unit) else None
+            alloc(("alloc", ("gin", index), plan.grad_in[index]))
+            buffers = 2 * op.backward_internal + op.backward_extra
+            if buffers:
+                alloc(("alloc", ("bt", index), buffers))
+                alloc(("free", ("bt", index), 0))
+            if iteration == 0 or not step.accumulate:
+                for slot, size in enumerate(grads[index]):
+                    alloc(("alloc", ("g", index, slot), size))
+            alloc(("free", ("gin", index + 1), 0))
+            for storage in kept_after.get(index, ()):
+                if storage in live:
+                    live.discard(storage)
+                    alloc(("free", ("s", storage), 0))
+            for slot, _ in op.new_kept:
+                alloc(("free", ("n", index, slot), 0))
+        if recomputing is not None:
+            alloc(("free", ("re", recomputing), 0))
+        alloc(("free", ("gin", 0), 0))
+        if step.loss_bytes:
+            alloc(("free", "loss", 0))
+        if iteration == 0 and step.state_total:  # lazy state: created by the first step()
+            for slot, size in enumerate(_spread(step.state_total, flat)):
+                alloc(("alloc", ("state", slot), size))
+        if step.temporaries_total:
+            if step.temporaries_largest:
+                temporaries = [step.temporaries_total // 2] * 2
+            else:
+                temporaries = _spread(step.temporaries_total, flat)
+            for slot, size in enumerate(temporaries):
+                alloc(("alloc", ("tmp", slot), size))
+            for slot in range(len(temporaries)):
+                alloc(("free", ("tmp", slot), 0))
+        for storage in sorted(live - inputs):  # the caller drops the output
+            alloc(("free", ("s", storage), 0))
+        if iteration == 0 and not step.accumulate:  # zero_grad(set_to_none=True)
+            for index, sizes in enumerate(grads):
+                for slot in range(len(sizes)):
+                    alloc(("free", ("g", index, slot), 0))
+    return events, steady_from
+
+
 def _cuda_lines(e: _Estimation, parts: dict[str, int]) -> None:
-    """CUDA runtime: allocator rounding, fragmentation reserve, workspace and context."""
-    request, storage_plan, formulas = e.request, e.storage_plan, e.formulas
+    """CUDA runtime: allocator rounding and cached segments (from a replay of PyTorch's caching
+    allocator over the step's tensors), the cuBLAS workspace and the CUDA context."""
+    request, formulas = e.request, e.formulas
     overhead = request.overhead
+    workspace = overhead.workspace_bytes
     if overhead.round_allocations:
-        tensors = _rounding_waste(_storage_sizes(storage_plan))
-        weights = sum(op.param_waste for op in storage_plan.op_sizes)
-        parts["allocator_rounding"] = tensors + weights
-        rounding = (
-            f"{tensors:,} [B: activation, kept and input tensors] + {weights:,} [B: parameter "
-            "tensors] [caching allocator: sizes rounded up to 512 B, to 2 MiB blocks over 1 MiB]"
+        events, steady_from = _allocator_events(e, overhead)
+        e.allocator = replay_steady(events, steady_from, expandable=overhead.expandable_segments)
+        steady = e.allocator[1]
+        rounding = max(0, steady.allocated_bytes - steady.requested_bytes)
+        parts["allocator_rounding"] = rounding
+        formulas["allocator_rounding"] = (
+            f"{steady.allocated_bytes:,} [B: peak allocated, max_memory_allocated] - "
+            f"{steady.requested_bytes:,} [B: peak requested] = {rounding:,} B"
         )
     else:
         parts["allocator_rounding"] = 0
-        rounding = "0 [B: allocator rounding not modelled (round_allocations=false)]"
+        formulas["allocator_rounding"] = (
+            "0 [B: allocator not replayed (round_allocations=false)] = 0 B"
+        )
     allocated = sum(parts.values())
-    parts["fragmentation_reserve"] = int(allocated * overhead.fragmentation_fraction)
-    parts["workspace"] = overhead.workspace_bytes
+    if overhead.fragmentation_fraction is not None or not overhead.round_allocations:
+        fraction = overhead.fragmentation_fraction or 0.0
+        parts["fragmentation_reserve"] = int(allocated * fraction)
+        formulas["fragmentation_reserve"] = (
+            f"floor({allocated:,} [B allocated] x {fraction!r} [fragmentation_fraction]) = "
+            f"{parts['fragmentation_reserve']:,} B"
+        )
+    else:
+        assert e.allocator is not None  # replayed above (round_allocations)
+        steady = e.allocator[1]
+        cached = max(0, steady.reserved_bytes - steady.allocated_bytes)
+        parts["fragmentation_reserve"] = cached
+        formulas["fragmentation_reserve"] = (
+            f"{steady.reserved_bytes:,} [B: peak reserved, max_memory_reserved] - "
+            f"{steady.allocated_bytes:,} [B: peak allocated] = {cached:,} B"
+        )
+    parts["workspace"] = workspace
     parts["cuda_context"] = overhead.cuda_context_bytes
     formulas.update(
-        allocator_rounding=f"{rounding} = {parts['allocator_rounding']:,} B",
-        fragmentation_reserve=f"floor({allocated:,} [B allocated] x "
-        f"{overhead.fragmentation_fraction!r}) = {parts['fragmentation_reserve']:,} B",
-        workspace=f"{overhead.workspace_bytes:,} [B: cuBLAS/cuDNN workspace per process] = "
-        f"{overhead.workspace_bytes:,} B",
-        cuda_context=f"{overhead.cuda_context_bytes:,} [B: CUDA context, PyTorch with lazy "
-        f"module loading] = {overhead.cuda_context_bytes:,} B",
+        workspace=f"{workspace:,} [B: {overhead.workspace_source}] = {workspace:,} B",
+        cuda_context=f"{overhead.cuda_context_bytes:,} [B: {overhead.context_source}] = "
+        f"{overhead.cuda_context_bytes:,} B",
     )
 
 
@@ -1311,6 +1533,7 @@ def estimate_memory(
     for moment in steady_moments:
         phase_peaks[moment.phase] = max(phase_peaks.get(moment.phase, 0), moment.total)
     extra = sum(parts.values()) - peak.total
+    cuda = _cuda_memory(e, parts, first_peak.total if first_peak else None)
     return MemoryEstimate(
         mode=request.mode,
         runtime=request.runtime,
@@ -1327,6 +1550,38 @@ def estimate_memory(
         ),
         layers=layers_view,
         assumptions=tuple(assumptions),
+        cuda=cuda,
+    )
+
+
+def _cuda_memory(
+    e: _Estimation, parts: Mapping[str, int], first_total: int | None
+) -> CudaMemory | None:
+    """The CUDA figures of an estimate from its lines (and the first iteration's replay)."""
+    if e.request.runtime is not Runtime.CUDA:
+        return None
+    context = parts["cuda_context"]
+    cached = parts["fragmentation_reserve"]
+    allocated = sum(parts.values()) - context - cached
+    first_allocated = first_reserved = None
+    if first_total is not None:
+        rounding = cache = 0
+        if e.allocator is not None:
+            first = e.allocator[0]
+            rounding = max(0, first.allocated_bytes - first.requested_bytes)
+            cache = max(0, first.reserved_bytes - first.allocated_bytes)
+        elif cached:
+            cache = cached
+        first_allocated = first_total + rounding + parts["workspace"]
+        first_reserved = first_allocated + cache
+    return CudaMemory(
+        allocated_bytes=allocated,
+        reserved_bytes=allocated + cached,
+        context_bytes=context,
+        device_total_bytes=allocated + cached + context,
+        first_iteration_allocated_bytes=first_allocated,
+        first_iteration_reserved_bytes=first_reserved,
+        expandable_segments=e.request.overhead.expandable_segments,
     )
 
 
