@@ -61,19 +61,54 @@ def require_range(
         raise error(f"{name} must be a finite number in [{low:g}, {high:g}]{unit}, got {value!r}")
 
 
+# cuBLAS workspace PyTorch allocates per (cuBLAS handle, stream), through the caching allocator
+# (so it counts in memory_allocated) and keeps: aten/src/ATen/cuda/CublasHandlePool.cpp,
+# ``getChosenWorkspaceSize()``: CUBLAS_WORKSPACE_CONFIG unset -> ":4096:2:16:8" (2 x 4096 KiB +
+# 8 x 16 KiB) except 32 MiB (":4096:8") on Hopper (sm90, PRs #89027/#91564) and Blackwell
+# (sm100/sm120, PR #175344, 2026). cuBLASLt shares it (TORCH_CUBLASLT_UNIFIED_WORKSPACE default
+# since PR #173002, 2026; before: a separate 1 MiB).
+CUBLAS_WORKSPACE_BYTES = 2 * 4096 * 1024 + 8 * 16 * 1024  # 8,519,680 B
+CUBLAS_WORKSPACE_32MIB_BYTES = 4096 * 8 * 1024  # 33,554,432 B
+_CUBLAS_SOURCE = "aten/src/ATen/cuda/CublasHandlePool.cpp, PyTorch 2.13"
+CUDA_CONTEXT_SOURCE = (
+    "CUDA context and kernels outside the caching allocator: documented default, not measured "
+    "(PyTorch loads modules lazily, CUDA_MODULE_LOADING=LAZY, since 1.13; PR #86509 measured "
+    "274 MiB lazy vs 636 MiB eager on one GPU; per-GPU figures come from "
+    "benchmarks/fidelity/cuda)"
+)
+
+
+def cublas_workspace(architecture: str | None) -> tuple[int, str]:
+    """The cuBLAS workspace per (handle, stream) PyTorch allocates on a GPU architecture [B],
+    and where the figure comes from."""
+    name = (architecture or "").lower()
+    if name.startswith(("hopper", "blackwell")):
+        return CUBLAS_WORKSPACE_32MIB_BYTES, (
+            f"cuBLAS workspace per handle and stream, 32 MiB on Hopper/Blackwell ({_CUBLAS_SOURCE})"
+        )
+    if architecture is None:
+        return CUBLAS_WORKSPACE_32MIB_BYTES, (
+            "cuBLAS workspace per handle and stream, no GPU named: Hopper's 32 MiB, the larger "
+            f"default ({_CUBLAS_SOURCE})"
+        )
+    return CUBLAS_WORKSPACE_BYTES, (
+        f"cuBLAS workspace per handle and stream, :4096:2:16:8 before Hopper ({_CUBLAS_SOURCE})"
+    )
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FrameworkOverhead:
     """Per-process overheads of the runtime (CUDA only), each reported as its own line."""
 
     cuda_context_bytes: int = 512 * MIB
-    workspace_bytes: int = 32 * MIB
+    workspace_bytes: int = CUBLAS_WORKSPACE_32MIB_BYTES  # per (cuBLAS handle, stream)
     # None: the cached-but-free segments come from replaying the caching allocator; a number:
     # a fixed reserve of that fraction of the allocated bytes instead.
     fragmentation_fraction: float | None = None
     round_allocations: bool = True  # replay the caching allocator (False: no rounding, no cache)
     expandable_segments: bool = False  # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
-    workspace_source: str = "cuBLAS workspace per process and stream (documented default)"
-    context_source: str = "CUDA context, PyTorch with lazy module loading (documented default)"
+    workspace_source: str = cublas_workspace(None)[1]
+    context_source: str = CUDA_CONTEXT_SOURCE
 
     def __post_init__(self) -> None:
         for name in ("cuda_context_bytes", "workspace_bytes"):

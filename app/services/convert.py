@@ -16,6 +16,7 @@ from app.domain.hardware import (
     DeviceKind,
     FrameworkOverhead,
     HardwareSpec,
+    cublas_workspace,
     pcie_bandwidth_bytes_per_s,
 )
 from app.domain.mig.layout import (
@@ -174,12 +175,26 @@ def bind_dims(
 def hardware_overhead(
     hardware: Hardware | None, override: OverheadSpec | None = None
 ) -> FrameworkOverhead:
-    """The framework overhead defaults of a hardware profile, with request overrides."""
+    """The framework overhead defaults of a hardware profile (the cuBLAS workspace of its
+    architecture), with the profile's own figures and then the request's overrides."""
     values: dict[str, Any] = {}
+    if hardware is not None:
+        values["workspace_bytes"], values["workspace_source"] = cublas_workspace(
+            hardware.architecture
+        )
     if hardware is not None and hardware.framework_overhead:
         values.update(hardware.framework_overhead)
+        if "workspace_bytes" in hardware.framework_overhead:
+            values["workspace_source"] = f"workspace per handle and stream from {hardware.slug}"
+        if "cuda_context_bytes" in hardware.framework_overhead:
+            values["context_source"] = f"CUDA context from the hardware profile {hardware.slug}"
     if override is not None:
-        values.update(override.model_dump(exclude_none=True))
+        given = override.model_dump(exclude_none=True)
+        values.update(given)
+        if "workspace_bytes" in given:
+            values["workspace_source"] = "workspace per handle and stream, as the request set it"
+        if "cuda_context_bytes" in given:
+            values["context_source"] = "CUDA context, as the request set it"
     return FrameworkOverhead(**values)
 
 
