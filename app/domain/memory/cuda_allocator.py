@@ -32,7 +32,8 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from itertools import islice
 
 from app.domain.units import MIB
 
@@ -75,14 +76,6 @@ def should_split(block_bytes: int, size_bytes: int, *, small: bool, expandable: 
     return remaining > SMALL_REQUEST_BYTES
 
 
-@dataclass(slots=True)
-class _Pool:
-    small: bool
-    free: list[tuple[int, int]] = field(default_factory=list)  # sorted (size, address)
-    tail: int = 0  # expandable: the segment's used end (its address range starts at 0)
-    mapped: int = 0  # expandable: bytes mapped
-
-
 @dataclass(frozen=True, slots=True)
 class AllocatorPeaks:
     """What ``torch.cuda.memory_stats`` would report over the replayed sequence [B]."""
@@ -93,137 +86,159 @@ class AllocatorPeaks:
     segments: int  # segments cudaMalloc-ed (expandable: pages mapped)
 
 
+_SHIFT = 64  # a free block is kept as one int, ``size << _SHIFT | address``: sorting those
+_ADDRESS = (1 << _SHIFT) - 1  # orders by size, then address (best fit, lowest address first)
+_LARGE_BASE = 1 << 62  # expandable: the large pool's segment starts here, the small one's at 0
+
+
+# An allocated block: (address, block size, bytes requested).
+Handle = tuple[int, int, int]
+
+
 class CachingAllocator:
     """A replay of the caching allocator's block bookkeeping for one device and stream.
 
     ``malloc(size)`` returns a handle for ``free(handle)``; the peaks are read from
     :meth:`peaks`. ``expandable`` replays ``expandable_segments:True``.
+
+    Layout, for speed: per pool a sorted list of its free blocks packed as ints (best fit is one
+    ``bisect``); the free blocks of both pools by address and by end address (for merging with
+    a freed block's neighbours); an allocated block is known only by its handle. Segments are
+    laid out with a 512 B gap between them (and the two expandable segments far apart), so
+    blocks that touch always belong to the same segment: a freed block merges with any free
+    block that ends where it starts or starts where it ends.
     """
 
     def __init__(self, *, expandable: bool = False) -> None:
         self.expandable = expandable
-        self._pools = (_Pool(small=True), _Pool(small=False))
-        # address -> [size, allocated?, segment]; segment -> (start, end)
-        self._blocks: dict[int, list[int]] = {}
-        self._ends: dict[int, int] = {}  # end address -> block address (for merging backward)
-        self._segment_bounds: list[tuple[int, int]] = []
+        self._small_free: list[int] = []  # sorted size << _SHIFT | address
+        self._large_free: list[int] = []
+        self._free_at: dict[int, int] = {}  # address -> size of a free block
+        self._free_end: dict[int, int] = {}  # end address -> address of a free block
         self._next_base = 0
-        self._handles: dict[int, tuple[int, int, int]] = {}  # handle -> (address, requested, pool)
-        self._next_handle = 0
+        self._tail = [0, 0]  # expandable, per pool (small, large): the segment's used end
+        self._mapped = [0, 0]  # expandable, per pool: bytes mapped
         self.requested = self.allocated = self.reserved = 0
         self.peak_requested = self.peak_allocated = self.peak_reserved = 0
         self.segments = 0
 
     # -- bookkeeping ------------------------------------------------------------------------
 
-    def _insert_free(self, pool: _Pool, address: int, size: int) -> None:
-        insort(pool.free, (size, address))
-
-    def _remove_free(self, pool: _Pool, address: int, size: int) -> None:
-        index = bisect_left(pool.free, (size, address))
-        del pool.free[index]
-
-    def _put(self, address: int, size: int, allocated: bool, segment: int) -> None:
-        self._blocks[address] = [size, int(allocated), segment]
-        self._ends[address + size] = address
-
-    def _drop(self, address: int) -> list[int]:
-        block = self._blocks.pop(address)
-        del self._ends[address + block[0]]
-        return block
-
-    def _new_segment(self, pool: _Pool, size: int) -> int:
-        """A fresh segment holding one free block; returns its address."""
+    def _new_segment(self, size: int, small: bool) -> tuple[int, int, int]:
+        """A fresh segment for a request that no cached block fits: the (address, bytes) of its
+        free block, and the bytes newly reserved."""
         if self.expandable:
-            return self._grow(pool, size)
+            return self._grow(size, small)
         segment_bytes = allocation_size(size)
         address = self._next_base
         self._next_base += segment_bytes + MIN_BLOCK_BYTES  # never adjacent to the next one
-        segment = len(self._segment_bounds)
-        self._segment_bounds.append((address, address + segment_bytes))
-        self._put(address, segment_bytes, False, segment)
-        self._insert_free(pool, address, segment_bytes)
-        self.reserved += segment_bytes
         self.segments += 1
-        return address
+        return address, segment_bytes, segment_bytes
 
-    def _grow(self, pool: _Pool, size: int) -> int:
-        """Expandable segments: map pages at the pool's end until a free block there fits."""
-        page = SMALL_SEGMENT_BYTES if pool.small else LARGE_SEGMENT_BYTES
-        segment = 0 if pool.small else 1
-        base = 0 if pool.small else 1 << 62  # two disjoint address ranges
-        start = pool.tail
-        tail_address = self._ends.get(base + start)
-        if tail_address is not None and not self._blocks[tail_address][1]:
-            start = tail_address - base  # the free block at the end grows
-        need = start + size
-        if need > pool.mapped:
-            pages = -(-(need - pool.mapped) // page)
-            pool.mapped += pages * page
-            self.reserved += pages * page
-            self.segments += pages
-        if start != pool.tail:
-            old = self._drop(base + start)
-            self._remove_free(pool, base + start, old[0])
-        self._put(base + start, pool.mapped - start, False, segment)
-        self._insert_free(pool, base + start, pool.mapped - start)
-        pool.tail = pool.mapped
-        return base + start
+    def _grow(self, size: int, small: bool) -> tuple[int, int, int]:
+        """Expandable segments: map pages at the pool's end until a free block there fits;
+        that block's (address, bytes), taken out of the free blocks, and the bytes mapped."""
+        pool = 0 if small else 1
+        page = SMALL_SEGMENT_BYTES if small else LARGE_SEGMENT_BYTES
+        base = 0 if small else _LARGE_BASE
+        start = base + self._tail[pool]
+        tail_block = self._free_end.pop(start, None)
+        if tail_block is not None:  # the free block at the end grows
+            free = self._small_free if small else self._large_free
+            del free[bisect_left(free, self._free_at.pop(tail_block) << _SHIFT | tail_block)]
+            start = tail_block
+        need = start - base + size
+        mapped = self._mapped[pool]
+        pages = -(-(need - mapped) // page) if need > mapped else 0
+        mapped += pages * page
+        self._mapped[pool] = self._tail[pool] = mapped
+        self.segments += pages
+        return start, base + mapped - start, pages * page
 
     # -- the allocator's calls --------------------------------------------------------------
 
-    def malloc(self, size_bytes: int) -> int:
-        """Allocate ``size_bytes``; return a handle for :meth:`free`."""
-        size = round_size(size_bytes)
-        pool = self._pools[0 if is_small(size) else 1]
-        index = bisect_left(pool.free, (size, -1))
-        if index < len(pool.free):
-            block_bytes, address = pool.free[index]
-            del pool.free[index]
-        else:
-            address = self._new_segment(pool, size)
-            block_bytes = self._blocks[address][0]
-            self._remove_free(pool, address, block_bytes)
-        segment = self._blocks[address][2]
-        if should_split(block_bytes, size, small=pool.small, expandable=self.expandable):
-            self._drop(address)
-            self._put(address, size, True, segment)
-            self._put(address + size, block_bytes - size, False, segment)
-            self._insert_free(pool, address + size, block_bytes - size)
-        else:
-            self._blocks[address][1] = 1
-            size = block_bytes
-        handle = self._next_handle
-        self._next_handle += 1
-        self._handles[handle] = (address, size_bytes, 0 if pool.small else 1)
-        self.requested += size_bytes
-        self.allocated += size
-        self.peak_requested = max(self.peak_requested, self.requested)
-        self.peak_allocated = max(self.peak_allocated, self.allocated)
-        self.peak_reserved = max(self.peak_reserved, self.reserved)
-        return handle
+    def run(self, events: Iterable[Event], handles: dict[object, Handle]) -> None:
+        """Replay ``events``: ``handles`` maps the key of each live allocation to its handle.
 
-    def free(self, handle: int) -> None:
+        :meth:`malloc` and :meth:`free` in one loop, with the state in local variables (the
+        replay of a training step runs tens of thousands of events)."""
+        small_free, large_free = self._small_free, self._large_free
+        free_at, free_end = self._free_at, self._free_end
+        new_segment = self._new_segment
+        requested, allocated, reserved = self.requested, self.allocated, self.reserved
+        peak_requested, peak_allocated = self.peak_requested, self.peak_allocated
+        peak_reserved = self.peak_reserved
+        # should_split, as ``rest > threshold`` (sizes are multiples of 512 B)
+        small_threshold = MIN_BLOCK_BYTES - 1
+        large_threshold = small_threshold if self.expandable else SMALL_REQUEST_BYTES
+        for kind, key, size_bytes in events:
+            if kind == "alloc":
+                # round_size, is_small
+                size = (
+                    MIN_BLOCK_BYTES
+                    if size_bytes < MIN_BLOCK_BYTES
+                    else (size_bytes + MIN_BLOCK_BYTES - 1) & -MIN_BLOCK_BYTES
+                )
+                if size <= SMALL_REQUEST_BYTES:
+                    free, threshold = small_free, small_threshold
+                else:
+                    free, threshold = large_free, large_threshold
+                index = bisect_left(free, size << _SHIFT)  # get_free_block: best fit
+                if index < len(free):
+                    packed = free.pop(index)
+                    block, address = packed >> _SHIFT, packed & _ADDRESS
+                    del free_at[address]
+                    del free_end[address + block]
+                else:
+                    address, block, grown = new_segment(size, size <= SMALL_REQUEST_BYTES)
+                    reserved += grown
+                    if reserved > peak_reserved:
+                        peak_reserved = reserved
+                rest = block - size
+                if rest > threshold:  # split: the rest stays cached
+                    free_at[address + size] = rest
+                    free_end[address + block] = address + size
+                    insort(free, rest << _SHIFT | (address + size))
+                else:
+                    size = block
+                handles[key] = (address, size, size_bytes)
+                requested += size_bytes
+                if requested > peak_requested:
+                    peak_requested = requested
+                allocated += size
+                if allocated > peak_allocated:
+                    peak_allocated = allocated
+            else:  # free: merge with the free neighbours
+                address, size, size_bytes = handles.pop(key)
+                requested -= size_bytes
+                allocated -= size
+                # a block handed out is as large as its request, so its size names its pool
+                free = small_free if size <= SMALL_REQUEST_BYTES else large_free
+                end = address + size
+                after = free_at.pop(end, None)
+                if after is not None:  # its entry by end address is overwritten below
+                    del free[bisect_left(free, after << _SHIFT | end)]
+                    end += after
+                before = free_end.pop(address, None)
+                if before is not None:
+                    del free[bisect_left(free, free_at.pop(before) << _SHIFT | before)]
+                    address = before
+                free_at[address] = end - address
+                free_end[end] = address
+                insort(free, (end - address) << _SHIFT | address)
+        self.requested, self.allocated, self.reserved = requested, allocated, reserved
+        self.peak_requested, self.peak_allocated = peak_requested, peak_allocated
+        self.peak_reserved = peak_reserved
+
+    def malloc(self, size_bytes: int) -> Handle:
+        """Allocate ``size_bytes``; return a handle for :meth:`free`."""
+        handles: dict[object, Handle] = {}
+        self.run((("alloc", None, size_bytes),), handles)
+        return handles[None]
+
+    def free(self, handle: Handle) -> None:
         """Return a block to its pool, merged with free neighbours of its segment."""
-        address, requested, pool_index = self._handles.pop(handle)
-        pool = self._pools[pool_index]
-        size, _, segment = self._drop(address)
-        self.requested -= requested
-        self.allocated -= size
-        after = self._blocks.get(address + size)
-        if after is not None and not after[1] and after[2] == segment:
-            self._remove_free(pool, address + size, after[0])
-            self._drop(address + size)
-            size += after[0]
-        before_address = self._ends.get(address)
-        if before_address is not None:
-            before = self._blocks[before_address]
-            if not before[1] and before[2] == segment:
-                self._remove_free(pool, before_address, before[0])
-                self._drop(before_address)
-                address, size = before_address, size + before[0]
-        self._put(address, size, False, segment)
-        self._insert_free(pool, address, size)
+        self.run((("free", None, 0),), {None: handle})
 
     def reset_peaks(self) -> None:
         """``torch.cuda.reset_peak_memory_stats()``: peaks restart from the current values."""
@@ -247,12 +262,7 @@ Event = tuple[str, object, int]
 def replay(events: Iterable[Event], *, expandable: bool = False) -> AllocatorPeaks:
     """The allocator's peaks over a sequence of allocations and frees named by keys."""
     allocator = CachingAllocator(expandable=expandable)
-    handles: dict[object, int] = {}
-    for kind, key, size in events:
-        if kind == "alloc":
-            handles[key] = allocator.malloc(size)
-        else:
-            allocator.free(handles.pop(key))
+    allocator.run(events, {})
     return allocator.peaks()
 
 
@@ -264,15 +274,13 @@ def replay_steady(
     steady iteration starts from what the first left allocated and reserved (cached segments
     stay reserved). ``steady_from`` 0: one pass, reported as both."""
     allocator = CachingAllocator(expandable=expandable)
-    handles: dict[object, int] = {}
-    first: AllocatorPeaks | None = None
-    for position, (kind, key, size) in enumerate(events):
-        if position == steady_from and steady_from:
-            first = allocator.peaks()
-            allocator.reset_peaks()
-        if kind == "alloc":
-            handles[key] = allocator.malloc(size)
-        else:
-            allocator.free(handles.pop(key))
-    steady = allocator.peaks()
-    return first or steady, steady
+    handles: dict[object, Handle] = {}
+    if not 0 < steady_from < len(events):
+        allocator.run(events, handles)
+        steady = allocator.peaks()
+        return steady, steady
+    allocator.run(islice(events, steady_from), handles)
+    first = allocator.peaks()
+    allocator.reset_peaks()
+    allocator.run(islice(events, steady_from, None), handles)
+    return first, allocator.peaks()

@@ -1004,32 +1004,36 @@ def _allocator_events(e: _Estimation, overhead: FrameworkOverhead) -> tuple[list
     kept are freed), the optimizer step's temporaries, and ``zero_grad(set_to_none=True)``
     freeing the gradients before the next iteration. Two iterations: the first creates the
     optimizer state lazily inside ``step()``, as PyTorch's optimizers do.
+
+    Keys are ints: a storage's is ``~storage`` (negative), any other tensor's the index of the
+    event that allocates it. The forward's events are the same in both iterations: built once.
     """
     analysis, plan, request = e.analysis, e.storage_plan, e.request
     layers = analysis.layers
     events: list[Event] = []
-    alloc = events.append
+    add = events.append
     model_shard = request.parallelism.tensor * request.parallelism.pipeline
     weights = _param_tensor_bytes(analysis, e.plan.weight, model_shard)
     for index, sizes in enumerate(weights):
-        for slot, size in enumerate(sizes):
-            alloc(("alloc", ("w", index, slot), size))
+        for size in sizes:
+            add(("alloc", len(events), size))
         if layers[index].result.buffers_bytes:
-            alloc(("alloc", ("buf", index), layers[index].result.buffers_bytes))
+            add(("alloc", len(events), layers[index].result.buffers_bytes))
     flat = [size for sizes in weights for size in sizes]
     step = e.step
     if step is not None and step.master_total:
-        for slot, size in enumerate(_spread(step.master_total, flat)):
-            alloc(("alloc", ("master", slot), size))
+        for size in _spread(step.master_total, flat):
+            add(("alloc", len(events), size))
     kv_layers = sum(1 for layer in layers if layer.result.kv_cache_numel)
-    for slot, size in enumerate(_spread(e.kv_bytes, [1] * (2 * kv_layers))):  # K and V
-        alloc(("alloc", ("kv", slot), size))
+    for size in _spread(e.kv_bytes, [1] * (2 * kv_layers)):  # K and V
+        add(("alloc", len(events), size))
+    inputs = {bound.storage for bound in analysis.inputs}
     for bound in analysis.inputs:
-        alloc(("alloc", ("s", bound.storage), plan.sizes[bound.storage]))
+        add(("alloc", ~bound.storage, plan.sizes[bound.storage]))
     if step is not None and step.labels_bytes:
-        alloc(("alloc", "labels", step.labels_bytes))
+        add(("alloc", len(events), step.labels_bytes))
     if overhead.workspace_bytes:
-        alloc(("alloc", "workspace", overhead.workspace_bytes))
+        add(("alloc", len(events), overhead.workspace_bytes))
     freed_after: dict[int, list[int]] = {}
     for storage, index in plan.last_use.items():
         if storage not in plan.first_saver and storage not in plan.pinned:
@@ -1044,88 +1048,109 @@ def _allocator_events(e: _Estimation, overhead: FrameworkOverhead) -> tuple[list
         if step is not None and step.cache_total
         else [[] for _ in layers]
     )
-    inputs = {bound.storage for bound in analysis.inputs}
-    iterations = 2 if training else 1
+    # the forward
+    forward_from = len(events)
+    cache_keys: list[int] = []  # autocast's 16-bit weight copies
+    new_keys: list[list[int]] = []  # per layer, the tensors it creates to keep
+    forward_live: set[int] = set()
+    for index, layer in enumerate(layers):
+        op = plan.op_sizes[index]
+        for size in cache[index]:
+            cache_keys.append(len(events))
+            add(("alloc", len(events), size))
+        if plan.out_alloc[index]:
+            add(("alloc", ~layer.output_storage, plan.out_alloc[index]))
+            forward_live.add(layer.output_storage)
+        kept: list[int] = []
+        if training:
+            for _, size in op.new_kept:
+                kept.append(len(events))
+                add(("alloc", len(events), size))
+        new_keys.append(kept)
+        if op.forward_transient:
+            key = len(events)
+            add(("alloc", key, op.forward_transient))
+            add(("free", key, 0))
+        for storage in freed_after.get(index, ()):
+            if storage in forward_live and storage not in inputs:
+                forward_live.discard(storage)
+                add(("free", ~storage, 0))
+    if step is None:
+        return events, 0
+    forward = events[forward_from:]
+    grads = _param_tensor_bytes(analysis, step.grad_element, step.grad_shard)
+    grad_keys: list[list[int]] = [[] for _ in layers]  # per layer, as zero_grad frees them
+    out_grad = plan.sizes.get(analysis.output_storage, 0)
+    units = [_checkpoint_unit(layer.name) if e.recompute else None for layer in layers]
+    temporaries: list[int] = []
+    if step.temporaries_total:
+        if step.temporaries_largest:
+            temporaries = [step.temporaries_total // 2] * 2
+        else:
+            temporaries = _spread(step.temporaries_total, flat)
     steady_from = 0
-    for iteration in range(iterations):
+    for iteration in range(2):
         if iteration == 1:
             steady_from = len(events)
-        live: set[int] = set()
-        for index, layer in enumerate(layers):
-            op = plan.op_sizes[index]
-            for slot, size in enumerate(cache[index]):  # autocast's 16-bit weight copies
-                alloc(("alloc", ("cache", index, slot), size))
-            if plan.out_alloc[index]:
-                alloc(("alloc", ("s", layer.output_storage), plan.out_alloc[index]))
-                live.add(layer.output_storage)
-            if training:
-                for slot, size in op.new_kept:
-                    alloc(("alloc", ("n", index, slot), size))
-            if op.forward_transient:
-                alloc(("alloc", ("t", index), op.forward_transient))
-                alloc(("free", ("t", index), 0))
-            for storage in freed_after.get(index, ()):
-                if storage in live and storage not in inputs:
-                    live.discard(storage)
-                    alloc(("free", ("s", storage), 0))
-        if step is None:
-            break
+            events.extend(forward)
+        live = set(forward_live)
         if step.loss_bytes:
-            alloc(("alloc", "loss", step.loss_bytes))
-        for index, sizes in enumerate(cache):  # autocast's cache ends with the forward
-            for slot in range(len(sizes)):
-                alloc(("free", ("cache", index, slot), 0))
-        grads = _param_tensor_bytes(analysis, step.grad_element, step.grad_shard)
-        out_grad = plan.sizes.get(analysis.output_storage, 0)
-        alloc(("alloc", ("gin", len(layers)), out_grad))
+            loss = len(events)
+            add(("alloc", loss, step.loss_bytes))
+        for key in cache_keys:  # autocast's cache ends with the forward
+            add(("free", key, 0))
+        grad_in = len(events)  # the gradient of the output of the layer after
+        add(("alloc", grad_in, out_grad))
         recomputing: str | None = None
+        recompute_key = 0
+        with_grads = iteration == 0 or not step.accumulate
         for index in reversed(range(len(layers))):
-            layer, op = layers[index], plan.op_sizes[index]
-            unit = _checkpoint_unit(layer.name) if e.recompute else None
+            op = plan.op_sizes[index]
+            unit = units[index]
             if unit != recomputing:
                 if recomputing is not None:
-                    alloc(("free", ("re", recomputing), 0))
+                    add(("free", recompute_key, 0))
                 if unit is not None and e.recompute.get(unit):
-                    alloc(("alloc", ("re", unit), e.recompute[unit]))
+                    recompute_key = len(events)
+                    add(("alloc", recompute_key, e.recompute[unit]))
                 recomputing = unit if unit is not None and e.recompute.get(unit) else None
-            alloc(("alloc", ("gin", index), plan.grad_in[index]))
+            key = len(events)
+            add(("alloc", key, plan.grad_in[index]))
             buffers = 2 * op.backward_internal + op.backward_extra
             if buffers:
-                alloc(("alloc", ("bt", index), buffers))
-                alloc(("free", ("bt", index), 0))
-            if iteration == 0 or not step.accumulate:
-                for slot, size in enumerate(grads[index]):
-                    alloc(("alloc", ("g", index, slot), size))
-            alloc(("free", ("gin", index + 1), 0))
+                add(("alloc", len(events), buffers))
+                add(("free", len(events) - 1, 0))
+            if with_grads:
+                for size in grads[index]:
+                    grad_keys[index].append(len(events))
+                    add(("alloc", len(events), size))
+            add(("free", grad_in, 0))
+            grad_in = key
             for storage in kept_after.get(index, ()):
                 if storage in live:
                     live.discard(storage)
-                    alloc(("free", ("s", storage), 0))
-            for slot, _ in op.new_kept:
-                alloc(("free", ("n", index, slot), 0))
+                    add(("free", ~storage, 0))
+            for key in new_keys[index]:
+                add(("free", key, 0))
         if recomputing is not None:
-            alloc(("free", ("re", recomputing), 0))
-        alloc(("free", ("gin", 0), 0))
+            add(("free", recompute_key, 0))
+        add(("free", grad_in, 0))
         if step.loss_bytes:
-            alloc(("free", "loss", 0))
+            add(("free", loss, 0))
         if iteration == 0 and step.state_total:  # lazy state: created by the first step()
-            for slot, size in enumerate(_spread(step.state_total, flat)):
-                alloc(("alloc", ("state", slot), size))
-        if step.temporaries_total:
-            if step.temporaries_largest:
-                temporaries = [step.temporaries_total // 2] * 2
-            else:
-                temporaries = _spread(step.temporaries_total, flat)
-            for slot, size in enumerate(temporaries):
-                alloc(("alloc", ("tmp", slot), size))
-            for slot in range(len(temporaries)):
-                alloc(("free", ("tmp", slot), 0))
+            for size in _spread(step.state_total, flat):
+                add(("alloc", len(events), size))
+        first = len(events)
+        for size in temporaries:
+            add(("alloc", len(events), size))
+        for key in range(first, len(events)):
+            add(("free", key, 0))
         for storage in sorted(live - inputs):  # the caller drops the output
-            alloc(("free", ("s", storage), 0))
+            add(("free", ~storage, 0))
         if iteration == 0 and not step.accumulate:  # zero_grad(set_to_none=True)
-            for index, sizes in enumerate(grads):
-                for slot in range(len(sizes)):
-                    alloc(("free", ("g", index, slot), 0))
+            for keys in grad_keys:
+                for key in keys:
+                    add(("free", key, 0))
     return events, steady_from
 
 
