@@ -73,6 +73,9 @@ class Parallelism:
     tensor: int = 1
     pipeline: int = 1
     zero_stage: int = 0  # 0 none, 1 optimizer state, 2 + gradients, 3 + parameters (FSDP)
+    # DistributedDataParallel(gradient_as_bucket_view=...): gradients are views into the
+    # communication buckets instead of a second copy (PyTorch's default: False).
+    gradient_as_bucket_view: bool = False
 
     def __post_init__(self) -> None:
         # The estimate divides by these degrees.

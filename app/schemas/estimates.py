@@ -59,6 +59,13 @@ class ParallelismSpec(Schema):
         "sharded over the data-parallel group).",
         examples=[0],
     )
+    gradient_as_bucket_view: bool = Field(
+        default=False,
+        description="DistributedDataParallel (data > 1, ZeRO 0): gradients are views into its "
+        "25 MiB communication buckets; false (PyTorch's default): the buckets are a second copy "
+        "of every gradient.",
+        examples=[False],
+    )
 
 
 class OverheadSpec(Schema):

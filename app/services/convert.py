@@ -241,7 +241,11 @@ def domain_workload(spec: WorkloadSpec, runtime: Runtime | None = None) -> Domai
             optimizer_impl=spec.optimizer_impl,
             checkpointing=spec.checkpointing,
             parallelism=Parallelism(
-                data=par.data, tensor=par.tensor, pipeline=par.pipeline, zero_stage=par.zero_stage
+                data=par.data,
+                tensor=par.tensor,
+                pipeline=par.pipeline,
+                zero_stage=par.zero_stage,
+                gradient_as_bucket_view=par.gradient_as_bucket_view,
             ),
             fp32_grad_buffer=spec.fp32_grad_buffer,
             kv_cache=spec.kv_cache,

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
+from app.domain.graph.analysis import analyze
+from app.domain.graph.ops import Storage
 from app.domain.hardware import FrameworkOverhead, cublas_workspace
+from app.domain.memory.estimate import MemoryRequest, analyze_for, estimate_memory
+from app.domain.precision import Precision
+from app.domain.workload import Attention, Mode, Parallelism, Runtime
+from app.domain.zoo import gpt2
+from tests.domain.test_formulas import evaluate
 
 
 @pytest.mark.parametrize(
@@ -33,3 +40,57 @@ def test_the_default_overhead_names_its_sources() -> None:
     assert "not measured" in overhead.context_source
     assert overhead.fragmentation_fraction is None  # the allocator replay decides
     assert overhead.expandable_segments is False  # PyTorch's default
+
+
+@pytest.mark.parametrize(
+    ("attention", "runtime", "lse_seq"),
+    [
+        (Attention.FLASH, Runtime.CUDA, 33),  # flash: [N, heads, S], no padding
+        (Attention.MEM_EFFICIENT, Runtime.CUDA, 64),  # kAlignLSE = 32: S padded to 64
+        (Attention.MEM_EFFICIENT, Runtime.CPU, 33),  # no such CUDA kernel on CPU
+    ],
+)
+def test_fused_attention_keeps_output_and_fp32_logsumexp(
+    attention: Attention, runtime: Runtime, lse_seq: int
+) -> None:
+    model = gpt2(layers=1, hidden=64, heads=4, vocab=100, positions=64, dropout=0.0)
+    analysis = analyze(
+        model.inputs,
+        model.layers,
+        {"batch": 2, "seq": 33},
+        training=True,
+        attention=attention,
+        runtime=runtime,
+    )
+    (layer,) = [layer for layer in analysis.layers if layer.op == "attention"]
+    saved = {item.label: item for item in layer.result.saved}
+    assert saved["logsumexp"].numel == 2 * 4 * lse_seq
+    assert saved["logsumexp"].storage is Storage.FP32
+    assert saved["attn_out"].numel == 2 * 33 * 64
+    assert "probs" not in saved  # never an S x S matrix
+
+
+def _training(par: Parallelism, params: int = 110_592) -> dict[str, int]:
+    model = gpt2(layers=2, hidden=64, heads=4, vocab=100, positions=64, dropout=0.0)
+    request = MemoryRequest(mode=Mode.TRAINING, precision=Precision.FP32, parallelism=par)
+    analysis = analyze_for(model.inputs, model.layers, {"batch": 2, "seq": 16}, request)
+    # 2 blocks x 49,984 (ln 128 + qkv 12,480 + proj 4,160 + ln 128 + fc 16,640 + proj 16,448)
+    # + embeddings 6,400 + positions 4,096 + final ln 128 (the head is tied)
+    assert analysis.params == params == 2 * 49_984 + 10_624
+    result = estimate_memory(analysis, request)
+    for line in result.lines:
+        assert evaluate(line.formula) == (line.bytes, line.bytes), line.key
+    return {line.key: line.bytes for line in result.lines}
+
+
+def test_ddp_buckets_copy_every_gradient_unless_they_are_its_view() -> None:
+    lines = _training(Parallelism(data=2))
+    assert lines["ddp_buckets"] == lines["gradients"] == 110_592 * 4
+    assert "ddp_buckets" not in _training(Parallelism(data=2, gradient_as_bucket_view=True))
+    assert "ddp_buckets" not in _training(Parallelism(data=1))
+
+
+def test_fsdp_gathers_the_largest_unit_twice_and_its_gradients_once() -> None:
+    lines = _training(Parallelism(data=2, zero_stage=3))
+    assert lines["fsdp_buffers"] == 2 * 49_984 * 4 + 49_984 * 4 == 599_808
+    assert "fsdp_buffers" not in _training(Parallelism(data=2, zero_stage=2))

@@ -321,14 +321,14 @@ def test_gpt2_amp_bf16_training_activations_with_flash() -> None:
         "activations": 4_567_728_128,  # 4.254 GiB
         "loss": 8 * 1024 * 50257 * 4,
         "transient": 835_993_600,
-        "workspace": 32 * 2**20,
+        "workspace": 2 * 32 * 2**20,  # two cuBLAS handles: forward and autograd threads
         # pins of the caching-allocator replay (rules: tests/domain/test_cuda_allocator.py)
         "allocator_rounding": 1_324_032,
         "fragmentation_reserve": 1_010_184_192,
         "cuda_context": 512 * 2**20,
     }
     assert 1.6 * 2**30 <= lines["activations"] <= 5.0 * 2**30
-    assert result.peak_bytes == 11_198_175_744
+    assert result.peak_bytes == 11_231_730_176
     for line in result.lines:
         assert evaluate(line.formula) == (line.bytes, line.bytes), line.key
 

@@ -22,7 +22,10 @@ precision of the mode and runtime, and the last position's logits at inference.
 
 Issue 13 replaced the CUDA allocator lines (512 B / 2 MiB rounding and a 5 % fragmentation
 reserve) with a replay of PyTorch's caching allocator: every ``pytorch_cuda`` entry moved
-(peaks by -16 % to +15 %, median -0.5 %), no ``pytorch_cpu`` entry did, digest included.
+(peaks by -16 % to +15 %, median -0.5 %), no ``pytorch_cpu`` entry did, digest included. It
+then added the second cuBLAS workspace of training (autograd's thread), the padded fp32
+log-sum-exp of CUDA's memory-efficient attention, DDP's gradient buckets and FSDP's gather
+buffers: of the CPU entries only the 72 ZeRO-3 ones moved (FSDP buffers, any runtime).
 
 The snapshot was generated before the timeline became array-based (running sums instead of a
 per-layer replay of live sets): the zoo entries by that older engine, the imported ones by the

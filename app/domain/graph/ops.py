@@ -635,9 +635,15 @@ def attention(ctx: OpContext) -> OpResult:
             "the math kernel in training with attention dropout",
         )
     if impl in FUSED_ATTENTION:
+        # The fp32 log-sum-exp is [N, heads, S] for flash; the CUDA memory-efficient kernel pads
+        # S to a multiple of 32 (kAlignLSE in aten/src/ATen/native/transformers/cuda/
+        # attention.cu, _efficient_attention_forward).
+        lse_seq = seq
+        if impl is Attention.MEM_EFFICIENT and ctx.runtime is Runtime.CUDA:
+            lse_seq = -(-seq // 32) * 32
         saved += [
             Saved(label="attn_out", source="new", numel=q_numel),
-            Saved(label="logsumexp", source="new", numel=n * heads * seq, storage=Storage.FP32),
+            Saved(label="logsumexp", source="new", numel=n * heads * lse_seq, storage=Storage.FP32),
         ]
     else:
         saved.append(Saved(label="probs", source="new", numel=score_pairs, storage=Storage.FP32))

@@ -795,6 +795,7 @@ class _Estimation:
     step: _StepTensors | None = None  # training: the step's tensors, for the allocator replay
     allocator: tuple[AllocatorPeaks, AllocatorPeaks] | None = None  # first, steady iteration
     kv_bytes: int = 0  # inference: the KV cache
+    comm_buffers: list[int] = field(default_factory=list)  # DDP buckets / FSDP gather buffers
 
 
 @dataclass(frozen=True, slots=True)
@@ -865,6 +866,12 @@ def _training_moments(e: _Estimation) -> tuple[list[_Moment], list[_Moment]]:
         base["master_weights"] = master
     if cache:
         base["weight_cast_cache"] = cache
+    buckets = _ddp_buckets(e, grad_bytes)
+    if buckets:
+        base["ddp_buckets"] = buckets
+    gathered = _fsdp_buffers(e, grad_element)
+    if gathered:
+        base["fsdp_buffers"] = gathered
     loss = _loss_bytes(analysis, sizer)
     accumulate = request.accumulation_steps > 1
     grad_layers = (
@@ -879,6 +886,7 @@ def _training_moments(e: _Estimation) -> tuple[list[_Moment], list[_Moment]]:
     held_grads = {"gradients": grad_bytes} if accumulate else {}
     step_parts = {
         **lines_static,
+        **({"ddp_buckets": buckets} if buckets else {}),
         "inputs": inputs_bytes + labels_bytes,
         **({"master_weights": master} if master else {}),
         "gradients": grad_bytes,
@@ -931,6 +939,56 @@ def _training_moments(e: _Estimation) -> tuple[list[_Moment], list[_Moment]]:
             "block recomputed at a time in backward"
         )
     return first_moments, steady_moments
+
+
+DDP_BUCKET_BYTES = 25 * MIB  # DistributedDataParallel(bucket_cap_mb=25)
+DDP_FIRST_BUCKET_BYTES = 1 * MIB  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
+
+
+def _ddp_buckets(e: _Estimation, grad_bytes: int) -> int:
+    """DistributedDataParallel's flat communication buckets (data > 1 without ZeRO): a second
+    copy of every gradient unless gradient_as_bucket_view (torch/nn/parallel/distributed.py,
+    torch/csrc/distributed/c10d/reducer.cpp; buckets are allocated when DDP wraps the model)."""
+    par = e.request.parallelism
+    if par.data < 2 or par.zero_stage or par.gradient_as_bucket_view or not grad_bytes:
+        return 0
+    count = 1 + -(-max(0, grad_bytes - DDP_FIRST_BUCKET_BYTES) // DDP_BUCKET_BYTES)
+    rest = grad_bytes - min(grad_bytes, DDP_FIRST_BUCKET_BYTES)
+    e.comm_buffers += [min(grad_bytes, DDP_FIRST_BUCKET_BYTES)]
+    e.comm_buffers += [min(DDP_BUCKET_BYTES, rest - i) for i in range(0, rest, DDP_BUCKET_BYTES)]
+    e.formulas["ddp_buckets"] = (
+        f"{grad_bytes:,} [B: every gradient, copied into {count:,} flat bucket(s) of at most 25 MiB "
+        f"(the first 1 MiB), DDP's default gradient_as_bucket_view=False] = {grad_bytes:,} B"
+    )
+    return grad_bytes
+
+
+def _fsdp_buffers(e: _Estimation, grad_element: Fraction) -> int:
+    """FSDP / ZeRO-3: the largest wrapped unit's parameters gathered unsharded, twice (the unit
+    running and the one prefetched: FSDP limit_all_gathers allows two in flight), and its
+    gradients unsharded before their reduce-scatter (torch/distributed/fsdp). Units are the
+    repeated blocks; the rest of the model is one unit."""
+    par = e.request.parallelism
+    if par.zero_stage < 3 or par.data < 2:
+        return 0
+    units: dict[str, int] = {}
+    for layer in e.analysis.layers:
+        unit = _checkpoint_unit(layer.name) or "(root)"
+        units[unit] = units.get(unit, 0) + layer.result.params
+    largest = max(units.values(), default=0)
+    if not largest:
+        return 0
+    shard = par.tensor * par.pipeline
+    weight = _ceil(largest * e.plan.weight / shard)
+    grads = _ceil(largest * grad_element / shard)
+    total = 2 * weight + grads
+    e.comm_buffers += [weight, weight, grads]
+    e.formulas["fsdp_buffers"] = (
+        f"2 [units: running and prefetched] x {weight:,} [B: the largest unit's "
+        f"{largest:,} params gathered] + {grads:,} [B: its gradients before the reduce-scatter] "
+        f"= {total:,} B"
+    )
+    return total
 
 
 def _inference_moments(e: _Estimation) -> list[_Moment]:
@@ -997,7 +1055,8 @@ def _allocator_events(e: _Estimation, overhead: FrameworkOverhead) -> tuple[list
     starts (the event index of the second iteration; 0 at inference).
 
     Persistent first (weights, buffers, master weights, KV cache, inputs and labels, the
-    cuBLAS workspace), then per layer in forward: its output and the tensors it creates to keep,
+    cuBLAS workspaces, DDP's buckets or FSDP's gather buffers), then per layer in forward: its
+    output and the tensors it creates to keep,
     its forward transient (allocated and freed), and the values whose last reader it is. Training
     adds the loss, the backward (per layer, last first: the gradient of its inputs, its kernel
     buffers, its parameters' gradients; then the gradient of its output and the tensors only it
@@ -1032,8 +1091,10 @@ def _allocator_events(e: _Estimation, overhead: FrameworkOverhead) -> tuple[list
         add(("alloc", ~bound.storage, plan.sizes[bound.storage]))
     if step is not None and step.labels_bytes:
         add(("alloc", len(events), step.labels_bytes))
-    if overhead.workspace_bytes:
+    for _ in range(_cublas_handles(e) if overhead.workspace_bytes else 0):
         add(("alloc", len(events), overhead.workspace_bytes))
+    for size in e.comm_buffers:  # held for the whole step (FSDP's: reused unit after unit)
+        add(("alloc", len(events), size))
     freed_after: dict[int, list[int]] = {}
     for storage, index in plan.last_use.items():
         if storage not in plan.first_saver and storage not in plan.pinned:
@@ -1154,12 +1215,26 @@ def _allocator_events(e: _Estimation, overhead: FrameworkOverhead) -> tuple[list
     return events, steady_from
 
 
+_HANDLE_WORDS = {
+    1: "cuBLAS handle: the inference thread's",
+    2: "cuBLAS handles: the forward's thread and autograd's backward thread, one workspace each",
+}
+
+
+def _cublas_handles(e: _Estimation) -> int:
+    """cuBLAS handles that get a workspace: PyTorch keeps one per (handle, stream) and a handle
+    per thread (CublasHandlePool.cpp); autograd runs a CUDA backward on its own device thread,
+    so training has two (source-derived; benchmarks/fidelity/cuda probes measure it)."""
+    return 2 if e.step is not None else 1
+
+
 def _cuda_lines(e: _Estimation, parts: dict[str, int]) -> None:
     """CUDA runtime: allocator rounding and cached segments (from a replay of PyTorch's caching
     allocator over the step's tensors), the cuBLAS workspace and the CUDA context."""
     request, formulas = e.request, e.formulas
     overhead = request.overhead
-    workspace = overhead.workspace_bytes
+    handles = _cublas_handles(e)
+    workspace = handles * overhead.workspace_bytes
     if overhead.round_allocations:
         events, steady_from = _allocator_events(e, overhead)
         e.allocator = replay_steady(events, steady_from, expandable=overhead.expandable_segments)
@@ -1195,7 +1270,8 @@ def _cuda_lines(e: _Estimation, parts: dict[str, int]) -> None:
     parts["workspace"] = workspace
     parts["cuda_context"] = overhead.cuda_context_bytes
     formulas.update(
-        workspace=f"{workspace:,} [B: {overhead.workspace_source}] = {workspace:,} B",
+        workspace=f"{handles} [{_HANDLE_WORDS[handles]}] x {overhead.workspace_bytes:,} "
+        f"[B: {overhead.workspace_source}] = {workspace:,} B",
         cuda_context=f"{overhead.cuda_context_bytes:,} [B: {overhead.context_source}] = "
         f"{overhead.cuda_context_bytes:,} B",
     )
@@ -1539,8 +1615,9 @@ def estimate_memory(
         _cuda_lines(e, parts)
     _explain_peak(e, peak, parts)
     order = [
-        "weights", "master_weights", "weight_cast_cache", "gradients", "optimizer_state",
-        "buffers", "inputs", "outputs", "activations", "loss", "transient", "kv_cache", "workspace",
+        "weights", "master_weights", "weight_cast_cache", "gradients", "ddp_buckets",
+        "fsdp_buffers", "optimizer_state", "buffers", "inputs", "outputs", "activations", "loss",
+        "transient", "kv_cache", "workspace",
         "allocator_rounding", "fragmentation_reserve", "cuda_context",
     ]  # fmt: skip
     lines = tuple(
