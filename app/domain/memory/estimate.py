@@ -957,8 +957,9 @@ def _ddp_buckets(e: _Estimation, grad_bytes: int) -> int:
     e.comm_buffers += [min(grad_bytes, DDP_FIRST_BUCKET_BYTES)]
     e.comm_buffers += [min(DDP_BUCKET_BYTES, rest - i) for i in range(0, rest, DDP_BUCKET_BYTES)]
     e.formulas["ddp_buckets"] = (
-        f"{grad_bytes:,} [B: every gradient, copied into {count:,} flat bucket(s) of at most 25 MiB "
-        f"(the first 1 MiB), DDP's default gradient_as_bucket_view=False] = {grad_bytes:,} B"
+        f"{grad_bytes:,} [B: every gradient, copied into {count:,} flat bucket(s) of at most "
+        f"25 MiB (the first 1 MiB), DDP's default gradient_as_bucket_view=False] = "
+        f"{grad_bytes:,} B"
     )
     return grad_bytes
 
