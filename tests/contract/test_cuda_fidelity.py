@@ -1,0 +1,72 @@
+"""The CUDA fidelity comparison (`benchmarks/fidelity/cuda/compare.py`) works on the records
+`measure.py` writes, before any GPU has produced them.
+
+No CUDA measurement is committed yet (no session has had a GPU): these tests feed the
+comparison a SYNTHETIC record with made-up figures to check its arithmetic and its verdicts,
+not the estimates' fidelity. When measurements are committed, a replay like
+`tests/contract/test_fidelity.py` (CPU) joins them.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from app.config import PROJECT_ROOT
+from tests.support import load_script
+
+CUDA = PROJECT_ROOT / "benchmarks" / "fidelity" / "cuda"
+
+
+@pytest.fixture(scope="module")
+def compare() -> ModuleType:
+    return load_script(CUDA / "compare.py", "cuda_fidelity_compare")
+
+
+def _record(compare: ModuleType, scale: float) -> dict[str, Any]:
+    """A synthetic GPT-2 training record whose 'measured' figures are the estimate x scale."""
+    record: dict[str, Any] = {
+        "key": "gpt2_small|training|fp32|adamw_foreach|sdpa|bs2|seq64",
+        "model": "gpt2_small",
+        "mode": "training",
+        "dtype": "fp32",
+        "optimizer": "adamw_foreach",
+        "batch": 2,
+        "seq_len": 64,
+        "attn_implementation": "sdpa",
+        "attention_kernel": "aten::_efficient_attention_forward",
+        "environment": {"capability": "9.0", "PYTORCH_CUDA_ALLOC_CONF": None},
+    }
+    cuda = compare.estimate(record).cuda
+    context = cuda.context_bytes
+    step = {
+        "max_memory_allocated": round(cuda.allocated_bytes * scale),
+        "max_memory_reserved": round(cuda.reserved_bytes * scale),
+        "context_bytes": round(context * scale),
+    }
+    record["steps"] = [{**step, "warmup": True}, {**step, "warmup": False}]
+    return record
+
+
+def test_an_exact_record_meets_every_target(compare: ModuleType) -> None:
+    row = compare.row(_record(compare, 1.0))
+    for figure in ("allocated", "reserved", "device_total"):
+        assert row.error_pct(figure) == pytest.approx(0.0, abs=1e-6), figure
+    text, ok = compare.render([row])
+    assert ok
+    assert "targets: met" in text
+
+
+def test_an_under_estimate_beyond_the_margin_fails(compare: ModuleType) -> None:
+    row = compare.row(_record(compare, 1.25))  # measured 25 % above the estimate
+    assert row.error_pct("device_total") == pytest.approx(-20.0, abs=0.01)
+    _, ok = compare.render([row])
+    assert not ok
+
+
+def test_no_measurements_is_a_failure_not_a_pass(compare: ModuleType) -> None:
+    text, ok = compare.render([])
+    assert not ok
+    assert "no CUDA measurements yet" in text
