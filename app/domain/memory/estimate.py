@@ -496,10 +496,17 @@ _RUNTIME_NOTES: Mapping[Runtime, str] = {
         "clone; SDPA with dropout runs the math kernel; default optimizer step: for-loop"
     ),
     Runtime.CUDA: (
-        "runtime pytorch_cuda: 1-byte dropout masks; CUDA context, cuBLAS workspace, "
-        "caching-allocator rounding and a fragmentation reserve as separate lines; default "
-        "optimizer step: foreach (fused for mixed_*); per-kernel CUDA buffers not measured "
-        "here (no GPU was available), so none are added"
+        "runtime pytorch_cuda, rules read from PyTorch 2.13's source, not yet measured on a "
+        "GPU: allocator_rounding and fragmentation_reserve replay the caching allocator "
+        "(c10/cuda/CUDACachingAllocator.cpp); workspace: one cuBLAS workspace per handle and "
+        "stream, two in training (aten/src/ATen/cuda/CublasHandlePool.cpp); dropout masks are "
+        "1-byte bool (aten native_dropout); flash / memory-efficient attention keep the output "
+        "and an fp32 log-sum-exp, padded to 32 rows by the memory-efficient kernel "
+        "(aten/src/ATen/native/transformers/cuda/attention.cu); autocast caches 16-bit copies "
+        "of fp32 weights until it exits (aten/src/ATen/autocast_mode.cpp); the default "
+        "optimizer step is foreach (torch/optim/adamw.py: one parameter-sized temporary list), "
+        "fused for mixed_*; DDP buckets (torch/csrc/distributed/c10d/reducer.cpp); the CUDA "
+        "context is a documented default; per-kernel cuDNN workspaces are not added"
     ),
 }
 
