@@ -89,6 +89,13 @@ class OverheadSpec(Schema):
         "bytes, instead of replaying PyTorch's caching allocator (the default).",
         examples=[None],
     )
+    round_allocations: bool | None = Field(
+        default=None,
+        description="false: skip the caching-allocator replay (no rounding line; "
+        "fragmentation_fraction or nothing for cached segments); faster for very large graphs. "
+        "Default true.",
+        examples=[None],
+    )
     expandable_segments: bool | None = Field(
         default=None,
         description="Replay the allocator with `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`"

@@ -127,6 +127,12 @@ def test_cuda_figures_follow_pytorchs_counters(client: ApiClient) -> None:
     )  # fmt: skip
     reserve = next(x for x in fixed["breakdown"] if x["key"] == "fragmentation_reserve")
     assert "x 0.1 [fragmentation_fraction]" in reserve["formula"]
+    unreplayed = _estimate(
+        client, model="gpt-2", mode="training", batch_size=4, sequence_length=512,
+        framework_overhead={"round_allocations": False},
+    )  # fmt: skip
+    skipped = {x["key"]: x["bytes"] for x in unreplayed["breakdown"]}
+    assert skipped["allocator_rounding"] == skipped["fragmentation_reserve"] == 0
     cpu = _estimate(client, model="gpt-2", mode="inference", batch_size=1, runtime="pytorch_cpu")
     assert "cuda" not in cpu  # no CUDA figures on the CPU runtime
 
