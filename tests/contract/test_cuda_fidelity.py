@@ -47,6 +47,7 @@ def _record(compare: ModuleType, scale: float) -> dict[str, Any]:
         "context_bytes": round(context * scale),
     }
     record["steps"] = [{**step, "warmup": True}, {**step, "warmup": False}]
+    record["params"] = 124_439_808  # GPT-2 small
     return record
 
 

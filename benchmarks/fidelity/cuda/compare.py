@@ -51,6 +51,7 @@ from app.domain.workload import (  # noqa: E402
     OptimizerImpl,
     Runtime,
 )
+from app.domain.zoo import ZooModel, bert, gpt2, llama, vit  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 TARGETS = {"device_median": 5.0, "device_p90": 15.0, "under_at_margin": 5.0, "allocated": 3.0}
@@ -71,6 +72,8 @@ class Row:
     key: str
     measured: dict[str, int]
     estimated: dict[str, int]
+    params_measured: int
+    params_estimated: int
 
     def error_pct(self, figure: str) -> float | None:
         """Signed error of the estimate for one figure [%] (None: not measured)."""
@@ -78,6 +81,24 @@ class Row:
         if not measured:
             return None
         return 100.0 * (self.estimated[figure] - measured) / measured
+
+
+def _model(record: dict[str, Any]) -> ZooModel:
+    """The zoo model measure.py built (Llama-3-8B widths with GQA besides the CPU harness's)."""
+    if record["model"] == "llama3_8b":
+        return llama(
+            layers=record.get("layers") or 32,
+            hidden=4096,
+            heads=32,
+            kv_heads=8,
+            intermediate=14336,
+            vocab=128256,
+        )
+    layers = record.get("layers")
+    if layers and record["model"] in ("gpt2_small", "bert_base", "vit_b16"):
+        build = {"gpt2_small": gpt2, "bert_base": bert, "vit_b16": vit}[record["model"]]
+        return build(layers=layers)
+    return _model_for(record)
 
 
 def _precision(record: dict[str, Any]) -> Precision:
@@ -89,7 +110,12 @@ def _precision(record: dict[str, Any]) -> Precision:
 def _optimizer(record: dict[str, Any]) -> tuple[Optimizer, OptimizerImpl]:
     name = record.get("optimizer") or "sgd"
     impl = record.get("optimizer_impl")
-    for suffix, kind in (("_foreach", OptimizerImpl.FOREACH), ("_fused", OptimizerImpl.FUSED)):
+    suffixes = (
+        ("_foreach", OptimizerImpl.FOREACH),
+        ("_fused", OptimizerImpl.FUSED),
+        ("_for_loop", OptimizerImpl.FOR_LOOP),
+    )
+    for suffix, kind in suffixes:
         if name.endswith(suffix):
             return Optimizer(name.removesuffix(suffix)), kind
     if impl in ("foreach", "fused", "for_loop"):
@@ -122,7 +148,7 @@ def _overhead(record: dict[str, Any]) -> FrameworkOverhead:
 
 def estimate(record: dict[str, Any]) -> MemoryEstimate:
     """The service's estimate of one measured configuration on CUDA."""
-    model = _model_for(record)
+    model = _model(record)
     optimizer, impl = _optimizer(record)
     request = MemoryRequest(
         mode=Mode(record["mode"]),
@@ -169,7 +195,13 @@ def row(record: dict[str, Any]) -> Row:
         "first_allocated": cuda.first_iteration_allocated_bytes or 0,
         "first_reserved": cuda.first_iteration_reserved_bytes or 0,
     }
-    return Row(key=record["key"], measured=measured, estimated=estimated)
+    return Row(
+        key=record["key"],
+        measured=measured,
+        estimated=estimated,
+        params_measured=record.get("params", 0),
+        params_estimated=result.params,
+    )
 
 
 def _percentile(values: list[float], share: float) -> float:
@@ -203,6 +235,12 @@ def render(rows: list[Row]) -> tuple[str, bool]:
     under = [-(e + margin * (1 + e / 100)) for e in device]  # after adding the margin
     ok = bool(device) and bool(allocated)
     summary = []
+    wrong = [r.key for r in rows if r.params_measured != r.params_estimated]
+    ok &= not wrong
+    summary.append(
+        f"- parameter counts: {len(rows) - len(wrong)} of {len(rows)} exact"
+        + (f" (differ: {', '.join(wrong[:5])})" if wrong else "")
+    )
     if device:
         median = statistics.median(abs(e) for e in device)
         p90 = _percentile([abs(e) for e in device], 0.9)
@@ -230,16 +268,31 @@ def render(rows: list[Row]) -> tuple[str, bool]:
     ), ok
 
 
+def load(paths: list[Path]) -> list[dict[str, Any]]:
+    """The measured records of one or more measure.py outputs, each with its environment."""
+    measured: list[dict[str, Any]] = []
+    for path in paths:
+        if not path.exists():
+            continue
+        loaded = json.loads(path.read_text())
+        records = loaded["records"] if isinstance(loaded, dict) else loaded
+        environment = loaded.get("environment", {}) if isinstance(loaded, dict) else {}
+        measured += [
+            {**r, "environment": r.get("environment") or environment}
+            for r in records
+            if not r.get("error") and r.get("steps") and r["steps"][-1]["max_memory_allocated"]
+        ]
+    return measured
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--measurements", type=Path, default=HERE / "cuda_measurements.json")
+    parser.add_argument(
+        "--measurements", type=Path, nargs="+", default=sorted(HERE.glob("cuda_measurements*.json"))
+    )
     parser.add_argument("--out", type=Path, default=None, help="write the table here")
     args = parser.parse_args()
-    records: list[dict[str, Any]] = []
-    if args.measurements.exists():
-        loaded = json.loads(args.measurements.read_text())
-        records = loaded["records"] if isinstance(loaded, dict) else loaded
-    rows = [row(r) for r in records if not r.get("error") and r.get("steps")]
+    rows = [row(r) for r in load(args.measurements)]
     text, ok = render(rows)
     print(text)
     if args.out is not None:
