@@ -139,6 +139,7 @@ def test_cli_estimate_fit_and_json(http: TestClient) -> None:
     assert "gpt-2: inference, batch 8, bf16 (124,439,808 parameters)" in out
     assert "weights" in out
     assert "peak " in out
+    assert "on CUDA: max_memory_allocated " in out  # allocated, reserved and device total
 
     # Left out, the sequence length, precision, attention and logits come from the server's
     # default table, and the header says so.

@@ -221,6 +221,12 @@ def cmd_estimate(client: CapacityPlannerClient, args: argparse.Namespace, out: T
     rows = [(line.key, line.bytes, gib(line.bytes)) for line in result.breakdown if line.bytes]
     out.write(table(rows, ["line", "bytes", "GiB"]) + "\n\n")
     out.write(f"peak {gib(result.peak_bytes)} ({result.peak_bytes:,} B) at {result.peak_phase}\n")
+    if result.cuda is not None:
+        cuda = result.cuda
+        out.write(
+            f"on CUDA: max_memory_allocated {gib(cuda.allocated_bytes)}, max_memory_reserved "
+            f"{gib(cuda.reserved_bytes)}, + context = device total {gib(cuda.device_total_bytes)}\n"
+        )
     if result.fit is not None:
         verdict = "fits" if result.fit.fits else "does NOT fit"
         out.write(f"{verdict} {result.fit.hardware}: headroom {gib(result.fit.headroom_bytes)}\n")
