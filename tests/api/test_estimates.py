@@ -194,6 +194,19 @@ BAD: dict[str, dict[str, Any]] = {
         "architecture": {**TINY_MLP, "inputs": [{"name": "x", "shape": ["batch", -64]}]}
     },
     "zero stage 4": {"model": "gpt-2", "parallelism": {"data": 2, "zero_stage": 4}},
+    "bucket view not a boolean": {
+        "model": "gpt-2",
+        "parallelism": {"data": 2, "gradient_as_bucket_view": "maybe"},
+    },
+    "expandable segments not a boolean": {
+        "model": "gpt-2",
+        "framework_overhead": {"expandable_segments": "maybe"},
+    },
+    "round allocations not a boolean": {
+        "model": "gpt-2",
+        "framework_overhead": {"round_allocations": 3},
+    },
+    "unknown overhead field": {"model": "gpt-2", "framework_overhead": {"max_split_size": 1}},
 }
 
 
