@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import statistics
+from typing import Any
+
 import pytest
 
 from app.domain.graph.analysis import analyze
@@ -9,8 +12,8 @@ from app.domain.graph.ops import Storage
 from app.domain.hardware import FrameworkOverhead, cublas_workspace
 from app.domain.memory.estimate import MemoryRequest, analyze_for, estimate_memory
 from app.domain.precision import Precision
-from app.domain.workload import Attention, Mode, Parallelism, Runtime
-from app.domain.zoo import gpt2
+from app.domain.workload import Attention, Logits, Mode, Parallelism, Runtime, default_precision
+from app.domain.zoo import ZOO, gpt2
 from tests.domain.test_formulas import evaluate
 
 
@@ -94,3 +97,43 @@ def test_fsdp_gathers_the_largest_unit_twice_and_its_gradients_once() -> None:
     lines = _training(Parallelism(data=2, zero_stage=3))
     assert lines["fsdp_buffers"] == 2 * 49_984 * 4 + 49_984 * 4 == 599_808
     assert "fsdp_buffers" not in _training(Parallelism(data=2, zero_stage=2))
+
+
+def test_the_replayed_step_follows_the_engines_timeline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The allocator replay walks the same tensors as the engine's timeline: its peak of
+    requested bytes stays within 10 % of the engine's peak (median within 2 %) over the zoo
+    with CUDA defaults, so its rounding and cached-segment lines describe that step. Measured
+    at issue 13: median 0.6 %, worst -7.9 % (ResNet-50 training), never above the engine."""
+    import app.domain.memory.cuda_allocator as cuda_allocator
+    import app.domain.memory.estimate as engine
+
+    captured: list[Any] = []
+    original = cuda_allocator.replay_steady
+
+    def capture(*args: Any, **kwargs: Any) -> Any:
+        captured.append(original(*args, **kwargs))
+        return captured[-1]
+
+    monkeypatch.setattr(engine, "replay_steady", capture)
+    differences = []
+    for slug, model in ZOO.items():
+        if slug.startswith("gpt-3"):
+            continue  # 175B: slow to replay, same block structure as GPT-2
+        for mode in Mode:
+            precision = default_precision(mode, Runtime.CUDA)
+            logits = Logits.LAST if mode is Mode.INFERENCE else Logits.ALL
+            request = MemoryRequest(mode=mode, precision=precision, logits=logits)
+            bindings = {**model.default_bindings, "batch": 4}
+            analysis = analyze_for(model.inputs, model.layers, bindings, request)
+            result = estimate_memory(analysis, request)
+            lines = {line.key: line.bytes for line in result.lines}
+            timeline = result.peak_bytes - sum(
+                lines[key]
+                for key in ("allocator_rounding", "fragmentation_reserve", "cuda_context")
+            )
+            replayed = captured[-1][1].requested_bytes
+            differences.append(100 * (replayed - timeline) / timeline)
+    assert len(differences) >= 20
+    assert max(abs(d) for d in differences) <= 10.0
+    assert statistics.median(abs(d) for d in differences) <= 2.0
+    assert max(differences) <= 0.5  # the replay adds no tensor the engine does not have
