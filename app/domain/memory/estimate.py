@@ -1064,8 +1064,8 @@ def _allocator_events(e: _Estimation, overhead: FrameworkOverhead) -> tuple[list
 
     Persistent first (weights, buffers, master weights, KV cache, inputs and labels, the
     cuBLAS workspaces, DDP's buckets or FSDP's gather buffers), then per layer in forward: its
-    output and the tensors it creates to keep,
-    its forward transient (allocated and freed), and the values whose last reader it is. Training
+    output and the tensors it creates to keep, its forward transient (allocated and freed), and
+    the values whose last reader it is. Training
     adds the loss, the backward (per layer, last first: the gradient of its inputs, its kernel
     buffers, its parameters' gradients; then the gradient of its output and the tensors only it
     kept are freed), the optimizer step's temporaries, and ``zero_grad(set_to_none=True)``
