@@ -1,8 +1,11 @@
 """ONNX model bytes -> layer graph.
 
 Only the bytes given are read: the model is parsed with ``ModelProto.ParseFromString`` and
-shape-inferred in memory; a tensor that points at external data is rejected without looking
-at the path. Nodes are mapped in their (topological) order onto graph ops:
+shape-inferred in memory. The planner needs shapes, not weights: an initializer may refer to
+external data (the path is never opened) or carry no data at all (a graph-only export), and
+the data of float weights that did come is released right after parsing (``strip_weights``),
+so the shape inference and its probes copy a graph of a few MB, whatever the model's size.
+Nodes are mapped in their (topological) order onto graph ops:
 
 * weights of Conv, Gemm, MatMul (constant right operand, with a following bias Add folded in),
   BatchNormalization, LayerNormalization, RMSNormalization and Gather-as-embedding stay with
@@ -98,6 +101,41 @@ def _reject(detail: str, pointer: str = "/file", kind: str = "invalid-onnx") -> 
 
 
 # -- parsing and hostile-input checks ---------------------------------------------------------
+
+
+SMALL_VALUES = 64  # int tensors up to this many elements are read for their values (shapes)
+
+
+@dataclass(frozen=True, slots=True)
+class Weightless:
+    """Initializers whose data the import did not have or dropped, by reason."""
+
+    external: int  # pointed at external data (the path is never opened)
+    empty: int  # carried dims but no data (a graph-only export)
+    dropped_bytes: int  # float weight data released right after parsing
+
+
+def strip_weights(model: ModelProto) -> Weightless:
+    """Release the data of every float initializer (the planner needs dims, not values) and
+    forget external-data references, so nothing later can read a path or copy weights.
+
+    Int tensors of at most ``SMALL_VALUES`` elements keep their data (reshape targets, axes).
+    """
+    external = empty = dropped = 0
+    for tensor in model.graph.initializer:
+        if _has_external_data(tensor):
+            external += 1
+            del tensor.external_data[:]
+            tensor.data_location = TensorProto.DEFAULT
+            continue
+        numel = math.prod(tensor.dims)
+        if numel and _stored_elements(tensor) == 0:
+            empty += 1
+        if tensor.data_type in _FLOAT_TYPES and numel > SMALL_VALUES:
+            dropped += tensor.ByteSize()
+            for name in ("raw_data", "float_data", "double_data", "int32_data"):
+                tensor.ClearField(name)
+    return Weightless(external=external, empty=empty, dropped_bytes=dropped)
 
 
 def parse_model(data: bytes) -> ModelProto:
@@ -275,21 +313,20 @@ def _declared_dims(graph: GraphProto) -> Iterator[tuple[str, Any]]:
             yield f"value '{info.name}'", info.type.tensor_type.shape.dim
 
 
+def _has_external_data(tensor: TensorProto) -> bool:
+    return tensor.data_location == TensorProto.EXTERNAL or len(tensor.external_data) > 0
+
+
 def _check_tensor(where: str, tensor: TensorProto) -> None:
-    if tensor.data_location == TensorProto.EXTERNAL or len(tensor.external_data):
-        raise _reject(
-            f"{where} refers to external data; only self-contained ONNX files are imported "
-            "(save the model without external data, e.g. onnx.save(model, f, "
-            "save_as_external_data=False)); nothing was read from any path",
-            kind="external-data",
-        )
     if len(tensor.dims) > 8 or any(not 0 <= d <= MAX_DIM for d in tensor.dims):
         raise _reject(f"{where} declares dims {list(tensor.dims)}: at most 8 dims of 0..2^40")
     numel = math.prod(tensor.dims)
     if numel > MAX_DIM:
         raise _reject(f"{where} declares {numel} elements; at most 2^40")
-    stored = _stored_elements(tensor)
-    if stored is not None and stored != numel:
+    # A weight may come without its data (external data, never read; or stripped): its dims
+    # are all the planner needs. Data that is there must match the dims.
+    stored = None if _has_external_data(tensor) else _stored_elements(tensor)
+    if stored is not None and stored not in (numel, 0):
         raise _reject(
             f"{where} declares dims {list(tensor.dims)} ({numel} elements) but holds {stored}"
         )
@@ -1078,8 +1115,10 @@ class _Mapper:
 
 
 def _small_ints(tensor: TensorProto) -> tuple[int, ...] | None:
-    if tensor.data_type not in _INT_TYPES or math.prod(tensor.dims) > 64:
+    if tensor.data_type not in _INT_TYPES or math.prod(tensor.dims) > SMALL_VALUES:
         return None
+    if _has_external_data(tensor) or _stored_elements(tensor) != math.prod(tensor.dims):
+        return None  # no data: the value is unknown (never read from a path)
     return tuple(int(v) for v in onnx.numpy_helper.to_array(tensor).reshape(-1).tolist())
 
 
@@ -1166,10 +1205,11 @@ def import_onnx(
     Raises
     ------
     ImportRejected
-        Garbage or truncated bytes, external data, absurd sizes, failed shape inference,
+        Garbage or truncated bytes, absurd sizes, failed shape inference,
         unsupported ops (unless ``lenient``), or a parameter count that does not add up.
     """
     model = parse_model(data)
+    weightless = strip_weights(model)
     seq = sequence_length or DEFAULT_SEQUENCE_LENGTH
     mapper = _Mapper(model, lenient=lenient)
     try:
@@ -1224,6 +1264,12 @@ def import_onnx(
     if bindings:
         notes.append(f"default sequence length {seq}")
     notes.append("batch-norm running statistics are buffers, not parameters")
+    if weightless.external or weightless.empty:
+        notes.append(
+            f"shapes without weights: {weightless.external} initializer(s) refer to external "
+            f"data (never read) and {weightless.empty} carry no data; their dims give the "
+            "parameters"
+        )
     producer = model.producer_name or "unknown producer"
     graph_name = model.graph.name or "onnx model"
     mapping = tuple(

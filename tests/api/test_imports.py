@@ -159,6 +159,28 @@ def test_onnx_import_maps_ops_and_counts_initializers(client: ApiClient) -> None
     assert estimate.status_code == 200, estimate.text
 
 
+@pytest.mark.parametrize("external", [False, True], ids=["stripped", "external data"])
+def test_onnx_import_of_a_graph_without_weights(client: ApiClient, external: bool) -> None:
+    """Shapes, not weights: a graph-only file (or one whose weights live in a data file that
+    is not uploaded) is stored with the same parameters and gives the same estimate."""
+    full = _upload(client, onnx_models.small_cnn(), slug="full-cnn")
+    assert full.status_code == 201, full.text
+    bare_bytes = onnx_models.without_weights(onnx_models.small_cnn(), external=external)
+    bare = _upload(client, bare_bytes, slug="bare-cnn")
+    assert bare.status_code == 201, bare.text
+    report = bare.json()["report"]
+    assert report["parameter_count"] == report["source_parameter_count"] == 2_970
+    assert any(a.startswith("shapes without weights") for a in report["assumptions"])
+    estimates = [
+        client.get(
+            "/v1/estimates/memory",
+            params={"model": slug, "mode": "training", "batch_size": 8},
+        ).json()["peak_bytes"]
+        for slug in ("full-cnn", "bare-cnn")
+    ]
+    assert estimates[0] == estimates[1]
+
+
 def test_onnx_import_attention_as_matmuls_with_a_tied_head(client: ApiClient) -> None:
     response = _upload(client, onnx_models.tiny_attention(), slug="tiny-lm", sequence_length=32)
     assert response.status_code == 201, response.text
@@ -196,7 +218,6 @@ def test_onnx_unsupported_ops_are_listed_then_lenient(client: ApiClient, db_url:
 
 
 BAD_FILES: dict[str, tuple[Callable[[], bytes], str, str]] = {
-    "external data": (onnx_models.with_external_data, "external-data", "external data"),
     "huge declared dims": (onnx_models.with_huge_dims, "invalid-onnx", "at most 2^40"),
     "dims that lie": (onnx_models.with_lying_dims, "invalid-onnx", "but holds 10"),
     "garbage": (lambda: b"\x00\xffnot an onnx file\xff" * 20, "invalid-onnx", "protobuf"),

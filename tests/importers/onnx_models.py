@@ -169,6 +169,24 @@ def with_external_data() -> bytes:
     return bytes(model.SerializeToString())
 
 
+def without_weights(data: bytes, *, external: bool = False) -> bytes:
+    """The same model with no float weight data: every float initializer keeps its dims and
+    either carries no data (a graph-only export) or points at an external file that does not
+    exist (``torch.onnx.export(..., external_data=True)`` without the data file)."""
+    model = onnx.load_from_string(data)
+    for tensor in model.graph.initializer:
+        if tensor.data_type != TensorProto.FLOAT:
+            continue
+        for name in ("raw_data", "float_data"):
+            tensor.ClearField(name)
+        if external:
+            tensor.data_location = TensorProto.EXTERNAL
+            for key, value in (("location", "weights.bin"), ("offset", "0")):
+                entry = tensor.external_data.add()
+                entry.key, entry.value = key, value
+    return bytes(model.SerializeToString())
+
+
 def with_huge_dims() -> bytes:
     """An initializer that declares 2^45 elements but stores none."""
     model = onnx.load_from_string(small_cnn())

@@ -1,5 +1,6 @@
 """The ONNX importer on hand-built graphs: hostile inputs and odd corners, without a server."""
 
+import math
 from collections.abc import Callable
 
 import annotated_types
@@ -9,16 +10,65 @@ from onnx import TensorProto, helper
 from pydantic.fields import FieldInfo
 
 from app.importers import onnx_model, result
-from app.importers.onnx_model import import_onnx
+from app.importers.onnx_model import import_onnx, strip_weights
 from app.importers.result import ImportRejected
 from app.schemas.models import InputSpec, ModelCreate
 from tests.importers import onnx_models
 
 
-def test_external_data_is_rejected_before_anything_reads_it() -> None:
-    with pytest.raises(ImportRejected) as caught:
-        import_onnx(onnx_models.with_external_data())
-    assert caught.value.kind == "external-data"
+def test_external_data_is_never_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An initializer pointing at '../../../etc/passwd' imports from its dims alone: no file
+    is opened while importing (open and os.open fail if anything tries)."""
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"the importer tried to open {args[:1]}")
+
+    monkeypatch.setattr("builtins.open", refuse)
+    monkeypatch.setattr("os.open", refuse)
+    imported = import_onnx(onnx_models.with_external_data())
+    assert imported.parameter_count == imported.source_parameter_count == 2_970
+    assert any("refer to external data (never read)" in a for a in imported.assumptions)
+
+
+@pytest.mark.parametrize("external", [False, True])
+@pytest.mark.parametrize(
+    "build", [onnx_models.small_cnn, onnx_models.tiny_attention], ids=["cnn", "attention"]
+)
+def test_a_graph_without_weights_imports_like_the_full_file(
+    build: Callable[[], bytes], external: bool
+) -> None:
+    full = import_onnx(build())
+    bare_bytes = onnx_models.without_weights(build(), external=external)
+    assert len(bare_bytes) < len(build())
+    bare = import_onnx(bare_bytes)
+    assert bare.parameter_count == full.parameter_count == bare.source_parameter_count
+    assert bare.layers == full.layers
+    assert bare.inputs == full.inputs
+    floats = sum(
+        1 for t in onnx.load_from_string(build()).graph.initializer
+        if t.data_type == TensorProto.FLOAT
+    )  # fmt: skip
+    external_count, empty_count = (floats, 0) if external else (0, floats)
+    assert (
+        f"shapes without weights: {external_count} initializer(s) refer to external data "
+        f"(never read) and {empty_count} carry no data"
+    ) in " ".join(bare.assumptions)
+
+
+def test_weight_data_is_released_after_parsing() -> None:
+    """Float weights over 64 elements lose their data right after parsing; small ones keep it."""
+    model = onnx.load_from_string(onnx_models.small_cnn())
+    before = {t.name: t.ByteSize() for t in model.graph.initializer}
+    weightless = strip_weights(model)
+    floats = [t for t in model.graph.initializer if t.data_type == TensorProto.FLOAT]
+    large = [t for t in floats if math.prod(t.dims) > 64]
+    small = [t for t in floats if math.prod(t.dims) <= 64]
+    assert large  # preconditions: the CNN has both
+    assert small
+    assert all(not t.raw_data and not len(t.float_data) for t in large)
+    assert all(t.ByteSize() == before[t.name] for t in small)
+    assert weightless.dropped_bytes == sum(before[t.name] for t in large)
+    assert (weightless.external, weightless.empty) == (0, 0)
 
 
 def test_unexpected_graph_shapes_are_422_not_500() -> None:

@@ -60,7 +60,8 @@ async def import_onnx(
     file: Annotated[
         UploadFile,
         File(
-            description="The `.onnx` file, self-contained (no external data).",
+            description="The `.onnx` file. Weights are optional: initializers that refer to "
+            "external data (never opened) or carry no data are sized from their dims.",
             examples=["model.onnx"],
         ),
     ],
@@ -118,8 +119,10 @@ async def import_onnx(
     """Parse the ONNX graph in memory (never from a path), run ONNX shape inference, map its
     operators onto the layer graph, and store it with provenance `onnx`. The graph's parameter
     count must equal the initializers' (else 422). Unsupported ops are a 422 listing them,
-    unless `lenient`. Uploads over CAPPLAN_MAX_IMPORT_BYTES are a 413; garbage, truncated
-    files, external-data references and absurd sizes are a 422."""
+    unless `lenient`. The planner needs shapes, not weights: a graph-only export (initializers
+    without data, or pointing at an external data file that is not uploaded) imports the same.
+    Uploads over CAPPLAN_MAX_IMPORT_BYTES are a 413; garbage, truncated files and absurd sizes
+    are a 422."""
     data = await file.read(settings.max_import_bytes + 1)
     if len(data) > settings.max_import_bytes:  # the middleware stops larger bodies first
         raise ImportFailed(
