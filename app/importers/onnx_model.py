@@ -973,6 +973,80 @@ class _Mapper:
     _op_Squeeze = _op_Reshape
     _op_Unsqueeze = _op_Reshape
 
+    def _op_LSTM(self, node: NodeProto, index: int) -> str | None:
+        return self._recurrent(node, index, "lstm", gates=4)
+
+    def _op_GRU(self, node: NodeProto, index: int) -> str | None:
+        return self._recurrent(node, index, "gru", gates=3)
+
+    def _recurrent(self, node: NodeProto, index: int, op: str, gates: int) -> str | None:
+        """ONNX LSTM / GRU (one layer, one or two directions) -> the graph's recurrent op.
+
+        ONNX's X is [S, N, D] (layout 0, what torch.onnx.export emits) or [N, S, D] (layout 1);
+        Y is [S, dirs, N, H] (or [N, S, dirs, H]) and Y_h / Y_c are [dirs, N, H] (or
+        [N, dirs, H]). The layer runs batch-first; views give Y and Y_h / Y_c their ONNX shapes,
+        the last step's state standing for Y_h and Y_c (what memory needs: their size).
+        """
+        weights = [self.consts.get(node.input[i]) if len(node.input) > i else None
+                   for i in (1, 2, 3)]  # fmt: skip
+        w, r, b = weights
+        if w is None or r is None or w.dims is None or r.dims is None or len(w.dims) != 3:
+            return "W and R must be constant [directions, gates x hidden, size] weights"
+        if len(node.input) > 7 and node.input[7]:
+            return "peephole weights (P) are not supported"
+        if len(node.input) > 4 and node.input[4] and node.input[4] in self.act:
+            return "per-sequence lengths (sequence_lens) are not supported"
+        hidden = int(self._attr(node, "hidden_size", 0) or w.dims[1] // gates)
+        directions = w.dims[0]
+        layout = int(self._attr(node, "layout", 0))
+        shape = self.shapes.get(node.input[0])
+        if shape is None or len(shape) != 3:
+            return "the input must be a known [S, N, D] or [N, S, D] tensor"
+        if w.dims[1] != gates * hidden or directions not in (1, 2):
+            return f"W is {list(w.dims)}, expected [1 or 2, {gates} x {hidden}, size]"
+        seq_dim, batch_dim = (0, 1) if layout == 0 else (1, 0)
+        current = self._x(node)
+        if layout == 0:
+            current = self._add({"name": self._name(node, index, "_batch_first"), "op": "transpose",
+                                 "dim0": 0, "dim1": 1, "inputs": [current]})  # fmt: skip
+        layer: dict[str, Any] = {"op": op, "hidden_size": hidden, "bidirectional": directions == 2,
+                                 "bias": b is not None, "inputs": [current]}  # fmt: skip
+        current = self._add({"name": self._name(node, index), **layer})
+        n, seq = shape[batch_dim], shape[seq_dim]
+        split = [
+            -1 if n is None else n,
+            -1 if seq is None or n is None else seq,
+            directions,
+            hidden,
+        ]
+        if split.count(-1) > 1:
+            return "shape inference left the batch and sequence sizes unknown"
+        current = self._add({"name": self._name(node, index, "_directions"), "op": "reshape",
+                             "shape": split, "inputs": [current]})  # fmt: skip
+        ops = ["transpose", op, "reshape"] if layout == 0 else [op, "reshape"]
+        if layout == 0:  # [N, S, d, H] -> [S, d, N, H]
+            for n_swap, (a, c) in enumerate(((0, 1), (1, 2))):
+                current = self._add({"name": self._name(node, index, f"_y{n_swap}"),
+                                     "op": "transpose", "dim0": a, "dim1": c,
+                                     "inputs": [current]})  # fmt: skip
+                ops.append("transpose")
+            state_dim = 0  # Y_h from Y [S, d, N, H]: the last step
+        else:
+            state_dim = 1  # from Y [N, S, d, H]
+        if node.output and node.output[0]:
+            self.act[node.output[0]] = current
+        state = None
+        for output in node.output[1:]:
+            if output:
+                if state is None:
+                    state = self._add({"name": self._name(node, index, "_state"), "op": "select",
+                                       "dim": state_dim, "index": -1,
+                                       "inputs": [current]})  # fmt: skip
+                    ops.append("select")
+                self.act[output] = state
+        self._map(node, ops)
+        return None
+
     def _op_Transpose(self, node: NodeProto, index: int) -> str | None:
         rank = self._rank(node.input[0])
         perm = self._attr(node, "perm")
@@ -1174,7 +1248,8 @@ def _initializer_parameters(mapper: _Mapper) -> tuple[int, list[str], int]:
     buffers: set[str] = set()
     weight_slots: set[str] = set(mapper.folded_biases)
     slots = {"Conv": (1, 2), "Gemm": (1, 2), "MatMul": (1,), "LayerNormalization": (1, 2),
-             "RMSNormalization": (1,), "BatchNormalization": (1, 2), "Gather": (0,)}  # fmt: skip
+             "RMSNormalization": (1,), "BatchNormalization": (1, 2), "Gather": (0,),
+             "LSTM": (1, 2, 3), "GRU": (1, 2, 3)}  # fmt: skip
     for node in mapper.graph.node:
         if node.op_type == "BatchNormalization":
             buffers.update(node.input[3:5])

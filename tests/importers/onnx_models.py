@@ -144,6 +144,54 @@ def tiny_attention(hidden: int = 16, heads: int = 2, vocab: int = 50, tied: bool
     return _model(nodes, [ids], [out], inits, name="tiny-attention", opset=20)
 
 
+def recurrent_classifier(
+    op: str = "LSTM", *, bidirectional: bool = False, use_state: bool = True
+) -> bytes:
+    """Embedding -> [S, N, D] -> LSTM or GRU (layout 0, as torch.onnx.export emits) -> the
+    last hidden state (Y_h) or the whole output (Y) -> Gemm, with a dynamic batch and sequence.
+
+    Parameters: embedding 50 x 8 = 400; per direction W 4H x 8, R 4H x H, B 8H with H = 16
+    (LSTM: 4 gates, GRU: 3): LSTM 512 + 1,024 + 128 = 1,664; GRU 384 + 768 + 96 = 1,248; the
+    head 16 x dirs -> 2 (+2 bias).
+    """
+    gates = 4 if op == "LSTM" else 3
+    hidden, dirs = 16, 2 if bidirectional else 1
+    nodes = [
+        helper.make_node("Gather", ["emb", "tokens"], ["e"]),
+        helper.make_node("Transpose", ["e"], ["x"], perm=[1, 0, 2]),
+        helper.make_node(
+            op, ["x", "W", "R", "B"], ["y", "y_h"], hidden_size=hidden,
+            direction="bidirectional" if bidirectional else "forward",
+        ),
+    ]  # fmt: skip
+    if use_state:  # Y_h [dirs, N, H] -> [N, dirs x H]
+        nodes += [
+            helper.make_node("Transpose", ["y_h"], ["h_t"], perm=[1, 0, 2]),
+            helper.make_node("Reshape", ["h_t", "flat"], ["h"]),
+        ]
+    else:  # Y [S, dirs, N, H] -> mean over time of [S, N, dirs x H]
+        nodes += [
+            helper.make_node("Transpose", ["y"], ["y_t"], perm=[0, 2, 1, 3]),
+            helper.make_node("Reshape", ["y_t", "seq_flat"], ["y_r"]),
+            helper.make_node("ReduceMean", ["y_r", "axis0"], ["h"], keepdims=0),
+        ]
+    nodes.append(helper.make_node("Gemm", ["h", "fc_w", "fc_b"], ["logits"], transB=1))
+    inits = [
+        _init("emb", 50, 8),
+        _init("W", dirs, gates * hidden, 8),
+        _init("R", dirs, gates * hidden, hidden),
+        _init("B", dirs, 2 * gates * hidden),
+        _init("fc_w", 2, dirs * hidden),
+        _init("fc_b", 2),
+        _ints("flat", [0, dirs * hidden]),
+        _ints("seq_flat", [0, 0, dirs * hidden]),
+        _ints("axis0", [0]),
+    ]
+    tokens = helper.make_tensor_value_info("tokens", TensorProto.INT64, ["batch", "seq"])
+    logits = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 2])
+    return _model(nodes, [tokens], [logits], inits, opset=18)
+
+
 def with_unsupported() -> bytes:
     """Relu, then a TopK and a NonZero (unsupported), then a Gemm of 4*4 + 4 = 20 params."""
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])

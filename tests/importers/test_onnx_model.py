@@ -9,6 +9,7 @@ import pytest
 from onnx import TensorProto, helper
 from pydantic.fields import FieldInfo
 
+from app.domain.graph.analysis import analyze
 from app.importers import onnx_model, result
 from app.importers.onnx_model import import_onnx, strip_weights
 from app.importers.result import ImportRejected
@@ -69,6 +70,32 @@ def test_weight_data_is_released_after_parsing() -> None:
     assert all(t.ByteSize() == before[t.name] for t in small)
     assert weightless.dropped_bytes == sum(before[t.name] for t in large)
     assert (weightless.external, weightless.empty) == (0, 0)
+
+
+@pytest.mark.parametrize(
+    ("op", "bidirectional", "use_state", "params"),
+    [
+        ("LSTM", False, True, 400 + 1_664 + 34),
+        ("LSTM", True, False, 400 + 2 * 1_664 + 66),
+        ("GRU", False, True, 400 + 1_248 + 34),
+        ("GRU", True, True, 400 + 2 * 1_248 + 66),
+    ],
+)
+def test_recurrent_layers_map_to_the_recurrent_op(
+    op: str, bidirectional: bool, use_state: bool, params: int
+) -> None:
+    imported = import_onnx(onnx_models.recurrent_classifier(op, bidirectional=bidirectional,
+                                                            use_state=use_state))  # fmt: skip
+    assert imported.parameter_count == imported.source_parameter_count == params
+    (layer,) = [layer for layer in imported.layers if layer["op"] == op.lower()]
+    assert layer["hidden_size"] == 16
+    assert layer["bidirectional"] is bidirectional
+    assert layer["bias"] is True
+    assert not imported.unsupported
+    assert [i.shape for i in imported.inputs] == [("batch", "seq")]  # dynamic batch and seq
+    analysis = analyze(imported.inputs, imported.layers, {"batch": 3, "seq": 7}, training=True)
+    assert analysis.output_shape == (3, 2)
+    assert analysis.params == params
 
 
 def test_unexpected_graph_shapes_are_422_not_500() -> None:
