@@ -393,6 +393,7 @@ class _Mapper:
             tuple[str, int], str
         ] = {}  # (input, axis) -> batch / seq  # initializers added to a MatMul as its bias
         self.initializers: dict[str, TensorProto] = {}
+        self.fused: dict[str, int] = {}  # exporter patterns recognised, and how many
 
     # -- values
 
@@ -532,7 +533,11 @@ class _Mapper:
         self.initializers = dict(initializers)
         self._bind_inputs(set(initializers))
         self._infer_shapes()
-        for index, node in enumerate(self.graph.node):
+        outputs = {info.name for info in self.graph.output}
+        nodes, fused = fuse_gelu(list(self.graph.node), _scalar_values(self.graph), outputs)
+        for kind, count in sorted(fused.items()):
+            self.fused[f"GELU ({kind} form) -> gelu"] = count
+        for index, node in enumerate(nodes):
             self._node(node, index)
 
     def _infer_shapes(self) -> None:
@@ -1188,6 +1193,160 @@ class _Mapper:
         return None
 
 
+# -- exporter patterns ------------------------------------------------------------------------
+
+_GELU_OPS = frozenset({"Div", "Mul", "Add", "Sub", "Pow", "Erf", "Tanh"})
+_GELU_MAX_NODES = 12
+_GELU_PROBE = (-3.0, -1.7, -0.6, -0.1, 0.0, 0.2, 0.9, 1.6, 3.2)
+
+
+def _scalar_values(graph: GraphProto) -> dict[str, float]:
+    """Float scalars (one-element initializers and Constant nodes with their data inline)."""
+    found: dict[str, float] = {}
+    tensors = [(t.name, t) for t in graph.initializer]
+    for node in graph.node:
+        if node.op_type == "Constant":
+            for attribute in node.attribute:
+                if attribute.name == "value" and attribute.HasField("t"):
+                    tensors.append((node.output[0], attribute.t))
+                elif attribute.name == "value_float":
+                    found[node.output[0]] = float(attribute.f)
+    for name, tensor in tensors:
+        if math.prod(tensor.dims) != 1 or _has_external_data(tensor):
+            continue
+        if tensor.data_type not in (*_FLOAT_TYPES, *_INT_TYPES):
+            continue
+        if _stored_elements(tensor) != 1:
+            continue
+        found[name] = float(onnx.numpy_helper.to_array(tensor).reshape(-1)[0])
+    return found
+
+
+def _gelu_kind(values: list[float], x: Sequence[float]) -> str | None:
+    """'erf' or 'tanh' when ``values`` are GELU of ``x`` in that form, else None."""
+    erf = [0.5 * v * (1 + math.erf(v / math.sqrt(2))) for v in x]
+    tanh = [0.5 * v * (1 + math.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v**3))) for v in x]
+    for kind, expected in (("erf", erf), ("tanh", tanh)):
+        if all(
+            abs(a - b) <= 1e-5 * max(1.0, abs(b)) for a, b in zip(values, expected, strict=True)
+        ):
+            return kind
+    return None
+
+
+def _binary(op: str, a: float, b: float) -> float:
+    if op == "Add":
+        return a + b
+    if op == "Sub":
+        return a - b
+    if op == "Mul":
+        return a * b
+    if op == "Div":
+        return a / b
+    return float(a**b)  # Pow
+
+
+def _evaluate(nodes: Sequence[NodeProto], x: str, scalars: dict[str, float]) -> list[float] | None:
+    """The nodes (in order) evaluated element-wise on the probe values of ``x``."""
+    env: dict[str, list[float]] = {x: list(_GELU_PROBE)}
+    width = len(_GELU_PROBE)
+
+    def value(name: str) -> list[float]:
+        return env[name] if name in env else [scalars[name]] * width
+
+    try:
+        for node in nodes:
+            args = [value(name) for name in node.input]
+            op = node.op_type
+            if op == "Erf":
+                out = [math.erf(a) for a in args[0]]
+            elif op == "Tanh":
+                out = [math.tanh(a) for a in args[0]]
+            else:
+                out = [_binary(op, a, b) for a, b in zip(args[0], args[1], strict=True)]
+            env[node.output[0]] = out
+    except (ArithmeticError, KeyError, ValueError, TypeError):
+        return None
+    return env[nodes[-1].output[0]]
+
+
+def fuse_gelu(
+    nodes: list[NodeProto], scalars: dict[str, float], graph_outputs: set[str]
+) -> tuple[list[NodeProto], Counter[str]]:
+    """Replace every element-wise subgraph that computes GELU of one tensor (the erf form
+    ``x * 0.5 * (1 + erf(x / sqrt 2))`` of torch.onnx.export, the tanh form of GPT-2's
+    ``gelu_new``, in whatever order the exporter wrote the products) with one ``Gelu`` node.
+
+    Anchored on each Erf / Tanh: the candidate is the chain of single consumers after it, with
+    every node that feeds it from one tensor ``x`` and scalar constants; it is GELU when it
+    evaluates to GELU on probe values (within 1e-5), and its intermediate values are read by
+    nothing else. Returns the new node list and the count per form.
+    """
+    producer = {out: i for i, node in enumerate(nodes) for out in node.output}
+    users: dict[str, list[int]] = {}
+    for i, node in enumerate(nodes):
+        for name in node.input:
+            users.setdefault(name, []).append(i)
+    removed: set[int] = set()
+    replaced: dict[int, NodeProto] = {}
+    fused: Counter[str] = Counter()
+
+    def cone(value: str) -> tuple[set[int], set[str]] | None:
+        """Nodes computing ``value`` from scalars and other tensors, and those tensors."""
+        members: set[int] = set()
+        leaves: set[str] = set()
+        stack = [value]
+        while stack:
+            name = stack.pop()
+            if name in scalars:
+                continue
+            index = producer.get(name)
+            if index is None or nodes[index].op_type not in _GELU_OPS or index in removed:
+                leaves.add(name)
+                continue
+            if index not in members:
+                members.add(index)
+                if len(members) > _GELU_MAX_NODES:
+                    return None
+                stack.extend(nodes[index].input)
+        return members, leaves
+
+    for anchor, node in enumerate(nodes):
+        if node.op_type not in ("Erf", "Tanh") or anchor in removed:
+            continue
+        current = anchor
+        for _ in range(6):
+            output = nodes[current].output[0]
+            found = cone(output)
+            if found is not None and len(found[1]) == 1:
+                members, (x,) = found[0], tuple(found[1])
+                ordered = [nodes[i] for i in sorted(members)]
+                values = _evaluate(ordered, x, scalars)
+                kind = _gelu_kind(values, _GELU_PROBE) if values is not None else None
+                inside = all(
+                    all(u in members for u in users.get(out, ())) and out not in graph_outputs
+                    for i in members
+                    if i != current
+                    for out in nodes[i].output
+                )
+                if kind is not None and inside:
+                    removed |= members
+                    replaced[current] = onnx.helper.make_node(
+                        "Gelu", [x], [output], name=f"{nodes[current].name or 'gelu'}_fused",
+                        approximate="tanh" if kind == "tanh" else "none",
+                    )  # fmt: skip
+                    fused[kind] += 1
+                    break
+            following = users.get(output, [])
+            if len(following) != 1 or nodes[following[0]].op_type not in _GELU_OPS:
+                break
+            current = following[0]
+    result = [
+        replaced.get(i, node) for i, node in enumerate(nodes) if i not in removed or i in replaced
+    ]
+    return result, fused
+
+
 def _small_ints(tensor: TensorProto) -> tuple[int, ...] | None:
     if tensor.data_type not in _INT_TYPES or math.prod(tensor.dims) > SMALL_VALUES:
         return None
@@ -1339,6 +1498,8 @@ def import_onnx(
     if bindings:
         notes.append(f"default sequence length {seq}")
     notes.append("batch-norm running statistics are buffers, not parameters")
+    for pattern, count in mapper.fused.items():
+        notes.append(f"fused {count} exporter subgraph(s): {pattern}")
     if weightless.external or weightless.empty:
         notes.append(
             f"shapes without weights: {weightless.external} initializer(s) refer to external "

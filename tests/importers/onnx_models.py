@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -190,6 +192,34 @@ def recurrent_classifier(
     tokens = helper.make_tensor_value_info("tokens", TensorProto.INT64, ["batch", "seq"])
     logits = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 2])
     return _model(nodes, [tokens], [logits], inits, opset=18)
+
+
+def gelu_by_hand(half: float = 0.5, share_inner: bool = False) -> bytes:
+    """Linear -> 0.5 * x first, then * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3))) (the order
+    of Hugging Face's gelu_new, with Pow) -> Linear. ``half`` other than 0.5 is not GELU;
+    ``share_inner`` also returns the tanh's input (read outside the pattern: no fusion)."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"]),
+        helper.make_node("Mul", ["h", "c_half"], ["h_half"]),
+        helper.make_node("Pow", ["h", "c_three"], ["h3"]),
+        helper.make_node("Mul", ["c_kappa", "h3"], ["k"]),
+        helper.make_node("Add", ["h", "k"], ["inner"]),
+        helper.make_node("Mul", ["inner", "c_beta"], ["scaled"]),
+        helper.make_node("Tanh", ["scaled"], ["t"]),
+        helper.make_node("Add", ["c_one", "t"], ["t1"]),
+        helper.make_node("Mul", ["h_half", "t1"], ["g"]),
+        helper.make_node("MatMul", ["g", "w2"], ["y"]),
+    ]
+    scalars = {"c_half": half, "c_three": 3.0, "c_kappa": 0.044715,
+               "c_beta": math.sqrt(2 / math.pi), "c_one": 1.0}  # fmt: skip
+    inits = [_init("w1", 8, 32), _init("w2", 32, 4)] + [
+        numpy_helper.from_array(np.array(v, dtype=np.float32), k) for k, v in scalars.items()
+    ]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])]
+    if share_inner:
+        outputs.append(helper.make_tensor_value_info("scaled", TensorProto.FLOAT, ["batch", 32]))
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])
+    return _model(nodes, [x], outputs, inits)
 
 
 def with_unsupported() -> bytes:

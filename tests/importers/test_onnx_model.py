@@ -2,6 +2,7 @@
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import annotated_types
 import onnx
@@ -96,6 +97,23 @@ def test_recurrent_layers_map_to_the_recurrent_op(
     analysis = analyze(imported.inputs, imported.layers, {"batch": 3, "seq": 7}, training=True)
     assert analysis.output_shape == (3, 2)
     assert analysis.params == params
+
+
+def test_gelu_written_out_in_any_order_is_one_gelu() -> None:
+    imported = import_onnx(onnx_models.gelu_by_hand())
+    assert [layer["op"] for layer in imported.layers] == ["linear", "gelu", "linear"]
+    assert imported.layers[1]["approximate"] == "tanh"
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"half": 0.6}, {"share_inner": True}], ids=["not gelu", "shared intermediate"]
+)
+def test_what_is_not_exactly_gelu_stays_element_wise(kwargs: dict[str, Any]) -> None:
+    imported = import_onnx(onnx_models.gelu_by_hand(**kwargs))
+    ops = [layer["op"] for layer in imported.layers]
+    assert "gelu" not in ops
+    assert "tanh" in ops
+    assert not any("GELU" in a for a in imported.assumptions)
 
 
 def test_unexpected_graph_shapes_are_422_not_500() -> None:
