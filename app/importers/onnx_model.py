@@ -25,11 +25,12 @@ The two must be equal.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import onnx
@@ -113,6 +114,9 @@ class Weightless:
     external: int  # pointed at external data (the path is never opened)
     empty: int  # carried dims but no data (a graph-only export)
     dropped_bytes: int  # float weight data released right after parsing
+    # initializer -> (the earlier initializer it copies, whether transposed): exporters write a
+    # tied LM head as a transposed copy of the embedding table
+    copies: dict[str, tuple[str, bool]] = field(default_factory=dict)
 
 
 def strip_weights(model: ModelProto) -> Weightless:
@@ -122,6 +126,7 @@ def strip_weights(model: ModelProto) -> Weightless:
     Int tensors of at most ``SMALL_VALUES`` elements keep their data (reshape targets, axes).
     """
     external = empty = dropped = 0
+    copies = _copies(model.graph)
     for tensor in model.graph.initializer:
         if _has_external_data(tensor):
             external += 1
@@ -135,7 +140,46 @@ def strip_weights(model: ModelProto) -> Weightless:
             dropped += tensor.ByteSize()
             for name in ("raw_data", "float_data", "double_data", "int32_data"):
                 tensor.ClearField(name)
-    return Weightless(external=external, empty=empty, dropped_bytes=dropped)
+    return Weightless(external=external, empty=empty, dropped_bytes=dropped, copies=copies)
+
+
+def _copies(graph: GraphProto) -> dict[str, tuple[str, bool]]:
+    """2-d float initializers whose data equals an earlier one's, or its transpose (by digest;
+    read before the data is released). Tensors without data, and constant ones, are never
+    copies; the mapper ties a linear layer through a copy only to an embedding table."""
+    seen: dict[bytes, str] = {}
+    found: dict[str, tuple[str, bool]] = {}
+    for tensor in graph.initializer:
+        if (
+            tensor.data_type not in _FLOAT_TYPES
+            or len(tensor.dims) != 2
+            or math.prod(tensor.dims) <= SMALL_VALUES
+            or _has_external_data(tensor)
+            or _stored_elements(tensor) != math.prod(tensor.dims)
+        ):
+            continue
+        array = onnx.numpy_helper.to_array(tensor)
+        if array.min() == array.max():  # constant (zeros, ones): equal by value, not a copy
+            continue
+        digest = _digest(array)
+        if digest in seen:
+            found[tensor.name] = (seen[digest], False)
+            continue
+        transposed = _digest(array.T)
+        if transposed in seen:
+            found[tensor.name] = (seen[transposed], True)
+            continue
+        seen[digest] = tensor.name
+    return found
+
+
+def _digest(array: Any) -> bytes:
+    import numpy as np
+
+    contiguous = np.ascontiguousarray(array)
+    return hashlib.blake2b(
+        repr(contiguous.shape).encode() + contiguous.tobytes(), digest_size=16
+    ).digest()
 
 
 def parse_model(data: bytes) -> ModelProto:
@@ -394,6 +438,9 @@ class _Mapper:
         ] = {}  # (input, axis) -> batch / seq  # initializers added to a MatMul as its bias
         self.initializers: dict[str, TensorProto] = {}
         self.fused: dict[str, int] = {}  # exporter patterns recognised, and how many
+        self.copies: dict[str, tuple[str, bool]] = {}  # from strip_weights
+        self.tied_copies: set[str] = set()  # copies a layer was tied through
+        self.embedding_tables: set[str] = set()  # initializers read as embedding tables
 
     # -- values
 
@@ -820,6 +867,15 @@ class _Mapper:
     ) -> dict[str, Any]:
         layer: dict[str, Any] = {"op": "linear", "out_features": out_features, "bias": bias}
         owner = self.weight_owner.get(weight.origin or "")
+        copy = self.copies.get(weight.origin or "")
+        if owner is None and copy is not None and copy[0] in self.embedding_tables:
+            owner = self.weight_owner.get(copy[0])
+            if owner is not None:
+                self.tied_copies.add(weight.origin or "")
+                self.notes.append(
+                    f"'{weight.origin}' is a {'transposed ' if copy[1] else ''}copy of "
+                    f"'{copy[0]}': the layer is tied to '{owner}' (one parameter tensor)"
+                )
         if owner is not None:
             layer["tied_to"] = owner
         layer["inputs"] = [self._x(node)]
@@ -1100,6 +1156,7 @@ class _Mapper:
             name = self._emit(node, index, layer, ["embedding"])
             if table.origin is not None:
                 self.weight_owner.setdefault(table.origin, name)
+                self.embedding_tables.add(table.origin)
             return None
         picked = self.consts.get(indices)
         if data in self.act and picked is not None and picked.dims == () and picked.values:
@@ -1421,6 +1478,8 @@ def _initializer_parameters(mapper: _Mapper) -> tuple[int, list[str], int]:
         numel = math.prod(tensor.dims)
         if tensor.data_type not in _FLOAT_TYPES or numel <= 1 or name in buffers:
             continue
+        if name in mapper.tied_copies:  # the same parameters as the tensor it copies
+            continue
         if name not in mapper.supported_inputs:
             if name in mapper.unsupported_inputs:
                 unsupported_only += numel
@@ -1446,6 +1505,7 @@ def import_onnx(
     weightless = strip_weights(model)
     seq = sequence_length or DEFAULT_SEQUENCE_LENGTH
     mapper = _Mapper(model, lenient=lenient)
+    mapper.copies = weightless.copies
     try:
         mapper.run()
     except ImportRejected:

@@ -222,6 +222,34 @@ def gelu_by_hand(half: float = 0.5, share_inner: bool = False) -> bytes:
     return _model(nodes, [x], outputs, inits)
 
 
+def lm_with_head_copy(transposed: bool = True, same_values: bool = True) -> bytes:
+    """Embedding 50 x 16 -> Relu -> an LM head whose weight is a separate initializer holding
+    the embedding table transposed (MatMul, what the TorchScript exporter writes for a tied
+    head) or as is (Gemm transB=1); ``same_values=False``: an untied head of the same shape."""
+    table = np.random.default_rng(7).standard_normal((50, 16)).astype(np.float32)
+    head = table if same_values else np.random.default_rng(8).standard_normal((50, 16))
+    head = head.astype(np.float32)
+    if transposed:
+        weight = numpy_helper.from_array(np.ascontiguousarray(head.T), "head_weight")
+        last = helper.make_node("MatMul", ["h", "head_weight"], ["logits"])
+    else:
+        weight = numpy_helper.from_array(head, "head_weight")
+        last = helper.make_node("Gemm", ["h2", "head_weight"], ["logits2"], transB=1)
+    nodes = [
+        helper.make_node("Gather", ["wte", "tokens"], ["e"]),
+        helper.make_node("Relu", ["e"], ["h"]),
+    ]
+    if transposed:
+        nodes.append(last)
+        out = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "seq", 50])
+    else:
+        nodes += [helper.make_node("Reshape", ["h", "flat"], ["h2"]), last]
+        out = helper.make_tensor_value_info("logits2", TensorProto.FLOAT, [None, 50])
+    inits = [numpy_helper.from_array(table, "wte"), weight, _ints("flat", [-1, 16])]
+    tokens = helper.make_tensor_value_info("tokens", TensorProto.INT64, ["batch", "seq"])
+    return _model(nodes, [tokens], [out], inits)
+
+
 def with_unsupported() -> bytes:
     """Relu, then a TopK and a NonZero (unsupported), then a Gemm of 4*4 + 4 = 20 params."""
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])

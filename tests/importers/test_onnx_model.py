@@ -116,6 +116,24 @@ def test_what_is_not_exactly_gelu_stays_element_wise(kwargs: dict[str, Any]) -> 
     assert not any("GELU" in a for a in imported.assumptions)
 
 
+@pytest.mark.parametrize("transposed", [True, False], ids=["transposed copy", "same copy"])
+def test_a_head_that_copies_the_embedding_is_tied_to_it(transposed: bool) -> None:
+    imported = import_onnx(onnx_models.lm_with_head_copy(transposed=transposed))
+    assert imported.parameter_count == imported.source_parameter_count == 50 * 16
+    (head,) = [layer for layer in imported.layers if layer["op"] == "linear"]
+    (embedding,) = [layer for layer in imported.layers if layer["op"] == "embedding"]
+    assert head["tied_to"] == embedding["name"]
+    kind = "transposed copy" if transposed else "copy"
+    assert any(f"'head_weight' is a {kind} of 'wte'" in a for a in imported.assumptions)
+
+
+def test_a_head_with_its_own_values_is_not_tied() -> None:
+    imported = import_onnx(onnx_models.lm_with_head_copy(same_values=False))
+    assert imported.parameter_count == imported.source_parameter_count == 2 * 50 * 16
+    (head,) = [layer for layer in imported.layers if layer["op"] == "linear"]
+    assert "tied_to" not in head
+
+
 def test_unexpected_graph_shapes_are_422_not_500() -> None:
     model = onnx.load_from_string(onnx_models.small_cnn())
     del model.graph.node[0].attribute[:]  # Conv without kernel_shape: still mappable
