@@ -42,7 +42,7 @@ def build(mib: int, weights: bool) -> bytes:
     nodes, inits = [], []
     current = "x"
     for i in range(layers):
-        w = np.zeros((width, width), dtype=np.float32)
+        w = np.random.default_rng(i).standard_normal((width, width), dtype=np.float32)
         tensor = numpy_helper.from_array(w, f"w{i}")
         if not weights:
             tensor.ClearField("raw_data")
