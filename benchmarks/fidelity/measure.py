@@ -250,13 +250,17 @@ def training_loss(
 
 
 def make_optimizer(name: str, params: list[nn.Parameter]) -> torch.optim.Optimizer:
-    """The four optimizer variants measured."""
+    """The optimizer variants measured (here and by cuda/measure.py): PyTorch's default
+    implementation unless the name says foreach, fused or for_loop."""
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=0.01)
     if name == "sgd_momentum":
         return torch.optim.SGD(params, lr=0.01, momentum=0.9)
     variants: dict[str, dict[str, bool]] = {
         "adamw": {},
         "adamw_foreach": {"foreach": True},
         "adamw_fused": {"fused": True},
+        "adamw_for_loop": {"foreach": False},
     }
     return torch.optim.AdamW(params, lr=1e-4, **variants[name])
 

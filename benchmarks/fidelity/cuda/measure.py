@@ -37,7 +37,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # benchmarks/fidelity: the CPU harness's models and helpers
 
 import torch  # noqa: E402
-from measure import Config, forward, make_batch, training_loss  # noqa: E402
+from measure import Config, forward, make_batch, make_optimizer, training_loss  # noqa: E402
 from models import build_model, count_params  # noqa: E402
 from torch import Tensor, nn  # noqa: E402
 
@@ -271,21 +271,6 @@ def environment() -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------- one config
-
-
-def make_optimizer(name: str, params: list[nn.Parameter]) -> torch.optim.Optimizer:
-    """PyTorch's defaults (foreach on CUDA) unless the name says foreach or fused."""
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=0.01)
-    if name == "sgd_momentum":
-        return torch.optim.SGD(params, lr=0.01, momentum=0.9)
-    variants: dict[str, dict[str, bool]] = {
-        "adamw": {},
-        "adamw_foreach": {"foreach": True},
-        "adamw_fused": {"fused": True},
-        "adamw_for_loop": {"foreach": False},
-    }
-    return torch.optim.AdamW(params, lr=1e-4, **variants[name])
 
 
 def _device() -> torch.device:
