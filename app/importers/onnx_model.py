@@ -1404,6 +1404,20 @@ def fuse_gelu(
     return result, fused
 
 
+def _possibly_folded_batch_norm(model: ModelProto) -> int:
+    """Convolutions with a bias in a PyTorch export without BatchNormalization: the mark an
+    eval-mode export leaves when it folds batch norm into convolutions (0 when not PyTorch's,
+    when batch norm is present, or when no convolution has a bias)."""
+    if model.producer_name != "pytorch":
+        return 0
+    nodes = list(_all_nodes(model.graph))
+    if any(node.op_type == "BatchNormalization" for node in nodes):
+        return 0
+    return sum(
+        1 for node in nodes if node.op_type == "Conv" and len(node.input) > 2 and node.input[2]
+    )
+
+
 def _small_ints(tensor: TensorProto) -> tuple[int, ...] | None:
     if tensor.data_type not in _INT_TYPES or math.prod(tensor.dims) > SMALL_VALUES:
         return None
@@ -1560,6 +1574,14 @@ def import_onnx(
     notes.append("batch-norm running statistics are buffers, not parameters")
     for pattern, count in mapper.fused.items():
         notes.append(f"fused {count} exporter subgraph(s): {pattern}")
+    folded = _possibly_folded_batch_norm(model)
+    if folded:
+        notes.append(
+            f"{folded} convolution(s) carry a bias and the graph has no BatchNormalization: if "
+            "the model has batch norm, an eval-mode torch.onnx.export folded it into the "
+            "convolutions, and training estimates miss its saved tensors; for training, export "
+            "with training=torch.onnx.TrainingMode.TRAINING (inference estimates are unaffected)"
+        )
     if weightless.external or weightless.empty:
         notes.append(
             f"shapes without weights: {weightless.external} initializer(s) refer to external "

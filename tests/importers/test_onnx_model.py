@@ -134,6 +134,32 @@ def test_a_head_with_its_own_values_is_not_tied() -> None:
     assert "tied_to" not in head
 
 
+@pytest.mark.parametrize(
+    ("producer", "drop_batch_norm", "warned"),
+    [("pytorch", True, True), ("pytorch", False, False), ("capplan-tests", True, False)],
+)
+def test_an_eval_mode_export_with_folded_batch_norm_is_flagged(
+    producer: str, drop_batch_norm: bool, warned: bool
+) -> None:
+    """small_cnn's convolutions have biases; without its BatchNormalization node, a PyTorch
+    export looks like one whose batch norm was folded in eval mode: the report says so."""
+    model = onnx.load_from_string(onnx_models.small_cnn())
+    model.producer_name = producer
+    if drop_batch_norm:
+        (bn,) = [n for n in model.graph.node if n.op_type == "BatchNormalization"]
+        for node in model.graph.node:
+            node.input[:] = [bn.input[0] if i == bn.output[0] else i for i in node.input]
+        model.graph.node.remove(bn)
+        used = {i for n in model.graph.node for i in n.input}
+        for tensor in [t for t in model.graph.initializer if t.name not in used]:
+            model.graph.initializer.remove(tensor)
+    imported = import_onnx(model.SerializeToString())
+    flagged = [a for a in imported.assumptions if "folded it into the convolutions" in a]
+    assert bool(flagged) is warned
+    if warned:
+        assert flagged[0].startswith("2 convolution(s) carry a bias")
+
+
 def test_unexpected_graph_shapes_are_422_not_500() -> None:
     model = onnx.load_from_string(onnx_models.small_cnn())
     del model.graph.node[0].attribute[:]  # Conv without kernel_shape: still mappable
