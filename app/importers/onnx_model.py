@@ -581,9 +581,16 @@ class _Mapper:
         self._bind_inputs(set(initializers))
         self._infer_shapes()
         outputs = {info.name for info in self.graph.output}
-        nodes, fused = fuse_gelu(list(self.graph.node), _scalar_values(self.graph), outputs)
+        scalars = _scalar_values(self.graph)
+        nodes, fused = fuse_gelu(list(self.graph.node), scalars, outputs)
         for kind, count in sorted(fused.items()):
             self.fused[f"GELU ({kind} form) -> gelu"] = count
+        vectors = {name: c.dims[0] for name, c in self.consts.items()
+                   if c.is_float and c.dims is not None and len(c.dims) == 1}  # fmt: skip
+        ranks = {name: len(shape) for name, shape in self.shapes.items() if shape is not None}
+        nodes, fused = fuse_norms(nodes, scalars, vectors, outputs, ranks)
+        for kind, count in sorted(fused.items()):
+            self.fused[f"{kind} written out -> {kind.lower()}"] = count
         for index, node in enumerate(nodes):
             self._node(node, index)
 
@@ -1416,6 +1423,220 @@ def _possibly_folded_batch_norm(model: ModelProto) -> int:
     return sum(
         1 for node in nodes if node.op_type == "Conv" and len(node.input) > 2 and node.input[2]
     )
+
+
+_NORM_OPS = frozenset({"Pow", "ReduceMean", "Add", "Sub", "Mul", "Div", "Sqrt", "Reciprocal",
+                       "Cast"})  # fmt: skip
+
+
+def _norm_reference(kind: str, x: Any, eps: float, weight: Any, bias: Any) -> Any:
+    import numpy as np
+
+    if kind == "RMSNorm":
+        out = x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps)
+    else:
+        centered = x - x.mean(axis=-1, keepdims=True)
+        out = centered / np.sqrt((centered * centered).mean(axis=-1, keepdims=True) + eps)
+    if weight is not None:
+        out = out * weight
+    if bias is not None:
+        out = out + bias
+    return out
+
+
+def _evaluate_vectors(
+    nodes: Sequence[NodeProto], env: dict[str, Any], scalars: dict[str, float]
+) -> Any | None:
+    """The nodes evaluated with numpy on ``env`` (the probe tensor and vectors)."""
+    import numpy as np
+
+    try:
+        for node in nodes:
+            args = [env[name] if name in env else np.float64(scalars[name]) for name in node.input
+                    if name]  # fmt: skip
+            op = node.op_type
+            if op == "ReduceMean":  # over the last axis (checked by the caller)
+                keep = bool(next((a.i for a in node.attribute if a.name == "keepdims"), 1))
+                out = args[0].mean(axis=-1, keepdims=keep)
+            elif op == "Sqrt":
+                out = np.sqrt(args[0])
+            elif op == "Reciprocal":
+                out = 1.0 / args[0]
+            elif op == "Cast":
+                out = args[0]
+            elif op == "Pow":
+                out = args[0] ** args[1]
+            else:
+                out = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply,
+                       "Div": np.divide}[op](args[0], args[1])  # fmt: skip
+            env[node.output[0]] = out
+    except (ArithmeticError, KeyError, ValueError, TypeError, FloatingPointError):
+        return None
+    return env[nodes[-1].output[0]]
+
+
+def _node_axes(node: NodeProto, scalars: dict[str, float]) -> list[int] | None:
+    for attribute in node.attribute:
+        if attribute.name == "axes":
+            return [int(a) for a in attribute.ints]
+    if len(node.input) > 1 and node.input[1] in scalars:  # opset 18: axes as an input
+        return [int(scalars[node.input[1]])]
+    return None
+
+
+def fuse_norms(
+    nodes: list[NodeProto],
+    scalars: dict[str, float],
+    vectors: dict[str, int],
+    graph_outputs: set[str],
+    ranks: dict[str, int],
+) -> tuple[list[NodeProto], Counter[str]]:
+    """Replace RMSNorm and LayerNorm written out as element-wise ops and ReduceMean over the
+    last axis (how exporters write Llama's RMSNorm and LayerNorm before opset 17) with one
+    RMSNormalization / LayerNormalization node, keeping the scale and bias vectors as its
+    inputs. Anchored on each Sqrt: the chain of single consumers after it, with every node
+    that feeds it from one tensor, scalars and 1-d vectors, is a norm when it evaluates to one
+    (random probe values, the vectors too) and nothing else reads its intermediates."""
+    import numpy as np
+
+    producer = {out: i for i, node in enumerate(nodes) for out in node.output}
+    users: dict[str, list[int]] = {}
+    for i, node in enumerate(nodes):
+        for name in node.input:
+            users.setdefault(name, []).append(i)
+    removed: set[int] = set()
+    replaced: dict[int, NodeProto] = {}
+    fused: Counter[str] = Counter()
+    rng = np.random.default_rng(0)
+
+    def normalized(anchor: int) -> str | None:
+        """The tensor a norm ending in Sqrt normalizes: back through its first input to the
+        ReduceMean, then the input of the squaring (behind LayerNorm's centring Sub)."""
+        index: int | None = anchor
+        for _ in range(4):
+            if index is None:
+                return None
+            node = nodes[index]
+            if node.op_type == "ReduceMean":
+                squared = producer.get(node.input[0])
+                if squared is None or nodes[squared].op_type not in ("Pow", "Mul"):
+                    return None
+                value = str(nodes[squared].input[0])
+                centred = producer.get(value)
+                if centred is not None and nodes[centred].op_type == "Sub":
+                    return str(nodes[centred].input[0])
+                return value
+            operands = [name for name in node.input if name and name not in scalars]
+            index = producer.get(operands[0]) if operands else None
+        return None
+
+    def cone(value: str, x: str) -> tuple[set[int], set[str], set[str]] | None:
+        members: set[int] = set()
+        leaves: set[str] = set()
+        params: set[str] = set()
+        stack = [value]
+        while stack:
+            name = stack.pop()
+            if not name or name in scalars:
+                continue
+            if name == x:
+                leaves.add(name)
+                continue
+            if name in vectors:
+                params.add(name)
+                continue
+            index = producer.get(name)
+            if index is None or nodes[index].op_type not in _NORM_OPS or index in removed:
+                leaves.add(name)
+                continue
+            if index not in members:
+                members.add(index)
+                if len(members) > _GELU_MAX_NODES:
+                    return None
+                stack.extend(nodes[index].input)
+        return members, leaves, params
+
+    for anchor, node in enumerate(nodes):
+        if node.op_type != "Sqrt" or anchor in removed:
+            continue
+        source = normalized(anchor)
+        if source is None:
+            continue
+        best: tuple[int, set[int], str, str, tuple[str, list[str], float]] | None = None
+        current = anchor
+        for _ in range(6):
+            output = nodes[current].output[0]
+            found = cone(output, source)
+            if found is not None and len(found[1]) == 1 and len(found[2]) <= 2:
+                members, (x,), params = found
+                widths = {vectors[p] for p in params}
+                width = widths.pop() if len(widths) == 1 else 8 if not params else 0
+                if width:
+                    probe = rng.standard_normal((3, width))
+                    env: dict[str, Any] = {x: probe}
+                    env.update({p: rng.normal(1.0, 0.3, width) for p in params})
+                    ordered = [nodes[i] for i in sorted(members)]
+                    last_axis = all(
+                        _node_axes(n, scalars) in ([-1], [ranks.get(n.input[0], 0) - 1])
+                        for n in ordered
+                        if n.op_type == "ReduceMean"
+                    )
+                    values = _evaluate_vectors(ordered, env, scalars) if last_axis else None
+                    kind = _norm_kind(values, probe, params, env, ordered, scalars)
+                    inside = all(
+                        all(u in members for u in users.get(out, ())) and out not in graph_outputs
+                        for i in members
+                        if i != current
+                        for out in nodes[i].output
+                    )
+                    if kind is not None and inside:  # keep going: a bias may follow the scale
+                        best = (current, members, x, output, kind)
+            following = users.get(output, [])
+            if len(following) != 1 or nodes[following[0]].op_type not in _NORM_OPS:
+                break
+            current = following[0]
+        if best is not None:
+            last, members, x, output, (name, inputs, eps) = best
+            removed |= members
+            replaced[last] = onnx.helper.make_node(
+                name, [x, *inputs], [output], axis=-1, epsilon=eps,
+                name=f"{nodes[last].name or name}_fused",
+            )  # fmt: skip
+            fused["RMSNorm" if name == "RMSNormalization" else "LayerNorm"] += 1
+    result = [replaced.get(i, n) for i, n in enumerate(nodes) if i not in removed or i in replaced]
+    return result, fused
+
+
+def _norm_kind(
+    values: Any,
+    probe: Any,
+    params: set[str],
+    env: dict[str, Any],
+    ordered: Sequence[NodeProto],
+    scalars: dict[str, float],
+) -> tuple[str, list[str], float] | None:
+    """Which norm ``values`` are (RMSNorm or LayerNorm, with which vectors as scale and bias,
+    and the epsilon added under the square root), or None."""
+    import numpy as np
+
+    if values is None or getattr(values, "shape", None) != probe.shape:
+        return None
+    eps = next(
+        (scalars[name] for node in ordered if node.op_type == "Add" for name in node.input
+         if name in scalars and 0 < scalars[name] < 1e-2),
+        1e-5,
+    )  # fmt: skip
+    names = sorted(params)
+    choices: list[tuple[str | None, str | None]] = [(None, None)]
+    choices += [(w, None) for w in names] + [(w, b) for w in names for b in names if b != w]
+    for kind, op in (("RMSNorm", "RMSNormalization"), ("LayerNorm", "LayerNormalization")):
+        for weight, bias in choices:
+            if {weight, bias} - {None} != set(params):
+                continue
+            expected = _norm_reference(kind, probe, eps, env.get(weight or ""), env.get(bias or ""))
+            if np.allclose(values, expected, rtol=1e-6, atol=1e-9) and weight is not None:
+                return op, [weight] + ([bias] if bias else []), float(eps)
+    return None
 
 
 def _small_ints(tensor: TensorProto) -> tuple[int, ...] | None:

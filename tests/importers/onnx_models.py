@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import onnx
@@ -248,6 +249,47 @@ def lm_with_head_copy(transposed: bool = True, same_values: bool = True) -> byte
     inits = [numpy_helper.from_array(table, "wte"), weight, _ints("flat", [-1, 16])]
     tokens = helper.make_tensor_value_info("tokens", TensorProto.INT64, ["batch", "seq"])
     return _model(nodes, [tokens], [out], inits)
+
+
+def norm_by_hand(kind: str = "rms", axis: int = -1) -> bytes:
+    """A residual Add, then RMSNorm (Llama: Pow, ReduceMean, Add eps, Sqrt, Reciprocal, Mul x,
+    Mul weight) or LayerNorm (ReduceMean, Sub, Pow, ReduceMean, Add eps, Sqrt, Div, Mul weight,
+    Add bias) written out over ``axis``, then a linear layer. Width 16, batch symbolic."""
+    reduce: dict[str, Any] = {"axes": [axis], "keepdims": 1}
+    nodes = [helper.make_node("Add", ["a", "b"], ["x"])]
+    if kind == "rms":
+        nodes += [
+            helper.make_node("Pow", ["x", "two"], ["sq"]),
+            helper.make_node("ReduceMean", ["sq"], ["var"], **reduce),
+            helper.make_node("Add", ["var", "eps"], ["var_eps"]),
+            helper.make_node("Sqrt", ["var_eps"], ["std"]),
+            helper.make_node("Reciprocal", ["std"], ["inv"]),
+            helper.make_node("Mul", ["x", "inv"], ["normed"]),
+            helper.make_node("Mul", ["ln_w", "normed"], ["n"]),
+        ]
+    else:
+        nodes += [
+            helper.make_node("ReduceMean", ["x"], ["mean"], **reduce),
+            helper.make_node("Sub", ["x", "mean"], ["c"]),
+            helper.make_node("Pow", ["c", "two"], ["sq"]),
+            helper.make_node("ReduceMean", ["sq"], ["var"], **reduce),
+            helper.make_node("Add", ["var", "eps"], ["var_eps"]),
+            helper.make_node("Sqrt", ["var_eps"], ["std"]),
+            helper.make_node("Div", ["c", "std"], ["normed"]),
+            helper.make_node("Mul", ["normed", "ln_w"], ["scaled"]),
+            helper.make_node("Add", ["scaled", "ln_b"], ["n"]),
+        ]
+    nodes.append(helper.make_node("MatMul", ["n", "w"], ["y"]))
+    scalars = {"two": 2.0, "eps": 1e-6}
+    inits = [_init("ln_w", 16), _init("ln_b", 16), _init("w", 16, 4)] + [
+        numpy_helper.from_array(np.array(v, dtype=np.float32), k) for k, v in scalars.items()
+    ]
+    if kind == "rms":
+        inits = [t for t in inits if t.name != "ln_b"]
+    a = helper.make_tensor_value_info("a", TensorProto.FLOAT, ["batch", 8, 16])
+    b = helper.make_tensor_value_info("b", TensorProto.FLOAT, ["batch", 8, 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8, 4])
+    return _model(nodes, [a, b], [y], inits, opset=17)
 
 
 def with_unsupported() -> bytes:

@@ -160,6 +160,25 @@ def test_an_eval_mode_export_with_folded_batch_norm_is_flagged(
         assert flagged[0].startswith("2 convolution(s) carry a bias")
 
 
+@pytest.mark.parametrize(
+    ("kind", "op", "params"),
+    [("rms", "rmsnorm", 16 + 64), ("layer", "layernorm", 32 + 64)],
+)
+def test_norms_written_out_are_one_norm(kind: str, op: str, params: int) -> None:
+    imported = import_onnx(onnx_models.norm_by_hand(kind))
+    assert [layer["op"] for layer in imported.layers] == ["add", op, "linear"]
+    assert imported.parameter_count == imported.source_parameter_count == params
+    label = "RMSNorm" if kind == "rms" else "LayerNorm"
+    assert any(f"{label} written out -> {label.lower()}" in a for a in imported.assumptions)
+
+
+def test_a_mean_over_another_axis_is_not_a_norm() -> None:
+    imported = import_onnx(onnx_models.norm_by_hand("rms", axis=1), lenient=True)
+    ops = [layer["op"] for layer in imported.layers]
+    assert "rmsnorm" not in ops
+    assert not any("written out" in a for a in imported.assumptions)
+
+
 def test_unexpected_graph_shapes_are_422_not_500() -> None:
     model = onnx.load_from_string(onnx_models.small_cnn())
     del model.graph.node[0].attribute[:]  # Conv without kernel_shape: still mappable
