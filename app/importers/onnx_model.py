@@ -1260,7 +1260,7 @@ class _Mapper:
 # -- exporter patterns ------------------------------------------------------------------------
 
 _GELU_OPS = frozenset({"Div", "Mul", "Add", "Sub", "Pow", "Erf", "Tanh"})
-_GELU_MAX_NODES = 12
+_FUSE_MAX_NODES = 12
 _GELU_PROBE = (-3.0, -1.7, -0.6, -0.1, 0.0, 0.2, 0.9, 1.6, 3.2)
 
 
@@ -1334,6 +1334,84 @@ def _evaluate(nodes: Sequence[NodeProto], x: str, scalars: dict[str, float]) -> 
     return env[nodes[-1].output[0]]
 
 
+class _Rewrite:
+    """A node list being rewritten: who produces and reads each value, the nodes a fusion
+    removed, and the node that replaces each fused subgraph (at its last node's place)."""
+
+    def __init__(self, nodes: list[NodeProto], scalars: dict[str, float], outputs: set[str]):
+        self.nodes, self.scalars, self.graph_outputs = nodes, scalars, outputs
+        self.producer = {out: i for i, node in enumerate(nodes) for out in node.output}
+        self.users: dict[str, list[int]] = {}
+        for i, node in enumerate(nodes):
+            for name in node.input:
+                self.users.setdefault(name, []).append(i)
+        self.removed: set[int] = set()
+        self.replaced: dict[int, NodeProto] = {}
+
+    def cone(
+        self,
+        value: str,
+        ops: frozenset[str],
+        *,
+        stop: str | None = None,
+        vectors: dict[str, int] | None = None,
+    ) -> tuple[set[int], set[str], set[str]] | None:
+        """The nodes (of ``ops``) computing ``value``, the tensors they start from, and the 1-d
+        constant vectors they read; None beyond ``_FUSE_MAX_NODES`` nodes. Scalars are
+        constants; ``stop`` is a tensor not to look behind."""
+        members: set[int] = set()
+        leaves: set[str] = set()
+        params: set[str] = set()
+        stack = [value]
+        while stack:
+            name = stack.pop()
+            if not name or name in self.scalars:
+                continue
+            if name == stop:
+                leaves.add(name)
+                continue
+            if vectors is not None and name in vectors:
+                params.add(name)
+                continue
+            index = self.producer.get(name)
+            if index is None or self.nodes[index].op_type not in ops or index in self.removed:
+                leaves.add(name)
+                continue
+            if index not in members:
+                members.add(index)
+                if len(members) > _FUSE_MAX_NODES:
+                    return None
+                stack.extend(self.nodes[index].input)
+        return members, leaves, params
+
+    def private(self, members: set[int], last: int) -> bool:
+        """Whether only ``members`` read the values the members other than ``last`` produce."""
+        return all(
+            all(u in members for u in self.users.get(out, ())) and out not in self.graph_outputs
+            for i in members
+            if i != last
+            for out in self.nodes[i].output
+        )
+
+    def next_in_chain(self, index: int, ops: frozenset[str]) -> int | None:
+        """The single reader of ``index``'s output, when it is one of ``ops``."""
+        following = self.users.get(self.nodes[index].output[0], [])
+        if len(following) != 1 or self.nodes[following[0]].op_type not in ops:
+            return None
+        return following[0]
+
+    def replace(self, members: set[int], last: int, node: NodeProto) -> None:
+        self.removed |= members
+        self.replaced[last] = node
+
+    def result(self) -> list[NodeProto]:
+        return [
+            self.replaced.get(i, node)
+            for i, node in enumerate(self.nodes)
+            if i not in self.removed or i in self.replaced
+        ]
+
+
 def fuse_gelu(
     nodes: list[NodeProto], scalars: dict[str, float], graph_outputs: set[str]
 ) -> tuple[list[NodeProto], Counter[str]]:
@@ -1346,69 +1424,30 @@ def fuse_gelu(
     evaluates to GELU on probe values (within 1e-5), and its intermediate values are read by
     nothing else. Returns the new node list and the count per form.
     """
-    producer = {out: i for i, node in enumerate(nodes) for out in node.output}
-    users: dict[str, list[int]] = {}
-    for i, node in enumerate(nodes):
-        for name in node.input:
-            users.setdefault(name, []).append(i)
-    removed: set[int] = set()
-    replaced: dict[int, NodeProto] = {}
+    rewrite = _Rewrite(nodes, scalars, graph_outputs)
     fused: Counter[str] = Counter()
-
-    def cone(value: str) -> tuple[set[int], set[str]] | None:
-        """Nodes computing ``value`` from scalars and other tensors, and those tensors."""
-        members: set[int] = set()
-        leaves: set[str] = set()
-        stack = [value]
-        while stack:
-            name = stack.pop()
-            if name in scalars:
-                continue
-            index = producer.get(name)
-            if index is None or nodes[index].op_type not in _GELU_OPS or index in removed:
-                leaves.add(name)
-                continue
-            if index not in members:
-                members.add(index)
-                if len(members) > _GELU_MAX_NODES:
-                    return None
-                stack.extend(nodes[index].input)
-        return members, leaves
-
     for anchor, node in enumerate(nodes):
-        if node.op_type not in ("Erf", "Tanh") or anchor in removed:
+        if node.op_type not in ("Erf", "Tanh") or anchor in rewrite.removed:
             continue
-        current = anchor
+        current: int | None = anchor
         for _ in range(6):
+            if current is None:
+                break
             output = nodes[current].output[0]
-            found = cone(output)
+            found = rewrite.cone(output, _GELU_OPS)
             if found is not None and len(found[1]) == 1:
                 members, (x,) = found[0], tuple(found[1])
-                ordered = [nodes[i] for i in sorted(members)]
-                values = _evaluate(ordered, x, scalars)
+                values = _evaluate([nodes[i] for i in sorted(members)], x, scalars)
                 kind = _gelu_kind(values, _GELU_PROBE) if values is not None else None
-                inside = all(
-                    all(u in members for u in users.get(out, ())) and out not in graph_outputs
-                    for i in members
-                    if i != current
-                    for out in nodes[i].output
-                )
-                if kind is not None and inside:
-                    removed |= members
-                    replaced[current] = onnx.helper.make_node(
+                if kind is not None and rewrite.private(members, current):
+                    rewrite.replace(members, current, onnx.helper.make_node(
                         "Gelu", [x], [output], name=f"{nodes[current].name or 'gelu'}_fused",
                         approximate="tanh" if kind == "tanh" else "none",
-                    )  # fmt: skip
+                    ))  # fmt: skip
                     fused[kind] += 1
                     break
-            following = users.get(output, [])
-            if len(following) != 1 or nodes[following[0]].op_type not in _GELU_OPS:
-                break
-            current = following[0]
-    result = [
-        replaced.get(i, node) for i, node in enumerate(nodes) if i not in removed or i in replaced
-    ]
-    return result, fused
+            current = rewrite.next_in_chain(current, _GELU_OPS)
+    return rewrite.result(), fused
 
 
 def _possibly_folded_batch_norm(model: ModelProto) -> int:
@@ -1495,116 +1534,93 @@ def fuse_norms(
     last axis (how exporters write Llama's RMSNorm and LayerNorm before opset 17) with one
     RMSNormalization / LayerNormalization node, keeping the scale and bias vectors as its
     inputs. Anchored on each Sqrt: the chain of single consumers after it, with every node
-    that feeds it from one tensor, scalars and 1-d vectors, is a norm when it evaluates to one
-    (random probe values, the vectors too) and nothing else reads its intermediates."""
+    that feeds it from the normalized tensor, scalars and 1-d vectors, is a norm when it
+    evaluates to one (random probe values, the vectors too) and nothing else reads its
+    intermediates; the longest such chain wins (a bias may follow the scale)."""
     import numpy as np
 
-    producer = {out: i for i, node in enumerate(nodes) for out in node.output}
-    users: dict[str, list[int]] = {}
-    for i, node in enumerate(nodes):
-        for name in node.input:
-            users.setdefault(name, []).append(i)
-    removed: set[int] = set()
-    replaced: dict[int, NodeProto] = {}
+    rewrite = _Rewrite(nodes, scalars, graph_outputs)
     fused: Counter[str] = Counter()
     rng = np.random.default_rng(0)
-
-    def normalized(anchor: int) -> str | None:
-        """The tensor a norm ending in Sqrt normalizes: back through its first input to the
-        ReduceMean, then the input of the squaring (behind LayerNorm's centring Sub)."""
-        index: int | None = anchor
-        for _ in range(4):
-            if index is None:
-                return None
-            node = nodes[index]
-            if node.op_type == "ReduceMean":
-                squared = producer.get(node.input[0])
-                if squared is None or nodes[squared].op_type not in ("Pow", "Mul"):
-                    return None
-                value = str(nodes[squared].input[0])
-                centred = producer.get(value)
-                if centred is not None and nodes[centred].op_type == "Sub":
-                    return str(nodes[centred].input[0])
-                return value
-            operands = [name for name in node.input if name and name not in scalars]
-            index = producer.get(operands[0]) if operands else None
-        return None
-
-    def cone(value: str, x: str) -> tuple[set[int], set[str], set[str]] | None:
-        members: set[int] = set()
-        leaves: set[str] = set()
-        params: set[str] = set()
-        stack = [value]
-        while stack:
-            name = stack.pop()
-            if not name or name in scalars:
-                continue
-            if name == x:
-                leaves.add(name)
-                continue
-            if name in vectors:
-                params.add(name)
-                continue
-            index = producer.get(name)
-            if index is None or nodes[index].op_type not in _NORM_OPS or index in removed:
-                leaves.add(name)
-                continue
-            if index not in members:
-                members.add(index)
-                if len(members) > _GELU_MAX_NODES:
-                    return None
-                stack.extend(nodes[index].input)
-        return members, leaves, params
-
     for anchor, node in enumerate(nodes):
-        if node.op_type != "Sqrt" or anchor in removed:
+        if node.op_type != "Sqrt" or anchor in rewrite.removed:
             continue
-        source = normalized(anchor)
+        source = _normalized(rewrite, anchor)
         if source is None:
             continue
         best: tuple[int, set[int], str, str, tuple[str, list[str], float]] | None = None
-        current = anchor
+        current: int | None = anchor
         for _ in range(6):
+            if current is None:
+                break
             output = nodes[current].output[0]
-            found = cone(output, source)
+            found = rewrite.cone(output, _NORM_OPS, stop=source, vectors=vectors)
             if found is not None and len(found[1]) == 1 and len(found[2]) <= 2:
                 members, (x,), params = found
-                widths = {vectors[p] for p in params}
-                width = widths.pop() if len(widths) == 1 else 8 if not params else 0
-                if width:
-                    probe = rng.standard_normal((3, width))
-                    env: dict[str, Any] = {x: probe}
-                    env.update({p: rng.normal(1.0, 0.3, width) for p in params})
-                    ordered = [nodes[i] for i in sorted(members)]
-                    last_axis = all(
-                        _node_axes(n, scalars) in ([-1], [ranks.get(n.input[0], 0) - 1])
-                        for n in ordered
-                        if n.op_type == "ReduceMean"
-                    )
-                    values = _evaluate_vectors(ordered, env, scalars) if last_axis else None
-                    kind = _norm_kind(values, probe, params, env, ordered, scalars)
-                    inside = all(
-                        all(u in members for u in users.get(out, ())) and out not in graph_outputs
-                        for i in members
-                        if i != current
-                        for out in nodes[i].output
-                    )
-                    if kind is not None and inside:  # keep going: a bias may follow the scale
-                        best = (current, members, x, output, kind)
-            following = users.get(output, [])
-            if len(following) != 1 or nodes[following[0]].op_type not in _NORM_OPS:
-                break
-            current = following[0]
+                kind = _norm_of(members, x, params, rewrite, vectors, ranks, rng)
+                if kind is not None and rewrite.private(members, current):
+                    best = (current, members, x, output, kind)
+            current = rewrite.next_in_chain(current, _NORM_OPS)
         if best is not None:
             last, members, x, output, (name, inputs, eps) = best
-            removed |= members
-            replaced[last] = onnx.helper.make_node(
+            rewrite.replace(members, last, onnx.helper.make_node(
                 name, [x, *inputs], [output], axis=-1, epsilon=eps,
                 name=f"{nodes[last].name or name}_fused",
-            )  # fmt: skip
+            ))  # fmt: skip
             fused["RMSNorm" if name == "RMSNormalization" else "LayerNorm"] += 1
-    result = [replaced.get(i, n) for i, n in enumerate(nodes) if i not in removed or i in replaced]
-    return result, fused
+    return rewrite.result(), fused
+
+
+def _normalized(rewrite: _Rewrite, anchor: int) -> str | None:
+    """The tensor a norm ending in Sqrt normalizes: back through its first input to the
+    ReduceMean, then the input of the squaring (behind LayerNorm's centring Sub)."""
+    nodes, producer = rewrite.nodes, rewrite.producer
+    index: int | None = anchor
+    for _ in range(4):
+        if index is None:
+            return None
+        node = nodes[index]
+        if node.op_type == "ReduceMean":
+            squared = producer.get(node.input[0])
+            if squared is None or nodes[squared].op_type not in ("Pow", "Mul"):
+                return None
+            value = str(nodes[squared].input[0])
+            centred = producer.get(value)
+            if centred is not None and nodes[centred].op_type == "Sub":
+                return str(nodes[centred].input[0])
+            return value
+        operands = [name for name in node.input if name and name not in rewrite.scalars]
+        index = producer.get(operands[0]) if operands else None
+    return None
+
+
+def _norm_of(
+    members: set[int],
+    x: str,
+    params: set[str],
+    rewrite: _Rewrite,
+    vectors: dict[str, int],
+    ranks: dict[str, int],
+    rng: Any,
+) -> tuple[str, list[str], float] | None:
+    """The norm ``members`` compute from ``x`` and the vectors ``params``, if any."""
+    widths = {vectors[p] for p in params}
+    width = widths.pop() if len(widths) == 1 else 8 if not params else 0
+    if not width:
+        return None
+    ordered = [rewrite.nodes[i] for i in sorted(members)]
+    last_axis = all(
+        _node_axes(n, rewrite.scalars) in ([-1], [ranks.get(n.input[0], 0) - 1])
+        for n in ordered
+        if n.op_type == "ReduceMean"
+    )
+    if not last_axis:
+        return None
+    probe = rng.standard_normal((3, width))
+    env: dict[str, Any] = {x: probe}
+    env.update({p: rng.normal(1.0, 0.3, width) for p in params})
+    values = _evaluate_vectors(ordered, env, rewrite.scalars)
+    return _norm_kind(values, probe, params, env, ordered, rewrite.scalars)
 
 
 def _norm_kind(
