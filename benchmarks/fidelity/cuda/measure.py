@@ -11,33 +11,52 @@ For every configuration: a warm-up step, then two steady steps; before each step
 process's device memory beyond the reservation (``mem_get_info`` used minus
 ``memory_reserved``: the CUDA context and libraries, assuming no other process on the GPU).
 Between configurations every tensor is freed, ``empty_cache()`` and the cuBLAS workspaces are
-cleared, so each starts from the same state (recorded). The JSON is rewritten after every
-configuration, so a run cut short keeps what it measured. ``compare.py`` (the service's venv)
-compares the estimates with these records.
+cleared, so each starts from the same state (recorded as ``before``). The JSON is rewritten
+(atomically) after every configuration, so a run cut short keeps what it measured.
+``compare.py`` (the service's venv) compares the estimates with these records.
 
-``--smoke`` runs tiny configurations on the CPU to check the code paths (no CUDA figures).
+``--smoke`` runs tiny configurations on the CPU to check the code paths (CUDA figures null).
+``--isolate`` runs every configuration in its own subprocess (a fresh CUDA context each).
+``--probes`` also runs ``probes.py`` first, in its own process (written to ``--probes-out``).
 """
 
 from __future__ import annotations
 
-import argparse
-import gc
-import json
-import os
-import platform
-import sys
 import time
-import traceback
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
-from pathlib import Path
-from typing import Any
+
+STARTED = time.monotonic()  # the budget counts the imports (torch, transformers) too
+
+import argparse  # noqa: E402
+import functools  # noqa: E402
+import gc  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import platform  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import traceback  # noqa: E402
+from collections.abc import Iterator, Sequence  # noqa: E402
+from contextlib import AbstractContextManager, nullcontext  # noqa: E402
+from dataclasses import asdict, dataclass  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))  # benchmarks/fidelity: the CPU harness's models and helpers
+# benchmarks/fidelity: the CPU harness's models and helpers. Inserted first, so ``measure``
+# below is the CPU harness's module, not this file.
+sys.path.insert(0, str(HERE.parent))
 
 import torch  # noqa: E402
-from measure import Config, forward, make_batch, make_optimizer, training_loss  # noqa: E402
+import transformers  # noqa: E402
+from measure import (  # noqa: E402
+    LOSS_DESCRIPTION,
+    Config,
+    forward,
+    make_batch,
+    make_optimizer,
+    training_loss,
+)
 from models import build_model, count_params  # noqa: E402
 from torch import Tensor, nn  # noqa: E402
 
@@ -47,13 +66,21 @@ STAT_KEYS = (
     "requested_bytes.all.peak",
     "reserved_bytes.all.peak",
     "active_bytes.all.peak",
+    "inactive_split_bytes.all.peak",
     "segment.all.peak",
     "segment.large_pool.peak",
     "segment.small_pool.peak",
+    "segment.all.current",
     "num_alloc_retries",
     "num_ooms",
+    "num_device_alloc",
+    "num_device_free",
 )
 STEADY_STEPS = 2
+TRANSFORMERS = ("bert_base", "vit_b16", "gpt2_small", "llama2_7b", "llama3_8b")
+DECODERS = ("gpt2_small", "llama2_7b", "llama3_8b")
+# Forward GFLOPs of one 224 px image (for the cost order only).
+CNN_GFLOPS = {"resnet50": 8.2, "mobilenet_v2": 0.6, "alexnet": 1.4, "vgg16": 31.0}
 
 
 @dataclass(frozen=True)
@@ -61,141 +88,151 @@ class CudaConfig:
     """A CPU-harness ``Config`` plus what only the CUDA runs vary."""
 
     base: Config
-    amp: bool = False  # fp32 weights, forward + loss under autocast(bfloat16)
-    checkpointing: bool = False  # Hugging Face gradient_checkpointing_enable()
+    amp: bool = False  # fp32 weights, forward + loss under autocast(cuda, bfloat16)
+    checkpointing: bool = False  # HF gradient_checkpointing_enable(); CNNs: checkpoint per block
 
     @property
     def key(self) -> str:
+        """The CPU key plus ``amp_bf16`` and ``ckpt`` where they apply."""
         extra = (["amp_bf16"] if self.amp else []) + (["ckpt"] if self.checkpointing else [])
         return "|".join([self.base.key, *extra])
 
 
-def _text(model: str, mode: str, batch: int, seq: int, **kw: Any) -> CudaConfig:
+# ----------------------------------------------------------------------------- configurations
+
+
+def _cfg(model: str, mode: str, batch: int, **kw: Any) -> CudaConfig:
     amp = kw.pop("amp", False)
     ckpt = kw.pop("checkpointing", False)
-    kw.setdefault("attn", "sdpa")
-    return CudaConfig(Config(model, mode, batch, seq_len=seq, **kw), amp=amp, checkpointing=ckpt)
+    if model in TRANSFORMERS:
+        kw.setdefault("attn", "sdpa")
+    if model in ("resnet50", "mobilenet_v2", "alexnet", "vgg16", "vit_b16"):
+        kw.setdefault("image_size", 224)
+    return CudaConfig(Config(model, mode, batch, **kw), amp=amp, checkpointing=ckpt)
 
 
-def configs(smoke: bool = False) -> list[CudaConfig]:
-    """Cheap to expensive, so a budget cut keeps a useful set."""
-    if smoke:
-        return [
-            CudaConfig(Config("lstm_classifier", "inference", 2, seq_len=8)),
-            CudaConfig(Config("lstm_classifier", "training", 2, optimizer="adamw", seq_len=8)),
-            _text("gpt2_small", "inference", 1, 8, layers=1, use_cache=True),
-            _text("gpt2_small", "training", 1, 8, layers=1, optimizer="adamw_foreach", amp=True),
-            _text("bert_base", "training", 1, 8, layers=1, optimizer="sgd", checkpointing=True),
-        ]
-    found: list[CudaConfig] = []
-    add = found.append
-    # CNNs and the LSTM
+def _smoke_configs() -> list[CudaConfig]:
+    """Tiny configurations through every code path, small enough for a CPU."""
+    return [
+        _cfg("lstm_classifier", "inference", 2, seq_len=8),
+        _cfg("lstm_classifier", "inference", 2, seq_len=8, grad_mode="inference_mode"),
+        _cfg("lstm_classifier", "training", 2, optimizer="adamw_fused", seq_len=8),
+        _cfg("mobilenet_v2", "training", 2, optimizer="sgd", image_size=64, checkpointing=True),
+        _cfg(
+            "resnet50", "training", 2, optimizer="adamw_foreach", image_size=64, checkpointing=True
+        ),
+        _cfg("resnet50", "inference", 1, image_size=64, dtype="bf16"),
+        _cfg("gpt2_small", "inference", 1, seq_len=8, layers=1, use_cache=True),
+        _cfg("gpt2_small", "inference", 1, seq_len=8, layers=1, use_cache=False, dtype="bf16"),
+        _cfg("gpt2_small", "training", 1, seq_len=8, layers=1, optimizer="adamw_foreach", amp=True),
+        _cfg("bert_base", "training", 1, seq_len=8, layers=1, optimizer="sgd", checkpointing=True),
+        _cfg("vit_b16", "training", 1, layers=1, optimizer="sgd_momentum", attn="eager"),
+        _cfg("llama3_8b", "inference", 1, seq_len=8, layers=1, use_cache=True, dtype="bf16"),
+    ]
+
+
+def _cnn_configs() -> Iterator[CudaConfig]:
     for model in ("resnet50", "mobilenet_v2", "alexnet", "vgg16"):
         for batch in (1, 8, 32):
             for dtype in ("fp32", "bf16"):
-                add(CudaConfig(Config(model, "inference", batch, dtype=dtype, image_size=224)))
+                yield _cfg(model, "inference", batch, dtype=dtype)
+        yield _cfg(model, "inference", 8, grad_mode="inference_mode")
         for batch in (8, 32):
             for optimizer in ("sgd", "sgd_momentum", "adamw_foreach", "adamw_fused"):
-                add(
-                    CudaConfig(
-                        Config(model, "training", batch, optimizer=optimizer, image_size=224)
-                    )
-                )
-            add(
-                CudaConfig(
-                    Config(model, "training", batch, optimizer="adamw_foreach", image_size=224),
-                    amp=True,
-                )
-            )
+                yield _cfg(model, "training", batch, optimizer=optimizer)
+            yield _cfg(model, "training", batch, optimizer="adamw_foreach", amp=True)
+            if model in ("resnet50", "mobilenet_v2"):  # torch.utils.checkpoint per block
+                yield _cfg(model, "training", batch, optimizer="adamw_foreach", checkpointing=True)
     for batch in (8, 32):
-        add(CudaConfig(Config("lstm_classifier", "inference", batch, seq_len=128)))
+        yield _cfg("lstm_classifier", "inference", batch, seq_len=128)
         for optimizer in ("sgd_momentum", "adamw_foreach"):
-            add(
-                CudaConfig(
-                    Config("lstm_classifier", "training", batch, optimizer=optimizer, seq_len=128)
-                )
-            )
-    # encoders
-    for model, shape in (("bert_base", {"seq_len": 128}), ("vit_b16", {"image_size": 224})):
+            yield _cfg("lstm_classifier", "training", batch, optimizer=optimizer, seq_len=128)
+    yield _cfg("lstm_classifier", "training", 32, optimizer="adamw_fused", seq_len=128)
+
+
+def _encoder_configs() -> Iterator[CudaConfig]:
+    for model, shape in (("bert_base", {"seq_len": 128}), ("vit_b16", {})):
         for batch in (1, 4, 16):
             for dtype in ("fp32", "bf16"):
-                add(
-                    CudaConfig(Config(model, "inference", batch, dtype=dtype, attn="sdpa", **shape))
-                )
-            for optimizer in ("sgd_momentum", "adamw_foreach", "adamw_fused"):
-                add(
-                    CudaConfig(
-                        Config(model, "training", batch, optimizer=optimizer, attn="sdpa", **shape)
-                    )
-                )
-            add(
-                CudaConfig(
-                    Config(
-                        model, "training", batch, optimizer="adamw_foreach", attn="sdpa", **shape
-                    ),
-                    amp=True,
-                )
+                yield _cfg(model, "inference", batch, dtype=dtype, **shape)
+            for optimizer in ("sgd", "sgd_momentum", "adamw_foreach", "adamw_fused"):
+                yield _cfg(model, "training", batch, optimizer=optimizer, **shape)
+            yield _cfg(model, "training", batch, optimizer="adamw_foreach", amp=True, **shape)
+            yield _cfg(
+                model, "training", batch, optimizer="adamw_foreach", checkpointing=True, **shape
             )
-            add(
-                CudaConfig(
-                    Config(
-                        model, "training", batch, optimizer="adamw_foreach", attn="sdpa", **shape
-                    ),
-                    checkpointing=True,
-                )
-            )
-        add(
-            CudaConfig(
-                Config(model, "training", 4, optimizer="adamw_foreach", attn="eager", **shape)
-            )
-        )
-    # decoders: GPT-2, Llama-2 (MHA) and Llama-3 (GQA) widths at reduced depth
-    decoders = (("gpt2_small", None), ("llama2_7b", 2), ("llama3_8b", 2))
-    for model, layers in decoders:
+        yield _cfg(model, "inference", 4, grad_mode="inference_mode", **shape)
+        yield _cfg(model, "inference", 4, attn="eager", **shape)
+        yield _cfg(model, "training", 4, optimizer="adamw_foreach", attn="eager", **shape)
+    for batch in (1, 4):  # BERT at sequence 512
+        yield _cfg("bert_base", "inference", batch, seq_len=512)
+        yield _cfg("bert_base", "training", batch, optimizer="adamw_foreach", seq_len=512)
+        yield _cfg("bert_base", "training", batch, optimizer="adamw_foreach", seq_len=512, amp=True)
+
+
+def _decoder_configs() -> Iterator[CudaConfig]:
+    """GPT-2 small, and Llama-2-7B (MHA) and Llama-3-8B (GQA, 8 KV heads) widths at 2 layers."""
+    for model in DECODERS:
+        dec: dict[str, Any] = {"layers": None if model == "gpt2_small" else 2}
         for batch in (1, 4, 16):
             for seq in (128, 512):
                 for dtype in ("fp32", "bf16"):
                     for cache in (False, True):
-                        add(
-                            _text(
-                                model,
-                                "inference",
-                                batch,
-                                seq,
-                                layers=layers,
-                                dtype=dtype,
-                                use_cache=cache,
-                            )
-                        )
-                add(_text(model, "training", batch, seq, layers=layers, optimizer="adamw_foreach"))
-                add(
-                    _text(
-                        model,
-                        "training",
-                        batch,
-                        seq,
-                        layers=layers,
-                        optimizer="adamw_foreach",
-                        amp=True,
-                    )
-                )
+                        yield _cfg(
+                            model, "inference", batch, seq_len=seq, dtype=dtype, use_cache=cache,
+                            **dec,
+                        )  # fmt: skip
+                yield _cfg(model, "training", batch, seq_len=seq, optimizer="adamw_foreach", **dec)
+                yield _cfg(
+                    model, "training", batch, seq_len=seq, optimizer="adamw_foreach", amp=True,
+                    **dec,
+                )  # fmt: skip
+        big: dict[str, Any] = {"seq_len": 512, **dec}
         for optimizer in ("sgd", "sgd_momentum", "adamw_fused"):
-            add(_text(model, "training", 4, 512, layers=layers, optimizer=optimizer))
-        add(
-            _text(
-                model,
-                "training",
-                4,
-                512,
-                layers=layers,
-                optimizer="adamw_foreach",
-                checkpointing=True,
-            )
-        )
-        add(
-            _text(model, "training", 4, 512, layers=layers, optimizer="adamw_foreach", attn="eager")
-        )
-    return found
+            yield _cfg(model, "training", 4, optimizer=optimizer, **big)
+        yield _cfg(model, "training", 4, optimizer="adamw_foreach", checkpointing=True, **big)
+        yield _cfg(model, "training", 4, optimizer="adamw_fused", amp=True, **big)
+        yield _cfg(model, "training", 4, optimizer="adamw_foreach", dtype="bf16", **big)
+        yield _cfg(model, "training", 4, optimizer="adamw_foreach", attn="eager", **big)
+        yield _cfg(model, "inference", 4, use_cache=True, attn="eager", **big)
+        yield _cfg(model, "inference", 4, use_cache=False, attn="eager", **big)
+        yield _cfg(model, "inference", 4, use_cache=True, grad_mode="inference_mode", **big)
+
+
+@functools.cache
+def _params(model: str, layers: int | None) -> int:
+    """Parameter count from a meta-device build (cheap; for the cost order)."""
+    return count_params(build_model(model, layers=layers, device="meta"))
+
+
+def estimated_seconds(cfg: CudaConfig) -> float:
+    """Rough wall time of one configuration on an H100 (build + copy + 4 passes)."""
+    base = cfg.base
+    params = _params(base.model, base.layers)
+    build = 0.3 + params * 4 / (1.0e9 if base.model in ("llama2_7b", "llama3_8b") else 3e8)
+    if base.model in CNN_GFLOPS:
+        flops = CNN_GFLOPS[base.model] * 1e9 * base.batch
+    elif base.model == "lstm_classifier":
+        flops = 1e9 * base.batch
+    else:
+        tokens = base.batch * (197 if base.model == "vit_b16" else (base.seq_len or 128))
+        flops = 2.0 * params * tokens
+    if base.mode == "training":
+        flops *= 3
+    if base.mode == "training" and cfg.checkpointing:
+        flops *= 4 / 3
+    rate = 1.5e14 if (cfg.amp or base.dtype == "bf16") else 2.5e13
+    return build + (STEADY_STEPS + 2) * flops / rate + 0.2
+
+
+def configs(smoke: bool = False) -> list[CudaConfig]:
+    """Every configuration, cheapest first, so a budget cut keeps a useful set."""
+    if smoke:
+        return _smoke_configs()
+    found: dict[str, CudaConfig] = {}
+    for cfg in (*_cnn_configs(), *_encoder_configs(), *_decoder_configs()):
+        found.setdefault(cfg.key, cfg)
+    return sorted(found.values(), key=estimated_seconds)
 
 
 # ------------------------------------------------------------------------------------ device
@@ -203,6 +240,10 @@ def configs(smoke: bool = False) -> list[CudaConfig]:
 
 def _cuda() -> bool:
     return torch.cuda.is_available()
+
+
+def _device() -> torch.device:
+    return torch.device("cuda" if _cuda() else "cpu")
 
 
 def _sync() -> None:
@@ -220,13 +261,16 @@ def clean_slate() -> dict[str, int | None]:
     if clear is not None:
         clear()
     torch.cuda.empty_cache()
+    torch.cuda.synchronize()
     return {"allocated": torch.cuda.memory_allocated(), "reserved": torch.cuda.memory_reserved()}
 
 
 def read_step() -> dict[str, Any]:
-    """The counters after a step (None on the CPU)."""
+    """The counters after a step (null on the CPU)."""
     if not _cuda():
-        return {"max_memory_allocated": None, "max_memory_reserved": None, "context_bytes": None}
+        names = ("max_memory_allocated", "max_memory_reserved", "memory_stats", "allocated_after")
+        names += ("reserved_after", "device_used_bytes", "context_bytes")
+        return dict.fromkeys(names)
     torch.cuda.synchronize()
     free, total = torch.cuda.mem_get_info()
     reserved = torch.cuda.memory_reserved()
@@ -242,30 +286,71 @@ def read_step() -> dict[str, Any]:
     }
 
 
-def environment() -> dict[str, Any]:
-    """Versions, the device and the allocator settings."""
-    import transformers
+def gpu_processes() -> dict[str, Any]:
+    """Who else uses the GPU: ``torch.cuda.list_gpu_processes()`` and nvidia-smi, if present."""
+    out: dict[str, Any] = {}
+    if not _cuda():
+        return out
+    try:
+        out["list_gpu_processes"] = torch.cuda.list_gpu_processes()
+    except Exception as exc:  # noqa: BLE001
+        out["list_gpu_processes"] = f"error: {type(exc).__name__}: {exc}"[:300]
+    try:
+        query = ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader"]
+        done = subprocess.run(query, capture_output=True, text=True, timeout=15, check=False)
+        out["nvidia_smi_compute_apps"] = (done.stdout or done.stderr).strip()[:2000]
+        out["own_pid"] = os.getpid()
+    except Exception as exc:  # noqa: BLE001
+        out["nvidia_smi_compute_apps"] = f"error: {type(exc).__name__}: {exc}"[:300]
+    return out
 
+
+def _call(fn: Any) -> Any:
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001
+        return f"error: {type(exc).__name__}: {exc}"[:200]
+
+
+def environment() -> dict[str, Any]:
+    """Versions, the device, the allocator and kernel settings."""
+    cuda_backend = torch.backends.cuda
     env: dict[str, Any] = {
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "python": platform.python_version(),
         "cuda": torch.version.cuda,
-        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "cudnn": _call(
+            lambda: torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+        ),
         "PYTORCH_CUDA_ALLOC_CONF": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
         "PYTORCH_ALLOC_CONF": os.environ.get("PYTORCH_ALLOC_CONF"),
         "CUBLAS_WORKSPACE_CONFIG": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+        "CUBLASLT_WORKSPACE_SIZE": os.environ.get("CUBLASLT_WORKSPACE_SIZE"),
+        "TORCH_CUBLASLT_UNIFIED_WORKSPACE": os.environ.get("TORCH_CUBLASLT_UNIFIED_WORKSPACE"),
         "CUDA_MODULE_LOADING": os.environ.get("CUDA_MODULE_LOADING"),
-        "flash_sdp_enabled": torch.backends.cuda.flash_sdp_enabled(),
-        "mem_efficient_sdp_enabled": torch.backends.cuda.mem_efficient_sdp_enabled(),
+        "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "flash_sdp_enabled": _call(cuda_backend.flash_sdp_enabled),
+        "mem_efficient_sdp_enabled": _call(cuda_backend.mem_efficient_sdp_enabled),
+        "math_sdp_enabled": _call(cuda_backend.math_sdp_enabled),
+        "cudnn_sdp_enabled": _call(getattr(cuda_backend, "cudnn_sdp_enabled", lambda: None)),
+        "matmul_allow_tf32": _call(lambda: cuda_backend.matmul.allow_tf32),
+        "cudnn_allow_tf32": _call(lambda: torch.backends.cudnn.allow_tf32),
+        "cudnn_benchmark": torch.backends.cudnn.benchmark,
+        "allocator_backend": _call(
+            getattr(torch.cuda, "get_allocator_backend", lambda: None) if _cuda() else lambda: None
+        ),
     }
     if _cuda():
         props = torch.cuda.get_device_properties(0)
+        free, total = torch.cuda.mem_get_info()
         env |= {
             "device": props.name,
             "capability": f"{props.major}.{props.minor}",
             "sm_count": props.multi_processor_count,
             "total_memory": props.total_memory,
+            "mem_get_info_total": total,
+            "driver": _call(lambda: torch._C._cuda_getDriverVersion()),
         }
     return env
 
@@ -273,32 +358,78 @@ def environment() -> dict[str, Any]:
 # ------------------------------------------------------------------------------- one config
 
 
-def _device() -> torch.device:
-    return torch.device("cuda" if _cuda() else "cpu")
+class Checkpointed(nn.Module):
+    """Recomputes ``inner`` in backward (``torch.utils.checkpoint``, non-reentrant)."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.training and torch.is_grad_enabled():
+            out: Tensor = torch.utils.checkpoint.checkpoint(self.inner, x, use_reentrant=False)
+            return out
+        result: Tensor = self.inner(x)
+        return result
+
+
+def enable_checkpointing(name: str, model: nn.Module) -> str:
+    """HF ``gradient_checkpointing_enable()``, or a checkpoint around every CNN block."""
+    if name in TRANSFORMERS:
+        # transformers 5 renamed it (the old name warns); both run the same HF checkpointing
+        for method in ("activation_checkpointing_enable", "gradient_checkpointing_enable"):
+            enable = getattr(model, method, None)
+            if enable is not None:
+                enable()
+                return f"hf {method}()"
+        raise ValueError(f"{name}: this transformers has no gradient checkpointing")
+    stages: list[nn.Sequential]
+    if name == "resnet50":
+        stages = [getattr(model, f"layer{i}") for i in range(1, 5)]
+    elif name == "mobilenet_v2":
+        stages = [model.features]  # type: ignore[list-item]
+    else:
+        raise ValueError(f"no checkpointing defined for {name}")
+    for stage in stages:
+        for index, block in enumerate(stage):
+            stage[index] = Checkpointed(block)
+    return "torch.utils.checkpoint per block"
 
 
 def build(cfg: CudaConfig) -> nn.Module:
     """The model on the device, in the config's weight dtype (fp32 for autocast)."""
     base = cfg.base
     dtype = DTYPES["fp32" if cfg.amp else base.dtype]
+    # Built (and converted) on the CPU, then moved: the parameters reach the device one by one,
+    # as a model loaded on the CPU and moved with .to("cuda") does.
     model = build_model(base.model, attn=base.attn or "sdpa", layers=base.layers, dtype=dtype)
-    model = model.to(_device())
+    if base.attn is not None:
+        impl = getattr(getattr(model, "config", None), "_attn_implementation", base.attn)
+        if impl != base.attn:
+            model.set_attn_implementation(base.attn)  # type: ignore[operator]
     if cfg.checkpointing:
-        enable = getattr(model, "activation_checkpointing_enable", None) or getattr(
-            model, "gradient_checkpointing_enable", None
-        )
-        if enable is None:
-            raise ValueError(f"{base.model} has no gradient checkpointing to enable")
-        enable()
-    return model
+        model.checkpointing_impl = enable_checkpointing(base.model, model)  # type: ignore[assignment]
+    return model.to(_device())
 
 
 def _to_device(
-    tensors: dict[str, Tensor], labels: Tensor | None
+    inputs: dict[str, Tensor], labels: Tensor | None
 ) -> tuple[dict[str, Tensor], Tensor | None]:
+    """Move inputs and labels; a label tensor that is an input (causal LM) stays one tensor."""
     device = _device()
-    moved = {name: t.to(device) for name, t in tensors.items()}
-    return moved, (labels.to(device) if labels is not None else None)
+    moved = {name: t.to(device) for name, t in inputs.items()}
+    if labels is None:
+        return moved, None
+    for name, t in inputs.items():
+        if labels is t:
+            return moved, moved[name]
+    return moved, labels.to(device)
+
+
+def _autocast(cfg: CudaConfig) -> AbstractContextManager[Any]:
+    if not cfg.amp:
+        return nullcontext()
+    return torch.autocast("cuda" if _cuda() else "cpu", dtype=torch.bfloat16)
 
 
 def one_step(
@@ -314,145 +445,333 @@ def one_step(
         assert optimizer is not None
         assert labels is not None
         optimizer.zero_grad(set_to_none=True)
-        device_type = "cuda" if _cuda() else "cpu"
-        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=cfg.amp):
+        with _autocast(cfg):
             loss = training_loss(base, model, inputs, labels)
         loss.backward()
         del loss
         optimizer.step()
     else:
         grad = torch.inference_mode() if base.grad_mode == "inference_mode" else torch.no_grad()
-        with grad:
+        with grad, _autocast(cfg):
             output = forward(base, model, inputs)
         del output
 
 
-def attention_kernel(cfg: CudaConfig, model: nn.Module, inputs: dict[str, Tensor]) -> str | None:
-    """Which attention kernel a forward runs, from the profiler's op names (after measuring)."""
-    if cfg.base.model not in ("bert_base", "vit_b16", "gpt2_small", "llama2_7b", "llama3_8b"):
+def _kernel_label(op: str) -> str | None:
+    """flash | efficient | cudnn | math | flash_for_cpu | overrideable, from an ATen op name."""
+    if "attention" not in op:
         return None
-    if cfg.base.attn == "eager":
-        return "eager"
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    with torch.no_grad(), torch.profiler.profile(activities=activities) as prof:
-        with torch.autocast("cuda" if _cuda() else "cpu", dtype=torch.bfloat16, enabled=cfg.amp):
-            forward(replace(cfg.base, mode="inference"), model, inputs)
-    names = {event.key for event in prof.key_averages()}
-    for op, label in (
+    if op.endswith("_for_cpu"):
+        return "flash_for_cpu"
+    for word, label in (
         ("flash_attention", "flash"),
         ("efficient_attention", "efficient"),
         ("cudnn_attention", "cudnn"),
-        ("_scaled_dot_product_attention_math", "math"),
+        ("attention_math", "math"),
+        ("overrideable", "overrideable"),
     ):
-        if any(op in name for name in names):
+        if word in op:
             return label
-    return "unknown: " + ",".join(sorted(n for n in names if "attention" in n))[:200]
+    return None
 
 
-def run_config(cfg: CudaConfig) -> dict[str, Any]:
-    """Measure one configuration from a clean slate; returns its JSON record."""
-    record: dict[str, Any] = {
-        "key": cfg.key,
-        **{k: v for k, v in asdict(cfg.base).items() if k != "slow"},
-        "attn_implementation": cfg.base.attn,
-        "amp": cfg.amp,
-        "checkpointing": cfg.checkpointing,
-        "before": clean_slate(),
-    }
+def attention_kernel(
+    cfg: CudaConfig, model: nn.Module, inputs: dict[str, Tensor], labels: Tensor | None
+) -> tuple[str | None, list[str]]:
+    """Which attention kernel a forward in the config's mode runs, from the profiler's op names.
+
+    Run after the measured steps (the profiler records host-side op names only). For training
+    the forward and loss run in train mode with grad enabled (dropout active), then are dropped.
+    """
+    if cfg.base.model not in TRANSFORMERS:
+        return None, []
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    with torch.profiler.profile(activities=activities) as prof:
+        if cfg.base.mode == "training":
+            assert labels is not None
+            with _autocast(cfg):
+                loss = training_loss(cfg.base, model, inputs, labels)
+            del loss
+        else:
+            with torch.no_grad(), _autocast(cfg):
+                output = forward(cfg.base, model, inputs)
+            del output
+    names = sorted({event.key for event in prof.key_averages()})
+    attention_ops = [n for n in names if "attention" in n or n in ("aten::softmax", "aten::bmm")]
+    if cfg.base.attn == "eager":
+        return "eager", attention_ops
+    found = sorted({label for name in names if (label := _kernel_label(name)) is not None})
+    return ("+".join(found) if found else "unknown"), attention_ops
+
+
+def optimizer_impl(optimizer: torch.optim.Optimizer | None) -> str | None:
+    """foreach | fused | for_loop: what ``step()`` runs for these parameters."""
+    if optimizer is None:
+        return None
+    defaults = optimizer.defaults
+    if defaults.get("fused"):
+        return "fused"
+    if defaults.get("foreach") is not None:
+        return "foreach" if defaults["foreach"] else "for_loop"
+    try:
+        from torch.optim.optimizer import _default_to_fused_or_foreach
+
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        fused, foreach = _default_to_fused_or_foreach(params, False, use_fused=False)
+    except Exception:  # noqa: BLE001
+        return None
+    return "fused" if fused else ("foreach" if foreach else "for_loop")
+
+
+def _tensor_bytes(tensors: Sequence[Tensor]) -> int:
+    """Bytes of the distinct storages (tied weights and views once)."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        storage = t.untyped_storage()
+        seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
+
+
+def _counters() -> dict[str, int | None]:
+    if not _cuda():
+        return {"allocated": None, "reserved": None}
+    torch.cuda.synchronize()
+    return {"allocated": torch.cuda.memory_allocated(), "reserved": torch.cuda.memory_reserved()}
+
+
+def run_config(cfg: CudaConfig, record: dict[str, Any]) -> None:
+    """Measure one configuration (from a clean slate) into ``record``."""
+    base = cfg.base
     started = time.perf_counter()
     torch.manual_seed(0)
     model = build(cfg)
     record["params"] = count_params(model)
-    inputs, labels = _to_device(*make_batch(cfg.base, model))
+    record["param_bytes"] = _tensor_bytes(list(model.parameters()))
+    record["buffer_bytes"] = _tensor_bytes(list(model.buffers()))
+    record["checkpointing_impl"] = getattr(model, "checkpointing_impl", None)
+    cpu_inputs, cpu_labels = make_batch(base, model)
+    inputs, labels = _to_device(cpu_inputs, cpu_labels)
+    del cpu_inputs, cpu_labels
+    record["input_bytes"] = _tensor_bytes(
+        [*inputs.values(), *([labels] if labels is not None else [])]
+    )
     optimizer = None
-    if cfg.base.mode == "training":
+    if base.mode == "training":
         model.train()
-        assert cfg.base.optimizer is not None
-        optimizer = make_optimizer(cfg.base.optimizer, list(model.parameters()))
+        assert base.optimizer is not None
+        optimizer = make_optimizer(base.optimizer, list(model.parameters()))
+        record["optimizer_impl"] = optimizer_impl(optimizer)
     else:
         model.eval()
-    _sync()
-    record["baseline"] = {
-        "allocated": torch.cuda.memory_allocated() if _cuda() else None,
-        "reserved": torch.cuda.memory_reserved() if _cuda() else None,
-    }
-    steps = []
+    record["baseline"] = _counters()
+    record["build_s"] = round(time.perf_counter() - started, 2)
+    steps: list[dict[str, Any]] = []
+    record["steps"] = steps
     for index in range(1 + STEADY_STEPS):
         if _cuda():
             torch.cuda.reset_peak_memory_stats()
+        began = time.perf_counter()
         one_step(cfg, model, inputs, labels, optimizer)
         steps.append({"warmup": index == 0, **read_step()})
-    record["steps"] = steps
-    record["param_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
-    record["grad_bytes"] = sum(
-        p.grad.numel() * p.grad.element_size() for p in model.parameters() if p.grad is not None
-    )
+        steps[-1]["step_s"] = round(time.perf_counter() - began, 3)
+    params = list(model.parameters())
+    record["grad_bytes"] = _tensor_bytes([p.grad for p in params if p.grad is not None])
     record["optimizer_state_bytes"] = (
-        sum(
-            t.numel() * t.element_size()
-            for state in optimizer.state.values()
-            for t in state.values()
-            if isinstance(t, Tensor)
+        _tensor_bytes(
+            [t for s in optimizer.state.values() for t in s.values() if isinstance(t, Tensor)]
         )
         if optimizer is not None
         else 0
     )
-    record["attention_kernel"] = attention_kernel(cfg, model, inputs)
+    if optimizer is not None:
+        optimizer.zero_grad(set_to_none=True)  # room for the kernel check's forward
+    try:
+        kernel, ops = attention_kernel(cfg, model, inputs, labels)
+        record["attention_kernel"], record["attention_ops"] = kernel, ops
+    except Exception as exc:  # noqa: BLE001  (the measurement is done; keep it)
+        record["attention_kernel"] = f"error: {type(exc).__name__}: {exc}"[:300]
     record["elapsed_s"] = round(time.perf_counter() - started, 2)
-    del model, optimizer, inputs, labels
+
+
+def new_record(cfg: CudaConfig) -> dict[str, Any]:
+    """The configuration's fields, named as in the CPU harness's records."""
+    base = cfg.base
+    fields = {k: v for k, v in asdict(base).items() if k not in ("slow", "attn")}
+    return {
+        "key": cfg.key,
+        **fields,
+        "grad_mode": base.grad_mode if base.mode == "inference" else None,
+        "optimizer_impl": None,
+        "attn_implementation": base.attn,
+        "amp": cfg.amp,
+        "checkpointing": cfg.checkpointing,
+        "loss": LOSS_DESCRIPTION[base.family] if base.mode == "training" else None,
+        "device": "cuda" if _cuda() else "cpu",
+        "torch_version": torch.__version__,
+        "transformers_version": transformers.__version__,
+        "estimated_s": round(estimated_seconds(cfg), 2),
+    }
+
+
+def measure_one(cfg: CudaConfig) -> dict[str, Any]:
+    """A record for ``cfg``; an OOM or any other exception is recorded, not raised."""
+    record = new_record(cfg)
+    record["before"] = clean_slate()
+    began = time.perf_counter()
+    try:
+        run_config(cfg, record)
+    except Exception as exc:  # noqa: BLE001  (an OOM or a missing feature: record, go on)
+        record["error"] = f"{type(exc).__name__}: {exc}"[:1000]
+        record["trace"] = traceback.format_exc()[-3000:]
+        record["oom"] = isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc)
+        record["elapsed_s"] = round(time.perf_counter() - began, 2)
+        del exc
+    record["after"] = clean_slate()
     return record
 
 
 # ------------------------------------------------------------------------------------- main
 
 
+def _write(path: Path, output: dict[str, Any]) -> None:
+    """Atomic rewrite, so a kill never leaves a half-written file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(output, indent=1))
+    os.replace(tmp, path)
+
+
+def _run_isolated(cfg: CudaConfig, smoke: bool, timeout: float) -> dict[str, Any]:
+    """``cfg`` in a subprocess (a fresh CUDA context); its record, or why there is none."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "one.json"
+        command = [sys.executable, str(Path(__file__).resolve()), "--key", cfg.key]
+        command += ["--out", str(out), "--budget-s", "1e9", "--quiet"]
+        command += ["--smoke"] if smoke else []
+        try:
+            done = subprocess.run(
+                command, capture_output=True, text=True, timeout=max(timeout, 5), check=False
+            )
+        except subprocess.TimeoutExpired:
+            return {**new_record(cfg), "error": f"isolated run exceeded {timeout:.0f} s"}
+        try:
+            loaded = json.loads(out.read_text())
+            record: dict[str, Any] = loaded["records"][0]
+            record["isolated"] = True
+            record["context_at_start"] = loaded.get("context_at_start")
+            return record
+        except Exception:  # noqa: BLE001
+            tail = (done.stdout + done.stderr)[-2000:]
+            return {**new_record(cfg), "error": f"isolated run rc={done.returncode}: {tail}"}
+
+
+def _run_probes(path: Path, smoke: bool, timeout: float) -> None:
+    """probes.py in its own process, so its NCCL and kernels do not enter this context."""
+    command = [sys.executable, str(HERE / "probes.py"), "--out", str(path)]
+    command += ["--smoke"] if smoke else []
+    try:
+        subprocess.run(command, timeout=max(timeout, 10), check=False)
+    except subprocess.TimeoutExpired:
+        print(f"probes.py exceeded {timeout:.0f} s; what it wrote is in {path}", flush=True)
+
+
+def measured_keys(paths: Sequence[Path]) -> set[str]:
+    """Keys measured without error in earlier outputs (for --exclude-measured)."""
+    keys: set[str] = set()
+    for path in paths:
+        loaded = json.loads(path.read_text())
+        records = loaded["records"] if isinstance(loaded, dict) else loaded
+        keys |= {r["key"] for r in records if r.get("steps") and "error" not in r}
+    return keys
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    """Parse the options, run the chosen configurations, write the JSON."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--out", type=Path, default=HERE / "cuda_measurements.json")
     parser.add_argument("--only", default="", help="run only configs whose key contains this")
+    parser.add_argument("--key", help="run only the config with exactly this key")
     parser.add_argument("--budget-s", type=float, default=540.0, help="stop starting configs")
     parser.add_argument("--list", action="store_true", help="print the config keys and exit")
     parser.add_argument("--smoke", action="store_true", help="tiny configs (CPU check)")
     parser.add_argument("--part", default="1/1", help="K/N: every N-th config from the K-th")
+    parser.add_argument("--isolate", action="store_true", help="each config in a subprocess")
+    parser.add_argument("--probes", action="store_true", help="run probes.py first")
+    parser.add_argument("--probes-out", type=Path, help="default: cuda_probes.json beside --out")
+    parser.add_argument(
+        "--exclude-measured",
+        type=Path,
+        nargs="+",
+        default=[],
+        help="skip configs measured without error in these earlier outputs",
+    )
+    parser.add_argument("--quiet", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     part, parts = (int(x) for x in args.part.split("/"))
-    chosen = [c for c in configs(args.smoke) if args.only in c.key][part - 1 :: parts]
+    every = configs(args.smoke)
+    if args.key is not None:
+        chosen = [c for c in every if c.key == args.key]
+    else:
+        done = measured_keys(args.exclude_measured)
+        chosen = [c for c in every if args.only in c.key and c.key not in done][part - 1 :: parts]
     if args.list:
-        print("\n".join(c.key for c in chosen))
+        total = 0.0
+        for c in chosen:
+            total += estimated_seconds(c)
+            print(f"{c.key}  (~{estimated_seconds(c):.1f} s, cumulative ~{total:.0f} s)")
+        print(f"{len(chosen)} configurations, estimated ~{total:.0f} s plus imports")
         return 0
     if not _cuda() and not args.smoke:
         print("no CUDA device: use --smoke for a CPU check of the code paths", file=sys.stderr)
         return 2
-    started = time.perf_counter()
-    context_at_start = read_step() if _cuda() else {}
+    transformers.logging.set_verbosity_error()
+    if args.probes:
+        probes_out = args.probes_out or args.out.with_name("cuda_probes.json")
+        _run_probes(probes_out, args.smoke, args.budget_s / 2)
     output: dict[str, Any] = {
+        "schema": "cuda_measurements/1",
+        "command": sys.argv,
         "environment": environment(),
-        "context_at_start": context_at_start,
+        "context_at_start": read_step(),
+        "gpu_processes_at_start": gpu_processes(),
         "records": [],
     }
+    if _cuda():
+        # The default is what a training script sees; keep the runs comparable.
+        torch.backends.cudnn.benchmark = False
     longest = 0.0
-    for cfg in chosen:
-        elapsed = time.perf_counter() - started
-        if elapsed + 2 * longest > args.budget_s:
-            output["records"].append({"key": cfg.key, "skipped": "time budget"})
+    for index, cfg in enumerate(chosen):
+        elapsed = time.monotonic() - STARTED
+        if elapsed + max(2 * longest, estimated_seconds(cfg)) + 5 > args.budget_s:
+            output["records"].append({**new_record(cfg), "skipped": "time budget"})
             continue
         began = time.perf_counter()
-        try:
-            record = run_config(cfg)
-        except Exception as exc:  # noqa: BLE001  (an OOM or a missing feature: record, go on)
-            record = {"key": cfg.key, "error": f"{type(exc).__name__}: {exc}"[:500]}
-            record["trace"] = traceback.format_exc()[-1500:]
-        record["environment_key"] = "environment"
-        output["records"].append(record)
+        if args.isolate:
+            timeout = args.budget_s - (time.monotonic() - STARTED)
+            record = _run_isolated(cfg, args.smoke, timeout)
+        else:
+            record = measure_one(cfg)
         longest = max(longest, time.perf_counter() - began)
-        clean_slate()
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(output, indent=1))
-        status = record.get("error") or f"{record.get('elapsed_s')} s"
-        print(f"{cfg.key}: {status}", flush=True)
-    args.out.write_text(json.dumps(output, indent=1))
-    measured = sum(1 for r in output["records"] if "steps" in r)
-    print(f"{measured} of {len(chosen)} configurations measured -> {args.out}")
+        output["records"].append(record)
+        if index == 0:
+            output["gpu_processes_after_first"] = gpu_processes()
+        _write(args.out, output)
+        if not args.quiet:
+            status = record.get("error", "").splitlines()[0] if "error" in record else "ok"
+            peak = (record.get("steps") or [{}])[-1].get("max_memory_allocated")
+            peak_text = f"{peak / 2**20:10.1f} MiB" if peak is not None else " " * 14
+            print(f"{cfg.key:<72} {peak_text} {time.perf_counter() - began:6.1f} s  {status}")
+            sys.stdout.flush()
+    output["gpu_processes_at_end"] = gpu_processes()
+    output["total_s"] = round(time.monotonic() - STARTED, 1)
+    _write(args.out, output)
+    measured = sum(1 for r in output["records"] if r.get("steps") and "error" not in r)
+    errors = sum(1 for r in output["records"] if "error" in r)
+    skipped = sum(1 for r in output["records"] if "skipped" in r)
+    print(
+        f"{measured} of {len(chosen)} configurations measured, {errors} errors, "
+        f"{skipped} skipped (budget), {output['total_s']} s -> {args.out}"
+    )
     return 0
 
 
