@@ -33,6 +33,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import onnx
 from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto
 
@@ -173,9 +174,7 @@ def _copies(graph: GraphProto) -> dict[str, tuple[str, bool]]:
     return found
 
 
-def _digest(array: Any) -> bytes:
-    import numpy as np
-
+def _digest(array: np.ndarray) -> bytes:
     contiguous = np.ascontiguousarray(array)
     return hashlib.blake2b(
         repr(contiguous.shape).encode() + contiguous.tobytes(), digest_size=16
@@ -1469,8 +1468,6 @@ _NORM_OPS = frozenset({"Pow", "ReduceMean", "Add", "Sub", "Mul", "Div", "Sqrt", 
 
 
 def _norm_reference(kind: str, x: Any, eps: float, weight: Any, bias: Any) -> Any:
-    import numpy as np
-
     if kind == "RMSNorm":
         out = x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps)
     else:
@@ -1487,8 +1484,6 @@ def _evaluate_vectors(
     nodes: Sequence[NodeProto], env: dict[str, Any], scalars: dict[str, float]
 ) -> Any | None:
     """The nodes evaluated with numpy on ``env`` (the probe tensor and vectors)."""
-    import numpy as np
-
     try:
         for node in nodes:
             args = [env[name] if name in env else np.float64(scalars[name]) for name in node.input
@@ -1537,8 +1532,6 @@ def fuse_norms(
     that feeds it from the normalized tensor, scalars and 1-d vectors, is a norm when it
     evaluates to one (random probe values, the vectors too) and nothing else reads its
     intermediates; the longest such chain wins (a bias may follow the scale)."""
-    import numpy as np
-
     rewrite = _Rewrite(nodes, scalars, graph_outputs)
     fused: Counter[str] = Counter()
     rng = np.random.default_rng(0)
@@ -1633,8 +1626,6 @@ def _norm_kind(
 ) -> tuple[str, list[str], float] | None:
     """Which norm ``values`` are (RMSNorm or LayerNorm, with which vectors as scale and bias,
     and the epsilon added under the square root), or None."""
-    import numpy as np
-
     if values is None or getattr(values, "shape", None) != probe.shape:
         return None
     eps = next(
