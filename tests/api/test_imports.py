@@ -181,7 +181,7 @@ def test_onnx_import_of_a_graph_without_weights(client: ApiClient, external: boo
     assert estimates[0] == estimates[1]
 
 
-def test_onnx_import_attention_as_matmuls_with_a_tied_head(client: ApiClient) -> None:
+def test_onnx_import_fuses_matmul_attention_with_a_tied_head(client: ApiClient) -> None:
     response = _upload(client, onnx_models.tiny_attention(), slug="tiny-lm", sequence_length=32)
     assert response.status_code == 201, response.text
     body = response.json()
@@ -193,7 +193,15 @@ def test_onnx_import_attention_as_matmuls_with_a_tied_head(client: ApiClient) ->
     layers = {layer["name"]: layer for layer in body["model"]["layers"]}
     assert layers["head/MatMul"]["tied_to"] == "wte/Gather"
     ops = [layer["op"] for layer in body["model"]["layers"]]
-    assert ops.count("matmul") == 2
+    assert ops.count("matmul") == ops.count("softmax") == ops.count("reshape") == 0
+    assert layers["attn/Softmax_attention"] == {
+        "name": "attn/Softmax_attention", "op": "attention", "num_heads": 2, "num_kv_heads": 2,
+        "head_dim": 8, "causal": False, "qkv_bias": True, "out_bias": True,
+        "inputs": ["ln/LayerNormalization"],
+    }  # fmt: skip
+    assert "fused 1 exporter subgraph(s): multi-head attention written out -> attention" in (
+        body["report"]["assumptions"]
+    )
     summary = client.get(
         "/v1/models/tiny-lm/summary", params={"batch_size": 2, "sequence_length": 24}
     ).json()

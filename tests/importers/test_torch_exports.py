@@ -55,3 +55,54 @@ def test_torch_gelu_exports_are_fused_into_one_gelu(form: str) -> None:
     assert gelu.get("approximate", "none") == ("tanh" if form == "tanh" else "none")
     assert imported.parameter_count == 16 * 64 + 64 + 64 * 4 + 4
     assert f"fused 1 exporter subgraph(s): GELU ({form} form) -> gelu" in imported.assumptions
+
+
+# Tiny Hugging Face models exported by torch 2.13.0 / transformers 5.23.0 with
+# scripts/export_onnx_fixtures.py (graph-only: float data cleared, provenance metadata trimmed).
+ATTENTION_EXPORTS = {
+    # file: (torch's parameter count, attention layers expected)
+    "bert_sdpa_dynamo": (22_368 - (32 * 32 + 32), {"num_heads": 4, "num_kv_heads": 4,
+                         "head_dim": 8, "causal": False, "qkv_bias": True, "out_bias": True}),
+    "bert_eager_torchscript": (22_368 - (32 * 32 + 32), {"num_heads": 4, "num_kv_heads": 4,
+                               "head_dim": 8, "causal": False, "qkv_bias": True,
+                               "out_bias": True}),
+    "gpt2_sdpa_dynamo": (29_568, {"num_heads": 4, "num_kv_heads": 4, "head_dim": 8,
+                         "causal": True, "qkv_bias": True, "out_bias": True}),
+    "llama_gqa_sdpa_dynamo": (22_688, {"num_heads": 4, "num_kv_heads": 2, "head_dim": 8,
+                              "causal": True, "qkv_bias": False, "out_bias": False,
+                              "rotary": True}),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(ATTENTION_EXPORTS))
+def test_exported_attention_is_one_attention_layer_with_exact_parameters(name: str) -> None:
+    """The exporters' attention (dynamo: SDPA decomposed with its IsNaN fix, causal masks from
+    Range comparisons, GQA Expand/Reshape, rotary Slice/Neg/Concat, GPT-2's fused qkv Gemm and
+    Split; TorchScript: MatMul/Softmax) imports as the graph's own attention op, strictly (no
+    opaque layers), with torch's parameter count (BERT's unused pooler is not exported)."""
+    params, expected = ATTENTION_EXPORTS[name]
+    imported = import_onnx((FIXTURES / f"{name}.onnx").read_bytes())
+    assert imported.parameter_count == imported.source_parameter_count == params
+    attentions = [layer for layer in imported.layers if layer["op"] == "attention"]
+    assert len(attentions) == 2
+    for layer in attentions:
+        assert {k: v for k, v in layer.items() if k not in ("name", "inputs")} == {
+            "op": "attention",
+            **expected,
+        }
+    ops = {layer["op"] for layer in imported.layers}
+    assert not ops & {"matmul", "softmax", "opaque", "transpose"}
+    assert any("attention written out -> attention" in a for a in imported.assumptions)
+
+
+def test_a_graph_only_dynamo_export_ties_the_lm_head_by_its_provenance() -> None:
+    """GPT-2's LM head reads a constant-folded transposed copy of the embedding table: with no
+    weight data, the dynamo exporter's node metadata (``aten.linear(.., %p_..lm_head_weight)``)
+    names the parameter, which the embedding also reads: tied, counted once."""
+    imported = import_onnx((FIXTURES / "gpt2_sdpa_dynamo.onnx").read_bytes())
+    layers = {layer["name"]: layer for layer in imported.layers}
+    head = imported.layers[-1]
+    assert head["op"] == "linear"
+    assert head["out_features"] == 64
+    assert layers[head["tied_to"]]["op"] == "embedding"
+    assert any("is a transposed copy of 'model.lm_head.weight'" in a for a in imported.assumptions)

@@ -1,0 +1,142 @@
+"""Write the torch-exported ONNX fixtures of tests/importers/test_torch_exports.py.
+
+Needs torch and transformers (benchmarks/import_fidelity/requirements.txt); run from the
+repository root:
+
+    python scripts/export_onnx_fixtures.py
+
+Each model is a tiny Hugging Face model built from a config (nothing is downloaded), exported
+with ``torch.onnx.export`` and kept graph-only: the data of every float initializer but
+scalars is cleared, and the per-node provenance metadata is trimmed to the
+``pkg.torch.onnx.fx_node`` entry of MatMul and Gemm nodes (what the importer reads to see a
+tied head in a graph-only file). Weights are random and norm scales ones (the Llama model keeps
+its initialisation): the dynamo exporter's optimizer drops all-zero biases and merges the
+equal norm scales (which the importer counts once per layer).
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+import warnings
+from pathlib import Path
+
+import onnx
+import torch
+from transformers import (
+    BertConfig,
+    BertModel,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+)
+
+OUT = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "onnx"
+SEQ = torch.export.Dim("seq", min=2, max=64)
+BATCH = torch.export.Dim("batch", min=1, max=64)
+
+
+class LastHidden(torch.nn.Module):
+    """Calls a transformers model on token ids and returns its first output."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        kwargs = {} if isinstance(self.model, BertModel) else {"use_cache": False}
+        return self.model(input_ids=input_ids, **kwargs)[0]
+
+
+def randomize(model: torch.nn.Module) -> None:
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name.lower() or ".ln_" in name:
+                param.fill_(1.0)
+            else:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
+
+
+def graph_only(data: bytes) -> bytes:
+    model = onnx.load_from_string(data)
+    for tensor in model.graph.initializer:  # scalars (eps, exponents) keep their values
+        if tensor.data_type == onnx.TensorProto.FLOAT and len(tensor.dims) and tensor.dims[-1] > 1:
+            for field in ("raw_data", "float_data", "int32_data"):
+                tensor.ClearField(field)
+    for node in model.graph.node:
+        keep = [
+            p
+            for p in node.metadata_props
+            if node.op_type in ("MatMul", "Gemm") and p.key == "pkg.torch.onnx.fx_node"
+        ]
+        del node.metadata_props[:]
+        node.metadata_props.extend(keep)
+        node.doc_string = ""
+    return model.SerializeToString()
+
+
+def export(name: str, model: torch.nn.Module, *, dynamo: bool) -> None:
+    wrapped = LastHidden(model).eval()
+    ids = torch.randint(0, 64, (2, 16))
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if dynamo:
+            program = torch.onnx.export(
+                wrapped, (ids,), input_names=["input_ids"], dynamo=True,
+                dynamic_shapes=({0: BATCH, 1: SEQ},), verbose=False,
+            )  # fmt: skip
+            data = program.model_proto.SerializeToString()
+        else:
+            torch.onnx.export(
+                wrapped, (ids,), buffer, input_names=["input_ids"], opset_version=17,
+                dynamic_axes={"input_ids": {0: "batch", 1: "seq"}}, dynamo=False,
+            )  # fmt: skip
+            data = buffer.getvalue()
+    path = OUT / f"{name}.onnx"
+    path.write_bytes(graph_only(data))
+    params = sum(p.numel() for p in model.parameters())
+    print(f"{path.name}: {path.stat().st_size:,} bytes, {params:,} parameters")
+
+
+def main() -> int:
+    torch.manual_seed(0)
+    small = {
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "intermediate_size": 64,
+        "vocab_size": 64,
+        "attn_implementation": "sdpa",
+    }
+    bert = BertModel(BertConfig(**small, max_position_embeddings=64))
+    randomize(bert)
+    export("bert_sdpa_dynamo", bert, dynamo=True)
+    bert_eager = BertModel(
+        BertConfig(**{**small, "attn_implementation": "eager"}, max_position_embeddings=64)
+    )
+    randomize(bert_eager)
+    export("bert_eager_torchscript", bert_eager, dynamo=False)
+    gpt2 = GPT2LMHeadModel(
+        GPT2Config(
+            n_embd=32,
+            n_layer=2,
+            n_head=4,
+            vocab_size=64,
+            n_positions=64,
+            attn_implementation="sdpa",
+        )
+    )
+    randomize(gpt2)
+    export("gpt2_sdpa_dynamo", gpt2, dynamo=True)
+    llama = LlamaForCausalLM(
+        LlamaConfig(**small, num_key_value_heads=2, max_position_embeddings=64)
+    )
+    export("llama_gqa_sdpa_dynamo", llama, dynamo=True)  # default init: norm scales all ones
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
