@@ -4,6 +4,7 @@
     capplan fit llama-3-8b --gpu h100-80gb --mode inference --batch 8 --precision bf16
     capplan import onnx model.onnx --slug my-model
     capplan import hf-config config.json --slug my-llama
+    capplan import torch mypkg.models:build --input input_ids:batch,seq:int64 --seq 2048 --slug m
     capplan recommend resnet-50 --slo-ms 20 --target 1000 --price intel-xeon-6980p=0.3
 
 Readable tables by default, ``--json`` for the raw answer. The server is ``--url`` or
@@ -290,6 +291,53 @@ def cmd_import_hf(client: CapacityPlannerClient, args: argparse.Namespace, out: 
     return _show_import(client.import_hf_config(payload), args, out)
 
 
+def cmd_import_torch(client: CapacityPlannerClient, args: argparse.Namespace, out: TextIO) -> int:
+    from app.client import torch_import  # imports torch only when a trace runs
+
+    try:
+        inputs = [torch_import.parse_input(text) for text in args.input]
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())  # MODULE may live in the working directory
+        factory = torch_import.load_factory(args.factory)
+        torch_import.import_torch()
+    except torch_import.TraceError as exc:
+        raise UsageError(str(exc)) from exc
+    try:
+        graph = torch_import.trace_factory(factory, inputs, sequence_length=args.seq)
+    except torch_import.TraceError as exc:
+        sys.stderr.write(f"capplan: cannot import {args.factory}: {exc}\n")
+        return 1
+    ops = {layer["op"] for layer in graph["layers"]}
+    family = args.family or next(
+        (f for op, f in (("attention", "transformer"), ("lstm", "rnn"), ("gru", "rnn"),
+                         ("conv2d", "cnn")) if op in ops), "custom",
+    )  # fmt: skip
+    payload: dict[str, Any] = {
+        "slug": args.slug,
+        "name": args.name or args.factory.rpartition(":")[2],
+        "family": family,
+        "description": f"Traced from {args.factory} with capplan import torch.",
+        "inputs": graph["inputs"],
+        "layers": graph["layers"],
+        "default_bindings": graph["default_bindings"],
+    }
+    if args.dry_run:
+        out.write(json.dumps(payload, indent=None if args.json else 1) + "\n")
+        return 0
+    model = client.create_model(payload)
+    if args.json:
+        out.write(_dump(model) + "\n")
+        return 0
+    out.write(f"imported '{model.slug}' ({model.name}), {model.layer_count} layers, traced\n")
+    counts: dict[str, int] = {}
+    for layer in graph["layers"]:
+        counts[layer["op"]] = counts.get(layer["op"], 0) + 1
+    out.write(table(sorted(counts.items()), ["op", "count"]) + "\n")
+    for note in graph["assumptions"]:
+        out.write(f"* {note}\n")
+    return 0
+
+
 def _show_import(result: Any, args: argparse.Namespace, out: TextIO) -> int:
     if args.json:
         out.write(_dump(result) + "\n")
@@ -545,6 +593,23 @@ def build_parser() -> argparse.ArgumentParser:
         command.add_argument("--seq", type=int, help="default sequence length")
     onnx.set_defaults(run=cmd_import_onnx)
     hf.set_defaults(run=cmd_import_hf)
+    traced = imports.add_parser(
+        "torch", parents=[common], help="trace a PyTorch module locally (needs torch)"
+    )
+    traced.add_argument("factory", metavar="MODULE:FACTORY", help="class or zero-arg function")
+    traced.add_argument(
+        "--input",
+        action="append",
+        required=True,
+        metavar="NAME:DIMS[:DTYPE]",
+        help="e.g. input_ids:batch,seq:int64 or pixel_values:batch,3,224,224 (repeat)",
+    )
+    traced.add_argument("--slug", required=True)
+    traced.add_argument("--name")
+    traced.add_argument("--family")
+    traced.add_argument("--seq", type=int, help="default sequence length")
+    traced.add_argument("--dry-run", action="store_true", help="print the body, do not post")
+    traced.set_defaults(run=cmd_import_torch)
 
     models = sub.add_parser("models", parents=[common], help="list, show or delete models")
     models.add_argument("action", choices=["list", "show", "delete"])

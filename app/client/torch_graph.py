@@ -1160,7 +1160,10 @@ def convert_trace(record: dict[str, Any], *, sequence_length: int | None = None)
     fused = _fuse_mlps(layers, meta)
     covered = {p for m in meta.values() for p in m.get("params", ())}
     missing = {k: v for k, v in record["params"].items() if k not in covered}
+    in_graph = sum(_prod(v) for k, v in record["params"].items() if k in covered)
+    total = record["param_count"]
     assumptions = [
+        f"{in_graph:,} parameters in the graph; model.parameters() holds {total:,}",
         "traced on the meta device in training mode (dropout and batch norm as in training)",
     ]
     if fused:

@@ -9,19 +9,13 @@ follow the probe sizes are the symbolic ``batch`` and ``seq`` axes of the stored
 
 PyTorch is an optional extra (``pip install 'capacity-planner[torch]'``): it is imported only
 when a trace runs, and the server never imports this module.
-
-    python -m app.client.torch_import --record tests/fixtures/torch   # rewrite the fixtures
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import inspect
-import json
-import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from app.client.torch_graph import (
@@ -392,34 +386,3 @@ def _shapes(inputs: Sequence[TraceInput], probe: dict[str, int]) -> str:
         return ", ".join(str(probe[d]) if isinstance(d, str) else str(d) for d in spec.shape)
 
     return ", ".join(f"{spec.name}[{dims(spec)}]" for spec in inputs)
-
-
-# --------------------------------------------------------------------------- fixtures
-
-
-def _record_fixtures(folder: Path) -> None:
-    """Record the test fixtures (needs torch, transformers and benchmarks/fidelity/models.py)."""
-    fixtures = importlib.import_module("tests.fixtures.torch.models")
-    folder.mkdir(parents=True, exist_ok=True)
-    for name, (factory, specs) in fixtures.FIXTURES.items():
-        torch = import_torch()
-        with torch.device("meta"):
-            module = factory()
-        record = record_trace(module, [parse_input(s) for s in specs])
-        record["name"] = name
-        path = folder / f"{name}.json"
-        path.write_text(json.dumps(record, separators=(",", ":")) + "\n", encoding="utf-8")
-        sys.stdout.write(f"wrote {path} ({record['param_count']:,} parameters)\n")
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m app.client.torch_import --record FOLDER``: rewrite the test fixtures."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--record", type=Path, required=True, help="fixture folder")
-    args = parser.parse_args(argv)
-    _record_fixtures(args.record)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
