@@ -7,9 +7,9 @@ repository root:
 
 Each model is a tiny Hugging Face model built from a config (nothing is downloaded), exported
 with ``torch.onnx.export`` and kept graph-only: the data of every float initializer but
-scalars is cleared, and the per-node provenance metadata is trimmed to the
-``pkg.torch.onnx.fx_node`` entry of MatMul and Gemm nodes (what the importer reads to see a
-tied head in a graph-only file). Weights are random and norm scales ones (the Llama model keeps
+scalars is cleared, and the per-node provenance metadata is trimmed to its
+``pkg.torch.onnx.fx_node`` entry (what the importer reads to see a tied head in a graph-only
+file, and a GELU computed op by op). Weights are random and norm scales ones (the Llama model keeps
 its initialisation): the dynamo exporter's optimizer drops all-zero biases and merges the
 equal norm scales (which the importer counts once per layer).
 """
@@ -66,11 +66,7 @@ def graph_only(data: bytes) -> bytes:
             for field in ("raw_data", "float_data", "int32_data"):
                 tensor.ClearField(field)
     for node in model.graph.node:
-        keep = [
-            p
-            for p in node.metadata_props
-            if node.op_type in ("MatMul", "Gemm") and p.key == "pkg.torch.onnx.fx_node"
-        ]
+        keep = [p for p in node.metadata_props if p.key == "pkg.torch.onnx.fx_node"]
         del node.metadata_props[:]
         node.metadata_props.extend(keep)
         node.doc_string = ""

@@ -485,6 +485,7 @@ class _Mapper:
         self.synthesized: set[int] = set()  # ids of the nodes the fusions created
         self.bias_reads: Counter[str] = Counter()  # 1-d initializers added as a linear's bias
         self.shared_vectors = 0  # 1-d initializers that several layers read
+        self.composite_gelu: set[str] = set()  # gelu layers PyTorch computes op by op
 
     # -- values
 
@@ -643,11 +644,18 @@ class _Mapper:
         for kind, count in sorted(fused.items()):
             self.fused[f"{kind} attention written out -> attention"] = count
         original = {id(node) for node in self.graph.node}
-        self.synthesized = {id(n) for n in nodes if n.domain == FUSED_DOMAIN and id(n) not in
-                            original}  # fmt: skip
+        self.synthesized = {id(n) for n in nodes if id(n) not in original}
         self.nodes = nodes
         for index, node in enumerate(nodes):
             self._node(node, index)
+        widths: dict[str, int] = {}
+        for value, layer in self.act.items():
+            shown = self.shapes.get(value)
+            if shown and isinstance(shown[-1], int):
+                widths[layer] = shown[-1]
+        self.layers, fused = fuse_mlps(self.layers, widths, self.composite_gelu)
+        for kind, count in sorted(fused.items()):
+            self.fused[f"feed-forward ({kind}) written out -> mlp"] = count
 
     def _infer_shapes(self) -> None:
         """Every value's shape, with ``batch`` and ``seq`` where they are symbolic.
@@ -741,7 +749,7 @@ class _Mapper:
 
     def _node(self, node: NodeProto, index: int) -> None:
         op = node.op_type
-        if id(node) in self.synthesized:
+        if id(node) in self.synthesized and node.domain == FUSED_DOMAIN:
             why = self._fused_attention(node, index)
             if why:
                 self._unsupported(node, index, why)
@@ -862,7 +870,10 @@ class _Mapper:
 
     def _op_Gelu(self, node: NodeProto, index: int) -> str | None:
         if self._attr(node, "approximate", b"none") in (b"tanh", "tanh"):
-            return self._activation(node, index, "gelu", approximate="tanh")
+            self._activation(node, index, "gelu", approximate="tanh")
+            if id(node) in self.synthesized and self._attr(node, "composite", 0):
+                self.composite_gelu.add(self.layers[-1]["name"])
+            return None
         return self._activation(node, index, "gelu")
 
     def _fused_attention(self, node: NodeProto, index: int) -> str | None:
@@ -1495,6 +1506,25 @@ class _Rewrite:
         ]
 
 
+def _single_source_cone(
+    rewrite: _Rewrite, output: str
+) -> tuple[set[int], set[str], set[str]] | None:
+    """The GELU-op cone computing ``output`` from one tensor: the whole cone when it starts from
+    one tensor, else the cone stopped at a tensor that two of its nodes read (GELU reads its
+    input twice; behind it may sit the bias Add of the linear layer that produced it)."""
+    found = rewrite.cone(output, _GELU_OPS)
+    if found is None or len(found[1]) == 1:
+        return found
+    members = found[0]
+    reads = Counter(name for i in members for name in rewrite.nodes[i].input)
+    for value in sorted((v for v, n in reads.items() if n >= 2 and v not in rewrite.scalars),
+                        key=lambda v: -rewrite.producer.get(v, -1)):  # fmt: skip
+        stopped = rewrite.cone(output, _GELU_OPS, stop=value)
+        if stopped is not None and len(stopped[1]) == 1:
+            return stopped
+    return found
+
+
 def fuse_gelu(
     nodes: list[NodeProto], scalars: dict[str, float], graph_outputs: set[str]
 ) -> tuple[list[NodeProto], Counter[str]]:
@@ -1517,7 +1547,7 @@ def fuse_gelu(
             if current is None:
                 break
             output = nodes[current].output[0]
-            found = rewrite.cone(output, _GELU_OPS)
+            found = _single_source_cone(rewrite, output)
             if found is not None and len(found[1]) == 1:
                 members, (x,) = found[0], tuple(found[1])
                 values = _evaluate([nodes[i] for i in sorted(members)], x, scalars)
@@ -1526,11 +1556,21 @@ def fuse_gelu(
                     rewrite.replace(members, current, onnx.helper.make_node(
                         "Gelu", [x], [output], name=f"{nodes[current].name or 'gelu'}_fused",
                         approximate="tanh" if kind == "tanh" else "none",
+                        composite=int(_composite([nodes[i] for i in members])),
                     ))  # fmt: skip
                     fused[kind] += 1
                     break
             current = rewrite.next_in_chain(current, _GELU_OPS)
     return rewrite.result(), fused
+
+
+def _composite(nodes: Sequence[NodeProto]) -> bool:
+    """Whether the dynamo exporter's provenance says PyTorch computed these nodes op by op
+    (Hugging Face's ``gelu_new``: pow, mul, add, tanh; autograd keeps the intermediates), not
+    as one ``aten.gelu`` kernel. False without provenance (the TorchScript exporter)."""
+    traced = [p.value for node in nodes for p in node.metadata_props
+              if p.key == "pkg.torch.onnx.fx_node"]  # fmt: skip
+    return bool(traced) and not any("aten.gelu" in value for value in traced)
 
 
 def _possibly_folded_batch_norm(model: ModelProto) -> int:
@@ -2106,6 +2146,134 @@ def _last_int(shape: list[int | str | None] | None) -> int | None:
     return shape[-1]
 
 
+_MLP_ACTIVATION_OF = {"relu": "relu", "silu": "silu"}
+
+
+class _LayerChain:
+    """Layers by name, and how many layers read each (to fuse private chains)."""
+
+    def __init__(self, layers: list[dict[str, Any]]) -> None:
+        self.layers = layers
+        self.by_name = {str(layer["name"]): layer for layer in layers}
+        self.readers: Counter[str] = Counter(i for layer in layers for i in layer["inputs"])
+        self.tied = {str(layer["tied_to"]) for layer in layers if "tied_to" in layer}
+
+    def private(self, name: str, op: str | tuple[str, ...]) -> dict[str, Any] | None:
+        """The layer ``name`` when it is an ``op``, read once, and nothing is tied to it."""
+        layer = self.by_name.get(name)
+        ops = (op,) if isinstance(op, str) else op
+        if layer is None or layer["op"] not in ops or self.readers[name] != 1:
+            return None
+        return None if name in self.tied else layer
+
+    def behind_reshapes(self, name: str, members: list[str]) -> str:
+        """``name``, or the value a chain of private reshapes started from."""
+        while (layer := self.private(name, "reshape")) is not None:
+            members.append(name)
+            name = str(layer["inputs"][0])
+        return name
+
+
+def _mlp_activation(layer: dict[str, Any], composite: set[str]) -> str | None:
+    if layer["op"] == "gelu":
+        if layer.get("approximate", "none") == "none":
+            return "gelu"
+        return "gelu_new" if layer["name"] in composite else "gelu_tanh"
+    return _MLP_ACTIVATION_OF.get(str(layer["op"]))
+
+
+def _gated(chain: _LayerChain, name: str, members: list[str]) -> tuple[str, str] | None:
+    """``name`` as SwiGLU's product silu(gate(x)) * up(x): (x, the gate's name)."""
+    product = chain.private(name, "elementwise")
+    if product is None or product.get("function") != "mul" or len(product["inputs"]) != 2:
+        return None
+    for silu_name, up_name in (product["inputs"], product["inputs"][::-1]):
+        silu = chain.private(silu_name, ("elementwise", "silu"))
+        up = chain.private(up_name, "linear")
+        if silu is None or up is None:
+            continue
+        gate_name: str | None = None
+        if silu["op"] == "silu":
+            gate_name = str(silu["inputs"][0])
+        elif silu.get("function") == "mul" and len(silu["inputs"]) == 2:
+            a, b = (str(v) for v in silu["inputs"])
+            for linear, sigmoid in ((a, b), (b, a)):
+                found = chain.by_name.get(sigmoid)
+                if found is not None and found["op"] == "sigmoid" and found["inputs"] == [linear]:
+                    if chain.readers[sigmoid] == 1 and chain.readers[linear] == 2:
+                        gate_name = linear
+                        members.append(sigmoid)
+        gate = chain.by_name.get(gate_name or "")
+        if gate is None or gate["op"] != "linear" or gate_name in chain.tied:
+            continue
+        if gate["inputs"] != up["inputs"] or gate["out_features"] != up["out_features"]:
+            continue
+        if gate.get("bias") != up.get("bias"):
+            continue
+        members += [name, silu_name, up_name, str(gate_name)]
+        return str(up["inputs"][0]), str(gate_name)
+    return None
+
+
+def fuse_mlps(
+    layers: list[dict[str, Any]], widths: dict[str, int], composite: set[str]
+) -> tuple[list[dict[str, Any]], Counter[str]]:
+    """Replace each feed-forward network written out as layers (linear, activation, linear;
+    or SwiGLU's silu(gate(x)) * up(x) before the down projection) with one ``mlp`` layer, as
+    the zoo builds transformers: linear -> gelu / relu / silu -> linear whose output is as wide
+    as its input (``widths``: the last dim of each layer's output), every intermediate read by
+    the next step only, the same bias setting on every projection, and nothing tied to them.
+    Reshapes around the projections (HF Conv1D flattens to 2-d for a Gemm) are absorbed. A
+    tanh GELU in ``composite`` (computed op by op, per the exporter's provenance) is
+    ``gelu_new``, whose intermediates autograd keeps."""
+    chain = _LayerChain(layers)
+    fused: Counter[str] = Counter()
+    removed: set[str] = set()
+    replaced: dict[str, dict[str, Any]] = {}
+    for down in layers:
+        if down["op"] != "linear" or "tied_to" in down or down["name"] in removed:
+            continue
+        members: list[str] = []
+        inner = chain.behind_reshapes(str(down["inputs"][0]), members)
+        activation_layer = chain.private(inner, ("gelu", "relu", "silu"))
+        gated = None if activation_layer is not None else _gated(chain, inner, members)
+        if activation_layer is not None:
+            activation = _mlp_activation(activation_layer, composite)
+            members.append(inner)
+            up_name = chain.behind_reshapes(str(activation_layer["inputs"][0]), members)
+            up = chain.private(up_name, "linear")
+            if up is None or activation is None:
+                continue
+            members.append(up_name)
+            x = str(up["inputs"][0])
+        elif gated is not None:
+            activation = "swiglu"
+            x, gate_name = gated
+            up = chain.by_name[gate_name]
+        else:
+            continue
+        x = chain.behind_reshapes(x, members)
+        out_name = str(down["name"])
+        after = [r for r in layers if out_name in r["inputs"]]
+        if len(after) == 1 and after[0]["op"] == "reshape" and chain.readers[out_name] == 1:
+            members.append(out_name)
+            out_name = str(after[0]["name"])
+        hidden = widths.get(x)
+        if hidden is None or widths.get(out_name) != hidden or down["out_features"] != hidden:
+            continue
+        if down.get("bias", True) != up.get("bias", True) or removed & set(members):
+            continue
+        removed.update(m for m in members if m != out_name)
+        replaced[out_name] = {
+            "name": out_name, "op": "mlp", "intermediate_size": up["out_features"],
+            "activation": activation, "bias": bool(up.get("bias", True)), "inputs": [x],
+        }  # fmt: skip
+        fused[f"{activation}"] += 1
+    result = [replaced.get(str(layer["name"]), layer) for layer in layers
+              if layer["name"] not in removed or layer["name"] in replaced]  # fmt: skip
+    return result, fused
+
+
 def _constant_weights(nodes: Sequence[NodeProto]) -> dict[str, tuple[int, ...]]:
     """Dims of the float tensors that Constant nodes hold (exporters store weights so too)."""
     found: dict[str, tuple[int, ...]] = {}
@@ -2236,7 +2404,7 @@ def _initializer_parameters(mapper: _Mapper) -> tuple[int, list[str], int]:
     for node in mapper.nodes:
         if node.op_type == "BatchNormalization":
             buffers.update(node.input[3:5])
-        if id(node) in mapper.synthesized:
+        if id(node) in mapper.synthesized and node.domain == FUSED_DOMAIN:
             positions: Sequence[int] = range(1, len(node.input))
         else:
             positions = slots.get(node.op_type, ())

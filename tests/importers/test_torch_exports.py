@@ -14,8 +14,8 @@ import pytest
 from app.config import PROJECT_ROOT
 from app.domain.memory.estimate import MemoryRequest, analyze_for, estimate_memory
 from app.domain.precision import Precision
-from app.domain.workload import Mode, Optimizer, Runtime
-from app.domain.zoo import lstm_classifier
+from app.domain.workload import Attention, Mode, Optimizer, Runtime
+from app.domain.zoo import bert, gpt2, llama, lstm_classifier
 from app.importers.onnx_model import import_onnx
 
 FIXTURES = PROJECT_ROOT / "tests" / "fixtures" / "onnx"
@@ -106,3 +106,49 @@ def test_a_graph_only_dynamo_export_ties_the_lm_head_by_its_provenance() -> None
     assert head["out_features"] == 64
     assert layers[head["tied_to"]]["op"] == "embedding"
     assert any("is a transposed copy of 'model.lm_head.weight'" in a for a in imported.assumptions)
+
+
+ZOO_TWINS = {
+    "bert_sdpa_dynamo": lambda: bert(
+        layers=2, hidden=32, heads=4, vocab=64, positions=64, intermediate=64, pooler=False,
+        dropout=0.0,
+    ),
+    "bert_eager_torchscript": lambda: bert(
+        layers=2, hidden=32, heads=4, vocab=64, positions=64, intermediate=64, pooler=False,
+        dropout=0.0,
+    ),
+    "gpt2_sdpa_dynamo": lambda: gpt2(
+        layers=2, hidden=32, heads=4, vocab=64, positions=64, dropout=0.0
+    ),
+    "llama_gqa_sdpa_dynamo": lambda: llama(
+        layers=2, hidden=32, heads=4, kv_heads=2, intermediate=64, vocab=64
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("attention", [Attention.EAGER, Attention.FLASH])
+@pytest.mark.parametrize("mode", list(Mode))
+@pytest.mark.parametrize("name", list(ZOO_TWINS))
+def test_exported_transformers_estimate_like_their_zoo_twins(
+    name: str, mode: Mode, attention: Attention
+) -> None:
+    """With attention, feed-forward (GPT-2's op-by-op ``gelu_new`` told by the dynamo
+    exporter's provenance), norms and the tied head recognised, an exported tiny transformer
+    has the zoo graph's parameters and memory estimate to the byte (eval-mode exports carry no
+    dropout: the twins are built without)."""
+    imported = import_onnx((FIXTURES / f"{name}.onnx").read_bytes())
+    zoo = ZOO_TWINS[name]()
+    request = MemoryRequest(
+        mode=mode, precision=Precision.FP32, runtime=Runtime.CPU, optimizer=Optimizer.ADAMW,
+        attention=attention,
+    )  # fmt: skip
+    bindings = {"batch": 4, "seq": 32}
+    ours = estimate_memory(
+        analyze_for(imported.inputs, imported.layers, bindings, request), request
+    )
+    theirs = estimate_memory(
+        analyze_for(zoo.inputs, zoo.layers, {**zoo.default_bindings, **bindings}, request), request
+    )
+    assert ours.params == theirs.params
+    assert ours.peak_bytes == theirs.peak_bytes
+    assert [layer["op"] for layer in imported.layers].count("mlp") == 2
