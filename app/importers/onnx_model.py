@@ -2517,10 +2517,14 @@ def import_onnx(
         notes.append(f"fused {count} exporter subgraph(s): {pattern}")
     folded = _possibly_folded_batch_norm(model)
     if folded:
+        for layer in mapper.layers:
+            if layer["op"] == "conv2d" and layer.get("bias"):
+                layer["batchnorm_folded"] = True
         notes.append(
             f"{folded} convolution(s) carry a bias and the graph has no BatchNormalization: if "
             "the model has batch norm, an eval-mode torch.onnx.export folded it into the "
-            "convolutions, and training estimates miss its saved tensors; for training, export "
+            "convolutions, and training estimates miss its saved tensors (the convolutions are "
+            "marked batchnorm_folded and training estimates say so); for training, export "
             "with training=torch.onnx.TrainingMode.TRAINING (inference estimates are unaffected)"
         )
     if weightless.external or weightless.empty:

@@ -11,6 +11,9 @@ from onnx import TensorProto, helper
 from pydantic.fields import FieldInfo
 
 from app.domain.graph.analysis import analyze
+from app.domain.memory.estimate import MemoryRequest, analyze_for, estimate_memory
+from app.domain.precision import Precision
+from app.domain.workload import Mode, Runtime
 from app.importers import onnx_model, result
 from app.importers.onnx_model import import_onnx, strip_weights
 from app.importers.result import ImportRejected
@@ -158,6 +161,15 @@ def test_an_eval_mode_export_with_folded_batch_norm_is_flagged(
     assert bool(flagged) is warned
     if warned:
         assert flagged[0].startswith("2 convolution(s) carry a bias")
+    marked = [layer for layer in imported.layers if layer.get("batchnorm_folded")]
+    assert len(marked) == (2 if warned else 0)
+    # The mark is stored with the graph: every training estimate says what it cannot see.
+    for mode in Mode:
+        request = MemoryRequest(mode=mode, precision=Precision.FP32, runtime=Runtime.CPU)
+        analysis = analyze_for(imported.inputs, imported.layers, {"batch": 2}, request)
+        said = [a for a in estimate_memory(analysis, request).assumptions
+                if a.startswith("cannot see batch norm: 2 convolution(s)")]  # fmt: skip
+        assert bool(said) is (warned and mode is Mode.TRAINING)
 
 
 @pytest.mark.parametrize(

@@ -109,6 +109,7 @@ class GraphAnalysis:
     logits_head: str | None = None  # the layer that ran on the last position only (LAST)
     attention_requested: Attention | None = None  # the ``attention`` option it was analysed with
     logits_requested: Logits = Logits.ALL  # the ``logits`` option it was analysed with
+    batchnorm_folded: int = 0  # convolutions an eval-mode export may have folded batch norm into
 
     @property
     def params(self) -> int:
@@ -249,7 +250,19 @@ def analyze(
         logits_head=state.head_name,
         attention_requested=attention,
         logits_requested=logits,
+        batchnorm_folded=_folded_batchnorm(layers),
     )
+
+
+def _folded_batchnorm(layers: Sequence[Mapping[str, Any]]) -> int:
+    """Convolutions marked ``batchnorm_folded``, repeats counted."""
+    found = 0
+    for raw in layers:
+        if raw["op"] == "conv2d" and raw.get("batchnorm_folded", False):
+            found += 1
+        elif raw["op"] in ("block", "repeat"):
+            found += _folded_batchnorm(raw["layers"]) * int(raw.get("times", 1))
+    return found
 
 
 def _has_causal_attention(layers: Sequence[Mapping[str, Any]]) -> bool:

@@ -164,7 +164,9 @@ _CONV = {
 OP_SPECS: Mapping[str, OpSpec] = {
     "conv2d": OpSpec(
         required={"out_channels": positive_int, "kernel_size": positive_pair},
-        optional={**_CONV, "groups": positive_int},
+        # batchnorm_folded: an eval-mode export may have folded a batch norm into this
+        # convolution (the ONNX importer's finding); training estimates say they cannot see it
+        optional={**_CONV, "groups": positive_int, "batchnorm_folded": boolean},
     ),
     "depthwise_conv2d": OpSpec(
         required={"kernel_size": positive_pair},

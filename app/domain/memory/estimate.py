@@ -1564,6 +1564,14 @@ def estimate_memory(
         assumptions.append(_logits_note(analysis))
     elif training and request.logits is Logits.LAST:
         assumptions.append("logits: every position (training: the loss reads every position)")
+    if training and analysis.batchnorm_folded:
+        assumptions.append(
+            f"cannot see batch norm: {analysis.batchnorm_folded} convolution(s) of this graph "
+            "may carry a batch norm that an eval-mode export folded into their weights; a "
+            "training step keeps batch norm's inputs and statistics, which this estimate "
+            "misses (export with training=torch.onnx.TrainingMode.TRAINING, or with dynamo=True, "
+            "which keeps BatchNormalization)"
+        )
     model_shard = par.tensor * par.pipeline
     params = analysis.params
 
