@@ -73,8 +73,38 @@ def graph_only(data: bytes) -> bytes:
     return model.SerializeToString()
 
 
-def export(name: str, model: torch.nn.Module, *, dynamo: bool) -> None:
-    wrapped = LastHidden(model).eval()
+class ConvBatchNorm(torch.nn.Module):
+    """Conv (no bias) -> BatchNorm2d -> ReLU -> Conv (bias) -> BatchNorm2d (affine=False)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3, bias=False), torch.nn.BatchNorm2d(8, eps=1e-3),
+            torch.nn.ReLU(), torch.nn.Conv2d(8, 8, 3), torch.nn.BatchNorm2d(8, affine=False),
+        )  # fmt: skip
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
+
+
+def export_cnn(name: str, *, train: bool) -> None:
+    model = ConvBatchNorm()
+    randomize(model)
+    model.train(train)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(
+            model, (torch.randn(2, 3, 16, 16),), input_names=["x"], dynamo=True,
+            dynamic_shapes=({0: BATCH},), verbose=False,
+        )  # fmt: skip
+    path = OUT / f"{name}.onnx"
+    path.write_bytes(graph_only(program.model_proto.SerializeToString()))
+    params = sum(p.numel() for p in model.parameters())
+    print(f"{path.name}: {path.stat().st_size:,} bytes, {params:,} parameters")
+
+
+def export(name: str, model: torch.nn.Module, *, dynamo: bool, train: bool = False) -> None:
+    wrapped = LastHidden(model).train(train)
     ids = torch.randint(0, 64, (2, 16))
     buffer = io.BytesIO()
     with warnings.catch_warnings():
@@ -110,6 +140,9 @@ def main() -> int:
     bert = BertModel(BertConfig(**small, max_position_embeddings=64))
     randomize(bert)
     export("bert_sdpa_dynamo", bert, dynamo=True)
+    export("bert_sdpa_dynamo_train", bert, dynamo=True, train=True)  # dropout 0.1 everywhere
+    export_cnn("conv_batchnorm_dynamo_train", train=True)
+    export_cnn("conv_batchnorm_dynamo_eval", train=False)
     bert_eager = BertModel(
         BertConfig(**{**small, "attn_implementation": "eager"}, max_position_embeddings=64)
     )

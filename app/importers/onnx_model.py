@@ -486,6 +486,10 @@ class _Mapper:
         self.bias_reads: Counter[str] = Counter()  # 1-d initializers added as a linear's bias
         self.shared_vectors = 0  # 1-d initializers that several layers read
         self.composite_gelu: set[str] = set()  # gelu layers PyTorch computes op by op
+        self.scalars: dict[str, float] = {}  # float scalar constants (eps, ratios)
+        self.not_parameters: set[str] = set()  # initializers a fold made (not the model's)
+        self.restored_params = 0  # batch-norm parameters restored from provenance
+        self.restored_batch_norms = 0
 
     # -- values
 
@@ -628,6 +632,7 @@ class _Mapper:
         self._infer_shapes()
         outputs = {info.name for info in self.graph.output}
         scalars = _scalar_values(self.graph)
+        self.scalars = scalars
         nodes, fused = fuse_gelu(list(self.graph.node), scalars, outputs)
         for kind, count in sorted(fused.items()):
             self.fused[f"GELU ({kind} form) -> gelu"] = count
@@ -849,8 +854,10 @@ class _Mapper:
 
     def _op_Dropout(self, node: NodeProto, index: int) -> str | None:
         ratio = self._attr(node, "ratio", 0.5)
-        if len(node.input) > 1 and node.input[1]:
-            ratio = 0.5  # a ratio input (opset 12+); its value is not read
+        if len(node.input) > 1 and node.input[1]:  # a ratio input (opset 12+)
+            ratio = round(self.scalars.get(node.input[1], 0.5), 6)  # float32 0.1 reads 0.1
+            if not 0.0 <= ratio < 1.0:
+                ratio = 0.5
         self._emit(node, index, {"op": "dropout", "p": float(ratio), "inputs": [self._x(node)]},
                    ["dropout"])  # fmt: skip
         return None
@@ -893,8 +900,8 @@ class _Mapper:
         }
         if attrs["rotary"]:
             layer["rotary"] = True
-        if attrs["dropout"] > 0:
-            layer["dropout"] = float(attrs["dropout"])
+        if attrs["dropout"] > 0:  # a float32 attribute: 0.1 reads back 0.10000000149
+            layer["dropout"] = round(float(attrs["dropout"]), 6)
         self._emit(node, index, layer, ["attention"])
         return None
 
@@ -1034,7 +1041,25 @@ class _Mapper:
             "bias": len(node.input) > 2 and bool(node.input[2]),
             "inputs": [self._x(node)],
         }
-        self._emit(node, index, layer, ["conv2d"])
+        folded = _folded_batch_norm(node)
+        if folded is None:
+            self._emit(node, index, layer, ["conv2d"])
+            return None
+        # The dynamo exporter's optimizer folded a batch norm into this convolution (in train
+        # mode too); its provenance still names the batch norm: restore it after the conv.
+        affine, eps = folded
+        bias = node.input[2] if layer["bias"] else ""
+        if bias and bias == f"{node.input[1]}_bias":  # the fold's own bias: the conv had none
+            layer["bias"] = False
+            self.not_parameters.add(bias)
+        conv = self._add({"name": self._name(node, index), **layer})
+        norm: dict[str, Any] = {"op": "batchnorm2d", "eps": eps, "inputs": [conv]}
+        if not affine:
+            norm["affine"] = False
+        self.act[node.output[0]] = self._add({"name": self._name(node, index, "_bn"), **norm})
+        self.restored_params += 2 * weight.dims[0] if affine else 0
+        self.restored_batch_norms += 1
+        self._map(node, ["conv2d", "batchnorm2d"])
         return None
 
     def _padding(self, node: NodeProto, kernel: Sequence[int]) -> list[int] | str:
@@ -1564,6 +1589,32 @@ def fuse_gelu(
     return rewrite.result(), fused
 
 
+_BATCH_NORM_CALL = re.compile(
+    r"aten\.(?:_native_batch_norm_legit(?:_functional|_no_training)?|native_batch_norm|"
+    r"batch_norm)\.default\]?\(args = \((?P<args>[^)]*)\)"
+)
+
+
+def _folded_batch_norm(node: NodeProto) -> tuple[bool, float] | None:
+    """(affine, eps) of the batch norm the dynamo exporter's provenance says a Conv node is (its
+    optimizer folds BatchNormalization into the convolution before it, in train mode too), or
+    None when the node is a plain convolution."""
+    fx_node = next((p.value for p in node.metadata_props if p.key == "pkg.torch.onnx.fx_node"), "")
+    match = _BATCH_NORM_CALL.search(fx_node)
+    if match is None:
+        return None
+    args = [a.strip() for a in match.group("args").split(",")]
+    if len(args) < 5:
+        return None
+    try:
+        eps = float(args[-1])
+    except ValueError:
+        eps = 1e-5
+    if not 0 < eps < 1:
+        eps = 1e-5
+    return args[1] != "None", eps
+
+
 def _composite(nodes: Sequence[NodeProto]) -> bool:
     """Whether the dynamo exporter's provenance says PyTorch computed these nodes op by op
     (Hugging Face's ``gelu_new``: pow, mul, add, tanh; autograd keeps the intermediates), not
@@ -2054,8 +2105,10 @@ class _AttentionFinder:
         qkv_bias = {p.bias is not None for p in qkv_projs}
         if len(qkv_bias) != 1:
             return None
-        dropout = next((self._dropout(i) for i in members if nodes[i].op_type == "Dropout"), 0.0)
-        causal = self._causal(members, scores)
+        sdpa = _sdpa_arguments(nodes[softmax])
+        dropout = next((self._dropout(i) for i in members if nodes[i].op_type == "Dropout"),
+                       sdpa.get("dropout_p", 0.0))  # fmt: skip
+        causal = self._causal(members, scores) or bool(sdpa.get("is_causal", 0.0))
         rotary = self._rotary(members, x)
         inputs = [x, *(p.weight for p in qkv_projs), out_proj.weight]
         inputs += [p.bias or "" for p in qkv_projs] + [out_proj.bias or ""]
@@ -2087,9 +2140,9 @@ class _AttentionFinder:
         node = self.nodes[index]
         for attribute in node.attribute:
             if attribute.name == "ratio":
-                return float(attribute.f)
+                return round(float(attribute.f), 6)
         if len(node.input) > 1 and node.input[1] in self.rewrite.scalars:
-            return float(self.rewrite.scalars[node.input[1]])
+            return round(float(self.rewrite.scalars[node.input[1]]), 6)
         return 0.5 if len(node.input) < 2 or not node.input[1] else 0.0
 
     def _ancestors(self, values: list[str], limit: int = 200) -> set[int]:
@@ -2138,6 +2191,42 @@ class _AttentionFinder:
         """Whether the queries and keys are rotated by a sin/cos table (RoPE)."""
         ancestors = self._ancestors(self._side_inputs(members, x))
         return any(self.nodes[i].op_type in ("Sin", "Cos") for i in ancestors)
+
+
+_SDPA_CALL = re.compile(
+    r"aten\.scaled_dot_product_attention\.default\]?\(args = \((?P<args>[^)]*)\)"
+    r"(?:, kwargs = \{(?P<kwargs>[^}]*)\})?"
+)
+
+
+def _sdpa_arguments(node: NodeProto) -> dict[str, float]:
+    """``dropout_p`` and ``is_causal`` of the PyTorch SDPA call behind ``node``, from the dynamo
+    exporter's provenance (``pkg.torch.onnx.fx_node``): its ONNX translation leaves attention
+    dropout out, although PyTorch's training step runs it."""
+    fx_node = next((p.value for p in node.metadata_props if p.key == "pkg.torch.onnx.fx_node"), "")
+    match = _SDPA_CALL.search(fx_node)
+    if match is None:
+        return {}
+    found: dict[str, float] = {}
+    args = [a.strip() for a in match.group("args").split(",") if a.strip()]
+    named = {
+        key.strip(): value.strip()
+        for key, _, value in (
+            part.partition(":") for part in (match.group("kwargs") or "").split(",")
+        )
+        if key.strip()
+    }
+    for position, key in ((4, "dropout_p"), (5, "is_causal")):
+        text = named.get(key, args[position] if len(args) > position else None)
+        if text is None:
+            continue
+        try:
+            value = 1.0 if text == "True" else 0.0 if text == "False" else float(text)
+        except ValueError:
+            continue
+        if 0.0 <= value < 1.0 or key == "is_causal":
+            found[key] = round(value, 6)
+    return found
 
 
 def _last_int(shape: list[int | str | None] | None) -> int | None:
@@ -2220,9 +2309,10 @@ def fuse_mlps(
 ) -> tuple[list[dict[str, Any]], Counter[str]]:
     """Replace each feed-forward network written out as layers (linear, activation, linear;
     or SwiGLU's silu(gate(x)) * up(x) before the down projection) with one ``mlp`` layer, as
-    the zoo builds transformers: linear -> gelu / relu / silu -> linear whose output is as wide
-    as its input (``widths``: the last dim of each layer's output), every intermediate read by
-    the next step only, the same bias setting on every projection, and nothing tied to them.
+    the zoo builds transformers: a norm's output -> linear -> gelu / relu / silu -> linear whose
+    output is as wide as its input (``widths``: the last dim of each layer's output), every
+    intermediate read by the next step only, the same bias setting on every projection, and
+    nothing tied to them (a stack of linear and relu layers outside a transformer stays).
     Reshapes around the projections (HF Conv1D flattens to 2-d for a Gemm) are absorbed. A
     tanh GELU in ``composite`` (computed op by op, per the exporter's provenance) is
     ``gelu_new``, whose intermediates autograd keeps."""
@@ -2253,6 +2343,9 @@ def fuse_mlps(
         else:
             continue
         x = chain.behind_reshapes(x, members)
+        source = chain.by_name.get(x)
+        if source is None or source["op"] not in ("layernorm", "rmsnorm"):
+            continue  # a transformer's feed-forward reads a norm; a plain MLP stack stays
         out_name = str(down["name"])
         after = [r for r in layers if out_name in r["inputs"]]
         if len(after) == 1 and after[0]["op"] == "reshape" and chain.readers[out_name] == 1:
@@ -2261,7 +2354,9 @@ def fuse_mlps(
         hidden = widths.get(x)
         if hidden is None or widths.get(out_name) != hidden or down["out_features"] != hidden:
             continue
-        if down.get("bias", True) != up.get("bias", True) or removed & set(members):
+        if down.get("bias", True) != up.get("bias", True):
+            continue
+        if (removed | set(replaced)) & {*members, out_name}:
             continue
         removed.update(m for m in members if m != out_name)
         replaced[out_name] = {
@@ -2421,8 +2516,8 @@ def _initializer_parameters(mapper: _Mapper) -> tuple[int, list[str], int]:
         numel = math.prod(tensor.dims)
         if tensor.data_type not in _FLOAT_TYPES or numel <= 1 or name in buffers:
             continue
-        if name in mapper.tied_copies:  # the same parameters as the tensor it copies
-            continue
+        if name in mapper.tied_copies or name in mapper.not_parameters:
+            continue  # the same parameters as the tensor it copies; a fold's own bias
         if name not in mapper.supported_inputs:
             if name in mapper.unsupported_inputs:
                 unsupported_only += numel
@@ -2436,7 +2531,7 @@ def _initializer_parameters(mapper: _Mapper) -> tuple[int, list[str], int]:
         if name not in weight_slots:
             assumed.append(name)
     mapper.shared_vectors = shared
-    return total, assumed, unsupported_only
+    return total + mapper.restored_params, assumed, unsupported_only
 
 
 def import_onnx(
@@ -2515,7 +2610,13 @@ def import_onnx(
     notes.append("batch-norm running statistics are buffers, not parameters")
     for pattern, count in mapper.fused.items():
         notes.append(f"fused {count} exporter subgraph(s): {pattern}")
-    folded = _possibly_folded_batch_norm(model)
+    if mapper.restored_batch_norms:
+        notes.append(
+            f"{mapper.restored_batch_norms} batch norm(s) restored after their convolutions: the "
+            "dynamo exporter's optimizer folded them in (in train mode too) and its provenance "
+            f"names them; their {mapper.restored_params:,} parameters are counted"
+        )
+    folded = 0 if mapper.restored_batch_norms else _possibly_folded_batch_norm(model)
     if folded:
         for layer in mapper.layers:
             if layer["op"] == "conv2d" and layer.get("bias"):

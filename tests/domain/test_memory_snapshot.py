@@ -27,10 +27,10 @@ then added the second cuBLAS workspace of training (autograd's thread), the padd
 log-sum-exp of CUDA's memory-efficient attention, DDP's gradient buckets and FSDP's gather
 buffers: of the CPU entries only the 72 ZeRO-3 ones moved (FSDP buffers, any runtime).
 
-Issue 14 fused the attention and feed-forward networks that exporters write out into the
-graph's ``attention`` and ``mlp`` ops: the 200 ``onnx:attention`` entries moved (their graph now
-holds one attention layer instead of projections, reshapes, two matmuls and a softmax, and one
-mlp instead of linear, gelu, linear), no other entry did.
+Issue 14 fused the attention that exporters write out into the graph's ``attention`` op: the
+200 ``onnx:attention`` entries moved (their graph now holds one attention layer instead of
+projections, reshapes, two matmuls and a softmax; its feed-forward reads a residual sum, not a
+norm, so it stays linear, gelu, linear), no other entry did.
 
 The snapshot was generated before the timeline became array-based (running sums instead of a
 per-layer replay of live sets): the zoo entries by that older engine, the imported ones by the

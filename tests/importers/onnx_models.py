@@ -383,3 +383,22 @@ def with_inputs(count: int, rank: int = 2) -> bytes:
     ]
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)
     return _model([helper.make_node("Sum", [i.name for i in inputs], ["y"])], inputs, [y], [])
+
+
+def relu_mlp_stack(width: int = 8, depth: int = 3, norm: bool = False) -> bytes:
+    """``depth`` x (MatMul width x width, Relu), optionally behind a LayerNormalization: a plain
+    stack is no transformer feed-forward; behind a norm, the first two MatMuls are one."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4, width])
+    inits = [_init(f"w{i}", width, width) for i in range(depth)]
+    nodes, current = [], "x"
+    if norm:
+        inits += [_init("ln.weight", width), _init("ln.bias", width)]
+        nodes.append(helper.make_node("LayerNormalization", ["x", "ln.weight", "ln.bias"], ["n"],
+                                      name="ln", axis=-1))  # fmt: skip
+        current = "n"
+    for i in range(depth):
+        nodes.append(helper.make_node("MatMul", [current, f"w{i}"], [f"h{i}"], name=f"mm{i}"))
+        nodes.append(helper.make_node("Relu", [f"h{i}"], [f"r{i}"], name=f"relu{i}"))
+        current = f"r{i}"
+    y = helper.make_tensor_value_info(current, TensorProto.FLOAT, ["batch", 4, width])
+    return _model(nodes, [x], [y], inits, name="relu-stack")

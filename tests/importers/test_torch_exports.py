@@ -152,3 +152,55 @@ def test_exported_transformers_estimate_like_their_zoo_twins(
     assert ours.params == theirs.params
     assert ours.peak_bytes == theirs.peak_bytes
     assert [layer["op"] for layer in imported.layers].count("mlp") == 2
+
+
+@pytest.mark.parametrize("attention", [Attention.EAGER, Attention.FLASH])
+def test_a_train_mode_export_carries_its_dropout(attention: Attention) -> None:
+    """The dynamo exporter's SDPA translation leaves attention dropout out of the ONNX graph;
+    its provenance (``aten.scaled_dot_product_attention(q, k, v, mask, 0.1)``) keeps it, and
+    the Dropout nodes' ratio is an input (0.1, not a default 0.5): the training estimate equals
+    the zoo BERT's with dropout 0.1 (on CPU, SDPA's math kernel under attention dropout)."""
+    imported = import_onnx((FIXTURES / "bert_sdpa_dynamo_train.onnx").read_bytes())
+    assert {layer.get("dropout") for layer in imported.layers if layer["op"] == "attention"} == {
+        0.1
+    }
+    assert {layer["p"] for layer in imported.layers if layer["op"] == "dropout"} == {0.1}
+    zoo = bert(layers=2, hidden=32, heads=4, vocab=64, positions=64, intermediate=64,
+               pooler=False, dropout=0.1)  # fmt: skip
+    request = MemoryRequest(
+        mode=Mode.TRAINING, precision=Precision.FP32, runtime=Runtime.CPU,
+        optimizer=Optimizer.ADAMW, attention=attention,
+    )  # fmt: skip
+    bindings = {"batch": 4, "seq": 32}
+    ours = estimate_memory(
+        analyze_for(imported.inputs, imported.layers, bindings, request), request
+    )
+    theirs = estimate_memory(
+        analyze_for(zoo.inputs, zoo.layers, {**zoo.default_bindings, **bindings}, request), request
+    )
+    assert ours.peak_bytes == theirs.peak_bytes
+
+
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_batch_norm_folded_by_the_dynamo_optimizer_is_restored(mode: str) -> None:
+    """torch.onnx.export(dynamo=True) folds BatchNorm2d into the convolution before it, in train
+    mode too (scripts/export_onnx_fixtures.py: Conv(3, 8, no bias), BatchNorm2d(8, eps 1e-3),
+    ReLU, Conv(8, 8), BatchNorm2d(8, affine=False); 816 parameters). The Conv node's provenance
+    names the batch norm: it comes back after its convolution, with its eps and parameters,
+    and the bias the fold made for the first convolution is not counted."""
+    imported = import_onnx((FIXTURES / f"conv_batchnorm_dynamo_{mode}.onnx").read_bytes())
+    assert imported.parameter_count == imported.source_parameter_count == 816
+    shown = [{k: v for k, v in layer.items() if k not in ("name", "inputs", "stride", "padding",
+              "dilation", "groups", "kernel_size")} for layer in imported.layers]  # fmt: skip
+    assert shown == [
+        {"op": "conv2d", "out_channels": 8, "bias": False},
+        {"op": "batchnorm2d", "eps": 1e-3},
+        {"op": "relu"},
+        {"op": "conv2d", "out_channels": 8, "bias": True},
+        {"op": "batchnorm2d", "eps": 1e-5, "affine": False},
+    ]
+    assert any(a.startswith("2 batch norm(s) restored") for a in imported.assumptions)
+    request = MemoryRequest(mode=Mode.TRAINING, precision=Precision.FP32, runtime=Runtime.CPU)
+    analysis = analyze_for(imported.inputs, imported.layers, {"batch": 2}, request)
+    said = estimate_memory(analysis, request).assumptions
+    assert not any(a.startswith("cannot see batch norm") for a in said)
