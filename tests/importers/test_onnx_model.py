@@ -372,3 +372,19 @@ def test_imported_attention_graphs_carry_no_implementation() -> None:
     imported = import_onnx(onnx_models.tiny_attention())
     assert imported.layers
     assert "fused" not in repr(imported.layers)
+
+
+@pytest.mark.parametrize("norm", [False, True])
+def test_only_a_feed_forward_behind_a_norm_becomes_one_mlp(norm: bool) -> None:
+    """MatMul/Relu x 3 of equal widths: a plain stack keeps its linear and relu layers (it is
+    no transformer feed-forward, and fusing pairs of a longer chain would break it); behind a
+    LayerNormalization the first linear/relu/linear is one mlp."""
+    imported = import_onnx(onnx_models.relu_mlp_stack(norm=norm))
+    ops = [layer["op"] for layer in imported.layers]
+    if norm:
+        assert ops == ["layernorm", "mlp", "relu", "linear", "relu"]
+        assert imported.layers[1]["activation"] == "relu"
+        assert imported.layers[1]["intermediate_size"] == 8
+    else:
+        assert ops == ["linear", "relu"] * 3
+    assert imported.parameter_count == 3 * 8 * 8 + (16 if norm else 0)
