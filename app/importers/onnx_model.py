@@ -328,10 +328,11 @@ def _least_layers(graph: GraphProto, inputs: set[str]) -> int:
     """
     live = set(inputs)
     matmul_outputs: set[str] = set()
-    least = absorbable = softmaxes = cores = 0
+    least = absorbable = softmaxes = cores = norms = 0
     for node in graph.node:
         custom = node.domain not in ("", "ai.onnx")
         softmaxes += node.op_type == "Softmax" and not custom
+        norms += node.op_type in _NORM_OPS_OUT and not custom
         cores += node.op_type == "MatMul" and not custom and all(i in live for i in node.input)
         if not custom and (node.op_type in _SHAPE_OPS or node.op_type == "Constant"):
             continue
@@ -347,7 +348,9 @@ def _least_layers(graph: GraphProto, inputs: set[str]) -> int:
     # An attention fusion turns up to _ATTENTION_MAX_NODES nodes into one layer, and the masks
     # and tables only attentions read are dropped with them.
     attentions = min(softmaxes, cores // 2)
-    return least - min(absorbable, _ATTENTION_MAX_NODES * (attentions + 1) if attentions else 0)
+    least -= min(absorbable, _ATTENTION_MAX_NODES * (attentions + 1) if attentions else 0)
+    # A feed-forward behind each norm becomes one mlp layer (of up to _MLP_MAX_LAYERS).
+    return max(0, least - (_MLP_MAX_LAYERS - 1) * norms)
 
 
 def _default_opset(model: ModelProto) -> int:
@@ -2236,6 +2239,12 @@ def _last_int(shape: list[int | str | None] | None) -> int | None:
 
 
 _MLP_ACTIVATION_OF = {"relu": "relu", "silu": "silu"}
+# Layers one feed-forward fusion replaces at most: 3 projections, activation (sigmoid and two
+# muls for SwiGLU) and a reshape around each projection.
+_MLP_MAX_LAYERS = 12
+# Norm nodes, or the ReduceMean every written-out norm holds (a feed-forward is fused only
+# behind a norm).
+_NORM_OPS_OUT = frozenset({"LayerNormalization", "RMSNormalization", "ReduceMean"})
 
 
 class _LayerChain:
