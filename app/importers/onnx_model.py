@@ -1875,14 +1875,27 @@ class _AttentionFinder:
         return [i for i in self.rewrite.users.get(value, ()) if i not in self.rewrite.removed]
 
     def _dims(self, value: str) -> tuple[int, ...] | None:
-        """Dims of the constant float tensor ``value`` is (through Identity / Cast copies)."""
+        """Dims of the constant float tensor ``value`` is (through Identity / Cast copies and
+        the Transpose of a 2-d weight that an unoptimized export keeps before its MatMul)."""
+        transposed = False
         for _ in range(3):
             if value in self.weights:
-                return self.weights[value]
+                dims = self.weights[value]
+                if transposed:
+                    return dims[::-1] if len(dims) == 2 else None
+                return dims
             index = self.rewrite.producer.get(value)
-            if index is None or self.nodes[index].op_type not in ("Identity", "Cast"):
+            if index is None:
                 return None
-            value = self.nodes[index].input[0]
+            node = self.nodes[index]
+            if node.op_type == "Transpose" and not transposed:
+                perm = [list(a.ints) for a in node.attribute if a.name == "perm"]
+                if perm and perm[0] != [1, 0]:
+                    return None
+                transposed = True
+            elif node.op_type not in ("Identity", "Cast"):
+                return None
+            value = node.input[0]
         return None
 
     def _vector(self, value: str, size: int) -> bool:

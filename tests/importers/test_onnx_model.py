@@ -392,3 +392,22 @@ def test_only_a_feed_forward_behind_a_norm_becomes_one_mlp(norm: bool) -> None:
     else:
         assert ops == ["linear", "relu"] * 3
     assert imported.parameter_count == 3 * 8 * 8 + (16 if norm else 0)
+
+
+def test_attention_reads_weights_through_their_transpose() -> None:
+    """An unoptimized export (the dynamo exporter on a meta-device model, whose optimizer
+    cannot fold external tensors) keeps ``MatMul(x, Transpose(W))`` with W stored [out, in]:
+    the projections are still found, and the parameters still add up."""
+    model = onnx.load_from_string(onnx_models.tiny_attention(tied=False))
+    graph = model.graph
+    for proj in ("q", "k", "v", "o"):
+        (tensor,) = [t for t in graph.initializer if t.name == f"{proj}.weight"]
+        array = onnx.numpy_helper.to_array(tensor).T.copy()
+        tensor.CopyFrom(onnx.numpy_helper.from_array(array, f"{proj}.weight"))
+        (matmul,) = [n for n in graph.node if n.name == f"/{proj}/MatMul"]
+        matmul.input[1] = f"{proj}.weight_t"
+        graph.node.insert(0, helper.make_node("Transpose", [f"{proj}.weight"],
+                                              [f"{proj}.weight_t"], perm=[1, 0]))  # fmt: skip
+    imported = import_onnx(model.SerializeToString())
+    assert [layer["op"] for layer in imported.layers].count("attention") == 1
+    assert imported.parameter_count == imported.source_parameter_count == 3_024 + 16 * 50
