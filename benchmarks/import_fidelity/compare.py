@@ -127,7 +127,9 @@ def import_artifact(route: str, name: str, mode: str, *, lenient: bool = False) 
             fragment = json.loads(path.read_text())
             body = {**base, **{k: fragment[k] for k in ("inputs", "layers")}}
             body["default_bindings"] = fragment.get("default_bindings") or {}
-            return Imported(body=_validated(body), assumptions=list(fragment.get("assumptions", [])))
+            return Imported(
+                body=_validated(body), assumptions=list(fragment.get("assumptions", []))
+            )
         from app.importers.onnx_model import import_onnx
 
         graph = import_onnx(path.read_bytes(), lenient=lenient)
@@ -348,8 +350,10 @@ def render(
     ]
     for r in rows:
         if r.not_applicable:
-            table.append(f"| {r.route} | {_cell(r.key)} | {_mib(r.measured)} | n/a | | "
-                         f"{_mib(r.zoo_estimated)} | | | {r.not_applicable} |")
+            table.append(
+                f"| {r.route} | {_cell(r.key)} | {_mib(r.measured)} | n/a | | "
+                f"{_mib(r.zoo_estimated)} | | | {r.not_applicable} |"
+            )
             continue
         if r.error_pct is None:
             lenient = ""
@@ -364,9 +368,7 @@ def render(
             )
             continue
         params = (
-            "exact"
-            if r.params == r.params_measured
-            else f"{r.params:,} vs {r.params_measured:,}"
+            "exact" if r.params == r.params_measured else f"{r.params:,} vs {r.params_measured:,}"
         )
         table.append(
             f"| {r.route} | {_cell(r.key)} | {_mib(r.measured)} | {_mib(r.estimated)} "

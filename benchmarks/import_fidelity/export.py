@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import gc
 import json
 import logging
-import shutil
 import sys
 import time
 import traceback
@@ -40,8 +40,6 @@ from typing import Any
 
 import onnx
 import torch
-from onnx_ir import passes as ir_passes
-from onnx_ir.passes import common as common_passes
 from torch import Tensor, nn
 
 HERE = Path(__file__).resolve().parent
@@ -53,7 +51,7 @@ from models import build_model, count_params  # noqa: E402
 
 OUT = HERE / "out"
 GRAPHS = HERE / "graphs"
-COMMIT_LIMIT = 2 * 2**20  # graph-only files up to this size are committed under graphs/
+COMMIT_LIMIT = 2 * 2**20  # trimmed graph-only files up to this size are committed in graphs/
 OPSET = 18
 MODES = ("eval", "train")
 
@@ -172,39 +170,28 @@ def _export(spec: Spec, module: nn.Module, mode: str) -> torch.onnx.ONNXProgram:
             opset_version=OPSET,
             input_names=[name],
             dynamic_shapes=(axes,),
-            optimize=False,  # optimize() below, without the batch-norm folding
+            optimize=False,  # program.optimize() below: the default optimizer, after export
             verbose=False,
         )
 
 
-class _NoOp(ir_passes.InPlacePass):
-    def call(self, model: Any) -> Any:
-        return ir_passes.PassResult(model, modified=False)
+def randomize(module: nn.Module) -> None:
+    """Give every parameter its own random values, as trained weights have.
 
-
-def optimize(program: torch.onnx.ONNXProgram) -> None:
-    """``torch.onnx.export``'s default ONNX optimizer without its Conv+BatchNormalization fusion.
-
-    The default (``optimize=True``) folds every BatchNormalization into the convolution before
-    it, in eval *and* train mode: the batch-norm weights vanish from the parameter count and a
-    training estimate cannot see batch norm's saved tensors. Its DeduplicateInitializersPass is
-    left out too: it merges initializers with equal values, which in a freshly initialised
-    model are every batch norm's ones and zeros of one width (a trained model's differ), so
-    several BatchNormalization nodes would read one initializer.
+    A freshly initialised model has all-zero biases and equal norm scales, and
+    ``materialize_random`` tiles every tensor from one pool, so different parameters hold
+    equal values: the exporter's optimizer then drops the zero biases and merges the equal
+    tensors, and the importer ties an untied head to an equal embedding table. None of that
+    happens to a trained model. Running statistics (buffers) keep their values.
     """
-    from onnxscript import rewriter
-    from onnxscript.rewriter.rules.common import _fuse_batchnorm
-
-    default = rewriter._DEFAULT_REWRITE_RULES
-    folding = set(map(id, _fuse_batchnorm.rules))
-    rewriter._DEFAULT_REWRITE_RULES = tuple(r for r in default if id(r) not in folding)
-    dedup = common_passes.DeduplicateInitializersPass
-    common_passes.DeduplicateInitializersPass = _NoOp
-    try:
-        program.optimize()
-    finally:
-        rewriter._DEFAULT_REWRITE_RULES = default
-        common_passes.DeduplicateInitializersPass = dedup
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for param in module.parameters():
+            flat = param.view(-1)
+            for start in range(0, flat.numel(), 1 << 24):
+                chunk = flat[start : start + (1 << 24)]
+                values = torch.randn(chunk.numel(), generator=generator) * 0.02
+                chunk.copy_(values.to(chunk.dtype))
 
 
 def _meta_to_external(program: torch.onnx.ONNXProgram) -> int:
@@ -251,7 +238,7 @@ def export_onnx(spec: Spec, module: nn.Module, mode: str, entry: dict[str, Any])
     started = time.perf_counter()
     program = _export(spec, module, mode)
     if not spec.meta:  # the optimizer folds constants: it cannot read meta tensors
-        optimize(program)
+        program.optimize()
     entry["export_s"] = round(time.perf_counter() - started, 1)
     graph_path = OUT / "graph" / f"{spec.name}.{mode}.onnx"
     graph_path.parent.mkdir(parents=True, exist_ok=True)
@@ -259,7 +246,7 @@ def export_onnx(spec: Spec, module: nn.Module, mode: str, entry: dict[str, Any])
         entry["external_initializers"] = _meta_to_external(program)
         import onnx_ir as ir
 
-        optimize(program)
+        program.optimize()
         proto = ir.serde.serialize_model(program.model)
         onnx.save_model(proto, graph_path)
     else:
@@ -275,10 +262,27 @@ def export_onnx(spec: Spec, module: nn.Module, mode: str, entry: dict[str, Any])
     entry["save_s"] = round(time.perf_counter() - started - entry["export_s"], 1)
     entry["graph_bytes"] = graph_path.stat().st_size
     entry["ops"] = _op_counts(proto)
-    if entry["graph_bytes"] <= COMMIT_LIMIT:
-        GRAPHS.mkdir(exist_ok=True)
-        shutil.copyfile(graph_path, GRAPHS / graph_path.name)
+    committed = GRAPHS / graph_path.name
+    GRAPHS.mkdir(exist_ok=True)
+    committed.write_bytes(trimmed(graph_path))
+    entry["committed_bytes"] = committed.stat().st_size
+    if entry["committed_bytes"] <= COMMIT_LIMIT:
         entry["committed"] = f"graphs/{graph_path.name}"
+    else:
+        committed.unlink()
+
+
+def trimmed(graph_path: Path) -> bytes:
+    """The graph-only file with each node's provenance cut to ``pkg.torch.onnx.fx_node`` (what
+    the importer reads), dropping the exporter's stack traces and scope names: a tenth of the
+    size, the same import."""
+    model = onnx.load(graph_path, load_external_data=False)
+    for node in model.graph.node:
+        keep = [p for p in node.metadata_props if p.key == "pkg.torch.onnx.fx_node"]
+        del node.metadata_props[:]
+        node.metadata_props.extend(keep)
+        node.doc_string = ""
+    return bytes(model.SerializeToString())
 
 
 # --------------------------------------------------------------------------- tracer route
@@ -364,6 +368,8 @@ def main() -> int:
         }
         print(f"{spec.name}:", flush=True)
         module = build(spec, "meta" if spec.meta else "cpu")
+        if not spec.meta:
+            randomize(module)
         record["params"] = count_params(module)
         record["training_export"] = training_export(module)
         print(f"  params {record['params']:,}", flush=True)
@@ -371,17 +377,22 @@ def main() -> int:
             if "onnx" in args.routes:
                 entry: dict[str, Any] = {}
                 record.setdefault("onnx", {})[mode] = entry
-                _run(f"{spec.name}.{mode}.onnx", entry, lambda: export_onnx(spec, module, mode, entry))
-                print(f"  onnx {mode}: {json.dumps({k: v for k, v in entry.items() if k != 'ops'})}", flush=True)
+                _run(
+                    f"{spec.name}.{mode}.onnx",
+                    entry,
+                    functools.partial(export_onnx, spec, module, mode, entry),
+                )
+                shown = {k: v for k, v in entry.items() if k != "ops"}
+                print(f"  onnx {mode}: {json.dumps(shown)}", flush=True)
                 manifest_path.write_text(json.dumps(manifest, indent=1) + "\n")
                 gc.collect()
         if "trace" in args.routes:
             entry = {}
             record["trace"] = entry
-            _run(f"{spec.name}.trace", entry, lambda: trace(spec, entry))
+            _run(f"{spec.name}.trace", entry, functools.partial(trace, spec, entry))
             print(f"  trace: {json.dumps(entry)}", flush=True)
             manifest_path.write_text(json.dumps(manifest, indent=1) + "\n")
-        del module
+        module = None  # release the weights before the next model is built
         gc.collect()
     manifest["last_run_s"] = round(time.perf_counter() - total, 1)
     manifest_path.write_text(json.dumps(manifest, indent=1) + "\n")

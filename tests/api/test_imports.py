@@ -199,8 +199,9 @@ def test_onnx_import_fuses_matmul_attention_with_a_tied_head(client: ApiClient) 
         "head_dim": 8, "causal": False, "qkv_bias": True, "out_bias": True,
         "inputs": ["ln/LayerNormalization"],
     }  # fmt: skip
-    assert "fused 1 exporter subgraph(s): multi-head attention written out -> attention" in (
-        body["report"]["assumptions"]
+    assert (
+        "fused 1 exporter subgraph(s): multi-head attention written out -> attention"
+        in (body["report"]["assumptions"])
     )
     summary = client.get(
         "/v1/models/tiny-lm/summary", params={"batch_size": 2, "sequence_length": 24}
