@@ -12,11 +12,17 @@ from __future__ import annotations
 import pytest
 
 from app.config import PROJECT_ROOT
-from app.domain.memory.estimate import MemoryRequest, analyze_for, estimate_memory
+from app.domain.memory.estimate import (
+    MemoryEstimate,
+    MemoryRequest,
+    analyze_for,
+    estimate_memory,
+)
 from app.domain.precision import Precision
 from app.domain.workload import Attention, Mode, Optimizer, Runtime
-from app.domain.zoo import bert, gpt2, llama, lstm_classifier
+from app.domain.zoo import ZooModel, bert, gpt2, llama, lstm_classifier
 from app.importers.onnx_model import import_onnx
+from app.importers.result import ImportedGraph
 
 FIXTURES = PROJECT_ROOT / "tests" / "fixtures" / "onnx"
 
@@ -137,7 +143,16 @@ def test_exported_transformers_estimate_like_their_zoo_twins(
     has the zoo graph's parameters and memory estimate to the byte (eval-mode exports carry no
     dropout: the twins are built without)."""
     imported = import_onnx((FIXTURES / f"{name}.onnx").read_bytes())
-    zoo = ZOO_TWINS[name]()
+    ours, theirs = _twin_estimates(imported, ZOO_TWINS[name](), mode, attention)
+    assert ours.params == theirs.params
+    assert ours.peak_bytes == theirs.peak_bytes
+    assert [layer["op"] for layer in imported.layers].count("mlp") == 2
+
+
+def _twin_estimates(
+    imported: ImportedGraph, zoo: ZooModel, mode: Mode, attention: Attention
+) -> tuple[MemoryEstimate, MemoryEstimate]:
+    """The CPU fp32 AdamW estimates of an imported graph and its zoo twin, batch 4 x 32."""
     request = MemoryRequest(
         mode=mode, precision=Precision.FP32, runtime=Runtime.CPU, optimizer=Optimizer.ADAMW,
         attention=attention,
@@ -149,9 +164,7 @@ def test_exported_transformers_estimate_like_their_zoo_twins(
     theirs = estimate_memory(
         analyze_for(zoo.inputs, zoo.layers, {**zoo.default_bindings, **bindings}, request), request
     )
-    assert ours.params == theirs.params
-    assert ours.peak_bytes == theirs.peak_bytes
-    assert [layer["op"] for layer in imported.layers].count("mlp") == 2
+    return ours, theirs
 
 
 @pytest.mark.parametrize("attention", [Attention.EAGER, Attention.FLASH])
@@ -167,17 +180,7 @@ def test_a_train_mode_export_carries_its_dropout(attention: Attention) -> None:
     assert {layer["p"] for layer in imported.layers if layer["op"] == "dropout"} == {0.1}
     zoo = bert(layers=2, hidden=32, heads=4, vocab=64, positions=64, intermediate=64,
                pooler=False, dropout=0.1)  # fmt: skip
-    request = MemoryRequest(
-        mode=Mode.TRAINING, precision=Precision.FP32, runtime=Runtime.CPU,
-        optimizer=Optimizer.ADAMW, attention=attention,
-    )  # fmt: skip
-    bindings = {"batch": 4, "seq": 32}
-    ours = estimate_memory(
-        analyze_for(imported.inputs, imported.layers, bindings, request), request
-    )
-    theirs = estimate_memory(
-        analyze_for(zoo.inputs, zoo.layers, {**zoo.default_bindings, **bindings}, request), request
-    )
+    ours, theirs = _twin_estimates(imported, zoo, Mode.TRAINING, attention)
     assert ours.peak_bytes == theirs.peak_bytes
 
 
