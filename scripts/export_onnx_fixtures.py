@@ -103,6 +103,47 @@ def export_cnn(name: str, *, train: bool) -> None:
     print(f"{path.name}: {path.stat().st_size:,} bytes, {params:,} parameters")
 
 
+class RecurrentClassifier(torch.nn.Module):
+    """Embedding(64, 8) -> GRU or RNN(8, 16, batch_first) -> last step -> Linear(16, 2)."""
+
+    def __init__(self, cell: type[torch.nn.Module]) -> None:
+        super().__init__()
+        self.embedding = torch.nn.Embedding(64, 8)
+        self.cell = cell(8, 16, batch_first=True)
+        self.fc = torch.nn.Linear(16, 2)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        out, _ = self.cell(self.embedding(tokens))
+        return self.fc(out[:, -1, :])
+
+
+def export_recurrent(name: str, cell: type[torch.nn.Module]) -> None:
+    """GRU with the dynamo exporter (an ONNX GRU node); RNN with the TorchScript exporter (the
+    dynamo exporter unrolls nn.RNN over the example's steps, fixing the sequence length)."""
+    model = RecurrentClassifier(cell).eval()
+    randomize(model)
+    tokens = torch.randint(0, 64, (2, 16))
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if cell is torch.nn.GRU:
+            program = torch.onnx.export(
+                model, (tokens,), input_names=["tokens"], dynamo=True, verbose=False,
+                dynamic_shapes=({0: BATCH, 1: SEQ},),
+            )  # fmt: skip
+            data = program.model_proto.SerializeToString()
+        else:
+            torch.onnx.export(
+                model, (tokens,), buffer, input_names=["tokens"], opset_version=17,
+                dynamic_axes={"tokens": {0: "batch", 1: "seq"}}, dynamo=False,
+            )  # fmt: skip
+            data = buffer.getvalue()
+    path = OUT / f"{name}.onnx"
+    path.write_bytes(graph_only(data))
+    params = sum(p.numel() for p in model.parameters())
+    print(f"{path.name}: {path.stat().st_size:,} bytes, {params:,} parameters")
+
+
 def export(name: str, model: torch.nn.Module, *, dynamo: bool, train: bool = False) -> None:
     wrapped = LastHidden(model).train(train)
     ids = torch.randint(0, 64, (2, 16))
@@ -143,6 +184,8 @@ def main() -> int:
     export("bert_sdpa_dynamo_train", bert, dynamo=True, train=True)  # dropout 0.1 everywhere
     export_cnn("conv_batchnorm_dynamo_train", train=True)
     export_cnn("conv_batchnorm_dynamo_eval", train=False)
+    export_recurrent("gru_classifier_dynamo", torch.nn.GRU)
+    export_recurrent("rnn_classifier_torchscript", torch.nn.RNN)
     bert_eager = BertModel(
         BertConfig(**{**small, "attn_implementation": "eager"}, max_position_embeddings=64)
     )

@@ -72,6 +72,8 @@ ZOO_GRAPHS: dict[str, Any] = {
     "mobilenet_v2": ZOO["mobilenet-v2"],
     "googlenet": ZOO["googlenet"],
     "lstm_classifier": lstm_classifier(),
+    "gru_classifier": lstm_classifier(cell="gru"),
+    "rnn_classifier": lstm_classifier(cell="rnn"),
     "gpt2_2l": gpt2(layers=2),
     "bert_1l": bert(layers=1),
     "vit_1l": vit(layers=1),

@@ -67,7 +67,7 @@ LEAF_MODULE_TYPES = frozenset({
     "ReLU", "ReLU6", "GELU", "SiLU", "Tanh", "Sigmoid", "Softmax", "Dropout", "Identity",
     "NewGELUActivation", "GELUActivation", "GELUTanh", "PytorchGELUTanh", "FastGELUActivation",
     "SiLUActivation", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", "AdaptiveMaxPool2d",
-    "Flatten", "LSTM", "GRU", "MultiheadAttention",
+    "Flatten", "LSTM", "GRU", "RNN", "MultiheadAttention",
 })  # fmt: skip
 
 # Simple attributes recorded for every module call (when present and plain).
@@ -79,7 +79,7 @@ MODULE_ATTRIBUTES = (
     "approximate", "p", "output_size", "ceil_mode", "return_indices", "start_dim", "end_dim",
     "input_size", "hidden_size", "num_layers", "bidirectional", "batch_first", "proj_size",
     "embed_dim", "num_heads", "kdim", "vdim", "dropout", "dim", "is_causal", "head_dim",
-    "attention_dropout", "training",
+    "attention_dropout", "training", "nonlinearity",
 )  # fmt: skip
 
 
@@ -515,7 +515,7 @@ class _Converter:
             )
         elif type_name == "Softmax":
             name = self.emit(event, "softmax", src, base=path, dim=attrs.get("dim"))
-        elif type_name in ("LSTM", "GRU"):
+        elif type_name in ("LSTM", "GRU", "RNN"):
             if not attrs.get("batch_first") or attrs.get("proj_size"):
                 self.unsupported_op(event, f"{type_name} without batch_first or with proj_size")
                 return
@@ -529,6 +529,7 @@ class _Converter:
                 num_layers=_unless(attrs.get("num_layers"), 1),
                 bidirectional=True if attrs.get("bidirectional") else None,
                 bias=False if attrs.get("bias") is False else None,
+                nonlinearity=_unless(attrs.get("nonlinearity"), "tanh"),
             )
             self.set_outputs(event, _Value(LIVE, ref=name), first_only=True)
             return

@@ -1169,8 +1169,19 @@ class _Mapper:
     def _op_GRU(self, node: NodeProto, index: int) -> str | None:
         return self._recurrent(node, index, "gru", gates=3)
 
-    def _recurrent(self, node: NodeProto, index: int, op: str, gates: int) -> str | None:
-        """ONNX LSTM / GRU (one layer, one or two directions) -> the graph's recurrent op.
+    def _op_RNN(self, node: NodeProto, index: int) -> str | None:
+        activations = [a.decode() if isinstance(a, bytes) else str(a)
+                       for a in self._attr(node, "activations", [b"Tanh"])]  # fmt: skip
+        if len(set(activations)) != 1 or activations[0] not in ("Tanh", "Relu"):
+            return f"activations {activations}: only Tanh or Relu, the same in both directions"
+        if self._attr(node, "clip") is not None:
+            return "cell clipping is not supported"
+        return self._recurrent(node, index, "rnn", gates=1, nonlinearity=activations[0].lower())
+
+    def _recurrent(
+        self, node: NodeProto, index: int, op: str, gates: int, nonlinearity: str = "tanh"
+    ) -> str | None:
+        """ONNX LSTM / GRU / RNN (one layer, one or two directions) -> the graph's recurrent op.
 
         ONNX's X is [S, N, D] (layout 0, what torch.onnx.export emits) or [N, S, D] (layout 1);
         Y is [S, dirs, N, H] (or [N, S, dirs, H]) and Y_h / Y_c are [dirs, N, H] (or
@@ -1201,6 +1212,8 @@ class _Mapper:
                                  "dim0": 0, "dim1": 1, "inputs": [current]})  # fmt: skip
         layer: dict[str, Any] = {"op": op, "hidden_size": hidden, "bidirectional": directions == 2,
                                  "bias": b is not None, "inputs": [current]}  # fmt: skip
+        if op == "rnn" and nonlinearity != "tanh":
+            layer["nonlinearity"] = nonlinearity
         current = self._add({"name": self._name(node, index), **layer})
         n, seq = shape[batch_dim], shape[seq_dim]
         split = [
@@ -2517,7 +2530,7 @@ def _initializer_parameters(mapper: _Mapper) -> tuple[int, list[str], int]:
     vector_reads: Counter[str] = Counter(mapper.bias_reads)
     slots = {"Conv": (1, 2), "Gemm": (1, 2), "MatMul": (1,), "LayerNormalization": (1, 2),
              "RMSNormalization": (1,), "BatchNormalization": (1, 2), "Gather": (0,),
-             "LSTM": (1, 2, 3), "GRU": (1, 2, 3)}  # fmt: skip
+             "LSTM": (1, 2, 3), "GRU": (1, 2, 3), "RNN": (1, 2, 3)}  # fmt: skip
     for node in mapper.nodes:
         if node.op_type == "BatchNormalization":
             buffers.update(node.input[3:5])

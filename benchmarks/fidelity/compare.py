@@ -80,8 +80,8 @@ def _model_for(record: dict[str, Any]) -> ZooModel:
         return bert()
     if name.startswith("gpt2"):
         return gpt2()
-    if name.startswith("lstm"):
-        return lstm_classifier()
+    if name.endswith("_classifier"):  # lstm / gru / rnn
+        return lstm_classifier(cell=name.removesuffix("_classifier"))
     if name.startswith("llama"):
         layers = record.get("layers") or 32
         return llama(

@@ -81,8 +81,8 @@ class Config:
 
     @property
     def family(self) -> str:
-        """cnn | lstm | vit | bert | causal_lm."""
-        if self.model == "lstm_classifier":
+        """cnn | lstm (a recurrent classifier) | vit | bert | causal_lm."""
+        if self.model in RECURRENT_CLASSIFIERS:
             return "lstm"
         return HF_FAMILIES.get(self.model, "cnn")
 
@@ -99,11 +99,18 @@ def _cnn_configs() -> Iterator[Config]:
                 yield Config(model, "training", 1, optimizer=optimizer, image_size=224)
 
 
+RECURRENT_CLASSIFIERS = ("lstm_classifier", "gru_classifier", "rnn_classifier")
+
+
 def _lstm_configs() -> Iterator[Config]:
-    for grad_mode in ("no_grad", "inference_mode"):
-        yield Config("lstm_classifier", "inference", 32, seq_len=128, grad_mode=grad_mode)
-    for optimizer in ("sgd_momentum", "adamw"):
-        yield Config("lstm_classifier", "training", 32, optimizer=optimizer, seq_len=128)
+    for model in RECURRENT_CLASSIFIERS:
+        for grad_mode in ("no_grad", "inference_mode"):
+            yield Config(model, "inference", 32, seq_len=128, grad_mode=grad_mode)
+        for optimizer in ("sgd_momentum", "adamw"):
+            yield Config(model, "training", 32, optimizer=optimizer, seq_len=128)
+        # a second shape: the GRU/RNN constants are fitted on the first, checked on this one
+        yield Config(model, "inference", 64, seq_len=256)
+        yield Config(model, "training", 64, optimizer="sgd_momentum", seq_len=256)
 
 
 def _vit_configs() -> Iterator[Config]:

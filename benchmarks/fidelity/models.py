@@ -331,15 +331,29 @@ class MobileNetV2(nn.Module):
 class LSTMClassifier(nn.Module):
     """Embedding(20000, 128) -> LSTM(128, 256) -> last time step -> Linear(256, 2)."""
 
+    recurrent = nn.LSTM
+
     def __init__(self, vocab: int = 20000, embed: int = 128, hidden: int = 256) -> None:
         super().__init__()
         self.embedding = nn.Embedding(vocab, embed)
-        self.lstm = nn.LSTM(embed, hidden, num_layers=1, batch_first=True)
+        self.lstm = self.recurrent(embed, hidden, num_layers=1, batch_first=True)
         self.fc = nn.Linear(hidden, 2)
 
     def forward(self, tokens: Tensor) -> Tensor:
         out, _ = self.lstm(self.embedding(tokens))
         return self.fc(out[:, -1, :])
+
+
+class GRUClassifier(LSTMClassifier):
+    """Embedding(20000, 128) -> GRU(128, 256) -> last time step -> Linear(256, 2)."""
+
+    recurrent = nn.GRU
+
+
+class RNNClassifier(LSTMClassifier):
+    """Embedding(20000, 128) -> RNN(128, 256, tanh) -> last time step -> Linear(256, 2)."""
+
+    recurrent = nn.RNN
 
 
 # --------------------------------------------------------------------------- HF transformers
@@ -439,6 +453,8 @@ CNN_BUILDERS: dict[str, Callable[[], nn.Module]] = {
     "resnet50": ResNet50,
     "mobilenet_v2": MobileNetV2,
     "lstm_classifier": LSTMClassifier,
+    "gru_classifier": GRUClassifier,
+    "rnn_classifier": RNNClassifier,
 }
 
 HF_BUILDERS: dict[str, tuple[type[PreTrainedModel], Callable[[str], PretrainedConfig]]] = {
@@ -457,6 +473,9 @@ EXPECTED_PARAMS: dict[str, int] = {
     "mobilenet_v2": 3_504_872,
     # embedding 20000*128 + LSTM 4*256*(128+256) + 2*4*256 biases + Linear 256*2+2
     "lstm_classifier": 2_955_778,
+    # the same with 3 and 1 gates: 20000*128 + g*256*(128+256) + 2*g*256 + 514
+    "gru_classifier": 2_856_962,
+    "rnn_classifier": 2_659_330,
     "vit_b16": 86_567_656,
     "bert_base": 109_482_240,
     "gpt2_small": 124_439_808,

@@ -65,6 +65,9 @@ class Spec:
     layers: int | None = None
     dtype: torch.dtype = torch.float32
     meta: bool = False  # too big to allocate: meta device, graph-only and tracer routes only
+    # the TorchScript exporter (dynamo=False): the dynamo exporter unrolls nn.RNN over the
+    # example's steps, fixing the sequence length; TorchScript writes one ONNX RNN node
+    torchscript: bool = False
     image: bool = True
 
     @property
@@ -73,7 +76,7 @@ class Spec:
             return self.model.split("_")[0]
         if self.model in {"gpt2_small", "llama2_7b"}:
             return "causal_lm"
-        if self.model == "lstm_classifier":
+        if self.model.endswith("_classifier"):  # lstm / gru / rnn
             return "lstm"
         return "cnn"
 
@@ -85,6 +88,8 @@ SPECS: list[Spec] = [
     Spec("resnet50", "resnet50"),
     Spec("mobilenet_v2", "mobilenet_v2"),
     Spec("lstm_classifier", "lstm_classifier", image=False),
+    Spec("gru_classifier", "gru_classifier", image=False),
+    Spec("rnn_classifier", "rnn_classifier", image=False, torchscript=True),
     Spec("vit_b16", "vit_b16"),
     Spec("bert_base", "bert_base", image=False),
     Spec("gpt2_small", "gpt2_small", image=False),
@@ -236,6 +241,9 @@ def _op_counts(model: onnx.ModelProto) -> dict[str, int]:
 def export_onnx(spec: Spec, module: nn.Module, mode: str, entry: dict[str, Any]) -> None:
     """Both ONNX routes for one model and mode; records sizes and op counts in ``entry``."""
     started = time.perf_counter()
+    if spec.torchscript:
+        _export_torchscript(spec, module, mode, entry)
+        return
     program = _export(spec, module, mode)
     if not spec.meta:  # the optimizer folds constants: it cannot read meta tensors
         program.optimize()
@@ -260,6 +268,38 @@ def export_onnx(spec: Spec, module: nn.Module, mode: str, entry: dict[str, Any])
             data.unlink()
         proto = program.model_proto
     entry["save_s"] = round(time.perf_counter() - started - entry["export_s"], 1)
+    _commit(graph_path, proto, entry)
+
+
+def _export_torchscript(spec: Spec, module: nn.Module, mode: str, entry: dict[str, Any]) -> None:
+    """``torch.onnx.export(..., dynamo=False)``, opset 17, dynamic batch and sequence axes."""
+    started = time.perf_counter()
+    name, x, _ = example_input(spec)
+    module.train(mode == "train")
+    weights_path = OUT / "onnx" / f"{spec.name}.{mode}.onnx"
+    weights_path.parent.mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            Forward(spec.family, module), (x,), weights_path, dynamo=False, opset_version=17,
+            input_names=[name], dynamic_axes={name: {0: "batch", 1: "seq"}},
+        )  # fmt: skip
+    entry["export_s"] = round(time.perf_counter() - started, 1)
+    entry["weights_bytes"] = weights_path.stat().st_size
+    proto = onnx.load(weights_path)
+    for tensor in proto.graph.initializer:  # graph only: the float data cleared
+        if tensor.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16):
+            if len(tensor.dims) and tensor.dims[-1] > 1:
+                tensor.ClearField("raw_data")
+    graph_path = OUT / "graph" / f"{spec.name}.{mode}.onnx"
+    graph_path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save_model(proto, graph_path)
+    entry["save_s"] = round(time.perf_counter() - started - entry["export_s"], 1)
+    _commit(graph_path, proto, entry)
+
+
+def _commit(graph_path: Path, proto: onnx.ModelProto, entry: dict[str, Any]) -> None:
+    """Record the graph-only file's size and ops; copy it, trimmed, to graphs/ if small."""
     entry["graph_bytes"] = graph_path.stat().st_size
     entry["ops"] = _op_counts(proto)
     committed = GRAPHS / graph_path.name

@@ -7,7 +7,7 @@ import pytest
 from app.domain.errors import GraphError
 from app.domain.graph.analysis import InputDecl, analyze
 from app.domain.memory.estimate import MemoryRequest, estimate_memory
-from app.domain.workload import Mode
+from app.domain.workload import Mode, Runtime
 
 X = InputDecl(name="x", shape=("batch", 4, 8))
 
@@ -106,3 +106,37 @@ def test_new_ops_go_through_the_memory_model() -> None:
         analysis = _run(layers, training=mode is Mode.TRAINING)
         estimate = estimate_memory(analysis, MemoryRequest(mode=mode), per_layer=True)
         assert estimate.peak_bytes > 0
+
+
+@pytest.mark.parametrize(("op", "gates", "saved_steps", "inference_steps"),
+                         [("rnn", 1, 1, 16), ("gru", 3, 7, 24)])  # fmt: skip
+def test_native_cpu_cells_keep_what_pytorchs_step_loop_keeps(
+    op: str, gates: int, saved_steps: int, inference_steps: int
+) -> None:
+    """x [2, 4, 8] -> hidden 16: the output has 2 x 4 x 16 = 128 elements. On CPU PyTorch runs
+    GRU and Elman RNN step by step (not oneDNN): training keeps a seq-first copy of the input
+    (64) and the per-step tensors (RNN: the states, 128; GRU: 7 x 128), with the input gates
+    (gates x 128) alive while the loop runs; inference holds the gates and the steps' states
+    (RNN 128; GRU 1.5 x 128, between torch.no_grad's 2 and inference_mode's 1)."""
+    layer = {"name": op, "op": op, "hidden_size": 16}
+    trained = analyze([X], [layer], {"batch": 2}, training=True, runtime=Runtime.CPU)
+    (cell,) = trained.layers
+    assert cell.params == gates * 16 * (8 + 16) + 2 * gates * 16
+    assert [(s.label, s.source, s.numel) for s in cell.result.saved] == [
+        ("input_seq_first", "new", 64), ("step_tensors", "new", saved_steps * 128),
+    ]  # fmt: skip
+    assert [(t.label, t.numel) for t in cell.result.transients] == [("input_gates", gates * 128)]
+    served = analyze([X], [layer], {"batch": 2}, training=False, runtime=Runtime.CPU)
+    assert [(t.label, t.numel) for t in served.layers[0].result.transients] == [
+        ("input_gates", gates * 128), ("step_states", 128 * inference_steps // 16),
+    ]  # fmt: skip
+    # On CUDA (cuDNN, not measured) every cell keeps input, output and a reserve space.
+    cuda = analyze([X], [layer], {"batch": 2}, training=True, runtime=Runtime.CUDA)
+    assert [s.label for s in cuda.layers[0].result.saved] == ["input", "output", "workspace"]
+
+
+def test_an_elman_rnn_takes_tanh_or_relu() -> None:
+    relu = {"name": "rnn", "op": "rnn", "hidden_size": 16, "nonlinearity": "relu"}
+    assert _run([relu]).output_shape == (2, 4, 16)
+    with pytest.raises(GraphError, match="must be one of: tanh, relu"):
+        _run([{**relu, "nonlinearity": "gelu"}])

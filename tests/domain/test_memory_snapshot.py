@@ -30,7 +30,9 @@ buffers: of the CPU entries only the 72 ZeRO-3 ones moved (FSDP buffers, any run
 Issue 14 fused the attention that exporters write out into the graph's ``attention`` op: the
 200 ``onnx:attention`` entries moved (their graph now holds one attention layer instead of
 projections, reshapes, two matmuls and a softmax; its feed-forward reads a residual sum, not a
-norm, so it stays linear, gelu, linear), no other entry did.
+norm, so it stays linear, gelu, linear), no other entry did. Adding GRU and RNN's native CPU cell
+changed the CPU runtime's assumption text: every ``pytorch_cpu`` digest changed, no peak moved
+(no pinned graph has a GRU or an RNN).
 
 The snapshot was generated before the timeline became array-based (running sums instead of a
 per-layer replay of live sets): the zoo entries by that older engine, the imported ones by the

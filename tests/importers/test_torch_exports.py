@@ -207,3 +207,31 @@ def test_batch_norm_folded_by_the_dynamo_optimizer_is_restored(mode: str) -> Non
     analysis = analyze_for(imported.inputs, imported.layers, {"batch": 2}, request)
     said = estimate_memory(analysis, request).assumptions
     assert not any(a.startswith("cannot see batch norm") for a in said)
+
+
+@pytest.mark.parametrize(
+    ("name", "cell", "params"),
+    [("gru_classifier_dynamo", "gru", 1_794), ("rnn_classifier_torchscript", "rnn", 962)],
+)
+@pytest.mark.parametrize("mode", list(Mode))
+def test_exported_gru_and_rnn_estimate_like_the_zoo(
+    name: str, cell: str, params: int, mode: Mode
+) -> None:
+    """Embedding(64, 8), GRU or RNN(8, 16, batch_first), Linear(16, 2) (scripts/
+    export_onnx_fixtures.py): the dynamo exporter writes an ONNX GRU node; the TorchScript
+    exporter an ONNX RNN node (the dynamo exporter unrolls nn.RNN over the example's steps). Both
+    import as the graph's recurrent op, with the zoo classifier's parameters and estimate."""
+    imported = import_onnx((FIXTURES / f"{name}.onnx").read_bytes())
+    assert imported.parameter_count == imported.source_parameter_count == params
+    assert cell in [layer["op"] for layer in imported.layers]
+    zoo = lstm_classifier(vocab=64, embed=8, hidden=16, cell=cell)
+    request = MemoryRequest(mode=mode, precision=Precision.FP32, runtime=Runtime.CPU)
+    bindings = {"batch": 32, "seq": 128}
+    ours = estimate_memory(
+        analyze_for(imported.inputs, imported.layers, bindings, request), request
+    )
+    theirs = estimate_memory(
+        analyze_for(zoo.inputs, zoo.layers, {**zoo.default_bindings, **bindings}, request), request
+    )
+    assert ours.params == theirs.params == params
+    assert ours.peak_bytes == theirs.peak_bytes

@@ -271,6 +271,15 @@ OP_SPECS: Mapping[str, OpSpec] = {
         required={"hidden_size": positive_int},
         optional={"num_layers": positive_int, "bidirectional": boolean, "bias": boolean},
     ),
+    "rnn": OpSpec(
+        required={"hidden_size": positive_int},
+        optional={
+            "num_layers": positive_int,
+            "bidirectional": boolean,
+            "bias": boolean,
+            "nonlinearity": one_of("tanh", "relu"),
+        },
+    ),
     "softmax": OpSpec(optional={"dim": any_int}),
     "cross_entropy": OpSpec(optional={"ignore_index": any_int}, min_inputs=1, max_inputs=2),
     "block": OpSpec(nested=True),

@@ -13,13 +13,13 @@ FUSABLE_EPILOGUE_OPS = frozenset(
 )
 # Layers that run several kernels: one per weight matrix plus one for what lies between them
 # (attention's softmax(QK^T)V, the MLP's activation, the recurrence).
-MULTI_KERNEL_OPS = frozenset({"attention", "mlp", "lstm", "gru"})
+MULTI_KERNEL_OPS = frozenset({"attention", "mlp", "lstm", "gru", "rnn"})
 # Layers that read rows of a table instead of multiplying by it.
 LOOKUP_OPS = frozenset({"embedding", "embedding_add"})
 # Layers whose matrices a weight quantizer (GPTQ/AWQ, TensorRT, bitsandbytes) converts.
 QUANTIZABLE_OPS = frozenset(
     {"conv2d", "depthwise_conv2d", "pointwise_conv2d", "linear", "attention", "mlp", "moe",
-     "lstm", "gru"}
+     "lstm", "gru", "rnn"}
 )  # fmt: skip
 # Layers whose new saved tensors are internal (S x S scores, MLP intermediates): tensor
 # parallelism splits them, and their gradients are live inside the layer's backward.

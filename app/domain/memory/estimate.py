@@ -484,7 +484,6 @@ _CPU_BACKWARD_EXTRA: Mapping[str, int] = {
     "relu6": 1,
     "rmsnorm": 3,
     "lstm": 5,  # oneDNN RNN backward: ~4.8 outputs of gate gradients and buffers
-    "gru": 5,
 }
 
 _RUNTIME_NOTES: Mapping[Runtime, str] = {
@@ -492,8 +491,10 @@ _RUNTIME_NOTES: Mapping[Runtime, str] = {
         "runtime pytorch_cpu, calibrated on PyTorch 2.13 CPU measurements "
         "(benchmarks/fidelity): dropout masks in the activation dtype; oneDNN convolutions "
         "hold an output-sized buffer in forward; backward kernel buffers in outputs: conv 2, "
-        "batch norm 1, ReLU/ReLU6 1, RMSNorm 3, LSTM/GRU 5; in-place ReLU6 keeps an input "
-        "clone; SDPA with dropout runs the math kernel; default optimizer step: for-loop"
+        "batch norm 1, ReLU/ReLU6 1, RMSNorm 3, LSTM 5; GRU and RNN run PyTorch's native "
+        "cell step by step (input gates, per-step tensors, a seq-first input copy); in-place "
+        "ReLU6 keeps an input clone; SDPA with dropout runs the math kernel; default optimizer "
+        "step: for-loop"
     ),
     Runtime.CUDA: (
         "runtime pytorch_cuda, rules read from PyTorch 2.13's source, not yet measured on a "

@@ -239,8 +239,10 @@ def lstm_classifier(
     classes: int = 2,
     bidirectional: bool = False,
     seq: int = 128,
+    cell: str = "lstm",
 ) -> ZooModel:
-    """An LSTM text classifier (embedding, LSTM, last time step, linear) of any size."""
+    """An LSTM text classifier (embedding, LSTM, last time step, linear) of any size; ``cell``
+    ``gru`` or ``rnn`` puts a GRU or an Elman RNN in the LSTM's place."""
     graph = rnn.lstm_classifier(
         vocab=vocab,
         embed=embed,
@@ -248,19 +250,22 @@ def lstm_classifier(
         layers=layers,
         classes=classes,
         bidirectional=bidirectional,
+        cell=cell,
     )
+    module = {"lstm": "LSTM", "gru": "GRU", "rnn": "RNN"}[cell]
     return _model(
         graph,
-        slug=f"lstm-classifier-{layers}l-{hidden}d",
-        name=f"LSTM classifier ({layers} layers, hidden {hidden})",
+        slug=f"{cell}-classifier-{layers}l-{hidden}d",
+        name=f"{module} classifier ({layers} layers, hidden {hidden})",
         family="rnn",
         description=(
-            "Text classifier: token embedding, batch-first LSTM, the last time step's output, "
-            "and a linear layer, built from PyTorch nn.Embedding, nn.LSTM and nn.Linear."
+            f"Text classifier: token embedding, batch-first {module}, the last time step's "
+            f"output, and a linear layer, built from PyTorch nn.Embedding, nn.{module} and "
+            "nn.Linear."
         ),
         bindings={"seq": seq},
         reference=(
-            f"torch.nn: Embedding({vocab}, {embed}) -> LSTM({embed}, {hidden}, "
+            f"torch.nn: Embedding({vocab}, {embed}) -> {module}({embed}, {hidden}, "
             f"num_layers={layers}, bidirectional={bidirectional}, batch_first=True) -> "
             f"Linear({hidden * (2 if bidirectional else 1)}, {classes})"
         ),

@@ -24,9 +24,11 @@ def lstm_classifier(
     layers: int = 1,
     classes: int = 2,
     bidirectional: bool = False,
+    cell: str = "lstm",
 ) -> Graph:
-    """``nn.Embedding`` -> ``nn.LSTM(batch_first=True)`` -> last time step -> ``nn.Linear``."""
-    lstm: Layer = {"name": "lstm", "op": "lstm", "hidden_size": hidden}
+    """``nn.Embedding`` -> ``nn.LSTM(batch_first=True)`` (or ``nn.GRU`` / ``nn.RNN``: ``cell``
+    ``gru`` / ``rnn``) -> last time step -> ``nn.Linear``."""
+    lstm: Layer = {"name": cell, "op": cell, "hidden_size": hidden}
     if layers != 1:
         lstm["num_layers"] = layers
     if bidirectional:
