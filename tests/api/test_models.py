@@ -128,6 +128,25 @@ BAD_GRAPHS = {
         _layers({"name": "sum", "op": "add", "inputs": ["image", "ghost"]}),
         "layer 'sum': field 'inputs'",
     ),
+    "rnn nonlinearity": (
+        _layers(
+            {"name": "f", "op": "flatten", "start_dim": 2},
+            {"name": "rnn", "op": "rnn", "hidden_size": 8, "nonlinearity": "gelu"},
+        ),
+        "layer 'rnn': field 'nonlinearity': must be one of: tanh, relu",
+    ),  # fmt: skip
+    "batchnorm_folded not a boolean": (
+        _layers(
+            {
+                "name": "c",
+                "op": "conv2d",
+                "out_channels": 3,
+                "kernel_size": 3,
+                "batchnorm_folded": "yes",
+            }
+        ),
+        "layer 'c': field 'batchnorm_folded': must be true or false",
+    ),  # fmt: skip
     "forward reference (cycle)": (
         _layers(
             {"name": "a", "op": "add", "inputs": ["image", "b"]},

@@ -411,3 +411,43 @@ def test_attention_reads_weights_through_their_transpose() -> None:
     imported = import_onnx(model.SerializeToString())
     assert [layer["op"] for layer in imported.layers].count("attention") == 1
     assert imported.parameter_count == imported.source_parameter_count == 3_024 + 16 * 50
+
+
+def test_a_files_own_node_in_the_fusions_domain_is_not_trusted() -> None:
+    """The fusions mark their nodes by identity, not by domain: a file that writes an
+    ``Attention`` node in ``capplan.fused`` itself gets the custom-domain refusal."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4, 8])
+    node = helper.make_node("Attention", ["x"], ["y"], domain=onnx_model.FUSED_DOMAIN,
+                            num_heads=2, num_kv_heads=2, head_dim=4)  # fmt: skip
+    graph = helper.make_graph([node], "forged", [x], [y])
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid(onnx_model.FUSED_DOMAIN, 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
+    model.ir_version = 8
+    with pytest.raises(ImportRejected) as caught:
+        import_onnx(model.SerializeToString())
+    assert caught.value.kind == "unsupported-onnx-ops"
+    assert "custom domain 'capplan.fused'" in str(caught.value.problems)
+
+
+@pytest.mark.parametrize(
+    ("activations", "why"),
+    [(["Sigmoid"], "only Tanh or Relu"), (["Tanh", "Relu"], "the same in both directions")],
+)
+def test_an_rnn_with_other_activations_is_refused(activations: list[str], why: str) -> None:
+    directions = len(activations)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4, 8])  # layout 1
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4, directions, 16])
+    inits = [
+        helper.make_tensor("W", TensorProto.FLOAT, [directions, 16, 8], [0.0] * directions * 128),
+        helper.make_tensor("R", TensorProto.FLOAT, [directions, 16, 16], [0.0] * directions * 256),
+    ]
+    direction = "bidirectional" if directions == 2 else "forward"
+    node = helper.make_node("RNN", ["x", "W", "R"], ["y"], hidden_size=16, layout=1,
+                            activations=activations, direction=direction)  # fmt: skip
+    graph = helper.make_graph([node], "rnn", [x], [y], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    with pytest.raises(ImportRejected) as caught:
+        import_onnx(model.SerializeToString())
+    assert why in str(caught.value.problems)
