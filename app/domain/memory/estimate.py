@@ -1571,7 +1571,7 @@ def estimate_memory(
             "may carry a batch norm that an eval-mode export folded into their weights; a "
             "training step keeps batch norm's inputs and statistics, which this estimate "
             "misses (export with training=torch.onnx.TrainingMode.TRAINING, or with dynamo=True, "
-            "which keeps BatchNormalization)"
+            "whose provenance lets the importer restore the batch norm)"
         )
     model_shard = par.tensor * par.pipeline
     params = analysis.params
