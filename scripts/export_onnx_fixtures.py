@@ -87,18 +87,30 @@ class ConvBatchNorm(torch.nn.Module):
         return self.layers(x)
 
 
-def export_cnn(name: str, *, train: bool) -> None:
-    model = ConvBatchNorm()
-    randomize(model)
-    model.train(train)
+def write(
+    name: str, model: torch.nn.Module, example: torch.Tensor, *, dynamo: bool, input_name: str
+) -> None:
+    """Export ``model`` on ``example`` (dims 0 and, for token ids, 1 dynamic) and write it
+    graph-only to tests/fixtures/onnx/NAME.onnx."""
+    tokens = not example.is_floating_point()
+    buffer = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        program = torch.onnx.export(
-            model, (torch.randn(2, 3, 16, 16),), input_names=["x"], dynamo=True,
-            dynamic_shapes=({0: BATCH},), verbose=False,
-        )  # fmt: skip
+        if dynamo:
+            program = torch.onnx.export(
+                model, (example,), input_names=[input_name], dynamo=True, verbose=False,
+                dynamic_shapes=({0: BATCH, 1: SEQ} if tokens else {0: BATCH},),
+            )  # fmt: skip
+            data = program.model_proto.SerializeToString()
+        else:
+            torch.onnx.export(
+                model, (example,), buffer, input_names=[input_name], opset_version=17,
+                dynamic_axes={input_name: {0: "batch", 1: "seq"} if tokens else {0: "batch"}},
+                dynamo=False,
+            )  # fmt: skip
+            data = buffer.getvalue()
     path = OUT / f"{name}.onnx"
-    path.write_bytes(graph_only(program.model_proto.SerializeToString()))
+    path.write_bytes(graph_only(data))
     params = sum(p.numel() for p in model.parameters())
     print(f"{path.name}: {path.stat().st_size:,} bytes, {params:,} parameters")
 
@@ -117,55 +129,24 @@ class RecurrentClassifier(torch.nn.Module):
         return self.fc(out[:, -1, :])
 
 
+def export_cnn(name: str, *, train: bool) -> None:
+    model = ConvBatchNorm()
+    randomize(model)
+    write(name, model.train(train), torch.randn(2, 3, 16, 16), dynamo=True, input_name="x")
+
+
 def export_recurrent(name: str, cell: type[torch.nn.Module]) -> None:
     """GRU with the dynamo exporter (an ONNX GRU node); RNN with the TorchScript exporter (the
     dynamo exporter unrolls nn.RNN over the example's steps, fixing the sequence length)."""
     model = RecurrentClassifier(cell).eval()
     randomize(model)
     tokens = torch.randint(0, 64, (2, 16))
-    buffer = io.BytesIO()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        if cell is torch.nn.GRU:
-            program = torch.onnx.export(
-                model, (tokens,), input_names=["tokens"], dynamo=True, verbose=False,
-                dynamic_shapes=({0: BATCH, 1: SEQ},),
-            )  # fmt: skip
-            data = program.model_proto.SerializeToString()
-        else:
-            torch.onnx.export(
-                model, (tokens,), buffer, input_names=["tokens"], opset_version=17,
-                dynamic_axes={"tokens": {0: "batch", 1: "seq"}}, dynamo=False,
-            )  # fmt: skip
-            data = buffer.getvalue()
-    path = OUT / f"{name}.onnx"
-    path.write_bytes(graph_only(data))
-    params = sum(p.numel() for p in model.parameters())
-    print(f"{path.name}: {path.stat().st_size:,} bytes, {params:,} parameters")
+    write(name, model, tokens, dynamo=cell is torch.nn.GRU, input_name="tokens")
 
 
 def export(name: str, model: torch.nn.Module, *, dynamo: bool, train: bool = False) -> None:
-    wrapped = LastHidden(model).train(train)
     ids = torch.randint(0, 64, (2, 16))
-    buffer = io.BytesIO()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        if dynamo:
-            program = torch.onnx.export(
-                wrapped, (ids,), input_names=["input_ids"], dynamo=True,
-                dynamic_shapes=({0: BATCH, 1: SEQ},), verbose=False,
-            )  # fmt: skip
-            data = program.model_proto.SerializeToString()
-        else:
-            torch.onnx.export(
-                wrapped, (ids,), buffer, input_names=["input_ids"], opset_version=17,
-                dynamic_axes={"input_ids": {0: "batch", 1: "seq"}}, dynamo=False,
-            )  # fmt: skip
-            data = buffer.getvalue()
-    path = OUT / f"{name}.onnx"
-    path.write_bytes(graph_only(data))
-    params = sum(p.numel() for p in model.parameters())
-    print(f"{path.name}: {path.stat().st_size:,} bytes, {params:,} parameters")
+    write(name, LastHidden(model).train(train), ids, dynamo=dynamo, input_name="input_ids")
 
 
 def main() -> int:
