@@ -165,6 +165,16 @@ class InferenceRecommendationRequest(Schema):
         description="Binds `seq` for encoders (tokens); decoders use prompt_tokens.",
         examples=[None],
     )
+    tokens_mean: Length | None = Field(
+        default=None,
+        description="Encoders served without padding (variable-length batching, as TensorRT, "
+        "FasterTransformer and MLPerf BERT submissions run): the mean number of real tokens "
+        "per input. Compute, latency and throughput are priced at this length; memory at "
+        "`sequence_length` (buffers are sized for the longest input). At most the sequence "
+        "length; not for decoders (they use prompt_tokens). Unset: every input is padded to "
+        "the sequence length.",
+        examples=[None],
+    )
     image_size: Length | None = Field(
         default=None, description="Binds `image` (pixels per side).", examples=[224]
     )

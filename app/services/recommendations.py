@@ -249,6 +249,7 @@ class ModelSource:
     generated_tokens: int
     fuse_elementwise: bool
     memo: dict[tuple[Any, ...], Any]
+    tokens_mean: int | None = None  # encoders without padding: the length compute is priced at
 
     def _remember(
         self, key: tuple[Any, ...], shared: LruCache[tuple[Any, ...], T], compute: Callable[[], T]
@@ -297,11 +298,18 @@ class ModelSource:
             image_size=self.image_size,
         )
 
+    def compute_bindings(self, batch: int) -> dict[str, int]:
+        """Bindings the work is priced at: an encoder served without padding at its mean
+        token count (``tokens_mean``), else as :meth:`bindings`."""
+        if self.tokens_mean is None or self.decoder:
+            return self.bindings(batch)
+        return {**self.bindings(batch), "seq": self.tokens_mean}
+
     def shape(self, batch: int) -> PhasedRequestShape:
         """The request's phases at a batch, before the precision (cached for stored models)."""
         fuse = self.fuse_elementwise
         if not self.decoder:
-            bindings = self.bindings(batch)
+            bindings = self.compute_bindings(batch)
             return self._remember(
                 (self.key, "shape", tuple(bindings.items()), fuse),
                 _SHAPES,
@@ -396,10 +404,30 @@ def model_source(
     prompt_tokens: int,
     generated_tokens: int,
     fuse_elementwise: bool,
+    tokens_mean: int | None = None,
 ) -> ModelSource:
     """The graph of a stored or inline model with the request's shape options."""
     inputs, layers, defaults, label, key = model_graph(session, model, architecture)
     has_seq = any("seq" in spec.get("shape", ()) for spec in inputs)
+    decoder = has_seq and is_decoder(layers)
+    if tokens_mean is not None:
+        longest = sequence_length or dict(defaults).get("seq") or dict(bindings).get("seq")
+        if decoder:
+            raise InvalidInput(
+                "tokens_mean is for encoders served without padding; a decoder's prompt "
+                "length is prompt_tokens",
+                pointer="/tokens_mean",
+            )
+        if not has_seq or longest is None:
+            raise InvalidInput(
+                "tokens_mean needs a model with a sequence axis (`seq`)", pointer="/tokens_mean"
+            )
+        if tokens_mean > longest:
+            raise InvalidInput(
+                f"tokens_mean {tokens_mean} exceeds the sequence length {longest} the inputs "
+                "are padded to",
+                pointer="/tokens_mean",
+            )
     return ModelSource(
         inputs=inputs,
         layers=layers,
@@ -409,7 +437,8 @@ def model_source(
         extra=dict(bindings),
         sequence_length=sequence_length,
         image_size=image_size,
-        decoder=has_seq and is_decoder(layers),
+        decoder=decoder,
+        tokens_mean=tokens_mean,
         prompt_tokens=prompt_tokens,
         generated_tokens=generated_tokens,
         fuse_elementwise=fuse_elementwise,
@@ -445,6 +474,7 @@ def recommend(
         prompt_tokens=payload.prompt_tokens,
         generated_tokens=payload.generated_tokens,
         fuse_elementwise=payload.fuse_elementwise,
+        tokens_mean=payload.tokens_mean,
     )
     pool = candidates(session, payload.devices, payload.prices_usd_per_hour)
     cals = calibrations(payload.calibration)
@@ -519,8 +549,19 @@ def recommend(
         excluded=excluded,
         calibration={kind: calibration_read(cal) for kind, cal in cals.items()},
         formulas=FORMULAS,
-        assumptions=ASSUMPTIONS,
+        assumptions=[*ASSUMPTIONS, *_padding_note(source)],
     )
+
+
+def _padding_note(source: ModelSource) -> list[str]:
+    """How an encoder's inputs are priced when the request says they carry no padding."""
+    if source.tokens_mean is None or source.decoder:
+        return []
+    padded = source.bindings(1).get("seq")
+    return [
+        f"padding-free: compute, latency and throughput priced at {source.tokens_mean} tokens "
+        f"per input (tokens_mean); memory at the padded {padded} tokens"
+    ]
 
 
 def _attention_used(

@@ -340,3 +340,41 @@ def test_reads_can_require_a_key(make_client: ClientFactory) -> None:
     body = {"model": "resnet-50", "devices": ["nvidia-a10"], "batch_sizes": [1]}
     assert_problem(closed.post(URL, json=body), 401)
     assert closed.post(URL, json=body, headers={"X-API-Key": "k1"}).status_code == 200
+
+
+def test_an_encoder_without_padding_is_priced_at_its_mean_length(client: ApiClient) -> None:
+    """BERT-base at 384 tokens, served without padding at a mean of 128 real tokens: the work
+    is the model's at 128 tokens (throughput up), the memory fit still at 384, and the answer
+    says so."""
+    body = {"model": "bert-base", "devices": ["nvidia-a10"], "precisions": ["fp16"],
+            "batch_sizes": [8], "sequence_length": 384}  # fmt: skip
+    padded = _by_device(_recommend(client, **body))[("nvidia-a10", "fp16")]
+    unpadded_body = _recommend(client, **body, tokens_mean=128)
+    unpadded = _by_device(unpadded_body)[("nvidia-a10", "fp16")]
+    at_128 = _by_device(_recommend(client, **{**body, "sequence_length": 128}))
+    assert unpadded["flops_per_inference"] == at_128[("nvidia-a10", "fp16")]["flops_per_inference"]
+    assert unpadded["flops_per_inference"] < padded["flops_per_inference"] / 2.5
+    assert unpadded["throughput_per_s"] > 2 * padded["throughput_per_s"]
+    assert unpadded["memory_required_bytes"] == padded["memory_required_bytes"]  # longest input
+    assert (
+        "padding-free: compute, latency and throughput priced at 128 tokens per input "
+        "(tokens_mean); memory at the padded 384 tokens" in unpadded_body["assumptions"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "detail"),
+    [
+        ({"model": "bert-base", "sequence_length": 128, "tokens_mean": 129}, "exceeds"),
+        ({"model": "gpt-2", "tokens_mean": 64}, "prompt_tokens"),
+        ({"model": "resnet-50", "tokens_mean": 64}, "sequence axis"),
+    ],
+)
+def test_a_mean_length_the_inputs_cannot_have_is_422(
+    client: ApiClient, db_url: str, body: dict[str, Any], detail: str
+) -> None:
+    before = table_counts(db_url)
+    problem = assert_problem(client.post(URL, json={**body, "devices": ["nvidia-a10"]}), 422)
+    assert detail in problem["detail"]
+    assert problem["errors"][0]["pointer"] == "/tokens_mean"
+    assert table_counts(db_url) == before
