@@ -15,39 +15,17 @@ from typing import Any
 import pytest
 
 from app.config import PROJECT_ROOT
-from tests.support import load_script
 
 CALIBRATION = PROJECT_ROOT / "benchmarks" / "calibration"
 
 
 @pytest.fixture(scope="module")
-def calibrate() -> ModuleType:
-    return load_script(CALIBRATION / "calibrate.py", "calibrate")
-
-
-@pytest.fixture(scope="module")
-def rows(calibrate: ModuleType) -> list[dict[str, Any]]:
-    loaded: list[dict[str, Any]] = calibrate.load_rows()
-    return loaded
-
-
-@pytest.fixture(scope="module")
-def devices(calibrate: ModuleType) -> dict[str, Any]:
-    found: dict[str, Any] = calibrate.catalog_devices()
-    return found
-
-
-@pytest.fixture(scope="module")
-def results(calibrate: ModuleType, rows: list[dict[str, Any]], devices: dict[str, Any]) -> Any:
-    return calibrate.evaluate(rows, devices)
-
-
-@pytest.fixture(scope="module")
-def out_of_sample(
-    calibrate: ModuleType, rows: list[dict[str, Any]], devices: dict[str, Any]
+def results(
+    calibrate: ModuleType,
+    calibration_rows: list[dict[str, Any]],
+    calibration_devices: dict[str, Any],
 ) -> Any:
-    """Every row of both files, leave-one-device-out (see test_calibration_out_of_sample)."""
-    return calibrate.out_of_sample(rows, calibrate.load_rows(calibrate.MORE), devices)
+    return calibrate.evaluate(calibration_rows, calibration_devices)
 
 
 @pytest.mark.parametrize("name", ["calibration_benchmarks.yaml", "calibration_more.yaml"])
@@ -60,9 +38,9 @@ def test_the_copy_is_the_shared_reference(name: str) -> None:
     assert body == shared.read_text(encoding="utf-8")
 
 
-def test_every_row_is_printed(rows: list[dict[str, Any]], results: Any) -> None:
-    assert len(rows) == 33
-    assert [r.index for r in results] == list(range(len(rows)))
+def test_every_row_is_printed(calibration_rows: list[dict[str, Any]], results: Any) -> None:
+    assert len(calibration_rows) == 33
+    assert [r.index for r in results] == list(range(len(calibration_rows)))
     assert all(r.measured is not None and r.predicted is not None for r in results)
     metrics = {r.metric for r in results}
     assert metrics == {
@@ -82,22 +60,24 @@ def test_throughput_targets_hold(calibrate: ModuleType, results: Any) -> None:
 
 
 def test_shipped_defaults_are_the_derivation(
-    calibrate: ModuleType, rows: list[dict[str, Any]], devices: dict[str, Any]
+    calibrate: ModuleType,
+    calibration_rows: list[dict[str, Any]],
+    calibration_devices: dict[str, Any],
 ) -> None:
-    derivation = calibrate.derive(rows, devices)
+    derivation = calibrate.derive(calibration_rows, calibration_devices)
     assert calibrate.shipped_matches(derivation) == []
 
 
 def test_committed_report_is_current(
     calibrate: ModuleType,
-    rows: list[dict[str, Any]],
-    devices: dict[str, Any],
+    calibration_rows: list[dict[str, Any]],
+    calibration_devices: dict[str, Any],
     results: Any,
-    out_of_sample: Any,
+    calibration_out_of_sample: Any,
 ) -> None:
-    report, ok = calibrate.render(results, calibrate.derive(rows, devices))
+    report, ok = calibrate.render(results, calibrate.derive(calibration_rows, calibration_devices))
     assert ok
-    report += calibrate.render_out_of_sample(out_of_sample)
+    report += calibrate.render_out_of_sample(calibration_out_of_sample)
     assert report == (CALIBRATION / "results.md").read_text(encoding="utf-8"), (
         "benchmarks/calibration/results.md is stale; run .venv/bin/python "
         "benchmarks/calibration/calibrate.py --write-results"

@@ -18,56 +18,23 @@ from app.domain.graph.analysis import analyze
 from app.domain.hardware import DeviceKind
 from app.domain.precision import Precision
 from app.services.convert import input_decls
-from tests.support import load_script
 
 CALIBRATION = PROJECT_ROOT / "benchmarks" / "calibration"
 GPTJ_PARAMS = 6_053_381_344  # GPT-J 6B model card (EleutherAI/gpt-j-6b)
 
 
-@pytest.fixture(scope="module")
-def calibrate() -> ModuleType:
-    return load_script(CALIBRATION / "calibrate.py", "calibrate_out_of_sample")
-
-
-@pytest.fixture(scope="module")
-def bench_rows(calibrate: ModuleType) -> list[dict[str, Any]]:
-    loaded: list[dict[str, Any]] = calibrate.load_rows()
-    return loaded
-
-
-@pytest.fixture(scope="module")
-def more_rows(calibrate: ModuleType) -> list[dict[str, Any]]:
-    loaded: list[dict[str, Any]] = calibrate.load_rows(calibrate.MORE)
-    return loaded
-
-
-@pytest.fixture(scope="module")
-def devices(calibrate: ModuleType) -> dict[str, Any]:
-    found: dict[str, Any] = calibrate.catalog_devices()
-    return found
-
-
-@pytest.fixture(scope="module")
-def results(
-    calibrate: ModuleType,
-    bench_rows: list[dict[str, Any]],
-    more_rows: list[dict[str, Any]],
-    devices: dict[str, Any],
-) -> list[Any]:
-    found: list[Any] = calibrate.out_of_sample(bench_rows, more_rows, devices)
-    return found
-
-
 def test_every_row_of_both_files_is_evaluated_or_says_why_not(
-    bench_rows: list[dict[str, Any]], more_rows: list[dict[str, Any]], results: list[Any]
+    calibration_rows: list[dict[str, Any]],
+    calibration_more_rows: list[dict[str, Any]],
+    calibration_out_of_sample: list[Any],
 ) -> None:
-    assert len(bench_rows) == 33
-    assert len(more_rows) == 98
-    assert [(r.case.file, r.case.index) for r in results] == [
+    assert len(calibration_rows) == 33
+    assert len(calibration_more_rows) == 98
+    assert [(r.case.file, r.case.index) for r in calibration_out_of_sample] == [
         *(("benchmarks", i) for i in range(33)),
         *(("more", i) for i in range(98)),
     ]
-    for r in results:
+    for r in calibration_out_of_sample:
         assert bool(r.case.target) != bool(r.case.skip), r.case.label
         if r.case.target:
             assert r.device_out is not None, r.case.label
@@ -77,14 +44,20 @@ def test_every_row_of_both_files_is_evaluated_or_says_why_not(
 
 
 def test_every_device_of_the_new_file_is_in_the_catalog(
-    calibrate: ModuleType, more_rows: list[dict[str, Any]], devices: dict[str, Any]
+    calibrate: ModuleType,
+    calibration_more_rows: list[dict[str, Any]],
+    calibration_devices: dict[str, Any],
 ) -> None:
-    for row in more_rows:
-        assert calibrate.CATALOG_SLUGS[row["device"]] in devices
+    for row in calibration_more_rows:
+        assert calibrate.CATALOG_SLUGS[row["device"]] in calibration_devices
 
 
-def test_what_is_scored(results: list[Any]) -> None:
-    scored = {(r.case.family, r.case.scenario, r.case.target) for r in results if r.case.target}
+def test_what_is_scored(calibration_out_of_sample: list[Any]) -> None:
+    scored = {
+        (r.case.family, r.case.scenario, r.case.target)
+        for r in calibration_out_of_sample
+        if r.case.target
+    }
     assert scored == {
         ("resnet50", "Offline", "throughput"),
         ("resnet50", "Server", "throughput"),
@@ -95,7 +68,7 @@ def test_what_is_scored(results: list[Any]) -> None:
         ("gptj-99", "Offline", "throughput"),
         ("gptj-99", "Server", "throughput"),
     }
-    for r in results:
+    for r in calibration_out_of_sample:
         if r.case.family == "3d-unet-99":
             assert r.case.skip == "not modelled: no 3-D convolution"
         if r.case.metric == "p99_latency":
@@ -106,13 +79,13 @@ def test_what_is_scored(results: list[Any]) -> None:
             assert r.case.unit == "ms"
 
 
-def test_server_is_answered_with_the_offline_figure(results: list[Any]) -> None:
+def test_server_is_answered_with_the_offline_figure(calibration_out_of_sample: list[Any]) -> None:
     offline = {
         (r.case.family, r.case.slug, r.case.precision): r.device_out
-        for r in results
+        for r in calibration_out_of_sample
         if r.case.target and r.case.scenario == "Offline"
     }
-    server = [r for r in results if r.case.target and r.case.scenario == "Server"]
+    server = [r for r in calibration_out_of_sample if r.case.target and r.case.scenario == "Server"]
     assert len(server) == 15  # 6 ResNet-50, 5 BERT, 4 GPT-J
     for r in server:
         assert "answered with the Offline figure" in r.case.note
@@ -123,12 +96,16 @@ def test_server_is_answered_with_the_offline_figure(results: list[Any]) -> None:
 
 def test_in_sample_resnet50_offline_is_the_fitted_report(
     calibrate: ModuleType,
-    bench_rows: list[dict[str, Any]],
-    devices: dict[str, Any],
-    results: list[Any],
+    calibration_rows: list[dict[str, Any]],
+    calibration_devices: dict[str, Any],
+    calibration_out_of_sample: list[Any],
 ) -> None:
-    fitted = {r.index: r.predicted for r in calibrate.evaluate(bench_rows, devices)}
-    offline = [r for r in results if r.case.file == "benchmarks" and r.case.target]
+    fitted = {
+        r.index: r.predicted for r in calibrate.evaluate(calibration_rows, calibration_devices)
+    }
+    offline = [
+        r for r in calibration_out_of_sample if r.case.file == "benchmarks" and r.case.target
+    ]
     assert len(offline) == 22
     for r in offline:
         assert r.in_sample == pytest.approx(fitted[r.case.index], rel=1e-12)
@@ -136,34 +113,42 @@ def test_in_sample_resnet50_offline_is_the_fitted_report(
 
 def test_leave_one_device_out_refits_without_the_device(
     calibrate: ModuleType,
-    bench_rows: list[dict[str, Any]],
-    devices: dict[str, Any],
-    results: list[Any],
+    calibration_rows: list[dict[str, Any]],
+    calibration_devices: dict[str, Any],
+    calibration_out_of_sample: list[Any],
 ) -> None:
     """The Xeon 8380 rows are predicted with the CPU constants derived from the other CPUs."""
     kept = [
         r
-        for r in bench_rows
+        for r in calibration_rows
         if calibrate.CATALOG_SLUGS.get(r["device"]) != "intel-xeon-platinum-8380"
     ]
-    refit = calibrate.derive(kept, devices).calibrations[DeviceKind.CPU]
-    predictor = calibrate.Predictor(devices)
-    rows = [r for r in results if r.case.slug == "intel-xeon-platinum-8380" and r.case.target]
+    refit = calibrate.derive(kept, calibration_devices).calibrations[DeviceKind.CPU]
+    predictor = calibrate.Predictor(calibration_devices)
+    rows = [
+        r
+        for r in calibration_out_of_sample
+        if r.case.slug == "intel-xeon-platinum-8380" and r.case.target
+    ]
     assert rows
     for r in rows:
         assert r.fit_rows_left_out == 2
         expected, _ = predictor.predict(r.case, {DeviceKind.CPU: refit})
         assert r.device_out == pytest.approx(expected, rel=1e-12)
     # a device without fit rows (GH200: GPT-J only) is predicted with the shipped constants
-    gh200 = [r for r in results if r.case.slug == "nvidia-gh200-144gb" and r.case.target]
+    gh200 = [
+        r
+        for r in calibration_out_of_sample
+        if r.case.slug == "nvidia-gh200-144gb" and r.case.target
+    ]
     assert gh200
     assert all(r.device_out == r.in_sample and not r.fit_rows_left_out for r in gh200)
 
 
-def test_leave_one_model_out(results: list[Any]) -> None:
+def test_leave_one_model_out(calibration_out_of_sample: list[Any]) -> None:
     """Only ResNet-50 rows feed the fit: without them nothing is left to fit; for the other
     families the refit is the shipped fit."""
-    for r in results:
+    for r in calibration_out_of_sample:
         if not r.case.target:
             continue
         if r.case.family == "resnet50":
@@ -191,8 +176,10 @@ def test_the_mapped_graphs(calibrate: ModuleType) -> None:
     assert calibrate.row_precision({"precision": "see submission (PyTorch)"})[1]
 
 
-def test_targets_are_printed_not_asserted(calibrate: ModuleType, results: list[Any]) -> None:
-    report: str = calibrate.render_out_of_sample(results)
+def test_targets_are_printed_not_asserted(
+    calibrate: ModuleType, calibration_out_of_sample: list[Any]
+) -> None:
+    report: str = calibrate.render_out_of_sample(calibration_out_of_sample)
     assert "## Out of sample: every row of both files" in report
     for family in ("ResNet-50", "BERT-large", "GPT-J 6B"):
         assert f"| {family} | throughput |" in report

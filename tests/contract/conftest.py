@@ -1,0 +1,51 @@
+"""Fixtures the calibration contract tests share: the script is loaded once per session, so its
+derivations and leave-one-device-out refits run once for both test modules."""
+
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from app.config import PROJECT_ROOT
+from tests.support import load_script
+
+CALIBRATION = PROJECT_ROOT / "benchmarks" / "calibration"
+
+
+@pytest.fixture(scope="session")
+def calibrate() -> ModuleType:
+    return load_script(CALIBRATION / "calibrate.py", "calibrate")
+
+
+@pytest.fixture(scope="session")
+def calibration_rows(calibrate: ModuleType) -> list[dict[str, Any]]:
+    """The rows of calibration_benchmarks.yaml."""
+    loaded: list[dict[str, Any]] = calibrate.load_rows()
+    return loaded
+
+
+@pytest.fixture(scope="session")
+def calibration_more_rows(calibrate: ModuleType) -> list[dict[str, Any]]:
+    """The rows of calibration_more.yaml."""
+    loaded: list[dict[str, Any]] = calibrate.load_rows(calibrate.MORE)
+    return loaded
+
+
+@pytest.fixture(scope="session")
+def calibration_devices(calibrate: ModuleType) -> dict[str, Any]:
+    found: dict[str, Any] = calibrate.catalog_devices()
+    return found
+
+
+@pytest.fixture(scope="session")
+def calibration_out_of_sample(
+    calibrate: ModuleType,
+    calibration_rows: list[dict[str, Any]],
+    calibration_more_rows: list[dict[str, Any]],
+    calibration_devices: dict[str, Any],
+) -> list[Any]:
+    """Every row of both files, leave-one-device-out."""
+    found: list[Any] = calibrate.out_of_sample(
+        calibration_rows, calibration_more_rows, calibration_devices
+    )
+    return found
