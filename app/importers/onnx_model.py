@@ -2317,6 +2317,7 @@ def _gated(chain: _LayerChain, name: str, members: list[str]) -> tuple[str, str]
         if silu is None or up is None:
             continue
         gate_name: str | None = None
+        sigmoids: list[str] = []  # silu written as x * sigmoid(x): its sigmoid layer
         if silu["op"] == "silu":
             gate_name = str(silu["inputs"][0])
         elif silu.get("function") == "mul" and len(silu["inputs"]) == 2:
@@ -2325,8 +2326,8 @@ def _gated(chain: _LayerChain, name: str, members: list[str]) -> tuple[str, str]
                 found = chain.by_name.get(sigmoid)
                 if found is not None and found["op"] == "sigmoid" and found["inputs"] == [linear]:
                     if chain.readers[sigmoid] == 1 and chain.readers[linear] == 2:
-                        gate_name = linear
-                        members.append(sigmoid)
+                        gate_name, sigmoids = linear, [sigmoid]
+                        break
         gate = chain.by_name.get(gate_name or "")
         if gate is None or gate["op"] != "linear" or gate_name in chain.tied:
             continue
@@ -2334,7 +2335,7 @@ def _gated(chain: _LayerChain, name: str, members: list[str]) -> tuple[str, str]
             continue
         if gate.get("bias") != up.get("bias"):
             continue
-        members += [name, silu_name, up_name, str(gate_name)]
+        members += [*sigmoids, name, silu_name, up_name, str(gate_name)]
         return str(up["inputs"][0]), str(gate_name)
     return None
 
