@@ -410,25 +410,7 @@ def model_source(
     inputs, layers, defaults, label, key = model_graph(session, model, architecture)
     has_seq = any("seq" in spec.get("shape", ()) for spec in inputs)
     decoder = has_seq and is_decoder(layers)
-    if tokens_mean is not None:
-        longest = sequence_length or dict(defaults).get("seq") or dict(bindings).get("seq")
-        if decoder:
-            raise InvalidInput(
-                "tokens_mean is for encoders served without padding; a decoder's prompt "
-                "length is prompt_tokens",
-                pointer="/tokens_mean",
-            )
-        if not has_seq or longest is None:
-            raise InvalidInput(
-                "tokens_mean needs a model with a sequence axis (`seq`)", pointer="/tokens_mean"
-            )
-        if tokens_mean > longest:
-            raise InvalidInput(
-                f"tokens_mean {tokens_mean} exceeds the sequence length {longest} the inputs "
-                "are padded to",
-                pointer="/tokens_mean",
-            )
-    return ModelSource(
+    source = ModelSource(
         inputs=inputs,
         layers=layers,
         defaults=dict(defaults),
@@ -444,6 +426,30 @@ def model_source(
         fuse_elementwise=fuse_elementwise,
         memo={},
     )
+    if tokens_mean is not None:
+        _check_tokens_mean(source, tokens_mean, has_seq=has_seq)
+    return source
+
+
+def _check_tokens_mean(source: ModelSource, tokens_mean: int, *, has_seq: bool) -> None:
+    """``tokens_mean`` fits the encoder's padded length (as the bindings resolve it)."""
+    if source.decoder:
+        raise InvalidInput(
+            "tokens_mean is for encoders served without padding; a decoder's prompt length is "
+            "prompt_tokens",
+            pointer="/tokens_mean",
+        )
+    longest = source.bindings(1).get("seq")
+    if not has_seq or longest is None:
+        raise InvalidInput(
+            "tokens_mean needs a model with a sequence axis (`seq`)", pointer="/tokens_mean"
+        )
+    if tokens_mean > longest:
+        raise InvalidInput(
+            f"tokens_mean {tokens_mean} exceeds the sequence length {longest} the inputs are "
+            "padded to",
+            pointer="/tokens_mean",
+        )
 
 
 def _batches(payload: InferenceRecommendationRequest) -> list[int]:
