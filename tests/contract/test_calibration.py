@@ -62,20 +62,33 @@ def test_throughput_targets_hold(calibrate: ModuleType, results: Any) -> None:
 def test_shipped_defaults_are_the_derivation(
     calibrate: ModuleType,
     calibration_rows: list[dict[str, Any]],
+    calibration_more_rows: list[dict[str, Any]],
     calibration_devices: dict[str, Any],
 ) -> None:
-    derivation = calibrate.derive(calibration_rows, calibration_devices)
+    derivation = calibrate.derive(
+        calibration_rows,
+        calibration_devices,
+        calibrate.latency_rows(calibration_more_rows, calibration_devices),
+    )
     assert calibrate.shipped_matches(derivation) == []
 
 
 def test_committed_report_is_current(
     calibrate: ModuleType,
     calibration_rows: list[dict[str, Any]],
+    calibration_more_rows: list[dict[str, Any]],
     calibration_devices: dict[str, Any],
     results: Any,
     calibration_out_of_sample: Any,
 ) -> None:
-    report, ok = calibrate.render(results, calibrate.derive(calibration_rows, calibration_devices))
+    report, ok = calibrate.render(
+        results,
+        calibrate.derive(
+            calibration_rows,
+            calibration_devices,
+            calibrate.latency_rows(calibration_more_rows, calibration_devices),
+        ),
+    )
     assert ok
     report += calibrate.render_out_of_sample(calibration_out_of_sample)
     assert report == (CALIBRATION / "results.md").read_text(encoding="utf-8"), (
