@@ -55,7 +55,8 @@ exit codes:
   {EXIT_OK}    ok: fits, valid layout, admission allowed, an eligible candidate
   {EXIT_VERDICT_NO}    the answer is no: does not fit (estimate --gpu, fit), no MIG profile fits,
        INVALID layout (mig validate), DENIED (admission), no eligible candidate (recommend)
-  {EXIT_USAGE}    usage: bad arguments, unknown or ambiguous --gpu, unreadable input file
+  {EXIT_USAGE}    usage: bad arguments, unknown or ambiguous --gpu, unreadable input file,
+       a module import torch cannot trace
   {EXIT_API_ERROR}    the server answered with an error (4xx/5xx; its detail is on stderr)
   {EXIT_UNREACHABLE}    the server could not be reached (connection refused, timeout)
   {EXIT_BROKEN_PIPE}  the output pipe closed early (capplan ... | head), as SIGPIPE in a shell
