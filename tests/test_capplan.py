@@ -323,6 +323,7 @@ def test_the_cli_choices_are_the_api_enumerations() -> None:
         (("recommend", "gpt-2", "--calibration", "gpu.compute_efficiency=x"), "not a number"),
         (("admission", "gpt-2"), "needs --resource and --gpu"),
         (("hardware", "show"), "a slug is required"),
+        (("fit", "gpt-2", "--gpu", "l4", "--profile", "1g.10gb"), "nvidia-l4 has no MIG profiles"),
     ],
 )
 def test_bad_flag_values_are_usage_errors(argv: tuple[str, ...], message: str) -> None:
@@ -407,6 +408,17 @@ def test_fit_shows_the_alternatives_when_nothing_fits(http: TestClient) -> None:
     for size, verdict in ((batch, 0), (batch + 1, 1)):
         assert run(http, "estimate", "llama-3-8b", "--batch", str(size), "--seq", "8192",
                    "--gpu", "l4")[0] == verdict  # fmt: skip
+
+    # With --micro-batch the memory follows the micro-batch: the divisors of the batch below it.
+    training = ("gpt-2", "--mode", "training", "--batch", "64", "--seq", "1024", "--precision",
+                "fp32", "--gpu", "l4")  # fmt: skip
+    code, out, err = run(http, "fit", *training, "--micro-batch", "32")
+    assert code == 1, err
+    micro = int(out.rsplit("largest micro-batch that fits nvidia-l4: ", 1)[1])
+    assert 64 % micro == 0
+    assert micro < 32
+    assert run(http, "estimate", *training, "--micro-batch", str(micro))[0] == 0
+    assert run(http, "estimate", *training, "--micro-batch", str(micro * 2))[0] == 1
 
 
 # -- tables ------------------------------------------------------------------------------------

@@ -63,7 +63,7 @@ exit codes:
 """
 
 # The API's enumerations, spelled here so that the CLI needs no server code
-# (tests/test_client.py checks them against app.domain).
+# (tests/test_capplan.py checks them against app.domain).
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "amp_bf16", "amp_fp16", "mixed_bf16",
               "mixed_fp16", "fp8", "int8", "int8_weight_only", "int4")  # fmt: skip
 OPTIMIZERS = ("sgd", "sgd_momentum", "adam", "adamw", "adagrad", "rmsprop", "lion", "adam_8bit",
@@ -421,13 +421,13 @@ def _write_whole_gpu_fit(
         key=lambda h: (h["memory_bytes"], h["slug"]),
     )[:5]  # fmt: skip
     _write_alternatives(out, larger, required)
-    batch = wait_with_progress(
+    what, size = wait_with_progress(
         "searching the largest batch", lambda: _largest_batch(client, args, hardware), sys.stderr
     )
-    if batch is None:
-        out.write(f"even batch 1 does not fit {hardware}\n")
+    if size is None:
+        out.write(f"even {what} 1 does not fit {hardware}\n")
     else:
-        out.write(f"largest batch that fits {hardware}: {batch}\n")
+        out.write(f"largest {what} that fits {hardware}: {size}\n")
 
 
 def _write_alternatives(out: TextIO, larger: list[Json], required: int) -> None:
@@ -447,33 +447,42 @@ def _mig_capable(item: Json) -> bool:
     return bool(item["mig_capable"]) if "mig_capable" in item else item.get("mig") is not None
 
 
-def _largest_batch(client: JsonClient, args: argparse.Namespace, hardware: str) -> int | None:
-    """Binary search over the batch size with the server's estimate (memory grows with it)."""
+def _largest_batch(
+    client: JsonClient, args: argparse.Namespace, hardware: str
+) -> tuple[str, int | None]:
+    """What to shrink, and the largest value that fits, by the server's estimate.
+
+    Without --micro-batch: a binary search over the batch size (memory grows with it). With
+    --micro-batch the memory follows the micro-batch, so the divisors of the batch below it
+    are tried, largest first.
+    """
     body = _estimate_body(args, hardware)
     micro = body.get("micro_batch_size")
 
-    def fits(batch: int) -> bool:
-        trial = {**body, "batch_size": batch}
-        if micro is not None:  # keep gradient accumulation only where it still divides
-            trial["micro_batch_size"] = micro if batch % micro == 0 else batch
-        return bool(client.estimate_memory(trial)["fit"]["fits"])
+    def fits(**sizes: int) -> bool:
+        return bool(client.estimate_memory({**body, **sizes})["fit"]["fits"])
 
-    if not fits(1):
-        return None
+    if micro is not None:
+        divisors = [m for m in range(micro - 1, 0, -1) if args.batch % m == 0]
+        return "micro-batch", next((m for m in divisors if fits(micro_batch_size=m)), None)
+    if not fits(batch_size=1):
+        return "batch", None
     low, high = 1, max(1, args.batch - 1)
     while low < high:
         middle = (low + high + 1) // 2
-        if fits(middle):
+        if fits(batch_size=middle):
             low = middle
         else:
             high = middle - 1
-    return low
+    return "batch", low
 
 
 def cmd_fit(client: JsonClient, args: argparse.Namespace, out: TextIO) -> int:
     gpu = _resolve_gpu(client, args.gpu)
     hardware = client.get_hardware(gpu)
     if hardware.get("mig") is None:
+        if args.profile:
+            raise UsageError(f"--profile {args.profile}: {gpu} has no MIG profiles")
         return cmd_estimate(client, _with(args, gpu=gpu), out)
     body: Json = {"workload": _workload(args), "gpu": gpu}
     for key, value in (
