@@ -300,5 +300,5 @@ def test_import_posts_the_traced_graph(http: TestClient) -> None:
     assert summary.status_code == 200, summary.text
     assert summary.json()["total_params"] == 73_024
     code, _, err = cli(*TRACE, "--input", "input_ids:batch,seq:int64", http=http)
-    assert code == 1  # the slug is taken: the API's answer, exit code 1
+    assert code == 3  # the slug is taken: the API's answer, exit code 3
     assert "error 409" in err

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
 import httpx
 from pydantic import BaseModel
 
+from app.client.transport import ApiError, JsonClient, Progress
 from app.schemas.admission import AdmissionCheckRequest, AdmissionCheckResponse
 from app.schemas.estimates import MemoryEstimateRequest, MemoryEstimateResponse, ModelSummary
 from app.schemas.hardware import HardwareCreate, HardwareList, HardwareRead, HardwareReplace
@@ -31,46 +32,14 @@ from app.schemas.workloads import WorkloadCreate, WorkloadList, WorkloadRead, Wo
 
 T = TypeVar("T", bound=BaseModel)
 Payload = BaseModel | Mapping[str, Any]
-Progress = Callable[[int, int], None]  # (bytes sent, total bytes)
 
-
-class ApiError(Exception):
-    """A 4xx/5xx answer; ``problem`` is the RFC 9457 body (or a stand-in for non-JSON ones)."""
-
-    def __init__(self, status: int, problem: Mapping[str, Any]) -> None:
-        self.status = status
-        self.problem = dict(problem)
-        self.detail = str(problem.get("detail") or problem.get("title") or f"HTTP {status}")
-        super().__init__(f"{status} {problem.get('title', 'error')}: {self.detail}")
-
-    @property
-    def errors(self) -> list[dict[str, Any]]:
-        """Invalid fields named by a 400/422."""
-        return list(self.problem.get("errors") or [])
-
-
-class _ProgressReader:
-    """A file-like object that reports how much of it has been read (httpx streams uploads)."""
-
-    def __init__(self, data: bytes, progress: Progress) -> None:
-        self.data, self.position, self.progress = data, 0, progress
-
-    def read(self, size: int = -1) -> bytes:
-        end = len(self.data) if size < 0 else min(len(self.data), self.position + size)
-        chunk = self.data[self.position : end]
-        self.position = end
-        self.progress(self.position, len(self.data))
-        return chunk
+__all__ = ["ApiError", "CapacityPlannerClient", "Progress"]
 
 
 def _body(payload: Payload) -> Any:
     if isinstance(payload, BaseModel):
         return payload.model_dump(mode="json", exclude_none=True)
     return dict(payload)
-
-
-def _etag(if_match: str | int) -> str:
-    return if_match if isinstance(if_match, str) else f'"{if_match}"'
 
 
 class CapacityPlannerClient:
@@ -84,11 +53,8 @@ class CapacityPlannerClient:
         timeout: float = 60.0,
         http: httpx.Client | None = None,
     ) -> None:
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        if http is None:
-            http = httpx.Client(base_url=base_url, timeout=timeout)
-        http.headers.update(headers)
-        self.http = http
+        self.raw = JsonClient(base_url, api_key=api_key, timeout=timeout, http=http)
+        self.http = self.raw.http
 
     def __enter__(self) -> CapacityPlannerClient:
         return self
@@ -103,16 +69,7 @@ class CapacityPlannerClient:
     # -- plumbing
 
     def _send(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
-        response = self.http.request(method, url, **kwargs)
-        if response.status_code >= 400:
-            try:
-                problem = response.json()
-            except ValueError:
-                problem = {"title": response.reason_phrase, "detail": response.text[:500]}
-            if not isinstance(problem, dict):
-                problem = {"detail": str(problem)}
-            raise ApiError(response.status_code, problem)
-        return response
+        return self.raw.send(method, url, **kwargs)
 
     def _get(self, url: str, model: type[T], params: Mapping[str, Any] | None = None) -> T:
         return model.model_validate(self._fetch(url, params).json())
@@ -128,13 +85,10 @@ class CapacityPlannerClient:
         return model.model_validate(self._send("POST", url, json=_body(payload)).json())
 
     def _put(self, url: str, model: type[T], payload: Payload, if_match: str | int) -> T:
-        response = self._send(
-            "PUT", url, json=_body(payload), headers={"If-Match": _etag(if_match)}
-        )
-        return model.model_validate(response.json())
+        return model.model_validate(self.raw.put(url, _body(payload), if_match))
 
     def _delete(self, url: str, if_match: str | int) -> None:
-        self._send("DELETE", url, headers={"If-Match": _etag(if_match)})
+        self.raw.delete(url, if_match)
 
     # -- operations
 
@@ -257,29 +211,17 @@ class CapacityPlannerClient:
         progress: Progress | None = None,
     ) -> ModelImportResponse:
         """POST /v1/models/import/onnx (multipart); ``progress(sent, total)`` follows the upload."""
-        if isinstance(source, str | Path):
-            data = Path(source).read_bytes()
-            filename = Path(source).name
-        elif isinstance(source, bytes):
-            data, filename = source, "model.onnx"
-        else:
-            data, filename = source.read(), "model.onnx"
-        upload: Any = _ProgressReader(data, progress) if progress else data
-        fields = {
-            "slug": slug,
-            "name": name,
-            "family": family,
-            "description": description,
-            "sequence_length": sequence_length,
-            "lenient": "true" if lenient else None,
-        }
-        response = self._send(
-            "POST",
-            "/v1/models/import/onnx",
-            files={"file": (filename, upload, "application/octet-stream")},
-            data={k: str(v) for k, v in fields.items() if v is not None},
+        answer = self.raw.import_onnx(
+            source,
+            slug=slug,
+            name=name,
+            family=family,
+            description=description,
+            sequence_length=sequence_length,
+            lenient=lenient,
+            progress=progress,
         )
-        return ModelImportResponse.model_validate(response.json())
+        return ModelImportResponse.model_validate(answer)
 
     # -- estimates
 

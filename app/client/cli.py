@@ -1,38 +1,93 @@
-"""``capplan``: the Capacity Planner from a terminal.
-
-    capplan estimate llama-3-8b --mode inference --batch 8 --precision bf16
-    capplan fit llama-3-8b --gpu h100-80gb --mode inference --batch 8 --precision bf16
-    capplan import onnx model.onnx --slug my-model
-    capplan import hf-config config.json --slug my-llama
-    capplan import torch mypkg.models:build --input input_ids:batch,seq:int64 --seq 2048 --slug m
-    capplan recommend resnet-50 --slo-ms 20 --target 1000 --price intel-xeon-6980p=0.3
-
-Readable tables by default, ``--json`` for the raw answer. The server is ``--url`` or
-CAPPLAN_URL (default http://127.0.0.1:8000); the key ``--api-key`` or CAPPLAN_API_KEY.
-Exit codes: 0 ok, 1 the API answered with an error (its problem detail is printed), 2 usage.
-"""
+"""capplan: the Capacity Planner from a terminal (runs on httpx alone, no server code)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import re
 import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from importlib import metadata
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
 import httpx
-from pydantic import BaseModel
 
-from app.client.api import ApiError, CapacityPlannerClient
-from app.domain.units import GIB
-from app.schemas.estimates import DefaultUsedRow
+from app.client.transport import ApiError, Json, JsonClient
 
 T = TypeVar("T")
 SHOW_AFTER_S = 1.0
+GIB = 2**30
+
+# Exit codes: scripts branch on the verdict; errors never look like a verdict.
+EXIT_OK = 0  # done; fits / valid / allowed / an eligible candidate
+EXIT_VERDICT_NO = 1  # does not fit / no MIG profile fits / INVALID layout / DENIED / none eligible
+EXIT_USAGE = 2  # bad command line, unknown --gpu, unreadable file (argparse uses 2 as well)
+EXIT_API_ERROR = 3  # the server answered 4xx/5xx (its problem detail is printed on stderr)
+EXIT_UNREACHABLE = 4  # no answer: connection refused, timeout, not HTTP
+EXIT_BROKEN_PIPE = 141  # stdout closed early (capplan ... | head): 128 + SIGPIPE, as a shell
+
+DESCRIPTION = """\
+The Capacity Planner from a terminal: memory estimates, GPU and MIG fit checks, MIG plans,
+admission checks and CPU-vs-GPU inference recommendations.
+
+examples:
+  capplan estimate llama-3-8b --batch 8 --precision bf16
+  capplan estimate llama-3-8b --mode training --batch 16 --micro-batch 2 \\
+      --checkpointing full --zero 3 --dp 8 --tp 2 --gpu h100-sxm
+  capplan fit llama-3-8b --gpu a100-80gb --batch 8 --seq 4096
+  capplan import onnx model.onnx --slug my-model
+  capplan import hf-config config.json --slug my-llama
+  capplan import torch mypkg.models:build --input input_ids:batch,seq:int64 --seq 2048 --slug m
+  capplan recommend resnet-50 --slo-ms 20 --target 1000 --price intel-xeon-6980p=0.3
+  capplan --url http://planner:8000 --json hardware show l4
+"""
+
+EPILOG = f"""\
+options anywhere: --url, --token, --json and --timeout go before or after the subcommand.
+The server is --url or CAPPLAN_URL (default http://127.0.0.1:8000); the key --token or
+CAPPLAN_TOKEN (CAPPLAN_API_KEY also works). Tables by default, --json for the raw answer.
+
+exit codes:
+  {EXIT_OK}    ok: fits, valid layout, admission allowed, an eligible candidate
+  {EXIT_VERDICT_NO}    the answer is no: does not fit (estimate --gpu, fit), no MIG profile fits,
+       INVALID layout (mig validate), DENIED (admission), no eligible candidate (recommend)
+  {EXIT_USAGE}    usage: bad arguments, unknown or ambiguous --gpu, unreadable input file,
+       a module import torch cannot trace
+  {EXIT_API_ERROR}    the server answered with an error (4xx/5xx; its detail is on stderr)
+  {EXIT_UNREACHABLE}    the server could not be reached (connection refused, timeout)
+  {EXIT_BROKEN_PIPE}  the output pipe closed early (capplan ... | head), as SIGPIPE in a shell
+"""
+
+# The API's enumerations, spelled here so that the CLI needs no server code
+# (tests/test_capplan.py checks them against app.domain).
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "amp_bf16", "amp_fp16", "mixed_bf16",
+              "mixed_fp16", "fp8", "int8", "int8_weight_only", "int4")  # fmt: skip
+OPTIMIZERS = ("sgd", "sgd_momentum", "adam", "adamw", "adagrad", "rmsprop", "lion", "adam_8bit",
+              "adafactor")  # fmt: skip
+OPTIMIZER_IMPLS = ("auto", "for_loop", "foreach", "fused")
+CHECKPOINTING = ("none", "selective", "full")
+ATTENTIONS = ("eager", "sdpa_math", "flash", "mem_efficient")
+LOGITS = ("last", "all")
+RUNTIMES = ("pytorch_cuda", "pytorch_cpu")
+OBJECTIVES = ("cost", "energy", "latency")
+DEVICE_KINDS = ("gpu", "cpu", "edge", "tpu")
+CALIBRATION_FIELDS = ("compute_efficiency", "memory_efficiency", "activation_cache_share",
+                      "host_link_efficiency", "kernel_launch_overhead_us",
+                      "request_overhead_us")  # fmt: skip
+
+
+def version() -> str:
+    """The installed package's version (the client package, else the whole service)."""
+    for distribution in ("capacity-planner-client", "capacity-planner"):
+        try:
+            return metadata.version(distribution)
+        except metadata.PackageNotFoundError:
+            continue
+    return "unknown (not installed)"
 
 
 class ProgressBar:
@@ -135,38 +190,93 @@ def gib(value: int) -> str:
     return f"{value / GIB:,.2f} GiB"
 
 
-def _dump(result: BaseModel | dict[str, Any] | list[Any]) -> str:
-    if isinstance(result, BaseModel):
-        return result.model_dump_json(indent=2, exclude_none=True)
+def _dump(result: Any) -> str:
     return json.dumps(result, indent=2)
 
 
-# -- commands ----------------------------------------------------------------------------------
+class UsageError(Exception):
+    """A command line that cannot be carried out (exit code 2)."""
 
 
-def _workload(args: argparse.Namespace) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "model": args.model,
-        "mode": args.mode,
-        "batch_size": args.batch,
-    }
-    # Options left out are decided by the server's one default table (echoed in the header).
+# -- request bodies ----------------------------------------------------------------------------
+
+
+def _bindings(values: list[str] | None) -> dict[str, int]:
+    bindings: dict[str, int] = {}
+    for value in values or []:
+        name, _, number = value.partition("=")
+        if not name or not number.isdigit():
+            raise UsageError(f"--bind {value!r}: expected NAME=INTEGER (e.g. --bind heads=32)")
+        bindings[name] = int(number)
+    return bindings
+
+
+def _workload(args: argparse.Namespace) -> Json:
+    """The WorkloadSpec body: only what the command line gives (the server fills the rest
+    from its one default table and echoes every default it used)."""
+    spec: Json = {"model": args.model, "mode": args.mode, "batch_size": args.batch}
     for key, value in (
+        ("micro_batch_size", args.micro_batch),
         ("precision", args.precision),
         ("sequence_length", args.seq),
         ("image_size", args.image),
         ("optimizer", args.optimizer),
+        ("optimizer_impl", args.optimizer_impl),
+        ("checkpointing", args.checkpointing),
         ("attention", args.attention),
         ("logits", args.logits),
+        ("kv_cache", args.kv_cache),
     ):
         if value is not None:
             spec[key] = value
+    if args.fp32_grad_buffer:
+        spec["fp32_grad_buffer"] = True
+    if args.bind:
+        spec["bindings"] = _bindings(args.bind)
+    parallelism = {
+        key: value
+        for key, value in (
+            ("data", args.dp),
+            ("tensor", args.tp),
+            ("pipeline", args.pp),
+            ("zero_stage", args.zero),
+            ("gradient_as_bucket_view", args.grad_bucket_view),
+        )
+        if value is not None
+    }
+    if parallelism:
+        spec["parallelism"] = parallelism
     return spec
 
 
-def _echo(
-    bindings: dict[str, int] | None, defaults: list[DefaultUsedRow], attention: list[str]
-) -> str:
+def _estimate_body(args: argparse.Namespace, hardware: str | None) -> Json:
+    """A MemoryEstimateRequest: the workload, the device and the estimate's own options."""
+    body = _workload(args)
+    if hardware:
+        body["hardware"] = hardware
+    if args.runtime:
+        body["runtime"] = args.runtime
+    if args.safety_margin is not None:
+        body["safety_margin_fraction"] = args.safety_margin
+    overhead = {
+        key: value
+        for key, value in (
+            ("cuda_context_bytes", args.cuda_context),
+            ("workspace_bytes", args.workspace),
+            ("fragmentation_fraction", args.fragmentation),
+            ("round_allocations", args.round_allocations),
+            ("expandable_segments", args.expandable_segments),
+        )
+        if value is not None
+    }
+    if overhead:
+        body["framework_overhead"] = overhead
+    if getattr(args, "per_layer", False):
+        body["per_layer"] = True
+    return body
+
+
+def _echo(bindings: dict[str, int] | None, defaults: list[Json], attention: list[str]) -> str:
     """The header lines naming every binding and every default the server used."""
     lines = []
     if bindings:
@@ -175,91 +285,259 @@ def _echo(
         lines.append("attention: " + "; ".join(attention))
     if defaults:
         lines.append("defaults used:")
-        lines += [f"  {d.option} = {d.value} ({d.reason})" for d in defaults]
+        lines += [f"  {d['option']} = {d['value']} ({d['reason']})" for d in defaults]
     return "\n".join(lines) + "\n"
 
 
-def _resolve_gpu(client: CapacityPlannerClient, name: str) -> str:
-    """A hardware slug, or the one slug matching every ``-`` part of ``name`` (``h100-sxm``);
-    a part like ``80gb`` matches the memory size (within 10 % of 80 GiB or 80 GB)."""
-    items = client.list_hardware(limit=500).items
-    if name in {item.slug for item in items}:
-        return name
+# -- --gpu -------------------------------------------------------------------------------------
 
-    def matches_part(item: Any, part: str) -> bool:
-        if part.endswith("gb") and part[:-2].isdigit():
-            size = int(part[:-2])
-            return any(abs(item.memory_bytes - size * unit) <= 0.1 * size * unit
-                       for unit in (GIB, 10**9))  # fmt: skip
-        return part in item.slug
+_MEMORY_PART = re.compile(r"^(\d+(?:\.\d+)?)gb$")
+MEMORY_TOLERANCE = 0.03  # "80gb" names 80 GiB or 80 GB, give or take 3 %
 
-    parts = [p for p in name.lower().split("-") if p]
-    matches = [item.slug for item in items if all(matches_part(item, p) for p in parts)]
+
+def _words(text: str) -> list[str]:
+    return [w for w in re.split(r"[^a-z0-9.]+", text.lower()) if w]
+
+
+def _memory_matches(memory_bytes: int, size: float) -> bool:
+    return any(
+        abs(memory_bytes - size * unit) <= MEMORY_TOLERANCE * size * unit for unit in (GIB, 10**9)
+    )
+
+
+def resolve_gpu(items: list[Json], query: str) -> str:
+    """The hardware slug ``query`` names, or a UsageError listing the candidates.
+
+    An exact slug or an exact part name (``L4``, ``H100 SXM5 80GB``, with or without the
+    vendor) wins. Otherwise every ``-``-separated part must be a whole word of the slug or the
+    name (``l4`` is not ``l40s``), and a part like ``94gb`` must match the memory size.
+    """
+    wanted = query.strip().lower()
+    for item in items:
+        if wanted == item["slug"]:
+            return str(item["slug"])
+    joined = "-".join(_words(wanted))
+    exact = [
+        item["slug"]
+        for item in items
+        if joined in {"-".join(_words(item["name"])),
+                      "-".join(_words(f"{item['vendor']} {item['name']}"))}
+    ]  # fmt: skip
+    if len(exact) == 1:
+        return str(exact[0])
+    parts = _words(wanted.replace("-", " "))
+    sizes = [float(m.group(1)) for p in parts if (m := _MEMORY_PART.match(p))]
+    names = [p for p in parts if not _MEMORY_PART.match(p)]
+
+    def named(item: Json, prefix: bool) -> bool:
+        words = set(_words(item["slug"].replace("-", " "))) | set(_words(item["name"]))
+        words |= set(_words(item["vendor"]))
+        if prefix:
+            return all(any(w.startswith(p) for w in words) for p in names)
+        return all(p in words for p in names)
+
+    for prefix in (False, True):  # whole words first: "l4" never falls through to "l40s"
+        by_name = [item for item in items if named(item, prefix)]
+        if by_name:
+            break
+    matches = [i for i in by_name if all(_memory_matches(i["memory_bytes"], s) for s in sizes)]
     if len(matches) == 1:
-        return matches[0]
+        return str(matches[0]["slug"])
+    listed = matches or by_name
+    candidates = ", ".join(f"{i['slug']} ({gib(i['memory_bytes'])})" for i in listed[:12])
+    if not listed:
+        raise UsageError(f"no hardware matches '{query}'; 'capplan hardware list' lists them")
     if not matches:
-        raise UsageError(f"no hardware slug contains '{name}'; `capplan hardware list` lists them")
-    raise UsageError(f"'{name}' is ambiguous: {', '.join(matches)}")
+        raise UsageError(
+            f"no hardware matches '{query}': the memory size does not match; candidates: "
+            f"{candidates}"
+        )
+    raise UsageError(f"'{query}' is ambiguous: {candidates}")
 
 
-class UsageError(Exception):
-    """A command line that cannot be carried out (exit code 2)."""
+def _resolve_gpu(client: JsonClient, query: str) -> str:
+    return resolve_gpu(client.list_hardware(limit=500)["items"], query)
 
 
-def cmd_estimate(client: CapacityPlannerClient, args: argparse.Namespace, out: TextIO) -> int:
-    payload = _workload(args)
-    if args.gpu:
-        payload["hardware"] = _resolve_gpu(client, args.gpu)
-    result = client.estimate_memory(payload)
+# -- commands ----------------------------------------------------------------------------------
+
+
+def _write_estimate(result: Json, out: TextIO) -> None:
+    out.write(
+        f"{result['model']}: {result['mode']}, batch {result['batch_size']}"
+        + (
+            f" (micro-batch {result['micro_batch_size']})"
+            if result.get("micro_batch_size", result["batch_size"]) != result["batch_size"]
+            else ""
+        )
+        + f", {result['precision']} ({result['params']:,} parameters)\n"
+    )
+    out.write(
+        _echo(result.get("bindings"), result.get("defaults_used", []), result.get("attention", []))
+        + "\n"
+    )
+    rows = [(line["key"], line["bytes"], gib(line["bytes"]))
+            for line in result["breakdown"] if line["bytes"]]  # fmt: skip
+    out.write(table(rows, ["line", "bytes", "GiB"]) + "\n\n")
+    peak = result["peak_bytes"]
+    out.write(f"peak {gib(peak)} ({peak:,} B) at {result['peak_phase']}\n")
+    cuda = result.get("cuda")
+    if cuda is not None:
+        out.write(
+            f"on CUDA: max_memory_allocated {gib(cuda['allocated_bytes'])}, max_memory_reserved "
+            f"{gib(cuda['reserved_bytes'])}, + context = device total "
+            f"{gib(cuda['device_total_bytes'])}\n"
+        )
+
+
+def cmd_estimate(client: JsonClient, args: argparse.Namespace, out: TextIO) -> int:
+    gpu = _resolve_gpu(client, args.gpu) if args.gpu else None
+    result = client.estimate_memory(_estimate_body(args, gpu))
+    fit = result.get("fit")
     if args.json:
         out.write(_dump(result) + "\n")
-        return 0
+    else:
+        _write_estimate(result, out)
+        if fit is not None:
+            _write_whole_gpu_fit(client, args, fit, out)
+    return EXIT_OK if fit is None or fit["fits"] else EXIT_VERDICT_NO
+
+
+def _write_whole_gpu_fit(
+    client: JsonClient, args: argparse.Namespace, fit: Json, out: TextIO
+) -> None:
+    """The fit on a whole device and, when it does not fit, what would."""
+    hardware, required = fit["hardware"], fit["required_bytes"]
     out.write(
-        f"{result.model}: {result.mode}, batch {result.batch_size}, {result.precision} "
-        f"({result.params:,} parameters)\n"
+        f"{'fits' if fit['fits'] else 'does NOT fit'} {hardware}: needs {gib(required)} of "
+        f"{gib(fit['usable_bytes'])} usable, headroom {gib(fit['headroom_bytes'])}\n"
     )
-    out.write(_echo(result.bindings, result.defaults_used, result.attention) + "\n")
-    rows = [(line.key, line.bytes, gib(line.bytes)) for line in result.breakdown if line.bytes]
-    out.write(table(rows, ["line", "bytes", "GiB"]) + "\n\n")
-    out.write(f"peak {gib(result.peak_bytes)} ({result.peak_bytes:,} B) at {result.peak_phase}\n")
-    if result.cuda is not None:
-        cuda = result.cuda
-        out.write(
-            f"on CUDA: max_memory_allocated {gib(cuda.allocated_bytes)}, max_memory_reserved "
-            f"{gib(cuda.reserved_bytes)}, + context = device total {gib(cuda.device_total_bytes)}\n"
-        )
-    if result.fit is not None:
-        verdict = "fits" if result.fit.fits else "does NOT fit"
-        out.write(f"{verdict} {result.fit.hardware}: headroom {gib(result.fit.headroom_bytes)}\n")
-    return 0
+    if fit["fits"]:
+        return
+    # The same rules as POST /v1/mig/fit's alternatives, with the whole device as the slot.
+    larger = sorted(
+        (h for h in client.list_hardware(kind="gpu", limit=500)["items"]
+         if h["memory_bytes"] >= required),
+        key=lambda h: (h["memory_bytes"], h["slug"]),
+    )[:5]  # fmt: skip
+    _write_alternatives(out, larger, required)
+    what, size = wait_with_progress(
+        "searching the largest batch", lambda: _largest_batch(client, args, hardware), sys.stderr
+    )
+    if size is None:
+        out.write(f"even {what} 1 does not fit {hardware}\n")
+    else:
+        out.write(f"largest {what} that fits {hardware}: {size}\n")
 
 
-def cmd_fit(client: CapacityPlannerClient, args: argparse.Namespace, out: TextIO) -> int:
+def _write_alternatives(out: TextIO, larger: list[Json], required: int) -> None:
+    if larger:
+        out.write(f"\nGPUs whose whole memory holds {gib(required)} (smallest first):\n")
+        rows = [
+            (h.get("hardware", h.get("slug")), gib(h["memory_bytes"]), _mig_capable(h))
+            for h in larger
+        ]
+        out.write(table(rows, ["hardware", "memory", "MIG"]) + "\n")
+    else:
+        out.write(f"no catalog GPU holds {gib(required)} on one device\n")
+
+
+def _mig_capable(item: Json) -> bool:
+    """A hardware item (``mig``) or a server-listed larger GPU (``mig_capable``)."""
+    return bool(item["mig_capable"]) if "mig_capable" in item else item.get("mig") is not None
+
+
+def _largest_batch(
+    client: JsonClient, args: argparse.Namespace, hardware: str
+) -> tuple[str, int | None]:
+    """What to shrink, and the largest value that fits, by the server's estimate.
+
+    Without --micro-batch: a binary search over the batch size (memory grows with it). With
+    --micro-batch the memory follows the micro-batch, so the divisors of the batch below it
+    are tried, largest first.
+    """
+    body = _estimate_body(args, hardware)
+    micro = body.get("micro_batch_size")
+
+    def fits(**sizes: int) -> bool:
+        return bool(client.estimate_memory({**body, **sizes})["fit"]["fits"])
+
+    if micro is not None:
+        divisors = [m for m in range(micro - 1, 0, -1) if args.batch % m == 0]
+        return "micro-batch", next((m for m in divisors if fits(micro_batch_size=m)), None)
+    if not fits(batch_size=1):
+        return "batch", None
+    low, high = 1, max(1, args.batch - 1)
+    while low < high:
+        middle = (low + high + 1) // 2
+        if fits(batch_size=middle):
+            low = middle
+        else:
+            high = middle - 1
+    return "batch", low
+
+
+def cmd_fit(client: JsonClient, args: argparse.Namespace, out: TextIO) -> int:
     gpu = _resolve_gpu(client, args.gpu)
     hardware = client.get_hardware(gpu)
-    if hardware.mig is None:
-        args.gpu = gpu
-        return cmd_estimate(client, args, out)
-    result = client.mig_fit({"workload": _workload(args), "gpu": gpu})
+    if hardware.get("mig") is None:
+        if args.profile:
+            raise UsageError(f"--profile {args.profile}: {gpu} has no MIG profiles")
+        return cmd_estimate(client, _with(args, gpu=gpu), out)
+    body: Json = {"workload": _workload(args), "gpu": gpu}
+    for key, value in (
+        ("profile", args.profile),
+        ("cuda_context_bytes", args.cuda_context),
+        ("safety_margin_fraction", args.safety_margin),
+    ):
+        if value is not None:
+            body[key] = value
+    result = client.mig_fit(body)
+    requested = result.get("requested")
+    fits = requested["fits"] if requested else result.get("smallest_fitting_profile") is not None
     if args.json:
         out.write(_dump(result) + "\n")
-        return 0
-    out.write(f"{args.model} on {gpu}: needs {gib(result.required_bytes)}\n")
-    out.write(_echo(None, result.defaults_used, result.attention) + "\n")
+        return EXIT_OK if fits else EXIT_VERDICT_NO
+    out.write(f"{args.model} on {gpu}: needs {gib(result['required_bytes'])}\n")
+    out.write(_echo(None, result.get("defaults_used", []), result.get("attention", [])) + "\n")
     rows = [
-        (p.profile, p.kubernetes_resource, gib(p.usable_bytes), gib(p.headroom_bytes), p.fits)
-        for p in result.profiles
-    ]
+        (p["profile"], p["kubernetes_resource"], gib(p["usable_bytes"]),
+         gib(p["headroom_bytes"]), p["fits"])
+        for p in result["profiles"]
+    ]  # fmt: skip
     out.write(table(rows, ["profile", "resource", "usable", "headroom", "fits"]) + "\n\n")
-    if result.smallest_fitting_profile:
-        resource = result.smallest_fitting_resource
-        out.write(f"smallest fit: {result.smallest_fitting_profile} ({resource})\n")
-    else:
-        out.write("no MIG profile fits\n")
-    return 0
+    if requested:
+        verdict = "fits" if requested["fits"] else "does NOT fit"
+        out.write(
+            f"{requested['profile']}: {verdict}, headroom {gib(requested['headroom_bytes'])}\n"
+        )
+    if result.get("smallest_fitting_profile"):
+        resource = result.get("smallest_fitting_resource")
+        out.write(f"smallest fit: {result['smallest_fitting_profile']} ({resource})\n")
+        return EXIT_OK if fits else EXIT_VERDICT_NO
+    out.write("no MIG profile fits\n")
+    alternatives = result.get("alternatives")
+    if alternatives:
+        whole = "fits" if alternatives["full_gpu_fits"] else "does NOT fit"
+        out.write(
+            f"the whole {gpu} ({gib(alternatives['full_gpu_memory_bytes'])}, MIG disabled): "
+            f"{whole}\n"
+        )
+        _write_alternatives(out, alternatives["larger_gpus"], result["required_bytes"])
+        batch = alternatives.get("largest_batch_on_biggest_profile")
+        biggest = alternatives["biggest_profile"]
+        if batch is None:
+            out.write(f"even batch 1 does not fit {biggest}\n")
+        else:
+            out.write(f"largest batch that fits {biggest}: {batch}\n")
+    return EXIT_VERDICT_NO
 
 
-def cmd_import_onnx(client: CapacityPlannerClient, args: argparse.Namespace, out: TextIO) -> int:
+def _with(args: argparse.Namespace, **changes: Any) -> argparse.Namespace:
+    return argparse.Namespace(**{**vars(args), **changes})
+
+
+def cmd_import_onnx(client: JsonClient, args: argparse.Namespace, out: TextIO) -> int:
     path = Path(args.file)
     if not path.is_file():
         raise UsageError(f"{path} is not a file")
@@ -279,19 +557,16 @@ def cmd_import_onnx(client: CapacityPlannerClient, args: argparse.Namespace, out
     return _show_import(result, args, out)
 
 
-def cmd_import_hf(client: CapacityPlannerClient, args: argparse.Namespace, out: TextIO) -> int:
-    try:
-        config = json.loads(Path(args.file).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"cannot read {args.file} as JSON: {exc}") from exc
-    payload: dict[str, Any] = {"slug": args.slug, "config": config}
+def cmd_import_hf(client: JsonClient, args: argparse.Namespace, out: TextIO) -> int:
+    config = _load_json(args.file)
+    payload: Json = {"slug": args.slug, "config": config}
     for key, value in (("name", args.name), ("family", args.family), ("sequence_length", args.seq)):
         if value is not None:
             payload[key] = value
     return _show_import(client.import_hf_config(payload), args, out)
 
 
-def cmd_import_torch(client: CapacityPlannerClient, args: argparse.Namespace, out: TextIO) -> int:
+def cmd_import_torch(client: JsonClient, args: argparse.Namespace, out: TextIO) -> int:
     from app.client import torch_import  # imports torch only when a trace runs
 
     try:
@@ -305,14 +580,13 @@ def cmd_import_torch(client: CapacityPlannerClient, args: argparse.Namespace, ou
     try:
         graph = torch_import.trace_factory(factory, inputs, sequence_length=args.seq)
     except torch_import.TraceError as exc:
-        sys.stderr.write(f"capplan: cannot import {args.factory}: {exc}\n")
-        return 1
+        raise UsageError(f"cannot import {args.factory}: {exc}") from exc
     ops = {layer["op"] for layer in graph["layers"]}
     family = args.family or next(
         (f for op, f in (("attention", "transformer"), ("lstm", "rnn"), ("gru", "rnn"),
                          ("conv2d", "cnn")) if op in ops), "custom",
     )  # fmt: skip
-    payload: dict[str, Any] = {
+    payload: Json = {
         "slug": args.slug,
         "name": args.name or args.factory.rpartition(":")[2],
         "family": family,
@@ -323,81 +597,164 @@ def cmd_import_torch(client: CapacityPlannerClient, args: argparse.Namespace, ou
     }
     if args.dry_run:
         out.write(json.dumps(payload, indent=None if args.json else 1) + "\n")
-        return 0
+        return EXIT_OK
     model = client.create_model(payload)
     if args.json:
         out.write(_dump(model) + "\n")
-        return 0
-    out.write(f"imported '{model.slug}' ({model.name}), {model.layer_count} layers, traced\n")
+        return EXIT_OK
+    out.write(
+        f"imported '{model['slug']}' ({model['name']}), {model['layer_count']} layers, traced\n"
+    )
     counts: dict[str, int] = {}
     for layer in graph["layers"]:
         counts[layer["op"]] = counts.get(layer["op"], 0) + 1
     out.write(table(sorted(counts.items()), ["op", "count"]) + "\n")
     for note in graph["assumptions"]:
         out.write(f"* {note}\n")
-    return 0
+    return EXIT_OK
 
 
-def _show_import(result: Any, args: argparse.Namespace, out: TextIO) -> int:
+def _show_import(result: Json, args: argparse.Namespace, out: TextIO) -> int:
     if args.json:
         out.write(_dump(result) + "\n")
-        return 0
-    report = result.report
-    out.write(f"imported '{result.model.slug}' ({result.model.name}), {report.source}\n")
-    out.write(f"parameters: {report.parameter_count:,} ({report.reference})\n")
-    if report.source_parameter_count is not None:
-        out.write(f"from initializers: {report.source_parameter_count:,}\n")
-    rows = [(m.source_op, m.count, ", ".join(m.mapped_to) or "(folded)") for m in report.op_mapping]
+        return EXIT_OK
+    report, model = result["report"], result["model"]
+    out.write(f"imported '{model['slug']}' ({model['name']}), {report['source']}\n")
+    out.write(f"parameters: {report['parameter_count']:,} ({report['reference']})\n")
+    if report.get("source_parameter_count") is not None:
+        out.write(f"from initializers: {report['source_parameter_count']:,}\n")
+    rows = [(m["source_op"], m["count"], ", ".join(m["mapped_to"]) or "(folded)")
+            for m in report["op_mapping"]]  # fmt: skip
     out.write("\n" + table(rows, ["source", "count", "graph ops"]) + "\n")
-    if report.unsupported_ops:
-        rows = [(u.source_op, u.count, ", ".join(u.nodes)) for u in report.unsupported_ops]
+    if report.get("unsupported_ops"):
+        rows = [(u["source_op"], u["count"], ", ".join(u["nodes"]))
+                for u in report["unsupported_ops"]]  # fmt: skip
         out.write("\nunsupported (imported as opaque):\n" + table(rows, ["op", "count", "nodes"]))
         out.write("\n")
-    for note in report.assumptions:
+    for note in report.get("assumptions", []):
         out.write(f"* {note}\n")
-    return 0
+    return EXIT_OK
 
 
-def cmd_models(client: CapacityPlannerClient, args: argparse.Namespace, out: TextIO) -> int:
+def _need_slug(args: argparse.Namespace) -> str:
+    if not args.slug:
+        raise UsageError(f"capplan {args.command} {args.action}: a slug is required")
+    return str(args.slug)
+
+
+def cmd_models(client: JsonClient, args: argparse.Namespace, out: TextIO) -> int:
     if args.action == "show":
-        model = client.get_model(args.slug)
+        model = client.get_model(_need_slug(args))
         if args.json:
             out.write(_dump(model) + "\n")
-            return 0
+            return EXIT_OK
         summary = client.model_summary(args.slug)
-        out.write(f"{model.slug}: {model.name} ({model.family}, {model.provenance})\n")
-        out.write(f"{summary.total_params:,} parameters, {model.layer_count} layers\n")
-        return 0
+        out.write(f"{model['slug']}: {model['name']} ({model['family']}, {model['provenance']})\n")
+        out.write(f"{summary['total_params']:,} parameters, {model['layer_count']} layers\n")
+        return EXIT_OK
     if args.action == "delete":
-        model = client.get_model(args.slug)
-        client.delete_model(args.slug, if_match=model.version)
+        model = client.get_model(_need_slug(args))
+        client.delete_model(args.slug, if_match=model["version"])
         out.write(f"deleted {args.slug}\n")
-        return 0
+        return EXIT_OK
     page = client.list_models(family=args.family, provenance=args.provenance, limit=500)
     if args.json:
         out.write(_dump(page) + "\n")
-        return 0
-    rows = [(m.slug, m.name, m.family, m.provenance.value, m.layer_count) for m in page.items]
+        return EXIT_OK
+    rows = [(m["slug"], m["name"], m["family"], m["provenance"], m["layer_count"])
+            for m in page["items"]]  # fmt: skip
     out.write(table(rows, ["slug", "name", "family", "provenance", "layers"]) + "\n")
-    return 0
+    return EXIT_OK
 
 
-def cmd_hardware(client: CapacityPlannerClient, args: argparse.Namespace, out: TextIO) -> int:
+def _flatten(value: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """``{"a": {"b": 1}, "c": [1, 2]}`` as rows ``a.b 1``, ``c 1, 2`` (empty ones left out)."""
+    if isinstance(value, dict):
+        rows: list[tuple[str, Any]] = []
+        for key, inner in value.items():
+            rows += _flatten(inner, f"{prefix}.{key}" if prefix else str(key))
+        return rows
+    if value is None or value == [] or value == "":
+        return []
+    if isinstance(value, list):
+        return [(prefix, "; ".join(json.dumps(v) if isinstance(v, dict) else str(v)
+                                   for v in value))]  # fmt: skip
+    return [(prefix, value)]
+
+
+def _field_table(rows: list[tuple[str, Any]]) -> str:
+    def shown(key: str, value: Any) -> str:
+        quantity = key.endswith(("_bytes", "_per_s"))  # sizes and rates get separators
+        if isinstance(value, int) and not isinstance(value, bool) and not quantity:
+            return str(value)  # a year, a version, a count of lanes
+        return _cell(value)
+
+    return table([(key, shown(key, value)) for key, value in rows], ["field", "value"])
+
+
+def cmd_hardware(client: JsonClient, args: argparse.Namespace, out: TextIO) -> int:
     if args.action == "show":
-        item = client.get_hardware(args.slug)
-        out.write(_dump(item) + "\n")
-        return 0
+        item = client.get_hardware(_resolve_gpu(client, _need_slug(args)))
+        if args.json:
+            out.write(_dump(item) + "\n")
+            return EXIT_OK
+        out.write(_hardware_tables(item))
+        return EXIT_OK
     page = client.list_hardware(kind=args.kind, limit=500)
     if args.json:
         out.write(_dump(page) + "\n")
-        return 0
-    rows = [(h.slug, h.vendor, h.name, h.kind, gib(h.memory_bytes), h.mig is not None)
-            for h in page.items]  # fmt: skip
+        return EXIT_OK
+    rows = [(h["slug"], h["vendor"], h["name"], h["kind"], gib(h["memory_bytes"]), _mig_capable(h))
+            for h in page["items"]]  # fmt: skip
     out.write(table(rows, ["slug", "vendor", "name", "kind", "memory", "MIG"]) + "\n")
-    return 0
+    return EXIT_OK
 
 
-def _load_json(path: str) -> dict[str, Any]:
+def _hardware_tables(item: Json) -> str:
+    """A hardware profile: its fields, peaks per dtype and MIG profiles, with units."""
+    fields: list[tuple[str, Any]] = [
+        ("slug", item["slug"]),
+        ("name", f"{item['vendor']} {item['name']}"),
+        ("memory", f"{gib(item['memory_bytes'])} ({item['memory_bytes']:,} B)"),
+        ("memory bandwidth", f"{item['memory_bandwidth_bytes_per_s'] / 1e9:,.1f} GB/s"),
+    ]
+    if item.get("tdp_watts") is not None:
+        fields.append(("TDP", f"{item['tdp_watts']:,.0f} W"))
+    if item.get("price_usd_per_hour") is not None:
+        fields.append(("price", f"${item['price_usd_per_hour']:,.2f}/h"))
+    shown = {"slug", "vendor", "name", "memory_bytes", "memory_bandwidth_bytes_per_s",
+             "tdp_watts", "price_usd_per_hour", "peak_flops_per_s", "peak_sparse_flops_per_s",
+             "mig"}  # fmt: skip
+    fields += _flatten({k: v for k, v in item.items() if k not in shown})
+    text = _field_table(fields) + "\n"
+    dense = item.get("peak_flops_per_s") or {}
+    sparse = item.get("peak_sparse_flops_per_s") or {}
+    if dense or sparse:
+        rows = [(dtype, _tflops(dense.get(dtype)), _tflops(sparse.get(dtype)))
+                for dtype in sorted({*dense, *sparse})]  # fmt: skip
+        text += "\n" + table(rows, ["dtype", "dense TFLOP/s", "sparse TFLOP/s"]) + "\n"
+    mig = item.get("mig")
+    if mig:
+        text += (
+            f"\nMIG: {mig['total_compute_slices']} compute / {mig['total_memory_slices']} memory "
+            f"slices, up to {mig['max_gpu_instances']} instances\n"
+        )
+        profiles = [
+            (p["name"], p["kubernetes_resource"], p["compute_slices"], p["memory_slices"],
+             f"{p['memory_mib']:,} MiB", p["max_instances"],
+             ",".join(str(s) for s in p["placements"]))
+            for p in mig["profiles"]
+        ]  # fmt: skip
+        headers = ["profile", "resource", "compute", "memory slices", "memory", "max", "starts"]
+        text += table(profiles, headers) + "\n"
+    return text
+
+
+def _tflops(value: float | None) -> float | None:
+    return None if value is None else value / 1e12
+
+
+def _load_json(path: str) -> Json:
     try:
         loaded = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
@@ -407,51 +764,76 @@ def _load_json(path: str) -> dict[str, Any]:
     return loaded
 
 
-def cmd_mig(client: CapacityPlannerClient, args: argparse.Namespace, out: TextIO) -> int:
+def cmd_mig(client: JsonClient, args: argparse.Namespace, out: TextIO) -> int:
     payload = _load_json(args.file)
     if args.action == "validate":
         checked = client.validate_layout(payload)
         if args.json:
             out.write(_dump(checked) + "\n")
         else:
-            out.write("valid\n" if checked.valid else "INVALID\n")
-            for violation in checked.violations:
-                out.write(f"* {violation.rule}: {violation.message}\n")
-        return 0
+            out.write("valid\n" if checked["valid"] else "INVALID\n")
+            for violation in checked["violations"]:
+                out.write(f"* {violation['rule']}: {violation['message']}\n")
+        return EXIT_OK if checked["valid"] else EXIT_VERDICT_NO
+    for key, value in (
+        ("config_name", args.config_name),
+        ("cuda_context_bytes", args.cuda_context),
+        ("safety_margin_fraction", args.safety_margin),
+    ):
+        if value is not None:
+            payload[key] = value
     plan = wait_with_progress("planning", lambda: client.mig_plan(payload), sys.stderr)
     if args.json:
         out.write(_dump(plan) + "\n")
-        return 0
-    out.write(f"{plan.gpu_count} x {plan.gpu}{' (optimal)' if plan.optimal else ''}\n\n")
-    rows = [(g.index, i.profile, i.start, i.workload, i.kubernetes_resource)
-            for g in plan.gpus for i in g.instances]  # fmt: skip
+        return EXIT_OK
+    optimal = " (optimal)" if plan["optimal"] else ""
+    out.write(f"{plan['gpu_count']} x {plan['gpu']}{optimal}\n\n")
+    rows = [(g["index"], i["profile"], i["start"], i["workload"], i["kubernetes_resource"])
+            for g in plan["gpus"] for i in g["instances"]]  # fmt: skip
     out.write(table(rows, ["gpu", "profile", "start", "workload", "resource"]) + "\n\n")
-    out.write(plan.mig_parted_yaml)
-    return 0
+    out.write(plan["mig_parted_yaml"])
+    return EXIT_OK
 
 
-def cmd_workloads(client: CapacityPlannerClient, args: argparse.Namespace, out: TextIO) -> int:
+def cmd_workloads(client: JsonClient, args: argparse.Namespace, out: TextIO) -> int:
     if args.action == "show":
-        out.write(_dump(client.get_workload(args.slug)) + "\n")
-        return 0
+        workload = client.get_workload(_need_slug(args))
+        if args.json:
+            out.write(_dump(workload) + "\n")
+        else:
+            out.write(_field_table(_flatten(workload)) + "\n")
+        return EXIT_OK
     page = client.list_workloads(limit=500)
     if args.json:
         out.write(_dump(page) + "\n")
-        return 0
-    rows = [(w.slug, w.model, w.mode.value, w.batch_size, w.precision.value) for w in page.items]
+        return EXIT_OK
+    rows = [(w["slug"], w["model"], w["mode"], w["batch_size"], w["precision"])
+            for w in page["items"]]  # fmt: skip
     out.write(table(rows, ["slug", "model", "mode", "batch", "precision"]) + "\n")
-    return 0
+    return EXIT_OK
 
 
-def cmd_admission(client: CapacityPlannerClient, args: argparse.Namespace, out: TextIO) -> int:
-    result = client.admission_check(_load_json(args.file))
+def cmd_admission(client: JsonClient, args: argparse.Namespace, out: TextIO) -> int:
+    if args.target.endswith(".json") or Path(args.target).is_file():
+        body = _load_json(args.target)
+    else:
+        if not (args.resource and args.gpu):
+            raise UsageError("capplan admission MODEL needs --resource and --gpu")
+        body = {"workload": _workload(_with(args, model=args.target)), "resource": args.resource}
+    if args.gpu:
+        body["gpu_model"] = _resolve_gpu(client, args.gpu)
+    if args.resource:
+        body["resource"] = args.resource
+    if args.count is not None:
+        body["count"] = args.count
+    result = client.admission_check(body)
     if args.json:
         out.write(_dump(result) + "\n")
     else:
-        out.write(f"{'ALLOWED' if result.allowed else 'DENIED'}: {result.message}\n")
-        for warning in result.warnings:
+        out.write(f"{'ALLOWED' if result['allowed'] else 'DENIED'}: {result['message']}\n")
+        for warning in result.get("warnings", []):
             out.write(f"warning: {warning}\n")
-    return 0
+    return EXIT_OK if result["allowed"] else EXIT_VERDICT_NO
 
 
 def _prices(values: list[str]) -> dict[str, float]:
@@ -465,137 +847,246 @@ def _prices(values: list[str]) -> dict[str, float]:
     return prices
 
 
-def cmd_recommend(client: CapacityPlannerClient, args: argparse.Namespace, out: TextIO) -> int:
-    payload: dict[str, Any] = {"model": args.model, "objective": args.objective}
+def _calibration(values: list[str]) -> dict[str, dict[str, float]]:
+    calibration: dict[str, dict[str, float]] = {}
+    for value in values:
+        key, _, number = value.partition("=")
+        kind, _, field = key.partition(".")
+        if kind not in DEVICE_KINDS or field not in CALIBRATION_FIELDS:
+            raise UsageError(
+                f"--calibration {value!r}: expected KIND.FIELD=VALUE, KIND one of "
+                f"{', '.join(DEVICE_KINDS)}, FIELD one of {', '.join(CALIBRATION_FIELDS)}"
+            )
+        try:
+            calibration.setdefault(kind, {})[field] = float(number)
+        except ValueError:
+            raise UsageError(f"--calibration {value!r}: {number!r} is not a number") from None
+    return calibration
+
+
+def _recommend_body(args: argparse.Namespace) -> Json:
+    payload: Json = {"model": args.model, "objective": args.objective}
     for key, value in (
         ("batch_sizes", args.batch),
+        ("max_batch_size", args.max_batch),
         ("precisions", args.precision),
         ("latency_slo_ms", args.slo_ms),
         ("throughput_target_per_s", args.target),
         ("devices", args.devices.split(",") if args.devices else None),
         ("sequence_length", args.seq),
+        ("tokens_mean", args.tokens_mean),
         ("image_size", args.image),
         ("prompt_tokens", args.prompt_tokens),
         ("generated_tokens", args.generated_tokens),
+        ("fuse_elementwise", args.fuse),
         ("limit", args.limit),
     ):
         if value is not None:
             payload[key] = value
+    if args.bind:
+        payload["bindings"] = _bindings(args.bind)
     if args.price:
         payload["prices_usd_per_hour"] = _prices(args.price)
+    if args.calibration:
+        payload["calibration"] = _calibration(args.calibration)
+    return payload
+
+
+def ranking_column(result: Json) -> tuple[str, str]:
+    """The candidate field the server ranks by and its column header (recommend.py's
+    ``_objective_key``: fleet $/h with a throughput target, else $/M; J; latency)."""
+    objective = result["objective"]
+    if objective == "cost":
+        if result.get("throughput_target_per_s") is not None:
+            return "fleet_cost_usd_per_hour", "fleet $/h"
+        return "cost_usd_per_million", "$/M"
+    if objective == "energy":
+        return "energy_j_per_inference", "J/inf"
+    return "latency_ms", "latency ms"
+
+
+def cmd_recommend(client: JsonClient, args: argparse.Namespace, out: TextIO) -> int:
+    payload = _recommend_body(args)
     result = wait_with_progress(
         "ranking devices", lambda: client.recommend_inference(payload), sys.stderr
     )
-    chosen = list(dict.fromkeys(c.device for c in result.candidates[:4]))
+    candidates = result["candidates"]
+    chosen = list(dict.fromkeys(c["device"] for c in candidates[:4]))
     if args.svg and chosen:
         Path(args.svg).write_text(client.roofline_svg(args.model, chosen), encoding="utf-8")
+    verdict = EXIT_OK if result["eligible_candidates"] else EXIT_VERDICT_NO
     if args.json:
         out.write(_dump(result) + "\n")
-        return 0
-    out.write(result.recommendation + "\n\n")
-    workload = result.workload
-    out.write(_echo(workload.bindings, workload.defaults_used, workload.attention) + "\n")
-    rows = [
-        (
-            c.rank,
-            c.device,
-            c.precision,
-            c.batch_size,
-            c.latency_ms,
-            c.throughput_per_s,
-            c.devices_needed,
-            c.cost_usd_per_million,
-            c.bound,
-            c.fits_in_memory,
-            "yes" if c.eligible else "; ".join(c.reasons)[:40],
-        )
-        for c in result.candidates
-    ]
-    headers = ["#", "device", "precision", "batch", "latency ms", "per s", "devices",
-               "$/M", "bound", "fits", "eligible"]  # fmt: skip
-    out.write(table(rows, headers) + "\n")
+        return verdict
+    out.write(result["recommendation"] + "\n\n")
+    workload = result["workload"]
+    out.write(_echo(workload["bindings"], workload["defaults_used"], workload["attention"]) + "\n")
+    out.write(recommendation_table(result) + "\n")
     out.write(
-        f"\n{result.eligible_candidates} of {result.total_candidates} candidates eligible; "
-        f"{len(result.excluded)} device/precision pairs excluded (--json lists why)\n"
+        f"\n{result['eligible_candidates']} of {result['total_candidates']} candidates eligible; "
+        f"{len(result['excluded'])} device/precision pairs excluded (--json lists why)\n"
     )
     if args.svg:
         written = f"written to {args.svg}" if chosen else "not written: no candidates"
         out.write(f"roofline of the top devices {written}\n")
-    return 0
+    return verdict
 
 
-def cmd_health(client: CapacityPlannerClient, args: argparse.Namespace, out: TextIO) -> int:
+def recommendation_table(result: Json) -> str:
+    """The ranked candidates with the column they are ranked by (and, for decoders, the
+    time to first token, per-token latency and tokens per second)."""
+    key, header = ranking_column(result)
+    decoder = bool(result["workload"].get("decoder"))
+    columns: list[tuple[str, str]] = [
+        ("rank", "#"), ("device", "device"), ("precision", "precision"), ("batch_size", "batch"),
+        ("latency_ms", "latency ms"),
+    ]  # fmt: skip
+    if decoder:
+        columns += [("time_to_first_token_ms", "TTFT ms"), ("per_token_latency_ms", "ms/token"),
+                    ("tokens_per_s", "tokens/s")]  # fmt: skip
+    columns += [("throughput_per_s", "seq/s" if decoder else "per s"),
+                ("devices_needed", "devices"), ("cost_usd_per_million", "$/M")]  # fmt: skip
+    if key not in {k for k, _ in columns}:
+        columns.append((key, header))
+    columns += [("bound", "bound"), ("fits_in_memory", "fits")]
+    rows = [
+        [c.get(k) for k, _ in columns] + ["yes" if c["eligible"] else "; ".join(c["reasons"])[:40]]
+        for c in result["candidates"]
+    ]
+    headers = [f"{h} (ranked)" if k == key else h for k, h in columns] + ["eligible"]
+    return table(rows, headers) + f"\nranked: eligible first, then by {header} (ascending)"
+
+
+def cmd_health(client: JsonClient, args: argparse.Namespace, out: TextIO) -> int:
     ready = client.ready()
     out.write(json.dumps(ready, indent=2) + "\n" if args.json else f"{ready['status']}\n")
-    return 0
+    return EXIT_OK
 
 
 # -- parser ------------------------------------------------------------------------------------
 
 
-def _workload_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", help="model slug (GET /v1/models lists them)")
-    parser.add_argument("--mode", choices=["training", "inference"], default="inference")
-    parser.add_argument("--batch", type=int, default=1, help="batch size")
-    parser.add_argument(
+def _global_options(parser: argparse.ArgumentParser) -> None:
+    """--url, --token, --json, --timeout: on the top parser and on every subcommand, with
+    SUPPRESS defaults so a value given before the subcommand is not reset after it."""
+    quiet = argparse.SUPPRESS
+    parser.add_argument("--json", action="store_true", default=quiet,
+                        help="print the raw JSON answer")  # fmt: skip
+    parser.add_argument("--url", default=quiet, help="server URL (CAPPLAN_URL)")
+    parser.add_argument("--token", "--api-key", dest="token", default=quiet,
+                        help="API key (CAPPLAN_TOKEN or CAPPLAN_API_KEY)")  # fmt: skip
+    parser.add_argument("--timeout", type=float, default=quiet,
+                        help="seconds to wait for an answer (default 60)")  # fmt: skip
+
+
+def _workload_args(parser: argparse.ArgumentParser, *, model: bool = True) -> None:
+    if model:
+        parser.add_argument("model", help="model slug (capplan models list lists them)")
+    group = parser.add_argument_group("workload (left out: the server's default table)")
+    group.add_argument("--mode", choices=["training", "inference"], default="inference")
+    group.add_argument("--batch", type=int, default=1, help="batch size (per optimizer step)")
+    group.add_argument("--micro-batch", type=int, help="batch per forward pass; divides --batch")
+    group.add_argument(
         "--precision",
-        default=None,
-        help="fp32, bf16, amp_bf16, int8, ... (default: the server's table: bf16 inference / "
-        "amp_bf16 training on CUDA, fp32 on CPU)",
+        choices=PRECISIONS,
+        help="default: bf16 inference / amp_bf16 training on CUDA, fp32 on CPU",
     )
-    parser.add_argument(
+    group.add_argument("--seq", type=int, help="sequence length (binds seq)")
+    group.add_argument("--image", type=int, help="image size (binds image)")
+    group.add_argument("--bind", action="append", metavar="NAME=N",
+                       help="another symbolic dim (repeat)")  # fmt: skip
+    group.add_argument("--optimizer", choices=OPTIMIZERS, help="training (default adamw)")
+    group.add_argument("--optimizer-impl", choices=OPTIMIZER_IMPLS, help="default auto")
+    group.add_argument("--checkpointing", choices=CHECKPOINTING,
+                       help="activation checkpointing (default none)")  # fmt: skip
+    group.add_argument(
         "--attention",
-        choices=["eager", "sdpa_math", "flash", "mem_efficient"],
-        default=None,
+        choices=ATTENTIONS,
         help="attention implementation (default: PyTorch SDPA's choice)",
     )
-    parser.add_argument(
-        "--logits", choices=["last", "all"], default=None, help="decoder inference (default last)"
+    group.add_argument("--logits", choices=LOGITS, help="decoder inference (default last)")
+    group.add_argument("--kv-cache", action=argparse.BooleanOptionalAction, default=None,
+                       help="inference: the KV cache of decoders (default on)")  # fmt: skip
+    group.add_argument("--fp32-grad-buffer", action="store_true",
+                       help="mixed_* precisions: keep an fp32 gradient buffer")  # fmt: skip
+    group.add_argument("--dp", type=int, help="data-parallel degree")
+    group.add_argument("--tp", type=int, help="tensor-parallel degree")
+    group.add_argument("--pp", type=int, help="pipeline-parallel degree")
+    group.add_argument("--zero", type=int, choices=[0, 1, 2, 3], help="ZeRO stage (3: FSDP)")
+    group.add_argument("--grad-bucket-view", action=argparse.BooleanOptionalAction, default=None,
+                       help="DDP gradient_as_bucket_view (default off)")  # fmt: skip
+
+
+def _estimate_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("device and overheads")
+    group.add_argument("--runtime", choices=RUNTIMES, help="default: from the hardware kind")
+    group.add_argument("--safety-margin", type=float, metavar="FRACTION",
+                       help="reserve in the fit check (default 0.05)")  # fmt: skip
+    group.add_argument("--cuda-context", type=int, metavar="BYTES", help="CUDA context [B]")
+    group.add_argument("--workspace", type=int, metavar="BYTES", help="cuBLAS workspace [B]")
+    group.add_argument("--fragmentation", type=float, metavar="FRACTION",
+                       help="a fixed reserve instead of the allocator replay")  # fmt: skip
+    group.add_argument("--round-allocations", action=argparse.BooleanOptionalAction,
+                       default=None, help="replay the caching allocator (default on)")  # fmt: skip
+    group.add_argument(
+        "--expandable-segments",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="PYTORCH_CUDA_ALLOC_CONF expandable segments",
     )
-    parser.add_argument("--seq", type=int, help="sequence length")
-    parser.add_argument("--image", type=int, help="image size")
-    parser.add_argument("--optimizer", help="training optimizer (default adamw)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``capplan`` argument parser."""
+    """The capplan argument parser."""
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--json", action="store_true", help="print the raw JSON answer")
-    common.add_argument("--url", default=None, help="server URL (CAPPLAN_URL)")
-    common.add_argument("--api-key", default=None, help="API key (CAPPLAN_API_KEY)")
+    _global_options(common)
     parser = argparse.ArgumentParser(
-        prog="capplan", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="capplan",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    _global_options(parser)
+    parser.add_argument("--version", action="version", version=f"capplan {version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    estimate = sub.add_parser("estimate", parents=[common], help="memory footprint of a model")
+    def command(name: str, help_text: str, into: Any = sub) -> argparse.ArgumentParser:
+        made: argparse.ArgumentParser = into.add_parser(
+            name, parents=[common], help=help_text, description=help_text, epilog=EPILOG,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )  # fmt: skip
+        return made
+
+    estimate = command("estimate", "memory footprint of a model (exit 1: does not fit --gpu)")
     _workload_args(estimate)
-    estimate.add_argument("--gpu", help="also check the fit on this hardware (slug or part)")
+    estimate.add_argument("--gpu", help="also check the fit on this hardware (slug or name)")
+    estimate.add_argument("--per-layer", action="store_true", help="include the per-layer view")
+    _estimate_args(estimate)
     estimate.set_defaults(run=cmd_estimate)
 
-    fit = sub.add_parser("fit", parents=[common], help="which GPU / MIG profile holds a model")
+    fit = command("fit", "which GPU or MIG profile holds a model (exit 1: none fits)")
     _workload_args(fit)
-    fit.add_argument("--gpu", required=True, help="hardware slug, or a unique part of one")
+    fit.add_argument("--gpu", required=True, help="hardware slug or name (h100-sxm, l4, ...)")
+    fit.add_argument("--profile", help="MIG: ask about this profile in particular")
+    _estimate_args(fit)
     fit.set_defaults(run=cmd_fit)
 
-    imports = sub.add_parser("import", help="import a model").add_subparsers(
-        dest="source", required=True
+    imports = command("import", "import a model").add_subparsers(
+        dest="source", required=True, metavar="SOURCE"
     )
-    onnx = imports.add_parser("onnx", parents=[common], help="upload an ONNX file")
+    onnx = command("onnx", "upload an ONNX file", imports)
     onnx.add_argument("file")
     onnx.add_argument("--lenient", action="store_true", help="import unsupported ops as opaque")
-    hf = imports.add_parser("hf-config", parents=[common], help="a Hugging Face config.json")
+    hf = command("hf-config", "a Hugging Face config.json", imports)
     hf.add_argument("file")
-    for command in (onnx, hf):
-        command.add_argument("--slug", required=True)
-        command.add_argument("--name")
-        command.add_argument("--family")
-        command.add_argument("--seq", type=int, help="default sequence length")
+    for made in (onnx, hf):
+        made.add_argument("--slug", required=True)
+        made.add_argument("--name")
+        made.add_argument("--family")
+        made.add_argument("--seq", type=int, help="default sequence length")
     onnx.set_defaults(run=cmd_import_onnx)
     hf.set_defaults(run=cmd_import_hf)
-    traced = imports.add_parser(
-        "torch", parents=[common], help="trace a PyTorch module locally (needs torch)"
-    )
+    traced = command("torch", "trace a PyTorch module locally (needs torch)", imports)
     traced.add_argument("factory", metavar="MODULE:FACTORY", help="class or zero-arg function")
     traced.add_argument(
         "--input",
@@ -611,59 +1102,77 @@ def build_parser() -> argparse.ArgumentParser:
     traced.add_argument("--dry-run", action="store_true", help="print the body, do not post")
     traced.set_defaults(run=cmd_import_torch)
 
-    models = sub.add_parser("models", parents=[common], help="list, show or delete models")
+    models = command("models", "list, show or delete models")
     models.add_argument("action", choices=["list", "show", "delete"])
     models.add_argument("slug", nargs="?")
     models.add_argument("--family")
     models.add_argument("--provenance")
     models.set_defaults(run=cmd_models)
 
-    hardware = sub.add_parser("hardware", parents=[common], help="list or show hardware")
+    hardware = command("hardware", "list or show hardware (show takes a slug or a name)")
     hardware.add_argument("action", choices=["list", "show"])
     hardware.add_argument("slug", nargs="?")
-    hardware.add_argument("--kind", choices=["gpu", "cpu", "tpu", "edge"])
+    hardware.add_argument("--kind", choices=DEVICE_KINDS)
     hardware.set_defaults(run=cmd_hardware)
 
-    mig = sub.add_parser("mig", parents=[common], help="MIG layouts: validate or plan (JSON)")
+    mig = command("mig", "MIG layouts: validate (exit 1: INVALID) or plan, from JSON files")
     mig.add_argument("action", choices=["validate", "plan"])
     mig.add_argument("file", help="request body as a JSON file")
+    mig.add_argument("--config-name", help="plan: name of the mig-parted config")
+    mig.add_argument("--cuda-context", type=int, metavar="BYTES", help="plan: CUDA context [B]")
+    mig.add_argument("--safety-margin", type=float, metavar="FRACTION", help="plan: margin")
     mig.set_defaults(run=cmd_mig)
 
-    workloads = sub.add_parser("workloads", parents=[common], help="list or show workloads")
+    workloads = command("workloads", "list or show workloads")
     workloads.add_argument("action", choices=["list", "show"])
     workloads.add_argument("slug", nargs="?")
     workloads.set_defaults(run=cmd_workloads)
 
-    admission = sub.add_parser("admission", parents=[common], help="admission check (JSON)")
-    admission.add_argument("file", help="POST /v1/admission/check body as a JSON file")
+    admission = command("admission", "admission check (exit 1: DENIED)")
+    admission.add_argument(
+        "target", metavar="FILE|MODEL",
+        help="a POST /v1/admission/check body as a JSON file, or a model slug with the "
+        "workload flags, --resource and --gpu",
+    )  # fmt: skip
+    admission.add_argument("--resource", help="nvidia.com/mig-1g.10gb or nvidia.com/gpu")
+    admission.add_argument("--gpu", help="GPU model: hardware slug or name")
+    admission.add_argument("--count", type=int, help="how many of the resource")
+    _workload_args(admission, model=False)
     admission.set_defaults(run=cmd_admission)
 
-    recommend = sub.add_parser(
-        "recommend", parents=[common], help="CPU vs GPU vs MIG slice for inference, ranked"
+    recommend = command(
+        "recommend", "CPU vs GPU vs MIG slice for inference, ranked (exit 1: none eligible)"
     )
     recommend.add_argument("model", help="stored model slug")
     recommend.add_argument(
         "--batch", type=int, action="append", help="batch size to try (repeat; default: search)"
     )
-    recommend.add_argument(
-        "--precision", action="append", help="fp32, bf16, fp16, int8, ... (repeat)"
-    )
+    recommend.add_argument("--max-batch", type=int, help="largest batch the search tries")
+    recommend.add_argument("--precision", action="append", choices=PRECISIONS, help="(repeat)")
     recommend.add_argument("--slo-ms", type=float, help="latency SLO [ms]")
     recommend.add_argument("--target", type=float, help="throughput target [inferences/s]")
     recommend.add_argument("--devices", help="comma-separated slugs or slug/profile MIG slices")
-    recommend.add_argument("--objective", choices=["cost", "energy", "latency"], default="cost")
+    recommend.add_argument("--objective", choices=OBJECTIVES, default="cost")
     recommend.add_argument(
         "--price", action="append", metavar="SLUG=USD", help="price per hour (repeat)"
     )
-    recommend.add_argument("--seq", type=int, help="sequence length")
+    recommend.add_argument(
+        "--calibration", action="append", metavar="KIND.FIELD=VALUE",
+        help="override a calibrated value, e.g. gpu.compute_efficiency=0.5 (repeat)",
+    )  # fmt: skip
+    recommend.add_argument("--seq", type=int, help="sequence length (encoders)")
+    recommend.add_argument("--tokens-mean", type=int, help="encoders without padding: mean tokens")
     recommend.add_argument("--image", type=int, help="image size")
+    recommend.add_argument("--bind", action="append", metavar="NAME=N", help="(repeat)")
     recommend.add_argument("--prompt-tokens", type=int, help="decoders: prompt length")
     recommend.add_argument("--generated-tokens", type=int, help="decoders: tokens generated")
+    recommend.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=None,
+                           help="fuse elementwise layers into kernels (default on)")  # fmt: skip
     recommend.add_argument("--limit", type=int, default=10, help="rows to show")
     recommend.add_argument("--svg", help="also write the top devices' roofline SVG here")
     recommend.set_defaults(run=cmd_recommend)
 
-    health = sub.add_parser("health", parents=[common], help="is the server ready")
+    health = command("health", "is the server ready")
     health.set_defaults(run=cmd_health)
     return parser
 
@@ -675,33 +1184,48 @@ def main(
     out: TextIO | None = None,
     err: TextIO | None = None,
 ) -> int:
-    """Entry point of ``capplan``; ``http`` lets tests pass a client bound to an app."""
+    """Entry point of capplan; ``http`` lets tests pass a client bound to an app."""
     out = out or sys.stdout
     err = err or sys.stderr
+    try:
+        return _main(argv, http, out, err)
+    except BrokenPipeError:
+        # capplan ... | head: the reader left. Point stdout at /dev/null so the interpreter's
+        # final flush does not raise again, and exit as a shell reports SIGPIPE.
+        if out is sys.stdout:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+
+
+def _main(argv: Sequence[str] | None, http: httpx.Client | None, out: TextIO, err: TextIO) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
-    except SystemExit as exc:
-        return int(exc.code or 0) if exc.code in (0, None) else 2
-    if getattr(args, "action", None) in ("show", "delete") and not args.slug:
-        err.write(f"capplan {args.command} {args.action}: a slug is required\n")
-        return 2
+    except SystemExit as exc:  # --help, --version (printed) or a usage error (2)
+        sys.stdout.flush()  # inside main's BrokenPipeError guard: capplan --help | head -1
+        return EXIT_OK if exc.code in (0, None) else EXIT_USAGE
+    for name, default in (("json", False), ("url", None), ("token", None), ("timeout", 60.0)):
+        if not hasattr(args, name):
+            setattr(args, name, default)
     url = args.url or os.environ.get("CAPPLAN_URL", "http://127.0.0.1:8000")
-    key = args.api_key or os.environ.get("CAPPLAN_API_KEY")
-    client = CapacityPlannerClient(url, api_key=key, http=http)
+    key = args.token or os.environ.get("CAPPLAN_TOKEN") or os.environ.get("CAPPLAN_API_KEY")
+    client = JsonClient(url, api_key=key, timeout=args.timeout, http=http)
     try:
-        return int(args.run(client, args, out))
+        code = int(args.run(client, args, out))
+        out.flush()
+        return code
     except UsageError as exc:
         err.write(f"capplan: {exc}\n")
-        return 2
+        return EXIT_USAGE
     except ApiError as exc:
         err.write(f"error {exc.status}: {exc.detail}\n")
         for field in exc.errors[:20]:
             err.write(f"  {field.get('pointer', '')}: {field.get('message', '')}\n")
-        return 1
-    except httpx.HTTPError as exc:
-        err.write(f"capplan: cannot reach {url}: {exc}\n")
-        return 1
+        return EXIT_API_ERROR
+    except (httpx.HTTPError, json.JSONDecodeError) as exc:
+        err.write(f"capplan: no answer from {url}: {type(exc).__name__}: {exc}\n")
+        return EXIT_UNREACHABLE
     finally:
         if http is None:
             client.close()

@@ -1,0 +1,603 @@
+"""`capplan` as scripts use it: exit codes, options anywhere, flags that reach the request body,
+--gpu matching, alternatives when nothing fits, tables, --version, a closed pipe, and the CLI
+running with no server package installed."""
+
+import argparse
+import io
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from app.client import cli
+from app.client.cli import main, recommendation_table, resolve_gpu
+from app.config import PROJECT_ROOT
+from app.domain.hardware import DeviceKind
+from app.domain.performance.recommend import Objective
+from app.domain.precision import Precision
+from app.domain.workload import (
+    Attention,
+    Checkpointing,
+    Logits,
+    Optimizer,
+    OptimizerImpl,
+    Runtime,
+)
+from app.main import create_app
+from app.schemas.recommendations import CalibrationOverride
+from tests.live_server import live_server
+from tests.support import SqliteDatabases, settings_for
+
+CAPPLAN = [sys.executable, "-c", "import sys; from app.client.cli import main; sys.exit(main())"]
+
+
+@pytest.fixture
+def http(db_url: str) -> Iterator[TestClient]:
+    app = create_app(settings_for(db_url, api_keys="key-1"))
+    with TestClient(app, raise_server_exceptions=False) as client:
+        yield client
+    app.state.engine.dispose()
+
+
+def run(http: httpx.Client, *argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = main(list(argv), http=http, out=out, err=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+# -- exit codes --------------------------------------------------------------------------------
+
+
+def test_exit_codes_tell_the_verdict_from_errors(http: TestClient, tmp_path: Path) -> None:
+    key = ("--token", "key-1")
+    fits = ("estimate", "gpt-2", "--seq", "64", "--gpu", "nvidia-a100-80gb-sxm", *key)
+    code, out, err = run(http, *fits)
+    assert (code, err) == (cli.EXIT_OK, "")
+    assert "fits nvidia-a100-80gb-sxm" in out
+    code, out, _ = run(http, "estimate", "llama-3-8b", "--batch", "8", "--gpu", "l4", *key)
+    assert code == cli.EXIT_VERDICT_NO == 1
+    assert "does NOT fit nvidia-l4" in out
+    code, out, _ = run(http, "estimate", "llama-3-8b", "--batch", "8", "--gpu", "l4", "--json")
+    assert code == 1  # --json: the same verdict
+    assert json.loads(out)["fit"]["fits"] is False
+
+    code, out, _ = run(http, "fit", "gpt-2", "--gpu", "a100-80gb-sxm", "--seq", "64", *key)
+    assert code == 0
+    assert "smallest fit: 1g.10gb" in out
+    code, out, _ = run(http, "fit", "llama-3-8b", "--gpu", "a100-40gb-sxm", "--batch", "64")
+    assert code == 1
+    assert "no MIG profile fits" in out
+
+    layout = tmp_path / "layout.json"
+    layout.write_text(json.dumps({"gpu": "nvidia-a100-80gb-sxm", "instances": [
+        {"profile": "7g.80gb", "start": 0}, {"profile": "1g.10gb", "start": 0}]}))  # fmt: skip
+    code, out, _ = run(http, "mig", "validate", str(layout))
+    assert (code, out.splitlines()[0]) == (1, "INVALID")
+    layout.write_text(json.dumps({"gpu": "nvidia-a100-80gb-sxm",
+                                  "instances": [{"profile": "7g.80gb", "start": 0}]}))  # fmt: skip
+    assert run(http, "mig", "validate", str(layout))[:2] == (0, "valid\n")
+
+    admit = ("admission", "gpt-2", "--seq", "64", "--gpu", "a100-80gb-sxm")
+    code, out, _ = run(http, *admit, "--resource", "nvidia.com/mig-1g.10gb")
+    assert (code, out[:7]) == (0, "ALLOWED")
+    code, out, _ = run(http, "admission", "llama-3-8b", "--batch", "64", "--gpu",
+                       "a100-80gb-sxm", "--resource", "nvidia.com/mig-1g.10gb")  # fmt: skip
+    assert (code, out[:6]) == (1, "DENIED")
+
+    recommend = ("recommend", "resnet-50", "--devices", "nvidia-l4", "--objective", "latency")
+    assert run(http, *recommend)[0] == 0
+    assert run(http, *recommend, "--slo-ms", "0.001")[0] == 1  # nothing meets 1 us
+
+    assert run(http, "estimate")[0] == cli.EXIT_USAGE == 2
+    assert run(http, "estimate", "gpt-2", "--gpu", "nvidia")[0] == 2  # ambiguous
+    code, _, err = run(http, "estimate", "no-such-model")
+    assert (code, err.startswith("error 404")) == (cli.EXIT_API_ERROR, True)
+    assert cli.EXIT_API_ERROR == 3
+    code, _, err = run(http, "models", "delete", "gpt-2")  # writes need the key
+    assert code == 3, err
+    assert err.startswith("error 40")
+
+
+def test_an_unreachable_server_exits_4() -> None:
+    out, err = io.StringIO(), io.StringIO()
+    code = main(["--url", "http://127.0.0.1:9", "--timeout", "5", "health"], out=out, err=err)
+    assert code == cli.EXIT_UNREACHABLE == 4
+    assert "no answer from http://127.0.0.1:9" in err.getvalue()
+
+
+def test_help_documents_the_exit_codes_without_rst_markup() -> None:
+    parser = cli.build_parser()
+    texts = [parser.format_help()]
+    actions = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    while actions:
+        for sub in actions.pop().choices.values():
+            texts.append(sub.format_help())
+            actions += [a for a in sub._actions if isinstance(a, argparse._SubParsersAction)]
+    assert len(texts) == 14  # capplan, 10 commands, import's 3 sources
+    for text in texts:
+        assert "`" not in text, text
+        assert "exit codes:" in text
+        for code in (0, 1, 2, 3, 4, 141):
+            assert f"\n  {code} " in text
+    readme = (PROJECT_ROOT / "README.md").read_text()
+    for line in ("  0    ok:", "  1    the answer is no", "  2    usage", "  3    the server",
+                 "  4    the server could not", "  141  the output pipe"):  # fmt: skip
+        assert line in texts[0]
+        assert line in readme, line
+
+
+def test_version_comes_from_the_package_metadata(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib import metadata
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"capplan {metadata.version('capacity-planner')}\n"
+
+
+# -- options anywhere --------------------------------------------------------------------------
+
+
+def test_global_options_go_before_or_after_the_subcommand(http: TestClient) -> None:
+    for argv in (
+        ["--json", "--token", "key-1", "estimate", "gpt-2", "--seq", "64"],
+        ["estimate", "--json", "gpt-2", "--token", "key-1", "--seq", "64"],
+        ["--token", "key-1", "estimate", "gpt-2", "--seq", "64", "--json"],
+    ):
+        code, out, err = run(http, *argv)
+        assert code == 0, (argv, err)
+        assert json.loads(out)["params"] == 124_439_808
+    for argv in (
+        ["--url", "http://127.0.0.1:9", "health"],
+        ["health", "--url", "http://127.0.0.1:9"],
+        ["--url", "http://ignored:1", "health", "--url", "http://127.0.0.1:9"],  # last wins
+    ):
+        stderr = io.StringIO()
+        assert main([*argv, "--timeout", "5"], out=io.StringIO(), err=stderr) == 4
+        assert "http://127.0.0.1:9" in stderr.getvalue()
+    code, out, _ = run(http, "--json", "import", "hf-config",
+                       str(PROJECT_ROOT / "tests/fixtures/hf_configs/gpt2.json"), "--slug", "g2",
+                       "--token", "key-1")  # fmt: skip
+    assert code == 0
+    assert json.loads(out)["model"]["slug"] == "g2"
+    # The key from the environment: CAPPLAN_TOKEN.
+    os.environ["CAPPLAN_TOKEN"] = "key-1"
+    try:
+        assert run(http, "models", "delete", "g2")[:2] == (0, "deleted g2\n")
+    finally:
+        del os.environ["CAPPLAN_TOKEN"]
+
+
+# -- every option reaches the request body -----------------------------------------------------
+
+HARDWARE = [
+    {"slug": "nvidia-l4", "vendor": "NVIDIA", "name": "L4", "kind": "gpu",
+     "memory_bytes": 24 * 2**30, "mig": None},
+    {"slug": "nvidia-l40s", "vendor": "NVIDIA", "name": "L40S", "kind": "gpu",
+     "memory_bytes": 48 * 2**30, "mig": None},
+    {"slug": "nvidia-h100-sxm", "vendor": "NVIDIA", "name": "H100 SXM5 80GB", "kind": "gpu",
+     "memory_bytes": 80 * 2**30, "mig": {"profiles": []}},
+    {"slug": "nvidia-h100-nvl", "vendor": "NVIDIA", "name": "H100 NVL 94GB", "kind": "gpu",
+     "memory_bytes": 94 * 2**30, "mig": {"profiles": []}},
+    {"slug": "nvidia-h100-pcie", "vendor": "NVIDIA", "name": "H100 PCIe 80GB", "kind": "gpu",
+     "memory_bytes": 80 * 2**30, "mig": {"profiles": []}},
+    {"slug": "nvidia-a100-80gb-sxm", "vendor": "NVIDIA", "name": "A100 80GB SXM4", "kind": "gpu",
+     "memory_bytes": 80 * 2**30, "mig": {"profiles": []}},
+    {"slug": "nvidia-a100-40gb-sxm", "vendor": "NVIDIA", "name": "A100 40GB SXM4", "kind": "gpu",
+     "memory_bytes": 40 * 2**30, "mig": {"profiles": []}},
+]  # fmt: skip
+
+
+class Recorder:
+    """A stand-in server that records each request body and answers with a fixed body."""
+
+    def __init__(self) -> None:
+        self.bodies: dict[str, Any] = {}
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        if path == "/v1/hardware":
+            return httpx.Response(200, json={"items": HARDWARE, "total": len(HARDWARE)})
+        if path.startswith("/v1/hardware/"):
+            slug = path.rpartition("/")[2]
+            return httpx.Response(200, json=next(h for h in HARDWARE if h["slug"] == slug))
+        self.bodies[path] = json.loads(request.content)
+        answers = {
+            "/v1/mig/fit": {"smallest_fitting_profile": "1g.10gb"},
+            "/v1/admission/check": {"allowed": True},
+            "/v1/recommendations/inference": {"eligible_candidates": 1, "candidates": []},
+        }
+        return httpx.Response(200, json=answers.get(path, {}))
+
+
+def recorded(*argv: str) -> tuple[int, dict[str, Any]]:
+    recorder = Recorder()
+    with httpx.Client(base_url="http://planner", transport=httpx.MockTransport(recorder)) as http:
+        code, _, err = run(http, *argv, "--json")
+    assert code == 0, err
+    return code, recorder.bodies
+
+
+WORKLOAD_FLAGS = ("--mode", "training", "--batch", "16", "--micro-batch", "4", "--precision",
+                  "mixed_bf16", "--seq", "2048", "--image", "224", "--bind", "heads=32",
+                  "--bind", "experts=8", "--optimizer", "adam", "--optimizer-impl", "fused",
+                  "--checkpointing", "selective", "--attention", "eager", "--logits", "all",
+                  "--no-kv-cache", "--fp32-grad-buffer", "--dp", "8", "--tp", "2", "--pp", "4",
+                  "--zero", "3", "--grad-bucket-view")  # fmt: skip
+WORKLOAD_BODY = {
+    "model": "llama-3-8b", "mode": "training", "batch_size": 16, "micro_batch_size": 4,
+    "precision": "mixed_bf16", "sequence_length": 2048, "image_size": 224,
+    "bindings": {"heads": 32, "experts": 8}, "optimizer": "adam", "optimizer_impl": "fused",
+    "checkpointing": "selective", "attention": "eager", "logits": "all", "kv_cache": False,
+    "fp32_grad_buffer": True,
+    "parallelism": {"data": 8, "tensor": 2, "pipeline": 4, "zero_stage": 3,
+                    "gradient_as_bucket_view": True},
+}  # fmt: skip
+
+
+def test_every_estimate_option_reaches_the_body() -> None:
+    _, bodies = recorded("estimate", "llama-3-8b", *WORKLOAD_FLAGS, "--gpu", "l4",
+                         "--runtime", "pytorch_cuda", "--safety-margin", "0.1",
+                         "--cuda-context", "1000", "--workspace", "2000",
+                         "--fragmentation", "0.05", "--no-round-allocations",
+                         "--expandable-segments", "--per-layer")  # fmt: skip
+    assert bodies["/v1/estimates/memory"] == {
+        **WORKLOAD_BODY, "hardware": "nvidia-l4", "runtime": "pytorch_cuda",
+        "safety_margin_fraction": 0.1, "per_layer": True,
+        "framework_overhead": {"cuda_context_bytes": 1000, "workspace_bytes": 2000,
+                               "fragmentation_fraction": 0.05, "round_allocations": False,
+                               "expandable_segments": True},
+    }  # fmt: skip
+    _, bodies = recorded("estimate", "gpt-2")  # nothing given: the server's defaults decide
+    assert bodies["/v1/estimates/memory"] == {"model": "gpt-2", "mode": "inference",
+                                              "batch_size": 1}  # fmt: skip
+
+
+def test_every_fit_admission_plan_and_recommend_option_reaches_the_body(tmp_path: Path) -> None:
+    _, bodies = recorded("fit", "llama-3-8b", *WORKLOAD_FLAGS, "--gpu", "h100-sxm",
+                         "--profile", "3g.40gb", "--cuda-context", "1000",
+                         "--safety-margin", "0.2")  # fmt: skip
+    assert bodies["/v1/mig/fit"] == {
+        "workload": WORKLOAD_BODY, "gpu": "nvidia-h100-sxm", "profile": "3g.40gb",
+        "cuda_context_bytes": 1000, "safety_margin_fraction": 0.2,
+    }  # fmt: skip
+    _, bodies = recorded("admission", "llama-3-8b", *WORKLOAD_FLAGS, "--gpu", "h100-nvl",
+                         "--resource", "nvidia.com/gpu", "--count", "2")  # fmt: skip
+    assert bodies["/v1/admission/check"] == {
+        "workload": WORKLOAD_BODY, "gpu_model": "nvidia-h100-nvl", "resource": "nvidia.com/gpu",
+        "count": 2,
+    }  # fmt: skip
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"gpu": "nvidia-h100-sxm", "workloads": []}))
+    _, bodies = recorded("mig", "plan", str(plan), "--config-name", "mine",
+                         "--cuda-context", "5", "--safety-margin", "0.01")  # fmt: skip
+    assert bodies["/v1/mig/plan"] == {"gpu": "nvidia-h100-sxm", "workloads": [],
+                                      "config_name": "mine", "cuda_context_bytes": 5,
+                                      "safety_margin_fraction": 0.01}  # fmt: skip
+    _, bodies = recorded("recommend", "bert-base", "--batch", "1", "--batch", "8",
+                         "--max-batch", "64", "--precision", "int8", "--precision", "fp16",
+                         "--slo-ms", "20", "--target", "500", "--devices", "nvidia-l4,x/1g.10gb",
+                         "--objective", "energy", "--price", "nvidia-l4=0.8",
+                         "--calibration", "gpu.compute_efficiency=0.5",
+                         "--calibration", "cpu.request_overhead_us=40", "--seq", "384",
+                         "--tokens-mean", "177", "--image", "32", "--bind", "heads=12",
+                         "--prompt-tokens", "100", "--generated-tokens", "20", "--no-fuse",
+                         "--limit", "3")  # fmt: skip
+    assert bodies["/v1/recommendations/inference"] == {
+        "model": "bert-base", "objective": "energy", "batch_sizes": [1, 8], "max_batch_size": 64,
+        "precisions": ["int8", "fp16"], "latency_slo_ms": 20.0, "throughput_target_per_s": 500.0,
+        "devices": ["nvidia-l4", "x/1g.10gb"], "sequence_length": 384, "tokens_mean": 177,
+        "image_size": 32, "bindings": {"heads": 12}, "prompt_tokens": 100,
+        "generated_tokens": 20, "fuse_elementwise": False, "limit": 3,
+        "prices_usd_per_hour": {"nvidia-l4": 0.8},
+        "calibration": {"gpu": {"compute_efficiency": 0.5},
+                        "cpu": {"request_overhead_us": 40.0}},
+    }  # fmt: skip
+
+
+def test_the_cli_choices_are_the_api_enumerations() -> None:
+    assert cli.PRECISIONS == tuple(p.value for p in Precision if p.value != "none")
+    assert cli.OPTIMIZERS == tuple(o.value for o in Optimizer)
+    assert cli.OPTIMIZER_IMPLS == tuple(o.value for o in OptimizerImpl)
+    assert cli.CHECKPOINTING == tuple(c.value for c in Checkpointing)
+    assert cli.ATTENTIONS == tuple(a.value for a in Attention)
+    assert cli.LOGITS == tuple(lg.value for lg in Logits)
+    assert cli.RUNTIMES == tuple(r.value for r in Runtime)
+    assert cli.OBJECTIVES == tuple(o.value for o in Objective)
+    assert set(cli.DEVICE_KINDS) == {k.value for k in DeviceKind}
+    assert cli.CALIBRATION_FIELDS == tuple(CalibrationOverride.model_fields)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("estimate", "gpt-2", "--bind", "heads"), "--bind 'heads': expected NAME=INTEGER"),
+        (("recommend", "gpt-2", "--calibration", "gpu.speed=2"), "KIND.FIELD=VALUE"),
+        (("recommend", "gpt-2", "--calibration", "gpu.compute_efficiency=x"), "not a number"),
+        (("admission", "gpt-2"), "needs --resource and --gpu"),
+        (("hardware", "show"), "a slug is required"),
+        (("fit", "gpt-2", "--gpu", "l4", "--profile", "1g.10gb"), "nvidia-l4 has no MIG profiles"),
+    ],
+)
+def test_bad_flag_values_are_usage_errors(argv: tuple[str, ...], message: str) -> None:
+    recorder = Recorder()
+    with httpx.Client(base_url="http://planner", transport=httpx.MockTransport(recorder)) as http:
+        code, _, err = run(http, *argv)
+    assert (code, recorder.bodies) == (2, {})
+    assert message in err
+
+
+# -- --gpu -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("query", "slug"),
+    [
+        ("l4", "nvidia-l4"),  # not ambiguous with L40S
+        ("L4", "nvidia-l4"),
+        ("l40s", "nvidia-l40s"),
+        ("nvidia-l4", "nvidia-l4"),
+        ("h100-sxm", "nvidia-h100-sxm"),
+        ("h100-sxm-80gb", "nvidia-h100-sxm"),
+        ("h100-94gb", "nvidia-h100-nvl"),
+        ("H100 NVL 94GB", "nvidia-h100-nvl"),  # the exact part name
+        ("a100-40gb", "nvidia-a100-40gb-sxm"),
+    ],
+)
+def test_gpu_names_resolve_to_one_slug(query: str, slug: str) -> None:
+    assert resolve_gpu(HARDWARE, query) == slug
+
+
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [
+        ("h100-sxm-94gb", "the memory size does not match; candidates: nvidia-h100-sxm (80.00"),
+        ("h100", "'h100' is ambiguous: nvidia-h100-sxm (80.00 GiB), nvidia-h100-nvl"),
+        ("h100-80gb", "ambiguous: nvidia-h100-sxm (80.00 GiB), nvidia-h100-pcie (80.00 GiB)"),
+        ("a100-80gb-pcie", "no hardware matches 'a100-80gb-pcie'"),
+        ("v100", "no hardware matches 'v100'"),
+    ],
+)
+def test_gpu_names_that_do_not_name_one_part_list_candidates(query: str, message: str) -> None:
+    with pytest.raises(cli.UsageError) as caught:
+        resolve_gpu(HARDWARE, query)
+    assert message in str(caught.value)
+
+
+def test_gpu_names_against_the_catalog(http: TestClient) -> None:
+    code, out, err = run(http, "estimate", "gpt-2", "--seq", "64", "--gpu", "l4")
+    assert code == 0, err
+    assert "fits nvidia-l4" in out
+    code, _, err = run(http, "estimate", "gpt-2", "--seq", "64", "--gpu", "h100-sxm-94gb")
+    assert code == 2
+    assert "candidates: nvidia-h100-sxm (80.00 GiB)" in err
+
+
+# -- fit: what would work ----------------------------------------------------------------------
+
+
+def test_fit_shows_the_alternatives_when_nothing_fits(http: TestClient) -> None:
+    argv = ("fit", "llama-3-8b", "--gpu", "a100-40gb-sxm", "--batch", "64", "--seq", "8192")
+    code, out, _ = run(http, *argv, "--json")
+    alternatives = json.loads(out)["alternatives"]
+    code, out, err = run(http, *argv)
+    assert code == 1, err
+    assert "no MIG profile fits" in out
+    assert "the whole nvidia-a100-40gb-sxm (40.00 GiB, MIG disabled): does NOT fit" in out
+    for gpu in alternatives["larger_gpus"]:
+        assert f"\n{gpu['hardware']} " in out
+    assert alternatives["larger_gpus"], "the case must have a larger GPU to show"
+    batch = alternatives["largest_batch_on_biggest_profile"]
+    assert f"largest batch that fits 7g.40gb: {batch}\n" in out
+
+    # A GPU without MIG: the larger GPUs by the same rule, the largest batch by the estimate.
+    code, out, err = run(http, "fit", "llama-3-8b", "--gpu", "l4", "--batch", "8", "--seq", "8192")
+    assert code == 1, err
+    assert "does NOT fit nvidia-l4" in out
+    assert "GPUs whose whole memory holds" in out
+    assert "\nnvidia-l40s " in out
+    batch = int(out.rsplit("largest batch that fits nvidia-l4: ", 1)[1])
+    assert 1 <= batch < 8
+    for size, verdict in ((batch, 0), (batch + 1, 1)):
+        assert run(http, "estimate", "llama-3-8b", "--batch", str(size), "--seq", "8192",
+                   "--gpu", "l4")[0] == verdict  # fmt: skip
+
+    # With --micro-batch the memory follows the micro-batch: the divisors of the batch below it.
+    training = ("gpt-2", "--mode", "training", "--batch", "64", "--seq", "1024", "--precision",
+                "fp32", "--gpu", "l4")  # fmt: skip
+    code, out, err = run(http, "fit", *training, "--micro-batch", "32")
+    assert code == 1, err
+    micro = int(out.rsplit("largest micro-batch that fits nvidia-l4: ", 1)[1])
+    assert 64 % micro == 0
+    assert micro < 32
+    assert run(http, "estimate", *training, "--micro-batch", str(micro))[0] == 0
+    assert run(http, "estimate", *training, "--micro-batch", str(micro * 2))[0] == 1
+
+
+# -- tables ------------------------------------------------------------------------------------
+
+
+def test_show_commands_print_tables_and_json_on_request(http: TestClient) -> None:
+    code, out, _ = run(http, "hardware", "show", "a100-40gb-sxm")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split() == ["field", "value"]
+    assert "memory                           40.00 GiB (42,949,672,960 B)" in out
+    assert "launch_year                      2020" in out
+    assert any(line.split()[:3] == ["bf16", "312.00", "624.00"] for line in lines)
+    assert any(line.startswith("7g.40gb    nvidia.com/mig-7g.40gb") for line in lines)
+    code, out, _ = run(http, "hardware", "show", "nvidia-a100-40gb-sxm", "--json")
+    assert json.loads(out)["memory_bytes"] == 42_949_672_960
+
+    body = {"slug": "serve", "name": "Serve", "model": "gpt-2", "mode": "inference",
+            "batch_size": 4, "precision": "bf16"}  # fmt: skip
+    assert http.post("/v1/workloads", json=body, headers={"Authorization": "Bearer key-1"})
+    code, out, _ = run(http, "workloads", "show", "serve")
+    assert code == 0
+    assert out.splitlines()[0].split() == ["field", "value"]
+    rows = [line.split() for line in out.splitlines()]
+    assert ["batch_size", "4"] in rows
+    assert ["options.parallelism.zero_stage", "0"] in rows
+    assert json.loads(run(http, "workloads", "show", "serve", "--json")[1])["batch_size"] == 4
+
+
+def test_the_llm_table_shows_the_column_it_is_ranked_by(http: TestClient) -> None:
+    devices = "nvidia-l4,nvidia-a10,nvidia-t4,nvidia-a100-40gb-sxm/1g.5gb"
+    argv = ("recommend", "gpt-2", "--target", "100", "--devices", devices, "--limit", "8")
+    code, out, err = run(http, *argv, "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    rendered = recommendation_table(result)
+    header = rendered.splitlines()[0]
+    assert "fleet $/h (ranked)" in header
+    assert "TTFT ms" in header
+    assert "tokens/s" in header
+    assert rendered.endswith("ranked: eligible first, then by fleet $/h (ascending)")
+    eligible = [c["fleet_cost_usd_per_hour"] for c in result["candidates"] if c["eligible"]]
+    assert len(eligible) >= 3
+    assert eligible == sorted(eligible)
+    per_million = [c["cost_usd_per_million"] for c in result["candidates"] if c["eligible"]]
+    assert per_million != sorted(per_million), "the case must tell the two columns apart"
+    assert run(http, *argv)[1].count("fleet $/h (ranked)") == 1
+
+    for objective, column in (("latency", "latency ms (ranked)"), ("energy", "J/inf (ranked)")):
+        code, out, _ = run(http, "recommend", "resnet-50", "--devices", "nvidia-l4,nvidia-t4",
+                           "--objective", objective)  # fmt: skip
+        assert code == 0
+        assert column in out
+    code, out, _ = run(http, "recommend", "resnet-50", "--devices", "nvidia-l4,nvidia-t4")
+    assert "$/M (ranked)" in out
+
+
+# -- a closed pipe -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def live_url(sqlite_databases: SqliteDatabases) -> Iterator[str]:
+    """The app over HTTP on a migrated SQLite file with the catalog, for subprocesses."""
+    with sqlite_databases.fresh() as url:
+        app = create_app(settings_for(url))
+        with live_server(app) as (host, port):
+            yield f"http://{host}:{port}"
+        app.state.engine.dispose()
+
+
+def _with_closed_stdout(argv: list[str]) -> subprocess.CompletedProcess[bytes]:
+    """Run with the read end of stdout closed before the first byte: every write is EPIPE."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        return subprocess.run(argv, stdout=write, stderr=subprocess.PIPE, cwd=PROJECT_ROOT,
+                              timeout=120, check=False)  # fmt: skip
+    finally:
+        os.close(write)
+
+
+def test_a_closed_pipe_exits_141_without_a_traceback(live_url: str) -> None:
+    for argv in (["--url", live_url, "hardware", "list"],
+                 ["--url", live_url, "hardware", "show", "l4", "--json"]):  # fmt: skip
+        done = _with_closed_stdout([*CAPPLAN, *argv])
+        assert done.returncode == cli.EXIT_BROKEN_PIPE == 141, done.stderr
+        assert done.stderr == b"", done.stderr
+    # argparse prints --help itself and ignores a failed write (then 0), else main exits 141.
+    done = _with_closed_stdout([*CAPPLAN, "--help"])
+    assert (done.returncode in (0, 141), done.stderr) == (True, b"")
+    shell = subprocess.run(
+        f"{' '.join(CAPPLAN[:2])} '{CAPPLAN[2]}' --url {live_url} hardware list | head -1",
+        shell=True, capture_output=True, cwd=PROJECT_ROOT, timeout=120, check=False,
+    )  # fmt: skip
+    assert shell.returncode == 0
+    assert shell.stdout.split() == [b"slug", b"vendor", b"name", b"kind", b"memory", b"MIG"]
+    assert shell.stderr == b""
+
+
+# -- the client package: no server code ----------------------------------------------------------
+
+SERVER_PACKAGES = ("fastapi", "starlette", "pydantic", "pydantic_core", "pydantic_settings",
+                   "sqlalchemy", "alembic", "psycopg", "uvicorn", "yaml", "onnx", "numpy",
+                   "prometheus_client", "multipart", "torch")  # fmt: skip
+
+BLOCKED_RUN = textwrap.dedent(
+    """
+    import importlib.abc, json, sys
+
+    SERVER = set(sys.argv[1].split(","))
+    ALLOWED_APP = {"app", "app.client", "app.client.cli", "app.client.transport"}
+
+    class Block(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            top = name.partition(".")[0]
+            if top in SERVER or (top == "app" and name not in ALLOWED_APP):
+                raise ImportError(f"blocked: {name}")
+            return None
+
+    sys.meta_path.insert(0, Block())
+    from app.client.cli import main
+    codes = [main(argv) for argv in json.loads(sys.argv[2])]
+    loaded = sorted(m for m in sys.modules if m.partition(".")[0] in SERVER | {"app"})
+    print(json.dumps({"codes": codes, "loaded": loaded}), file=sys.stderr)
+    """
+)
+
+
+def test_the_cli_runs_without_any_server_package(live_url: str) -> None:
+    runs = [
+        ["--url", live_url, "estimate", "gpt-2", "--seq", "64", "--gpu", "l4"],
+        ["--url", live_url, "fit", "gpt-2", "--gpu", "a100-80gb-sxm", "--seq", "64"],
+        ["--url", live_url, "hardware", "show", "l4"],
+        [
+            "--url",
+            live_url,
+            "recommend",
+            "resnet-50",
+            "--devices",
+            "nvidia-l4",
+            "--objective",
+            "latency",
+        ],
+        ["--url", live_url, "--json", "models", "list"],
+    ]
+    done = subprocess.run(
+        [sys.executable, "-c", BLOCKED_RUN, ",".join(SERVER_PACKAGES), json.dumps(runs)],
+        capture_output=True, cwd=PROJECT_ROOT, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr.decode()
+    report = json.loads(done.stderr.decode().splitlines()[-1])
+    assert report["codes"] == [0, 0, 0, 0, 0]
+    assert report["loaded"] == ["app", "app.client", "app.client.cli", "app.client.transport"]
+    assert b"fits nvidia-l4" in done.stdout
+    # The blocker itself works: the typed client does need the server's schemas.
+    blocked = subprocess.run(
+        [sys.executable, "-c", BLOCKED_RUN.replace("from app.client.cli import main",
+                                                   "from app.client import CapacityPlannerClient"),
+         ",".join(SERVER_PACKAGES), "[]"],
+        capture_output=True, cwd=PROJECT_ROOT, timeout=120, check=False,
+    )  # fmt: skip
+    assert blocked.returncode == 1
+    assert b"needs the capacity-planner package" in blocked.stderr
+
+
+def test_the_client_package_ships_what_the_cli_imports_and_needs_only_httpx() -> None:
+    client = tomllib.loads((PROJECT_ROOT / "client" / "pyproject.toml").read_text())
+    server = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())
+    project = client["project"]
+    assert project["name"] == "capacity-planner-client"
+    assert project["version"] == server["project"]["version"]
+    httpx_pin = next(d for d in server["project"]["dependencies"] if d.startswith("httpx"))
+    assert project["dependencies"] == [httpx_pin]
+    assert project["optional-dependencies"] == {
+        "torch": server["project"]["optional-dependencies"]["torch"]
+    }
+    assert project["scripts"] == {"capplan": server["project"]["scripts"]["capplan"]}
+    setuptools = client["tool"]["setuptools"]
+    assert setuptools["packages"] == ["app.client"]  # no server module, not even app/__init__
+    assert setuptools["package-dir"] == {"": ".."}
+    for module in ("cli", "transport", "torch_import", "torch_graph"):
+        assert (PROJECT_ROOT / "app" / "client" / f"{module}.py").is_file()
