@@ -471,6 +471,8 @@ def cmd_recommend(client: CapacityPlannerClient, args: argparse.Namespace, out: 
         ("batch_sizes", args.batch),
         ("precisions", args.precision),
         ("latency_slo_ms", args.slo_ms),
+        ("slo_margin", args.slo_margin),
+        ("price_kind", args.price_kind),
         ("throughput_target_per_s", args.target),
         ("devices", args.devices.split(",") if args.devices else None),
         ("sequence_length", args.seq),
@@ -518,6 +520,12 @@ def cmd_recommend(client: CapacityPlannerClient, args: argparse.Namespace, out: 
         f"\n{result.eligible_candidates} of {result.total_candidates} candidates eligible; "
         f"{len(result.excluded)} device/precision pairs excluded (--json lists why)\n"
     )
+    out.write(f"$/M: {result.price_kind.value} prices only")
+    if result.latency_budget_ms is not None and result.slo_margin is not None:
+        out.write(
+            f"; SLO met at <= {result.latency_budget_ms:.4g} ms ({result.slo_margin:.0%} margin)"
+        )
+    out.write("\n")
     if args.svg:
         written = f"written to {args.svg}" if chosen else "not written: no candidates"
         out.write(f"roofline of the top devices {written}\n")
@@ -649,11 +657,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--precision", action="append", help="fp32, bf16, fp16, int8, ... (repeat)"
     )
     recommend.add_argument("--slo-ms", type=float, help="latency SLO [ms]")
+    recommend.add_argument(
+        "--slo-margin", type=float, help="headroom kept under --slo-ms, a fraction (default 0.1)"
+    )
     recommend.add_argument("--target", type=float, help="throughput target [inferences/s]")
     recommend.add_argument("--devices", help="comma-separated slugs or slug/profile MIG slices")
     recommend.add_argument("--objective", choices=["cost", "energy", "latency"], default="cost")
     recommend.add_argument(
         "--price", action="append", metavar="SLUG=USD", help="price per hour (repeat)"
+    )
+    recommend.add_argument(
+        "--price-kind",
+        choices=["on_demand", "reserved", "spot"],
+        help="the kind of price costs are ranked by (default on_demand); --price is of it",
     )
     recommend.add_argument("--seq", type=int, help="sequence length")
     recommend.add_argument("--image", type=int, help="image size")

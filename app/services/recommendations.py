@@ -579,21 +579,25 @@ def _prices_note(pool: Sequence[Candidate], kind: PriceKind) -> str:
     used: list[str] = []
     other: list[str] = []
     missing = 0
+    seen: set[str] = set()
     for candidate in pool:
         device = candidate.device
-        if device.parent is not None:
-            continue  # a slice pays its share of its GPU's price
+        slug = device.parent or device.slug  # a slice pays its share of its GPU's price
+        if slug in seen:
+            continue
+        seen.add(slug)
         price, _ = price_of_kind(device, kind)
         if price is not None:
+            whole = price / device.compute_fraction
             region = device.price_region or "region not stated"
             when = "date unknown" if device.price_date is None else device.price_date.isoformat()
-            origin = "request" if device.price_source == "request" else "catalog"
-            used.append(f"{device.slug} {price:.4g} ({region}, {when}, {origin})")
+            origin = "request" if device.price_source.startswith("request") else "catalog"
+            used.append(f"{slug} {whole:.4g} ({region}, {when}, {origin})")
         elif device.price_usd_per_hour is None:
             missing += 1
         else:
             found = "no kind" if device.price_kind is None else device.price_kind.value
-            other.append(f"{device.slug} ({found})")
+            other.append(f"{slug} ({found})")
     text = f"costs use {kind.value} prices only, per whole device [USD/h]"
     text += ": " + ", ".join(used) if used else ": none of the candidates has one"
     if any(c.device.parent is not None for c in pool):
