@@ -325,17 +325,17 @@ def hardware_spec(
     row: Hardware,
     *,
     price_usd_per_hour: float | None = None,
-    price_kind: PriceKind = PriceKind.ON_DEMAND,
+    request_price_kind: PriceKind = PriceKind.ON_DEMAND,
 ) -> HardwareSpec:
     """The ONE domain view of a hardware row: roofline figures, MIG geometry and framework
-    overheads (a request's price replaces the catalog's; it is a price of ``price_kind``, with
-    no region or date)."""
+    overheads (a request's price replaces the catalog's; it is a price of
+    ``request_price_kind``, with no region or date)."""
     link, link_source = _host_link(row)
     price, price_source = row.price_usd_per_hour, "catalog"
     kind = None if row.price_kind is None else PriceKind(row.price_kind)
     region, when = row.price_region, row.price_date
     if price_usd_per_hour is not None:
-        price, price_source, kind = price_usd_per_hour, "request", price_kind
+        price, price_source, kind = price_usd_per_hour, "request", request_price_kind
         region = when = None
     elif price is None:
         price_source = "none in the catalog"

@@ -193,7 +193,7 @@ def candidates(
         found = []
         for slug in sorted(rows):
             whole = hardware_spec(
-                rows[slug], price_usd_per_hour=prices.get(slug), price_kind=price_kind
+                rows[slug], price_usd_per_hour=prices.get(slug), request_price_kind=price_kind
             )
             found += [_candidate(rows[slug], d) for d in [whole, *_slices(rows[slug], whole)]]
         return found
@@ -203,7 +203,9 @@ def candidates(
         row = rows.get(slug)
         if row is None:
             raise NotFound(f"hardware profile '{slug}' does not exist; GET /v1/hardware lists them")
-        whole = hardware_spec(row, price_usd_per_hour=prices.get(slug), price_kind=price_kind)
+        whole = hardware_spec(
+            row, price_usd_per_hour=prices.get(slug), request_price_kind=price_kind
+        )
         if not profile_name:
             chosen.append(_candidate(row, whole))
             continue
@@ -713,7 +715,7 @@ def _defaults_used(
                 option="slo_margin",
                 value=f"{payload.slo_margin:g}",
                 reason=f"a prediction within {payload.slo_margin:.0%} of the SLO does not "
-                "meet it (headroom for the model's error)",
+                "meet it: the latency is predicted, not measured",
             )
         )
     rows.append(
