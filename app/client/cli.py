@@ -74,6 +74,7 @@ ATTENTIONS = ("eager", "sdpa_math", "flash", "mem_efficient")
 LOGITS = ("last", "all")
 RUNTIMES = ("pytorch_cuda", "pytorch_cpu")
 OBJECTIVES = ("cost", "energy", "latency")
+PRICE_KINDS = ("on_demand", "reserved", "spot")
 DEVICE_KINDS = ("gpu", "cpu", "edge", "tpu")
 CALIBRATION_FIELDS = ("compute_efficiency", "memory_efficiency", "activation_cache_share",
                       "host_link_efficiency", "kernel_launch_overhead_us",
@@ -871,6 +872,8 @@ def _recommend_body(args: argparse.Namespace) -> Json:
         ("max_batch_size", args.max_batch),
         ("precisions", args.precision),
         ("latency_slo_ms", args.slo_ms),
+        ("slo_margin", args.slo_margin),
+        ("price_kind", args.price_kind),
         ("throughput_target_per_s", args.target),
         ("devices", args.devices.split(",") if args.devices else None),
         ("sequence_length", args.seq),
@@ -926,6 +929,11 @@ def cmd_recommend(client: JsonClient, args: argparse.Namespace, out: TextIO) -> 
         f"\n{result['eligible_candidates']} of {result['total_candidates']} candidates eligible; "
         f"{len(result['excluded'])} device/precision pairs excluded (--json lists why)\n"
     )
+    out.write(f"$/M: {result['price_kind']} prices only")
+    budget, margin = result.get("latency_budget_ms"), result.get("slo_margin")
+    if budget is not None and margin is not None:
+        out.write(f"; SLO met at <= {budget:.4g} ms ({margin:.0%} margin)")
+    out.write("\n")
     if args.svg:
         written = f"written to {args.svg}" if chosen else "not written: no candidates"
         out.write(f"roofline of the top devices {written}\n")
@@ -1150,11 +1158,19 @@ def build_parser() -> argparse.ArgumentParser:
     recommend.add_argument("--max-batch", type=int, help="largest batch the search tries")
     recommend.add_argument("--precision", action="append", choices=PRECISIONS, help="(repeat)")
     recommend.add_argument("--slo-ms", type=float, help="latency SLO [ms]")
+    recommend.add_argument(
+        "--slo-margin", type=float, help="headroom kept under --slo-ms, a fraction (default 0.1)"
+    )
     recommend.add_argument("--target", type=float, help="throughput target [inferences/s]")
     recommend.add_argument("--devices", help="comma-separated slugs or slug/profile MIG slices")
     recommend.add_argument("--objective", choices=OBJECTIVES, default="cost")
     recommend.add_argument(
         "--price", action="append", metavar="SLUG=USD", help="price per hour (repeat)"
+    )
+    recommend.add_argument(
+        "--price-kind",
+        choices=PRICE_KINDS,
+        help="the kind of price costs are ranked by (default on_demand); --price is of it",
     )
     recommend.add_argument(
         "--calibration", action="append", metavar="KIND.FIELD=VALUE",

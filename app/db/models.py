@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import Any
 
 from sqlalchemy import (
     JSON,
     BigInteger,
     CheckConstraint,
+    Date,
     DateTime,
     Float,
     ForeignKey,
@@ -62,6 +63,10 @@ class Hardware(Timestamped, Base):
         CheckConstraint("memory_bandwidth_bytes_per_s > 0", name="bandwidth_positive"),
         CheckConstraint("source IN ('catalog', 'user')", name="source_valid"),
         CheckConstraint("kind IN ('gpu', 'cpu', 'tpu', 'edge')", name="kind_valid"),
+        CheckConstraint(
+            "price_kind IS NULL OR price_kind IN ('on_demand', 'reserved', 'spot')",
+            name="price_kind_valid",
+        ),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -86,6 +91,11 @@ class Hardware(Timestamped, Base):
     host_link_bandwidth_bytes_per_s: Mapped[int | None] = mapped_column(BigInteger)
     tdp_watts: Mapped[float | None] = mapped_column(Float)
     price_usd_per_hour: Mapped[float | None] = mapped_column(Float)
+    # NULL with a price: stored before prices carried their kind (never ranked by cost)
+    price_kind: Mapped[str | None] = mapped_column(String(16))
+    price_region: Mapped[str | None] = mapped_column(String(64))
+    price_date: Mapped[date | None] = mapped_column(Date)
+    price_source: Mapped[str | None] = mapped_column(String(500))
     cpu: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     mig_total_compute_slices: Mapped[int | None] = mapped_column(Integer)
     mig_total_memory_slices: Mapped[int | None] = mapped_column(Integer)

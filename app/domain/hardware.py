@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from datetime import date
 from enum import StrEnum
 
 from app.domain.errors import DomainError
@@ -124,6 +125,14 @@ class FrameworkOverhead:
             raise HardwareInputError(f"fragmentation_fraction must be in [0, 1], got {fraction!r}")
 
 
+class PriceKind(StrEnum):
+    """What kind of offer a price is: prices of different kinds are never ranked together."""
+
+    ON_DEMAND = "on_demand"  # list rate, pay as you go, no commitment
+    RESERVED = "reserved"  # committed or pre-booked capacity: reservations, capacity blocks
+    SPOT = "spot"  # interruptible capacity at a market rate
+
+
 class DeviceKind(StrEnum):
     """Broad class of a device; calibration defaults are per kind."""
 
@@ -153,6 +162,9 @@ class HardwareSpec:
     tdp_watts: float | None
     price_usd_per_hour: float | None
     price_source: str = "catalog"
+    price_kind: PriceKind | None = None  # None: no price, or one stored without its kind
+    price_region: str | None = None  # None: the source does not say
+    price_date: date | None = None  # None: unknown (price_source says where it comes from)
     simd: str | None = None  # CPUs: the vector / matrix extensions
     parent: str | None = None  # MIG: the GPU's slug
     mig_profile: str | None = None

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+import re
+from datetime import UTC, date, datetime, timedelta
 from enum import StrEnum
-from typing import Annotated, ClassVar, Literal, Self
+from typing import Annotated, Any, ClassVar, Literal, Self
 
-from pydantic import Field, StringConstraints, model_validator
+from pydantic import BeforeValidator, Field, StringConstraints, field_validator, model_validator
 
 from app.domain.hardware import (
     MAX_BANDWIDTH_BYTES_PER_S,
     MAX_PEAK_FLOPS_PER_S,
     MIN_BANDWIDTH_BYTES_PER_S,
     MIN_PEAK_FLOPS_PER_S,
+    PriceKind,
 )
 from app.domain.precision import DType
 from app.schemas.base import MAX_BYTES, Page, Schema, Slug, located_error
@@ -54,6 +56,22 @@ PeakTable = dict[
     DType,
     Annotated[float, Field(ge=MIN_PEAK_FLOPS_PER_S, le=MAX_PEAK_FLOPS_PER_S, allow_inf_nan=False)],
 ]
+EARLIEST_PRICE_DATE = date(2000, 1, 1)
+_ISO_DATE = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$")
+
+
+def _iso_date_only(value: Any) -> Any:
+    """A price date is a calendar date written YYYY-MM-DD (or a YAML date): no timestamps, no
+    numbers, no times of day."""
+    if isinstance(value, datetime) or isinstance(value, bool | int | float):
+        raise ValueError("expected a date written YYYY-MM-DD")
+    if isinstance(value, str) and not _ISO_DATE.match(value):
+        raise ValueError(f"expected a date written YYYY-MM-DD, got {value[:40]!r}")
+    return value
+
+
+PriceDate = Annotated[date, BeforeValidator(_iso_date_only)]
+
 MigProfileName = Annotated[
     str,
     StringConstraints(pattern=r"^[1-8]g\.[0-9]{1,3}gb(?:[+-][a-z]+(?:\.[a-z]+)?)?$"),
@@ -268,8 +286,39 @@ class HardwareBase(Schema):
         ge=0,
         le=MAX_PRICE_USD_PER_HOUR,
         allow_inf_nan=False,
-        description="Indicative on-demand price of one device, 0 to 100 000 [USD/h].",
+        description="Indicative price of one device, 0 to 100 000 [USD/h]; `price_kind` says "
+        "which kind of offer it is (required with a price).",
         examples=[4.1],
+    )
+    price_kind: PriceKind | None = Field(
+        default=None,
+        description="Kind of offer the price is: `on_demand` (list rate, pay as you go), "
+        "`reserved` (committed or pre-booked capacity: reservations, savings plans, capacity "
+        "blocks) or `spot` (interruptible). Required when `price_usd_per_hour` is set; "
+        "recommendations rank costs among prices of one kind only.",
+        examples=["on_demand"],
+    )
+    price_region: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=64,
+        description="Region the price was quoted for (e.g. `us-east-1`); null: the source "
+        "does not say.",
+        examples=["us-east-1"],
+    )
+    price_date: PriceDate | None = Field(
+        default=None,
+        description="Date the price was published or read, YYYY-MM-DD, from 2000-01-01 to "
+        "today; null: unknown (`price_source` then says where the figure comes from).",
+        examples=["2026-11-01"],
+    )
+    price_source: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=500,
+        description="Where the price comes from: the offer (provider, instance, how the "
+        "per-device figure was derived) and the page it was read on.",
+        examples=["AWS p4d.24xlarge on-demand 32.77 USD/h / 8 GPUs"],
     )
     cpu: CpuDetails | None = Field(default=None, description="CPU details, for CPUs and SoCs.")
     mig: MigSpec | None = Field(
@@ -293,6 +342,41 @@ class HardwareBase(Schema):
     notes: str | None = Field(
         default=None, max_length=4000, description="Free-form remarks.", examples=[None]
     )
+
+    # A price written through the API or the catalog must say its kind; rows read back may
+    # carry a price stored before prices had one (kind null = unknown).
+    require_price_kind: ClassVar[bool] = True
+
+    @field_validator("price_date")
+    @classmethod
+    def _price_date_in_range(cls, value: date | None) -> date | None:
+        if value is None:
+            return value
+        latest = datetime.now(UTC).date() + timedelta(days=1)  # any time zone's today
+        if not EARLIEST_PRICE_DATE <= value <= latest:
+            raise ValueError(
+                f"price_date {value.isoformat()} must be between "
+                f"{EARLIEST_PRICE_DATE.isoformat()} and today"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _price_says_its_kind(self) -> Self:
+        name = type(self).__name__
+        if self.price_usd_per_hour is None:
+            for field in ("price_kind", "price_region", "price_date", "price_source"):
+                if getattr(self, field) is not None:
+                    raise located_error(
+                        name, (field,), f"{field} describes a price: set price_usd_per_hour too"
+                    )
+        elif self.price_kind is None and self.require_price_kind:
+            raise located_error(
+                name,
+                ("price_kind",),
+                "a price must say its kind: on_demand, reserved or spot (prices of different "
+                "kinds are not compared)",
+            )
+        return self
 
     @model_validator(mode="after")
     def _mig_only_on_gpus(self) -> Self:
@@ -356,6 +440,7 @@ class HardwareRead(HardwareCreate):
 
     # Read from rows that were checked when written (the Create/Replace bodies): not re-walked.
     check_storable_text: ClassVar[bool] = False
+    require_price_kind: ClassVar[bool] = False
 
     mig: MigSpecRead | None = Field(
         default=None, description="MIG geometry and profiles; null when MIG is not supported."

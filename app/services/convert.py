@@ -16,6 +16,7 @@ from app.domain.hardware import (
     DeviceKind,
     FrameworkOverhead,
     HardwareSpec,
+    PriceKind,
     cublas_workspace,
     pcie_bandwidth_bytes_per_s,
 )
@@ -64,6 +65,10 @@ def apply_hardware_fields(target: Hardware, fields: HardwareBase) -> None:
     target.host_link_bandwidth_bytes_per_s = fields.host_link.bandwidth_bytes_per_s
     target.tdp_watts = fields.tdp_watts
     target.price_usd_per_hour = fields.price_usd_per_hour
+    target.price_kind = None if fields.price_kind is None else fields.price_kind.value
+    target.price_region = fields.price_region
+    target.price_date = fields.price_date
+    target.price_source = fields.price_source
     target.cpu = fields.cpu.model_dump() if fields.cpu else None
     target.framework_overhead = (
         fields.framework_overhead.model_dump() if fields.framework_overhead else None
@@ -316,15 +321,26 @@ def _host_link(row: Hardware) -> tuple[float | None, str]:
     return None, "unknown"
 
 
-def hardware_spec(row: Hardware, *, price_usd_per_hour: float | None = None) -> HardwareSpec:
+def hardware_spec(
+    row: Hardware,
+    *,
+    price_usd_per_hour: float | None = None,
+    request_price_kind: PriceKind = PriceKind.ON_DEMAND,
+) -> HardwareSpec:
     """The ONE domain view of a hardware row: roofline figures, MIG geometry and framework
-    overheads (a request's price replaces the catalog's)."""
+    overheads (a request's price replaces the catalog's; it is a price of
+    ``request_price_kind``, with no region or date)."""
     link, link_source = _host_link(row)
     price, price_source = row.price_usd_per_hour, "catalog"
+    kind = None if row.price_kind is None else PriceKind(row.price_kind)
+    region, when = row.price_region, row.price_date
     if price_usd_per_hour is not None:
-        price, price_source = price_usd_per_hour, "request"
+        price, price_source, kind = price_usd_per_hour, "request", request_price_kind
+        region = when = None
     elif price is None:
         price_source = "none in the catalog"
+    elif row.price_source:
+        price_source = f"catalog: {row.price_source}"
     return HardwareSpec(
         slug=row.slug,
         name=f"{row.vendor} {row.name}",
@@ -337,6 +353,9 @@ def hardware_spec(row: Hardware, *, price_usd_per_hour: float | None = None) -> 
         tdp_watts=row.tdp_watts,
         price_usd_per_hour=price,
         price_source=price_source,
+        price_kind=kind,
+        price_region=region,
+        price_date=when,
         simd=(row.cpu or {}).get("simd"),
         mig=geometry(row) if row.mig_total_compute_slices is not None else None,
         overhead=hardware_overhead(row),

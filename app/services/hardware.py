@@ -82,6 +82,10 @@ def to_read(row: Hardware) -> HardwareRead:
             ),
             "tdp_watts": row.tdp_watts,
             "price_usd_per_hour": row.price_usd_per_hour,
+            "price_kind": row.price_kind,
+            "price_region": row.price_region,
+            "price_date": row.price_date,
+            "price_source": row.price_source,
             "cpu": CpuDetails.model_validate(row.cpu) if row.cpu else None,
             "mig": mig,
             "framework_overhead": (

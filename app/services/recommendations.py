@@ -17,6 +17,7 @@ from app.domain.hardware import (
     DeviceKind,
     FrameworkOverhead,
     HardwareSpec,
+    PriceKind,
     mig_slice,
 )
 from app.domain.memory.estimate import (
@@ -31,6 +32,7 @@ from app.domain.performance.recommend import (
     assess,
     best_batch,
     explain,
+    price_of_kind,
     rank,
 )
 from app.domain.performance.roofline import (
@@ -173,9 +175,13 @@ def _slices(row: Hardware, whole: HardwareSpec) -> list[HardwareSpec]:
 
 
 def candidates(
-    session: Session, names: Sequence[str] | None, prices: Mapping[str, float]
+    session: Session,
+    names: Sequence[str] | None,
+    prices: Mapping[str, float],
+    price_kind: PriceKind = PriceKind.ON_DEMAND,
 ) -> list[Candidate]:
-    """The named devices (``slug`` or ``slug/profile``), or every device and MIG slice."""
+    """The named devices (``slug`` or ``slug/profile``), or every device and MIG slice; a
+    request's ``prices`` are prices of ``price_kind``."""
     rows = HardwareRepository(session).all_by_slug()
     for slug in prices:
         if slug not in rows:
@@ -186,7 +192,9 @@ def candidates(
     if names is None:
         found = []
         for slug in sorted(rows):
-            whole = hardware_spec(rows[slug], price_usd_per_hour=prices.get(slug))
+            whole = hardware_spec(
+                rows[slug], price_usd_per_hour=prices.get(slug), request_price_kind=price_kind
+            )
             found += [_candidate(rows[slug], d) for d in [whole, *_slices(rows[slug], whole)]]
         return found
     chosen = []
@@ -195,7 +203,9 @@ def candidates(
         row = rows.get(slug)
         if row is None:
             raise NotFound(f"hardware profile '{slug}' does not exist; GET /v1/hardware lists them")
-        whole = hardware_spec(row, price_usd_per_hour=prices.get(slug))
+        whole = hardware_spec(
+            row, price_usd_per_hour=prices.get(slug), request_price_kind=price_kind
+        )
         if not profile_name:
             chosen.append(_candidate(row, whole))
             continue
@@ -482,7 +492,7 @@ def recommend(
         fuse_elementwise=payload.fuse_elementwise,
         tokens_mean=payload.tokens_mean,
     )
-    pool = candidates(session, payload.devices, payload.prices_usd_per_hour)
+    pool = candidates(session, payload.devices, payload.prices_usd_per_hour, payload.price_kind)
     cals = calibrations(payload.calibration)
     schemes = [PRECISION_SCHEMES[p] for p in payload.precisions]
     excluded: list[Exclusion] = []
@@ -508,6 +518,8 @@ def recommend(
         objective=payload.objective,
         latency_slo_s=None if payload.latency_slo_ms is None else payload.latency_slo_ms / 1e3,
         throughput_target_per_s=payload.throughput_target_per_s,
+        slo_margin_fraction=payload.slo_margin,
+        price_kind=payload.price_kind,
     )
     batches = _batches(payload)
     options: dict[tuple[str, str], list[Assessment]] = {}
@@ -529,10 +541,14 @@ def recommend(
     summary_bindings = (
         source.bindings(1, seq=source.prompt_tokens) if source.decoder else source.bindings(1)
     )
+    budget = requirements.latency_budget_s
     return InferenceRecommendationResponse(
         recommendation=paragraph,
         objective=payload.objective,
         latency_slo_ms=payload.latency_slo_ms,
+        slo_margin=None if budget is None else payload.slo_margin,
+        latency_budget_ms=None if budget is None else budget * 1e3,
+        price_kind=payload.price_kind,
         throughput_target_per_s=payload.throughput_target_per_s,
         workload=WorkloadSummary(
             model=source.label,
@@ -555,8 +571,47 @@ def recommend(
         excluded=excluded,
         calibration={kind: calibration_read(cal) for kind, cal in cals.items()},
         formulas=FORMULAS,
-        assumptions=[*ASSUMPTIONS, *_padding_note(source)],
+        assumptions=[*ASSUMPTIONS, *_padding_note(source), _prices_note(pool, payload.price_kind)],
     )
+
+
+def _prices_note(pool: Sequence[Candidate], kind: PriceKind) -> str:
+    """Which prices the costs use (kind, region, date per device), and which devices are not
+    ranked by cost because they have no price of that kind."""
+    used: list[str] = []
+    other: list[str] = []
+    missing = 0
+    seen: set[str] = set()
+    for candidate in pool:
+        device = candidate.device
+        slug = device.parent or device.slug  # a slice pays its share of its GPU's price
+        if slug in seen:
+            continue
+        seen.add(slug)
+        price, _ = price_of_kind(device, kind)
+        if price is not None:
+            whole = price / device.compute_fraction
+            region = device.price_region or "region not stated"
+            when = "date unknown" if device.price_date is None else device.price_date.isoformat()
+            origin = "request" if device.price_source.startswith("request") else "catalog"
+            used.append(f"{slug} {whole:.4g} ({region}, {when}, {origin})")
+        elif device.price_usd_per_hour is None:
+            missing += 1
+        else:
+            found = "no kind" if device.price_kind is None else device.price_kind.value
+            other.append(f"{slug} ({found})")
+    text = f"costs use {kind.value} prices only, per whole device [USD/h]"
+    text += ": " + ", ".join(used) if used else ": none of the candidates has one"
+    if any(c.device.parent is not None for c in pool):
+        text += "; a MIG slice pays its share of compute slices of its GPU's price"
+    skipped = []
+    if other:
+        skipped.append("priced with another kind: " + ", ".join(other))
+    if missing:
+        skipped.append(f"{missing} without a price")
+    if skipped:
+        text += "; not ranked by cost: " + "; ".join(skipped)
+    return text
 
 
 def _padding_note(source: ModelSource) -> list[str]:
@@ -646,6 +701,23 @@ def _defaults_used(
                 option="devices", value="all", reason="every hardware profile and MIG slice"
             )
         )
+    if "price_kind" not in given:
+        rows.append(
+            DefaultUsedRow(
+                option="price_kind",
+                value=payload.price_kind.value,
+                reason="costs are ranked among list (pay-as-you-go) prices only",
+            )
+        )
+    if payload.latency_slo_ms is not None and "slo_margin" not in given:
+        rows.append(
+            DefaultUsedRow(
+                option="slo_margin",
+                value=f"{payload.slo_margin:g}",
+                reason=f"a prediction within {payload.slo_margin:.0%} of the SLO does not "
+                "meet it: the latency is predicted, not measured",
+            )
+        )
     rows.append(
         DefaultUsedRow(
             option="runtime",
@@ -694,6 +766,9 @@ def _inputs(p: Prediction) -> RooflineInputs:
         tdp_watts=device.tdp_watts,
         price_usd_per_hour=device.price_usd_per_hour,
         price_source=device.price_source,
+        price_kind=device.price_kind,
+        price_region=device.price_region,
+        price_date=device.price_date,
     )
 
 
@@ -719,6 +794,7 @@ def ranked_candidate(rank_: int, item: Assessment, generated: int | None) -> Ran
         devices_needed=item.devices_needed,
         cost_usd_per_million=item.cost_usd_per_million,
         fleet_cost_usd_per_hour=item.fleet_cost_usd_per_hour,
+        unpriced_reason=item.unpriced_reason,
         energy_j_per_inference=item.energy_j_per_inference,
         fits_in_memory=item.memory.fits,
         memory_required_bytes=item.memory.required_bytes,

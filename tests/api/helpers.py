@@ -20,6 +20,7 @@ HARDWARE: dict[str, Any] = {
     "host_link": {"type": "PCIe Gen3 x16", "pcie_generation": 3, "pcie_lanes": 16},
     "tdp_watts": 300,
     "price_usd_per_hour": 1.5,
+    "price_kind": "on_demand",
     "mig": {
         "total_compute_slices": 7,
         "total_memory_slices": 8,

@@ -173,9 +173,17 @@ def test_the_defaults_a_recommendation_used_are_echoed(client: ApiClient) -> Non
     assert defaults["batch_sizes"]["value"] == "1, 2, 4"
     assert defaults["precisions"]["value"] == "fp32, bf16, fp16, int8"
     assert defaults["fuse_elementwise"]["value"] == "true"
+    assert defaults["price_kind"]["value"] == "on_demand"
+    assert "slo_margin" not in defaults  # no SLO, no margin
     assert "devices" not in defaults  # given
     assert "runtime" in defaults
     assert workload["attention"] == []  # no attention layer
+    with_slo = _recommend(
+        client, model="resnet-50", devices=["nvidia-a10"], max_batch_size=4, latency_slo_ms=20
+    )
+    margin = {row["option"]: row for row in with_slo["workload"]["defaults_used"]}["slo_margin"]
+    assert margin["value"] == "0.1"
+    assert "within 10% of the SLO" in margin["reason"]
     given = _recommend(
         client,
         model="resnet-50",
@@ -184,6 +192,9 @@ def test_the_defaults_a_recommendation_used_are_echoed(client: ApiClient) -> Non
         precisions=["fp16"],
         image_size=160,
         fuse_elementwise=True,
+        price_kind="on_demand",
+        latency_slo_ms=20,
+        slo_margin=0.2,
     )
     assert {row["option"] for row in given["workload"]["defaults_used"]} == {"runtime"}
 

@@ -1,13 +1,16 @@
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 
+import pytest
+import sqlalchemy as sa
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Table, inspect, select
+from sqlalchemy.exc import IntegrityError
 
 from app.db.base import Base
 from app.db.migrations import alembic_config, current_revisions, head_revisions
-from app.db.models import ModelArchitecture
+from app.db.models import Hardware, ModelArchitecture
 from app.db.session import make_engine
 from tests.support import TABLES
 
@@ -100,3 +103,82 @@ def test_upgrade_strips_fused_from_stored_attention_layers(db_url: str) -> None:
     finally:
         command.upgrade(config, "head")
         engine.dispose()
+
+
+def test_prices_get_their_kind_columns_and_keep_the_price(db_url: str) -> None:
+    """0004: a price stored before prices carried a kind keeps its figure with kind NULL
+    (unknown: never ranked by cost); the database refuses an unknown kind; downgrading drops
+    the four columns and keeps the price."""
+    config = alembic_config(db_url)
+    engine = make_engine(db_url)
+    json_columns = {"peak_flops_per_s", "peak_sparse_flops_per_s", "unconfirmed", "sources"}
+    legacy = sa.table(
+        "hardware",
+        *(
+            sa.column(name, sa.JSON() if name in json_columns else None)
+            for name in LEGACY_HARDWARE
+            if name not in ("created_at", "updated_at")
+        ),
+        sa.column("created_at", sa.DateTime(timezone=True)),
+        sa.column("updated_at", sa.DateTime(timezone=True)),
+    )
+    try:
+        command.downgrade(config, "0003")
+        assert "price_kind" not in {c["name"] for c in inspect(engine).get_columns("hardware")}
+        with engine.begin() as connection:
+            connection.execute(legacy.insert().values(**LEGACY_HARDWARE))
+        command.upgrade(config, "head")
+        columns = {c["name"] for c in inspect(engine).get_columns("hardware")}
+        assert {"price_kind", "price_region", "price_date", "price_source"} <= columns
+        table = Hardware.__table__
+        assert isinstance(table, Table)
+        where = table.c.slug == "legacy-priced"
+        with engine.begin() as connection:
+            row = connection.execute(
+                select(table.c.price_usd_per_hour, table.c.price_kind, table.c.price_date).where(
+                    where
+                )
+            ).one()
+            assert tuple(row) == (2.5, None, None)
+            connection.execute(
+                table.update()
+                .where(where)
+                .values(price_kind="reserved", price_date=date(2026, 1, 2), price_region="x")
+            )
+            assert connection.execute(select(table.c.price_date).where(where)).scalar_one() == (
+                date(2026, 1, 2)
+            )
+        with pytest.raises(IntegrityError), engine.begin() as connection:
+            connection.execute(table.update().where(where).values(price_kind="list"))
+        command.downgrade(config, "0003")
+        assert "price_kind" not in {c["name"] for c in inspect(engine).get_columns("hardware")}
+        with engine.begin() as connection:
+            price = connection.execute(
+                sa.select(legacy.c.price_usd_per_hour).where(legacy.c.slug == "legacy-priced")
+            ).scalar_one()
+            connection.execute(legacy.delete().where(legacy.c.slug == "legacy-priced"))
+        assert price == 2.5
+    finally:
+        command.upgrade(config, "head")
+        engine.dispose()
+
+
+_NOW = datetime(2026, 11, 24, tzinfo=UTC)
+LEGACY_HARDWARE = {
+    "version": 1,
+    "slug": "legacy-priced",
+    "vendor": "Acme",
+    "name": "Old GPU",
+    "kind": "gpu",
+    "memory_bytes": 2**34,
+    "memory_bandwidth_bytes_per_s": 10**12,
+    "peak_flops_per_s": {"fp32": 1e13},
+    "peak_sparse_flops_per_s": {},
+    "host_link_type": "PCIe Gen4 x16",
+    "price_usd_per_hour": 2.5,
+    "unconfirmed": [],
+    "sources": ["test"],
+    "source": "user",
+    "created_at": _NOW,
+    "updated_at": _NOW,
+}

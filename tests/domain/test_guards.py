@@ -14,7 +14,13 @@ import pytest
 
 from app.domain.errors import DomainError
 from app.domain.graph.analysis import InputDecl, analyze
-from app.domain.hardware import DeviceKind, FrameworkOverhead, HardwareInputError, mig_slice
+from app.domain.hardware import (
+    DeviceKind,
+    FrameworkOverhead,
+    HardwareInputError,
+    PriceKind,
+    mig_slice,
+)
 from app.domain.memory.estimate import MemoryInputError, MemoryRequest
 from app.domain.mig.layout import MigGeometry, MigProfileSpec
 from app.domain.performance.recommend import (
@@ -44,7 +50,7 @@ from tests.domain.test_roofline import HAND_CAL, HAND_GPU
 FP32 = PRECISION_SCHEMES[Precision.FP32]
 SUBNORMAL = sys.float_info.min / 2
 # The roofline golden tests' round-number device, under a short slug (messages name it).
-GPU = dataclasses.replace(HAND_GPU, slug="g", name="G")
+GPU = dataclasses.replace(HAND_GPU, slug="g", name="G", price_kind=PriceKind.ON_DEMAND)
 CAL = HAND_CAL
 
 

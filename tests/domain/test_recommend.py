@@ -5,11 +5,13 @@ from dataclasses import replace
 import pytest
 
 from app.domain.graph.analysis import InputDecl, analyze
-from app.domain.hardware import DeviceKind, HardwareSpec
+from app.domain.hardware import DeviceKind, HardwareSpec, PriceKind
 from app.domain.performance.recommend import (
+    DEFAULT_SLO_MARGIN_FRACTION,
     Assessment,
     MemoryFit,
     Objective,
+    RecommendationInputError,
     Requirements,
     assess,
     best_batch,
@@ -17,6 +19,7 @@ from app.domain.performance.recommend import (
     devices_needed,
     energy_per_inference_j,
     explain,
+    latency_budget_s,
     quantization_sentence,
     rank,
 )
@@ -45,6 +48,7 @@ GPU = HardwareSpec(
     host_link_source="test",
     tdp_watts=400.0,
     price_usd_per_hour=4.0,
+    price_kind=PriceKind.ON_DEMAND,
 )
 CPU = HardwareSpec(
     slug="cpu",
@@ -57,6 +61,7 @@ CPU = HardwareSpec(
     host_link_source="test",
     tdp_watts=350.0,
     price_usd_per_hour=1.0,
+    price_kind=PriceKind.ON_DEMAND,
     simd="AVX-512 + AMX",
 )
 
@@ -94,7 +99,9 @@ def test_assess_gives_reasons() -> None:
     assert item.fleet_cost_usd_per_hour == pytest.approx(item.devices_needed * 4.0)
     unpriced = _assess(replace(CPU, price_usd_per_hour=None), 1, Requirements())
     assert unpriced.cost_usd_per_million is None
-    assert any("no price" in r for r in unpriced.reasons)
+    assert unpriced.unpriced_reason is not None
+    assert "no on_demand price: give prices_usd_per_hour" in unpriced.unpriced_reason
+    assert unpriced.unpriced_reason in unpriced.reasons
     by_energy = _assess(
         replace(CPU, price_usd_per_hour=None), 1, Requirements(objective=Objective.ENERGY)
     )
@@ -141,7 +148,8 @@ def test_explain_names_the_winner_the_reason_and_the_alternative() -> None:
     assert "ridge point" in text
     assert "The best accelerator option, Big GPU" in text or "The best CPU option, Big CPU" in text
     assert "needs 4.0x the cost ($4/h against $1/h for 500/s)" in text
-    assert "2 candidate(s) have no price" in text
+    assert "costs compare on_demand prices only" in text
+    assert "2 device(s) have no on_demand price and are not ranked by cost" in text
     assert "3 device/precision pair(s) were excluded" in text
     assert "with AMX tiles" in text
     assert "int8 is W8A8: 8-bit weights and activations, math at the int8 peak." in text
@@ -208,3 +216,117 @@ def test_the_explanation_names_weight_only_and_w8a8(precision: Precision) -> Non
     assert text.startswith(f"Run tiny on Big GPU at {precision.value}, batch 1: ")
     assert QUANTIZATION_SENTENCES[precision] in text
     assert ("-bit weights" in text) is bool(QUANTIZATION_SENTENCES[precision])
+
+
+# --------------------------------------------------------------------------------------------
+# Prices of one kind; the SLO margin
+# --------------------------------------------------------------------------------------------
+
+RESERVED = replace(
+    GPU, slug="gpu-reserved", name="Reserved GPU", price_usd_per_hour=0.5,
+    price_kind=PriceKind.RESERVED,
+)  # fmt: skip
+
+
+def test_costs_are_ranked_among_prices_of_one_kind() -> None:
+    on_demand = Requirements(latency_slo_s=0.02)
+    items = [_assess(d, 1, on_demand) for d in (RESERVED, GPU, CPU)]
+    ranked = rank(items, Objective.COST)
+    # the reserved 0.5 USD/h is the cheapest figure, but it is not an on-demand price
+    assert [a.prediction.device.slug for a in ranked] == ["cpu", "gpu", "gpu-reserved"]
+    reserved = ranked[-1]
+    assert reserved.cost_usd_per_million is None
+    assert reserved.fleet_cost_usd_per_hour is None
+    assert not reserved.eligible
+    assert reserved.unpriced_reason == (
+        "no on_demand price: its price is reserved (0.5 USD/h), not compared with on_demand "
+        "prices (price_kind=reserved ranks by those)"
+    )
+    assert reserved.reasons == (reserved.unpriced_reason,)
+    cpu = ranked[0]
+    assert cpu.cost_usd_per_million == pytest.approx(
+        1.0 / 3600 / cpu.prediction.throughput_per_s * 1e6
+    )
+
+    by_reserved = Requirements(latency_slo_s=0.02, price_kind=PriceKind.RESERVED)
+    ranked = rank([_assess(d, 1, by_reserved) for d in (RESERVED, GPU, CPU)], Objective.COST)
+    first = ranked[0]
+    assert first.prediction.device.slug == "gpu-reserved"
+    assert first.cost_usd_per_million == pytest.approx(
+        0.5 / 3600 / first.prediction.throughput_per_s * 1e6
+    )
+    assert [a.eligible for a in ranked] == [True, False, False]
+    assert all("its price is on_demand" in (a.unpriced_reason or "") for a in ranked[1:])
+    text = explain(ranked, by_reserved, model="resnet-50", unpriced=2)
+    assert "costs compare reserved prices only" in text
+    assert "2 device(s) have no reserved price and are not ranked by cost" in text
+
+
+def test_a_price_without_a_kind_is_not_ranked() -> None:
+    legacy = _assess(replace(CPU, price_kind=None), 1, Requirements())
+    assert legacy.cost_usd_per_million is None
+    assert legacy.unpriced_reason is not None
+    assert "does not say its kind" in legacy.unpriced_reason
+    # other objectives keep the device eligible, still without a cost figure
+    by_energy = _assess(replace(CPU, price_kind=None), 1, Requirements(objective=Objective.ENERGY))
+    assert by_energy.eligible
+    assert by_energy.cost_usd_per_million is None
+
+
+@pytest.mark.parametrize(
+    ("slo_s", "margin", "budget_s"),
+    [(5.0, 0.1, 4.5), (0.02, 0.1, 0.018), (0.02, 0.0, 0.02), (1.0, 0.25, 0.75)],
+)
+def test_latency_budget(slo_s: float, margin: float, budget_s: float) -> None:
+    assert latency_budget_s(slo_s, margin) == pytest.approx(budget_s)
+    requirements = Requirements(latency_slo_s=slo_s, slo_margin_fraction=margin)
+    assert requirements.latency_budget_s == pytest.approx(budget_s)
+
+
+def test_default_margin_is_ten_percent() -> None:
+    assert DEFAULT_SLO_MARGIN_FRACTION == 0.1
+    assert Requirements(latency_slo_s=5.0).latency_budget_s == pytest.approx(4.5)
+    assert Requirements().latency_budget_s is None
+
+
+@pytest.mark.parametrize("margin", [-0.01, 0.95, 1.0, float("nan"), float("inf")])
+def test_margin_out_of_range_is_refused(margin: float) -> None:
+    with pytest.raises(RecommendationInputError, match="slo_margin_fraction"):
+        Requirements(latency_slo_s=1.0, slo_margin_fraction=margin)
+
+
+def test_a_latency_within_the_margin_does_not_meet_the_slo() -> None:
+    latency = _assess(CPU, 1, Requirements()).prediction.latency_s
+    # the case: 4,976 ms against 5,000 ms, 99.5 % of the SLO
+    slo = latency / 0.995
+    tight = _assess(CPU, 1, Requirements(latency_slo_s=slo))
+    assert not tight.meets_latency_slo
+    assert not tight.eligible
+    (reason,) = tight.reasons
+    assert "is within the 10% margin of the" in reason
+    assert f"(the budget is {slo * 0.9 * 1e3:.3g} ms)" in reason
+    exact = _assess(CPU, 1, Requirements(latency_slo_s=slo, slo_margin_fraction=0.0))
+    assert exact.meets_latency_slo
+    assert exact.eligible
+    roomy = _assess(CPU, 1, Requirements(latency_slo_s=latency / 0.85))
+    assert roomy.meets_latency_slo
+    assert roomy.eligible
+    over = _assess(CPU, 1, Requirements(latency_slo_s=latency / 1.5))
+    assert any(r.endswith("SLO") and "exceeds the" in r for r in over.reasons)
+
+
+def test_the_winner_keeps_the_margin() -> None:
+    # the CPU is cheaper but predicted at 99.5 % of the SLO; the GPU is inside the budget
+    cpu_latency = _assess(CPU, 1, Requirements()).prediction.latency_s
+    gpu_latency = _assess(GPU, 1, Requirements()).prediction.latency_s
+    slo = cpu_latency / 0.995
+    assert gpu_latency < 0.9 * slo  # precondition: the GPU meets the SLO with its margin
+    with_margin = Requirements(latency_slo_s=slo)
+    ranked = rank([_assess(d, 1, with_margin) for d in (CPU, GPU)], Objective.COST)
+    assert [a.prediction.device.slug for a in ranked] == ["gpu", "cpu"]
+    text = explain(ranked, with_margin, model="resnet-50")
+    assert text.startswith("Run resnet-50 on Big GPU")
+    assert "budget with its 10% margin" in text
+    no_margin = Requirements(latency_slo_s=slo, slo_margin_fraction=0.0)
+    ranked = rank([_assess(d, 1, no_margin) for d in (CPU, GPU)], Objective.COST)
+    assert [a.prediction.device.slug for a in ranked] == ["cpu", "gpu"]

@@ -2,7 +2,10 @@
 
 Every candidate is a prediction (:mod:`app.domain.roofline`) at one device, precision and
 batch size, with the memory engine's verdict on whether it fits. It is eligible when it fits,
-meets the latency SLO, and has what the objective needs (a price for cost, a TDP for energy).
+meets the latency SLO with its margin (latency <= SLO x (1 - margin)), and has what the
+objective needs (a price of the requested kind for cost, a TDP for energy). Costs compare like
+with like: only prices of one kind (on-demand, reserved or spot) are ranked together; a device
+whose price is of another kind has no cost figure, with the reason.
 Per device and precision the batch that serves the objective best among the eligible ones is
 kept; the survivors are ranked by the objective, and the first is explained in plain words
 against the best candidate of the other kind (a CPU against an accelerator, and back).
@@ -17,7 +20,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from app.domain.errors import DomainError
-from app.domain.hardware import DeviceKind
+from app.domain.hardware import DeviceKind, HardwareSpec, PriceKind
 from app.domain.performance.roofline import (
     PRECISION_SCHEMES,
     Bound,
@@ -27,6 +30,11 @@ from app.domain.performance.roofline import (
 from app.domain.precision import Quantization
 
 SECONDS_PER_HOUR = 3600.0
+# Headroom kept under the latency SLO: a prediction within this fraction of the SLO is not a
+# pass. A policy default, not a bound on the model's error (benchmarks/calibration/README.md:
+# out-of-sample p90 latency, median predicted / measured 0.72 for ResNet-50, 1.17 for BERT).
+DEFAULT_SLO_MARGIN_FRACTION = 0.1
+MAX_SLO_MARGIN_FRACTION = 0.9
 
 
 class RecommendationInputError(DomainError):
@@ -69,12 +77,69 @@ class Requirements:
     objective: Objective = Objective.COST
     latency_slo_s: float | None = None
     throughput_target_per_s: float | None = None
+    slo_margin_fraction: float = DEFAULT_SLO_MARGIN_FRACTION
+    price_kind: PriceKind = PriceKind.ON_DEMAND  # the one kind of price costs are ranked by
 
     def __post_init__(self) -> None:
         if self.latency_slo_s is not None:
             _positive("latency_slo_s", self.latency_slo_s)
         if self.throughput_target_per_s is not None:
             _positive("throughput_target_per_s", self.throughput_target_per_s)
+        margin = self.slo_margin_fraction
+        _non_negative("slo_margin_fraction", margin)
+        if margin > MAX_SLO_MARGIN_FRACTION:
+            raise RecommendationInputError(
+                f"slo_margin_fraction must be at most {MAX_SLO_MARGIN_FRACTION}, got {margin!r}"
+            )
+        if not isinstance(self.price_kind, PriceKind):
+            raise RecommendationInputError(f"unknown price kind {self.price_kind!r}")
+
+    @property
+    def latency_budget_s(self) -> float | None:
+        """The latency a candidate must stay at or under: SLO x (1 - margin) [s]."""
+        if self.latency_slo_s is None:
+            return None
+        return latency_budget_s(self.latency_slo_s, self.slo_margin_fraction)
+
+
+def latency_budget_s(latency_slo_s: float, slo_margin_fraction: float) -> float:
+    """The latency a prediction must not exceed to count as meeting the SLO.
+
+    Parameters
+    ----------
+    latency_slo_s : latency service-level objective [s]
+    slo_margin_fraction : headroom kept under the SLO, in [0, 0.9] [-]
+
+    Returns
+    -------
+    budget : SLO * (1 - margin) [s]
+    """
+    _positive("latency_slo_s", latency_slo_s)
+    _non_negative("slo_margin_fraction", slo_margin_fraction)
+    return latency_slo_s * (1.0 - slo_margin_fraction)
+
+
+def price_of_kind(device: HardwareSpec, kind: PriceKind) -> tuple[float | None, str | None]:
+    """The device's price if it is of ``kind`` [USD/h], else None and why it is not used.
+
+    Prices of different kinds (an on-demand list rate, a reservation, a spot rate) are not
+    comparable, so only a price of the requested kind gives a cost.
+    """
+    price = device.price_usd_per_hour
+    if price is None:
+        return None, f"no {kind.value} price: give prices_usd_per_hour to rank it by cost"
+    if device.price_kind is None:
+        return None, (
+            f"no {kind.value} price: its price ({price:.4g} USD/h) does not say its kind "
+            "(stored before prices carried one); give prices_usd_per_hour to rank it by cost"
+        )
+    if device.price_kind is not kind:
+        return None, (
+            f"no {kind.value} price: its price is {device.price_kind.value} "
+            f"({price:.4g} USD/h), not compared with {kind.value} prices "
+            f"(price_kind={device.price_kind.value} ranks by those)"
+        )
+    return price, None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -154,6 +219,7 @@ class Assessment:
     fleet_cost_usd_per_hour: float | None  # devices_needed * price
     energy_j_per_inference: float | None
     reasons: tuple[str, ...]  # empty when eligible
+    unpriced_reason: str | None = None  # why there is no cost figure (None: priced)
 
     @property
     def eligible(self) -> bool:
@@ -172,22 +238,28 @@ def assess(prediction: Prediction, memory: MemoryFit, requirements: Requirements
             f"{memory.available_bytes / 2**30:.2f} GiB"
         )
     slo = requirements.latency_slo_s
-    meets = slo is None or prediction.latency_s <= slo
+    budget = requirements.latency_budget_s
+    meets = budget is None or prediction.latency_s <= budget
     if not meets:
-        reasons.append(
-            f"latency {prediction.latency_s * 1e3:.3g} ms exceeds the {slo * 1e3:.3g} ms SLO"
-            if slo is not None
-            else "latency over the SLO"
-        )
+        latency = f"latency {_ms(prediction.latency_s)}"
+        if slo is None or budget is None:
+            reasons.append("latency over the SLO")
+        elif prediction.latency_s > slo:
+            reasons.append(f"{latency} exceeds the {_ms(slo)} SLO")
+        else:
+            reasons.append(
+                f"{latency} is within the {requirements.slo_margin_fraction:.0%} margin of the "
+                f"{_ms(slo)} SLO (the budget is {_ms(budget)})"
+            )
     target = requirements.throughput_target_per_s
     needed = None if target is None else devices_needed(target, throughput)
-    price = device.price_usd_per_hour
+    price, unpriced = price_of_kind(device, requirements.price_kind)
     cost = fleet = None
     if price is not None:
         cost = cost_per_million_usd(price, throughput)
         fleet = None if needed is None else _finite("fleet_cost_usd_per_hour", needed * price)
-    elif requirements.objective is Objective.COST:
-        reasons.append("no price: give prices_usd_per_hour to rank it by cost")
+    elif requirements.objective is Objective.COST and unpriced is not None:
+        reasons.append(unpriced)
     energy = None
     if device.tdp_watts is not None:
         energy = energy_per_inference_j(device.tdp_watts, prediction.latency_s, prediction.batch)
@@ -202,6 +274,7 @@ def assess(prediction: Prediction, memory: MemoryFit, requirements: Requirements
         fleet_cost_usd_per_hour=fleet,
         energy_j_per_inference=energy,
         reasons=tuple(reasons),
+        unpriced_reason=unpriced,
     )
 
 
@@ -340,8 +413,13 @@ def quantization_sentence(p: Prediction) -> str:
 def _headline(item: Assessment, requirements: Requirements) -> str:
     p = item.prediction
     parts = [f"{_ms(p.latency_s)} per request"]
-    if requirements.latency_slo_s is not None:
-        parts[0] += f" against the {_ms(requirements.latency_slo_s)} SLO"
+    slo, budget = requirements.latency_slo_s, requirements.latency_budget_s
+    if slo is not None and budget is not None:
+        parts[0] += f" against the {_ms(slo)} SLO"
+        if requirements.slo_margin_fraction > 0:
+            parts[0] += (
+                f" ({_ms(budget)} budget with its {requirements.slo_margin_fraction:.0%} margin)"
+            )
     if p.first_token_s is not None and p.per_token_s is not None:
         parts.append(
             f"{_ms(p.first_token_s)} to the first token then {_ms(p.per_token_s)} per token"
@@ -427,9 +505,13 @@ def explain(
     """A paragraph in plain words: what to run, why, and what the alternative costs."""
     objective = requirements.objective
     notes = []
+    kind = requirements.price_kind.value
+    if objective is Objective.COST:
+        notes.append(f"costs compare {kind} prices only")
     if unpriced and objective is Objective.COST:
         notes.append(
-            f"{unpriced} candidate(s) have no price (give prices_usd_per_hour to rank them by cost)"
+            f"{unpriced} device(s) have no {kind} price and are not ranked by cost (their "
+            "reasons say why; give prices_usd_per_hour to price them)"
         )
     if excluded:
         notes.append(
