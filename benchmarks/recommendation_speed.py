@@ -7,8 +7,9 @@ recommendation service for the default request (every catalog device and MIG sli
 bf16 / fp16 / int8, batch sizes 1 to 256) of several zoo models: once with empty caches (cold:
 every graph analysis and memory estimate computed) and ``--runs`` times warm (the analysis and
 memory-peak caches filled; the roofline still evaluated for every candidate). Prints the cold
-time and the warm median. Target (issue 6): a default request well under 1 s; exit 1 when a
-cold request takes longer.
+time and the warm median. Target (issue 6): a default request well under 1 s; the opt-in
+server scenario (a simulated queue per device and precision) under 3 s; exit 1 when a cold
+request takes longer than its target.
 """
 
 from __future__ import annotations
@@ -29,13 +30,15 @@ from app.services.catalog import load_catalog, sync_catalog
 from app.services.recommendations import clear_caches, recommend
 from app.services.zoo import sync_zoo
 
-CASES: list[dict[str, Any]] = [
-    {"model": "resnet-50", "latency_slo_ms": 20},
-    {"model": "bert-base", "sequence_length": 128, "latency_slo_ms": 50},
-    {"model": "llama-2-7b", "latency_slo_ms": 10_000},
-    {"model": "gpt-3-175b", "latency_slo_ms": 60_000},
-]
 TARGET_MS = 1000.0
+SERVER_TARGET_MS = 3000.0  # opt-in: a simulated queue per device and precision on top
+CASES: list[tuple[dict[str, Any], float]] = [
+    ({"model": "resnet-50", "latency_slo_ms": 20}, TARGET_MS),
+    ({"model": "bert-base", "sequence_length": 128, "latency_slo_ms": 50}, TARGET_MS),
+    ({"model": "llama-2-7b", "latency_slo_ms": 10_000}, TARGET_MS),
+    ({"model": "gpt-3-175b", "latency_slo_ms": 60_000}, TARGET_MS),
+    ({"model": "resnet-50", "latency_slo_ms": 15, "scenario": "server"}, SERVER_TARGET_MS),
+]
 
 
 def main() -> int:
@@ -51,9 +54,9 @@ def main() -> int:
         with sessions() as session:
             sync_catalog(session, load_catalog(PROJECT_ROOT / "hardware_catalog"))
             sync_zoo(session)
-        print(f"{'model':<12} {'candidates':>10} {'cold ms':>8} {'warm median ms':>15}  target")
+        print(f"{'model':<19} {'candidates':>10} {'cold ms':>8} {'warm median ms':>15}  target")
         ok = True
-        for case in CASES:
+        for case, target_ms in CASES:
             payload = InferenceRecommendationRequest.model_validate(case)
             with sessions() as session:
                 clear_caches()
@@ -65,11 +68,12 @@ def main() -> int:
                     start = time.perf_counter()
                     recommend(session, payload=payload)
                     warm.append((time.perf_counter() - start) * 1000)
-            verdict = "ok" if cold < TARGET_MS else "OVER"
-            ok &= cold < TARGET_MS
+            verdict = "ok" if cold < target_ms else "OVER"
+            ok &= cold < target_ms
+            label = case["model"] + (" (server)" if case.get("scenario") == "server" else "")
             print(
-                f"{case['model']:<12} {result.total_candidates:>10} {cold:8.0f} "
-                f"{statistics.median(warm):15.0f}  cold < {TARGET_MS:.0f} ms {verdict}"
+                f"{label:<19} {result.total_candidates:>10} {cold:8.0f} "
+                f"{statistics.median(warm):15.0f}  cold < {target_ms:.0f} ms {verdict}"
             )
         engine.dispose()
     return 0 if ok else 1

@@ -12,6 +12,7 @@ from app.domain.performance.recommend import (
     DEFAULT_SLO_MARGIN_FRACTION,
     MAX_SLO_MARGIN_FRACTION,
     Objective,
+    Scenario,
 )
 from app.domain.performance.roofline import Bound
 from app.domain.precision import Precision
@@ -222,6 +223,17 @@ class InferenceRecommendationRequest(Schema):
         "`price_kind` (no region or date).",
         examples=[{"intel-xeon-platinum-8480plus": 1.1}],
     )
+    scenario: Scenario = Field(
+        default=Scenario.OFFLINE,
+        description="How requests arrive (MLPerf's scenarios). offline: batches back to back; "
+        "throughput = batch / interval, latency = one batch's. server: requests arrive one at "
+        "a time at random (Poisson) and a dynamic batcher groups what is waiting, up to a "
+        "batch cap chosen among the batch sizes tried; throughput is the largest arrival rate "
+        "whose simulated 99th-percentile latency stays within the latency budget "
+        "(latency_slo_ms x (1 - slo_margin)), latency is that p99, and costs are priced at "
+        "that rate. server needs latency_slo_ms.",
+        examples=["offline"],
+    )
     price_kind: PriceKind = Field(
         default=PriceKind.ON_DEMAND,
         description="The one kind of price costs are computed and ranked by: on_demand, "
@@ -248,6 +260,12 @@ class InferenceRecommendationRequest(Schema):
     def _one_model(self) -> Self:
         name = type(self).__name__
         one_model_rule(name, self.model, self.architecture)
+        if self.scenario is Scenario.SERVER and self.latency_slo_ms is None:
+            raise located_error(
+                name,
+                ("latency_slo_ms",),
+                "scenario server needs latency_slo_ms: its p99 latency bound",
+            )
         if "slo_margin" in self.model_fields_set and self.latency_slo_ms is None:
             raise located_error(
                 name, ("slo_margin",), "slo_margin is headroom under latency_slo_ms: set that too"
@@ -383,6 +401,37 @@ class TimeShares(Schema):
     overhead: float = Field(description="Launches and per-request overhead.", examples=[0.7])
 
 
+class ServerScenarioRead(Schema):
+    """The server scenario's queue for one candidate: what was simulated and what came out."""
+
+    arrival_rate_per_s: float = Field(
+        description="Largest Poisson arrival rate whose simulated p99 latency stays within the "
+        "budget: the candidate's throughput [1/s].",
+        examples=[8500.0],
+    )
+    p99_latency_ms: float = Field(description="Simulated p99 at that rate [ms].", examples=[9.7])
+    p99_bound_ms: float = Field(
+        description="The bound: latency_slo_ms x (1 - slo_margin) [ms].", examples=[13.5]
+    )
+    batch_cap: int = Field(
+        description="The dynamic batcher's largest batch (a batch size tried).", examples=[64]
+    )
+    mean_batch: float = Field(description="Requests per batch at that rate.", examples=[31.2])
+    utilisation: float = Field(description="Share of the time the device is busy.", examples=[0.9])
+    offline_throughput_per_s: float = Field(
+        description="Back-to-back full batches at the best batch size tried [1/s].",
+        examples=[10062.0],
+    )
+    offline_share: float = Field(
+        description="arrival_rate_per_s / offline_throughput_per_s.", examples=[0.85]
+    )
+    requests_simulated: int = Field(
+        description="Arrivals simulated per rate tried (the first 10 % left out).",
+        examples=[4000],
+    )
+    note: str = Field(description="The same in one line.", examples=["server scenario: ..."])
+
+
 class RankedCandidate(Schema):
     """One device at one precision, at its best batch size, judged against the request."""
 
@@ -400,9 +449,13 @@ class RankedCandidate(Schema):
         examples=[True],
     )
     reasons: list[str] = Field(description="Why it is not eligible.", examples=[[]])
-    latency_ms: float = Field(description="Latency per request [ms].", examples=[1.9])
+    latency_ms: float = Field(
+        description="Latency per request [ms]: one batch's (offline), the simulated p99 (server).",
+        examples=[1.9],
+    )
     throughput_per_s: float = Field(
-        description="Steady-state inferences (decoders: sequences) per second per device.",
+        description="Steady-state inferences (decoders: sequences) per second per device: "
+        "back-to-back batches (offline), the sustained Poisson arrival rate (server).",
         examples=[2100.0],
     )
     meets_latency_slo: bool = Field(
@@ -460,6 +513,11 @@ class RankedCandidate(Schema):
     )
     inputs: RooflineInputs = Field(description="What the figures are computed from.")
     phases: list[PhaseRead] = Field(description="Per-phase time split.")
+    server: ServerScenarioRead | None = Field(
+        default=None,
+        description="scenario server: the queue behind latency_ms (its p99) and "
+        "throughput_per_s (the sustained rate); null offline.",
+    )
 
 
 class Exclusion(Schema):
@@ -526,6 +584,7 @@ class InferenceRecommendationResponse(Schema):
         examples=["Run resnet-50 on Xeon Platinum 8480+ at int8, batch 4: ..."],
     )
     objective: Objective = Field(description="What was minimised.", examples=["cost"])
+    scenario: Scenario = Field(description="offline or server.", examples=["offline"])
     latency_slo_ms: float | None = Field(
         default=None, description="The SLO applied [ms].", examples=[20.0]
     )

@@ -29,7 +29,9 @@ from app.domain.performance.recommend import (
     Assessment,
     MemoryFit,
     Requirements,
+    Scenario,
     assess,
+    assess_server,
     best_batch,
     explain,
     price_of_kind,
@@ -51,6 +53,7 @@ from app.domain.performance.roofline import (
     predict,
     unsupported_reason,
 )
+from app.domain.performance.serving import ServerLoad, clear_server_cache
 from app.domain.precision import Precision
 from app.domain.workload import (
     DEFAULT_SAFETY_MARGIN_FRACTION,
@@ -73,6 +76,7 @@ from app.schemas.recommendations import (
     PhaseRead,
     RankedCandidate,
     RooflineInputs,
+    ServerScenarioRead,
     TimeShares,
     WorkloadSummary,
 )
@@ -143,10 +147,12 @@ _PEAKS: LruCache[tuple[Any, ...], int] = LruCache(size=2048)
 
 
 def clear_caches() -> None:
-    """Forget cached analyses and memory peaks (they are pure: only speed changes)."""
+    """Forget cached analyses, memory peaks and server-scenario queues (they are pure: only
+    speed changes)."""
     _ANALYSES.clear()
     _SHAPES.clear()
     _PEAKS.clear()
+    clear_server_cache()
 
 
 # --------------------------------------------------------------------------------------------
@@ -531,7 +537,10 @@ def recommend(
             fit = source.memory_fit(batch, scheme, candidate)
             key = (device.slug, scheme.precision.value)
             options.setdefault(key, []).append(assess(prediction, fit, requirements))
-    shown = [best_batch(found, payload.objective) for found in options.values()]
+    if payload.scenario is Scenario.SERVER:
+        shown = [assess_server(found, requirements) for found in options.values()]
+    else:
+        shown = [best_batch(found, payload.objective) for found in options.values()]
     ranked = rank(shown, payload.objective)
     unpriced = len({a.prediction.device.slug for a in ranked if a.cost_usd_per_million is None})
     paragraph = explain(
@@ -545,6 +554,7 @@ def recommend(
     return InferenceRecommendationResponse(
         recommendation=paragraph,
         objective=payload.objective,
+        scenario=payload.scenario,
         latency_slo_ms=payload.latency_slo_ms,
         slo_margin=None if budget is None else payload.slo_margin,
         latency_budget_ms=None if budget is None else budget * 1e3,
@@ -571,7 +581,12 @@ def recommend(
         excluded=excluded,
         calibration={kind: calibration_read(cal) for kind, cal in cals.items()},
         formulas=FORMULAS,
-        assumptions=[*ASSUMPTIONS, *_padding_note(source), _prices_note(pool, payload.price_kind)],
+        assumptions=[
+            *ASSUMPTIONS,
+            *_padding_note(source),
+            *_scenario_note(payload, requirements),
+            _prices_note(pool, payload.price_kind),
+        ],
     )
 
 
@@ -612,6 +627,25 @@ def _prices_note(pool: Sequence[Candidate], kind: PriceKind) -> str:
     if skipped:
         text += "; not ranked by cost: " + "; ".join(skipped)
     return text
+
+
+def _scenario_note(
+    payload: InferenceRecommendationRequest, requirements: Requirements
+) -> list[str]:
+    """How the server scenario turns batch timings into a rate and a p99."""
+    budget = requirements.latency_budget_s
+    if payload.scenario is not Scenario.SERVER or budget is None:
+        return []
+    return [
+        f"scenario server: requests arrive one at a time as a Poisson process; when the device "
+        f"frees up it takes everything waiting up to a batch cap (greedy dynamic batching); "
+        f"per candidate, the largest arrival rate whose simulated p99 latency stays within "
+        f"{budget * 1e3:.4g} ms (the SLO less its margin) is its throughput and that p99 its "
+        f"latency, batch latency and interval interpolated between the batch sizes tried, "
+        f"the cap chosen among them (each candidate's server.note says what came out); a "
+        f"candidate whose lone request misses the budget is shown at its offline figures "
+        f"with the reason"
+    ]
 
 
 def _padding_note(source: ModelSource) -> list[str]:
@@ -788,8 +822,8 @@ def ranked_candidate(rank_: int, item: Assessment, generated: int | None) -> Ran
         batch_size=p.batch,
         eligible=item.eligible,
         reasons=list(item.reasons),
-        latency_ms=latency * 1e3,
-        throughput_per_s=p.throughput_per_s,
+        latency_ms=item.latency_s * 1e3,
+        throughput_per_s=item.throughput_per_s,
         meets_latency_slo=item.meets_latency_slo,
         devices_needed=item.devices_needed,
         cost_usd_per_million=item.cost_usd_per_million,
@@ -812,9 +846,25 @@ def ranked_candidate(rank_: int, item: Assessment, generated: int | None) -> Ran
         flops_per_inference=p.flops / p.batch,
         time_to_first_token_ms=None if p.first_token_s is None else p.first_token_s * 1e3,
         per_token_latency_ms=None if p.per_token_s is None else p.per_token_s * 1e3,
-        tokens_per_s=None if generated is None else p.throughput_per_s * generated,
+        tokens_per_s=None if generated is None else item.throughput_per_s * generated,
         inputs=_inputs(p),
         phases=[PhaseRead.model_validate(t) for t in p.phases],
+        server=None if item.server is None else _server_read(item.server),
+    )
+
+
+def _server_read(load: ServerLoad) -> ServerScenarioRead:
+    return ServerScenarioRead(
+        arrival_rate_per_s=load.arrival_rate_per_s,
+        p99_latency_ms=load.p99_latency_s * 1e3,
+        p99_bound_ms=load.p99_bound_s * 1e3,
+        batch_cap=load.batch_cap,
+        mean_batch=load.mean_batch,
+        utilisation=load.utilisation,
+        offline_throughput_per_s=load.offline_throughput_per_s,
+        offline_share=load.offline_share,
+        requests_simulated=load.requests,
+        note=load.note(),
     )
 
 

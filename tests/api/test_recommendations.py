@@ -306,6 +306,8 @@ def test_the_only_candidate_lacking_the_precision_is_an_error(
         ({"calibration": {"fpga": {}}}, "/calibration/fpga/[key]"),
         ({"architecture": TINY_MLP}, "/architecture"),
         ({"colour": "blue"}, "/colour"),
+        ({"scenario": "server"}, "/latency_slo_ms"),  # the p99 bound is required
+        ({"scenario": "multistream", "latency_slo_ms": 10}, "/scenario"),
     ],
 )
 def test_invalid_requests_are_422(
@@ -389,3 +391,45 @@ def test_a_mean_length_the_inputs_cannot_have_is_422(
     assert detail in problem["detail"]
     assert problem["errors"][0]["pointer"] == "/tokens_mean"
     assert table_counts(db_url) == before
+
+
+def test_the_server_scenario_prices_the_rate_a_p99_budget_sustains(client: ApiClient) -> None:
+    """Poisson arrivals and dynamic batching: per candidate the largest rate whose simulated
+    p99 stays within the budget (SLO x (1 - margin)) is the throughput, its p99 the latency,
+    and costs follow the rate; a GPU at 15 ms keeps most of its offline figure, a CPU whose
+    batches are slow keeps less, and a device whose lone request misses the budget is
+    ineligible with the offline figures and the reason."""
+    devices = ["nvidia-a10", "intel-xeon-platinum-8480plus", "intel-xeon-platinum-8380"]
+    common = {"model": "resnet-50", "devices": devices, "precisions": ["int8"]}
+    offline = _by_device(_recommend(client, **common, latency_slo_ms=15))
+    body = _recommend(client, **common, latency_slo_ms=15, scenario="server", slo_margin=0.1)
+    assert body["scenario"] == "server"
+    assert body["latency_budget_ms"] == pytest.approx(13.5)
+    assert any(line.startswith("scenario server: ") for line in body["assumptions"])
+    server = _by_device(body)
+    for key, candidate in server.items():
+        queue = candidate["server"]
+        assert queue is not None, key
+        assert candidate["latency_ms"] == queue["p99_latency_ms"] <= 13.5
+        assert candidate["throughput_per_s"] == queue["arrival_rate_per_s"]
+        assert queue["p99_bound_ms"] == pytest.approx(13.5)
+        assert queue["batch_cap"] == candidate["batch_size"]
+        assert 0 < queue["offline_share"] <= 1
+        # the offline answer's batch is one of those timed: the queue's offline figure is the best
+        assert queue["offline_throughput_per_s"] >= offline[key]["throughput_per_s"] * (1 - 1e-9)
+        assert "greedy dynamic batching" in queue["note"]
+    a10 = server[("nvidia-a10", "int8")]
+    price = a10["inputs"]["price_usd_per_hour"]  # the catalog's on-demand price
+    expected = price / 3600 / a10["throughput_per_s"] * 1e6
+    assert a10["cost_usd_per_million"] == pytest.approx(expected, rel=1e-9)
+    gpu = server[("nvidia-a10", "int8")]["server"]
+    cpu = server[("intel-xeon-platinum-8480plus", "int8")]["server"]
+    assert gpu["offline_share"] > 0.9
+    assert cpu["offline_share"] < gpu["offline_share"]
+    assert "server" not in offline[("nvidia-a10", "int8")]  # offline has no queue
+    # a bound under the lone request's latency: no rate sustains it
+    tight = _by_device(_recommend(client, **common, latency_slo_ms=0.3, scenario="server"))
+    for candidate in tight.values():
+        assert "server" not in candidate  # null fields are left out
+        assert not candidate["eligible"]
+        assert any("SLO" in reason for reason in candidate["reasons"])

@@ -27,6 +27,7 @@ from app.domain.performance.roofline import (
     Prediction,
     cpu_compute_unit,
 )
+from app.domain.performance.serving import BatchTiming, ServerLoad, server_throughput
 from app.domain.precision import Quantization
 
 SECONDS_PER_HOUR = 3600.0
@@ -60,6 +61,13 @@ def _finite(name: str, value: float) -> float:
     if not math.isfinite(value):
         raise RecommendationInputError(f"{name} overflows ({value!r}): the inputs are out of scale")
     return value
+
+
+class Scenario(StrEnum):
+    """How requests reach a device (MLPerf's scenarios)."""
+
+    OFFLINE = "offline"  # batches back to back: throughput = batch / interval
+    SERVER = "server"  # Poisson arrivals, dynamic batching, p99 latency within the budget
 
 
 class Objective(StrEnum):
@@ -220,17 +228,42 @@ class Assessment:
     energy_j_per_inference: float | None
     reasons: tuple[str, ...]  # empty when eligible
     unpriced_reason: str | None = None  # why there is no cost figure (None: priced)
+    server: ServerLoad | None = None  # the server scenario's queue (None: offline)
 
     @property
     def eligible(self) -> bool:
         """Fits, meets the SLO, and has what the objective needs."""
         return not self.reasons
 
+    @property
+    def latency_s(self) -> float:
+        """The latency judged: the simulated p99 in the server scenario, else one batch's."""
+        return self.prediction.latency_s if self.server is None else self.server.p99_latency_s
 
-def assess(prediction: Prediction, memory: MemoryFit, requirements: Requirements) -> Assessment:
-    """Judge one prediction: SLO, devices for the target, cost, energy, and why it fails."""
+    @property
+    def throughput_per_s(self) -> float:
+        """Per device: the sustained Poisson rate in the server scenario, else back-to-back
+        batches [1/s]."""
+        if self.server is None:
+            return self.prediction.throughput_per_s
+        return self.server.arrival_rate_per_s
+
+
+def assess(
+    prediction: Prediction,
+    memory: MemoryFit,
+    requirements: Requirements,
+    server: ServerLoad | None = None,
+) -> Assessment:
+    """Judge one prediction: SLO, devices for the target, cost, energy, and why it fails.
+
+    With ``server`` (the server scenario at the prediction's batch as the dynamic batcher's
+    cap) throughput is the sustained arrival rate and latency its simulated p99; energy is
+    then TDP / rate (the device at TDP all the time, as the offline figure assumes).
+    """
     device = prediction.device
-    throughput = prediction.throughput_per_s
+    throughput = prediction.throughput_per_s if server is None else server.arrival_rate_per_s
+    judged_s = prediction.latency_s if server is None else server.p99_latency_s
     reasons: list[str] = []
     if not memory.fits:
         reasons.append(
@@ -239,12 +272,12 @@ def assess(prediction: Prediction, memory: MemoryFit, requirements: Requirements
         )
     slo = requirements.latency_slo_s
     budget = requirements.latency_budget_s
-    meets = budget is None or prediction.latency_s <= budget
+    meets = budget is None or judged_s <= budget
     if not meets:
-        latency = f"latency {_ms(prediction.latency_s)}"
+        latency = f"latency {_ms(judged_s)}"
         if slo is None or budget is None:
             reasons.append("latency over the SLO")
-        elif prediction.latency_s > slo:
+        elif judged_s > slo:
             reasons.append(f"{latency} exceeds the {_ms(slo)} SLO")
         else:
             reasons.append(
@@ -261,7 +294,9 @@ def assess(prediction: Prediction, memory: MemoryFit, requirements: Requirements
     elif requirements.objective is Objective.COST and unpriced is not None:
         reasons.append(unpriced)
     energy = None
-    if device.tdp_watts is not None:
+    if device.tdp_watts is not None and server is not None:
+        energy = energy_per_inference_j(device.tdp_watts, 1 / throughput, 1)
+    elif device.tdp_watts is not None:
         energy = energy_per_inference_j(device.tdp_watts, prediction.latency_s, prediction.batch)
     elif requirements.objective is Objective.ENERGY:
         reasons.append("no TDP in the hardware profile: energy unknown")
@@ -275,21 +310,51 @@ def assess(prediction: Prediction, memory: MemoryFit, requirements: Requirements
         energy_j_per_inference=energy,
         reasons=tuple(reasons),
         unpriced_reason=unpriced,
+        server=server,
     )
 
 
+def assess_server(options: Sequence[Assessment], requirements: Requirements) -> Assessment:
+    """Of one device's options at one precision, the server scenario's answer.
+
+    The options that fit memory time the dynamic batcher's batches
+    (:func:`app.domain.performance.serving.server_throughput` at the latency budget as the
+    p99 bound); the answer is the option at the chosen batch cap, assessed at the sustained
+    rate and its p99. When nothing fits, or a lone request already misses the budget, the
+    offline answer of :func:`best_batch` (its reasons say why).
+    """
+    budget = requirements.latency_budget_s
+    if budget is None:
+        raise RecommendationInputError("the server scenario needs a latency SLO (its p99 bound)")
+    fitting = sorted((o for o in options if o.memory.fits), key=lambda o: o.prediction.batch)
+    if not fitting:
+        return best_batch(options, requirements.objective)
+    timings = [
+        BatchTiming(
+            batch=o.prediction.batch,
+            latency_s=o.prediction.latency_s,
+            interval_s=min(o.prediction.interval_s, o.prediction.latency_s),
+        )
+        for o in fitting
+    ]
+    load = server_throughput(timings, budget)
+    if load is None:
+        return best_batch(fitting, requirements.objective)
+    chosen = next(o for o in fitting if o.prediction.batch == load.batch_cap)
+    return assess(chosen.prediction, chosen.memory, requirements, server=load)
+
+
 def _objective_key(item: Assessment, objective: Objective) -> tuple[float, ...]:
-    p = item.prediction
     inf = math.inf
     if objective is Objective.COST:
         cost = item.fleet_cost_usd_per_hour
         if cost is None:
             cost = item.cost_usd_per_million
-        return (inf if cost is None else cost, p.latency_s)
+        return (inf if cost is None else cost, item.latency_s)
     if objective is Objective.ENERGY:
         energy = item.energy_j_per_inference
-        return (inf if energy is None else energy, p.latency_s)
-    return (p.latency_s, -p.throughput_per_s)
+        return (inf if energy is None else energy, item.latency_s)
+    return (item.latency_s, -item.throughput_per_s)
 
 
 def sort_key(item: Assessment, objective: Objective) -> tuple[object, ...]:
@@ -412,7 +477,13 @@ def quantization_sentence(p: Prediction) -> str:
 
 def _headline(item: Assessment, requirements: Requirements) -> str:
     p = item.prediction
-    parts = [f"{_ms(p.latency_s)} per request"]
+    if item.server is None:
+        parts = [f"{_ms(p.latency_s)} per request"]
+    else:
+        parts = [
+            f"p99 {_ms(item.latency_s)} per request under Poisson arrivals (batches of up to "
+            f"{item.server.batch_cap})"
+        ]
     slo, budget = requirements.latency_slo_s, requirements.latency_budget_s
     if slo is not None and budget is not None:
         parts[0] += f" against the {_ms(slo)} SLO"
@@ -425,7 +496,7 @@ def _headline(item: Assessment, requirements: Requirements) -> str:
             f"{_ms(p.first_token_s)} to the first token then {_ms(p.per_token_s)} per token"
         )
     unit = "sequences" if p.first_token_s is not None else "inferences"
-    parts.append(f"{_rate(p.throughput_per_s)} {unit}/s per device")
+    parts.append(f"{_rate(item.throughput_per_s)} {unit}/s per device")
     if item.devices_needed is not None and requirements.throughput_target_per_s is not None:
         count = item.devices_needed
         parts.append(
@@ -452,7 +523,7 @@ def _objective_text(item: Assessment, objective: Objective, requirements: Requir
         return f"${item.cost_usd_per_million or 0:.3g} per million inferences"
     if objective is Objective.ENERGY:
         return f"{item.energy_j_per_inference or 0:.3g} J per inference"
-    return _ms(item.prediction.latency_s)
+    return _ms(item.latency_s)
 
 
 def _device_label(p: Prediction) -> str:
