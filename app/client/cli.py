@@ -75,6 +75,7 @@ LOGITS = ("last", "all")
 RUNTIMES = ("pytorch_cuda", "pytorch_cpu")
 OBJECTIVES = ("cost", "energy", "latency")
 PRICE_KINDS = ("on_demand", "reserved", "spot")
+SCENARIOS = ("offline", "server")
 DEVICE_KINDS = ("gpu", "cpu", "edge", "tpu")
 CALIBRATION_FIELDS = ("compute_efficiency", "memory_efficiency", "activation_cache_share",
                       "host_link_efficiency", "kernel_launch_overhead_us",
@@ -873,6 +874,7 @@ def _recommend_body(args: argparse.Namespace) -> Json:
         ("precisions", args.precision),
         ("latency_slo_ms", args.slo_ms),
         ("slo_margin", args.slo_margin),
+        ("scenario", args.scenario),
         ("price_kind", args.price_kind),
         ("throughput_target_per_s", args.target),
         ("devices", args.devices.split(",") if args.devices else None),
@@ -1160,6 +1162,12 @@ def build_parser() -> argparse.ArgumentParser:
     recommend.add_argument("--slo-ms", type=float, help="latency SLO [ms]")
     recommend.add_argument(
         "--slo-margin", type=float, help="headroom kept under --slo-ms, a fraction (default 0.1)"
+    )
+    recommend.add_argument(
+        "--scenario",
+        choices=SCENARIOS,
+        help="offline (default): batches back to back; server: Poisson arrivals, the rate whose "
+        "p99 stays within --slo-ms (less its margin)",
     )
     recommend.add_argument("--target", type=float, help="throughput target [inferences/s]")
     recommend.add_argument("--devices", help="comma-separated slugs or slug/profile MIG slices")
