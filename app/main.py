@@ -14,7 +14,8 @@ from app.api.auth_gate import AuthGateMiddleware
 from app.api.database import Database, register_database_metrics
 from app.api.errors import PROBLEM_JSON, install_error_handlers
 from app.api.inflight import InFlightLimitMiddleware
-from app.api.middleware import BodySizeLimitMiddleware, Metrics, RequestContextMiddleware
+from app.api.metrics import Metrics, register_pool_metrics
+from app.api.middleware import BodySizeLimitMiddleware, RequestContextMiddleware
 from app.api.query_guard import reject_unknown_query
 from app.api.routes import (
     admission,
@@ -83,6 +84,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         gc.freeze()
         yield
         engine.dispose()
+        app.state.metrics.shutdown()
 
     app = FastAPI(
         title="Capacity Planner",
@@ -105,6 +107,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.head_revisions = head_revisions()
     app.state.metrics = Metrics()
     register_database_metrics(app.state.metrics.registry, app.state.database)
+    register_pool_metrics(app.state.metrics.registry, engine)
 
     install_error_handlers(app)
     # Routers are matched in order: the admission webhook and MIG fits, the hot paths of a

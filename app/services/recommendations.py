@@ -135,9 +135,9 @@ ASSUMPTIONS = [
 ]
 
 T = TypeVar("T")
-_ANALYSES: LruCache[tuple[Any, ...], GraphAnalysis] = LruCache(size=128)
-_SHAPES: LruCache[tuple[Any, ...], PhasedRequestShape] = LruCache(size=128)
-_PEAKS: LruCache[tuple[Any, ...], int] = LruCache(size=2048)
+_ANALYSES: LruCache[tuple[Any, ...], GraphAnalysis] = LruCache(size=128, name="graph_analyses")
+_SHAPES: LruCache[tuple[Any, ...], PhasedRequestShape] = LruCache(size=128, name="request_shapes")
+_PEAKS: LruCache[tuple[Any, ...], int] = LruCache(size=2048, name="memory_peaks")
 
 
 def clear_caches() -> None:
