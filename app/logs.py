@@ -31,6 +31,7 @@ class JsonFormatter(logging.Formatter):
             "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname,
             "logger": record.name,
+            "pid": record.process,  # which worker process, with `serve --workers N`
             "msg": _plain(record.getMessage()),
         }
         request_id = request_id_var.get()
