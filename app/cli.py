@@ -6,12 +6,15 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from app.config import Settings, get_settings
 from app.logs import configure_logging
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
 
 
 def _migrate(settings: Settings) -> int:
@@ -89,7 +92,7 @@ def openapi_document(settings: Settings | None = None) -> str:
     return yaml.safe_dump(schema, sort_keys=False, allow_unicode=True, width=100)
 
 
-def worker_app() -> Any:
+def worker_app() -> FastAPI:
     """The app of one ``serve`` worker process (uvicorn imports this factory in each worker;
     settings come from the environment, and the worker logs JSON like the parent)."""
     from app.main import create_app
