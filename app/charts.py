@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import sys
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from xml.sax.saxutils import escape
 
@@ -28,6 +28,46 @@ def _text(
         f'<text x="{x:.1f}" y="{y:.1f}" font-size="{size}" text-anchor="{anchor}"{attrs}>'
         f"{escape(content)}</text>"
     )
+
+
+# Text extents, approximated deterministically (no font metrics): Helvetica's average advance is
+# about 0.55 em for digits and lower case; 0.62 em over-estimates it so that boxes that do not
+# overlap here do not overlap on screen either.
+CHAR_WIDTH_EM = 0.62
+ASCENT_EM = 0.8
+DESCENT_EM = 0.25
+Box = tuple[float, float, float, float]  # left, top, right, bottom [px]
+
+
+def text_box(x: float, y: float, content: str, *, size: int, anchor: str = "start") -> Box:
+    """The box (left, top, right, bottom) a ``<text>`` at baseline ``(x, y)`` covers, at most."""
+    width = CHAR_WIDTH_EM * size * len(content)
+    left = {"start": x, "middle": x - width / 2, "end": x - width}[anchor]
+    return left, y - ASCENT_EM * size, left + width, y + DESCENT_EM * size
+
+
+def boxes_overlap(a: Box, b: Box) -> bool:
+    """Whether two (left, top, right, bottom) boxes share any area."""
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+_BINDING_NAMES = {"seq": "sequence length", "image": "image size"}
+
+
+def binding_phrases(
+    bindings: Mapping[str, int], *, skip: Collection[str] = ("batch",)
+) -> list[str]:
+    """'sequence length 2048', 'image size 224', '<dim> <value>': bindings for a chart title."""
+    return [
+        f"{_BINDING_NAMES.get(name, name)} {value}"
+        for name, value in bindings.items()
+        if name not in skip
+    ]
+
+
+def _title_lines(title: str, width: int, size: int = 18) -> list[str]:
+    """The title wrapped to the chart's width (by the same text-extent estimate)."""
+    return textwrap.wrap(title, max(20, int((width - 40) / (CHAR_WIDTH_EM * size))))
 
 
 def _si(value: float, unit: str) -> str:
@@ -143,6 +183,48 @@ def _roof_path(roof: Roof, peak: float, bandwidth: float, x: _LogAxis, y: _LogAx
     return " ".join(f"{x(px):.1f},{y(py):.1f}" for px, py in points)
 
 
+RIDGE_LABEL_SIZE = 11
+LABEL_GAP = 7  # from a mark to its label's corner
+
+
+def place_labels(
+    marks: Sequence[tuple[float, float]],
+    labels: Sequence[str],
+    *,
+    size: int,
+    bounds: tuple[float, float, float, float],
+) -> list[tuple[float, float, str]]:
+    """Baseline and anchor of each label near its mark, no two overlapping (by ``text_box``).
+
+    A label goes up and to the right of its mark; when that spot is taken (or outside
+    ``bounds``), it moves up or down by a line at a time, first to the right, then to the left
+    of the mark, and takes the nearest free spot. Deterministic: same marks, same picture."""
+    left, top, right, bottom = bounds
+    step = (ASCENT_EM + DESCENT_EM) * size + 2
+    rows = int((bottom - top) / step) + 1
+    taken: list[Box] = []
+    placed: list[tuple[float, float, str]] = []
+    for (mx, my), label in zip(marks, labels, strict=True):
+        candidates = [
+            (mx + LABEL_GAP, my - LABEL_GAP + k * step, "start") for k in _nearest_first(rows)
+        ] + [(mx - LABEL_GAP, my - LABEL_GAP + k * step, "end") for k in _nearest_first(rows)]
+        chosen = candidates[0]
+        for lx, ly, anchor in candidates:
+            box = text_box(lx, ly, label, size=size, anchor=anchor)
+            inside = box[0] >= left and box[2] <= right and box[1] >= top and box[3] <= bottom
+            if inside and not any(boxes_overlap(box, other) for other in taken):
+                chosen = (lx, ly, anchor)
+                break
+        taken.append(text_box(chosen[0], chosen[1], label, size=size, anchor=chosen[2]))
+        placed.append(chosen)
+    return placed
+
+
+def _nearest_first(rows: int) -> list[int]:
+    """0, -1, 1, -2, 2, ... (line offsets, up first)."""
+    return [0] + [k for i in range(1, rows + 1) for k in (-i, i)]
+
+
 def roofline_svg(
     *, title: str, subtitle: str, roofs: Sequence[Roof], points: Sequence[RoofPoint]
 ) -> str:
@@ -156,9 +238,12 @@ def roofline_svg(
         for p in points
         if _drawable(p.intensity_flops_per_byte) and _drawable(p.achieved_flops_per_s)
     ]
-    width, height = 1120, 640
+    width = 1120
+    titles = _title_lines(title, width)
+    shift = 22 * (len(titles) - 1)
+    height = 640 + shift
     notes = textwrap.wrap(subtitle, 150)
-    left, right, top, bottom = 110, 760, 56 + 16 * len(notes), 556
+    left, right, top, bottom = 110, 760, 56 + shift + 16 * len(notes), 556 + shift
     intensities = [p.intensity_flops_per_byte for p in points] + [
         r.ridge_flops_per_byte for r in roofs
     ]
@@ -169,9 +254,12 @@ def roofline_svg(
     floor = min([min(r.bandwidth_bytes_per_s * 10.0**x.low for r in roofs), *rates, min(rates) / 3])
     y = _LogAxis.around([max(floor, max(rates) / 1e7), max(rates)], bottom, top)
     body = [
-        _text(width / 2, 28, title, size=18, anchor="middle", font_weight="bold"),
         *(
-            _text(width / 2, 48 + 16 * i, line, size=12, anchor="middle", fill="#444")
+            _text(width / 2, 28 + 22 * i, line, size=18, anchor="middle", font_weight="bold")
+            for i, line in enumerate(titles)
+        ),
+        *(
+            _text(width / 2, 48 + shift + 16 * i, line, size=12, anchor="middle", fill="#444")
             for i, line in enumerate(notes)
         ),
         f'<rect x="{left}" y="{top}" width="{right - left}" height="{bottom - top}" '
@@ -204,6 +292,11 @@ def roofline_svg(
         f'height="{bottom - top}"/></clipPath>'
     )
     body.append('<g clip-path="url(#plot)">')
+    ridge_marks = [(x(r.ridge_flops_per_byte), y(r.peak_flops_per_s)) for r in roofs]
+    ridge_labels = [f"ridge {r.ridge_flops_per_byte:.3g} FLOP/B" for r in roofs]
+    placed = place_labels(
+        ridge_marks, ridge_labels, size=RIDGE_LABEL_SIZE, bounds=(left, top, right, bottom)
+    )
     for index, roof in enumerate(roofs):
         colour = PALETTE[index % len(PALETTE)]
         spec = _roof_path(roof, roof.spec_peak_flops_per_s, roof.spec_bandwidth_bytes_per_s, x, y)
@@ -215,14 +308,22 @@ def roofline_svg(
         body.append(
             f'<polyline points="{calibrated}" fill="none" stroke="{colour}" stroke-width="2.2"/>'
         )
-        ridge = roof.ridge_flops_per_byte
-        rx, ry = x(ridge), y(roof.peak_flops_per_s)
+        rx, ry = ridge_marks[index]
         body.append(
             f'<circle cx="{rx:.1f}" cy="{ry:.1f}" r="5" fill="white" stroke="{colour}" '
             'stroke-width="2"/>'
         )
+        lx, ly, anchor = placed[index]
+        box = text_box(lx, ly, ridge_labels[index], size=RIDGE_LABEL_SIZE, anchor=anchor)
+        if (lx, ly) != (rx + LABEL_GAP, ry - LABEL_GAP):  # moved away: a leader to its mark
+            near_x = box[0] if anchor == "start" else box[2]
+            near_y = min(max(ry, box[1]), box[3])
+            body.append(
+                f'<line x1="{rx:.1f}" y1="{ry:.1f}" x2="{near_x:.1f}" y2="{near_y:.1f}" '
+                f'stroke="{colour}" stroke-width="0.8" opacity="0.7"/>'
+            )
         body.append(
-            _text(rx + 7, ry - 7 - 13 * index, f"ridge {ridge:.3g} FLOP/B", size=11, fill=colour)
+            _text(lx, ly, ridge_labels[index], size=RIDGE_LABEL_SIZE, anchor=anchor, fill=colour)
         )
     for point in points:
         colour = PALETTE[point.roof % len(PALETTE)]
@@ -307,7 +408,9 @@ def breakdown_svg(
     at the device's memory when one is given."""
     shown = [(key, size) for key, size in lines if size > 0]
     width = 900
-    left, right, top = 190, 760, 80
+    titles = _title_lines(title, width)
+    shift = 22 * (len(titles) - 1)
+    left, right, top = 190, 760, 80 + shift
     bar, gap = 20, 8
     bottom = top + (len(shown) + 1) * (bar + gap) + 10
     height = bottom + 70
@@ -319,8 +422,11 @@ def breakdown_svg(
         return left + gib / limit * (right - left)
 
     body = [
-        _text(width / 2, 28, title, size=18, anchor="middle", font_weight="bold"),
-        _text(width / 2, 50, subtitle, size=12, anchor="middle", fill="#444"),
+        *(
+            _text(width / 2, 28 + 22 * i, line, size=18, anchor="middle", font_weight="bold")
+            for i, line in enumerate(titles)
+        ),
+        _text(width / 2, 50 + shift, subtitle, size=12, anchor="middle", fill="#444"),
     ]
     tick = 0.0
     while tick <= limit + 1e-9:

@@ -6,12 +6,15 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from app.config import Settings, get_settings
 from app.logs import configure_logging
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
 
 
 def _migrate(settings: Settings) -> int:
@@ -89,33 +92,51 @@ def openapi_document(settings: Settings | None = None) -> str:
     return yaml.safe_dump(schema, sort_keys=False, allow_unicode=True, width=100)
 
 
-def _serve(settings: Settings, host: str | None, port: int | None, workers: int | None) -> int:
-    import uvicorn
-
-    from app.api.http_server import HTTP_PROTOCOL
+def worker_app() -> FastAPI:
+    """The app of one ``serve`` worker process (uvicorn imports this factory in each worker;
+    settings come from the environment, and the worker logs JSON like the parent)."""
     from app.main import create_app
 
+    settings = get_settings()
     configure_logging(settings.log_level)
+    return create_app(settings)
 
-    def run(target: Any, **extra: Any) -> None:
-        uvicorn.run(
-            target,
-            host=host or settings.host,
-            port=port or settings.port,
-            log_config=None,
-            proxy_headers=True,
-            http=HTTP_PROTOCOL,  # requests the HTTP parser rejects get problem+json 400s too
-            ssl_certfile=str(settings.ssl_certfile) if settings.ssl_certfile else None,
-            ssl_keyfile=str(settings.ssl_keyfile) if settings.ssl_keyfile else None,
-            **extra,
-        )
 
+def _serve(settings: Settings, host: str | None, port: int | None, workers: int | None) -> int:
+    configure_logging(settings.log_level)
     count = workers or settings.workers
-    if count > 1:
-        # Worker processes import the app themselves; settings come from the environment.
-        run("app.main:create_app", factory=True, workers=count)
-    else:
-        run(create_app(settings))
+    # Before the workers start (they read it when they import prometheus_client): with several
+    # workers each writes its metrics to PROMETHEUS_MULTIPROC_DIR and /metrics adds them up
+    # (app.api.metrics). The directory is emptied first and a temporary one removed at exit.
+    from app.api.metrics import prepare_multiprocess_dir
+
+    cleanup = prepare_multiprocess_dir(count)
+    try:
+        import uvicorn
+
+        from app.api.http_server import HTTP_PROTOCOL
+        from app.main import create_app
+
+        def run(target: Any, **extra: Any) -> None:
+            uvicorn.run(
+                target,
+                host=host or settings.host,
+                port=port or settings.port,
+                log_config=None,
+                proxy_headers=True,
+                http=HTTP_PROTOCOL,  # requests the HTTP parser rejects get problem+json 400s
+                ssl_certfile=str(settings.ssl_certfile) if settings.ssl_certfile else None,
+                ssl_keyfile=str(settings.ssl_keyfile) if settings.ssl_keyfile else None,
+                **extra,
+            )
+
+        if count > 1:
+            # Worker processes import the app themselves; settings come from the environment.
+            run("app.cli:worker_app", factory=True, workers=count)
+        else:
+            run(create_app(settings))
+    finally:
+        cleanup()
     return 0
 
 

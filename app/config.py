@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -10,6 +11,9 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+_ORIGIN = re.compile(
+    r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?$|^https?://\[[0-9A-Fa-f:.]+\](:[0-9]{1,5})?$"
+)
 
 
 class Settings(BaseSettings):
@@ -107,6 +111,11 @@ class Settings(BaseSettings):
         "admission decisions and MIG fits may still reflect the old data (each process re-reads "
         "a digest of the planning data at most this often; its own writes show at once).",
     )
+    cors_origins: str = Field(
+        default="",
+        description="Comma-separated origins (`https://planner.example.com`, or `*`) whose "
+        "browser pages may call the API (CORS); empty: CORS off, no CORS headers.",
+    )
     admission_failure_policy: Literal["deny", "allow"] = Field(
         default="deny",
         description="Admission answer when a review cannot be evaluated (allow adds a warning).",
@@ -116,6 +125,22 @@ class Settings(BaseSettings):
     @classmethod
     def _upper(cls, value: object) -> object:
         return value.upper() if isinstance(value, str) else value
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _origins(cls, value: str) -> str:
+        for origin in (part.strip() for part in value.split(",")):
+            if origin and origin != "*" and not _ORIGIN.match(origin):
+                raise ValueError(
+                    f"CAPPLAN_CORS_ORIGINS: {origin!r} is not an origin: scheme://host[:port] "
+                    "(http or https, no path, no trailing slash), or *"
+                )
+        return value
+
+    @property
+    def cors_origin_list(self) -> tuple[str, ...]:
+        """Origins allowed to call the API from a browser (empty: CORS off)."""
+        return tuple(part.strip() for part in self.cors_origins.split(",") if part.strip())
 
     @property
     def resolved_database_url(self) -> str:

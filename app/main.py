@@ -9,12 +9,14 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import Depends, FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 
 from app.api.auth_gate import AuthGateMiddleware
 from app.api.database import Database, register_database_metrics
 from app.api.errors import PROBLEM_JSON, install_error_handlers
 from app.api.inflight import InFlightLimitMiddleware
-from app.api.middleware import BodySizeLimitMiddleware, Metrics, RequestContextMiddleware
+from app.api.metrics import Metrics, register_pool_metrics
+from app.api.middleware import BodySizeLimitMiddleware, RequestContextMiddleware
 from app.api.query_guard import reject_unknown_query
 from app.api.routes import (
     admission,
@@ -83,6 +85,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         gc.freeze()
         yield
         engine.dispose()
+        app.state.metrics.shutdown()
 
     app = FastAPI(
         title="Capacity Planner",
@@ -105,6 +108,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.head_revisions = head_revisions()
     app.state.metrics = Metrics()
     register_database_metrics(app.state.metrics.registry, app.state.database)
+    register_pool_metrics(app.state.metrics.registry, engine)
 
     install_error_handlers(app)
     # Routers are matched in order: the admission webhook and MIG fits, the hot paths of a
@@ -132,6 +136,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         limit=settings.max_in_flight,
         queue_timeout_s=settings.db_queue_timeout_s,
     )
+    if settings.cors_origin_list:
+        # Outside the auth gate and the in-flight limit: a browser's preflight carries no API
+        # key and must not wait; inside the request context, so preflights are logged too.
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(settings.cors_origin_list),
+            allow_methods=["GET", "POST", "PUT", "DELETE"],
+            allow_headers=["Authorization", "X-API-Key", "Content-Type", "If-Match",
+                           "X-Request-ID"],
+            expose_headers=["ETag", "Location", "Retry-After", "X-Request-ID"],
+            allow_credentials=False,  # API keys travel in headers, never in cookies
+            max_age=600,
+        )  # fmt: skip
     app.add_middleware(RequestContextMiddleware, metrics=app.state.metrics)
 
     def openapi() -> dict[str, Any]:

@@ -7,7 +7,17 @@ from typing import Any
 
 import pytest
 
-from app.charts import ChartInputError, Roof, RoofPoint, breakdown_svg, roofline_svg
+from app.charts import (
+    RIDGE_LABEL_SIZE,
+    ChartInputError,
+    Roof,
+    RoofPoint,
+    boxes_overlap,
+    breakdown_svg,
+    place_labels,
+    roofline_svg,
+    text_box,
+)
 from app.domain.units import GIB
 
 NS = "{http://www.w3.org/2000/svg}"
@@ -128,3 +138,109 @@ def test_points_off_the_log_axes_are_left_out() -> None:
     tips = [n.text or "" for n in root.iter(f"{NS}title")]
     assert [tip.split(":")[0] for tip in tips[1:]] == ["ok"]
     assert "inf" not in roofline_svg(title="t", subtitle="", roofs=[ROOF], points=points)
+
+
+def _ridge_boxes(root: ET.Element) -> list[tuple[float, float, float, float]]:
+    boxes = []
+    for node in root.iter(f"{NS}text"):
+        content = "".join(node.itertext())
+        if content.startswith("ridge "):
+            assert node.attrib["font-size"] == str(RIDGE_LABEL_SIZE)
+            boxes.append(
+                text_box(
+                    float(node.attrib["x"]),
+                    float(node.attrib["y"]),
+                    content,
+                    size=RIDGE_LABEL_SIZE,
+                    anchor=node.attrib["text-anchor"],
+                )
+            )
+    return boxes
+
+
+def _roof(label: str, peak: float, bandwidth: float) -> Roof:
+    return Roof(
+        label=label,
+        peak_flops_per_s=peak,
+        bandwidth_bytes_per_s=bandwidth,
+        spec_peak_flops_per_s=peak * 1.4,
+        spec_bandwidth_bytes_per_s=bandwidth * 1.2,
+    )
+
+
+# Eight devices with ridge points close together (similar GPUs; the same GPU twice), which drew
+# their labels on top of each other.
+CROWDED = [
+    _roof("a", 1.0e14, 1.0e12),
+    _roof("b", 1.1e14, 1.0e12),
+    _roof("c", 1.0e14, 1.0e12),
+    _roof("d", 0.9e14, 0.95e12),
+    _roof("e", 1.2e14, 1.3e12),
+    _roof("f", 1.0e14, 0.8e12),
+    _roof("g", 3.0e13, 3.0e11),
+    _roof("h", 3.1e13, 3.0e11),
+]
+
+
+def test_the_text_box_estimate() -> None:
+    assert text_box(10, 100, "abcd", size=10) == pytest.approx((10, 92, 10 + 24.8, 102.5))
+    assert text_box(10, 100, "abcd", size=10, anchor="end")[2] == 10
+    assert boxes_overlap((0, 0, 10, 10), (9, 9, 20, 20))
+    assert not boxes_overlap((0, 0, 10, 10), (10, 0, 20, 10))  # touching is not overlapping
+
+
+@pytest.mark.parametrize("count", [2, 3, 5, 8])
+def test_ridge_labels_never_overlap(count: int) -> None:
+    root = ET.fromstring(roofline_svg(title="t", subtitle="", roofs=CROWDED[:count], points=[]))
+    boxes = _ridge_boxes(root)
+    assert len(boxes) == count
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1 :]:
+            assert not boxes_overlap(a, b), (a, b)
+    plot = root.find(f".//{NS}clipPath/{NS}rect")
+    assert plot is not None
+    left, top = float(plot.attrib["x"]), float(plot.attrib["y"])
+    right, bottom = left + float(plot.attrib["width"]), top + float(plot.attrib["height"])
+    for box in boxes:  # inside the (clipped) plot: drawn in full
+        assert left <= box[0]
+        assert box[2] <= right
+        assert top <= box[1]
+        assert box[3] <= bottom
+
+
+def test_a_label_that_had_to_move_is_tied_to_its_mark() -> None:
+    root = ET.fromstring(roofline_svg(title="t", subtitle="", roofs=CROWDED[:3], points=[]))
+    marks = [(float(c.attrib["cx"]), float(c.attrib["cy"])) for c in root.iter(f"{NS}circle")]
+    leaders = [
+        n for n in root.iter(f"{NS}line") if n.attrib.get("stroke-width") == "0.8"
+    ]  # a and c share their ridge point: c's label moved
+    assert leaders
+    for line in leaders:
+        start = (float(line.attrib["x1"]), float(line.attrib["y1"]))
+        assert start in [(round(x, 1), round(y, 1)) for x, y in marks]
+
+
+def test_labels_are_placed_deterministically_near_their_marks() -> None:
+    marks = [(100.0, 100.0)] * 4
+    labels = ["ridge 100 FLOP/B"] * 4
+    first = place_labels(marks, labels, size=11, bounds=(0, 0, 400, 400))
+    assert first == place_labels(marks, labels, size=11, bounds=(0, 0, 400, 400))
+    assert first[0] == (107, 93, "start")  # the free spot: up and right of the mark
+    assert all(abs(y - 100) < 60 for _, y, _ in first)
+    boxes = [
+        text_box(x, y, text, size=11, anchor=a)
+        for (x, y, a), text in zip(first, labels, strict=True)
+    ]
+    assert not any(boxes_overlap(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
+
+
+def test_long_titles_wrap_and_push_the_plot_down() -> None:
+    title = "Roofline: " + ", ".join(f"binding{i} {i * 100}" for i in range(12))
+    root = ET.fromstring(roofline_svg(title=title, subtitle="", roofs=[ROOF], points=[]))
+    lines = [n.text or "" for n in root.iter(f"{NS}text") if n.attrib["font-size"] == "18"]
+    assert len(lines) == 2
+    assert " ".join(lines) == title
+    assert root.findtext(f"{NS}title") == title
+    plot = root.find(f".//{NS}clipPath/{NS}rect")
+    assert plot is not None
+    assert float(plot.attrib["y"]) == 56 + 22 + 16 * 0

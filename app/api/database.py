@@ -103,7 +103,11 @@ class Database:
         self._thread_limiter = anyio.CapacityLimiter(slots)
         self._lock = threading.Lock()
         self._stuck = 0  # abandoned calls whose threads still wait on the database
-        self.on_failure: Callable[[str], None] = lambda _kind: None  # see /metrics
+        # Metric hooks (see register_database_metrics): failures by kind, and the changes of
+        # slots in use and of stuck calls (+1/-1), so that gauges add up across workers.
+        self.on_failure: Callable[[str], None] = lambda _kind: None
+        self.on_slots: Callable[[int], None] = lambda _delta: None
+        self.on_stuck: Callable[[int], None] = lambda _delta: None
 
     @property
     def stuck(self) -> int:
@@ -124,6 +128,7 @@ class Database:
                 call.finished = True
                 if call.abandoned:
                     self._stuck -= 1
+                    self.on_stuck(-1)
 
     def _call(self, work: Callable[[Session], T]) -> T:
         try:
@@ -156,6 +161,7 @@ class Database:
         except TimeoutError:
             self.on_failure("database-busy")
             raise busy(min(self.queue_timeout_s, deadline_s)) from None
+        self.on_slots(1)
         call = _Call()
         try:
             with anyio.fail_after(deadline_s) as scope:
@@ -169,6 +175,7 @@ class Database:
                 if not call.finished:
                     call.abandoned = True
                     self._stuck += 1
+                    self.on_stuck(1)
             logger.warning("database call abandoned after %.2f s", deadline_s)
             self.on_failure("database-unavailable")
             raise unavailable(f"no answer within {deadline_s:g} s") from None
@@ -177,6 +184,7 @@ class Database:
             raise
         finally:
             self._slot_limiter.release()
+            self.on_slots(-1)
 
     async def call(
         self,
@@ -189,19 +197,27 @@ class Database:
 
 
 def register_database_metrics(registry: CollectorRegistry, database: Database) -> None:
-    """Slots in use and database failures by type, on ``/metrics``."""
+    """Slots in use, stuck calls and database failures by type, on ``/metrics``.
+
+    The gauges follow the changes (+1/-1) rather than reading ``database`` at scrape time: a
+    scrape reaches one worker, and with several workers the gauges are sums over the live
+    workers (see app.api.metrics)."""
     slots = Gauge(
         "capplan_db_slots_in_use",
-        "Requests working on the database right now (limit: CAPPLAN_DB_POOL_SIZE).",
+        "Requests working on the database right now (limit: CAPPLAN_DB_POOL_SIZE per worker).",
         registry=registry,
+        multiprocess_mode="livesum",
     )
-    slots.set_function(lambda: database.in_use)
+    slots.set(database.in_use)
+    database.on_slots = slots.inc
     stuck = Gauge(
         "capplan_db_stuck_calls",
         "Calls given up on at CAPPLAN_DB_CALL_TIMEOUT_S whose threads still wait on the database.",
         registry=registry,
+        multiprocess_mode="livesum",
     )
-    stuck.set_function(lambda: database.stuck)
+    stuck.set(database.stuck)
+    database.on_stuck = stuck.inc
     failures = Counter(
         "capplan_db_failures",
         "Requests answered 503 because the database was busy or unavailable, by problem type.",

@@ -9,11 +9,11 @@ import time
 import uuid
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.api.context import request_id_var
 from app.api.errors import PROBLEM_JSON, internal_error_body, problem_body
+from app.api.metrics import Metrics
 
 access_logger = logging.getLogger("app.access")
 error_logger = logging.getLogger("app.api")
@@ -124,26 +124,6 @@ class BodySizeLimitMiddleware:
         except _BodyTooLarge:
             if not replied:
                 await send_problem(send, 413, self._too_large(path, max_bytes, setting))
-
-
-class Metrics:
-    """Prometheus collectors of one app instance (own registry, so apps do not collide)."""
-
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        self.requests = Counter(
-            "capplan_http_requests_total",
-            "HTTP requests by method, route template and status.",
-            ["method", "route", "status"],
-            registry=self.registry,
-        )
-        self.latency = Histogram(
-            "capplan_http_request_duration_seconds",
-            "HTTP request latency by method and route template.",
-            ["method", "route"],
-            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
-            registry=self.registry,
-        )
 
 
 class RequestContextMiddleware:

@@ -215,7 +215,7 @@ _SLUG = re.compile(SLUG_PATTERN)
 # The webhook's answers (everything after the uid, pre-rendered) per database, keyed by what the
 # pod asks: its workload (or inline annotations), GPU and GPU requests. Valid in the generation of
 # the planning data they were computed in (see app.services.state_cache). Errors are not cached.
-DECISIONS: PerWatch[Hashable, bytes] = PerWatch(size=1024)
+DECISIONS: PerWatch[Hashable, bytes] = PerWatch(size=1024, name="admission_decisions")
 
 
 @dataclass(frozen=True, slots=True)
@@ -365,6 +365,14 @@ def answer_tail(allowed: bool, message: str, warnings: list[str]) -> bytes:
     if warnings:
         response["warnings"] = [_warning(w) for w in warnings]
     return json.dumps(response, separators=(",", ":")).encode()[1:]
+
+
+_ALLOWED = b'"allowed":true,'
+
+
+def is_allowed(tail: bytes) -> bool:
+    """Whether an ``answer_tail`` allows the pod (its first member is ``allowed``)."""
+    return tail.startswith(_ALLOWED)
 
 
 _HEAD = b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":'

@@ -7,7 +7,35 @@ from collections import OrderedDict
 from collections.abc import Hashable
 from typing import Generic, TypeVar
 
+from prometheus_client import Counter
+
 K = TypeVar("K", bound=Hashable)
+
+# Registered by each app's metrics (app.api.metrics); with several worker processes the values
+# are written to PROMETHEUS_MULTIPROC_DIR and summed over the workers.
+CACHE_LOOKUPS = Counter(
+    "capplan_cache_lookups_total",
+    "Lookups in the in-process answer caches by cache and result (hit or miss); hit rate = "
+    "hit / (hit + miss). Caches: admission_decisions and mig_fits (valid in one generation of "
+    "the planning data: an answer of an older generation is a miss), estimate_runs, "
+    "graph_analyses, request_shapes, memory_peaks.",
+    ["cache", "result"],
+    registry=None,
+)
+
+
+class LookupCounter:
+    """Hits and misses of one named cache (the labelled children, bound once: a lookup costs
+    one increment)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._hit = CACHE_LOOKUPS.labels(name, "hit")
+        self._miss = CACHE_LOOKUPS.labels(name, "miss")
+
+    def count(self, hit: bool) -> None:
+        """Count one lookup."""
+        (self._hit if hit else self._miss).inc()
 
 
 V = TypeVar("V")
@@ -16,10 +44,12 @@ V = TypeVar("V")
 class LruCache(Generic[K, V]):
     """A small thread-safe LRU for pure functions of their key."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, name: str | None = None) -> None:
         self.size = size
         self._items: OrderedDict[K, V] = OrderedDict()
         self._lock = threading.Lock()
+        # Named caches count their lookups (capplan_cache_lookups_total).
+        self._lookups = LookupCounter(name) if name else None
 
     def get(self, key: K) -> V | None:
         """The value for ``key``, or None (and mark it recently used)."""
@@ -27,7 +57,9 @@ class LruCache(Generic[K, V]):
             value = self._items.get(key)
             if value is not None:
                 self._items.move_to_end(key)
-            return value
+        if self._lookups is not None:
+            self._lookups.count(value is not None)
+        return value
 
     def put(self, key: K, value: V) -> None:
         """Store ``value``, evicting the least recently used beyond ``size``."""

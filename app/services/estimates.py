@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
-from app.charts import breakdown_svg
+from app.charts import binding_phrases, breakdown_svg
 from app.db.repositories import ModelRepository
 from app.domain.graph.analysis import LayerAnalysis
 from app.domain.graph.ops import TensorKind
@@ -85,9 +85,12 @@ def memory_chart(session: Session, *, payload: MemoryEstimateRequest) -> str:
     """The estimate's breakdown as an SVG bar chart in GiB (with the device's memory)."""
     result = estimate(session, payload=payload)
     fit = result.fit
+    batch = f"batch {result.batch_size}"
+    if result.micro_batch_size != result.batch_size:
+        batch += f" (micro-batch {result.micro_batch_size})"
+    bound = [result.model, result.mode.value, batch, *binding_phrases(result.bindings)]
     return breakdown_svg(
-        title=f"Memory: {result.model}, {result.mode.value}, batch {result.batch_size}, "
-        f"{result.precision.value}",
+        title=f"Memory: {', '.join([*bound, result.precision.value])}",
         subtitle=f"peak {result.peak_gib:.3f} GiB in {result.peak_phase} ({result.runtime.value}); "
         "POST /v1/estimates/memory for formulas and assumptions",
         lines=[(line.key, line.bytes) for line in result.breakdown],

@@ -131,7 +131,7 @@ def fit(session: Session, *, payload: MigFitRequest) -> MigFitResponse:
 
 # Fit answers (rendered JSON) per database, keyed by the request, valid in the generation of the
 # planning data they were computed in (app.services.state_cache). Errors are not cached.
-FITS: PerWatch[str, bytes] = PerWatch(size=256)
+FITS: PerWatch[str, bytes] = PerWatch(size=256, name="mig_fits")
 
 
 def fit_with_digest(session: Session, *, payload: MigFitRequest) -> tuple[bytes, Digest, float]:

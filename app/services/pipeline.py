@@ -129,7 +129,7 @@ class EstimateRun:
         return rows
 
 
-_CACHE: LruCache[tuple[Any, ...], EstimateRun] = LruCache(size=256)
+_CACHE: LruCache[tuple[Any, ...], EstimateRun] = LruCache(size=256, name="estimate_runs")
 
 
 def run_estimate(

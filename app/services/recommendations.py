@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy.orm import Session
 
-from app.charts import Roof, RoofPoint, roofline_svg
+from app.charts import Roof, RoofPoint, binding_phrases, roofline_svg
 from app.db.models import Hardware
 from app.db.repositories import HardwareRepository
 from app.domain.fit import requirement
@@ -141,9 +141,9 @@ ASSUMPTIONS = [
 ]
 
 T = TypeVar("T")
-_ANALYSES: LruCache[tuple[Any, ...], GraphAnalysis] = LruCache(size=128)
-_SHAPES: LruCache[tuple[Any, ...], PhasedRequestShape] = LruCache(size=128)
-_PEAKS: LruCache[tuple[Any, ...], int] = LruCache(size=2048)
+_ANALYSES: LruCache[tuple[Any, ...], GraphAnalysis] = LruCache(size=128, name="graph_analyses")
+_SHAPES: LruCache[tuple[Any, ...], PhasedRequestShape] = LruCache(size=128, name="request_shapes")
+_PEAKS: LruCache[tuple[Any, ...], int] = LruCache(size=2048, name="memory_peaks")
 
 
 def clear_caches() -> None:
@@ -952,8 +952,14 @@ def roofline_chart(
     )
     if skipped:
         subtitle += "; not drawn: " + ", ".join(skipped)
+    bound = [source.label, precision.value, f"batch {batch_size}"]
+    if source.decoder:  # prefill at the prompt, decode steps up to prompt + generated tokens
+        bound.append(f"prompt {source.prompt_tokens} + {source.generated_tokens} generated tokens")
+        bound += binding_phrases(source.bindings(batch_size), skip=("batch", "seq"))
+    else:
+        bound += binding_phrases(source.bindings(batch_size))
     return roofline_svg(
-        title=f"Roofline: {source.label}, {precision.value}, batch {batch_size}",
+        title=f"Roofline: {', '.join(bound)}",
         subtitle=subtitle,
         roofs=roofs,
         points=points,

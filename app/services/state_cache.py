@@ -37,7 +37,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.config import Settings
 from app.db.models import Hardware, MigProfile, ModelArchitecture, Workload
-from app.services.cache import LruCache
+from app.services.cache import LookupCounter, LruCache
 
 logger = logging.getLogger("app.cache")
 
@@ -186,16 +186,21 @@ def _hook(factory: sessionmaker[Session], watch: StateWatch) -> None:
 class GenerationCache(Generic[K, V]):
     """A bounded LRU of answers, each valid only in the generation it was computed in."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, lookups: LookupCounter | None = None) -> None:
         self.size = size
         self._items: LruCache[K, tuple[Generation, V]] = LruCache(size)
+        self._lookups = lookups
 
     def get(self, key: K, generation: Generation) -> V | None:
         """The answer for ``key`` if it was computed in ``generation`` (a stale one is a miss
         and is replaced by the next ``put``)."""
         found = self._items.get(key)
         if found is None or found[0][1] != generation[1] or found[0][0] != generation[0]:
+            if self._lookups is not None:
+                self._lookups.count(False)
             return None
+        if self._lookups is not None:
+            self._lookups.count(True)
         return found[1]
 
     def put(self, key: K, generation: Generation, value: V) -> None:
@@ -213,19 +218,21 @@ class GenerationCache(Generic[K, V]):
 class PerWatch(Generic[K, V]):
     """One ``GenerationCache`` per database (per watch): apps on other databases never share."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, name: str | None = None) -> None:
         self.size = size
         self._caches: weakref.WeakKeyDictionary[StateWatch, GenerationCache[K, V]] = (
             weakref.WeakKeyDictionary()
         )
         self._lock = threading.Lock()
+        # One count per name, over every database's cache (capplan_cache_lookups_total).
+        self._lookups = LookupCounter(name) if name else None
 
     def of(self, watch: StateWatch) -> GenerationCache[K, V]:
         """The cache of ``watch``'s database."""
         cache = self._caches.get(watch)
         if cache is None:
             with self._lock:
-                cache = self._caches.setdefault(watch, GenerationCache(self.size))
+                cache = self._caches.setdefault(watch, GenerationCache(self.size, self._lookups))
         return cache
 
     def clear(self) -> None:

@@ -40,7 +40,8 @@ def test_roofline_of_resnet50_on_a_gpu_and_a_cpu(client: ApiClient, db_url: str)
     )
     assert table_counts(db_url) == before
     texts = _texts(root)
-    assert root.findtext(f"{NS}title") == "Roofline: resnet-50, int8, batch 4"
+    # every binding the kernels were evaluated at is in the title
+    assert root.findtext(f"{NS}title") == "Roofline: resnet-50, int8, batch 4, image size 224"
     assert "operational intensity [FLOP/byte of DRAM traffic]" in texts
     assert "attainable performance [FLOP/s]" in texts
     assert {"0.1", "1", "10", "100", "1 k"} <= set(texts)  # log-decade ticks
@@ -72,6 +73,9 @@ def test_roofline_of_a_decoder_draws_decode_kernels_and_mig_slices(client: ApiCl
         )
     )
     texts = _texts(root)
+    assert root.findtext(f"{NS}title") == (
+        "Roofline: gpt-2, int8, batch 1, prompt 64 + 8 generated tokens"
+    )
     assert "NVIDIA A100 80GB SXM4 MIG 1g.10gb, int8" in texts
     assert any("not drawn: nvidia-v100-32gb-sxm2 (no int8 peak" in t for t in texts)
     assert root.findall(f".//{NS}polygon")  # decode-step kernels are triangles
@@ -112,7 +116,10 @@ def test_memory_breakdown_chart(client: ApiClient) -> None:
     estimate = client.get("/v1/estimates/memory", params=params).json()
     root = _svg(client.get(MEMORY, params=params))
     texts = _texts(root)
-    assert root.findtext(f"{NS}title") == "Memory: llama-2-7b, inference, batch 2, bf16"
+    assert root.findtext(f"{NS}title") == (
+        "Memory: llama-2-7b, inference, batch 2, sequence length 2048, bf16"
+    )
+    assert estimate["bindings"] == {"batch": 2, "seq": 2048}
     shown = [line for line in estimate["breakdown"] if line["bytes"] > 0]
     for line in shown:
         assert line["key"] in texts
@@ -139,3 +146,25 @@ def test_the_json_query_form_rejects_inconsistent_queries_with_422(client: ApiCl
         params={"model": "resnet-50", "mode": "training", "batch_size": 4, "micro_batch_size": 3},
     )
     assert_problem(response, 422, "validation-error")
+
+
+@pytest.mark.parametrize(
+    ("params", "title"),
+    [
+        (  # the model's default sequence length is a binding too
+            {"model": "gpt-2", "mode": "training", "batch_size": 8, "micro_batch_size": 2},
+            "Memory: gpt-2, training, batch 8 (micro-batch 2), sequence length 1024, amp_bf16",
+        ),
+        (
+            {"model": "resnet-50", "mode": "inference", "batch_size": 16, "precision": "fp16"},
+            "Memory: resnet-50, inference, batch 16, image size 224, fp16",
+        ),
+    ],
+)
+def test_memory_chart_titles_carry_every_binding(
+    client: ApiClient, params: dict[str, object], title: str
+) -> None:
+    root = _svg(client.get(MEMORY, params=params))
+    assert root.findtext(f"{NS}title") == title
+    shown = [t.text or "" for t in root.iter(f"{NS}text") if t.attrib["font-size"] == "18"]
+    assert " ".join(shown) == title  # drawn in full, wrapped to the chart's width

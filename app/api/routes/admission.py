@@ -12,6 +12,7 @@ from fastapi import APIRouter, Depends, Request, Response
 from app.api.database import Database, DatabaseUnavailable
 from app.api.deps import DatabaseDep, get_database, require_reader
 from app.api.errors import problem_responses
+from app.api.metrics import Metrics
 from app.config import Settings
 from app.domain.admission import PodSpecError
 from app.schemas.admission import (
@@ -21,7 +22,13 @@ from app.schemas.admission import (
 )
 from app.services import admission as service
 from app.services.errors import ServiceError
-from app.services.state_cache import StateWatch, read_digest, staleness_of, watch_for
+from app.services.state_cache import (
+    Generation,
+    StateWatch,
+    read_digest,
+    staleness_of,
+    watch_for,
+)
 
 logger = logging.getLogger("app.admission")
 router = APIRouter(
@@ -128,14 +135,22 @@ async def admission_pods(request: Request) -> Response:
     db = await get_database(request)
     settings: Settings = request.app.state.settings
     review = service.read_review(await request.body())  # another apiVersion/kind: 422
-    tail = await _decide(review, request, db, settings)
+    tail, reason = await _decide(review, request, db, settings)
+    metrics: Metrics = request.app.state.metrics
+    metrics.count_admission("pods", allowed=service.is_allowed(tail), reason=reason)
     return Response(service.render(review.uid, tail), media_type="application/json")
+
+
+def _verdict(tail: bytes) -> tuple[bytes, str]:
+    """An evaluated answer with its reason (cached or not: cache hits are counted apart)."""
+    return tail, "fits" if service.is_allowed(tail) else "does_not_fit"
 
 
 async def _decide(
     review: service.Review, request: Request, db: Database, settings: Settings
-) -> bytes:
-    """The answer after the uid: cached, evaluated, or by the failure policy. Never raises."""
+) -> tuple[bytes, str]:
+    """The answer after the uid (cached, evaluated, or by the failure policy) and the reason
+    for ``capplan_admission_decisions_total``. Never raises."""
     policy = settings.admission_failure_policy
     timeout_s = settings.admission_timeout_s
     try:
@@ -143,35 +158,45 @@ async def _decide(
             raise service.ReviewError(review.problem or "malformed AdmissionReview")
         asked = service.question(review.pod)
         if asked is None:
-            return service.NO_GPU
+            return service.NO_GPU, "no_gpu"
         watch = watch_for(request.app.state.session_factory, staleness_of(settings))
         cache = service.DECISIONS.of(watch)
         generation = watch.current()
         if generation is not None and (cached := cache.get(asked.key, generation)) is not None:
-            return cached  # no database, no thread, no timer
+            return _verdict(cached)  # no database, no thread, no timer
         with anyio.fail_after(timeout_s):
-            return await _cached_or_evaluated(asked, watch, db, timeout_s)
+            return _verdict(await _cached_or_evaluated(asked, watch, db, timeout_s, generation))
     except (service.ReviewError, PodSpecError, ServiceError) as exc:
-        return service.on_failure(policy, service.failure_reason(exc))
+        return service.on_failure(policy, service.failure_reason(exc)), "invalid_review"
     except DatabaseUnavailable as exc:
-        return service.on_failure(policy, f"capacity-planner's database: {exc.detail}")
+        tail = service.on_failure(policy, f"capacity-planner's database: {exc.detail}")
+        return tail, "database_unavailable"
     except TimeoutError:
-        return service.on_failure(
+        tail = service.on_failure(
             policy, f"no decision within {timeout_s:g} s (CAPPLAN_ADMISSION_TIMEOUT_S)"
         )
+        return tail, "timeout"
     except Exception:  # an internal error must still produce a well-formed answer
         logger.exception("admission review failed")
-        return service.on_failure(policy, "internal error in capacity-planner; see its logs")
+        tail = service.on_failure(policy, "internal error in capacity-planner; see its logs")
+        return tail, "internal_error"
 
 
 async def _cached_or_evaluated(
-    asked: service.Question, watch: StateWatch, db: Database, timeout_s: float
+    asked: service.Question,
+    watch: StateWatch,
+    db: Database,
+    timeout_s: float,
+    checked: Generation | None,
 ) -> bytes:
+    """``checked``: the generation whose cache entry the caller already missed (not looked up
+    twice, so each review counts one cache lookup)."""
     cache = service.DECISIONS.of(watch)
     generation = await watch.generation(lambda: db.run(read_digest, timeout_s=timeout_s))
-    cached = cache.get(asked.key, generation)
-    if cached is not None:
-        return cached
+    if generation != checked:
+        cached = cache.get(asked.key, generation)
+        if cached is not None:
+            return cached
     local = watch.local  # before evaluating: a commit meanwhile makes the entry stale
     tail, digest, read_at = await db.run(
         functools.partial(service.evaluate_with_digest, asked=asked), timeout_s=timeout_s
@@ -188,7 +213,11 @@ async def _cached_or_evaluated(
     summary="May a workload run on a GPU resource (simple form)",
 )
 async def admission_check(
-    payload: AdmissionCheckRequest, db: DatabaseDep
+    payload: AdmissionCheckRequest, db: DatabaseDep, request: Request
 ) -> AdmissionCheckResponse:
     """The webhook's decision for one workload and one resource, for scripts and CI."""
-    return await db.call(service.check, payload=payload)
+    answer = await db.call(service.check, payload=payload)
+    metrics: Metrics = request.app.state.metrics
+    reason = "fits" if answer.allowed else "does_not_fit"
+    metrics.count_admission("check", allowed=answer.allowed, reason=reason)
+    return answer

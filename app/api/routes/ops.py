@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import logging
 
+import anyio.to_thread
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import Field
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
@@ -90,6 +91,9 @@ async def readyz(request: Request, db: DatabaseDep) -> Readiness | JSONResponse:
     responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "Metrics."}},
 )
 async def metrics(request: Request) -> Response:
-    """Request counts and latency histograms per route, in Prometheus text format."""
-    payload = generate_latest(request.app.state.metrics.registry)
+    """Prometheus text format: requests and latency per route, admission decisions by outcome
+    and reason, cache lookups (hit or miss), database slots, pool and failures, and process
+    metrics labelled by `pid`. With several worker processes every counter is the total over
+    all workers and every gauge the sum over the live ones, whichever worker answers."""
+    payload = await anyio.to_thread.run_sync(request.app.state.metrics.render)
     return Response(content=payload, media_type=CONTENT_TYPE_LATEST)
