@@ -23,6 +23,7 @@ from app.client.cli import main, recommendation_table, resolve_gpu
 from app.config import PROJECT_ROOT
 from app.domain.hardware import DeviceKind, PriceKind
 from app.domain.performance.recommend import Objective, Scenario
+from app.domain.performance.runtimes import ServingRuntime
 from app.domain.precision import Precision
 from app.domain.workload import (
     Attention,
@@ -286,6 +287,7 @@ def test_every_fit_admission_plan_and_recommend_option_reaches_the_body(tmp_path
                          "--slo-ms", "20", "--target", "500", "--devices", "nvidia-l4,x/1g.10gb",
                          "--objective", "energy", "--price", "nvidia-l4=0.8",
                          "--slo-margin", "0.2", "--price-kind", "spot", "--scenario", "server",
+                         "--serving-runtime", "torch_compile",
                          "--calibration", "gpu.compute_efficiency=0.5",
                          "--calibration", "cpu.request_overhead_us=40", "--seq", "384",
                          "--tokens-mean", "177", "--image", "32", "--bind", "heads=12",
@@ -298,7 +300,7 @@ def test_every_fit_admission_plan_and_recommend_option_reaches_the_body(tmp_path
         "image_size": 32, "bindings": {"heads": 12}, "prompt_tokens": 100,
         "generated_tokens": 20, "fuse_elementwise": False, "limit": 3,
         "prices_usd_per_hour": {"nvidia-l4": 0.8}, "slo_margin": 0.2, "price_kind": "spot",
-        "scenario": "server",
+        "scenario": "server", "serving_runtime": "torch_compile",
         "calibration": {"gpu": {"compute_efficiency": 0.5},
                         "cpu": {"request_overhead_us": 40.0}},
     }  # fmt: skip
@@ -315,6 +317,7 @@ def test_the_cli_choices_are_the_api_enumerations() -> None:
     assert cli.OBJECTIVES == tuple(o.value for o in Objective)
     assert cli.PRICE_KINDS == tuple(k.value for k in PriceKind)
     assert cli.SCENARIOS == tuple(k.value for k in Scenario)
+    assert cli.SERVING_RUNTIMES == tuple(r.value for r in ServingRuntime)
     assert set(cli.DEVICE_KINDS) == {k.value for k in DeviceKind}
     assert cli.CALIBRATION_FIELDS == tuple(CalibrationOverride.model_fields)
 

@@ -76,6 +76,7 @@ RUNTIMES = ("pytorch_cuda", "pytorch_cpu")
 OBJECTIVES = ("cost", "energy", "latency")
 PRICE_KINDS = ("on_demand", "reserved", "spot")
 SCENARIOS = ("offline", "server")
+SERVING_RUNTIMES = ("tensorrt", "torch_compile", "pytorch_eager", "tensorflow")
 DEVICE_KINDS = ("gpu", "cpu", "edge", "tpu")
 CALIBRATION_FIELDS = ("compute_efficiency", "memory_efficiency", "activation_cache_share",
                       "host_link_efficiency", "kernel_launch_overhead_us",
@@ -875,6 +876,7 @@ def _recommend_body(args: argparse.Namespace) -> Json:
         ("latency_slo_ms", args.slo_ms),
         ("slo_margin", args.slo_margin),
         ("scenario", args.scenario),
+        ("serving_runtime", args.serving_runtime),
         ("price_kind", args.price_kind),
         ("throughput_target_per_s", args.target),
         ("devices", args.devices.split(",") if args.devices else None),
@@ -1162,6 +1164,11 @@ def build_parser() -> argparse.ArgumentParser:
     recommend.add_argument("--slo-ms", type=float, help="latency SLO [ms]")
     recommend.add_argument(
         "--slo-margin", type=float, help="headroom kept under --slo-ms, a fraction (default 0.1)"
+    )
+    recommend.add_argument(
+        "--serving-runtime",
+        choices=SERVING_RUNTIMES,
+        help="the framework serving the model on accelerators (default tensorrt)",
     )
     recommend.add_argument(
         "--scenario",

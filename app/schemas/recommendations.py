@@ -15,6 +15,7 @@ from app.domain.performance.recommend import (
     Scenario,
 )
 from app.domain.performance.roofline import Bound
+from app.domain.performance.runtimes import DEFAULT_RUNTIME, ServingRuntime
 from app.domain.precision import Precision
 from app.schemas.base import Schema, Slug, located_error
 from app.schemas.estimates import (
@@ -246,10 +247,23 @@ class InferenceRecommendationRequest(Schema):
         description="Override the calibrated efficiencies and overheads per device kind.",
         examples=[{"gpu": {"compute_efficiency": 0.5}}],
     )
+    serving_runtime: ServingRuntime = Field(
+        default=DEFAULT_RUNTIME,
+        description="The framework that serves the model on accelerators (CPUs keep their "
+        "calibration): tensorrt (default: the calibration as fitted on MLPerf results; on "
+        "published framework-level TensorRT runs it is within 1.5x for 8 of 9), torch_compile, "
+        "pytorch_eager or tensorflow. Each profile fuses element-wise layers or not, scales the "
+        "compute efficiency and sets the per-kernel launch overhead, fitted on published "
+        "same-model, same-device measurements (benchmarks/calibration/runtimes.md: leaving "
+        "each device out, torch_compile 4 of 6 rows within 1.5x, pytorch_eager 10 of 20, "
+        "tensorflow 10 of 10). An explicit fuse_elementwise or calibration override wins.",
+        examples=["tensorrt"],
+    )
     fuse_elementwise: bool = Field(
         default=True,
         description="Fuse batchnorm, activations and residual adds into the kernel before them "
-        "(as TensorRT, OpenVINO and torch.compile do); false: one kernel per layer (eager).",
+        "(as TensorRT, OpenVINO and torch.compile do); false: one kernel per layer (eager). "
+        "Default: what serving_runtime does (false for pytorch_eager and tensorflow).",
         examples=[True],
     )
     limit: int = Field(
@@ -585,6 +599,9 @@ class InferenceRecommendationResponse(Schema):
     )
     objective: Objective = Field(description="What was minimised.", examples=["cost"])
     scenario: Scenario = Field(description="offline or server.", examples=["offline"])
+    serving_runtime: ServingRuntime = Field(
+        description="The runtime profile applied to accelerators.", examples=["tensorrt"]
+    )
     latency_slo_ms: float | None = Field(
         default=None, description="The SLO applied [ms].", examples=[20.0]
     )

@@ -53,6 +53,7 @@ from app.domain.performance.roofline import (
     predict,
     unsupported_reason,
 )
+from app.domain.performance.runtimes import DEFAULT_RUNTIME, RUNTIME_PROFILES, ServingRuntime
 from app.domain.performance.serving import ServerLoad, clear_server_cache
 from app.domain.precision import Precision
 from app.domain.workload import (
@@ -224,9 +225,12 @@ def candidates(
 
 def calibrations(
     overrides: Mapping[DeviceKind, CalibrationOverride],
+    runtime: ServingRuntime = DEFAULT_RUNTIME,
 ) -> dict[DeviceKind, Calibration]:
-    """The default calibration of every kind with a request's overrides applied."""
-    result = dict(DEFAULT_CALIBRATIONS)
+    """The default calibration of every kind under a serving runtime's profile, with a
+    request's overrides applied on top."""
+    profile = RUNTIME_PROFILES[runtime]
+    result = {kind: profile.apply(cal, kind) for kind, cal in DEFAULT_CALIBRATIONS.items()}
     for kind, override in overrides.items():
         values = override.model_dump(exclude_none=True)
         if not values:
@@ -468,6 +472,13 @@ def _check_tokens_mean(source: ModelSource, tokens_mean: int, *, has_seq: bool) 
         )
 
 
+def _fuse(payload: InferenceRecommendationRequest) -> bool:
+    """fuse_elementwise as given, else what the serving runtime does."""
+    if "fuse_elementwise" in payload.model_fields_set:
+        return payload.fuse_elementwise
+    return RUNTIME_PROFILES[payload.serving_runtime].fuse_elementwise
+
+
 def _batches(payload: InferenceRecommendationRequest) -> list[int]:
     if payload.batch_sizes is not None:
         return sorted(set(payload.batch_sizes))
@@ -495,11 +506,11 @@ def recommend(
         image_size=payload.image_size,
         prompt_tokens=payload.prompt_tokens,
         generated_tokens=payload.generated_tokens,
-        fuse_elementwise=payload.fuse_elementwise,
+        fuse_elementwise=_fuse(payload),
         tokens_mean=payload.tokens_mean,
     )
     pool = candidates(session, payload.devices, payload.prices_usd_per_hour, payload.price_kind)
-    cals = calibrations(payload.calibration)
+    cals = calibrations(payload.calibration, payload.serving_runtime)
     schemes = [PRECISION_SCHEMES[p] for p in payload.precisions]
     excluded: list[Exclusion] = []
     runnable: list[tuple[Candidate, PrecisionScheme]] = []
@@ -555,6 +566,7 @@ def recommend(
         recommendation=paragraph,
         objective=payload.objective,
         scenario=payload.scenario,
+        serving_runtime=payload.serving_runtime,
         latency_slo_ms=payload.latency_slo_ms,
         slo_margin=None if budget is None else payload.slo_margin,
         latency_budget_ms=None if budget is None else budget * 1e3,
@@ -757,15 +769,30 @@ def _defaults_used(
             option="runtime",
             value="per candidate",
             reason="memory fit: pytorch_cpu on CPUs, pytorch_cuda on GPUs; latency: the "
-            "calibrated serving-engine efficiencies",
+            "calibrated efficiencies under serving_runtime's profile",
         )
     )
+    if "serving_runtime" not in given:
+        rows.append(
+            DefaultUsedRow(
+                option="serving_runtime",
+                value=payload.serving_runtime.value,
+                reason="the calibration's own: fitted on MLPerf results (TensorRT-grade "
+                "engines); torch_compile, pytorch_eager and tensorflow have fitted profiles",
+            )
+        )
     if "fuse_elementwise" not in given:
+        fuse = _fuse(payload)
         rows.append(
             DefaultUsedRow(
                 option="fuse_elementwise",
-                value=str(payload.fuse_elementwise).lower(),
-                reason="serving engines fuse element-wise layers into the kernel before them",
+                value=str(fuse).lower(),
+                reason=f"{payload.serving_runtime.value} "
+                + (
+                    "fuses element-wise layers into the kernel before them"
+                    if fuse
+                    else "runs one kernel per layer"
+                ),
             )
         )
     return rows

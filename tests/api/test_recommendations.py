@@ -308,6 +308,7 @@ def test_the_only_candidate_lacking_the_precision_is_an_error(
         ({"colour": "blue"}, "/colour"),
         ({"scenario": "server"}, "/latency_slo_ms"),  # the p99 bound is required
         ({"scenario": "multistream", "latency_slo_ms": 10}, "/scenario"),
+        ({"serving_runtime": "onnxruntime"}, "/serving_runtime"),
     ],
 )
 def test_invalid_requests_are_422(
@@ -433,3 +434,45 @@ def test_the_server_scenario_prices_the_rate_a_p99_budget_sustains(client: ApiCl
         assert "server" not in candidate  # null fields are left out
         assert not candidate["eligible"]
         assert any("SLO" in reason for reason in candidate["reasons"])
+
+
+def test_a_serving_runtime_profile_changes_accelerators_only(client: ApiClient) -> None:
+    """pytorch_eager: one kernel per layer, 0.85 x the compute efficiency, 50 us per launch
+    on the GPU; the CPU keeps its calibration; an explicit fuse_elementwise or calibration
+    override wins over the profile."""
+    common = {
+        "model": "resnet-50",
+        "devices": ["nvidia-a10", "intel-xeon-platinum-8480plus"],
+        "precisions": ["fp16", "bf16"],
+        "batch_sizes": [8],
+    }
+    engine = _recommend(client, **common)
+    eager = _recommend(client, **common, serving_runtime="pytorch_eager")
+    assert engine["serving_runtime"] == "tensorrt"
+    assert eager["serving_runtime"] == "pytorch_eager"
+    defaults = {row["option"]: row for row in eager["workload"]["defaults_used"]}
+    assert defaults["fuse_elementwise"]["value"] == "false"
+    assert "serving_runtime" not in defaults
+    assert {row["option"] for row in engine["workload"]["defaults_used"]} >= {"serving_runtime"}
+    gpu = eager["calibration"]["gpu"]
+    assert gpu["compute_efficiency"] == pytest.approx(0.5 * 0.85)
+    assert gpu["kernel_launch_overhead_s"] == pytest.approx(50e-6)
+    assert "served by pytorch_eager" in gpu["basis"]
+    assert eager["calibration"]["cpu"] == engine["calibration"]["cpu"]
+    a10 = ("nvidia-a10", "fp16")
+    xeon = ("intel-xeon-platinum-8480plus", "bf16")
+    fast, slow = _by_device(engine)[a10], _by_device(eager)[a10]
+    assert slow["latency_ms"] > 1.5 * fast["latency_ms"]
+    assert slow["phases"][0]["launches"] > fast["phases"][0]["launches"]  # unfused
+    # the CPU is served as before, but one kernel per layer (fuse follows the runtime)
+    assert _by_device(eager)[xeon]["inputs"]["compute_efficiency"] == pytest.approx(0.75)
+    fused = _recommend(client, **common, serving_runtime="pytorch_eager", fuse_elementwise=True)
+    assert _by_device(fused)[a10]["phases"][0]["launches"] == fast["phases"][0]["launches"]
+    overridden = _recommend(
+        client,
+        **common,
+        serving_runtime="pytorch_eager",
+        calibration={"gpu": {"kernel_launch_overhead_us": 4.0}},
+    )
+    assert overridden["calibration"]["gpu"]["kernel_launch_overhead_s"] == pytest.approx(4e-6)
+    assert overridden["calibration"]["gpu"]["compute_efficiency"] == pytest.approx(0.5 * 0.85)

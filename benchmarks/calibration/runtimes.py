@@ -1,0 +1,446 @@
+"""Fit the serving-runtime profiles on published framework-level measurements.
+
+    .venv/bin/python benchmarks/calibration/runtimes.py [--write-results]
+
+Reads ``framework_measurements.yaml`` (published same-model, same-device measurements under
+PyTorch eager, ``torch.compile``, TensorFlow, TensorFlow XLA, TensorRT, ONNX Runtime; sources
+per row) and, for every ``runtime_comparison`` row it can map (device to the catalog, model to
+a graph, precision to the service's), predicts the row with the shipped calibration and the
+runtime's profile (:mod:`app.domain.performance.runtimes`):
+
+* per runtime other than TensorRT, fits the compute-efficiency scale (grid of 0.05) and the
+  per-kernel launch overhead (a ladder of 1 to 150 us) that minimise the sum of squared
+  log(predicted / measured) over its rows, with element-wise fusion fixed by what the runtime
+  does (eager PyTorch and TensorFlow run one kernel per layer);
+* TensorRT rows are predicted with the shipped calibration, unfitted: its error here is out of
+  sample (the calibration was fitted on MLPerf rows only);
+* leave-one-device-out: each row again with its runtime refitted without its device's rows.
+
+Prints every row (in sample and left out), per runtime the fitted constants and the share of
+rows within 1.5x and 2x; exit 1 when the shipped profiles differ from the fit.
+``tests/contract/test_runtime_profiles.py`` runs the same functions in CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import calibrate  # noqa: E402  (the calibration script beside this one)
+
+from app.domain.graph.analysis import analyze  # noqa: E402
+from app.domain.hardware import HardwareSpec  # noqa: E402
+from app.domain.performance.roofline import (  # noqa: E402
+    DEFAULT_CALIBRATIONS,
+    PRECISION_SCHEMES,
+    PhasedRequest,
+    forward_request,
+    predict,
+    unsupported_reason,
+)
+from app.domain.performance.runtimes import (  # noqa: E402
+    DEFAULT_RUNTIME,
+    RUNTIME_PROFILES,
+    RuntimeProfile,
+    ServingRuntime,
+)
+from app.domain.precision import Precision  # noqa: E402
+from app.domain.zoo import ZOO, bert  # noqa: E402
+
+DATA = HERE / "framework_measurements.yaml"
+RESULTS = HERE / "runtimes.md"
+SCALE_GRID = tuple(round(0.05 * i, 2) for i in range(1, 41))  # 0.05 .. 2.0
+LAUNCH_LADDER_US = (1, 2, 3, 4, 6, 8, 10, 12, 15, 20, 25, 30, 40, 50, 60, 80, 100, 120, 150)
+WITHIN, WITHIN_WORST = 1.5, 2.0
+
+RUNTIMES = {
+    "tensorrt": ServingRuntime.TENSORRT,
+    "pytorch_eager": ServingRuntime.PYTORCH_EAGER,
+    "torch_compile (mode=default)": ServingRuntime.TORCH_COMPILE,
+    "tensorflow": ServingRuntime.TENSORFLOW,
+}
+NOT_USED = {
+    "tensorflow_xla": "3 rows on 2 devices: leaving one device out leaves too few to fit "
+    "(tried: 0 of 3 within 1.5x); no profile",
+    "torch_compile (mode=reduce-overhead, CUDA graphs)": "CUDA graphs replay the whole model "
+    "without per-kernel launches: one row, no profile of its own",
+    "onnxruntime (optimized graph)": "the precision is not stated",
+    "onnxruntime (vanilla export)": "one row",
+    "onnxruntime_tensorrt_ep (Triton Inference Server)": "measured at the Triton client: "
+    "network and queueing included",
+}
+DEVICES = {  # the rows' device text -> catalog slug, with what the mapping assumes
+    "nvidia-v100-16gb-sxm2 (DGX-1; not in catalog, nearest nvidia-v100-32gb-sxm2)": (
+        "nvidia-v100-32gb-sxm2",
+        "V100 16 GB SXM2 as the 32 GB part (same compute and bandwidth)",
+    ),
+    "nvidia-a100 (variant not stated)": ("nvidia-a100-40gb-sxm", "A100 variant not stated: SXM"),
+    "nvidia-v100 (variant not stated)": (
+        "nvidia-v100-32gb-sxm2",
+        "V100 variant not stated: SXM2",
+    ),
+    "nvidia-a100-40gb (demo says A100 40GB; form factor not stated)": (
+        "nvidia-a100-40gb-sxm",
+        "A100 40 GB form factor not stated: SXM",
+    ),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One measurement the fit can use."""
+
+    id: str
+    runtime: ServingRuntime
+    slug: str
+    model: str  # graph key
+    precision: Precision
+    batch: int
+    seq: int | None
+    metric: str  # "throughput" [1/s] or "latency" [ms per batch]
+    measured: float
+    note: str
+
+
+@dataclass(frozen=True, slots=True)
+class Skipped:
+    """A row the fit does not use, and why."""
+
+    id: str
+    runtime: str
+    reason: str
+
+
+def load(path: Path = DATA) -> list[dict[str, Any]]:
+    """The ``results`` rows of the framework file."""
+    document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    rows: list[dict[str, Any]] = document["results"]
+    return rows
+
+
+def _model(text: str) -> tuple[str | None, str]:
+    lowered = text.lower()
+    if "resnet50" in lowered or "resnet-50" in lowered:
+        return "resnet-50", ""
+    if "vit-base-patch16-224" in lowered:
+        return "vit-b-16", ""
+    if "bert-large" in lowered:
+        return "bert-large", "BERT-large encoder with a 2-logit QA head"
+    if "bert-base" in lowered:
+        return "bert-base", "BERT-base encoder with a 2-logit QA head"
+    if "roberta-base" in lowered:
+        return "roberta-base", "RoBERTa-base as a BERT-base encoder (vocabulary 50265)"
+    if "minilm-l6-h384" in lowered:
+        return "minilm-l6", "MiniLM-L6-H384 as a 6-layer BERT encoder, hidden 384"
+    return None, ""
+
+
+def _precision(text: str) -> tuple[Precision | None, str]:
+    if "INT8" in text:
+        return Precision.INT8, ""
+    if "FP16" in text or "AMP" in text:
+        return Precision.FP16, ""
+    if "TF32" in text:
+        return Precision.TF32, ""
+    if "FP32" in text:
+        return Precision.FP32, ""
+    if text == "not stated":  # the HF torch.compile benchmark runs the models' default fp32
+        return Precision.FP32, "precision not stated: fp32 (the benchmark's default dtype)"
+    return None, ""
+
+
+def _pytorch_tf32(
+    runtime: ServingRuntime, model: str, precision: Precision, device: HardwareSpec
+) -> tuple[Precision, str]:
+    """PyTorch runs fp32 convolutions in TF32 on GPUs that have it (cuDNN's allow_tf32
+    defaults to True; matmuls stay fp32): a convolutional model's fp32 row is a tf32 one."""
+    if (
+        runtime in (ServingRuntime.PYTORCH_EAGER, ServingRuntime.TORCH_COMPILE)
+        and precision is Precision.FP32
+        and model == "resnet-50"
+        and unsupported_reason(device, PRECISION_SCHEMES[Precision.TF32]) is None
+    ):
+        return Precision.TF32, (
+            "fp32 convolutions run in TF32 (PyTorch's cudnn.allow_tf32 defaults to True)"
+        )
+    return precision, ""
+
+
+def rows(
+    raw: Iterable[Mapping[str, Any]], devices: Mapping[str, HardwareSpec]
+) -> tuple[list[Row], list[Skipped]]:
+    """The runtime-comparison rows mapped to a device, a graph and a precision, and the rest
+    with the reason they are not used."""
+    used: list[Row] = []
+    skipped: list[Skipped] = []
+    for row in raw:
+        if row.get("category") != "runtime_comparison":
+            continue
+        rid, runtime_text = str(row["id"]), str(row["runtime"])
+        if runtime_text not in RUNTIMES:
+            reason = NOT_USED.get(runtime_text, "runtime not profiled")
+            skipped.append(Skipped(rid, runtime_text, reason))
+            continue
+        device_text = str(row["device"])
+        slug, device_note = DEVICES.get(device_text, (device_text, ""))
+        model, model_note = _model(str(row["model"]))
+        precision, precision_note = _precision(str(row.get("precision", "")))
+        unit = str(row.get("unit", ""))
+        metric = "latency" if str(row["metric"]).startswith("latency") else "throughput"
+        if slug not in devices:
+            skipped.append(Skipped(rid, runtime_text, f"device {device_text!r} not in catalog"))
+        elif model is None:
+            skipped.append(Skipped(rid, runtime_text, f"model {row['model']!r} not mapped"))
+        elif precision is None:
+            skipped.append(Skipped(rid, runtime_text, f"precision {row['precision']!r}"))
+        elif metric == "latency" and "ms" not in unit:
+            skipped.append(Skipped(rid, runtime_text, f"unit {unit!r}"))
+        else:
+            precision, tf32_note = _pytorch_tf32(
+                RUNTIMES[runtime_text], model, precision, devices[slug]
+            )
+            precision_note = "; ".join(n for n in (precision_note, tf32_note) if n)
+            seq = row.get("seq_len")
+            used.append(
+                Row(
+                    id=rid,
+                    runtime=RUNTIMES[runtime_text],
+                    slug=slug,
+                    model=model,
+                    precision=precision,
+                    batch=int(row["batch"]),
+                    seq=int(seq) if seq is not None else None,
+                    metric=metric,
+                    measured=float(row["value"]),
+                    note="; ".join(n for n in (device_note, model_note, precision_note) if n),
+                )
+            )
+    return used, skipped
+
+
+def _graph(model: str) -> tuple[list[Any], list[Any]]:
+    qa = {"name": "qa_outputs", "op": "linear", "out_features": 2}
+    if model in ("resnet-50", "vit-b-16"):
+        zoo = ZOO[model]
+        return list(zoo.inputs), list(zoo.layers)
+    if model == "bert-large":
+        zoo = bert(layers=24, hidden=1024, heads=16, intermediate=4096, pooler=False)
+        return list(zoo.inputs), [*zoo.layers, qa]
+    if model == "bert-base":
+        zoo = bert(pooler=False)
+        return list(zoo.inputs), [*zoo.layers, qa]
+    if model == "roberta-base":
+        zoo = bert(vocab=50265, positions=514, type_vocab=1)
+        return list(zoo.inputs), list(zoo.layers)
+    zoo = bert(layers=6, hidden=384, heads=12, intermediate=1536)  # minilm-l6
+    return list(zoo.inputs), list(zoo.layers)
+
+
+_WORKLOADS: dict[tuple[str, int, int | None, Precision, bool], PhasedRequest] = {}
+
+
+def workload(row: Row, fuse: bool) -> PhasedRequest:
+    """The row's model at its batch, sequence and precision, fused or not."""
+    key = (row.model, row.batch, row.seq, row.precision, fuse)
+    found = _WORKLOADS.get(key)
+    if found is None:
+        inputs, layers = _graph(row.model)
+        bindings = {"batch": row.batch}
+        if row.seq is not None:
+            bindings["seq"] = row.seq
+        if row.model in ("resnet-50", "vit-b-16"):
+            bindings["image"] = 224
+        analysis = analyze(inputs, layers, bindings, training=False)
+        found = _WORKLOADS[key] = forward_request(
+            analysis, PRECISION_SCHEMES[row.precision], batch=row.batch, fuse_elementwise=fuse
+        )
+    return found
+
+
+def predicted(row: Row, profile: RuntimeProfile, devices: Mapping[str, HardwareSpec]) -> float:
+    """The row's figure (throughput [1/s] or latency [ms per batch]) under ``profile``."""
+    device = devices[row.slug]
+    calibration = profile.apply(DEFAULT_CALIBRATIONS[device.kind], device.kind)
+    p = predict(workload(row, profile.fuse_elementwise), device, calibration)
+    return p.throughput_per_s if row.metric == "throughput" else p.latency_s * 1e3
+
+
+def fit(
+    runtime: ServingRuntime, items: list[Row], devices: Mapping[str, HardwareSpec]
+) -> RuntimeProfile:
+    """The profile of ``runtime`` whose scale and launch overhead fit ``items`` best."""
+    shipped = RUNTIME_PROFILES[runtime]
+    best: tuple[float, RuntimeProfile] | None = None
+    for launch_us in LAUNCH_LADDER_US:
+        for scale in SCALE_GRID:
+            trial = replace(
+                shipped, compute_efficiency_scale=scale, kernel_launch_overhead_s=launch_us * 1e-6
+            )
+            error = sum(math.log(predicted(r, trial, devices) / r.measured) ** 2 for r in items)
+            if best is None or error < best[0] - 1e-12:
+                best = (error, trial)
+    assert best is not None
+    return best[1]
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """One row: measured, in sample, and with its device left out of the fit."""
+
+    row: Row
+    in_sample: float
+    device_out: float | None  # None: no other device's rows to fit on (or TensorRT: unfitted)
+
+    def ratio(self, which: str = "device_out") -> float | None:
+        value = self.in_sample if which == "in_sample" else self.device_out
+        return None if value is None else value / self.row.measured
+
+
+def derive(
+    items: list[Row], devices: Mapping[str, HardwareSpec]
+) -> dict[ServingRuntime, RuntimeProfile]:
+    """Every profile the rows determine (TensorRT: the shipped calibration, not fitted)."""
+    profiles = {DEFAULT_RUNTIME: RUNTIME_PROFILES[DEFAULT_RUNTIME]}
+    for runtime in ServingRuntime:
+        if runtime is DEFAULT_RUNTIME:
+            continue
+        mine = [r for r in items if r.runtime is runtime]
+        if mine:
+            profiles[runtime] = fit(runtime, mine, devices)
+    return profiles
+
+
+def evaluate(
+    items: list[Row],
+    devices: Mapping[str, HardwareSpec],
+    profiles: Mapping[ServingRuntime, RuntimeProfile],
+) -> list[Result]:
+    """Each row in sample and leaving its device out of its runtime's fit."""
+    refits: dict[tuple[ServingRuntime, str], RuntimeProfile | None] = {}
+    results = []
+    for row in items:
+        in_sample = predicted(row, profiles[row.runtime], devices)
+        device_out = None
+        if row.runtime is DEFAULT_RUNTIME:
+            device_out = in_sample  # unfitted here: out of sample already
+        else:
+            key = (row.runtime, row.slug)
+            if key not in refits:
+                others = [r for r in items if r.runtime is row.runtime and r.slug != row.slug]
+                refits[key] = fit(row.runtime, others, devices) if others else None
+            refit = refits[key]
+            device_out = None if refit is None else predicted(row, refit, devices)
+        results.append(Result(row, in_sample, device_out))
+    return results
+
+
+def shipped_matches(profiles: Mapping[ServingRuntime, RuntimeProfile]) -> list[str]:
+    """Differences between the shipped profiles and the derivation (empty: they agree)."""
+    problems = []
+    for runtime, derived in profiles.items():
+        shipped = RUNTIME_PROFILES[runtime]
+        for name in ("fuse_elementwise", "compute_efficiency_scale", "kernel_launch_overhead_s"):
+            a, b = getattr(derived, name), getattr(shipped, name)
+            if a != b and not (
+                isinstance(a, float) and isinstance(b, float) and math.isclose(a, b)
+            ):
+                problems.append(f"{runtime.value} {name}: derived {a!r}, shipped {b!r}")
+    missing = set(RUNTIME_PROFILES) - set(profiles)
+    problems += [f"{r.value}: no rows to fit" for r in sorted(missing)]
+    return problems
+
+
+def _share(results: list[Result], which: str, limit: float) -> tuple[int, int]:
+    ratios = [x for r in results if (x := r.ratio(which)) is not None]
+    return sum(1 for x in ratios if max(x, 1 / x) <= limit), len(ratios)
+
+
+def render(
+    results: list[Result],
+    skipped: list[Skipped],
+    profiles: Mapping[ServingRuntime, RuntimeProfile],
+) -> tuple[str, bool]:
+    """The report, and whether the shipped profiles are the derivation."""
+    lines = [
+        "# Serving-runtime profiles: fit and error",
+        "",
+        "Generated by `benchmarks/calibration/runtimes.py` from `framework_measurements.yaml`. "
+        "Ratios are predicted / measured;",
+        "*left out*: the runtime refitted without the row's device (TensorRT is not fitted here: "
+        "its rows test the MLPerf calibration).",
+        "",
+        "| runtime | fuses | compute eff. scale | launch [us] | rows | in sample 1.5x / 2x | "
+        "left out 1.5x / 2x | median left out |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for runtime, profile in profiles.items():
+        mine = [r for r in results if r.row.runtime is runtime]
+        if not mine:
+            continue
+        launch = profile.kernel_launch_overhead_s
+        launch_text = "calibrated" if launch is None else f"{launch * 1e6:g}"
+        in_15, n_in = _share(mine, "in_sample", WITHIN)
+        in_2, _ = _share(mine, "in_sample", WITHIN_WORST)
+        out_15, n_out = _share(mine, "device_out", WITHIN)
+        out_2, _ = _share(mine, "device_out", WITHIN_WORST)
+        ratios = [x for r in mine if (x := r.ratio()) is not None]
+        median = f"{statistics.median(ratios):.2f}" if ratios else "n/a"
+        lines.append(
+            f"| {runtime.value} | {'yes' if profile.fuse_elementwise else 'no'} | "
+            f"{profile.compute_efficiency_scale:g} | {launch_text} | {len(mine)} | "
+            f"{in_15}/{n_in} / {in_2}/{n_in} | {out_15}/{n_out} / {out_2}/{n_out} | {median} |"
+        )
+    problems = shipped_matches(profiles)
+    lines += [
+        "",
+        "Shipped profiles match the derivation: "
+        + ("yes." if not problems else "NO - " + "; ".join(problems) + "."),
+        "",
+        "| row | runtime | device | model | precision | batch | seq | metric | measured | "
+        "in sample | ratio | left out | ratio | notes |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        row = r.row
+        unit = "/s" if row.metric == "throughput" else " ms"
+        out = "n/a" if r.device_out is None else f"{r.device_out:.4g}"
+        out_ratio = "n/a" if r.ratio() is None else f"{r.ratio():.2f}"
+        lines.append(
+            f"| {row.id} | {row.runtime.value} | {row.slug} | {row.model} | "
+            f"{row.precision.value} | {row.batch} | {row.seq or ''} | {row.metric} | "
+            f"{row.measured:.4g}{unit} | {r.in_sample:.4g} | {r.ratio('in_sample'):.2f} | "
+            f"{out} | {out_ratio} | {row.note} |"
+        )
+    lines += ["", "Not used:", ""]
+    lines += [f"* {s.id} ({s.runtime}): {s.reason}" for s in skipped]
+    return "\n".join(lines) + "\n", not problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the fit and every row; exit 1 when the shipped profiles differ from the fit."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--write-results", action="store_true", help=f"write {RESULTS.name}")
+    args = parser.parse_args(argv)
+    devices = calibrate.catalog_devices()
+    items, skipped = rows(load(), devices)
+    profiles = derive(items, devices)
+    report, ok = render(evaluate(items, devices, profiles), skipped, profiles)
+    print(report)
+    if args.write_results:
+        RESULTS.write_text(report, encoding="utf-8")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
