@@ -12,6 +12,7 @@ from fastapi import Depends, FastAPI
 
 from app.api.auth_gate import AuthGateMiddleware
 from app.api.database import Database, register_database_metrics
+from app.api.docs import install_docs
 from app.api.errors import PROBLEM_JSON, install_error_handlers
 from app.api.inflight import InFlightLimitMiddleware
 from app.api.middleware import BodySizeLimitMiddleware, Metrics, RequestContextMiddleware
@@ -89,8 +90,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version="0.1.0",
         description=DESCRIPTION,
         lifespan=lifespan,
-        docs_url="/docs",
-        redoc_url="/redoc",
+        # Served by install_docs with local assets (FastAPI's pages load them from CDNs).
+        docs_url=None,
+        redoc_url=None,
         dependencies=[Depends(reject_unknown_query)],
     )
     app.state.settings = settings
@@ -107,6 +109,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     register_database_metrics(app.state.metrics.registry, app.state.database)
 
     install_error_handlers(app)
+    install_docs(app)
     # Routers are matched in order: the admission webhook and MIG fits, the hot paths of a
     # cluster, come first (each router passed costs a match attempt per request).
     app.include_router(ops.router)
