@@ -15,7 +15,8 @@ from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.api.context import request_id_var
-from app.api.database import DatabaseUnavailable
+from app.api.database import DatabaseUnavailable, busy, unavailable
+from app.config import Settings
 from app.domain.errors import DomainError
 from app.schemas.problem import InvalidField, Problem
 from app.services import errors as svc
@@ -298,8 +299,228 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(Exception, _unhandled_handler)
 
 
+def too_large_detail(limit_bytes: int, setting: str) -> str:
+    """The detail of a 413."""
+    return f"request body exceeds the limit of {limit_bytes} bytes (setting {setting})"
+
+
+def overloaded_detail(limit: int, queue_timeout_s: float) -> str:
+    """The detail of a 503 for a request that waited too long for an in-flight slot."""
+    return (
+        f"{limit} requests are in progress (setting CAPPLAN_MAX_IN_FLIGHT) and none finished "
+        f"within {queue_timeout_s:g} s; retry shortly"
+    )
+
+
+EXAMPLE_REQUEST_ID = "5f0c6c0a9d8e4b0f9a3c2d1e0f9a8b7c"
+
+
+def _example(
+    summary: str,
+    status: int,
+    type_slug: str,
+    title: str,
+    detail: str,
+    instance: str,
+    errors: list[dict[str, str]] | None = None,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "type": f"/problems/{type_slug}",
+        "title": title,
+        "status": status,
+        "detail": detail,
+        "instance": instance,
+        "request_id": EXAMPLE_REQUEST_ID,
+    }
+    if errors is not None:
+        body["errors"] = errors
+    return {"summary": summary, "value": body}
+
+
+def _default(setting: str) -> Any:
+    return Settings.model_fields[setting].default
+
+
+# What the service answers for each status it documents, one example per kind of problem:
+# the bodies are the service's own (tests/api/test_problem_examples.py provokes each one and
+# compares), so Swagger UI and ReDoc no longer show the 404 example under every status.
+PROBLEM_EXAMPLES: dict[int, dict[str, dict[str, Any]]] = {
+    400: {
+        "malformed-json": _example(
+            "The body is not valid JSON",
+            400,
+            "malformed-json",
+            "Malformed JSON",
+            "the request body is not valid JSON: Expecting property name enclosed in double "
+            "quotes at character 20",
+            "/v1/models",
+            [
+                {
+                    "pointer": "/",
+                    "location": "body",
+                    "message": "Expecting property name enclosed in double quotes at character 20",
+                    "type": "json_invalid",
+                }
+            ],
+        )
+    },
+    401: {
+        "unauthorized": _example(
+            "No API key sent",
+            401,
+            "unauthorized",
+            "Authentication required",
+            "this endpoint needs an API key: send 'Authorization: Bearer <key>' or "
+            "'X-API-Key: <key>'",
+            "/v1/models",
+        )
+    },
+    403: {
+        "forbidden": _example(
+            "The API key is not one of CAPPLAN_API_KEYS",
+            403,
+            "forbidden",
+            "Forbidden",
+            "the API key is not accepted",
+            "/v1/models",
+        )
+    },
+    404: {
+        "not-found": _example(
+            "No stored entry has this slug",
+            404,
+            "not-found",
+            "Not found",
+            "model 'no-such-model' does not exist; GET /v1/models lists the slugs",
+            "/v1/models/no-such-model",
+        )
+    },
+    409: {
+        "already-exists": _example(
+            "The slug is taken",
+            409,
+            "already-exists",
+            "Already exists",
+            "a model with slug 'tiny-cnn' exists already; pick another slug or PUT to "
+            "/v1/models/{slug} to replace yours",
+            "/v1/models",
+        ),
+        "read-only": _example(
+            "A built-in (zoo or catalog) entry cannot be changed",
+            409,
+            "read-only",
+            "Read-only resource",
+            "model 'resnet-50' is a built-in zoo model and is read-only; POST a copy under a "
+            "new slug to change it",
+            "/v1/models/resnet-50",
+        ),
+        "in-use": _example(
+            "Saved workloads still name it",
+            409,
+            "in-use",
+            "Resource in use",
+            "model 'tiny-cnn' is used by saved workloads; delete those first",
+            "/v1/models/tiny-cnn",
+        ),
+    },
+    412: {
+        "stale-version": _example(
+            "Someone changed it since you read it",
+            412,
+            "stale-version",
+            "Precondition failed",
+            "model 'tiny-cnn' changed since you read it: If-Match \"7\" does not match the "
+            'current ETag "1"; GET it again and re-apply your change',
+            "/v1/models/tiny-cnn",
+        )
+    },
+    413: {
+        "payload-too-large": _example(
+            "The body is over CAPPLAN_MAX_REQUEST_BYTES",
+            413,
+            "payload-too-large",
+            "Payload too large",
+            too_large_detail(_default("max_request_bytes"), "CAPPLAN_MAX_REQUEST_BYTES"),
+            "/v1/models",
+        )
+    },
+    422: {
+        "validation-error": _example(
+            "A field breaks the schema (every invalid field is listed)",
+            422,
+            "validation-error",
+            "Invalid request",
+            "1 invalid field(s): /batch_size: Input should be greater than or equal to 1",
+            "/v1/estimates/memory",
+            [
+                {
+                    "pointer": "/batch_size",
+                    "location": "body",
+                    "message": "Input should be greater than or equal to 1",
+                    "type": "greater_than_equal",
+                }
+            ],
+        ),
+        "invalid-input": _example(
+            "Valid fields that do not go together",
+            422,
+            "invalid-input",
+            "Invalid input",
+            "tokens_mean needs a model with a sequence axis (`seq`)",
+            "/v1/recommendations/inference",
+            [
+                {
+                    "pointer": "/tokens_mean",
+                    "location": "body",
+                    "message": "tokens_mean needs a model with a sequence axis (`seq`)",
+                    "type": "invalid-input",
+                }
+            ],
+        ),
+    },
+    428: {
+        "if-match-required": _example(
+            "A change without If-Match",
+            428,
+            "if-match-required",
+            "Precondition required",
+            "model 'tiny-cnn' can only be changed with an If-Match header; GET it and send its "
+            'ETag (currently "1") to prove you are editing the latest version',
+            "/v1/models/tiny-cnn",
+        )
+    },
+    503: {
+        "overloaded": _example(
+            "Too many requests in progress (Retry-After: 1)",
+            503,
+            "overloaded",
+            "Overloaded",
+            overloaded_detail(_default("max_in_flight"), _default("db_queue_timeout_s")),
+            "/v1/estimates/memory",
+        ),
+        "database-busy": _example(
+            "No database slot freed up in time (Retry-After: 1)",
+            503,
+            "database-busy",
+            "Database busy",
+            busy(_default("db_queue_timeout_s")).detail,
+            "/v1/estimates/memory",
+        ),
+        "database-unavailable": _example(
+            "The database does not answer (Retry-After: 5)",
+            503,
+            "database-unavailable",
+            "Database unavailable",
+            unavailable(f"no answer within {_default('db_call_timeout_s'):g} s").detail,
+            "/v1/models/llama-2-7b",
+        ),
+    },
+}
+
+
 def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI `responses=` entries declaring problem+json bodies."""
+    """OpenAPI `responses=` entries declaring problem+json bodies, each with the examples of
+    what the service answers with that status."""
     descriptions = {
         400: "Malformed JSON",
         401: "API key missing",
@@ -315,6 +536,10 @@ def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     }
     # main.py moves these bodies from application/json to application/problem+json.
     return {
-        status: {"model": Problem, "description": descriptions.get(status, "Error")}
+        status: {
+            "model": Problem,
+            "description": descriptions.get(status, "Error"),
+            "content": {"application/json": {"examples": PROBLEM_EXAMPLES[status]}},
+        }
         for status in statuses
     }

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.api.context import request_id_var
-from app.api.errors import PROBLEM_JSON, internal_error_body, problem_body
+from app.api.errors import PROBLEM_JSON, internal_error_body, problem_body, too_large_detail
 
 access_logger = logging.getLogger("app.access")
 error_logger = logging.getLogger("app.api")
@@ -69,7 +69,7 @@ class BodySizeLimitMiddleware:
             413,
             "payload-too-large",
             "Payload too large",
-            f"request body exceeds the limit of {limit} bytes (setting {setting})",
+            too_large_detail(limit, setting),
             instance=path,
         )
 

@@ -6,8 +6,9 @@ import functools
 from typing import Annotated
 
 import anyio.to_thread
-from fastapi import APIRouter, Depends, File, Form, Response, UploadFile, status
+from fastapi import APIRouter, Body, Depends, File, Form, Response, UploadFile, status
 
+from app.api import examples
 from app.api.deps import DatabaseDep, SettingsDep, require_writer
 from app.api.errors import problem_responses
 from app.schemas.base import SLUG_PATTERN, StorableStr
@@ -36,7 +37,9 @@ def _created(result: ModelImportResponse, response: Response) -> ModelImportResp
     summary="Import a model from a Hugging Face config.json",
 )
 async def import_hf_config(
-    payload: HfConfigImport, db: DatabaseDep, response: Response
+    payload: Annotated[HfConfigImport, Body(openapi_examples=examples.HF_CONFIG_IMPORT)],
+    db: DatabaseDep,
+    response: Response,
 ) -> ModelImportResponse:
     """Build the layer graph a `config.json` describes (nothing is downloaded) and store it
     with provenance `hf_config`. Parameter counts equal the transformers class named in
