@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -103,28 +103,90 @@ def _pointer(loc: tuple[int | str, ...]) -> tuple[str, str]:
 
 
 # How pydantic names the member of a union it tried ("WorkloadSpec", "constrained-str",
-# "function-after[...]", "int"): never a field name of this API (those are snake_case).
+# "function-after[_one_model(), function-after[...]]", "int"): never a field name of this API
+# (those are snake_case). Only the bracketed validator form and class names are certain not to
+# be a dict key a client sent; the others are taken for tags where the body shows no such key.
 _UNION_TAG = re.compile(r"^(?:[A-Z]\w*|[a-z]+(?:-[a-z]+)+|[\w-]+\[.*\]|str|int|float|bool)$", re.S)
+_CERTAIN_UNION_TAG = re.compile(r"^(?:[A-Z]\w*|[\w-]+\[.*\])$", re.S)
 _ABSENT = object()
 
 
-def _without_union_tags(loc: tuple[int | str, ...], body: Any) -> tuple[int | str, ...]:
+class _Located(NamedTuple):
+    """An error's location with the union member names taken out, and where the last union
+    member was tried (None: no union on the way)."""
+
+    loc: tuple[int | str, ...]
+    union_at: tuple[int | str, ...] | None
+
+
+def _without_union_tags(
+    loc: tuple[int | str, ...],
+    body: Any,
+    unions: frozenset[tuple[int | str, ...]] = frozenset(),
+) -> tuple[tuple[int | str, ...], tuple[int | str, ...] | None]:
     """``loc`` without the union member names pydantic puts in it, which are not part of the
     body: a JSON pointer names keys and indices only (``/workload/architecture/layers/0/name``,
-    not ``/workload/WorkloadSpec/architecture/...``)."""
+    not ``/workload/WorkloadSpec/architecture/...``). Also returns where the last union member
+    was tried (the kept location before its tag), or None. ``body`` is the request body, or
+    ``_ABSENT`` when it is not known: then only the forms no key can take are removed, and the
+    others (``constrained-str``) only at ``unions``, the raw locations where such a form shows
+    that pydantic tried a union's members."""
     kept: list[int | str] = []
+    union_at: tuple[int | str, ...] | None = None
     node = body
-    for part in loc:
+    for index, part in enumerate(loc):
         if isinstance(node, dict) and part in node:
             node = node[part]
         elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
             node = node[part]
-        elif isinstance(part, str) and part != "[key]" and _UNION_TAG.match(part):
+        elif (
+            isinstance(part, str)
+            and part != "[key]"
+            and _is_union_tag(part, body, loc[:index] in unions)
+        ):
+            union_at = tuple(kept)
             continue
         else:
             node = _ABSENT  # a missing field or a dict key's "[key]": kept, nothing below
         kept.append(part)
-    return tuple(kept)
+    return tuple(kept), union_at
+
+
+def _is_union_tag(part: str, body: Any, at_union: bool) -> bool:
+    pattern = _UNION_TAG if body is not _ABSENT or at_union else _CERTAIN_UNION_TAG
+    return bool(pattern.match(part))
+
+
+def _union_locations(locs: Iterable[tuple[int | str, ...]]) -> frozenset[tuple[int | str, ...]]:
+    """The raw locations at which pydantic certainly tried the members of a union."""
+    return frozenset(
+        loc[:index]
+        for loc in locs
+        for index, part in enumerate(loc)
+        if isinstance(part, str) and _CERTAIN_UNION_TAG.match(part)
+    )
+
+
+def _wrong_union_members(located: Sequence[tuple[Mapping[str, Any], _Located]]) -> set[int]:
+    """Errors that only say the input is not of a union member's type (``/workload``: "Input
+    should be a valid string" for an object sent where a workload slug or an inline workload
+    may go), where another member of the same union took the input and says what is wrong
+    with it: those are noise, and are dropped (indices into ``located``)."""
+    dropped: set[int] = set()
+    at_union: dict[tuple[int | str, ...], list[int]] = {}
+    for index, (_, where) in enumerate(located):
+        if where.union_at is not None:
+            at_union.setdefault(where.union_at, []).append(index)
+    for union_at, indices in at_union.items():
+        mismatches = [
+            i
+            for i in indices
+            if located[i][1].loc == union_at
+            and str(located[i][0].get("type", "")).endswith("_type")
+        ]
+        if len(mismatches) < len(indices):
+            dropped.update(mismatches)
+    return dropped
 
 
 def _printable(text: str) -> str:
@@ -139,11 +201,22 @@ def _invalid_fields(
     prefix: tuple[int | str, ...] = (),
     body: Any = _ABSENT,
 ) -> list[InvalidField]:
-    fields = []
+    located: list[tuple[Mapping[str, Any], _Located]] = []
+    unions = _union_locations((*prefix, *tuple(error.get("loc", ())))[1:] for error in errors)
     for error in errors:
         loc = (*prefix, *tuple(error.get("loc", ())))
-        if body is not _ABSENT and loc[:1] == ("body",):
-            loc = ("body", *_without_union_tags(loc[1:], body))
+        union_at = None
+        if loc[:1] == ("body",):
+            rest, union_in_body = _without_union_tags(loc[1:], body, unions)
+            loc = ("body", *rest)
+            union_at = None if union_in_body is None else ("body", *union_in_body)
+        located.append((error, _Located(loc, union_at)))
+    dropped = _wrong_union_members(located)
+    fields = []
+    for index, (error, where) in enumerate(located):
+        if index in dropped:
+            continue
+        loc = where.loc
         location, pointer = _pointer(loc)
         pointer = _printable(pointer)
         kind = str(error.get("type", "invalid"))
