@@ -591,9 +591,25 @@ PROBLEM_EXAMPLES: dict[int, dict[str, dict[str, Any]]] = {
 }
 
 
-def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+# The ONNX upload has its own size limit (CAPPLAN_MAX_IMPORT_BYTES).
+IMPORT_TOO_LARGE_EXAMPLES = {
+    "payload-too-large": _example(
+        "The upload is over CAPPLAN_MAX_IMPORT_BYTES",
+        413,
+        "payload-too-large",
+        "Payload too large",
+        too_large_detail(_default("max_import_bytes"), "CAPPLAN_MAX_IMPORT_BYTES"),
+        "/v1/models/import/onnx",
+    )
+}
+
+
+def problem_responses(
+    *statuses: int, examples: Mapping[int, dict[str, dict[str, Any]]] | None = None
+) -> dict[int | str, dict[str, Any]]:
     """OpenAPI `responses=` entries declaring problem+json bodies, each with the examples of
-    what the service answers with that status."""
+    what the service answers with that status (``examples`` replaces some of them)."""
+    chosen = {**PROBLEM_EXAMPLES, **(examples or {})}
     descriptions = {
         400: "Malformed JSON",
         401: "API key missing",
@@ -612,7 +628,7 @@ def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
         status: {
             "model": Problem,
             "description": descriptions.get(status, "Error"),
-            "content": {"application/json": {"examples": PROBLEM_EXAMPLES[status]}},
+            "content": {"application/json": {"examples": chosen[status]}},
         }
         for status in statuses
     }

@@ -20,9 +20,10 @@ from sqlalchemy.orm import Session
 
 from app.api import examples
 from app.api.database import Database
-from app.api.errors import PROBLEM_EXAMPLES
+from app.api.errors import IMPORT_TOO_LARGE_EXAMPLES, PROBLEM_EXAMPLES
 from app.services import models as model_service
 from app.services.concurrency import etag_for
+from tests.importers import onnx_models
 from tests.support import ApiClient, ClientFactory
 
 MODEL = examples.MODEL_CREATE["tiny-cnn"]["value"]
@@ -222,4 +223,20 @@ def test_overloaded_example(make_client: ClientFactory, blocked_get_model: threa
     expected = _expected(
         503, "overloaded", **{"64 requests": "1 requests", "within 2 s": "within 0.2 s"}
     )
+    assert _answer(response) == expected
+
+
+def test_onnx_upload_too_large_example(make_client: ClientFactory) -> None:
+    """The upload's own 413 example (CAPPLAN_MAX_IMPORT_BYTES), with a smaller limit."""
+    client = make_client(max_import_bytes=2_000)
+    response = client.post(
+        "/v1/models/import/onnx",
+        files={"file": ("model.onnx", onnx_models.small_cnn(), "application/octet-stream")},
+        data={"slug": "my-resnet"},
+    )
+    assert response.status_code == 413
+    expected = dict(IMPORT_TOO_LARGE_EXAMPLES["payload-too-large"]["value"])
+    assert expected.pop("request_id")
+    assert "104857600 bytes" in expected["detail"]
+    expected["detail"] = expected["detail"].replace("104857600 bytes", "2000 bytes")
     assert _answer(response) == expected

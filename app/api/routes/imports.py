@@ -10,7 +10,7 @@ from fastapi import APIRouter, Body, Depends, File, Form, Response, UploadFile, 
 
 from app.api import examples
 from app.api.deps import DatabaseDep, SettingsDep, require_writer
-from app.api.errors import problem_responses
+from app.api.errors import IMPORT_TOO_LARGE_EXAMPLES, problem_responses
 from app.schemas.base import SLUG_PATTERN, StorableStr
 from app.schemas.imports import HfConfigImport, ImportFields, ModelImportResponse
 from app.services import imports as service
@@ -53,7 +53,9 @@ async def import_hf_config(
     "/onnx",
     response_model=ModelImportResponse,
     status_code=status.HTTP_201_CREATED,
-    responses=problem_responses(400, 401, 403, 409, 413, 422, 503),
+    responses=problem_responses(
+        400, 401, 403, 409, 413, 422, 503, examples={413: IMPORT_TOO_LARGE_EXAMPLES}
+    ),
     summary="Import a model from an ONNX file (multipart upload)",
 )
 async def import_onnx(
