@@ -13,7 +13,7 @@ from fastapi import Depends, FastAPI
 from app.api.auth_gate import AuthGateMiddleware
 from app.api.database import Database, register_database_metrics
 from app.api.docs import install_docs
-from app.api.errors import PROBLEM_JSON, install_error_handlers
+from app.api.errors import PROBLEM_JSON, install_error_handlers, problem_example_components
 from app.api.inflight import InFlightLimitMiddleware
 from app.api.middleware import BodySizeLimitMiddleware, Metrics, RequestContextMiddleware
 from app.api.query_guard import reject_unknown_query
@@ -45,7 +45,9 @@ existing resource.
 
 
 def _problem_media_types(schema: dict[str, Any]) -> dict[str, Any]:
-    """Error responses are problem+json, not application/json."""
+    """Error responses are problem+json, not application/json; the problem examples they
+    refer to are in components/examples."""
+    schema.setdefault("components", {})["examples"] = problem_example_components()
     for path in schema.get("paths", {}).values():
         for operation in path.values():
             for code, response in operation.get("responses", {}).items():

@@ -593,7 +593,7 @@ PROBLEM_EXAMPLES: dict[int, dict[str, dict[str, Any]]] = {
 
 # The ONNX upload has its own size limit (CAPPLAN_MAX_IMPORT_BYTES).
 IMPORT_TOO_LARGE_EXAMPLES = {
-    "payload-too-large": _example(
+    "import-payload-too-large": _example(
         "The upload is over CAPPLAN_MAX_IMPORT_BYTES",
         413,
         "payload-too-large",
@@ -604,12 +604,26 @@ IMPORT_TOO_LARGE_EXAMPLES = {
 }
 
 
+EXAMPLES_REF = "#/components/examples/"
+
+
+def problem_example_components() -> dict[str, dict[str, Any]]:
+    """Every problem example by its name, for the document's components/examples (main.py)."""
+    named = [*PROBLEM_EXAMPLES.values(), IMPORT_TOO_LARGE_EXAMPLES]
+    return {name: example for examples in named for name, example in examples.items()}
+
+
 def problem_responses(
     *statuses: int, examples: Mapping[int, dict[str, dict[str, Any]]] | None = None
 ) -> dict[int | str, dict[str, Any]]:
     """OpenAPI `responses=` entries declaring problem+json bodies, each with the examples of
     what the service answers with that status (``examples`` replaces some of them)."""
     chosen = {**PROBLEM_EXAMPLES, **(examples or {})}
+    known = problem_example_components()
+    for status in statuses:
+        for name, example in chosen[status].items():
+            if known.get(name) is not example:
+                raise ValueError(f"problem example {name!r} is not in problem_example_components")
     descriptions = {
         400: "Malformed JSON",
         401: "API key missing",
@@ -628,7 +642,12 @@ def problem_responses(
         status: {
             "model": Problem,
             "description": descriptions.get(status, "Error"),
-            "content": {"application/json": {"examples": chosen[status]}},
+            # By reference: one copy of each example in the document (components/examples).
+            "content": {
+                "application/json": {
+                    "examples": {name: {"$ref": f"{EXAMPLES_REF}{name}"} for name in chosen[status]}
+                }
+            },
         }
         for status in statuses
     }

@@ -235,7 +235,7 @@ def test_onnx_upload_too_large_example(make_client: ClientFactory) -> None:
         data={"slug": "my-resnet"},
     )
     assert response.status_code == 413
-    expected = dict(IMPORT_TOO_LARGE_EXAMPLES["payload-too-large"]["value"])
+    expected = dict(IMPORT_TOO_LARGE_EXAMPLES["import-payload-too-large"]["value"])
     assert expected.pop("request_id")
     assert "104857600 bytes" in expected["detail"]
     expected["detail"] = expected["detail"].replace("104857600 bytes", "2000 bytes")
