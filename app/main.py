@@ -13,7 +13,8 @@ from fastapi.middleware.cors import CORSMiddleware
 
 from app.api.auth_gate import AuthGateMiddleware
 from app.api.database import Database, register_database_metrics
-from app.api.errors import PROBLEM_JSON, install_error_handlers
+from app.api.docs import install_docs
+from app.api.errors import PROBLEM_JSON, install_error_handlers, problem_example_components
 from app.api.inflight import InFlightLimitMiddleware
 from app.api.metrics import Metrics, register_pool_metrics
 from app.api.middleware import BodySizeLimitMiddleware, RequestContextMiddleware
@@ -46,7 +47,9 @@ existing resource.
 
 
 def _problem_media_types(schema: dict[str, Any]) -> dict[str, Any]:
-    """Error responses are problem+json, not application/json."""
+    """Error responses are problem+json, not application/json; the problem examples they
+    refer to are in components/examples."""
+    schema.setdefault("components", {})["examples"] = problem_example_components()
     for path in schema.get("paths", {}).values():
         for operation in path.values():
             for code, response in operation.get("responses", {}).items():
@@ -92,8 +95,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version="0.1.0",
         description=DESCRIPTION,
         lifespan=lifespan,
-        docs_url="/docs",
-        redoc_url="/redoc",
+        # Served by install_docs with local assets (FastAPI's pages load them from CDNs).
+        docs_url=None,
+        redoc_url=None,
         dependencies=[Depends(reject_unknown_query)],
     )
     app.state.settings = settings
@@ -111,6 +115,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     register_pool_metrics(app.state.metrics.registry, engine)
 
     install_error_handlers(app)
+    install_docs(app)
     # Routers are matched in order: the admission webhook and MIG fits, the hot paths of a
     # cluster, come first (each router passed costs a match attempt per request).
     app.include_router(ops.router)

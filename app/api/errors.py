@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -15,7 +15,8 @@ from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.api.context import request_id_var
-from app.api.database import DatabaseUnavailable
+from app.api.database import DatabaseUnavailable, busy, unavailable
+from app.config import Settings
 from app.domain.errors import DomainError
 from app.schemas.problem import InvalidField, Problem
 from app.services import errors as svc
@@ -102,28 +103,90 @@ def _pointer(loc: tuple[int | str, ...]) -> tuple[str, str]:
 
 
 # How pydantic names the member of a union it tried ("WorkloadSpec", "constrained-str",
-# "function-after[...]", "int"): never a field name of this API (those are snake_case).
+# "function-after[_one_model(), function-after[...]]", "int"): never a field name of this API
+# (those are snake_case). Only the bracketed validator form and class names are certain not to
+# be a dict key a client sent; the others are taken for tags where the body shows no such key.
 _UNION_TAG = re.compile(r"^(?:[A-Z]\w*|[a-z]+(?:-[a-z]+)+|[\w-]+\[.*\]|str|int|float|bool)$", re.S)
+_CERTAIN_UNION_TAG = re.compile(r"^(?:[A-Z]\w*|[\w-]+\[.*\])$", re.S)
 _ABSENT = object()
 
 
-def _without_union_tags(loc: tuple[int | str, ...], body: Any) -> tuple[int | str, ...]:
+class _Located(NamedTuple):
+    """An error's location with the union member names taken out, and where the last union
+    member was tried (None: no union on the way)."""
+
+    loc: tuple[int | str, ...]
+    union_at: tuple[int | str, ...] | None
+
+
+def _without_union_tags(
+    loc: tuple[int | str, ...],
+    body: Any,
+    unions: frozenset[tuple[int | str, ...]] = frozenset(),
+) -> tuple[tuple[int | str, ...], tuple[int | str, ...] | None]:
     """``loc`` without the union member names pydantic puts in it, which are not part of the
     body: a JSON pointer names keys and indices only (``/workload/architecture/layers/0/name``,
-    not ``/workload/WorkloadSpec/architecture/...``)."""
+    not ``/workload/WorkloadSpec/architecture/...``). Also returns where the last union member
+    was tried (the kept location before its tag), or None. ``body`` is the request body, or
+    ``_ABSENT`` when it is not known: then only the forms no key can take are removed, and the
+    others (``constrained-str``) only at ``unions``, the raw locations where such a form shows
+    that pydantic tried a union's members."""
     kept: list[int | str] = []
+    union_at: tuple[int | str, ...] | None = None
     node = body
-    for part in loc:
+    for index, part in enumerate(loc):
         if isinstance(node, dict) and part in node:
             node = node[part]
         elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
             node = node[part]
-        elif isinstance(part, str) and part != "[key]" and _UNION_TAG.match(part):
+        elif (
+            isinstance(part, str)
+            and part != "[key]"
+            and _is_union_tag(part, body, loc[:index] in unions)
+        ):
+            union_at = tuple(kept)
             continue
         else:
             node = _ABSENT  # a missing field or a dict key's "[key]": kept, nothing below
         kept.append(part)
-    return tuple(kept)
+    return tuple(kept), union_at
+
+
+def _is_union_tag(part: str, body: Any, at_union: bool) -> bool:
+    pattern = _UNION_TAG if body is not _ABSENT or at_union else _CERTAIN_UNION_TAG
+    return bool(pattern.match(part))
+
+
+def _union_locations(locs: Iterable[tuple[int | str, ...]]) -> frozenset[tuple[int | str, ...]]:
+    """The raw locations at which pydantic certainly tried the members of a union."""
+    return frozenset(
+        loc[:index]
+        for loc in locs
+        for index, part in enumerate(loc)
+        if isinstance(part, str) and _CERTAIN_UNION_TAG.match(part)
+    )
+
+
+def _wrong_union_members(located: Sequence[tuple[Mapping[str, Any], _Located]]) -> set[int]:
+    """Errors that only say the input is not of a union member's type (``/workload``: "Input
+    should be a valid string" for an object sent where a workload slug or an inline workload
+    may go), where another member of the same union took the input and says what is wrong
+    with it: those are noise, and are dropped (indices into ``located``)."""
+    dropped: set[int] = set()
+    at_union: dict[tuple[int | str, ...], list[int]] = {}
+    for index, (_, where) in enumerate(located):
+        if where.union_at is not None:
+            at_union.setdefault(where.union_at, []).append(index)
+    for union_at, indices in at_union.items():
+        mismatches = [
+            i
+            for i in indices
+            if located[i][1].loc == union_at
+            and str(located[i][0].get("type", "")).endswith("_type")
+        ]
+        if len(mismatches) < len(indices):
+            dropped.update(mismatches)
+    return dropped
 
 
 def _printable(text: str) -> str:
@@ -138,11 +201,22 @@ def _invalid_fields(
     prefix: tuple[int | str, ...] = (),
     body: Any = _ABSENT,
 ) -> list[InvalidField]:
-    fields = []
+    located: list[tuple[Mapping[str, Any], _Located]] = []
+    unions = _union_locations((*prefix, *tuple(error.get("loc", ())))[1:] for error in errors)
     for error in errors:
         loc = (*prefix, *tuple(error.get("loc", ())))
-        if body is not _ABSENT and loc[:1] == ("body",):
-            loc = ("body", *_without_union_tags(loc[1:], body))
+        union_at = None
+        if loc[:1] == ("body",):
+            rest, union_in_body = _without_union_tags(loc[1:], body, unions)
+            loc = ("body", *rest)
+            union_at = None if union_in_body is None else ("body", *union_in_body)
+        located.append((error, _Located(loc, union_at)))
+    dropped = _wrong_union_members(located)
+    fields = []
+    for index, (error, where) in enumerate(located):
+        if index in dropped:
+            continue
+        loc = where.loc
         location, pointer = _pointer(loc)
         pointer = _printable(pointer)
         kind = str(error.get("type", "invalid"))
@@ -298,8 +372,258 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(Exception, _unhandled_handler)
 
 
-def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI `responses=` entries declaring problem+json bodies."""
+def too_large_detail(limit_bytes: int, setting: str) -> str:
+    """The detail of a 413."""
+    return f"request body exceeds the limit of {limit_bytes} bytes (setting {setting})"
+
+
+def overloaded_detail(limit: int, queue_timeout_s: float) -> str:
+    """The detail of a 503 for a request that waited too long for an in-flight slot."""
+    return (
+        f"{limit} requests are in progress (setting CAPPLAN_MAX_IN_FLIGHT) and none finished "
+        f"within {queue_timeout_s:g} s; retry shortly"
+    )
+
+
+EXAMPLE_REQUEST_ID = "5f0c6c0a9d8e4b0f9a3c2d1e0f9a8b7c"
+
+
+def _example(
+    summary: str,
+    status: int,
+    type_slug: str,
+    title: str,
+    detail: str,
+    instance: str,
+    errors: list[dict[str, str]] | None = None,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "type": f"/problems/{type_slug}",
+        "title": title,
+        "status": status,
+        "detail": detail,
+        "instance": instance,
+        "request_id": EXAMPLE_REQUEST_ID,
+    }
+    if errors is not None:
+        body["errors"] = errors
+    return {"summary": summary, "value": body}
+
+
+def _default(setting: str) -> Any:
+    return Settings.model_fields[setting].default
+
+
+# What the service answers for each status it documents, one example per kind of problem:
+# the bodies are the service's own (tests/api/test_problem_examples.py provokes each one and
+# compares), so Swagger UI and ReDoc no longer show the 404 example under every status.
+PROBLEM_EXAMPLES: dict[int, dict[str, dict[str, Any]]] = {
+    400: {
+        "malformed-json": _example(
+            "The body is not valid JSON",
+            400,
+            "malformed-json",
+            "Malformed JSON",
+            "the request body is not valid JSON: Expecting property name enclosed in double "
+            "quotes at character 20",
+            "/v1/models",
+            [
+                {
+                    "pointer": "/",
+                    "location": "body",
+                    "message": "Expecting property name enclosed in double quotes at character 20",
+                    "type": "json_invalid",
+                }
+            ],
+        )
+    },
+    401: {
+        "unauthorized": _example(
+            "No API key sent",
+            401,
+            "unauthorized",
+            "Authentication required",
+            "this endpoint needs an API key: send 'Authorization: Bearer <key>' or "
+            "'X-API-Key: <key>'",
+            "/v1/models",
+        )
+    },
+    403: {
+        "forbidden": _example(
+            "The API key is not one of CAPPLAN_API_KEYS",
+            403,
+            "forbidden",
+            "Forbidden",
+            "the API key is not accepted",
+            "/v1/models",
+        )
+    },
+    404: {
+        "not-found": _example(
+            "No stored entry has this slug",
+            404,
+            "not-found",
+            "Not found",
+            "model 'no-such-model' does not exist; GET /v1/models lists the slugs",
+            "/v1/models/no-such-model",
+        )
+    },
+    409: {
+        "already-exists": _example(
+            "The slug is taken",
+            409,
+            "already-exists",
+            "Already exists",
+            "a model with slug 'tiny-cnn' exists already; pick another slug or PUT to "
+            "/v1/models/{slug} to replace yours",
+            "/v1/models",
+        ),
+        "read-only": _example(
+            "A built-in (zoo or catalog) entry cannot be changed",
+            409,
+            "read-only",
+            "Read-only resource",
+            "model 'resnet-50' is a built-in zoo model and is read-only; POST a copy under a "
+            "new slug to change it",
+            "/v1/models/resnet-50",
+        ),
+        "in-use": _example(
+            "Saved workloads still name it",
+            409,
+            "in-use",
+            "Resource in use",
+            "model 'tiny-cnn' is used by saved workloads; delete those first",
+            "/v1/models/tiny-cnn",
+        ),
+    },
+    412: {
+        "stale-version": _example(
+            "Someone changed it since you read it",
+            412,
+            "stale-version",
+            "Precondition failed",
+            "model 'tiny-cnn' changed since you read it: If-Match \"7\" does not match the "
+            'current ETag "1"; GET it again and re-apply your change',
+            "/v1/models/tiny-cnn",
+        )
+    },
+    413: {
+        "payload-too-large": _example(
+            "The body is over CAPPLAN_MAX_REQUEST_BYTES",
+            413,
+            "payload-too-large",
+            "Payload too large",
+            too_large_detail(_default("max_request_bytes"), "CAPPLAN_MAX_REQUEST_BYTES"),
+            "/v1/models",
+        )
+    },
+    422: {
+        "validation-error": _example(
+            "A field breaks the schema (every invalid field is listed)",
+            422,
+            "validation-error",
+            "Invalid request",
+            "1 invalid field(s): /batch_size: Input should be greater than or equal to 1",
+            "/v1/estimates/memory",
+            [
+                {
+                    "pointer": "/batch_size",
+                    "location": "body",
+                    "message": "Input should be greater than or equal to 1",
+                    "type": "greater_than_equal",
+                }
+            ],
+        ),
+        "invalid-input": _example(
+            "Valid fields that do not go together",
+            422,
+            "invalid-input",
+            "Invalid input",
+            "tokens_mean needs a model with a sequence axis (`seq`)",
+            "/v1/recommendations/inference",
+            [
+                {
+                    "pointer": "/tokens_mean",
+                    "location": "body",
+                    "message": "tokens_mean needs a model with a sequence axis (`seq`)",
+                    "type": "invalid-input",
+                }
+            ],
+        ),
+    },
+    428: {
+        "if-match-required": _example(
+            "A change without If-Match",
+            428,
+            "if-match-required",
+            "Precondition required",
+            "model 'tiny-cnn' can only be changed with an If-Match header; GET it and send its "
+            'ETag (currently "1") to prove you are editing the latest version',
+            "/v1/models/tiny-cnn",
+        )
+    },
+    503: {
+        "overloaded": _example(
+            "Too many requests in progress (Retry-After: 1)",
+            503,
+            "overloaded",
+            "Overloaded",
+            overloaded_detail(_default("max_in_flight"), _default("db_queue_timeout_s")),
+            "/v1/estimates/memory",
+        ),
+        "database-busy": _example(
+            "No database slot freed up in time (Retry-After: 1)",
+            503,
+            "database-busy",
+            "Database busy",
+            busy(_default("db_queue_timeout_s")).detail,
+            "/v1/estimates/memory",
+        ),
+        "database-unavailable": _example(
+            "The database does not answer (Retry-After: 5)",
+            503,
+            "database-unavailable",
+            "Database unavailable",
+            unavailable(f"no answer within {_default('db_call_timeout_s'):g} s").detail,
+            "/v1/models/llama-2-7b",
+        ),
+    },
+}
+
+
+# The ONNX upload has its own size limit (CAPPLAN_MAX_IMPORT_BYTES).
+IMPORT_TOO_LARGE_EXAMPLES = {
+    "import-payload-too-large": _example(
+        "The upload is over CAPPLAN_MAX_IMPORT_BYTES",
+        413,
+        "payload-too-large",
+        "Payload too large",
+        too_large_detail(_default("max_import_bytes"), "CAPPLAN_MAX_IMPORT_BYTES"),
+        "/v1/models/import/onnx",
+    )
+}
+
+
+EXAMPLES_REF = "#/components/examples/"
+
+
+def problem_example_components() -> dict[str, dict[str, Any]]:
+    """Every problem example by its name, for the document's components/examples (main.py)."""
+    named = [*PROBLEM_EXAMPLES.values(), IMPORT_TOO_LARGE_EXAMPLES]
+    return {name: example for examples in named for name, example in examples.items()}
+
+
+def problem_responses(
+    *statuses: int, examples: Mapping[int, dict[str, dict[str, Any]]] | None = None
+) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses=` entries declaring problem+json bodies, each with the examples of
+    what the service answers with that status (``examples`` replaces some of them)."""
+    chosen = {**PROBLEM_EXAMPLES, **(examples or {})}
+    known = problem_example_components()
+    for status in statuses:
+        for name, example in chosen[status].items():
+            if known.get(name) is not example:
+                raise ValueError(f"problem example {name!r} is not in problem_example_components")
     descriptions = {
         400: "Malformed JSON",
         401: "API key missing",
@@ -315,6 +639,15 @@ def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     }
     # main.py moves these bodies from application/json to application/problem+json.
     return {
-        status: {"model": Problem, "description": descriptions.get(status, "Error")}
+        status: {
+            "model": Problem,
+            "description": descriptions.get(status, "Error"),
+            # By reference: one copy of each example in the document (components/examples).
+            "content": {
+                "application/json": {
+                    "examples": {name: {"$ref": f"{EXAMPLES_REF}{name}"} for name in chosen[status]}
+                }
+            },
+        }
         for status in statuses
     }

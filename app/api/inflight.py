@@ -16,7 +16,7 @@ import asyncio
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.api.errors import problem_body
+from app.api.errors import overloaded_detail, problem_body
 from app.api.middleware import send_problem
 
 # The probes, and the admission webhook: the API server's call must never queue behind slow
@@ -54,8 +54,7 @@ class InFlightLimitMiddleware:
                 503,
                 "overloaded",
                 "Overloaded",
-                f"{self.limit} requests are in progress (setting CAPPLAN_MAX_IN_FLIGHT) and none "
-                f"finished within {self.queue_timeout_s:g} s; retry shortly",
+                overloaded_detail(self.limit, self.queue_timeout_s),
                 instance=scope.get("path", ""),
             )
             await send_problem(send, 503, body, headers=[(b"retry-after", b"1")])

@@ -12,7 +12,7 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.api.context import request_id_var
-from app.api.errors import PROBLEM_JSON, internal_error_body, problem_body
+from app.api.errors import PROBLEM_JSON, internal_error_body, problem_body, too_large_detail
 from app.api.metrics import Metrics
 
 access_logger = logging.getLogger("app.access")
@@ -69,7 +69,7 @@ class BodySizeLimitMiddleware:
             413,
             "payload-too-large",
             "Payload too large",
-            f"request body exceeds the limit of {limit} bytes (setting {setting})",
+            too_large_detail(limit, setting),
             instance=path,
         )
 

@@ -14,7 +14,8 @@ class AdmissionCheckRequest(Schema):
     """May this workload run on this GPU resource?"""
 
     workload: WorkloadSpec | Slug = Field(
-        description="A stored workload's slug, or an inline workload."
+        description="A stored workload's slug, or an inline workload.",
+        examples=["chat-serving"],
     )
     resource: str = Field(
         max_length=80,

@@ -171,12 +171,12 @@ def located_error(model: str, loc: Location, message: str) -> ValidationError:
 
 SLUG_PATTERN = r"^[a-z0-9](?:[a-z0-9-]{0,62}[a-z0-9])?$"
 
+# No example here: each field says what it names (a model, a GPU, a workload), with its own.
 Slug = Annotated[
     str,
     StringConstraints(pattern=SLUG_PATTERN, min_length=1, max_length=64),
     Field(
-        description="URL-safe identifier: lowercase letters, digits and inner hyphens, 1-64 chars.",
-        examples=["nvidia-a100-80gb-sxm"],
+        description="URL-safe identifier: lowercase letters, digits and inner hyphens, 1-64 chars."
     ),
 ]
 

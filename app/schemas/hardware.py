@@ -392,7 +392,7 @@ class HardwareBase(Schema):
 class HardwareCreate(HardwareBase):
     """A new hardware profile."""
 
-    slug: Slug
+    slug: Slug = Field(examples=["lab-gpu-1"])
 
 
 class HardwareReplace(HardwareBase):

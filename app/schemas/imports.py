@@ -26,7 +26,7 @@ LLAMA_CONFIG_EXAMPLE: dict[str, Any] = {
 class ImportFields(Schema):
     """What a client may say about the model being imported (besides its source)."""
 
-    slug: Slug
+    slug: Slug = Field(examples=["my-llama-3-8b"])
     name: str | None = Field(
         default=None,
         min_length=1,

@@ -43,7 +43,8 @@ class MigFitRequest(Schema):
     """Which MIG profiles of a GPU can host a workload."""
 
     workload: WorkloadSpec | Slug = Field(
-        description="The workload to place: a stored workload's slug, or inline."
+        description="The workload to place: a stored workload's slug, or inline.",
+        examples=["chat-serving"],
     )
     gpu: Slug = Field(description="MIG-capable hardware slug.", examples=["nvidia-a100-80gb-sxm"])
     profile: str | None = Field(
@@ -213,6 +214,7 @@ class PlanItem(Schema):
         default=None,
         description="Size it (stored workload slug or inline): the smallest fitting profile "
         "is used.",
+        examples=["chat-serving"],
     )
 
 

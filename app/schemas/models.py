@@ -96,7 +96,7 @@ class ModelBase(Schema):
 class ModelCreate(ModelBase):
     """A new model architecture."""
 
-    slug: Slug
+    slug: Slug = Field(examples=["tiny-cnn"])
 
 
 class ModelReplace(ModelBase):

@@ -83,7 +83,7 @@ class WorkloadBase(Schema):
 class WorkloadCreate(WorkloadBase):
     """A new workload."""
 
-    slug: Slug
+    slug: Slug = Field(examples=["chat-serving"])
 
 
 class WorkloadReplace(WorkloadBase):

@@ -173,6 +173,7 @@ def test_the_defaults_a_recommendation_used_are_echoed(client: ApiClient) -> Non
     assert defaults["batch_sizes"]["value"] == "1, 2, 4"
     assert defaults["precisions"]["value"] == "fp32, bf16, fp16, int8"
     assert defaults["fuse_elementwise"]["value"] == "true"
+    assert defaults["serving_runtime"]["value"] == "tensorrt"
     assert defaults["price_kind"]["value"] == "on_demand"
     assert "slo_margin" not in defaults  # no SLO, no margin
     assert "devices" not in defaults  # given
@@ -195,6 +196,7 @@ def test_the_defaults_a_recommendation_used_are_echoed(client: ApiClient) -> Non
         price_kind="on_demand",
         latency_slo_ms=20,
         slo_margin=0.2,
+        serving_runtime="tensorrt",
     )
     assert {row["option"] for row in given["workload"]["defaults_used"]} == {"runtime"}
 

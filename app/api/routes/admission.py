@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any
+from typing import Annotated, Any
 
 import anyio
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Body, Depends, Request, Response
 
+from app.api import examples
 from app.api.database import Database, DatabaseUnavailable
 from app.api.deps import DatabaseDep, get_database, require_reader
 from app.api.errors import problem_responses
@@ -59,7 +60,7 @@ REVIEW_EXAMPLE: dict[str, Any] = {
                     {
                         "name": "server",
                         "image": "chat:1",
-                        "resources": {"limits": {"nvidia.com/mig-2g.20gb": "1"}},
+                        "resources": {"limits": {"nvidia.com/mig-3g.40gb": "1"}},
                     }
                 ]
             },
@@ -75,10 +76,9 @@ ANSWER_EXAMPLE: dict[str, Any] = {
         "allowed": True,
         "status": {
             "code": 200,
-            "message": "chat-serving inference bs 4 bf16 needs 17.9 GiB; nvidia.com/mig-2g.20gb "
-            "gives 19.5 GiB usable",
+            "message": "chat-serving inference bs 4 bf16 needs 20.6 GiB; nvidia.com/mig-3g.40gb "
+            "gives 39.2 GiB usable",
         },
-        "warnings": ["chat-serving: headroom 1.6 GiB on nvidia.com/mig-2g.20gb is under 10%"],
     },
 }
 
@@ -213,7 +213,9 @@ async def _cached_or_evaluated(
     summary="May a workload run on a GPU resource (simple form)",
 )
 async def admission_check(
-    payload: AdmissionCheckRequest, db: DatabaseDep, request: Request
+    payload: Annotated[AdmissionCheckRequest, Body(openapi_examples=examples.ADMISSION_CHECK)],
+    db: DatabaseDep,
+    request: Request,
 ) -> AdmissionCheckResponse:
     """The webhook's decision for one workload and one resource, for scripts and CI."""
     answer = await db.call(service.check, payload=payload)

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query, Response
+from fastapi import APIRouter, Body, Depends, Query, Response
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
+from app.api import examples
 from app.api.deps import DatabaseDep, require_reader
 from app.api.errors import problem_responses
 from app.api.media import SVG, svg_responses
-from app.api.params import BatchSizeQuery, ImageSizeQuery, SequenceLengthQuery
+from app.api.params import ImageSizeQuery, SequenceLengthQuery
 from app.domain.precision import Precision
 from app.domain.workload import Attention, Checkpointing, Logits, Mode, Optimizer, Runtime
 from app.schemas.base import StorableStr
@@ -30,7 +31,8 @@ router = APIRouter(prefix="/v1/estimates", tags=["estimates"])
     summary="Estimate a memory footprint",
 )
 async def estimate_memory(
-    payload: MemoryEstimateRequest, db: DatabaseDep
+    payload: Annotated[MemoryEstimateRequest, Body(openapi_examples=examples.MEMORY_ESTIMATE)],
+    db: DatabaseDep,
 ) -> MemoryEstimateResponse:
     """Peak memory per device for training or inference, with a breakdown that adds up to the
     peak, the phase of the peak, and the assumptions behind every line. Nothing is stored."""
@@ -38,9 +40,12 @@ async def estimate_memory(
 
 
 async def memory_query(
-    model: Annotated[StorableStr, Query(max_length=64, description="Stored model slug.")],
-    mode: Annotated[Mode, Query(description="training or inference.")],
-    batch_size: BatchSizeQuery,
+    model: Annotated[
+        StorableStr,
+        Query(max_length=64, description="Stored model slug.", examples=[examples.ZOO_MODEL]),
+    ],
+    mode: Annotated[Mode, Query(description="training or inference.", examples=["inference"])],
+    batch_size: Annotated[int, Query(ge=1, le=1_048_576, description="Batch size.", examples=[1])],
     sequence_length: SequenceLengthQuery = None,
     image_size: ImageSizeQuery = None,
     micro_batch_size: Annotated[

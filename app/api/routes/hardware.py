@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Query, Response, status
+from fastapi import APIRouter, Body, Depends, Path, Query, Response, status
 
+from app.api import examples
 from app.api.deps import DatabaseDep, IfMatchDep, require_reader, require_writer
 from app.api.errors import problem_responses
 from app.schemas.base import StorableStr
@@ -23,7 +24,12 @@ from app.services.concurrency import etag_for
 router = APIRouter(prefix="/v1/hardware", tags=["hardware"])
 SlugPath = Annotated[
     StorableStr,
-    Path(max_length=64, description="Hardware slug.", examples=["nvidia-a100-80gb-sxm"]),
+    Path(max_length=64, description="Hardware slug.", examples=[examples.CATALOG_GPU]),
+]
+# PUT and DELETE change user profiles only: their example is the one POST's example creates.
+UserSlugPath = Annotated[
+    StorableStr,
+    Path(max_length=64, description="Hardware slug.", examples=[examples.USER_HARDWARE]),
 ]
 READ = [Depends(require_reader)]
 WRITE = [Depends(require_writer)]
@@ -90,7 +96,9 @@ async def get_hardware(slug: SlugPath, db: DatabaseDep, response: Response) -> H
     summary="Create a hardware profile",
 )
 async def create_hardware(
-    payload: HardwareCreate, db: DatabaseDep, response: Response
+    payload: Annotated[HardwareCreate, Body(openapi_examples=examples.HARDWARE_CREATE)],
+    db: DatabaseDep,
+    response: Response,
 ) -> HardwareRead:
     """Store a user-defined hardware profile (the catalog's own entries are read-only)."""
     result = await db.call(service.create_hardware, payload=payload)
@@ -107,8 +115,8 @@ async def create_hardware(
     summary="Replace a hardware profile",
 )
 async def replace_hardware(
-    slug: SlugPath,
-    payload: HardwareReplace,
+    slug: UserSlugPath,
+    payload: Annotated[HardwareReplace, Body(openapi_examples=examples.HARDWARE_REPLACE)],
     db: DatabaseDep,
     if_match: IfMatchDep,
     response: Response,
@@ -126,7 +134,7 @@ async def replace_hardware(
     responses=problem_responses(401, 403, 404, 409, 412, 422, 428, 503),
     summary="Delete a hardware profile",
 )
-async def delete_hardware(slug: SlugPath, db: DatabaseDep, if_match: IfMatchDep) -> Response:
+async def delete_hardware(slug: UserSlugPath, db: DatabaseDep, if_match: IfMatchDep) -> Response:
     """Delete a user-defined profile; send the ETag you read as If-Match."""
     await db.call(service.delete_hardware, slug=slug, if_match=if_match)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

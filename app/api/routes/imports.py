@@ -6,10 +6,11 @@ import functools
 from typing import Annotated
 
 import anyio.to_thread
-from fastapi import APIRouter, Depends, File, Form, Response, UploadFile, status
+from fastapi import APIRouter, Body, Depends, File, Form, Response, UploadFile, status
 
+from app.api import examples
 from app.api.deps import DatabaseDep, SettingsDep, require_writer
-from app.api.errors import problem_responses
+from app.api.errors import IMPORT_TOO_LARGE_EXAMPLES, problem_responses
 from app.schemas.base import SLUG_PATTERN, StorableStr
 from app.schemas.imports import HfConfigImport, ImportFields, ModelImportResponse
 from app.services import imports as service
@@ -36,7 +37,9 @@ def _created(result: ModelImportResponse, response: Response) -> ModelImportResp
     summary="Import a model from a Hugging Face config.json",
 )
 async def import_hf_config(
-    payload: HfConfigImport, db: DatabaseDep, response: Response
+    payload: Annotated[HfConfigImport, Body(openapi_examples=examples.HF_CONFIG_IMPORT)],
+    db: DatabaseDep,
+    response: Response,
 ) -> ModelImportResponse:
     """Build the layer graph a `config.json` describes (nothing is downloaded) and store it
     with provenance `hf_config`. Parameter counts equal the transformers class named in
@@ -50,7 +53,9 @@ async def import_hf_config(
     "/onnx",
     response_model=ModelImportResponse,
     status_code=status.HTTP_201_CREATED,
-    responses=problem_responses(400, 401, 403, 409, 413, 422, 503),
+    responses=problem_responses(
+        400, 401, 403, 409, 413, 422, 503, examples={413: IMPORT_TOO_LARGE_EXAMPLES}
+    ),
     summary="Import a model from an ONNX file (multipart upload)",
 )
 async def import_onnx(

@@ -5,8 +5,9 @@ from __future__ import annotations
 import functools
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Request, Response
+from fastapi import APIRouter, Body, Depends, Path, Request, Response
 
+from app.api import examples
 from app.api.deps import DatabaseDep, require_reader
 from app.api.errors import problem_responses
 from app.config import Settings
@@ -33,7 +34,10 @@ router = APIRouter(tags=["mig"], dependencies=[Depends(require_reader)])
     summary="MIG profiles of a GPU",
 )
 async def mig_profiles(
-    slug: Annotated[StorableStr, Path(max_length=64, description="Hardware slug.")],
+    slug: Annotated[
+        StorableStr,
+        Path(max_length=64, description="Hardware slug.", examples=[examples.CATALOG_GPU]),
+    ],
     db: DatabaseDep,
 ) -> MigProfileList:
     """Every profile with usable memory in bytes and MiB, slices, placements and the
@@ -48,7 +52,11 @@ async def mig_profiles(
     responses=problem_responses(400, 401, 403, 404, 413, 422, 503),
     summary="Which MIG profiles can host a workload",
 )
-async def mig_fit(payload: MigFitRequest, request: Request, db: DatabaseDep) -> Response:
+async def mig_fit(
+    payload: Annotated[MigFitRequest, Body(openapi_examples=examples.MIG_FIT)],
+    request: Request,
+    db: DatabaseDep,
+) -> Response:
     """For every profile of the GPU: required bytes (memory estimate + CUDA context + safety
     margin, each a named line), usable bytes, headroom, fits, limiting factor; the smallest
     fitting profile (fewest compute slices, then least memory); and, when none fits, the
@@ -81,7 +89,8 @@ async def mig_fit(payload: MigFitRequest, request: Request, db: DatabaseDep) -> 
     summary="Validate a MIG layout",
 )
 async def mig_validate_layout(
-    payload: LayoutValidateRequest, db: DatabaseDep
+    payload: Annotated[LayoutValidateRequest, Body(openapi_examples=examples.MIG_LAYOUT)],
+    db: DatabaseDep,
 ) -> LayoutValidateResponse:
     """Valid, or every rule broken: unknown profile, bad start, out of range, overlapping
     memory slices, count over the profile's maximum, too many instances, compute slices over
@@ -95,7 +104,9 @@ async def mig_validate_layout(
     responses=problem_responses(400, 401, 403, 404, 413, 422, 503),
     summary="Plan MIG partitions for a set of workloads",
 )
-async def mig_plan(payload: MigPlanRequest, db: DatabaseDep) -> MigPlanResponse:
+async def mig_plan(
+    payload: Annotated[MigPlanRequest, Body(openapi_examples=examples.MIG_PLAN)], db: DatabaseDep
+) -> MigPlanResponse:
     """The fewest GPUs of the model that host every replica (profiles given, or sized by a
     fit check), each with an explicit valid layout and its unused capacity, plus a
     ready-to-apply NVIDIA mig-parted config. The same request always gives the same plan."""

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Query, Response, status
+from fastapi import APIRouter, Body, Depends, Path, Query, Response, status
 
+from app.api import examples
 from app.api.deps import DatabaseDep, IfMatchDep, require_reader, require_writer
 from app.api.errors import problem_responses
 from app.api.params import BatchSizeQuery, ImageSizeQuery, SequenceLengthQuery
@@ -19,7 +20,12 @@ from app.services.concurrency import etag_for
 
 router = APIRouter(prefix="/v1/models", tags=["models"])
 SlugPath = Annotated[
-    StorableStr, Path(max_length=64, description="Model slug.", examples=["tiny-cnn"])
+    StorableStr, Path(max_length=64, description="Model slug.", examples=[examples.ZOO_MODEL])
+]
+# PUT and DELETE change user models only: their example is the one POST's example creates.
+UserSlugPath = Annotated[
+    StorableStr,
+    Path(max_length=64, description="Model slug.", examples=[examples.USER_MODEL]),
 ]
 READ = [Depends(require_reader)]
 WRITE = [Depends(require_writer)]
@@ -75,7 +81,11 @@ async def get_model(slug: SlugPath, db: DatabaseDep, response: Response) -> Mode
     responses=problem_responses(400, 401, 403, 409, 413, 422, 503),
     summary="Create a model architecture",
 )
-async def create_model(payload: ModelCreate, db: DatabaseDep, response: Response) -> ModelRead:
+async def create_model(
+    payload: Annotated[ModelCreate, Body(openapi_examples=examples.MODEL_CREATE)],
+    db: DatabaseDep,
+    response: Response,
+) -> ModelRead:
     """Validate the layer graph (names, ops, attributes, inputs) and store it."""
     result = await db.call(service.create_model, payload=payload)
     response.headers["ETag"] = etag_for(result.version)
@@ -91,8 +101,8 @@ async def create_model(payload: ModelCreate, db: DatabaseDep, response: Response
     summary="Replace a model architecture",
 )
 async def replace_model(
-    slug: SlugPath,
-    payload: ModelReplace,
+    slug: UserSlugPath,
+    payload: Annotated[ModelReplace, Body(openapi_examples=examples.MODEL_REPLACE)],
     db: DatabaseDep,
     if_match: IfMatchDep,
     response: Response,
@@ -110,7 +120,7 @@ async def replace_model(
     responses=problem_responses(401, 403, 404, 409, 412, 422, 428, 503),
     summary="Delete a model architecture",
 )
-async def delete_model(slug: SlugPath, db: DatabaseDep, if_match: IfMatchDep) -> Response:
+async def delete_model(slug: UserSlugPath, db: DatabaseDep, if_match: IfMatchDep) -> Response:
     """Delete a user architecture; send the ETag you read as If-Match."""
     await db.call(service.delete_model, slug=slug, if_match=if_match)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query, Response
+from fastapi import APIRouter, Body, Depends, Query, Response
 
+from app.api import examples
 from app.api.deps import DatabaseDep, require_reader
 from app.api.errors import problem_responses
 from app.api.media import SVG, svg_responses
@@ -31,7 +32,10 @@ router = APIRouter(
     summary="Recommend a device, precision and batch size for inference",
 )
 async def recommend_inference(
-    payload: InferenceRecommendationRequest, db: DatabaseDep
+    payload: Annotated[
+        InferenceRecommendationRequest, Body(openapi_examples=examples.RECOMMENDATION)
+    ],
+    db: DatabaseDep,
 ) -> InferenceRecommendationResponse:
     """Should the CPU run this model directly, or should the data cross the host link to a GPU
     (or a MIG slice)? Every candidate device and precision is predicted with a calibrated
@@ -59,13 +63,17 @@ async def recommend_inference(
 )
 async def roofline_svg(
     db: DatabaseDep,
-    model: Annotated[StorableStr, Query(max_length=64, description="Stored model slug.")],
+    model: Annotated[
+        StorableStr,
+        Query(max_length=64, description="Stored model slug.", examples=["resnet-50"]),
+    ],
     devices: Annotated[
         StorableStr,
         Query(
             min_length=1,
             max_length=800,
             description="Comma-separated hardware slugs or `slug/profile` MIG slices (at most 8).",
+            examples=["intel-xeon-platinum-8480plus,nvidia-a10,nvidia-a100-80gb-sxm/1g.10gb"],
         ),
     ],
     precision: Annotated[Precision, Query(description="Precision.")] = Precision.INT8,

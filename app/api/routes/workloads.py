@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Query, Response, status
+from fastapi import APIRouter, Body, Depends, Path, Query, Response, status
 
+from app.api import examples
 from app.api.deps import DatabaseDep, IfMatchDep, require_reader, require_writer
 from app.api.errors import problem_responses
 from app.domain.workload import Mode
@@ -85,7 +86,9 @@ async def workload_memory(slug: SlugPath, db: DatabaseDep) -> MemoryEstimateResp
     summary="Create a workload",
 )
 async def create_workload(
-    payload: WorkloadCreate, db: DatabaseDep, response: Response
+    payload: Annotated[WorkloadCreate, Body(openapi_examples=examples.WORKLOAD_CREATE)],
+    db: DatabaseDep,
+    response: Response,
 ) -> WorkloadRead:
     """Store a workload after checking that its model exists and that it can be estimated."""
     result = await db.call(service.create_workload, payload=payload)
@@ -103,7 +106,7 @@ async def create_workload(
 )
 async def replace_workload(
     slug: SlugPath,
-    payload: WorkloadReplace,
+    payload: Annotated[WorkloadReplace, Body(openapi_examples=examples.WORKLOAD_REPLACE)],
     db: DatabaseDep,
     if_match: IfMatchDep,
     response: Response,
