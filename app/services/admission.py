@@ -43,6 +43,7 @@ from app.services.errors import (
 )
 from app.services.pipeline import (
     required_memory,
+    spec_pointers,
     workload_spec,
 )
 from app.services.state_cache import Digest, PerWatch, timed_digest
@@ -151,19 +152,20 @@ def check(session: Session, *, payload: AdmissionCheckRequest) -> AdmissionCheck
     hardware = HardwareRepository(session).get(payload.gpu_model)
     if hardware is None:
         raise InvalidInput(f"hardware '{payload.gpu_model}' does not exist", pointer="/gpu_model")
-    spec = workload_spec(session, payload.workload)
-    label = payload.workload if isinstance(payload.workload, str) else (spec.model or "inline")
-    try:
-        decision = decide(
-            session,
-            spec=spec,
-            label=label,
-            hardware=hardware,
-            resource=payload.resource,
-            count=payload.count,
-        )
-    except ReviewError as exc:
-        raise InvalidInput(str(exc), pointer="/resource") from exc
+    with spec_pointers("/workload", payload.workload):
+        spec = workload_spec(session, payload.workload)
+        label = payload.workload if isinstance(payload.workload, str) else (spec.model or "inline")
+        try:
+            decision = decide(
+                session,
+                spec=spec,
+                label=label,
+                hardware=hardware,
+                resource=payload.resource,
+                count=payload.count,
+            )
+        except ReviewError as exc:
+            raise InvalidInput(str(exc), pointer="/resource") from exc
     return AdmissionCheckResponse(
         allowed=decision.allowed,
         message=decision.message,

@@ -27,6 +27,7 @@ from app.services.errors import (
 from app.services.pipeline import (
     analyze_graph,
     estimate_response,
+    spec_pointers,
 )
 
 
@@ -102,4 +103,5 @@ def memory_chart(session: Session, *, payload: MemoryEstimateRequest) -> str:
 
 def estimate(session: Session, *, payload: MemoryEstimateRequest) -> MemoryEstimateResponse:
     """Estimate the footprint of a stored or inline model (and its fit on `hardware`)."""
-    return estimate_response(session, payload=payload)
+    with spec_pointers("", payload):
+        return estimate_response(session, payload=payload)

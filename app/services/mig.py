@@ -46,6 +46,7 @@ from app.services.pipeline import (
     mig_hardware,
     require_profile,
     required_memory,
+    spec_pointers,
     workload_spec,
 )
 from app.services.state_cache import Digest, PerWatch, timed_digest
@@ -100,19 +101,20 @@ def fit(session: Session, *, payload: MigFitRequest) -> MigFitResponse:
     row = mig_hardware(session, payload.gpu)
     geo = geometry(row)
     requested_profile = require_profile(geo, payload.profile) if payload.profile else None
-    need = required_memory(
-        session,
-        workload_spec(session, payload.workload),
-        row,
-        cuda_context_bytes=payload.cuda_context_bytes,
-        safety_margin_fraction=payload.safety_margin_fraction,
-    )
-    required = need.required_bytes
-    fits = [_profile_fit(p, required) for p in geo.profiles]
-    smallest = smallest_fitting(geo, required)
-    alternatives = None
-    if smallest is None:
-        alternatives = _alternatives(session, payload, row, geo, required)
+    with spec_pointers("/workload", payload.workload):
+        need = required_memory(
+            session,
+            workload_spec(session, payload.workload),
+            row,
+            cuda_context_bytes=payload.cuda_context_bytes,
+            safety_margin_fraction=payload.safety_margin_fraction,
+        )
+        required = need.required_bytes
+        fits = [_profile_fit(p, required) for p in geo.profiles]
+        smallest = smallest_fitting(geo, required)
+        alternatives = None
+        if smallest is None:
+            alternatives = _alternatives(session, payload, row, geo, required)
     return MigFitResponse(
         gpu=geo.gpu,
         required_bytes=required,
@@ -217,7 +219,12 @@ def validate_layout(session: Session, *, payload: LayoutValidateRequest) -> Layo
 
 
 def _plan_profile(
-    session: Session, payload: MigPlanRequest, row: Hardware, geo: MigGeometry, item: PlanItem
+    session: Session,
+    payload: MigPlanRequest,
+    row: Hardware,
+    geo: MigGeometry,
+    index: int,
+    item: PlanItem,
 ) -> PlannedWorkload:
     if (item.profile is None) == (item.workload is None):
         raise InvalidInput(
@@ -228,13 +235,14 @@ def _plan_profile(
         require_profile(geo, item.profile)
         return PlannedWorkload(name=item.name, profile=item.profile, replicas=item.replicas)
     assert item.workload is not None
-    required = required_memory(
-        session,
-        workload_spec(session, item.workload),
-        row,
-        cuda_context_bytes=payload.cuda_context_bytes,
-        safety_margin_fraction=payload.safety_margin_fraction,
-    ).required_bytes
+    with spec_pointers(f"/workloads/{index}/workload", item.workload):
+        required = required_memory(
+            session,
+            workload_spec(session, item.workload),
+            row,
+            cuda_context_bytes=payload.cuda_context_bytes,
+            safety_margin_fraction=payload.safety_margin_fraction,
+        ).required_bytes
     chosen = smallest_fitting(geo, required)
     if chosen is None:
         biggest = max(p.memory_bytes for p in geo.profiles)
@@ -262,7 +270,10 @@ def plan(session: Session, *, payload: MigPlanRequest) -> MigPlanResponse:
     row = mig_hardware(session, payload.gpu)
     geo = geometry(row)
     sized = sorted(
-        (_plan_profile(session, payload, row, geo, item) for item in payload.workloads),
+        (
+            _plan_profile(session, payload, row, geo, index, item)
+            for index, item in enumerate(payload.workloads)
+        ),
         key=lambda w: w.name,
     )
     try:

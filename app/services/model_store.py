@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -25,13 +28,30 @@ def validated_layer_count(fields: ModelBase) -> int:
     try:
         return validate_graph(fields.layers, names).layer_count
     except GraphError as exc:
-        raise invalid_graph(exc) from exc
+        raise invalid_graph(exc, fields.layers) from exc
 
 
-def invalid_graph(exc: GraphError) -> InvalidInput:
-    """A 422-mapped error pointing at the layer and field at fault."""
+def _layer_path(layers: Sequence[Any], name: str) -> str | None:
+    """``3`` or ``0/layers/1`` (a block's layer): where the layer named ``name`` sits."""
+    for index, layer in enumerate(layers):
+        if not isinstance(layer, Mapping):
+            continue
+        if layer.get("name") == name:
+            return str(index)
+        inner = layer.get("layers")
+        if isinstance(inner, list):
+            found = _layer_path(inner, name)
+            if found is not None:
+                return f"{index}/layers/{found}"
+    return None
+
+
+def invalid_graph(exc: GraphError, layers: Sequence[Any] = ()) -> InvalidInput:
+    """A 422-mapped error pointing at the layer (by its index in ``layers``; by name when it
+    is not there) and the field at fault."""
     if exc.layer is not None:
-        pointer = f"/layers/{exc.layer}/{exc.field}" if exc.field else f"/layers/{exc.layer}"
+        where = _layer_path(layers, exc.layer) or exc.layer
+        pointer = f"/layers/{where}/{exc.field}" if exc.field else f"/layers/{where}"
     else:
         pointer = "/" + (exc.field or "layers").replace(".", "/").replace("[", "/").replace("]", "")
     return InvalidInput(str(exc), pointer=pointer)

@@ -4,7 +4,8 @@ another; they all come here."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,7 +98,7 @@ def analyze_graph(
     try:
         return analyze(input_decls(inputs), layers, bindings, training=training, **options)
     except GraphError as exc:
-        raise invalid_graph(exc) from exc
+        raise invalid_graph(exc, layers) from exc
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,6 +262,47 @@ def require_profile(geo: MigGeometry, name: str) -> MigProfileSpec:
             + ", ".join(p.name for p in geo.profiles)
         )
     return profile
+
+
+GRAPH_FIELDS = ("layers", "inputs", "default_bindings")  # of an architecture
+
+
+@contextmanager
+def workload_pointers(
+    prefix: str, *, stored: bool = False, inline_architecture: bool = False
+) -> Iterator[None]:
+    """Place the JSON pointers of 422s about a workload where the request holds it.
+
+    The estimate pipeline points at a workload's own fields (``/batch_size``) and at a graph's
+    (``/layers/3/op``); a request may nest the workload (``/workload`` in a MIG fit or an
+    admission check, ``/workloads/2/workload`` in a plan, ``""`` at the top of a memory
+    estimate or a recommendation) and holds an inline graph under ``architecture``; a stored
+    model's graph is named by ``model`` (the detail says which layer). A stored workload
+    (``stored``: a slug) is one field: its problems point at it. Pointers at the
+    request's other fields (``/gpu``, ``/safety_margin_fraction``) are left as they are.
+    """
+    try:
+        yield
+    except InvalidInput as exc:
+        pointer = exc.pointer or ""
+        head = pointer.split("/")[1] if pointer.startswith("/") else ""
+        about_workload = head in WorkloadSpec.model_fields or head in GRAPH_FIELDS
+        if stored and (about_workload or head == "workload"):
+            exc.pointer = prefix or pointer
+        elif head in GRAPH_FIELDS and inline_architecture:
+            exc.pointer = f"{prefix}/architecture{pointer}"
+        elif head in GRAPH_FIELDS:  # a stored model's graph: the request names it by slug
+            exc.pointer = f"{prefix}/model"
+        elif about_workload:
+            exc.pointer = f"{prefix}{pointer}"
+        raise
+
+
+def spec_pointers(prefix: str, workload: WorkloadSpec | str) -> AbstractContextManager[None]:
+    """:func:`workload_pointers` for a request's workload (inline or a stored slug)."""
+    if isinstance(workload, str):
+        return workload_pointers(prefix, stored=True)
+    return workload_pointers(prefix, inline_architecture=workload.architecture is not None)
 
 
 def workload_spec(session: Session, workload: WorkloadSpec | str) -> WorkloadSpec:

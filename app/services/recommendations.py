@@ -95,6 +95,7 @@ from app.services.errors import (
 from app.services.pipeline import (
     analyze_graph,
     require_profile,
+    workload_pointers,
 )
 
 FORMULAS = [
@@ -497,6 +498,13 @@ def recommend(
     session: Session, *, payload: InferenceRecommendationRequest
 ) -> InferenceRecommendationResponse:
     """Rank every candidate device and precision at its best batch size, and explain."""
+    with workload_pointers("", inline_architecture=payload.architecture is not None):
+        return _recommend(session, payload=payload)
+
+
+def _recommend(
+    session: Session, *, payload: InferenceRecommendationRequest
+) -> InferenceRecommendationResponse:
     source = model_source(
         session,
         model=payload.model,

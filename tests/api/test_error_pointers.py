@@ -102,3 +102,49 @@ def test_dict_keys_that_look_like_union_tags_are_kept(client: ApiClient) -> None
     body = {"model": "resnet-50", "prices_usd_per_hour": {"nvidia-a10": -1}}
     problem = assert_problem(client.post("/v1/recommendations/inference", json=body), 422)
     assert _pointers(problem) == ["/prices_usd_per_hour/nvidia-a10"]
+
+
+BROKEN = {
+    "inputs": TINY_MLP["inputs"],
+    "layers": [*TINY_MLP["layers"][:2], {"name": "fc2", "op": "no-such-op"}],
+}
+INLINE_BROKEN = {"architecture": BROKEN, "mode": "inference", "batch_size": 1}
+# GPT-2 has 1,024 positions: its stored graph cannot take the sequence (the detail names wpe)
+TOO_LONG = {"model": "gpt-2", "mode": "inference", "batch_size": 1, "sequence_length": 100_000}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "pointer"),
+    [
+        ("/v1/estimates/memory", INLINE_BROKEN, "/architecture/layers/2/op"),
+        (
+            "/v1/mig/fit",
+            {"workload": INLINE_BROKEN, "gpu": GPU},
+            "/workload/architecture/layers/2/op",
+        ),
+        (
+            "/v1/mig/plan",
+            {"gpu": GPU, "workloads": [{"name": "a", "replicas": 1, "workload": INLINE_BROKEN}]},
+            "/workloads/0/workload/architecture/layers/2/op",
+        ),
+        (
+            "/v1/admission/check",
+            {"workload": INLINE_BROKEN, "gpu_model": GPU, "resource": "nvidia.com/gpu"},
+            "/workload/architecture/layers/2/op",
+        ),
+        (
+            "/v1/recommendations/inference",
+            {"architecture": BROKEN, "devices": ["nvidia-a10"]},
+            "/architecture/layers/2/op",
+        ),
+        ("/v1/estimates/memory", TOO_LONG, "/model"),
+        ("/v1/mig/fit", {"workload": TOO_LONG, "gpu": GPU}, "/workload/model"),
+    ],
+)
+def test_problems_found_past_the_schema_point_into_the_request(
+    client: ApiClient, path: str, body: dict[str, Any], pointer: str
+) -> None:
+    """The graph validator and the estimate point at a workload's own fields and at layers by
+    name; the answer places them where the request holds them, layers by index."""
+    problem = assert_problem(client.post(path, json=body), 422)
+    assert _pointers(problem) == [pointer]
