@@ -65,7 +65,7 @@ exit codes:
 # The API's enumerations, spelled here so that the CLI needs no server code
 # (tests/test_capplan.py checks them against app.domain).
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "amp_bf16", "amp_fp16", "mixed_bf16",
-              "mixed_fp16", "fp8", "int8", "int8_weight_only", "int4")  # fmt: skip
+              "mixed_fp16", "fp8", "int8", "int8_weight_only", "int4", "fp4")  # fmt: skip
 OPTIMIZERS = ("sgd", "sgd_momentum", "adam", "adamw", "adagrad", "rmsprop", "lion", "adam_8bit",
               "adafactor")  # fmt: skip
 OPTIMIZER_IMPLS = ("auto", "for_loop", "foreach", "fused")

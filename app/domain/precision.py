@@ -26,6 +26,7 @@ class DType(StrEnum):
     FP8 = "fp8"
     INT8 = "int8"
     INT4 = "int4"
+    FP4 = "fp4"  # E2M1 (Blackwell NVFP4)
 
 
 # tf32 is a compute format: tensors are stored as fp32 (4 bytes).
@@ -38,6 +39,7 @@ _BYTES_PER_ELEMENT: dict[DType, Fraction] = {
     DType.FP8: Fraction(1),
     DType.INT8: Fraction(1),
     DType.INT4: Fraction(1, 2),
+    DType.FP4: Fraction(1, 2),
 }
 
 INTEGER_DTYPES: frozenset[DType] = frozenset({DType.INT8, DType.INT4})
@@ -71,6 +73,7 @@ class Precision(StrEnum):
     INT8 = "int8"  # W8A8 int8 (MLPerf: TensorRT, OpenVINO, IPEX)
     INT8_WEIGHT_ONLY = "int8_weight_only"  # W8A16 (bitsandbytes LLM.int8, torchao)
     INT4 = "int4"  # W4A16 weight-only (GPTQ / AWQ)
+    FP4 = "fp4"  # NVFP4 W4A4 (Blackwell: TensorRT-LLM, TensorRT Model Optimizer)
 
 
 class Quantization(StrEnum):
@@ -79,6 +82,7 @@ class Quantization(StrEnum):
     NONE = "none"
     WEIGHT_ONLY = "weight_only"  # matmul/conv weights; activations and math stay 16-bit
     W8A8 = "w8a8"  # weights and activations 8-bit, 8-bit math
+    W4A4 = "w4a4"  # weights and GEMM inputs 4-bit, 4-bit math
 
 
 class ScaleLayout(StrEnum):
@@ -88,9 +92,11 @@ class ScaleLayout(StrEnum):
     PER_TENSOR_FP32 = "per_tensor_fp32"  # one fp32 scale per weight tensor
     PER_CHANNEL_FP16 = "per_channel_fp16"  # one fp16 scale per output channel
     GROUP_FP16_SCALE_ZERO = "group_fp16_scale_zero"  # fp16 scale + zero per group of weights
+    BLOCK16_FP8 = "block16_fp8"  # NVFP4: an fp8 (E4M3) scale per 16 elements + fp32 per tensor
 
 
 QUANTIZATION_GROUP = 128  # elements per group of GROUP_FP16_SCALE_ZERO (GPTQ/AWQ default)
+NVFP4_BLOCK = 16  # elements per fp8 scale of BLOCK16_FP8
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -215,6 +221,14 @@ CONVENTIONS: Mapping[Precision, PrecisionConvention] = {
              f"inference (W4A16: GPTQ/AWQ): matmul/conv weights 4 bits with an fp16 scale and "
              f"zero point per group of {QUANTIZATION_GROUP}, other weights, activations and KV "
              "cache fp16, math at the fp16 (else bf16) peak after dequantization"),
+        _row(_P.FP4, weight=_D.FP4, other_weight=_D.BF16, activation=_D.BF16, kv_cache=_D.FP8,
+             compute=(_D.FP4,), quantization=_Q.W4A4, scales=ScaleLayout.BLOCK16_FP8,
+             description=f"NVFP4 W4A4 inference (Blackwell; TensorRT-LLM, TensorRT Model "
+             f"Optimizer): matmul/conv weights 4-bit E2M1 with an fp8 (E4M3) scale per "
+             f"{NVFP4_BLOCK} elements and an fp32 scale per tensor, GEMM inputs quantized to "
+             f"4 bits inside the kernel before them, so activations between kernels stay bf16 "
+             f"(the residual stream, GEMM outputs), KV cache fp8, other weights bf16, fp4 "
+             f"tensor-core math"),
     )
 }  # fmt: skip
 
@@ -231,9 +245,11 @@ def scale_bytes(precision: Precision, shape: tuple[int, ...]) -> Fraction:
         return Fraction(4)
     if layout is ScaleLayout.PER_CHANNEL_FP16:
         return Fraction(shape[0] * 2)
+    numel = 1
+    for dim in shape:
+        numel *= dim
     if layout is ScaleLayout.GROUP_FP16_SCALE_ZERO:
-        numel = 1
-        for dim in shape:
-            numel *= dim
         return Fraction(-(-numel // QUANTIZATION_GROUP) * 4)
+    if layout is ScaleLayout.BLOCK16_FP8:
+        return Fraction(-(-numel // NVFP4_BLOCK) + 4)
     return Fraction(0)

@@ -133,7 +133,7 @@ def default_attention(
     support, so SDPA falls back to the math kernel (measured, PyTorch 2.13 CPU).
     """
     if runtime is Runtime.CUDA:
-        if precision in _HALF or precision in (Precision.INT8, Precision.FP8):
+        if precision in _HALF or precision in (Precision.INT8, Precision.FP8, Precision.FP4):
             return Attention.FLASH, "CUDA with 16-bit (or 8-bit) attention inputs: SDPA picks flash"
         return Attention.MEM_EFFICIENT, "CUDA fp32: flash needs fp16/bf16, SDPA picks mem_efficient"
     if training and dropout:

@@ -139,7 +139,8 @@ class WorkloadSpec(Schema):
         description="Precision convention (the one table in app/domain/precision.py: fp32, "
         "tf32, bf16/fp16 (pure), amp_bf16/amp_fp16 (PyTorch autocast), mixed_bf16/mixed_fp16 "
         "(ZeRO/Megatron), fp8 and int8 (W8A8 inference), int8_weight_only (W8A16), int4 "
-        "(W4A16)). Default: bf16 for inference and amp_bf16 for training on CUDA, fp32 on CPU.",
+        "(W4A16), fp4 (NVFP4 W4A4 inference, Blackwell)). Default: bf16 for inference and "
+        "amp_bf16 for training on CUDA, fp32 on CPU.",
         examples=["bf16"],
     )
     optimizer: Optimizer | None = Field(

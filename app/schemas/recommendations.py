@@ -133,7 +133,8 @@ class InferenceRecommendationRequest(Schema):
         min_length=1,
         max_length=len(Precision),
         description="Precisions to consider: fp32, tf32, bf16, fp16, fp8 / int8 (W8A8), int4 "
-        "(weight-only W4A16). A device without a peak for one is excluded for it, with the reason.",
+        "(weight-only W4A16), fp4 (NVFP4 W4A4, Blackwell). A device without a peak for one is "
+        "excluded for it, with the reason.",
         examples=[["fp16", "int8"]],
     )
     latency_slo_ms: float | None = Field(

@@ -478,3 +478,27 @@ def test_a_serving_runtime_profile_changes_accelerators_only(client: ApiClient) 
     )
     assert overridden["calibration"]["gpu"]["kernel_launch_overhead_s"] == pytest.approx(4e-6)
     assert overridden["calibration"]["gpu"]["compute_efficiency"] == pytest.approx(0.5 * 0.85)
+
+
+def test_fp4_runs_on_blackwell_only(client: ApiClient) -> None:
+    """NVFP4 W4A4: the B200's dense fp4 peak (9 PFLOP/s); a GPU without fp4 is excluded."""
+    body = _recommend(
+        client,
+        model="llama-2-7b",
+        devices=["nvidia-b200", "nvidia-h100-sxm"],
+        precisions=["fp4", "fp8"],
+        batch_sizes=[8],
+        prompt_tokens=128,
+        generated_tokens=16,
+    )
+    found = _by_device(body)
+    b200 = found[("nvidia-b200", "fp4")]
+    assert b200["inputs"]["compute_dtype"] == "fp4"
+    assert b200["inputs"]["peak_flops_per_s"] == 9e15
+    assert "W4A4" in b200["inputs"]["precision_convention"]
+    assert ("nvidia-h100-sxm", "fp4") not in found
+    excluded = {(e["device"], e["precision"]): e["reason"] for e in body["excluded"]}
+    assert "fp4" in excluded[("nvidia-h100-sxm", "fp4")]
+    # decode reads the weights: 4-bit weights beat fp8 on the same GPU
+    fp8 = found[("nvidia-b200", "fp8")]
+    assert b200["per_token_latency_ms"] < fp8["per_token_latency_ms"]

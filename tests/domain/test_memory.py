@@ -177,6 +177,22 @@ def test_int4_quantizes_matmul_weights_only() -> None:
     assert lines["weights"] == quantized // 2 + scales + 2 * (embed + lm_head + norms)
 
 
+def test_fp4_quantizes_matmul_weights_with_a_scale_per_16() -> None:
+    """NVFP4: 4-bit matmul weights, one fp8 scale per 16 elements and an fp32 scale per
+    tensor; embeddings, the head and norms bf16; KV cache fp8."""
+    request = MemoryRequest(mode=Mode.INFERENCE, precision=Precision.FP4)
+    lines = _lines("llama-2-7b", request, seq=16)
+    embed = lm_head = 32000 * 4096
+    norms = 65 * 4096
+    quantized = 6_738_415_616 - embed - lm_head - norms
+    tensors = 32 * 7  # q, k, v, o, gate, up, down per layer
+    scales = quantized // 16 + 4 * tensors
+    assert lines["weights"] == quantized // 2 + scales + 2 * (embed + lm_head + norms)
+    bf16_request = MemoryRequest(mode=Mode.INFERENCE, precision=Precision.BF16)
+    bf16 = _lines("llama-2-7b", bf16_request, seq=16)
+    assert lines["kv_cache"] * 2 == bf16["kv_cache"]
+
+
 def test_training_needs_gradients_and_adam_state() -> None:
     layers = [{"name": "fc", "op": "linear", "out_features": 4096}]
     analysis = analyze([InputDecl(name="x", shape=(1, 4096))], layers, {}, training=True)
@@ -236,8 +252,9 @@ def test_lines_add_up_to_the_peak() -> None:
 
 
 def test_quantized_training_is_rejected() -> None:
-    with pytest.raises(MemoryInputError, match="inference"):
-        estimate_memory(_analysis("gpt-2", training=True, seq=8), _train(precision=Precision.INT4))
+    for precision in (Precision.INT4, Precision.FP4):
+        with pytest.raises(MemoryInputError, match="inference"):
+            estimate_memory(_analysis("gpt-2", training=True, seq=8), _train(precision=precision))
 
 
 def test_zero_without_data_parallel_is_rejected() -> None:

@@ -2,7 +2,7 @@ from fractions import Fraction
 
 import pytest
 
-from app.domain.precision import DType, bytes_per_element, tensor_bytes
+from app.domain.precision import DType, Precision, bytes_per_element, scale_bytes, tensor_bytes
 
 
 @pytest.mark.parametrize(
@@ -16,6 +16,7 @@ from app.domain.precision import DType, bytes_per_element, tensor_bytes
         (DType.FP8, Fraction(1)),
         (DType.INT8, Fraction(1)),
         (DType.INT4, Fraction(1, 2)),
+        (DType.FP4, Fraction(1, 2)),
     ],
 )
 def test_bytes_per_element(dtype: DType, expected: Fraction) -> None:
@@ -40,3 +41,9 @@ def test_int4_rounds_up_to_whole_bytes() -> None:
 def test_negative_element_count_is_rejected() -> None:
     with pytest.raises(ValueError, match="num_elements"):
         tensor_bytes(-1, DType.FP32)
+
+
+def test_nvfp4_scales_golden() -> None:
+    # one fp8 scale per 16 elements (rounded up) + one fp32 scale per tensor
+    assert scale_bytes(Precision.FP4, (4096, 4096)) == 4096 * 4096 // 16 + 4
+    assert scale_bytes(Precision.FP4, (10, 3)) == 2 + 4

@@ -542,6 +542,7 @@ PRECISION_BYTES: dict[Precision, tuple[float, int, int, tuple[DType, ...], str]]
     Precision.INT8: (1, 1, 1, (DType.INT8,), "W8A8"),
     Precision.INT8_WEIGHT_ONLY: (1, 2, 2, (DType.FP16, DType.BF16), "weight-only W8A16"),
     Precision.INT4: (0.5, 2, 2, (DType.FP16, DType.BF16), "weight-only W4A16"),
+    Precision.FP4: (0.5, 2, 1, (DType.FP4,), "W4A4"),
 }
 
 

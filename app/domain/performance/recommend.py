@@ -472,6 +472,12 @@ def quantization_sentence(p: Prediction) -> str:
             f"{p.precision.value} is {label}: {weight_bits}-bit weights and activations, math "
             f"at the {p.compute_dtype.value} peak."
         )
+    if scheme.quantization is Quantization.W4A4:
+        return (
+            f"{p.precision.value} is W4A4: 4-bit weights and GEMM inputs (activations between "
+            f"kernels {scheme.activation_dtype.value}), math at the {p.compute_dtype.value} "
+            "peak."
+        )
     return ""
 
 

@@ -135,6 +135,8 @@ class PrecisionScheme:
             f"dequantized to {self.activation_dtype.value} before the math)",
             Quantization.W8A8: f"W{weight_bits}A{activation_bits} (weights and activations "
             "8-bit, 8-bit math)",
+            Quantization.W4A4: "W4A4 (weights and GEMM inputs 4-bit, 4-bit math; "
+            f"activations between kernels {self.activation_dtype.value})",
         }[self.quantization]
         peaks = " else ".join(d.value for d in self.compute_dtypes)
         return (
