@@ -52,10 +52,19 @@ def test_dockerfile_builds_a_non_root_image_that_migrates_then_serves() -> None:
     cmd = DOCKERFILE.split("\nCMD ")[1]
     steps = [cmd.index(f"capplan-server {step}") for step in ("migrate", "catalog-sync", "serve")]
     assert steps == sorted(steps)
+    stages = re.findall(r"^FROM \S+ AS (\w+)", DOCKERFILE, re.M)
+    assert stages == ["builder"]  # multi-stage: the runtime stage installs nothing
     for line in DOCKERFILE.splitlines():
         if line.startswith("COPY "):
-            for source in shlex.split(line)[1:-1]:
+            words = shlex.split(line)[1:]
+            flags = [w for w in words if w.startswith("--")]
+            if any(flag.startswith("--from=") for flag in flags):
+                assert "--from=builder" in flags, line
+                continue  # copied out of the builder stage, not from the checkout
+            for source in [w for w in words if not w.startswith("--")][:-1]:
                 assert (PROJECT_ROOT / source).exists(), source
+    assert "requirements.lock" in DOCKERFILE
+    assert "--require-hashes" in DOCKERFILE
 
 
 def test_readme_opens_with_the_two_commands() -> None:
