@@ -1,0 +1,261 @@
+"""Score the decoder path against published LLM-serving measurements (no fit).
+
+    .venv/bin/python benchmarks/calibration/llm_serving.py [--write-results]
+
+Reads the ``llm_serving`` rows of ``framework_measurements.yaml`` (TensorRT-LLM throughput
+and time-to-first-token tables with their input / output lengths; sources per row) and
+predicts each single-GPU row the model can map (device in the catalog, Llama-2-7B,
+Llama-3.1-8B or Mistral-7B, fp16 or fp8) the way the recommender would serve it today:
+static batches of whole requests (prefill, then one decode step per further token), the batch
+the row states or else the largest power of two up to ``MAX_BATCH`` whose memory-engine peak
+(KV cache reserved for the full prompt + output of every sequence, plus the service's
+margin) fits the GPU. An A100 whose variant the source does not state is read as the 80 GB
+SXM part, the TensorRT-LLM methodology's H100 as the SXM part. Throughput rows compare output
+tokens per second; TTFT rows the batch-1 prefill. Rows left out (tensor parallelism, vLLM
+user reports, llama.cpp, percentages) are listed with the reason. Nothing is fitted here: the
+report is the baseline the decoder-serving work of issue 15 (in-flight batching, paged KV
+cache, tensor parallelism) has to move.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import calibrate  # noqa: E402  (the calibration script beside this one)
+
+from app.domain.hardware import HardwareSpec  # noqa: E402
+from app.domain.performance.roofline import (  # noqa: E402
+    DEFAULT_CALIBRATIONS,
+    PRECISION_SCHEMES,
+    predict,
+    unsupported_reason,
+)
+from app.domain.precision import Precision  # noqa: E402
+from app.domain.zoo import ZOO, llama  # noqa: E402
+from app.services.recommendations import Candidate, ModelSource  # noqa: E402
+
+DATA = HERE / "framework_measurements.yaml"
+RESULTS = HERE / "llm_serving.md"
+MAX_BATCH = 4096  # serving engines run hundreds to thousands of sequences at once
+WITHIN, WITHIN_WORST = 1.5, 2.0
+
+
+def _graph(model: str) -> tuple[str, list[Any], list[Any]] | None:
+    text = model.lower()
+    if "llama-2-7b" in text or "llama 7b" in text or text == "llama7b":
+        zoo = ZOO["llama-2-7b"]
+        return "Llama-2-7B", list(zoo.inputs), list(zoo.layers)
+    if "llama-3.1-8b" in text:
+        zoo = ZOO["llama-3-8b"]  # Llama 3.1 8B: Llama 3 8B's shapes (RoPE scaling aside)
+        return "Llama-3.1-8B (as Llama-3-8B)", list(zoo.inputs), list(zoo.layers)
+    if "llama-3.3-70b" in text or "llama-3.1-70b" in text:
+        built = llama(
+            layers=80, hidden=8192, heads=64, kv_heads=8, intermediate=28672, vocab=128256
+        )  # Llama 3.x 70B's shapes
+        return "Llama-3.x-70B", list(built.inputs), list(built.layers)
+    if "mistral-7b" in text:
+        built = llama(
+            layers=32, hidden=4096, heads=32, kv_heads=8, intermediate=14336, vocab=32000
+        )  # Mistral 7B v0.1's shapes; its sliding window is not modelled
+        return "Mistral-7B", list(built.inputs), list(built.layers)
+    return None
+
+
+DEVICES = {  # the rows' device text -> catalog slug (what the mapping assumes is in the note)
+    "nvidia-a100 (variant not stated)": "nvidia-a100-80gb-sxm",
+    "nvidia-h100 (SXM per methodology: H100-HBM3-80GB)": "nvidia-h100-sxm",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One measurement the decoder path can be asked for."""
+
+    id: str
+    slug: str
+    label: str
+    precision: Precision
+    batch: int | None  # None: the engine chose
+    prompt: int
+    generated: int
+    metric: str  # "throughput" [output tokens/s] or "ttft" [ms]
+    measured: float
+    inputs: list[Any]
+    layers: list[Any]
+
+
+def rows(
+    raw: Iterable[Mapping[str, Any]], devices: Mapping[str, HardwareSpec]
+) -> tuple[list[Row], list[tuple[str, str]]]:
+    """The rows the decoder path can predict, and the others with the reason."""
+    used: list[Row] = []
+    skipped: list[tuple[str, str]] = []
+    for row in raw:
+        if row.get("category") != "llm_serving":
+            continue
+        rid = str(row["id"])
+        metric = str(row["metric"])
+        graph = _graph(str(row["model"]))
+        precision = {"FP16": Precision.FP16, "FP8": Precision.FP8}.get(str(row["precision"]))
+        tp = row.get("tensor_parallel")
+        slug = DEVICES.get(str(row["device"]), str(row["device"]))
+        if str(row["runtime"]) != "tensorrt_llm":
+            skipped.append((rid, f"runtime {row['runtime']!r}: no profile for it"))
+        elif tp not in (1, None):
+            skipped.append((rid, f"tensor parallel {tp}: not modelled"))
+        elif metric not in ("throughput", "time_to_first_token"):
+            skipped.append((rid, f"metric {metric!r}"))
+        elif slug not in devices:
+            skipped.append((rid, f"device {row['device']!r} not in the catalog"))
+        elif graph is None or precision is None:
+            skipped.append((rid, f"model {row['model']!r} / precision {row['precision']!r}"))
+        else:
+            batch = row.get("batch")
+            label, inputs, layers = graph
+            used.append(
+                Row(
+                    id=rid,
+                    slug=slug,
+                    label=label,
+                    precision=precision,
+                    batch=batch if isinstance(batch, int) else None,
+                    prompt=int(row["input_tokens"]),
+                    generated=int(row["output_tokens"]),
+                    metric="throughput" if metric == "throughput" else "ttft",
+                    measured=float(row["value"]),
+                    inputs=inputs,
+                    layers=layers,
+                )
+            )
+    return used, skipped
+
+
+def _source(row: Row) -> ModelSource:
+    return ModelSource(
+        inputs=[calibrate._input_spec(decl) for decl in row.inputs],
+        layers=row.layers,
+        defaults={},
+        label=row.label,
+        key="",
+        extra={},
+        sequence_length=None,
+        image_size=None,
+        decoder=True,
+        prompt_tokens=row.prompt,
+        generated_tokens=row.generated,
+        fuse_elementwise=True,
+        memo={},
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """A row and the model's answer."""
+
+    row: Row
+    predicted: float | None
+    batch: int | None
+    note: str
+
+    @property
+    def ratio(self) -> float | None:
+        return None if self.predicted is None else self.predicted / self.row.measured
+
+
+def evaluate(items: list[Row], devices: Mapping[str, HardwareSpec]) -> list[Result]:
+    """Each row as the recommender would serve it today."""
+    results = []
+    for row in items:
+        device = devices[row.slug]
+        scheme = PRECISION_SCHEMES[row.precision]
+        reason = unsupported_reason(device, scheme)
+        if reason is not None:
+            results.append(Result(row, None, None, reason))
+            continue
+        source = _source(row)
+        calibration = DEFAULT_CALIBRATIONS[device.kind]
+        if row.metric == "ttft":
+            p = predict(source.workload(1, scheme), device, calibration)
+            assert p.first_token_s is not None
+            results.append(Result(row, p.first_token_s * 1e3, 1, "batch 1 prefill"))
+            continue
+        candidate = Candidate(device=device, runtime=device.runtime, overhead=device.overhead)
+        batch, how = row.batch, "the row's batch"
+        if batch is None:
+            batch, how = 1, "largest power of two that fits"
+            while batch * 2 <= MAX_BATCH and source.memory_fit(batch * 2, scheme, candidate).fits:
+                batch *= 2
+        p = predict(source.workload(batch, scheme), device, calibration)
+        results.append(Result(row, p.throughput_per_s * row.generated, batch, how))
+    return results
+
+
+def render(results: list[Result], skipped: list[tuple[str, str]]) -> str:
+    """The report: per metric the shares within 1.5x and 2x, then every row."""
+    lines = [
+        "# Decoder serving against published TensorRT-LLM measurements (baseline, no fit)",
+        "",
+        "Generated by `benchmarks/calibration/llm_serving.py` from `framework_measurements.yaml`."
+        " Ratios are predicted / measured.",
+        "",
+        "| metric | rows | within 1.5x | within 2x | median ratio |",
+        "|---|---|---|---|---|",
+    ]
+    for metric in ("throughput", "ttft"):
+        ratios = [r.ratio for r in results if r.row.metric == metric and r.ratio is not None]
+        if not ratios:
+            continue
+        within = sum(1 for x in ratios if max(x, 1 / x) <= WITHIN)
+        worst = sum(1 for x in ratios if max(x, 1 / x) <= WITHIN_WORST)
+        lines.append(
+            f"| {metric} | {len(ratios)} | {within} | {worst} | {statistics.median(ratios):.2f} |"
+        )
+    lines += [
+        "",
+        "| row | device | model | precision | in | out | metric | measured | batch | predicted "
+        "| ratio | how |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        row = r.row
+        unit = "ms" if row.metric == "ttft" else "tok/s"
+        predicted = "n/a" if r.predicted is None else f"{r.predicted:,.4g}"
+        ratio = "n/a" if r.ratio is None else f"{r.ratio:.2f}"
+        lines.append(
+            f"| {row.id} | {row.slug} | {row.label} | {row.precision.value} | {row.prompt} | "
+            f"{row.generated} | {row.metric} | {row.measured:,.4g} {unit} | {r.batch or ''} | "
+            f"{predicted} | {ratio} | {r.note} |"
+        )
+    lines += ["", "Not predicted:", ""]
+    lines += [f"* {rid}: {reason}" for rid, reason in skipped]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the report (exit 0: a baseline, not a target)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--write-results", action="store_true", help=f"write {RESULTS.name}")
+    args = parser.parse_args(argv)
+    devices = calibrate.catalog_devices()
+    document = yaml.safe_load(DATA.read_text(encoding="utf-8"))
+    items, skipped = rows(document["results"], devices)
+    report = render(evaluate(items, devices), skipped)
+    print(report)
+    if args.write_results:
+        RESULTS.write_text(report, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
