@@ -89,6 +89,9 @@ class Hardware(Timestamped, Base):
     host_link_pcie_generation: Mapped[int | None] = mapped_column(Integer)
     host_link_pcie_lanes: Mapped[int | None] = mapped_column(Integer)
     host_link_bandwidth_bytes_per_s: Mapped[int | None] = mapped_column(BigInteger)
+    # GPU-to-GPU link (NVLink); NULL: the GPUs of a node talk over the host link
+    gpu_link_type: Mapped[str | None] = mapped_column(String(200))
+    gpu_link_bandwidth_bytes_per_s: Mapped[int | None] = mapped_column(BigInteger)
     tdp_watts: Mapped[float | None] = mapped_column(Float)
     price_usd_per_hour: Mapped[float | None] = mapped_column(Float)
     # NULL with a price: stored before prices carried their kind (never ranked by cost)

@@ -172,6 +172,7 @@ class HardwareSpec:
     bandwidth_fraction: float = 1.0
     mig: MigGeometry | None = None  # a MIG-capable GPU's geometry (None on a slice)
     overhead: FrameworkOverhead = field(default_factory=FrameworkOverhead)
+    gpu_link_bytes_per_s: float | None = None  # per direction to peers (NVLink); None: none
 
     @property
     def runtime(self) -> Runtime:

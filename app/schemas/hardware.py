@@ -100,6 +100,21 @@ class HostLink(Schema):
     )
 
 
+class GpuLink(Schema):
+    """The direct link between the GPUs of a node (NVLink), used by tensor parallelism."""
+
+    type: str = Field(
+        min_length=1,
+        max_length=200,
+        description="Human-readable description of the link.",
+        examples=["NVLink 4 (18 links, 900 GB/s bidirectional)"],
+    )
+    bandwidth_bytes_per_s: Bandwidth = Field(
+        description=f"Per-direction bandwidth of one GPU to its peers, {BANDWIDTH_RANGE}.",
+        examples=[450_000_000_000],
+    )
+
+
 class CpuDetails(Schema):
     """Core counts and clocks of a CPU (or of the CPU side of an edge SoC)."""
 
@@ -273,6 +288,11 @@ class HardwareBase(Schema):
         examples=[{"bf16": 624e12}],
     )
     host_link: HostLink = Field(description="Host link of the device.")
+    gpu_link: GpuLink | None = Field(
+        default=None,
+        description="GPU-to-GPU link of the node (NVLink); null: the GPUs of a node reach each "
+        "other over the host link (PCIe).",
+    )
     tdp_watts: float | None = Field(
         default=None,
         ge=MIN_TDP_WATTS,

@@ -63,6 +63,10 @@ def apply_hardware_fields(target: Hardware, fields: HardwareBase) -> None:
     target.host_link_pcie_generation = fields.host_link.pcie_generation
     target.host_link_pcie_lanes = fields.host_link.pcie_lanes
     target.host_link_bandwidth_bytes_per_s = fields.host_link.bandwidth_bytes_per_s
+    target.gpu_link_type = None if fields.gpu_link is None else fields.gpu_link.type
+    target.gpu_link_bandwidth_bytes_per_s = (
+        None if fields.gpu_link is None else fields.gpu_link.bandwidth_bytes_per_s
+    )
     target.tdp_watts = fields.tdp_watts
     target.price_usd_per_hour = fields.price_usd_per_hour
     target.price_kind = None if fields.price_kind is None else fields.price_kind.value
@@ -350,6 +354,11 @@ def hardware_spec(
         memory_bytes=row.memory_bytes,
         host_link_bytes_per_s=link,
         host_link_source=link_source,
+        gpu_link_bytes_per_s=(
+            None
+            if row.gpu_link_bandwidth_bytes_per_s is None
+            else float(row.gpu_link_bandwidth_bytes_per_s)
+        ),
         tdp_watts=row.tdp_watts,
         price_usd_per_hour=price,
         price_source=price_source,

@@ -11,6 +11,7 @@ from app.domain.units import MIB
 from app.schemas.hardware import (
     CpuDetails,
     FrameworkOverhead,
+    GpuLink,
     HardwareCreate,
     HardwareList,
     HardwareRead,
@@ -79,6 +80,14 @@ def to_read(row: Hardware) -> HardwareRead:
                 pcie_generation=row.host_link_pcie_generation,
                 pcie_lanes=row.host_link_pcie_lanes,
                 bandwidth_bytes_per_s=row.host_link_bandwidth_bytes_per_s,
+            ),
+            "gpu_link": (
+                None
+                if row.gpu_link_type is None or row.gpu_link_bandwidth_bytes_per_s is None
+                else GpuLink(
+                    type=row.gpu_link_type,
+                    bandwidth_bytes_per_s=row.gpu_link_bandwidth_bytes_per_s,
+                )
             ),
             "tdp_watts": row.tdp_watts,
             "price_usd_per_hour": row.price_usd_per_hour,

@@ -216,6 +216,11 @@ BAD_HARDWARE = {
         "/host_link/speed",
     ),
     "unknown kind": (hardware(kind="fpga"), "/kind"),
+    "zero gpu link": (
+        hardware(gpu_link={"type": "NVLink", "bandwidth_bytes_per_s": 0}),
+        "/gpu_link/bandwidth_bytes_per_s",
+    ),
+    "gpu link without bandwidth": (hardware(gpu_link={"type": "NVLink"}), "/gpu_link"),
     "bad slug": (hardware(slug="Not A Slug"), "/slug"),
     "missing field": ({k: v for k, v in hardware().items() if k != "vendor"}, "/vendor"),
     "negative tdp": (hardware(tdp_watts=-5), "/tdp_watts"),
@@ -275,3 +280,13 @@ def test_bad_query_parameters_are_422(client: ApiClient) -> None:
     for params in ({"limit": 0}, {"limit": 501}, {"offset": -1}, {"kind": "fpga"}):
         body = assert_problem(client.get("/v1/hardware", params=params), 422)
         assert body["errors"][0]["location"] == "query"
+
+
+def test_the_gpu_link_round_trips_and_the_catalog_has_nvlink(client: ApiClient) -> None:
+    link = {"type": "NVLink 4 (18 links)", "bandwidth_bytes_per_s": 450_000_000_000}
+    created = client.post("/v1/hardware", json=hardware(gpu_link=link))
+    assert created.status_code == 201, created.text
+    assert client.get("/v1/hardware/lab-gpu-1").json()["gpu_link"] == link
+    h100 = client.get("/v1/hardware/nvidia-h100-sxm").json()
+    assert h100["gpu_link"]["bandwidth_bytes_per_s"] == 450_000_000_000  # 900 GB/s both ways
+    assert client.get("/v1/hardware/nvidia-l4").json()["gpu_link"] is None  # PCIe only

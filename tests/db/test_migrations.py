@@ -163,6 +163,31 @@ def test_prices_get_their_kind_columns_and_keep_the_price(db_url: str) -> None:
         engine.dispose()
 
 
+def test_gpu_link_columns_come_and_go(db_url: str) -> None:
+    """0005: rows stored before it have no GPU link (NULL: peers over the host link);
+    downgrading drops the two columns and keeps the row."""
+    config = alembic_config(db_url)
+    engine = make_engine(db_url)
+    table = Hardware.__table__
+    assert isinstance(table, Table)
+    try:
+        command.downgrade(config, "0004")
+        assert "gpu_link_type" not in {c["name"] for c in inspect(engine).get_columns("hardware")}
+        command.upgrade(config, "head")
+        columns = {c["name"] for c in inspect(engine).get_columns("hardware")}
+        assert {"gpu_link_type", "gpu_link_bandwidth_bytes_per_s"} <= columns
+        with engine.begin() as connection:
+            links = connection.execute(
+                select(table.c.gpu_link_type, table.c.gpu_link_bandwidth_bytes_per_s)
+            ).all()
+        assert all(tuple(link) == (None, None) for link in links)  # unsynced rows: none yet
+        command.downgrade(config, "0004")
+        assert "gpu_link_type" not in {c["name"] for c in inspect(engine).get_columns("hardware")}
+    finally:
+        command.upgrade(config, "head")
+        engine.dispose()
+
+
 _NOW = datetime(2026, 11, 24, tzinfo=UTC)
 LEGACY_HARDWARE = {
     "version": 1,
