@@ -287,7 +287,7 @@ def test_every_fit_admission_plan_and_recommend_option_reaches_the_body(tmp_path
                          "--slo-ms", "20", "--target", "500", "--devices", "nvidia-l4,x/1g.10gb",
                          "--objective", "energy", "--price", "nvidia-l4=0.8",
                          "--slo-margin", "0.2", "--price-kind", "spot", "--scenario", "server",
-                         "--serving-runtime", "torch_compile",
+                         "--serving-runtime", "torch_compile", "--tensor-parallel-max", "4",
                          "--calibration", "gpu.compute_efficiency=0.5",
                          "--calibration", "cpu.request_overhead_us=40", "--seq", "384",
                          "--tokens-mean", "177", "--image", "32", "--bind", "heads=12",
@@ -300,7 +300,7 @@ def test_every_fit_admission_plan_and_recommend_option_reaches_the_body(tmp_path
         "image_size": 32, "bindings": {"heads": 12}, "prompt_tokens": 100,
         "generated_tokens": 20, "fuse_elementwise": False, "limit": 3,
         "prices_usd_per_hour": {"nvidia-l4": 0.8}, "slo_margin": 0.2, "price_kind": "spot",
-        "scenario": "server", "serving_runtime": "torch_compile",
+        "scenario": "server", "serving_runtime": "torch_compile", "tensor_parallel_max": 4,
         "calibration": {"gpu": {"compute_efficiency": 0.5},
                         "cpu": {"request_overhead_us": 40.0}},
     }  # fmt: skip

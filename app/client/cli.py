@@ -877,6 +877,7 @@ def _recommend_body(args: argparse.Namespace) -> Json:
         ("slo_margin", args.slo_margin),
         ("scenario", args.scenario),
         ("serving_runtime", args.serving_runtime),
+        ("tensor_parallel_max", args.tensor_parallel_max),
         ("price_kind", args.price_kind),
         ("throughput_target_per_s", args.target),
         ("devices", args.devices.split(",") if args.devices else None),
@@ -1164,6 +1165,11 @@ def build_parser() -> argparse.ArgumentParser:
     recommend.add_argument("--slo-ms", type=float, help="latency SLO [ms]")
     recommend.add_argument(
         "--slo-margin", type=float, help="headroom kept under --slo-ms, a fraction (default 0.1)"
+    )
+    recommend.add_argument(
+        "--tensor-parallel-max",
+        type=int,
+        help="largest tensor-parallel group offered when a model fits no single GPU (1-8)",
     )
     recommend.add_argument(
         "--serving-runtime",

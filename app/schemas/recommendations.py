@@ -248,6 +248,18 @@ class InferenceRecommendationRequest(Schema):
         description="Override the calibrated efficiencies and overheads per device kind.",
         examples=[{"gpu": {"compute_efficiency": 0.5}}],
     )
+    tensor_parallel_max: int = Field(
+        default=8,
+        ge=1,
+        le=8,
+        description="A whole GPU (not a MIG slice) on which batch 1 does not fit is also "
+        "offered as the smallest tensor-parallel group of 2, 4 or 8 such GPUs (at most this "
+        "many) whose per-GPU memory-engine peak fits: each GPU runs 1/t of the FLOPs, weights "
+        "and KV cache, with two ring all-reduces of the hidden state per attention layer over "
+        "the catalog's GPU link (NVLink; else the host link). Needs attention layers. 1: "
+        "single GPUs only.",
+        examples=[8],
+    )
     serving_runtime: ServingRuntime = Field(
         default=DEFAULT_RUNTIME,
         description="The framework that serves the model on accelerators (CPUs keep their "
@@ -405,6 +417,19 @@ class PhaseRead(Schema):
     d2h_bytes: int = Field(description="Device-to-host copy [B].", examples=[1000])
     d2h_s: float = Field(description="Device-to-host time [s].", examples=[4e-8])
     latency_s: float = Field(description="h2d + kernels + d2h [s].", examples=[4e-4])
+    allreduces: int = Field(
+        default=0, description="Tensor parallel: all-reduces per repetition.", examples=[0]
+    )
+    allreduce_bytes: int = Field(
+        default=0,
+        description="Tensor parallel: bytes all-reduced per repetition [B].",
+        examples=[0],
+    )
+    allreduce_s: float = Field(
+        default=0.0,
+        description="Tensor parallel: their time, between the kernels [s].",
+        examples=[0.0],
+    )
 
 
 class TimeShares(Schema):
@@ -459,6 +484,17 @@ class RankedCandidate(Schema):
     )
     precision: Precision = Field(description="Precision.", examples=["int8"])
     batch_size: int = Field(description="Best batch among those tried.", examples=[4])
+    gpus: int = Field(
+        default=1,
+        description="GPUs the candidate is (a tensor-parallel group: its price, TDP and "
+        "throughput are the group's; memory is per GPU).",
+        examples=[1],
+    )
+    allreduce_link: str | None = Field(
+        default=None,
+        description="Tensor parallel: the link the all-reduces cross.",
+        examples=[None],
+    )
     eligible: bool = Field(
         description="Fits, meets the SLO with its margin, has a price of price_kind for cost.",
         examples=[True],

@@ -46,11 +46,13 @@ from app.domain.performance.roofline import (
     PhasedRequestShape,
     PrecisionScheme,
     Prediction,
+    RooflineInputError,
     decoder_shape,
     forward_shape,
     is_decoder,
     kernel_points,
     predict,
+    shard,
     unsupported_reason,
 )
 from app.domain.performance.runtimes import DEFAULT_RUNTIME, RUNTIME_PROFILES, ServingRuntime
@@ -61,6 +63,7 @@ from app.domain.workload import (
     Attention,
     Logits,
     Mode,
+    Parallelism,
     Runtime,
     default_attention,
 )
@@ -169,6 +172,29 @@ class Candidate:
     device: HardwareSpec
     runtime: Runtime
     overhead: FrameworkOverhead
+    tensor_parallel: int = 1  # a group of GPUs; ``device`` is the group (price, TDP x t)
+
+
+TENSOR_PARALLEL_DEGREES = (2, 4, 8)
+
+
+def tensor_parallel_group(candidate: Candidate, degree: int) -> Candidate:
+    """``degree`` whole GPUs of the candidate's kind as one candidate: the group's price and
+    TDP, one GPU's memory (the memory engine's peak is per GPU), named ``slug xN``."""
+    device = candidate.device
+    return replace(
+        candidate,
+        tensor_parallel=degree,
+        device=replace(
+            device,
+            slug=f"{device.slug} x{degree}",
+            name=f"{degree} x {device.name} (tensor parallel)",
+            price_usd_per_hour=(
+                None if device.price_usd_per_hour is None else device.price_usd_per_hour * degree
+            ),
+            tdp_watts=None if device.tdp_watts is None else device.tdp_watts * degree,
+        ),
+    )
 
 
 def _candidate(row: Hardware, device: HardwareSpec) -> Candidate:
@@ -383,6 +409,7 @@ class ModelSource:
             kv_cache=self.decoder,
             attention=attention,
             logits=Logits.LAST,
+            parallelism=Parallelism(tensor=candidate.tensor_parallel),
         )
 
         def estimate() -> int:
@@ -404,11 +431,16 @@ class ModelSource:
         """The fit of the workload on the candidate's memory."""
         bindings = self.memory_bindings(batch)
         shape = ", ".join(f"{k}={v}" for k, v in bindings.items())
+        per_gpu = (
+            f", per GPU of {candidate.tensor_parallel} (tensor parallel)"
+            if candidate.tensor_parallel > 1
+            else ""
+        )
         return MemoryFit(
             required_bytes=self.required_bytes(batch, scheme, candidate),
             available_bytes=candidate.device.memory_bytes,
             detail=f"memory engine inference peak ({candidate.runtime.value}, precision "
-            f"{scheme.precision.value}, {shape}) + "
+            f"{scheme.precision.value}, {shape}{per_gpu}) + "
             f"{DEFAULT_SAFETY_MARGIN_FRACTION:.0%} safety margin; POST /v1/estimates/memory "
             "with the same options for the breakdown and the same fit",
         )
@@ -473,6 +505,37 @@ def _check_tokens_mean(source: ModelSource, tokens_mean: int, *, has_seq: bool) 
         )
 
 
+def _tensor_parallel_groups(
+    source: ModelSource,
+    runnable: Sequence[tuple[Candidate, PrecisionScheme]],
+    most: int,
+    excluded: list[Exclusion],
+) -> list[tuple[Candidate, PrecisionScheme]]:
+    """For each whole GPU and precision whose batch 1 does not fit one GPU, the smallest
+    tensor-parallel group (2, 4 or 8 GPUs, at most ``most``) whose per-GPU peak fits."""
+    groups: list[tuple[Candidate, PrecisionScheme]] = []
+    for candidate, scheme in runnable:
+        device = candidate.device
+        if device.kind is not DeviceKind.GPU or device.parent is not None or most < 2:
+            continue
+        if source.memory_fit(1, scheme, candidate).fits:
+            continue
+        for degree in (d for d in TENSOR_PARALLEL_DEGREES if d <= most):
+            group = tensor_parallel_group(candidate, degree)
+            if not source.memory_fit(1, scheme, group).fits:
+                continue
+            try:
+                shard(source.workload(1, scheme), degree)
+            except RooflineInputError as exc:
+                excluded.append(
+                    Exclusion(device=group.device.slug, precision=scheme.precision, reason=str(exc))
+                )
+                break
+            groups.append((group, scheme))
+            break
+    return groups
+
+
 def _fuse(payload: InferenceRecommendationRequest) -> bool:
     """fuse_elementwise as given, else what the serving runtime does."""
     if "fuse_elementwise" in payload.model_fields_set:
@@ -533,6 +596,7 @@ def _recommend(
                         device=candidate.device.slug, precision=scheme.precision, reason=reason
                     )
                 )
+    runnable += _tensor_parallel_groups(source, runnable, payload.tensor_parallel_max, excluded)
     if not runnable:
         raise InvalidInput(
             "no candidate device can run the requested precisions: "
@@ -551,6 +615,8 @@ def _recommend(
     for batch in batches:
         for candidate, scheme in runnable:
             workload = source.workload(batch, scheme)
+            if candidate.tensor_parallel > 1:
+                workload = shard(workload, candidate.tensor_parallel)
             device = candidate.device
             prediction = predict(workload, device, cals[device.kind])
             fit = source.memory_fit(batch, scheme, candidate)
@@ -855,6 +921,8 @@ def ranked_candidate(rank_: int, item: Assessment, generated: int | None) -> Ran
         mig_profile=device.mig_profile,
         precision=p.precision,
         batch_size=p.batch,
+        gpus=p.tensor_parallel,
+        allreduce_link=p.allreduce_link_source or None,
         eligible=item.eligible,
         reasons=list(item.reasons),
         latency_ms=item.latency_s * 1e3,

@@ -11,10 +11,12 @@ the row states or else the largest power of two up to ``MAX_BATCH`` whose memory
 (KV cache reserved for the full prompt + output of every sequence, plus the service's
 margin) fits the GPU. An A100 whose variant the source does not state is read as the 80 GB
 SXM part, the TensorRT-LLM methodology's H100 as the SXM part. Throughput rows compare output
-tokens per second; TTFT rows the batch-1 prefill. Rows left out (tensor parallelism, vLLM
-user reports, llama.cpp, percentages) are listed with the reason. Nothing is fitted here: the
+tokens per second; TTFT rows the batch-1 prefill. Tensor-parallel rows run as the recommender's
+groups (``shard``: 1/t of the work per GPU, two all-reduces per layer over the GPU link) and
+compare the whole group's tokens per second. Rows left out (vLLM user reports, llama.cpp,
+percentages) are listed with the reason. Nothing is fitted here: the
 report is the baseline the decoder-serving work of issue 15 (in-flight batching, paged KV
-cache, tensor parallelism) has to move.
+cache) has to move.
 """
 
 from __future__ import annotations
@@ -38,12 +40,19 @@ from app.domain.hardware import HardwareSpec  # noqa: E402
 from app.domain.performance.roofline import (  # noqa: E402
     DEFAULT_CALIBRATIONS,
     PRECISION_SCHEMES,
+    PhasedRequest,
+    PrecisionScheme,
     predict,
+    shard,
     unsupported_reason,
 )
 from app.domain.precision import Precision  # noqa: E402
 from app.domain.zoo import ZOO, llama  # noqa: E402
-from app.services.recommendations import Candidate, ModelSource  # noqa: E402
+from app.services.recommendations import (  # noqa: E402
+    Candidate,
+    ModelSource,
+    tensor_parallel_group,
+)
 
 DATA = HERE / "framework_measurements.yaml"
 RESULTS = HERE / "llm_serving.md"
@@ -91,6 +100,7 @@ class Row:
     generated: int
     metric: str  # "throughput" [output tokens/s] or "ttft" [ms]
     measured: float
+    tensor_parallel: int  # GPUs (the measured figure is the whole group's)
     inputs: list[Any]
     layers: list[Any]
 
@@ -112,8 +122,8 @@ def rows(
         slug = DEVICES.get(str(row["device"]), str(row["device"]))
         if str(row["runtime"]) != "tensorrt_llm":
             skipped.append((rid, f"runtime {row['runtime']!r}: no profile for it"))
-        elif tp not in (1, None):
-            skipped.append((rid, f"tensor parallel {tp}: not modelled"))
+        elif tp not in (1, 2, 4, 8, None):
+            skipped.append((rid, f"tensor parallel {tp}: not a group the recommender forms"))
         elif metric not in ("throughput", "time_to_first_token"):
             skipped.append((rid, f"metric {metric!r}"))
         elif slug not in devices:
@@ -134,6 +144,7 @@ def rows(
                     generated=int(row["output_tokens"]),
                     metric="throughput" if metric == "throughput" else "ttft",
                     measured=float(row["value"]),
+                    tensor_parallel=int(tp or 1),
                     inputs=inputs,
                     layers=layers,
                 )
@@ -173,6 +184,11 @@ class Result:
         return None if self.predicted is None else self.predicted / self.row.measured
 
 
+def _workload(source: ModelSource, scheme: PrecisionScheme, tp: int, batch: int) -> PhasedRequest:
+    whole = source.workload(batch, scheme)
+    return whole if tp == 1 else shard(whole, tp)
+
+
 def evaluate(items: list[Row], devices: Mapping[str, HardwareSpec]) -> list[Result]:
     """Each row as the recommender would serve it today."""
     results = []
@@ -185,18 +201,23 @@ def evaluate(items: list[Row], devices: Mapping[str, HardwareSpec]) -> list[Resu
             continue
         source = _source(row)
         calibration = DEFAULT_CALIBRATIONS[device.kind]
+        tp = row.tensor_parallel
         if row.metric == "ttft":
-            p = predict(source.workload(1, scheme), device, calibration)
+            p = predict(_workload(source, scheme, tp, 1), device, calibration)
             assert p.first_token_s is not None
             results.append(Result(row, p.first_token_s * 1e3, 1, "batch 1 prefill"))
             continue
         candidate = Candidate(device=device, runtime=device.runtime, overhead=device.overhead)
+        if tp > 1:
+            candidate = tensor_parallel_group(candidate, tp)
         batch, how = row.batch, "the row's batch"
         if batch is None:
             batch, how = 1, "largest power of two that fits"
             while batch * 2 <= MAX_BATCH and source.memory_fit(batch * 2, scheme, candidate).fits:
                 batch *= 2
-        p = predict(source.workload(batch, scheme), device, calibration)
+        if tp > 1:
+            how += f", tensor parallel {tp} (the group's tokens/s)"
+        p = predict(_workload(source, scheme, tp, batch), candidate.device, calibration)
         results.append(Result(row, p.throughput_per_s * row.generated, batch, how))
     return results
 

@@ -311,6 +311,8 @@ def test_the_only_candidate_lacking_the_precision_is_an_error(
         ({"scenario": "server"}, "/latency_slo_ms"),  # the p99 bound is required
         ({"scenario": "multistream", "latency_slo_ms": 10}, "/scenario"),
         ({"serving_runtime": "onnxruntime"}, "/serving_runtime"),
+        ({"tensor_parallel_max": 16}, "/tensor_parallel_max"),
+        ({"tensor_parallel_max": 0}, "/tensor_parallel_max"),
     ],
 )
 def test_invalid_requests_are_422(
@@ -502,3 +504,49 @@ def test_fp4_runs_on_blackwell_only(client: ApiClient) -> None:
     # decode reads the weights: 4-bit weights beat fp8 on the same GPU
     fp8 = found[("nvidia-b200", "fp8")]
     assert b200["per_token_latency_ms"] < fp8["per_token_latency_ms"]
+
+
+def test_a_model_no_gpu_holds_gets_tensor_parallel_groups(client: ApiClient) -> None:
+    """GPT-3 175B at fp8 (~175 GB of weights) fits no 80 GB GPU: the smallest group whose
+    per-GPU peak fits is offered, priced as the group, all-reduces over NVLink on the SXM part
+    and over PCIe on the PCIe card; a group is not offered where one GPU suffices."""
+    body = _recommend(
+        client,
+        model="gpt-3-175b",
+        devices=["nvidia-h100-sxm", "nvidia-h100-pcie"],
+        precisions=["fp8"],
+        batch_sizes=[1],
+        prompt_tokens=128,
+        generated_tokens=16,
+        objective="latency",
+    )
+    found = _by_device(body)
+    single = found[("nvidia-h100-sxm", "fp8")]
+    assert not single["fits_in_memory"]
+    assert single["gpus"] == 1
+    group = found[("nvidia-h100-sxm x4", "fp8")]
+    assert group["gpus"] == 4
+    assert group["fits_in_memory"]
+    assert group["eligible"]
+    assert group["memory_available_bytes"] == single["memory_available_bytes"]  # per GPU
+    assert group["memory_required_bytes"] < single["memory_required_bytes"] / 3
+    assert "per GPU of 4" in group["memory_detail"]
+    assert group["allreduce_link"] == "the catalog's GPU link (NVLink)"
+    decode = group["phases"][-1]
+    assert decode["allreduces"] == 2 * 96  # two per layer, 96 layers
+    assert decode["allreduce_s"] > 0
+    assert found[("nvidia-h100-pcie x4", "fp8")]["allreduce_link"].startswith("the host link")
+    assert body["recommendation"].startswith("Run gpt-3-175b on 4 x NVIDIA H100")
+    none = _recommend(
+        client,
+        model="gpt-3-175b",
+        devices=["nvidia-h100-sxm"],
+        precisions=["fp8"],
+        batch_sizes=[1],
+        prompt_tokens=128,
+        generated_tokens=16,
+        tensor_parallel_max=1,
+    )
+    assert [c["gpus"] for c in none["candidates"]] == [1]
+    small = _recommend(client, model="gpt-2", devices=["nvidia-h100-sxm"], batch_sizes=[1])
+    assert {c["gpus"] for c in small["candidates"]} == {1}

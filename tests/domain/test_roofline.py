@@ -13,6 +13,7 @@ from app.domain.mig.layout import MigGeometry, MigProfileSpec
 from app.domain.performance.roofline import (
     DEFAULT_CALIBRATIONS,
     PRECISION_SCHEMES,
+    AllReduce,
     Bound,
     Calibration,
     Kernel,
@@ -26,6 +27,7 @@ from app.domain.performance.roofline import (
     kernel_points,
     moe_weight_elements,
     predict,
+    shard,
     unsupported_reason,
 )
 from app.domain.precision import DType, Precision
@@ -655,3 +657,52 @@ def test_unfused_attention_moves_the_scores_and_fused_does_not() -> None:
     slow, fast = (predict(r, gpu, HAND_CAL) for r in (eager, flash))
     assert slow.attention == eager.attention
     assert slow.latency_s > fast.latency_s
+
+
+def test_tensor_parallel_shards_the_kernels_and_adds_two_all_reduces_per_layer() -> None:
+    """Megatron-style split over t GPUs: FLOPs, weights, KV cache / t per kernel; two ring
+    all-reduces of the hidden state per attention layer; activations stay whole."""
+    whole = _request("llama-2-7b", 4, Precision.FP16)
+    half = shard(whole, 2)
+    assert half.tensor_parallel == 2
+    assert any("tensor parallel across 2 GPUs" in a for a in half.assumptions)
+    for phase, share in zip(whole.phases, half.phases, strict=True):
+        layers = sum(1 for k in phase.kernels if "attention" in k.ops)
+        assert layers == 32
+        assert share.allreduces == 2 * layers
+        hidden = sum(k.output_bytes for k in phase.kernels if "attention" in k.ops)
+        assert share.allreduce_bytes == 2 * hidden
+        for k, h in zip(phase.kernels, share.kernels, strict=True):
+            assert h.flops == -(-k.flops // 2)
+            assert h.weight_bytes == -(-k.weight_bytes // 2)
+            assert h.kv_cache_bytes == -(-k.kv_cache_bytes // 2)
+            assert (h.input_bytes, h.output_bytes) == (k.input_bytes, k.output_bytes)
+    with pytest.raises(RooflineInputError, match="no attention layer"):
+        shard(forward_request(_mlp(2), FP32, batch=2), 2)
+    with pytest.raises(RooflineInputError, match=">= 2 GPUs"):
+        shard(whole, 1)
+
+
+def test_all_reduces_cross_the_gpu_link_else_the_host_link() -> None:
+    """t_ar = n x 10 us + 2 (t - 1) / t x bytes / (link x host-link efficiency)."""
+    nvlink = replace(HAND_GPU, gpu_link_bytes_per_s=4e10)
+    ring = AllReduce.between(nvlink, 4, HAND_CAL)
+    assert ring.link_bytes_per_s == 4e10 * 0.5
+    assert "GPU link" in ring.source
+    assert ring.seconds(10, 2_000_000) == pytest.approx(10 * 10e-6 + 1.5 * 2e6 / 2e10)
+    pcie = AllReduce.between(HAND_GPU, 4, HAND_CAL)
+    assert pcie.link_bytes_per_s == 1e10 * 0.5
+    assert "host link" in pcie.source
+    whole = _request("llama-2-7b", 1, Precision.FP32)
+    device = replace(nvlink, peak_flops_per_s={DType.FP32: 1e15}, memory_bytes=2**40)
+    one = predict(whole, device, HAND_CAL)
+    four = predict(shard(whole, 4), device, HAND_CAL)
+    decode = four.phases[-1]
+    assert decode.allreduce_s == pytest.approx(
+        ring.seconds(decode.allreduces, decode.allreduce_bytes)
+    )
+    assert four.tensor_parallel == 4
+    assert four.per_token_s is not None
+    assert one.per_token_s is not None
+    assert four.per_token_s < one.per_token_s  # a quarter of the weights per GPU
+    assert four.time_split_s[Bound.TRANSFER] >= decode.allreduce_s * decode.repeats

@@ -52,7 +52,7 @@ import math
 import sys
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from fractions import Fraction
 from itertools import accumulate
@@ -723,6 +723,8 @@ class Phase:
     h2d_bytes: int
     d2h_bytes: int
     repeats: int = 1
+    allreduces: int = 0  # tensor parallelism: all-reduces per repetition
+    allreduce_bytes: int = 0  # and the bytes they reduce, summed [B]
     flops: int = field(init=False)
     bytes_moved: int = field(init=False)
     launches: int = field(init=False)
@@ -763,10 +765,13 @@ class PhasedRequest:
     generated_tokens: int = 0  # decoders: tokens produced per sequence (prefill gives the 1st)
     attention: tuple[tuple[Attention, str], ...] = ()  # implementations the graph runs, and why
     assumptions: tuple[str, ...] = ()  # the precision, attention and MoE routing, in words
+    tensor_parallel: int = 1  # GPUs the request is split across (each runs 1/t of it)
 
     def __post_init__(self) -> None:
         if self.batch < 1:
             raise RooflineInputError("batch must be >= 1")
+        if self.tensor_parallel < 1:
+            raise RooflineInputError("tensor_parallel must be >= 1")
         if not self.phases:
             raise RooflineInputError("a request needs at least one phase")
 
@@ -1013,11 +1018,14 @@ class PhaseTiming:
     h2d_s: float
     d2h_bytes: int
     d2h_s: float
+    allreduces: int = 0  # tensor parallelism
+    allreduce_bytes: int = 0
+    allreduce_s: float = 0.0  # on the GPUs' stream, between the kernels
 
     @property
     def kernel_s(self) -> float:
-        """Time the device runs kernels [s]."""
-        return self.compute_s + self.memory_s + self.launch_s
+        """Time the device runs kernels (and the all-reduces between them) [s]."""
+        return self.compute_s + self.memory_s + self.launch_s + self.allreduce_s
 
     @property
     def latency_s(self) -> float:
@@ -1051,6 +1059,8 @@ class Prediction:
     per_token_s: float | None = None
     attention: tuple[tuple[Attention, str], ...] = ()  # implementations priced, and why
     assumptions: tuple[str, ...] = ()  # precision convention, attention, MoE routing in words
+    tensor_parallel: int = 1  # GPUs per request (the figures are the group's)
+    allreduce_link_source: str = ""  # tensor parallel: the link the all-reduces cross
 
     def __post_init__(self) -> None:
         # Every property below divides by one of these: a prediction only exists with them sane.
@@ -1086,7 +1096,7 @@ class Prediction:
         for phase in self.phases:
             split[Bound.COMPUTE] += phase.compute_s * phase.repeats
             split[Bound.MEMORY] += phase.memory_s * phase.repeats
-            split[Bound.TRANSFER] += (phase.h2d_s + phase.d2h_s) * phase.repeats
+            split[Bound.TRANSFER] += (phase.h2d_s + phase.d2h_s + phase.allreduce_s) * phase.repeats
             split[Bound.OVERHEAD] += phase.launch_s * phase.repeats
         split[Bound.OVERHEAD] += self.request_overhead_s
         return split
@@ -1177,11 +1187,127 @@ def _peak_source(device: HardwareSpec, dtype: DType) -> str:
     return f"{base} ({cpu_compute_unit(device.simd, dtype)}; the CPU has {device.simd})"
 
 
+ALLREDUCE_LATENCY_S = 10e-6  # per NCCL all-reduce of a small message inside a node (assumed)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AllReduce:
+    """A ring all-reduce between the ``degree`` GPUs of a tensor-parallel group."""
+
+    degree: int
+    link_bytes_per_s: float  # effective, per direction, per GPU
+    source: str
+
+    @classmethod
+    def between(cls, device: HardwareSpec, degree: int, cal: Calibration) -> AllReduce:
+        """Over the device's GPU link (NVLink), else its host link, at the calibrated
+        host-link efficiency."""
+        if device.gpu_link_bytes_per_s is not None:
+            raw, source = device.gpu_link_bytes_per_s, "the catalog's GPU link (NVLink)"
+        elif device.host_link_bytes_per_s is not None:
+            raw, source = device.host_link_bytes_per_s, "the host link (no GPU link: PCIe)"
+        else:
+            raise RooflineInputError(
+                f"{device.slug}: tensor parallelism needs a GPU or host link between the GPUs"
+            )
+        return cls(degree=degree, link_bytes_per_s=raw * cal.host_link_efficiency, source=source)
+
+    def seconds(self, count: int, total_bytes: int) -> float:
+        """``count`` all-reduces of ``total_bytes`` in all [s].
+
+        Notes
+        -----
+        A ring all-reduce sends and receives ``2 (t - 1) / t`` of the buffer per GPU:
+        ``t_ar = n * alpha + 2 (t - 1) / t * B / L_eff`` (``alpha``: per-call latency,
+        ``L_eff``: link x calibrated link efficiency).
+        """
+        ring = 2 * (self.degree - 1) / self.degree
+        return count * ALLREDUCE_LATENCY_S + ring * total_bytes / self.link_bytes_per_s
+
+
+def shard(request: PhasedRequest, degree: int) -> PhasedRequest:
+    """One GPU's share of ``request`` split Megatron-style across ``degree`` GPUs.
+
+    Parameters
+    ----------
+    request : the whole request on one device
+    degree : GPUs in the tensor-parallel group [-]
+
+    Returns
+    -------
+    share : every kernel's FLOPs, weights, KV cache and spilled attention scores divided by
+        ``degree`` (attention heads and MLP columns split; activations between kernels stay
+        whole, a conservative reading of the replicated norms and residuals), and two
+        all-reduces of the hidden state per attention layer (after the attention output
+        projection and after the MLP)
+
+    Raises
+    ------
+    RooflineInputError
+        When ``degree`` < 2 or the graph has no attention layer (nothing to split by heads).
+    """
+    if degree < 2:
+        raise RooflineInputError(f"tensor parallelism needs >= 2 GPUs, got {degree}")
+    phases = []
+    attention_layers = 0
+    for phase in request.phases:
+        kernels = []
+        allreduces = allreduce_bytes = 0
+        for k in phase.kernels:
+            if "attention" in k.ops:
+                attention_layers += 1
+                allreduces += 2
+                allreduce_bytes += 2 * k.output_bytes
+            kernels.append(
+                replace(
+                    k,
+                    flops=-(-k.flops // degree),
+                    weight_bytes=-(-k.weight_bytes // degree),
+                    kv_cache_bytes=-(-k.kv_cache_bytes // degree),
+                    intermediate_bytes=-(-k.intermediate_bytes // degree),
+                )
+            )
+        phases.append(
+            replace(
+                phase,
+                kernels=tuple(kernels),
+                allreduces=allreduces,
+                allreduce_bytes=allreduce_bytes,
+            )
+        )
+    if not attention_layers:
+        raise RooflineInputError(
+            "tensor parallelism splits attention heads and MLP columns: the graph has no "
+            "attention layer"
+        )
+    return replace(
+        request,
+        phases=tuple(phases),
+        tensor_parallel=degree,
+        assumptions=(
+            *request.assumptions,
+            f"tensor parallel across {degree} GPUs (Megatron-style): each runs 1/{degree} of "
+            "the FLOPs, weights and KV cache; two ring all-reduces of the hidden state per "
+            f"layer, {ALLREDUCE_LATENCY_S * 1e6:g} us each plus 2 (t - 1) / t of it over the "
+            "link",
+        ),
+    )
+
+
 def _phase_timing(
-    phase: Phase, *, flops_per_s: float, bytes_per_s: float, link: float | None, cal: Calibration
+    phase: Phase,
+    *,
+    flops_per_s: float,
+    bytes_per_s: float,
+    link: float | None,
+    cal: Calibration,
+    allreduce: AllReduce | None = None,
 ) -> PhaseTiming:
     prof = phase.profile(cal.activation_cache_share)
     split = bisect_right(prof.intensities, flops_per_s / bytes_per_s)
+    allreduce_s = 0.0
+    if allreduce is not None and phase.allreduces:
+        allreduce_s = allreduce.seconds(phase.allreduces, phase.allreduce_bytes)
     return PhaseTiming(
         name=phase.name,
         repeats=phase.repeats,
@@ -1198,6 +1324,9 @@ def _phase_timing(
         h2d_s=phase.h2d_bytes / link if link else 0.0,
         d2h_bytes=phase.d2h_bytes if link else 0,
         d2h_s=phase.d2h_bytes / link if link else 0.0,
+        allreduces=phase.allreduces if allreduce else 0,
+        allreduce_bytes=phase.allreduce_bytes if allreduce else 0,
+        allreduce_s=allreduce_s,
     )
 
 
@@ -1244,8 +1373,18 @@ def predict(request: PhasedRequest, device: HardwareSpec, calibration: Calibrati
     link = None
     if device.needs_host_copy and device.host_link_bytes_per_s is not None:
         link = device.host_link_bytes_per_s * cal.host_link_efficiency
+    allreduce = None
+    if request.tensor_parallel > 1:
+        allreduce = AllReduce.between(device, request.tensor_parallel, cal)
     timings = tuple(
-        _phase_timing(p, flops_per_s=flops_per_s, bytes_per_s=bytes_per_s, link=link, cal=cal)
+        _phase_timing(
+            p,
+            flops_per_s=flops_per_s,
+            bytes_per_s=bytes_per_s,
+            link=link,
+            cal=cal,
+            allreduce=allreduce,
+        )
         for p in request.phases
     )
     overhead = cal.request_overhead_s
@@ -1285,6 +1424,8 @@ def predict(request: PhasedRequest, device: HardwareSpec, calibration: Calibrati
         per_token_s=per_token,
         attention=request.attention,
         assumptions=request.assumptions,
+        tensor_parallel=request.tensor_parallel,
+        allreduce_link_source="" if allreduce is None else allreduce.source,
     )
 
 
