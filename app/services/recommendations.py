@@ -149,6 +149,10 @@ T = TypeVar("T")
 _ANALYSES: LruCache[tuple[Any, ...], GraphAnalysis] = LruCache(size=128, name="graph_analyses")
 _SHAPES: LruCache[tuple[Any, ...], PhasedRequestShape] = LruCache(size=128, name="request_shapes")
 _PEAKS: LruCache[tuple[Any, ...], int] = LruCache(size=2048, name="memory_peaks")
+# one GPU's share of a request on a tensor-parallel group, per batch, precision and degree
+_SHARDS: LruCache[tuple[Any, ...], PhasedRequest] = LruCache(
+    size=256, name="tensor_parallel_shards"
+)
 
 
 def clear_caches() -> None:
@@ -157,6 +161,7 @@ def clear_caches() -> None:
     _ANALYSES.clear()
     _SHAPES.clear()
     _PEAKS.clear()
+    _SHARDS.clear()
     clear_server_cache()
 
 
@@ -352,20 +357,33 @@ class ModelSource:
             return self.bindings(batch)
         return {**self.bindings(batch), "seq": self.tokens_mean}
 
+    def _shape_key(self, batch: int) -> tuple[Any, ...]:
+        if not self.decoder:
+            bindings = self.compute_bindings(batch)
+            return (self.key, "shape", tuple(bindings.items()), self.fuse_elementwise)
+        prefill = self.bindings(batch, seq=self.prompt_tokens)
+        return (
+            self.key,
+            "shape",
+            tuple(prefill.items()),
+            self.fuse_elementwise,
+            self.generated_tokens,
+        )
+
     def shape(self, batch: int) -> PhasedRequestShape:
         """The request's phases at a batch, before the precision (cached for stored models)."""
         fuse = self.fuse_elementwise
         if not self.decoder:
             bindings = self.compute_bindings(batch)
             return self._remember(
-                (self.key, "shape", tuple(bindings.items()), fuse),
+                self._shape_key(batch),
                 _SHAPES,
                 lambda: forward_shape(self.analysis(bindings), batch=batch, fuse_elementwise=fuse),
             )
         prompt, generated = self.prompt_tokens, self.generated_tokens
         prefill = self.bindings(batch, seq=prompt)
         return self._remember(
-            (self.key, "shape", tuple(prefill.items()), fuse, generated),
+            self._shape_key(batch),
             _SHAPES,
             lambda: decoder_shape(
                 self.analysis(prefill),
@@ -384,6 +402,15 @@ class ModelSource:
         if found is None:
             found = self.memo[key] = self.shape(batch).at(scheme)
         return found
+
+    def sharded(self, batch: int, scheme: PrecisionScheme, degree: int) -> PhasedRequest:
+        """One GPU's share of the request on a tensor-parallel group (cached for stored
+        models, beside the shapes)."""
+        return self._remember(
+            (*self._shape_key(batch), "sharded", scheme.precision, degree),
+            _SHARDS,
+            lambda: shard(self.workload(batch, scheme), degree),
+        )
 
     def memory_bindings(self, batch: int) -> dict[str, int]:
         """Bindings of the memory estimate (decoders: the whole context, for the KV cache)."""
@@ -612,15 +639,22 @@ def _recommend(
     )
     batches = _batches(payload)
     options: dict[tuple[str, str], list[Assessment]] = {}
+    outgrown: set[tuple[str, str]] = set()  # tensor-parallel groups a smaller batch overfilled
     for batch in batches:
         for candidate, scheme in runnable:
-            workload = source.workload(batch, scheme)
-            if candidate.tensor_parallel > 1:
-                workload = shard(workload, candidate.tensor_parallel)
             device = candidate.device
-            prediction = predict(workload, device, cals[device.kind])
-            fit = source.memory_fit(batch, scheme, candidate)
             key = (device.slug, scheme.precision.value)
+            if key in outgrown:
+                continue  # memory grows with the batch: larger batches do not fit either
+            fit = source.memory_fit(batch, scheme, candidate)
+            if candidate.tensor_parallel > 1:
+                if not fit.fits:
+                    outgrown.add(key)
+                    continue
+                workload = source.sharded(batch, scheme, candidate.tensor_parallel)
+            else:
+                workload = source.workload(batch, scheme)
+            prediction = predict(workload, device, cals[device.kind])
             options.setdefault(key, []).append(assess(prediction, fit, requirements))
     if payload.scenario is Scenario.SERVER:
         shown = [assess_server(found, requirements) for found in options.values()]
