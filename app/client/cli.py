@@ -919,7 +919,8 @@ def cmd_recommend(client: JsonClient, args: argparse.Namespace, out: TextIO) -> 
         "ranking devices", lambda: client.recommend_inference(payload), sys.stderr
     )
     candidates = result["candidates"]
-    chosen = list(dict.fromkeys(c["device"] for c in candidates[:4]))
+    # a tensor-parallel group ("slug x4") is charted as the GPU it is made of
+    chosen = list(dict.fromkeys(c["device"].split(" x")[0] for c in candidates[:4]))
     if args.svg and chosen:
         Path(args.svg).write_text(client.roofline_svg(args.model, chosen), encoding="utf-8")
     verdict = EXIT_OK if result["eligible_candidates"] else EXIT_VERDICT_NO
