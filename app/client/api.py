@@ -64,7 +64,7 @@ class CapacityPlannerClient:
 
     def close(self) -> None:
         """Close the connection pool."""
-        self.http.close()
+        self.raw.close()
 
     # -- plumbing
 

@@ -552,7 +552,7 @@ def _tensor_parallel_groups(
             if not source.memory_fit(1, scheme, group).fits:
                 continue
             try:
-                shard(source.workload(1, scheme), degree)
+                source.sharded(1, scheme, degree)  # cached: the batch loop reuses it
             except RooflineInputError as exc:
                 excluded.append(
                     Exclusion(device=group.device.slug, precision=scheme.precision, reason=str(exc))

@@ -40,7 +40,7 @@ import math
 import re
 import statistics
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -904,7 +904,7 @@ class Predictor:
         device: HardwareSpec,
         calibration: Calibration,
         largest: int,
-        workload_at: Any,
+        workload_at: Callable[[int], PhasedRequest],
     ) -> tuple[float | None, str]:
         """Server throughput: the queue over the timed powers of two up to the Offline batch."""
         assert case.precision is not None
