@@ -8,6 +8,7 @@ from typing import Annotated, Self
 from pydantic import Field, StringConstraints, model_validator
 
 from app.domain.hardware import MIN_EFFICIENCY, DeviceKind, PriceKind
+from app.domain.performance.decoding import DEFAULT_KV_BLOCK_TOKENS, MAX_BEAM_WIDTH, Batching
 from app.domain.performance.recommend import (
     DEFAULT_SLO_MARGIN_FRACTION,
     MAX_SLO_MARGIN_FRACTION,
@@ -214,8 +215,60 @@ class InferenceRecommendationRequest(Schema):
     generated_tokens: Length = Field(
         default=128,
         description="Decoder LLMs: tokens generated per sequence; the prefill gives the first, "
-        "each further one is a decode step [tokens].",
+        "each further one is a decode step [tokens]. With `generated_tokens_mean` this is the "
+        "maximum (max_new_tokens).",
         examples=[128],
+    )
+    prompt_tokens_mean: Length | None = Field(
+        default=None,
+        description="Decoder LLMs: mean prompt length when prompts vary; `prompt_tokens` is "
+        "then the maximum. Continuous batching prices the prefill and decode context at the "
+        "mean; static batching pads every prompt to the maximum. At most prompt_tokens. "
+        "Default: prompt_tokens (every prompt that long).",
+        examples=[None],
+    )
+    generated_tokens_mean: Length | None = Field(
+        default=None,
+        description="Decoder LLMs: mean tokens generated per request when outputs vary; "
+        "`generated_tokens` is then the maximum. Continuous batching runs the mean number of "
+        "decode steps; static batching runs every batch until its longest output (the "
+        "maximum). At most generated_tokens. Default: generated_tokens.",
+        examples=[None],
+    )
+    batching: Batching = Field(
+        default=Batching.STATIC,
+        description="Decoder LLMs: static (default, the behaviour before this option): a "
+        "batch is padded to the maximum lengths and runs until its longest output, with the "
+        "whole padded KV cache reserved per sequence. continuous: in-flight batching with a "
+        "paged KV cache (TensorRT-LLM, vLLM): finished requests leave at once and waiting ones "
+        "join, so the mean request is priced (a prefill of prompt_tokens_mean, "
+        "generated_tokens_mean - 1 decode steps at the mean context), and the concurrent "
+        "requests are those whose paged KV cache (the mean request's prompt + generated "
+        "tokens, in blocks of kv_block_tokens) fits beside the weights; throughput is "
+        "requests completed per second in steady state.",
+        examples=["static"],
+    )
+    beam_width: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_BEAM_WIDTH,
+        description="Decoder LLMs: beams per request (beam search), 1 to 16; 1 = greedy or "
+        "sampling. Decode runs requests x beam_width sequences, each with its KV cache. "
+        "static: every beam is a padded row with its own copy of the prompt (transformers' "
+        "generate expands the input beam_width times). continuous: the prompt is prefilled "
+        "once and its full KV blocks are shared by the beams (TensorRT-LLM's KV cache manager, "
+        "vLLM's copy-on-write blocks); the prompt's last partial block and the generated "
+        "tokens' blocks are per beam. Throughput counts requests, not beams.",
+        examples=[1],
+    )
+    kv_block_tokens: int = Field(
+        default=DEFAULT_KV_BLOCK_TOKENS,
+        ge=1,
+        le=4096,
+        description="Decoder LLMs, continuous batching: tokens per paged KV-cache block; a "
+        "request's cache is rounded up to whole blocks. Default 64, TensorRT-LLM's "
+        "tokens_per_block default (an assumption; vLLM uses 16).",
+        examples=[64],
     )
     prices_usd_per_hour: dict[Slug, PriceUsdPerHour] = Field(
         default_factory=dict,
@@ -292,6 +345,22 @@ class InferenceRecommendationRequest(Schema):
                 name,
                 ("latency_slo_ms",),
                 "scenario server needs latency_slo_ms: its p99 latency bound",
+            )
+        for mean, longest in (("prompt_tokens_mean", "prompt_tokens"),
+                              ("generated_tokens_mean", "generated_tokens")):  # fmt: skip
+            value = getattr(self, mean)
+            if value is not None and value > getattr(self, longest):
+                raise located_error(
+                    name,
+                    (mean,),
+                    f"{mean} {value} exceeds {longest} {getattr(self, longest)}, the maximum",
+                )
+        if "kv_block_tokens" in self.model_fields_set and self.batching is Batching.STATIC:
+            raise located_error(
+                name,
+                ("kv_block_tokens",),
+                "kv_block_tokens sizes the paged KV cache of batching continuous; static "
+                "batching reserves the whole padded context",
             )
         if "slo_margin" in self.model_fields_set and self.latency_slo_ms is None:
             raise located_error(
@@ -432,6 +501,55 @@ class PhaseRead(Schema):
     )
 
 
+class DecoderServingRead(Schema):
+    """How a decoder candidate is served: the numbers its throughput comes from."""
+
+    batching: Batching = Field(description="static or continuous.", examples=["continuous"])
+    concurrent_requests: int = Field(
+        description="Requests in flight together (batch_size): static, the batch; continuous, "
+        "the requests the engine keeps going.",
+        examples=[192],
+    )
+    max_concurrent_requests: int | None = Field(
+        default=None,
+        description="Continuous: the most requests whose paged KV cache fits (null: static).",
+        examples=[201],
+    )
+    beam_width: int = Field(description="Beams per request.", examples=[4])
+    decode_sequences: int = Field(
+        description="Sequences per decode step: concurrent_requests x beam_width.",
+        examples=[768],
+    )
+    prompt_tokens: int = Field(
+        description="Prompt the prefill is priced at: the mean (continuous) or the maximum "
+        "(static) [tokens].",
+        examples=[1065],
+    )
+    decode_steps: int = Field(
+        description="Decode steps per request: generated tokens priced - 1.", examples=[74]
+    )
+    mean_context_tokens: int = Field(
+        description="Context each decode step attends to, on average: prompt + generated / 2 "
+        "at the priced lengths [tokens].",
+        examples=[1102],
+    )
+    kv_bytes_per_token: int = Field(
+        description="KV cache of one token of one sequence, all layers, at the precision [B].",
+        examples=[229376],
+    )
+    kv_tokens_per_request: int = Field(
+        description="KV token slots one request holds, all beams: static k x (max prompt + max "
+        "generated); continuous the paged blocks of the mean request [tokens].",
+        examples=[1536],
+    )
+    kv_bytes_per_request: int = Field(
+        description="kv_tokens_per_request x kv_bytes_per_token (per GPU of a tensor-parallel "
+        "group) [B].",
+        examples=[352321536],
+    )
+    note: str = Field(description="The serving assumptions in words.", examples=["..."])
+
+
 class TimeShares(Schema):
     """What fraction of the latency goes where."""
 
@@ -569,6 +687,11 @@ class RankedCandidate(Schema):
         description="scenario server: the queue behind latency_ms (its p99) and "
         "throughput_per_s (the sustained rate); null offline.",
     )
+    decoder_serving: DecoderServingRead | None = Field(
+        default=None,
+        description="Decoder LLMs: concurrent requests, beams, KV bytes per request and the "
+        "mean context the figures come from (null for other models).",
+    )
 
 
 class Exclusion(Schema):
@@ -613,8 +736,29 @@ class WorkloadSummary(Schema):
     flops_per_inference: float = Field(
         description="FLOPs per inference at batch 1 (decoders: per sequence).", examples=[8.24e9]
     )
-    prompt_tokens: int | None = Field(default=None, description="Decoders.", examples=[None])
-    generated_tokens: int | None = Field(default=None, description="Decoders.", examples=[None])
+    prompt_tokens: int | None = Field(
+        default=None, description="Decoders: maximum prompt length.", examples=[None]
+    )
+    generated_tokens: int | None = Field(
+        default=None, description="Decoders: maximum tokens generated.", examples=[None]
+    )
+    prompt_tokens_mean: int | None = Field(
+        default=None, description="Decoders: mean prompt length.", examples=[None]
+    )
+    generated_tokens_mean: int | None = Field(
+        default=None, description="Decoders: mean tokens generated.", examples=[None]
+    )
+    batching: Batching | None = Field(
+        default=None, description="Decoders: static or continuous.", examples=[None]
+    )
+    beam_width: int | None = Field(
+        default=None, description="Decoders: beams per request.", examples=[None]
+    )
+    kv_block_tokens: int | None = Field(
+        default=None,
+        description="Decoders, continuous batching: tokens per KV block.",
+        examples=[None],
+    )
     batch_sizes: list[int] = Field(description="Batch sizes tried.", examples=[[1, 2, 4]])
     attention: list[str] = Field(
         description="Attention implementation(s) the latency and memory figures assume, with "

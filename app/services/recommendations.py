@@ -25,6 +25,12 @@ from app.domain.memory.estimate import (
     MemoryRequest,
     estimate_memory,
 )
+from app.domain.performance.decoding import (
+    DecoderServing,
+    DecodingInputError,
+    kv_elements_per_token,
+    serving_shape,
+)
 from app.domain.performance.recommend import (
     Assessment,
     MemoryFit,
@@ -47,7 +53,6 @@ from app.domain.performance.roofline import (
     PrecisionScheme,
     Prediction,
     RooflineInputError,
-    decoder_shape,
     forward_shape,
     is_decoder,
     kernel_points,
@@ -74,6 +79,7 @@ from app.schemas.estimates import (
 from app.schemas.recommendations import (
     CalibrationOverride,
     CalibrationRead,
+    DecoderServingRead,
     Exclusion,
     InferenceRecommendationRequest,
     InferenceRecommendationResponse,
@@ -302,6 +308,20 @@ class ModelSource:
     fuse_elementwise: bool
     memo: dict[tuple[Any, ...], Any]
     tokens_mean: int | None = None  # encoders without padding: the length compute is priced at
+    serving: DecoderServing | None = None  # decoders: lengths, batching, beams (None: static,
+    # every request at prompt_tokens + generated_tokens, one beam)
+
+    @property
+    def plan(self) -> DecoderServing:
+        """The decoder serving plan (the static default at the request's lengths)."""
+        if self.serving is not None:
+            return self.serving
+        return DecoderServing(
+            prompt_tokens_max=self.prompt_tokens,
+            prompt_tokens_mean=self.prompt_tokens,
+            generated_tokens_max=self.generated_tokens,
+            generated_tokens_mean=self.generated_tokens,
+        )
 
     def _remember(
         self, key: tuple[Any, ...], shared: LruCache[tuple[Any, ...], T], compute: Callable[[], T]
@@ -362,13 +382,7 @@ class ModelSource:
             bindings = self.compute_bindings(batch)
             return (self.key, "shape", tuple(bindings.items()), self.fuse_elementwise)
         prefill = self.bindings(batch, seq=self.prompt_tokens)
-        return (
-            self.key,
-            "shape",
-            tuple(prefill.items()),
-            self.fuse_elementwise,
-            self.generated_tokens,
-        )
+        return (self.key, "shape", tuple(prefill.items()), self.fuse_elementwise, self.plan)
 
     def shape(self, batch: int) -> PhasedRequestShape:
         """The request's phases at a batch, before the precision (cached for stored models)."""
@@ -380,17 +394,17 @@ class ModelSource:
                 _SHAPES,
                 lambda: forward_shape(self.analysis(bindings), batch=batch, fuse_elementwise=fuse),
             )
-        prompt, generated = self.prompt_tokens, self.generated_tokens
-        prefill = self.bindings(batch, seq=prompt)
+        plan = self.plan
+        rows = batch * plan.beam_width  # decode rows; static prefills every beam's copy
+        prefill = self.bindings(batch if plan.continuous else rows, seq=plan.priced_prompt_tokens)
         return self._remember(
             self._shape_key(batch),
             _SHAPES,
-            lambda: decoder_shape(
+            lambda: serving_shape(
                 self.analysis(prefill),
-                self.analysis(self.bindings(batch, seq=1)),
-                batch=batch,
-                prompt_tokens=prompt,
-                generated_tokens=generated,
+                self.analysis(self.bindings(rows, seq=1)),
+                requests=batch,
+                serving=plan,
                 fuse_elementwise=fuse,
             ),
         )
@@ -413,10 +427,28 @@ class ModelSource:
         )
 
     def memory_bindings(self, batch: int) -> dict[str, int]:
-        """Bindings of the memory estimate (decoders: the whole context, for the KV cache)."""
+        """Bindings of the memory estimate (decoders: the whole padded context, for the KV
+        cache; static batching: every beam a row; continuous: one request at the maximum
+        lengths, the others' KV blocks are added by :meth:`required_bytes`)."""
         if self.decoder:
-            return self.bindings(batch, seq=self.prompt_tokens + self.generated_tokens)
+            plan = self.plan
+            seq = plan.prompt_tokens_max + plan.generated_tokens_max
+            if plan.continuous:
+                return self.bindings(1, seq=seq)
+            return self.bindings(batch * plan.beam_width, seq=seq)
         return self.bindings(batch)
+
+    def kv_bytes_per_token(self, scheme: PrecisionScheme) -> int:
+        """KV cache of one token of one sequence, all layers, at the precision [B]."""
+        return kv_elements_per_token(self.analysis(self.bindings(1, seq=1))) * (
+            scheme.kv_cache_bytes
+        )
+
+    def kv_bytes_per_request(self, scheme: PrecisionScheme, tensor_parallel: int = 1) -> int:
+        """Continuous batching: the paged KV cache one request holds, all beams, per GPU of
+        a tensor-parallel group [B]."""
+        whole = self.plan.kv_tokens_per_request() * self.kv_bytes_per_token(scheme)
+        return -(-whole // tensor_parallel)
 
     def required_bytes(self, batch: int, scheme: PrecisionScheme, candidate: Candidate) -> int:
         """The one requirement (app.domain.fit: the memory engine's inference peak with the
@@ -439,25 +471,56 @@ class ModelSource:
             parallelism=Parallelism(tensor=candidate.tensor_parallel),
         )
 
+        paged = 0
+        if self.decoder and self.plan.continuous:
+            paged = batch * self.kv_bytes_per_request(scheme, candidate.tensor_parallel)
+
         def estimate() -> int:
-            try:
-                result = estimate_memory(self.analysis(bindings, Logits.LAST, attention), request)
-            except MemoryInputError as exc:
-                raise InvalidInput(str(exc)) from exc
+            base = ("estimate", tuple(bindings.items()), request)
+            result = self.memo.get(base)
+            if result is None:
+                try:
+                    result = estimate_memory(
+                        self.analysis(bindings, Logits.LAST, attention), request
+                    )
+                except MemoryInputError as exc:
+                    raise InvalidInput(str(exc)) from exc
+                self.memo[base] = result
             return requirement(
-                result.peak_bytes,
+                result.peak_bytes + paged,
                 result.lines,
                 safety_margin_fraction=DEFAULT_SAFETY_MARGIN_FRACTION,
             ).required_bytes
 
         return self._remember(
-            (self.key, "peak", tuple(bindings.items()), request), _PEAKS, estimate
+            (self.key, "peak", tuple(bindings.items()), request, paged), _PEAKS, estimate
         )
+
+    def max_concurrent_requests(
+        self, scheme: PrecisionScheme, candidate: Candidate, limit: int
+    ) -> int:
+        """Continuous batching: the most requests whose paged KV cache fits beside one
+        maximum-length request's peak, at most ``limit`` (0 when none fits)."""
+        low, high = 0, limit
+        while low < high:  # required_bytes grows with the requests
+            mid = (low + high + 1) // 2
+            if self.memory_fit(mid, scheme, candidate).fits:
+                low = mid
+            else:
+                high = mid - 1
+        return low
 
     def memory_fit(self, batch: int, scheme: PrecisionScheme, candidate: Candidate) -> MemoryFit:
         """The fit of the workload on the candidate's memory."""
         bindings = self.memory_bindings(batch)
         shape = ", ".join(f"{k}={v}" for k, v in bindings.items())
+        if self.decoder and self.plan.continuous:
+            kv = self.kv_bytes_per_request(scheme, candidate.tensor_parallel)
+            shape += (
+                f"; plus {batch} request(s) x {kv:,} B of paged KV cache "
+                f"({self.plan.kv_tokens_per_request()} token slots in blocks of "
+                f"{self.plan.kv_block_tokens}, all beams) for continuous batching"
+            )
         per_gpu = (
             f", per GPU of {candidate.tensor_parallel} (tensor parallel)"
             if candidate.tensor_parallel > 1
@@ -485,6 +548,7 @@ def model_source(
     generated_tokens: int,
     fuse_elementwise: bool,
     tokens_mean: int | None = None,
+    serving: DecoderServing | None = None,
 ) -> ModelSource:
     """The graph of a stored or inline model with the request's shape options."""
     inputs, layers, defaults, label, key = model_graph(session, model, architecture)
@@ -505,6 +569,7 @@ def model_source(
         generated_tokens=generated_tokens,
         fuse_elementwise=fuse_elementwise,
         memo={},
+        serving=serving if decoder else None,
     )
     if tokens_mean is not None:
         _check_tokens_mean(source, tokens_mean, has_seq=has_seq)
@@ -530,6 +595,59 @@ def _check_tokens_mean(source: ModelSource, tokens_mean: int, *, has_seq: bool) 
             "padded to",
             pointer="/tokens_mean",
         )
+
+
+DECODER_OPTIONS = (
+    "prompt_tokens_mean",
+    "generated_tokens_mean",
+    "batching",
+    "beam_width",
+    "kv_block_tokens",
+)
+
+
+def decoder_serving(payload: InferenceRecommendationRequest) -> DecoderServing:
+    """The request's decoder lengths, batching and beams (means default to the maxima)."""
+    try:
+        return DecoderServing(
+            prompt_tokens_max=payload.prompt_tokens,
+            prompt_tokens_mean=payload.prompt_tokens_mean or payload.prompt_tokens,
+            generated_tokens_max=payload.generated_tokens,
+            generated_tokens_mean=payload.generated_tokens_mean or payload.generated_tokens,
+            batching=payload.batching,
+            beam_width=payload.beam_width,
+            kv_block_tokens=payload.kv_block_tokens,
+        )
+    except DecodingInputError as exc:
+        raise InvalidInput(str(exc)) from exc
+
+
+def _check_decoder_options(payload: InferenceRecommendationRequest, source: ModelSource) -> None:
+    """Decoder serving options are refused for a model that is not a decoder."""
+    given = [name for name in DECODER_OPTIONS if name in payload.model_fields_set]
+    if given and not source.decoder:
+        raise InvalidInput(
+            f"{', '.join(given)} describe decoder LLM serving; {source.label} has no causal "
+            "self-attention over a `seq` input (not a decoder)",
+            pointer=f"/{given[0]}",
+        )
+
+
+def _decoder_batches(
+    source: ModelSource,
+    batches: list[int],
+    scheme: PrecisionScheme,
+    candidate: Candidate,
+    payload: InferenceRecommendationRequest,
+) -> list[int]:
+    """Continuous batching and no explicit batch_sizes: the powers of two below the most
+    concurrent requests that fit, and that number itself (the engine keeps it going)."""
+    if not (source.decoder and source.plan.continuous) or payload.batch_sizes is not None:
+        return batches
+    most = source.max_concurrent_requests(scheme, candidate, payload.max_batch_size)
+    if most < 1:
+        return batches[:1]  # does not fit: shown at batch 1 with the reason
+    return sorted({b for b in batches if b <= most} | {most})
 
 
 def _tensor_parallel_groups(
@@ -606,7 +724,9 @@ def _recommend(
         generated_tokens=payload.generated_tokens,
         fuse_elementwise=_fuse(payload),
         tokens_mean=payload.tokens_mean,
+        serving=decoder_serving(payload),
     )
+    _check_decoder_options(payload, source)
     pool = candidates(session, payload.devices, payload.prices_usd_per_hour, payload.price_kind)
     cals = calibrations(payload.calibration, payload.serving_runtime)
     schemes = [PRECISION_SCHEMES[p] for p in payload.precisions]
@@ -640,22 +760,27 @@ def _recommend(
     batches = _batches(payload)
     options: dict[tuple[str, str], list[Assessment]] = {}
     outgrown: set[tuple[str, str]] = set()  # tensor-parallel groups a smaller batch overfilled
-    for batch in batches:
-        for candidate, scheme in runnable:
-            device = candidate.device
-            key = (device.slug, scheme.precision.value)
-            if key in outgrown:
-                continue  # memory grows with the batch: larger batches do not fit either
-            fit = source.memory_fit(batch, scheme, candidate)
-            if candidate.tensor_parallel > 1:
-                if not fit.fits:
-                    outgrown.add(key)
-                    continue
-                workload = source.sharded(batch, scheme, candidate.tensor_parallel)
-            else:
-                workload = source.workload(batch, scheme)
-            prediction = predict(workload, device, cals[device.kind])
-            options.setdefault(key, []).append(assess(prediction, fit, requirements))
+    plans = [
+        (batch, candidate, scheme)
+        for candidate, scheme in runnable
+        for batch in _decoder_batches(source, batches, scheme, candidate, payload)
+    ]
+    plans.sort(key=lambda item: item[0])  # stable: candidates keep their order per batch
+    for batch, candidate, scheme in plans:
+        device = candidate.device
+        key = (device.slug, scheme.precision.value)
+        if key in outgrown:
+            continue  # memory grows with the batch: larger batches do not fit either
+        fit = source.memory_fit(batch, scheme, candidate)
+        if candidate.tensor_parallel > 1:
+            if not fit.fits:
+                outgrown.add(key)
+                continue
+            workload = source.sharded(batch, scheme, candidate.tensor_parallel)
+        else:
+            workload = source.workload(batch, scheme)
+        prediction = predict(workload, device, cals[device.kind])
+        options.setdefault(key, []).append(assess(prediction, fit, requirements))
     if payload.scenario is Scenario.SERVER:
         shown = [assess_server(found, requirements) for found in options.values()]
     else:
@@ -688,12 +813,24 @@ def _recommend(
             flops_per_inference=float(first.flops),
             prompt_tokens=source.prompt_tokens if source.decoder else None,
             generated_tokens=source.generated_tokens if source.decoder else None,
+            prompt_tokens_mean=source.plan.prompt_tokens_mean if source.decoder else None,
+            generated_tokens_mean=source.plan.generated_tokens_mean if source.decoder else None,
+            batching=source.plan.batching if source.decoder else None,
+            beam_width=source.plan.beam_width if source.decoder else None,
+            kv_block_tokens=(
+                source.plan.kv_block_tokens if source.decoder and source.plan.continuous else None
+            ),
             batch_sizes=batches,
             attention=_attention_used(source, summary_bindings, runnable),
             defaults_used=_defaults_used(payload, source, batches),
         ),
         candidates=[
-            ranked_candidate(index, item, source.generated_tokens if source.decoder else None)
+            ranked_candidate(
+                index,
+                item,
+                source.plan.priced_generated_tokens if source.decoder else None,
+                _serving_read(source, item) if source.decoder else None,
+            )
             for index, item in enumerate(ranked[: payload.limit], start=1)
         ],
         total_candidates=len(ranked),
@@ -704,6 +841,7 @@ def _recommend(
         assumptions=[
             *ASSUMPTIONS,
             *_padding_note(source),
+            *([f"decoder serving: {source.plan.describe()}"] if source.decoder else []),
             *_scenario_note(payload, requirements),
             _prices_note(pool, payload.price_kind),
         ],
@@ -941,7 +1079,47 @@ def _inputs(p: Prediction) -> RooflineInputs:
     )
 
 
-def ranked_candidate(rank_: int, item: Assessment, generated: int | None) -> RankedCandidate:
+def _serving_read(source: ModelSource, item: Assessment) -> DecoderServingRead:
+    """The numbers a decoder candidate's figures come from."""
+    p = item.prediction
+    plan = source.plan
+    scheme = PRECISION_SCHEMES[p.precision]
+    most = None
+    if plan.continuous:
+        candidate = Candidate(
+            device=p.device,
+            runtime=p.device.runtime,
+            overhead=p.device.overhead,
+            tensor_parallel=p.tensor_parallel,
+        )
+        most = source.max_concurrent_requests(scheme, candidate, MAX_CONCURRENCY_SHOWN)
+    per_token = source.kv_bytes_per_token(scheme)
+    tokens = plan.kv_tokens_per_request()
+    return DecoderServingRead(
+        batching=plan.batching,
+        concurrent_requests=p.batch,
+        max_concurrent_requests=most,
+        beam_width=plan.beam_width,
+        decode_sequences=p.batch * plan.beam_width,
+        prompt_tokens=plan.priced_prompt_tokens,
+        decode_steps=plan.decode_steps,
+        mean_context_tokens=plan.mean_context_tokens,
+        kv_bytes_per_token=per_token,
+        kv_tokens_per_request=tokens,
+        kv_bytes_per_request=-(-tokens * per_token // p.tensor_parallel),
+        note=plan.describe(),
+    )
+
+
+MAX_CONCURRENCY_SHOWN = 65_536  # the largest batch a search may try (MAX_SEARCH_BATCH)
+
+
+def ranked_candidate(
+    rank_: int,
+    item: Assessment,
+    generated: int | None,
+    serving: DecoderServingRead | None = None,
+) -> RankedCandidate:
     """The API view of one assessed candidate."""
     p = item.prediction
     device = p.device
@@ -987,6 +1165,7 @@ def ranked_candidate(rank_: int, item: Assessment, generated: int | None) -> Ran
         inputs=_inputs(p),
         phases=[PhaseRead.model_validate(t) for t in p.phases],
         server=None if item.server is None else _server_read(item.server),
+        decoder_serving=serving,
     )
 
 

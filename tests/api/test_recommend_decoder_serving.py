@@ -1,0 +1,143 @@
+"""POST /v1/recommendations/inference for decoders: length distributions, continuous batching
+and beam search, against the real app and database."""
+
+from typing import Any
+
+import pytest
+
+from tests.api.helpers import assert_problem
+from tests.support import ApiClient, table_counts
+
+URL = "/v1/recommendations/inference"
+GPT2_KV_BYTES_PER_TOKEN_FP16 = 12 * 2 * 768 * 2  # layers x (K, V) x hidden x 2 B = 36,864
+
+
+def _one(client: ApiClient, **body: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    response = client.post(
+        URL,
+        json={"model": "gpt-2", "devices": ["nvidia-a10"], "precisions": ["fp16"], **body},
+    )
+    assert response.status_code == 200, response.text
+    answer: dict[str, Any] = response.json()
+    (candidate,) = answer["candidates"]
+    return answer, candidate
+
+
+def test_static_is_the_default_and_unchanged(client: ApiClient) -> None:
+    lengths = {"prompt_tokens": 256, "generated_tokens": 64, "batch_sizes": [8]}
+    answer, plain = _one(client, **lengths)
+    _, explicit = _one(client, **lengths, batching="static", beam_width=1)
+    assert plain["throughput_per_s"] == explicit["throughput_per_s"]
+    serving = plain["decoder_serving"]
+    assert serving["batching"] == "static"
+    assert serving["concurrent_requests"] == serving["decode_sequences"] == 8
+    assert serving["kv_bytes_per_token"] == GPT2_KV_BYTES_PER_TOKEN_FP16
+    assert serving["kv_tokens_per_request"] == 256 + 64
+    assert serving["mean_context_tokens"] == 256 + 32
+    assert serving.get("max_concurrent_requests") is None
+    assert answer["workload"]["batching"] == "static"
+    assert answer["workload"]["beam_width"] == 1
+    assert answer["workload"]["prompt_tokens_mean"] == 256  # the maximum, when not given
+    assert any(a.startswith("decoder serving: static batching") for a in answer["assumptions"])
+
+
+def test_static_batching_ignores_the_means(client: ApiClient) -> None:
+    """A static batch is padded to the longest prompt and runs to the longest output."""
+    lengths = {"prompt_tokens": 256, "generated_tokens": 64, "batch_sizes": [8]}
+    _, padded = _one(client, **lengths)
+    _, with_means = _one(client, **lengths, prompt_tokens_mean=100, generated_tokens_mean=20)
+    assert with_means["throughput_per_s"] == padded["throughput_per_s"]
+    assert with_means["phases"][1]["repeats"] == 63
+
+
+def test_continuous_batching_prices_the_mean_request(client: ApiClient) -> None:
+    lengths = {"prompt_tokens": 512, "generated_tokens": 128, "batch_sizes": [16]}
+    _, static = _one(client, **lengths)
+    answer, cont = _one(
+        client, **lengths, prompt_tokens_mean=200, generated_tokens_mean=50, batching="continuous"
+    )
+    serving = cont["decoder_serving"]
+    assert serving["prompt_tokens"] == 200
+    assert serving["decode_steps"] == 49 == cont["phases"][1]["repeats"]
+    assert serving["mean_context_tokens"] == 225
+    assert serving["kv_tokens_per_request"] == 256  # 250 tokens in blocks of 64
+    assert serving["kv_bytes_per_request"] == 256 * GPT2_KV_BYTES_PER_TOKEN_FP16
+    assert serving["max_concurrent_requests"] > 16
+    assert cont["throughput_per_s"] > 2 * static["throughput_per_s"]
+    assert cont["tokens_per_s"] == pytest.approx(50 * cont["throughput_per_s"])
+    assert "paged KV cache" in cont["memory_detail"]
+    assert answer["workload"]["kv_block_tokens"] == 64
+
+
+def test_continuous_batching_runs_as_many_requests_as_the_kv_cache_holds(
+    client: ApiClient,
+) -> None:
+    """Without batch_sizes the search adds the most concurrent requests that fit, and they
+    are bounded by the paged KV cache at the mean request, not the maximum."""
+    body = {"prompt_tokens": 1000, "generated_tokens": 24, "max_batch_size": 65536,
+            "objective": "cost"}  # fmt: skip
+    _, at_max = _one(client, **body, batching="continuous")
+    _, at_mean = _one(client, **body, batching="continuous", prompt_tokens_mean=100)
+    most_max = at_max["decoder_serving"]["max_concurrent_requests"]
+    most_mean = at_mean["decoder_serving"]["max_concurrent_requests"]
+    assert most_mean > 5 * most_max
+    assert at_mean["memory_required_bytes"] <= at_mean["memory_available_bytes"]
+
+
+def test_beams_multiply_the_decode_rows_and_share_the_prompt_when_paged(
+    client: ApiClient,
+) -> None:
+    lengths = {"prompt_tokens": 200, "generated_tokens": 40, "batch_sizes": [4]}
+    _, greedy = _one(client, **lengths, batching="continuous")
+    _, beams = _one(client, **lengths, batching="continuous", beam_width=4)
+    serving = beams["decoder_serving"]
+    assert serving["decode_sequences"] == 16
+    # 200 prompt tokens: 3 full blocks shared, then 8 + 40 tokens per beam -> 1 block each
+    assert serving["kv_tokens_per_request"] == 64 * (3 + 4 * 1)
+    assert beams["phases"][0]["flops"] == greedy["phases"][0]["flops"]  # one prefill a request
+    assert beams["phases"][1]["flops"] > 3.9 * greedy["phases"][1]["flops"]
+    _, static_beams = _one(client, **lengths, beam_width=4)
+    assert static_beams["decoder_serving"]["kv_tokens_per_request"] == 4 * 240
+    assert static_beams["phases"][0]["flops"] > 3.9 * greedy["phases"][0]["flops"]
+
+
+@pytest.mark.parametrize(
+    ("change", "pointer"),
+    [
+        ({"beam_width": 0}, "/beam_width"),
+        ({"beam_width": 17}, "/beam_width"),
+        ({"prompt_tokens": 100, "prompt_tokens_mean": 101}, "/prompt_tokens_mean"),
+        ({"generated_tokens": 10, "generated_tokens_mean": 11}, "/generated_tokens_mean"),
+        ({"batching": "dynamic"}, "/batching"),
+        ({"kv_block_tokens": 16}, "/kv_block_tokens"),  # static has no paged cache
+        ({"batching": "continuous", "kv_block_tokens": 0}, "/kv_block_tokens"),
+    ],
+)
+def test_bad_decoder_options_are_422(
+    client: ApiClient, db_url: str, change: dict[str, Any], pointer: str
+) -> None:
+    before = table_counts(db_url)
+    response = client.post(URL, json={"model": "gpt-2", "devices": ["nvidia-a10"], **change})
+    body = assert_problem(response, 422, "validation-error")
+    assert pointer in [error["pointer"] for error in body["errors"]], body["errors"]
+    assert table_counts(db_url) == before
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"batching": "continuous"},
+        {"beam_width": 2},
+        {"generated_tokens_mean": 10},
+        {"prompt_tokens_mean": 10},
+    ],
+)
+def test_decoder_options_for_an_encoder_are_422(
+    client: ApiClient, db_url: str, change: dict[str, Any]
+) -> None:
+    before = table_counts(db_url)
+    response = client.post(URL, json={"model": "bert-base", "devices": ["nvidia-a10"], **change})
+    body = assert_problem(response, 422)
+    assert "not a decoder" in body["detail"]
+    assert body["errors"][0]["pointer"] == f"/{next(iter(change))}"
+    assert table_counts(db_url) == before
