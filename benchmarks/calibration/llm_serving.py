@@ -2,21 +2,21 @@
 
     .venv/bin/python benchmarks/calibration/llm_serving.py [--write-results]
 
-Reads the ``llm_serving`` rows of ``framework_measurements.yaml`` (TensorRT-LLM throughput
-and time-to-first-token tables with their input / output lengths; sources per row) and
-predicts each single-GPU row the model can map (device in the catalog, Llama-2-7B,
-Llama-3.1-8B or Mistral-7B, fp16 or fp8) the way the recommender would serve it today:
-static batches of whole requests (prefill, then one decode step per further token), the batch
-the row states or else the largest power of two up to ``MAX_BATCH`` whose memory-engine peak
-(KV cache reserved for the full prompt + output of every sequence, plus the service's
-margin) fits the GPU. An A100 whose variant the source does not state is read as the 80 GB
-SXM part, the TensorRT-LLM methodology's H100 as the SXM part. Throughput rows compare output
-tokens per second; TTFT rows the batch-1 prefill. Tensor-parallel rows run as the recommender's
-groups (``shard``: 1/t of the work per GPU, two all-reduces per layer over the GPU link) and
-compare the whole group's tokens per second. Rows left out (vLLM user reports, llama.cpp,
-percentages) are listed with the reason. Nothing is fitted here: the
-report is the baseline the decoder-serving work of issue 15 (in-flight batching, paged KV
-cache) has to move.
+Reads the ``llm_serving`` rows of ``framework_measurements.yaml`` (TensorRT-LLM throughput and
+time-to-first-token tables with their input / output lengths; sources per row) and predicts
+each single-GPU row the model can map (device in the catalog, Llama-2-7B, Llama-3.1-8B or
+Mistral-7B, fp16 or fp8) the way TensorRT-LLM serves it: continuous (in-flight) batching with a
+paged KV cache (``batching: continuous``; the rows' fixed input / output lengths are the mean
+and the maximum), the batch the row states or else as many requests as the paged KV cache holds
+beside one request's memory-engine peak (plus the service's margin), at most ``MAX_BATCH``.
+``--static`` gives the previous baseline: static batches, the largest power of two whose peak
+with the whole prompt + output reserved per sequence fits. An A100 whose variant the source
+does not state is read as the 80 GB SXM part, the TensorRT-LLM methodology's H100 as the SXM
+part. Throughput rows compare output tokens per second; TTFT rows the batch-1 prefill. Tensor-
+parallel rows run as the recommender's groups (``shard``: 1/t of the work per GPU, two all-
+reduces per layer over the GPU link) and compare the whole group's tokens per second. Rows left
+out (vLLM user reports, llama.cpp, percentages) are listed with the reason. Nothing is fitted
+here.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ sys.path.insert(0, str(HERE))
 import calibrate  # noqa: E402  (the calibration script beside this one)
 
 from app.domain.hardware import HardwareSpec  # noqa: E402
+from app.domain.performance.decoding import Batching, DecoderServing  # noqa: E402
 from app.domain.performance.roofline import (  # noqa: E402
     DEFAULT_CALIBRATIONS,
     PRECISION_SCHEMES,
@@ -152,7 +153,7 @@ def rows(
     return used, skipped
 
 
-def _source(row: Row) -> ModelSource:
+def _source(row: Row, batching: Batching) -> ModelSource:
     return ModelSource(
         inputs=[calibrate._input_spec(decl) for decl in row.inputs],
         layers=row.layers,
@@ -167,6 +168,13 @@ def _source(row: Row) -> ModelSource:
         generated_tokens=row.generated,
         fuse_elementwise=True,
         memo={},
+        serving=DecoderServing(
+            prompt_tokens_max=row.prompt,
+            prompt_tokens_mean=row.prompt,
+            generated_tokens_max=row.generated,
+            generated_tokens_mean=row.generated,
+            batching=batching,
+        ),
     )
 
 
@@ -189,8 +197,12 @@ def _workload(source: ModelSource, scheme: PrecisionScheme, tp: int, batch: int)
     return whole if tp == 1 else shard(whole, tp)
 
 
-def evaluate(items: list[Row], devices: Mapping[str, HardwareSpec]) -> list[Result]:
-    """Each row as the recommender would serve it today."""
+def evaluate(
+    items: list[Row],
+    devices: Mapping[str, HardwareSpec],
+    batching: Batching = Batching.CONTINUOUS,
+) -> list[Result]:
+    """Each row as the recommender serves it with ``batching``."""
     results = []
     for row in items:
         device = devices[row.slug]
@@ -199,7 +211,7 @@ def evaluate(items: list[Row], devices: Mapping[str, HardwareSpec]) -> list[Resu
         if reason is not None:
             results.append(Result(row, None, None, reason))
             continue
-        source = _source(row)
+        source = _source(row, batching)
         calibration = DEFAULT_CALIBRATIONS[device.kind]
         tp = row.tensor_parallel
         if row.metric == "ttft":
@@ -211,7 +223,13 @@ def evaluate(items: list[Row], devices: Mapping[str, HardwareSpec]) -> list[Resu
         if tp > 1:
             candidate = tensor_parallel_group(candidate, tp)
         batch, how = row.batch, "the row's batch"
-        if batch is None:
+        if batch is None and source.plan.continuous:
+            batch = max(source.max_concurrent_requests(scheme, candidate, MAX_BATCH), 1)
+            how = (
+                f"continuous: as many as the paged KV cache holds "
+                f"({source.plan.kv_tokens_per_request()} token slots each)"
+            )
+        elif batch is None:
             batch, how = 1, "largest power of two that fits"
             while batch * 2 <= MAX_BATCH and source.memory_fit(batch * 2, scheme, candidate).fits:
                 batch *= 2
@@ -225,7 +243,7 @@ def evaluate(items: list[Row], devices: Mapping[str, HardwareSpec]) -> list[Resu
 def render(results: list[Result], skipped: list[tuple[str, str]]) -> str:
     """The report: per metric the shares within 1.5x and 2x, then every row."""
     lines = [
-        "# Decoder serving against published TensorRT-LLM measurements (baseline, no fit)",
+        "# Decoder serving against published TensorRT-LLM measurements (no fit)",
         "",
         "Generated by `benchmarks/calibration/llm_serving.py` from `framework_measurements.yaml`."
         " Ratios are predicted / measured.",
@@ -267,11 +285,15 @@ def main(argv: list[str] | None = None) -> int:
     """Print the report (exit 0: a baseline, not a target)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--write-results", action="store_true", help=f"write {RESULTS.name}")
+    parser.add_argument(
+        "--static", action="store_true", help="static batching (the previous baseline)"
+    )
     args = parser.parse_args(argv)
     devices = calibrate.catalog_devices()
     document = yaml.safe_load(DATA.read_text(encoding="utf-8"))
     items, skipped = rows(document["results"], devices)
-    report = render(evaluate(items, devices), skipped)
+    batching = Batching.STATIC if args.static else Batching.CONTINUOUS
+    report = render(evaluate(items, devices, batching), skipped)
     print(report)
     if args.write_results:
         RESULTS.write_text(report, encoding="utf-8")
