@@ -267,7 +267,7 @@ class InferenceRecommendationRequest(Schema):
         le=4096,
         description="Decoder LLMs, continuous batching: tokens per paged KV-cache block; a "
         "request's cache is rounded up to whole blocks. Default 64, TensorRT-LLM's "
-        "tokens_per_block default (an assumption; vLLM uses 16).",
+        "tokens_per_block default (its PluginConfig); vLLM's default is 16.",
         examples=[64],
     )
     prices_usd_per_hour: dict[Slug, PriceUsdPerHour] = Field(

@@ -48,8 +48,9 @@ from app.domain.performance.roofline import (
     count_kernels,
 )
 
-# TensorRT-LLM's tokens_per_block default (trtllm-build, 0.x releases; vLLM's block is 16
-# tokens): an assumption, not a measurement, and a request option.
+# TensorRT-LLM's paged-KV block: PluginConfig._tokens_per_block defaults to 64
+# (tensorrt_llm/plugin/plugin.py, NVIDIA/TensorRT-LLM 0.x; vLLM's default block is 16 tokens).
+# A request option.
 DEFAULT_KV_BLOCK_TOKENS = 64
 MAX_BEAM_WIDTH = 16
 
