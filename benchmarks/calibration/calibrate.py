@@ -398,9 +398,7 @@ def derive(
             device = devices[CATALOG_SLUGS[row["device"]]]
             items.setdefault(device.kind, []).append((device, measured_throughput(row)))
 
-    memory = fit_memory_efficiency(
-        bandwidth_rows(devices) if bandwidth is None else bandwidth
-    )
+    memory = fit_memory_efficiency(bandwidth_rows(devices) if bandwidth is None else bandwidth)
 
     def base(kind: DeviceKind) -> Calibration:
         shipped = DEFAULT_CALIBRATIONS[kind]

@@ -412,8 +412,8 @@ def test_the_server_scenario_prices_the_rate_a_p99_budget_sustains(client: ApiCl
     """Poisson arrivals and dynamic batching: per candidate the largest rate whose simulated
     p99 stays within the budget (SLO x (1 - margin)) is the throughput, its p99 the latency,
     and costs follow the rate; a GPU at 15 ms keeps most of its offline figure (less than all:
-    the smaller batches the queue forms leave SMs idle, wave quantization), and a device whose lone request misses the budget is
-    ineligible with the offline figures and the reason."""
+    the smaller batches the queue forms leave SMs idle, wave quantization), and a device whose
+    lone request misses the budget is ineligible with the offline figures and the reason."""
     devices = ["nvidia-a10", "intel-xeon-platinum-8480plus", "intel-xeon-platinum-8380"]
     common = {"model": "resnet-50", "devices": devices, "precisions": ["int8"]}
     offline = _by_device(_recommend(client, **common, latency_slo_ms=15))

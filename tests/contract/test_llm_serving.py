@@ -39,12 +39,14 @@ def test_the_report_is_current(llm: ModuleType, scored: Any) -> None:
 
 
 def test_baseline_shares(scored: Any) -> None:
-    """Pin (the baseline the README quotes, not a target): 27 of 28 throughput rows within
-    1.5x (the 3 tensor-parallel 70B rows among them), all within 2x; 3 of 4 time-to-first-token
-    rows within 1.5x."""
+    """Pin (the baseline the README quotes, not a target): 26 of 28 throughput rows within
+    1.5x (the 3 tensor-parallel 70B rows among them; 27 before wave quantization, which puts
+    Llama-3.1-8B fp16 128/128 on the A100 at 0.66x: 512-token decode GEMMs make 128 tiles of
+    128 x 128 on 108 SMs, two waves), all within 2x; 3 of 4 time-to-first-token rows within
+    1.5x."""
     _, _, results = scored
     assert sum(1 for r in results if r.row.tensor_parallel > 1) == 3
-    for metric, (within, total) in {"throughput": (27, 28), "ttft": (3, 4)}.items():
+    for metric, (within, total) in {"throughput": (26, 28), "ttft": (3, 4)}.items():
         ratios = [r.ratio for r in results if r.row.metric == metric]
         assert len(ratios) == total
         assert sum(1 for x in ratios if 1 / 1.5 <= x <= 1.5) == within

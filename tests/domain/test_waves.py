@@ -153,9 +153,11 @@ def test_mig_slices_get_their_share_of_the_sms_and_cpus_their_cores() -> None:
     part = mig_slice(_gpu(108), geometry, geometry.profiles[0])
     assert part.sm_count == 15  # floor(108 / 7)
     tiling = tiling_for(part)
-    assert tiling is not None and tiling.units == 15
+    assert tiling is not None
+    assert tiling.units == 15
     assert tiling_for(_gpu(None)) is None
     cpu = replace(_gpu(None), kind=DeviceKind.CPU, cpu_cores=56)
     assert tiling_for(cpu) is None  # off by default: it worsened the calibration out of sample
     occupied = tiling_for(cpu, cpu_occupancy=True)
-    assert occupied is not None and (occupied.units, occupied.split_k) == (56, False)
+    assert occupied is not None
+    assert (occupied.units, occupied.split_k) == (56, False)

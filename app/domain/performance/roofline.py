@@ -8,25 +8,24 @@ the kernel that produced their input). Each kernel takes
     F'_k = sum over its GEMMs g of F_g / eta_w(g) + (F_k - sum F_g)
 
 where F_k are its FLOPs and F'_k what the device pays for them: each GEMM (a convolution's
-implicit GEMM, the attention core) runs in output tiles spread over the device's SMs (cores
-on a CPU) in waves, and ``eta_w = tiles / (ceil(tiles / SMs) * SMs)`` is the share of the SMs
-its waves keep busy (:func:`wave_efficiency`; GPUs split the reduction when the tiles do not
-fill the SMs, :func:`split_k_factor`); W_k, I_k, O_k and KV_k its weight, input, output and KV-cache bytes
-at the chosen precision (one row of the precision table, :data:`PRECISION_SCHEMES`), S_k the
-S x S attention scores and probabilities an unfused attention (eager, sdpa_math) writes and
-reads back (0 for flash / mem_efficient, which keep them on chip; the implementation is the
-one the graph analysis ran, ``analyze(attention=...)``, by default PyTorch SDPA's pick);
-``B_k = W_k + I_k + O_k + KV_k + S_k`` is its bytes moved; D_k the part of them that reaches
-DRAM when on-chip caches (L2, LLC) serve the share ``s`` of the activation traffic between
-kernels (the roofline's operational intensity is per DRAM byte, after the caches); P the
-device's dense peak for the precision's compute dtype (W8A8 conventions: the 8-bit peak;
-weight-only ones: the 16-bit peak), BW its memory bandwidth, eta_c / eta_m the efficiencies
-of the device kind, f_c / f_m the MIG slice's share of compute and bandwidth (1 for a whole
-device) and t_launch the per-kernel launch overhead. A mixture-of-experts layer reads the
-router and the E * (1 - (1 - k/E)^T) experts its T tokens are routed to (uniform routing):
-k at batch-1 decode, all E in a prefill. On a GPU the batch's inputs cross the host link
-before the kernels run and its outputs after, at L * eta_l, and every request pays a fixed
-serving overhead t_req:
+implicit GEMM, the attention core) runs in output tiles spread over the device's SMs (cores on
+a CPU) in waves, and ``eta_w = tiles / (ceil(tiles / SMs) * SMs)`` is the share of the SMs its
+waves keep busy (:func:`wave_efficiency`; GPUs split the reduction when the tiles do not fill
+the SMs, :func:`split_k_factor`); W_k, I_k, O_k and KV_k its weight, input, output and KV-cache
+bytes at the chosen precision (one row of the precision table, :data:`PRECISION_SCHEMES`), S_k
+the S x S attention scores and probabilities an unfused attention (eager, sdpa_math) writes and
+reads back (0 for flash / mem_efficient, which keep them on chip; the implementation is the one
+the graph analysis ran, ``analyze(attention=...)``, by default PyTorch SDPA's pick); ``B_k =
+W_k + I_k + O_k + KV_k + S_k`` is its bytes moved; D_k the part of them that reaches DRAM when
+on-chip caches (L2, LLC) serve the share ``s`` of the activation traffic between kernels (the
+roofline's operational intensity is per DRAM byte, after the caches); P the device's dense peak
+for the precision's compute dtype (W8A8 conventions: the 8-bit peak; weight-only ones: the
+16-bit peak), BW its memory bandwidth, eta_c / eta_m the efficiencies of the device kind, f_c /
+f_m the MIG slice's share of compute and bandwidth (1 for a whole device) and t_launch the
+per-kernel launch overhead. A mixture-of-experts layer reads the router and the E * (1 - (1 -
+k/E)^T) experts its T tokens are routed to (uniform routing): k at batch-1 decode, all E in a
+prefill. On a GPU the batch's inputs cross the host link before the kernels run and its outputs
+after, at L * eta_l, and every request pays a fixed serving overhead t_req:
 
     latency = t_req + sum over phases of repeats * (h2d + sum_k t_k + d2h)
 
@@ -288,8 +287,8 @@ DEFAULT_CALIBRATIONS: Mapping[DeviceKind, Calibration] = {
         request_overhead_s=152e-6,
         basis=f"compute efficiency: {_FIT}, 2 Jetson Orin rows, with the GPUs' activation cache "
         "share (Orin is an Ampere GPU); unified memory, so no host-link copy; memory efficiency "
-        "0.8 assumed (no SoC bandwidth rows); launch and request overheads as for GPUs (the request overhead's fit has 2 "
-        "Orin rows)",
+        "0.8 assumed (no SoC bandwidth rows); launch and request overheads as for GPUs (the "
+        "request overhead's fit has 2 Orin rows)",
     ),
     DeviceKind.TPU: Calibration(
         compute_efficiency=0.51,
@@ -686,8 +685,7 @@ def layer_gemms(layer: LayerAnalysis, context_tokens: int = 0) -> tuple[Gemm, ..
         n = layer.output_shape[-1]
         return (Gemm(m=tokens, n=n, k=flops // (2 * tokens * n), count=1, flops=flops),)
     gemms = [
-        Gemm(m=tokens, n=out, k=inp, count=1, flops=2 * tokens * out * inp)
-        for out, inp in matrices
+        Gemm(m=tokens, n=out, k=inp, count=1, flops=2 * tokens * out * inp) for out, inp in matrices
     ]
     if op == "attention":
         core = flops + 4 * tokens * context_tokens * matrices[0][0] - sum(g.flops for g in gemms)
