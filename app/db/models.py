@@ -92,6 +92,8 @@ class Hardware(Timestamped, Base):
     # GPU-to-GPU link (NVLink); NULL: the GPUs of a node talk over the host link
     gpu_link_type: Mapped[str | None] = mapped_column(String(200))
     gpu_link_bandwidth_bytes_per_s: Mapped[int | None] = mapped_column(BigInteger)
+    # GPU/SoC streaming multiprocessors; NULL: unknown (no tile and wave quantization)
+    sm_count: Mapped[int | None] = mapped_column(Integer)
     tdp_watts: Mapped[float | None] = mapped_column(Float)
     price_usd_per_hour: Mapped[float | None] = mapped_column(Float)
     # NULL with a price: stored before prices carried their kind (never ranked by cost)

@@ -38,6 +38,7 @@ MIN_FRACTION = 1 / 1024  # MIG slice share of compute or bandwidth
 MAX_OVERHEAD_S = 3600.0  # per kernel launch or per request
 MAX_TDP_WATTS = 1e6
 MAX_PRICE_USD_PER_HOUR = 1e9
+MAX_SM_COUNT = 100_000  # streaming multiprocessors per device: ~700x a 2025 flagship GPU's 148
 
 
 def in_range(value: object, low: float, high: float) -> bool:
@@ -173,6 +174,14 @@ class HardwareSpec:
     mig: MigGeometry | None = None  # a MIG-capable GPU's geometry (None on a slice)
     overhead: FrameworkOverhead = field(default_factory=FrameworkOverhead)
     gpu_link_bytes_per_s: float | None = None  # per direction to peers (NVLink); None: none
+    sm_count: int | None = None  # GPU/SoC streaming multiprocessors (a MIG slice: its share)
+    cpu_cores: int | None = None  # CPUs: physical cores per socket (the catalog's cpu.cores)
+
+    @property
+    def parallel_units(self) -> int | None:
+        """Units a kernel's tiles are spread over: SMs on a GPU or SoC, cores on a CPU (None:
+        unknown, e.g. TPUs, or profiles stored without the figure)."""
+        return self.cpu_cores if self.kind is DeviceKind.CPU else self.sm_count
 
     @property
     def runtime(self) -> Runtime:
@@ -192,8 +201,10 @@ def mig_slice(gpu: HardwareSpec, geometry: MigGeometry, profile: MigProfileSpec)
     -----
     compute fraction = compute slices / the GPU's total compute slices (7, or 4 on A30);
     bandwidth fraction = memory slices / total memory slices (8, or 4 on A30); memory = the
-    profile's usable bytes; TDP and price scale with the compute fraction. The host link is not
-    partitioned: a slice alone on its GPU gets all of it.
+    profile's usable bytes; TDP and price scale with the compute fraction; SMs =
+    floor(GPU SMs x compute fraction), an upper bound (NVIDIA's profile tables give fewer:
+    14 per A100 1g slice, not floor(108 / 7) = 15). The host link is not partitioned: a slice
+    alone on its GPU gets all of it.
     """
     for what, part, total in (
         ("compute", profile.compute_slices, geometry.total_compute_slices),
@@ -222,6 +233,11 @@ def mig_slice(gpu: HardwareSpec, geometry: MigGeometry, profile: MigProfileSpec)
         mig_profile=profile.name,
         compute_fraction=compute,
         bandwidth_fraction=bandwidth,
+        sm_count=(
+            None
+            if gpu.sm_count is None
+            else max(1, gpu.sm_count * profile.compute_slices // geometry.total_compute_slices)
+        ),
     )
 
 

@@ -12,6 +12,7 @@ from pydantic import BeforeValidator, Field, StringConstraints, field_validator,
 from app.domain.hardware import (
     MAX_BANDWIDTH_BYTES_PER_S,
     MAX_PEAK_FLOPS_PER_S,
+    MAX_SM_COUNT,
     MIN_BANDWIDTH_BYTES_PER_S,
     MIN_PEAK_FLOPS_PER_S,
     PriceKind,
@@ -293,6 +294,16 @@ class HardwareBase(Schema):
         description="GPU-to-GPU link of the node (NVLink); null: the GPUs of a node reach each "
         "other over the host link (PCIe).",
     )
+    sm_count: int | None = Field(
+        default=None,
+        strict=True,
+        ge=1,
+        le=MAX_SM_COUNT,
+        description="Streaming multiprocessors of a GPU or SoC GPU, 1 to 100 000; null: "
+        "unknown (GEMMs are then priced without tile and wave quantization). A MIG slice gets "
+        "floor(sm_count x compute slices / total compute slices).",
+        examples=[108],
+    )
     tdp_watts: float | None = Field(
         default=None,
         ge=MIN_TDP_WATTS,
@@ -395,6 +406,16 @@ class HardwareBase(Schema):
                 ("price_kind",),
                 "a price must say its kind: on_demand, reserved or spot (prices of different "
                 "kinds are not compared)",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _sm_count_not_on_cpus(self) -> Self:
+        if self.sm_count is not None and self.kind is HardwareKind.CPU:
+            raise located_error(
+                type(self).__name__,
+                ("sm_count",),
+                "a cpu has no streaming multiprocessors: its cores are cpu.cores",
             )
         return self
 

@@ -378,6 +378,29 @@ class InferenceRecommendationRequest(Schema):
 class RooflineInputs(Schema):
     """Every number the prediction of one candidate is computed from."""
 
+    sm_count: int | None = Field(
+        default=None,
+        description="Streaming multiprocessors the candidate's GEMM tiles are spread over (a MIG "
+        "slice: floor(GPU SMs x compute fraction)); null: unknown, or a CPU or TPU, and GEMMs "
+        "are priced without wave quantization.",
+        examples=[108],
+    )
+    gemm_tile: int | None = Field(
+        default=None,
+        description="Side of the square output tile of one thread block, the same at every "
+        "precision (an assumption: CUTLASS's default SIMT tile, between its 128 x 256 "
+        "tensor-op default and cuBLAS's smaller tiles) [elements]; null when `sm_count` is.",
+        examples=[128],
+    )
+    tiling: str | None = Field(
+        default=None,
+        description="The tile and wave model in words (the per-phase `wave_efficiency` is its "
+        "result); null when it does not apply.",
+        examples=[
+            "GEMMs and convolutions in 128 x 128 output tiles spread over 108 SMs in waves; ..."
+        ],
+    )
+
     precision_convention: str = Field(
         description="What the precision means: bytes per weight and activation, and the math.",
         examples=["int8 W8A8 as in MLPerf (TensorRT, OpenVINO, IPEX): ..."],
@@ -498,6 +521,14 @@ class PhaseRead(Schema):
         default=0.0,
         description="Tensor parallel: their time, between the kernels [s].",
         examples=[0.0],
+    )
+    wave_efficiency: float = Field(
+        default=1.0,
+        description="FLOPs / the FLOPs the device pays for: each GEMM's (convolution's, "
+        "attention core's) FLOPs divided by its wave efficiency tiles / (ceil(tiles / SMs) x "
+        "SMs) on the device (see the roofline inputs' `sm_count` and `gemm_tile`); 1 when the "
+        "device has no SM count. compute_s already includes it [-].",
+        examples=[0.93],
     )
 
 

@@ -67,6 +67,7 @@ def apply_hardware_fields(target: Hardware, fields: HardwareBase) -> None:
     target.gpu_link_bandwidth_bytes_per_s = (
         None if fields.gpu_link is None else fields.gpu_link.bandwidth_bytes_per_s
     )
+    target.sm_count = fields.sm_count
     target.tdp_watts = fields.tdp_watts
     target.price_usd_per_hour = fields.price_usd_per_hour
     target.price_kind = None if fields.price_kind is None else fields.price_kind.value
@@ -366,6 +367,8 @@ def hardware_spec(
         price_region=region,
         price_date=when,
         simd=(row.cpu or {}).get("simd"),
+        sm_count=row.sm_count,
+        cpu_cores=(row.cpu or {}).get("cores"),
         mig=geometry(row) if row.mig_total_compute_slices is not None else None,
         overhead=hardware_overhead(row),
     )

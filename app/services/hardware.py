@@ -89,6 +89,7 @@ def to_read(row: Hardware) -> HardwareRead:
                     bandwidth_bytes_per_s=row.gpu_link_bandwidth_bytes_per_s,
                 )
             ),
+            "sm_count": row.sm_count,
             "tdp_watts": row.tdp_watts,
             "price_usd_per_hour": row.price_usd_per_hour,
             "price_kind": row.price_kind,

@@ -1051,7 +1051,11 @@ def calibration_read(cal: Calibration) -> CalibrationRead:
 
 def _inputs(p: Prediction) -> RooflineInputs:
     device, cal = p.device, p.calibration
+    tiling = p.tiling
     return RooflineInputs(
+        sm_count=None if tiling is None or not tiling.split_k else tiling.units,
+        gemm_tile=None if tiling is None else tiling.tile,
+        tiling=None if tiling is None else tiling.assumption,
         precision_convention=PRECISION_SCHEMES[p.precision].convention,
         compute_dtype=p.compute_dtype.value,
         peak_flops_per_s=p.peak_flops_per_s,

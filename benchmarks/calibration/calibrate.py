@@ -73,6 +73,7 @@ from app.services.recommendations import Candidate, ModelSource
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "calibration_benchmarks.yaml"
 RESULTS = HERE / "results.md"
+BANDWIDTH = HERE / "memory_bandwidth.yaml"
 BATCH = 256  # MLPerf Offline: the submitter picks a large batch; see README
 TARGET_WITHIN = 1.5
 TARGET_SHARE = 0.8
@@ -335,15 +336,37 @@ def fit_request_overhead(
 REQUEST_OVERHEAD_GRID_US = 1000
 
 
+def bandwidth_rows(
+    devices: Mapping[str, HardwareSpec], path: Path = BANDWIDTH
+) -> list[tuple[HardwareSpec, float]]:
+    """(device, measured device-memory bandwidth [B/s]) of every row of ``path``."""
+    return [(devices[row["device"]], float(row["measured_gb_s"]) * 1e9) for row in load_rows(path)]
+
+
+def fit_memory_efficiency(rows: Iterable[tuple[HardwareSpec, float]]) -> dict[DeviceKind, float]:
+    """Per device kind with rows: the geometric mean of measured / catalog peak bandwidth
+    (least squares on log), rounded to 0.01."""
+    ratios: dict[DeviceKind, list[float]] = {}
+    for device, measured in rows:
+        ratios.setdefault(device.kind, []).append(measured / device.memory_bandwidth_bytes_per_s)
+    return {
+        kind: round(math.exp(statistics.mean(math.log(r) for r in values)), 2)
+        for kind, values in ratios.items()
+    }
+
+
 def derive(
     rows: list[dict[str, Any]],
     devices: Mapping[str, HardwareSpec],
     single_stream: list[tuple[HardwareSpec, float]],
+    bandwidth: list[tuple[HardwareSpec, float]] | None = None,
 ) -> Derivation:
     """Every default the reference determines.
 
-    Memory efficiency (0.8 GPU and SoC, 0.7 CPU) and the CPU's per-primitive dispatch are not
-    in the reference: those stay the shipped assumptions. GPUs and CPUs fit compute efficiency
+    Memory efficiency per kind is fitted on ``bandwidth`` (:func:`bandwidth_rows`, default
+    ``memory_bandwidth.yaml``: measured device-memory bandwidth of GPUs) where the kind has
+    rows; kinds without rows (CPU 0.7, SoC 0.8) and the CPU's per-primitive dispatch stay the
+    shipped assumptions. GPUs and CPUs fit compute efficiency
     and activation cache share together; the Jetson SoCs (two rows, Ampere GPUs) take the
     GPUs' share and fit their compute efficiency. The accelerators' per-request overhead is
     fitted on ``single_stream`` (:func:`latency_rows`: MLPerf ResNet-50 SingleStream p90
@@ -376,8 +399,12 @@ def derive(
             device = devices[CATALOG_SLUGS[row["device"]]]
             items.setdefault(device.kind, []).append((device, measured_throughput(row)))
 
+    memory = fit_memory_efficiency(bandwidth_rows(devices) if bandwidth is None else bandwidth)
+
     def base(kind: DeviceKind) -> Calibration:
         shipped = DEFAULT_CALIBRATIONS[kind]
+        if kind in memory:
+            shipped = replace(shipped, memory_efficiency=memory[kind])
         if kind is DeviceKind.CPU:
             return replace(shipped, request_overhead_s=request_s)
         return replace(
@@ -1036,7 +1063,8 @@ def out_of_sample(
     """
     predictor = Predictor(devices)
     single_stream = latency_rows(more_rows, devices)
-    shipped = _full(derive(bench_rows, devices, single_stream).calibrations)
+    bandwidth = bandwidth_rows(devices)
+    shipped = _full(derive(bench_rows, devices, single_stream, bandwidth).calibrations)
     refits: dict[str, tuple[dict[DeviceKind, Calibration], int]] = {}
     results = []
     for case in cases(bench_rows, more_rows, devices):
@@ -1046,11 +1074,21 @@ def out_of_sample(
         if case.slug not in refits:
             kept = [r for r in bench_rows if _device_of(r) != case.slug]
             kept_latency = [(d, m) for d, m in single_stream if d.slug != case.slug]
-            left_out = sum(
-                1 for r in bench_rows if _device_of(r) == case.slug and r["metric"] == "throughput"
-            ) + (len(single_stream) - len(kept_latency))
+            kept_bandwidth = [(d, m) for d, m in bandwidth if d.slug != case.slug]
+            left_out = (
+                sum(
+                    1
+                    for r in bench_rows
+                    if _device_of(r) == case.slug and r["metric"] == "throughput"
+                )
+                + (len(single_stream) - len(kept_latency))
+                + (len(bandwidth) - len(kept_bandwidth))
+            )
             refits[case.slug] = (
-                (_full(derive(kept, devices, kept_latency).calibrations), left_out)
+                (
+                    _full(derive(kept, devices, kept_latency, kept_bandwidth).calibrations),
+                    left_out,
+                )
                 if left_out or len(kept) < len(bench_rows)
                 else (shipped, 0)
             )
@@ -1254,6 +1292,41 @@ def render_out_of_sample(results: list[OutOfSample]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_bandwidth(devices: Mapping[str, HardwareSpec], path: Path = BANDWIDTH) -> str:
+    """Memory efficiency: every bandwidth row against the fitted constant, in sample and with
+    its device left out of the fit."""
+    rows = bandwidth_rows(devices, path)
+    fitted = fit_memory_efficiency(rows)
+    lines = [
+        "",
+        "## Memory efficiency (measured device-memory bandwidth)",
+        "",
+        f"Fitted on `{path.name}` ({len(rows)} rows, "
+        f"{len({d.slug for d, _ in rows})} devices): "
+        + ", ".join(f"{k.value} {v}" for k, v in sorted(fitted.items()))
+        + " (geometric mean of measured / catalog peak, 0.01 steps); kinds without rows keep "
+        "the assumption. Left out: the constant refitted without the row's device.",
+        "",
+        "| device | measured GB/s | peak GB/s | measured/peak | in sample pred/meas "
+        "| device left out pred/meas |",
+        "|---|---|---|---|---|---|",
+    ]
+    within = 0
+    for device, measured in rows:
+        peak = device.memory_bandwidth_bytes_per_s
+        others = [(d, m) for d, m in rows if d.slug != device.slug]
+        out = fit_memory_efficiency(others).get(device.kind, fitted[device.kind])
+        ratio_in = fitted[device.kind] * peak / measured
+        ratio_out = out * peak / measured
+        within += max(ratio_out, 1 / ratio_out) <= 1.1
+        lines.append(
+            f"| {device.slug} | {measured / 1e9:.1f} | {peak / 1e9:.0f} | "
+            f"{measured / peak:.3f} | {ratio_in:.2f} | {ratio_out:.2f} |"
+        )
+    lines += ["", f"Device left out: {within} of {len(rows)} rows within 1.1x.", ""]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Print the derivation and every row; exit 1 when a target fails."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -1268,6 +1341,7 @@ def main(argv: list[str] | None = None) -> int:
     more = load_rows(args.more)
     derivation = derive(rows, devices, latency_rows(more, devices))
     report, ok = render(evaluate(rows, devices), derivation)
+    report += render_bandwidth(devices)
     report += render_out_of_sample(out_of_sample(rows, more, devices))
     print(report)
     if args.write_results:

@@ -232,6 +232,13 @@ BAD_HARDWARE = {
     "duplicate mig profile": (hardware(mig=_mig(profiles=[_profile(), _profile()])), "/mig"),
     "bad mig profile name": (hardware(mig=_mig(profiles=[_profile(name="tiny")])), "/mig"),
     "zero mig memory": (hardware(mig=_mig(profiles=[_profile(memory_mib=0)])), "/mig"),
+    "zero sm count": (hardware(sm_count=0), "/sm_count"),
+    "negative sm count": (hardware(sm_count=-108), "/sm_count"),
+    "fractional sm count": (hardware(sm_count=107.5), "/sm_count"),
+    "sm count as text": (hardware(sm_count="108"), "/sm_count"),
+    "sm count as bool": (hardware(sm_count=True), "/sm_count"),
+    "absurd sm count": (hardware(sm_count=10**9), "/sm_count"),
+    "sm count on a cpu": (hardware(kind="cpu", mig=None, sm_count=64), "/sm_count"),
 }
 
 
@@ -290,3 +297,27 @@ def test_the_gpu_link_round_trips_and_the_catalog_has_nvlink(client: ApiClient) 
     h100 = client.get("/v1/hardware/nvidia-h100-sxm").json()
     assert h100["gpu_link"]["bandwidth_bytes_per_s"] == 450_000_000_000  # 900 GB/s both ways
     assert client.get("/v1/hardware/nvidia-l4").json()["gpu_link"] is None  # PCIe only
+
+
+def test_sm_count_is_created_replaced_and_cleared(client: ApiClient) -> None:
+    created = client.post("/v1/hardware", json=hardware(sm_count=108))
+    assert created.status_code == 201
+    assert created.json()["sm_count"] == 108
+    assert client.get("/v1/hardware/lab-gpu-1").json()["sm_count"] == 108
+    replaced = client.put(
+        "/v1/hardware/lab-gpu-1",
+        json=without_slug(hardware(sm_count=132)),
+        headers={"If-Match": '"1"'},
+    )
+    assert replaced.status_code == 200
+    assert replaced.json()["sm_count"] == 132
+    cleared = client.put(
+        "/v1/hardware/lab-gpu-1", json=without_slug(hardware()), headers={"If-Match": '"2"'}
+    )
+    assert cleared.json()["sm_count"] is None
+
+
+def test_catalog_gpus_carry_their_sm_count(client: ApiClient) -> None:
+    assert client.get(f"/v1/hardware/{A100_80GB}").json()["sm_count"] == 108
+    assert client.get("/v1/hardware/nvidia-h100-pcie").json()["sm_count"] == 114
+    assert client.get("/v1/hardware/intel-xeon-platinum-8480plus").json()["sm_count"] is None

@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 
 from app.config import PROJECT_ROOT
+from app.domain.hardware import DeviceKind
+from app.domain.performance.roofline import DEFAULT_CALIBRATIONS
 
 CALIBRATION = PROJECT_ROOT / "benchmarks" / "calibration"
 
@@ -90,8 +92,21 @@ def test_committed_report_is_current(
         ),
     )
     assert ok
+    report += calibrate.render_bandwidth(calibration_devices)
     report += calibrate.render_out_of_sample(calibration_out_of_sample)
     assert report == (CALIBRATION / "results.md").read_text(encoding="utf-8"), (
         "benchmarks/calibration/results.md is stale; run .venv/bin/python "
         "benchmarks/calibration/calibrate.py --write-results"
     )
+
+
+def test_memory_efficiency_is_the_bandwidth_fit(
+    calibrate: ModuleType, calibration_devices: dict[str, Any]
+) -> None:
+    """The shipped GPU memory efficiency is the geometric mean of measured / peak bandwidth of
+    memory_bandwidth.yaml; every row has a source and names a catalog device."""
+    rows = calibrate.load_rows(calibrate.BANDWIDTH)
+    assert len(rows) >= 5
+    assert all(row["source"].startswith("https://") and row["description"] for row in rows)
+    fitted = calibrate.fit_memory_efficiency(calibrate.bandwidth_rows(calibration_devices))
+    assert fitted == {DeviceKind.GPU: DEFAULT_CALIBRATIONS[DeviceKind.GPU].memory_efficiency}

@@ -40,7 +40,7 @@ def test_the_report_is_current(llm: ModuleType, scored: Any) -> None:
 
 def test_baseline_shares(scored: Any) -> None:
     """Pin (the figures the README quotes, not a target): under continuous batching 28 of 28
-    throughput rows within 1.5x (the 3 tensor-parallel 70B rows among them; 27 under static
+    throughput rows within 1.5x (the 3 tensor-parallel 70B rows among them; 26 under static
     batching), all within 2x; 3 of 4 time-to-first-token rows within 1.5x."""
     _, _, results = scored
     assert sum(1 for r in results if r.row.tensor_parallel > 1) == 3
@@ -64,4 +64,5 @@ def test_static_batching_is_the_previous_baseline(
     assert all(c.batch >= s.batch for s, c in chosen)
     assert all(c.predicted >= s.predicted * 0.999 for s, c in chosen)
     ratios = [s.ratio for s in static if s.row.metric == "throughput"]
-    assert sum(1 for x in ratios if 1 / 1.5 <= x <= 1.5) == 27
+    # pin: 26 (27 before wave quantization put Llama-3.1-8B fp16 128/128 on the A100 at 0.66x)
+    assert sum(1 for x in ratios if 1 / 1.5 <= x <= 1.5) == 26

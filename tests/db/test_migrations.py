@@ -207,3 +207,47 @@ LEGACY_HARDWARE = {
     "created_at": _NOW,
     "updated_at": _NOW,
 }
+
+
+def test_sm_count_column_comes_and_goes_and_keeps_the_row(db_url: str) -> None:
+    """0006: a row stored before it has no SM count (NULL: no wave quantization) and can be
+    given one; downgrading drops the column and keeps the row."""
+    config = alembic_config(db_url)
+    engine = make_engine(db_url)
+    json_columns = {"peak_flops_per_s", "peak_sparse_flops_per_s", "unconfirmed", "sources"}
+    legacy_row = {**LEGACY_HARDWARE, "slug": "legacy-sm", "price_kind": "on_demand"}
+    legacy = sa.table(
+        "hardware",
+        *(
+            sa.column(name, sa.JSON() if name in json_columns else None)
+            for name in legacy_row
+            if name not in ("created_at", "updated_at")
+        ),
+        sa.column("created_at", sa.DateTime(timezone=True)),
+        sa.column("updated_at", sa.DateTime(timezone=True)),
+    )
+    table = Hardware.__table__
+    assert isinstance(table, Table)
+    try:
+        command.downgrade(config, "0005")
+        assert "sm_count" not in {c["name"] for c in inspect(engine).get_columns("hardware")}
+        with engine.begin() as connection:
+            connection.execute(legacy.insert().values(**legacy_row))
+        command.upgrade(config, "head")
+        assert "sm_count" in {c["name"] for c in inspect(engine).get_columns("hardware")}
+        where = table.c.slug == "legacy-sm"
+        with engine.begin() as connection:
+            assert connection.execute(select(table.c.sm_count).where(where)).scalar_one() is None
+            connection.execute(table.update().where(where).values(sm_count=108))
+            assert connection.execute(select(table.c.sm_count).where(where)).scalar_one() == 108
+        command.downgrade(config, "0005")
+        assert "sm_count" not in {c["name"] for c in inspect(engine).get_columns("hardware")}
+        with engine.begin() as connection:
+            price = connection.execute(
+                sa.select(legacy.c.price_usd_per_hour).where(legacy.c.slug == "legacy-sm")
+            ).scalar_one()
+            connection.execute(legacy.delete().where(legacy.c.slug == "legacy-sm"))
+        assert price == 2.5
+    finally:
+        command.upgrade(config, "head")
+        engine.dispose()

@@ -28,7 +28,7 @@ def test_eager_pytorch_on_a_gpu() -> None:
     eager = RUNTIME_PROFILES[ServingRuntime.PYTORCH_EAGER]
     applied = eager.apply(gpu, DeviceKind.GPU)
     assert not eager.fuse_elementwise
-    assert applied.compute_efficiency == pytest.approx(0.5 * 0.85)
+    assert applied.compute_efficiency == pytest.approx(0.51 * 0.95)
     assert applied.kernel_launch_overhead_s == pytest.approx(50e-6)
     assert applied.memory_efficiency == gpu.memory_efficiency
     assert applied.request_overhead_s == gpu.request_overhead_s
@@ -38,11 +38,11 @@ def test_eager_pytorch_on_a_gpu() -> None:
 def test_torch_compile_and_tensorflow() -> None:
     gpu = DEFAULT_CALIBRATIONS[DeviceKind.GPU]
     compiled = RUNTIME_PROFILES[ServingRuntime.TORCH_COMPILE].apply(gpu, DeviceKind.GPU)
-    assert compiled.compute_efficiency == pytest.approx(0.5 * 1.55)
+    assert compiled.compute_efficiency == pytest.approx(min(1.0, 0.51 * 2.0))
     assert compiled.kernel_launch_overhead_s == pytest.approx(60e-6)
     tf = RUNTIME_PROFILES[ServingRuntime.TENSORFLOW].apply(gpu, DeviceKind.GPU)
-    assert tf.compute_efficiency == pytest.approx(0.5 * 0.3)
-    assert tf.kernel_launch_overhead_s == pytest.approx(25e-6)
+    assert tf.compute_efficiency == pytest.approx(0.51 * 0.3)
+    assert tf.kernel_launch_overhead_s == pytest.approx(20e-6)
     assert not RUNTIME_PROFILES[ServingRuntime.TENSORFLOW].fuse_elementwise
 
 
@@ -53,7 +53,7 @@ def test_cpus_keep_their_calibration_and_efficiency_stays_physical() -> None:
     edge = DEFAULT_CALIBRATIONS[DeviceKind.EDGE]
     compiled = RUNTIME_PROFILES[ServingRuntime.TORCH_COMPILE]
     high = compiled.apply(replace(edge, compute_efficiency=0.9), DeviceKind.EDGE)
-    assert high.compute_efficiency == 1.0  # 0.9 x 1.55 clamped: no more than the peak
+    assert high.compute_efficiency == 1.0  # 0.9 x 2.0 clamped: no more than the peak
 
 
 def test_every_runtime_has_a_profile() -> None:
