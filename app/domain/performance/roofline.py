@@ -55,10 +55,12 @@ from __future__ import annotations
 import math
 import sys
 from bisect import bisect_right
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from fractions import Fraction
+from functools import lru_cache
 from itertools import accumulate
 
 from app.domain.errors import DomainError
@@ -411,6 +413,19 @@ def gemm_efficiency(gemm: Gemm, tiling: Tiling) -> float:
     return wave_efficiency(tiles, tiling.units)
 
 
+@lru_cache(maxsize=1 << 16)  # bounded: a long-running server sees many shapes
+def _paid_gemm_flops(gemms: tuple[Gemm, ...], tiling: Tiling) -> float:
+    """FLOPs of ``gemms`` as a device with ``tiling`` pays for them [FLOP]. Remembered: a
+    model's blocks repeat the same few GEMM shapes, and every device of one SM count shares
+    the answer (a request over every device asks for each pair hundreds of times)."""
+    return sum(g.flops / gemm_efficiency(g, tiling) for g in gemms)
+
+
+@lru_cache(maxsize=1 << 16)
+def _gemm_flops(gemms: tuple[Gemm, ...]) -> int:
+    return sum(g.flops for g in gemms)
+
+
 # --------------------------------------------------------------------------------------------
 # Kernels: per-layer FLOPs and bytes moved
 # --------------------------------------------------------------------------------------------
@@ -443,9 +458,7 @@ class Kernel:
         rest (fused epilogues, softmax) as they are [FLOP]."""
         if tiling is None or not self.gemms:
             return float(self.flops)
-        tiled = sum(g.flops for g in self.gemms)
-        paid = sum(g.flops / gemm_efficiency(g, tiling) for g in self.gemms)
-        return paid + (self.flops - tiled)
+        return _paid_gemm_flops(self.gemms, tiling) + (self.flops - _gemm_flops(self.gemms))
 
     @property
     def bytes_moved(self) -> int:
@@ -874,30 +887,54 @@ def build_kernels(
 # --------------------------------------------------------------------------------------------
 
 
+def _kernel_groups(kernels: Sequence[Kernel]) -> tuple[tuple[Kernel, int], ...]:
+    """Kernels that cost the same on every device (same FLOPs, GEMM shapes and bytes), each
+    once with its count: a decoder's blocks repeat the same few kernels, so a device's profile
+    is priced per distinct kernel instead of per layer."""
+    first: dict[tuple[object, ...], Kernel] = {}
+    counts: Counter[tuple[object, ...]] = Counter()
+    for k in kernels:
+        key = (
+            k.flops,
+            k.gemms,
+            k.weight_bytes,
+            k.kv_cache_bytes,
+            k.input_bytes + k.output_bytes + k.intermediate_bytes,
+        )
+        first.setdefault(key, k)
+        counts[key] += 1
+    return tuple((first[key], count) for key, count in counts.items())
+
+
 @dataclass(frozen=True, slots=True)
 class _Profile:
     """Kernels sorted by operational intensity, with prefix sums: a device's kernel time is then
     two sums split at its ridge point (one bisection) instead of a loop over kernels."""
 
-    intensities: tuple[float, ...]  # quantized FLOPs per DRAM byte
-    bytes_prefix: tuple[float, ...]  # DRAM bytes of the i least intense kernels
-    flops_suffix: tuple[float, ...]  # quantized FLOPs of the kernels from i on
+    intensities: tuple[float, ...]  # quantized FLOPs per DRAM byte, one per distinct kernel
+    bytes_prefix: tuple[float, ...]  # DRAM bytes of the i least intense distinct kernels
+    flops_suffix: tuple[float, ...]  # quantized FLOPs of the distinct kernels from i on
+    kernels_suffix: tuple[int, ...]  # kernels (counted) from i on
 
     @classmethod
     def of(
-        cls, kernels: Sequence[Kernel], cache_share: float, tiling: Tiling | None = None
+        cls,
+        groups: Sequence[tuple[Kernel, int]],
+        cache_share: float,
+        tiling: Tiling | None = None,
     ) -> _Profile:
-        rows = []  # (intensity, DRAM bytes, quantized FLOPs), each computed once per kernel
-        for k in kernels:
+        # (intensity, DRAM bytes, quantized FLOPs, count), each computed once per distinct kernel
+        rows = []
+        for k, count in groups:
             dram = k.dram_bytes(cache_share)
             paid = k.quantized_flops(tiling)
-            rows.append((paid / dram if dram else math.inf, dram, paid))
+            rows.append((paid / dram if dram else math.inf, dram * count, paid * count, count))
         rows.sort(key=lambda row: row[0])  # stable: ties keep the kernels' order
-        flops = [row[2] for row in rows]
         return cls(
             intensities=tuple(row[0] for row in rows),
             bytes_prefix=(0.0, *accumulate(row[1] for row in rows)),
-            flops_suffix=(*reversed(tuple(accumulate(reversed(flops)))), 0),
+            flops_suffix=(*reversed(tuple(accumulate(row[2] for row in reversed(rows)))), 0),
+            kernels_suffix=(*reversed(tuple(accumulate(row[3] for row in reversed(rows)))), 0),
         )
 
 
@@ -918,6 +955,9 @@ class Phase:
     _profiles: dict[tuple[float, Tiling | None], _Profile] = field(
         init=False, repr=False, compare=False, default_factory=dict
     )
+    _groups: list[tuple[tuple[Kernel, int], ...]] = field(
+        init=False, repr=False, compare=False, default_factory=list
+    )
 
     def __post_init__(self) -> None:
         if self.repeats < 0:
@@ -936,7 +976,9 @@ class Phase:
         key = (cache_share, tiling)
         found = self._profiles.get(key)
         if found is None:
-            found = self._profiles[key] = _Profile.of(self.kernels, cache_share, tiling)
+            if not self._groups:
+                self._groups.append(_kernel_groups(self.kernels))
+            found = self._profiles[key] = _Profile.of(self._groups[0], cache_share, tiling)
         return found
 
 
@@ -1528,7 +1570,7 @@ def _phase_timing(
         repeats=phase.repeats,
         kernels=len(phase.kernels),
         launches=phase.launches,
-        compute_bound_kernels=len(prof.intensities) - split,
+        compute_bound_kernels=prof.kernels_suffix[split],
         flops=phase.flops,
         bytes_moved=phase.bytes_moved,
         dram_bytes=prof.bytes_prefix[-1],
