@@ -759,7 +759,10 @@ def _recommend(
     )
     batches = _batches(payload)
     options: dict[tuple[str, str], list[Assessment]] = {}
-    outgrown: set[tuple[str, str]] = set()  # tensor-parallel groups a smaller batch overfilled
+    # Candidates a smaller batch already overfilled: memory grows with the batch, so larger
+    # batches do not fit either, and best_batch never shows one (a device on which nothing
+    # fits shows its smallest batch). Tensor-parallel groups keep no option that does not fit.
+    outgrown: set[tuple[str, str]] = set()
     plans = [
         (batch, candidate, scheme)
         for candidate, scheme in runnable
@@ -770,11 +773,12 @@ def _recommend(
         device = candidate.device
         key = (device.slug, scheme.precision.value)
         if key in outgrown:
-            continue  # memory grows with the batch: larger batches do not fit either
+            continue
         fit = source.memory_fit(batch, scheme, candidate)
+        if not fit.fits:
+            outgrown.add(key)
         if candidate.tensor_parallel > 1:
             if not fit.fits:
-                outgrown.add(key)
                 continue
             workload = source.sharded(batch, scheme, candidate.tensor_parallel)
         else:
