@@ -13,4 +13,6 @@ if [ -n "${TEST_DATABASE_URL:-}" ]; then
 else
   echo "== pytest (SQLite only: set TEST_DATABASE_URL to include PostgreSQL)"
 fi
-.venv/bin/python -m pytest "$@"
+# Two workers (pytest-xdist): the suite waits on the databases as much as it computes, so two
+# processes finish well ahead of one even on a 2-core machine. PYTEST_WORKERS=0 runs serially.
+.venv/bin/python -m pytest -n "${PYTEST_WORKERS:-2}" "$@"
