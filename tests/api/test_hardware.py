@@ -396,3 +396,14 @@ def test_a_bad_profile_sm_count_in_a_replacement_keeps_the_old_version(
     assert stored["version"] == 1
     assert [p["sm_count"] for p in stored["mig"]["profiles"]] == [None, None]
 
+
+def test_catalog_mig_profiles_carry_nvidias_sm_counts(client: ApiClient) -> None:
+    a100 = client.get(f"/v1/hardware/{A100_80GB}").json()
+    assert {p["name"]: p["sm_count"] for p in a100["mig"]["profiles"]} == {
+        "1g.10gb": 14, "1g.10gb+me": 14, "1g.20gb": 14, "2g.20gb": 28, "3g.40gb": 42,
+        "4g.40gb": 56, "7g.80gb": 98,
+    }  # fmt: skip
+    h100 = client.get("/v1/hardware/nvidia-h100-sxm").json()
+    assert next(p for p in h100["mig"]["profiles"] if p["name"] == "1g.20gb")["sm_count"] == 26
+    pcie = client.get("/v1/hardware/nvidia-h100-pcie").json()
+    assert all(p["sm_count"] is None for p in pcie["mig"]["profiles"])  # SXM5 counts only
