@@ -25,14 +25,31 @@ def _url() -> str:
 
 
 def _run(connection: Connection) -> None:
-    context.configure(
-        connection=connection,
-        target_metadata=target_metadata,
-        render_as_batch=connection.dialect.name == "sqlite",
-        compare_type=True,
-    )
-    with context.begin_transaction():
-        context.run_migrations()
+    sqlite = connection.dialect.name == "sqlite"
+    if sqlite:
+        # Batch mode recreates a table (copy, DROP, rename); with foreign keys enforced the DROP
+        # would cascade to child rows (every mig_profile of a hardware row) or be refused
+        # (workloads). Alembic's batch docs: the pragma "must be disabled" meanwhile. It is a
+        # no-op inside a transaction, so it is set (and later restored) between transactions.
+        connection.exec_driver_sql("PRAGMA foreign_keys=OFF")
+        connection.commit()
+    try:
+        context.configure(
+            connection=connection,
+            target_metadata=target_metadata,
+            render_as_batch=sqlite,
+            compare_type=True,
+        )
+        with context.begin_transaction():
+            context.run_migrations()
+            if sqlite:
+                broken = connection.exec_driver_sql("PRAGMA foreign_key_check").fetchall()
+                if broken:
+                    raise RuntimeError(f"migration left dangling foreign keys: {broken[:5]}")
+    finally:
+        if sqlite:
+            connection.exec_driver_sql("PRAGMA foreign_keys=ON")
+            connection.commit()
 
 
 def run_migrations_offline() -> None:

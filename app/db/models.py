@@ -137,6 +137,8 @@ class MigProfile(Base):
     name: Mapped[str] = mapped_column(String(32), nullable=False)
     memory_mib: Mapped[int] = mapped_column(Integer, nullable=False)
     compute_slices: Mapped[int] = mapped_column(Integer, nullable=False)
+    # SMs of one instance from NVIDIA's profile table; NULL: not published (proportional share)
+    sm_count: Mapped[int | None] = mapped_column(Integer)
     memory_slices: Mapped[int] = mapped_column(Integer, nullable=False)
     max_instances: Mapped[int] = mapped_column(Integer, nullable=False)
     placements: Mapped[list[int]] = mapped_column(JSON, nullable=False)

@@ -174,7 +174,9 @@ class HardwareSpec:
     mig: MigGeometry | None = None  # a MIG-capable GPU's geometry (None on a slice)
     overhead: FrameworkOverhead = field(default_factory=FrameworkOverhead)
     gpu_link_bytes_per_s: float | None = None  # per direction to peers (NVLink); None: none
-    sm_count: int | None = None  # GPU/SoC streaming multiprocessors (a MIG slice: its share)
+    sm_count: int | None = None  # GPU/SoC streaming multiprocessors (a MIG slice: its own)
+    # Where a MIG slice's sm_count comes from, in words (None: the device's own figure)
+    sm_count_source: str | None = None
     cpu_cores: int | None = None  # CPUs: physical cores per socket (the catalog's cpu.cores)
 
     @property
@@ -201,10 +203,15 @@ def mig_slice(gpu: HardwareSpec, geometry: MigGeometry, profile: MigProfileSpec)
     -----
     compute fraction = compute slices / the GPU's total compute slices (7, or 4 on A30);
     bandwidth fraction = memory slices / total memory slices (8, or 4 on A30); memory = the
-    profile's usable bytes; TDP and price scale with the compute fraction; SMs =
-    floor(GPU SMs x compute fraction), an upper bound (NVIDIA's profile tables give fewer:
-    14 per A100 1g slice, not floor(108 / 7) = 15). The host link is not partitioned: a slice
-    alone on its GPU gets all of it.
+    profile's usable bytes; TDP and price scale with the compute fraction; SMs = the profile's
+    own ``sm_count`` where known (NVIDIA's tables are not proportional: an A100 1g slice has 14
+    SMs, not floor(108 / 7) = 15, and its 7g slice 98, not 108), else
+    max(1, floor(GPU SMs x compute fraction)), an approximation and usually an upper bound. The
+    host link is not partitioned: a slice alone on its GPU gets all of it.
+
+    References
+    ----------
+    NVIDIA Multi-Instance GPU User Guide, "Supported MIG Profiles" (SMs per profile).
     """
     for what, part, total in (
         ("compute", profile.compute_slices, geometry.total_compute_slices),
@@ -215,8 +222,17 @@ def mig_slice(gpu: HardwareSpec, geometry: MigGeometry, profile: MigProfileSpec)
                 f"{gpu.slug} MIG {profile.name}: {what} slices {part} must be between 1 and the "
                 f"GPU's total of {total}"
             )
+    sms, most = profile.sm_count, gpu.sm_count or MAX_SM_COUNT
+    if sms is not None and (
+        isinstance(sms, bool) or not isinstance(sms, int) or not 1 <= sms <= most
+    ):
+        raise HardwareInputError(
+            f"{gpu.slug} MIG {profile.name}: sm_count {sms!r} must be an integer between 1 and "
+            + (f"the GPU's sm_count of {most}" if gpu.sm_count else f"{most}")
+        )
     compute = profile.compute_slices / geometry.total_compute_slices
     bandwidth = profile.memory_slices / geometry.total_memory_slices
+    sm_count, sm_count_source = _slice_sms(gpu.sm_count, geometry, profile)
     return replace(
         gpu,
         slug=f"{gpu.slug}/{profile.name}",
@@ -233,11 +249,25 @@ def mig_slice(gpu: HardwareSpec, geometry: MigGeometry, profile: MigProfileSpec)
         mig_profile=profile.name,
         compute_fraction=compute,
         bandwidth_fraction=bandwidth,
-        sm_count=(
-            None
-            if gpu.sm_count is None
-            else max(1, gpu.sm_count * profile.compute_slices // geometry.total_compute_slices)
-        ),
+        sm_count=sm_count,
+        sm_count_source=sm_count_source,
+    )
+
+
+def _slice_sms(
+    gpu_sm_count: int | None, geometry: MigGeometry, profile: MigProfileSpec
+) -> tuple[int | None, str | None]:
+    """A MIG slice's SMs and where they come from: the profile's own figure, else the GPU's
+    proportional share (an approximation)."""
+    if profile.sm_count is not None:
+        return profile.sm_count, f"MIG {profile.name}: the profile's own SM count"
+    if gpu_sm_count is None:
+        return None, None
+    share = max(1, gpu_sm_count * profile.compute_slices // geometry.total_compute_slices)
+    return share, (
+        f"MIG {profile.name}: approximated as floor({gpu_sm_count} GPU SMs x "
+        f"{profile.compute_slices}/{geometry.total_compute_slices} compute slices), no SM count "
+        "for the profile (NVIDIA's per-profile counts are often lower)"
     )
 
 

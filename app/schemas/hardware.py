@@ -158,6 +158,17 @@ class MigProfile(Schema):
     compute_slices: int = Field(
         ge=1, le=8, description="Compute slices (the 'Ng' prefix).", examples=[1]
     )
+    sm_count: int | None = Field(
+        default=None,
+        strict=True,
+        ge=1,
+        le=MAX_SM_COUNT,
+        description="Streaming multiprocessors of one instance as NVIDIA's profile table gives "
+        "it (not proportional to the compute slices: 14 on an A100 1g slice, 98 on its 7g), "
+        "an integer from 1 to the GPU's `sm_count`; null: not published, and the slice gets "
+        "floor(GPU sm_count x compute slices / total compute slices), an approximation.",
+        examples=[14],
+    )
     memory_slices: int = Field(
         ge=1, le=8, description="Memory slices occupied (placement size).", examples=[1]
     )
@@ -301,7 +312,8 @@ class HardwareBase(Schema):
         le=MAX_SM_COUNT,
         description="Streaming multiprocessors of a GPU or SoC GPU, 1 to 100 000; null: "
         "unknown (GEMMs are then priced without tile and wave quantization). A MIG slice gets "
-        "floor(sm_count x compute slices / total compute slices).",
+        "its profile's `sm_count`, else floor(sm_count x compute slices / total compute "
+        "slices), an approximation.",
         examples=[108],
     )
     tdp_watts: float | None = Field(
@@ -427,6 +439,20 @@ class HardwareBase(Schema):
                 ("mig",),
                 f"only gpu devices support MIG, not kind '{self.kind.value}'",
             )
+        return self
+
+    @model_validator(mode="after")
+    def _mig_slices_within_the_gpu_sms(self) -> Self:
+        if self.mig is None or self.sm_count is None:
+            return self
+        for index, profile in enumerate(self.mig.profiles):
+            if profile.sm_count is not None and profile.sm_count > self.sm_count:
+                raise located_error(
+                    type(self).__name__,
+                    ("mig", "profiles", index, "sm_count"),
+                    f"mig.profiles[{index}] ({profile.name}): sm_count {profile.sm_count} "
+                    f"exceeds the GPU's sm_count {self.sm_count}",
+                )
         return self
 
 

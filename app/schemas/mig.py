@@ -18,6 +18,13 @@ class MigProfileInfo(Schema):
     memory_mib: int = Field(description="Usable memory [MiB].", examples=[9728])
     memory_bytes: int = Field(description="Usable memory [B].", examples=[10_200_547_328])
     compute_slices: int = Field(description="Compute slices.", examples=[1])
+    sm_count: int | None = Field(
+        default=None,
+        description="Streaming multiprocessors of one instance from NVIDIA's profile table; "
+        "null: not published (performance figures then use floor(GPU SMs x compute slices / "
+        "total compute slices), an approximation).",
+        examples=[14],
+    )
     memory_slices: int = Field(description="Memory slices.", examples=[1])
     max_instances: int = Field(description="Maximum instances per GPU.", examples=[7])
     placements: list[int] = Field(description="Allowed start slices.", examples=[[0, 1, 2]])

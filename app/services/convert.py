@@ -94,6 +94,7 @@ def apply_hardware_fields(target: Hardware, fields: HardwareBase) -> None:
         child.position = position
         child.memory_mib = profile.memory_mib
         child.compute_slices = profile.compute_slices
+        child.sm_count = profile.sm_count
         child.memory_slices = profile.memory_slices
         child.max_instances = profile.max_instances
         child.placements = list(profile.placements)
@@ -299,6 +300,7 @@ def geometry(row: Hardware) -> MigGeometry:
                 memory_slices=p.memory_slices,
                 max_instances=p.max_instances,
                 placements=tuple(p.placements),
+                sm_count=p.sm_count,
             )
             for p in row.mig_profiles
         ),

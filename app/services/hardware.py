@@ -52,6 +52,7 @@ def to_read(row: Hardware) -> HardwareRead:
                     memory_mib=p.memory_mib,
                     memory_bytes=p.memory_mib * MIB,
                     compute_slices=p.compute_slices,
+                    sm_count=p.sm_count,
                     memory_slices=p.memory_slices,
                     max_instances=p.max_instances,
                     placements=p.placements,

@@ -71,6 +71,7 @@ def list_profiles(session: Session, *, slug: str) -> MigProfileList:
                 memory_mib=p.memory_mib,
                 memory_bytes=p.memory_bytes,
                 compute_slices=p.compute_slices,
+                sm_count=p.sm_count,
                 memory_slices=p.memory_slices,
                 max_instances=p.max_instances,
                 placements=list(p.placements),

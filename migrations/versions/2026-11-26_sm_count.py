@@ -1,8 +1,11 @@
-"""hardware: streaming multiprocessor count, for tile and wave quantization of GEMMs
+"""hardware and MIG profiles: streaming multiprocessor counts, for tile and wave quantization
 
 The roofline prices a GEMM's compute time at its wave efficiency on the device's SMs (tiles /
-(ceil(tiles / SMs) x SMs)). Rows stored before this revision have no count (NULL): their GEMMs
-are priced without quantization, as before. Downgrading drops the column (the counts are lost).
+(ceil(tiles / SMs) x SMs)). `hardware.sm_count` is the whole GPU's count; `mig_profile.sm_count`
+is one instance's count from NVIDIA's profile table (not proportional to the compute slices:
+14 on an A100 1g slice, 98 on its 7g). Rows stored before this revision have no counts (NULL):
+their GEMMs are priced without quantization, and their MIG slices get the proportional share
+of the GPU's count. Downgrading drops both columns (the counts are lost).
 
 Revision ID: 0006
 Revises: 0005
@@ -23,8 +26,12 @@ depends_on: str | Sequence[str] | None = None
 def upgrade() -> None:
     with op.batch_alter_table("hardware") as batch:
         batch.add_column(sa.Column("sm_count", sa.Integer(), nullable=True))
+    with op.batch_alter_table("mig_profile") as batch:
+        batch.add_column(sa.Column("sm_count", sa.Integer(), nullable=True))
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("mig_profile") as batch:
+        batch.drop_column("sm_count")
     with op.batch_alter_table("hardware") as batch:
         batch.drop_column("sm_count")

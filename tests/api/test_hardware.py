@@ -239,6 +239,26 @@ BAD_HARDWARE = {
     "sm count as bool": (hardware(sm_count=True), "/sm_count"),
     "absurd sm count": (hardware(sm_count=10**9), "/sm_count"),
     "sm count on a cpu": (hardware(kind="cpu", mig=None, sm_count=64), "/sm_count"),
+    "mig profile with more sms than its gpu": (
+        hardware(sm_count=108, mig=_mig(profiles=[_profile(sm_count=109)])),
+        "/mig/profiles/0/sm_count",
+    ),
+    "zero mig profile sm count": (
+        hardware(mig=_mig(profiles=[_profile(sm_count=0)])),
+        "/mig/profiles/0/sm_count",
+    ),
+    "fractional mig profile sm count": (
+        hardware(mig=_mig(profiles=[_profile(sm_count=14.5)])),
+        "/mig/profiles/0/sm_count",
+    ),
+    "mig profile sm count as text": (
+        hardware(mig=_mig(profiles=[_profile(sm_count="14")])),
+        "/mig/profiles/0/sm_count",
+    ),
+    "mig profile sm count as bool": (
+        hardware(mig=_mig(profiles=[_profile(sm_count=True)])),
+        "/mig/profiles/0/sm_count",
+    ),
 }
 
 
@@ -321,3 +341,69 @@ def test_catalog_gpus_carry_their_sm_count(client: ApiClient) -> None:
     assert client.get(f"/v1/hardware/{A100_80GB}").json()["sm_count"] == 108
     assert client.get("/v1/hardware/nvidia-h100-pcie").json()["sm_count"] == 114
     assert client.get("/v1/hardware/intel-xeon-platinum-8480plus").json()["sm_count"] is None
+
+
+def test_mig_profile_sm_counts_are_created_read_replaced_and_cleared(client: ApiClient) -> None:
+    small, whole = hardware()["mig"]["profiles"]
+    payload = hardware(
+        sm_count=108,
+        mig=_mig(profiles=[{**small, "sm_count": 14}, {**whole, "sm_count": 98}]),
+    )
+    created = client.post("/v1/hardware", json=payload)
+    assert created.status_code == 201, created.text
+    assert [p["sm_count"] for p in created.json()["mig"]["profiles"]] == [14, 98]
+    read = client.get("/v1/hardware/lab-gpu-1").json()
+    assert [p["sm_count"] for p in read["mig"]["profiles"]] == [14, 98]
+    listed = client.get("/v1/hardware/lab-gpu-1/mig-profiles").json()
+    assert {p["name"]: p["sm_count"] for p in listed["profiles"]} == {"1g.3gb": 14, "7g.24gb": 98}
+    replaced = client.put(
+        "/v1/hardware/lab-gpu-1",
+        json=without_slug(hardware(sm_count=108, mig=_mig(profiles=[{**small, "sm_count": 15}]))),
+        headers={"If-Match": '"1"'},
+    )
+    assert replaced.status_code == 200, replaced.text
+    assert [p["sm_count"] for p in replaced.json()["mig"]["profiles"]] == [15]
+    cleared = client.put(
+        "/v1/hardware/lab-gpu-1", json=without_slug(hardware()), headers={"If-Match": '"2"'}
+    )
+    assert [p["sm_count"] for p in cleared.json()["mig"]["profiles"]] == [None, None]
+
+
+def test_a_profile_sm_count_needs_no_gpu_count_and_may_equal_it(client: ApiClient) -> None:
+    small, whole = hardware()["mig"]["profiles"]
+    alone = hardware(mig=_mig(profiles=[{**small, "sm_count": 14}]))
+    assert client.post("/v1/hardware", json=alone).status_code == 201
+    equal = hardware(slug="lab-gpu-2", sm_count=98, mig=_mig(profiles=[{**whole, "sm_count": 98}]))
+    assert client.post("/v1/hardware", json=equal).status_code == 201
+
+
+def test_a_bad_profile_sm_count_in_a_replacement_keeps_the_old_version(
+    client: ApiClient, db_url: str
+) -> None:
+    small = hardware()["mig"]["profiles"][0]
+    client.post("/v1/hardware", json=hardware(sm_count=108))
+    before = table_counts(db_url)
+    response = client.put(
+        "/v1/hardware/lab-gpu-1",
+        json=without_slug(hardware(sm_count=108, mig=_mig(profiles=[{**small, "sm_count": 200}]))),
+        headers={"If-Match": '"1"'},
+    )
+    body = assert_problem(response, 422, "validation-error")
+    assert [e["pointer"] for e in body["errors"]] == ["/mig/profiles/0/sm_count"]
+    assert "sm_count 200 exceeds the GPU's sm_count 108" in response.text
+    assert table_counts(db_url) == before
+    stored = client.get("/v1/hardware/lab-gpu-1").json()
+    assert stored["version"] == 1
+    assert [p["sm_count"] for p in stored["mig"]["profiles"]] == [None, None]
+
+
+def test_catalog_mig_profiles_carry_nvidias_sm_counts(client: ApiClient) -> None:
+    a100 = client.get(f"/v1/hardware/{A100_80GB}").json()
+    assert {p["name"]: p["sm_count"] for p in a100["mig"]["profiles"]} == {
+        "1g.10gb": 14, "1g.10gb+me": 14, "1g.20gb": 14, "2g.20gb": 28, "3g.40gb": 42,
+        "4g.40gb": 56, "7g.80gb": 98,
+    }  # fmt: skip
+    h100 = client.get("/v1/hardware/nvidia-h100-sxm").json()
+    assert next(p for p in h100["mig"]["profiles"] if p["name"] == "1g.20gb")["sm_count"] == 26
+    pcie = client.get("/v1/hardware/nvidia-h100-pcie").json()
+    assert all(p["sm_count"] is None for p in pcie["mig"]["profiles"])  # SXM5 counts only

@@ -145,7 +145,8 @@ def test_mig_slices_are_candidates(client: ApiClient) -> None:
     assert small["inputs"]["compute_fraction"] == pytest.approx(1 / 7)
     assert small["inputs"]["bandwidth_fraction"] == pytest.approx(1 / 8)
     assert small["inputs"]["tdp_watts"] == pytest.approx(400 / 7)
-    assert small["inputs"]["sm_count"] == 15  # floor(108 / 7)
+    assert small["inputs"]["sm_count"] == 14  # NVIDIA's A100 1g figure, not floor(108 / 7)
+    assert small["inputs"]["tiling"].endswith("MIG 1g.10gb: the profile's own SM count")
     whole = found[("nvidia-a100-80gb-sxm/7g.80gb", "fp16")]
     assert whole["throughput_per_s"] > 4 * small["throughput_per_s"]
 

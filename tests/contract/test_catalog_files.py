@@ -60,6 +60,58 @@ def test_golden_mig_figures() -> None:
     assert (a30.total_compute_slices, a30.total_memory_slices) == (4, 4)
 
 
+# SMs per MIG profile, pinned from shared/reference/mig_profiles.yaml (NVIDIA's profile tables;
+# golden, not derived: none of them is floor(GPU SMs x compute slices / total)). None: the
+# reference gives no figure, so the slice falls back to that proportional approximation.
+SmCounts = dict[str, int | None]
+_A100_40: SmCounts = {"1g.5gb": 14, "1g.5gb+me": 14, "1g.10gb": 14, "2g.10gb": 28,
+                      "3g.20gb": 42, "4g.20gb": 56, "7g.40gb": 98}  # fmt: skip
+_A100_80: SmCounts = {"1g.10gb": 14, "1g.10gb+me": 14, "1g.20gb": 14, "2g.20gb": 28,
+                      "3g.40gb": 42, "4g.40gb": 56, "7g.80gb": 98}  # fmt: skip
+_H200: SmCounts = {"1g.18gb": 16, "1g.18gb+me": 16, "1g.35gb": 26, "2g.35gb": 32,
+                   "3g.71gb": 60, "4g.71gb": 64, "7g.141gb": 132}  # fmt: skip
+MIG_PROFILE_SM_COUNTS: dict[str, SmCounts] = {
+    "nvidia-a30": {"1g.6gb": 14, "1g.6gb+me": 14, "2g.12gb": 28, "2g.12gb+me": 28,
+                   "4g.24gb": 56},
+    "nvidia-a100-40gb-pcie": _A100_40,
+    "nvidia-a100-40gb-sxm": _A100_40,
+    "nvidia-a100-80gb-pcie": _A100_80,
+    "nvidia-a100-80gb-sxm": _A100_80,
+    # the reference's H100 counts are the SXM5's (132 SMs); the PCIe card's are unpublished
+    "nvidia-h100-pcie": {"1g.10gb": None, "1g.10gb+me": None, "1g.20gb": None, "2g.20gb": None,
+                         "3g.40gb": None, "4g.40gb": None, "7g.80gb": None},
+    "nvidia-h100-sxm": {"1g.10gb": 16, "1g.10gb+me": 16, "1g.20gb": 26, "2g.20gb": 32,
+                        "3g.40gb": 60, "4g.40gb": 64, "7g.80gb": 132},
+    "nvidia-h100-nvl": {"1g.12gb": 16, "1g.12gb+me": 16, "1g.24gb": 26, "2g.24gb": 32,
+                        "3g.47gb": 60, "4g.47gb": 64, "7g.94gb": 132},
+    "nvidia-h200-sxm": _H200,
+    "nvidia-h200-nvl": _H200,
+    "nvidia-gh200-96gb": {"1g.12gb": 16, "1g.12gb+me": 16, "1g.24gb": 26, "2g.24gb": 32,
+                          "3g.48gb": 60, "4g.48gb": 64, "7g.96gb": 132},
+    "nvidia-gh200-144gb": {"1g.18gb": 16, "1g.18gb+me": 16, "1g.36gb": 26, "2g.36gb": 32,
+                           "3g.72gb": None, "4g.72gb": None, "7g.144gb": None},
+    "nvidia-b200": {"1g.23gb": 18, "1g.23gb+me": 18, "1g.45gb": 30, "2g.45gb": 36,
+                    "3g.90gb": None, "4g.90gb": None, "7g.180gb": None},
+    "nvidia-rtx-pro-6000-blackwell": {
+        "1g.24gb": 46, "1g.24gb+me": 46, "1g.24gb+gfx": 46, "1g.24gb+me.all": 46,
+        "1g.24gb-me": 46, "2g.48gb": 94, "2g.48gb+gfx": 94, "2g.48gb+me.all": 94,
+        "2g.48gb-me": 94, "4g.96gb": 188, "4g.96gb+gfx": 188,
+    },
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("slug", sorted(MIG_PROFILE_SM_COUNTS))
+def test_mig_profiles_carry_the_reference_sm_counts(slug: str) -> None:
+    mig = ENTRIES[slug].mig
+    assert mig is not None
+    assert {p.name: p.sm_count for p in mig.profiles} == MIG_PROFILE_SM_COUNTS[slug]
+
+
+def test_every_mig_gpu_has_its_profile_sm_counts_pinned() -> None:
+    mig_gpus = {slug for slug, entry in ENTRIES.items() if entry.mig is not None}
+    assert mig_gpus == set(MIG_PROFILE_SM_COUNTS)
+
+
 def test_no_mig_outside_mig_capable_gpus() -> None:
     assert ENTRIES["nvidia-t4"].mig is None
     assert ENTRIES["nvidia-l40s"].mig is None

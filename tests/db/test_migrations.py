@@ -10,7 +10,7 @@ from sqlalchemy.exc import IntegrityError
 
 from app.db.base import Base
 from app.db.migrations import alembic_config, current_revisions, head_revisions
-from app.db.models import Hardware, ModelArchitecture
+from app.db.models import Hardware, MigProfile, ModelArchitecture
 from app.db.session import make_engine
 from tests.support import TABLES
 
@@ -248,6 +248,78 @@ def test_sm_count_column_comes_and_goes_and_keeps_the_row(db_url: str) -> None:
             ).scalar_one()
             connection.execute(legacy.delete().where(legacy.c.slug == "legacy-sm"))
         assert price == 2.5
+    finally:
+        command.upgrade(config, "head")
+        engine.dispose()
+
+
+def test_mig_profile_sm_count_column_comes_and_goes_and_keeps_the_profile(db_url: str) -> None:
+    """0006: a MIG profile stored before it has no SM count (NULL: its slice gets the GPU's
+    proportional share) and can be given one; downgrading drops the column and keeps the
+    profile."""
+    config = alembic_config(db_url)
+    engine = make_engine(db_url)
+    json_columns = {"peak_flops_per_s", "peak_sparse_flops_per_s", "unconfirmed", "sources"}
+    legacy_row = {**LEGACY_HARDWARE, "slug": "legacy-mig", "price_kind": "on_demand"}
+    legacy = sa.table(
+        "hardware",
+        sa.column("id"),
+        *(
+            sa.column(name, sa.JSON() if name in json_columns else None)
+            for name in legacy_row
+            if name not in ("created_at", "updated_at")
+        ),
+        sa.column("created_at", sa.DateTime(timezone=True)),
+        sa.column("updated_at", sa.DateTime(timezone=True)),
+    )
+    legacy_profile = {
+        "position": 0,
+        "name": "1g.10gb",
+        "memory_mib": 9728,
+        "compute_slices": 1,
+        "memory_slices": 1,
+        "max_instances": 7,
+        "placements": [0, 1, 2, 3, 4, 5, 6],
+        "unconfirmed": [],
+    }
+    legacy_profiles = sa.table(
+        "mig_profile",
+        sa.column("hardware_id"),
+        *(
+            sa.column(name, sa.JSON() if name in ("placements", "unconfirmed") else None)
+            for name in legacy_profile
+        ),
+    )
+    table = MigProfile.__table__
+    assert isinstance(table, Table)
+    try:
+        command.downgrade(config, "0005")
+        assert "sm_count" not in {c["name"] for c in inspect(engine).get_columns("mig_profile")}
+        with engine.begin() as connection:
+            connection.execute(legacy.insert().values(**legacy_row))
+            hardware_id = connection.execute(
+                select(legacy.c.id).where(legacy.c.slug == "legacy-mig")
+            ).scalar_one()
+            connection.execute(
+                legacy_profiles.insert().values(hardware_id=hardware_id, **legacy_profile)
+            )
+        command.upgrade(config, "head")
+        assert "sm_count" in {c["name"] for c in inspect(engine).get_columns("mig_profile")}
+        where = table.c.hardware_id == hardware_id
+        with engine.begin() as connection:
+            assert connection.execute(select(table.c.sm_count).where(where)).scalar_one() is None
+            connection.execute(table.update().where(where).values(sm_count=14))
+            assert connection.execute(select(table.c.sm_count).where(where)).scalar_one() == 14
+        command.downgrade(config, "0005")
+        assert "sm_count" not in {c["name"] for c in inspect(engine).get_columns("mig_profile")}
+        with engine.begin() as connection:
+            kept = connection.execute(
+                select(legacy_profiles.c.name, legacy_profiles.c.memory_mib).where(
+                    legacy_profiles.c.hardware_id == hardware_id
+                )
+            ).one()
+            connection.execute(legacy.delete().where(legacy.c.slug == "legacy-mig"))
+        assert tuple(kept) == ("1g.10gb", 9728)
     finally:
         command.upgrade(config, "head")
         engine.dispose()

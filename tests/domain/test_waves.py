@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 
 from app.domain.graph.analysis import InputDecl, analyze
-from app.domain.hardware import DeviceKind, HardwareSpec, mig_slice
+from app.domain.hardware import DeviceKind, HardwareInputError, HardwareSpec, mig_slice
 from app.domain.mig.layout import MigGeometry, MigProfileSpec
 from app.domain.performance.roofline import (
     DEFAULT_CALIBRATIONS,
@@ -80,6 +80,86 @@ def _gpu(sm_count: int | None) -> HardwareSpec:
         tdp_watts=None,
         price_usd_per_hour=None,
         sm_count=sm_count,
+    )
+
+
+def _geometry(*profiles: MigProfileSpec) -> MigGeometry:
+    return MigGeometry(
+        gpu="gpu",
+        total_compute_slices=7,
+        total_memory_slices=8,
+        max_gpu_instances=7,
+        profiles=profiles,
+    )
+
+
+def _profile(name: str, compute_slices: int, sm_count: int | None) -> MigProfileSpec:
+    return MigProfileSpec(
+        name=name,
+        memory_mib=9728,
+        compute_slices=compute_slices,
+        memory_slices=compute_slices,
+        max_instances=1,
+        placements=(0,),
+        sm_count=sm_count,
+    )
+
+
+@pytest.mark.parametrize(
+    ("gpu_sms", "name", "compute_slices", "profile_sms", "expected"),
+    [
+        # NVIDIA MIG User Guide, "Supported MIG Profiles": not floor(108 x 1/7) = 15
+        (108, "1g.10gb", 1, 14, 14),  # A100 80GB
+        (108, "7g.80gb", 7, 98, 98),  # A100 80GB: not all 108 SMs
+        (132, "1g.20gb", 1, 26, 26),  # H100 SXM: not floor(132 / 7) = 18
+        (132, "4g.40gb", 4, 64, 64),  # H100 SXM: not floor(132 x 4/7) = 75
+        (None, "1g.10gb", 1, 14, 14),  # the profile's own figure needs no GPU count
+        # no figure for the profile: floor(GPU SMs x compute slices / 7), an approximation
+        (148, "3g.90gb", 3, None, 63),  # B200: floor(444 / 7)
+        (148, "7g.180gb", 7, None, 148),
+        (None, "3g.90gb", 3, None, None),  # nothing known: no wave quantization
+    ],
+)
+def test_a_mig_slice_has_its_profiles_sms_else_the_proportional_share(
+    gpu_sms: int | None,
+    name: str,
+    compute_slices: int,
+    profile_sms: int | None,
+    expected: int | None,
+) -> None:
+    profile = _profile(name, compute_slices, profile_sms)
+    part = mig_slice(_gpu(gpu_sms), _geometry(profile), profile)
+    assert part.sm_count == expected
+    assert part.compute_fraction == pytest.approx(compute_slices / 7)  # peaks still by slices
+
+
+def test_the_tiling_says_where_a_slices_sms_come_from() -> None:
+    known, unknown = _profile("1g.10gb", 1, 14), _profile("2g.20gb", 2, None)
+    geometry = _geometry(known, unknown)
+    own = tiling_for(mig_slice(_gpu(108), geometry, known))
+    assert own is not None
+    assert own.units == 14
+    assert own.assumption.endswith("; MIG 1g.10gb: the profile's own SM count")
+    share = tiling_for(mig_slice(_gpu(108), geometry, unknown))
+    assert share is not None
+    assert share.units == 30  # floor(108 x 2/7)
+    assert "MIG 2g.20gb: approximated as floor(108 GPU SMs x 2/7 compute slices)" in (
+        share.assumption
+    )
+    whole = tiling_for(_gpu(108))
+    assert whole is not None
+    assert "MIG" not in whole.assumption
+    assert share == Tiling(units=30, tile=GPU_TILE, split_k=True)  # the source is not a key
+
+
+@pytest.mark.parametrize("sm_count", [0, -14, 109, True, 14.0])
+def test_a_profile_sm_count_outside_its_gpu_is_refused(sm_count: object) -> None:
+    profile = _profile("1g.10gb", 1, sm_count)  # type: ignore[arg-type]
+    with pytest.raises(HardwareInputError) as raised:
+        mig_slice(_gpu(108), _geometry(profile), profile)
+    assert str(raised.value) == (
+        f"gpu MIG 1g.10gb: sm_count {sm_count!r} must be an integer between 1 and the GPU's "
+        "sm_count of 108"
     )
 
 

@@ -353,6 +353,8 @@ class Tiling:
     units: int
     tile: int
     split_k: bool  # GPUs split the reduction when the tiles do not fill the units
+    # Where ``units`` comes from when it is not the device's own figure (a MIG slice's SMs)
+    units_source: str | None = field(default=None, compare=False)
 
     @property
     def assumption(self) -> str:
@@ -367,6 +369,8 @@ class Tiling:
                 f"; fewer tiles than SMs split the reduction (split-K, flash decoding) in "
                 f"steps of {SPLIT_K_STEP} to fill them"
             )
+        if self.units_source is not None:
+            text += f"; {self.units_source}"
         return text
 
 
@@ -1547,7 +1551,7 @@ def tiling_for(device: HardwareSpec, *, cpu_occupancy: bool = CPU_CORE_OCCUPANCY
         return None
     if device.kind is DeviceKind.CPU:
         return Tiling(units=units, tile=CPU_TILE, split_k=False) if cpu_occupancy else None
-    return Tiling(units=units, tile=GPU_TILE, split_k=True)
+    return Tiling(units=units, tile=GPU_TILE, split_k=True, units_source=device.sm_count_source)
 
 
 def _phase_timing(
