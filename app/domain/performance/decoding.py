@@ -41,12 +41,7 @@ from enum import StrEnum
 
 from app.domain.errors import DomainError
 from app.domain.graph.analysis import GraphAnalysis
-from app.domain.graph.ops import TensorKind
-from app.domain.performance.roofline import (
-    PhasedRequestShape,
-    PhaseShape,
-    count_kernels,
-)
+from app.domain.performance.roofline import PhasedRequestShape, decoder_shape
 
 # TensorRT-LLM's paged-KV block: PluginConfig._tokens_per_block defaults to 64
 # (tensorrt_llm/plugin/plugin.py, NVIDIA/TensorRT-LLM 0.x; vLLM's default block is 16 tokens).
@@ -260,34 +255,12 @@ def serving_shape(
     """
     if requests < 1:
         raise DecodingInputError(f"requests must be >= 1, got {requests}")
-    rows = requests * serving.beam_width
-    h2d_index = sum(i.numel for i in prefill.inputs if i.kind is TensorKind.INDEX)
-    first = PhaseShape(
-        name="prefill",
-        counts=count_kernels(prefill, fuse_elementwise=fuse_elementwise, kv_cache=True),
-        h2d_float=sum(i.numel for i in prefill.inputs) - h2d_index,
-        h2d_index=h2d_index,
-        d2h_float=0,
-        d2h_index=rows,
-    )
-    decode = PhaseShape(
-        name="decode",
-        counts=count_kernels(
-            step,
-            fuse_elementwise=fuse_elementwise,
-            kv_cache=True,
-            kv_context_tokens=serving.mean_context_tokens,
-        ),
-        h2d_float=0,
-        h2d_index=0,
-        d2h_float=0,
-        d2h_index=rows,
-        repeats=serving.decode_steps,
-    )
-    return PhasedRequestShape(
+    return decoder_shape(
+        prefill,
+        step,
         batch=requests,
-        phases=(first, decode),
-        decoder=True,
+        prompt_tokens=serving.priced_prompt_tokens,
         generated_tokens=serving.priced_generated_tokens,
-        attention=tuple(dict.fromkeys((*prefill.attention_used, *step.attention_used))),
+        beam_width=serving.beam_width,
+        fuse_elementwise=fuse_elementwise,
     )

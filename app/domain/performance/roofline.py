@@ -1134,6 +1134,7 @@ def decoder_shape(
     batch: int,
     prompt_tokens: int,
     generated_tokens: int,
+    beam_width: int = 1,
     fuse_elementwise: bool = True,
 ) -> PhasedRequestShape:
     """A decoder LLM request: prefill the prompt, then one decode step per further token.
@@ -1145,6 +1146,9 @@ def decoder_shape(
     batch : sequences decoded together [-]
     prompt_tokens : prompt length [tokens]
     generated_tokens : tokens generated per sequence; the prefill yields the first [tokens]
+    beam_width : beams per request, ``k``: the graphs' rows are the requests' beams as the
+        serving mode lays them out (:mod:`app.domain.performance.decoding`), ``batch`` counts
+        requests, and the host receives one token id per beam and step [-]
 
     Notes
     -----
@@ -1162,7 +1166,7 @@ def decoder_shape(
         h2d_float=h2d_float,
         h2d_index=h2d_index,
         d2h_float=0,
-        d2h_index=batch,
+        d2h_index=batch * beam_width,
     )
     decode = PhaseShape(
         name="decode",
@@ -1175,7 +1179,7 @@ def decoder_shape(
         h2d_float=0,
         h2d_index=0,
         d2h_float=0,
-        d2h_index=batch,
+        d2h_index=batch * beam_width,
         repeats=generated_tokens - 1,
     )
     return PhasedRequestShape(
