@@ -49,6 +49,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from enum import StrEnum
 
 from app.domain.hardware import HardwareSpec
 from app.domain.performance.roofline import (
@@ -65,6 +66,14 @@ from app.domain.performance.roofline import (
 )
 
 PIPELINE_TRANSFER_LATENCY_S = ALLREDUCE_LATENCY_S  # per send/receive of a boundary activation
+
+
+class ParallelStrategy(StrEnum):
+    """How a model that does not fit one GPU is spread over the GPUs of a node."""
+
+    TENSOR = "tensor"  # Megatron-style: every GPU runs 1/t of every layer
+    PIPELINE = "pipeline"  # every GPU runs 1/p of the layers
+    BOTH = "both"  # tensor groups, pipeline groups and t x p groups
 
 
 def block_key(name: str) -> str | None:
