@@ -9,6 +9,7 @@ from pydantic import Field, StringConstraints, model_validator
 
 from app.domain.hardware import MIN_EFFICIENCY, DeviceKind, PriceKind
 from app.domain.performance.decoding import DEFAULT_KV_BLOCK_TOKENS, MAX_BEAM_WIDTH, Batching
+from app.domain.performance.pipeline import ParallelStrategy
 from app.domain.performance.recommend import (
     DEFAULT_SLO_MARGIN_FRACTION,
     MAX_SLO_MARGIN_FRACTION,
@@ -313,6 +314,30 @@ class InferenceRecommendationRequest(Schema):
         "single GPUs only.",
         examples=[8],
     )
+    parallelism: ParallelStrategy = Field(
+        default=ParallelStrategy.TENSOR,
+        description="How a whole GPU on which batch 1 does not fit is grouped with others of "
+        "its kind. tensor (default, the answer before this option): tensor-parallel groups "
+        "(see tensor_parallel_max). pipeline: instead, the smallest pipeline-parallel group of "
+        "2, 4 or 8 GPUs (at most pipeline_parallel_max) whose per-GPU memory-engine peak fits: "
+        "the transformer blocks are split evenly over the GPUs in order (the remainder to the "
+        "stages before the last), each GPU holds its stage's weights and KV cache, the batch "
+        "runs as min(batch, stages) micro-batches and the hidden state crosses the GPU link "
+        "(NVLink; else the host link) between stages; the candidate's `pipeline` block has the "
+        "stage layout, per-stage times, bytes and time sent, the cycle, the steady-state idle "
+        "share and the GPipe bubble. both: tensor groups, pipeline groups and the smallest "
+        "tensor x pipeline group (t, p >= 2, at most 8 GPUs). Pipeline groups need repeated "
+        "blocks (layers named like `layers.0.*`).",
+        examples=["tensor"],
+    )
+    pipeline_parallel_max: int = Field(
+        default=8,
+        ge=1,
+        le=8,
+        description="Most pipeline stages (GPUs) a pipeline group may have (parallelism "
+        "pipeline or both). 1: no pipeline groups.",
+        examples=[8],
+    )
     serving_runtime: ServingRuntime = Field(
         default=DEFAULT_RUNTIME,
         description="The framework that serves the model on accelerators (CPUs keep their "
@@ -522,6 +547,25 @@ class PhaseRead(Schema):
         description="Tensor parallel: their time, between the kernels [s].",
         examples=[0.0],
     )
+    pipeline_transfer_bytes: int = Field(
+        default=0,
+        description="Pipeline parallel: bytes one micro-batch sends between stages per "
+        "repetition, every boundary together [B].",
+        examples=[0],
+    )
+    pipeline_transfer_s: float = Field(
+        default=0.0,
+        description="Pipeline parallel: their time, sum of the sends X_s [s].",
+        examples=[0.0],
+    )
+    pipeline_wait_s: float = Field(
+        default=0.0,
+        description="Pipeline parallel: the wait for the other micro-batches, cycle - round "
+        "trip (0 when one micro-batch's round trip sets the pace). Pipeline figures are one "
+        "micro-batch through every stage: compute_s + memory_s + launch_s + allreduce_s + "
+        "pipeline_transfer_s + pipeline_wait_s = the cycle [s].",
+        examples=[0.0],
+    )
     wave_efficiency: float = Field(
         default=1.0,
         description="FLOPs / the FLOPs the device pays for: each GEMM's (convolution's, "
@@ -581,13 +625,104 @@ class DecoderServingRead(Schema):
     note: str = Field(description="The serving assumptions in words.", examples=["..."])
 
 
+class PipelineStageRead(Schema):
+    """The kernels one pipeline stage (one GPU, or one tensor-parallel group) runs."""
+
+    stage: int = Field(description="0 = the first (it receives the inputs).", examples=[0])
+    blocks: int = Field(description="Repeated blocks (transformer layers).", examples=[20])
+    kernels: int = Field(description="Kernels after fusion.", examples=[81])
+    first_kernel: str = Field(description="Its first kernel.", examples=["embed_tokens"])
+    last_kernel: str = Field(description="Its last kernel.", examples=["layers.19.mlp"])
+
+
+class PipelinePhaseRead(Schema):
+    """One repetition of a phase (forward, prefill, one decode step) through the pipeline."""
+
+    name: str = Field(description="forward, prefill or decode.", examples=["decode"])
+    stage_s: list[float] = Field(
+        description="T_s: each stage's kernel time on one micro-batch (the roofline of its "
+        "kernels; under tensor x pipeline with its all-reduces) [s].",
+        examples=[[0.0061, 0.0061, 0.0061, 0.0066]],
+    )
+    send_bytes: list[int] = Field(
+        description="Activation each boundary sends per micro-batch: the output of the "
+        "stage's last kernel (hidden state of every token of the micro-batch) [B].",
+        examples=[[262144, 262144, 262144]],
+    )
+    send_s: list[float] = Field(
+        description="X_s = transfer_latency_s + send_bytes / link_bytes_per_s [s].",
+        examples=[[1.001e-5, 1.001e-5, 1.001e-5]],
+    )
+    slot_s: float = Field(
+        description="tau = max over stages of T_s + X_s (the send is not overlapped) [s].",
+        examples=[0.0066],
+    )
+    round_trip_s: float = Field(
+        description="R = sum T_s + sum X_s: one micro-batch through every stage [s].",
+        examples=[0.0249],
+    )
+    cycle_s: float = Field(
+        description="I = max(micro_batches x slot_s, round_trip_s): one repetition of the "
+        "batch in steady state, and of one micro-batch (a decode step's latency) [s].",
+        examples=[0.0264],
+    )
+    idle_fraction: float = Field(
+        description="Share of the p GPUs' time idle in steady state: 1 - micro_batches x "
+        "sum T_s / (stages x cycle_s) (transfers, unequal stages, fewer micro-batches than "
+        "stages) [-].",
+        examples=[0.06],
+    )
+    gpipe_bubble_fraction: float = Field(
+        description="(p - 1) / (m + p - 1): the idle share of one pass of a batch run alone, "
+        "the pipeline filled and drained (a lone batch, the first after idle); not in the "
+        "steady-state figures [-].",
+        examples=[0.43],
+    )
+
+
+class PipelineRead(Schema):
+    """How a pipeline-parallel candidate runs: the numbers its figures come from."""
+
+    stages: int = Field(description="p: GPUs (or tensor-parallel groups) in order.", examples=[4])
+    micro_batches: int = Field(
+        description="m = min(batch_size, stages): p keep every stage busy.", examples=[4]
+    )
+    micro_batch_size: int = Field(
+        description="ceil(batch_size / m) requests per micro-batch (each priced full).",
+        examples=[16],
+    )
+    link: str = Field(
+        description="The link the activations cross.",
+        examples=["the catalog's GPU link (NVLink)"],
+    )
+    link_bytes_per_s: float = Field(
+        description="Its bandwidth per direction x the calibrated host-link efficiency [B/s].",
+        examples=[3.285e11],
+    )
+    transfer_latency_s: float = Field(
+        description="Per send (assumed, as per all-reduce: 10 us) [s].", examples=[1e-5]
+    )
+    stage_layout: list[PipelineStageRead] = Field(
+        description="Blocks split evenly, the remainder to the stages before the last (vLLM "
+        "get_pp_indices); embedding on the first stage, final norm and LM head on the last."
+    )
+    phases: list[PipelinePhaseRead] = Field(description="Per phase: stages, sends, cycle.")
+
+
 class TimeShares(Schema):
     """What fraction of the latency goes where."""
 
     compute: float = Field(description="Compute-bound kernels.", examples=[0.2])
     memory: float = Field(description="Memory-bound kernels.", examples=[0.05])
-    transfer: float = Field(description="Host-link copies.", examples=[0.05])
-    overhead: float = Field(description="Launches and per-request overhead.", examples=[0.7])
+    transfer: float = Field(
+        description="Host-link copies (and all-reduces, sends between pipeline stages).",
+        examples=[0.05],
+    )
+    overhead: float = Field(
+        description="Launches and per-request overhead (and a pipeline's wait for the other "
+        "micro-batches).",
+        examples=[0.7],
+    )
 
 
 class ServerScenarioRead(Schema):
@@ -635,8 +770,16 @@ class RankedCandidate(Schema):
     batch_size: int = Field(description="Best batch among those tried.", examples=[4])
     gpus: int = Field(
         default=1,
-        description="GPUs the candidate is (a tensor-parallel group: its price, TDP and "
-        "throughput are the group's; memory is per GPU).",
+        description="GPUs the candidate is (a tensor- or pipeline-parallel group: its price, "
+        "TDP and throughput are the group's; memory is per GPU).",
+        examples=[1],
+    )
+    tensor_parallel: int = Field(
+        default=1, description="GPUs per tensor-parallel group (1: none).", examples=[1]
+    )
+    pipeline_parallel: int = Field(
+        default=1,
+        description="Pipeline stages (1: none); gpus = tensor_parallel x pipeline_parallel.",
         examples=[1],
     )
     allreduce_link: str | None = Field(
@@ -722,6 +865,11 @@ class RankedCandidate(Schema):
         default=None,
         description="Decoder LLMs: concurrent requests, beams, KV bytes per request and the "
         "mean context the figures come from (null for other models).",
+    )
+    pipeline: PipelineRead | None = Field(
+        default=None,
+        description="Pipeline-parallel groups: stages, micro-batches, per-stage times, bytes "
+        "and time sent between stages, cycle, idle share and bubble (null otherwise).",
     )
 
 

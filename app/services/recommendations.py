@@ -31,6 +31,14 @@ from app.domain.performance.decoding import (
     kv_elements_per_token,
     serving_shape,
 )
+from app.domain.performance.pipeline import (
+    ParallelStrategy,
+    PipelinePlan,
+    PipelineTiming,
+    micro_batching,
+    predict_pipeline,
+    split_stages,
+)
 from app.domain.performance.recommend import (
     Assessment,
     MemoryFit,
@@ -84,6 +92,9 @@ from app.schemas.recommendations import (
     InferenceRecommendationRequest,
     InferenceRecommendationResponse,
     PhaseRead,
+    PipelinePhaseRead,
+    PipelineRead,
+    PipelineStageRead,
     RankedCandidate,
     RooflineInputs,
     ServerScenarioRead,
@@ -159,6 +170,8 @@ _PEAKS: LruCache[tuple[Any, ...], int] = LruCache(size=2048, name="memory_peaks"
 _SHARDS: LruCache[tuple[Any, ...], PhasedRequest] = LruCache(
     size=256, name="tensor_parallel_shards"
 )
+# one micro-batch of a request split into pipeline stages, per batch, precision and degrees
+_STAGES: LruCache[tuple[Any, ...], PipelinePlan] = LruCache(size=256, name="pipeline_stages")
 
 
 def clear_caches() -> None:
@@ -168,6 +181,7 @@ def clear_caches() -> None:
     _SHAPES.clear()
     _PEAKS.clear()
     _SHARDS.clear()
+    _STAGES.clear()
     clear_server_cache()
 
 
@@ -184,6 +198,12 @@ class Candidate:
     runtime: Runtime
     overhead: FrameworkOverhead
     tensor_parallel: int = 1  # a group of GPUs; ``device`` is the group (price, TDP x t)
+    pipeline_parallel: int = 1  # stages (each of ``tensor_parallel`` GPUs)
+
+    @property
+    def gpus(self) -> int:
+        """GPUs the candidate is."""
+        return self.tensor_parallel * self.pipeline_parallel
 
 
 TENSOR_PARALLEL_DEGREES = (2, 4, 8)
@@ -204,6 +224,33 @@ def tensor_parallel_group(candidate: Candidate, degree: int) -> Candidate:
                 None if device.price_usd_per_hour is None else device.price_usd_per_hour * degree
             ),
             tdp_watts=None if device.tdp_watts is None else device.tdp_watts * degree,
+        ),
+    )
+
+
+PIPELINE_PARALLEL_DEGREES = (2, 4, 8)
+MAX_NODE_GPUS = 8  # a t x p group stays inside one node
+
+
+def pipeline_group(candidate: Candidate, stages: int, tensor: int = 1) -> Candidate:
+    """``stages`` x ``tensor`` whole GPUs of the candidate's kind as one pipeline-parallel
+    candidate: the group's price and TDP, one GPU's memory, named ``slug xN (pipeline)`` (or
+    ``slug xN (tensor t x pipeline p)``)."""
+    device = candidate.device
+    gpus = stages * tensor
+    how = "pipeline" if tensor == 1 else f"tensor {tensor} x pipeline {stages}"
+    return replace(
+        candidate,
+        tensor_parallel=tensor,
+        pipeline_parallel=stages,
+        device=replace(
+            device,
+            slug=f"{device.slug} x{gpus} ({how})",
+            name=f"{gpus} x {device.name} ({how} parallel)",
+            price_usd_per_hour=(
+                None if device.price_usd_per_hour is None else device.price_usd_per_hour * gpus
+            ),
+            tdp_watts=None if device.tdp_watts is None else device.tdp_watts * gpus,
         ),
     )
 
@@ -426,6 +473,24 @@ class ModelSource:
             lambda: shard(self.workload(batch, scheme), degree),
         )
 
+    def staged(
+        self, batch: int, scheme: PrecisionScheme, stages: int, tensor: int = 1
+    ) -> PipelinePlan:
+        """One micro-batch of ``batch`` requests split into pipeline stages (each stage a
+        tensor-parallel shard when ``tensor`` > 1), cached beside the shapes."""
+
+        def compute() -> PipelinePlan:
+            share = (
+                self.workload(batch, scheme) if tensor == 1 else self.sharded(batch, scheme, tensor)
+            )
+            return split_stages(share, stages)
+
+        return self._remember(
+            (*self._shape_key(batch), "staged", scheme.precision, stages, tensor),
+            _STAGES,
+            compute,
+        )
+
     def memory_bindings(self, batch: int) -> dict[str, int]:
         """Bindings of the memory estimate (decoders: the whole padded context, for the KV
         cache; static batching: every beam a row; continuous: one request at the maximum
@@ -444,11 +509,11 @@ class ModelSource:
             scheme.kv_cache_bytes
         )
 
-    def kv_bytes_per_request(self, scheme: PrecisionScheme, tensor_parallel: int = 1) -> int:
+    def kv_bytes_per_request(self, scheme: PrecisionScheme, gpus: int = 1) -> int:
         """Continuous batching: the paged KV cache one request holds, all beams, per GPU of
-        a tensor-parallel group [B]."""
+        a tensor- or pipeline-parallel group (heads or layers split over ``gpus``) [B]."""
         whole = self.plan.kv_tokens_per_request() * self.kv_bytes_per_token(scheme)
-        return -(-whole // tensor_parallel)
+        return -(-whole // gpus)
 
     def required_bytes(self, batch: int, scheme: PrecisionScheme, candidate: Candidate) -> int:
         """The one requirement (app.domain.fit: the memory engine's inference peak with the
@@ -468,12 +533,14 @@ class ModelSource:
             kv_cache=self.decoder,
             attention=attention,
             logits=Logits.LAST,
-            parallelism=Parallelism(tensor=candidate.tensor_parallel),
+            parallelism=Parallelism(
+                tensor=candidate.tensor_parallel, pipeline=candidate.pipeline_parallel
+            ),
         )
 
         paged = 0
         if self.decoder and self.plan.continuous:
-            paged = batch * self.kv_bytes_per_request(scheme, candidate.tensor_parallel)
+            paged = batch * self.kv_bytes_per_request(scheme, candidate.gpus)
 
         def estimate() -> int:
             base = ("estimate", tuple(bindings.items()), request)
@@ -515,7 +582,7 @@ class ModelSource:
         bindings = self.memory_bindings(batch)
         shape = ", ".join(f"{k}={v}" for k, v in bindings.items())
         if self.decoder and self.plan.continuous:
-            kv = self.kv_bytes_per_request(scheme, candidate.tensor_parallel)
+            kv = self.kv_bytes_per_request(scheme, candidate.gpus)
             shape += (
                 f"; plus {batch} request(s) x {kv:,} B of paged KV cache "
                 f"({self.plan.kv_tokens_per_request()} token slots in blocks of "
@@ -523,9 +590,22 @@ class ModelSource:
             )
         per_gpu = (
             f", per GPU of {candidate.tensor_parallel} (tensor parallel)"
-            if candidate.tensor_parallel > 1
+            if candidate.tensor_parallel > 1 and candidate.pipeline_parallel == 1
             else ""
         )
+        if candidate.pipeline_parallel > 1:
+            per_gpu = (
+                f", per GPU of {candidate.gpus} (pipeline parallel over "
+                f"{candidate.pipeline_parallel} stages"
+                + (
+                    f" of {candidate.tensor_parallel} tensor-parallel GPUs"
+                    if candidate.tensor_parallel > 1
+                    else ""
+                )
+                + ": weights and KV cache / (tensor x pipeline), the average stage; the "
+                "first stage also holds the embedding and the last the LM head, which the "
+                "average spreads over all stages)"
+            )
         return MemoryFit(
             required_bytes=self.required_bytes(batch, scheme, candidate),
             available_bytes=candidate.device.memory_bytes,
@@ -681,6 +761,63 @@ def _tensor_parallel_groups(
     return groups
 
 
+def _pipeline_shapes(
+    strategy: ParallelStrategy, tensor_max: int, pipeline_max: int
+) -> list[tuple[int, int]]:
+    """(tensor, stages) groups to try in order, fewest GPUs first: pipeline 2, 4, 8;
+    ``both`` adds t x p groups (t, p >= 2, at most 8 GPUs, more tensor first at equal size)."""
+    shapes = [(1, p) for p in PIPELINE_PARALLEL_DEGREES if p <= pipeline_max]
+    if strategy is ParallelStrategy.BOTH:
+        shapes += [
+            (t, p)
+            for t in TENSOR_PARALLEL_DEGREES
+            for p in PIPELINE_PARALLEL_DEGREES
+            if t <= tensor_max and p <= pipeline_max and t * p <= MAX_NODE_GPUS
+        ]
+    return sorted(shapes, key=lambda shape: (shape[0] * shape[1], -shape[0]))
+
+
+def _pipeline_groups(
+    source: ModelSource,
+    runnable: Sequence[tuple[Candidate, PrecisionScheme]],
+    payload: InferenceRecommendationRequest,
+    excluded: list[Exclusion],
+) -> list[tuple[Candidate, PrecisionScheme]]:
+    """For each whole GPU and precision whose batch 1 does not fit one GPU, the smallest
+    pipeline group (2, 4 or 8 stages) whose per-GPU peak fits, and with ``both`` the smallest
+    tensor x pipeline group too."""
+    strategy = payload.parallelism
+    if strategy is ParallelStrategy.TENSOR:
+        return []
+    shapes = _pipeline_shapes(strategy, payload.tensor_parallel_max, payload.pipeline_parallel_max)
+    groups: list[tuple[Candidate, PrecisionScheme]] = []
+    for candidate, scheme in runnable:
+        device = candidate.device
+        if device.kind is not DeviceKind.GPU or device.parent is not None:
+            continue
+        if candidate.gpus > 1 or source.memory_fit(1, scheme, candidate).fits:
+            continue
+        for want_hybrid in (False, True) if strategy is ParallelStrategy.BOTH else (False,):
+            for tensor, stages in shapes:
+                if (tensor > 1) is not want_hybrid:
+                    continue
+                group = pipeline_group(candidate, stages, tensor)
+                if not source.memory_fit(1, scheme, group).fits:
+                    continue
+                try:
+                    source.staged(1, scheme, stages, tensor)  # cached: the batch loop reuses it
+                except RooflineInputError as exc:
+                    excluded.append(
+                        Exclusion(
+                            device=group.device.slug, precision=scheme.precision, reason=str(exc)
+                        )
+                    )
+                    break
+                groups.append((group, scheme))
+                break
+    return groups
+
+
 def _fuse(payload: InferenceRecommendationRequest) -> bool:
     """fuse_elementwise as given, else what the serving runtime does."""
     if "fuse_elementwise" in payload.model_fields_set:
@@ -743,7 +880,10 @@ def _recommend(
                         device=candidate.device.slug, precision=scheme.precision, reason=reason
                     )
                 )
-    runnable += _tensor_parallel_groups(source, runnable, payload.tensor_parallel_max, excluded)
+    singles = list(runnable)
+    if payload.parallelism is not ParallelStrategy.PIPELINE:
+        runnable += _tensor_parallel_groups(source, singles, payload.tensor_parallel_max, excluded)
+    runnable += _pipeline_groups(source, singles, payload, excluded)
     if not runnable:
         raise InvalidInput(
             "no candidate device can run the requested precisions: "
@@ -761,7 +901,7 @@ def _recommend(
     options: dict[tuple[str, str], list[Assessment]] = {}
     # Candidates a smaller batch already overfilled: memory grows with the batch, so larger
     # batches do not fit either, and best_batch never shows one (a device on which nothing
-    # fits shows its smallest batch). Tensor-parallel groups keep no option that does not fit.
+    # fits shows its smallest batch). Multi-GPU groups keep no option that does not fit.
     outgrown: set[tuple[str, str]] = set()
     plans = [
         (batch, candidate, scheme)
@@ -777,9 +917,19 @@ def _recommend(
         fit = source.memory_fit(batch, scheme, candidate)
         if not fit.fits:
             outgrown.add(key)
-        if candidate.tensor_parallel > 1:
-            if not fit.fits:
+            if candidate.gpus > 1:
                 continue
+        if candidate.pipeline_parallel > 1:
+            micro, size = micro_batching(batch, candidate.pipeline_parallel)
+            stages = source.staged(
+                size, scheme, candidate.pipeline_parallel, candidate.tensor_parallel
+            )
+            prediction = predict_pipeline(
+                stages, device, cals[device.kind], batch=batch, micro_batches=micro
+            )
+            options.setdefault(key, []).append(assess(prediction, fit, requirements))
+            continue
+        if candidate.tensor_parallel > 1:
             workload = source.sharded(batch, scheme, candidate.tensor_parallel)
         else:
             workload = source.workload(batch, scheme)
@@ -847,9 +997,28 @@ def _recommend(
             *_padding_note(source),
             *([f"decoder serving: {source.plan.describe()}"] if source.decoder else []),
             *_scenario_note(payload, requirements),
+            *_pipeline_note(runnable),
             _prices_note(pool, payload.price_kind),
         ],
     )
+
+
+def _pipeline_note(runnable: Sequence[tuple[Candidate, PrecisionScheme]]) -> list[str]:
+    """How pipeline-parallel candidates are timed (only when one is offered)."""
+    if not any(candidate.pipeline_parallel > 1 for candidate, _ in runnable):
+        return []
+    return [
+        "pipeline parallel: the blocks are split evenly over p GPUs in order (vLLM's "
+        "get_pp_indices: the remainder to the stages before the last; embedding on the first, "
+        "final norm and LM head on the last); a batch of B runs as m = min(B, p) micro-batches "
+        "of ceil(B / m); per phase step each stage's kernels are timed by the roofline on one "
+        "micro-batch (T_s) and the hidden state crosses the GPU link (NVLink, else PCIe) at the "
+        "host-link efficiency plus 10 us (X_s, not overlapped with the next micro-batch); a "
+        "step takes the cycle I = max(m x max(T_s + X_s), sum T_s + sum X_s); latency = request "
+        "overhead + sum of repeats x (copies + I); interval = sum of repeats x I; each "
+        "candidate's pipeline block has every number, with the steady-state idle share and "
+        "the GPipe bubble (p - 1) / (m + p - 1) of a batch run alone (not priced)"
+    ]
 
 
 def _prices_note(pool: Sequence[Candidate], kind: PriceKind) -> str:
@@ -1099,6 +1268,7 @@ def _serving_read(source: ModelSource, item: Assessment) -> DecoderServingRead:
             runtime=p.device.runtime,
             overhead=p.device.overhead,
             tensor_parallel=p.tensor_parallel,
+            pipeline_parallel=p.pipeline_parallel,
         )
         most = source.max_concurrent_requests(scheme, candidate, MAX_CONCURRENCY_SHOWN)
     per_token = source.kv_bytes_per_token(scheme)
@@ -1114,7 +1284,7 @@ def _serving_read(source: ModelSource, item: Assessment) -> DecoderServingRead:
         mean_context_tokens=plan.mean_context_tokens,
         kv_bytes_per_token=per_token,
         kv_tokens_per_request=tokens,
-        kv_bytes_per_request=-(-tokens * per_token // p.tensor_parallel),
+        kv_bytes_per_request=-(-tokens * per_token // (p.tensor_parallel * p.pipeline_parallel)),
         note=plan.describe(),
     )
 
@@ -1141,7 +1311,9 @@ def ranked_candidate(
         mig_profile=device.mig_profile,
         precision=p.precision,
         batch_size=p.batch,
-        gpus=p.tensor_parallel,
+        gpus=p.tensor_parallel * p.pipeline_parallel,
+        tensor_parallel=p.tensor_parallel,
+        pipeline_parallel=p.pipeline_parallel,
         allreduce_link=p.allreduce_link_source or None,
         eligible=item.eligible,
         reasons=list(item.reasons),
@@ -1174,6 +1346,42 @@ def ranked_candidate(
         phases=[PhaseRead.model_validate(t) for t in p.phases],
         server=None if item.server is None else _server_read(item.server),
         decoder_serving=serving,
+        pipeline=None if p.pipeline is None else _pipeline_read(p.pipeline),
+    )
+
+
+def _pipeline_read(timing: PipelineTiming) -> PipelineRead:
+    return PipelineRead(
+        stages=timing.stages,
+        micro_batches=timing.micro_batches,
+        micro_batch_size=timing.micro_batch_size,
+        link=timing.link_source,
+        link_bytes_per_s=timing.link_bytes_per_s,
+        transfer_latency_s=timing.transfer_latency_s,
+        stage_layout=[
+            PipelineStageRead(
+                stage=index,
+                blocks=span.blocks,
+                kernels=span.kernels,
+                first_kernel=span.first_kernel,
+                last_kernel=span.last_kernel,
+            )
+            for index, span in enumerate(timing.spans)
+        ],
+        phases=[
+            PipelinePhaseRead(
+                name=phase.name,
+                stage_s=list(phase.stage_s),
+                send_bytes=list(phase.send_bytes),
+                send_s=list(phase.send_s),
+                slot_s=phase.slot_s,
+                round_trip_s=phase.round_trip_s,
+                cycle_s=phase.cycle_s,
+                idle_fraction=phase.idle_fraction,
+                gpipe_bubble_fraction=phase.gpipe_bubble_fraction,
+            )
+            for phase in timing.phases
+        ],
     )
 
 

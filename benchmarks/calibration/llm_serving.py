@@ -14,7 +14,11 @@ with the whole prompt + output reserved per sequence fits. An A100 whose variant
 does not state is read as the 80 GB SXM part, the TensorRT-LLM methodology's H100 as the SXM
 part. Throughput rows compare output tokens per second; TTFT rows the batch-1 prefill. Tensor-
 parallel rows run as the recommender's groups (``shard``: 1/t of the work per GPU, two all-
-reduces per layer over the GPU link) and compare the whole group's tokens per second. Rows left
+reduces per layer over the GPU link) and compare the whole group's tokens per second; pipeline-
+parallel rows as the recommender's pipeline groups (``split_stages``: consecutive blocks per GPU,
+the hidden state sent between stages, ``min(batch, p)`` micro-batches), rows published per GPU
+compared per GPU. A row whose device has no peak for its precision is listed with the reason.
+Rows left
 out (vLLM user reports, llama.cpp, percentages) are listed with the reason. Nothing is fitted
 here.
 """
@@ -38,6 +42,7 @@ import calibrate  # noqa: E402  (the calibration script beside this one)
 
 from app.domain.hardware import HardwareSpec  # noqa: E402
 from app.domain.performance.decoding import Batching, DecoderServing  # noqa: E402
+from app.domain.performance.pipeline import micro_batching, predict_pipeline  # noqa: E402
 from app.domain.performance.roofline import (  # noqa: E402
     DEFAULT_CALIBRATIONS,
     PRECISION_SCHEMES,
@@ -52,6 +57,7 @@ from app.domain.zoo import ZOO, llama  # noqa: E402
 from app.services.recommendations import (  # noqa: E402
     Candidate,
     ModelSource,
+    pipeline_group,
     tensor_parallel_group,
 )
 
@@ -104,6 +110,7 @@ class Row:
     tensor_parallel: int  # GPUs (the measured figure is the whole group's)
     inputs: list[Any]
     layers: list[Any]
+    pipeline_parallel: int = 1  # stages (of tensor_parallel GPUs each)
 
 
 def rows(
@@ -118,8 +125,12 @@ def rows(
         rid = str(row["id"])
         metric = str(row["metric"])
         graph = _graph(str(row["model"]))
-        precision = {"FP16": Precision.FP16, "FP8": Precision.FP8}.get(str(row["precision"]))
+        precision = {"FP16": Precision.FP16, "FP8": Precision.FP8, "FP4": Precision.FP4}.get(
+            str(row["precision"])
+        )
         tp = row.get("tensor_parallel")
+        pp = int(row.get("pipeline_parallel") or 1)
+        per_gpu = str(row.get("per", "")).startswith("GPU")
         slug = DEVICES.get(str(row["device"]), str(row["device"]))
         if str(row["runtime"]) != "tensorrt_llm":
             skipped.append((rid, f"runtime {row['runtime']!r}: no profile for it"))
@@ -131,6 +142,10 @@ def rows(
             skipped.append((rid, f"device {row['device']!r} not in the catalog"))
         elif graph is None or precision is None:
             skipped.append((rid, f"model {row['model']!r} / precision {row['precision']!r}"))
+        elif pp not in (1, 2, 4, 8):
+            skipped.append((rid, f"pipeline parallel {pp}: not a group the recommender forms"))
+        elif (why := unsupported_reason(devices[slug], PRECISION_SCHEMES[precision])) is not None:
+            skipped.append((rid, f"{slug} at {precision.value}: {why}"))
         else:
             batch = row.get("batch")
             label, inputs, layers = graph
@@ -144,10 +159,11 @@ def rows(
                     prompt=int(row["input_tokens"]),
                     generated=int(row["output_tokens"]),
                     metric="throughput" if metric == "throughput" else "ttft",
-                    measured=float(row["value"]),
+                    measured=float(row["value"]) * (int(tp or 1) * pp if per_gpu else 1),
                     tensor_parallel=int(tp or 1),
                     inputs=inputs,
                     layers=layers,
+                    pipeline_parallel=pp,
                 )
             )
     return used, skipped
@@ -220,7 +236,10 @@ def evaluate(
             results.append(Result(row, p.first_token_s * 1e3, 1, "batch 1 prefill"))
             continue
         candidate = Candidate(device=device, runtime=device.runtime, overhead=device.overhead)
-        if tp > 1:
+        pp = row.pipeline_parallel
+        if pp > 1:
+            candidate = pipeline_group(candidate, pp, tp)
+        elif tp > 1:
             candidate = tensor_parallel_group(candidate, tp)
         batch, how = row.batch, "the row's batch"
         if batch is None and source.plan.continuous:
@@ -233,6 +252,18 @@ def evaluate(
             batch, how = 1, "largest power of two that fits"
             while batch * 2 <= MAX_BATCH and source.memory_fit(batch * 2, scheme, candidate).fits:
                 batch *= 2
+        if pp > 1:
+            micro, size = micro_batching(batch, pp)
+            how += f", pipeline parallel {pp} x tensor {tp}, {micro} micro-batches (the group's)"
+            p = predict_pipeline(
+                source.staged(size, scheme, pp, tp),
+                candidate.device,
+                calibration,
+                batch=batch,
+                micro_batches=micro,
+            )
+            results.append(Result(row, p.throughput_per_s * row.generated, batch, how))
+            continue
         if tp > 1:
             how += f", tensor parallel {tp} (the group's tokens/s)"
         p = predict(_workload(source, scheme, tp, batch), candidate.device, calibration)

@@ -156,6 +156,20 @@ def test_tensor_parallel_divides_weights() -> None:
     assert lines["weights"] == 6_738_415_616 * 4 // 4
 
 
+def test_pipeline_parallel_inference_divides_weights_and_kv_cache() -> None:
+    """Each pipeline stage holds its layers' weights and KV cache: / (tensor x pipeline)."""
+    kv = 2 * 32 * 32 * 128 * 4096 * 2
+    for tensor, pipeline in ((1, 4), (2, 2), (2, 4)):
+        request = MemoryRequest(
+            mode=Mode.INFERENCE,
+            precision=Precision.BF16,
+            parallelism=Parallelism(tensor=tensor, pipeline=pipeline),
+        )
+        lines = _lines("llama-2-7b", request, seq=4096)
+        assert lines["kv_cache"] == kv // (tensor * pipeline)
+        assert lines["weights"] == -(-6_738_415_616 * 2 // (tensor * pipeline))
+
+
 def test_kv_cache_golden_llama() -> None:
     # 2 x 32 layers x 32 kv heads x 128 x 4096 tokens x 2 B = 2 GiB; GQA (8 kv heads) at 8192
     bf16 = MemoryRequest(mode=Mode.INFERENCE, precision=Precision.BF16)

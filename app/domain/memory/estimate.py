@@ -1014,13 +1014,16 @@ def _inference_moments(e: _Estimation) -> list[_Moment]:
     if analysis.is_decoder and request.kv_cache is not False:
         kv_numel = sum(layer.result.kv_cache_numel for layer in analysis.layers)
         kv_bytes = int(bytes_per_element(convention(request.precision).kv_cache_dtype))
-        kv = _ceil(Fraction(kv_numel * kv_bytes, par.tensor))
+        # tensor parallel: each GPU caches its heads; pipeline parallel: its stage's layers
+        kv_shard = par.tensor * par.pipeline
+        kv = _ceil(Fraction(kv_numel * kv_bytes, kv_shard))
         if kv:
             static["kv_cache"] = kv
             e.kv_bytes = kv
             formulas["kv_cache"] = (
                 f"ceil({kv_numel:,} [elements: 2 x layers x kv_heads x head_dim x seq x batch] "
-                f"x {kv_bytes} [B] / {par.tensor} [tensor]) = {kv:,} B"
+                f"x {kv_bytes} [B] / {kv_shard} "
+                f"[{'tensor x pipeline' if par.pipeline > 1 else 'tensor'}]) = {kv:,} B"
             )
     fwd_peak, _ = _forward(
         storage_plan, _timeline(storage_plan), _input_bytes(analysis, storage_plan)

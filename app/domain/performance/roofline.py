@@ -62,6 +62,7 @@ from enum import StrEnum
 from fractions import Fraction
 from functools import lru_cache
 from itertools import accumulate
+from typing import TYPE_CHECKING
 
 from app.domain.errors import DomainError
 from app.domain.graph.analysis import GraphAnalysis, LayerAnalysis
@@ -91,6 +92,9 @@ from app.domain.precision import (
     bytes_per_element,
 )
 from app.domain.workload import FUSED_ATTENTION, Attention
+
+if TYPE_CHECKING:
+    from app.domain.performance.pipeline import PipelineTiming
 
 INDEX_BYTES = 8  # token ids and labels are int64
 FP32_BYTES = 4  # upcast softmax scores and probabilities (Storage.FP32)
@@ -1261,11 +1265,23 @@ class PhaseTiming:
     allreduce_bytes: int = 0
     allreduce_s: float = 0.0  # on the GPUs' stream, between the kernels
     wave_efficiency: float = 1.0  # FLOPs / quantized FLOPs (1: no tiling known)
+    pipeline_transfer_bytes: int = 0  # pipeline parallel: activations sent between stages
+    pipeline_transfer_s: float = 0.0  # their time (one micro-batch, every boundary)
+    pipeline_wait_s: float = 0.0  # the wait for the other micro-batches' slots (cycle - trip)
 
     @property
     def kernel_s(self) -> float:
-        """Time the device runs kernels (and the all-reduces between them) [s]."""
-        return self.compute_s + self.memory_s + self.launch_s + self.allreduce_s
+        """Time the device runs kernels (and the all-reduces between them; pipeline parallel:
+        every stage's kernels, the sends between stages and the wait for the other
+        micro-batches) [s]."""
+        return (
+            self.compute_s
+            + self.memory_s
+            + self.launch_s
+            + self.allreduce_s
+            + self.pipeline_transfer_s
+            + self.pipeline_wait_s
+        )
 
     @property
     def latency_s(self) -> float:
@@ -1302,6 +1318,12 @@ class Prediction:
     tensor_parallel: int = 1  # GPUs per request (the figures are the group's)
     allreduce_link_source: str = ""  # tensor parallel: the link the all-reduces cross
     tiling: Tiling | None = None  # tile and wave quantization (None: the device has no count)
+    pipeline: PipelineTiming | None = None  # pipeline parallel: stages, micro-batches, sends
+
+    @property
+    def pipeline_parallel(self) -> int:
+        """Pipeline stages (1: none)."""
+        return 1 if self.pipeline is None else self.pipeline.stages
 
     def __post_init__(self) -> None:
         # Every property below divides by one of these: a prediction only exists with them sane.
@@ -1337,8 +1359,10 @@ class Prediction:
         for phase in self.phases:
             split[Bound.COMPUTE] += phase.compute_s * phase.repeats
             split[Bound.MEMORY] += phase.memory_s * phase.repeats
-            split[Bound.TRANSFER] += (phase.h2d_s + phase.d2h_s + phase.allreduce_s) * phase.repeats
-            split[Bound.OVERHEAD] += phase.launch_s * phase.repeats
+            split[Bound.TRANSFER] += (
+                phase.h2d_s + phase.d2h_s + phase.allreduce_s + phase.pipeline_transfer_s
+            ) * phase.repeats
+            split[Bound.OVERHEAD] += (phase.launch_s + phase.pipeline_wait_s) * phase.repeats
         split[Bound.OVERHEAD] += self.request_overhead_s
         return split
 
@@ -1431,6 +1455,19 @@ def _peak_source(device: HardwareSpec, dtype: DType) -> str:
 ALLREDUCE_LATENCY_S = 10e-6  # per NCCL all-reduce of a small message inside a node (assumed)
 
 
+def link_between_gpus(device: HardwareSpec, cal: Calibration, *, what: str) -> tuple[float, str]:
+    """The effective link between two GPUs of ``device``'s kind and where it comes from: the
+    catalog's GPU link (NVLink), else the host link (PCIe), times the calibrated host-link
+    efficiency [B/s per direction]."""
+    if device.gpu_link_bytes_per_s is not None:
+        raw, source = device.gpu_link_bytes_per_s, "the catalog's GPU link (NVLink)"
+    elif device.host_link_bytes_per_s is not None:
+        raw, source = device.host_link_bytes_per_s, "the host link (no GPU link: PCIe)"
+    else:
+        raise RooflineInputError(f"{device.slug}: {what} needs a GPU or host link between the GPUs")
+    return raw * cal.host_link_efficiency, source
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AllReduce:
     """A ring all-reduce between the ``degree`` GPUs of a tensor-parallel group."""
@@ -1443,15 +1480,8 @@ class AllReduce:
     def between(cls, device: HardwareSpec, degree: int, cal: Calibration) -> AllReduce:
         """Over the device's GPU link (NVLink), else its host link, at the calibrated
         host-link efficiency."""
-        if device.gpu_link_bytes_per_s is not None:
-            raw, source = device.gpu_link_bytes_per_s, "the catalog's GPU link (NVLink)"
-        elif device.host_link_bytes_per_s is not None:
-            raw, source = device.host_link_bytes_per_s, "the host link (no GPU link: PCIe)"
-        else:
-            raise RooflineInputError(
-                f"{device.slug}: tensor parallelism needs a GPU or host link between the GPUs"
-            )
-        return cls(degree=degree, link_bytes_per_s=raw * cal.host_link_efficiency, source=source)
+        link, source = link_between_gpus(device, cal, what="tensor parallelism")
+        return cls(degree=degree, link_bytes_per_s=link, source=source)
 
     def seconds(self, count: int, total_bytes: int) -> float:
         """``count`` all-reduces of ``total_bytes`` in all [s].
