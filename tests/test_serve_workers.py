@@ -20,6 +20,9 @@ import pytest
 from tests.api.test_metrics import samples, value
 from tests.support import SqliteDatabases
 
+# Wall-clock bounds: run alone after the parallel pass (scripts/test.sh), not beside it.
+pytestmark = pytest.mark.timing
+
 WORKERS = 2
 
 

@@ -30,6 +30,9 @@ from tests.api.helpers import PROBLEM_JSON, assert_problem, without_slug
 from tests.api.test_admission import BIG, CHAT, NOTES, _container, review
 from tests.support import ApiClient, ClientFactory, db_session, settings_for
 
+# Wall-clock bounds: run alone after the parallel pass (scripts/test.sh), not beside it.
+pytestmark = pytest.mark.timing
+
 REFUSED_URL = "postgresql+psycopg://postgres@127.0.0.1:1/none"  # nothing listens on port 1
 FITS = {"nvidia.com/mig-1g.10gb": "1"}
 UID = "2b5c1a0e-7d1f-4c55-9a37-5a0f1f3c9e11"

@@ -33,6 +33,9 @@ from tests.api.helpers import PROBLEM_JSON, hardware, model, without_slug
 from tests.importers import onnx_models
 from tests.support import ApiClient, settings_for
 
+# Wall-clock bounds: run alone after the parallel pass (scripts/test.sh), not beside it.
+pytestmark = pytest.mark.timing
+
 REFUSED_URL = "postgresql+psycopg://postgres@127.0.0.1:1/none"
 CALL_TIMEOUT_S = 0.5
 CONNECT_TIMEOUT_S = 1

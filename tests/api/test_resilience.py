@@ -23,6 +23,9 @@ from app.api.inflight import InFlightLimitMiddleware
 from tests.api.helpers import PROBLEM_JSON
 from tests.support import ApiClient, ClientFactory
 
+# Wall-clock bounds: run alone after the parallel pass (scripts/test.sh), not beside it.
+pytestmark = pytest.mark.timing
+
 BURST = 240  # > 40 threads + 15 connections of the old defaults, many times over
 ESTIMATE = {"model": "bert-base", "mode": "training", "batch_size": 4, "precision": "bf16"}
 
