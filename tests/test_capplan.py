@@ -20,8 +20,11 @@ from fastapi.testclient import TestClient
 
 from app.client import cli
 from app.client.cli import main, recommendation_table, resolve_gpu
+from app.client.transport import Json
 from app.config import PROJECT_ROOT
 from app.domain.hardware import DeviceKind, PriceKind
+from app.domain.performance.decoding import Batching
+from app.domain.performance.pipeline import ParallelStrategy
 from app.domain.performance.recommend import Objective, Scenario
 from app.domain.performance.runtimes import ServingRuntime
 from app.domain.precision import Precision
@@ -34,7 +37,7 @@ from app.domain.workload import (
     Runtime,
 )
 from app.main import create_app
-from app.schemas.recommendations import CalibrationOverride
+from app.schemas.recommendations import CalibrationOverride, InferenceRecommendationRequest
 from tests.live_server import live_server
 from tests.support import SqliteDatabases, settings_for
 
@@ -292,7 +295,10 @@ def test_every_fit_admission_plan_and_recommend_option_reaches_the_body(tmp_path
                          "--calibration", "cpu.request_overhead_us=40", "--seq", "384",
                          "--tokens-mean", "177", "--image", "32", "--bind", "heads=12",
                          "--prompt-tokens", "100", "--generated-tokens", "20", "--no-fuse",
-                         "--limit", "3")  # fmt: skip
+                         "--prompt-tokens-mean", "60", "--generated-tokens-mean", "12",
+                         "--batching", "continuous", "--beam-width", "4",
+                         "--kv-block-tokens", "16", "--parallelism", "both",
+                         "--pipeline-parallel-max", "2", "--limit", "3")  # fmt: skip
     assert bodies["/v1/recommendations/inference"] == {
         "model": "bert-base", "objective": "energy", "batch_sizes": [1, 8], "max_batch_size": 64,
         "precisions": ["int8", "fp16"], "latency_slo_ms": 20.0, "throughput_target_per_s": 500.0,
@@ -303,6 +309,9 @@ def test_every_fit_admission_plan_and_recommend_option_reaches_the_body(tmp_path
         "scenario": "server", "serving_runtime": "torch_compile", "tensor_parallel_max": 4,
         "calibration": {"gpu": {"compute_efficiency": 0.5},
                         "cpu": {"request_overhead_us": 40.0}},
+        "prompt_tokens_mean": 60, "generated_tokens_mean": 12, "batching": "continuous",
+        "beam_width": 4, "kv_block_tokens": 16, "parallelism": "both",
+        "pipeline_parallel_max": 2,
     }  # fmt: skip
 
 
@@ -318,8 +327,38 @@ def test_the_cli_choices_are_the_api_enumerations() -> None:
     assert cli.PRICE_KINDS == tuple(k.value for k in PriceKind)
     assert cli.SCENARIOS == tuple(k.value for k in Scenario)
     assert cli.SERVING_RUNTIMES == tuple(r.value for r in ServingRuntime)
+    assert cli.BATCHINGS == tuple(b.value for b in Batching)
+    assert cli.PARALLELISMS == tuple(p.value for p in ParallelStrategy)
     assert set(cli.DEVICE_KINDS) == {k.value for k in DeviceKind}
     assert cli.CALIBRATION_FIELDS == tuple(CalibrationOverride.model_fields)
+
+
+def _recommend_actions() -> dict[str, argparse.Action]:
+    parser = cli.build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return {a.dest: a for a in commands.choices["recommend"]._actions}
+
+
+def test_the_recommend_choices_and_integer_bounds_are_the_request_schemas() -> None:
+    properties = InferenceRecommendationRequest.model_json_schema()["properties"]
+    actions = _recommend_actions()
+    for name in ("batching", "parallelism", "scenario", "serving_runtime", "price_kind"):
+        assert tuple(actions[name].choices or ()) == _enum(name), name
+    bounded = {dest: a.type for dest, a in actions.items() if isinstance(a.type, cli.IntIn)}
+    assert set(bounded) == {"prompt_tokens", "generated_tokens", "prompt_tokens_mean",
+                            "generated_tokens_mean", "beam_width", "kv_block_tokens",
+                            "tensor_parallel_max", "pipeline_parallel_max"}  # fmt: skip
+    for dest, bounds in bounded.items():
+        schema = properties[dest]
+        schema = next((s for s in schema.get("anyOf", []) if s.get("type") == "integer"), schema)
+        assert (bounds.low, bounds.high) == (schema["minimum"], schema["maximum"]), dest
+
+
+def _enum(name: str) -> tuple[str, ...]:
+    """The values of the enum a request field refers to (``$ref`` to its definition)."""
+    schema = InferenceRecommendationRequest.model_json_schema()
+    ref = schema["properties"][name]["$ref"].rsplit("/", 1)[1]
+    return tuple(schema["$defs"][ref]["enum"])
 
 
 @pytest.mark.parametrize(
@@ -331,14 +370,38 @@ def test_the_cli_choices_are_the_api_enumerations() -> None:
         (("admission", "gpt-2"), "needs --resource and --gpu"),
         (("hardware", "show"), "a slug is required"),
         (("fit", "gpt-2", "--gpu", "l4", "--profile", "1g.10gb"), "nvidia-l4 has no MIG profiles"),
+        (("recommend", "gpt-2", "--prompt-tokens-mean", "0"),
+         "argument --prompt-tokens-mean: must be in [1, 16777216], got 0"),
+        (("recommend", "gpt-2", "--prompt-tokens", "100", "--prompt-tokens-mean", "101"),
+         "--prompt-tokens-mean 101 exceeds --prompt-tokens 100, the maximum"),
+        (("recommend", "gpt-2", "--generated-tokens-mean", "1.5"),
+         "argument --generated-tokens-mean: expected an integer in [1, 16777216], got '1.5'"),
+        (("recommend", "gpt-2", "--generated-tokens", "10", "--generated-tokens-mean", "11"),
+         "--generated-tokens-mean 11 exceeds --generated-tokens 10, the maximum"),
+        (("recommend", "gpt-2", "--batching", "dynamic"),
+         "argument --batching: invalid choice: 'dynamic' (choose from"),
+        (("recommend", "gpt-2", "--beam-width", "17"),
+         "argument --beam-width: must be in [1, 16], got 17"),
+        (("recommend", "gpt-2", "--batching", "continuous", "--kv-block-tokens", "4097"),
+         "argument --kv-block-tokens: must be in [1, 4096], got 4097"),
+        (("recommend", "gpt-2", "--kv-block-tokens", "16"),
+         "--kv-block-tokens sizes the paged KV cache of --batching continuous"),
+        (("recommend", "gpt-2", "--parallelism", "data"),
+         "argument --parallelism: invalid choice: 'data' (choose from"),
+        (("recommend", "gpt-2", "--pipeline-parallel-max", "9"),
+         "argument --pipeline-parallel-max: must be in [1, 8], got 9"),
+        (("recommend", "gpt-2", "--tensor-parallel-max", "0"),
+         "argument --tensor-parallel-max: must be in [1, 8], got 0"),
     ],
-)
-def test_bad_flag_values_are_usage_errors(argv: tuple[str, ...], message: str) -> None:
+)  # fmt: skip
+def test_bad_flag_values_are_usage_errors(
+    argv: tuple[str, ...], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     recorder = Recorder()
     with httpx.Client(base_url="http://planner", transport=httpx.MockTransport(recorder)) as http:
         code, _, err = run(http, *argv)
     assert (code, recorder.bodies) == (2, {})
-    assert message in err
+    assert message in err + capsys.readouterr().err  # argparse's own errors go to sys.stderr
 
 
 # -- --gpu -------------------------------------------------------------------------------------
@@ -481,6 +544,95 @@ def test_the_llm_table_shows_the_column_it_is_ranked_by(http: TestClient) -> Non
         assert column in out
     code, out, _ = run(http, "recommend", "resnet-50", "--devices", "nvidia-l4,nvidia-t4")
     assert "$/M (ranked)" in out
+
+
+# -- decoder serving and multi-GPU flags, through the real app ---------------------------------
+
+DECODER = ("recommend", "gpt-2", "--devices", "nvidia-l4", "--precision", "fp16",
+           "--batch", "8", "--prompt-tokens", "256", "--generated-tokens", "64",
+           "--objective", "latency")  # fmt: skip
+
+
+def recommend_both(http: TestClient, *argv: str) -> tuple[str, Json]:
+    """The table and the JSON answer of one recommend command line (both exit 0)."""
+    code, out, err = run(http, *argv)
+    assert code == 0, err
+    code, answer, err = run(http, *argv, "--json")
+    assert code == 0, err
+    return out, json.loads(answer)
+
+
+def serving(answer: Json) -> Json:
+    block: Json = answer["candidates"][0]["decoder_serving"]
+    return block
+
+
+def test_prompt_tokens_mean_is_priced_under_continuous_batching(http: TestClient) -> None:
+    out, answer = recommend_both(http, *DECODER, "--batching", "continuous",
+                                 "--prompt-tokens-mean", "100")  # fmt: skip
+    assert answer["workload"]["prompt_tokens_mean"] == 100
+    assert serving(answer)["prompt_tokens"] == 100
+    assert "prompt mean 100 / max 256 tokens (priced at the mean)" in out
+
+
+def test_generated_tokens_mean_under_static_batching_runs_to_the_maximum(
+    http: TestClient,
+) -> None:
+    out, answer = recommend_both(http, *DECODER, "--generated-tokens-mean", "20")
+    assert answer["workload"]["generated_tokens_mean"] == 20
+    assert serving(answer)["decode_steps"] == 63  # the batch waits for its longest output
+    assert "decoder serving: static batching; prompt 256 tokens; generated mean 20 / max 64 " \
+        "tokens (padded to the maximum)" in out  # fmt: skip
+
+
+def test_continuous_batching_shows_the_concurrent_requests(http: TestClient) -> None:
+    out, answer = recommend_both(http, *DECODER, "--batching", "continuous")
+    assert serving(answer)["batching"] == "continuous"
+    header, _, first = out.split("\n\n")[2].splitlines()[:3]
+    assert header.split()[3:6] == ["concurrent", "max", "(KV)"]
+    most = serving(answer)["max_concurrent_requests"]
+    assert first.split()[3:5] == ["8", f"{most:,}"]
+    assert "decoder serving: continuous batching;" in out
+    assert "paged KV cache in blocks of 64 tokens" in out
+
+
+def test_beam_width_runs_beams_per_request(http: TestClient) -> None:
+    out, answer = recommend_both(http, *DECODER, "--beam-width", "3")
+    assert serving(answer)["beam_width"] == 3
+    assert serving(answer)["decode_sequences"] == 3 * serving(answer)["concurrent_requests"]
+    assert "beam search, 3 beams per request" in out
+
+
+def test_kv_block_tokens_sizes_the_paged_cache(http: TestClient) -> None:
+    out, answer = recommend_both(http, *DECODER, "--batching", "continuous",
+                                 "--kv-block-tokens", "16")  # fmt: skip
+    assert answer["workload"]["kv_block_tokens"] == 16
+    assert serving(answer)["kv_tokens_per_request"] % 16 == 0
+    assert "paged KV cache in blocks of 16 tokens" in out
+
+
+LARGE = ("recommend", "llama-3-8b", "--devices", "nvidia-t4", "--precision", "fp16",
+         "--batch", "1", "--batch", "4", "--objective", "latency")  # fmt: skip
+
+
+def test_parallelism_pipeline_offers_a_pipeline_group(http: TestClient) -> None:
+    out, answer = recommend_both(http, *LARGE, "--parallelism", "pipeline")
+    group = next(c for c in answer["candidates"] if c["pipeline"])
+    assert (group["device"], group["gpus"], group["pipeline_parallel"]) == (
+        "nvidia-t4 x2 (pipeline)", 2, 2)  # fmt: skip
+    assert "nvidia-t4 x2 (pipeline)" in out
+    line = out.split("pipeline groups (--json has every stage and phase):\n")[1].splitlines()[0]
+    assert line.startswith(f"  #{group['rank']} nvidia-t4 x2 (pipeline): 2 stages of 16 blocks "
+                           f"each, {group['pipeline']['micro_batches']} micro-batches")  # fmt: skip
+    assert "GPipe bubble" in line
+
+
+def test_pipeline_parallel_max_1_offers_no_pipeline_group(http: TestClient) -> None:
+    code, out, err = run(http, *LARGE, "--parallelism", "pipeline", "--pipeline-parallel-max", "1")
+    assert code == cli.EXIT_VERDICT_NO, err  # the lone T4 does not fit, and no group is offered
+    assert "(pipeline)" not in out
+    assert "pipeline groups" not in out
+    assert "does not fit" in out
 
 
 # -- a closed pipe -----------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
@@ -77,10 +78,18 @@ OBJECTIVES = ("cost", "energy", "latency")
 PRICE_KINDS = ("on_demand", "reserved", "spot")
 SCENARIOS = ("offline", "server")
 SERVING_RUNTIMES = ("tensorrt", "torch_compile", "pytorch_eager", "tensorflow")
+BATCHINGS = ("static", "continuous")
+PARALLELISMS = ("tensor", "pipeline", "both")
 DEVICE_KINDS = ("gpu", "cpu", "edge", "tpu")
 CALIBRATION_FIELDS = ("compute_efficiency", "memory_efficiency", "activation_cache_share",
                       "host_link_efficiency", "kernel_launch_overhead_us",
                       "request_overhead_us")  # fmt: skip
+# The recommendation request's integer bounds (tests/test_capplan.py checks them against the
+# request schema): a value outside them is a usage error here, not a 422 from the server.
+MAX_TOKENS = 16_777_216  # prompt and generated tokens, their means
+MAX_BEAM_WIDTH = 16
+MAX_KV_BLOCK_TOKENS = 4096
+MAX_GROUP_GPUS = 8  # tensor_parallel_max, pipeline_parallel_max
 
 
 def version() -> str:
@@ -199,6 +208,26 @@ def _dump(result: Any) -> str:
 
 class UsageError(Exception):
     """A command line that cannot be carried out (exit code 2)."""
+
+
+@dataclass(frozen=True, slots=True)
+class IntIn:
+    """An argparse ``type``: an integer in [low, high], else a usage error naming the range
+    (the server's bounds, so that a bad value never reaches it)."""
+
+    low: int
+    high: int
+
+    def __call__(self, text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected an integer in [{self.low}, {self.high}], got {text!r}"
+            ) from None
+        if not self.low <= value <= self.high:
+            raise argparse.ArgumentTypeError(f"must be in [{self.low}, {self.high}], got {value}")
+        return value
 
 
 # -- request bodies ----------------------------------------------------------------------------
@@ -867,7 +896,25 @@ def _calibration(values: list[str]) -> dict[str, dict[str, float]]:
     return calibration
 
 
+def _check_decoder_serving(args: argparse.Namespace) -> None:
+    """The request's rules between decoder-serving flags, checked before anything is sent."""
+    for mean, longest in (("prompt_tokens_mean", "prompt_tokens"),
+                          ("generated_tokens_mean", "generated_tokens")):  # fmt: skip
+        value, maximum = getattr(args, mean), getattr(args, longest)
+        if value is not None and maximum is not None and value > maximum:
+            raise UsageError(
+                f"--{mean.replace('_', '-')} {value} exceeds --{longest.replace('_', '-')} "
+                f"{maximum}, the maximum"
+            )
+    if args.kv_block_tokens is not None and args.batching != "continuous":
+        raise UsageError(
+            "--kv-block-tokens sizes the paged KV cache of --batching continuous; static "
+            "batching reserves the whole padded context"
+        )
+
+
 def _recommend_body(args: argparse.Namespace) -> Json:
+    _check_decoder_serving(args)
     payload: Json = {"model": args.model, "objective": args.objective}
     for key, value in (
         ("batch_sizes", args.batch),
@@ -878,6 +925,8 @@ def _recommend_body(args: argparse.Namespace) -> Json:
         ("scenario", args.scenario),
         ("serving_runtime", args.serving_runtime),
         ("tensor_parallel_max", args.tensor_parallel_max),
+        ("parallelism", args.parallelism),
+        ("pipeline_parallel_max", args.pipeline_parallel_max),
         ("price_kind", args.price_kind),
         ("throughput_target_per_s", args.target),
         ("devices", args.devices.split(",") if args.devices else None),
@@ -886,6 +935,11 @@ def _recommend_body(args: argparse.Namespace) -> Json:
         ("image_size", args.image),
         ("prompt_tokens", args.prompt_tokens),
         ("generated_tokens", args.generated_tokens),
+        ("prompt_tokens_mean", args.prompt_tokens_mean),
+        ("generated_tokens_mean", args.generated_tokens_mean),
+        ("batching", args.batching),
+        ("beam_width", args.beam_width),
+        ("kv_block_tokens", args.kv_block_tokens),
         ("fuse_elementwise", args.fuse),
         ("limit", args.limit),
     ):
@@ -929,8 +983,13 @@ def cmd_recommend(client: JsonClient, args: argparse.Namespace, out: TextIO) -> 
         return verdict
     out.write(result["recommendation"] + "\n\n")
     workload = result["workload"]
-    out.write(_echo(workload["bindings"], workload["defaults_used"], workload["attention"]) + "\n")
+    out.write(_echo(workload["bindings"], workload["defaults_used"], workload["attention"]))
+    serving = decoder_serving_line(workload)
+    out.write((f"decoder serving: {serving}\n" if serving else "") + "\n")
     out.write(recommendation_table(result) + "\n")
+    groups = pipeline_lines(result["candidates"])
+    if groups:
+        out.write("\npipeline groups (--json has every stage and phase):\n" + groups + "\n")
     out.write(
         f"\n{result['eligible_candidates']} of {result['total_candidates']} candidates eligible; "
         f"{len(result['excluded'])} device/precision pairs excluded (--json lists why)\n"
@@ -946,15 +1005,76 @@ def cmd_recommend(client: JsonClient, args: argparse.Namespace, out: TextIO) -> 
     return verdict
 
 
+def decoder_serving_line(workload: Json) -> str | None:
+    """How a decoder's requests are served, in one line (None for other models)."""
+    if not workload.get("decoder") or workload.get("batching") is None:
+        return None
+    continuous = workload["batching"] == "continuous"
+    parts = [f"{workload['batching']} batching"]
+    for what in ("prompt", "generated"):
+        mean, maximum = workload.get(f"{what}_tokens_mean"), workload.get(f"{what}_tokens")
+        if mean is None or mean == maximum:
+            parts.append(f"{what} {maximum} tokens")
+        else:
+            priced = "priced at the mean" if continuous else "padded to the maximum"
+            parts.append(f"{what} mean {mean} / max {maximum} tokens ({priced})")
+    beams = workload.get("beam_width") or 1
+    if beams > 1:
+        parts.append(f"beam search, {beams} beams per request")
+    if continuous and workload.get("kv_block_tokens"):
+        parts.append(f"paged KV cache in blocks of {workload['kv_block_tokens']} tokens")
+    return "; ".join(parts)
+
+
+def pipeline_lines(candidates: list[Json]) -> str:
+    """One line per pipeline-parallel candidate: stages, micro-batches, the link, and per
+    phase the steady-state idle share and the GPipe bubble of a lone batch."""
+    lines = []
+    for c in candidates:
+        pipeline = c.get("pipeline")
+        if not pipeline:
+            continue
+        sizes = [stage["blocks"] for stage in pipeline["stage_layout"]]
+        blocks = (
+            f"{sizes[0]} blocks each"
+            if len(set(sizes)) == 1
+            else ("+".join(map(str, sizes)) + " blocks")
+        )
+        idle = ", ".join(
+            f"{phase['name']} {phase['idle_fraction']:.1%}" for phase in pipeline["phases"]
+        )
+        bubble = max(phase["gpipe_bubble_fraction"] for phase in pipeline["phases"])
+        lines.append(
+            f"  #{c['rank']} {c['device']}: {pipeline['stages']} stages of {blocks}, "
+            f"{pipeline['micro_batches']} micro-batches of {pipeline['micro_batch_size']}, "
+            f"{pipeline['link_bytes_per_s'] / 1e9:,.0f} GB/s between stages; idle {idle}; "
+            f"GPipe bubble {bubble:.0%} for a lone batch"
+        )
+    return "\n".join(lines)
+
+
+def _value(candidate: Json, key: str) -> Any:
+    """A candidate field; ``block.field`` reads a nested one (None when the block is)."""
+    block, _, field = key.partition(".")
+    if not field:
+        return candidate.get(key)
+    return (candidate.get(block) or {}).get(field)
+
+
 def recommendation_table(result: Json) -> str:
     """The ranked candidates with the column they are ranked by (and, for decoders, the
-    time to first token, per-token latency and tokens per second)."""
+    time to first token, per-token latency and tokens per second; with continuous batching
+    the concurrent requests and the most whose KV cache fits)."""
     key, header = ranking_column(result)
     decoder = bool(result["workload"].get("decoder"))
+    continuous = decoder and result["workload"].get("batching") == "continuous"
     columns: list[tuple[str, str]] = [
-        ("rank", "#"), ("device", "device"), ("precision", "precision"), ("batch_size", "batch"),
-        ("latency_ms", "latency ms"),
+        ("rank", "#"), ("device", "device"), ("precision", "precision"),
+        ("batch_size", "concurrent" if continuous else "batch"),
     ]  # fmt: skip
+    if continuous:
+        columns.append(("decoder_serving.max_concurrent_requests", "max (KV)"))
+    columns.append(("latency_ms", "latency ms"))
     if decoder:
         columns += [("time_to_first_token_ms", "TTFT ms"), ("per_token_latency_ms", "ms/token"),
                     ("tokens_per_s", "tokens/s")]  # fmt: skip
@@ -964,7 +1084,8 @@ def recommendation_table(result: Json) -> str:
         columns.append((key, header))
     columns += [("bound", "bound"), ("fits_in_memory", "fits")]
     rows = [
-        [c.get(k) for k, _ in columns] + ["yes" if c["eligible"] else "; ".join(c["reasons"])[:40]]
+        [_value(c, k) for k, _ in columns]
+        + ["yes" if c["eligible"] else "; ".join(c["reasons"])[:40]]
         for c in result["candidates"]
     ]
     headers = [f"{h} (ranked)" if k == key else h for k, h in columns] + ["eligible"]
@@ -1169,8 +1290,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     recommend.add_argument(
         "--tensor-parallel-max",
-        type=int,
-        help="largest tensor-parallel group offered when a model fits no single GPU (1-8)",
+        type=IntIn(1, MAX_GROUP_GPUS),
+        metavar="GPUS",
+        help="largest tensor-parallel group offered when a model fits no single GPU (1-8, "
+        "default 8; 1: none)",
+    )
+    recommend.add_argument(
+        "--parallelism",
+        choices=PARALLELISMS,
+        help="how GPUs are grouped when a model fits no single GPU: tensor (default), pipeline "
+        "(layers split into stages) or both (also tensor x pipeline groups)",
+    )
+    recommend.add_argument(
+        "--pipeline-parallel-max",
+        type=IntIn(1, MAX_GROUP_GPUS),
+        metavar="GPUS",
+        help="most pipeline stages a group may have (1-8, default 8; 1: none)",
     )
     recommend.add_argument(
         "--serving-runtime",
@@ -1202,8 +1337,46 @@ def build_parser() -> argparse.ArgumentParser:
     recommend.add_argument("--tokens-mean", type=int, help="encoders without padding: mean tokens")
     recommend.add_argument("--image", type=int, help="image size")
     recommend.add_argument("--bind", action="append", metavar="NAME=N", help="(repeat)")
-    recommend.add_argument("--prompt-tokens", type=int, help="decoders: prompt length")
-    recommend.add_argument("--generated-tokens", type=int, help="decoders: tokens generated")
+    tokens = IntIn(1, MAX_TOKENS)
+    decoders = recommend.add_argument_group("decoder LLMs (left out: the server's defaults)")
+    decoders.add_argument(
+        "--prompt-tokens",
+        type=tokens,
+        metavar="TOKENS",
+        help="prompt length; with --prompt-tokens-mean the maximum (512)",
+    )
+    decoders.add_argument(
+        "--generated-tokens",
+        type=tokens,
+        metavar="TOKENS",
+        help="tokens generated; with --generated-tokens-mean the maximum (128)",
+    )
+    decoders.add_argument(
+        "--prompt-tokens-mean",
+        type=tokens,
+        metavar="TOKENS",
+        help="mean prompt length when prompts vary (default: the maximum)",
+    )
+    decoders.add_argument(
+        "--generated-tokens-mean",
+        type=tokens,
+        metavar="TOKENS",
+        help="mean tokens generated when outputs vary (default: the maximum)",
+    )
+    decoders.add_argument(
+        "--batching",
+        choices=BATCHINGS,
+        help="static (default): padded batches run to their longest output; continuous: "
+        "in-flight batching with a paged KV cache, the mean request priced",
+    )
+    decoders.add_argument("--beam-width", type=IntIn(1, MAX_BEAM_WIDTH), metavar="K",
+                          help="beams per request, 1-16 (default 1)")  # fmt: skip
+    decoders.add_argument(
+        "--kv-block-tokens",
+        type=IntIn(1, MAX_KV_BLOCK_TOKENS),
+        metavar="TOKENS",
+        help="--batching continuous: tokens per paged KV-cache block, 1-4096 (default 64)",
+    )
     recommend.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=None,
                            help="fuse elementwise layers into kernels (default on)")  # fmt: skip
     recommend.add_argument("--limit", type=int, default=10, help="rows to show")
