@@ -26,6 +26,7 @@ from app.domain.memory.estimate import (
     estimate_memory,
 )
 from app.domain.performance.decoding import (
+    Batching,
     DecoderServing,
     DecodingInputError,
     kv_elements_per_token,
@@ -1132,6 +1133,7 @@ def _defaults_used(
                 reason="decoder serving computes the last position's logits (memory fit)",
             )
         )
+        rows += _decoder_defaults(payload, given)
     shape_options: tuple[tuple[str, str, int | None], ...] = (
         ("sequence_length", "seq", payload.sequence_length),
         ("image_size", "image", payload.image_size),
@@ -1183,6 +1185,7 @@ def _defaults_used(
                 "meet it: the latency is predicted, not measured",
             )
         )
+    rows += _scenario_and_parallel_defaults(payload, given)
     rows.append(
         DefaultUsedRow(
             option="runtime",
@@ -1212,6 +1215,95 @@ def _defaults_used(
                     if fuse
                     else "runs one kernel per layer"
                 ),
+            )
+        )
+    return rows
+
+
+def _decoder_defaults(
+    payload: InferenceRecommendationRequest, given: set[str]
+) -> list[DefaultUsedRow]:
+    """A decoder's serving options the request left out."""
+    rows: list[DefaultUsedRow] = []
+    for option, maximum in (
+        ("prompt_tokens_mean", "prompt_tokens"),
+        ("generated_tokens_mean", "generated_tokens"),
+    ):
+        if option not in given:
+            value = getattr(payload, maximum)
+            rows.append(
+                DefaultUsedRow(
+                    option=option,
+                    value=str(value),
+                    reason=f"{maximum}: every request at the maximum length",
+                )
+            )
+    if "batching" not in given:
+        rows.append(
+            DefaultUsedRow(
+                option="batching",
+                value=payload.batching.value,
+                reason="a batch padded to the maximum lengths runs until its longest output "
+                "(continuous: in-flight batching with a paged KV cache, as TensorRT-LLM and "
+                "vLLM serve)",
+            )
+        )
+    if "beam_width" not in given:
+        rows.append(
+            DefaultUsedRow(
+                option="beam_width",
+                value=str(payload.beam_width),
+                reason="one sequence per request (greedy or sampled decoding)",
+            )
+        )
+    if payload.batching is Batching.CONTINUOUS and "kv_block_tokens" not in given:
+        rows.append(
+            DefaultUsedRow(
+                option="kv_block_tokens",
+                value=str(payload.kv_block_tokens),
+                reason="TensorRT-LLM's tokens_per_block default",
+            )
+        )
+    return rows
+
+
+def _scenario_and_parallel_defaults(
+    payload: InferenceRecommendationRequest, given: set[str]
+) -> list[DefaultUsedRow]:
+    """The scenario and the multi-GPU options the request left out."""
+    rows: list[DefaultUsedRow] = []
+    if "scenario" not in given:
+        rows.append(
+            DefaultUsedRow(
+                option="scenario",
+                value=payload.scenario.value,
+                reason="throughput at the best batch with every request already waiting "
+                "(MLPerf Offline; server: Poisson arrivals under the latency SLO)",
+            )
+        )
+    if "parallelism" not in given:
+        rows.append(
+            DefaultUsedRow(
+                option="parallelism",
+                value=payload.parallelism.value,
+                reason="a model whose batch 1 fits no single GPU is offered on tensor-parallel "
+                "groups of GPUs (pipeline or both on request)",
+            )
+        )
+    if payload.parallelism is not ParallelStrategy.PIPELINE and "tensor_parallel_max" not in given:
+        rows.append(
+            DefaultUsedRow(
+                option="tensor_parallel_max",
+                value=str(payload.tensor_parallel_max),
+                reason="tensor-parallel groups of 2, 4 or 8 GPUs at most (one node)",
+            )
+        )
+    if payload.parallelism is not ParallelStrategy.TENSOR and "pipeline_parallel_max" not in given:
+        rows.append(
+            DefaultUsedRow(
+                option="pipeline_parallel_max",
+                value=str(payload.pipeline_parallel_max),
+                reason="pipeline groups of 2, 4 or 8 stages at most (one node)",
             )
         )
     return rows

@@ -67,6 +67,11 @@ def test_continuous_batching_prices_the_mean_request(client: ApiClient) -> None:
     assert cont["tokens_per_s"] == pytest.approx(50 * cont["throughput_per_s"])
     assert "paged KV cache" in cont["memory_detail"]
     assert answer["workload"]["kv_block_tokens"] == 64
+    defaults = {row["option"]: row for row in answer["workload"]["defaults_used"]}
+    assert defaults["kv_block_tokens"]["value"] == "64"
+    assert "tokens_per_block" in defaults["kv_block_tokens"]["reason"]
+    assert defaults["beam_width"]["value"] == "1"
+    assert "batching" not in defaults  # given
 
 
 def test_continuous_batching_runs_as_many_requests_as_the_kv_cache_holds(

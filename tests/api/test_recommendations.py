@@ -208,8 +208,15 @@ def test_the_defaults_a_recommendation_used_are_echoed(client: ApiClient) -> Non
         latency_slo_ms=20,
         slo_margin=0.2,
         serving_runtime="tensorrt",
+        scenario="offline",
+        parallelism="tensor",
+        tensor_parallel_max=8,
     )
     assert {row["option"] for row in given["workload"]["defaults_used"]} == {"runtime"}
+    assert defaults["scenario"]["value"] == "offline"
+    assert defaults["parallelism"]["value"] == "tensor"
+    assert defaults["tensor_parallel_max"]["value"] == "8"
+    assert "pipeline_parallel_max" not in defaults  # tensor groups only
 
 
 def test_a_decoder_echoes_its_token_defaults_and_attention(client: ApiClient) -> None:
@@ -223,6 +230,9 @@ def test_a_decoder_echoes_its_token_defaults_and_attention(client: ApiClient) ->
     workload = body["workload"]
     defaults = {row["option"]: row["value"] for row in workload["defaults_used"]}
     assert (defaults["prompt_tokens"], defaults["generated_tokens"]) == ("512", "128")
+    assert (defaults["prompt_tokens_mean"], defaults["generated_tokens_mean"]) == ("512", "128")
+    assert (defaults["batching"], defaults["beam_width"]) == ("static", "1")
+    assert "kv_block_tokens" not in defaults  # static batching has no paged cache
     assert defaults["logits"] == "last"
     assert "sequence_length" not in defaults  # decoders are bound by the token counts
     attention = "\n".join(workload["attention"])
