@@ -101,7 +101,7 @@ from app.schemas.recommendations import (
     TimeShares,
     WorkloadSummary,
 )
-from app.services.cache import LruCache
+from app.services.cache import LruCache, collector_paused
 from app.services.convert import (
     bind_dims,
     geometry,
@@ -843,7 +843,10 @@ def recommend(
     session: Session, *, payload: InferenceRecommendationRequest
 ) -> InferenceRecommendationResponse:
     """Rank every candidate device and precision at its best batch size, and explain."""
-    with workload_pointers("", inline_architecture=payload.architecture is not None):
+    with (
+        collector_paused(),
+        workload_pointers("", inline_architecture=payload.architecture is not None),
+    ):
         return _recommend(session, payload=payload)
 
 
