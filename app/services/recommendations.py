@@ -12,7 +12,7 @@ from app.charts import Roof, RoofPoint, binding_phrases, roofline_svg
 from app.db.models import Hardware
 from app.db.repositories import HardwareRepository
 from app.domain.fit import requirement
-from app.domain.graph.analysis import GraphAnalysis
+from app.domain.graph.analysis import GraphAnalysis, effective_options
 from app.domain.hardware import (
     DeviceKind,
     FrameworkOverhead,
@@ -391,7 +391,16 @@ class ModelSource:
         attention: Attention | None = None,
     ) -> GraphAnalysis:
         """The inference analysis at ``bindings`` (cached for stored models); ``attention``
-        None: SDPA's choice on CUDA at fp32 (a fused kernel, as serving engines run)."""
+        None: SDPA's choice on CUDA at fp32 (a fused kernel, as serving engines run). Options
+        that cannot change this graph's analysis (attention without attention layers, logits
+        of an encoder) share one: only its record of the options asked for is rewritten."""
+        options = ("options", logits, attention)
+        effective: tuple[Attention | None, Logits] | None = self.memo.get(options)
+        if effective is None:
+            effective = self.memo[options] = effective_options(
+                self.layers, training=False, attention=attention, logits=logits
+            )
+        used_attention, used_logits = effective
 
         def compute() -> GraphAnalysis:
             return analyze_graph(
@@ -399,13 +408,23 @@ class ModelSource:
                 self.layers,
                 bindings,
                 training=False,
-                logits=logits,
-                attention=attention,
+                logits=used_logits,
+                attention=used_attention,
             )
 
-        return self._remember(
-            (self.key, "analysis", tuple(bindings.items()), logits, attention), _ANALYSES, compute
+        bound = tuple(bindings.items())
+        found = self._remember(
+            (self.key, "analysis", bound, used_logits, used_attention), _ANALYSES, compute
         )
+        if effective == (attention, logits):
+            return found
+        key = ("analysis as asked", bound, logits, attention)
+        asked: GraphAnalysis | None = self.memo.get(key)
+        if asked is None:
+            asked = self.memo[key] = replace(
+                found, attention_requested=attention, logits_requested=logits
+            )
+        return asked
 
     def bindings(self, batch: int, *, seq: int | None = None) -> dict[str, int]:
         """Symbol bindings at a batch (decoders: at a sequence length)."""
