@@ -20,6 +20,7 @@ from app.domain.hardware import (
     PriceKind,
     mig_slice,
 )
+from app.domain.memory.cuda_allocator import AllocatorSnapshot
 from app.domain.memory.estimate import (
     MemoryInputError,
     MemoryRequest,
@@ -166,6 +167,9 @@ T = TypeVar("T")
 _ANALYSES: LruCache[tuple[Any, ...], GraphAnalysis] = LruCache(size=128, name="graph_analyses")
 _SHAPES: LruCache[tuple[Any, ...], PhasedRequestShape] = LruCache(size=128, name="request_shapes")
 _PEAKS: LruCache[tuple[Any, ...], int] = LruCache(size=2048, name="memory_peaks")
+# the CUDA allocator's state after a model's weights, per precision and sharding (estimates at
+# every batch size and workspace size start from it)
+_REPLAYS: LruCache[tuple[Any, ...], AllocatorSnapshot] = LruCache(size=32, name="allocator_replays")
 # one GPU's share of a request on a tensor-parallel group, per batch, precision and degree
 _SHARDS: LruCache[tuple[Any, ...], PhasedRequest] = LruCache(
     size=256, name="tensor_parallel_shards"
@@ -180,6 +184,7 @@ def clear_caches() -> None:
     _ANALYSES.clear()
     _SHAPES.clear()
     _PEAKS.clear()
+    _REPLAYS.clear()
     _SHARDS.clear()
     _STAGES.clear()
     clear_server_cache()
@@ -567,7 +572,9 @@ class ModelSource:
             if result is None:
                 try:
                     result = estimate_memory(
-                        self.analysis(bindings, Logits.LAST, attention), request
+                        self.analysis(bindings, Logits.LAST, attention),
+                        request,
+                        replays=_REPLAYS,  # keyed by the events: inline graphs too
                     )
                 except MemoryInputError as exc:
                     raise InvalidInput(str(exc)) from exc

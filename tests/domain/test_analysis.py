@@ -16,10 +16,9 @@ import json
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
-
-from dataclasses import replace
 
 import pytest
 
@@ -838,8 +837,9 @@ def test_effective_options_analyse_the_same(slug: str, training: bool) -> None:
         assert (analysis.attention_requested, analysis.logits_requested) == (attention, logits)
         target = effective[attention, logits]
         assert effective[target] == target  # the options named are their own
-        blank = {"attention_requested": None, "logits_requested": Logits.ALL}
-        assert replace(analysis, **blank) == replace(found[target], **blank)
+        assert replace(analysis, attention_requested=None, logits_requested=Logits.ALL) == (
+            replace(found[target], attention_requested=None, logits_requested=Logits.ALL)
+        )
     attends = any(layer.op == "attention" for layer in found[None, Logits.ALL].layers)
     decoder = found[None, Logits.ALL].is_decoder and not training
     assert len(set(effective.values())) == (len(Attention) + 1 if attends else 1) * (

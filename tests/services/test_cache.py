@@ -30,8 +30,8 @@ def test_collector_paused_inside_and_restored_after() -> None:
 
 
 def test_collector_restored_after_an_exception() -> None:
-    with pytest.raises(ValueError), collector_paused():
-        raise ValueError
+    with pytest.raises(ValueError, match="inside"), collector_paused():
+        raise ValueError("inside")
     assert gc.isenabled()
 
 
