@@ -7,14 +7,19 @@ recommendation service for the default request (every catalog device and MIG sli
 bf16 / fp16 / int8, batch sizes 1 to 256) of several zoo models: once with empty caches (cold:
 every graph analysis and memory estimate computed) and ``--runs`` times warm (the analysis and
 memory-peak caches filled; the roofline still evaluated for every candidate). Prints the cold
-time and the warm median. Target (issue 6): a default request well under 1 s; the opt-in
-server scenario (a simulated queue per device and precision) under 3 s; exit 1 when a cold
-request takes longer than its target.
+time and the warm median. Target (issue 15): a default recommendation over every device under
+0.5 s (issue 6 asked for 1 s); the opt-in server scenario (a simulated queue per device and
+precision) under 3 s; exit 1 when a cold request takes longer than its target.
+
+As the app's start-up does (``app.main``: ``gc.collect(); gc.freeze()`` in the lifespan), the
+objects built before the first request (modules, catalog, zoo) are frozen out of the garbage
+collector's generations, so full collections do not scan them.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import sys
 import tempfile
@@ -30,7 +35,7 @@ from app.services.catalog import load_catalog, sync_catalog
 from app.services.recommendations import clear_caches, recommend
 from app.services.zoo import sync_zoo
 
-TARGET_MS = 1000.0
+TARGET_MS = 500.0  # issue 15: a default recommendation over every device under 0.5 s
 SERVER_TARGET_MS = 3000.0  # opt-in: a simulated queue per device and precision on top
 CASES: list[tuple[dict[str, Any], float]] = [
     ({"model": "resnet-50", "latency_slo_ms": 20}, TARGET_MS),
@@ -54,6 +59,8 @@ def main() -> int:
         with sessions() as session:
             sync_catalog(session, load_catalog(PROJECT_ROOT / "hardware_catalog"))
             sync_zoo(session)
+        gc.collect()
+        gc.freeze()  # as app.main's lifespan does before serving
         print(f"{'model':<19} {'candidates':>10} {'cold ms':>8} {'warm median ms':>15}  target")
         ok = True
         for case, target_ms in CASES:

@@ -1,10 +1,13 @@
-"""Caches shared by the use cases (pure functions of their key)."""
+"""Caches shared by the use cases (pure functions of their key), and a pause of the cyclic
+garbage collector for use cases that build large object graphs."""
 
 from __future__ import annotations
 
+import gc
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterator
+from contextlib import contextmanager
 from typing import Generic, TypeVar
 
 from prometheus_client import Counter
@@ -76,3 +79,36 @@ class LruCache(Generic[K, V]):
 
     def __len__(self) -> int:
         return len(self._items)
+
+
+_PAUSE_LOCK = threading.Lock()
+_pause_depth = 0  # callers inside collector_paused(), all threads
+_pause_reenable = False  # whether the collector was enabled when the first of them entered
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Run the block with Python's cyclic garbage collector off (reference counting still
+    frees everything that is not in a cycle); it is switched back on when the last caller in
+    any thread leaves, if it was on when the first one came in.
+
+    A recommendation builds ~250,000 long-lived objects (kernels, GEMMs, layer records, memory
+    estimates) that it drops when it returns. While the heap grows like that, the collector runs
+    a full collection every time the objects that survived since the last one exceed a quarter
+    of the heap: about six full scans of a growing heap for GPT-3 175B, half of a cold request's
+    CPU time. With the collector paused, what the request left behind is scanned once, by the
+    next young collection after it.
+    """
+    global _pause_depth, _pause_reenable
+    with _PAUSE_LOCK:
+        if _pause_depth == 0:
+            _pause_reenable = gc.isenabled()
+            gc.disable()
+        _pause_depth += 1
+    try:
+        yield
+    finally:
+        with _PAUSE_LOCK:
+            _pause_depth -= 1
+            if _pause_depth == 0 and _pause_reenable:
+                gc.enable()

@@ -12,7 +12,7 @@ from app.charts import Roof, RoofPoint, binding_phrases, roofline_svg
 from app.db.models import Hardware
 from app.db.repositories import HardwareRepository
 from app.domain.fit import requirement
-from app.domain.graph.analysis import GraphAnalysis
+from app.domain.graph.analysis import GraphAnalysis, effective_options
 from app.domain.hardware import (
     DeviceKind,
     FrameworkOverhead,
@@ -20,6 +20,7 @@ from app.domain.hardware import (
     PriceKind,
     mig_slice,
 )
+from app.domain.memory.cuda_allocator import AllocatorSnapshot
 from app.domain.memory.estimate import (
     MemoryInputError,
     MemoryRequest,
@@ -102,7 +103,7 @@ from app.schemas.recommendations import (
     TimeShares,
     WorkloadSummary,
 )
-from app.services.cache import LruCache
+from app.services.cache import LruCache, collector_paused
 from app.services.convert import (
     bind_dims,
     geometry,
@@ -167,6 +168,9 @@ T = TypeVar("T")
 _ANALYSES: LruCache[tuple[Any, ...], GraphAnalysis] = LruCache(size=128, name="graph_analyses")
 _SHAPES: LruCache[tuple[Any, ...], PhasedRequestShape] = LruCache(size=128, name="request_shapes")
 _PEAKS: LruCache[tuple[Any, ...], int] = LruCache(size=2048, name="memory_peaks")
+# the CUDA allocator's state after a model's weights, per precision and sharding (estimates at
+# every batch size and workspace size start from it)
+_REPLAYS: LruCache[tuple[Any, ...], AllocatorSnapshot] = LruCache(size=32, name="allocator_replays")
 # one GPU's share of a request on a tensor-parallel group, per batch, precision and degree
 _SHARDS: LruCache[tuple[Any, ...], PhasedRequest] = LruCache(
     size=256, name="tensor_parallel_shards"
@@ -181,6 +185,7 @@ def clear_caches() -> None:
     _ANALYSES.clear()
     _SHAPES.clear()
     _PEAKS.clear()
+    _REPLAYS.clear()
     _SHARDS.clear()
     _STAGES.clear()
     clear_server_cache()
@@ -392,7 +397,16 @@ class ModelSource:
         attention: Attention | None = None,
     ) -> GraphAnalysis:
         """The inference analysis at ``bindings`` (cached for stored models); ``attention``
-        None: SDPA's choice on CUDA at fp32 (a fused kernel, as serving engines run)."""
+        None: SDPA's choice on CUDA at fp32 (a fused kernel, as serving engines run). Options
+        that cannot change this graph's analysis (attention without attention layers, logits
+        of an encoder) share one: only its record of the options asked for is rewritten."""
+        options = ("options", logits, attention)
+        effective: tuple[Attention | None, Logits] | None = self.memo.get(options)
+        if effective is None:
+            effective = self.memo[options] = effective_options(
+                self.layers, training=False, attention=attention, logits=logits
+            )
+        used_attention, used_logits = effective
 
         def compute() -> GraphAnalysis:
             return analyze_graph(
@@ -400,13 +414,23 @@ class ModelSource:
                 self.layers,
                 bindings,
                 training=False,
-                logits=logits,
-                attention=attention,
+                logits=used_logits,
+                attention=used_attention,
             )
 
-        return self._remember(
-            (self.key, "analysis", tuple(bindings.items()), logits, attention), _ANALYSES, compute
+        bound = tuple(bindings.items())
+        found = self._remember(
+            (self.key, "analysis", bound, used_logits, used_attention), _ANALYSES, compute
         )
+        if effective == (attention, logits):
+            return found
+        key = ("analysis as asked", bound, logits, attention)
+        asked: GraphAnalysis | None = self.memo.get(key)
+        if asked is None:
+            asked = self.memo[key] = replace(
+                found, attention_requested=attention, logits_requested=logits
+            )
+        return asked
 
     def bindings(self, batch: int, *, seq: int | None = None) -> dict[str, int]:
         """Symbol bindings at a batch (decoders: at a sequence length)."""
@@ -549,7 +573,9 @@ class ModelSource:
             if result is None:
                 try:
                     result = estimate_memory(
-                        self.analysis(bindings, Logits.LAST, attention), request
+                        self.analysis(bindings, Logits.LAST, attention),
+                        request,
+                        replays=_REPLAYS,  # keyed by the events: inline graphs too
                     )
                 except MemoryInputError as exc:
                     raise InvalidInput(str(exc)) from exc
@@ -844,7 +870,10 @@ def recommend(
     session: Session, *, payload: InferenceRecommendationRequest
 ) -> InferenceRecommendationResponse:
     """Rank every candidate device and precision at its best batch size, and explain."""
-    with workload_pointers("", inline_architecture=payload.architecture is not None):
+    with (
+        collector_paused(),
+        workload_pointers("", inline_architecture=payload.architecture is not None),
+    ):
         return _recommend(session, payload=payload)
 
 

@@ -16,6 +16,7 @@ import json
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -29,6 +30,7 @@ from app.domain.graph.analysis import (
     InputDecl,
     LayerAnalysis,
     analyze,
+    effective_options,
 )
 from app.domain.graph.format import BLOCK_INPUT, validate_graph
 from app.domain.graph.ops import OP_IMPLEMENTATIONS, OpContext, OpResult, TensorKind, Value
@@ -802,3 +804,44 @@ def test_default_attention_is_chosen_per_layer_with_its_reason() -> None:
     ((impl, reason),) = flash_cpu.attention_used
     assert impl is Attention.SDPA_MATH
     assert reason.startswith("flash asked for, but PyTorch's fused CPU kernel has no dropout")
+
+
+@pytest.mark.parametrize("slug", sorted(ZOO))
+@pytest.mark.parametrize("training", [False, True])
+def test_effective_options_analyse_the_same(slug: str, training: bool) -> None:
+    """Every attention and logits option gives the layers of the options effective_options
+    names for it (a cache may compute those instead): only the options asked for differ."""
+    model = ZOO[slug]
+    bindings = {**model.default_bindings, "batch": 2}
+    if "seq" in bindings:
+        bindings["seq"] = 16
+    found = {
+        (attention, logits): analyze(
+            model.inputs,
+            model.layers,
+            bindings,
+            training=training,
+            attention=attention,
+            logits=logits,
+        )
+        for attention in (None, *Attention)
+        for logits in Logits
+    }
+    effective = {
+        asked: effective_options(
+            model.layers, training=training, attention=asked[0], logits=asked[1]
+        )
+        for asked in found
+    }
+    for (attention, logits), analysis in found.items():
+        assert (analysis.attention_requested, analysis.logits_requested) == (attention, logits)
+        target = effective[attention, logits]
+        assert effective[target] == target  # the options named are their own
+        assert replace(analysis, attention_requested=None, logits_requested=Logits.ALL) == (
+            replace(found[target], attention_requested=None, logits_requested=Logits.ALL)
+        )
+    attends = any(layer.op == "attention" for layer in found[None, Logits.ALL].layers)
+    decoder = found[None, Logits.ALL].is_decoder and not training
+    assert len(set(effective.values())) == (len(Attention) + 1 if attends else 1) * (
+        2 if decoder else 1
+    )

@@ -6,9 +6,13 @@ from __future__ import annotations
 import pytest
 
 from app.domain.memory.cuda_allocator import (
+    AllocatorSnapshot,
     CachingAllocator,
+    Event,
+    Handle,
     allocation_size,
     replay,
+    replay_steady,
     round_size,
     should_split,
 )
@@ -107,3 +111,78 @@ def test_expandable_segments_grow_in_pages() -> None:
     assert peaks.reserved_bytes == 40 * MIB
     # the default allocator cannot grow a segment: 10 + 10 + 26 MiB
     assert replay([*events, ("alloc", "c", 25 * MIB)]).reserved_bytes == 46 * MIB
+
+
+class _Memo:
+    """A dict with the memo protocol, counting hits."""
+
+    def __init__(self) -> None:
+        self.items: dict[tuple[object, ...], AllocatorSnapshot] = {}
+        self.hits = 0
+
+    def get(self, key: tuple[object, ...]) -> AllocatorSnapshot | None:
+        found = self.items.get(key)
+        self.hits += found is not None
+        return found
+
+    def put(self, key: tuple[object, ...], value: AllocatorSnapshot) -> None:
+        self.items[key] = value
+
+
+def _step(batch: int, workspace: int) -> tuple[list[Event], int, int]:
+    """Weights (small and large, some split), then a workspace, then two iterations whose
+    activations reuse and merge blocks next to the weights: (events, steady_from, weights)."""
+    events: list[Event] = []
+    for size in (3 * MIB, 700_000, 11 * MIB + 5, 4096, 3 * MIB, 25 * MIB):
+        events.append(("alloc", len(events), size))
+    weights = len(events)
+    events.append(("alloc", "workspace", workspace))
+    steady_from = 0
+    for iteration in range(2):
+        if iteration:
+            steady_from = len(events)
+        for layer in range(4):
+            events.append(("alloc", ("act", iteration, layer), batch * (layer + 1) * 300_000))
+            if layer:
+                events.append(("free", ("act", iteration, layer - 1), 0))
+        events.append(("free", ("act", iteration, 3), 0))
+    return events, steady_from, weights
+
+
+@pytest.mark.parametrize("expandable", [False, True])
+def test_a_memoised_prefix_replays_the_same_peaks(expandable: bool) -> None:
+    """States after the same weights are shared: every batch and workspace size, with or
+    without the memo (a miss, then hits), gives the peaks of a replay from scratch."""
+    memo = _Memo()
+    for batch in (1, 3, 8):
+        for workspace in (8 * MIB + 512 * 1024, 32 * MIB):
+            events, steady_from, weights = _step(batch, workspace)
+            alone = replay_steady(events, steady_from, expandable=expandable)
+            shared = replay_steady(
+                events, steady_from, expandable=expandable, shared_prefix=weights, memo=memo
+            )
+            assert shared == alone
+            one_pass = replay_steady(
+                events[:steady_from], 0, expandable=expandable, shared_prefix=weights, memo=memo
+            )
+            assert one_pass == replay_steady(events[:steady_from], 0, expandable=expandable)
+    assert (len(memo.items), memo.hits) == (1, 11)
+
+
+def test_a_snapshot_restores_blocks_and_handles() -> None:
+    allocator = CachingAllocator()
+    handles: dict[object, Handle] = {}
+    allocator.run([("alloc", "a", 3 * MIB), ("alloc", "b", 5 * MIB), ("free", "a", 0)], handles)
+    copy, copied = CachingAllocator.restore(allocator.snapshot(handles))
+    later: list[Event] = [("alloc", "c", 2 * MIB), ("free", "b", 0), ("alloc", "d", 9 * MIB)]
+    allocator.run(later, handles)
+    copy.run(later, copied)
+    assert copy.peaks() == allocator.peaks()
+    assert copied == handles
+    assert copy.snapshot(copied) == allocator.snapshot(handles)
+
+
+def test_a_shared_prefix_must_end_before_the_steady_iteration() -> None:
+    events, steady_from, _ = _step(1, MIB)
+    with pytest.raises(ValueError, match="shared prefix"):
+        replay_steady(events, steady_from, shared_prefix=steady_from + 1, memo=_Memo())

@@ -265,6 +265,34 @@ def _folded_batchnorm(layers: Sequence[Mapping[str, Any]]) -> int:
     return found
 
 
+def effective_options(
+    layers: Sequence[Mapping[str, Any]],
+    *,
+    training: bool,
+    attention: Attention | None,
+    logits: Logits,
+) -> tuple[Attention | None, Logits]:
+    """The ``attention`` and ``logits`` options :func:`analyze` records the same layers with as
+    with the ones given, for this graph: ``attention`` only changes ``attention`` layers (None
+    when there is none) and ``logits=last`` only a decoder's head at inference (``all``
+    otherwise). Only ``attention_requested`` and ``logits_requested`` tell the two analyses
+    apart; a cache keyed by these options computes one of them."""
+    if not _has_op(layers, "attention"):
+        attention = None
+    if training or not _has_causal_attention(layers):
+        logits = Logits.ALL
+    return attention, logits
+
+
+def _has_op(layers: Sequence[Mapping[str, Any]], op: str) -> bool:
+    for raw in layers:
+        if raw["op"] == op:
+            return True
+        if raw["op"] in ("block", "repeat") and _has_op(raw["layers"], op):
+            return True
+    return False
+
+
 def _has_causal_attention(layers: Sequence[Mapping[str, Any]]) -> bool:
     for raw in layers:
         if raw["op"] == "attention" and raw.get("causal", False):

@@ -34,6 +34,7 @@ from bisect import bisect_left, insort
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import islice
+from typing import Protocol
 
 from app.domain.units import MIB
 
@@ -230,6 +231,39 @@ class CachingAllocator:
         self.peak_requested, self.peak_allocated = peak_requested, peak_allocated
         self.peak_reserved = peak_reserved
 
+    def snapshot(self, handles: dict[object, Handle]) -> AllocatorSnapshot:
+        """The whole state, and the handles of the blocks allocated so far, as a value."""
+        return AllocatorSnapshot(
+            expandable=self.expandable,
+            small_free=tuple(self._small_free),
+            large_free=tuple(self._large_free),
+            free_at=tuple(self._free_at.items()),
+            free_end=tuple(self._free_end.items()),
+            next_base=self._next_base,
+            tail=(self._tail[0], self._tail[1]),
+            mapped=(self._mapped[0], self._mapped[1]),
+            counters=(self.requested, self.allocated, self.reserved),
+            peaks=(self.peak_requested, self.peak_allocated, self.peak_reserved),
+            segments=self.segments,
+            handles=tuple(handles.items()),
+        )
+
+    @classmethod
+    def restore(cls, snapshot: AllocatorSnapshot) -> tuple[CachingAllocator, dict[object, Handle]]:
+        """An allocator in the state of ``snapshot``, and the handles of its allocated blocks."""
+        allocator = cls(expandable=snapshot.expandable)
+        allocator._small_free = list(snapshot.small_free)
+        allocator._large_free = list(snapshot.large_free)
+        allocator._free_at = dict(snapshot.free_at)
+        allocator._free_end = dict(snapshot.free_end)
+        allocator._next_base = snapshot.next_base
+        allocator._tail = list(snapshot.tail)
+        allocator._mapped = list(snapshot.mapped)
+        allocator.requested, allocator.allocated, allocator.reserved = snapshot.counters
+        allocator.peak_requested, allocator.peak_allocated, allocator.peak_reserved = snapshot.peaks
+        allocator.segments = snapshot.segments
+        return allocator, dict(snapshot.handles)
+
     def malloc(self, size_bytes: int) -> Handle:
         """Allocate ``size_bytes``; return a handle for :meth:`free`."""
         handles: dict[object, Handle] = {}
@@ -259,6 +293,35 @@ class CachingAllocator:
 Event = tuple[str, object, int]
 
 
+@dataclass(frozen=True, slots=True)
+class AllocatorSnapshot:
+    """A :class:`CachingAllocator`'s state after some events (:meth:`CachingAllocator.snapshot`)."""
+
+    expandable: bool
+    small_free: tuple[int, ...]
+    large_free: tuple[int, ...]
+    free_at: tuple[tuple[int, int], ...]
+    free_end: tuple[tuple[int, int], ...]
+    next_base: int
+    tail: tuple[int, int]
+    mapped: tuple[int, int]
+    counters: tuple[int, int, int]  # requested, allocated, reserved
+    peaks: tuple[int, int, int]
+    segments: int
+    handles: tuple[tuple[object, Handle], ...]
+
+
+class ReplayMemo(Protocol):
+    """Where :func:`replay_steady` keeps the state after a prefix of events, by the prefix (a
+    bounded cache the caller owns; e.g. ``app.services.cache.LruCache``)."""
+
+    def get(self, key: tuple[object, ...], /) -> AllocatorSnapshot | None:
+        """The state stored for ``key``, or None."""
+
+    def put(self, key: tuple[object, ...], value: AllocatorSnapshot, /) -> None:
+        """Store the state after the prefix ``key`` names."""
+
+
 def replay(events: Iterable[Event], *, expandable: bool = False) -> AllocatorPeaks:
     """The allocator's peaks over a sequence of allocations and frees named by keys."""
     allocator = CachingAllocator(expandable=expandable)
@@ -267,19 +330,41 @@ def replay(events: Iterable[Event], *, expandable: bool = False) -> AllocatorPea
 
 
 def replay_steady(
-    events: Sequence[Event], steady_from: int, *, expandable: bool = False
+    events: Sequence[Event],
+    steady_from: int,
+    *,
+    expandable: bool = False,
+    shared_prefix: int = 0,
+    memo: ReplayMemo | None = None,
 ) -> tuple[AllocatorPeaks, AllocatorPeaks]:
     """The peaks of the first iteration (events before ``steady_from``) and of the steady one
     after it, as ``torch.cuda.reset_peak_memory_stats()`` between them would report: the
     steady iteration starts from what the first left allocated and reserved (cached segments
-    stay reserved). ``steady_from`` 0: one pass, reported as both."""
+    stay reserved). ``steady_from`` 0: one pass, reported as both.
+
+    ``memo``: the state after the first ``shared_prefix`` events (at most ``steady_from`` when
+    that is not 0) is looked up by those events and stored after a replay, so sequences that
+    begin alike (the weights of one model at every batch size) replay that part once. The
+    replay is deterministic: the state after the same events is the same."""
     allocator = CachingAllocator(expandable=expandable)
     handles: dict[object, Handle] = {}
+    start = 0
+    if memo is not None and 0 < shared_prefix <= len(events):
+        if 0 < steady_from < shared_prefix:
+            raise ValueError("the shared prefix must end before the steady iteration starts")
+        key = ("replay prefix", expandable, tuple(islice(events, shared_prefix)))
+        found = memo.get(key)
+        if found is None:
+            allocator.run(islice(events, shared_prefix), handles)
+            memo.put(key, allocator.snapshot(handles))
+        else:
+            allocator, handles = CachingAllocator.restore(found)
+        start = shared_prefix
     if not 0 < steady_from < len(events):
-        allocator.run(events, handles)
+        allocator.run(islice(events, start, None), handles)
         steady = allocator.peaks()
         return steady, steady
-    allocator.run(islice(events, steady_from), handles)
+    allocator.run(islice(events, start, steady_from), handles)
     first = allocator.peaks()
     allocator.reset_peaks()
     allocator.run(islice(events, steady_from, None), handles)

@@ -34,7 +34,7 @@ from app.domain.graph.analysis import GraphAnalysis, InputDecl, LayerAnalysis, a
 from app.domain.graph.ops import Storage, TensorKind
 from app.domain.graph.traits import CONV_OPS, INTERNAL_TENSOR_OPS, QUANTIZABLE_OPS
 from app.domain.hardware import FrameworkOverhead
-from app.domain.memory.cuda_allocator import AllocatorPeaks, Event, replay_steady
+from app.domain.memory.cuda_allocator import AllocatorPeaks, Event, ReplayMemo, replay_steady
 from app.domain.precision import (
     CONVENTIONS,
     DType,
@@ -804,6 +804,7 @@ class _Estimation:
     allocator: tuple[AllocatorPeaks, AllocatorPeaks] | None = None  # first, steady iteration
     kv_bytes: int = 0  # inference: the KV cache
     comm_buffers: list[int] = field(default_factory=list)  # DDP buckets / FSDP gather buffers
+    replays: ReplayMemo | None = None  # the caller's memo of allocator states after the weights
 
 
 @dataclass(frozen=True, slots=True)
@@ -1062,9 +1063,10 @@ def _spread(total: int, sizes: Sequence[int]) -> list[int]:
     return [total * size // whole for size in sizes] if whole and total else []
 
 
-def _allocator_events(e: _Estimation, overhead: FrameworkOverhead) -> tuple[list[Event], int]:
-    """The step as the caching allocator sees it, tensor by tensor, and where steady state
-    starts (the event index of the second iteration; 0 at inference).
+def _allocator_events(e: _Estimation, overhead: FrameworkOverhead) -> tuple[list[Event], int, int]:
+    """The step as the caching allocator sees it, tensor by tensor, where steady state starts
+    (the event index of the second iteration; 0 at inference) and where the weights' events
+    end (they depend only on the model's parameters, the precision and the sharding).
 
     Persistent first (weights, buffers, master weights, KV cache, inputs and labels, the
     cuBLAS workspaces, DDP's buckets or FSDP's gather buffers), then per layer in forward: its
@@ -1090,6 +1092,7 @@ def _allocator_events(e: _Estimation, overhead: FrameworkOverhead) -> tuple[list
             add(("alloc", len(events), size))
         if layers[index].result.buffers_bytes:
             add(("alloc", len(events), layers[index].result.buffers_bytes))
+    weights_end = len(events)
     flat = [size for sizes in weights for size in sizes]
     step = e.step
     if step is not None and step.master_total:
@@ -1149,7 +1152,7 @@ def _allocator_events(e: _Estimation, overhead: FrameworkOverhead) -> tuple[list
                 forward_live.discard(storage)
                 add(("free", ~storage, 0))
     if step is None:
-        return events, 0
+        return events, 0, weights_end
     forward = events[forward_from:]
     grads = _param_tensor_bytes(analysis, step.grad_element, step.grad_shard)
     grad_keys: list[list[int]] = [[] for _ in layers]  # per layer, as zero_grad frees them
@@ -1224,7 +1227,7 @@ def _allocator_events(e: _Estimation, overhead: FrameworkOverhead) -> tuple[list
             for keys in grad_keys:
                 for key in keys:
                     add(("free", key, 0))
-    return events, steady_from
+    return events, steady_from, weights_end
 
 
 _HANDLE_WORDS = {
@@ -1248,8 +1251,14 @@ def _cuda_lines(e: _Estimation, parts: dict[str, int]) -> None:
     handles = _cublas_handles(e)
     workspace = handles * overhead.workspace_bytes
     if overhead.round_allocations:
-        events, steady_from = _allocator_events(e, overhead)
-        e.allocator = replay_steady(events, steady_from, expandable=overhead.expandable_segments)
+        events, steady_from, weights_end = _allocator_events(e, overhead)
+        e.allocator = replay_steady(
+            events,
+            steady_from,
+            expandable=overhead.expandable_segments,
+            shared_prefix=weights_end,
+            memo=e.replays,
+        )
         steady = e.allocator[1]
         rounding = max(0, steady.allocated_bytes - steady.requested_bytes)
         parts["allocator_rounding"] = rounding
@@ -1522,6 +1531,7 @@ def estimate_memory(
     request: MemoryRequest,
     *,
     per_layer: bool = False,
+    replays: ReplayMemo | None = None,
 ) -> MemoryEstimate:
     """Peak memory per device for one training step or one inference forward pass.
 
@@ -1534,6 +1544,10 @@ def estimate_memory(
         Mode, precision convention, optimizer, checkpointing, parallelism, runtime.
     per_layer : bool
         Whether to return the per-layer view.
+    replays : ReplayMemo, optional
+        A bounded cache the caller keeps across estimates: the CUDA allocator's state after the
+        weights is replayed once per distinct weights (estimates of one model at several batch
+        sizes or workspace sizes share it). Speed only: the result is the same without it.
 
     Returns
     -------
@@ -1610,6 +1624,7 @@ def estimate_memory(
         formulas=formulas,
         notes=notes,
         assumptions=assumptions,
+        replays=replays,
     )
     if training:
         first_moments, steady_moments = _training_moments(e)

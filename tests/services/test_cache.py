@@ -1,0 +1,64 @@
+"""The shared caches and the collector pause (app.services.cache)."""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+import pytest
+
+from app.services.cache import LruCache, collector_paused
+
+
+def test_lru_evicts_least_recently_used() -> None:
+    cache: LruCache[str, int] = LruCache(size=2)
+    cache.put("a", 1)
+    cache.put("b", 2)
+    assert cache.get("a") == 1  # "b" is now the least recently used
+    cache.put("c", 3)
+    assert (cache.get("a"), cache.get("b"), cache.get("c")) == (1, None, 3)
+
+
+def test_collector_paused_inside_and_restored_after() -> None:
+    assert gc.isenabled()
+    with collector_paused():
+        assert not gc.isenabled()
+        with collector_paused():  # nested: still off when the inner one leaves
+            pass
+        assert not gc.isenabled()
+    assert gc.isenabled()
+
+
+def test_collector_restored_after_an_exception() -> None:
+    with pytest.raises(ValueError, match="inside"), collector_paused():
+        raise ValueError("inside")
+    assert gc.isenabled()
+
+
+def test_collector_left_off_when_it_was_off() -> None:
+    gc.disable()
+    try:
+        with collector_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_collector_stays_off_until_the_last_thread_leaves() -> None:
+    entered, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with collector_paused():
+            entered.set()
+            release.wait(5)
+
+    other = threading.Thread(target=hold)
+    other.start()
+    entered.wait(5)
+    with collector_paused():
+        pass
+    assert not gc.isenabled()  # the other thread is still inside
+    release.set()
+    other.join(5)
+    assert gc.isenabled()
