@@ -334,6 +334,15 @@ class Gemm:
     k: int
     count: int
     flops: int
+    # Hashed once: kernels are grouped and wave costs remembered by their GEMMs, tens of
+    # thousands of times per request over every device.
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.m, self.n, self.k, self.count, self.flops)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     def tiles(self, tile: int) -> int:
         """Output tiles: ``count * ceil(m / tile) * ceil(n / tile)`` [-]."""
@@ -341,13 +350,18 @@ class Gemm:
 
     def split(self, degree: int) -> Gemm:
         """One tensor-parallel GPU's share (columns split)."""
-        return Gemm(
-            m=self.m,
-            n=-(-self.n // degree),
-            k=self.k,
-            count=self.count,
-            flops=-(-self.flops // degree),
-        )
+        return _split_gemm(self, degree)
+
+
+@lru_cache(maxsize=1 << 14)  # a model's layers repeat a few shapes
+def _split_gemm(gemm: Gemm, degree: int) -> Gemm:
+    return Gemm(
+        m=gemm.m,
+        n=-(-gemm.n // degree),
+        k=gemm.k,
+        count=gemm.count,
+        flops=-(-gemm.flops // degree),
+    )
 
 
 @dataclass(frozen=True, slots=True)
