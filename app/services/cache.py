@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Hashable, Iterator
 from contextlib import contextmanager
@@ -84,6 +85,11 @@ class LruCache(Generic[K, V]):
 _PAUSE_LOCK = threading.Lock()
 _pause_depth = 0  # callers inside collector_paused(), all threads
 _pause_reenable = False  # whether the collector was enabled when the first of them entered
+_paused_since = 0.0  # time.monotonic() when the collector was last switched off or run
+# Overlapping callers keep the collector off; under a steady stream of them it would never come
+# back on and cyclic garbage would pile up. A caller that leaves while others are still inside
+# runs a full collection itself once the pause has lasted this long.
+MAX_PAUSE_S = 10.0
 
 
 @contextmanager
@@ -97,18 +103,27 @@ def collector_paused() -> Iterator[None]:
     a full collection every time the objects that survived since the last one exceed a quarter
     of the heap: about six full scans of a growing heap for GPT-3 175B, half of a cold request's
     CPU time. With the collector paused, what the request left behind is scanned once, by the
-    next young collection after it.
+    next young collection after it. Under overlapping callers the pause lasts at most about
+    :data:`MAX_PAUSE_S`: a caller that leaves after that runs a full collection.
     """
-    global _pause_depth, _pause_reenable
+    global _pause_depth, _pause_reenable, _paused_since
     with _PAUSE_LOCK:
         if _pause_depth == 0:
             _pause_reenable = gc.isenabled()
+            _paused_since = time.monotonic()
             gc.disable()
         _pause_depth += 1
     try:
         yield
     finally:
+        collect = False
         with _PAUSE_LOCK:
             _pause_depth -= 1
             if _pause_depth == 0 and _pause_reenable:
                 gc.enable()
+            elif _pause_depth > 0 and _pause_reenable:
+                now = time.monotonic()
+                if now - _paused_since >= MAX_PAUSE_S:
+                    _paused_since, collect = now, True
+        if collect:
+            gc.collect()  # others are still inside: bound the pause (MAX_PAUSE_S)

@@ -62,3 +62,40 @@ def test_collector_stays_off_until_the_last_thread_leaves() -> None:
     release.set()
     other.join(5)
     assert gc.isenabled()
+
+
+def test_overlapping_callers_cannot_keep_the_collector_off_for_ever(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A caller leaving while another is still inside collects once the pause is too long."""
+    import app.services.cache as cache
+
+    collections: list[int] = []
+
+    def collect(*args: int) -> int:
+        collections.append(1)
+        return 0
+
+    monkeypatch.setattr(gc, "collect", collect)
+    entered, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with collector_paused():
+            entered.set()
+            release.wait(5)
+
+    other = threading.Thread(target=hold)
+    other.start()
+    entered.wait(5)
+    monkeypatch.setattr(cache, "MAX_PAUSE_S", 3600.0)
+    with collector_paused():
+        pass
+    assert collections == []  # a short overlap: no collection
+    monkeypatch.setattr(cache, "MAX_PAUSE_S", 0.0)
+    with collector_paused():
+        pass
+    assert collections == [1]  # the pause outlived its bound: this caller collected
+    assert not gc.isenabled()  # the other thread is still inside
+    release.set()
+    other.join(5)
+    assert gc.isenabled()
