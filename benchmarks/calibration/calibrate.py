@@ -6,11 +6,12 @@
 Reads ``calibration_benchmarks.yaml`` (a committed copy of
 ``../shared/reference/calibration_benchmarks.yaml``; ``--reference`` reads another copy) and:
 
-1. derives the per-kind defaults of :data:`app.domain.roofline.DEFAULT_CALIBRATIONS`:
-   * compute efficiency per device kind (gpu, cpu, edge): for every MLPerf ResNet-50 Offline
+1. derives the per-class defaults of :data:`app.domain.roofline.DEFAULT_CALIBRATIONS`:
+   * compute efficiency (and activation cache share) per calibration class (gpu, cpu: a CPU's
+     vector units, cpu_amx: Intel AMX tiles, edge; see README): for every MLPerf ResNet-50 Offline
      INT8 row, the efficiency at which the model predicts the measured throughput (per
      accelerator, per CPU socket) of ResNet-50 v1.5 at batch 256 with the shipped overheads;
-     the default is the geometric mean over the kind's rows (it balances over- and
+     the default is the geometric mean over the class's rows (it balances over- and
      under-prediction in ratio terms);
    * host-link efficiency: the median of measured pinned host-to-device copy bandwidth over
      the theoretical per-direction bandwidth of the device's link;

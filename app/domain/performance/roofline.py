@@ -37,8 +37,9 @@ next batch while the kernels run and the host prepares the next request, so a ba
 ``max(kernel time, h2d, d2h, t_req)``; a CPU does everything on its own cores, one batch per
 latency. ``throughput = batch / interval``.
 
-Efficiency factors, the activation cache share and overheads are named defaults per device
-kind (:data:`DEFAULT_CALIBRATIONS`), derived by ``benchmarks/calibration/calibrate.py`` from
+Efficiency factors, the activation cache share and overheads are named defaults per calibration
+class (:data:`DEFAULT_CALIBRATIONS`: the device kind, with CPUs split by whether AMX tiles run
+the math, :class:`CalibrationClass`), derived by ``benchmarks/calibration/calibrate.py`` from
 measured MLPerf ResNet-50 Offline throughput, host-to-device copy bandwidth and kernel-launch
 figures; a request may override them. Without the cache share the per-layer byte count (every
 activation to and from DRAM) overstates what fused engines move, and a compute-only fit needs
