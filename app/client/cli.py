@@ -81,6 +81,8 @@ SERVING_RUNTIMES = ("tensorrt", "torch_compile", "pytorch_eager", "tensorflow")
 BATCHINGS = ("static", "continuous")
 PARALLELISMS = ("tensor", "pipeline", "both")
 DEVICE_KINDS = ("gpu", "cpu", "edge", "tpu")
+# Keys of a recommendation's calibration: the kinds, with CPUs split by AMX (cpu_amx)
+CALIBRATION_CLASSES = ("gpu", "cpu", "cpu_amx", "edge", "tpu")
 CALIBRATION_FIELDS = ("compute_efficiency", "memory_efficiency", "activation_cache_share",
                       "host_link_efficiency", "kernel_launch_overhead_us",
                       "request_overhead_us")  # fmt: skip
@@ -884,10 +886,10 @@ def _calibration(values: list[str]) -> dict[str, dict[str, float]]:
     for value in values:
         key, _, number = value.partition("=")
         kind, _, field = key.partition(".")
-        if kind not in DEVICE_KINDS or field not in CALIBRATION_FIELDS:
+        if kind not in CALIBRATION_CLASSES or field not in CALIBRATION_FIELDS:
             raise UsageError(
                 f"--calibration {value!r}: expected KIND.FIELD=VALUE, KIND one of "
-                f"{', '.join(DEVICE_KINDS)}, FIELD one of {', '.join(CALIBRATION_FIELDS)}"
+                f"{', '.join(CALIBRATION_CLASSES)}, FIELD one of {', '.join(CALIBRATION_FIELDS)}"
             )
         try:
             calibration.setdefault(kind, {})[field] = float(number)
@@ -1331,7 +1333,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     recommend.add_argument(
         "--calibration", action="append", metavar="KIND.FIELD=VALUE",
-        help="override a calibrated value, e.g. gpu.compute_efficiency=0.5 (repeat)",
+        help="override a calibrated value, e.g. gpu.compute_efficiency=0.5 (repeat); KIND: "
+        "gpu, cpu (no AMX), cpu_amx (Intel AMX), edge, tpu",
     )  # fmt: skip
     recommend.add_argument("--seq", type=int, help="sequence length (encoders)")
     recommend.add_argument("--tokens-mean", type=int, help="encoders without padding: mean tokens")

@@ -135,7 +135,8 @@ class PriceKind(StrEnum):
 
 
 class DeviceKind(StrEnum):
-    """Broad class of a device; calibration defaults are per kind."""
+    """Broad class of a device; calibration defaults are per kind, with CPUs split by matrix
+    engine (``app.domain.performance.roofline.CalibrationClass``)."""
 
     GPU = "gpu"
     CPU = "cpu"

@@ -16,7 +16,7 @@ from app.domain.performance.recommend import (
     Objective,
     Scenario,
 )
-from app.domain.performance.roofline import Bound
+from app.domain.performance.roofline import Bound, CalibrationClass
 from app.domain.performance.runtimes import DEFAULT_RUNTIME, ServingRuntime
 from app.domain.precision import Precision
 from app.schemas.base import Schema, Slug, located_error
@@ -297,10 +297,15 @@ class InferenceRecommendationRequest(Schema):
         "cost figure and is not ranked by cost, with the reason.",
         examples=["on_demand"],
     )
-    calibration: dict[DeviceKind, CalibrationOverride] = Field(
+    calibration: dict[CalibrationClass, CalibrationOverride] = Field(
         default_factory=dict,
-        description="Override the calibrated efficiencies and overheads per device kind.",
-        examples=[{"gpu": {"compute_efficiency": 0.5}}],
+        description="Override the calibrated efficiencies and overheads per calibration class: "
+        "gpu, cpu (math on a CPU's vector units: AVX-512 VNNI or AVX2 Xeons, AMD EPYC, Arm, and "
+        "fp32 on any CPU), cpu_amx (int8, bf16 or fp16 math on the AMX tiles of a CPU whose "
+        "catalog `simd` names AMX: Xeon 8480+, 8592+, 6980P), edge, tpu. An override of cpu "
+        "does not change cpu_amx. A candidate's `inputs.calibration_class` says which one it "
+        "ran under.",
+        examples=[{"gpu": {"compute_efficiency": 0.5}, "cpu_amx": {"compute_efficiency": 0.3}}],
     )
     tensor_parallel_max: int = Field(
         default=8,
@@ -441,6 +446,13 @@ class RooflineInputs(Schema):
     )
     compute_fraction: float = Field(
         description="Share of the device's compute (MIG: compute slices / total).", examples=[1.0]
+    )
+    calibration_class: CalibrationClass = Field(
+        description="The calibration the efficiencies and overheads here come from, a key of "
+        "the response's `calibration` map: the device kind, or cpu_amx where Intel AMX tiles "
+        "run the math (int8, bf16, fp16 on a CPU with AMX: the tiles reach a smaller share of "
+        "their peak than AVX-512 VNNI does of its own).",
+        examples=["cpu_amx"],
     )
     compute_efficiency: float = Field(description="Calibrated efficiency.", examples=[0.46])
     effective_flops_per_s: float = Field(
@@ -991,8 +1003,9 @@ class InferenceRecommendationResponse(Schema):
     )
     eligible_candidates: int = Field(description="Of those, eligible.", examples=[96])
     excluded: list[Exclusion] = Field(description="Pairs not evaluated, with the reason.")
-    calibration: dict[DeviceKind, CalibrationRead] = Field(
-        description="Efficiencies and overheads per device kind, as used.",
+    calibration: dict[CalibrationClass, CalibrationRead] = Field(
+        description="Efficiencies and overheads per calibration class, as used: gpu, cpu (a "
+        "CPU's vector units), cpu_amx (a CPU's Intel AMX tiles), edge, tpu.",
         examples=[
             {
                 "cpu": {
@@ -1002,8 +1015,17 @@ class InferenceRecommendationResponse(Schema):
                     "host_link_efficiency": 0.73,
                     "kernel_launch_overhead_s": 2e-6,
                     "request_overhead_s": 4.24e-5,
-                    "basis": "compute efficiency and activation cache share: fit ...",
-                }
+                    "basis": "CPUs without AMX (AVX-512 VNNI, AVX2, AMD EPYC, Arm): ...",
+                },
+                "cpu_amx": {
+                    "compute_efficiency": 0.4,
+                    "memory_efficiency": 0.7,
+                    "activation_cache_share": 0.85,
+                    "host_link_efficiency": 0.73,
+                    "kernel_launch_overhead_s": 2e-6,
+                    "request_overhead_s": 4.24e-5,
+                    "basis": "CPUs with AMX tiles (Xeon 8480+, 8592+, 6980P): ...",
+                },
             }
         ],
     )

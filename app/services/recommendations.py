@@ -58,11 +58,13 @@ from app.domain.performance.roofline import (
     PRECISION_SCHEMES,
     Bound,
     Calibration,
+    CalibrationClass,
     PhasedRequest,
     PhasedRequestShape,
     PrecisionScheme,
     Prediction,
     RooflineInputError,
+    calibration_class,
     forward_shape,
     is_decoder,
     kernel_points,
@@ -315,14 +317,14 @@ def candidates(
 
 
 def calibrations(
-    overrides: Mapping[DeviceKind, CalibrationOverride],
+    overrides: Mapping[CalibrationClass, CalibrationOverride],
     runtime: ServingRuntime = DEFAULT_RUNTIME,
-) -> dict[DeviceKind, Calibration]:
-    """The default calibration of every kind under a serving runtime's profile, with a
+) -> dict[CalibrationClass, Calibration]:
+    """The default calibration of every class under a serving runtime's profile, with a
     request's overrides applied on top."""
     profile = RUNTIME_PROFILES[runtime]
-    result = {kind: profile.apply(cal, kind) for kind, cal in DEFAULT_CALIBRATIONS.items()}
-    for kind, override in overrides.items():
+    result = {cls: profile.apply(cal, cls.kind) for cls, cal in DEFAULT_CALIBRATIONS.items()}
+    for cls, override in overrides.items():
         values = override.model_dump(exclude_none=True)
         if not values:
             continue
@@ -331,8 +333,8 @@ def calibrations(
         if "request_overhead_us" in values:
             values["request_overhead_s"] = values.pop("request_overhead_us") * 1e-6
         changed = ", ".join(sorted(values))
-        base = result[kind]
-        result[kind] = replace(
+        base = result[cls]
+        result[cls] = replace(
             base, **values, basis=f"request override of {changed}; otherwise: {base.basis}"
         )
     return result
@@ -955,7 +957,11 @@ def _recommend(
                 size, scheme, candidate.pipeline_parallel, candidate.tensor_parallel
             )
             prediction = predict_pipeline(
-                stages, device, cals[device.kind], batch=batch, micro_batches=micro
+                stages,
+                device,
+                cals[calibration_class(device, scheme)],
+                batch=batch,
+                micro_batches=micro,
             )
             options.setdefault(key, []).append(assess(prediction, fit, requirements))
             continue
@@ -963,7 +969,7 @@ def _recommend(
             workload = source.sharded(batch, scheme, candidate.tensor_parallel)
         else:
             workload = source.workload(batch, scheme)
-        prediction = predict(workload, device, cals[device.kind])
+        prediction = predict(workload, device, cals[calibration_class(device, scheme)])
         options.setdefault(key, []).append(assess(prediction, fit, requirements))
     if payload.scenario is Scenario.SERVER:
         shown = [assess_server(found, requirements) for found in options.values()]
@@ -1020,7 +1026,7 @@ def _recommend(
         total_candidates=len(ranked),
         eligible_candidates=sum(1 for a in ranked if a.eligible),
         excluded=excluded,
-        calibration={kind: calibration_read(cal) for kind, cal in cals.items()},
+        calibration={cls: calibration_read(cal) for cls, cal in cals.items()},
         formulas=FORMULAS,
         assumptions=[
             *ASSUMPTIONS,
@@ -1355,6 +1361,7 @@ def _inputs(p: Prediction) -> RooflineInputs:
         peak_flops_per_s=p.peak_flops_per_s,
         peak_source=p.peak_source,
         compute_fraction=device.compute_fraction,
+        calibration_class=calibration_class(device, PRECISION_SCHEMES[p.precision]),
         compute_efficiency=cal.compute_efficiency,
         effective_flops_per_s=p.effective_flops_per_s,
         memory_bandwidth_bytes_per_s=device.memory_bandwidth_bytes_per_s,
@@ -1570,7 +1577,9 @@ def roofline_chart(
         if reason is not None:
             skipped.append(f"{device.slug} ({reason})")
             continue
-        prediction = predict(workload, device, DEFAULT_CALIBRATIONS[device.kind])
+        prediction = predict(
+            workload, device, DEFAULT_CALIBRATIONS[calibration_class(device, scheme)]
+        )
         index = len(roofs)
         roofs.append(
             Roof(

@@ -6,11 +6,12 @@
 Reads ``calibration_benchmarks.yaml`` (a committed copy of
 ``../shared/reference/calibration_benchmarks.yaml``; ``--reference`` reads another copy) and:
 
-1. derives the per-kind defaults of :data:`app.domain.roofline.DEFAULT_CALIBRATIONS`:
-   * compute efficiency per device kind (gpu, cpu, edge): for every MLPerf ResNet-50 Offline
+1. derives the per-class defaults of :data:`app.domain.roofline.DEFAULT_CALIBRATIONS`:
+   * compute efficiency (and activation cache share) per calibration class (gpu, cpu: a CPU's
+     vector units, cpu_amx: Intel AMX tiles, edge; see README): for every MLPerf ResNet-50 Offline
      INT8 row, the efficiency at which the model predicts the measured throughput (per
      accelerator, per CPU socket) of ResNet-50 v1.5 at batch 256 with the shipped overheads;
-     the default is the geometric mean over the kind's rows (it balances over- and
+     the default is the geometric mean over the class's rows (it balances over- and
      under-prediction in ratio terms);
    * host-link efficiency: the median of measured pinned host-to-device copy bandwidth over
      the theoretical per-direction bandwidth of the device's link;
@@ -57,7 +58,9 @@ from app.domain.performance.roofline import (
     DEFAULT_CALIBRATIONS,
     PRECISION_SCHEMES,
     Calibration,
+    CalibrationClass,
     PhasedRequest,
+    calibration_class,
     forward_request,
     predict,
 )
@@ -134,7 +137,11 @@ class RowResult:
 class Derivation:
     """What the reference rows give for each default."""
 
-    calibrations: Mapping[DeviceKind, Calibration]  # gpu, cpu, edge as derived
+    calibrations: Mapping[CalibrationClass, Calibration]  # gpu, cpu, cpu_amx, edge as derived
+    # (compute efficiency, cache share, rows) fitted on every CPU row: the share of the CPUs
+    # without AMX, and the whole calibration of a CPU class without rows of its own
+    pooled_cpu: tuple[float, float, int]
+    pooled: Mapping[CalibrationClass, str]  # CPU classes that took the pooled fit, and why
     implied: Mapping[int, float]  # row index -> compute efficiency that reproduces it
     link_ratios: Mapping[int, float]  # row index -> measured copy / theoretical link
     raw_launch_s: float  # median raw cuLaunchKernel figure
@@ -316,14 +323,14 @@ def latency_rows(
 
 
 def fit_request_overhead(
-    items: list[tuple[HardwareSpec, float]], calibrations: Mapping[DeviceKind, Calibration]
+    items: list[tuple[HardwareSpec, float]], calibrations: Mapping[CalibrationClass, Calibration]
 ) -> float:
     """The per-request overhead on a 1 us grid (0 to 1 ms) that minimises the sum of squared
     log(predicted / measured) batch-1 ResNet-50 INT8 latency over ``items`` [s]."""
     request = resnet50_int8(1)
     rest = []
     for device, measured in items:
-        calibration = calibrations[device.kind]
+        calibration = calibrations[calibration_class(device, request.scheme)]
         latency = predict(request, device, calibration).latency_s
         rest.append((latency - calibration.request_overhead_s, measured))
     best = min(
@@ -393,16 +400,19 @@ def derive(
             link_ratios[index] = float(row["value"]) * 1e9 / link
     link_efficiency = round(statistics.median(link_ratios.values()), 2)
     request = resnet50_int8()
-    items: dict[DeviceKind, list[tuple[HardwareSpec, float]]] = {}
+    items: dict[CalibrationClass, list[tuple[HardwareSpec, float]]] = {}
     for row in rows:
         if row["metric"] == "throughput":
             device = devices[CATALOG_SLUGS[row["device"]]]
-            items.setdefault(device.kind, []).append((device, measured_throughput(row)))
+            items.setdefault(calibration_class(device, request.scheme), []).append(
+                (device, measured_throughput(row))
+            )
 
     memory = fit_memory_efficiency(bandwidth_rows(devices) if bandwidth is None else bandwidth)
 
-    def base(kind: DeviceKind) -> Calibration:
-        shipped = DEFAULT_CALIBRATIONS[kind]
+    def base(cls: CalibrationClass) -> Calibration:
+        kind = cls.kind
+        shipped = DEFAULT_CALIBRATIONS[cls]
         if kind in memory:
             shipped = replace(shipped, memory_efficiency=memory[kind])
         if kind is DeviceKind.CPU:
@@ -414,29 +424,50 @@ def derive(
             request_overhead_s=request_s,
         )
 
-    fitted: dict[DeviceKind, Calibration] = {}
-    for kind in (DeviceKind.GPU, DeviceKind.CPU):
-        efficiency, share = fit(request, items[kind], base(kind), SHARE_GRID)
-        fitted[kind] = replace(
-            base(kind), compute_efficiency=efficiency, activation_cache_share=share
+    fitted: dict[CalibrationClass, Calibration] = {}
+    gpu = CalibrationClass.GPU
+    efficiency, share = fit(request, items[gpu], base(gpu), SHARE_GRID)
+    fitted[gpu] = replace(base(gpu), compute_efficiency=efficiency, activation_cache_share=share)
+    cpu, amx = CalibrationClass.CPU, CalibrationClass.CPU_AMX
+    every_cpu = items.get(cpu, []) + items.get(amx, [])
+    pooled_efficiency, pooled_share = fit(request, every_cpu, base(cpu), SHARE_GRID)
+    pooled: dict[CalibrationClass, str] = {}
+    for cls in (cpu, amx):
+        if not items.get(cls):
+            efficiency, share = pooled_efficiency, pooled_share
+            pooled[cls] = f"no {cls.value} rows left: the pooled CPU fit"
+        elif cls is amx:
+            efficiency, share = fit(request, items[cls], base(cls), SHARE_GRID)
+        else:
+            # The CPUs without AMX (one device, compute-bound on ResNet-50) do not identify a
+            # cache share: they fit their efficiency at the pooled CPU fit's share.
+            efficiency, share = fit(request, items[cls], base(cls), [pooled_share])
+        fitted[cls] = replace(
+            base(cls), compute_efficiency=efficiency, activation_cache_share=share
         )
-    gpu_share = fitted[DeviceKind.GPU].activation_cache_share
-    efficiency, _ = fit(request, items[DeviceKind.EDGE], base(DeviceKind.EDGE), [gpu_share])
-    fitted[DeviceKind.EDGE] = replace(
-        base(DeviceKind.EDGE), compute_efficiency=efficiency, activation_cache_share=gpu_share
+    gpu_share = fitted[CalibrationClass.GPU].activation_cache_share
+    edge = CalibrationClass.EDGE
+    efficiency, _ = fit(request, items[edge], base(edge), [gpu_share])
+    fitted[edge] = replace(
+        base(edge), compute_efficiency=efficiency, activation_cache_share=gpu_share
     )
     overhead_s = fit_request_overhead(single_stream, fitted)
-    for kind in (DeviceKind.GPU, DeviceKind.EDGE):
-        fitted[kind] = replace(fitted[kind], request_overhead_s=overhead_s)
+    for cls in (CalibrationClass.GPU, edge):
+        fitted[cls] = replace(fitted[cls], request_overhead_s=overhead_s)
     implied: dict[int, float] = {}
     for index, row in enumerate(rows):
         if row["metric"] == "throughput":
             device = devices[CATALOG_SLUGS[row["device"]]]
             implied[index] = implied_efficiency(
-                request, device, fitted[device.kind], measured_throughput(row)
+                request,
+                device,
+                fitted[calibration_class(device, request.scheme)],
+                measured_throughput(row),
             )
     return Derivation(
         calibrations=fitted,
+        pooled_cpu=(pooled_efficiency, pooled_share, len(every_cpu)),
+        pooled=pooled,
         implied=implied,
         link_ratios=link_ratios,
         raw_launch_s=statistics.median(raw) * 1e-6,
@@ -446,11 +477,11 @@ def derive(
 def evaluate(
     rows: list[dict[str, Any]],
     devices: Mapping[str, HardwareSpec],
-    calibrations: Mapping[DeviceKind, Calibration] = DEFAULT_CALIBRATIONS,
+    calibrations: Mapping[CalibrationClass, Calibration] = DEFAULT_CALIBRATIONS,
 ) -> list[RowResult]:
     """Predicted vs measured for every row, with the given (default: shipped) calibration."""
     request = resnet50_int8()
-    gpu = calibrations[DeviceKind.GPU]
+    gpu = calibrations[CalibrationClass.GPU]
     results = []
     for index, row in enumerate(rows):
         metric, name = row["metric"], row["device"]
@@ -465,7 +496,9 @@ def evaluate(
                     metric="ResNet-50 Offline INT8",
                     unit=f"samples/s {per}",
                     measured=measured_throughput(row),
-                    predicted=throughput(request, device, calibrations[device.kind]),
+                    predicted=throughput(
+                        request, device, calibrations[calibration_class(device, request.scheme)]
+                    ),
                     note=f"{row['benchmark']}, {row['system']}",
                 )
             )
@@ -546,7 +579,7 @@ def shipped_matches(derivation: Derivation) -> list[str]:
     """Differences between the derivation and DEFAULT_CALIBRATIONS (empty: they agree); the
     TPU defaults must be the GPU's."""
     problems = []
-    derived = {**derivation.calibrations, DeviceKind.TPU: derivation.calibrations[DeviceKind.GPU]}
+    derived = _full(derivation.calibrations)
     for kind, expected in derived.items():
         shipped = DEFAULT_CALIBRATIONS[kind]
         for name in FITTED:
@@ -594,7 +627,7 @@ def render(results: list[RowResult], derivation: Derivation) -> tuple[str, bool]
         "",
         "Derived defaults:",
         "",
-        "| kind | compute eff. | activation cache share | memory eff. (assumed) | host-link eff. "
+        "| class | compute eff. | activation cache share | memory eff. (assumed) | host-link eff. "
         "| launch [us] | request [us] |",
         "|---|---|---|---|---|---|---|",
         *(
@@ -603,6 +636,17 @@ def render(results: list[RowResult], derivation: Derivation) -> tuple[str, bool]
             f"{c.kernel_launch_overhead_s * 1e6:.2f} | {c.request_overhead_s * 1e6:.2f} |"
             for kind, c in derivation.calibrations.items()
         ),
+        "",
+        "CPUs by the unit that runs the math: *cpu_amx* (int8 / bf16 / fp16 on AMX tiles, the "
+        "catalog's `cpu.simd`",
+        "names AMX) is fitted on the AMX Xeons' rows only; *cpu* (vector units: AVX-512 VNNI, "
+        "AVX2, AMD EPYC,",
+        "Graviton, and fp32 on any CPU) on the Xeon 8380's, its efficiency at",
+        f"the share of the pooled fit over all {derivation.pooled_cpu[2]} CPU rows "
+        f"({derivation.pooled_cpu[0]} / {derivation.pooled_cpu[1]}: the one calibration "
+        "of every CPU before the split;",
+        "one compute-bound device does not identify a share). A CPU class left without rows "
+        "takes the pooled fit.",
         "",
         f"Throughput within {TARGET_WITHIN}x: {within} of {total} rows "
         f"({within / total:.0%}, target >= {TARGET_SHARE:.0%}); worst {worst:.2f}x "
@@ -952,7 +996,7 @@ class Predictor:
         return found
 
     def predict(
-        self, case: Case, calibrations: Mapping[DeviceKind, Calibration]
+        self, case: Case, calibrations: Mapping[CalibrationClass, Calibration]
     ) -> tuple[float | None, str]:
         """(predicted figure in the case's unit, what was computed); None when not predicted."""
         if case.precision is None or case.slug is None or case.slug not in self.devices:
@@ -962,7 +1006,7 @@ class Predictor:
         device = self.devices[case.slug]
         source = self.source(case.family, device)
         scheme = PRECISION_SCHEMES[case.precision]
-        calibration = calibrations[device.kind]
+        calibration = calibrations[calibration_class(device, scheme)]
         if case.metric in ("throughput", "server_throughput_at_latency_bound"):
             batch, how = self.offline_batch(case.family, device, case.precision)
 
@@ -1027,6 +1071,9 @@ class OutOfSample:
     model_out: float | None  # constants refitted without the row's model family
     fit_rows_left_out: int  # fit rows of the row's device that the refit left out
     computed: str
+    # How the device's calibration class was refitted when it differs from the class's own
+    # rows (a CPU class left without rows takes the pooled CPU fit); "" otherwise
+    refit_note: str = ""
 
     def ratio(self, which: str = "device_out") -> float | None:
         """predicted / measured for ``in_sample``, ``device_out`` or ``model_out``."""
@@ -1040,9 +1087,11 @@ def _device_of(row: Mapping[str, Any]) -> str:
     return CATALOG_SLUGS.get(str(row["device"]), str(row["device"]))
 
 
-def _full(calibrations: Mapping[DeviceKind, Calibration]) -> dict[DeviceKind, Calibration]:
+def _full(
+    calibrations: Mapping[CalibrationClass, Calibration],
+) -> dict[CalibrationClass, Calibration]:
     """Derived calibrations with the TPU taking the GPU values (as shipped)."""
-    return {**calibrations, DeviceKind.TPU: calibrations[DeviceKind.GPU]}
+    return {**calibrations, CalibrationClass.TPU: calibrations[CalibrationClass.GPU]}
 
 
 def out_of_sample(
@@ -1056,7 +1105,8 @@ def out_of_sample(
     Leave-one-device-out: for each catalog device, :func:`derive` runs on
     ``calibration_benchmarks.yaml`` without that device's rows (its ResNet-50 Offline rows and
     any copy rows) and on the ResNet-50 SingleStream rows without the device's, and the
-    device's rows of both files are predicted with the refitted constants of its kind.
+    device's rows of both files are predicted with the refitted constants of its calibration
+    class (a CPU class the device leaves without rows takes the pooled CPU fit).
     Leave-one-model-out: the fit reads only ResNet-50 rows (Offline, SingleStream), so
     without ResNet-50 there is nothing to fit (no prediction) and for every other family the
     refit is the shipped fit: those rows are out of sample by construction.
@@ -1065,7 +1115,9 @@ def out_of_sample(
     single_stream = latency_rows(more_rows, devices)
     bandwidth = bandwidth_rows(devices)
     shipped = _full(derive(bench_rows, devices, single_stream, bandwidth).calibrations)
-    refits: dict[str, tuple[dict[DeviceKind, Calibration], int]] = {}
+    refits: dict[
+        str, tuple[dict[CalibrationClass, Calibration], int, Mapping[CalibrationClass, str]]
+    ] = {}
     results = []
     for case in cases(bench_rows, more_rows, devices):
         if case.family not in predictor.sources or case.slug is None:
@@ -1084,19 +1136,22 @@ def out_of_sample(
                 + (len(single_stream) - len(kept_latency))
                 + (len(bandwidth) - len(kept_bandwidth))
             )
-            refits[case.slug] = (
-                (
-                    _full(derive(kept, devices, kept_latency, kept_bandwidth).calibrations),
-                    left_out,
-                )
-                if left_out or len(kept) < len(bench_rows)
-                else (shipped, 0)
-            )
-        refit, left_out = refits[case.slug]
+            if left_out or len(kept) < len(bench_rows):
+                derivation = derive(kept, devices, kept_latency, kept_bandwidth)
+                refits[case.slug] = (_full(derivation.calibrations), left_out, derivation.pooled)
+            else:
+                refits[case.slug] = (shipped, 0, {})
+        refit, left_out, pooled = refits[case.slug]
+        note = ""
+        if case.precision is not None and case.slug in devices:
+            scheme = PRECISION_SCHEMES[case.precision]
+            note = pooled.get(calibration_class(devices[case.slug], scheme), "")
         in_sample, computed = predictor.predict(case, shipped)
         device_out, _ = predictor.predict(case, refit)
         model_out = None if case.family == "resnet50" else in_sample
-        results.append(OutOfSample(case, in_sample, device_out, model_out, left_out, computed))
+        results.append(
+            OutOfSample(case, in_sample, device_out, model_out, left_out, computed, note)
+        )
     return results
 
 
@@ -1175,8 +1230,10 @@ def render_out_of_sample(results: list[OutOfSample]) -> str:
         "against the current model. **Leave-one-device-out** (*LODO*): the constants are "
         "derived as above",
         "without the row's device (its ResNet-50 Offline and copy rows), and the device's rows are",
-        "predicted with the refitted constants of its kind. **Leave-one-model-out** (*LOMO*): "
-        "the fit",
+        "predicted with the refitted constants of its calibration class (a CPU class the device "
+        "leaves",
+        "without rows, the Xeon 8380's, takes the pooled CPU fit). **Leave-one-model-out** "
+        "(*LOMO*): the fit",
         "reads only ResNet-50 Offline rows, so leaving ResNet-50 out leaves nothing to fit (no",
         "prediction), and for BERT and GPT-J the refit is the shipped fit: every non-ResNet row "
         "is out",
@@ -1285,7 +1342,9 @@ def render_out_of_sample(results: list[OutOfSample]) -> str:
             f"{c.scenario} | {c.metric} [{c.unit}] | "
             f"{c.precision.value if c.precision else 'n/a'} | {_figure(c.measured)} | "
             f"{_figure(r.in_sample)} | {_figure(r.device_out)}"
-            f"{f' ({r.fit_rows_left_out} fit rows out)' if left_out else ''} | "
+            f"{f' ({r.fit_rows_left_out} fit rows out' if left_out else ''}"
+            f"{f'; {r.refit_note}' if left_out and r.refit_note else ''}"
+            f"{')' if left_out else ''} | "
             f"{'n/a' if ratio is None else f'{ratio:.2f}'} | {'yes' if c.target else 'no'} | "
             f"{notes} |"
         )

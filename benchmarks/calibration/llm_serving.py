@@ -48,6 +48,7 @@ from app.domain.performance.roofline import (  # noqa: E402
     PRECISION_SCHEMES,
     PhasedRequest,
     PrecisionScheme,
+    calibration_class,
     predict,
     shard,
     unsupported_reason,
@@ -228,7 +229,7 @@ def evaluate(
             results.append(Result(row, None, None, reason))
             continue
         source = _source(row, batching)
-        calibration = DEFAULT_CALIBRATIONS[device.kind]
+        calibration = DEFAULT_CALIBRATIONS[calibration_class(device, scheme)]
         tp = row.tensor_parallel
         if row.metric == "ttft":
             p = predict(_workload(source, scheme, tp, 1), device, calibration)

@@ -45,6 +45,7 @@ from app.domain.performance.roofline import (  # noqa: E402
     DEFAULT_CALIBRATIONS,
     PRECISION_SCHEMES,
     PhasedRequest,
+    calibration_class,
     forward_request,
     predict,
     unsupported_reason,
@@ -271,8 +272,11 @@ def workload(row: Row, fuse: bool) -> PhasedRequest:
 def predicted(row: Row, profile: RuntimeProfile, devices: Mapping[str, HardwareSpec]) -> float:
     """The row's figure (throughput [1/s] or latency [ms per batch]) under ``profile``."""
     device = devices[row.slug]
-    calibration = profile.apply(DEFAULT_CALIBRATIONS[device.kind], device.kind)
-    p = predict(workload(row, profile.fuse_elementwise), device, calibration)
+    request = workload(row, profile.fuse_elementwise)
+    calibration = profile.apply(
+        DEFAULT_CALIBRATIONS[calibration_class(device, request.scheme)], device.kind
+    )
+    p = predict(request, device, calibration)
     return p.throughput_per_s if row.metric == "throughput" else p.latency_s * 1e3
 
 

@@ -37,7 +37,7 @@ def test_whole_catalog_by_default(client: ApiClient, db_url: str) -> None:
     excluded = {(e["device"], e["precision"]): e["reason"] for e in body["excluded"]}
     assert "int8" in excluded[("nvidia-v100-32gb-sxm2", "int8")]
     assert "host-link" in excluded[("google-tpu-v4", "int8")]
-    assert set(body["calibration"]) == {"gpu", "cpu", "edge", "tpu"}
+    assert set(body["calibration"]) == {"gpu", "cpu", "cpu_amx", "edge", "tpu"}
     assert "MLPerf" in body["calibration"]["gpu"]["basis"]
     assert body["recommendation"].startswith("Run resnet-50 on ")
     assert body["formulas"]
@@ -275,6 +275,45 @@ def test_calibration_can_be_overridden(client: ApiClient) -> None:
     assert launch["candidates"][0]["inputs"]["kernel_launch_overhead_s"] == pytest.approx(50e-6)
 
 
+def test_an_amx_cpu_answers_with_the_amx_calibration(client: ApiClient) -> None:
+    """int8 / bf16 math on a Xeon with AMX runs under cpu_amx (fitted on the AMX Xeons'
+    ResNet-50 rows only); fp32 on it, and any CPU without AMX (Xeon 8380, EPYC), under cpu.
+    Efficiencies are pins of results.md's Derived defaults."""
+    common: dict[str, Any] = {
+        "model": "resnet-50",
+        "devices": ["intel-xeon-platinum-8480plus", "intel-xeon-platinum-8380", "amd-epyc-9654"],
+        "precisions": ["int8", "bf16", "fp32"],
+        "batch_sizes": [8],
+    }
+    body = _recommend(client, **common)
+    amx = body["calibration"]["cpu_amx"]
+    assert (amx["compute_efficiency"], amx["activation_cache_share"]) == (0.4, 0.85)  # pins
+    assert "AMX" in amx["basis"]
+    cpu = body["calibration"]["cpu"]
+    assert (cpu["compute_efficiency"], cpu["activation_cache_share"]) == (0.75, 0.35)  # pins
+    classes = {key: c["inputs"]["calibration_class"] for key, c in _by_device(body).items()}
+    assert classes == {
+        ("intel-xeon-platinum-8480plus", "int8"): "cpu_amx",
+        ("intel-xeon-platinum-8480plus", "bf16"): "cpu_amx",
+        ("intel-xeon-platinum-8480plus", "fp32"): "cpu",
+        ("intel-xeon-platinum-8380", "int8"): "cpu",
+        ("intel-xeon-platinum-8380", "fp32"): "cpu",
+        ("amd-epyc-9654", "bf16"): "cpu",
+        ("amd-epyc-9654", "fp32"): "cpu",
+    }
+    for key, candidate in _by_device(body).items():
+        used = body["calibration"][classes[key]]
+        assert candidate["inputs"]["compute_efficiency"] == used["compute_efficiency"], key
+        assert candidate["inputs"]["activation_cache_share"] == used["activation_cache_share"]
+    # an override of cpu_amx changes the AMX math only
+    slower = _by_device(
+        _recommend(client, **common, calibration={"cpu_amx": {"compute_efficiency": 0.2}})
+    )
+    assert slower[("intel-xeon-platinum-8480plus", "int8")]["inputs"]["compute_efficiency"] == 0.2
+    assert slower[("intel-xeon-platinum-8480plus", "fp32")]["inputs"]["compute_efficiency"] == 0.75
+    assert slower[("intel-xeon-platinum-8380", "int8")]["inputs"]["compute_efficiency"] == 0.75
+
+
 def test_a_precision_the_device_lacks_is_excluded_with_a_reason(client: ApiClient) -> None:
     body = _recommend(
         client,
@@ -327,6 +366,11 @@ def test_the_only_candidate_lacking_the_precision_is_an_error(
             "/calibration/gpu/compute_efficiency",
         ),
         ({"calibration": {"fpga": {}}}, "/calibration/fpga/[key]"),
+        ({"calibration": {"cpu-amx": {}}}, "/calibration/cpu-amx/[key]"),
+        (
+            {"calibration": {"cpu_amx": {"activation_cache_share": 1}}},
+            "/calibration/cpu_amx/activation_cache_share",
+        ),
         ({"architecture": TINY_MLP}, "/architecture"),
         ({"colour": "blue"}, "/colour"),
         ({"scenario": "server"}, "/latency_slo_ms"),  # the p99 bound is required
@@ -484,13 +528,16 @@ def test_a_serving_runtime_profile_changes_accelerators_only(client: ApiClient) 
     assert gpu["kernel_launch_overhead_s"] == pytest.approx(50e-6)
     assert "served by pytorch_eager" in gpu["basis"]
     assert eager["calibration"]["cpu"] == engine["calibration"]["cpu"]
+    assert eager["calibration"]["cpu_amx"] == engine["calibration"]["cpu_amx"]
     a10 = ("nvidia-a10", "fp16")
     xeon = ("intel-xeon-platinum-8480plus", "bf16")
     fast, slow = _by_device(engine)[a10], _by_device(eager)[a10]
     assert slow["latency_ms"] > 1.5 * fast["latency_ms"]
     assert slow["phases"][0]["launches"] > fast["phases"][0]["launches"]  # unfused
-    # the CPU is served as before, but one kernel per layer (fuse follows the runtime)
-    assert _by_device(eager)[xeon]["inputs"]["compute_efficiency"] == pytest.approx(0.75)
+    # the CPU is served as before, but one kernel per layer (fuse follows the runtime); its
+    # bf16 math runs on the AMX tiles (pin: results.md, Derived defaults)
+    assert _by_device(eager)[xeon]["inputs"]["calibration_class"] == "cpu_amx"
+    assert _by_device(eager)[xeon]["inputs"]["compute_efficiency"] == pytest.approx(0.4)
     fused = _recommend(client, **common, serving_runtime="pytorch_eager", fuse_elementwise=True)
     assert _by_device(fused)[a10]["phases"][0]["launches"] == fast["phases"][0]["launches"]
     overridden = _recommend(

@@ -16,7 +16,7 @@ import pytest
 
 from app.config import PROJECT_ROOT
 from app.domain.hardware import DeviceKind
-from app.domain.performance.roofline import DEFAULT_CALIBRATIONS
+from app.domain.performance.roofline import DEFAULT_CALIBRATIONS, CalibrationClass
 
 CALIBRATION = PROJECT_ROOT / "benchmarks" / "calibration"
 
@@ -109,4 +109,31 @@ def test_memory_efficiency_is_the_bandwidth_fit(
     assert len(rows) >= 5
     assert all(row["source"].startswith("https://") and row["description"] for row in rows)
     fitted = calibrate.fit_memory_efficiency(calibrate.bandwidth_rows(calibration_devices))
-    assert fitted == {DeviceKind.GPU: DEFAULT_CALIBRATIONS[DeviceKind.GPU].memory_efficiency}
+    assert fitted == {DeviceKind.GPU: DEFAULT_CALIBRATIONS[CalibrationClass.GPU].memory_efficiency}
+
+
+def test_cpus_are_fitted_per_matrix_engine(
+    calibrate: ModuleType,
+    calibration_rows: list[dict[str, Any]],
+    calibration_more_rows: list[dict[str, Any]],
+    calibration_devices: dict[str, Any],
+) -> None:
+    """cpu_amx is fitted on the AMX Xeons' rows only (the 8380's rows do not move it); cpu (the
+    8380, compute-bound) fits its efficiency at the share of the pooled fit over every CPU row,
+    and keeps the one CPU calibration shipped before the split. Pins: results.md."""
+    latency = calibrate.latency_rows(calibration_more_rows, calibration_devices)
+    derivation = calibrate.derive(calibration_rows, calibration_devices, latency)
+    assert derivation.pooled == {}
+    assert derivation.pooled_cpu == (0.75, 0.35, 6)  # pin: the pooled fit (before the split)
+    cpu = derivation.calibrations[CalibrationClass.CPU]
+    amx = derivation.calibrations[CalibrationClass.CPU_AMX]
+    assert cpu.activation_cache_share == derivation.pooled_cpu[1]
+    assert (cpu.compute_efficiency, cpu.activation_cache_share) == (0.75, 0.35)  # pin
+    assert (amx.compute_efficiency, amx.activation_cache_share) == (0.4, 0.85)  # pin
+    without_8380 = [
+        r
+        for r in calibration_rows
+        if calibrate.CATALOG_SLUGS.get(r["device"]) != "intel-xeon-platinum-8380"
+    ]
+    refit = calibrate.derive(without_8380, calibration_devices, latency)
+    assert refit.calibrations[CalibrationClass.CPU_AMX] == amx

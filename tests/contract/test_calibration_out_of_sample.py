@@ -16,6 +16,7 @@ import pytest
 from app.config import PROJECT_ROOT
 from app.domain.graph.analysis import analyze
 from app.domain.hardware import DeviceKind
+from app.domain.performance.roofline import CalibrationClass
 from app.domain.precision import Precision
 from app.services.convert import input_decls
 
@@ -133,7 +134,10 @@ def test_leave_one_device_out_refits_without_the_device(
     calibration_more_rows: list[dict[str, Any]],
     calibration_out_of_sample: list[Any],
 ) -> None:
-    """The Xeon 8380 rows are predicted with the CPU constants derived from the other CPUs."""
+    """The Xeon 8380 rows are predicted with the CPU constants derived from the other CPUs: the
+    8380 is the only fit device without AMX, so its class (cpu) has no rows left and takes the
+    pooled CPU fit, here the AMX Xeons' rows. An AMX Xeon is predicted with the cpu_amx
+    constants fitted on the other AMX Xeons."""
     kept = [
         r
         for r in calibration_rows
@@ -141,7 +145,14 @@ def test_leave_one_device_out_refits_without_the_device(
     ]
     latency = calibrate.latency_rows(calibration_more_rows, calibration_devices)
     assert all(d.kind is not DeviceKind.CPU for d, _ in latency)  # no CPU SingleStream rows
-    refit = calibrate.derive(kept, calibration_devices, latency).calibrations[DeviceKind.CPU]
+    derivation = calibrate.derive(kept, calibration_devices, latency)
+    refit = derivation.calibrations[CalibrationClass.CPU]
+    assert CalibrationClass.CPU in derivation.pooled
+    assert CalibrationClass.CPU_AMX not in derivation.pooled
+    assert (refit.compute_efficiency, refit.activation_cache_share) == derivation.pooled_cpu[:2]
+    # without the 8380 the pooled fit is the AMX rows' fit
+    amx = derivation.calibrations[CalibrationClass.CPU_AMX]
+    assert (amx.compute_efficiency, amx.activation_cache_share) == derivation.pooled_cpu[:2]
     predictor = calibrate.Predictor(calibration_devices)
     rows = [
         r
@@ -151,7 +162,27 @@ def test_leave_one_device_out_refits_without_the_device(
     assert rows
     for r in rows:
         assert r.fit_rows_left_out == 2
-        expected, _ = predictor.predict(r.case, {DeviceKind.CPU: refit})
+        assert "pooled CPU fit" in r.refit_note
+        expected, _ = predictor.predict(r.case, {CalibrationClass.CPU: refit})
+        assert r.device_out == pytest.approx(expected, rel=1e-12)
+    kept = [
+        r
+        for r in calibration_rows
+        if calibrate.CATALOG_SLUGS.get(r["device"]) != "intel-xeon-platinum-8480plus"
+    ]
+    amx = calibrate.derive(kept, calibration_devices, latency).calibrations[
+        CalibrationClass.CPU_AMX
+    ]
+    rows = [
+        r
+        for r in calibration_out_of_sample
+        if r.case.slug == "intel-xeon-platinum-8480plus" and r.case.target
+    ]
+    assert rows
+    for r in rows:
+        assert r.fit_rows_left_out == 1
+        assert not r.refit_note
+        expected, _ = predictor.predict(r.case, {CalibrationClass.CPU_AMX: amx})
         assert r.device_out == pytest.approx(expected, rel=1e-12)
     # a device without fit rows (GH200: GPT-J only) is predicted with the shipped constants
     gh200 = [

@@ -28,7 +28,9 @@ from app.domain.performance.roofline import (
     DEFAULT_CALIBRATIONS,
     PRECISION_SCHEMES,
     Bound,
+    CalibrationClass,
     PhasedRequest,
+    calibration_class,
     forward_request,
     predict,
 )
@@ -85,7 +87,9 @@ def _assess(
     device: HardwareSpec, batch: int, requirements: Requirements, fit: MemoryFit = FITS
 ) -> Assessment:
     request = _resnet(batch)
-    prediction = predict(request, device, DEFAULT_CALIBRATIONS[device.kind])
+    prediction = predict(
+        request, device, DEFAULT_CALIBRATIONS[calibration_class(device, request.scheme)]
+    )
     return assess(prediction, fit, requirements)
 
 
@@ -181,7 +185,11 @@ def test_every_objective_ranks(objective: Objective) -> None:
     request = forward_request(analysis, PRECISION_SCHEMES[Precision.FP32], batch=1)
     requirements = Requirements(objective=objective)
     items = [
-        assess(predict(request, d, DEFAULT_CALIBRATIONS[d.kind]), FITS, requirements)
+        assess(
+            predict(request, d, DEFAULT_CALIBRATIONS[calibration_class(d, request.scheme)]),
+            FITS,
+            requirements,
+        )
         for d in (GPU, CPU)
     ]
     ranked = rank(items, objective)
@@ -209,7 +217,7 @@ def test_the_explanation_names_weight_only_and_w8a8(precision: Precision) -> Non
     layers = [{"name": "fc", "op": "linear", "out_features": 10}]
     analysis = analyze(inputs, layers, {"batch": 1}, training=False)
     request = forward_request(analysis, PRECISION_SCHEMES[precision], batch=1)
-    prediction = predict(request, every_peak, DEFAULT_CALIBRATIONS[DeviceKind.GPU])
+    prediction = predict(request, every_peak, DEFAULT_CALIBRATIONS[CalibrationClass.GPU])
     assert quantization_sentence(prediction) == QUANTIZATION_SENTENCES[precision]
     ranked = rank([assess(prediction, FITS, Requirements())], Objective.LATENCY)
     assert ranked[0].eligible  # precondition: the explanation describes this candidate

@@ -16,10 +16,12 @@ from app.domain.performance.roofline import (
     AllReduce,
     Bound,
     Calibration,
+    CalibrationClass,
     Kernel,
     PhasedRequest,
     RooflineInputError,
     build_kernels,
+    calibration_class,
     decoder_request,
     expected_experts_read,
     forward_request,
@@ -281,6 +283,54 @@ def test_pcie_bandwidth() -> None:
     assert pcie_bandwidth_bytes_per_s(9, 16) is None
 
 
+# The catalog's cpu.simd of each device (hardware_catalog/*.yaml), and the class its int8 math
+# runs under
+CPU = DeviceKind.CPU
+EPYC_SIMD = "AVX-512 (executed on 256-bit datapaths) + AVX512_BF16/VNNI"
+CPU_PEAKS = {DType.FP32: 7.168e12, DType.BF16: 114.7e12, DType.INT8: 229.4e12}
+
+
+@pytest.mark.parametrize(
+    ("slug", "kind", "simd", "expected"),
+    [
+        ("intel-xeon-platinum-8480plus", CPU, "AVX-512 + AMX (BF16/INT8 tiles)", "cpu_amx"),
+        ("intel-xeon-platinum-8592plus", CPU, "AVX-512 + AMX", "cpu_amx"),
+        ("intel-xeon-6980p", CPU, "AVX-512 + AMX (adds FP16)", "cpu_amx"),
+        ("intel-xeon-platinum-8380", CPU, "AVX-512 (512-bit) + VNNI", "cpu"),
+        ("intel-xeon-e5-2698-v4", CPU, "AVX2 (256-bit) + FMA3", "cpu"),
+        ("amd-epyc-9654", CPU, EPYC_SIMD, "cpu"),
+        ("aws-graviton3", CPU, "SVE 256-bit (2 pipes) / NEON, BF16, INT8 dot", "cpu"),
+        ("a CPU without simd", CPU, None, "cpu"),
+        ("apple-m2", DeviceKind.EDGE, "NEON 128-bit", "edge"),
+        ("gpu", DeviceKind.GPU, None, "gpu"),
+        ("tpu", DeviceKind.TPU, None, "tpu"),
+    ],
+)
+def test_calibration_class_splits_cpus_by_amx(
+    slug: str, kind: DeviceKind, simd: str | None, expected: str
+) -> None:
+    device = replace(HAND_GPU, slug=slug, kind=kind, simd=simd, peak_flops_per_s=CPU_PEAKS)
+    assert calibration_class(device, INT8) == CalibrationClass(expected)
+    assert calibration_class(device, INT8).kind is kind
+    bf16 = PRECISION_SCHEMES[Precision.BF16]
+    assert calibration_class(device, bf16) == CalibrationClass(expected)  # tiles run bf16 too
+    # fp32 runs on the vector units (AVX-512 FMA), not the tiles: the AMX class is not its own
+    assert calibration_class(device, FP32) == CalibrationClass(kind.value)
+
+
+def test_amx_cpus_have_their_own_calibration() -> None:
+    """Fitted by benchmarks/calibration/calibrate.py on the AMX Xeons' ResNet-50 rows only
+    (pins: results.md, Derived defaults)."""
+    assert set(DEFAULT_CALIBRATIONS) == set(CalibrationClass)
+    amx, cpu = (
+        DEFAULT_CALIBRATIONS[CalibrationClass.CPU_AMX],
+        DEFAULT_CALIBRATIONS[CalibrationClass.CPU],
+    )
+    assert (amx.compute_efficiency, amx.activation_cache_share) == (0.4, 0.85)  # pin
+    assert (cpu.compute_efficiency, cpu.activation_cache_share) == (0.75, 0.35)  # pin
+    assert amx.memory_efficiency == cpu.memory_efficiency  # assumed for every CPU
+
+
 # --------------------------------------------------------------------------------------------
 # Properties over the zoo
 # --------------------------------------------------------------------------------------------
@@ -362,7 +412,7 @@ def test_bigger_batch_never_lowers_throughput_or_latency(
         for device in DEVICES:
             if unsupported_reason(device, series[0].scheme):
                 continue
-            cal = DEFAULT_CALIBRATIONS[device.kind]
+            cal = DEFAULT_CALIBRATIONS[calibration_class(device, series[0].scheme)]
             predictions = [predict(w, device, cal) for w in series]
             for small, big in zip(predictions, predictions[1:], strict=False):
                 where = f"{slug} {precision} {device.slug} batch {small.batch}->{big.batch}"
@@ -378,11 +428,11 @@ def test_a_faster_link_never_raises_latency(
     gpu = DEVICES[0]
     for (slug, _), series in requests.items():
         for request in series:
-            before = predict(request, gpu, DEFAULT_CALIBRATIONS[DeviceKind.GPU])
+            before = predict(request, gpu, DEFAULT_CALIBRATIONS[CalibrationClass.GPU])
             for factor in (2.0, 4.0):
                 link = gpu.host_link_bytes_per_s or 0
                 faster = replace(gpu, host_link_bytes_per_s=link * factor)
-                after = predict(request, faster, DEFAULT_CALIBRATIONS[DeviceKind.GPU])
+                after = predict(request, faster, DEFAULT_CALIBRATIONS[CalibrationClass.GPU])
                 assert after.latency_s <= before.latency_s, slug
                 assert after.throughput_per_s >= before.throughput_per_s, slug
                 before = after
@@ -396,7 +446,8 @@ def test_closed_form_equals_the_per_kernel_loop(
         for device in DEVICES:
             if unsupported_reason(device, request.scheme):
                 continue
-            p = predict(request, device, DEFAULT_CALIBRATIONS[device.kind])
+            cal = DEFAULT_CALIBRATIONS[calibration_class(device, request.scheme)]
+            p = predict(request, device, cal)
             for phase, timing in zip(request.phases, p.phases, strict=True):
                 points = kernel_points(phase, p)
                 looped = sum(

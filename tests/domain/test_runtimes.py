@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from app.domain.hardware import DeviceKind
-from app.domain.performance.roofline import DEFAULT_CALIBRATIONS
+from app.domain.performance.roofline import DEFAULT_CALIBRATIONS, CalibrationClass
 from app.domain.performance.runtimes import (
     DEFAULT_RUNTIME,
     RUNTIME_PROFILES,
@@ -19,12 +19,12 @@ def test_the_default_is_the_calibration_itself() -> None:
     assert DEFAULT_RUNTIME is ServingRuntime.TENSORRT
     profile = RUNTIME_PROFILES[DEFAULT_RUNTIME]
     assert profile.fuse_elementwise
-    for kind, calibration in DEFAULT_CALIBRATIONS.items():
-        assert profile.apply(calibration, kind) is calibration
+    for cls, calibration in DEFAULT_CALIBRATIONS.items():
+        assert profile.apply(calibration, cls.kind) is calibration
 
 
 def test_eager_pytorch_on_a_gpu() -> None:
-    gpu = DEFAULT_CALIBRATIONS[DeviceKind.GPU]
+    gpu = DEFAULT_CALIBRATIONS[CalibrationClass.GPU]
     eager = RUNTIME_PROFILES[ServingRuntime.PYTORCH_EAGER]
     applied = eager.apply(gpu, DeviceKind.GPU)
     assert not eager.fuse_elementwise
@@ -36,7 +36,7 @@ def test_eager_pytorch_on_a_gpu() -> None:
 
 
 def test_torch_compile_and_tensorflow() -> None:
-    gpu = DEFAULT_CALIBRATIONS[DeviceKind.GPU]
+    gpu = DEFAULT_CALIBRATIONS[CalibrationClass.GPU]
     compiled = RUNTIME_PROFILES[ServingRuntime.TORCH_COMPILE].apply(gpu, DeviceKind.GPU)
     assert compiled.compute_efficiency == pytest.approx(min(1.0, 0.51 * 2.0))
     assert compiled.kernel_launch_overhead_s == pytest.approx(60e-6)
@@ -47,10 +47,11 @@ def test_torch_compile_and_tensorflow() -> None:
 
 
 def test_cpus_keep_their_calibration_and_efficiency_stays_physical() -> None:
-    cpu = DEFAULT_CALIBRATIONS[DeviceKind.CPU]
-    for profile in RUNTIME_PROFILES.values():
-        assert profile.apply(cpu, DeviceKind.CPU) is cpu
-    edge = DEFAULT_CALIBRATIONS[DeviceKind.EDGE]
+    for cls in (CalibrationClass.CPU, CalibrationClass.CPU_AMX):
+        cpu = DEFAULT_CALIBRATIONS[cls]
+        for profile in RUNTIME_PROFILES.values():
+            assert profile.apply(cpu, cls.kind) is cpu
+    edge = DEFAULT_CALIBRATIONS[CalibrationClass.EDGE]
     compiled = RUNTIME_PROFILES[ServingRuntime.TORCH_COMPILE]
     high = compiled.apply(replace(edge, compute_efficiency=0.9), DeviceKind.EDGE)
     assert high.compute_efficiency == 1.0  # 0.9 x 2.0 clamped: no more than the peak

@@ -11,6 +11,7 @@ from app.domain.performance.roofline import (
     DEFAULT_CALIBRATIONS,
     GPU_TILE,
     PRECISION_SCHEMES,
+    CalibrationClass,
     Gemm,
     Kernel,
     Phase,
@@ -183,7 +184,7 @@ def test_a_kernels_time_with_and_without_wave_quantization() -> None:
         scheme=FP16,
         phases=(Phase(name="forward", kernels=(kernel,), h2d_bytes=0, d2h_bytes=0),),
     )
-    cal = replace(DEFAULT_CALIBRATIONS[DeviceKind.GPU], request_overhead_s=0.0)
+    cal = replace(DEFAULT_CALIBRATIONS[CalibrationClass.GPU], request_overhead_s=0.0)
     p_eff = 100e12 * cal.compute_efficiency
     plain = predict(request, _gpu(None), cal).phases[0]
     waved = predict(request, _gpu(108), cal).phases[0]

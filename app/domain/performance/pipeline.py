@@ -371,7 +371,7 @@ def predict_pipeline(
     ----------
     plan : the stages of one micro-batch (:func:`split_stages`)
     device : one GPU of the pipeline (peaks, bandwidth, links)
-    calibration : efficiencies and overheads of the device's kind
+    calibration : efficiencies and overheads of the device's calibration class
     batch : B, requests in flight [-]
     micro_batches : m [-]
 

@@ -37,8 +37,9 @@ next batch while the kernels run and the host prepares the next request, so a ba
 ``max(kernel time, h2d, d2h, t_req)``; a CPU does everything on its own cores, one batch per
 latency. ``throughput = batch / interval``.
 
-Efficiency factors, the activation cache share and overheads are named defaults per device
-kind (:data:`DEFAULT_CALIBRATIONS`), derived by ``benchmarks/calibration/calibrate.py`` from
+Efficiency factors, the activation cache share and overheads are named defaults per calibration
+class (:data:`DEFAULT_CALIBRATIONS`: the device kind, with CPUs split by whether AMX tiles run
+the math, :class:`CalibrationClass`), derived by ``benchmarks/calibration/calibrate.py`` from
 measured MLPerf ResNet-50 Offline throughput, host-to-device copy bandwidth and kernel-launch
 figures; a request may override them. Without the cache share the per-layer byte count (every
 activation to and from DRAM) overstates what fused engines move, and a compute-only fit needs
@@ -196,9 +197,49 @@ PRECISION_SCHEMES: Mapping[Precision, PrecisionScheme] = {
 # --------------------------------------------------------------------------------------------
 
 
+class CalibrationClass(StrEnum):
+    """Which calibration a prediction runs under: the device's kind, with CPUs split by the
+    unit that runs the math.
+
+    Intel AMX tiles (the catalog's ``cpu.simd`` names AMX; int8, bf16 and fp16 math) peak at 8x
+    AVX-512 VNNI's int8 rate per core (2,048 against 256 ops per cycle) but reach a much
+    smaller share of it (tile loads and memory feed them), so one efficiency fitted on both
+    carries to neither (benchmarks/calibration/README.md). Math on the vector units (fp32
+    everywhere, any precision on a CPU without AMX) is ``cpu``."""
+
+    GPU = "gpu"
+    CPU = "cpu"  # vector units: AVX-512 (VNNI), AVX2, AMD EPYC, Arm (Graviton); fp32 on any CPU
+    CPU_AMX = "cpu_amx"  # AMX tile math (int8 / bf16 / fp16) on Intel Xeon, Sapphire Rapids on
+    EDGE = "edge"
+    TPU = "tpu"
+
+    @property
+    def kind(self) -> DeviceKind:
+        """The device kind the class belongs to."""
+        return DeviceKind.CPU if self is CalibrationClass.CPU_AMX else DeviceKind(self.value)
+
+
+AMX_TILES = "AMX tiles"  # cpu_compute_unit's name for Intel AMX
+
+
+def has_amx(simd: str | None) -> bool:
+    """Whether a CPU's vector / matrix extensions (the catalog's ``cpu.simd``) include AMX."""
+    return simd is not None and "AMX" in simd.upper()
+
+
+def calibration_class(device: HardwareSpec, scheme: PrecisionScheme) -> CalibrationClass:
+    """The calibration ``scheme`` runs under on ``device``: its kind, or ``cpu_amx`` on a CPU
+    whose AMX tiles run the math (:func:`cpu_compute_unit`)."""
+    if device.kind is DeviceKind.CPU and device.simd and has_amx(device.simd):
+        dtype = compute_dtype_for(device, scheme)
+        if dtype is not None and cpu_compute_unit(device.simd, dtype) == AMX_TILES:
+            return CalibrationClass.CPU_AMX
+    return CalibrationClass(device.kind.value)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Calibration:
-    """Efficiencies and overheads of one device kind, and where they come from."""
+    """Efficiencies and overheads of one calibration class, and where they come from."""
 
     compute_efficiency: float  # achieved / dense peak FLOP/s
     memory_efficiency: float  # achieved / peak memory bandwidth
@@ -259,8 +300,13 @@ _MEMORY = (
     "peak over 6 rows (BabelStream Triad, bandwidthTest device to device; T4, V100 SXM2 and "
     "PCIe, A100 40 and 80 GB SXM; 0.74-0.94) of memory_bandwidth.yaml"
 )
-DEFAULT_CALIBRATIONS: Mapping[DeviceKind, Calibration] = {
-    DeviceKind.GPU: Calibration(
+_CPU_REST = (
+    "memory efficiency 0.7 and the 2 us per-primitive dispatch: assumed (no CPU bandwidth or "
+    "dispatch rows); request overhead 42.4 us = median of the measured end-to-end torch.compile "
+    "call figures (44.3, 42.4, ~33 us; no CPU SingleStream rows to fit it on); no host-link copy"
+)
+DEFAULT_CALIBRATIONS: Mapping[CalibrationClass, Calibration] = {
+    CalibrationClass.GPU: Calibration(
         compute_efficiency=0.51,
         memory_efficiency=0.83,
         activation_cache_share=0.5,
@@ -271,20 +317,33 @@ DEFAULT_CALIBRATIONS: Mapping[DeviceKind, Calibration] = {
         f"(T4, A10, A30, A100, H100, H200, L4, L40S); {_MEMORY}; {_LINK}; {_OVERHEADS}; "
         f"{_REQUEST}",
     ),
-    DeviceKind.CPU: Calibration(
+    CalibrationClass.CPU: Calibration(
         compute_efficiency=0.75,
         memory_efficiency=0.7,
         activation_cache_share=0.35,
         host_link_efficiency=0.73,
         kernel_launch_overhead_s=2.0e-6,
         request_overhead_s=42.4e-6,
-        basis=f"compute efficiency and activation cache share: {_FIT}, 6 rows per socket (Xeon "
-        "8380 AVX-512 VNNI; 8480+, 8592+, 6980P AMX); memory efficiency 0.7 and the 2 us "
-        "per-primitive dispatch: assumed (no CPU bandwidth or dispatch rows); request overhead "
-        "42.4 us = median of the measured end-to-end torch.compile call figures (44.3, 42.4, "
-        "~33 us; no CPU SingleStream rows to fit it on); no host-link copy",
+        basis="math on a CPU's vector units (AVX-512 VNNI, AVX2, AMD EPYC, Arm; fp32 on AMX "
+        f"Xeons too): compute efficiency: {_FIT}, "
+        "2 rows per socket (Xeon 8380, AVX-512 VNNI), at the activation cache share of the "
+        "pooled fit over all 6 CPU rows (0.75 / 0.35; one compute-bound device does not "
+        f"identify a share); {_CPU_REST}",
     ),
-    DeviceKind.EDGE: Calibration(
+    CalibrationClass.CPU_AMX: Calibration(
+        compute_efficiency=0.4,
+        memory_efficiency=0.7,
+        activation_cache_share=0.85,
+        host_link_efficiency=0.73,
+        kernel_launch_overhead_s=2.0e-6,
+        request_overhead_s=42.4e-6,
+        basis="int8 / bf16 / fp16 math on Intel AMX tiles (Xeon 8480+, 8592+, 6980P): compute "
+        f"efficiency and activation cache share: {_FIT}, 4 rows per socket of AMX Xeons only "
+        "(the tiles' int8 peak is 8x VNNI's per core; they reach a smaller share of it); "
+        "memory-bound on ResNet-50, so the rows pin a trade-off between the two more than "
+        f"either; {_CPU_REST}",
+    ),
+    CalibrationClass.EDGE: Calibration(
         compute_efficiency=0.46,
         memory_efficiency=0.8,
         activation_cache_share=0.5,
@@ -296,7 +355,7 @@ DEFAULT_CALIBRATIONS: Mapping[DeviceKind, Calibration] = {
         "0.8 assumed (no SoC bandwidth rows); launch and request overheads as for GPUs (the "
         "request overhead's fit has 2 Orin rows)",
     ),
-    DeviceKind.TPU: Calibration(
+    CalibrationClass.TPU: Calibration(
         compute_efficiency=0.51,
         memory_efficiency=0.83,
         activation_cache_share=0.5,
@@ -1448,8 +1507,8 @@ def unsupported_reason(device: HardwareSpec, scheme: PrecisionScheme) -> str | N
 
 def cpu_compute_unit(simd: str, dtype: DType) -> str:
     """The CPU unit whose peak runs ``dtype``: AMX tiles, AVX-512 VNNI or FMA, AVX2 FMA."""
-    if dtype in (DType.INT8, DType.BF16, DType.FP16) and "AMX" in simd:
-        return "AMX tiles"
+    if dtype in (DType.INT8, DType.BF16, DType.FP16) and has_amx(simd):
+        return AMX_TILES
     if dtype is DType.INT8 and "VNNI" in simd:
         return "AVX-512 VNNI"
     if "AVX-512" in simd:
