@@ -171,6 +171,9 @@ _PEAKS: LruCache[tuple[Any, ...], int] = LruCache(size=2048, name="memory_peaks"
 # the CUDA allocator's state after a model's weights, per precision and sharding (estimates at
 # every batch size and workspace size start from it)
 _REPLAYS: LruCache[tuple[Any, ...], AllocatorSnapshot] = LruCache(size=32, name="allocator_replays")
+# what the memory engine derives from one analysis object (storage plans, forward and weight
+# allocator events; keyed by the object, which each entry holds)
+_PLANS: LruCache[tuple[Any, ...], Any] = LruCache(size=256, name="memory_plans")
 # one GPU's share of a request on a tensor-parallel group, per batch, precision and degree
 _SHARDS: LruCache[tuple[Any, ...], PhasedRequest] = LruCache(
     size=256, name="tensor_parallel_shards"
@@ -186,6 +189,7 @@ def clear_caches() -> None:
     _SHAPES.clear()
     _PEAKS.clear()
     _REPLAYS.clear()
+    _PLANS.clear()
     _SHARDS.clear()
     _STAGES.clear()
     clear_server_cache()
@@ -576,6 +580,7 @@ class ModelSource:
                         self.analysis(bindings, Logits.LAST, attention),
                         request,
                         replays=_REPLAYS,  # keyed by the events: inline graphs too
+                        plans=_PLANS,
                     )
                 except MemoryInputError as exc:
                     raise InvalidInput(str(exc)) from exc
