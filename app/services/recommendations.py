@@ -172,8 +172,9 @@ _PEAKS: LruCache[tuple[Any, ...], int] = LruCache(size=2048, name="memory_peaks"
 # every batch size and workspace size start from it)
 _REPLAYS: LruCache[tuple[Any, ...], AllocatorSnapshot] = LruCache(size=32, name="allocator_replays")
 # what the memory engine derives from one analysis object (storage plans, forward and weight
-# allocator events; keyed by the object, which each entry holds)
-_PLANS: LruCache[tuple[Any, ...], Any] = LruCache(size=256, name="memory_plans")
+# allocator events, inference replays; keyed by the object, which each entry holds): a cold
+# GPT-3 175B recommendation stores ~330
+_PLANS: LruCache[tuple[Any, ...], Any] = LruCache(size=512, name="memory_plans")
 # one GPU's share of a request on a tensor-parallel group, per batch, precision and degree
 _SHARDS: LruCache[tuple[Any, ...], PhasedRequest] = LruCache(
     size=256, name="tensor_parallel_shards"

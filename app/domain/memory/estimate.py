@@ -1209,12 +1209,19 @@ def _forward_events(
     return _ForwardEvents(events, cache_keys, new_keys, forward_live)
 
 
+def _forward_key(e: _Estimation) -> tuple[object, ...]:
+    """What an inference forward's events depend on besides the analysis: the bytes of the
+    activation dtype and the runtime (dropout masks, oneDNN buffers)."""
+    return ("forward", e.plan.activation, e.sizer.runtime)
+
+
 def _allocator_events(
     e: _Estimation, overhead: FrameworkOverhead
-) -> tuple[list[Event], int, _WeightEvents]:
+) -> tuple[list[Event], int, _WeightEvents, int]:
     """The step as the caching allocator sees it, tensor by tensor, where steady state starts
-    (the event index of the second iteration; 0 at inference) and the weights' events, the
-    first ones (they depend only on the model's parameters, the precision and the sharding).
+    (the event index of the second iteration; 0 at inference), the weights' events, the
+    first ones (they depend only on the model's parameters, the precision and the sharding),
+    and where the forward's events start.
 
     Persistent first (weights, buffers, master weights, KV cache, inputs and labels, the
     cuBLAS workspaces, DDP's buckets or FSDP's gather buffers), then per layer in forward: its
@@ -1261,15 +1268,15 @@ def _allocator_events(
     for size in e.comm_buffers:  # held for the whole step (FSDP's: reused unit after unit)
         add(("alloc", len(events), size))
     if step is None:
-        sizer = e.sizer
-        forward = _memoised(
+        shared = _memoised(
             e.plans,
             analysis,
-            ("forward", e.plan.activation, sizer.runtime),
+            _forward_key(e),
             lambda: _forward_events(analysis, plan, [[] for _ in layers], False),
         )
-        events += forward.events
-        return events, 0, weights
+        forward_from = len(events)
+        events += shared.events
+        return events, 0, weights, forward_from
     kept_after: dict[int, list[int]] = {}
     for storage, index in plan.first_saver.items():
         if storage not in plan.pinned:
@@ -1280,6 +1287,7 @@ def _allocator_events(
         else [[] for _ in layers]
     )
     forward, cache_keys, new_keys, forward_live = _forward_events(analysis, plan, cache, True)
+    forward_from = len(events)
     events += forward
     grads = _param_tensor_bytes(analysis, step.grad_element, step.grad_shard)
     grad_keys: list[list[int]] = [[] for _ in layers]  # per layer, as zero_grad frees them
@@ -1354,7 +1362,7 @@ def _allocator_events(
             for keys in grad_keys:
                 for key in keys:
                     add(("free", key, 0))
-    return events, steady_from, weights
+    return events, steady_from, weights, forward_from
 
 
 _HANDLE_WORDS = {
@@ -1378,15 +1386,29 @@ def _cuda_lines(e: _Estimation, parts: dict[str, int]) -> None:
     handles = _cublas_handles(e)
     workspace = handles * overhead.workspace_bytes
     if overhead.round_allocations:
-        events, steady_from, weights = _allocator_events(e, overhead)
-        e.allocator = replay_steady(
-            events,
-            steady_from,
-            expandable=overhead.expandable_segments,
-            shared_prefix=len(weights.events),
-            memo=e.replays,
-            prefix_key=weights.key,
-        )
+        events, steady_from, weights, forward_from = _allocator_events(e, overhead)
+        expandable = overhead.expandable_segments
+
+        def replayed() -> tuple[AllocatorPeaks, AllocatorPeaks]:
+            return replay_steady(
+                events,
+                steady_from,
+                expandable=expandable,
+                shared_prefix=len(weights.events),
+                memo=e.replays,
+                prefix_key=weights.key,
+            )
+
+        if steady_from or e.plans is None:
+            e.allocator = replayed()
+        else:  # inference: the weights, the head, then the forward of (analysis, dtype, runtime)
+            head = tuple(events[len(weights.events) : forward_from])
+            e.allocator = _memoised(
+                e.plans,
+                e.analysis,
+                ("replayed", *_forward_key(e)[1:], weights.key, head, expandable),
+                replayed,
+            )
         steady = e.allocator[1]
         rounding = max(0, steady.allocated_bytes - steady.requested_bytes)
         parts["allocator_rounding"] = rounding
