@@ -307,11 +307,11 @@ class _Sizer:
 
 def _weights_bytes(
     analysis: GraphAnalysis, plan: PrecisionPlan, precision: Precision
-) -> tuple[int, list[str]]:
+) -> tuple[int, tuple[str, ...]]:
     """Stored weight bytes, with quantization scales for weight-only formats."""
     row = convention(precision)
     if not row.quantized:
-        return _ceil(analysis.params * plan.weight), []
+        return _ceil(analysis.params * plan.weight), ()
     other_weight = bytes_per_element(row.other_weight_dtype)
     # The output head (the last layer with weights) stays 16-bit, as GPTQ/AWQ/bitsandbytes keep
     # lm_head; so do embeddings, norms and biases.
@@ -339,7 +339,7 @@ def _weights_bytes(
         f"{quantized:,} of {analysis.params:,} parameters quantized (matmul/conv weights); "
         "embeddings, norms, biases and the output head stay 16-bit"
     )
-    return _ceil(total), [note]
+    return _ceil(total), (note,)
 
 
 def _optimizer_state_bytes(
@@ -1749,7 +1749,12 @@ def estimate_memory(
     model_shard = par.tensor * par.pipeline
     params = analysis.params
 
-    weights_full, weight_notes = _weights_bytes(analysis, plan, precision)
+    weights_full, weight_notes = _memoised(
+        plans,
+        analysis,
+        ("weights bytes", precision),
+        lambda: _weights_bytes(analysis, plan, precision),
+    )
     weights = _ceil(Fraction(weights_full, model_shard))
     if convention(precision).quantized:
         expression = f"{weights_full:,} [B: quantized weights, scales and 16-bit rest]"
@@ -1762,7 +1767,7 @@ def estimate_memory(
         expression = f"ceil({expression} / {par.data} [ZeRO-3 data ranks])"
     lines_static: dict[str, int] = {"weights": weights}
     formulas: dict[str, str] = {"weights": f"{expression} = {weights:,} B"}
-    notes: dict[str, list[str]] = {"weights": weight_notes}
+    notes: dict[str, list[str]] = {"weights": list(weight_notes)}
     buffers = sum(layer.result.buffers_bytes for layer in analysis.layers)
     if buffers:
         lines_static["buffers"] = buffers
@@ -1773,7 +1778,15 @@ def estimate_memory(
         storage_plan = _memoised(
             plans,
             analysis,
-            ("plan", precision, request.runtime, par.tensor, request.checkpointing),
+            # the plan reads the precision's activation and weight bytes only (bf16 = fp16)
+            (
+                "plan",
+                plan.activation,
+                plan.weight,
+                request.runtime,
+                par.tensor,
+                request.checkpointing,
+            ),
             lambda: _build_plan(
                 analysis,
                 sizer,
