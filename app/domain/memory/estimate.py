@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
-from itertools import accumulate
+from itertools import accumulate, repeat
 from operator import add, sub
 from typing import Any, NamedTuple, Protocol, TypeVar, cast
 
@@ -873,6 +873,7 @@ class _Estimation:
     comm_buffers: list[int] = field(default_factory=list)  # DDP buckets / FSDP gather buffers
     replays: ReplayMemo | None = None  # the caller's memo of allocator states after the weights
     plans: PlanMemo | None = None  # the caller's memo of what one analysis derives
+    plan_key: tuple[object, ...] = ()  # inference: what the storage plan depends on
 
 
 @dataclass(frozen=True, slots=True)
@@ -1094,8 +1095,13 @@ def _inference_moments(e: _Estimation) -> list[_Moment]:
                 f"x {kv_bytes} [B] / {kv_shard} "
                 f"[{'tensor x pipeline' if par.pipeline > 1 else 'tensor'}]) = {kv:,} B"
             )
-    fwd_peak, _ = _forward(
-        storage_plan, _timeline(storage_plan), _input_bytes(analysis, storage_plan)
+    fwd_peak = _memoised(  # a function of the (memoised) storage plan
+        e.plans,
+        analysis,
+        ("forward peak", *e.plan_key[1:]),
+        lambda: _forward(
+            storage_plan, _timeline(storage_plan), _input_bytes(analysis, storage_plan)
+        )[0],
     )
     assumptions.append("activations live from their producer to their last consumer")
 
@@ -1141,16 +1147,19 @@ class _WeightEvents(NamedTuple):
 
 def _weight_events(analysis: GraphAnalysis, weight: Fraction, model_shard: int) -> _WeightEvents:
     """The weights' events at ``weight`` B per element, split over ``model_shard`` GPUs."""
-    sizes = _param_tensor_bytes(analysis, weight, model_shard)
-    events: list[Event] = []
-    add = events.append
-    for layer, layer_sizes in zip(analysis.layers, sizes, strict=True):
-        for size in layer_sizes:
-            add(("alloc", len(events), size))
-        if layer.result.buffers_bytes:
-            add(("alloc", len(events), layer.result.buffers_bytes))
-    frozen = tuple(events)
-    return _WeightEvents(sizes=sizes, events=frozen, key=EventsKey(frozen))
+    num, den = weight.numerator, weight.denominator * model_shard
+    # once per distinct op result (the repeats of a block share theirs), as _param_tensor_bytes
+    per_result: dict[int, tuple[list[int], list[int]]] = {}
+    for layer in analysis.layers:
+        result = layer.result
+        if id(result) not in per_result:
+            tensors = [-(-math.prod(shape) * num // den) for shape in result.param_shapes]
+            with_buffers = tensors + [result.buffers_bytes] if result.buffers_bytes else tensors
+            per_result[id(result)] = (tensors, with_buffers)
+    sizes = [per_result[id(layer.result)][0] for layer in analysis.layers]
+    allocated = [size for layer in analysis.layers for size in per_result[id(layer.result)][1]]
+    events = tuple(zip(repeat("alloc"), range(len(allocated)), allocated, strict=False))
+    return _WeightEvents(sizes=sizes, events=events, key=EventsKey(events))
 
 
 # Keys of the forward's own tensors: their position in the forward plus this, above any index of
@@ -1772,21 +1781,16 @@ def estimate_memory(
     if buffers:
         lines_static["buffers"] = buffers
 
+    # the plan reads the precision's activation and weight bytes only (bf16 = fp16)
+    plan_key: tuple[object, ...] = ("plan", plan.activation, plan.weight, request.runtime)
+    plan_key += (par.tensor, request.checkpointing)
     if training:  # full checkpointing and the per-layer view edit a training plan
         storage_plan = _build_plan(analysis, sizer, request, training)
     else:  # an inference plan is only read (adds {}: its layer_saved is built once, the same)
         storage_plan = _memoised(
             plans,
             analysis,
-            # the plan reads the precision's activation and weight bytes only (bf16 = fp16)
-            (
-                "plan",
-                plan.activation,
-                plan.weight,
-                request.runtime,
-                par.tensor,
-                request.checkpointing,
-            ),
+            plan_key,
             lambda: _build_plan(
                 analysis,
                 sizer,
@@ -1809,6 +1813,7 @@ def estimate_memory(
         assumptions=assumptions,
         replays=replays,
         plans=plans,
+        plan_key=plan_key,
     )
     if training:
         first_moments, steady_moments = _training_moments(e)
