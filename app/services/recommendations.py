@@ -173,6 +173,10 @@ _PEAKS: LruCache[tuple[Any, ...], int] = LruCache(size=2048, name="memory_peaks"
 # the CUDA allocator's state after a model's weights, per precision and sharding (estimates at
 # every batch size and workspace size start from it)
 _REPLAYS: LruCache[tuple[Any, ...], AllocatorSnapshot] = LruCache(size=32, name="allocator_replays")
+# what the memory engine derives from one analysis object (storage plans, forward and weight
+# allocator events, inference replays; keyed by the object, which each entry holds): a cold
+# GPT-3 175B recommendation stores ~390 (~19 MiB)
+_PLANS: LruCache[tuple[Any, ...], Any] = LruCache(size=512, name="memory_plans")
 # one GPU's share of a request on a tensor-parallel group, per batch, precision and degree
 _SHARDS: LruCache[tuple[Any, ...], PhasedRequest] = LruCache(
     size=256, name="tensor_parallel_shards"
@@ -188,6 +192,7 @@ def clear_caches() -> None:
     _SHAPES.clear()
     _PEAKS.clear()
     _REPLAYS.clear()
+    _PLANS.clear()
     _SHARDS.clear()
     _STAGES.clear()
     clear_server_cache()
@@ -578,6 +583,7 @@ class ModelSource:
                         self.analysis(bindings, Logits.LAST, attention),
                         request,
                         replays=_REPLAYS,  # keyed by the events: inline graphs too
+                        plans=_PLANS,
                     )
                 except MemoryInputError as exc:
                     raise InvalidInput(str(exc)) from exc

@@ -9,6 +9,7 @@ from app.domain.memory.cuda_allocator import (
     AllocatorSnapshot,
     CachingAllocator,
     Event,
+    EventsKey,
     Handle,
     allocation_size,
     replay,
@@ -186,3 +187,16 @@ def test_a_shared_prefix_must_end_before_the_steady_iteration() -> None:
     events, steady_from, _ = _step(1, MIB)
     with pytest.raises(ValueError, match="shared prefix"):
         replay_steady(events, steady_from, shared_prefix=steady_from + 1, memo=_Memo())
+
+
+def test_a_kept_prefix_key_replays_as_the_events_do() -> None:
+    """A caller's EventsKey of the weights' events is the memo key the events give, and must
+    name exactly the shared prefix."""
+    memo = _Memo()
+    events, steady_from, weights = _step(2, MIB)
+    key = EventsKey(tuple(events[:weights]))
+    kept = replay_steady(events, steady_from, shared_prefix=weights, memo=memo, prefix_key=key)
+    assert kept == replay_steady(events, steady_from, shared_prefix=weights, memo=memo)
+    assert (len(memo.items), memo.hits) == (1, 1)
+    with pytest.raises(ValueError, match="prefix key"):
+        replay_steady(events, steady_from, shared_prefix=weights - 1, memo=memo, prefix_key=key)

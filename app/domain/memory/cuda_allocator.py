@@ -311,6 +311,29 @@ class AllocatorSnapshot:
     handles: tuple[tuple[object, Handle], ...]
 
 
+class EventsKey:
+    """A run of events as a memo key, hashed once (a caller that keeps it across replays saves
+    hashing the events again); equal to another key over the same events."""
+
+    __slots__ = ("_hash", "events")
+
+    def __init__(self, events: tuple[Event, ...]) -> None:
+        self.events = events
+        self._hash: int | None = None
+
+    def __hash__(self) -> int:
+        if self._hash is None:
+            self._hash = hash(self.events)
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if not isinstance(other, EventsKey):
+            return NotImplemented
+        return hash(self) == hash(other) and self.events == other.events
+
+
 class ReplayMemo(Protocol):
     """Where :func:`replay_steady` keeps the state after a prefix of events, by the prefix (a
     bounded cache the caller owns; e.g. ``app.services.cache.LruCache``)."""
@@ -336,6 +359,7 @@ def replay_steady(
     expandable: bool = False,
     shared_prefix: int = 0,
     memo: ReplayMemo | None = None,
+    prefix_key: EventsKey | None = None,
 ) -> tuple[AllocatorPeaks, AllocatorPeaks]:
     """The peaks of the first iteration (events before ``steady_from``) and of the steady one
     after it, as ``torch.cuda.reset_peak_memory_stats()`` between them would report: the
@@ -345,14 +369,20 @@ def replay_steady(
     ``memo``: the state after the first ``shared_prefix`` events (at most ``steady_from`` when
     that is not 0) is looked up by those events and stored after a replay, so sequences that
     begin alike (the weights of one model at every batch size) replay that part once. The
-    replay is deterministic: the state after the same events is the same."""
+    replay is deterministic: the state after the same events is the same. ``prefix_key``: those
+    events as a key the caller keeps (its ``events`` must be the first ``shared_prefix``
+    events), so they are not copied and hashed again."""
     allocator = CachingAllocator(expandable=expandable)
     handles: dict[object, Handle] = {}
     start = 0
     if memo is not None and 0 < shared_prefix <= len(events):
         if 0 < steady_from < shared_prefix:
             raise ValueError("the shared prefix must end before the steady iteration starts")
-        key = ("replay prefix", expandable, tuple(islice(events, shared_prefix)))
+        if prefix_key is None:
+            prefix_key = EventsKey(tuple(islice(events, shared_prefix)))
+        elif len(prefix_key.events) != shared_prefix:
+            raise ValueError("the prefix key must name the first shared_prefix events")
+        key = ("replay prefix", expandable, prefix_key)
         found = memo.get(key)
         if found is None:
             allocator.run(islice(events, shared_prefix), handles)

@@ -26,15 +26,21 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
-from itertools import accumulate
+from itertools import accumulate, repeat
 from operator import add, sub
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol, TypeVar, cast
 
 from app.domain.graph.analysis import GraphAnalysis, InputDecl, LayerAnalysis, analyze
 from app.domain.graph.ops import Storage, TensorKind
 from app.domain.graph.traits import CONV_OPS, INTERNAL_TENSOR_OPS, QUANTIZABLE_OPS
 from app.domain.hardware import FrameworkOverhead
-from app.domain.memory.cuda_allocator import AllocatorPeaks, Event, ReplayMemo, replay_steady
+from app.domain.memory.cuda_allocator import (
+    AllocatorPeaks,
+    Event,
+    EventsKey,
+    ReplayMemo,
+    replay_steady,
+)
 from app.domain.precision import (
     CONVENTIONS,
     DType,
@@ -60,6 +66,49 @@ from app.domain.workload import (
 
 class MemoryInputError(WorkloadInputError):
     """A combination of options that cannot be estimated."""
+
+
+class PlanMemo(Protocol):
+    """A bounded cache the caller keeps across estimates (e.g. ``app.services.cache.LruCache``):
+    what :func:`estimate_memory` derives from one analysis object and the few request fields it
+    depends on (the inference storage plan, the forward's allocator events, the weights'
+    events). Each entry holds its analysis, so an id in a key names a live object."""
+
+    def get(self, key: tuple[object, ...], /) -> object | None:
+        """The value stored for ``key``, or None."""
+
+    def put(self, key: tuple[object, ...], value: object, /) -> None:
+        """Store ``value`` for ``key``."""
+
+
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True, slots=True)
+class _Memoised:
+    """A value derived from ``analysis`` (kept so that its id is not reused while stored)."""
+
+    analysis: GraphAnalysis
+    value: object
+
+
+def _memoised(
+    memo: PlanMemo | None,
+    analysis: GraphAnalysis,
+    key: tuple[object, ...],
+    build: Callable[[], _T],
+) -> _T:
+    """``build()``, or the value stored for it in ``memo`` by ``analysis`` and ``key`` (which
+    must name everything besides the analysis that the value depends on)."""
+    if memo is None:
+        return build()
+    full = (key[0], id(analysis), *key[1:])
+    found = memo.get(full)
+    if isinstance(found, _Memoised) and found.analysis is analysis:
+        return cast(_T, found.value)
+    value = build()
+    memo.put(full, _Memoised(analysis, value))
+    return value
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -258,11 +307,11 @@ class _Sizer:
 
 def _weights_bytes(
     analysis: GraphAnalysis, plan: PrecisionPlan, precision: Precision
-) -> tuple[int, list[str]]:
+) -> tuple[int, tuple[str, ...]]:
     """Stored weight bytes, with quantization scales for weight-only formats."""
     row = convention(precision)
     if not row.quantized:
-        return _ceil(analysis.params * plan.weight), []
+        return _ceil(analysis.params * plan.weight), ()
     other_weight = bytes_per_element(row.other_weight_dtype)
     # The output head (the last layer with weights) stays 16-bit, as GPTQ/AWQ/bitsandbytes keep
     # lm_head; so do embeddings, norms and biases.
@@ -290,7 +339,7 @@ def _weights_bytes(
         f"{quantized:,} of {analysis.params:,} parameters quantized (matmul/conv weights); "
         "embeddings, norms, biases and the output head stay 16-bit"
     )
-    return _ceil(total), [note]
+    return _ceil(total), (note,)
 
 
 def _optimizer_state_bytes(
@@ -446,7 +495,7 @@ class _Plan:
     pinned: set[int]  # model inputs and the final output: held by the caller
     op_sizes: list[_OpSizes]
     out_alloc: list[int]  # per layer: bytes of the output it allocates (0: a view, in place)
-    grad_in: list[int]  # per layer: bytes of the gradients of its inputs
+    grad_in: list[int]  # per layer: bytes of the gradients of its inputs (training)
     first_saver: dict[int, int]  # kept storage -> earliest layer keeping it
     # Layer -> kept storages that are not its input or output. None until a caller needs their
     # ids (full checkpointing, the per-layer view): until then each layer's new tensors are
@@ -512,9 +561,24 @@ _RUNTIME_NOTES: Mapping[Runtime, str] = {
 }
 
 
+def _last_use(analysis: GraphAnalysis) -> dict[int, int]:
+    """Storage -> the last layer reading it in forward."""
+    return {
+        storage: index
+        for index, layer in enumerate(analysis.layers)
+        for storage in layer.input_storages
+    }
+
+
 def _build_plan(
-    analysis: GraphAnalysis, sizer: _Sizer, request: MemoryRequest, training: bool
+    analysis: GraphAnalysis,
+    sizer: _Sizer,
+    request: MemoryRequest,
+    training: bool,
+    last_use: dict[int, int] | None = None,
 ) -> _Plan:
+    """The storage plan; ``last_use``: :func:`_last_use` of the analysis, if known. Inference
+    leaves out the gradients of the layers' inputs (``grad_in``: only backward reads them)."""
     layers = analysis.layers
     # Byte figures once per distinct op result: the iterations of a repeat share theirs.
     distinct = {id(layer.result): layer for layer in layers}
@@ -533,10 +597,13 @@ def _build_plan(
         }
     )
     # Every storage a layer reads is a model input or an earlier layer's (allocated) output.
-    grad_in = [sum([sizes[storage] for storage in layer.input_storages]) for layer in layers]
-    last_use = {
-        storage: index for index, layer in enumerate(layers) for storage in layer.input_storages
-    }
+    grad_in = (
+        [sum([sizes[storage] for storage in layer.input_storages]) for layer in layers]
+        if training
+        else []
+    )
+    if last_use is None:
+        last_use = _last_use(analysis)
     n = len(layers)
     # Kept inputs/outputs per layer (an in-place op keeps one storage once), then the tensors
     # layers create only to keep: negative ids, unique per (layer, slot).
@@ -805,6 +872,8 @@ class _Estimation:
     kv_bytes: int = 0  # inference: the KV cache
     comm_buffers: list[int] = field(default_factory=list)  # DDP buckets / FSDP gather buffers
     replays: ReplayMemo | None = None  # the caller's memo of allocator states after the weights
+    plans: PlanMemo | None = None  # the caller's memo of what one analysis derives
+    plan_key: tuple[object, ...] = ()  # inference: what the storage plan depends on
 
 
 @dataclass(frozen=True, slots=True)
@@ -1026,8 +1095,13 @@ def _inference_moments(e: _Estimation) -> list[_Moment]:
                 f"x {kv_bytes} [B] / {kv_shard} "
                 f"[{'tensor x pipeline' if par.pipeline > 1 else 'tensor'}]) = {kv:,} B"
             )
-    fwd_peak, _ = _forward(
-        storage_plan, _timeline(storage_plan), _input_bytes(analysis, storage_plan)
+    fwd_peak = _memoised(  # a function of the (memoised) storage plan
+        e.plans,
+        analysis,
+        ("forward peak", *e.plan_key[1:]),
+        lambda: _forward(
+            storage_plan, _timeline(storage_plan), _input_bytes(analysis, storage_plan)
+        )[0],
     )
     assumptions.append("activations live from their producer to their last consumer")
 
@@ -1063,10 +1137,100 @@ def _spread(total: int, sizes: Sequence[int]) -> list[int]:
     return [total * size // whole for size in sizes] if whole and total else []
 
 
-def _allocator_events(e: _Estimation, overhead: FrameworkOverhead) -> tuple[list[Event], int, int]:
+class _WeightEvents(NamedTuple):
+    """The weights' (and buffers') allocations, the first events of every step."""
+
+    sizes: list[list[int]]  # per layer, its parameter tensors' bytes
+    events: tuple[Event, ...]  # keys 0, 1, ...: their positions
+    key: EventsKey  # the events as the replay memo's key (hashed once)
+
+
+def _weight_events(analysis: GraphAnalysis, weight: Fraction, model_shard: int) -> _WeightEvents:
+    """The weights' events at ``weight`` B per element, split over ``model_shard`` GPUs."""
+    num, den = weight.numerator, weight.denominator * model_shard
+    # once per distinct op result (the repeats of a block share theirs), as _param_tensor_bytes
+    per_result: dict[int, tuple[list[int], list[int]]] = {}
+    for layer in analysis.layers:
+        result = layer.result
+        if id(result) not in per_result:
+            tensors = [-(-math.prod(shape) * num // den) for shape in result.param_shapes]
+            with_buffers = tensors + [result.buffers_bytes] if result.buffers_bytes else tensors
+            per_result[id(result)] = (tensors, with_buffers)
+    sizes = [per_result[id(layer.result)][0] for layer in analysis.layers]
+    allocated = [size for layer in analysis.layers for size in per_result[id(layer.result)][1]]
+    events = tuple(zip(repeat("alloc"), range(len(allocated)), allocated, strict=False))
+    return _WeightEvents(sizes=sizes, events=events, key=EventsKey(events))
+
+
+# Keys of the forward's own tensors: their position in the forward plus this, above any index of
+# a step's events (which key the head's and the backward's tensors), so the forward's events
+# can be built once and follow any head.
+_FORWARD_KEYS = 1 << 48
+
+
+class _ForwardEvents(NamedTuple):
+    """The forward's events, as :func:`_allocator_events` describes them."""
+
+    events: list[Event]
+    cache_keys: list[int]  # autocast's 16-bit weight copies
+    new_keys: list[list[int]]  # per layer, the tensors it creates to keep
+    live: set[int]  # storages it allocated that are still live at its end
+
+
+def _forward_events(
+    analysis: GraphAnalysis, plan: _Plan, cache: Sequence[Sequence[int]], training: bool
+) -> _ForwardEvents:
+    """Per layer: autocast's weight copies (``cache``), its output and the tensors it creates
+    to keep (training), its forward transient (allocated and freed), and the values whose last
+    reader it is."""
+    inputs = {bound.storage for bound in analysis.inputs}
+    freed_after: dict[int, list[int]] = {}
+    for storage, index in plan.last_use.items():
+        if storage not in plan.first_saver and storage not in plan.pinned:
+            freed_after.setdefault(index, []).append(storage)
+    events: list[Event] = []
+    add = events.append
+    cache_keys: list[int] = []
+    new_keys: list[list[int]] = []
+    forward_live: set[int] = set()
+    for index, layer in enumerate(analysis.layers):
+        op = plan.op_sizes[index]
+        for size in cache[index]:
+            cache_keys.append(_FORWARD_KEYS + len(events))
+            add(("alloc", cache_keys[-1], size))
+        if plan.out_alloc[index]:
+            add(("alloc", ~layer.output_storage, plan.out_alloc[index]))
+            forward_live.add(layer.output_storage)
+        kept: list[int] = []
+        if training:
+            for _, size in op.new_kept:
+                kept.append(_FORWARD_KEYS + len(events))
+                add(("alloc", kept[-1], size))
+        new_keys.append(kept)
+        if op.forward_transient:
+            key = _FORWARD_KEYS + len(events)
+            add(("alloc", key, op.forward_transient))
+            add(("free", key, 0))
+        for storage in freed_after.get(index, ()):
+            if storage in forward_live and storage not in inputs:
+                forward_live.discard(storage)
+                add(("free", ~storage, 0))
+    return _ForwardEvents(events, cache_keys, new_keys, forward_live)
+
+
+def _forward_key(e: _Estimation) -> tuple[object, ...]:
+    """What an inference forward's events depend on besides the analysis: the bytes of the
+    activation dtype and the runtime (dropout masks, oneDNN buffers)."""
+    return ("forward", e.plan.activation, e.sizer.runtime)
+
+
+def _allocator_events(
+    e: _Estimation, overhead: FrameworkOverhead
+) -> tuple[list[Event], int, _WeightEvents, int]:
     """The step as the caching allocator sees it, tensor by tensor, where steady state starts
-    (the event index of the second iteration; 0 at inference) and where the weights' events
-    end (they depend only on the model's parameters, the precision and the sharding).
+    (the event index of the second iteration; 0 at inference), the weights' events, the
+    first ones (they depend only on the model's parameters, the precision and the sharding),
+    and where the forward's events start.
 
     Persistent first (weights, buffers, master weights, KV cache, inputs and labels, the
     cuBLAS workspaces, DDP's buckets or FSDP's gather buffers), then per layer in forward: its
@@ -1078,22 +1242,24 @@ def _allocator_events(e: _Estimation, overhead: FrameworkOverhead) -> tuple[list
     freeing the gradients before the next iteration. Two iterations: the first creates the
     optimizer state lazily inside ``step()``, as PyTorch's optimizers do.
 
-    Keys are ints: a storage's is ``~storage`` (negative), any other tensor's the index of the
-    event that allocates it. The forward's events are the same in both iterations: built once.
+    Keys are ints: a storage's is ``~storage`` (negative), a forward tensor's its position in
+    the forward plus ``_FORWARD_KEYS``, any other tensor's the index of the event that
+    allocates it. The forward's events are the same in both iterations (and, at inference, in
+    every estimate of the analysis with the activation dtype and runtime): built once.
     """
     analysis, plan, request = e.analysis, e.storage_plan, e.request
     layers = analysis.layers
-    events: list[Event] = []
-    add = events.append
     model_shard = request.parallelism.tensor * request.parallelism.pipeline
-    weights = _param_tensor_bytes(analysis, e.plan.weight, model_shard)
-    for index, sizes in enumerate(weights):
-        for size in sizes:
-            add(("alloc", len(events), size))
-        if layers[index].result.buffers_bytes:
-            add(("alloc", len(events), layers[index].result.buffers_bytes))
-    weights_end = len(events)
-    flat = [size for sizes in weights for size in sizes]
+    weight = e.plan.weight
+    weights = _memoised(
+        e.plans,
+        analysis,
+        ("weights", weight, model_shard),
+        lambda: _weight_events(analysis, weight, model_shard),
+    )
+    events: list[Event] = list(weights.events)
+    add = events.append
+    flat = [size for sizes in weights.sizes for size in sizes]
     step = e.step
     if step is not None and step.master_total:
         for size in _spread(step.master_total, flat):
@@ -1110,50 +1276,28 @@ def _allocator_events(e: _Estimation, overhead: FrameworkOverhead) -> tuple[list
         add(("alloc", len(events), overhead.workspace_bytes))
     for size in e.comm_buffers:  # held for the whole step (FSDP's: reused unit after unit)
         add(("alloc", len(events), size))
-    freed_after: dict[int, list[int]] = {}
-    for storage, index in plan.last_use.items():
-        if storage not in plan.first_saver and storage not in plan.pinned:
-            freed_after.setdefault(index, []).append(storage)
+    if step is None:
+        shared = _memoised(
+            e.plans,
+            analysis,
+            _forward_key(e),
+            lambda: _forward_events(analysis, plan, [[] for _ in layers], False),
+        )
+        forward_from = len(events)
+        events += shared.events
+        return events, 0, weights, forward_from
     kept_after: dict[int, list[int]] = {}
     for storage, index in plan.first_saver.items():
         if storage not in plan.pinned:
             kept_after.setdefault(index, []).append(storage)
-    training = step is not None
     cache = (
         _param_tensor_bytes(analysis, Fraction(e.plan.weight_cache), model_shard)
-        if step is not None and step.cache_total
+        if step.cache_total
         else [[] for _ in layers]
     )
-    # the forward
+    forward, cache_keys, new_keys, forward_live = _forward_events(analysis, plan, cache, True)
     forward_from = len(events)
-    cache_keys: list[int] = []  # autocast's 16-bit weight copies
-    new_keys: list[list[int]] = []  # per layer, the tensors it creates to keep
-    forward_live: set[int] = set()
-    for index, layer in enumerate(layers):
-        op = plan.op_sizes[index]
-        for size in cache[index]:
-            cache_keys.append(len(events))
-            add(("alloc", len(events), size))
-        if plan.out_alloc[index]:
-            add(("alloc", ~layer.output_storage, plan.out_alloc[index]))
-            forward_live.add(layer.output_storage)
-        kept: list[int] = []
-        if training:
-            for _, size in op.new_kept:
-                kept.append(len(events))
-                add(("alloc", len(events), size))
-        new_keys.append(kept)
-        if op.forward_transient:
-            key = len(events)
-            add(("alloc", key, op.forward_transient))
-            add(("free", key, 0))
-        for storage in freed_after.get(index, ()):
-            if storage in forward_live and storage not in inputs:
-                forward_live.discard(storage)
-                add(("free", ~storage, 0))
-    if step is None:
-        return events, 0, weights_end
-    forward = events[forward_from:]
+    events += forward
     grads = _param_tensor_bytes(analysis, step.grad_element, step.grad_shard)
     grad_keys: list[list[int]] = [[] for _ in layers]  # per layer, as zero_grad frees them
     out_grad = plan.sizes.get(analysis.output_storage, 0)
@@ -1227,7 +1371,7 @@ def _allocator_events(e: _Estimation, overhead: FrameworkOverhead) -> tuple[list
             for keys in grad_keys:
                 for key in keys:
                     add(("free", key, 0))
-    return events, steady_from, weights_end
+    return events, steady_from, weights, forward_from
 
 
 _HANDLE_WORDS = {
@@ -1251,14 +1395,29 @@ def _cuda_lines(e: _Estimation, parts: dict[str, int]) -> None:
     handles = _cublas_handles(e)
     workspace = handles * overhead.workspace_bytes
     if overhead.round_allocations:
-        events, steady_from, weights_end = _allocator_events(e, overhead)
-        e.allocator = replay_steady(
-            events,
-            steady_from,
-            expandable=overhead.expandable_segments,
-            shared_prefix=weights_end,
-            memo=e.replays,
-        )
+        events, steady_from, weights, forward_from = _allocator_events(e, overhead)
+        expandable = overhead.expandable_segments
+
+        def replayed() -> tuple[AllocatorPeaks, AllocatorPeaks]:
+            return replay_steady(
+                events,
+                steady_from,
+                expandable=expandable,
+                shared_prefix=len(weights.events),
+                memo=e.replays,
+                prefix_key=weights.key,
+            )
+
+        if steady_from or e.plans is None:
+            e.allocator = replayed()
+        else:  # inference: the weights, the head, then the forward of (analysis, dtype, runtime)
+            head = tuple(events[len(weights.events) : forward_from])
+            e.allocator = _memoised(
+                e.plans,
+                e.analysis,
+                ("replayed", *_forward_key(e)[1:], weights.key, head, expandable),
+                replayed,
+            )
         steady = e.allocator[1]
         rounding = max(0, steady.allocated_bytes - steady.requested_bytes)
         parts["allocator_rounding"] = rounding
@@ -1532,6 +1691,7 @@ def estimate_memory(
     *,
     per_layer: bool = False,
     replays: ReplayMemo | None = None,
+    plans: PlanMemo | None = None,
 ) -> MemoryEstimate:
     """Peak memory per device for one training step or one inference forward pass.
 
@@ -1548,6 +1708,11 @@ def estimate_memory(
         A bounded cache the caller keeps across estimates: the CUDA allocator's state after the
         weights is replayed once per distinct weights (estimates of one model at several batch
         sizes or workspace sizes share it). Speed only: the result is the same without it.
+    plans : PlanMemo, optional
+        A bounded cache the caller keeps across estimates of the same analysis objects: the
+        inference storage plan (per precision, runtime, tensor split and checkpointing), the
+        forward's allocator events (per activation dtype and runtime) and the weights' events
+        (per bytes per weight and model shard) are derived once. Speed only, as ``replays``.
 
     Returns
     -------
@@ -1593,7 +1758,12 @@ def estimate_memory(
     model_shard = par.tensor * par.pipeline
     params = analysis.params
 
-    weights_full, weight_notes = _weights_bytes(analysis, plan, precision)
+    weights_full, weight_notes = _memoised(
+        plans,
+        analysis,
+        ("weights bytes", precision),
+        lambda: _weights_bytes(analysis, plan, precision),
+    )
     weights = _ceil(Fraction(weights_full, model_shard))
     if convention(precision).quantized:
         expression = f"{weights_full:,} [B: quantized weights, scales and 16-bit rest]"
@@ -1606,12 +1776,29 @@ def estimate_memory(
         expression = f"ceil({expression} / {par.data} [ZeRO-3 data ranks])"
     lines_static: dict[str, int] = {"weights": weights}
     formulas: dict[str, str] = {"weights": f"{expression} = {weights:,} B"}
-    notes: dict[str, list[str]] = {"weights": weight_notes}
+    notes: dict[str, list[str]] = {"weights": list(weight_notes)}
     buffers = sum(layer.result.buffers_bytes for layer in analysis.layers)
     if buffers:
         lines_static["buffers"] = buffers
 
-    storage_plan = _build_plan(analysis, sizer, request, training)
+    # the plan reads the precision's activation and weight bytes only (bf16 = fp16)
+    plan_key: tuple[object, ...] = ("plan", plan.activation, plan.weight, request.runtime)
+    plan_key += (par.tensor, request.checkpointing)
+    if training:  # full checkpointing and the per-layer view edit a training plan
+        storage_plan = _build_plan(analysis, sizer, request, training)
+    else:  # an inference plan is only read (adds {}: its layer_saved is built once, the same)
+        storage_plan = _memoised(
+            plans,
+            analysis,
+            plan_key,
+            lambda: _build_plan(
+                analysis,
+                sizer,
+                request,
+                training,
+                _memoised(plans, analysis, ("last use",), lambda: _last_use(analysis)),
+            ),
+        )
     e = _Estimation(
         analysis=analysis,
         request=request,
@@ -1625,6 +1812,8 @@ def estimate_memory(
         notes=notes,
         assumptions=assumptions,
         replays=replays,
+        plans=plans,
+        plan_key=plan_key,
     )
     if training:
         first_moments, steady_moments = _training_moments(e)
