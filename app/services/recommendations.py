@@ -742,7 +742,8 @@ def _check_decoder_options(payload: InferenceRecommendationRequest, source: Mode
     given = [name for name in DECODER_OPTIONS if name in payload.model_fields_set]
     if given and not source.decoder:
         raise InvalidInput(
-            f"{', '.join(given)} describe decoder LLM serving; {source.label} has no causal "
+            f"{', '.join(given)} {'describe' if len(given) > 1 else 'describes'} decoder LLM "
+            f"serving; {source.label} has no causal "
             "self-attention over a `seq` input (not a decoder)",
             pointer=f"/{given[0]}",
         )
