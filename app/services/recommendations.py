@@ -536,10 +536,15 @@ class ModelSource:
         return self.bindings(batch)
 
     def kv_bytes_per_token(self, scheme: PrecisionScheme) -> int:
-        """KV cache of one token of one sequence, all layers, at the precision [B]."""
-        return kv_elements_per_token(self.analysis(self.bindings(1, seq=1))) * (
-            scheme.kv_cache_bytes
-        )
+        """KV cache of one token of one sequence, all layers, at the precision [B]
+        (remembered per request: the concurrency search asks for it at every step)."""
+        key = ("kv_elements_per_token",)
+        elements: int | None = self.memo.get(key)
+        if elements is None:
+            elements = self.memo[key] = kv_elements_per_token(
+                self.analysis(self.bindings(1, seq=1))
+            )
+        return elements * scheme.kv_cache_bytes
 
     def kv_bytes_per_request(self, scheme: PrecisionScheme, gpus: int = 1) -> int:
         """Continuous batching: the paged KV cache one request holds, all beams, per GPU of
@@ -1262,93 +1267,95 @@ def _defaults_used(
     return rows
 
 
+def _left_out(
+    given: set[str], candidates: Sequence[tuple[bool, str, object, str]]
+) -> list[DefaultUsedRow]:
+    """A row per (applies, option, value, reason) whose option applies and was not given."""
+    return [
+        DefaultUsedRow(option=option, value=str(value), reason=reason)
+        for applies, option, value, reason in candidates
+        if applies and option not in given
+    ]
+
+
 def _decoder_defaults(
     payload: InferenceRecommendationRequest, given: set[str]
 ) -> list[DefaultUsedRow]:
     """A decoder's serving options the request left out."""
-    rows: list[DefaultUsedRow] = []
-    for option, maximum in (
-        ("prompt_tokens_mean", "prompt_tokens"),
-        ("generated_tokens_mean", "generated_tokens"),
-    ):
-        if option not in given:
-            value = getattr(payload, maximum)
-            rows.append(
-                DefaultUsedRow(
-                    option=option,
-                    value=str(value),
-                    reason=f"{maximum}: every request at the maximum length",
-                )
-            )
-    if "batching" not in given:
-        rows.append(
-            DefaultUsedRow(
-                option="batching",
-                value=payload.batching.value,
-                reason="a batch padded to the maximum lengths runs until its longest output "
+    return _left_out(
+        given,
+        (
+            (
+                True,
+                "prompt_tokens_mean",
+                payload.prompt_tokens,
+                "prompt_tokens: every request at the maximum length",
+            ),
+            (
+                True,
+                "generated_tokens_mean",
+                payload.generated_tokens,
+                "generated_tokens: every request at the maximum length",
+            ),
+            (
+                True,
+                "batching",
+                payload.batching.value,
+                "a batch padded to the maximum lengths runs until its longest output "
                 "(continuous: in-flight batching with a paged KV cache, as TensorRT-LLM and "
                 "vLLM serve)",
-            )
-        )
-    if "beam_width" not in given:
-        rows.append(
-            DefaultUsedRow(
-                option="beam_width",
-                value=str(payload.beam_width),
-                reason="one sequence per request (greedy or sampled decoding)",
-            )
-        )
-    if payload.batching is Batching.CONTINUOUS and "kv_block_tokens" not in given:
-        rows.append(
-            DefaultUsedRow(
-                option="kv_block_tokens",
-                value=str(payload.kv_block_tokens),
-                reason="TensorRT-LLM's tokens_per_block default",
-            )
-        )
-    return rows
+            ),
+            (
+                True,
+                "beam_width",
+                payload.beam_width,
+                "one sequence per request (greedy or sampled decoding)",
+            ),
+            (
+                payload.batching is Batching.CONTINUOUS,
+                "kv_block_tokens",
+                payload.kv_block_tokens,
+                "TensorRT-LLM's tokens_per_block default",
+            ),
+        ),
+    )
 
 
 def _scenario_and_parallel_defaults(
     payload: InferenceRecommendationRequest, given: set[str]
 ) -> list[DefaultUsedRow]:
     """The scenario and the multi-GPU options the request left out."""
-    rows: list[DefaultUsedRow] = []
-    if "scenario" not in given:
-        rows.append(
-            DefaultUsedRow(
-                option="scenario",
-                value=payload.scenario.value,
-                reason="throughput at the best batch with every request already waiting "
+    return _left_out(
+        given,
+        (
+            (
+                True,
+                "scenario",
+                payload.scenario.value,
+                "throughput at the best batch with every request already waiting "
                 "(MLPerf Offline; server: Poisson arrivals under the latency SLO)",
-            )
-        )
-    if "parallelism" not in given:
-        rows.append(
-            DefaultUsedRow(
-                option="parallelism",
-                value=payload.parallelism.value,
-                reason="a model whose batch 1 fits no single GPU is offered on tensor-parallel "
+            ),
+            (
+                True,
+                "parallelism",
+                payload.parallelism.value,
+                "a model whose batch 1 fits no single GPU is offered on tensor-parallel "
                 "groups of GPUs (pipeline or both on request)",
-            )
-        )
-    if payload.parallelism is not ParallelStrategy.PIPELINE and "tensor_parallel_max" not in given:
-        rows.append(
-            DefaultUsedRow(
-                option="tensor_parallel_max",
-                value=str(payload.tensor_parallel_max),
-                reason="tensor-parallel groups of 2, 4 or 8 GPUs at most (one node)",
-            )
-        )
-    if payload.parallelism is not ParallelStrategy.TENSOR and "pipeline_parallel_max" not in given:
-        rows.append(
-            DefaultUsedRow(
-                option="pipeline_parallel_max",
-                value=str(payload.pipeline_parallel_max),
-                reason="pipeline groups of 2, 4 or 8 stages at most (one node)",
-            )
-        )
-    return rows
+            ),
+            (
+                payload.parallelism is not ParallelStrategy.PIPELINE,
+                "tensor_parallel_max",
+                payload.tensor_parallel_max,
+                "tensor-parallel groups of 2, 4 or 8 GPUs at most (one node)",
+            ),
+            (
+                payload.parallelism is not ParallelStrategy.TENSOR,
+                "pipeline_parallel_max",
+                payload.pipeline_parallel_max,
+                "pipeline groups of 2, 4 or 8 stages at most (one node)",
+            ),
+        ),
+    )
 
 
 def calibration_read(cal: Calibration) -> CalibrationRead:
