@@ -60,6 +60,7 @@ from app.domain.performance.roofline import (
     Calibration,
     CalibrationClass,
     PhasedRequest,
+    PrecisionScheme,
     calibration_class,
     forward_request,
     predict,
@@ -694,6 +695,22 @@ GPTJ_BEAM_WIDTH = 4
 GPTJ_PROMPT_TOKENS_MEAN = 1065
 GPTJ_GENERATED_TOKENS_MEAN = 75
 GPTJ_OFFLINE_MAX_CONCURRENCY = 4096  # continuous batching: the KV cache bounds it, not this
+# Intel's v4.1 GPT-J harness, behind the only CPU GPT-J rows (inference_results_v4.1
+# closed/Intel/code/gptj-99/pytorch-cpu): run_mlperf.sh runs DTYPE=int4, the neural-speed
+# checkpoint gpt-j-checkpoint-final-q4-j-int8-pc.bin (4-bit weights, int8 math), Offline with
+# WORKERS_PER_PROC=4 BATCH_SIZE=12 and Server with WORKERS_PER_PROC=1 BATCH_SIZE=4; SUT.py runs
+# one process per NUMA node, and each worker admits at most its batch size of requests into its
+# running BackendServer (Offline: one more waits). W workers, each with 1/W of the socket's
+# cores and memory bandwidth, at b requests complete W b requests in W times the roofline time
+# of b requests on the whole socket: the socket is priced at b requests in flight.
+INTEL_GPTJ_OFFLINE_REQUESTS = 12
+INTEL_GPTJ_SERVER_REQUESTS = 4
+# Its backend (Neural Speed, memory_dtype="auto", continuous_batching=True, max_request_num =
+# the batch) keeps a 16-bit KV cache (f16, or the bf16 reordered layout: 2 B either way) and
+# copies the prompt's KV cache to every beam after the prefill (Neural Speed
+# beam_search_kv_cache_reorder::update, "cpy batch 1 to all batches"): each beam reads its own
+# copy. The copies between beams when a beam's parent changes are not priced.
+INTEL_GPTJ_KV = "16-bit KV cache, one copy of the prompt's per beam"
 OOS_WITHIN = 1.5
 OOS_SHARE = 0.8  # issue 15: >= 80 % of rows within 1.5x
 OOS_WORST = 2.0
@@ -869,6 +886,11 @@ def _case(
         )
     precision, assumed = row_precision(row)
     per_socket = "value_per_socket" in row
+    if family == "gptj-99" and row.get("accelerators") == 0:  # a CPU: Intel's harness
+        assumed = (
+            "Intel's harness: 4-bit weights with int8 math (neural-speed q4-j-int8), priced as "
+            f"int8 with the weights at 0.5 B; {INTEL_GPTJ_KV}"
+        )
     unit = str(row["unit"])
     if metric in ("throughput", "server_throughput_at_latency_bound"):
         measured = measured_throughput(row)
@@ -934,15 +956,43 @@ class Predictor:
         self.padded = {family: replace(source, tokens_mean=None, memo={})
                        for family, source in self.sources.items()}  # fmt: skip
         self._batches: dict[tuple[str, str, Precision], tuple[int, str]] = {}
+        gptj = self.sources["gptj-99"]
+        assert gptj.serving is not None
+        self.intel_gptj = replace(
+            gptj, memo={}, serving=replace(gptj.serving, prompt_shared_by_beams=False)
+        )
 
     def source(self, family: str, device: HardwareSpec) -> ModelSource:
         """The family's source as the submissions serve it. GPT-J runs in-flight batching
         everywhere: NVIDIA's TensorRT-LLM engines (paged KV cache) and Intel's Xeon harness
         (inference_results_v4.1 closed/Intel/code/gptj-99/pytorch-cpu/SUT.py: SERVER_IN_OFFLINE,
-        queries added to a running BackendServer as others finish); Intel caps the requests in
-        flight per worker at its batch size, which the KV-cache bound here does not know."""
-        del device  # one mapping for every device (kept for the call sites' symmetry)
+        queries added to a running BackendServer as others finish). On a CPU the source is
+        Intel's (its own workload cache: the weights are priced at 4 bits, see
+        :meth:`scheme`)."""
+        if self._intel_gptj(family, device):
+            return self.intel_gptj
         return self.sources[family]
+
+    @staticmethod
+    def _intel_gptj(family: str, device: HardwareSpec) -> bool:
+        """GPT-J on a CPU: only Intel's v4.1 harness submitted it."""
+        return family == "gptj-99" and device.kind is DeviceKind.CPU
+
+    def scheme(self, family: str, device: HardwareSpec, precision: Precision) -> PrecisionScheme:
+        """The row's precision as the submission ran it: Intel's GPT-J harness reads 4-bit
+        weights, runs int8 math and keeps a 16-bit KV cache (:data:`INTEL_GPTJ_KV`)."""
+        scheme = PRECISION_SCHEMES[precision]
+        if self._intel_gptj(family, device):
+            four_bit = PRECISION_SCHEMES[Precision.INT4]
+            sixteen = PRECISION_SCHEMES[Precision.FP16]
+            return replace(
+                scheme,
+                weight_bytes=four_bit.weight_bytes,
+                weight_dtype=four_bit.weight_dtype,
+                kv_cache_bytes=sixteen.kv_cache_bytes,
+                kv_cache_dtype=sixteen.kv_cache_dtype,
+            )
+        return scheme
 
     def offline_batch(
         self, family: str, device: HardwareSpec, precision: Precision
@@ -960,6 +1010,16 @@ class Predictor:
         candidate = Candidate(device=device, runtime=device.runtime, overhead=device.overhead)
         if family == "resnet50":
             found = (BATCH, "batch 256 (as the fit)")
+        elif self._intel_gptj(family, device):
+            plan = source.plan
+            found = (
+                INTEL_GPTJ_OFFLINE_REQUESTS,
+                f"{INTEL_GPTJ_OFFLINE_REQUESTS} requests in flight (Intel's harness: 4 workers "
+                f"per NUMA node, each admitting {INTEL_GPTJ_OFFLINE_REQUESTS} into its "
+                f"continuous batch, a socket priced at one worker's requests); beam "
+                f"{plan.beam_width}, mean prompt {plan.prompt_tokens_mean} + "
+                f"{plan.generated_tokens_mean} generated tokens",
+            )
         elif source.decoder and source.plan.continuous:
             most = source.max_concurrent_requests(scheme, candidate, GPTJ_OFFLINE_MAX_CONCURRENCY)
             plan = source.plan
@@ -1005,7 +1065,7 @@ class Predictor:
             return None, ""
         device = self.devices[case.slug]
         source = self.source(case.family, device)
-        scheme = PRECISION_SCHEMES[case.precision]
+        scheme = self.scheme(case.family, device, case.precision)
         calibration = calibrations[calibration_class(device, scheme)]
         if case.metric in ("throughput", "server_throughput_at_latency_bound"):
             batch, how = self.offline_batch(case.family, device, case.precision)
@@ -1018,6 +1078,8 @@ class Predictor:
             workload = workload_at(batch)
             prediction = predict(workload, device, calibration)
             if case.metric == "server_throughput_at_latency_bound" and case.bound_ms is not None:
+                if self._intel_gptj(case.family, device):
+                    batch = INTEL_GPTJ_SERVER_REQUESTS  # Server: a worker admits 4
                 return self._server(case, device, calibration, batch, workload_at)
             what = f"{case.precision.value}, {how}"
             if workload.decoder:

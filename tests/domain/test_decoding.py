@@ -13,7 +13,12 @@ from app.domain.performance.decoding import (
     paged_kv_tokens,
     serving_shape,
 )
-from app.domain.performance.roofline import PRECISION_SCHEMES, decoder_shape
+from app.domain.performance.roofline import (
+    PRECISION_SCHEMES,
+    RooflineInputError,
+    count_kernels,
+    decoder_shape,
+)
 from app.domain.precision import Precision
 from app.domain.zoo import gpt2
 
@@ -78,9 +83,47 @@ def test_continuous_beams_prefill_once_and_decode_k_rows() -> None:
     assert (shape.batch, shape.generated_tokens) == (3, 8)
     assert (prefill.h2d_index, prefill.d2h_index) == (3 * 32, 12)
     assert (decode.repeats, decode.d2h_index) == (7, 12)
-    # each attention layer reads 12 rows x 36 cached tokens x (K, V) x 64 and writes this step's
+    # each attention layer reads the 32-token prompt once per request (3 x 32 tokens) and each
+    # beam's 4 generated tokens (12 x 4) of (K, V) x 64, and writes this step's 12 tokens
     kv = [count.kv_elements for count in decode.counts if count.kv_elements]
+    assert kv == [(3 * 32 + 12 * 4) * 2 * 64 + 12 * 2 * 64] * 2
+    assert serving.shared_read_prompt_tokens == 32
+    # the attention FLOPs still run over every beam's whole 36-token context
+    per_beam = decoder_shape(_at(3, 32), _at(12, 1), batch=3, prompt_tokens=32,
+                             generated_tokens=8, beam_width=4)  # fmt: skip
+    flops = [c.flops for c in decode.counts if c.kv_elements]
+    assert flops == [c.flops for c in per_beam.phases[1].counts if c.kv_elements]
+    # without the sharing every beam reads its own 36 tokens
+    assert [c.kv_elements for c in per_beam.phases[1].counts if c.kv_elements] == [
+        12 * 36 * 2 * 64 + 12 * 2 * 64
+    ] * 2
+
+
+def test_beams_with_their_own_prompt_copy_read_it_per_beam() -> None:
+    serving = DecoderServing(prompt_tokens_max=64, prompt_tokens_mean=32,
+                             generated_tokens_max=16, generated_tokens_mean=8,
+                             batching=Batching.CONTINUOUS, beam_width=4, kv_block_tokens=16,
+                             prompt_shared_by_beams=False)  # fmt: skip
+    # each beam holds its own 32 + 8 = 40 tokens: 3 blocks of 16 per beam
+    assert serving.kv_tokens_per_request() == 4 * 48
+    assert serving.shared_read_prompt_tokens == 0
+    assert "its own copy" in serving.describe()
+    shape = serving_shape(_at(3, 32), _at(12, 1), requests=3, serving=serving)
+    kv = [count.kv_elements for count in shape.phases[1].counts if count.kv_elements]
     assert kv == [12 * 36 * 2 * 64 + 12 * 2 * 64] * 2
+
+
+def test_static_beams_share_nothing() -> None:
+    serving = DecoderServing(prompt_tokens_max=64, prompt_tokens_mean=32,
+                             generated_tokens_max=16, generated_tokens_mean=8,
+                             beam_width=4)  # fmt: skip
+    assert serving.shared_read_prompt_tokens == 0
+
+
+def test_shared_tokens_beyond_the_context_are_refused() -> None:
+    with pytest.raises(RooflineInputError, match="kv_shared_tokens"):
+        count_kernels(_at(4, 1), kv_cache=True, kv_context_tokens=10, kv_shared_tokens=11,
+                      beam_width=4)  # fmt: skip
 
 
 @pytest.mark.parametrize(

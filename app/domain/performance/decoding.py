@@ -19,7 +19,11 @@ batches them decides how many sequences run at once and what each step costs:
   last partial block and every generated token's blocks are per beam: TensorRT-LLM's
   ``KVCacheManager::getNeededBlocksOneStep`` ("shared among beam") and ``addSequence``
   (``shareAmongBeams``), vLLM's copy-on-write blocks (Kwon et al. 2023, section 4.4). The
-  prefill runs once per request; decode steps run ``k`` sequences per request.
+  prefill runs once per request; decode steps run ``k`` sequences per request, each attending
+  to its whole context, but read the shared prompt from memory once per request
+  (:attr:`DecoderServing.shared_read_prompt_tokens`). A runtime that copies the prompt's cache
+  to every beam (Neural Speed) is ``prompt_shared_by_beams=False``: each beam holds and reads
+  its own copy.
 
 Concurrency under continuous batching is bounded by the KV blocks that fit beside the weights
 and runtime: ``N = floor(KV budget / KV bytes per request)``; throughput in steady state is
@@ -72,6 +76,10 @@ class DecoderServing:
     batching: Batching = Batching.STATIC
     beam_width: int = 1
     kv_block_tokens: int = DEFAULT_KV_BLOCK_TOKENS
+    # Continuous batching: the beams share the prompt's KV blocks (TensorRT-LLM, vLLM). False
+    # for a runtime that copies the prompt's KV cache to every beam (Neural Speed's
+    # beam_search_kv_cache_reorder: "cpy batch 1 to all batches" after the prompt).
+    prompt_shared_by_beams: bool = True
 
     def __post_init__(self) -> None:
         for name in ("prompt_tokens_max", "prompt_tokens_mean", "generated_tokens_max",
@@ -116,6 +124,23 @@ class DecoderServing:
         return self.priced_prompt_tokens + self.priced_generated_tokens // 2
 
     @property
+    def shared_read_prompt_tokens(self) -> int:
+        """Prompt tokens a decode step reads from memory once per request, not once per beam
+        [tokens]: the whole mean prompt under continuous batching with beams, else 0.
+
+        The beams of a request attend to the same cached prompt. TensorRT-LLM's masked MHA
+        kernel reads every beam's context keys and values from beam 0's blocks ("Handle only
+        context key cache with beam searching", ``decoderMaskedMultiheadAttentionTemplate.h``),
+        in thread blocks that run together, so the repeats are cache hits; Intel Extension for
+        PyTorch's indirect-access KV cache dots each cached prompt row with all the beams'
+        queries in one pass (``scale_dot_product_for_indirect_access_kv_cache``). Static
+        batching (``generate`` repeating the prompt per beam) reads each beam's own copy.
+        """
+        if not self.continuous or self.beam_width == 1 or not self.prompt_shared_by_beams:
+            return 0
+        return self.prompt_tokens_mean
+
+    @property
     def decode_steps(self) -> int:
         """Decode steps per request (the prefill gives the first token)."""
         return self.priced_generated_tokens - 1
@@ -128,6 +153,11 @@ class DecoderServing:
         """
         if not self.continuous:
             return self.beam_width * (self.prompt_tokens_max + self.generated_tokens_max)
+        if not self.prompt_shared_by_beams:
+            context = self.prompt_tokens_mean + self.generated_tokens_mean
+            return (
+                self.beam_width * self.kv_block_tokens * math.ceil(context / self.kv_block_tokens)
+            )
         return paged_kv_tokens(
             self.prompt_tokens_mean,
             self.generated_tokens_mean,
@@ -165,8 +195,12 @@ class DecoderServing:
             f"tokens, the mean request's prompt + generated tokens reserved at admission "
             f"({self.kv_tokens_per_request()} token slots per request, all beams){beams}"
             + (
-                " (the prompt's full blocks shared by the beams, as TensorRT-LLM's KV cache "
-                "manager and vLLM's copy-on-write blocks do)"
+                " (every beam holds and reads its own copy of the prompt's KV cache)"
+                if self.beam_width > 1 and not self.prompt_shared_by_beams
+                else " (the prompt's full blocks shared by the beams, as TensorRT-LLM's KV cache "
+                "manager and vLLM's copy-on-write blocks do; each decode step reads the "
+                "cached prompt once per request, not once per beam, as TensorRT-LLM's and "
+                "Intel Extension for PyTorch's beam-search attention kernels do)"
                 if self.beam_width > 1
                 else ""
             )
@@ -262,5 +296,6 @@ def serving_shape(
         prompt_tokens=serving.priced_prompt_tokens,
         generated_tokens=serving.priced_generated_tokens,
         beam_width=serving.beam_width,
+        shared_prompt_tokens=serving.shared_read_prompt_tokens,
         fuse_elementwise=fuse_elementwise,
     )

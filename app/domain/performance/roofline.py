@@ -834,8 +834,20 @@ def count_kernels(
     fuse_elementwise: bool = True,
     kv_cache: bool = False,
     kv_context_tokens: int = 0,
+    kv_shared_tokens: int = 0,
+    beam_width: int = 1,
 ) -> tuple[KernelCount, ...]:
-    """Per-kernel FLOPs and elements moved of one forward pass (see :func:`build_kernels`)."""
+    """Per-kernel FLOPs and elements moved of one forward pass (see :func:`build_kernels`).
+
+    ``kv_shared_tokens`` of the ``kv_context_tokens`` are a request's prompt, shared by its
+    ``beam_width`` beams (the analysis's rows are requests x beams): every beam attends to them
+    (FLOPs), but they are read from memory once per request, not once per beam.
+    """
+    if not 0 <= kv_shared_tokens <= kv_context_tokens:
+        raise RooflineInputError(
+            f"kv_shared_tokens must be in [0, kv_context_tokens {kv_context_tokens}], "
+            f"got {kv_shared_tokens}"
+        )
     index_kind = TensorKind.INDEX
     numel: dict[int, tuple[int, TensorKind]] = {
         item.storage: (item.numel, item.kind) for item in analysis.inputs
@@ -884,7 +896,11 @@ def count_kernels(
                 kv = layer.result.kv_cache_numel  # this step's keys and values
                 if kv_context_tokens:
                     context = kv_context_tokens
-                    kv += layer.result.kv_cache_numel // layer.output_shape[1] * context
+                    per_token = layer.result.kv_cache_numel // layer.output_shape[1]
+                    kv += (
+                        per_token * context
+                        - per_token * kv_shared_tokens * (beam_width - 1) // beam_width
+                    )
                     tokens = layer.output_numel // layer.output_shape[-1]
                     flops += 4 * tokens * context * layer.result.param_shapes[0][0]
             spilled_fp32 = spilled_float = 0
@@ -1212,6 +1228,7 @@ def decoder_shape(
     prompt_tokens: int,
     generated_tokens: int,
     beam_width: int = 1,
+    shared_prompt_tokens: int = 0,
     fuse_elementwise: bool = True,
 ) -> PhasedRequestShape:
     """A decoder LLM request: prefill the prompt, then one decode step per further token.
@@ -1226,6 +1243,8 @@ def decoder_shape(
     beam_width : beams per request, ``k``: the graphs' rows are the requests' beams as the
         serving mode lays them out (:mod:`app.domain.performance.decoding`), ``batch`` counts
         requests, and the host receives one token id per beam and step [-]
+    shared_prompt_tokens : prompt tokens whose cached keys and values the ``k`` beams of a
+        request share and read once per decode step (0: every beam reads its own copy) [tokens]
 
     Notes
     -----
@@ -1252,6 +1271,8 @@ def decoder_shape(
             fuse_elementwise=fuse_elementwise,
             kv_cache=True,
             kv_context_tokens=prompt_tokens + generated_tokens // 2,
+            kv_shared_tokens=shared_prompt_tokens,
+            beam_width=beam_width,
         ),
         h2d_float=0,
         h2d_index=0,
