@@ -1026,10 +1026,60 @@ class _Mapper:
         self._linear(node, index, weight, out_features, bias)
         return None
 
+    def _conv3d(self, node: NodeProto, index: int, op: str) -> str | None:
+        """``Conv`` / ``ConvTranspose`` with three spatial dims -> ``conv3d`` /
+        ``conv_transpose3d`` (symmetric pads only)."""
+        weight = self.consts.get(node.input[1])
+        assert weight is not None
+        assert weight.dims is not None
+        pads = list(self._attr(node, "pads", [0] * 6))
+        auto = self._attr(node, "auto_pad", b"NOTSET")
+        if (auto.decode() if isinstance(auto, bytes) else str(auto)) not in ("NOTSET", "VALID"):
+            return "auto_pad SAME on a 3-d convolution is not supported"
+        if len(pads) != 6 or pads[:3] != pads[3:]:
+            return f"asymmetric pads {pads} are not supported"
+        groups = int(self._attr(node, "group", 1))
+        transposed = op == "conv_transpose3d"
+        if transposed and (self._attr(node, "output_shape", None) is not None):
+            return "ConvTranspose with an explicit output_shape is not supported"
+        layer: dict[str, Any] = {
+            "op": op,
+            "out_channels": weight.dims[1] * groups if transposed else weight.dims[0],
+            "kernel_size": list(weight.dims[2:]),
+            "stride": list(self._attr(node, "strides", [1, 1, 1])),
+            "padding": pads[:3],
+            "dilation": list(self._attr(node, "dilations", [1, 1, 1])),
+            "groups": groups,
+            "bias": len(node.input) > 2 and bool(node.input[2]),
+            "inputs": [self._x(node)],
+        }
+        if transposed:
+            layer["output_padding"] = list(self._attr(node, "output_padding", [0, 0, 0]))
+        self._emit(node, index, layer, [op])
+        return None
+
+    def _op_ConvTranspose(self, node: NodeProto, index: int) -> str | None:
+        weight = self.consts.get(node.input[1])
+        if weight is None or weight.dims is None or len(weight.dims) != 5:
+            return "only 3-d transposed convolutions with a constant weight are supported"
+        return self._conv3d(node, index, "conv_transpose3d")
+
+    def _op_InstanceNormalization(self, node: NodeProto, index: int) -> str | None:
+        if self._rank(node.input[0]) not in (5, None):
+            return "only 5-d (N, C, D, H, W) instance norm is supported"
+        if not all(name in self.consts for name in node.input[1:3]):
+            return "scale and bias must be constants"
+        eps = float(self._attr(node, "epsilon", 1e-5))
+        return self._activation(node, index, "instancenorm3d", eps=eps, affine=True)
+
     def _op_Conv(self, node: NodeProto, index: int) -> str | None:
         weight = self.consts.get(node.input[1])
+        if weight is not None and weight.dims is not None and len(weight.dims) == 5:
+            if _folded_batch_norm(node) is not None:
+                return "a batch norm folded into a 3-d convolution is not supported"
+            return self._conv3d(node, index, "conv3d")
         if weight is None or weight.dims is None or len(weight.dims) != 4:
-            return "only 2-d convolutions with a constant weight are supported"
+            return "only 2-d and 3-d convolutions with a constant weight are supported"
         padding = self._padding(node, weight.dims[2:])
         if isinstance(padding, str) and padding not in ("same", "valid"):
             return padding

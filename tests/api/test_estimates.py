@@ -237,6 +237,27 @@ GRAPH_ERRORS = {
         _inline({"name": "conv", "op": "conv2d", "out_channels": 8, "kernel_size": 3}),
         "layer 'conv': field 'inputs'",
     ),
+    "conv3d on a 2-d input": (
+        _inline(
+            {"name": "c3", "op": "conv3d", "out_channels": 8, "kernel_size": 3},
+            inputs=[{"name": "x", "shape": ["batch", 3, 32, 32]}],
+        ),
+        "layer 'c3': field 'inputs': expects a 5-d input (N, C, D, H, W)",
+    ),
+    "conv_transpose3d output padding": (
+        _inline(
+            {
+                "name": "up",
+                "op": "conv_transpose3d",
+                "out_channels": 8,
+                "kernel_size": 2,
+                "stride": 2,
+                "output_padding": 2,
+            },
+            inputs=[{"name": "x", "shape": ["batch", 4, 8, 8, 8]}],
+        ),
+        "layer 'up': field 'output_padding'",
+    ),  # fmt: skip
     "unbound symbol": (
         _inline(
             {"name": "fc", "op": "linear", "out_features": 4},

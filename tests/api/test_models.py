@@ -82,6 +82,9 @@ def test_zoo_is_seeded_with_reference_parameter_counts(client: ApiClient) -> Non
     assert {"alexnet", "vgg-16", "googlenet", "resnet-50", "mobilenet-v2", "vit-b-16"} <= slugs
     assert {"bert-base", "gpt-2", "llama-2-7b", "llama-3-8b", "gpt-3-175b"} <= slugs
     assert "lstm-classifier" in slugs
+    assert "3d-unet-kits19" in slugs
+    unet = client.get("/v1/models/3d-unet-kits19/summary").json()
+    assert unet["total_params"] == 31_190_243
     summary = client.get("/v1/models/llama-3-8b/summary", params={"sequence_length": 16}).json()
     assert summary["total_params"] == 8_030_261_248
 
@@ -147,6 +150,22 @@ BAD_GRAPHS = {
         ),
         "layer 'c': field 'batchnorm_folded': must be true or false",
     ),  # fmt: skip
+    "conv3d kernel of four dims": (
+        _layers({"name": "c3", "op": "conv3d", "out_channels": 8, "kernel_size": [3, 3, 3, 3]}),
+        "layer 'c3': field 'kernel_size': must be a positive integer or a list of 3",
+    ),
+    "conv_transpose3d with 'same' padding": (
+        _layers(
+            {
+                "name": "up",
+                "op": "conv_transpose3d",
+                "out_channels": 8,
+                "kernel_size": 2,
+                "padding": "same",
+            }
+        ),
+        "layer 'up': field 'padding'",
+    ),  # fmt: skip
     "forward reference (cycle)": (
         _layers(
             {"name": "a", "op": "add", "inputs": ["image", "b"]},
@@ -204,3 +223,32 @@ def test_invalid_replacement_keeps_the_stored_graph(client: ApiClient, db_url: s
     stored = client.get("/v1/models/tiny-cnn").json()
     assert stored["version"] == 1
     assert stored["layers"] == MODEL["layers"]
+
+
+VOLUME_NET = model(
+    slug="tiny-unet-3d",
+    inputs=[{"name": "volume", "shape": ["batch", 1, "image", "image", "image"]}],
+    layers=[
+        {"name": "down", "op": "conv3d", "out_channels": 8, "kernel_size": 3, "stride": 2,
+         "padding": 1, "bias": False},
+        {"name": "norm", "op": "instancenorm3d", "affine": True},
+        {"name": "act", "op": "relu"},
+        {"name": "up", "op": "conv_transpose3d", "out_channels": 4, "kernel_size": 2, "stride": 2},
+        {"name": "head", "op": "conv3d", "out_channels": 3, "kernel_size": [1, 1, 1]},
+    ],
+    default_bindings={"image": 16},
+)  # fmt: skip
+
+
+def test_a_3d_model_is_stored_and_estimated(client: ApiClient) -> None:
+    created = client.post("/v1/models", json=VOLUME_NET)
+    assert created.status_code == 201, created.text
+    summary = client.get("/v1/models/tiny-unet-3d/summary").json()
+    # 8*1*27 + 2*8 + (8*4*8 + 4) + (3*4 + 3)
+    assert summary["total_params"] == 216 + 16 + 260 + 15
+    estimate = client.post(
+        "/v1/estimates/memory",
+        json={"model": "tiny-unet-3d", "mode": "training", "batch_size": 2, "image_size": 16},
+    )
+    assert estimate.status_code == 200, estimate.text
+    assert estimate.json()["peak_bytes"] > 0

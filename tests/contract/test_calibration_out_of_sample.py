@@ -68,10 +68,10 @@ def test_what_is_scored(calibration_out_of_sample: list[Any]) -> None:
         ("bert-99", "SingleStream", "latency"),
         ("gptj-99", "Offline", "throughput"),
         ("gptj-99", "Server", "throughput"),
+        ("3d-unet-99", "Offline", "throughput"),
+        ("3d-unet-99", "SingleStream", "latency"),
     }
     for r in calibration_out_of_sample:
-        if r.case.family == "3d-unet-99":
-            assert r.case.skip == "not modelled: no 3-D convolution"
         if r.case.metric == "p99_latency":
             assert not r.case.target
             assert r.device_out is None
@@ -234,3 +234,36 @@ def test_targets_are_printed_not_asserted(
         assert f"| {family} | throughput |" in report
     assert "NOT met" in report or "| met |" in report
     assert "largest Poisson arrival rate" in report
+
+
+def test_3d_unet_prices_whole_cases_of_derived_sub_volumes(
+    calibrate: ModuleType, calibration_out_of_sample: list[Any]
+) -> None:
+    """A 3D-UNet sample is a KiTS19 case: Offline divides the sub-volume rate by the derived
+    mean count per case, SingleStream times the derived p90 case's sub-volumes in whole
+    batches of at most 8."""
+    rows = [r for r in calibration_out_of_sample if r.case.family == "3d-unet-99" and r.case.target]
+    assert {r.case.scenario for r in rows} == {"Offline", "SingleStream"}
+    for r in rows:
+        if r.case.scenario == "Offline":
+            rate = float(r.computed.split(": ")[-1].split(" sub-volumes/s")[0].replace(",", ""))
+            assert r.in_sample == pytest.approx(rate / calibrate.UNET3D_SUBVOLUMES_MEAN, rel=1e-2)
+        else:
+            assert f"{calibrate.UNET3D_SUBVOLUMES_P90:g} sub-volumes (p90 case" in r.computed
+            batch = int(r.computed.split(" at batch ")[1].split(":")[0])
+            assert batch in calibrate.UNET3D_SINGLESTREAM_BATCHES
+
+
+def test_3d_unet_sub_volume_counts_follow_from_the_cited_figures(calibrate: ModuleType) -> None:
+    """The derivation in calibrate.py, redone from the figures it cites (itu-rad/
+    collocation-benchmark evaluation/unet3d/E3_ANALYSIS.md, GB10): the median time per
+    sub-volume over the 16 listed cases of its own harness, then its 42-case mean and p90."""
+    listed = {  # sub-volumes: seconds (its harness, median of 5 runs)
+        8: 1.00, 16: 1.93, 27: 3.19, 32: 3.76, 36: 4.28, 45: 5.26, 48: 5.60, 50: 5.83,
+        64: 7.42, 80: 9.24, 96: 11.10, 100: 11.54, 108: 20.56, 125: 14.41, 144: 16.58,
+    }  # fmt: skip
+    per_subvolume = sorted([t / n for n, t in listed.items()] + [4.22 / 36])[7:9]
+    seconds = sum(per_subvolume) / 2  # the median of 16
+    assert seconds == pytest.approx(0.1168, abs=1e-4)
+    assert 7.848 / seconds == pytest.approx(calibrate.UNET3D_SUBVOLUMES_MEAN, abs=0.05)
+    assert round(14.413 / seconds) == calibrate.UNET3D_SUBVOLUMES_P90

@@ -44,7 +44,32 @@ def test_repeat_expands_layer_count() -> None:
 @pytest.mark.parametrize(
     ("layers", "layer", "field"),
     [
-        ([{"name": "a", "op": "conv3d", "out_channels": 1}], "a", "op"),
+        ([{"name": "a", "op": "conv4d", "out_channels": 1}], "a", "op"),
+        ([{"name": "a", "op": "conv3d", "out_channels": 1}], "a", "kernel_size"),
+        (
+            [{"name": "a", "op": "conv3d", "out_channels": 8, "kernel_size": [3, 3, 3, 3]}],
+            "a",
+            "kernel_size",
+        ),
+        (
+            [{"name": "a", "op": "conv3d", "out_channels": 8, "kernel_size": 3, "stride": [2, 2]}],
+            "a",
+            "stride",
+        ),
+        (
+            [
+                {
+                    "name": "a",
+                    "op": "conv_transpose3d",
+                    "out_channels": 8,
+                    "kernel_size": 2,
+                    "padding": "same",
+                }
+            ],
+            "a",
+            "padding",
+        ),
+        ([{"name": "a", "op": "instancenorm3d", "affine": 1}], "a", "affine"),
         ([{"name": "a", "op": "conv2d", "kernel_size": 3}], "a", "out_channels"),
         ([{"name": "a", "op": "conv2d", "out_channels": 0, "kernel_size": 3}], "a", "out_channels"),
         ([{"name": "a", "op": "conv2d", "out_channels": 8, "kernel_size": -3}], "a", "kernel_size"),

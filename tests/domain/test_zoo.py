@@ -63,11 +63,14 @@ EXACT = {
     "llama-2-7b": 6_738_415_616,
     "llama-3-8b": 8_030_261_248,
     "lstm-classifier": lstm_params(20000, 128, 256, 2),
+    # PyTorch 2.13 CPU: the MLPerf Unet3D(1, 3) (mlcommons/inference 3d-unet-kits19
+    # pytorch_checkpoint_SUT.py) built from code counts 31,190,243 parameters
+    "3d-unet-kits19": 31_190_243,
 }
 
 
 def test_zoo_lists_every_model_in_order() -> None:
-    assert list(ZOO) == [*list(EXACT)[:-1], "gpt-3-175b", "lstm-classifier"]
+    assert list(ZOO) == [*list(EXACT)[:-2], "gpt-3-175b", "lstm-classifier", "3d-unet-kits19"]
 
 
 @pytest.mark.parametrize(("slug", "expected"), list(EXACT.items()))
@@ -167,8 +170,9 @@ def test_zoo_entry_is_well_formed(slug: str) -> None:
 def test_default_bindings() -> None:
     seqs = {"bert-base": 512, "gpt-2": 1024, "llama-2-7b": 4096, "llama-3-8b": 8192}
     seqs |= {"gpt-3-175b": 2048, "lstm-classifier": 128}
+    images = {"3d-unet-kits19": 128}  # MLPerf's 128^3 sub-volumes
     for slug, model in ZOO.items():
-        expected = {"seq": seqs[slug]} if slug in seqs else {"image": 224}
+        expected = {"seq": seqs[slug]} if slug in seqs else {"image": images.get(slug, 224)}
         assert dict(model.default_bindings) == expected, slug
 
 

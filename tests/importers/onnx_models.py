@@ -402,3 +402,31 @@ def relu_mlp_stack(width: int = 8, depth: int = 3, norm: bool = False) -> bytes:
         current = f"r{i}"
     y = helper.make_tensor_value_info(current, TensorProto.FLOAT, ["batch", 4, width])
     return _model(nodes, [x], [y], inits, name="relu-stack")
+
+
+def small_unet3d() -> bytes:
+    """Conv (3-d, stride 2, no bias), InstanceNormalization, Relu, ConvTranspose (3-d, k2 s2,
+    bias), Concat with the input, a 1x1x1 Conv with bias: the MLPerf 3D U-Net's building blocks.
+
+    Parameters: down 8*1*27 = 216, norm 8 + 8 = 16, up 8*4*8 + 4 = 260, head 3*5 + 3 = 18: 510.
+    """
+    x = helper.make_tensor_value_info("volume", TensorProto.FLOAT, ["N", 1, 16, 16, 16])
+    y = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 3, 16, 16, 16])
+    inits = [
+        _init("down.weight", 8, 1, 3, 3, 3), _init("norm.weight", 8), _init("norm.bias", 8),
+        _init("up.weight", 8, 4, 2, 2, 2), _init("up.bias", 4),
+        _init("head.weight", 3, 5, 1, 1, 1), _init("head.bias", 3),
+    ]  # fmt: skip
+    nodes = [
+        helper.make_node("Conv", ["volume", "down.weight"], ["d"], name="/down/Conv",
+                         pads=[1, 1, 1, 1, 1, 1], kernel_shape=[3, 3, 3], strides=[2, 2, 2]),
+        helper.make_node("InstanceNormalization", ["d", "norm.weight", "norm.bias"], ["n"],
+                         name="/norm/InstanceNormalization", epsilon=1e-5),
+        helper.make_node("Relu", ["n"], ["r"], name="/relu/Relu"),
+        helper.make_node("ConvTranspose", ["r", "up.weight", "up.bias"], ["u"],
+                         name="/up/ConvTranspose", kernel_shape=[2, 2, 2], strides=[2, 2, 2]),
+        helper.make_node("Concat", ["u", "volume"], ["cat"], name="/Concat", axis=1),
+        helper.make_node("Conv", ["cat", "head.weight", "head.bias"], ["logits"],
+                         name="/head/Conv", kernel_shape=[1, 1, 1]),
+    ]  # fmt: skip
+    return _model(nodes, [x], [y], inits, name="small-unet3d")

@@ -451,3 +451,43 @@ def test_an_rnn_with_other_activations_is_refused(activations: list[str], why: s
     with pytest.raises(ImportRejected) as caught:
         import_onnx(model.SerializeToString())
     assert why in str(caught.value.problems)
+
+
+def test_3d_convolutions_and_instance_norm_map_to_the_3d_ops() -> None:
+    """Conv and ConvTranspose with three spatial dims and InstanceNormalization (the MLPerf 3D
+    U-Net's blocks) import as conv3d / conv_transpose3d / instancenorm3d, with every
+    initializer counted."""
+    imported = import_onnx(onnx_models.small_unet3d())
+    assert imported.parameter_count == imported.source_parameter_count == 510
+    ops = [layer["op"] for layer in imported.layers]
+    assert ops == ["conv3d", "instancenorm3d", "relu", "conv_transpose3d", "concat", "conv3d"]
+    down, norm, _, up, _, head = imported.layers
+    assert (down["kernel_size"], down["stride"], down["padding"], down["bias"]) == (
+        [3, 3, 3],
+        [2, 2, 2],
+        [1, 1, 1],
+        False,
+    )
+    assert norm["affine"] is True
+    assert (up["out_channels"], up["kernel_size"], up["stride"], up["bias"]) == (
+        4,
+        [2, 2, 2],
+        [2, 2, 2],
+        True,
+    )
+    assert head["out_channels"] == 3
+    analysis = analyze(
+        imported.inputs, imported.layers, {**imported.default_bindings, "batch": 2}, training=False
+    )
+    assert analysis.output_shape == (2, 3, 16, 16, 16)
+    assert analysis.params == 510
+
+
+def test_asymmetric_3d_pads_are_refused() -> None:
+    model = onnx.load_from_string(onnx_models.small_unet3d())
+    conv = model.graph.node[0]
+    for attr in conv.attribute:
+        if attr.name == "pads":
+            attr.ints[:] = [1, 1, 1, 0, 0, 0]
+    with pytest.raises(ImportRejected, match=r"cannot be imported: Conv \(x1\)"):
+        import_onnx(model.SerializeToString())

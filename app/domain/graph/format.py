@@ -90,11 +90,35 @@ positive_pair = _pair_of(positive_int, "a positive integer")
 non_negative_pair = _pair_of(non_negative_int, "a non-negative integer")
 
 
+def _triple_of(check: Check, what: str) -> Check:
+    def run(value: Any) -> str | None:
+        if isinstance(value, list):
+            if len(value) == 3 and all(check(v) is None for v in value):
+                return None
+            return f"must be {what} or a list of 3 (depth, height, width)"
+        return None if check(value) is None else f"must be {what} or a list of 3"
+
+    return run
+
+
+positive_triple = _triple_of(positive_int, "a positive integer")
+non_negative_triple = _triple_of(non_negative_int, "a non-negative integer")
+
+
 def padding(value: Any) -> str | None:
     """Accept a non-negative int, a pair, or 'same' / 'valid'."""
     if value in ("same", "valid"):
         return None
     return None if non_negative_pair(value) is None else "must be 'same', 'valid', int or pair"
+
+
+def padding3d(value: Any) -> str | None:
+    """Accept a non-negative int, a list of 3, or 'same' / 'valid'."""
+    if value in ("same", "valid"):
+        return None
+    if non_negative_triple(value) is None:
+        return None
+    return "must be 'same', 'valid', a non-negative integer or a list of 3"
 
 
 def one_of(*choices: str) -> Check:
@@ -176,6 +200,29 @@ OP_SPECS: Mapping[str, OpSpec] = {
         required={"out_channels": positive_int},
         optional={"stride": positive_pair, "bias": boolean, "in_channels": positive_int},
     ),
+    "conv3d": OpSpec(
+        required={"out_channels": positive_int, "kernel_size": positive_triple},
+        optional={
+            "stride": positive_triple,
+            "padding": padding3d,
+            "dilation": positive_triple,
+            "groups": positive_int,
+            "bias": boolean,
+            "in_channels": positive_int,
+        },
+    ),
+    "conv_transpose3d": OpSpec(
+        required={"out_channels": positive_int, "kernel_size": positive_triple},
+        optional={
+            "stride": positive_triple,
+            "padding": non_negative_triple,
+            "output_padding": non_negative_triple,
+            "dilation": positive_triple,
+            "groups": positive_int,
+            "bias": boolean,
+            "in_channels": positive_int,
+        },
+    ),
     "maxpool2d": OpSpec(
         required={"kernel_size": positive_pair},
         optional={"stride": positive_pair, "padding": non_negative_pair, "ceil_mode": boolean},
@@ -189,6 +236,7 @@ OP_SPECS: Mapping[str, OpSpec] = {
     "batchnorm2d": OpSpec(
         optional={"eps": positive_number, "momentum": probability, "affine": boolean}
     ),
+    "instancenorm3d": OpSpec(optional={"eps": positive_number, "affine": boolean}),
     "layernorm": OpSpec(
         optional={"eps": positive_number, "elementwise_affine": boolean, "bias": boolean}
     ),

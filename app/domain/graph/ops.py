@@ -145,10 +145,27 @@ def _conv_out(size: int, kernel: int, stride: int, pad: int, dilation: int, ctx:
     return out
 
 
-def _conv(ctx: OpContext, out_channels: int, kernel: Any, groups: int, bias: bool) -> OpResult:
-    _rank(ctx, 4, "N, C, H, W")
+def _spatial(value: Any, rank: int) -> tuple[int, ...]:
+    """An int or a list of ``rank`` ints as a tuple of ``rank`` ints (kernel, stride, ...)."""
+    if isinstance(value, list):
+        return tuple(int(v) for v in value)
+    return (int(value),) * rank
+
+
+_CONV_LAYOUTS = {2: "N, C, H, W", 3: "N, C, D, H, W"}
+
+
+def _conv(
+    ctx: OpContext,
+    out_channels: int,
+    kernel: Any,
+    groups: int,
+    bias: bool,
+    spatial_dims: int = 2,
+) -> OpResult:
+    _rank(ctx, spatial_dims + 2, _CONV_LAYOUTS[spatial_dims])
     _float_input(ctx)
-    n, c, h, w = ctx.x.shape
+    n, c, *sizes = ctx.x.shape
     declared = ctx.attrs.get("in_channels")
     if declared is not None and declared != c:
         raise ctx.fail(f"in_channels {declared} does not match input {c}", "in_channels")
@@ -157,25 +174,27 @@ def _conv(ctx: OpContext, out_channels: int, kernel: Any, groups: int, bias: boo
             f"groups {groups} must divide in_channels {c} and out_channels {out_channels}",
             "groups",
         )
-    kh, kw = _pair(kernel)
-    sh, sw = _pair(ctx.attr("stride", 1))
-    dh, dw = _pair(ctx.attr("dilation", 1))
+    kernels = _spatial(kernel, spatial_dims)
+    strides = _spatial(ctx.attr("stride", 1), spatial_dims)
+    dilations = _spatial(ctx.attr("dilation", 1), spatial_dims)
     padding = ctx.attr("padding", 0)
     if padding == "same":
-        if (sh, sw) != (1, 1):
+        if any(s != 1 for s in strides):
             raise ctx.fail("padding 'same' needs stride 1", "padding")
-        ph, pw = dh * (kh - 1) // 2, dw * (kw - 1) // 2
+        pads = tuple(d * (k - 1) // 2 for d, k in zip(dilations, kernels, strict=True))
     elif padding == "valid":
-        ph = pw = 0
+        pads = (0,) * spatial_dims
     else:
-        ph, pw = _pair(padding)
-    oh = _conv_out(h, kh, sh, ph, dh, ctx)
-    ow = _conv_out(w, kw, sw, pw, dw, ctx)
-    weight = (out_channels, c // groups, kh, kw)
+        pads = _spatial(padding, spatial_dims)
+    out_sizes = tuple(
+        _conv_out(size, k, s, p, d, ctx)
+        for size, k, s, p, d in zip(sizes, kernels, strides, pads, dilations, strict=True)
+    )
+    weight = (out_channels, c // groups, *kernels)
     params = (weight, (out_channels,)) if bias else (weight,)
-    macs = n * out_channels * oh * ow * (c // groups) * kh * kw
+    macs = n * out_channels * math.prod(out_sizes) * (c // groups) * math.prod(kernels)
     return OpResult(
-        shape=(n, out_channels, oh, ow),
+        shape=(n, out_channels, *out_sizes),
         param_shapes=params,
         flops=2 * macs,
         saved=(Saved(label="input", source="in0", numel=ctx.x.numel),),
@@ -204,6 +223,69 @@ def depthwise_conv2d(ctx: OpContext) -> OpResult:
 def pointwise_conv2d(ctx: OpContext) -> OpResult:
     """1x1 convolution."""
     return _conv(ctx, ctx.attrs["out_channels"], 1, 1, ctx.attr("bias", True))
+
+
+def conv3d(ctx: OpContext) -> OpResult:
+    """3-d convolution (``torch.nn.Conv3d``) over ``[N, C, D, H, W]``: stride, padding,
+    dilation and groups per spatial dim; an implicit GEMM of ``C_in/groups * kd*kh*kw``."""
+    return _conv(
+        ctx,
+        ctx.attrs["out_channels"],
+        ctx.attrs["kernel_size"],
+        ctx.attr("groups", 1),
+        ctx.attr("bias", True),
+        spatial_dims=3,
+    )
+
+
+def conv_transpose3d(ctx: OpContext) -> OpResult:
+    """Transposed 3-d convolution (``torch.nn.ConvTranspose3d``), as U-Nets upsample.
+
+    Output size per spatial dim: ``(in - 1) * stride - 2 * padding + dilation * (kernel - 1)
+    + output_padding + 1``; weight ``[C_in, C_out/groups, kd, kh, kw]``; FLOPs: every input
+    voxel multiplies its ``C_in/groups`` channels into ``C_out * kd*kh*kw`` outputs. Autograd
+    keeps the input (``convolution_backward`` needs it for the weight gradient).
+    """
+    _rank(ctx, 5, _CONV_LAYOUTS[3])
+    _float_input(ctx)
+    n, c, *sizes = ctx.x.shape
+    out_channels = ctx.attrs["out_channels"]
+    groups = ctx.attr("groups", 1)
+    declared = ctx.attrs.get("in_channels")
+    if declared is not None and declared != c:
+        raise ctx.fail(f"in_channels {declared} does not match input {c}", "in_channels")
+    if c % groups or out_channels % groups:
+        raise ctx.fail(
+            f"groups {groups} must divide in_channels {c} and out_channels {out_channels}",
+            "groups",
+        )
+    kernels = _spatial(ctx.attrs["kernel_size"], 3)
+    strides = _spatial(ctx.attr("stride", 1), 3)
+    pads = _spatial(ctx.attr("padding", 0), 3)
+    dilations = _spatial(ctx.attr("dilation", 1), 3)
+    extra = _spatial(ctx.attr("output_padding", 0), 3)
+    out_sizes = []
+    for size, k, s, p, d, e in zip(sizes, kernels, strides, pads, dilations, extra, strict=True):
+        if e >= max(s, d):
+            raise ctx.fail(
+                f"output_padding {e} must be smaller than stride {s} or dilation {d}",
+                "output_padding",
+            )
+        out = (size - 1) * s - 2 * p + d * (k - 1) + e + 1
+        if out < 1:
+            raise ctx.fail(
+                f"padding {p} leaves no output for input size {size} and kernel {k}", "padding"
+            )
+        out_sizes.append(out)
+    weight = (c, out_channels // groups, *kernels)
+    bias = ctx.attr("bias", True)
+    macs = ctx.x.numel * (out_channels // groups) * math.prod(kernels)
+    return OpResult(
+        shape=(n, out_channels, *out_sizes),
+        param_shapes=(weight, (out_channels,)) if bias else (weight,),
+        flops=2 * macs,
+        saved=(Saved(label="input", source="in0", numel=ctx.x.numel),),
+    )
 
 
 def _pool_out(ctx: OpContext) -> tuple[int, int, int, int]:
@@ -295,6 +377,32 @@ def batchnorm2d(ctx: OpContext) -> OpResult:
         flops=4 * ctx.x.numel,
         saved=tuple(saved),
         buffers_bytes=2 * channels * 4 + 8,  # running mean/var fp32 + num_batches_tracked
+    )
+
+
+def instancenorm3d(ctx: OpContext) -> OpResult:
+    """Instance norm over ``D, H, W`` per sample and channel (``torch.nn.InstanceNorm3d``,
+    ``track_running_stats=False``: statistics from the input in training and inference alike).
+
+    PyTorch runs it as a batch norm over the ``[1, N*C, D, H, W]`` view
+    (aten/src/ATen/native/Normalization.cpp ``instance_norm``), so autograd keeps the input
+    and fp32 mean and inverse std per ``(sample, channel)``. ``affine`` defaults to False, as
+    in PyTorch.
+    """
+    _rank(ctx, 5, _CONV_LAYOUTS[3])
+    _float_input(ctx)
+    n, channels = ctx.x.shape[:2]
+    saved = [Saved(label="input", source="in0", numel=ctx.x.numel)]
+    if ctx.training:
+        saved += [
+            Saved(label="save_mean", source="new", numel=n * channels, storage=Storage.FP32),
+            Saved(label="save_invstd", source="new", numel=n * channels, storage=Storage.FP32),
+        ]
+    return OpResult(
+        shape=ctx.x.shape,
+        param_shapes=((channels,), (channels,)) if ctx.attr("affine", False) else (),
+        flops=5 * ctx.x.numel,
+        saved=tuple(saved),
     )
 
 
@@ -1031,11 +1139,14 @@ OP_IMPLEMENTATIONS: Mapping[str, Callable[[OpContext], OpResult]] = {
     "conv2d": conv2d,
     "depthwise_conv2d": depthwise_conv2d,
     "pointwise_conv2d": pointwise_conv2d,
+    "conv3d": conv3d,
+    "conv_transpose3d": conv_transpose3d,
     "maxpool2d": maxpool2d,
     "avgpool2d": avgpool2d,
     "adaptive_avgpool2d": adaptive_avgpool2d,
     "adaptive_maxpool2d": adaptive_maxpool2d,
     "batchnorm2d": batchnorm2d,
+    "instancenorm3d": instancenorm3d,
     "layernorm": layernorm,
     "rmsnorm": rmsnorm,
     "relu": relu,

@@ -18,11 +18,15 @@ MULTI_KERNEL_OPS = frozenset({"attention", "mlp", "lstm", "gru", "rnn"})
 LOOKUP_OPS = frozenset({"embedding", "embedding_add"})
 # Layers whose matrices a weight quantizer (GPTQ/AWQ, TensorRT, bitsandbytes) converts.
 QUANTIZABLE_OPS = frozenset(
-    {"conv2d", "depthwise_conv2d", "pointwise_conv2d", "linear", "attention", "mlp", "moe",
-     "lstm", "gru", "rnn"}
+    {"conv2d", "depthwise_conv2d", "pointwise_conv2d", "conv3d", "conv_transpose3d", "linear",
+     "attention", "mlp", "moe", "lstm", "gru", "rnn"}
 )  # fmt: skip
 # Layers whose new saved tensors are internal (S x S scores, MLP intermediates): tensor
 # parallelism splits them, and their gradients are live inside the layer's backward.
 INTERNAL_TENSOR_OPS = frozenset({"attention", "mlp", "moe"})
-# Convolutions (oneDNN holds an output-sized buffer in their CPU forward).
-CONV_OPS = frozenset({"conv2d", "depthwise_conv2d", "pointwise_conv2d"})
+# Convolutions (oneDNN holds an output-sized buffer in their CPU forward; PyTorch 2.13 CPU
+# measured 2.03x the output for a stride-1 conv3d, more for strided (5.1x) and transposed
+# (3.0x) 3-d ones, which this one buffer understates).
+CONV_OPS = frozenset(
+    {"conv2d", "depthwise_conv2d", "pointwise_conv2d", "conv3d", "conv_transpose3d"}
+)

@@ -528,7 +528,11 @@ _CPU_BACKWARD_EXTRA: Mapping[str, int] = {
     "conv2d": 2,
     "depthwise_conv2d": 2,
     "pointwise_conv2d": 2,
+    # 3-d ops probed once on PyTorch 2.13 CPU (a stride-1 3x3x3 Conv3d, an InstanceNorm3d);
+    # conv_transpose3d not measured (no extra assumed)
+    "conv3d": 2,
     "batchnorm2d": 1,
+    "instancenorm3d": 1,  # runs as a batch norm over [1, N*C, D, H, W]
     "relu": 1,
     "relu6": 1,
     "rmsnorm": 3,

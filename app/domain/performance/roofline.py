@@ -740,7 +740,9 @@ class KernelCount:
         )
 
 
-CONV_OPS = frozenset({"conv2d", "depthwise_conv2d", "pointwise_conv2d"})
+CONV_OPS = frozenset(
+    {"conv2d", "depthwise_conv2d", "pointwise_conv2d", "conv3d", "conv_transpose3d"}
+)
 PROJECTION_OPS = frozenset({"linear", "attention", "mlp"})
 
 
@@ -750,7 +752,11 @@ def layer_gemms(layer: LayerAnalysis, context_tokens: int = 0) -> tuple[Gemm, ..
     A convolution is its implicit GEMM: ``M = N*H_out*W_out`` output pixels, ``N`` output
     channels per group, ``K = C_in/groups * kh * kw`` (``depthwise_conv2d`` is ``C_out`` GEMMs
     of one column; ``conv2d`` with groups counts as one GEMM of all output channels, which
-    understates its tiles). A linear layer, and every weight matrix of an
+    understates its tiles); ``conv3d`` the same with ``M = N*D_out*H_out*W_out`` and
+    ``K = C_in/groups * kd*kh*kw``. ``conv_transpose3d`` is the implicit GEMM of its
+    data-gradient form: ``M`` output voxels by ``N = C_out`` over ``K = FLOPs / (2 M N)``
+    (``C_in * kd*kh*kw / (sd*sh*sw)``: ``C_in`` for U-Net's kernel-2 stride-2 upsampling).
+    A linear layer, and every weight matrix of an
     attention or MLP layer, is ``M = tokens`` by ``N = out`` by ``K = in``. Attention adds its
     core (QK^T, softmax, PV) as one GEMM of its output ``tokens x q_dim`` over the keys
     (FlashAttention tiles ``batch x heads x ceil(S / 128)`` query blocks: the same count at a
@@ -766,6 +772,10 @@ def layer_gemms(layer: LayerAnalysis, context_tokens: int = 0) -> tuple[Gemm, ..
         k = math.prod(weight[1:])
         if op == "depthwise_conv2d":
             return (Gemm(m=m, n=1, k=k, count=out, flops=flops),)
+        if op == "conv_transpose3d":  # weight [C_in, C_out/groups, kd, kh, kw]
+            n = layer.output_shape[1]
+            m = layer.output_numel // n
+            return (Gemm(m=m, n=n, k=max(1, flops // (2 * m * n)), count=1, flops=flops),)
         return (Gemm(m=m, n=out, k=k, count=1, flops=flops),)
     if op == "matmul":
         n = layer.output_shape[-1]

@@ -412,6 +412,25 @@ def _zoo() -> dict[str, ZooModel]:
             # 20000*128 + 4*256*(128+256) + 8*256 + 256*2 + 2
             reference_params=2_955_778,
         ),
+        _model(
+            cnn.unet3d(),
+            slug="3d-unet-kits19",
+            name="3D U-Net (KiTS19)",
+            family="cnn",
+            description=(
+                "MLPerf's 3D U-Net for KiTS19 kidney tumor segmentation: 3-d convolutions with "
+                "instance norm and ReLU, filters 32-64-128-256-320, strided-convolution "
+                "downsampling and transposed-convolution upsampling with skip concatenations, "
+                "3 output classes, on 128^3 single-channel patches "
+                "(mlcommons/inference vision/medical_imaging/3d-unet-kits19)."
+            ),
+            bindings={"image": 128},
+            reference=(
+                "mlcommons/training image_segmentation/pytorch/model/unet3d.py Unet3D(1, 3, "
+                "normalization='instancenorm', activation='relu')"
+            ),
+            reference_params=31_190_243,
+        ),
     ]
     return {model.slug: model for model in models}
 

@@ -338,3 +338,81 @@ def mobilenet_v2(*, classes: int = 1000, dropout_p: float = 0.2) -> Graph:
         linear("fc", classes),
     ]
     return (IMAGE,), layers
+
+
+VOLUME = InputDecl(name="volume", shape=("batch", 1, "image", "image", "image"))
+UNET3D_FILTERS = (32, 64, 128, 256, 320)
+
+
+def conv3d_in_relu(
+    name: str, out: int, stride: int = 1, *, inputs: list[str] | None = None
+) -> list[Layer]:
+    """3x3x3 Conv3d without bias (padding 1), affine InstanceNorm3d, ReLU: the MLPerf 3D U-Net's
+    ``conv_block_factory``; layers ``name``, ``name_norm``, ``name_relu``."""
+    conv: Layer = {
+        "name": name,
+        "op": "conv3d",
+        "out_channels": out,
+        "kernel_size": 3,
+        "padding": 1,
+        "bias": False,
+    }
+    if stride != 1:
+        conv["stride"] = stride
+    return [
+        _with_inputs(conv, inputs),
+        {"name": f"{name}_norm", "op": "instancenorm3d", "affine": True},
+        {"name": f"{name}_relu", "op": "relu"},
+    ]
+
+
+def unet3d(*, classes: int = 3, filters: tuple[int, ...] = UNET3D_FILTERS) -> Graph:
+    """MLPerf's 3D U-Net for KiTS19 (mlcommons/training ``image_segmentation/pytorch/model``,
+    as mlcommons/inference ``vision/medical_imaging/3d-unet-kits19`` runs it).
+
+    An input block of two conv blocks, four strided (stride-2) down blocks and a stride-2
+    bottleneck, five up blocks (a 2x2x2 stride-2 transposed convolution with bias, concatenated
+    with the skip of the same resolution, then two conv blocks), and a 1x1x1 output conv with
+    bias. Every conv block is a bias-free 3x3x3 Conv3d, an affine InstanceNorm3d and a ReLU
+    (not in place: ``nn.ReLU()``).
+    """
+    layers: list[Layer] = [
+        *conv3d_in_relu("input_block.conv1", filters[0]),
+        *conv3d_in_relu("input_block.conv2", filters[0]),
+    ]
+    skips = ["input_block.conv2_relu"]
+    downs = [*zip(filters[:-1], filters[1:], strict=True), (filters[-1], filters[-1])]
+    for index, (_, out) in enumerate(downs):
+        name = f"downsample.{index}" if index < len(filters) - 1 else "bottleneck"
+        layers += conv3d_in_relu(f"{name}.conv1", out, stride=2)
+        layers += conv3d_in_relu(f"{name}.conv2", out)
+        skips.append(f"{name}.conv2_relu")
+    skips.pop()  # the bottleneck's output feeds the first up block, not a skip
+    ups = [
+        (filters[-1], filters[-1]),
+        *zip(reversed(filters[1:]), reversed(filters[:-1]), strict=True),
+    ]
+    for index, (_, out) in enumerate(ups):
+        name = f"upsample.{index}"
+        layers.append(
+            {
+                "name": f"{name}.upsample_conv",
+                "op": "conv_transpose3d",
+                "out_channels": out,
+                "kernel_size": 2,
+                "stride": 2,
+            }
+        )
+        layers.append(
+            {
+                "name": f"{name}.cat",
+                "op": "concat",
+                "inputs": [f"{name}.upsample_conv", skips.pop()],
+            }
+        )
+        layers += conv3d_in_relu(f"{name}.conv1", out)
+        layers += conv3d_in_relu(f"{name}.conv2", out)
+    layers.append(
+        {"name": "output.conv", "op": "conv3d", "out_channels": classes, "kernel_size": 1}
+    )
+    return (VOLUME,), layers
