@@ -1009,9 +1009,9 @@ class InferenceRecommendationResponse(Schema):
         examples=[
             {
                 "cpu": {
-                    "compute_efficiency": 0.75,
+                    "compute_efficiency": 0.63,
                     "memory_efficiency": 0.7,
-                    "activation_cache_share": 0.35,
+                    "activation_cache_share": 0.4,
                     "host_link_efficiency": 0.73,
                     "kernel_launch_overhead_s": 2e-6,
                     "request_overhead_s": 4.24e-5,

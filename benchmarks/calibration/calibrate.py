@@ -4,7 +4,8 @@
         [--write-results]
 
 Reads ``calibration_benchmarks.yaml`` (a committed copy of
-``../shared/reference/calibration_benchmarks.yaml``; ``--reference`` reads another copy) and:
+``../shared/reference/calibration_benchmarks.yaml``; ``--reference`` reads another copy) with
+the ResNet-50 Offline rows of ``calibration_cpu.yaml`` (Xeons without AMX, collected here) and:
 
 1. derives the per-class defaults of :data:`app.domain.roofline.DEFAULT_CALIBRATIONS`:
    * compute efficiency (and activation cache share) per calibration class (gpu, cpu: a CPU's
@@ -23,7 +24,8 @@ Reads ``calibration_benchmarks.yaml`` (a committed copy of
    the shipped defaults, and whether the targets hold: predicted throughput within 1.5x of
    measured for at least 80 % of the throughput rows and within 2x for every one.
 
-3. evaluates every row of both ``calibration_benchmarks.yaml`` and ``calibration_more.yaml``
+3. evaluates every row of ``calibration_benchmarks.yaml``, ``calibration_more.yaml`` and
+   ``calibration_cpu.yaml``
    (MLPerf ResNet-50, BERT, GPT-J and 3D-UNet rows in the Offline, Server and SingleStream
    scenarios) out of sample: leave-one-device-out (the constants of 1. derived without the
    row's device) and leave-one-model-out, and prints per model family, scenario and metric the
@@ -101,6 +103,14 @@ CATALOG_SLUGS = {
     "nvidia_jetson_orin_nx": "nvidia-jetson-orin-nx-16gb",
     "nvidia_titan_x_maxwell": "nvidia-titan-x-maxwell",
     "intel_xeon_platinum_8380": "intel-xeon-platinum-8380",
+    # calibration_cpu.yaml only: the other Xeons without AMX in MLPerf's closed division
+    "intel_xeon_gold_6248r": "intel-xeon-gold-6248r",
+    "intel_xeon_platinum_8280m": "intel-xeon-platinum-8280m",
+    "intel_xeon_gold_6258r": "intel-xeon-gold-6258r",
+    "intel_xeon_platinum_8380h": "intel-xeon-platinum-8380h",
+    "intel_xeon_gold_6330": "intel-xeon-gold-6330",
+    "intel_xeon_platinum_8352m": "intel-xeon-platinum-8352m",
+    "intel_xeon_platinum_8360y": "intel-xeon-platinum-8360y",
     "intel_xeon_platinum_8480plus": "intel-xeon-platinum-8480plus",
     "intel_xeon_platinum_8592plus_emr": "intel-xeon-platinum-8592plus",
     "intel_xeon_6980p_gnr": "intel-xeon-6980p",
@@ -440,7 +450,7 @@ def derive(
         elif cls is amx:
             efficiency, share = fit(request, items[cls], base(cls), SHARE_GRID)
         else:
-            # The CPUs without AMX (one device, compute-bound on ResNet-50) do not identify a
+            # The CPUs without AMX (compute-bound on ResNet-50) do not identify a
             # cache share: they fit their efficiency at the pooled CPU fit's share.
             efficiency, share = fit(request, items[cls], base(cls), [pooled_share])
         fitted[cls] = replace(
@@ -642,12 +652,11 @@ def render(results: list[RowResult], derivation: Derivation) -> tuple[str, bool]
         "catalog's `cpu.simd`",
         "names AMX) is fitted on the AMX Xeons' rows only; *cpu* (vector units: AVX-512 VNNI, "
         "AVX2, AMD EPYC,",
-        "Graviton, and fp32 on any CPU) on the Xeon 8380's, its efficiency at",
+        "Graviton, and fp32 on any CPU) on the rows of the Xeons without AMX, its efficiency at",
         f"the share of the pooled fit over all {derivation.pooled_cpu[2]} CPU rows "
-        f"({derivation.pooled_cpu[0]} / {derivation.pooled_cpu[1]}: the one calibration "
-        "of every CPU before the split;",
-        "one compute-bound device does not identify a share). A CPU class left without rows "
-        "takes the pooled fit.",
+        f"({derivation.pooled_cpu[0]} / {derivation.pooled_cpu[1]}; compute-bound devices "
+        "do not identify a share).",
+        "A CPU class left without rows takes the pooled fit.",
         "",
         f"Throughput within {TARGET_WITHIN}x: {within} of {total} rows "
         f"({within / total:.0%}, target >= {TARGET_SHARE:.0%}); worst {worst:.2f}x "
@@ -664,8 +673,24 @@ def render(results: list[RowResult], derivation: Derivation) -> tuple[str, bool]
 # --------------------------------------------------------------------------------------------
 
 MORE = HERE / "calibration_more.yaml"
+CPU_ROWS = HERE / "calibration_cpu.yaml"  # CPU-only rows without AMX, collected here
 BENCHMARKS_FILE = "benchmarks"  # calibration_benchmarks.yaml
 MORE_FILE = "more"  # calibration_more.yaml
+CPU_FILE = "cpu"  # calibration_cpu.yaml
+
+
+def fit_rows(
+    bench_rows: list[dict[str, Any]], cpu_rows: Iterable[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """What the fit reads: every row of ``calibration_benchmarks.yaml`` and the ResNet-50
+    Offline rows of ``calibration_cpu.yaml`` (its other rows are scored, not fitted)."""
+    return bench_rows + [
+        dict(row)
+        for row in cpu_rows
+        if row.get("model") == "resnet50" and row.get("scenario") == "Offline"
+    ]
+
+
 OFFLINE_MAX_BATCH = 256  # the recommender's default search: 1, 2, 4, ... up to 256
 BERT_SEQUENCE = 384  # MLPerf's SQuAD harness pads every sample to 384 tokens
 # ... but the submissions' engines drop the padding: on SQuAD v1.1 at 384 tokens, padding is 54 %
@@ -848,7 +873,7 @@ def row_precision(row: Mapping[str, Any]) -> tuple[Precision, str]:
 class Case:
     """One row of either file as the out-of-sample evaluation sees it."""
 
-    file: str  # BENCHMARKS_FILE or MORE_FILE
+    file: str  # BENCHMARKS_FILE, MORE_FILE or CPU_FILE
     index: int  # row index in its file
     reference: str  # the row's device id
     slug: str | None  # catalog slug (None: no catalog entry)
@@ -873,10 +898,12 @@ def cases(
     bench_rows: list[dict[str, Any]],
     more_rows: list[dict[str, Any]],
     devices: Mapping[str, HardwareSpec],
+    cpu_rows: list[dict[str, Any]] | None = None,
 ) -> list[Case]:
-    """Every row of both files, mapped to a device, a model, a precision and a comparison."""
+    """Every row of the files, mapped to a device, a model, a precision and a comparison."""
     found = []
-    for file, rows in ((BENCHMARKS_FILE, bench_rows), (MORE_FILE, more_rows)):
+    files = ((BENCHMARKS_FILE, bench_rows), (MORE_FILE, more_rows), (CPU_FILE, cpu_rows or []))
+    for file, rows in files:
         for index, row in enumerate(rows):
             found.append(_case(file, index, row, devices))
     return found
@@ -1214,45 +1241,49 @@ def out_of_sample(
     bench_rows: list[dict[str, Any]],
     more_rows: list[dict[str, Any]],
     devices: Mapping[str, HardwareSpec],
+    cpu_rows: list[dict[str, Any]] | None = None,
 ) -> list[OutOfSample]:
     """Every case predicted in sample, leaving its device out of the fit, and leaving its
     model family out of the fit.
 
     Leave-one-device-out: for each catalog device, :func:`derive` runs on
-    ``calibration_benchmarks.yaml`` without that device's rows (its ResNet-50 Offline rows and
-    any copy rows) and on the ResNet-50 SingleStream rows without the device's, and the
-    device's rows of both files are predicted with the refitted constants of its calibration
+    :func:`fit_rows` (``calibration_benchmarks.yaml`` and the ResNet-50 Offline rows of
+    ``cpu_rows``, ``calibration_cpu.yaml``) without that device's rows (its ResNet-50 Offline
+    rows and any copy rows) and on the ResNet-50 SingleStream rows without the device's, and
+    the device's rows of every file are predicted with the refitted constants of its calibration
     class (a CPU class the device leaves without rows takes the pooled CPU fit).
     Leave-one-model-out: the fit reads only ResNet-50 rows (Offline, SingleStream), so
     without ResNet-50 there is nothing to fit (no prediction) and for every other family the
     refit is the shipped fit: those rows are out of sample by construction.
     """
+    cpu_rows = cpu_rows or []
+    fitted_rows = fit_rows(bench_rows, cpu_rows)
     predictor = Predictor(devices)
     single_stream = latency_rows(more_rows, devices)
     bandwidth = bandwidth_rows(devices)
-    shipped = _full(derive(bench_rows, devices, single_stream, bandwidth).calibrations)
+    shipped = _full(derive(fitted_rows, devices, single_stream, bandwidth).calibrations)
     refits: dict[
         str, tuple[dict[CalibrationClass, Calibration], int, Mapping[CalibrationClass, str]]
     ] = {}
     results = []
-    for case in cases(bench_rows, more_rows, devices):
+    for case in cases(bench_rows, more_rows, devices, cpu_rows):
         if case.family not in predictor.sources or case.slug is None:
             results.append(OutOfSample(case, None, None, None, 0, ""))
             continue
         if case.slug not in refits:
-            kept = [r for r in bench_rows if _device_of(r) != case.slug]
+            kept = [r for r in fitted_rows if _device_of(r) != case.slug]
             kept_latency = [(d, m) for d, m in single_stream if d.slug != case.slug]
             kept_bandwidth = [(d, m) for d, m in bandwidth if d.slug != case.slug]
             left_out = (
                 sum(
                     1
-                    for r in bench_rows
+                    for r in fitted_rows
                     if _device_of(r) == case.slug and r["metric"] == "throughput"
                 )
                 + (len(single_stream) - len(kept_latency))
                 + (len(bandwidth) - len(kept_bandwidth))
             )
-            if left_out or len(kept) < len(bench_rows):
+            if left_out or len(kept) < len(fitted_rows):
                 derivation = derive(kept, devices, kept_latency, kept_bandwidth)
                 refits[case.slug] = (_full(derivation.calibrations), left_out, derivation.pooled)
             else:
@@ -1333,6 +1364,15 @@ def _summary_cells(summary: Summary | None) -> str:
     )
 
 
+def _offline_resnet(results: list[OutOfSample]) -> list[OutOfSample]:
+    """The scored ResNet-50 Offline rows: the rows the fit reads."""
+    return [
+        r
+        for r in results
+        if r.case.target and r.case.family == "resnet50" and r.case.scenario == "Offline"
+    ]
+
+
 def render_out_of_sample(results: list[OutOfSample]) -> str:
     """The out-of-sample section of the report (Markdown)."""
     scored = [r for r in results if r.case.target]
@@ -1341,20 +1381,19 @@ def render_out_of_sample(results: list[OutOfSample]) -> str:
         "",
         "## Out of sample: every row of both files",
         "",
-        "Every row of `calibration_benchmarks.yaml` (*benchmarks*) and `calibration_more.yaml` "
-        "(*more*)",
+        "Every row of `calibration_benchmarks.yaml` (*benchmarks*), `calibration_more.yaml` "
+        "(*more*) and `calibration_cpu.yaml` (*cpu*)",
         "against the current model. **Leave-one-device-out** (*LODO*): the constants are "
         "derived as above",
         "without the row's device (its ResNet-50 Offline and copy rows), and the device's rows are",
         "predicted with the refitted constants of its calibration class (a CPU class the device "
         "leaves",
-        "without rows, the Xeon 8380's, takes the pooled CPU fit). **Leave-one-model-out** "
-        "(*LOMO*): the fit",
+        "without rows takes the pooled CPU fit). **Leave-one-model-out** (*LOMO*): the fit",
         "reads only ResNet-50 Offline rows, so leaving ResNet-50 out leaves nothing to fit (no",
         "prediction), and for BERT and GPT-J the refit is the shipped fit: every non-ResNet row "
         "is out",
-        "of sample already. *In sample*: the shipped defaults (fitted on all 22 ResNet-50 "
-        "Offline rows).",
+        "of sample already. *In sample*: the shipped defaults (fitted on all "
+        f"{len(_offline_resnet(results))} ResNet-50 Offline rows).",
         "",
         "Mapping: ResNet-50 -> the zoo's ResNet-50 v1.5 at 224 x 224; bert-99 -> BERT-large "
         f"(24 x 1024, 16 heads) at {BERT_SEQUENCE} tokens",
@@ -1557,10 +1596,12 @@ def main(argv: list[str] | None = None) -> int:
     rows = load_rows(args.reference)
     devices = catalog_devices()
     more = load_rows(args.more)
-    derivation = derive(rows, devices, latency_rows(more, devices))
-    report, ok = render(evaluate(rows, devices), derivation)
+    cpu = load_rows(CPU_ROWS)
+    fitted = fit_rows(rows, cpu)
+    derivation = derive(fitted, devices, latency_rows(more, devices))
+    report, ok = render(evaluate(fitted, devices), derivation)
     report += render_bandwidth(devices)
-    report += render_out_of_sample(out_of_sample(rows, more, devices))
+    report += render_out_of_sample(out_of_sample(rows, more, devices, cpu))
     print(report)
     if args.write_results:
         RESULTS.write_text(report, encoding="utf-8")

@@ -32,7 +32,7 @@ def test_whole_catalog_by_default(client: ApiClient, db_url: str) -> None:
     devices = {c["device"] for c in body["candidates"]}
     assert {"intel-xeon-platinum-8480plus", "nvidia-a10", "nvidia-a100-80gb-sxm/1g.10gb"} <= devices
     assert {c["kind"] for c in body["candidates"]} >= {"cpu", "gpu", "edge"}
-    assert body["total_candidates"] == len(body["candidates"]) > 300
+    assert len(body["candidates"]) == min(body["total_candidates"], 500) > 300  # 500: max limit
     assert [c["rank"] for c in body["candidates"]] == list(range(1, len(body["candidates"]) + 1))
     excluded = {(e["device"], e["precision"]): e["reason"] for e in body["excluded"]}
     assert "int8" in excluded[("nvidia-v100-32gb-sxm2", "int8")]
@@ -290,7 +290,7 @@ def test_an_amx_cpu_answers_with_the_amx_calibration(client: ApiClient) -> None:
     assert (amx["compute_efficiency"], amx["activation_cache_share"]) == (0.4, 0.85)  # pins
     assert "AMX" in amx["basis"]
     cpu = body["calibration"]["cpu"]
-    assert (cpu["compute_efficiency"], cpu["activation_cache_share"]) == (0.75, 0.35)  # pins
+    assert (cpu["compute_efficiency"], cpu["activation_cache_share"]) == (0.63, 0.4)  # pins
     classes = {key: c["inputs"]["calibration_class"] for key, c in _by_device(body).items()}
     assert classes == {
         ("intel-xeon-platinum-8480plus", "int8"): "cpu_amx",
@@ -310,8 +310,8 @@ def test_an_amx_cpu_answers_with_the_amx_calibration(client: ApiClient) -> None:
         _recommend(client, **common, calibration={"cpu_amx": {"compute_efficiency": 0.2}})
     )
     assert slower[("intel-xeon-platinum-8480plus", "int8")]["inputs"]["compute_efficiency"] == 0.2
-    assert slower[("intel-xeon-platinum-8480plus", "fp32")]["inputs"]["compute_efficiency"] == 0.75
-    assert slower[("intel-xeon-platinum-8380", "int8")]["inputs"]["compute_efficiency"] == 0.75
+    assert slower[("intel-xeon-platinum-8480plus", "fp32")]["inputs"]["compute_efficiency"] == 0.63
+    assert slower[("intel-xeon-platinum-8380", "int8")]["inputs"]["compute_efficiency"] == 0.63
 
 
 def test_a_precision_the_device_lacks_is_excluded_with_a_reason(client: ApiClient) -> None:

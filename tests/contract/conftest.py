@@ -32,6 +32,25 @@ def calibration_more_rows(calibrate: ModuleType) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="session")
+def calibration_cpu_rows(calibrate: ModuleType) -> list[dict[str, Any]]:
+    """The rows of calibration_cpu.yaml (Xeons without AMX, collected in this repository)."""
+    loaded: list[dict[str, Any]] = calibrate.load_rows(calibrate.CPU_ROWS)
+    return loaded
+
+
+@pytest.fixture(scope="session")
+def calibration_fit_rows(
+    calibrate: ModuleType,
+    calibration_rows: list[dict[str, Any]],
+    calibration_cpu_rows: list[dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """What the fit reads: calibration_benchmarks.yaml and calibration_cpu.yaml's ResNet-50
+    Offline rows."""
+    found: list[dict[str, Any]] = calibrate.fit_rows(calibration_rows, calibration_cpu_rows)
+    return found
+
+
+@pytest.fixture(scope="session")
 def calibration_devices(calibrate: ModuleType) -> dict[str, Any]:
     found: dict[str, Any] = calibrate.catalog_devices()
     return found
@@ -42,10 +61,11 @@ def calibration_out_of_sample(
     calibrate: ModuleType,
     calibration_rows: list[dict[str, Any]],
     calibration_more_rows: list[dict[str, Any]],
+    calibration_cpu_rows: list[dict[str, Any]],
     calibration_devices: dict[str, Any],
 ) -> list[Any]:
-    """Every row of both files, leave-one-device-out."""
+    """Every row of the three files, leave-one-device-out."""
     found: list[Any] = calibrate.out_of_sample(
-        calibration_rows, calibration_more_rows, calibration_devices
+        calibration_rows, calibration_more_rows, calibration_devices, calibration_cpu_rows
     )
     return found

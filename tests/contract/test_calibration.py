@@ -24,10 +24,10 @@ CALIBRATION = PROJECT_ROOT / "benchmarks" / "calibration"
 @pytest.fixture(scope="module")
 def results(
     calibrate: ModuleType,
-    calibration_rows: list[dict[str, Any]],
+    calibration_fit_rows: list[dict[str, Any]],
     calibration_devices: dict[str, Any],
 ) -> Any:
-    return calibrate.evaluate(calibration_rows, calibration_devices)
+    return calibrate.evaluate(calibration_fit_rows, calibration_devices)
 
 
 @pytest.mark.parametrize("name", ["calibration_benchmarks.yaml", "calibration_more.yaml"])
@@ -40,9 +40,12 @@ def test_the_copy_is_the_shared_reference(name: str) -> None:
     assert body == shared.read_text(encoding="utf-8")
 
 
-def test_every_row_is_printed(calibration_rows: list[dict[str, Any]], results: Any) -> None:
+def test_every_row_is_printed(
+    calibration_rows: list[dict[str, Any]], calibration_fit_rows: list[dict[str, Any]], results: Any
+) -> None:
     assert len(calibration_rows) == 33
-    assert [r.index for r in results] == list(range(len(calibration_rows)))
+    assert len(calibration_fit_rows) == 33 + 23  # + calibration_cpu.yaml's ResNet-50 Offline
+    assert [r.index for r in results] == list(range(len(calibration_fit_rows)))
     assert all(r.measured is not None and r.predicted is not None for r in results)
     metrics = {r.metric for r in results}
     assert metrics == {
@@ -55,7 +58,7 @@ def test_every_row_is_printed(calibration_rows: list[dict[str, Any]], results: A
 
 def test_throughput_targets_hold(calibrate: ModuleType, results: Any) -> None:
     within, total, worst, ok = calibrate.targets(results)
-    assert total == 22
+    assert total == 22 + 23
     assert within >= 0.8 * total
     assert worst <= 2.0
     assert ok
@@ -63,12 +66,12 @@ def test_throughput_targets_hold(calibrate: ModuleType, results: Any) -> None:
 
 def test_shipped_defaults_are_the_derivation(
     calibrate: ModuleType,
-    calibration_rows: list[dict[str, Any]],
+    calibration_fit_rows: list[dict[str, Any]],
     calibration_more_rows: list[dict[str, Any]],
     calibration_devices: dict[str, Any],
 ) -> None:
     derivation = calibrate.derive(
-        calibration_rows,
+        calibration_fit_rows,
         calibration_devices,
         calibrate.latency_rows(calibration_more_rows, calibration_devices),
     )
@@ -77,7 +80,7 @@ def test_shipped_defaults_are_the_derivation(
 
 def test_committed_report_is_current(
     calibrate: ModuleType,
-    calibration_rows: list[dict[str, Any]],
+    calibration_fit_rows: list[dict[str, Any]],
     calibration_more_rows: list[dict[str, Any]],
     calibration_devices: dict[str, Any],
     results: Any,
@@ -86,7 +89,7 @@ def test_committed_report_is_current(
     report, ok = calibrate.render(
         results,
         calibrate.derive(
-            calibration_rows,
+            calibration_fit_rows,
             calibration_devices,
             calibrate.latency_rows(calibration_more_rows, calibration_devices),
         ),
@@ -114,26 +117,36 @@ def test_memory_efficiency_is_the_bandwidth_fit(
 
 def test_cpus_are_fitted_per_matrix_engine(
     calibrate: ModuleType,
-    calibration_rows: list[dict[str, Any]],
+    calibration_fit_rows: list[dict[str, Any]],
     calibration_more_rows: list[dict[str, Any]],
     calibration_devices: dict[str, Any],
 ) -> None:
-    """cpu_amx is fitted on the AMX Xeons' rows only (the 8380's rows do not move it); cpu (the
-    8380, compute-bound) fits its efficiency at the share of the pooled fit over every CPU row,
-    and keeps the one CPU calibration shipped before the split. Pins: results.md."""
+    """cpu_amx is fitted on the AMX Xeons' rows only (the other Xeons' rows do not move it); cpu
+    (the 25 rows of 8 Xeons without AMX, compute-bound) fits its efficiency at the share of the
+    pooled fit over every CPU row. Pins: results.md."""
     latency = calibrate.latency_rows(calibration_more_rows, calibration_devices)
-    derivation = calibrate.derive(calibration_rows, calibration_devices, latency)
+    derivation = calibrate.derive(calibration_fit_rows, calibration_devices, latency)
     assert derivation.pooled == {}
-    assert derivation.pooled_cpu == (0.75, 0.35, 6)  # pin: the pooled fit (before the split)
+    assert derivation.pooled_cpu == (0.63, 0.4, 29)  # pin: the pooled fit over every CPU row
     cpu = derivation.calibrations[CalibrationClass.CPU]
     amx = derivation.calibrations[CalibrationClass.CPU_AMX]
     assert cpu.activation_cache_share == derivation.pooled_cpu[1]
-    assert (cpu.compute_efficiency, cpu.activation_cache_share) == (0.75, 0.35)  # pin
+    assert (cpu.compute_efficiency, cpu.activation_cache_share) == (0.63, 0.4)  # pin
     assert (amx.compute_efficiency, amx.activation_cache_share) == (0.4, 0.85)  # pin
-    without_8380 = [
-        r
-        for r in calibration_rows
-        if calibrate.CATALOG_SLUGS.get(r["device"]) != "intel-xeon-platinum-8380"
-    ]
-    refit = calibrate.derive(without_8380, calibration_devices, latency)
+
+    def vector_cpu(row: dict[str, Any]) -> bool:
+        device = calibration_devices.get(calibrate.CATALOG_SLUGS.get(row["device"], ""))
+        return (
+            device is not None
+            and device.kind is DeviceKind.CPU
+            and "AMX" not in (device.simd or "")
+        )
+
+    without_vnni = [r for r in calibration_fit_rows if not vector_cpu(r)]
+    assert len(calibration_fit_rows) - len(without_vnni) == 25
+    refit = calibrate.derive(without_vnni, calibration_devices, latency)
     assert refit.calibrations[CalibrationClass.CPU_AMX] == amx
+    # a CPU class without rows of its own takes the pooled CPU fit (here: the AMX rows')
+    assert CalibrationClass.CPU in refit.pooled
+    pooled = refit.calibrations[CalibrationClass.CPU]
+    assert (pooled.compute_efficiency, pooled.activation_cache_share) == refit.pooled_cpu[:2]

@@ -24,16 +24,19 @@ CALIBRATION = PROJECT_ROOT / "benchmarks" / "calibration"
 GPTJ_PARAMS = 6_053_381_344  # GPT-J 6B model card (EleutherAI/gpt-j-6b)
 
 
-def test_every_row_of_both_files_is_evaluated_or_says_why_not(
+def test_every_row_of_the_files_is_evaluated_or_says_why_not(
     calibration_rows: list[dict[str, Any]],
     calibration_more_rows: list[dict[str, Any]],
+    calibration_cpu_rows: list[dict[str, Any]],
     calibration_out_of_sample: list[Any],
 ) -> None:
     assert len(calibration_rows) == 33
     assert len(calibration_more_rows) == 98
+    assert len(calibration_cpu_rows) == 60
     assert [(r.case.file, r.case.index) for r in calibration_out_of_sample] == [
         *(("benchmarks", i) for i in range(33)),
         *(("more", i) for i in range(98)),
+        *(("cpu", i) for i in range(60)),
     ]
     for r in calibration_out_of_sample:
         assert bool(r.case.target) != bool(r.case.skip), r.case.label
@@ -44,13 +47,42 @@ def test_every_row_of_both_files_is_evaluated_or_says_why_not(
             assert r.case.measured > 0
 
 
-def test_every_device_of_the_new_file_is_in_the_catalog(
+def test_every_device_of_the_new_files_is_in_the_catalog(
     calibrate: ModuleType,
     calibration_more_rows: list[dict[str, Any]],
+    calibration_cpu_rows: list[dict[str, Any]],
     calibration_devices: dict[str, Any],
 ) -> None:
-    for row in calibration_more_rows:
+    for row in calibration_more_rows + calibration_cpu_rows:
         assert calibrate.CATALOG_SLUGS[row["device"]] in calibration_devices
+
+
+def test_the_cpu_rows_follow_their_rule(
+    calibrate: ModuleType,
+    calibration_cpu_rows: list[dict[str, Any]],
+    calibration_devices: dict[str, Any],
+) -> None:
+    """calibration_cpu.yaml: valid closed-division MLPerf rows of CPU-only systems without AMX,
+    per socket, each with a pinned source; the fit reads its ResNet-50 Offline INT8 rows."""
+    for row in calibration_cpu_rows:
+        device = calibration_devices[calibrate.CATALOG_SLUGS[row["device"]]]
+        assert device.kind is DeviceKind.CPU
+        assert device.simd
+        assert "AMX" not in device.simd
+        assert row["result_valid"] == "VALID"
+        assert row["accelerators"] == 0
+        assert row["benchmark"].endswith(" closed")
+        assert row["value_per_socket"] == pytest.approx(row["value"] / row["sockets"], abs=1e-3)
+        assert row["source"].startswith("https://github.com/mlcommons/inference_results_v")
+        assert "/blob/" in row["source"]
+        assert row["source"].endswith("mlperf_log_summary.txt")
+        assert row["model"] in ("resnet50", "bert-99")
+        assert "INT8" in row["precision"]
+    fitted = [
+        r for r in calibration_cpu_rows if r["scenario"] == "Offline" and r["model"] == "resnet50"
+    ]
+    assert len(fitted) == 23
+    assert calibrate.fit_rows([], calibration_cpu_rows) == fitted
 
 
 def test_what_is_scored(calibration_out_of_sample: list[Any]) -> None:
@@ -90,7 +122,7 @@ def test_server_rows_are_answered_by_the_queue(calibration_out_of_sample: list[A
         if r.case.target and r.case.scenario == "Offline"
     }
     server = [r for r in calibration_out_of_sample if r.case.target and r.case.scenario == "Server"]
-    assert len(server) == 15  # 6 ResNet-50, 5 BERT, 4 GPT-J
+    assert len(server) == 15 + 30  # 6 ResNet-50, 5 BERT, 4 GPT-J; cpu: 23 ResNet-50, 7 BERT
     compared = 0
     for r in server:
         assert r.case.bound_ms in (15.0, 130.0, 20000.0)
@@ -112,12 +144,12 @@ def test_server_rows_are_answered_by_the_queue(calibration_out_of_sample: list[A
 
 def test_in_sample_resnet50_offline_is_the_fitted_report(
     calibrate: ModuleType,
-    calibration_rows: list[dict[str, Any]],
+    calibration_fit_rows: list[dict[str, Any]],
     calibration_devices: dict[str, Any],
     calibration_out_of_sample: list[Any],
 ) -> None:
     fitted = {
-        r.index: r.predicted for r in calibrate.evaluate(calibration_rows, calibration_devices)
+        r.index: r.predicted for r in calibrate.evaluate(calibration_fit_rows, calibration_devices)
     }
     offline = [
         r for r in calibration_out_of_sample if r.case.file == "benchmarks" and r.case.target
@@ -125,49 +157,54 @@ def test_in_sample_resnet50_offline_is_the_fitted_report(
     assert len(offline) == 22
     for r in offline:
         assert r.in_sample == pytest.approx(fitted[r.case.index], rel=1e-12)
+    # calibration_cpu.yaml's ResNet-50 Offline rows come first in it, after the 33 rows
+    cpu = [
+        r
+        for r in calibration_out_of_sample
+        if r.case.file == "cpu" and r.case.family == "resnet50" and r.case.scenario == "Offline"
+    ]
+    assert [r.case.index for r in cpu] == list(range(23))
+    for r in cpu:
+        assert r.in_sample == pytest.approx(fitted[33 + r.case.index], rel=1e-12)
 
 
 def test_leave_one_device_out_refits_without_the_device(
     calibrate: ModuleType,
-    calibration_rows: list[dict[str, Any]],
+    calibration_fit_rows: list[dict[str, Any]],
     calibration_devices: dict[str, Any],
     calibration_more_rows: list[dict[str, Any]],
     calibration_out_of_sample: list[Any],
 ) -> None:
-    """The Xeon 8380 rows are predicted with the CPU constants derived from the other CPUs: the
-    8380 is the only fit device without AMX, so its class (cpu) has no rows left and takes the
-    pooled CPU fit, here the AMX Xeons' rows. An AMX Xeon is predicted with the cpu_amx
-    constants fitted on the other AMX Xeons."""
+    """The Xeon 8380 rows are predicted with the cpu constants fitted on the other Xeons
+    without AMX (calibration_cpu.yaml); its own 6 ResNet-50 Offline rows (2 in
+    calibration_benchmarks.yaml, 4 in calibration_cpu.yaml) leave the fit. An AMX Xeon is
+    predicted with the cpu_amx constants fitted on the other AMX Xeons."""
     kept = [
         r
-        for r in calibration_rows
+        for r in calibration_fit_rows
         if calibrate.CATALOG_SLUGS.get(r["device"]) != "intel-xeon-platinum-8380"
     ]
     latency = calibrate.latency_rows(calibration_more_rows, calibration_devices)
     assert all(d.kind is not DeviceKind.CPU for d, _ in latency)  # no CPU SingleStream rows
     derivation = calibrate.derive(kept, calibration_devices, latency)
     refit = derivation.calibrations[CalibrationClass.CPU]
-    assert CalibrationClass.CPU in derivation.pooled
-    assert CalibrationClass.CPU_AMX not in derivation.pooled
-    assert (refit.compute_efficiency, refit.activation_cache_share) == derivation.pooled_cpu[:2]
-    # without the 8380 the pooled fit is the AMX rows' fit
-    amx = derivation.calibrations[CalibrationClass.CPU_AMX]
-    assert (amx.compute_efficiency, amx.activation_cache_share) == derivation.pooled_cpu[:2]
+    assert derivation.pooled == {}
+    assert refit.activation_cache_share == derivation.pooled_cpu[1]
     predictor = calibrate.Predictor(calibration_devices)
     rows = [
         r
         for r in calibration_out_of_sample
         if r.case.slug == "intel-xeon-platinum-8380" and r.case.target
     ]
-    assert rows
+    assert len(rows) == 6 + 14  # 6 in the shared files, 14 in calibration_cpu.yaml
     for r in rows:
-        assert r.fit_rows_left_out == 2
-        assert "pooled CPU fit" in r.refit_note
+        assert r.fit_rows_left_out == 6
+        assert not r.refit_note
         expected, _ = predictor.predict(r.case, {CalibrationClass.CPU: refit})
         assert r.device_out == pytest.approx(expected, rel=1e-12)
     kept = [
         r
-        for r in calibration_rows
+        for r in calibration_fit_rows
         if calibrate.CATALOG_SLUGS.get(r["device"]) != "intel-xeon-platinum-8480plus"
     ]
     amx = calibrate.derive(kept, calibration_devices, latency).calibrations[

@@ -318,17 +318,18 @@ DEFAULT_CALIBRATIONS: Mapping[CalibrationClass, Calibration] = {
         f"{_REQUEST}",
     ),
     CalibrationClass.CPU: Calibration(
-        compute_efficiency=0.75,
+        compute_efficiency=0.63,
         memory_efficiency=0.7,
-        activation_cache_share=0.35,
+        activation_cache_share=0.4,
         host_link_efficiency=0.73,
         kernel_launch_overhead_s=2.0e-6,
         request_overhead_s=42.4e-6,
         basis="math on a CPU's vector units (AVX-512 VNNI, AVX2, AMD EPYC, Arm; fp32 on AMX "
         f"Xeons too): compute efficiency: {_FIT}, "
-        "2 rows per socket (Xeon 8380, AVX-512 VNNI), at the activation cache share of the "
-        "pooled fit over all 6 CPU rows (0.75 / 0.35; one compute-bound device does not "
-        f"identify a share); {_CPU_REST}",
+        "25 rows per socket of 8 Xeons without AMX (Cascade Lake, Cooper Lake, Ice Lake; "
+        "AVX-512 VNNI), at the activation cache share of the pooled fit over all 29 CPU rows "
+        "(0.63 / 0.4; compute-bound devices do not identify a share); "
+        f"{_CPU_REST}",
     ),
     CalibrationClass.CPU_AMX: Calibration(
         compute_efficiency=0.4,
