@@ -238,7 +238,7 @@ def test_mig_slices_get_their_share_of_the_sms_and_cpus_their_cores() -> None:
     assert tiling.units == 15
     assert tiling_for(_gpu(None)) is None
     cpu = replace(_gpu(None), kind=DeviceKind.CPU, cpu_cores=56)
-    assert tiling_for(cpu) is None  # off by default: it worsened the calibration out of sample
-    occupied = tiling_for(cpu, cpu_occupancy=True)
+    assert tiling_for(cpu, cpu_occupancy=False) is None
+    occupied = tiling_for(cpu)  # on by default
     assert occupied is not None
     assert (occupied.units, occupied.split_k) == (56, False)

@@ -1675,11 +1675,14 @@ def shard(request: PhasedRequest, degree: int) -> PhasedRequest:
     )
 
 
-# CPU core occupancy (work items = 64 x 64 output tiles, wave-quantized on cpu.cores) is
-# modelled but off by default: with it the calibration's leave-one-device-out accuracy got
-# worse (ResNet-50 throughput 22 -> 21 of 28 rows within 1.5x, 28 -> 27 within 2x; the Xeon
-# 8380 Server row 1.72x -> 2.19x), so the shipped CPU efficiency is fitted without it.
-CPU_CORE_OCCUPANCY = False
+# CPU core occupancy: a GEMM's work items are 64 x 64 output tiles, wave-quantized on
+# cpu.cores, so a small batch keeps only some cores busy. On since 2026-11-25: with the eight
+# Xeons without AMX of calibration_cpu.yaml, leave-one-device-out improved with it (ResNet-50
+# throughput 65 -> 68 of 74 rows within 1.5x, its Server rows 22 -> 25 of 29; BERT 16 -> 15
+# of 32, the Xeon 8480+ Server row 1.49x -> 1.51x; all rows 112 -> 114 of 142). With the
+# 8380 as the only such CPU it had made them worse (ResNet-50 22 -> 21 of 28), and it was off.
+# The fit (batch 256) fills every core either way: the fitted efficiencies do not move.
+CPU_CORE_OCCUPANCY = True
 
 
 def tiling_for(device: HardwareSpec, *, cpu_occupancy: bool = CPU_CORE_OCCUPANCY) -> Tiling | None:
