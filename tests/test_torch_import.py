@@ -423,6 +423,32 @@ def test_import_posts_the_traced_graph(http: TestClient) -> None:
     assert "error 409" in err
 
 
+TRANSPOSED_ONLY = {
+    "inputs": [{"name": "x", "shape": ["batch", 4, 8, 8, 8], "dtype": "float"}],
+    "layers": [{"name": "up", "op": "conv_transpose3d", "out_channels": 2, "kernel_size": 2}],
+    "default_bindings": {},
+}
+
+
+@pytest.mark.parametrize("fixture", ["unet3d", "transposed_only"])
+def test_a_traced_3d_model_is_a_cnn(monkeypatch: pytest.MonkeyPatch, fixture: str) -> None:
+    """The family guessed from the traced ops: 3-d convolutions (or transposed ones) are CNNs."""
+
+    def trace(factory: Any, inputs: Any, *, sequence_length: int | None = None) -> dict[str, Any]:
+        if fixture == "transposed_only":
+            return TRANSPOSED_ONLY
+        return convert_trace(load(fixture), sequence_length=sequence_length)
+
+    monkeypatch.setattr(torch_import, "import_torch", lambda: None)
+    monkeypatch.setattr(torch_import, "trace_factory", trace)
+    code, out, err = cli(
+        "import", "torch", "tests.test_torch_import:Factory", "--slug", "vol",
+        "--input", "volume:batch,1,128,128,128", "--dry-run",
+    )  # fmt: skip
+    assert code == 0, err
+    assert json.loads(out)["family"] == "cnn"
+
+
 def test_the_traced_unet3d_is_stored_and_estimated(
     monkeypatch: pytest.MonkeyPatch, http: TestClient
 ) -> None:
