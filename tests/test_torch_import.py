@@ -5,9 +5,10 @@ The fixtures in ``tests/fixtures/torch/`` are traces recorded with torch
 """
 
 import io
+import itertools
 import json
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -24,7 +25,7 @@ from app.client.torch_graph import (
     merge_probes,
     parse_input,
 )
-from app.domain.graph.analysis import InputDecl
+from app.domain.graph.analysis import GraphAnalysis, InputDecl
 from app.domain.graph.format import validate_graph
 from app.domain.graph.ops import TensorKind
 from app.domain.memory.estimate import MemoryRequest, analyze_for, estimate_memory
@@ -195,6 +196,124 @@ def test_a_size_dependent_graph_is_refused() -> None:
         merge_probes([first, other], [])
 
 
+# --------------------------------------------------------------------------- 3-d models
+
+
+def wiring(layers: Sequence[Mapping[str, Any]], inputs: list[str]) -> list[list[int]]:
+    """Each layer's inputs as positions (-1 - i for graph input i): names left out."""
+    where = {name: -1 - i for i, name in enumerate(inputs)}
+    found = []
+    for index, layer in enumerate(layers):
+        sources = layer.get("inputs", [layers[index - 1]["name"] if index else inputs[0]])
+        found.append([where[ref] for ref in sources])
+        where[layer["name"]] = index
+    return found
+
+
+def test_mlperf_unet3d_traces_to_the_zoo_graph() -> None:
+    """MLPerf's 3D U-Net built in PyTorch (``record.py`` ``Unet3D``) traces to the zoo's
+    ``3d-unet-kits19`` layer for layer: the same ops, attributes and skip wiring, 31,190,243
+    parameters, and the same memory estimate in every mode, runtime and batch."""
+    record = load("unet3d")
+    graph = convert_trace(record)
+    layers = graph["layers"]
+    validate_graph(layers, ["volume"])
+    zoo = ZOO["3d-unet-kits19"]
+    assert graph["inputs"] == [
+        {"name": "volume", "shape": ["batch", 1, 128, 128, 128], "dtype": "float"}
+    ]
+    assert record["param_count"] == zoo.reference_params == 31_190_243
+
+    def attributes(layer: Mapping[str, Any]) -> dict[str, Any]:
+        found = {k: v for k, v in layer.items() if k not in ("name", "inputs")}
+        if found["op"] == "concat" and found.get("dim") == 1:  # the op's default
+            del found["dim"]
+        return found
+
+    assert [attributes(layer) for layer in layers] == [attributes(layer) for layer in zoo.layers]
+    assert wiring(layers, ["volume"]) == wiring(zoo.layers, ["volume"])
+    assert by_op(graph, "concat")[0]["inputs"] == [
+        "upsample.0.upsample_conv.0", "downsample.3.conv2.2"
+    ]  # fmt: skip
+    # one nn.ReLU() shared by every block: each call named after the block that runs it
+    assert [layer["name"] for layer in by_op(graph, "relu")][:3] == [
+        "input_block.conv1.2", "input_block.conv2.2", "downsample.0.conv1.2"
+    ]  # fmt: skip
+    inputs = decls(graph["inputs"])
+    for mode, runtime, batch in itertools.product(Mode, (Runtime.CPU, Runtime.CUDA), (1, 2)):
+        request = MemoryRequest(mode=mode, runtime=runtime)
+        analysis = analyze_for(inputs, layers, {"batch": batch}, request)
+        expected_analysis = analyze_for(
+            zoo.inputs, zoo.layers, {"batch": batch, "image": 128}, request
+        )
+        assert analysis.params == expected_analysis.params == 31_190_243
+        traced = estimate_memory(analysis, request)
+        expected = estimate_memory(expected_analysis, request)
+        case = (mode, runtime, batch)
+        assert traced.peak_bytes == expected.peak_bytes, case
+        assert traced.first_iteration_peak_bytes == expected.first_iteration_peak_bytes, case
+        assert traced.phase_peaks == expected.phase_peaks, case
+        assert [(line.key, line.bytes) for line in traced.lines] == [
+            (line.key, line.bytes) for line in expected.lines
+        ], case
+        assert traced.cuda == expected.cuda, case
+
+        def figures(analysis: GraphAnalysis) -> list[tuple[Any, ...]]:
+            return [
+                (m.op, m.output_shape, m.output_storage, m.allocates_output, m.result)
+                for m in analysis.layers
+            ]
+
+        assert figures(analysis) == figures(expected_analysis), case
+
+
+def test_conv_transpose3d_output_padding_and_instance_norm_without_affine() -> None:
+    record = load("volume3d")
+    graph = convert_trace(record)
+    assert [{k: v for k, v in layer.items() if k != "inputs"} for layer in graph["layers"]] == [
+        {"name": "down", "op": "conv3d", "out_channels": 4, "kernel_size": [3, 3, 1],
+         "stride": [2, 2, 1], "padding": [1, 1, 0], "bias": False},
+        {"name": "norm", "op": "instancenorm3d", "eps": 1e-3},  # affine False: PyTorch's default
+        {"name": "act", "op": "relu", "inplace": True},
+        {"name": "up", "op": "conv_transpose3d", "out_channels": 2, "kernel_size": 3,
+         "stride": [2, 2, 1], "padding": 1, "output_padding": [1, 1, 0]},
+        # called with output_size=[17, 16, 17]: the output padding that size took
+        {"name": "up2", "op": "conv_transpose3d", "out_channels": 2, "kernel_size": 2,
+         "stride": 2, "output_padding": [1, 0, 1]},
+    ]  # fmt: skip
+    validate_graph(graph["layers"], ["x"])
+    request = MemoryRequest(mode=Mode.TRAINING, runtime=Runtime.CPU)
+    analysis = analyze_for(decls(graph["inputs"]), graph["layers"], {"batch": 3}, request)
+    assert analysis.params == record["param_count"] == 72 + 0 + (216 + 2) + (32 + 2)
+    layers = {m.name: m for m in analysis.layers}
+    assert layers["norm"].result.params == 0
+    assert layers["up"].output_shape == (3, 2, 8, 8, 8)
+    assert layers["up2"].output_shape == (3, 2, 17, 16, 17)  # as PyTorch traced it
+    assert estimate_memory(analysis, request).peak_bytes > 0
+    assert record["tensors"][record["events"][-1]["out"]["t"]]["shape"] == ["batch", 2, 17, 16, 17]
+
+
+def test_unsupported_3d_modules_are_refused_by_name() -> None:
+    with pytest.raises(TraceError) as refused:
+        convert_trace(load("refused3d"))
+    message = str(refused.value)
+    assert message.startswith("the traced graph uses ops the service cannot model: ")
+    assert "MaxPool3d: no 3-d pooling op (1x, e.g. pool)" in message
+    assert "BatchNorm3d: no 3-d batch norm op (1x, e.g. norm)" in message
+    assert "InstanceNorm3d with track_running_stats (1x, e.g. tracked)" in message
+    with pytest.raises(TraceError, match=r"ConvTranspose2d: no 2-d transposed convolution op"):
+        convert_trace(load("decoder2d"))
+
+
+def test_conv3d_padding_mode_is_refused() -> None:
+    record = load("volume3d")
+    for event in record["events"]:
+        if event.get("type") == "Conv3d":
+            event["attrs"]["padding_mode"] = "reflect"
+    with pytest.raises(TraceError, match="Conv3d with padding_mode 'reflect'"):
+        convert_trace(record)
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
@@ -302,3 +421,56 @@ def test_import_posts_the_traced_graph(http: TestClient) -> None:
     code, _, err = cli(*TRACE, "--input", "input_ids:batch,seq:int64", http=http)
     assert code == 3  # the slug is taken: the API's answer, exit code 3
     assert "error 409" in err
+
+
+TRANSPOSED_ONLY = {
+    "inputs": [{"name": "x", "shape": ["batch", 4, 8, 8, 8], "dtype": "float"}],
+    "layers": [{"name": "up", "op": "conv_transpose3d", "out_channels": 2, "kernel_size": 2}],
+    "default_bindings": {},
+}
+
+
+@pytest.mark.parametrize("fixture", ["unet3d", "transposed_only"])
+def test_a_traced_3d_model_is_a_cnn(monkeypatch: pytest.MonkeyPatch, fixture: str) -> None:
+    """The family guessed from the traced ops: 3-d convolutions (or transposed ones) are CNNs."""
+
+    def trace(factory: Any, inputs: Any, *, sequence_length: int | None = None) -> dict[str, Any]:
+        if fixture == "transposed_only":
+            return TRANSPOSED_ONLY
+        return convert_trace(load(fixture), sequence_length=sequence_length)
+
+    monkeypatch.setattr(torch_import, "import_torch", lambda: None)
+    monkeypatch.setattr(torch_import, "trace_factory", trace)
+    code, out, err = cli(
+        "import", "torch", "tests.test_torch_import:Factory", "--slug", "vol",
+        "--input", "volume:batch,1,128,128,128", "--dry-run",
+    )  # fmt: skip
+    assert code == 0, err
+    assert json.loads(out)["family"] == "cnn"
+
+
+def test_the_traced_unet3d_is_stored_and_estimated(
+    monkeypatch: pytest.MonkeyPatch, http: TestClient
+) -> None:
+    def trace(factory: Any, inputs: Any, *, sequence_length: int | None = None) -> dict[str, Any]:
+        return convert_trace(load("unet3d"), sequence_length=sequence_length)
+
+    monkeypatch.setattr(torch_import, "import_torch", lambda: None)
+    monkeypatch.setattr(torch_import, "trace_factory", trace)
+    code, out, err = cli(
+        "import", "torch", "tests.test_torch_import:Factory", "--slug", "unet",
+        "--input", "volume:batch,1,128,128,128", http=http,
+    )  # fmt: skip
+    assert code == 0, err
+    assert "31,190,243 parameters in the graph" in out
+    peaks = []
+    for slug in ("unet", "3d-unet-kits19"):
+        summary = http.get(f"/v1/models/{slug}/summary", params={"batch_size": 1})
+        assert summary.status_code == 200, summary.text
+        assert summary.json()["total_params"] == 31_190_243
+        estimate = http.post(
+            "/v1/estimates/memory", json={"model": slug, "mode": "training", "batch_size": 2}
+        )
+        assert estimate.status_code == 200, estimate.text
+        peaks.append(estimate.json()["peak_bytes"])
+    assert peaks[0] == peaks[1]  # the zoo model's default image size is 128

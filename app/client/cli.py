@@ -618,7 +618,8 @@ def cmd_import_torch(client: JsonClient, args: argparse.Namespace, out: TextIO) 
     ops = {layer["op"] for layer in graph["layers"]}
     family = args.family or next(
         (f for op, f in (("attention", "transformer"), ("lstm", "rnn"), ("gru", "rnn"),
-                         ("conv2d", "cnn")) if op in ops), "custom",
+                         ("conv2d", "cnn"), ("conv3d", "cnn"), ("conv_transpose3d", "cnn"))
+         if op in ops), "custom",
     )  # fmt: skip
     payload: Json = {
         "slug": args.slug,

@@ -60,6 +60,20 @@ def parse_input(text: str) -> TraceInput:
     return TraceInput(name=name, shape=tuple(dims), dtype=dtype)
 
 
+# Modules the service has no op for: leaves, so that the refusal names the module type and
+# why, rather than the functions it would call (conv_transpose2d, max_pool3d, ...).
+REFUSED_MODULE_TYPES: dict[str, str] = {
+    "ConvTranspose1d": "no 1-d transposed convolution op",
+    "ConvTranspose2d": "no 2-d transposed convolution op, only ConvTranspose3d",
+    "MaxPool3d": "no 3-d pooling op",
+    "AvgPool3d": "no 3-d pooling op",
+    "AdaptiveAvgPool3d": "no 3-d pooling op",
+    "AdaptiveMaxPool3d": "no 3-d pooling op",
+    "BatchNorm3d": "no 3-d batch norm op",
+    "InstanceNorm1d": "no 1-d instance norm op, only InstanceNorm3d",
+    "InstanceNorm2d": "no 2-d instance norm op, only InstanceNorm3d",
+}
+
 # Modules converted as one layer from their type and attributes: the tracer does not record
 # the calls inside them. Names ending in RMSNorm are leaves too (Hugging Face's *RMSNorm).
 LEAF_MODULE_TYPES = frozenset({
@@ -67,7 +81,8 @@ LEAF_MODULE_TYPES = frozenset({
     "ReLU", "ReLU6", "GELU", "SiLU", "Tanh", "Sigmoid", "Softmax", "Dropout", "Identity",
     "NewGELUActivation", "GELUActivation", "GELUTanh", "PytorchGELUTanh", "FastGELUActivation",
     "SiLUActivation", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", "AdaptiveMaxPool2d",
-    "Flatten", "LSTM", "GRU", "RNN", "MultiheadAttention",
+    "Flatten", "LSTM", "GRU", "RNN", "MultiheadAttention", "Conv3d", "ConvTranspose3d",
+    "InstanceNorm3d", *REFUSED_MODULE_TYPES,
 })  # fmt: skip
 
 # Simple attributes recorded for every module call (when present and plain).
@@ -79,7 +94,7 @@ MODULE_ATTRIBUTES = (
     "approximate", "p", "output_size", "ceil_mode", "return_indices", "start_dim", "end_dim",
     "input_size", "hidden_size", "num_layers", "bidirectional", "batch_first", "proj_size",
     "embed_dim", "num_heads", "kdim", "vdim", "dropout", "dim", "is_causal", "head_dim",
-    "attention_dropout", "training", "nonlinearity",
+    "attention_dropout", "training", "nonlinearity", "output_padding",
 )  # fmt: skip
 
 
@@ -216,6 +231,17 @@ def _int_or_pair(value: Any) -> Any:
     if isinstance(value, list) and len(value) == 2 and value[0] == value[1]:
         return value[0]
     if isinstance(value, list) and len(value) == 1:
+        return value[0]
+    return value
+
+
+def _triple(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, list) else [value] * 3
+
+
+def _int_or_triple(value: Any) -> Any:
+    """An int where all three spatial dims agree (``[3, 3, 3]`` -> 3), else the list."""
+    if isinstance(value, list) and len(value) in (1, 3) and len(set(value)) == 1:
         return value[0]
     return value
 
@@ -442,6 +468,28 @@ class _Converter:
             )
         elif type_name == "Conv2d":
             name = self.conv2d(event, src)
+        elif type_name in ("Conv3d", "ConvTranspose3d", "InstanceNorm3d"):
+            if len(self.shape(number)) != 5:
+                self.unsupported_op(event, f"{type_name} on an unbatched (4-d) input")
+                return
+            if type_name == "InstanceNorm3d":
+                if attrs.get("track_running_stats"):
+                    self.unsupported_op(event, "InstanceNorm3d with track_running_stats")
+                    return
+                name = self.emit(
+                    event,
+                    "instancenorm3d",
+                    src,
+                    base=path,
+                    params=params,
+                    eps=_unless(attrs.get("eps"), 1e-5),
+                    affine=True if attrs.get("affine") else None,
+                )
+            else:
+                conv = self.conv3d(event, src, number)
+                if conv is None:
+                    return
+                name = conv
         elif type_name == "BatchNorm2d":
             name = self.emit(
                 event,
@@ -536,6 +584,9 @@ class _Converter:
         elif type_name == "MultiheadAttention":
             self.multihead(event, live)
             return
+        elif type_name in REFUSED_MODULE_TYPES:
+            self.unsupported_op(event, f"{type_name}: {REFUSED_MODULE_TYPES[type_name]}")
+            return
         else:
             self.unsupported_op(event, type_name)
             return
@@ -580,6 +631,67 @@ class _Converter:
             groups=_unless(groups, 1),
             **common,
         )
+
+    def conv3d(self, event: dict[str, Any], src: list[str], number: int) -> str | None:
+        """``Conv3d`` -> ``conv3d``, ``ConvTranspose3d`` -> ``conv_transpose3d`` (attributes as
+        the domain ops take them: an int where all three dims agree, defaults left out)."""
+        attrs = event["attrs"]
+        type_name = event["type"]
+        transposed = type_name == "ConvTranspose3d"
+        mode = attrs.get("padding_mode", "zeros")
+        if mode != "zeros":
+            self.unsupported_op(event, f"{type_name} with padding_mode {mode!r}")
+            return None
+        padding = attrs.get("padding", 0)
+        common: dict[str, Any] = {
+            "out_channels": attrs["out_channels"],
+            "kernel_size": _int_or_triple(attrs["kernel_size"]),
+            "stride": _unless(_int_or_triple(attrs.get("stride", 1)), 1),
+            "padding": padding if isinstance(padding, str) else _unless(_int_or_triple(padding), 0),
+            "dilation": _unless(_int_or_triple(attrs.get("dilation", 1)), 1),
+            "groups": _unless(attrs.get("groups", 1), 1),
+            "bias": False if not attrs.get("bias", True) else None,
+        }
+        if common["padding"] == "valid":
+            common["padding"] = None
+        if transposed:
+            extra = attrs.get("output_padding", 0)
+            if _arg(event, 1, "output_size") is not None:
+                # forward(x, output_size=...) picks the output padding from the size asked for
+                extra = self.output_padding(event, number)
+                if extra is None:
+                    return None
+            common["output_padding"] = _unless(_int_or_triple(extra), 0)
+        return self.emit(
+            event,
+            "conv_transpose3d" if transposed else "conv3d",
+            src,
+            base=event["path"],
+            params=tuple(event["params"].values()),
+            **common,
+        )
+
+    def output_padding(self, event: dict[str, Any], number: int) -> list[int] | None:
+        """The output padding a ``ConvTranspose3d`` called with ``output_size`` used, from the
+        traced input and output sizes: ``out - ((in - 1) * s - 2 * p + d * (k - 1) + 1)``."""
+        outputs = self.outputs_of(event)
+        sizes, out_sizes = self.shape(number)[2:], self.shape(outputs[0])[2:] if outputs else []
+        if len(out_sizes) != 3 or not all(
+            isinstance(v, int) and v > 0 for v in [*sizes, *out_sizes]
+        ):
+            self.unsupported_op(event, "ConvTranspose3d with a size-dependent output_size")
+            return None
+        attrs = event["attrs"]
+        per_dim = [
+            _triple(attrs["kernel_size"]),
+            _triple(attrs.get("stride", 1)),
+            _triple(attrs.get("padding", 0)),
+            _triple(attrs.get("dilation", 1)),
+        ]
+        return [
+            out - ((size - 1) * s - 2 * p + d * (k - 1) + 1)
+            for size, out, k, s, p, d in zip(sizes, out_sizes, *per_dim, strict=True)
+        ]
 
     def projection(self, event: dict[str, Any], src: list[str]) -> None:
         """A Linear / Conv1D (or F.linear): an attention's o-projection, or a linear layer."""

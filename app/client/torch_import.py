@@ -150,7 +150,9 @@ class _Recorder:
             self.param_names[id(param)] = name
             self.params[name] = list(param.shape)
         self.buffer_names = {id(b): name for name, b in module.named_buffers()}
-        self.paths = {id(m): path for path, m in module.named_modules()}
+        self.paths: dict[int, list[str]] = {}  # a module shared by several parents has several
+        for path, sub in module.named_modules(remove_duplicate=False):
+            self.paths.setdefault(id(sub), []).append(path)
 
     # -- tensors
     def _register(self, tensor: Any, producer: int | None, **extra: Any) -> int:
@@ -252,7 +254,7 @@ class _Recorder:
             "id": len(self.events),
             "kind": "module",
             "type": type_name,
-            "path": self.paths.get(id(module), "?"),
+            "path": self.path(module),
             "parent": self.stack[-1] if self.stack else None,
             "attrs": attrs,
             "params": {  # a leaf's own and its children's (MultiheadAttention.out_proj)
@@ -266,6 +268,17 @@ class _Recorder:
         self.stack.append(event["id"])
         if _is_leaf(type_name):
             self.suppressed += 1
+
+    def path(self, module: Any) -> str:
+        """The module's path: for one instance registered under several parents (MLPerf's 3D
+        U-Net shares one ``nn.ReLU()``), the path under the parent running now."""
+        paths = self.paths.get(id(module), ["?"])
+        if len(paths) > 1 and self.stack:
+            parent = self.events[self.stack[-1]]["path"]
+            for path in paths:
+                if path.rpartition(".")[0] == parent:
+                    return path
+        return paths[0]
 
     def leave(self, module: Any, result: Any) -> None:
         type_name = type(module).__name__
