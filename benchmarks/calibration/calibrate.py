@@ -698,6 +698,14 @@ BERT_SEQUENCE = 384  # MLPerf's SQuAD harness pads every sample to 384 tokens
 # computation due to input padding in BERT"), so a sample holds 46 % x 384 = 177 real tokens on
 # average; BERT rows are priced at that length (the request option tokens_mean).
 BERT_TOKENS_MEAN = 177
+# ... except NVIDIA's Triton CPU BERT (OpenVINO; Lenovo's Triton CPU systems run NVIDIA's
+# harness): its model is converted with a static input shape of one 384-token sequence
+# (inference_results_v1.0 closed/NVIDIA/calibration_triton_cpu/OpenVINO/bert/README.md: mo.py
+# --input_shape "[1,384],[1,384],[1,384]"), so every inference is one padded sample.
+TRITON_OPENVINO_BERT = (
+    "batch 1 at the padded 384 tokens (NVIDIA's Triton CPU OpenVINO model: static input "
+    "shape [1, 384])"
+)
 GPTJ_PROMPT_TOKENS = 1919  # MLPerf GPT-J: the harness's maximum input length
 GPTJ_GENERATED_TOKENS = 128  # and its max_new_tokens
 # Beam search with 4 beams, min 30 / max 128 new tokens: the reference harness
@@ -887,6 +895,8 @@ class Case:
     skip: str  # why not scored ("" when scored)
     note: str  # what was computed and assumed
     bound_ms: float | None = None  # Server: the p99 latency bound
+    # NVIDIA's Triton CPU BERT (OpenVINO): a static [1, 384] model, see TRITON_OPENVINO_BERT
+    padded_batch_one: bool = False
 
     @property
     def label(self) -> str:
@@ -990,6 +1000,7 @@ def _case(
         skip=skip,
         note="; ".join(notes),
         bound_ms=bound_ms,
+        padded_batch_one=family == "bert-99" and "via Triton" in str(row.get("precision", "")),
     )
 
 
@@ -1121,6 +1132,9 @@ class Predictor:
         calibration = calibrations[calibration_class(device, scheme)]
         if case.metric in ("throughput", "server_throughput_at_latency_bound"):
             batch, how = self.offline_batch(case.family, device, case.precision)
+            if case.padded_batch_one:
+                source = self.padded[case.family]
+                batch, how = 1, TRITON_OPENVINO_BERT
 
             def workload_at(b: int) -> PhasedRequest:
                 if case.family == "resnet50" and case.precision is Precision.INT8:
@@ -1132,6 +1146,8 @@ class Predictor:
             if case.metric == "server_throughput_at_latency_bound" and case.bound_ms is not None:
                 if self._intel_gptj(case.family, device):
                     batch = INTEL_GPTJ_SERVER_REQUESTS  # Server: a worker admits 4
+                if case.padded_batch_one:
+                    return self._server(case, device, calibration, 1, workload_at)
                 return self._server(case, device, calibration, batch, workload_at)
             what = f"{case.precision.value}, {how}"
             if case.family == "3d-unet-99":

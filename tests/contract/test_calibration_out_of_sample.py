@@ -116,8 +116,8 @@ def test_server_rows_are_answered_by_the_queue(calibration_out_of_sample: list[A
     """Server throughput comes from the queue at the row's p99 bound: never above the Offline
     figure of the same device and precision, and below it where the bound binds (the Xeon's
     GPT-J at 20 s: a batch of 64 already takes longer)."""
-    offline = {
-        (r.case.family, r.case.slug, r.case.precision): r.device_out
+    offline = {  # the Triton CPU BERT rows are their own engine (batch 1, padded)
+        (r.case.family, r.case.slug, r.case.precision, r.case.padded_batch_one): r.device_out
         for r in calibration_out_of_sample
         if r.case.target and r.case.scenario == "Offline"
     }
@@ -127,7 +127,7 @@ def test_server_rows_are_answered_by_the_queue(calibration_out_of_sample: list[A
     for r in server:
         assert r.case.bound_ms in (15.0, 130.0, 20000.0)
         assert "server queue at the" in r.computed
-        key = (r.case.family, r.case.slug, r.case.precision)
+        key = (r.case.family, r.case.slug, r.case.precision, r.case.padded_batch_one)
         if key in offline:
             compared += 1
             assert r.device_out is not None
@@ -138,7 +138,7 @@ def test_server_rows_are_answered_by_the_queue(calibration_out_of_sample: list[A
     assert len(xeon_gptj) == 1
     assert (
         xeon_gptj[0].device_out
-        < 0.8 * offline[("gptj-99", xeon_gptj[0].case.slug, xeon_gptj[0].case.precision)]
+        < 0.8 * offline[("gptj-99", xeon_gptj[0].case.slug, xeon_gptj[0].case.precision, False)]
     )
 
 
@@ -304,3 +304,22 @@ def test_3d_unet_sub_volume_counts_follow_from_the_cited_figures(calibrate: Modu
     assert seconds == pytest.approx(0.1168, abs=1e-4)
     assert 7.848 / seconds == pytest.approx(calibrate.UNET3D_SUBVOLUMES_MEAN, abs=0.05)
     assert round(14.413 / seconds) == calibrate.UNET3D_SUBVOLUMES_P90
+
+
+def test_triton_cpu_bert_rows_run_one_padded_sample(calibration_out_of_sample: list[Any]) -> None:
+    """NVIDIA's Triton CPU BERT (OpenVINO, a static [1, 384] model) is priced at batch 1 and
+    384 tokens; Intel's own BERT rows on the same CPUs at the Offline search and 177 tokens."""
+    bert_cpu = [r for r in calibration_out_of_sample
+                if r.case.target and r.case.family == "bert-99" and r.case.file == "cpu"]  # fmt: skip
+    assert len(bert_cpu) == 14
+    assert all(r.case.padded_batch_one for r in bert_cpu)
+    offline = [r for r in bert_cpu if r.case.scenario == "Offline"]
+    assert len(offline) == 7
+    assert all("batch 1 at the padded 384 tokens" in r.computed for r in offline)
+    server = [r for r in bert_cpu if r.case.scenario == "Server"]
+    assert all("cap 1," in r.computed for r in server)
+    intel = [r for r in calibration_out_of_sample
+             if r.case.target and r.case.family == "bert-99"
+             and r.case.slug == "intel-xeon-platinum-8380" and r.case.file == "more"]  # fmt: skip
+    assert intel
+    assert not any(r.case.padded_batch_one for r in intel)
