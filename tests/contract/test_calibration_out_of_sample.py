@@ -309,8 +309,11 @@ def test_3d_unet_sub_volume_counts_follow_from_the_cited_figures(calibrate: Modu
 def test_triton_cpu_bert_rows_run_one_padded_sample(calibration_out_of_sample: list[Any]) -> None:
     """NVIDIA's Triton CPU BERT (OpenVINO, a static [1, 384] model) is priced at batch 1 and
     384 tokens; Intel's own BERT rows on the same CPUs at the Offline search and 177 tokens."""
-    bert_cpu = [r for r in calibration_out_of_sample
-                if r.case.target and r.case.family == "bert-99" and r.case.file == "cpu"]  # fmt: skip
+    bert_cpu = [
+        r
+        for r in calibration_out_of_sample
+        if r.case.target and r.case.family == "bert-99" and r.case.file == "cpu"
+    ]
     assert len(bert_cpu) == 14
     assert all(r.case.padded_batch_one for r in bert_cpu)
     offline = [r for r in bert_cpu if r.case.scenario == "Offline"]
