@@ -56,9 +56,8 @@ from __future__ import annotations
 import math
 import sys
 from bisect import bisect_right
-from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
 from fractions import Fraction
 from functools import lru_cache
@@ -968,23 +967,44 @@ def build_kernels(
 # --------------------------------------------------------------------------------------------
 
 
-def _kernel_groups(kernels: Sequence[Kernel]) -> tuple[tuple[Kernel, int], ...]:
+def _cost_key(k: Kernel) -> tuple[object, ...]:
+    """What a kernel's cost on any device depends on: FLOPs, GEMM shapes, DRAM bytes."""
+    return (
+        k.flops,
+        k.gemms,
+        k.weight_bytes,
+        k.kv_cache_bytes,
+        k.input_bytes + k.output_bytes + k.intermediate_bytes,
+    )
+
+
+# Runs: (index of the first kernel, kernels) of kernels alike in all their figures but the
+# name, the ops and the launches, in order of first appearance: a refinement of the groups
+# below that a shard keeps (so a sharded phase is grouped per run, not per kernel).
+Runs = tuple[tuple[int, int], ...]
+# The fields of a KernelCount that its bytes and FLOPs at a precision, sharded or not, depend on
+_COUNT_FIGURES = tuple(
+    f.name for f in fields(KernelCount) if f.name not in ("name", "ops", "launches", "notes")
+)
+
+
+def _kernel_groups(
+    kernels: Sequence[Kernel], runs: Runs | None = None
+) -> tuple[tuple[Kernel, int], ...]:
     """Kernels that cost the same on every device (same FLOPs, GEMM shapes and bytes), each
     once with its count: a decoder's blocks repeat the same few kernels, so a device's profile
-    is priced per distinct kernel instead of per layer."""
-    first: dict[tuple[object, ...], Kernel] = {}
-    counts: Counter[tuple[object, ...]] = Counter()
-    for k in kernels:
-        key = (
-            k.flops,
-            k.gemms,
-            k.weight_bytes,
-            k.kv_cache_bytes,
-            k.input_bytes + k.output_bytes + k.intermediate_bytes,
-        )
-        first.setdefault(key, k)
-        counts[key] += 1
-    return tuple((first[key], count) for key, count in counts.items())
+    is priced per distinct kernel instead of per layer. ``runs``: the kernels already grouped
+    into runs of alike kernels (the same groups, in the same order, counted per run)."""
+    first: dict[tuple[object, ...], int] = {}
+    counts: dict[tuple[object, ...], int] = {}
+    for index, count in runs if runs is not None else ((i, 1) for i in range(len(kernels))):
+        key = _cost_key(kernels[index])
+        if key in counts:
+            counts[key] += count
+        else:
+            first[key] = index
+            counts[key] = count
+    return tuple((kernels[first[key]], count) for key, count in counts.items())
 
 
 @dataclass(frozen=True, slots=True)
@@ -1039,6 +1059,7 @@ class Phase:
     _groups: list[tuple[tuple[Kernel, int], ...]] = field(
         init=False, repr=False, compare=False, default_factory=list
     )
+    _runs: list[Runs] = field(init=False, repr=False, compare=False, default_factory=list)
 
     def __post_init__(self) -> None:
         if self.repeats < 0:
@@ -1058,7 +1079,8 @@ class Phase:
         found = self._profiles.get(key)
         if found is None:
             if not self._groups:
-                self._groups.append(_kernel_groups(self.kernels))
+                runs = self._runs[0] if self._runs else None
+                self._groups.append(_kernel_groups(self.kernels, runs))
             found = self._profiles[key] = _Profile.of(self._groups[0], cache_share, tiling)
         return found
 
@@ -1109,22 +1131,43 @@ class PhaseShape:
     d2h_float: int  # elements copied out
     d2h_index: int
     repeats: int = 1
+    _runs: list[Runs] = field(init=False, repr=False, compare=False, default_factory=list)
 
     @property
     def notes(self) -> tuple[str, ...]:
         """The distinct notes of its kernels (MoE routing, spilled attention scores)."""
         return tuple(dict.fromkeys(note for count in self.counts for note in count.notes))
 
+    @property
+    def runs(self) -> Runs:
+        """Its kernels alike in every element figure (all but the name, ops, launches and
+        notes), as (first index, count) in order of first appearance (built once): at any
+        precision, and sharded, the kernels of a run cost the same."""
+        if not self._runs:
+            first: dict[tuple[object, ...], int] = {}
+            counts: dict[tuple[object, ...], int] = {}
+            for index, count in enumerate(self.counts):
+                key = tuple(getattr(count, name) for name in _COUNT_FIGURES)
+                if key in counts:
+                    counts[key] += 1
+                else:
+                    first[key] = index
+                    counts[key] = 1
+            self._runs.append(tuple((first[key], n) for key, n in counts.items()))
+        return self._runs[0]
+
     def at(self, scheme: PrecisionScheme) -> Phase:
         """The phase in bytes at a precision."""
         act = scheme.activation_bytes
-        return Phase(
+        phase = Phase(
             name=self.name,
             kernels=tuple(count.at(scheme) for count in self.counts),
             h2d_bytes=self.h2d_float * act + self.h2d_index * INDEX_BYTES,
             d2h_bytes=self.d2h_float * act + self.d2h_index * INDEX_BYTES,
             repeats=self.repeats,
         )
+        phase._runs.append(self.runs)
+        return phase
 
 
 def attention_assumption(impl: Attention, reason: str) -> str:
@@ -1594,6 +1637,7 @@ def shard(request: PhasedRequest, degree: int) -> PhasedRequest:
         raise RooflineInputError(f"tensor parallelism needs >= 2 GPUs, got {degree}")
     phases = []
     attention_layers = 0
+    split: dict[tuple[Gemm, ...], tuple[Gemm, ...]] = {}  # a model repeats a few shapes
     for phase in request.phases:
         kernels = []
         allreduces = allreduce_bytes = 0
@@ -1602,6 +1646,9 @@ def shard(request: PhasedRequest, degree: int) -> PhasedRequest:
                 attention_layers += 1
                 allreduces += 2
                 allreduce_bytes += 2 * k.output_bytes
+            gemms = split.get(k.gemms)
+            if gemms is None:
+                gemms = split[k.gemms] = tuple(g.split(degree) for g in k.gemms)
             kernels.append(
                 Kernel(  # the constructor, not dataclasses.replace: ~4x faster per kernel
                     name=k.name,
@@ -1613,17 +1660,17 @@ def shard(request: PhasedRequest, degree: int) -> PhasedRequest:
                     kv_cache_bytes=-(-k.kv_cache_bytes // degree),
                     intermediate_bytes=-(-k.intermediate_bytes // degree),
                     launches=k.launches,
-                    gemms=tuple(g.split(degree) for g in k.gemms),
+                    gemms=gemms,
                 )
             )
-        phases.append(
-            replace(
-                phase,
-                kernels=tuple(kernels),
-                allreduces=allreduces,
-                allreduce_bytes=allreduce_bytes,
-            )
+        share = replace(
+            phase,
+            kernels=tuple(kernels),
+            allreduces=allreduces,
+            allreduce_bytes=allreduce_bytes,
         )
+        share._runs.extend(phase._runs)  # alike kernels stay alike when split alike
+        phases.append(share)
     if not attention_layers:
         raise RooflineInputError(
             "tensor parallelism splits attention heads and MLP columns: the graph has no "
