@@ -589,6 +589,7 @@ class ModelSource:
                         request,
                         replays=_REPLAYS,  # keyed by the events: inline graphs too
                         plans=_PLANS,
+                        explain=False,  # the fit reads the bytes only
                     )
                 except MemoryInputError as exc:
                     raise InvalidInput(str(exc)) from exc

@@ -111,6 +111,28 @@ def _memoised(
     return value
 
 
+class _LayerTotals(NamedTuple):
+    """Sums over an analysis's layers that every estimate of it reads."""
+
+    buffers_bytes: int  # buffers (batch norm statistics)
+    kv_cache_numel: int  # KV cache elements, all attention layers
+    kv_layers: int  # layers that cache keys and values
+
+
+def _layer_totals(plans: PlanMemo | None, analysis: GraphAnalysis) -> _LayerTotals:
+    """The analysis's :class:`_LayerTotals` (summed once per analysis with ``plans``)."""
+
+    def build() -> _LayerTotals:
+        results = [layer.result for layer in analysis.layers]
+        return _LayerTotals(
+            buffers_bytes=sum(result.buffers_bytes for result in results),
+            kv_cache_numel=sum(result.kv_cache_numel for result in results),
+            kv_layers=sum(1 for result in results if result.kv_cache_numel),
+        )
+
+    return _memoised(plans, analysis, ("layer totals",), build)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MemoryRequest:
     """Everything besides the graph that a footprint depends on."""
@@ -1082,7 +1104,7 @@ def _inference_moments(e: _Estimation) -> list[_Moment]:
             + (" (kv_cache=true asked for: encoders never cache)" if request.kv_cache else "")
         )
     if analysis.is_decoder and request.kv_cache is not False:
-        kv_numel = sum(layer.result.kv_cache_numel for layer in analysis.layers)
+        kv_numel = _layer_totals(e.plans, analysis).kv_cache_numel
         kv_bytes = int(bytes_per_element(convention(request.precision).kv_cache_dtype))
         # tensor parallel: each GPU caches its heads; pipeline parallel: its stage's layers
         kv_shard = par.tensor * par.pipeline
@@ -1264,7 +1286,7 @@ def _allocator_events(
     if step is not None and step.master_total:
         for size in _spread(step.master_total, flat):
             add(("alloc", len(events), size))
-    kv_layers = sum(1 for layer in layers if layer.result.kv_cache_numel)
+    kv_layers = _layer_totals(e.plans, analysis).kv_layers
     for size in _spread(e.kv_bytes, [1] * (2 * kv_layers)):  # K and V
         add(("alloc", len(events), size))
     inputs = {bound.storage for bound in analysis.inputs}
@@ -1692,6 +1714,7 @@ def estimate_memory(
     per_layer: bool = False,
     replays: ReplayMemo | None = None,
     plans: PlanMemo | None = None,
+    explain: bool = True,
 ) -> MemoryEstimate:
     """Peak memory per device for one training step or one inference forward pass.
 
@@ -1713,6 +1736,10 @@ def estimate_memory(
         inference storage plan (per precision, runtime, tensor split and checkpointing), the
         forward's allocator events (per activation dtype and runtime) and the weights' events
         (per bytes per weight and model shard) are derived once. Speed only, as ``replays``.
+    explain : bool
+        False: the formulas that describe the moment of the peak (inputs, buffers,
+        activations, transient, gradients, loss) are left as the line's key, for a caller that
+        reads only the bytes (a fit). Speed only: every figure is the same.
 
     Returns
     -------
@@ -1777,7 +1804,7 @@ def estimate_memory(
     lines_static: dict[str, int] = {"weights": weights}
     formulas: dict[str, str] = {"weights": f"{expression} = {weights:,} B"}
     notes: dict[str, list[str]] = {"weights": list(weight_notes)}
-    buffers = sum(layer.result.buffers_bytes for layer in analysis.layers)
+    buffers = _layer_totals(plans, analysis).buffers_bytes
     if buffers:
         lines_static["buffers"] = buffers
 
@@ -1837,7 +1864,8 @@ def estimate_memory(
             )
     if request.runtime is Runtime.CUDA:
         _cuda_lines(e, parts)
-    _explain_peak(e, peak, parts)
+    if explain:
+        _explain_peak(e, peak, parts)
     order = [
         "weights", "master_weights", "weight_cast_cache", "gradients", "ddp_buckets",
         "fsdp_buffers", "optimizer_state", "buffers", "inputs", "outputs", "activations", "loss",
