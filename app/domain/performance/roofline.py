@@ -56,13 +56,13 @@ from __future__ import annotations
 import math
 import sys
 from bisect import bisect_right
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
 from fractions import Fraction
 from functools import lru_cache
 from itertools import accumulate
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, overload
 
 from app.domain.errors import DomainError
 from app.domain.graph.analysis import GraphAnalysis, LayerAnalysis
@@ -1044,7 +1044,7 @@ class Phase:
     """Kernels run ``repeats`` times per request, with the bytes copied in and out each time."""
 
     name: str  # "forward", "prefill" or "decode"
-    kernels: tuple[Kernel, ...]
+    kernels: Sequence[Kernel]  # a tuple; a tensor-parallel share's are built when read
     h2d_bytes: int
     d2h_bytes: int
     repeats: int = 1
@@ -1064,9 +1064,16 @@ class Phase:
     def __post_init__(self) -> None:
         if self.repeats < 0:
             raise RooflineInputError(f"phase '{self.name}': repeats must be >= 0")
-        object.__setattr__(self, "flops", sum(k.flops for k in self.kernels))
-        object.__setattr__(self, "bytes_moved", sum(k.bytes_moved for k in self.kernels))
-        object.__setattr__(self, "launches", sum(k.launches for k in self.kernels))
+        kernels = self.kernels
+        if isinstance(kernels, _SplitKernels):  # summed without building the kernels
+            flops, moved, launches = kernels.totals
+        else:
+            flops = sum(k.flops for k in kernels)
+            moved = sum(k.bytes_moved for k in kernels)
+            launches = sum(k.launches for k in kernels)
+        object.__setattr__(self, "flops", flops)
+        object.__setattr__(self, "bytes_moved", moved)
+        object.__setattr__(self, "launches", launches)
 
     def dram_bytes(self, cache_share: float) -> float:
         """DRAM bytes of one repetition at an activation cache share [B]."""
@@ -1612,6 +1619,97 @@ class AllReduce:
         return count * ALLREDUCE_LATENCY_S + ring * total_bytes / self.link_bytes_per_s
 
 
+def _split_kernel(k: Kernel, degree: int) -> Kernel:
+    """One tensor-parallel GPU's share of a kernel (see :func:`shard`)."""
+    return Kernel(  # the constructor, not dataclasses.replace: ~4x faster per kernel
+        name=k.name,
+        ops=k.ops,
+        flops=-(-k.flops // degree),
+        weight_bytes=-(-k.weight_bytes // degree),
+        input_bytes=k.input_bytes,
+        output_bytes=k.output_bytes,
+        kv_cache_bytes=-(-k.kv_cache_bytes // degree),
+        intermediate_bytes=-(-k.intermediate_bytes // degree),
+        launches=k.launches,
+        gemms=tuple(g.split(degree) for g in k.gemms),
+    )
+
+
+class _SplitKernels(Sequence[Kernel]):
+    """The kernels of a tensor-parallel share (:func:`shard`), each built when first read, as
+    a tuple of them reads: a recommendation times a share from its kernel groups (a few
+    kernels) and its totals, which are summed here from the whole kernels without building
+    the split ones; charts and pipeline stages read them all."""
+
+    __slots__ = ("_all", "_built", "_degree", "_source", "totals")
+
+    def __init__(
+        self, source: Sequence[Kernel], degree: int, *, runs: Runs | None, launches: int
+    ) -> None:
+        self._source = source
+        self._degree = degree
+        self._built: dict[int, Kernel] = {}
+        self._all: tuple[Kernel, ...] | None = None
+        # (FLOPs, bytes moved, launches) of the split kernels; per run of alike kernels
+        # (the same figures, split alike) when the runs are known
+        heads = runs if runs is not None else tuple((i, 1) for i in range(len(source)))
+        flops = moved = 0
+        for index, count in heads:
+            k = source[index]
+            flops += count * -(-k.flops // degree)
+            moved += count * (
+                -(-k.weight_bytes // degree)
+                + k.input_bytes
+                + k.output_bytes
+                + -(-k.kv_cache_bytes // degree)
+                + -(-k.intermediate_bytes // degree)
+            )
+        self.totals = (flops, moved, launches)
+
+    def _one(self, index: int) -> Kernel:
+        found = self._built.get(index)
+        if found is None:
+            found = self._built[index] = _split_kernel(self._source[index], self._degree)
+        return found
+
+    def _every(self) -> tuple[Kernel, ...]:
+        if self._all is None:
+            self._all = tuple(self._one(i) for i in range(len(self._source)))
+        return self._all
+
+    def __len__(self) -> int:
+        return len(self._source)
+
+    @overload
+    def __getitem__(self, index: int) -> Kernel: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[Kernel, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> Kernel | tuple[Kernel, ...]:
+        if isinstance(index, slice) or self._all is not None:
+            return self._every()[index]
+        size = len(self._source)
+        position = index + size if index < 0 else index
+        if not 0 <= position < size:
+            raise IndexError("kernel index out of range")
+        return self._one(position)
+
+    def __iter__(self) -> Iterator[Kernel]:
+        return iter(self._every())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, _SplitKernels | tuple):
+            return self._every() == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._every())
+
+    def __repr__(self) -> str:
+        return repr(self._every())
+
+
 def shard(request: PhasedRequest, degree: int) -> PhasedRequest:
     """One GPU's share of ``request`` split Megatron-style across ``degree`` GPUs.
 
@@ -1637,35 +1735,17 @@ def shard(request: PhasedRequest, degree: int) -> PhasedRequest:
         raise RooflineInputError(f"tensor parallelism needs >= 2 GPUs, got {degree}")
     phases = []
     attention_layers = 0
-    split: dict[tuple[Gemm, ...], tuple[Gemm, ...]] = {}  # a model repeats a few shapes
     for phase in request.phases:
-        kernels = []
         allreduces = allreduce_bytes = 0
         for k in phase.kernels:
             if "attention" in k.ops:
                 attention_layers += 1
                 allreduces += 2
                 allreduce_bytes += 2 * k.output_bytes
-            gemms = split.get(k.gemms)
-            if gemms is None:
-                gemms = split[k.gemms] = tuple(g.split(degree) for g in k.gemms)
-            kernels.append(
-                Kernel(  # the constructor, not dataclasses.replace: ~4x faster per kernel
-                    name=k.name,
-                    ops=k.ops,
-                    flops=-(-k.flops // degree),
-                    weight_bytes=-(-k.weight_bytes // degree),
-                    input_bytes=k.input_bytes,
-                    output_bytes=k.output_bytes,
-                    kv_cache_bytes=-(-k.kv_cache_bytes // degree),
-                    intermediate_bytes=-(-k.intermediate_bytes // degree),
-                    launches=k.launches,
-                    gemms=gemms,
-                )
-            )
+        runs = phase._runs[0] if phase._runs else None
         share = replace(
             phase,
-            kernels=tuple(kernels),
+            kernels=_SplitKernels(phase.kernels, degree, runs=runs, launches=phase.launches),
             allreduces=allreduces,
             allreduce_bytes=allreduce_bytes,
         )
