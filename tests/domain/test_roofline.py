@@ -735,14 +735,15 @@ def test_tensor_parallel_shards_the_kernels_and_adds_two_all_reduces_per_layer()
         shard(whole, 1)
 
 
-def test_a_shard_is_timed_alike_whether_its_kernels_are_built_or_not() -> None:
-    """shard() builds a share's kernels when they are read: its totals, kernel groups and
-    timing are those of the same kernels built one by one and grouped kernel by kernel."""
-    whole = _request("llama-2-7b", 4, Precision.FP16)
+def test_a_request_is_timed_alike_whether_its_kernels_are_built_or_not() -> None:
+    """A request at a precision and its tensor-parallel shares build their kernels when they
+    are read: totals, kernel groups and timing are those of the same kernels built one by one
+    and grouped kernel by kernel."""
     gpu = replace(HAND_GPU, peak_flops_per_s={DType.FP16: 1e14}, sm_count=108)
-    for degree in (2, 8):
-        lazy = shard(whole, degree)
-        timed = predict(lazy, gpu, HAND_CAL)  # before any kernel of the share is built
+    for degree in (1, 2, 8):
+        whole = _request("llama-2-7b", 4, Precision.FP16)
+        lazy = whole if degree == 1 else shard(whole, degree)
+        timed = predict(lazy, gpu, HAND_CAL)  # before all of its kernels are built
         built = replace(
             lazy,
             phases=tuple(
@@ -766,7 +767,7 @@ def test_a_shard_is_timed_alike_whether_its_kernels_are_built_or_not() -> None:
             assert a == b
             assert len(a.kernels) == len(b.kernels)
             assert (a.kernels[-1], a.kernels[1:3]) == (b.kernels[-1], b.kernels[1:3])
-    fresh = shard(whole, 4).phases[1].kernels
+    fresh = shard(_request("llama-2-7b", 2, Precision.INT8), 4).phases[1].kernels
     assert fresh[-1] == tuple(fresh)[-1]  # one kernel read before the others
     with pytest.raises(IndexError):
         fresh[len(fresh)]

@@ -56,12 +56,13 @@ from __future__ import annotations
 import math
 import sys
 from bisect import bisect_right
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
 from fractions import Fraction
-from functools import lru_cache
+from functools import lru_cache, partial
 from itertools import accumulate
+from operator import attrgetter
 from typing import TYPE_CHECKING, overload
 
 from app.domain.errors import DomainError
@@ -979,13 +980,77 @@ def _cost_key(k: Kernel) -> tuple[object, ...]:
 
 
 # Runs: (index of the first kernel, kernels) of kernels alike in all their figures but the
-# name, the ops and the launches, in order of first appearance: a refinement of the groups
-# below that a shard keeps (so a sharded phase is grouped per run, not per kernel).
+# name, in order of first appearance: a refinement of the groups below that holds at every
+# precision and when split (a phase is priced, totalled and sharded per run, not per kernel).
 Runs = tuple[tuple[int, int], ...]
-# The fields of a KernelCount that its bytes and FLOPs at a precision, sharded or not, depend on
-_COUNT_FIGURES = tuple(
-    f.name for f in fields(KernelCount) if f.name not in ("name", "ops", "launches", "notes")
+# The fields of a KernelCount its kernel depends on, at any precision and split or not
+_COUNT_FIGURES = attrgetter(
+    *(f.name for f in fields(KernelCount) if f.name not in ("name", "notes"))
 )
+
+
+class _LazyKernels(Sequence[Kernel]):
+    """A phase's kernels, each built when first read and then kept, read as a tuple of them
+    (a recommendation prices a phase from one kernel per run: building every kernel of every
+    precision and tensor-parallel share would cost more than the pricing). ``totals``: the
+    FLOPs, bytes moved and launches of them all, summed per run (kernels of a run are alike)."""
+
+    __slots__ = ("_all", "_built", "_make", "_size", "totals")
+
+    def __init__(self, size: int, make: Callable[[int], Kernel], runs: Runs) -> None:
+        self._size = size
+        self._make = make
+        self._built: dict[int, Kernel] = {}
+        self._all: tuple[Kernel, ...] | None = None
+        flops = moved = launches = 0
+        for index, count in runs:
+            k = self._one(index)
+            flops += count * k.flops
+            moved += count * k.bytes_moved
+            launches += count * k.launches
+        self.totals = (flops, moved, launches)
+
+    def _one(self, index: int) -> Kernel:
+        found = self._built.get(index)
+        if found is None:
+            found = self._built[index] = self._make(index)
+        return found
+
+    def _every(self) -> tuple[Kernel, ...]:
+        if self._all is None:
+            self._all = tuple(self._one(i) for i in range(self._size))
+        return self._all
+
+    def __len__(self) -> int:
+        return self._size
+
+    @overload
+    def __getitem__(self, index: int) -> Kernel: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[Kernel, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> Kernel | tuple[Kernel, ...]:
+        if isinstance(index, slice) or self._all is not None:
+            return self._every()[index]
+        position = index + self._size if index < 0 else index
+        if not 0 <= position < self._size:
+            raise IndexError("kernel index out of range")
+        return self._one(position)
+
+    def __iter__(self) -> Iterator[Kernel]:
+        return iter(self._every())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, _LazyKernels | tuple):
+            return self._every() == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._every())
+
+    def __repr__(self) -> str:
+        return repr(self._every())
 
 
 def _kernel_groups(
@@ -1065,7 +1130,7 @@ class Phase:
         if self.repeats < 0:
             raise RooflineInputError(f"phase '{self.name}': repeats must be >= 0")
         kernels = self.kernels
-        if isinstance(kernels, _SplitKernels):  # summed without building the kernels
+        if isinstance(kernels, _LazyKernels):  # summed per run, without building them all
             flops, moved, launches = kernels.totals
         else:
             flops = sum(k.flops for k in kernels)
@@ -1139,22 +1204,27 @@ class PhaseShape:
     d2h_index: int
     repeats: int = 1
     _runs: list[Runs] = field(init=False, repr=False, compare=False, default_factory=list)
+    _notes: list[tuple[str, ...]] = field(
+        init=False, repr=False, compare=False, default_factory=list
+    )
 
     @property
     def notes(self) -> tuple[str, ...]:
         """The distinct notes of its kernels (MoE routing, spilled attention scores)."""
-        return tuple(dict.fromkeys(note for count in self.counts for note in count.notes))
+        if not self._notes:
+            notes = dict.fromkeys(note for count in self.counts for note in count.notes)
+            self._notes.append(tuple(notes))
+        return self._notes[0]
 
     @property
     def runs(self) -> Runs:
-        """Its kernels alike in every element figure (all but the name, ops, launches and
-        notes), as (first index, count) in order of first appearance (built once): at any
-        precision, and sharded, the kernels of a run cost the same."""
+        """Its kernels alike in every figure but the name (and notes), as (first index,
+        count) in order of first appearance (found once)."""
         if not self._runs:
             first: dict[tuple[object, ...], int] = {}
             counts: dict[tuple[object, ...], int] = {}
             for index, count in enumerate(self.counts):
-                key = tuple(getattr(count, name) for name in _COUNT_FIGURES)
+                key = _COUNT_FIGURES(count)
                 if key in counts:
                     counts[key] += 1
                 else:
@@ -1164,16 +1234,17 @@ class PhaseShape:
         return self._runs[0]
 
     def at(self, scheme: PrecisionScheme) -> Phase:
-        """The phase in bytes at a precision."""
+        """The phase in bytes at a precision (its kernels built when read)."""
         act = scheme.activation_bytes
+        counts, runs = self.counts, self.runs
         phase = Phase(
             name=self.name,
-            kernels=tuple(count.at(scheme) for count in self.counts),
+            kernels=_LazyKernels(len(counts), lambda index: counts[index].at(scheme), runs),
             h2d_bytes=self.h2d_float * act + self.h2d_index * INDEX_BYTES,
             d2h_bytes=self.d2h_float * act + self.d2h_index * INDEX_BYTES,
             repeats=self.repeats,
         )
-        phase._runs.append(self.runs)
+        phase._runs.append(runs)
         return phase
 
 
@@ -1619,8 +1690,9 @@ class AllReduce:
         return count * ALLREDUCE_LATENCY_S + ring * total_bytes / self.link_bytes_per_s
 
 
-def _split_kernel(k: Kernel, degree: int) -> Kernel:
-    """One tensor-parallel GPU's share of a kernel (see :func:`shard`)."""
+def _split_nth(kernels: Sequence[Kernel], degree: int, index: int) -> Kernel:
+    """One tensor-parallel GPU's share of ``kernels[index]`` (see :func:`shard`)."""
+    k = kernels[index]
     return Kernel(  # the constructor, not dataclasses.replace: ~4x faster per kernel
         name=k.name,
         ops=k.ops,
@@ -1633,81 +1705,6 @@ def _split_kernel(k: Kernel, degree: int) -> Kernel:
         launches=k.launches,
         gemms=tuple(g.split(degree) for g in k.gemms),
     )
-
-
-class _SplitKernels(Sequence[Kernel]):
-    """The kernels of a tensor-parallel share (:func:`shard`), each built when first read, as
-    a tuple of them reads: a recommendation times a share from its kernel groups (a few
-    kernels) and its totals, which are summed here from the whole kernels without building
-    the split ones; charts and pipeline stages read them all."""
-
-    __slots__ = ("_all", "_built", "_degree", "_source", "totals")
-
-    def __init__(
-        self, source: Sequence[Kernel], degree: int, *, runs: Runs | None, launches: int
-    ) -> None:
-        self._source = source
-        self._degree = degree
-        self._built: dict[int, Kernel] = {}
-        self._all: tuple[Kernel, ...] | None = None
-        # (FLOPs, bytes moved, launches) of the split kernels; per run of alike kernels
-        # (the same figures, split alike) when the runs are known
-        heads = runs if runs is not None else tuple((i, 1) for i in range(len(source)))
-        flops = moved = 0
-        for index, count in heads:
-            k = source[index]
-            flops += count * -(-k.flops // degree)
-            moved += count * (
-                -(-k.weight_bytes // degree)
-                + k.input_bytes
-                + k.output_bytes
-                + -(-k.kv_cache_bytes // degree)
-                + -(-k.intermediate_bytes // degree)
-            )
-        self.totals = (flops, moved, launches)
-
-    def _one(self, index: int) -> Kernel:
-        found = self._built.get(index)
-        if found is None:
-            found = self._built[index] = _split_kernel(self._source[index], self._degree)
-        return found
-
-    def _every(self) -> tuple[Kernel, ...]:
-        if self._all is None:
-            self._all = tuple(self._one(i) for i in range(len(self._source)))
-        return self._all
-
-    def __len__(self) -> int:
-        return len(self._source)
-
-    @overload
-    def __getitem__(self, index: int) -> Kernel: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> tuple[Kernel, ...]: ...
-
-    def __getitem__(self, index: int | slice) -> Kernel | tuple[Kernel, ...]:
-        if isinstance(index, slice) or self._all is not None:
-            return self._every()[index]
-        size = len(self._source)
-        position = index + size if index < 0 else index
-        if not 0 <= position < size:
-            raise IndexError("kernel index out of range")
-        return self._one(position)
-
-    def __iter__(self) -> Iterator[Kernel]:
-        return iter(self._every())
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, _SplitKernels | tuple):
-            return self._every() == tuple(other)
-        return NotImplemented
-
-    def __hash__(self) -> int:
-        return hash(self._every())
-
-    def __repr__(self) -> str:
-        return repr(self._every())
 
 
 def shard(request: PhasedRequest, degree: int) -> PhasedRequest:
@@ -1736,20 +1733,22 @@ def shard(request: PhasedRequest, degree: int) -> PhasedRequest:
     phases = []
     attention_layers = 0
     for phase in request.phases:
+        source = phase.kernels
+        runs = phase._runs[0] if phase._runs else tuple((i, 1) for i in range(len(source)))
         allreduces = allreduce_bytes = 0
-        for k in phase.kernels:
+        for index, count in runs:
+            k = source[index]
             if "attention" in k.ops:
-                attention_layers += 1
-                allreduces += 2
-                allreduce_bytes += 2 * k.output_bytes
-        runs = phase._runs[0] if phase._runs else None
+                attention_layers += count
+                allreduces += 2 * count
+                allreduce_bytes += 2 * count * k.output_bytes
         share = replace(
             phase,
-            kernels=_SplitKernels(phase.kernels, degree, runs=runs, launches=phase.launches),
+            kernels=_LazyKernels(len(source), partial(_split_nth, source, degree), runs),
             allreduces=allreduces,
             allreduce_bytes=allreduce_bytes,
         )
-        share._runs.extend(phase._runs)  # alike kernels stay alike when split alike
+        share._runs.append(runs)  # kernels alike stay alike when split alike
         phases.append(share)
     if not attention_layers:
         raise RooflineInputError(
