@@ -114,6 +114,7 @@ def _memoised(
 class _LayerTotals(NamedTuple):
     """Sums over an analysis's layers that every estimate of it reads."""
 
+    params: int  # parameters (GraphAnalysis.params)
     buffers_bytes: int  # buffers (batch norm statistics)
     kv_cache_numel: int  # KV cache elements, all attention layers
     kv_layers: int  # layers that cache keys and values
@@ -125,6 +126,7 @@ def _layer_totals(plans: PlanMemo | None, analysis: GraphAnalysis) -> _LayerTota
     def build() -> _LayerTotals:
         results = [layer.result for layer in analysis.layers]
         return _LayerTotals(
+            params=sum(result.params for result in results),
             buffers_bytes=sum(result.buffers_bytes for result in results),
             kv_cache_numel=sum(result.kv_cache_numel for result in results),
             kv_layers=sum(1 for result in results if result.kv_cache_numel),
@@ -1783,7 +1785,7 @@ def estimate_memory(
             "whose provenance lets the importer restore the batch norm)"
         )
     model_shard = par.tensor * par.pipeline
-    params = analysis.params
+    params = _layer_totals(plans, analysis).params
 
     weights_full, weight_notes = _memoised(
         plans,
@@ -1906,6 +1908,38 @@ def estimate_memory(
         assumptions=tuple(assumptions),
         cuda=cuda,
     )
+
+
+def inference_floor_bytes(
+    analysis: GraphAnalysis, request: MemoryRequest, *, plans: PlanMemo | None = None
+) -> int:
+    """A floor under ``estimate_memory(analysis, request).peak_bytes`` at inference, found
+    without replaying the step: the weights and the KV cache (as the estimate's lines have
+    them), and on CUDA the cuBLAS workspace and the CUDA context; the estimate's other lines
+    (inputs, activations, transients, allocator rounding and cached segments) are never
+    negative. A caller that only needs to know whether a peak exceeds a budget can skip the
+    estimate when this floor already does. ``plans``: as :func:`estimate_memory`'s."""
+    if request.mode is not Mode.INFERENCE:
+        raise MemoryInputError("inference_floor_bytes is for inference")
+    precision = request.precision
+    plan = precision_plan(precision)
+    par = request.parallelism
+    weights_full, _ = _memoised(
+        plans,
+        analysis,
+        ("weights bytes", precision),
+        lambda: _weights_bytes(analysis, plan, precision),
+    )
+    floor = _ceil(Fraction(weights_full, par.tensor * par.pipeline))
+    if par.zero_stage >= 3:
+        floor = _ceil(Fraction(floor, par.data))
+    if analysis.is_decoder and request.kv_cache is not False:
+        kv_numel = _layer_totals(plans, analysis).kv_cache_numel
+        kv_bytes = int(bytes_per_element(convention(precision).kv_cache_dtype))
+        floor += _ceil(Fraction(kv_numel * kv_bytes, par.tensor * par.pipeline))
+    if request.runtime is Runtime.CUDA:  # one cuBLAS handle at inference (_cublas_handles)
+        floor += request.overhead.workspace_bytes + request.overhead.cuda_context_bytes
+    return floor
 
 
 def _cuda_memory(
