@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 import app.domain.memory.estimate as M
+from app.domain.workload import Mode
 from tests.domain.test_memory_snapshot import SNAPSHOT, _cases, _entry
 
 
@@ -50,7 +51,7 @@ def test_the_inference_floor_is_the_weights_kv_cache_workspace_and_context_lines
     plans = _Memo()
     checked = 0
     for _, analysis, request, _ in _cases():
-        if request.mode is not M.Mode.INFERENCE:
+        if request.mode is not Mode.INFERENCE:
             continue
         try:
             estimate = M.estimate_memory(analysis, request)
