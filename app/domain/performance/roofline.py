@@ -841,6 +841,7 @@ def count_kernels(
         item.storage: (item.numel, item.kind) for item in analysis.inputs
     }
     per_result: dict[int, tuple[int, int]] = {}  # id(OpResult) -> (weights, launches)
+    gemms_of: dict[tuple[int, int], tuple[Gemm, ...]] = {}  # (id(OpResult), context) -> GEMMs
     rows: list[_Row] = []
     open_storage: int | None = None  # output storage of the last kernel, while fusable
     for layer in analysis.layers:
@@ -891,6 +892,9 @@ def count_kernels(
             if layer.op == "attention":
                 spilled_fp32, spilled_float, note = _spilled_attention(layer, context)
                 notes = (note,) if note else notes
+            gemms = gemms_of.get((id(layer.result), context))
+            if gemms is None:  # the repeats of a block share their op results
+                gemms = gemms_of[id(layer.result), context] = layer_gemms(layer, context)
             rows.append(
                 _Row(
                     name=layer.name,
@@ -906,7 +910,7 @@ def count_kernels(
                     spilled_float=spilled_float,
                     launches=known[1],
                     notes=notes,
-                    gemms=layer_gemms(layer, context),
+                    gemms=gemms,
                 )
             )
         open_storage = layer.output_storage
