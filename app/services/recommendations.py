@@ -178,6 +178,8 @@ _REPLAYS: LruCache[tuple[Any, ...], AllocatorSnapshot] = LruCache(size=32, name=
 # allocator events, inference replays; keyed by the object, which each entry holds): a cold
 # GPT-3 175B recommendation stores ~390 (~19 MiB)
 _PLANS: LruCache[tuple[Any, ...], Any] = LruCache(size=512, name="memory_plans")
+# a request at a precision, per batch (its kernels' groups and device profiles built once)
+_WORKLOADS: LruCache[tuple[Any, ...], PhasedRequest] = LruCache(size=256, name="workloads")
 # one GPU's share of a request on a tensor-parallel group, per batch, precision and degree
 _SHARDS: LruCache[tuple[Any, ...], PhasedRequest] = LruCache(
     size=256, name="tensor_parallel_shards"
@@ -194,6 +196,7 @@ def clear_caches() -> None:
     _PEAKS.clear()
     _REPLAYS.clear()
     _PLANS.clear()
+    _WORKLOADS.clear()
     _SHARDS.clear()
     _STAGES.clear()
     clear_server_cache()
@@ -490,12 +493,13 @@ class ModelSource:
         )
 
     def workload(self, batch: int, scheme: PrecisionScheme) -> PhasedRequest:
-        """The request's phases at a batch and precision."""
-        key = ("workload", batch, scheme.precision)
-        found: PhasedRequest | None = self.memo.get(key)
-        if found is None:
-            found = self.memo[key] = self.shape(batch).at(scheme)
-        return found
+        """The request's phases at a batch and precision (cached for stored models, beside
+        the shapes: the devices' profiles of its phases are kept with it)."""
+        return self._remember(
+            (*self._shape_key(batch), "workload", scheme.precision),
+            _WORKLOADS,
+            lambda: self.shape(batch).at(scheme),
+        )
 
     def sharded(self, batch: int, scheme: PrecisionScheme, degree: int) -> PhasedRequest:
         """One GPU's share of the request on a tensor-parallel group (cached for stored
