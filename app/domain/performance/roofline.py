@@ -983,11 +983,11 @@ def _cost_key(k: Kernel) -> tuple[object, ...]:
     )
 
 
-# Runs: (index of the first kernel, kernels) of kernels alike in all their figures but the
-# name, in order of first appearance: a refinement of the groups below that holds at every
-# precision and when split (a phase is priced, totalled and sharded per run, not per kernel).
+# Runs: (index of the first kernel, count) of kernels alike in all their figures but the name,
+# in order of first appearance: a refinement of the groups below that holds at every precision
+# and when split (a phase is priced, totalled and sharded per run, not per kernel).
 Runs = tuple[tuple[int, int], ...]
-# The fields of a KernelCount its kernel depends on, at any precision and split or not
+# The KernelCount fields its kernels are built from (all but the name and notes)
 _COUNT_FIGURES = attrgetter(
     *(f.name for f in fields(KernelCount) if f.name not in ("name", "notes"))
 )
@@ -1113,7 +1113,7 @@ class Phase:
     """Kernels run ``repeats`` times per request, with the bytes copied in and out each time."""
 
     name: str  # "forward", "prefill" or "decode"
-    kernels: Sequence[Kernel]  # a tuple; a tensor-parallel share's are built when read
+    kernels: Sequence[Kernel]  # a tuple, or (PhaseShape.at, shard) built kernel by kernel when read
     h2d_bytes: int
     d2h_bytes: int
     repeats: int = 1
