@@ -1810,9 +1810,11 @@ def estimate_memory(
     if buffers:
         lines_static["buffers"] = buffers
 
-    # the plan reads the precision's activation and weight bytes only (bf16 = fp16)
-    plan_key: tuple[object, ...] = ("plan", plan.activation, plan.weight, request.runtime)
-    plan_key += (par.tensor, request.checkpointing)
+    # An inference plan reads the activation bytes (bf16 = fp16) and the runtime only: the
+    # tensor split, checkpointing and weight bytes change what a layer keeps for backward, which
+    # inference never reads (no tensor is kept: reused (), adds {}). It is built for one tensor
+    # and no checkpointing, whatever the request's.
+    plan_key: tuple[object, ...] = ("plan", plan.activation, request.runtime)
     if training:  # full checkpointing and the per-layer view edit a training plan
         storage_plan = _build_plan(analysis, sizer, request, training)
     else:  # an inference plan is only read (adds {}: its layer_saved is built once, the same)
@@ -1823,7 +1825,7 @@ def estimate_memory(
             lambda: _build_plan(
                 analysis,
                 sizer,
-                request,
+                _INFERENCE_PLAN_REQUEST,
                 training,
                 _memoised(plans, analysis, ("last use",), lambda: _last_use(analysis)),
             ),
@@ -1908,6 +1910,11 @@ def estimate_memory(
         assumptions=tuple(assumptions),
         cuda=cuda,
     )
+
+
+# What an inference storage plan is built with besides the activation bytes and the runtime
+# (the sizer's): one GPU, no checkpointing (see estimate_memory)
+_INFERENCE_PLAN_REQUEST = MemoryRequest(mode=Mode.INFERENCE)
 
 
 def inference_floor_bytes(
