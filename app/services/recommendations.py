@@ -176,7 +176,7 @@ _PEAKS: LruCache[tuple[Any, ...], int] = LruCache(size=2048, name="memory_peaks"
 _REPLAYS: LruCache[tuple[Any, ...], AllocatorSnapshot] = LruCache(size=32, name="allocator_replays")
 # what the memory engine derives from one analysis object (storage plans, forward and weight
 # allocator events, inference replays; keyed by the object, which each entry holds): a cold
-# GPT-3 175B recommendation stores ~390 (~19 MiB)
+# GPT-3 175B recommendation stores ~310
 _PLANS: LruCache[tuple[Any, ...], Any] = LruCache(size=512, name="memory_plans")
 # a request at a precision, per batch (its kernels' groups and device profiles built once)
 _WORKLOADS: LruCache[tuple[Any, ...], PhasedRequest] = LruCache(size=256, name="workloads")
