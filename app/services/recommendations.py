@@ -25,6 +25,7 @@ from app.domain.memory.estimate import (
     MemoryInputError,
     MemoryRequest,
     estimate_memory,
+    inference_floor_bytes,
 )
 from app.domain.performance.decoding import (
     Batching,
@@ -175,8 +176,10 @@ _PEAKS: LruCache[tuple[Any, ...], int] = LruCache(size=2048, name="memory_peaks"
 _REPLAYS: LruCache[tuple[Any, ...], AllocatorSnapshot] = LruCache(size=32, name="allocator_replays")
 # what the memory engine derives from one analysis object (storage plans, forward and weight
 # allocator events, inference replays; keyed by the object, which each entry holds): a cold
-# GPT-3 175B recommendation stores ~390 (~19 MiB)
+# GPT-3 175B recommendation stores ~310
 _PLANS: LruCache[tuple[Any, ...], Any] = LruCache(size=512, name="memory_plans")
+# a request at a precision, per batch (its kernels' groups and device profiles built once)
+_WORKLOADS: LruCache[tuple[Any, ...], PhasedRequest] = LruCache(size=256, name="workloads")
 # one GPU's share of a request on a tensor-parallel group, per batch, precision and degree
 _SHARDS: LruCache[tuple[Any, ...], PhasedRequest] = LruCache(
     size=256, name="tensor_parallel_shards"
@@ -193,6 +196,7 @@ def clear_caches() -> None:
     _PEAKS.clear()
     _REPLAYS.clear()
     _PLANS.clear()
+    _WORKLOADS.clear()
     _SHARDS.clear()
     _STAGES.clear()
     clear_server_cache()
@@ -489,12 +493,13 @@ class ModelSource:
         )
 
     def workload(self, batch: int, scheme: PrecisionScheme) -> PhasedRequest:
-        """The request's phases at a batch and precision."""
-        key = ("workload", batch, scheme.precision)
-        found: PhasedRequest | None = self.memo.get(key)
-        if found is None:
-            found = self.memo[key] = self.shape(batch).at(scheme)
-        return found
+        """The request's phases at a batch and precision (cached for stored models, beside
+        the shapes: the devices' profiles of its phases are kept with it)."""
+        return self._remember(
+            (*self._shape_key(batch), "workload", scheme.precision),
+            _WORKLOADS,
+            lambda: self.shape(batch).at(scheme),
+        )
 
     def sharded(self, batch: int, scheme: PrecisionScheme, degree: int) -> PhasedRequest:
         """One GPU's share of the request on a tensor-parallel group (cached for stored
@@ -552,11 +557,13 @@ class ModelSource:
         whole = self.plan.kv_tokens_per_request() * self.kv_bytes_per_token(scheme)
         return -(-whole // gpus)
 
-    def required_bytes(self, batch: int, scheme: PrecisionScheme, candidate: Candidate) -> int:
-        """The one requirement (app.domain.fit: the memory engine's inference peak with the
-        candidate's runtime and overheads, plus the default safety margin) [B]. Serving
-        defaults: logits for the last position, attention as PyTorch's SDPA picks it for the
-        candidate's runtime and the precision."""
+    def _memory_request(
+        self, batch: int, scheme: PrecisionScheme, candidate: Candidate
+    ) -> tuple[dict[str, int], Attention, MemoryRequest, int]:
+        """The memory engine's bindings, attention and request for a candidate, and the paged
+        KV cache of continuous batching added to its peak [B]. Serving defaults: logits for
+        the last position, attention as PyTorch's SDPA picks it for the candidate's runtime
+        and the precision."""
         bindings = self.memory_bindings(batch)
         precision = Precision(scheme.precision.value)
         attention, _ = default_attention(
@@ -574,10 +581,30 @@ class ModelSource:
                 tensor=candidate.tensor_parallel, pipeline=candidate.pipeline_parallel
             ),
         )
-
         paged = 0
         if self.decoder and self.plan.continuous:
             paged = batch * self.kv_bytes_per_request(scheme, candidate.gpus)
+        return bindings, attention, request, paged
+
+    def overfills(self, batch: int, scheme: PrecisionScheme, candidate: Candidate) -> bool:
+        """Whether the requirement surely exceeds the candidate's memory, judged from a floor
+        under the memory engine's peak (weights, KV cache, workspace, context) without the
+        estimate: where only whether it fits matters (a multi-GPU group that does not fit is
+        not offered), the estimate is skipped when the floor alone does not fit."""
+        bindings, attention, request, paged = self._memory_request(batch, scheme, candidate)
+        floor = inference_floor_bytes(
+            self.analysis(bindings, Logits.LAST, attention), request, plans=_PLANS
+        )
+        required = requirement(
+            floor + paged, (), safety_margin_fraction=DEFAULT_SAFETY_MARGIN_FRACTION
+        ).required_bytes  # grows with the peak: the requirement is at least this
+        return required > candidate.device.memory_bytes
+
+    def required_bytes(self, batch: int, scheme: PrecisionScheme, candidate: Candidate) -> int:
+        """The one requirement (app.domain.fit: the memory engine's inference peak with the
+        candidate's runtime and overheads, plus the default safety margin) [B] (serving
+        defaults: :meth:`_memory_request`)."""
+        bindings, attention, request, paged = self._memory_request(batch, scheme, candidate)
 
         def estimate() -> int:
             base = ("estimate", tuple(bindings.items()), request)
@@ -589,6 +616,7 @@ class ModelSource:
                         request,
                         replays=_REPLAYS,  # keyed by the events: inline graphs too
                         plans=_PLANS,
+                        explain=False,  # the fit reads the bytes only
                     )
                 except MemoryInputError as exc:
                     raise InvalidInput(str(exc)) from exc
@@ -611,7 +639,10 @@ class ModelSource:
         low, high = 0, limit
         while low < high:  # required_bytes grows with the requests
             mid = (low + high + 1) // 2
-            if self.memory_fit(mid, scheme, candidate).fits:
+            if (
+                not self.overfills(mid, scheme, candidate)
+                and self.memory_fit(mid, scheme, candidate).fits
+            ):
                 low = mid
             else:
                 high = mid - 1
@@ -788,7 +819,7 @@ def _tensor_parallel_groups(
             continue
         for degree in (d for d in TENSOR_PARALLEL_DEGREES if d <= most):
             group = tensor_parallel_group(candidate, degree)
-            if not source.memory_fit(1, scheme, group).fits:
+            if source.overfills(1, scheme, group) or not source.memory_fit(1, scheme, group).fits:
                 continue
             try:
                 source.sharded(1, scheme, degree)  # cached: the batch loop reuses it
@@ -843,7 +874,10 @@ def _pipeline_groups(
                 if (tensor > 1) is not want_hybrid:
                     continue
                 group = pipeline_group(candidate, stages, tensor)
-                if not source.memory_fit(1, scheme, group).fits:
+                if (
+                    source.overfills(1, scheme, group)
+                    or not source.memory_fit(1, scheme, group).fits
+                ):
                     continue
                 try:
                     source.staged(1, scheme, stages, tensor)  # cached: the batch loop reuses it
@@ -957,6 +991,9 @@ def _recommend(
         device = candidate.device
         key = (device.slug, scheme.precision.value)
         if key in outgrown:
+            continue
+        if candidate.gpus > 1 and source.overfills(batch, scheme, candidate):
+            outgrown.add(key)  # a group that does not fit is not offered: no estimate needed
             continue
         fit = source.memory_fit(batch, scheme, candidate)
         if not fit.fits:

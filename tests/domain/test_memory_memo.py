@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 import app.domain.memory.estimate as M
+from app.domain.workload import Mode
 from tests.domain.test_memory_snapshot import SNAPSHOT, _cases, _entry
 
 
@@ -42,3 +43,27 @@ def test_memoised_estimates_match_the_snapshot() -> None:
             changed.append(label)
     assert not changed, f"{len(changed)} memoised estimates changed: {changed[:20]}"
     assert plans.hits > 1000
+
+
+def test_the_inference_floor_is_the_weights_kv_cache_workspace_and_context_lines() -> None:
+    """inference_floor_bytes is the sum of the estimate's weights, KV cache, workspace and CUDA
+    context lines (so never above its peak); explain=False changes no byte."""
+    plans = _Memo()
+    checked = 0
+    for _, analysis, request, _ in _cases():
+        if request.mode is not Mode.INFERENCE:
+            continue
+        try:
+            estimate = M.estimate_memory(analysis, request)
+        except M.MemoryInputError:
+            continue
+        lines = {line.key: line.bytes for line in estimate.lines}
+        floor = sum(lines.get(key, 0) for key in ("weights", "kv_cache", "workspace"))
+        floor += lines.get("cuda_context", 0)
+        assert M.inference_floor_bytes(analysis, request, plans=plans) == floor
+        assert floor <= estimate.peak_bytes
+        terse = M.estimate_memory(analysis, request, plans=plans, explain=False)
+        assert terse.peak_bytes == estimate.peak_bytes
+        assert [(li.key, li.bytes) for li in terse.lines] == list(lines.items())
+        checked += 1
+    assert checked > 100

@@ -18,6 +18,7 @@ from app.domain.performance.roofline import (
     Calibration,
     CalibrationClass,
     Kernel,
+    Phase,
     PhasedRequest,
     RooflineInputError,
     build_kernels,
@@ -732,6 +733,44 @@ def test_tensor_parallel_shards_the_kernels_and_adds_two_all_reduces_per_layer()
         shard(forward_request(_mlp(2), FP32, batch=2), 2)
     with pytest.raises(RooflineInputError, match=">= 2 GPUs"):
         shard(whole, 1)
+
+
+def test_a_request_is_timed_alike_whether_its_kernels_are_built_or_not() -> None:
+    """A request at a precision and its tensor-parallel shares build their kernels when they
+    are read: totals, kernel groups and timing are those of the same kernels built one by one
+    and grouped kernel by kernel."""
+    gpu = replace(HAND_GPU, peak_flops_per_s={DType.FP16: 1e14}, sm_count=108)
+    for degree in (1, 2, 8):
+        whole = _request("llama-2-7b", 4, Precision.FP16)
+        lazy = whole if degree == 1 else shard(whole, degree)
+        timed = predict(lazy, gpu, HAND_CAL)  # before all of its kernels are built
+        built = replace(
+            lazy,
+            phases=tuple(
+                Phase(
+                    name=p.name,
+                    kernels=tuple(p.kernels),
+                    h2d_bytes=p.h2d_bytes,
+                    d2h_bytes=p.d2h_bytes,
+                    repeats=p.repeats,
+                    allreduces=p.allreduces,
+                    allreduce_bytes=p.allreduce_bytes,
+                )
+                for p in lazy.phases
+            ),
+        )
+        assert timed == predict(built, gpu, HAND_CAL)
+        for a, b in zip(lazy.phases, built.phases, strict=True):
+            assert (a.flops, a.bytes_moved, a.launches) == (b.flops, b.bytes_moved, b.launches)
+            assert a.kernels == b.kernels
+            assert b.kernels == a.kernels
+            assert a == b
+            assert len(a.kernels) == len(b.kernels)
+            assert (a.kernels[-1], a.kernels[1:3]) == (b.kernels[-1], b.kernels[1:3])
+    fresh = shard(_request("llama-2-7b", 2, Precision.INT8), 4).phases[1].kernels
+    assert fresh[-1] == tuple(fresh)[-1]  # one kernel read before the others
+    with pytest.raises(IndexError):
+        fresh[len(fresh)]
 
 
 def test_all_reduces_cross_the_gpu_link_else_the_host_link() -> None:

@@ -111,6 +111,30 @@ def _memoised(
     return value
 
 
+class _LayerTotals(NamedTuple):
+    """Sums over an analysis's layers that every estimate of it reads."""
+
+    params: int  # parameters (GraphAnalysis.params)
+    buffers_bytes: int  # buffers (batch norm statistics)
+    kv_cache_numel: int  # KV cache elements, all attention layers
+    kv_layers: int  # layers that cache keys and values
+
+
+def _layer_totals(plans: PlanMemo | None, analysis: GraphAnalysis) -> _LayerTotals:
+    """The analysis's :class:`_LayerTotals` (summed once per analysis with ``plans``)."""
+
+    def build() -> _LayerTotals:
+        results = [layer.result for layer in analysis.layers]
+        return _LayerTotals(
+            params=sum(result.params for result in results),
+            buffers_bytes=sum(result.buffers_bytes for result in results),
+            kv_cache_numel=sum(result.kv_cache_numel for result in results),
+            kv_layers=sum(1 for result in results if result.kv_cache_numel),
+        )
+
+    return _memoised(plans, analysis, ("layer totals",), build)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MemoryRequest:
     """Everything besides the graph that a footprint depends on."""
@@ -1086,7 +1110,7 @@ def _inference_moments(e: _Estimation) -> list[_Moment]:
             + (" (kv_cache=true asked for: encoders never cache)" if request.kv_cache else "")
         )
     if analysis.is_decoder and request.kv_cache is not False:
-        kv_numel = sum(layer.result.kv_cache_numel for layer in analysis.layers)
+        kv_numel = _layer_totals(e.plans, analysis).kv_cache_numel
         kv_bytes = int(bytes_per_element(convention(request.precision).kv_cache_dtype))
         # tensor parallel: each GPU caches its heads; pipeline parallel: its stage's layers
         kv_shard = par.tensor * par.pipeline
@@ -1268,7 +1292,7 @@ def _allocator_events(
     if step is not None and step.master_total:
         for size in _spread(step.master_total, flat):
             add(("alloc", len(events), size))
-    kv_layers = sum(1 for layer in layers if layer.result.kv_cache_numel)
+    kv_layers = _layer_totals(e.plans, analysis).kv_layers
     for size in _spread(e.kv_bytes, [1] * (2 * kv_layers)):  # K and V
         add(("alloc", len(events), size))
     inputs = {bound.storage for bound in analysis.inputs}
@@ -1696,6 +1720,7 @@ def estimate_memory(
     per_layer: bool = False,
     replays: ReplayMemo | None = None,
     plans: PlanMemo | None = None,
+    explain: bool = True,
 ) -> MemoryEstimate:
     """Peak memory per device for one training step or one inference forward pass.
 
@@ -1717,6 +1742,10 @@ def estimate_memory(
         inference storage plan (per precision, runtime, tensor split and checkpointing), the
         forward's allocator events (per activation dtype and runtime) and the weights' events
         (per bytes per weight and model shard) are derived once. Speed only, as ``replays``.
+    explain : bool
+        False: the formulas that describe the moment of the peak (inputs, buffers,
+        activations, transient, gradients, loss) are left as the line's key, for a caller that
+        reads only the bytes (a fit). Speed only: every figure is the same.
 
     Returns
     -------
@@ -1760,7 +1789,7 @@ def estimate_memory(
             "whose provenance lets the importer restore the batch norm)"
         )
     model_shard = par.tensor * par.pipeline
-    params = analysis.params
+    params = _layer_totals(plans, analysis).params
 
     weights_full, weight_notes = _memoised(
         plans,
@@ -1781,13 +1810,15 @@ def estimate_memory(
     lines_static: dict[str, int] = {"weights": weights}
     formulas: dict[str, str] = {"weights": f"{expression} = {weights:,} B"}
     notes: dict[str, list[str]] = {"weights": list(weight_notes)}
-    buffers = sum(layer.result.buffers_bytes for layer in analysis.layers)
+    buffers = _layer_totals(plans, analysis).buffers_bytes
     if buffers:
         lines_static["buffers"] = buffers
 
-    # the plan reads the precision's activation and weight bytes only (bf16 = fp16)
-    plan_key: tuple[object, ...] = ("plan", plan.activation, plan.weight, request.runtime)
-    plan_key += (par.tensor, request.checkpointing)
+    # An inference plan reads the activation bytes (bf16 = fp16) and the runtime only: the
+    # tensor split, checkpointing and weight bytes change what a layer keeps for backward, which
+    # inference never reads (no tensor is kept: reused (), adds {}). It is built for one tensor
+    # and no checkpointing, whatever the request's.
+    plan_key: tuple[object, ...] = ("plan", plan.activation, request.runtime)
     if training:  # full checkpointing and the per-layer view edit a training plan
         storage_plan = _build_plan(analysis, sizer, request, training)
     else:  # an inference plan is only read (adds {}: its layer_saved is built once, the same)
@@ -1798,7 +1829,7 @@ def estimate_memory(
             lambda: _build_plan(
                 analysis,
                 sizer,
-                request,
+                _INFERENCE_PLAN_REQUEST,
                 training,
                 _memoised(plans, analysis, ("last use",), lambda: _last_use(analysis)),
             ),
@@ -1841,7 +1872,8 @@ def estimate_memory(
             )
     if request.runtime is Runtime.CUDA:
         _cuda_lines(e, parts)
-    _explain_peak(e, peak, parts)
+    if explain:
+        _explain_peak(e, peak, parts)
     order = [
         "weights", "master_weights", "weight_cast_cache", "gradients", "ddp_buckets",
         "fsdp_buffers", "optimizer_state", "buffers", "inputs", "outputs", "activations", "loss",
@@ -1882,6 +1914,43 @@ def estimate_memory(
         assumptions=tuple(assumptions),
         cuda=cuda,
     )
+
+
+# What an inference storage plan is built with besides the activation bytes and the runtime
+# (the sizer's): one GPU, no checkpointing (see estimate_memory)
+_INFERENCE_PLAN_REQUEST = MemoryRequest(mode=Mode.INFERENCE)
+
+
+def inference_floor_bytes(
+    analysis: GraphAnalysis, request: MemoryRequest, *, plans: PlanMemo | None = None
+) -> int:
+    """A floor under ``estimate_memory(analysis, request).peak_bytes`` at inference, found
+    without replaying the step: the weights and the KV cache (as the estimate's lines have
+    them), and on CUDA the cuBLAS workspace and the CUDA context; the estimate's other lines
+    (inputs, activations, transients, allocator rounding and cached segments) are never
+    negative. A caller that only needs to know whether a peak exceeds a budget can skip the
+    estimate when this floor already does. ``plans``: as :func:`estimate_memory`'s."""
+    if request.mode is not Mode.INFERENCE:
+        raise MemoryInputError("inference_floor_bytes is for inference")
+    precision = request.precision
+    plan = precision_plan(precision)
+    par = request.parallelism
+    weights_full, _ = _memoised(
+        plans,
+        analysis,
+        ("weights bytes", precision),
+        lambda: _weights_bytes(analysis, plan, precision),
+    )
+    floor = _ceil(Fraction(weights_full, par.tensor * par.pipeline))
+    if par.zero_stage >= 3:
+        floor = _ceil(Fraction(floor, par.data))
+    if analysis.is_decoder and request.kv_cache is not False:
+        kv_numel = _layer_totals(plans, analysis).kv_cache_numel
+        kv_bytes = int(bytes_per_element(convention(precision).kv_cache_dtype))
+        floor += _ceil(Fraction(kv_numel * kv_bytes, par.tensor * par.pipeline))
+    if request.runtime is Runtime.CUDA:  # one cuBLAS handle at inference (_cublas_handles)
+        floor += request.overhead.workspace_bytes + request.overhead.cuda_context_bytes
+    return floor
 
 
 def _cuda_memory(

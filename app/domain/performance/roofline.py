@@ -56,14 +56,14 @@ from __future__ import annotations
 import math
 import sys
 from bisect import bisect_right
-from collections import Counter
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
 from fractions import Fraction
-from functools import lru_cache
+from functools import lru_cache, partial
 from itertools import accumulate
-from typing import TYPE_CHECKING
+from operator import attrgetter
+from typing import TYPE_CHECKING, overload
 
 from app.domain.errors import DomainError
 from app.domain.graph.analysis import GraphAnalysis, LayerAnalysis
@@ -864,6 +864,7 @@ def count_kernels(
         item.storage: (item.numel, item.kind) for item in analysis.inputs
     }
     per_result: dict[int, tuple[int, int]] = {}  # id(OpResult) -> (weights, launches)
+    gemms_of: dict[tuple[int, int], tuple[Gemm, ...]] = {}  # (id(OpResult), context) -> GEMMs
     rows: list[_Row] = []
     open_storage: int | None = None  # output storage of the last kernel, while fusable
     for layer in analysis.layers:
@@ -918,6 +919,9 @@ def count_kernels(
             if layer.op == "attention":
                 spilled_fp32, spilled_float, note = _spilled_attention(layer, context)
                 notes = (note,) if note else notes
+            gemms = gemms_of.get((id(layer.result), context))
+            if gemms is None:  # the repeats of a block share their op results
+                gemms = gemms_of[id(layer.result), context] = layer_gemms(layer, context)
             rows.append(
                 _Row(
                     name=layer.name,
@@ -933,7 +937,7 @@ def count_kernels(
                     spilled_float=spilled_float,
                     launches=known[1],
                     notes=notes,
-                    gemms=layer_gemms(layer, context),
+                    gemms=gemms,
                 )
             )
         open_storage = layer.output_storage
@@ -995,23 +999,108 @@ def build_kernels(
 # --------------------------------------------------------------------------------------------
 
 
-def _kernel_groups(kernels: Sequence[Kernel]) -> tuple[tuple[Kernel, int], ...]:
+def _cost_key(k: Kernel) -> tuple[object, ...]:
+    """What a kernel's cost on any device depends on: FLOPs, GEMM shapes, DRAM bytes."""
+    return (
+        k.flops,
+        k.gemms,
+        k.weight_bytes,
+        k.kv_cache_bytes,
+        k.input_bytes + k.output_bytes + k.intermediate_bytes,
+    )
+
+
+# Runs: (index of the first kernel, count) of kernels alike in all their figures but the name,
+# in order of first appearance: a refinement of the groups below that holds at every precision
+# and when split (a phase is priced, totalled and sharded per run, not per kernel).
+Runs = tuple[tuple[int, int], ...]
+# The KernelCount fields its kernels are built from (all but the name and notes)
+_COUNT_FIGURES = attrgetter(
+    *(f.name for f in fields(KernelCount) if f.name not in ("name", "notes"))
+)
+
+
+class _LazyKernels(Sequence[Kernel]):
+    """A phase's kernels, each built when first read and then kept, read as a tuple of them
+    (a recommendation prices a phase from one kernel per run: building every kernel of every
+    precision and tensor-parallel share would cost more than the pricing). ``totals``: the
+    FLOPs, bytes moved and launches of them all, summed per run (kernels of a run are alike)."""
+
+    __slots__ = ("_all", "_built", "_make", "_size", "totals")
+
+    def __init__(self, size: int, make: Callable[[int], Kernel], runs: Runs) -> None:
+        self._size = size
+        self._make = make
+        self._built: dict[int, Kernel] = {}
+        self._all: tuple[Kernel, ...] | None = None
+        flops = moved = launches = 0
+        for index, count in runs:
+            k = self._one(index)
+            flops += count * k.flops
+            moved += count * k.bytes_moved
+            launches += count * k.launches
+        self.totals = (flops, moved, launches)
+
+    def _one(self, index: int) -> Kernel:
+        found = self._built.get(index)
+        if found is None:
+            found = self._built[index] = self._make(index)
+        return found
+
+    def _every(self) -> tuple[Kernel, ...]:
+        if self._all is None:
+            self._all = tuple(self._one(i) for i in range(self._size))
+        return self._all
+
+    def __len__(self) -> int:
+        return self._size
+
+    @overload
+    def __getitem__(self, index: int) -> Kernel: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[Kernel, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> Kernel | tuple[Kernel, ...]:
+        if isinstance(index, slice) or self._all is not None:
+            return self._every()[index]
+        position = index + self._size if index < 0 else index
+        if not 0 <= position < self._size:
+            raise IndexError("kernel index out of range")
+        return self._one(position)
+
+    def __iter__(self) -> Iterator[Kernel]:
+        return iter(self._every())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, _LazyKernels | tuple):
+            return self._every() == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._every())
+
+    def __repr__(self) -> str:
+        return repr(self._every())
+
+
+def _kernel_groups(
+    kernels: Sequence[Kernel], runs: Runs | None = None
+) -> tuple[tuple[Kernel, int], ...]:
     """Kernels that cost the same on every device (same FLOPs, GEMM shapes and bytes), each
     once with its count: a decoder's blocks repeat the same few kernels, so a device's profile
-    is priced per distinct kernel instead of per layer."""
-    first: dict[tuple[object, ...], Kernel] = {}
-    counts: Counter[tuple[object, ...]] = Counter()
-    for k in kernels:
-        key = (
-            k.flops,
-            k.gemms,
-            k.weight_bytes,
-            k.kv_cache_bytes,
-            k.input_bytes + k.output_bytes + k.intermediate_bytes,
-        )
-        first.setdefault(key, k)
-        counts[key] += 1
-    return tuple((first[key], count) for key, count in counts.items())
+    is priced per distinct kernel instead of per layer. ``runs``: the kernels already grouped
+    into runs of alike kernels (the same groups, in the same order, counted per run)."""
+    first: dict[tuple[object, ...], int] = {}
+    counts: dict[tuple[object, ...], int] = {}
+    for index, count in runs if runs is not None else ((i, 1) for i in range(len(kernels))):
+        key = _cost_key(kernels[index])
+        if key in counts:
+            counts[key] += count
+        else:
+            first[key] = index
+            counts[key] = count
+    return tuple((kernels[first[key]], count) for key, count in counts.items())
 
 
 @dataclass(frozen=True, slots=True)
@@ -1051,7 +1140,7 @@ class Phase:
     """Kernels run ``repeats`` times per request, with the bytes copied in and out each time."""
 
     name: str  # "forward", "prefill" or "decode"
-    kernels: tuple[Kernel, ...]
+    kernels: Sequence[Kernel]  # a tuple, or (PhaseShape.at, shard) built kernel by kernel when read
     h2d_bytes: int
     d2h_bytes: int
     repeats: int = 1
@@ -1066,13 +1155,21 @@ class Phase:
     _groups: list[tuple[tuple[Kernel, int], ...]] = field(
         init=False, repr=False, compare=False, default_factory=list
     )
+    _runs: list[Runs] = field(init=False, repr=False, compare=False, default_factory=list)
 
     def __post_init__(self) -> None:
         if self.repeats < 0:
             raise RooflineInputError(f"phase '{self.name}': repeats must be >= 0")
-        object.__setattr__(self, "flops", sum(k.flops for k in self.kernels))
-        object.__setattr__(self, "bytes_moved", sum(k.bytes_moved for k in self.kernels))
-        object.__setattr__(self, "launches", sum(k.launches for k in self.kernels))
+        kernels = self.kernels
+        if isinstance(kernels, _LazyKernels):  # summed per run, without building them all
+            flops, moved, launches = kernels.totals
+        else:
+            flops = sum(k.flops for k in kernels)
+            moved = sum(k.bytes_moved for k in kernels)
+            launches = sum(k.launches for k in kernels)
+        object.__setattr__(self, "flops", flops)
+        object.__setattr__(self, "bytes_moved", moved)
+        object.__setattr__(self, "launches", launches)
 
     def dram_bytes(self, cache_share: float) -> float:
         """DRAM bytes of one repetition at an activation cache share [B]."""
@@ -1085,7 +1182,8 @@ class Phase:
         found = self._profiles.get(key)
         if found is None:
             if not self._groups:
-                self._groups.append(_kernel_groups(self.kernels))
+                runs = self._runs[0] if self._runs else None
+                self._groups.append(_kernel_groups(self.kernels, runs))
             found = self._profiles[key] = _Profile.of(self._groups[0], cache_share, tiling)
         return found
 
@@ -1136,22 +1234,49 @@ class PhaseShape:
     d2h_float: int  # elements copied out
     d2h_index: int
     repeats: int = 1
+    _runs: list[Runs] = field(init=False, repr=False, compare=False, default_factory=list)
+    _notes: list[tuple[str, ...]] = field(
+        init=False, repr=False, compare=False, default_factory=list
+    )
 
     @property
     def notes(self) -> tuple[str, ...]:
         """The distinct notes of its kernels (MoE routing, spilled attention scores)."""
-        return tuple(dict.fromkeys(note for count in self.counts for note in count.notes))
+        if not self._notes:
+            notes = dict.fromkeys(note for count in self.counts for note in count.notes)
+            self._notes.append(tuple(notes))
+        return self._notes[0]
+
+    @property
+    def runs(self) -> Runs:
+        """Its kernels alike in every figure but the name (and notes), as (first index,
+        count) in order of first appearance (found once)."""
+        if not self._runs:
+            first: dict[tuple[object, ...], int] = {}
+            counts: dict[tuple[object, ...], int] = {}
+            for index, count in enumerate(self.counts):
+                key = _COUNT_FIGURES(count)
+                if key in counts:
+                    counts[key] += 1
+                else:
+                    first[key] = index
+                    counts[key] = 1
+            self._runs.append(tuple((first[key], n) for key, n in counts.items()))
+        return self._runs[0]
 
     def at(self, scheme: PrecisionScheme) -> Phase:
-        """The phase in bytes at a precision."""
+        """The phase in bytes at a precision (its kernels built when read)."""
         act = scheme.activation_bytes
-        return Phase(
+        counts, runs = self.counts, self.runs
+        phase = Phase(
             name=self.name,
-            kernels=tuple(count.at(scheme) for count in self.counts),
+            kernels=_LazyKernels(len(counts), lambda index: counts[index].at(scheme), runs),
             h2d_bytes=self.h2d_float * act + self.h2d_index * INDEX_BYTES,
             d2h_bytes=self.d2h_float * act + self.d2h_index * INDEX_BYTES,
             repeats=self.repeats,
         )
+        phase._runs.append(runs)
+        return phase
 
 
 def attention_assumption(impl: Attention, reason: str) -> str:
@@ -1601,6 +1726,23 @@ class AllReduce:
         return count * ALLREDUCE_LATENCY_S + ring * total_bytes / self.link_bytes_per_s
 
 
+def _split_nth(kernels: Sequence[Kernel], degree: int, index: int) -> Kernel:
+    """One tensor-parallel GPU's share of ``kernels[index]`` (see :func:`shard`)."""
+    k = kernels[index]
+    return Kernel(  # the constructor, not dataclasses.replace: ~4x faster per kernel
+        name=k.name,
+        ops=k.ops,
+        flops=-(-k.flops // degree),
+        weight_bytes=-(-k.weight_bytes // degree),
+        input_bytes=k.input_bytes,
+        output_bytes=k.output_bytes,
+        kv_cache_bytes=-(-k.kv_cache_bytes // degree),
+        intermediate_bytes=-(-k.intermediate_bytes // degree),
+        launches=k.launches,
+        gemms=tuple(g.split(degree) for g in k.gemms),
+    )
+
+
 def shard(request: PhasedRequest, degree: int) -> PhasedRequest:
     """One GPU's share of ``request`` split Megatron-style across ``degree`` GPUs.
 
@@ -1627,35 +1769,23 @@ def shard(request: PhasedRequest, degree: int) -> PhasedRequest:
     phases = []
     attention_layers = 0
     for phase in request.phases:
-        kernels = []
+        source = phase.kernels
+        runs = phase._runs[0] if phase._runs else tuple((i, 1) for i in range(len(source)))
         allreduces = allreduce_bytes = 0
-        for k in phase.kernels:
+        for index, count in runs:
+            k = source[index]
             if "attention" in k.ops:
-                attention_layers += 1
-                allreduces += 2
-                allreduce_bytes += 2 * k.output_bytes
-            kernels.append(
-                Kernel(  # the constructor, not dataclasses.replace: ~4x faster per kernel
-                    name=k.name,
-                    ops=k.ops,
-                    flops=-(-k.flops // degree),
-                    weight_bytes=-(-k.weight_bytes // degree),
-                    input_bytes=k.input_bytes,
-                    output_bytes=k.output_bytes,
-                    kv_cache_bytes=-(-k.kv_cache_bytes // degree),
-                    intermediate_bytes=-(-k.intermediate_bytes // degree),
-                    launches=k.launches,
-                    gemms=tuple(g.split(degree) for g in k.gemms),
-                )
-            )
-        phases.append(
-            replace(
-                phase,
-                kernels=tuple(kernels),
-                allreduces=allreduces,
-                allreduce_bytes=allreduce_bytes,
-            )
+                attention_layers += count
+                allreduces += 2 * count
+                allreduce_bytes += 2 * count * k.output_bytes
+        share = replace(
+            phase,
+            kernels=_LazyKernels(len(source), partial(_split_nth, source, degree), runs),
+            allreduces=allreduces,
+            allreduce_bytes=allreduce_bytes,
         )
+        share._runs.append(runs)  # kernels alike stay alike when split alike
+        phases.append(share)
     if not attention_layers:
         raise RooflineInputError(
             "tensor parallelism splits attention heads and MLP columns: the graph has no "
