@@ -155,6 +155,19 @@ def _spatial(value: Any, rank: int) -> tuple[int, ...]:
 _CONV_LAYOUTS = {2: "N, C, H, W", 3: "N, C, D, H, W"}
 
 
+def _check_channels(ctx: OpContext, in_channels: int, out_channels: int, groups: int) -> None:
+    """The declared ``in_channels`` (if any) match the input, and ``groups`` divides both."""
+    declared = ctx.attrs.get("in_channels")
+    if declared is not None and declared != in_channels:
+        raise ctx.fail(f"in_channels {declared} does not match input {in_channels}", "in_channels")
+    if in_channels % groups or out_channels % groups:
+        raise ctx.fail(
+            f"groups {groups} must divide in_channels {in_channels} and out_channels "
+            f"{out_channels}",
+            "groups",
+        )
+
+
 def _conv(
     ctx: OpContext,
     out_channels: int,
@@ -166,14 +179,7 @@ def _conv(
     _rank(ctx, spatial_dims + 2, _CONV_LAYOUTS[spatial_dims])
     _float_input(ctx)
     n, c, *sizes = ctx.x.shape
-    declared = ctx.attrs.get("in_channels")
-    if declared is not None and declared != c:
-        raise ctx.fail(f"in_channels {declared} does not match input {c}", "in_channels")
-    if c % groups or out_channels % groups:
-        raise ctx.fail(
-            f"groups {groups} must divide in_channels {c} and out_channels {out_channels}",
-            "groups",
-        )
+    _check_channels(ctx, c, out_channels, groups)
     kernels = _spatial(kernel, spatial_dims)
     strides = _spatial(ctx.attr("stride", 1), spatial_dims)
     dilations = _spatial(ctx.attr("dilation", 1), spatial_dims)
@@ -251,14 +257,7 @@ def conv_transpose3d(ctx: OpContext) -> OpResult:
     n, c, *sizes = ctx.x.shape
     out_channels = ctx.attrs["out_channels"]
     groups = ctx.attr("groups", 1)
-    declared = ctx.attrs.get("in_channels")
-    if declared is not None and declared != c:
-        raise ctx.fail(f"in_channels {declared} does not match input {c}", "in_channels")
-    if c % groups or out_channels % groups:
-        raise ctx.fail(
-            f"groups {groups} must divide in_channels {c} and out_channels {out_channels}",
-            "groups",
-        )
+    _check_channels(ctx, c, out_channels, groups)
     kernels = _spatial(ctx.attrs["kernel_size"], 3)
     strides = _spatial(ctx.attr("stride", 1), 3)
     pads = _spatial(ctx.attr("padding", 0), 3)
