@@ -271,6 +271,21 @@ class InferenceRecommendationRequest(Schema):
         "tokens_per_block default (its PluginConfig); vLLM's default is 16.",
         examples=[64],
     )
+    beams_share_prompt: bool = Field(
+        default=True,
+        description="Decoder LLMs, continuous batching with beam_width > 1: whether the beams "
+        "share the prompt's KV cache. true (default): one copy of the prompt's full KV blocks "
+        "is shared by the beams and each decode step reads the cached prompt once per request, "
+        "not once per beam (TensorRT-LLM: its KV cache manager shares the prompt's full blocks "
+        "among the beams and its masked MHA kernel reads every beam's context from beam 0's "
+        "blocks; vLLM: copy-on-write blocks; Intel Extension for PyTorch). false: every beam "
+        "holds and reads its own copy of the prompt's KV cache (Neural Speed copies the "
+        "prompt's cache to every beam): a request holds beam_width x (prompt + generated "
+        "tokens, rounded up to blocks) KV slots, so fewer requests fit, and each decode step "
+        "reads the prompt beam_width times. No effect with one beam. Not with batching static, "
+        "where every beam is already a padded row with its own copy.",
+        examples=[True],
+    )
     prices_usd_per_hour: dict[Slug, PriceUsdPerHour] = Field(
         default_factory=dict,
         max_length=MAX_DEVICES,
@@ -391,6 +406,13 @@ class InferenceRecommendationRequest(Schema):
                 ("kv_block_tokens",),
                 "kv_block_tokens sizes the paged KV cache of batching continuous; static "
                 "batching reserves the whole padded context",
+            )
+        if "beams_share_prompt" in self.model_fields_set and self.batching is Batching.STATIC:
+            raise located_error(
+                name,
+                ("beams_share_prompt",),
+                "beams_share_prompt is about the paged KV cache of batching continuous; static "
+                "batching gives every beam its own padded copy of the prompt",
             )
         if "slo_margin" in self.model_fields_set and self.latency_slo_ms is None:
             raise located_error(
@@ -948,6 +970,12 @@ class WorkloadSummary(Schema):
     kv_block_tokens: int | None = Field(
         default=None,
         description="Decoders, continuous batching: tokens per KV block.",
+        examples=[None],
+    )
+    beams_share_prompt: bool | None = Field(
+        default=None,
+        description="Decoders, continuous batching: whether the beams share the prompt's KV "
+        "cache (false: every beam holds and reads its own copy).",
         examples=[None],
     )
     batch_sizes: list[int] = Field(description="Batch sizes tried.", examples=[[1, 2, 4]])

@@ -754,6 +754,7 @@ DECODER_OPTIONS = (
     "batching",
     "beam_width",
     "kv_block_tokens",
+    "beams_share_prompt",
 )
 
 
@@ -768,6 +769,7 @@ def decoder_serving(payload: InferenceRecommendationRequest) -> DecoderServing:
             batching=payload.batching,
             beam_width=payload.beam_width,
             kv_block_tokens=payload.kv_block_tokens,
+            prompt_shared_by_beams=payload.beams_share_prompt,
         )
     except DecodingInputError as exc:
         raise InvalidInput(str(exc)) from exc
@@ -1058,6 +1060,11 @@ def _recommend(
             beam_width=source.plan.beam_width if source.decoder else None,
             kv_block_tokens=(
                 source.plan.kv_block_tokens if source.decoder and source.plan.continuous else None
+            ),
+            beams_share_prompt=(
+                source.plan.prompt_shared_by_beams
+                if source.decoder and source.plan.continuous
+                else None
             ),
             batch_sizes=batches,
             attention=_attention_used(source, summary_bindings, runnable),
@@ -1353,6 +1360,14 @@ def _decoder_defaults(
                 "kv_block_tokens",
                 payload.kv_block_tokens,
                 "TensorRT-LLM's tokens_per_block default",
+            ),
+            (
+                payload.batching is Batching.CONTINUOUS and payload.beam_width > 1,
+                "beams_share_prompt",
+                str(payload.beams_share_prompt).lower(),
+                "the beams share the prompt's full KV blocks and each decode step reads the "
+                "cached prompt once per request, as TensorRT-LLM and vLLM do (false: every beam "
+                "holds its own copy, as Neural Speed does)",
             ),
         ),
     )

@@ -37,6 +37,7 @@ def test_static_is_the_default_and_unchanged(client: ApiClient) -> None:
     assert serving.get("max_concurrent_requests") is None
     assert answer["workload"]["batching"] == "static"
     assert answer["workload"]["beam_width"] == 1
+    assert "beams_share_prompt" not in answer["workload"]  # static: no paged cache to share
     assert answer["workload"]["prompt_tokens_mean"] == 256  # the maximum, when not given
     assert any(a.startswith("decoder serving: static batching") for a in answer["assumptions"])
 
@@ -72,6 +73,8 @@ def test_continuous_batching_prices_the_mean_request(client: ApiClient) -> None:
     assert "tokens_per_block" in defaults["kv_block_tokens"]["reason"]
     assert defaults["beam_width"]["value"] == "1"
     assert "batching" not in defaults  # given
+    assert answer["workload"]["beams_share_prompt"] is True
+    assert "beams_share_prompt" not in defaults  # one beam: nothing to share
 
 
 def test_continuous_batching_runs_as_many_requests_as_the_kv_cache_holds(
@@ -106,6 +109,50 @@ def test_beams_multiply_the_decode_rows_and_share_the_prompt_when_paged(
     assert static_beams["phases"][0]["flops"] > 3.9 * greedy["phases"][0]["flops"]
 
 
+BEAMS = {"prompt_tokens": 200, "generated_tokens": 40, "batching": "continuous",
+         "beam_width": 4}  # fmt: skip
+
+
+def test_beams_that_copy_the_prompt_hold_and_read_it_once_per_beam(client: ApiClient) -> None:
+    answer, shared = _one(client, **BEAMS, batch_sizes=[4])
+    copied_answer, copied = _one(client, **BEAMS, batch_sizes=[4], beams_share_prompt=False)
+    # shared: 3 full prompt blocks once, then 8 + 40 tokens per beam -> 1 block each
+    assert shared["decoder_serving"]["kv_tokens_per_request"] == 64 * (3 + 4 * 1) == 448
+    # copied: every beam its own 200 + 40 tokens -> 4 blocks each
+    assert copied["decoder_serving"]["kv_tokens_per_request"] == 4 * 64 * 4 == 1024
+    assert copied["decoder_serving"]["kv_bytes_per_request"] == 1024 * GPT2_KV_BYTES_PER_TOKEN_FP16
+    assert copied["phases"][1]["flops"] == shared["phases"][1]["flops"]  # same attention maths
+    # each decode step reads the prompt once per beam: 4 requests x 3 more beams x 200 tokens
+    extra = copied["phases"][1]["bytes_moved"] - shared["phases"][1]["bytes_moved"]
+    assert extra == 4 * 3 * 200 * GPT2_KV_BYTES_PER_TOKEN_FP16 == 88_473_600
+    assert copied["phases"][0] == shared["phases"][0]  # one prefill per request either way
+    assert copied["throughput_per_s"] < shared["throughput_per_s"]
+    assert "every beam holds and reads its own copy" in copied["decoder_serving"]["note"]
+    assert answer["workload"]["beams_share_prompt"] is True
+    assert copied_answer["workload"]["beams_share_prompt"] is False
+    defaults = {row["option"]: row for row in answer["workload"]["defaults_used"]}
+    assert defaults["beams_share_prompt"]["value"] == "true"
+    assert "TensorRT-LLM and vLLM" in defaults["beams_share_prompt"]["reason"]
+    assert "beams_share_prompt" not in {
+        row["option"] for row in copied_answer["workload"]["defaults_used"]
+    }
+
+
+def test_beams_that_copy_the_prompt_fit_fewer_requests(client: ApiClient) -> None:
+    """The concurrency the KV cache holds falls with the slots per request (448 -> 1024),
+    and with it the throughput on the same A10."""
+    search = {**BEAMS, "max_batch_size": 65536}
+    _, shared = _one(client, **search)
+    _, explicit = _one(client, **search, beams_share_prompt=True)
+    _, copied = _one(client, **search, beams_share_prompt=False)
+    assert explicit == shared  # true is the default
+    assert shared["decoder_serving"]["max_concurrent_requests"] == 1435
+    assert copied["decoder_serving"]["max_concurrent_requests"] == 627  # about 1435 x 448 / 1024
+    assert copied["decoder_serving"]["concurrent_requests"] == 627
+    assert copied["memory_required_bytes"] <= copied["memory_available_bytes"]
+    assert copied["throughput_per_s"] < 0.6 * shared["throughput_per_s"]
+
+
 @pytest.mark.parametrize(
     ("change", "pointer"),
     [
@@ -116,6 +163,13 @@ def test_beams_multiply_the_decode_rows_and_share_the_prompt_when_paged(
         ({"batching": "dynamic"}, "/batching"),
         ({"kv_block_tokens": 16}, "/kv_block_tokens"),  # static has no paged cache
         ({"batching": "continuous", "kv_block_tokens": 0}, "/kv_block_tokens"),
+        # static batching gives every beam its own padded copy of the prompt
+        ({"beam_width": 4, "beams_share_prompt": False}, "/beams_share_prompt"),
+        (
+            {"batching": "static", "beam_width": 4, "beams_share_prompt": True},
+            "/beams_share_prompt",
+        ),
+        ({"batching": "continuous", "beams_share_prompt": "sometimes"}, "/beams_share_prompt"),
     ],
 )
 def test_bad_decoder_options_are_422(
@@ -135,6 +189,7 @@ def test_bad_decoder_options_are_422(
         {"beam_width": 2},
         {"generated_tokens_mean": 10},
         {"prompt_tokens_mean": 10},
+        {"batching": "continuous", "beams_share_prompt": False},
     ],
 )
 def test_decoder_options_for_an_encoder_are_422(
@@ -145,4 +200,17 @@ def test_decoder_options_for_an_encoder_are_422(
     body = assert_problem(response, 422)
     assert "not a decoder" in body["detail"]
     assert body["errors"][0]["pointer"] == f"/{next(iter(change))}"
+    assert table_counts(db_url) == before
+
+
+def test_beams_share_prompt_for_an_image_model_is_422(client: ApiClient, db_url: str) -> None:
+    before = table_counts(db_url)
+    response = client.post(
+        URL,
+        json={"model": "resnet-50", "devices": ["nvidia-a10"], "batching": "continuous",
+              "beams_share_prompt": False},
+    )  # fmt: skip
+    body = assert_problem(response, 422, "invalid-input")
+    assert body["detail"].startswith("batching, beams_share_prompt describe decoder LLM serving;")
+    assert "resnet-50" in body["detail"]
     assert table_counts(db_url) == before

@@ -234,6 +234,7 @@ def test_a_decoder_echoes_its_token_defaults_and_attention(client: ApiClient) ->
     assert (defaults["prompt_tokens_mean"], defaults["generated_tokens_mean"]) == ("512", "128")
     assert (defaults["batching"], defaults["beam_width"]) == ("static", "1")
     assert "kv_block_tokens" not in defaults  # static batching has no paged cache
+    assert "beams_share_prompt" not in defaults  # nor beams sharing its blocks
     assert defaults["logits"] == "last"
     assert "sequence_length" not in defaults  # decoders are bound by the token counts
     attention = "\n".join(workload["attention"])
