@@ -297,7 +297,8 @@ def test_every_fit_admission_plan_and_recommend_option_reaches_the_body(tmp_path
                          "--prompt-tokens", "100", "--generated-tokens", "20", "--no-fuse",
                          "--prompt-tokens-mean", "60", "--generated-tokens-mean", "12",
                          "--batching", "continuous", "--beam-width", "4",
-                         "--kv-block-tokens", "16", "--parallelism", "both",
+                         "--kv-block-tokens", "16", "--beams-copy-prompt",
+                         "--parallelism", "both",
                          "--pipeline-parallel-max", "2", "--limit", "3")  # fmt: skip
     assert bodies["/v1/recommendations/inference"] == {
         "model": "bert-base", "objective": "energy", "batch_sizes": [1, 8], "max_batch_size": 64,
@@ -310,7 +311,8 @@ def test_every_fit_admission_plan_and_recommend_option_reaches_the_body(tmp_path
         "calibration": {"gpu": {"compute_efficiency": 0.5},
                         "cpu": {"request_overhead_us": 40.0}},
         "prompt_tokens_mean": 60, "generated_tokens_mean": 12, "batching": "continuous",
-        "beam_width": 4, "kv_block_tokens": 16, "parallelism": "both",
+        "beam_width": 4, "kv_block_tokens": 16, "beams_share_prompt": False,
+        "parallelism": "both",
         "pipeline_parallel_max": 2,
     }  # fmt: skip
 
@@ -386,6 +388,11 @@ def _enum(name: str) -> tuple[str, ...]:
          "argument --kv-block-tokens: must be in [1, 4096], got 4097"),
         (("recommend", "gpt-2", "--kv-block-tokens", "16"),
          "--kv-block-tokens sizes the paged KV cache of --batching continuous"),
+        (("recommend", "gpt-2", "--beam-width", "4", "--beams-copy-prompt"),
+         "--beams-copy-prompt is about the paged KV cache of --batching continuous"),
+        (("recommend", "gpt-2", "--batching", "static", "--beam-width", "4",
+          "--beams-copy-prompt"),
+         "static batching gives every beam its own padded copy of the prompt"),
         (("recommend", "gpt-2", "--parallelism", "data"),
          "argument --parallelism: invalid choice: 'data' (choose from"),
         (("recommend", "gpt-2", "--pipeline-parallel-max", "9"),
@@ -601,6 +608,21 @@ def test_beam_width_runs_beams_per_request(http: TestClient) -> None:
     assert serving(answer)["beam_width"] == 3
     assert serving(answer)["decode_sequences"] == 3 * serving(answer)["concurrent_requests"]
     assert "beam search, 3 beams per request" in out
+
+
+def test_beams_copy_prompt_gives_every_beam_its_own_prompt_cache(http: TestClient) -> None:
+    beams = (*DECODER, "--batching", "continuous", "--beam-width", "4")
+    out, answer = recommend_both(http, *beams)
+    assert answer["workload"]["beams_share_prompt"] is True
+    # 256 prompt tokens: 4 full blocks shared, then 64 generated tokens per beam -> 1 block
+    assert serving(answer)["kv_tokens_per_request"] == 64 * (4 + 4 * 1)
+    assert "beam search, 4 beams per request; paged KV cache in blocks of 64 tokens; " \
+        "the beams share the prompt's KV cache" in out  # fmt: skip
+    out, answer = recommend_both(http, *beams, "--beams-copy-prompt")
+    assert answer["workload"]["beams_share_prompt"] is False
+    assert serving(answer)["kv_tokens_per_request"] == 4 * 64 * 5  # 320 tokens per beam
+    assert "every beam holds its own copy of the prompt's KV cache" in out
+    assert "beams share" not in out
 
 
 def test_kv_block_tokens_sizes_the_paged_cache(http: TestClient) -> None:

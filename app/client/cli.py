@@ -914,6 +914,11 @@ def _check_decoder_serving(args: argparse.Namespace) -> None:
             "--kv-block-tokens sizes the paged KV cache of --batching continuous; static "
             "batching reserves the whole padded context"
         )
+    if args.beams_share_prompt is not None and args.batching != "continuous":
+        raise UsageError(
+            "--beams-copy-prompt is about the paged KV cache of --batching continuous; static "
+            "batching gives every beam its own padded copy of the prompt"
+        )
 
 
 def _recommend_body(args: argparse.Namespace) -> Json:
@@ -943,6 +948,7 @@ def _recommend_body(args: argparse.Namespace) -> Json:
         ("batching", args.batching),
         ("beam_width", args.beam_width),
         ("kv_block_tokens", args.kv_block_tokens),
+        ("beams_share_prompt", args.beams_share_prompt),
         ("fuse_elementwise", args.fuse),
         ("limit", args.limit),
     ):
@@ -1026,6 +1032,12 @@ def decoder_serving_line(workload: Json) -> str | None:
         parts.append(f"beam search, {beams} beams per request")
     if continuous and workload.get("kv_block_tokens"):
         parts.append(f"paged KV cache in blocks of {workload['kv_block_tokens']} tokens")
+    if continuous and beams > 1 and workload.get("beams_share_prompt") is not None:
+        parts.append(
+            "the beams share the prompt's KV cache"
+            if workload["beams_share_prompt"]
+            else "every beam holds its own copy of the prompt's KV cache"
+        )
     return "; ".join(parts)
 
 
@@ -1380,6 +1392,16 @@ def build_parser() -> argparse.ArgumentParser:
         type=IntIn(1, MAX_KV_BLOCK_TOKENS),
         metavar="TOKENS",
         help="--batching continuous: tokens per paged KV-cache block, 1-4096 (default 64)",
+    )
+    decoders.add_argument(
+        "--beams-copy-prompt",
+        dest="beams_share_prompt",
+        action="store_const",
+        const=False,
+        default=None,
+        help="--batching continuous with beams: every beam holds and reads its own copy of "
+        "the prompt's KV cache, as Neural Speed does (default: the beams share it, as "
+        "TensorRT-LLM and vLLM do)",
     )
     recommend.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=None,
                            help="fuse elementwise layers into kernels (default on)")  # fmt: skip
