@@ -378,7 +378,14 @@ class InferenceRecommendationRequest(Schema):
         examples=[True],
     )
     limit: int = Field(
-        default=10, ge=1, le=500, description="Ranked candidates to return.", examples=[10]
+        default=10,
+        ge=1,
+        le=2000,
+        description=(
+            "Ranked candidates to return (the whole catalog is about 500 device / precision "
+            "pairs: 2,000 lists every one)."
+        ),
+        examples=[10],
     )
 
     @model_validator(mode="after")
