@@ -431,7 +431,6 @@ class _OpSizes(NamedTuple):
     forward_transient: int
     backward_internal: int
     output: int
-    param_waste: int  # allocator rounding of the layer's parameter tensors
     backward_extra: int  # kernel buffers in this layer's backward beyond the gradients
     output_storage: int  # bytes of the output value in its own dtype (ids are 8 B)
     backward_static: int  # output gradient + internal gradients + kernel buffers
@@ -441,7 +440,6 @@ def _op_sizes(layer: LayerAnalysis, sizer: _Sizer, request: MemoryRequest) -> _O
     tp = request.parallelism.tensor
     selective = request.checkpointing is Checkpointing.SELECTIVE
     fp32_acts = sizer.plan.activation == 4
-    weight = sizer.plan.weight  # bytes per weight element (1/2 for int4): ceil in integers
     kept: list[tuple[int, int]] = []  # (_IN0 | _OUT | _NEW, bytes) in saved order
     internal = 0
     for item in layer.result.saved:
@@ -490,12 +488,6 @@ def _op_sizes(layer: LayerAnalysis, sizer: _Sizer, request: MemoryRequest) -> _O
         + (output if sizer.runtime is Runtime.CPU and layer.op in CONV_OPS else 0),
         backward_internal=internal,
         output=output,
-        param_waste=_rounding_waste(
-            Counter(
-                -(-math.prod(shape) * weight.numerator // weight.denominator)
-                for shape in layer.result.param_shapes
-            )
-        ),
         backward_extra=backward_extra,
         output_storage=sizer.value_bytes(layer.output_numel, layer.output_kind)
         if layer.result.materialized
@@ -859,17 +851,6 @@ def _seed_rule(analysis: GraphAnalysis, sizer: _Sizer) -> int | None:
         best = max(best, previous + current)
         previous = current
     return best
-
-
-def _rounding_waste(counts: Mapping[int, int]) -> int:
-    """CUDA caching allocator: 512 B granularity, 2 MiB blocks for tensors over 1 MiB.
-
-    ``counts`` maps a tensor size [B] to how many tensors have it; returns the bytes the
-    allocator adds on top of them [B].
-    """
-    return sum(
-        count * (-size % (2 * MIB) if size > MIB else -size % 512) for size, count in counts.items()
-    )
 
 
 @dataclass(slots=True)
