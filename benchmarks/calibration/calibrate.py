@@ -1131,10 +1131,11 @@ class Predictor:
         scheme = self.scheme(case.family, device, case.precision)
         calibration = calibrations[calibration_class(device, scheme)]
         if case.metric in ("throughput", "server_throughput_at_latency_bound"):
-            batch, how = self.offline_batch(case.family, device, case.precision)
             if case.padded_batch_one:
                 source = self.padded[case.family]
-                batch, how = 1, TRITON_OPENVINO_BERT
+                batch, how = 1, TRITON_OPENVINO_BERT  # Server's largest batch too
+            else:
+                batch, how = self.offline_batch(case.family, device, case.precision)
 
             def workload_at(b: int) -> PhasedRequest:
                 if case.family == "resnet50" and case.precision is Precision.INT8:
@@ -1146,8 +1147,6 @@ class Predictor:
             if case.metric == "server_throughput_at_latency_bound" and case.bound_ms is not None:
                 if self._intel_gptj(case.family, device):
                     batch = INTEL_GPTJ_SERVER_REQUESTS  # Server: a worker admits 4
-                if case.padded_batch_one:
-                    return self._server(case, device, calibration, 1, workload_at)
                 return self._server(case, device, calibration, batch, workload_at)
             what = f"{case.precision.value}, {how}"
             if case.family == "3d-unet-99":

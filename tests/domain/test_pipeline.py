@@ -19,7 +19,6 @@ from app.domain.performance.pipeline import (
 from app.domain.performance.roofline import (
     PRECISION_SCHEMES,
     Bound,
-    Calibration,
     PhasedRequest,
     RooflineInputError,
     decoder_request,
@@ -28,6 +27,7 @@ from app.domain.performance.roofline import (
 )
 from app.domain.precision import DType, Precision
 from app.domain.zoo import llama
+from tests.domain.test_roofline import HAND_CAL
 
 FP16 = PRECISION_SCHEMES[Precision.FP16]
 HIDDEN = 64
@@ -48,15 +48,7 @@ GPU = HardwareSpec(
     tdp_watts=100.0,
     price_usd_per_hour=3.6,
 )
-CAL = Calibration(
-    compute_efficiency=0.5,
-    memory_efficiency=0.5,
-    activation_cache_share=0.0,
-    host_link_efficiency=0.5,
-    kernel_launch_overhead_s=1e-5,
-    request_overhead_s=1e-4,
-    basis="test",
-)
+CAL = HAND_CAL  # round numbers, as test_roofline's hand-checked figures
 
 
 def _request(batch: int) -> PhasedRequest:

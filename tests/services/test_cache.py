@@ -45,8 +45,9 @@ def test_collector_left_off_when_it_was_off() -> None:
         gc.enable()
 
 
-def test_collector_stays_off_until_the_last_thread_leaves() -> None:
-    entered, release = threading.Event(), threading.Event()
+def _paused_in_another_thread(release: threading.Event) -> threading.Thread:
+    """A thread inside ``collector_paused()`` until ``release`` is set (started, entered)."""
+    entered = threading.Event()
 
     def hold() -> None:
         with collector_paused():
@@ -56,6 +57,12 @@ def test_collector_stays_off_until_the_last_thread_leaves() -> None:
     other = threading.Thread(target=hold)
     other.start()
     entered.wait(5)
+    return other
+
+
+def test_collector_stays_off_until_the_last_thread_leaves() -> None:
+    release = threading.Event()
+    other = _paused_in_another_thread(release)
     with collector_paused():
         pass
     assert not gc.isenabled()  # the other thread is still inside
@@ -77,16 +84,8 @@ def test_overlapping_callers_cannot_keep_the_collector_off_for_ever(
         return 0
 
     monkeypatch.setattr(gc, "collect", collect)
-    entered, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with collector_paused():
-            entered.set()
-            release.wait(5)
-
-    other = threading.Thread(target=hold)
-    other.start()
-    entered.wait(5)
+    release = threading.Event()
+    other = _paused_in_another_thread(release)
     monkeypatch.setattr(cache, "MAX_PAUSE_S", 3600.0)
     with collector_paused():
         pass
