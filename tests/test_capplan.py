@@ -26,6 +26,7 @@ from app.domain.hardware import DeviceKind, PriceKind
 from app.domain.performance.decoding import Batching
 from app.domain.performance.pipeline import ParallelStrategy
 from app.domain.performance.recommend import Objective, Scenario
+from app.domain.performance.roofline import CalibrationClass
 from app.domain.performance.runtimes import ServingRuntime
 from app.domain.precision import Precision
 from app.domain.workload import (
@@ -292,6 +293,7 @@ def test_every_fit_admission_plan_and_recommend_option_reaches_the_body(tmp_path
                          "--slo-margin", "0.2", "--price-kind", "spot", "--scenario", "server",
                          "--serving-runtime", "torch_compile", "--tensor-parallel-max", "4",
                          "--calibration", "gpu.compute_efficiency=0.5",
+                         "--calibration", "gpu_hopper.compute_efficiency=0.3",
                          "--calibration", "cpu.request_overhead_us=40", "--seq", "384",
                          "--tokens-mean", "177", "--image", "32", "--bind", "heads=12",
                          "--prompt-tokens", "100", "--generated-tokens", "20", "--no-fuse",
@@ -309,6 +311,7 @@ def test_every_fit_admission_plan_and_recommend_option_reaches_the_body(tmp_path
         "prices_usd_per_hour": {"nvidia-l4": 0.8}, "slo_margin": 0.2, "price_kind": "spot",
         "scenario": "server", "serving_runtime": "torch_compile", "tensor_parallel_max": 4,
         "calibration": {"gpu": {"compute_efficiency": 0.5},
+                        "gpu_hopper": {"compute_efficiency": 0.3},
                         "cpu": {"request_overhead_us": 40.0}},
         "prompt_tokens_mean": 60, "generated_tokens_mean": 12, "batching": "continuous",
         "beam_width": 4, "kv_block_tokens": 16, "beams_share_prompt": False,
@@ -333,6 +336,7 @@ def test_the_cli_choices_are_the_api_enumerations() -> None:
     assert cli.PARALLELISMS == tuple(p.value for p in ParallelStrategy)
     assert set(cli.DEVICE_KINDS) == {k.value for k in DeviceKind}
     assert cli.CALIBRATION_FIELDS == tuple(CalibrationOverride.model_fields)
+    assert cli.CALIBRATION_CLASSES == tuple(c.value for c in CalibrationClass)
 
 
 def _recommend_actions() -> dict[str, argparse.Action]:

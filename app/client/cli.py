@@ -81,8 +81,9 @@ SERVING_RUNTIMES = ("tensorrt", "torch_compile", "pytorch_eager", "tensorflow")
 BATCHINGS = ("static", "continuous")
 PARALLELISMS = ("tensor", "pipeline", "both")
 DEVICE_KINDS = ("gpu", "cpu", "edge", "tpu")
-# Keys of a recommendation's calibration: the kinds, with CPUs split by AMX (cpu_amx)
-CALIBRATION_CLASSES = ("gpu", "cpu", "cpu_amx", "edge", "tpu")
+# Keys of a recommendation's calibration: the kinds, with GPUs split by architecture
+# (gpu_ampere, gpu_hopper; gpu: the others) and CPUs by AMX (cpu_amx)
+CALIBRATION_CLASSES = ("gpu", "gpu_ampere", "gpu_hopper", "cpu", "cpu_amx", "edge", "tpu")
 CALIBRATION_FIELDS = ("compute_efficiency", "memory_efficiency", "activation_cache_share",
                       "host_link_efficiency", "kernel_launch_overhead_us",
                       "request_overhead_us")  # fmt: skip
@@ -1347,7 +1348,8 @@ def build_parser() -> argparse.ArgumentParser:
     recommend.add_argument(
         "--calibration", action="append", metavar="KIND.FIELD=VALUE",
         help="override a calibrated value, e.g. gpu.compute_efficiency=0.5 (repeat); KIND: "
-        "gpu, cpu (no AMX), cpu_amx (Intel AMX), edge, tpu",
+        "gpu (every GPU), gpu_ampere, gpu_hopper (win over gpu), cpu (no AMX), cpu_amx "
+        "(Intel AMX), edge, tpu",
     )  # fmt: skip
     recommend.add_argument("--seq", type=int, help="sequence length (encoders)")
     recommend.add_argument("--tokens-mean", type=int, help="encoders without padding: mean tokens")

@@ -179,6 +179,7 @@ class HardwareSpec:
     # Where a MIG slice's sm_count comes from, in words (None: the device's own figure)
     sm_count_source: str | None = None
     cpu_cores: int | None = None  # CPUs: physical cores per socket (the catalog's cpu.cores)
+    architecture: str | None = None  # the catalog's, e.g. "Hopper GH100" (None: not stated)
 
     @property
     def parallel_units(self) -> int | None:

@@ -315,11 +315,13 @@ class InferenceRecommendationRequest(Schema):
     calibration: dict[CalibrationClass, CalibrationOverride] = Field(
         default_factory=dict,
         description="Override the calibrated efficiencies and overheads per calibration class: "
-        "gpu, cpu (math on a CPU's vector units: AVX-512 VNNI or AVX2 Xeons, AMD EPYC, Arm, and "
-        "fp32 on any CPU), cpu_amx (int8, bf16 or fp16 math on the AMX tiles of a CPU whose "
-        "catalog `simd` names AMX: Xeon 8480+, 8592+, 6980P), edge, tpu. An override of cpu "
-        "does not change cpu_amx. A candidate's `inputs.calibration_class` says which one it "
-        "ran under.",
+        "gpu_ampere (A10, A30, A100), gpu_hopper (H100, H200, GH200), gpu (every other GPU: "
+        "Turing, Volta, Ada, Blackwell), cpu (math on a CPU's vector units: AVX-512 VNNI or "
+        "AVX2 Xeons, AMD EPYC, Arm, and fp32 on any CPU), cpu_amx (int8, bf16 or fp16 math on "
+        "the AMX tiles of a CPU whose catalog `simd` names AMX: Xeon 8480+, 8592+, 6980P), "
+        "edge, tpu. An override of gpu applies to every GPU class, and an architecture class's "
+        "own override wins over it field by field; an override of cpu does not change cpu_amx. "
+        "A candidate's `inputs.calibration_class` says which one it ran under.",
         examples=[{"gpu": {"compute_efficiency": 0.5}, "cpu_amx": {"compute_efficiency": 0.3}}],
     )
     tensor_parallel_max: int = Field(
@@ -478,9 +480,10 @@ class RooflineInputs(Schema):
     )
     calibration_class: CalibrationClass = Field(
         description="The calibration the efficiencies and overheads here come from, a key of "
-        "the response's `calibration` map: the device kind, or cpu_amx where Intel AMX tiles "
-        "run the math (int8, bf16, fp16 on a CPU with AMX: the tiles reach a smaller share of "
-        "their peak than AVX-512 VNNI does of its own).",
+        "the response's `calibration` map: the device kind; gpu_ampere or gpu_hopper for a GPU "
+        "of those architectures (each generation reaches its own share of its spec peak); "
+        "cpu_amx where Intel AMX tiles run the math (int8, bf16, fp16 on a CPU with AMX: the "
+        "tiles reach a smaller share of their peak than AVX-512 VNNI does of its own).",
         examples=["cpu_amx"],
     )
     compute_efficiency: float = Field(description="Calibrated efficiency.", examples=[0.46])
@@ -1039,8 +1042,9 @@ class InferenceRecommendationResponse(Schema):
     eligible_candidates: int = Field(description="Of those, eligible.", examples=[96])
     excluded: list[Exclusion] = Field(description="Pairs not evaluated, with the reason.")
     calibration: dict[CalibrationClass, CalibrationRead] = Field(
-        description="Efficiencies and overheads per calibration class, as used: gpu, cpu (a "
-        "CPU's vector units), cpu_amx (a CPU's Intel AMX tiles), edge, tpu.",
+        description="Efficiencies and overheads per calibration class, as used: gpu_ampere, "
+        "gpu_hopper, gpu (every other GPU), cpu (a CPU's vector units), cpu_amx (a CPU's Intel "
+        "AMX tiles), edge, tpu.",
         examples=[
             {
                 "cpu": {

@@ -371,6 +371,7 @@ def hardware_spec(
         simd=(row.cpu or {}).get("simd"),
         sm_count=row.sm_count,
         cpu_cores=(row.cpu or {}).get("cores"),
+        architecture=row.architecture,
         mig=geometry(row) if row.mig_total_compute_slices is not None else None,
         overhead=hardware_overhead(row),
     )

@@ -56,6 +56,7 @@ from app.domain.performance.recommend import (
 )
 from app.domain.performance.roofline import (
     DEFAULT_CALIBRATIONS,
+    GPU_ARCHITECTURE_CLASSES,
     PRECISION_SCHEMES,
     Bound,
     Calibration,
@@ -333,7 +334,12 @@ def calibrations(
     request's overrides applied on top."""
     profile = RUNTIME_PROFILES[runtime]
     result = {cls: profile.apply(cal, cls.kind) for cls, cal in DEFAULT_CALIBRATIONS.items()}
-    for cls, override in overrides.items():
+    # An override of gpu reaches every GPU's class; an architecture class's own override is
+    # applied after it, so its fields win.
+    gpu_override = overrides.get(CalibrationClass.GPU)
+    steps = [] if gpu_override is None else [(cls, gpu_override) for cls in GPU_CLASSES]
+    steps += [(cls, o) for cls, o in overrides.items() if cls is not CalibrationClass.GPU]
+    for cls, override in steps:
         values = override.model_dump(exclude_none=True)
         if not values:
             continue
@@ -347,6 +353,10 @@ def calibrations(
             base, **values, basis=f"request override of {changed}; otherwise: {base.basis}"
         )
     return result
+
+
+# The classes a request's ``gpu`` override reaches: the pooled one and every architecture's.
+GPU_CLASSES = (CalibrationClass.GPU, *GPU_ARCHITECTURE_CLASSES.values())
 
 
 # --------------------------------------------------------------------------------------------

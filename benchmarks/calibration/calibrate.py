@@ -58,6 +58,7 @@ from app.domain.hardware import DeviceKind, HardwareSpec, pcie_bandwidth_bytes_p
 from app.domain.performance.decoding import Batching, DecoderServing
 from app.domain.performance.roofline import (
     DEFAULT_CALIBRATIONS,
+    GPU_ARCHITECTURE_CLASSES,
     PRECISION_SCHEMES,
     Calibration,
     CalibrationClass,
@@ -373,6 +374,13 @@ def fit_memory_efficiency(rows: Iterable[tuple[HardwareSpec, float]]) -> dict[De
     }
 
 
+# The GPU classes: the pooled fit (``gpu``) and one per architecture that has one.
+GPU_CLASSES = (CalibrationClass.GPU, *GPU_ARCHITECTURE_CLASSES.values())
+# An architecture's class is fitted on its own rows only when they come from this many
+# devices; with fewer (e.g. one device left when another is left out) it takes the pooled fit.
+MIN_ARCHITECTURE_DEVICES = 2
+
+
 def derive(
     rows: list[dict[str, Any]],
     devices: Mapping[str, HardwareSpec],
@@ -436,13 +444,28 @@ def derive(
         )
 
     fitted: dict[CalibrationClass, Calibration] = {}
+    pooled: dict[CalibrationClass, str] = {}
     gpu = CalibrationClass.GPU
-    efficiency, share = fit(request, items[gpu], base(gpu), SHARE_GRID)
+    every_gpu = [item for cls in GPU_CLASSES for item in items.get(cls, [])]
+    efficiency, share = fit(request, every_gpu, base(gpu), SHARE_GRID)
     fitted[gpu] = replace(base(gpu), compute_efficiency=efficiency, activation_cache_share=share)
+    for cls in GPU_ARCHITECTURE_CLASSES.values():
+        own = items.get(cls, [])
+        if len({device.slug for device, _ in own}) < MIN_ARCHITECTURE_DEVICES:
+            fitted[cls] = replace(fitted[gpu], basis=base(cls).basis)
+            pooled[cls] = (
+                f"fewer than {MIN_ARCHITECTURE_DEVICES} {cls.value} devices left: the pooled "
+                "GPU fit"
+            )
+            continue
+        # Few devices per architecture: each fits its efficiency at the pooled GPU share.
+        efficiency, _ = fit(request, own, base(cls), [share])
+        fitted[cls] = replace(
+            base(cls), compute_efficiency=efficiency, activation_cache_share=share
+        )
     cpu, amx = CalibrationClass.CPU, CalibrationClass.CPU_AMX
     every_cpu = items.get(cpu, []) + items.get(amx, [])
     pooled_efficiency, pooled_share = fit(request, every_cpu, base(cpu), SHARE_GRID)
-    pooled: dict[CalibrationClass, str] = {}
     for cls in (cpu, amx):
         if not items.get(cls):
             efficiency, share = pooled_efficiency, pooled_share
@@ -463,7 +486,7 @@ def derive(
         base(edge), compute_efficiency=efficiency, activation_cache_share=gpu_share
     )
     overhead_s = fit_request_overhead(single_stream, fitted)
-    for cls in (CalibrationClass.GPU, edge):
+    for cls in (*GPU_CLASSES, edge):
         fitted[cls] = replace(fitted[cls], request_overhead_s=overhead_s)
     implied: dict[int, float] = {}
     for index, row in enumerate(rows):

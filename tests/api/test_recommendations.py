@@ -37,7 +37,15 @@ def test_whole_catalog_by_default(client: ApiClient, db_url: str) -> None:
     excluded = {(e["device"], e["precision"]): e["reason"] for e in body["excluded"]}
     assert "int8" in excluded[("nvidia-v100-32gb-sxm2", "int8")]
     assert "host-link" in excluded[("google-tpu-v4", "int8")]
-    assert set(body["calibration"]) == {"gpu", "cpu", "cpu_amx", "edge", "tpu"}
+    assert set(body["calibration"]) == {
+        "gpu",
+        "gpu_ampere",
+        "gpu_hopper",
+        "cpu",
+        "cpu_amx",
+        "edge",
+        "tpu",
+    }
     assert "MLPerf" in body["calibration"]["gpu"]["basis"]
     assert body["recommendation"].startswith("Run resnet-50 on ")
     assert body["formulas"]
@@ -316,6 +324,64 @@ def test_an_amx_cpu_answers_with_the_amx_calibration(client: ApiClient) -> None:
     assert slower[("intel-xeon-platinum-8380", "int8")]["inputs"]["compute_efficiency"] == 0.63
 
 
+def test_gpus_answer_with_their_architecture_calibration(client: ApiClient) -> None:
+    """An A100 (and its MIG slice) runs under gpu_ampere, an H100 under gpu_hopper, an L4 and a
+    T4 under the pooled gpu (pins: results.md's Derived defaults). An override of gpu reaches
+    every GPU; an architecture's own override wins over it."""
+    common: dict[str, Any] = {
+        "model": "resnet-50",
+        "devices": [
+            "nvidia-a100-80gb-sxm",
+            "nvidia-a100-80gb-sxm/1g.10gb",
+            "nvidia-h100-sxm",
+            "nvidia-l4",
+            "nvidia-t4",
+        ],
+        "precisions": ["int8"],
+        "batch_sizes": [8],
+    }
+    body = _recommend(client, **common)
+    expected = {
+        "nvidia-a100-80gb-sxm": ("gpu_ampere", 0.54),
+        "nvidia-a100-80gb-sxm/1g.10gb": ("gpu_ampere", 0.54),
+        "nvidia-h100-sxm": ("gpu_hopper", 0.42),
+        "nvidia-l4": ("gpu", 0.51),
+        "nvidia-t4": ("gpu", 0.51),
+    }
+    found = {
+        device: (c["inputs"]["calibration_class"], c["inputs"]["compute_efficiency"])
+        for (device, _), c in _by_device(body).items()
+    }
+    assert found == expected
+    assert "Hopper" in body["calibration"]["gpu_hopper"]["basis"]
+    assert body["calibration"]["gpu_ampere"]["compute_efficiency"] == 0.54
+    # gpu reaches every GPU; gpu_hopper's own override wins over it
+    overridden = _by_device(
+        _recommend(
+            client,
+            **common,
+            calibration={
+                "gpu": {"compute_efficiency": 0.3, "memory_efficiency": 0.6},
+                "gpu_hopper": {"compute_efficiency": 0.2},
+            },
+        )
+    )
+    values = {
+        device: (c["inputs"]["compute_efficiency"], c["inputs"]["calibration_class"])
+        for (device, _), c in overridden.items()
+    }
+    assert values == {
+        "nvidia-a100-80gb-sxm": (0.3, "gpu_ampere"),
+        "nvidia-a100-80gb-sxm/1g.10gb": (0.3, "gpu_ampere"),
+        "nvidia-h100-sxm": (0.2, "gpu_hopper"),
+        "nvidia-l4": (0.3, "gpu"),
+        "nvidia-t4": (0.3, "gpu"),
+    }
+    h100 = overridden[("nvidia-h100-sxm", "int8")]["inputs"]
+    # the gpu override's other fields reach Hopper too: bandwidth at 0.6 of the peak
+    assert h100["effective_bandwidth_bytes_per_s"] == pytest.approx(3.35e12 * 0.6)
+
+
 def test_a_precision_the_device_lacks_is_excluded_with_a_reason(client: ApiClient) -> None:
     body = _recommend(
         client,
@@ -370,6 +436,11 @@ def test_the_only_candidate_lacking_the_precision_is_an_error(
         ),
         ({"calibration": {"fpga": {}}}, "/calibration/fpga/[key]"),
         ({"calibration": {"cpu-amx": {}}}, "/calibration/cpu-amx/[key]"),
+        ({"calibration": {"gpu_ada": {}}}, "/calibration/gpu_ada/[key]"),
+        (
+            {"calibration": {"gpu_hopper": {"compute_efficiency": 0}}},
+            "/calibration/gpu_hopper/compute_efficiency",
+        ),
         (
             {"calibration": {"cpu_amx": {"activation_cache_share": 1}}},
             "/calibration/cpu_amx/activation_cache_share",

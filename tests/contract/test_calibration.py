@@ -150,3 +150,47 @@ def test_cpus_are_fitted_per_matrix_engine(
     assert CalibrationClass.CPU in refit.pooled
     pooled = refit.calibrations[CalibrationClass.CPU]
     assert (pooled.compute_efficiency, pooled.activation_cache_share) == refit.pooled_cpu[:2]
+
+
+def test_gpus_are_fitted_per_architecture(
+    calibrate: ModuleType,
+    calibration_fit_rows: list[dict[str, Any]],
+    calibration_more_rows: list[dict[str, Any]],
+    calibration_devices: dict[str, Any],
+) -> None:
+    """gpu is the pooled fit over every GPU row (efficiency and share); gpu_ampere (6 rows of 4
+    GPUs) and gpu_hopper (5 rows of 3) fit their efficiency at its share. An architecture left
+    with rows of fewer than 2 devices takes the pooled fit. Pins: results.md."""
+    latency = calibrate.latency_rows(calibration_more_rows, calibration_devices)
+    derivation = calibrate.derive(calibration_fit_rows, calibration_devices, latency)
+    fitted = derivation.calibrations
+    gpu = fitted[CalibrationClass.GPU]
+    ampere, hopper = fitted[CalibrationClass.GPU_AMPERE], fitted[CalibrationClass.GPU_HOPPER]
+    assert (gpu.compute_efficiency, gpu.activation_cache_share) == (0.51, 0.5)  # pin
+    assert (ampere.compute_efficiency, hopper.compute_efficiency) == (0.54, 0.42)  # pins
+    assert ampere.activation_cache_share == hopper.activation_cache_share == 0.5
+
+    def architecture(row: dict[str, Any]) -> CalibrationClass | None:
+        device = calibration_devices.get(calibrate.CATALOG_SLUGS.get(row["device"], ""))
+        if device is None or device.kind is not DeviceKind.GPU or row["metric"] != "throughput":
+            return None
+        cls: CalibrationClass = calibrate.calibration_class(
+            device, calibrate.resnet50_int8(1).scheme
+        )
+        return cls
+
+    counts: dict[CalibrationClass | None, int] = {}
+    for row in calibration_fit_rows:
+        counts[architecture(row)] = counts.get(architecture(row), 0) + 1
+    assert (counts[CalibrationClass.GPU_AMPERE], counts[CalibrationClass.GPU_HOPPER]) == (6, 5)
+    # Without the H100 SXM and the H200, Hopper has one device left: the pooled fit
+    left = {"nvidia_h100_sxm", "nvidia_h200_sxm"}
+    assert left <= {row["device"] for row in calibration_fit_rows}
+    rows = [row for row in calibration_fit_rows if row["device"] not in left]
+    refit = calibrate.derive(rows, calibration_devices, latency)
+    assert CalibrationClass.GPU_HOPPER in refit.pooled
+    assert CalibrationClass.GPU_AMPERE not in refit.pooled
+    pooled_hopper = refit.calibrations[CalibrationClass.GPU_HOPPER]
+    pooled_gpu = refit.calibrations[CalibrationClass.GPU]
+    assert pooled_hopper.compute_efficiency == pooled_gpu.compute_efficiency
+    assert pooled_hopper.activation_cache_share == pooled_gpu.activation_cache_share

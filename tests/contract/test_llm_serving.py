@@ -41,7 +41,7 @@ def test_the_report_is_current(llm: ModuleType, scored: Any) -> None:
 def test_baseline_shares(scored: Any) -> None:
     """Pin (the figures the README quotes, not a target): under continuous batching 35 of 35
     throughput rows within 1.5x (the 3 tensor-parallel 70B rows and the 7 RTX PRO 6000
-    pipeline rows among them; 26 under static batching), all within 2x; 3 of 4
+    pipeline rows among them; 27 under static batching), all within 2x; 3 of 4
     time-to-first-token rows within 1.5x."""
     _, _, results = scored
     assert sum(1 for r in results if r.row.tensor_parallel > 1) == 3
@@ -65,8 +65,9 @@ def test_static_batching_is_the_previous_baseline(
     assert all(c.batch >= s.batch for s, c in chosen)
     assert all(c.predicted >= s.predicted * 0.999 for s, c in chosen)
     ratios = [s.ratio for s in static if s.row.metric == "throughput"]
-    # pin: 26 (27 before wave quantization put Llama-3.1-8B fp16 128/128 on the A100 at 0.66x)
-    assert sum(1 for x in ratios if 1 / 1.5 <= x <= 1.5) == 26
+    # pin: 27 (26 from wave quantization, which put Llama-3.1-8B fp16 128/128 on the A100 at
+    # 0.66x, until the Ampere class's 0.54 efficiency)
+    assert sum(1 for x in ratios if 1 / 1.5 <= x <= 1.5) == 27
 
 
 def test_pipeline_rows_are_scored_with_the_fp4_peak(scored: Any) -> None:

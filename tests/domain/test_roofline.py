@@ -319,6 +319,59 @@ def test_calibration_class_splits_cpus_by_amx(
     assert calibration_class(device, FP32) == CalibrationClass(kind.value)
 
 
+@pytest.mark.parametrize(
+    ("architecture", "expected"),
+    [
+        ("Ampere GA100", "gpu_ampere"),
+        ("Ampere GA102", "gpu_ampere"),
+        ("Hopper GH100", "gpu_hopper"),
+        ("Hopper GH100 + Grace (72x Neoverse V2)", "gpu_hopper"),
+        ("hopper", "gpu_hopper"),  # the first word, any case
+        ("Ada Lovelace AD104", "gpu"),  # no class of its own: the pooled fit
+        ("Turing TU104", "gpu"),
+        ("Volta GV100", "gpu"),
+        ("Blackwell GB202", "gpu"),
+        ("Amperes", "gpu"),  # a word, not a prefix
+        ("", "gpu"),
+        (None, "gpu"),
+    ],
+)
+def test_gpus_are_calibrated_by_architecture(architecture: str | None, expected: str) -> None:
+    device = replace(HAND_GPU, architecture=architecture)
+    assert calibration_class(device, INT8) == CalibrationClass(expected)
+    assert calibration_class(device, FP32) == CalibrationClass(expected)  # every precision
+    assert CalibrationClass(expected).kind is DeviceKind.GPU
+    # an Ampere-based SoC stays edge: the Jetsons have their own fit
+    soc = replace(device, kind=DeviceKind.EDGE)
+    assert calibration_class(soc, INT8) is CalibrationClass.EDGE
+
+
+def test_gpu_architecture_classes_are_fitted() -> None:
+    """Fitted by benchmarks/calibration/calibrate.py on each architecture's ResNet-50 rows at
+    the pooled GPU fit's share (pins: results.md, Derived defaults); everything else about a
+    GPU is the pooled class's."""
+    gpu = DEFAULT_CALIBRATIONS[CalibrationClass.GPU]
+    ampere = DEFAULT_CALIBRATIONS[CalibrationClass.GPU_AMPERE]
+    hopper = DEFAULT_CALIBRATIONS[CalibrationClass.GPU_HOPPER]
+    assert (gpu.compute_efficiency, ampere.compute_efficiency, hopper.compute_efficiency) == (
+        0.51,
+        0.54,
+        0.42,
+    )  # pins
+    for cal in (ampere, hopper):
+        assert replace(cal, compute_efficiency=gpu.compute_efficiency, basis=gpu.basis) == gpu
+    # a Hopper GPU is priced at Hopper's efficiency (ResNet-50 fp32 at batch 32)
+    h100 = replace(HAND_GPU, architecture="Hopper GH100")
+    model = ZOO["resnet-50"]
+    analysis = analyze(model.inputs, model.layers, {"batch": 32, "image": 224}, training=False)
+    request = forward_request(analysis, FP32, batch=32)
+    pooled = predict(request, h100, gpu)
+    own = predict(request, h100, DEFAULT_CALIBRATIONS[calibration_class(h100, FP32)])
+    assert own.calibration is hopper
+    assert own.effective_flops_per_s == pytest.approx(pooled.effective_flops_per_s * 0.42 / 0.51)
+    assert own.throughput_per_s < pooled.throughput_per_s
+
+
 def test_amx_cpus_have_their_own_calibration() -> None:
     """Fitted by benchmarks/calibration/calibrate.py on the AMX Xeons' ResNet-50 rows only
     (pins: results.md, Derived defaults)."""
