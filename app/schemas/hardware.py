@@ -265,7 +265,12 @@ class HardwareBase(Schema):
         examples=["nvidia-ampere"],
     )
     architecture: str | None = Field(
-        default=None, max_length=100, description="Micro-architecture.", examples=["Ampere GA100"]
+        default=None,
+        max_length=100,
+        description="Micro-architecture. On a GPU it picks the performance calibration: a "
+        "name containing the word Ampere or Hopper runs under gpu_ampere or gpu_hopper (their "
+        "own fitted efficiency), any other under the pooled gpu class.",
+        examples=["Ampere GA100"],
     )
     launch_year: int | None = Field(
         default=None, ge=1990, le=2100, description="Year of launch.", examples=[2020]

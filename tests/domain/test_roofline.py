@@ -326,7 +326,9 @@ def test_calibration_class_splits_cpus_by_amx(
         ("Ampere GA102", "gpu_ampere"),
         ("Hopper GH100", "gpu_hopper"),
         ("Hopper GH100 + Grace (72x Neoverse V2)", "gpu_hopper"),
-        ("hopper", "gpu_hopper"),  # the first word, any case
+        ("hopper", "gpu_hopper"),  # any case
+        ("NVIDIA Hopper (H100 PCIe)", "gpu_hopper"),  # any word
+        ("GA100/Ampere", "gpu_ampere"),
         ("Ada Lovelace AD104", "gpu"),  # no class of its own: the pooled fit
         ("Turing TU104", "gpu"),
         ("Volta GV100", "gpu"),

@@ -54,6 +54,7 @@ multicore architectures", Communications of the ACM 52(4), 2009.
 from __future__ import annotations
 
 import math
+import re
 import sys
 from bisect import bisect_right
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -228,19 +229,21 @@ class CalibrationClass(StrEnum):
 # GPU architectures with a calibration class of their own: each generation reaches its own
 # share of its spec peak (MLPerf ResNet-50 INT8: Ampere 0.48-0.65, Hopper 0.32-0.48, Ada 0.73
 # and beyond), so one efficiency over all of them over-predicts Hopper and under-predicts the
-# rest (benchmarks/calibration/README.md). Keyed by the first word of the catalog's
-# ``architecture``; every other GPU (Turing, Volta, Blackwell, ...) is ``gpu``: the pooled fit.
+# rest (benchmarks/calibration/README.md). Keyed by a word of the catalog's ``architecture``
+# (the first that names one); every other GPU (Turing, Volta, Ada, Blackwell, ...) is ``gpu``:
+# the pooled fit.
 GPU_ARCHITECTURE_CLASSES: Mapping[str, CalibrationClass] = {
     "ampere": CalibrationClass.GPU_AMPERE,
     "hopper": CalibrationClass.GPU_HOPPER,
 }
 
 
+@lru_cache(maxsize=256)  # asked once per candidate and prediction, for a few names
 def gpu_architecture_class(architecture: str | None) -> CalibrationClass:
     """The calibration class of a GPU whose catalog ``architecture`` is ``architecture``."""
-    words = (architecture or "").split()
-    family = words[0].lower() if words else ""
-    return GPU_ARCHITECTURE_CLASSES.get(family, CalibrationClass.GPU)
+    words = re.findall(r"[a-z0-9]+", (architecture or "").lower())
+    found = [GPU_ARCHITECTURE_CLASSES[word] for word in words if word in GPU_ARCHITECTURE_CLASSES]
+    return found[0] if found else CalibrationClass.GPU
 
 
 AMX_TILES = "AMX tiles"  # cpu_compute_unit's name for Intel AMX
