@@ -336,41 +336,41 @@ _CPU_REST = (
     "call figures (44.3, 42.4, ~33 us; no CPU SingleStream rows to fit it on); no host-link copy"
 )
 _GPU_REST = f"{_MEMORY}; {_LINK}; {_OVERHEADS}; {_REQUEST}"
+
+
+def _gpu_calibration(compute_efficiency: float, basis: str) -> Calibration:
+    """A GPU class's calibration: its own compute efficiency, the rest shared by every GPU
+    class (the cache share is the pooled fit's; memory, link and overheads are fitted per
+    kind)."""
+    return Calibration(
+        compute_efficiency=compute_efficiency,
+        memory_efficiency=0.83,
+        activation_cache_share=0.5,
+        host_link_efficiency=0.73,
+        kernel_launch_overhead_s=4.0e-6,
+        request_overhead_s=155e-6,
+        basis=basis,
+    )
+
+
 DEFAULT_CALIBRATIONS: Mapping[CalibrationClass, Calibration] = {
-    CalibrationClass.GPU: Calibration(
-        compute_efficiency=0.51,
-        memory_efficiency=0.83,
-        activation_cache_share=0.5,
-        host_link_efficiency=0.73,
-        kernel_launch_overhead_s=4.0e-6,
-        request_overhead_s=155e-6,
-        basis="GPUs without an architecture class of their own (Turing, Volta, Ada, Blackwell "
-        f"and older): compute efficiency and activation cache share: {_FIT}, pooled over all "
-        "14 rows per accelerator (T4, A10, A30, A100, H100, H200, L4, L40S); "
+    CalibrationClass.GPU: _gpu_calibration(
+        0.51,
+        "GPUs without an architecture class of their own (Turing, Volta, Ada, Blackwell and "
+        f"older): compute efficiency and activation cache share: {_FIT}, pooled over all 14 "
+        f"rows per accelerator (T4, A10, A30, A100, H100, H200, L4, L40S); {_GPU_REST}",
+    ),
+    CalibrationClass.GPU_AMPERE: _gpu_calibration(
+        0.54,
+        f"Ampere GPUs: compute efficiency: {_FIT}, 6 rows per accelerator of 4 Ampere GPUs "
+        "(A10, A30, A100 PCIe and SXM), at the pooled GPU fit's activation cache share; "
         f"{_GPU_REST}",
     ),
-    CalibrationClass.GPU_AMPERE: Calibration(
-        compute_efficiency=0.54,
-        memory_efficiency=0.83,
-        activation_cache_share=0.5,
-        host_link_efficiency=0.73,
-        kernel_launch_overhead_s=4.0e-6,
-        request_overhead_s=155e-6,
-        basis=f"Ampere GPUs: compute efficiency: {_FIT}, 6 rows per accelerator of 4 Ampere "
-        "GPUs (A10, A30, A100 PCIe and SXM), at the pooled GPU fit's activation cache share; "
-        f"{_GPU_REST}",
-    ),
-    CalibrationClass.GPU_HOPPER: Calibration(
-        compute_efficiency=0.42,
-        memory_efficiency=0.83,
-        activation_cache_share=0.5,
-        host_link_efficiency=0.73,
-        kernel_launch_overhead_s=4.0e-6,
-        request_overhead_s=155e-6,
-        basis=f"Hopper GPUs: compute efficiency: {_FIT}, 5 rows per accelerator of 3 Hopper "
-        "GPUs (H100 SXM and PCIe, H200), at the pooled GPU fit's activation cache share "
-        "(Hopper reaches a smaller share of its spec peak than Ampere); "
-        f"{_GPU_REST}",
+    CalibrationClass.GPU_HOPPER: _gpu_calibration(
+        0.42,
+        f"Hopper GPUs: compute efficiency: {_FIT}, 5 rows per accelerator of 3 Hopper GPUs "
+        "(H100 SXM and PCIe, H200), at the pooled GPU fit's activation cache share (Hopper "
+        f"reaches a smaller share of its spec peak than Ampere); {_GPU_REST}",
     ),
     CalibrationClass.CPU: Calibration(
         compute_efficiency=0.63,
@@ -411,14 +411,8 @@ DEFAULT_CALIBRATIONS: Mapping[CalibrationClass, Calibration] = {
         "0.8 assumed (no SoC bandwidth rows); launch and request overheads as for GPUs (the "
         "request overhead's fit has 2 Orin rows)",
     ),
-    CalibrationClass.TPU: Calibration(
-        compute_efficiency=0.51,
-        memory_efficiency=0.83,
-        activation_cache_share=0.5,
-        host_link_efficiency=0.73,
-        kernel_launch_overhead_s=4.0e-6,
-        request_overhead_s=155e-6,
-        basis="not calibrated (the file has no TPU rows): the GPU values",
+    CalibrationClass.TPU: _gpu_calibration(
+        0.51, "not calibrated (the file has no TPU rows): the pooled GPU values"
     ),
 }
 
