@@ -19,17 +19,23 @@ parallel rows as the recommender's pipeline groups (``split_stages``: consecutiv
 the hidden state sent between stages, ``min(batch, p)`` micro-batches), rows published per GPU
 compared per GPU. A row whose device has no peak for its precision is listed with the reason.
 Rows left
-out (vLLM user reports, llama.cpp, percentages) are listed with the reason. Nothing is fitted
-here.
+out (llama.cpp, percentages) are listed with the reason. Nothing is fitted for TensorRT-LLM.
+
+The ``vllm`` rows the meta's ``vllm_rule`` takes (written before any was predicted) are scored
+apart: unfitted, then with the ``vllm`` runtime profile fitted here (compute-efficiency scale
+and host time per sequence per engine step, :func:`vllm_fit`), in sample and leaving each
+device out; ``vllm_profile.md`` is that report, and the exit status is 1 when the shipped
+profile (:mod:`app.domain.performance.runtimes`) is not the fit.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +59,12 @@ from app.domain.performance.roofline import (  # noqa: E402
     shard,
     unsupported_reason,
 )
+from app.domain.performance.runtimes import (  # noqa: E402
+    RUNTIME_PROFILES,
+    RuntimeProfile,
+    ServingRuntime,
+    with_decode_host_overhead,
+)
 from app.domain.precision import Precision  # noqa: E402
 from app.domain.zoo import ZOO, llama  # noqa: E402
 from app.services.recommendations import (  # noqa: E402
@@ -66,6 +78,9 @@ DATA = HERE / "framework_measurements.yaml"
 RESULTS = HERE / "llm_serving.md"
 MAX_BATCH = 4096  # serving engines run hundreds to thousands of sequences at once
 WITHIN, WITHIN_WORST = 1.5, 2.0
+VLLM_SCALE_GRID = tuple(round(0.05 * i, 2) for i in range(1, 41))  # 0.05 .. 2.0
+# host time per sequence per engine step [us]
+VLLM_HOST_LADDER_US = (0, 5, 10, 15, 20, 30, 40, 50, 60, 70, 80, 90, 100, 120, 150, 200)
 
 
 def _graph(model: str) -> tuple[str, list[Any], list[Any]] | None:
@@ -73,6 +88,9 @@ def _graph(model: str) -> tuple[str, list[Any], list[Any]] | None:
     if "llama-2-7b" in text or "llama 7b" in text or text == "llama7b":
         zoo = ZOO["llama-2-7b"]
         return "Llama-2-7B", list(zoo.inputs), list(zoo.layers)
+    if "llama-3-8b" in text:
+        zoo = ZOO["llama-3-8b"]
+        return "Llama-3-8B", list(zoo.inputs), list(zoo.layers)
     if "llama-3.1-8b" in text:
         zoo = ZOO["llama-3-8b"]  # Llama 3.1 8B: Llama 3 8B's shapes (RoPE scaling aside)
         return "Llama-3.1-8B (as Llama-3-8B)", list(zoo.inputs), list(zoo.layers)
@@ -106,12 +124,13 @@ class Row:
     batch: int | None  # None: the engine chose
     prompt: int
     generated: int
-    metric: str  # "throughput" [output tokens/s] or "ttft" [ms]
+    metric: str  # "throughput" [output tokens/s], "ttft" [ms] or "decode_rate" [tokens/s]
     measured: float
     tensor_parallel: int  # GPUs (the measured figure is the whole group's)
     inputs: list[Any]
     layers: list[Any]
     pipeline_parallel: int = 1  # stages (of tensor_parallel GPUs each)
+    runtime: str = "tensorrt_llm"
 
 
 def rows(
@@ -133,7 +152,9 @@ def rows(
         pp = int(row.get("pipeline_parallel") or 1)
         per_gpu = str(row.get("per", "")).startswith("GPU")
         slug = DEVICES.get(str(row["device"]), str(row["device"]))
-        if str(row["runtime"]) != "tensorrt_llm":
+        if str(row["runtime"]) == "vllm":
+            skipped.append((rid, "runtime 'vllm': scored in the vLLM section below"))
+        elif str(row["runtime"]) != "tensorrt_llm":
             skipped.append((rid, f"runtime {row['runtime']!r}: no profile for it"))
         elif tp not in (1, 2, 4, 8, None):
             skipped.append((rid, f"tensor parallel {tp}: not a group the recommender forms"))
@@ -165,6 +186,75 @@ def rows(
                     inputs=inputs,
                     layers=layers,
                     pipeline_parallel=pp,
+                )
+            )
+    return used, skipped
+
+
+VLLM_PRECISIONS = {  # the vLLM rows' precision text -> the service's (vllm_rule (3))
+    "BF16": Precision.BF16,
+    "FP16": Precision.FP16,
+    "not stated (the checkpoint's BF16, vLLM dtype auto)": Precision.BF16,
+}
+
+
+def _mean_tokens(row: Mapping[str, Any], which: str) -> int | None:
+    """A row's fixed length, or the mean over its completed requests (vllm_rule (5))."""
+    fixed = row.get(f"{which}_tokens")
+    if isinstance(fixed, int):
+        return fixed
+    total, completed = row.get(f"total_{which}_tokens"), row.get("completed")
+    if isinstance(total, int) and isinstance(completed, int) and completed > 0:
+        return max(round(total / completed), 1)
+    return None
+
+
+def vllm_rows(
+    raw: Iterable[Mapping[str, Any]], devices: Mapping[str, HardwareSpec]
+) -> tuple[list[Row], list[tuple[str, str]]]:
+    """The vLLM rows the meta's ``vllm_rule`` takes, and the others with the reason."""
+    used: list[Row] = []
+    skipped: list[tuple[str, str]] = []
+    for row in raw:
+        if row.get("category") != "llm_serving" or row.get("runtime") != "vllm":
+            continue
+        rid, metric = str(row["id"]), str(row["metric"])
+        graph = _graph(str(row["model"]))
+        precision = VLLM_PRECISIONS.get(str(row.get("precision")))
+        slug = str(row["device"])
+        prompt, generated = _mean_tokens(row, "input"), _mean_tokens(row, "output")
+        concurrency = row.get("concurrency")
+        if row.get("excluded"):
+            skipped.append((rid, f"excluded: {row['excluded']}"))
+        elif slug not in devices:
+            skipped.append((rid, f"device {row['device']!r} not in the catalog"))
+        elif graph is None:
+            skipped.append((rid, f"model {row['model']!r} not mapped"))
+        elif precision is None:
+            skipped.append((rid, f"precision {row.get('precision')!r}"))
+        elif prompt is None or generated is None:
+            skipped.append((rid, "input / output lengths (or their means) not stated"))
+        elif not isinstance(concurrency, int):
+            skipped.append((rid, "concurrency not stated"))
+        elif metric not in ("throughput", "decode_rate"):
+            skipped.append((rid, f"metric {metric!r}"))
+        else:
+            label, inputs, layers = graph
+            used.append(
+                Row(
+                    id=rid,
+                    slug=slug,
+                    label=label,
+                    precision=precision,
+                    batch=concurrency,
+                    prompt=prompt,
+                    generated=generated,
+                    metric=metric,
+                    measured=float(row["value"]),
+                    tensor_parallel=int(row.get("tensor_parallel") or 1),
+                    inputs=inputs,
+                    layers=layers,
+                    runtime="vllm",
                 )
             )
     return used, skipped
@@ -214,12 +304,27 @@ def _workload(source: ModelSource, scheme: PrecisionScheme, tp: int, batch: int)
     return whole if tp == 1 else shard(whole, tp)
 
 
+_SOURCES: dict[tuple[str, Batching], ModelSource] = {}
+
+
+def _cached_source(row: Row, batching: Batching) -> ModelSource:
+    """The row's model source, built once per batching (the fit predicts each row many times)."""
+    key = (row.id, batching)
+    found = _SOURCES.get(key)
+    if found is None:
+        found = _SOURCES[key] = _source(row, batching)
+    return found
+
+
 def evaluate(
     items: list[Row],
     devices: Mapping[str, HardwareSpec],
     batching: Batching = Batching.CONTINUOUS,
+    profile: RuntimeProfile | None = None,
 ) -> list[Result]:
-    """Each row as the recommender serves it with ``batching``."""
+    """Each row as the recommender serves it with ``batching`` (and a runtime ``profile``:
+    its calibration change and its host time per engine step)."""
+    host_s = 0.0 if profile is None else profile.host_overhead_per_sequence_step_s
     results = []
     for row in items:
         device = devices[row.slug]
@@ -228,13 +333,26 @@ def evaluate(
         if reason is not None:
             results.append(Result(row, None, None, reason))
             continue
-        source = _source(row, batching)
+        source = _cached_source(row, batching)
         calibration = DEFAULT_CALIBRATIONS[calibration_class(device, scheme)]
+        if profile is not None:
+            calibration = profile.apply(calibration, device.kind)
         tp = row.tensor_parallel
         if row.metric == "ttft":
-            p = predict(_workload(source, scheme, tp, 1), device, calibration)
+            p = with_decode_host_overhead(
+                predict(_workload(source, scheme, tp, 1), device, calibration), host_s
+            )
             assert p.first_token_s is not None
             results.append(Result(row, p.first_token_s * 1e3, 1, "batch 1 prefill"))
+            continue
+        if row.metric == "decode_rate":
+            assert row.batch is not None
+            p = with_decode_host_overhead(
+                predict(_workload(source, scheme, tp, row.batch), device, calibration), host_s
+            )
+            assert p.per_token_s is not None
+            note = f"1 / decode step at batch {row.batch}, mean context"
+            results.append(Result(row, 1 / p.per_token_s, row.batch, note))
             continue
         candidate = Candidate(device=device, runtime=device.runtime, overhead=device.overhead)
         pp = row.pipeline_parallel
@@ -263,11 +381,13 @@ def evaluate(
                 batch=batch,
                 micro_batches=micro,
             )
+            p = with_decode_host_overhead(p, host_s)
             results.append(Result(row, p.throughput_per_s * row.generated, batch, how))
             continue
         if tp > 1:
             how += f", tensor parallel {tp} (the group's tokens/s)"
         p = predict(_workload(source, scheme, tp, batch), candidate.device, calibration)
+        p = with_decode_host_overhead(p, host_s)
         results.append(Result(row, p.throughput_per_s * row.generated, batch, how))
     return results
 
@@ -313,6 +433,152 @@ def render(results: list[Result], skipped: list[tuple[str, str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+# --------------------------------------------------------------------------------------------
+# vLLM: the profile fitted on the rows the meta's vllm_rule takes
+# --------------------------------------------------------------------------------------------
+
+VLLM_RESULTS = HERE / "vllm_profile.md"
+
+
+def _log_error(items: list[Row], devices: Mapping[str, HardwareSpec], trial: RuntimeProfile) -> float:
+    total = 0.0
+    for result in evaluate(items, devices, profile=trial):
+        assert result.ratio is not None
+        total += math.log(result.ratio) ** 2
+    return total
+
+
+def vllm_fit(items: list[Row], devices: Mapping[str, HardwareSpec]) -> RuntimeProfile:
+    """The vllm profile whose compute-efficiency scale (grid of 0.05) and host time per
+    sequence per engine step (the ladder) minimise the sum of squared log(predicted /
+    measured) over ``items``."""
+    shipped = RUNTIME_PROFILES[ServingRuntime.VLLM]
+    best: tuple[float, RuntimeProfile] | None = None
+    for host_us in VLLM_HOST_LADDER_US:
+        for scale in VLLM_SCALE_GRID:
+            trial = replace(
+                shipped,
+                compute_efficiency_scale=scale,
+                host_overhead_per_sequence_step_s=host_us * 1e-6,
+            )
+            error = _log_error(items, devices, trial)
+            if best is None or error < best[0] - 1e-12:
+                best = (error, trial)
+    assert best is not None
+    return best[1]
+
+
+@dataclass(frozen=True, slots=True)
+class VllmResult:
+    """A vLLM row: unfitted (the TensorRT-LLM-grade default), in sample, and with its device
+    left out of the fit."""
+
+    row: Row
+    default: float
+    in_sample: float
+    device_out: float | None  # None: no other device's rows to fit on
+
+    def ratio(self, which: str = "device_out") -> float | None:
+        value = {"default": self.default, "in_sample": self.in_sample}.get(which, self.device_out)
+        return None if value is None else value / self.row.measured
+
+
+def vllm_evaluate(
+    items: list[Row], devices: Mapping[str, HardwareSpec], fitted: RuntimeProfile
+) -> list[VllmResult]:
+    """Each row unfitted, in sample, and leaving its device out of the fit."""
+    default = evaluate(items, devices)
+    in_sample = evaluate(items, devices, profile=fitted)
+    refits: dict[str, RuntimeProfile | None] = {}
+    results = []
+    for row, base, fit in zip(items, default, in_sample, strict=True):
+        if row.slug not in refits:
+            others = [r for r in items if r.slug != row.slug]
+            refits[row.slug] = vllm_fit(others, devices) if others else None
+        refit = refits[row.slug]
+        out = None if refit is None else evaluate([row], devices, profile=refit)[0].predicted
+        assert base.predicted is not None and fit.predicted is not None
+        results.append(VllmResult(row, base.predicted, fit.predicted, out))
+    return results
+
+
+def vllm_shipped_matches(fitted: RuntimeProfile) -> list[str]:
+    """Differences between the shipped vllm profile and the fit (empty: they agree)."""
+    shipped = RUNTIME_PROFILES[ServingRuntime.VLLM]
+    problems = []
+    for name in (
+        "fuse_elementwise",
+        "compute_efficiency_scale",
+        "kernel_launch_overhead_s",
+        "host_overhead_per_sequence_step_s",
+    ):
+        a, b = getattr(fitted, name), getattr(shipped, name)
+        if a != b and not (isinstance(a, float) and isinstance(b, float) and math.isclose(a, b)):
+            problems.append(f"vllm {name}: fitted {a!r}, shipped {b!r}")
+    return problems
+
+
+def _shares(ratios: list[float]) -> str:
+    within = sum(1 for x in ratios if max(x, 1 / x) <= WITHIN)
+    worst = sum(1 for x in ratios if max(x, 1 / x) <= WITHIN_WORST)
+    n = len(ratios)
+    median = f"{statistics.median(ratios):.2f}" if ratios else "n/a"
+    return f"{n} | {within}/{n} | {worst}/{n} | {median}"
+
+
+def render_vllm(
+    results: list[VllmResult], skipped: list[tuple[str, str]], fitted: RuntimeProfile
+) -> tuple[str, bool]:
+    """The vLLM report, and whether the shipped profile is the fit."""
+    problems = vllm_shipped_matches(fitted)
+    lines = [
+        "# vLLM serving profile: fit and error",
+        "",
+        "Generated by `benchmarks/calibration/llm_serving.py` from the vLLM rows of "
+        "`framework_measurements.yaml` (which rows: the meta's `vllm_rule`, written before any "
+        "row was predicted). Ratios are predicted / measured; *default*: the TensorRT-LLM-grade "
+        "path unfitted; *left out*: the profile refitted without the row's device.",
+        "",
+        f"Fitted: compute-efficiency scale {fitted.compute_efficiency_scale:g}, host time "
+        f"{fitted.host_overhead_per_sequence_step_s * 1e6:g} us per sequence per engine step "
+        "(grid of 0.05 x the ladder of "
+        f"{', '.join(str(u) for u in VLLM_HOST_LADDER_US)} us; least squares on "
+        "log predicted/measured).",
+        "",
+        "Shipped profile matches the fit: "
+        + ("yes." if not problems else "NO - " + "; ".join(problems) + "."),
+        "",
+        "| prediction | rows | within 1.5x | within 2x | median ratio |",
+        "|---|---|---|---|---|",
+    ]
+    for which, label in (
+        ("default", "default (unfitted)"),
+        ("in_sample", "in sample"),
+        ("device_out", "device left out"),
+    ):
+        ratios = [x for r in results if (x := r.ratio(which)) is not None]
+        lines.append(f"| {label} | {_shares(ratios)} |")
+    lines += [
+        "",
+        "| row | device | model | precision | in | out | batch | metric | measured | default "
+        "| in sample | ratio | left out | ratio |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        row = r.row
+        out = "n/a" if r.device_out is None else f"{r.device_out:,.4g}"
+        out_ratio = "n/a" if (x := r.ratio()) is None else f"{x:.2f}"
+        lines.append(
+            f"| {row.id} | {row.slug} | {row.label} | {row.precision.value} | {row.prompt} | "
+            f"{row.generated} | {row.batch} | {row.metric} | {row.measured:,.4g} tok/s | "
+            f"{r.default:,.4g} | {r.in_sample:,.4g} | {r.ratio('in_sample'):.2f} | {out} | "
+            f"{out_ratio} |"
+        )
+    lines += ["", "Not predicted:", ""]
+    lines += [f"* {rid}: {reason}" for rid, reason in skipped]
+    return "\n".join(lines) + "\n", not problems
+
+
 def main(argv: list[str] | None = None) -> int:
     """Print the report (exit 0: a baseline, not a target)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -327,9 +593,16 @@ def main(argv: list[str] | None = None) -> int:
     batching = Batching.STATIC if args.static else Batching.CONTINUOUS
     report = render(evaluate(items, devices, batching), skipped)
     print(report)
+    vllm_items, vllm_skipped = vllm_rows(document["results"], devices)
+    fitted = vllm_fit(vllm_items, devices)
+    vllm_report, ok = render_vllm(
+        vllm_evaluate(vllm_items, devices, fitted), vllm_skipped, fitted
+    )
+    print(vllm_report)
     if args.write_results:
         RESULTS.write_text(report, encoding="utf-8")
-    return 0
+        VLLM_RESULTS.write_text(vllm_report, encoding="utf-8")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
