@@ -74,7 +74,13 @@ from app.domain.performance.roofline import (
     shard,
     unsupported_reason,
 )
-from app.domain.performance.runtimes import DEFAULT_RUNTIME, RUNTIME_PROFILES, ServingRuntime
+from app.domain.performance.runtimes import (
+    DECODER_ONLY,
+    DEFAULT_RUNTIME,
+    RUNTIME_PROFILES,
+    ServingRuntime,
+    with_decode_host_overhead,
+)
 from app.domain.performance.serving import ServerLoad, clear_server_cache
 from app.domain.precision import Precision
 from app.domain.workload import (
@@ -795,6 +801,13 @@ def _check_decoder_options(payload: InferenceRecommendationRequest, source: Mode
             "self-attention over a `seq` input (not a decoder)",
             pointer=f"/{given[0]}",
         )
+    if payload.serving_runtime in DECODER_ONLY and not source.decoder:
+        raise InvalidInput(
+            f"serving_runtime {payload.serving_runtime.value} is profiled on decoder LLM "
+            f"serving only; {source.label} has no causal self-attention over a `seq` input "
+            "(not a decoder): use tensorrt, torch_compile, pytorch_eager or tensorflow",
+            pointer="/serving_runtime",
+        )
 
 
 def _decoder_batches(
@@ -956,6 +969,7 @@ def _recommend(
     _check_decoder_options(payload, source)
     pool = candidates(session, payload.devices, payload.prices_usd_per_hour, payload.price_kind)
     cals = calibrations(payload.calibration, payload.serving_runtime)
+    host_s = RUNTIME_PROFILES[payload.serving_runtime].host_overhead_per_sequence_step_s
     schemes = [PRECISION_SCHEMES[p] for p in payload.precisions]
     excluded: list[Exclusion] = []
     runnable: list[tuple[Candidate, PrecisionScheme]] = []
@@ -1024,6 +1038,7 @@ def _recommend(
                 batch=batch,
                 micro_batches=micro,
             )
+            prediction = with_decode_host_overhead(prediction, host_s)
             options.setdefault(key, []).append(assess(prediction, fit, requirements))
             continue
         if candidate.tensor_parallel > 1:
@@ -1031,6 +1046,7 @@ def _recommend(
         else:
             workload = source.workload(batch, scheme)
         prediction = predict(workload, device, cals[calibration_class(device, scheme)])
+        prediction = with_decode_host_overhead(prediction, host_s)
         options.setdefault(key, []).append(assess(prediction, fit, requirements))
     if payload.scenario is Scenario.SERVER:
         shown = [assess_server(found, requirements) for found in options.values()]
@@ -1301,7 +1317,8 @@ def _defaults_used(
                 option="serving_runtime",
                 value=payload.serving_runtime.value,
                 reason="the calibration's own: fitted on MLPerf results (TensorRT-grade "
-                "engines); torch_compile, pytorch_eager and tensorflow have fitted profiles",
+                "engines); torch_compile, pytorch_eager and tensorflow have fitted profiles, "
+                "and vllm one for decoder serving",
             )
         )
     if "fuse_elementwise" not in given:

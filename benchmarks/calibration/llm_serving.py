@@ -440,7 +440,9 @@ def render(results: list[Result], skipped: list[tuple[str, str]]) -> str:
 VLLM_RESULTS = HERE / "vllm_profile.md"
 
 
-def _log_error(items: list[Row], devices: Mapping[str, HardwareSpec], trial: RuntimeProfile) -> float:
+def _log_error(
+    items: list[Row], devices: Mapping[str, HardwareSpec], trial: RuntimeProfile
+) -> float:
     total = 0.0
     for result in evaluate(items, devices, profile=trial):
         assert result.ratio is not None
@@ -497,7 +499,8 @@ def vllm_evaluate(
             refits[row.slug] = vllm_fit(others, devices) if others else None
         refit = refits[row.slug]
         out = None if refit is None else evaluate([row], devices, profile=refit)[0].predicted
-        assert base.predicted is not None and fit.predicted is not None
+        assert base.predicted is not None
+        assert fit.predicted is not None
         results.append(VllmResult(row, base.predicted, fit.predicted, out))
     return results
 
@@ -595,9 +598,7 @@ def main(argv: list[str] | None = None) -> int:
     print(report)
     vllm_items, vllm_skipped = vllm_rows(document["results"], devices)
     fitted = vllm_fit(vllm_items, devices)
-    vllm_report, ok = render_vllm(
-        vllm_evaluate(vllm_items, devices, fitted), vllm_skipped, fitted
-    )
+    vllm_report, ok = render_vllm(vllm_evaluate(vllm_items, devices, fitted), vllm_skipped, fitted)
     print(vllm_report)
     if args.write_results:
         RESULTS.write_text(report, encoding="utf-8")

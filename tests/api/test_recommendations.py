@@ -484,6 +484,52 @@ def test_unknown_names_are_404(
     assert table_counts(db_url) == before
 
 
+def test_vllm_serves_a_decoder_with_its_host_time_per_step(client: ApiClient) -> None:
+    """serving_runtime vllm on Llama-2-7B, batch 8, 128 + 16 tokens on an H100: each of the 16
+    engine steps (1 prefill, 15 decode) adds 70 us x 8 sequences = 0.56 ms of host time, and
+    the GPU's compute runs at 0.9x the calibrated efficiency; echoed, not a default."""
+    common: dict[str, Any] = {
+        "model": "llama-2-7b",
+        "devices": ["nvidia-h100-sxm"],
+        "precisions": ["bf16"],
+        "batch_sizes": [8],
+        "prompt_tokens": 128,
+        "generated_tokens": 16,
+    }
+    engine = _recommend(client, **common)
+    vllm = _recommend(client, **common, serving_runtime="vllm")
+    assert vllm["serving_runtime"] == "vllm"
+    defaults = {row["option"] for row in vllm["workload"]["defaults_used"]}
+    assert "serving_runtime" not in defaults
+    (base,) = engine["candidates"]
+    (served,) = vllm["candidates"]
+    assert served["inputs"]["compute_efficiency"] == pytest.approx(
+        0.9 * base["inputs"]["compute_efficiency"]
+    )
+    host_ms = 70e-3 * 8
+    # the request's overhead carries the host time of its 16 steps
+    assert served["inputs"]["request_overhead_s"] == pytest.approx(
+        base["inputs"]["request_overhead_s"] + 16 * host_ms / 1e3
+    )
+    # decode is memory-bound at batch 8: only the host time changes a decode step
+    assert served["per_token_latency_ms"] == pytest.approx(
+        base["per_token_latency_ms"] + host_ms, rel=1e-6
+    )
+    assert served["latency_ms"] >= base["latency_ms"] + 16 * host_ms - 1e-6
+    assert served["tokens_per_s"] < base["tokens_per_s"]
+
+
+def test_vllm_is_refused_for_a_model_that_is_not_a_decoder(client: ApiClient, db_url: str) -> None:
+    before = table_counts(db_url)
+    response = client.post(
+        URL, json={"model": "resnet-50", "devices": ["nvidia-a10"], "serving_runtime": "vllm"}
+    )
+    body = assert_problem(response, 422)
+    assert response.headers["content-type"].startswith("application/problem+json")
+    assert "decoder LLM serving only" in body["detail"]
+    assert table_counts(db_url) == before
+
+
 def test_a_prompt_longer_than_the_model_allows_is_422(client: ApiClient) -> None:
     response = client.post(
         URL, json={"model": "gpt-2", "prompt_tokens": 2000, "devices": ["nvidia-a10"]}

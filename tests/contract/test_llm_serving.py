@@ -133,4 +133,5 @@ def test_vllm_error_in_sample_and_left_out(vllm_fitted: Any) -> None:
         assert all(x is not None for x in ratios)
         assert sum(1 for x in ratios if 1 / 1.5 <= x <= 1.5) == within
     left_out = [r.ratio() for r in results]
-    assert 0.7 <= min(left_out) and max(left_out) <= 1.25
+    assert 0.7 <= min(left_out)
+    assert max(left_out) <= 1.25

@@ -6,13 +6,24 @@ from dataclasses import replace
 
 import pytest
 
+from app.domain.graph.analysis import analyze
 from app.domain.hardware import DeviceKind
-from app.domain.performance.roofline import DEFAULT_CALIBRATIONS, CalibrationClass
+from app.domain.performance.roofline import (
+    DEFAULT_CALIBRATIONS,
+    PRECISION_SCHEMES,
+    CalibrationClass,
+    decoder_request,
+    predict,
+)
 from app.domain.performance.runtimes import (
     DEFAULT_RUNTIME,
     RUNTIME_PROFILES,
     ServingRuntime,
+    with_decode_host_overhead,
 )
+from app.domain.precision import Precision
+from app.domain.zoo import gpt2
+from tests.domain.test_roofline import HAND_CAL, HAND_GPU
 
 
 def test_the_default_is_the_calibration_itself() -> None:
@@ -69,13 +80,6 @@ def test_vllm_scales_compute_and_adds_host_time_per_sequence_step() -> None:
     GPU: one prefill and 7 decode steps, each paying 70 us x 3 sequences = 210 us of host work
     serially, so the latency and the interval grow by 8 x 210 us = 1.68 ms and each decode
     step (the per-token time) by 210 us; the compute efficiency is 0.5 x 0.9."""
-    from app.domain.graph.analysis import analyze
-    from app.domain.performance.roofline import PRECISION_SCHEMES, decoder_request, predict
-    from app.domain.performance.runtimes import with_decode_host_overhead
-    from app.domain.precision import Precision
-    from app.domain.zoo import gpt2
-    from tests.domain.test_roofline import HAND_CAL, HAND_GPU
-
     vllm = RUNTIME_PROFILES[ServingRuntime.VLLM]
     assert vllm.compute_efficiency_scale == pytest.approx(0.9)
     assert vllm.host_overhead_per_sequence_step_s == pytest.approx(70e-6)
@@ -90,9 +94,11 @@ def test_vllm_scales_compute_and_adds_host_time_per_sequence_step() -> None:
     served = with_decode_host_overhead(base, vllm.host_overhead_per_sequence_step_s)
     assert served.latency_s - base.latency_s == pytest.approx(8 * 3 * 70e-6)
     assert served.interval_s - base.interval_s == pytest.approx(1.68e-3)
-    assert base.per_token_s is not None and served.per_token_s is not None
+    assert base.per_token_s is not None
+    assert served.per_token_s is not None
     assert served.per_token_s - base.per_token_s == pytest.approx(210e-6)
-    assert base.first_token_s is not None and served.first_token_s is not None
+    assert base.first_token_s is not None
+    assert served.first_token_s is not None
     assert served.first_token_s - base.first_token_s == pytest.approx(210e-6)
     assert served.request_overhead_s == pytest.approx(HAND_CAL.request_overhead_s + 1.68e-3)
     # an encoder (no first token) and a zero host term come back unchanged
