@@ -369,7 +369,7 @@ class InferenceRecommendationRequest(Schema):
         "profile fuses element-wise layers or not, scales the compute efficiency and sets the "
         "per-kernel launch overhead, fitted on published same-model, same-device measurements "
         "(benchmarks/calibration/runtimes.md: leaving each device out, torch_compile 4 of 6 "
-        "rows within 1.5x, pytorch_eager 10 of 20, tensorflow 10 of 10). vllm scales the "
+        "rows within 1.5x, pytorch_eager 8 of 20, tensorflow 10 of 10). vllm scales the "
         "compute efficiency by 0.9 and adds 70 us of host work per sequence per engine step, "
         "serial with the GPU (benchmarks/calibration/vllm_profile.md: 5 published rows, mostly "
         "vLLM v0.5.4; leaving each device out 5 of 5 within 1.5x). An explicit "

@@ -101,5 +101,14 @@ def test_vllm_scales_compute_and_adds_host_time_per_sequence_step() -> None:
     assert served.first_token_s is not None
     assert served.first_token_s - base.first_token_s == pytest.approx(210e-6)
     assert served.request_overhead_s == pytest.approx(HAND_CAL.request_overhead_s + 1.68e-3)
+    assert served.assumptions[-1] == (
+        "serving engine host work between steps: 70 us per sequence x 3 sequences x 8 steps = "
+        "1.68 ms per request, serial with the GPU (added to latency, interval, first token and "
+        "every token)"
+    )
     # an encoder (no first token) and a zero host term come back unchanged
     assert with_decode_host_overhead(base, 0.0) is base
+    # and a CPU, which keeps its calibration under every runtime
+    cpu = replace(HAND_GPU, kind=DeviceKind.CPU, cpu_cores=8)
+    on_cpu = predict(request, cpu, HAND_CAL)
+    assert with_decode_host_overhead(on_cpu, 70e-6) is on_cpu

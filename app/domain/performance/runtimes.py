@@ -92,7 +92,8 @@ def with_decode_host_overhead(
 
     Parameters
     ----------
-    prediction : a decoder's prediction (``first_token_s`` set); others come back unchanged
+    prediction : a decoder's prediction (``first_token_s`` set) on an accelerator; others (and
+        CPUs, which keep their calibration) come back unchanged
     host_overhead_per_sequence_step_s : host time per sequence in one engine step [s]
 
     Returns
@@ -108,12 +109,22 @@ def with_decode_host_overhead(
     ``h * b * g`` and each decode step by ``h * b`` (serial, not overlapped with the kernels).
     Beams are not counted apart: ``b`` is the requests in the batch.
     """
-    if prediction.first_token_s is None or host_overhead_per_sequence_step_s <= 0.0:
+    if (
+        prediction.first_token_s is None
+        or host_overhead_per_sequence_step_s <= 0.0
+        or prediction.device.kind not in PROFILED_KINDS
+    ):
         return prediction
     per_step_s = host_overhead_per_sequence_step_s * prediction.batch
     steps = sum(t.repeats for t in prediction.phases)
     total_s = per_step_s * steps
     per_token = prediction.per_token_s
+    said = (
+        f"serving engine host work between steps: {host_overhead_per_sequence_step_s * 1e6:g} "
+        f"us per sequence x {prediction.batch} sequences x {steps} steps = "
+        f"{total_s * 1e3:.4g} ms per request, serial with the GPU (added to latency, interval, "
+        "first token and every token)"
+    )
     return replace(
         prediction,
         request_overhead_s=prediction.request_overhead_s + total_s,
@@ -121,6 +132,7 @@ def with_decode_host_overhead(
         interval_s=prediction.interval_s + total_s,
         first_token_s=prediction.first_token_s + per_step_s,
         per_token_s=None if per_token is None else per_token + per_step_s,
+        assumptions=(*prediction.assumptions, said),
     )
 
 
