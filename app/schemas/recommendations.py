@@ -364,7 +364,9 @@ class InferenceRecommendationRequest(Schema):
         default=DEFAULT_RUNTIME,
         description="The framework that serves the model on accelerators (CPUs keep their "
         "calibration): tensorrt (default: the calibration as fitted on MLPerf results; on "
-        "published framework-level TensorRT runs it is within 1.5x for 8 of 9), torch_compile, "
+        "published framework-level TensorRT runs it is within 1.5x for 8 of 9; for decoder "
+        "LLMs it is TensorRT-LLM-grade serving, within 1.5x of 35 of 35 published TensorRT-LLM "
+        "throughputs, benchmarks/calibration/llm_serving.md), torch_compile, "
         "pytorch_eager, tensorflow, or vllm (decoder LLMs only: 422 for other models). Each "
         "profile fuses element-wise layers or not, scales the compute efficiency and sets the "
         "per-kernel launch overhead, fitted on published same-model, same-device measurements "
