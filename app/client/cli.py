@@ -77,7 +77,14 @@ RUNTIMES = ("pytorch_cuda", "pytorch_cpu")
 OBJECTIVES = ("cost", "energy", "latency")
 PRICE_KINDS = ("on_demand", "reserved", "spot")
 SCENARIOS = ("offline", "server")
-SERVING_RUNTIMES = ("tensorrt", "torch_compile", "pytorch_eager", "tensorflow", "vllm")
+SERVING_RUNTIMES = (
+    "tensorrt",
+    "torch_compile",
+    "pytorch_eager",
+    "tensorflow",
+    "onnxruntime",
+    "vllm",
+)
 BATCHINGS = ("static", "continuous")
 PARALLELISMS = ("tensor", "pipeline", "both")
 DEVICE_KINDS = ("gpu", "cpu", "edge", "tpu")

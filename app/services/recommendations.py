@@ -805,7 +805,8 @@ def _check_decoder_options(payload: InferenceRecommendationRequest, source: Mode
         raise InvalidInput(
             f"serving_runtime {payload.serving_runtime.value} is profiled on decoder LLM "
             f"serving only; {source.label} has no causal self-attention over a `seq` input "
-            "(not a decoder): use tensorrt, torch_compile, pytorch_eager or tensorflow",
+            "(not a decoder): use tensorrt, torch_compile, pytorch_eager, tensorflow or "
+            "onnxruntime",
             pointer="/serving_runtime",
         )
 
@@ -1317,7 +1318,8 @@ def _defaults_used(
                 option="serving_runtime",
                 value=payload.serving_runtime.value,
                 reason="the calibration's own: fitted on MLPerf results (TensorRT-grade "
-                "engines); torch_compile, pytorch_eager and tensorflow have fitted profiles, "
+                "engines); torch_compile, pytorch_eager, tensorflow and onnxruntime have fitted "
+                "profiles, "
                 "and vllm one for decoder serving",
             )
         )

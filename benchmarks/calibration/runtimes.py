@@ -11,7 +11,9 @@ runtime's profile (:mod:`app.domain.performance.runtimes`):
 * per runtime other than TensorRT, fits the compute-efficiency scale (grid of 0.05) and the
   per-kernel launch overhead (a ladder of 1 to 150 us) that minimise the sum of squared
   log(predicted / measured) over its rows, with element-wise fusion fixed by what the runtime
-  does (eager PyTorch and TensorFlow run one kernel per layer);
+  does (eager PyTorch and TensorFlow run one kernel per layer; ONNX Runtime's graph optimizer
+  fuses them); which ONNX Runtime rows count is the file's ``onnxruntime_rule`` (CUDA
+  execution provider only: TensorRT-provider rows are TensorRT's engine);
 * TensorRT rows are predicted with the shipped calibration, unfitted: its error here is out of
   sample (the calibration was fitted on MLPerf rows only);
 * leave-one-device-out: each row again with its runtime refitted without its device's rows.
@@ -71,16 +73,16 @@ RUNTIMES = {
     "pytorch_eager": ServingRuntime.PYTORCH_EAGER,
     "torch_compile (mode=default)": ServingRuntime.TORCH_COMPILE,
     "tensorflow": ServingRuntime.TENSORFLOW,
+    "onnxruntime (CUDA execution provider)": ServingRuntime.ONNXRUNTIME,
 }
 NOT_USED = {
     "tensorflow_xla": "3 rows on 2 devices: leaving one device out leaves too few to fit "
     "(tried: 0 of 3 within 1.5x); no profile",
     "torch_compile (mode=reduce-overhead, CUDA graphs)": "CUDA graphs replay the whole model "
     "without per-kernel launches: one row, no profile of its own",
-    "onnxruntime (optimized graph)": "the precision is not stated",
-    "onnxruntime (vanilla export)": "one row",
-    "onnxruntime_tensorrt_ep (Triton Inference Server)": "measured at the Triton client: "
-    "network and queueing included",
+    "onnxruntime_tensorrt_ep (Triton Inference Server)": "ONNX Runtime's TensorRT execution "
+    "provider (TensorRT builds the engine: not the onnxruntime profile), measured at the Triton "
+    "client (network and queueing included); onnxruntime_rule (1)",
 }
 DEVICES = {  # the rows' device text -> catalog slug, with what the mapping assumes
     "nvidia-v100-16gb-sxm2 (DGX-1; not in catalog, nearest nvidia-v100-32gb-sxm2)": (
@@ -91,6 +93,10 @@ DEVICES = {  # the rows' device text -> catalog slug, with what the mapping assu
     "nvidia-v100 (variant not stated)": (
         "nvidia-v100-32gb-sxm2",
         "V100 variant not stated: SXM2",
+    ),
+    "nvidia-v100-16gb-pcie (Tesla V100-PCIE-16GB; not in catalog, nearest nvidia-v100-32gb-pcie)": (
+        "nvidia-v100-32gb-pcie",
+        "V100 16 GB PCIe as the 32 GB part (same compute and bandwidth)",
     ),
     "nvidia-a100-40gb (demo says A100 40GB; form factor not stated)": (
         "nvidia-a100-40gb-sxm",
@@ -141,6 +147,8 @@ def _model(text: str) -> tuple[str | None, str]:
         return "bert-large", "BERT-large encoder with a 2-logit QA head"
     if "bert-base" in lowered:
         return "bert-base", "BERT-base encoder with a 2-logit QA head"
+    if "roberta-large" in lowered:
+        return "roberta-large", "RoBERTa-large as a 24-layer BERT encoder (hidden 1024)"
     if "roberta-base" in lowered:
         return "roberta-base", "RoBERTa-base as a BERT-base encoder (vocabulary 50265)"
     if "minilm-l6-h384" in lowered:
@@ -244,6 +252,17 @@ def _graph(model: str) -> tuple[list[Any], list[Any]]:
         return list(zoo.inputs), [*zoo.layers, qa]
     if model == "roberta-base":
         zoo = bert(vocab=50265, positions=514, type_vocab=1)
+        return list(zoo.inputs), list(zoo.layers)
+    if model == "roberta-large":
+        zoo = bert(
+            layers=24,
+            hidden=1024,
+            heads=16,
+            intermediate=4096,
+            vocab=50265,
+            positions=514,
+            type_vocab=1,
+        )
         return list(zoo.inputs), list(zoo.layers)
     zoo = bert(layers=6, hidden=384, heads=12, intermediate=1536)  # minilm-l6
     return list(zoo.inputs), list(zoo.layers)

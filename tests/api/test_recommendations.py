@@ -449,7 +449,7 @@ def test_the_only_candidate_lacking_the_precision_is_an_error(
         ({"colour": "blue"}, "/colour"),
         ({"scenario": "server"}, "/latency_slo_ms"),  # the p99 bound is required
         ({"scenario": "multistream", "latency_slo_ms": 10}, "/scenario"),
-        ({"serving_runtime": "onnxruntime"}, "/serving_runtime"),
+        ({"serving_runtime": "openvino"}, "/serving_runtime"),
         ({"tensor_parallel_max": 16}, "/tensor_parallel_max"),
         ({"tensor_parallel_max": 0}, "/tensor_parallel_max"),
     ],
@@ -668,6 +668,41 @@ def test_a_serving_runtime_profile_changes_accelerators_only(client: ApiClient) 
     )
     assert overridden["calibration"]["gpu"]["kernel_launch_overhead_s"] == pytest.approx(4e-6)
     assert overridden["calibration"]["gpu"]["compute_efficiency"] == pytest.approx(0.51 * 0.95)
+
+
+def test_onnxruntime_serves_bert_on_gpus_fused_and_leaves_the_cpu_alone(
+    client: ApiClient,
+) -> None:
+    """onnxruntime (the CUDA execution provider): element-wise layers stay fused, 0.75 x the
+    compute efficiency and 6 us per launch on the GPU (benchmarks/calibration/runtimes.md); the
+    CPU keeps its calibration and its prediction."""
+    common = {
+        "model": "bert-base",
+        "devices": ["nvidia-t4", "intel-xeon-platinum-8480plus"],
+        "precisions": ["fp16", "bf16"],
+        "batch_sizes": [8],
+        "sequence_length": 128,
+    }
+    engine = _recommend(client, **common)
+    ort = _recommend(client, **common, serving_runtime="onnxruntime")
+    assert ort["serving_runtime"] == "onnxruntime"
+    defaults = {row["option"]: row for row in ort["workload"]["defaults_used"]}
+    assert "serving_runtime" not in defaults
+    assert defaults["fuse_elementwise"]["value"] == "true"
+    assert defaults["fuse_elementwise"]["reason"].startswith("onnxruntime fuses")
+    gpu = ort["calibration"]["gpu"]
+    assert gpu["compute_efficiency"] == pytest.approx(0.51 * 0.75)
+    assert gpu["kernel_launch_overhead_s"] == pytest.approx(6e-6)
+    assert "served by onnxruntime" in gpu["basis"]
+    assert ort["calibration"]["cpu_amx"] == engine["calibration"]["cpu_amx"]
+    t4, xeon = ("nvidia-t4", "fp16"), ("intel-xeon-platinum-8480plus", "bf16")
+    served, native = _by_device(ort)[t4], _by_device(engine)[t4]
+    assert served["phases"][0]["launches"] == native["phases"][0]["launches"]  # still fused
+    assert served["inputs"]["compute_efficiency"] == pytest.approx(
+        native["inputs"]["compute_efficiency"] * 0.75
+    )
+    assert served["latency_ms"] > native["latency_ms"]
+    assert _by_device(ort)[xeon]["latency_ms"] == _by_device(engine)[xeon]["latency_ms"]
 
 
 def test_fp4_runs_on_blackwell_only(client: ApiClient) -> None:

@@ -33,8 +33,8 @@ def test_every_runtime_comparison_row_is_used_or_says_why(
 ) -> None:
     items, skipped, _, _ = fitted
     compared = [r for r in runtimes.load() if r["category"] == "runtime_comparison"]
-    assert len(items) + len(skipped) == len(compared) == 57
-    assert len(items) == 45
+    assert len(items) + len(skipped) == len(compared) == 84
+    assert len(items) == 61
     assert all(s.reason for s in skipped)
     # decoder-serving profiles (vllm) are fitted by llm_serving.py (test_llm_serving.py)
     assert {r.runtime for r in items} == set(ServingRuntime) - DECODER_ONLY
@@ -66,6 +66,20 @@ def test_the_default_on_framework_level_tensorrt_runs(fitted: Any) -> None:
     assert len(within) == 8
 
 
+def test_onnxruntime_rows_follow_the_rule(fitted: Any) -> None:
+    """onnxruntime_rule: CUDA-provider rows on catalog devices only (the TensorRT-provider rows
+    through Triton and the RTX 3090 / 4090 rows stay out, each with its reason), on 2 devices."""
+    items, skipped, _, _ = fitted
+    mine = [r for r in items if r.runtime is ServingRuntime.ONNXRUNTIME]
+    assert len(mine) == 16
+    assert {r.slug for r in mine} == {"nvidia-t4", "nvidia-v100-32gb-pcie"}
+    assert {r.model for r in mine} == {"bert-base", "minilm-l6", "roberta-base", "roberta-large"}
+    out = [s for s in skipped if "onnxruntime" in s.runtime]
+    assert len(out) == 19
+    assert sum("TensorRT execution provider" in s.reason for s in out) == 5
+    assert sum("not in catalog" in s.reason for s in out) == 14
+
+
 def test_left_out_error_per_runtime(fitted: Any) -> None:
     """Pin: leaving each device out, the share within 2x per profile (the README quotes it)."""
     _, _, _, results = fitted
@@ -73,6 +87,7 @@ def test_left_out_error_per_runtime(fitted: Any) -> None:
         ServingRuntime.TORCH_COMPILE: (6, 6),
         ServingRuntime.PYTORCH_EAGER: (17, 20),
         ServingRuntime.TENSORFLOW: (10, 10),
+        ServingRuntime.ONNXRUNTIME: (8, 16),
     }
     for runtime, (within, total) in expected.items():
         mine = [r for r in results if r.row.runtime is runtime]

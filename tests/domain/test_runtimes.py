@@ -13,6 +13,7 @@ from app.domain.performance.roofline import (
     PRECISION_SCHEMES,
     CalibrationClass,
     decoder_request,
+    forward_request,
     predict,
 )
 from app.domain.performance.runtimes import (
@@ -23,7 +24,7 @@ from app.domain.performance.runtimes import (
 )
 from app.domain.precision import Precision
 from app.domain.zoo import gpt2
-from tests.domain.test_roofline import HAND_CAL, HAND_GPU
+from tests.domain.test_roofline import HAND_CAL, HAND_GPU, _mlp
 
 
 def test_the_default_is_the_calibration_itself() -> None:
@@ -55,6 +56,35 @@ def test_torch_compile_and_tensorflow() -> None:
     assert tf.compute_efficiency == pytest.approx(0.51 * 0.3)
     assert tf.kernel_launch_overhead_s == pytest.approx(20e-6)
     assert not RUNTIME_PROFILES[ServingRuntime.TENSORFLOW].fuse_elementwise
+
+
+def test_onnxruntime_on_the_hand_gpu() -> None:
+    """Golden: the hand MLP (64 -> 128 relu -> 10) at batch 2 in fp32 on the hand GPU, served by
+    ONNX Runtime's CUDA provider: fused, so 2 kernels as under TensorRT; both memory-bound
+    (< 1 FLOP/B against a ridge of 1e12 x 0.5 x 0.75 / 5e10 = 7.5 FLOP/B), so memory 8.216e-7 s
+    as before, launches 2 x 6 us = 1.2e-5 s instead of 2 x 10 us; copies 1.024e-7 + 1.6e-8 s;
+    request 1e-4 s: latency 1.129400e-4 s. At batch 4,096 fc1 is compute-bound (67.6 MFLOP
+    over 3.18 MB, 21 FLOP/B) and takes 1 / 0.75 of its TensorRT compute time."""
+    ort = RUNTIME_PROFILES[ServingRuntime.ONNXRUNTIME]
+    assert ort.fuse_elementwise
+    calibration = ort.apply(HAND_CAL, DeviceKind.GPU)
+    assert calibration.compute_efficiency == pytest.approx(0.375)
+    assert calibration.kernel_launch_overhead_s == pytest.approx(6e-6)
+    assert calibration.basis.startswith("test; served by onnxruntime: fitted")
+    fp32 = PRECISION_SCHEMES[Precision.FP32]
+    request = forward_request(_mlp(2), fp32, batch=2, fuse_elementwise=ort.fuse_elementwise)
+    served = predict(request, HAND_GPU, calibration)
+    engine = predict(request, HAND_GPU, HAND_CAL)
+    (phase,) = served.phases
+    assert phase.compute_s == 0
+    assert phase.memory_s == pytest.approx(8.216e-7)
+    assert phase.launch_s == pytest.approx(1.2e-5)
+    assert served.latency_s == pytest.approx(1.129400e-4)
+    assert engine.latency_s - served.latency_s == pytest.approx(2 * (10e-6 - 6e-6))
+    big = forward_request(_mlp(4096), fp32, batch=4096, fuse_elementwise=True)
+    slow, fast = predict(big, HAND_GPU, calibration), predict(big, HAND_GPU, HAND_CAL)
+    assert slow.phases[0].compute_s == pytest.approx(fast.phases[0].compute_s / 0.75)
+    assert slow.phases[0].compute_s > 0
 
 
 def test_cpus_keep_their_calibration_and_efficiency_stays_physical() -> None:

@@ -14,12 +14,21 @@ gives each profile's error in sample and leaving each device out.
 The profiles apply to accelerators (GPU, Jetson, TPU); CPUs keep their calibration (the
 measurements are GPU runs).
 
+``onnxruntime`` is ONNX Runtime with its CUDA execution provider: its graph optimizer fuses
+GELU, bias + GELU, layer normalization, residual + bias + layer normalization, the embedding
+layer and attention of transformer encoders into single kernels, so element-wise layers fuse.
+ONNX Runtime's TensorRT execution provider hands the graph to TensorRT, which builds its own
+engine: that is the ``tensorrt`` profile, not this one.
+
 ``vllm`` is a decoder-serving profile, fitted by ``benchmarks/calibration/llm_serving.py`` on
 published vLLM runs: besides the compute-efficiency scale it adds the host work vLLM's engine
 does between decode steps (:func:`with_decode_host_overhead`), which runs serially with the GPU.
 
 References
 ----------
+ONNX Runtime documentation, "Graph Optimizations in ONNX Runtime" (extended level: GELU, layer
+normalization, BERT embedding layer, attention, skip layer normalization and bias GELU fusions on
+the CPU and CUDA execution providers).
 vLLM team, "vLLM v0.6.0: 2.7x Throughput Improvement and 5x Latency Reduction", 2024-09-05
 (Performance Diagnosis: for Llama 3 8B on one H100 before v0.6.0 the GPU executed for 38% of the
 time; the API server's per-token output processing took 33% and scheduling plus input
@@ -46,6 +55,7 @@ class ServingRuntime(StrEnum):
     TORCH_COMPILE = "torch_compile"
     PYTORCH_EAGER = "pytorch_eager"
     TENSORFLOW = "tensorflow"
+    ONNXRUNTIME = "onnxruntime"  # the CUDA execution provider (its TensorRT provider: tensorrt)
     VLLM = "vllm"  # decoder LLM serving only
 
 
@@ -164,6 +174,19 @@ RUNTIME_PROFILES: Mapping[ServingRuntime, RuntimeProfile] = {
         basis=f"{_FIT}: 20 rows (DeepLearningExamples and Hugging Face ResNet-50, ViT-B/16, "
         "BERT-large, RoBERTa-base, MiniLM; T4, V100, A100), leaving one device out 8 of 20 "
         "within 1.5x, 17 of 20 within 2x: eager serving stacks differ more than engines do",
+    ),
+    ServingRuntime.ONNXRUNTIME: RuntimeProfile(
+        runtime=ServingRuntime.ONNXRUNTIME,
+        fuse_elementwise=True,
+        compute_efficiency_scale=0.75,
+        kernel_launch_overhead_s=6e-6,
+        basis=f"{_FIT}: 16 rows of the CUDA execution provider (ONNX Runtime's BERT notebook: "
+        "BERT-base fp16 batch 1-64 and fp32 on a V100 PCIe; transformer-deploy: MiniLM-L6, "
+        "RoBERTa-base and -large fp16 and fp32 on a T4), element-wise layers fused as ORT's "
+        "graph optimizer does for transformer encoders; in sample 9 of 16 within 1.5x, 14 of 16 "
+        "within 2x; leaving one device out 2 of 16 within 1.5x, 8 of 16 within 2x (each device "
+        "is one source: the two disagree, T4 rows run slower than the V100 ones predict); no CNN "
+        "rows: ResNet-50 and ViT under ORT are extrapolated",
     ),
     ServingRuntime.VLLM: RuntimeProfile(
         runtime=ServingRuntime.VLLM,
