@@ -1117,9 +1117,24 @@ def _recommend(
             *([f"decoder serving: {source.plan.describe()}"] if source.decoder else []),
             *_scenario_note(payload, requirements),
             *_pipeline_note(runnable),
+            *_host_work_note(payload.serving_runtime, source),
             _prices_note(pool, payload.price_kind),
         ],
     )
+
+
+def _host_work_note(runtime: ServingRuntime, source: ModelSource) -> list[str]:
+    """How a runtime's host work between decode steps is priced (only when it has some)."""
+    host_s = RUNTIME_PROFILES[runtime].host_overhead_per_sequence_step_s
+    if host_s <= 0.0 or not source.decoder:
+        return []
+    return [
+        f"{runtime.value}: the engine's host work between steps, {host_s * 1e6:g} us per "
+        "sequence per step, runs serially with the GPU: a request of b sequences with one "
+        "prefill and g - 1 decode steps takes h x b x g longer, each token h x b longer; the "
+        "total is part of each accelerator candidate's inputs.request_overhead_s (CPUs keep "
+        "their calibration)"
+    ]
 
 
 def _pipeline_note(runnable: Sequence[tuple[Candidate, PrecisionScheme]]) -> list[str]:

@@ -517,6 +517,11 @@ def test_vllm_serves_a_decoder_with_its_host_time_per_step(client: ApiClient) ->
     )
     assert served["latency_ms"] >= base["latency_ms"] + 16 * host_ms - 1e-6
     assert served["tokens_per_s"] < base["tokens_per_s"]
+    # the response says how the host work is priced; the engine's answer has no such line
+    said = [a for a in vllm["assumptions"] if a.startswith("vllm: the engine's host work")]
+    assert len(said) == 1
+    assert "70 us per sequence per step" in said[0]
+    assert not [a for a in engine["assumptions"] if "host work between steps" in a]
 
 
 def test_vllm_is_refused_for_a_model_that_is_not_a_decoder(client: ApiClient, db_url: str) -> None:
