@@ -194,3 +194,25 @@ def test_gpus_are_fitted_per_architecture(
     pooled_gpu = refit.calibrations[CalibrationClass.GPU]
     assert pooled_hopper.compute_efficiency == pooled_gpu.compute_efficiency
     assert pooled_hopper.activation_cache_share == pooled_gpu.activation_cache_share
+
+
+def test_orin_rows_count_the_gpu_share_of_their_dla_runs(
+    calibrate: ModuleType, calibration_fit_rows: list[dict[str, Any]]
+) -> None:
+    """NVIDIA's Orin ResNet-50 Offline runs use the GPU and both DLAs; the model prices the GPU,
+    so a row counts the GPU's share by NVIDIA's own expected split (v3.0 config: AGX Orin 4,500
+    of 6,100, Orin NX 1,700 of 2,400). Other rows of those systems, and every other system,
+    count in full. Pins: results.md (edge 0.31)."""
+    orin = {row["system"]: row for row in calibration_fit_rows if "Orin" in row.get("system", "")}
+    assert set(orin) == {"NVIDIA Orin_TRT", "NVIDIA Orin_NX_TRT"}
+    agx, nx = orin["NVIDIA Orin_TRT"], orin["NVIDIA Orin_NX_TRT"]
+    assert calibrate.gpu_share(agx) == pytest.approx(4500 / 6100)
+    assert calibrate.gpu_share(nx) == pytest.approx(1700 / 2400)
+    assert calibrate.measured_throughput(agx) == pytest.approx(6438.1 * 4500 / 6100)
+    assert calibrate.measured_throughput(nx) == pytest.approx(2517.99 * 1700 / 2400)
+    assert calibrate.gpu_share({**agx, "model": "bert-99"}) == 1.0
+    assert calibrate.gpu_share({**agx, "scenario": "SingleStream"}) == 1.0
+    others = [row for row in calibration_fit_rows if "Orin" not in row.get("system", "")]
+    assert others
+    assert all(calibrate.gpu_share(row) == 1.0 for row in others)
+    assert DEFAULT_CALIBRATIONS[CalibrationClass.EDGE].compute_efficiency == 0.31  # pin
