@@ -246,7 +246,8 @@ class InferenceRecommendationRequest(Schema):
         "generated_tokens_mean - 1 decode steps at the mean context), and the concurrent "
         "requests are those whose paged KV cache (the mean request's prompt + generated "
         "tokens, in blocks of kv_block_tokens) fits beside the weights; throughput is "
-        "requests completed per second in steady state.",
+        "requests completed per second in steady state. With serving_runtime vllm the default "
+        "is continuous (vLLM always batches in flight) and static is a 422.",
         examples=["static"],
     )
     beam_width: int = Field(
@@ -417,6 +418,18 @@ class InferenceRecommendationRequest(Schema):
                     name,
                     (mean,),
                     f"{mean} {value} exceeds {longest} {getattr(self, longest)}, the maximum",
+                )
+        if self.serving_runtime is ServingRuntime.VLLM:
+            if "batching" not in self.model_fields_set:
+                # vLLM serves in flight: its default, not the request's (the field stays unset,
+                # so defaults_used lists it). Set without __setattr__, which would mark it set.
+                self.__dict__["batching"] = Batching.CONTINUOUS
+            elif self.batching is Batching.STATIC:
+                raise located_error(
+                    name,
+                    ("batching",),
+                    "serving_runtime vllm batches continuously (in-flight batching with a "
+                    "paged KV cache); batching static is not how it serves",
                 )
         if "kv_block_tokens" in self.model_fields_set and self.batching is Batching.STATIC:
             raise located_error(

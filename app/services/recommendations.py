@@ -1389,7 +1389,9 @@ def _decoder_defaults(
                 True,
                 "batching",
                 payload.batching.value,
-                "a batch padded to the maximum lengths runs until its longest output "
+                "vllm always batches in flight, with a paged KV cache"
+                if payload.serving_runtime is ServingRuntime.VLLM
+                else "a batch padded to the maximum lengths runs until its longest output "
                 "(continuous: in-flight batching with a paged KV cache, as TensorRT-LLM and "
                 "vLLM serve)",
             ),

@@ -495,6 +495,7 @@ def test_vllm_serves_a_decoder_with_its_host_time_per_step(client: ApiClient) ->
         "batch_sizes": [8],
         "prompt_tokens": 128,
         "generated_tokens": 16,
+        "batching": "continuous",
     }
     engine = _recommend(client, **common)
     vllm = _recommend(client, **common, serving_runtime="vllm")
@@ -522,6 +523,39 @@ def test_vllm_serves_a_decoder_with_its_host_time_per_step(client: ApiClient) ->
     assert len(said) == 1
     assert "70 us per sequence per step" in said[0]
     assert not [a for a in engine["assumptions"] if "host work between steps" in a]
+
+
+def test_vllm_batches_continuously_by_default(client: ApiClient, db_url: str) -> None:
+    """vLLM always batches in flight: with serving_runtime vllm, batching defaults to
+    continuous (listed in defaults_used with that reason) and an explicit static is a 422
+    naming /batching, nothing written; tensorrt keeps static as its default."""
+    common: dict[str, Any] = {
+        "model": "llama-2-7b",
+        "devices": ["nvidia-h100-sxm"],
+        "precisions": ["bf16"],
+        "batch_sizes": [8],
+        "prompt_tokens": 128,
+        "generated_tokens": 16,
+    }
+    vllm = _recommend(client, **common, serving_runtime="vllm")
+    defaults = {row["option"]: row for row in vllm["workload"]["defaults_used"]}
+    assert defaults["batching"]["value"] == "continuous"
+    assert defaults["batching"]["reason"] == "vllm always batches in flight, with a paged KV cache"
+    (served,) = vllm["candidates"]
+    assert served["decoder_serving"]["batching"] == "continuous"
+    explicit = _recommend(client, **common, serving_runtime="vllm", batching="continuous")
+    assert explicit["candidates"] == vllm["candidates"]
+    assert "batching" not in {row["option"] for row in explicit["workload"]["defaults_used"]}
+    engine = _recommend(client, **common)
+    assert engine["candidates"][0]["decoder_serving"]["batching"] == "static"
+    # kv_block_tokens needs continuous batching: vllm's default provides it
+    _recommend(client, **common, serving_runtime="vllm", kv_block_tokens=32)
+    before = table_counts(db_url)
+    response = client.post(URL, json={**common, "serving_runtime": "vllm", "batching": "static"})
+    body = assert_problem(response, 422, "validation-error")
+    assert body["errors"][0]["pointer"] == "/batching"
+    assert "batches continuously" in body["detail"]
+    assert table_counts(db_url) == before
 
 
 def test_vllm_is_refused_for_a_model_that_is_not_a_decoder(client: ApiClient, db_url: str) -> None:
