@@ -484,19 +484,22 @@ def test_unknown_names_are_404(
     assert table_counts(db_url) == before
 
 
+# Llama-2-7B on an H100 at batch 8, 128 + 16 tokens: the vllm tests' request
+LLAMA_H100_BATCH_8: dict[str, Any] = {
+    "model": "llama-2-7b",
+    "devices": ["nvidia-h100-sxm"],
+    "precisions": ["bf16"],
+    "batch_sizes": [8],
+    "prompt_tokens": 128,
+    "generated_tokens": 16,
+}
+
+
 def test_vllm_serves_a_decoder_with_its_host_time_per_step(client: ApiClient) -> None:
     """serving_runtime vllm on Llama-2-7B, batch 8, 128 + 16 tokens on an H100: each of the 16
     engine steps (1 prefill, 15 decode) adds 70 us x 8 sequences = 0.56 ms of host time, and
     the GPU's compute runs at 0.9x the calibrated efficiency; echoed, not a default."""
-    common: dict[str, Any] = {
-        "model": "llama-2-7b",
-        "devices": ["nvidia-h100-sxm"],
-        "precisions": ["bf16"],
-        "batch_sizes": [8],
-        "prompt_tokens": 128,
-        "generated_tokens": 16,
-        "batching": "continuous",
-    }
+    common: dict[str, Any] = {**LLAMA_H100_BATCH_8, "batching": "continuous"}
     engine = _recommend(client, **common)
     vllm = _recommend(client, **common, serving_runtime="vllm")
     assert vllm["serving_runtime"] == "vllm"
@@ -529,14 +532,7 @@ def test_vllm_batches_continuously_by_default(client: ApiClient, db_url: str) ->
     """vLLM always batches in flight: with serving_runtime vllm, batching defaults to
     continuous (listed in defaults_used with that reason) and an explicit static is a 422
     naming /batching, nothing written; tensorrt keeps static as its default."""
-    common: dict[str, Any] = {
-        "model": "llama-2-7b",
-        "devices": ["nvidia-h100-sxm"],
-        "precisions": ["bf16"],
-        "batch_sizes": [8],
-        "prompt_tokens": 128,
-        "generated_tokens": 16,
-    }
+    common: dict[str, Any] = dict(LLAMA_H100_BATCH_8)
     vllm = _recommend(client, **common, serving_runtime="vllm")
     defaults = {row["option"]: row for row in vllm["workload"]["defaults_used"]}
     assert defaults["batching"]["value"] == "continuous"
