@@ -56,7 +56,7 @@ from app.domain.performance.recommend import (
 )
 from app.domain.performance.roofline import (
     DEFAULT_CALIBRATIONS,
-    GPU_ARCHITECTURE_CLASSES,
+    GPU_CLASSES,
     PRECISION_SCHEMES,
     Bound,
     Calibration,
@@ -361,10 +361,6 @@ def calibrations(
     return result
 
 
-# The classes a request's ``gpu`` override reaches: the pooled one and every architecture's.
-GPU_CLASSES = (CalibrationClass.GPU, *GPU_ARCHITECTURE_CLASSES.values())
-
-
 # --------------------------------------------------------------------------------------------
 # Workloads
 # --------------------------------------------------------------------------------------------
@@ -655,14 +651,19 @@ class ModelSource:
         low, high = 0, limit
         while low < high:  # required_bytes grows with the requests
             mid = (low + high + 1) // 2
-            if (
-                not self.overfills(mid, scheme, candidate)
-                and self.memory_fit(mid, scheme, candidate).fits
-            ):
+            if self.fits(mid, scheme, candidate):
                 low = mid
             else:
                 high = mid - 1
         return low
+
+    def fits(self, batch: int, scheme: PrecisionScheme, candidate: Candidate) -> bool:
+        """Whether the workload fits the candidate's memory: the floor first
+        (:meth:`overfills`), the memory engine's estimate only when the floor fits."""
+        return (
+            not self.overfills(batch, scheme, candidate)
+            and self.memory_fit(batch, scheme, candidate).fits
+        )
 
     def memory_fit(self, batch: int, scheme: PrecisionScheme, candidate: Candidate) -> MemoryFit:
         """The fit of the workload on the candidate's memory."""
@@ -774,6 +775,12 @@ DECODER_OPTIONS = (
 )
 
 
+def _runtimes_for_any_model() -> str:
+    """The serving runtimes a model that is not a decoder may ask for, in words."""
+    names = [runtime.value for runtime in ServingRuntime if runtime not in DECODER_ONLY]
+    return f"{', '.join(names[:-1])} or {names[-1]}"
+
+
 def decoder_serving(payload: InferenceRecommendationRequest) -> DecoderServing:
     """The request's decoder lengths, batching and beams (means default to the maxima)."""
     try:
@@ -805,8 +812,7 @@ def _check_decoder_options(payload: InferenceRecommendationRequest, source: Mode
         raise InvalidInput(
             f"serving_runtime {payload.serving_runtime.value} is profiled on decoder LLM "
             f"serving only; {source.label} has no causal self-attention over a `seq` input "
-            "(not a decoder): use tensorrt, torch_compile, pytorch_eager, tensorflow or "
-            "onnxruntime",
+            f"(not a decoder): use {_runtimes_for_any_model()}",
             pointer="/serving_runtime",
         )
 
@@ -845,7 +851,7 @@ def _tensor_parallel_groups(
             continue
         for degree in (d for d in TENSOR_PARALLEL_DEGREES if d <= most):
             group = tensor_parallel_group(candidate, degree)
-            if source.overfills(1, scheme, group) or not source.memory_fit(1, scheme, group).fits:
+            if not source.fits(1, scheme, group):
                 continue
             try:
                 source.sharded(1, scheme, degree)  # cached: the batch loop reuses it
@@ -900,10 +906,7 @@ def _pipeline_groups(
                 if (tensor > 1) is not want_hybrid:
                     continue
                 group = pipeline_group(candidate, stages, tensor)
-                if (
-                    source.overfills(1, scheme, group)
-                    or not source.memory_fit(1, scheme, group).fits
-                ):
+                if not source.fits(1, scheme, group):
                     continue
                 try:
                     source.staged(1, scheme, stages, tensor)  # cached: the batch loop reuses it

@@ -59,6 +59,7 @@ from app.domain.performance.decoding import Batching, DecoderServing
 from app.domain.performance.roofline import (
     DEFAULT_CALIBRATIONS,
     GPU_ARCHITECTURE_CLASSES,
+    GPU_CLASSES,
     PRECISION_SCHEMES,
     Calibration,
     CalibrationClass,
@@ -399,8 +400,6 @@ def fit_memory_efficiency(rows: Iterable[tuple[HardwareSpec, float]]) -> dict[De
     }
 
 
-# The GPU classes: the pooled fit (``gpu``) and one per architecture that has one.
-GPU_CLASSES = (CalibrationClass.GPU, *GPU_ARCHITECTURE_CLASSES.values())
 # An architecture's class is fitted on its own rows only when they come from this many
 # devices; with fewer (e.g. one device left when another is left out) it takes the pooled fit.
 MIN_ARCHITECTURE_DEVICES = 2

@@ -184,6 +184,15 @@ _CONV = {
     "bias": boolean,
     "in_channels": positive_int,
 }
+# 3-d convolutions (direct and transposed): the options they share
+_CONV3D_REQUIRED = {"out_channels": positive_int, "kernel_size": positive_triple}
+_CONV3D = {
+    "stride": positive_triple,
+    "dilation": positive_triple,
+    "groups": positive_int,
+    "bias": boolean,
+    "in_channels": positive_int,
+}
 
 OP_SPECS: Mapping[str, OpSpec] = {
     "conv2d": OpSpec(
@@ -200,27 +209,13 @@ OP_SPECS: Mapping[str, OpSpec] = {
         required={"out_channels": positive_int},
         optional={"stride": positive_pair, "bias": boolean, "in_channels": positive_int},
     ),
-    "conv3d": OpSpec(
-        required={"out_channels": positive_int, "kernel_size": positive_triple},
-        optional={
-            "stride": positive_triple,
-            "padding": padding3d,
-            "dilation": positive_triple,
-            "groups": positive_int,
-            "bias": boolean,
-            "in_channels": positive_int,
-        },
-    ),
+    "conv3d": OpSpec(required=_CONV3D_REQUIRED, optional={**_CONV3D, "padding": padding3d}),
     "conv_transpose3d": OpSpec(
-        required={"out_channels": positive_int, "kernel_size": positive_triple},
+        required=_CONV3D_REQUIRED,
         optional={
-            "stride": positive_triple,
+            **_CONV3D,
             "padding": non_negative_triple,
             "output_padding": non_negative_triple,
-            "dilation": positive_triple,
-            "groups": positive_int,
-            "bias": boolean,
-            "in_channels": positive_int,
         },
     ),
     "maxpool2d": OpSpec(

@@ -242,8 +242,15 @@ GPU_ARCHITECTURE_CLASSES: Mapping[str, CalibrationClass] = {
 def gpu_architecture_class(architecture: str | None) -> CalibrationClass:
     """The calibration class of a GPU whose catalog ``architecture`` is ``architecture``."""
     words = re.findall(r"[a-z0-9]+", (architecture or "").lower())
-    found = [GPU_ARCHITECTURE_CLASSES[word] for word in words if word in GPU_ARCHITECTURE_CLASSES]
-    return found[0] if found else CalibrationClass.GPU
+    return next(
+        (GPU_ARCHITECTURE_CLASSES[word] for word in words if word in GPU_ARCHITECTURE_CLASSES),
+        CalibrationClass.GPU,
+    )
+
+
+# Every GPU class: the pooled one and each architecture's (a request's ``gpu`` override reaches
+# them all; the calibration fits them together).
+GPU_CLASSES = (CalibrationClass.GPU, *GPU_ARCHITECTURE_CLASSES.values())
 
 
 AMX_TILES = "AMX tiles"  # cpu_compute_unit's name for Intel AMX
