@@ -16,7 +16,12 @@ from app.domain.performance.recommend import (
     Objective,
     Scenario,
 )
-from app.domain.performance.roofline import Bound, CalibrationClass
+from app.domain.performance.roofline import (
+    GPU_HALF_PRECISION_SCALE,
+    MAX_PRECISION_SCALE,
+    Bound,
+    CalibrationClass,
+)
 from app.domain.performance.runtimes import DEFAULT_RUNTIME, ServingRuntime
 from app.domain.precision import Precision
 from app.schemas.base import Schema, Slug, located_error
@@ -98,6 +103,17 @@ class CalibrationOverride(Schema):
         allow_inf_nan=False,
         description="Per request [us].",
         examples=[50.0],
+    )
+    half_precision_scale: float | None = Field(
+        default=None,
+        ge=MIN_EFFICIENCY,
+        le=MAX_PRECISION_SCALE,
+        allow_inf_nan=False,
+        description="Multiplier on compute_efficiency where the math runs in fp16 or bf16 (the "
+        "efficiencies are fitted on int8 rows; the product is capped at 1), in [0.0001, 10]. "
+        f"GPU classes ship {GPU_HALF_PRECISION_SCALE:g} (fitted on published fp16 TensorRT-LLM "
+        "runs), the others 1.",
+        examples=[1.0],
     )
 
 
@@ -373,10 +389,10 @@ class InferenceRecommendationRequest(Schema):
         "profile fuses element-wise layers or not, scales the compute efficiency and sets the "
         "per-kernel launch overhead, fitted on published same-model, same-device measurements "
         "(benchmarks/calibration/runtimes.md: leaving each device out, torch_compile 4 of 6 "
-        "rows within 1.5x, pytorch_eager 8 of 20, tensorflow 10 of 10, onnxruntime 2 of 16 and 8 "
+        "rows within 1.5x, pytorch_eager 7 of 20, tensorflow 10 of 10, onnxruntime 5 of 16 and 10 "
         "of 16 within 2x: fitted on transformer encoders, one source per device, which "
         "disagree). vllm scales the "
-        "compute efficiency by 0.9 and adds 70 us of host work per sequence per engine step, "
+        "compute efficiency by 0.7 and adds 70 us of host work per sequence per engine step, "
         "serial with the GPU (benchmarks/calibration/vllm_profile.md: 5 published rows, mostly "
         "vLLM v0.5.4; leaving each device out 5 of 5 within 1.5x). An explicit "
         "fuse_elementwise or calibration override wins.",
@@ -509,8 +525,15 @@ class RooflineInputs(Schema):
         examples=["cpu_amx"],
     )
     compute_efficiency: float = Field(description="Calibrated efficiency.", examples=[0.46])
+    precision_scale: float = Field(
+        description="Multiplier on compute_efficiency for this compute dtype: the calibration's "
+        "half_precision_scale for fp16 / bf16 math, else 1.",
+        examples=[1.0],
+    )
     effective_flops_per_s: float = Field(
-        description="peak x compute_fraction x compute_efficiency [FLOP/s].", examples=[1.05e14]
+        description="peak x compute_fraction x min(1, compute_efficiency x precision_scale) "
+        "[FLOP/s].",
+        examples=[1.05e14],
     )
     memory_bandwidth_bytes_per_s: float = Field(
         description="The whole device's peak memory bandwidth [B/s].", examples=[307.2e9]
@@ -960,6 +983,10 @@ class CalibrationRead(Schema):
     host_link_efficiency: float = Field(description="Achieved / link.", examples=[0.73])
     kernel_launch_overhead_s: float = Field(description="Per launch [s].", examples=[4e-6])
     request_overhead_s: float = Field(description="Per request [s].", examples=[4.2e-5])
+    half_precision_scale: float = Field(
+        description="x compute_efficiency for fp16 / bf16 math (capped at an efficiency of 1).",
+        examples=[1.28],
+    )
     basis: str = Field(
         description="How the values were derived (or that the request overrode them).",
         examples=["geometric mean of ... MLPerf ResNet-50 Offline INT8 rows"],

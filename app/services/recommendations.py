@@ -57,6 +57,7 @@ from app.domain.performance.recommend import (
 from app.domain.performance.roofline import (
     DEFAULT_CALIBRATIONS,
     GPU_CLASSES,
+    GPU_HALF_PRECISION_SCALE,
     PRECISION_SCHEMES,
     Bound,
     Calibration,
@@ -67,6 +68,7 @@ from app.domain.performance.roofline import (
     Prediction,
     RooflineInputError,
     calibration_class,
+    compute_dtype_for,
     forward_shape,
     is_decoder,
     kernel_points,
@@ -132,8 +134,9 @@ from app.services.pipeline import (
 
 FORMULAS = [
     "t_kernel = max(F / P_eff, D / BW_eff) + launches x t_launch, with P_eff = peak[dtype] x "
-    "compute_fraction x compute_efficiency and BW_eff = bandwidth x bandwidth_fraction x "
-    "memory_efficiency",
+    "compute_fraction x min(1, compute_efficiency x precision_scale) (precision_scale: "
+    "half_precision_scale for fp16 / bf16 math, else 1) and BW_eff = bandwidth x "
+    "bandwidth_fraction x memory_efficiency",
     "B (bytes moved by a kernel) = weight bytes W + input bytes I + output bytes O (+ KV cache "
     "read and written, KV) at the precision; D (its DRAM bytes) = W + KV + (1 - "
     "activation_cache_share) x (I + O)",
@@ -1120,6 +1123,7 @@ def _recommend(
             *([f"decoder serving: {source.plan.describe()}"] if source.decoder else []),
             *_scenario_note(payload, requirements),
             *_pipeline_note(runnable),
+            *_half_precision_note(runnable, cals),
             *_host_work_note(payload.serving_runtime, source),
             _prices_note(pool, payload.price_kind),
         ],
@@ -1213,6 +1217,32 @@ def _scenario_note(
         f"the cap chosen among them (each candidate's server.note says what came out); a "
         f"candidate whose lone request misses the budget is shown at its offline figures "
         f"with the reason"
+    ]
+
+
+def _half_precision_note(
+    runnable: Sequence[tuple[Candidate, PrecisionScheme]],
+    cals: Mapping[CalibrationClass, Calibration],
+) -> list[str]:
+    """How fp16 / bf16 math is priced (only when a candidate's math runs at a 16-bit scale
+    other than 1)."""
+    scales = set()
+    for candidate, scheme in runnable:
+        dtype = compute_dtype_for(candidate.device, scheme)
+        if dtype is None:
+            continue
+        scale = cals[calibration_class(candidate.device, scheme)].precision_scale(dtype)
+        if scale != 1.0:
+            scales.add(scale)
+    if not scales:
+        return []
+    return [
+        "fp16 / bf16 math runs at half_precision_scale x the calibrated compute efficiency ("
+        + ", ".join(f"{x:g}" for x in sorted(scales))
+        + "; capped at the peak): the efficiencies are fitted on int8 rows, and 16-bit tensor "
+        f"math reaches a larger share of its own peak (the GPUs' {GPU_HALF_PRECISION_SCALE:g}: "
+        "fitted on 15 published fp16 TensorRT-LLM runs on the A100 and H100 SXM, 1.27-1.29 with "
+        "either left out); each candidate's inputs.precision_scale says what it ran at"
     ]
 
 
@@ -1478,6 +1508,7 @@ def _inputs(p: Prediction) -> RooflineInputs:
         compute_fraction=device.compute_fraction,
         calibration_class=calibration_class(device, PRECISION_SCHEMES[p.precision]),
         compute_efficiency=cal.compute_efficiency,
+        precision_scale=cal.precision_scale(p.compute_dtype),
         effective_flops_per_s=p.effective_flops_per_s,
         memory_bandwidth_bytes_per_s=device.memory_bandwidth_bytes_per_s,
         bandwidth_fraction=device.bandwidth_fraction,

@@ -190,6 +190,14 @@ def test_sane_extremes_predict_finite_positive_figures() -> None:
             {"request_overhead_s": math.inf},
             "request_overhead_s must be a finite number in [0, 3600], got inf",
         ),
+        (
+            {"half_precision_scale": 0.0},
+            "half_precision_scale must be a finite number in [0.0001, 10], got 0.0",
+        ),
+        (
+            {"half_precision_scale": 11.0},
+            "half_precision_scale must be a finite number in [0.0001, 10], got 11.0",
+        ),
     ],
 )
 def test_a_calibration_out_of_range_cannot_be_built(changes: dict[str, Any], golden: str) -> None:

@@ -40,6 +40,7 @@ from app.domain.zoo.cnn import resnet
 from app.domain.zoo.transformers import llama as llama_graph
 
 FP32 = PRECISION_SCHEMES[Precision.FP32]
+FP16 = PRECISION_SCHEMES[Precision.FP16]
 INT8 = PRECISION_SCHEMES[Precision.INT8]
 
 MLP: list[dict[str, Any]] = [
@@ -100,6 +101,43 @@ def test_kernels_of_a_hand_computable_mlp() -> None:
     unfused = build_kernels(_mlp(2), FP32, fuse_elementwise=False)
     assert [k.ops for k in unfused] == [("linear",), ("relu",), ("linear",)]
     assert sum(k.flops for k in unfused) == sum(k.flops for k in kernels)
+
+
+def test_half_precision_math_runs_at_the_scaled_efficiency() -> None:
+    """Golden: the hand MLP at batch 4,096 on a GPU with 1e12 FLOP/s at fp32 and fp16; fc1
+    (67,633,152 FLOPs over 3,179,008 B at fp32, 21.3 FLOP/B, and half of it at fp16) is
+    compute-bound either way, fc2 memory-bound (ridges 10 and 15 FLOP/B). A 16-bit
+    scale of 1.5 runs fp16 math at 0.5 x 1.5 = 0.75 of the peak, fp32 at 0.5; at an efficiency
+    of 0.8 the product 1.2 is capped at the peak. The scale is said in the assumptions."""
+    gpu = replace(HAND_GPU, peak_flops_per_s={DType.FP32: 1e12, DType.FP16: 1e12})
+    cal = replace(HAND_CAL, half_precision_scale=1.5)
+    assert cal.precision_scale(DType.FP16) == cal.precision_scale(DType.BF16) == 1.5
+    assert cal.precision_scale(DType.INT8) == cal.precision_scale(DType.FP32) == 1.0
+    fp16 = predict(forward_request(_mlp(4096), FP16, batch=4096), gpu, cal)
+    fp32 = predict(forward_request(_mlp(4096), FP32, batch=4096), gpu, cal)
+    assert fp16.effective_flops_per_s == pytest.approx(0.75e12)
+    assert fp32.effective_flops_per_s == pytest.approx(0.5e12)
+    assert fp16.phases[0].compute_s == pytest.approx(67_633_152 / 0.75e12)
+    assert fp32.phases[0].compute_s == pytest.approx(67_633_152 / 0.5e12)
+    assert any("fp16 math at 1.5 x the calibrated compute efficiency (0.5 -> 0.75)" in a
+               for a in fp16.assumptions)  # fmt: skip
+    assert not any("calibrated compute efficiency" in a for a in fp32.assumptions)
+    capped = predict(
+        forward_request(_mlp(4096), FP16, batch=4096), gpu, replace(cal, compute_efficiency=0.8)
+    )
+    assert capped.effective_flops_per_s == pytest.approx(1e12)
+
+
+def test_the_gpu_classes_carry_the_fitted_half_precision_scale() -> None:
+    for cls in (CalibrationClass.GPU, CalibrationClass.GPU_AMPERE, CalibrationClass.GPU_HOPPER):
+        assert DEFAULT_CALIBRATIONS[cls].half_precision_scale == pytest.approx(1.28)
+    for cls in (
+        CalibrationClass.CPU,
+        CalibrationClass.CPU_AMX,
+        CalibrationClass.EDGE,
+        CalibrationClass.TPU,
+    ):
+        assert DEFAULT_CALIBRATIONS[cls].half_precision_scale == 1.0
 
 
 def test_hand_computed_latency_on_a_gpu() -> None:

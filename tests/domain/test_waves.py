@@ -185,7 +185,7 @@ def test_a_kernels_time_with_and_without_wave_quantization() -> None:
         phases=(Phase(name="forward", kernels=(kernel,), h2d_bytes=0, d2h_bytes=0),),
     )
     cal = replace(DEFAULT_CALIBRATIONS[CalibrationClass.GPU], request_overhead_s=0.0)
-    p_eff = 100e12 * cal.compute_efficiency
+    p_eff = 100e12 * cal.compute_efficiency * cal.half_precision_scale  # fp16 math
     plain = predict(request, _gpu(None), cal).phases[0]
     waved = predict(request, _gpu(108), cal).phases[0]
     assert plain.compute_s == pytest.approx(flops / p_eff)
