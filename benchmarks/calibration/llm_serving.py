@@ -34,10 +34,10 @@ import argparse
 import math
 import statistics
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import yaml
 
@@ -446,6 +446,68 @@ def render(results: list[Result], skipped: list[tuple[str, str]]) -> str:
 
 
 # --------------------------------------------------------------------------------------------
+# Fits scored in sample and with each device left out
+# --------------------------------------------------------------------------------------------
+
+Fitted = TypeVar("Fitted")
+
+
+@dataclass(frozen=True, slots=True)
+class FitResult(Generic[Fitted]):
+    """A row: unfitted (the default), in sample, and with its device left out of the fit
+    (``refit``: that fit)."""
+
+    row: Row
+    default: float
+    in_sample: float
+    device_out: float | None  # None: no other device's rows to fit on
+    refit: Fitted | None
+
+    def ratio(self, which: str = "device_out") -> float | None:
+        value = {"default": self.default, "in_sample": self.in_sample}.get(which, self.device_out)
+        return None if value is None else value / self.row.measured
+
+
+def _score(
+    items: list[Row],
+    default: list[Result],
+    in_sample: list[Result],
+    refit: Callable[[list[Row]], Fitted],
+    predict_with: Callable[[Row, Fitted], float | None],
+) -> list[FitResult[Fitted]]:
+    """Each row's default and in-sample prediction, and its prediction with the fit refitted
+    without its device's rows (``refit``: fit on rows; ``predict_with``: one row under a fit)."""
+    refits: dict[str, Fitted | None] = {}
+    results = []
+    for row, base, fit in zip(items, default, in_sample, strict=True):
+        if row.slug not in refits:
+            others = [r for r in items if r.slug != row.slug]
+            refits[row.slug] = refit(others) if others else None
+        fitted = refits[row.slug]
+        out = None if fitted is None else predict_with(row, fitted)
+        assert base.predicted is not None
+        assert fit.predicted is not None
+        results.append(FitResult(row, base.predicted, fit.predicted, out, fitted))
+    return results
+
+
+def _summary(results: list[Any], default_label: str) -> list[str]:
+    """The report's summary table: shares within 1.5x and 2x unfitted, in sample, left out."""
+    lines = [
+        "| prediction | rows | within 1.5x | within 2x | median ratio |",
+        "|---|---|---|---|---|",
+    ]
+    for which, label in (
+        ("default", default_label),
+        ("in_sample", "in sample"),
+        ("device_out", "device left out"),
+    ):
+        ratios = [x for r in results if (x := r.ratio(which)) is not None]
+        lines.append(f"| {label} | {_shares(ratios)} |")
+    return lines
+
+
+# --------------------------------------------------------------------------------------------
 # The GPUs' 16-bit scale: fitted on the fp16 / bf16 TensorRT-LLM throughput rows
 # --------------------------------------------------------------------------------------------
 
@@ -488,42 +550,17 @@ def half_precision_fit(items: list[Row], devices: Mapping[str, HardwareSpec]) ->
     return best[1]
 
 
-@dataclass(frozen=True, slots=True)
-class HalfResult:
-    """A 16-bit row: at scale 1 (the int8 fits alone), at the fit, and with its device left
-    out of the fit."""
-
-    row: Row
-    default: float
-    in_sample: float
-    device_out: float | None  # None: no other device's rows to fit on
-    device_out_scale: float | None
-
-    def ratio(self, which: str = "device_out") -> float | None:
-        value = {"default": self.default, "in_sample": self.in_sample}.get(which, self.device_out)
-        return None if value is None else value / self.row.measured
-
-
 def half_evaluate(
     items: list[Row], devices: Mapping[str, HardwareSpec], fitted: float
-) -> list[HalfResult]:
+) -> list[FitResult[float]]:
     """Each row at scale 1, at the fit, and at the fit without its device's rows."""
-    default = evaluate(items, devices, half_scale=1.0)
-    in_sample = evaluate(items, devices, half_scale=fitted)
-    refits: dict[str, float | None] = {}
-    results = []
-    for row, base, fit in zip(items, default, in_sample, strict=True):
-        if row.slug not in refits:
-            others = [r for r in items if r.slug != row.slug]
-            refits[row.slug] = half_precision_fit(others, devices) if others else None
-        refit = refits[row.slug]
-        out = None
-        if refit is not None:
-            out = evaluate([row], devices, half_scale=refit)[0].predicted
-        assert base.predicted is not None
-        assert fit.predicted is not None
-        results.append(HalfResult(row, base.predicted, fit.predicted, out, refit))
-    return results
+    return _score(
+        items,
+        evaluate(items, devices, half_scale=1.0),
+        evaluate(items, devices, half_scale=fitted),
+        lambda others: half_precision_fit(others, devices),
+        lambda row, scale: evaluate([row], devices, half_scale=scale)[0].predicted,
+    )
 
 
 def half_shipped_matches(fitted: float) -> list[str]:
@@ -541,12 +578,12 @@ def half_shipped_matches(fitted: float) -> list[str]:
 
 
 def render_half(
-    results: list[HalfResult], checks: list[tuple[Result, Result]], fitted: float
+    results: list[FitResult[float]], checks: list[tuple[Result, Result]], fitted: float
 ) -> tuple[str, bool]:
     """The 16-bit report, and whether the shipped scale is the fit. ``checks``: rows not
     fitted on that the scale moves (time to first token in fp16), at scale 1 and shipped."""
     problems = half_shipped_matches(fitted)
-    scales = sorted({r.device_out_scale for r in results if r.device_out_scale is not None})
+    scales = sorted({r.refit for r in results if r.refit is not None})
     lines = [
         "# GPUs' 16-bit compute scale: fit and error",
         "",
@@ -565,16 +602,8 @@ def render_half(
         "Shipped scale matches the fit: "
         + ("yes." if not problems else "NO - " + "; ".join(problems) + "."),
         "",
-        "| prediction | rows | within 1.5x | within 2x | median ratio |",
-        "|---|---|---|---|---|",
+        *_summary(results, "scale 1 (int8 fits alone)"),
     ]
-    for which, label in (
-        ("default", "scale 1 (int8 fits alone)"),
-        ("in_sample", "in sample"),
-        ("device_out", "device left out"),
-    ):
-        ratios = [x for r in results if (x := r.ratio(which)) is not None]
-        lines.append(f"| {label} | {_shares(ratios)} |")
     lines += [
         "",
         "| row | device | model | in | out | measured | scale 1 | ratio | in sample | ratio "
@@ -584,8 +613,8 @@ def render_half(
     for r in results:
         row = r.row
         out = "n/a"
-        if r.device_out is not None and r.device_out_scale is not None:
-            out = f"{r.device_out:,.4g} ({r.device_out_scale:g})"
+        if r.device_out is not None and r.refit is not None:
+            out = f"{r.device_out:,.4g} ({r.refit:g})"
         out_ratio = "n/a" if (x := r.ratio()) is None else f"{x:.2f}"
         lines.append(
             f"| {row.id} | {row.slug} | {row.label} | {row.prompt} | {row.generated} | "
@@ -669,39 +698,17 @@ def vllm_fit(items: list[Row], devices: Mapping[str, HardwareSpec]) -> RuntimePr
     return best[1]
 
 
-@dataclass(frozen=True, slots=True)
-class VllmResult:
-    """A vLLM row: unfitted (the TensorRT-LLM-grade default), in sample, and with its device
-    left out of the fit."""
-
-    row: Row
-    default: float
-    in_sample: float
-    device_out: float | None  # None: no other device's rows to fit on
-
-    def ratio(self, which: str = "device_out") -> float | None:
-        value = {"default": self.default, "in_sample": self.in_sample}.get(which, self.device_out)
-        return None if value is None else value / self.row.measured
-
-
 def vllm_evaluate(
     items: list[Row], devices: Mapping[str, HardwareSpec], fitted: RuntimeProfile
-) -> list[VllmResult]:
+) -> list[FitResult[RuntimeProfile]]:
     """Each row unfitted, in sample, and leaving its device out of the fit."""
-    default = evaluate(items, devices)
-    in_sample = evaluate(items, devices, profile=fitted)
-    refits: dict[str, RuntimeProfile | None] = {}
-    results = []
-    for row, base, fit in zip(items, default, in_sample, strict=True):
-        if row.slug not in refits:
-            others = [r for r in items if r.slug != row.slug]
-            refits[row.slug] = vllm_fit(others, devices) if others else None
-        refit = refits[row.slug]
-        out = None if refit is None else evaluate([row], devices, profile=refit)[0].predicted
-        assert base.predicted is not None
-        assert fit.predicted is not None
-        results.append(VllmResult(row, base.predicted, fit.predicted, out))
-    return results
+    return _score(
+        items,
+        evaluate(items, devices),
+        evaluate(items, devices, profile=fitted),
+        lambda others: vllm_fit(others, devices),
+        lambda row, profile: evaluate([row], devices, profile=profile)[0].predicted,
+    )
 
 
 def vllm_shipped_matches(fitted: RuntimeProfile) -> list[str]:
@@ -729,7 +736,9 @@ def _shares(ratios: list[float]) -> str:
 
 
 def render_vllm(
-    results: list[VllmResult], skipped: list[tuple[str, str]], fitted: RuntimeProfile
+    results: list[FitResult[RuntimeProfile]],
+    skipped: list[tuple[str, str]],
+    fitted: RuntimeProfile,
 ) -> tuple[str, bool]:
     """The vLLM report, and whether the shipped profile is the fit."""
     problems = vllm_shipped_matches(fitted)
@@ -750,16 +759,8 @@ def render_vllm(
         "Shipped profile matches the fit: "
         + ("yes." if not problems else "NO - " + "; ".join(problems) + "."),
         "",
-        "| prediction | rows | within 1.5x | within 2x | median ratio |",
-        "|---|---|---|---|---|",
+        *_summary(results, "default (unfitted)"),
     ]
-    for which, label in (
-        ("default", "default (unfitted)"),
-        ("in_sample", "in sample"),
-        ("device_out", "device left out"),
-    ):
-        ratios = [x for r in results if (x := r.ratio(which)) is not None]
-        lines.append(f"| {label} | {_shares(ratios)} |")
     lines += [
         "",
         "| row | device | model | precision | in | out | batch | metric | measured | default "
