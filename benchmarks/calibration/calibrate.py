@@ -388,16 +388,31 @@ def bandwidth_rows(
     return [(devices[row["device"]], float(row["measured_gb_s"]) * 1e9) for row in load_rows(path)]
 
 
+# A device kind's memory efficiency is fitted only on rows from at least this many distinct
+# devices (memory_bandwidth.yaml's rule, written before its CPU rows were collected); with
+# fewer the kind keeps its shipped assumption and its rows are listed, not applied.
+MIN_MEMORY_FIT_DEVICES = 3
+
+
 def fit_memory_efficiency(rows: Iterable[tuple[HardwareSpec, float]]) -> dict[DeviceKind, float]:
-    """Per device kind with rows: the geometric mean of measured / catalog peak bandwidth
-    (least squares on log), rounded to 0.01."""
+    """Per device kind with rows from at least :data:`MIN_MEMORY_FIT_DEVICES` devices: the
+    geometric mean of measured / catalog peak bandwidth (least squares on log), rounded to
+    0.01. Kinds with rows from fewer devices are left out (they keep the assumption)."""
     ratios: dict[DeviceKind, list[float]] = {}
+    slugs: dict[DeviceKind, set[str]] = {}
     for device, measured in rows:
         ratios.setdefault(device.kind, []).append(measured / device.memory_bandwidth_bytes_per_s)
+        slugs.setdefault(device.kind, set()).add(device.slug)
     return {
         kind: round(math.exp(statistics.mean(math.log(r) for r in values)), 2)
         for kind, values in ratios.items()
+        if len(slugs[kind]) >= MIN_MEMORY_FIT_DEVICES
     }
+
+
+def assumed_memory_efficiency(kind: DeviceKind) -> float:
+    """The shipped memory efficiency of ``kind`` (its first calibration class's)."""
+    return next(c.memory_efficiency for k, c in DEFAULT_CALIBRATIONS.items() if k.kind is kind)
 
 
 # An architecture's class is fitted on its own rows only when they come from this many
@@ -414,8 +429,9 @@ def derive(
     """Every default the reference determines.
 
     Memory efficiency per kind is fitted on ``bandwidth`` (:func:`bandwidth_rows`, default
-    ``memory_bandwidth.yaml``: measured device-memory bandwidth of GPUs) where the kind has
-    rows; kinds without rows (CPU 0.7, SoC 0.8) and the CPU's per-primitive dispatch stay the
+    ``memory_bandwidth.yaml``: measured memory bandwidth, GPUs' and CPUs') where the kind has
+    rows from at least :data:`MIN_MEMORY_FIT_DEVICES` devices; other kinds (CPU 0.7: no row
+    met the file's rule; SoC 0.8: no rows) and the CPU's per-primitive dispatch stay the
     shipped assumptions. GPUs and CPUs fit compute efficiency
     and activation cache share together; the Jetson SoCs (two rows, Ampere GPUs) take the
     GPUs' share and fit their compute efficiency. The accelerators' per-request overhead is
@@ -1629,8 +1645,9 @@ def render_bandwidth(devices: Mapping[str, HardwareSpec], path: Path = BANDWIDTH
         f"Fitted on `{path.name}` ({len(rows)} rows, "
         f"{len({d.slug for d, _ in rows})} devices): "
         + ", ".join(f"{k.value} {v}" for k, v in sorted(fitted.items()))
-        + " (geometric mean of measured / catalog peak, 0.01 steps); kinds without rows keep "
-        "the assumption. Left out: the constant refitted without the row's device.",
+        + " (geometric mean of measured / catalog peak, 0.01 steps); kinds with rows from "
+        f"fewer than {MIN_MEMORY_FIT_DEVICES} devices, or none, keep the assumption. Left "
+        "out: the constant refitted without the row's device.",
         "",
         "| device | measured GB/s | peak GB/s | measured/peak | in sample pred/meas "
         "| device left out pred/meas |",
@@ -1640,8 +1657,9 @@ def render_bandwidth(devices: Mapping[str, HardwareSpec], path: Path = BANDWIDTH
     for device, measured in rows:
         peak = device.memory_bandwidth_bytes_per_s
         others = [(d, m) for d, m in rows if d.slug != device.slug]
-        out = fit_memory_efficiency(others).get(device.kind, fitted[device.kind])
-        ratio_in = fitted[device.kind] * peak / measured
+        shipped = fitted.get(device.kind, assumed_memory_efficiency(device.kind))
+        out = fit_memory_efficiency(others).get(device.kind, shipped)
+        ratio_in = shipped * peak / measured
         ratio_out = out * peak / measured
         within += max(ratio_out, 1 / ratio_out) <= 1.1
         lines.append(

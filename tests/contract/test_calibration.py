@@ -13,6 +13,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+import yaml
 
 from app.config import PROJECT_ROOT
 from app.domain.hardware import DeviceKind
@@ -113,6 +114,65 @@ def test_memory_efficiency_is_the_bandwidth_fit(
     assert all(row["source"].startswith("https://") and row["description"] for row in rows)
     fitted = calibrate.fit_memory_efficiency(calibrate.bandwidth_rows(calibration_devices))
     assert fitted == {DeviceKind.GPU: DEFAULT_CALIBRATIONS[CalibrationClass.GPU].memory_efficiency}
+
+
+CATALOG_CPU_FILES = ("intel-xeon.yaml", "amd-epyc.yaml", "aws-graviton.yaml")
+
+
+def test_cpu_bandwidth_rows_follow_the_rule(
+    calibrate: ModuleType, calibration_devices: dict[str, Any]
+) -> None:
+    """memory_bandwidth.yaml's CPU rows (STREAM / BabelStream Triad per socket) name a CPU of
+    the catalog's Xeon, EPYC or Graviton files, say how many sockets the figure covered and
+    have a source. The CPU kind's memory efficiency is the fit when the rows come from at least
+    3 CPUs, else it stays the shipped assumption (0.7) and the fit leaves the CPU kind out."""
+    catalog = PROJECT_ROOT / "hardware_catalog"
+    slugs = {
+        entry["slug"]
+        for name in CATALOG_CPU_FILES
+        for entry in yaml.safe_load((catalog / name).read_text(encoding="utf-8"))["devices"]
+    }
+    rows = calibrate.load_rows(calibrate.BANDWIDTH)
+    cpu_rows = [row for row in rows if calibration_devices[row["device"]].kind is DeviceKind.CPU]
+    for row in cpu_rows:
+        assert row["device"] in slugs
+        assert row["source"].startswith("https://")
+        assert row["description"]
+        assert "STREAM" in row["tool"] or "BabelStream" in row["tool"]
+        assert int(row["sockets"]) >= 1
+    cpus = {row["device"] for row in cpu_rows}
+    fitted = calibrate.fit_memory_efficiency(calibrate.bandwidth_rows(calibration_devices))
+    for cls in (CalibrationClass.CPU, CalibrationClass.CPU_AMX):
+        shipped = DEFAULT_CALIBRATIONS[cls].memory_efficiency
+        if len(cpus) >= calibrate.MIN_MEMORY_FIT_DEVICES:
+            assert shipped == fitted[DeviceKind.CPU]
+        else:
+            assert DeviceKind.CPU not in fitted
+            assert shipped == 0.7
+
+
+def test_memory_fit_needs_rows_of_three_devices(
+    calibrate: ModuleType,
+    calibration_fit_rows: list[dict[str, Any]],
+    calibration_more_rows: list[dict[str, Any]],
+    calibration_devices: dict[str, Any],
+) -> None:
+    """A kind's memory efficiency is fitted only on rows from 3 or more devices: 2 CPUs'
+    rows leave the CPU classes at the assumption, a third CPU applies the fit."""
+    xeons = ["intel-xeon-platinum-8380", "intel-xeon-platinum-8480plus", "amd-epyc-9654"]
+    half = [
+        (calibration_devices[s], 0.5 * calibration_devices[s].memory_bandwidth_bytes_per_s)
+        for s in xeons
+    ]
+    gpus = calibrate.bandwidth_rows(calibration_devices)
+    assert DeviceKind.CPU not in calibrate.fit_memory_efficiency(gpus + half[:2])
+    assert calibrate.fit_memory_efficiency(gpus + half)[DeviceKind.CPU] == 0.5
+    latency = calibrate.latency_rows(calibration_more_rows, calibration_devices)
+    two = calibrate.derive(calibration_fit_rows, calibration_devices, latency, gpus + half[:2])
+    assert two.calibrations[CalibrationClass.CPU].memory_efficiency == 0.7
+    assert two.calibrations[CalibrationClass.CPU_AMX].memory_efficiency == 0.7
+    three = calibrate.derive(calibration_fit_rows, calibration_devices, latency, gpus + half)
+    assert three.calibrations[CalibrationClass.CPU].memory_efficiency == 0.5
 
 
 def test_cpus_are_fitted_per_matrix_engine(

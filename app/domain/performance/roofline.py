@@ -362,8 +362,9 @@ _MEMORY = (
     "PCIe, A100 40 and 80 GB SXM; 0.74-0.94) of memory_bandwidth.yaml"
 )
 _CPU_REST = (
-    "memory efficiency 0.7 and the 2 us per-primitive dispatch: assumed (no CPU bandwidth or "
-    "dispatch rows); request overhead 42.4 us = median of the measured end-to-end torch.compile "
+    "memory efficiency 0.7 and the 2 us per-primitive dispatch: assumed (no dispatch rows; no "
+    "published CPU STREAM run read so far met memory_bandwidth.yaml's rule, and a fit needs "
+    "rows of 3 CPUs); request overhead 42.4 us = median of the measured end-to-end torch.compile "
     "call figures (44.3, 42.4, ~33 us; no CPU SingleStream rows to fit it on); no host-link copy"
 )
 # fp16 / bf16 math on GPUs reaches this many times the int8 fits' share of its peak: fitted by
