@@ -68,7 +68,6 @@ from app.domain.performance.roofline import (
     Prediction,
     RooflineInputError,
     calibration_class,
-    compute_dtype_for,
     forward_shape,
     is_decoder,
     kernel_points,
@@ -1123,7 +1122,7 @@ def _recommend(
             *([f"decoder serving: {source.plan.describe()}"] if source.decoder else []),
             *_scenario_note(payload, requirements),
             *_pipeline_note(runnable),
-            *_half_precision_note(runnable, cals),
+            *_half_precision_note(ranked),
             *_host_work_note(payload.serving_runtime, source),
             _prices_note(pool, payload.price_kind),
         ],
@@ -1220,20 +1219,14 @@ def _scenario_note(
     ]
 
 
-def _half_precision_note(
-    runnable: Sequence[tuple[Candidate, PrecisionScheme]],
-    cals: Mapping[CalibrationClass, Calibration],
-) -> list[str]:
-    """How fp16 / bf16 math is priced (only when a candidate's math runs at a 16-bit scale
-    other than 1)."""
-    scales = set()
-    for candidate, scheme in runnable:
-        dtype = compute_dtype_for(candidate.device, scheme)
-        if dtype is None:
-            continue
-        scale = cals[calibration_class(candidate.device, scheme)].precision_scale(dtype)
-        if scale != 1.0:
-            scales.add(scale)
+def _half_precision_note(ranked: Sequence[Assessment]) -> list[str]:
+    """How fp16 / bf16 math is priced (only when a candidate's math ran at a 16-bit scale other
+    than 1)."""
+    scales = {
+        scale
+        for a in ranked
+        if (scale := a.prediction.calibration.precision_scale(a.prediction.compute_dtype)) != 1.0
+    }
     if not scales:
         return []
     return [
