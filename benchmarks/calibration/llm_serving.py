@@ -468,6 +468,26 @@ class FitResult(Generic[Fitted]):
         return None if value is None else value / self.row.measured
 
 
+def _squared_log_error(results: list[Result]) -> float:
+    """Sum of squared log(predicted / measured) [-]."""
+    total = 0.0
+    for result in results:
+        assert result.ratio is not None
+        total += math.log(result.ratio) ** 2
+    return total
+
+
+def _grid_best(trials: Iterable[Fitted], error: Callable[[Fitted], float]) -> Fitted:
+    """The trial of least ``error``, the first of them on ties (within 1e-12)."""
+    best: tuple[float, Fitted] | None = None
+    for trial in trials:
+        value = error(trial)
+        if best is None or value < best[0] - 1e-12:
+            best = (value, trial)
+    assert best is not None
+    return best[1]
+
+
 def _score(
     items: list[Row],
     default: list[Result],
@@ -530,24 +550,13 @@ def half_rows(items: list[Row], devices: Mapping[str, HardwareSpec]) -> list[Row
     return chosen
 
 
-def _half_error(items: list[Row], devices: Mapping[str, HardwareSpec], scale: float) -> float:
-    total = 0.0
-    for result in evaluate(items, devices, half_scale=scale):
-        assert result.ratio is not None
-        total += math.log(result.ratio) ** 2
-    return total
-
-
 def half_precision_fit(items: list[Row], devices: Mapping[str, HardwareSpec]) -> float:
     """The 16-bit scale (grid of 0.01) that minimises the sum of squared log(predicted /
     measured) over ``items``."""
-    best: tuple[float, float] | None = None
-    for scale in HALF_SCALE_GRID:
-        error = _half_error(items, devices, scale)
-        if best is None or error < best[0] - 1e-12:
-            best = (error, scale)
-    assert best is not None
-    return best[1]
+    return _grid_best(
+        HALF_SCALE_GRID,
+        lambda scale: _squared_log_error(evaluate(items, devices, half_scale=scale)),
+    )
 
 
 def half_evaluate(
@@ -668,34 +677,23 @@ def half_checks(
 VLLM_RESULTS = HERE / "vllm_profile.md"
 
 
-def _log_error(
-    items: list[Row], devices: Mapping[str, HardwareSpec], trial: RuntimeProfile
-) -> float:
-    total = 0.0
-    for result in evaluate(items, devices, profile=trial):
-        assert result.ratio is not None
-        total += math.log(result.ratio) ** 2
-    return total
-
-
 def vllm_fit(items: list[Row], devices: Mapping[str, HardwareSpec]) -> RuntimeProfile:
     """The vllm profile whose compute-efficiency scale (grid of 0.05) and host time per
     sequence per engine step (the ladder) minimise the sum of squared log(predicted /
     measured) over ``items``."""
     shipped = RUNTIME_PROFILES[ServingRuntime.VLLM]
-    best: tuple[float, RuntimeProfile] | None = None
-    for host_us in VLLM_HOST_LADDER_US:
-        for scale in VLLM_SCALE_GRID:
-            trial = replace(
-                shipped,
-                compute_efficiency_scale=scale,
-                host_overhead_per_sequence_step_s=host_us * 1e-6,
-            )
-            error = _log_error(items, devices, trial)
-            if best is None or error < best[0] - 1e-12:
-                best = (error, trial)
-    assert best is not None
-    return best[1]
+    trials = (
+        replace(
+            shipped,
+            compute_efficiency_scale=scale,
+            host_overhead_per_sequence_step_s=host_us * 1e-6,
+        )
+        for host_us in VLLM_HOST_LADDER_US
+        for scale in VLLM_SCALE_GRID
+    )
+    return _grid_best(
+        trials, lambda trial: _squared_log_error(evaluate(items, devices, profile=trial))
+    )
 
 
 def vllm_evaluate(
