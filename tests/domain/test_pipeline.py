@@ -195,6 +195,17 @@ def test_predicted_pipeline_adds_up() -> None:
         predict_pipeline(plan, GPU, CAL, batch=1, micro_batches=2)
 
 
+def test_a_pipeline_says_its_16_bit_scale_as_its_stages_do() -> None:
+    """fp16 math at a 16-bit scale: the pipeline's prediction carries its stages' note."""
+    m, mu = micro_batching(4, 2)
+    plan = split_stages(_request(mu), 2)
+    cal = replace(CAL, half_precision_scale=1.5)
+    p = predict_pipeline(plan, GPU, cal, batch=4, micro_batches=m)
+    stage = predict(plan.stages[0], GPU, cal)
+    assert p.assumptions == stage.assumptions
+    assert any("fp16 math at 1.5 x the calibrated compute efficiency" in a for a in p.assumptions)
+
+
 def test_a_large_model_splits_its_weights_and_pays_little_to_send() -> None:
     """Llama-shaped 7B-class decode on 4 stages: each stage's weights are about a quarter of
     the whole, and the per-step sends are microseconds against milliseconds of stage time."""

@@ -428,7 +428,6 @@ def predict_pipeline(
         dram_bytes=m * sum(sp.dram_bytes for sp in stage_predictions),
         first_token_s=overhead + timings[0].latency_s if request.decoder else None,
         per_token_s=timings[1].latency_s if request.decoder and len(timings) > 1 else None,
-        assumptions=request.assumptions,
         pipeline=PipelineTiming(
             stages=p,
             micro_batches=m,
