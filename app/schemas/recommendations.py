@@ -379,8 +379,8 @@ class InferenceRecommendationRequest(Schema):
     )
     serving_runtime: ServingRuntime = Field(
         default=DEFAULT_RUNTIME,
-        description="The framework that serves the model on accelerators (CPUs keep their "
-        "calibration): tensorrt (default: the calibration as fitted on MLPerf results; on "
+        description="The framework that serves the model: tensorrt (default: the calibration "
+        "as fitted on MLPerf results; on "
         "published framework-level TensorRT runs it is within 1.5x for 8 of 9; for decoder "
         "LLMs it is TensorRT-LLM-grade serving, within 1.5x of 35 of 35 published TensorRT-LLM "
         "throughputs, benchmarks/calibration/llm_serving.md), torch_compile, "
@@ -394,8 +394,12 @@ class InferenceRecommendationRequest(Schema):
         "disagree). vllm scales the "
         "compute efficiency by 0.7 and adds 70 us of host work per sequence per engine step, "
         "serial with the GPU (benchmarks/calibration/vllm_profile.md: 5 published rows, mostly "
-        "vLLM v0.5.4; leaving each device out 5 of 5 within 1.5x). An explicit "
-        "fuse_elementwise or calibration override wins.",
+        "vLLM v0.5.4; leaving each device out 5 of 5 within 1.5x). On CPUs only pytorch_eager "
+        "has a scale of its own (x 0.7 on the CPU compute efficiency, element-wise layers "
+        "unfused; fitted on 16 published ratios of Intel's optimized PyTorch to stock PyTorch "
+        "on a Xeon 8380, 13 of 16 within 1.5x leaving each model out); under the other "
+        "runtimes CPUs keep the MLPerf-fitted calibration (no CPU measurements of them; the "
+        "assumptions say so). An explicit fuse_elementwise or calibration override wins.",
         examples=["tensorrt"],
     )
     fuse_elementwise: bool = Field(

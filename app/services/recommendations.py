@@ -1123,6 +1123,7 @@ def _recommend(
             *_scenario_note(payload, requirements),
             *_pipeline_note(runnable),
             *_half_precision_note(ranked),
+            *_cpu_runtime_note(payload.serving_runtime, ranked),
             *_host_work_note(payload.serving_runtime, source),
             _prices_note(pool, payload.price_kind),
         ],
@@ -1236,6 +1237,24 @@ def _half_precision_note(ranked: Sequence[Assessment]) -> list[str]:
         f"math reaches a larger share of its own peak (the GPUs' {GPU_HALF_PRECISION_SCALE:g}: "
         "fitted on 15 published fp16 TensorRT-LLM runs on the A100 and H100 SXM, 1.27-1.29 with "
         "either left out); each candidate's inputs.precision_scale says what it ran at"
+    ]
+
+
+def _cpu_runtime_note(runtime: ServingRuntime, ranked: Sequence[Assessment]) -> list[str]:
+    """What a serving runtime other than the default does to the CPU candidates (only when
+    one is ranked): its CPU scale, or that CPUs keep the MLPerf-grade calibration."""
+    if runtime is DEFAULT_RUNTIME or not any(
+        a.prediction.device.kind is DeviceKind.CPU for a in ranked
+    ):
+        return []
+    profile = RUNTIME_PROFILES[runtime]
+    if profile.cpu_compute_efficiency_scale is not None:
+        return [f"{runtime.value} on CPUs: {profile.cpu_basis}"]
+    return [
+        f"{runtime.value} on CPUs: no published CPU measurements of it, so CPU candidates keep "
+        "the calibration fitted on MLPerf rows (Intel's optimized stacks: IPEX, OpenVINO); a "
+        "stock framework can run slower (stock PyTorch runs 1.0-2.8x behind IPEX on a Xeon "
+        "8380, benchmarks/calibration/runtimes.md)"
     ]
 
 

@@ -67,6 +67,7 @@ RESULTS = HERE / "runtimes.md"
 SCALE_GRID = tuple(round(0.05 * i, 2) for i in range(1, 41))  # 0.05 .. 2.0
 LAUNCH_LADDER_US = (1, 2, 3, 4, 6, 8, 10, 12, 15, 20, 25, 30, 40, 50, 60, 80, 100, 120, 150)
 WITHIN, WITHIN_WORST = 1.5, 2.0
+IMAGE_MODELS = ("resnet-50", "vit-b-16", "mobilenet-v2")
 
 RUNTIMES = {
     "tensorrt": ServingRuntime.TENSORRT,
@@ -122,6 +123,21 @@ class Row:
 
 
 @dataclass(frozen=True, slots=True)
+class CpuRow:
+    """One published ratio of an optimized PyTorch stack to stock PyTorch on a CPU."""
+
+    id: str
+    slug: str
+    model: str  # graph key
+    precision: Precision
+    batch: int
+    seq: int | None
+    cores: int | None  # cores per instance (None: one instance on the whole socket)
+    measured: float  # optimized throughput / stock throughput
+    note: str
+
+
+@dataclass(frozen=True, slots=True)
 class Skipped:
     """A row the fit does not use, and why."""
 
@@ -143,6 +159,10 @@ def _model(text: str) -> tuple[str | None, str]:
         return "resnet-50", ""
     if "vit-base-patch16-224" in lowered:
         return "vit-b-16", ""
+    if "mobilenet v2" in lowered or "mobilenet-v2" in lowered:
+        return "mobilenet-v2", ""
+    if "distilbert-base" in lowered:
+        return "distilbert-base", "DistilBERT-base as a 6-layer BERT-base encoder with a QA head"
     if "bert-large" in lowered:
         return "bert-large", "BERT-large encoder with a 2-logit QA head"
     if "bert-base" in lowered:
@@ -241,9 +261,12 @@ def rows(
 
 def _graph(model: str) -> tuple[list[Any], list[Any]]:
     qa = {"name": "qa_outputs", "op": "linear", "out_features": 2}
-    if model in ("resnet-50", "vit-b-16"):
+    if model in IMAGE_MODELS:
         zoo = ZOO[model]
         return list(zoo.inputs), list(zoo.layers)
+    if model == "distilbert-base":
+        zoo = bert(layers=6)
+        return list(zoo.inputs), [*zoo.layers, qa]
     if model == "bert-large":
         zoo = bert(layers=24, hidden=1024, heads=16, intermediate=4096, pooler=False)
         return list(zoo.inputs), [*zoo.layers, qa]
@@ -271,7 +294,7 @@ def _graph(model: str) -> tuple[list[Any], list[Any]]:
 _WORKLOADS: dict[tuple[str, int, int | None, Precision, bool], PhasedRequest] = {}
 
 
-def workload(row: Row, fuse: bool) -> PhasedRequest:
+def workload(row: Row | CpuRow, fuse: bool) -> PhasedRequest:
     """The row's model at its batch, sequence and precision, fused or not."""
     key = (row.model, row.batch, row.seq, row.precision, fuse)
     found = _WORKLOADS.get(key)
@@ -280,7 +303,7 @@ def workload(row: Row, fuse: bool) -> PhasedRequest:
         bindings = {"batch": row.batch}
         if row.seq is not None:
             bindings["seq"] = row.seq
-        if row.model in ("resnet-50", "vit-b-16"):
+        if row.model in IMAGE_MODELS:
             bindings["image"] = 224
         analysis = analyze(inputs, layers, bindings, training=False)
         found = _WORKLOADS[key] = forward_request(
@@ -451,6 +474,205 @@ def render(
     return "\n".join(lines) + "\n", not problems
 
 
+# --------------------------------------------------------------------------------------------
+# CPUs: the pytorch_eager profile's CPU scale, fitted on optimized / stock PyTorch ratios
+# --------------------------------------------------------------------------------------------
+
+CPU_RUNTIME = ServingRuntime.PYTORCH_EAGER
+REALTIME_CORES = 4  # the sources' realtime rows: batch 1, 4 cores per instance
+
+
+def cpu_rows(
+    raw: Iterable[Mapping[str, Any]], devices: Mapping[str, HardwareSpec]
+) -> tuple[list[CpuRow], list[Skipped]]:
+    """The speed-up rows the file's ``cpu_eager_rule`` admits, and the rest with the reason."""
+    used: list[CpuRow] = []
+    skipped: list[Skipped] = []
+    for row in raw:
+        if row.get("category") != "cpu" or row.get("metric") != "speedup_ratio":
+            continue
+        rid, runtime_text = str(row["id"]), str(row["runtime"])
+        slug = str(row["device"]).split(" ")[0]
+        model, model_note = _model(str(row["model"]))
+        precision, _ = _precision(str(row.get("precision", "")))
+        if "BF16" in str(row.get("precision", "")):
+            precision = Precision.BF16
+        device = devices.get(slug)
+        scenario = str(row.get("scenario", ""))
+        if device is None or device.kind.value != "cpu":
+            skipped.append(Skipped(rid, runtime_text, f"device {slug!r} is not a catalog CPU"))
+        elif model is None:
+            skipped.append(Skipped(rid, runtime_text, f"model {row['model']!r} not mapped"))
+        elif precision is None:
+            skipped.append(Skipped(rid, runtime_text, f"precision {row['precision']!r}"))
+        elif (unsupported := unsupported_reason(device, PRECISION_SCHEMES[precision])) is not None:
+            skipped.append(Skipped(rid, runtime_text, f"cpu_eager_rule (3): {unsupported}"))
+        else:
+            realtime = scenario.startswith("realtime")
+            seq = row.get("seq_len")
+            used.append(
+                CpuRow(
+                    id=rid,
+                    slug=slug,
+                    model=model,
+                    precision=precision,
+                    batch=int(row["batch"]),
+                    seq=int(seq) if seq is not None else None,
+                    cores=REALTIME_CORES if realtime else None,
+                    measured=float(row["value"]),
+                    note="; ".join(
+                        n
+                        for n in (
+                            model_note,
+                            f"{REALTIME_CORES} cores per instance" if realtime else "one socket",
+                        )
+                        if n
+                    ),
+                )
+            )
+    return used, skipped
+
+
+def cpu_slice(device: HardwareSpec, cores: int | None) -> HardwareSpec:
+    """``device`` as one instance of ``cores`` of its cores, with their share of its memory
+    bandwidth (None: the whole socket)."""
+    if cores is None or device.cpu_cores is None:
+        return device
+    share = cores / device.cpu_cores
+    return replace(device, cpu_cores=cores, compute_fraction=share, bandwidth_fraction=share)
+
+
+def cpu_ratio(row: CpuRow, scale: float, devices: Mapping[str, HardwareSpec]) -> float:
+    """Predicted optimized / stock throughput: the shipped calibration with element-wise
+    layers fused against the pytorch_eager profile with CPU scale ``scale``."""
+    device = cpu_slice(devices[row.slug], row.cores)
+    eager = replace(RUNTIME_PROFILES[CPU_RUNTIME], cpu_compute_efficiency_scale=scale)
+    optimized = workload(row, True)
+    stock = workload(row, eager.fuse_elementwise)
+    base = DEFAULT_CALIBRATIONS[calibration_class(device, optimized.scheme)]
+    fast = predict(optimized, device, base).throughput_per_s
+    slow = predict(stock, device, eager.apply(base, device.kind)).throughput_per_s
+    return fast / slow
+
+
+def cpu_fit(items: list[CpuRow], devices: Mapping[str, HardwareSpec]) -> float:
+    """The CPU scale (grid of 0.05) whose predicted ratios fit ``items`` best."""
+    best: tuple[float, float] | None = None
+    for scale in SCALE_GRID:
+        error = sum(math.log(cpu_ratio(r, scale, devices) / r.measured) ** 2 for r in items)
+        if best is None or error < best[0] - 1e-12:
+            best = (error, scale)
+    assert best is not None
+    return best[1]
+
+
+@dataclass(frozen=True, slots=True)
+class CpuResult:
+    """One ratio row: measured, unscaled (CPUs keeping their calibration), in sample, and
+    with its model left out of the fit."""
+
+    row: CpuRow
+    unscaled: float
+    in_sample: float
+    model_out: float | None  # None: no other model's rows to fit on
+
+
+def cpu_evaluate(
+    items: list[CpuRow], devices: Mapping[str, HardwareSpec], scale: float
+) -> list[CpuResult]:
+    """Each ratio row at scale 1, at ``scale``, and with its model's rows left out of the fit."""
+    refits: dict[str, float | None] = {}
+    results = []
+    for row in items:
+        if row.model not in refits:
+            others = [r for r in items if r.model != row.model]
+            refits[row.model] = cpu_fit(others, devices) if others else None
+        refit = refits[row.model]
+        results.append(
+            CpuResult(
+                row,
+                unscaled=cpu_ratio(row, 1.0, devices),
+                in_sample=cpu_ratio(row, scale, devices),
+                model_out=None if refit is None else cpu_ratio(row, refit, devices),
+            )
+        )
+    return results
+
+
+def cpu_shipped_matches(scale: float | None) -> list[str]:
+    """The difference between the shipped CPU scale and the fit (empty: they agree)."""
+    shipped = RUNTIME_PROFILES[CPU_RUNTIME].cpu_compute_efficiency_scale
+    if scale is None or shipped is None or not math.isclose(scale, shipped):
+        return [
+            f"{CPU_RUNTIME.value} cpu_compute_efficiency_scale: derived {scale!r}, "
+            f"shipped {shipped!r}"
+        ]
+    return []
+
+
+def _within(ratios: Iterable[float | None], limit: float) -> str:
+    known = [x for x in ratios if x is not None]
+    hits = sum(1 for x in known if max(x, 1 / x) <= limit)
+    return f"{hits}/{len(known)}"
+
+
+def render_cpu(
+    results: list[CpuResult], skipped: list[Skipped], scale: float | None
+) -> tuple[str, bool]:
+    """The CPU section of the report, and whether the shipped scale is the fit."""
+    problems = cpu_shipped_matches(scale)
+    columns = (
+        ("unscaled (CPUs keep their calibration)", [r.unscaled / r.row.measured for r in results]),
+        ("in sample", [r.in_sample / r.row.measured for r in results]),
+        (
+            "its model left out",
+            [None if r.model_out is None else r.model_out / r.row.measured for r in results],
+        ),
+    )
+    lines = [
+        "",
+        "## CPUs: pytorch_eager against Intel's optimized PyTorch",
+        "",
+        "The file's `cpu_eager_rule`: published ratios of IPEX-optimized to stock PyTorch "
+        "throughput on the same CPU, model, batch and precision; the optimized side at the "
+        "shipped CPU calibration, element-wise layers fused; stock PyTorch under the "
+        "pytorch_eager profile (one kernel per layer) with its CPU compute-efficiency scale; "
+        f"realtime rows on {REALTIME_CORES} of the socket's cores with the same share of its "
+        "bandwidth. Ratios below are predicted / measured speed-up.",
+        "",
+        f"Fitted CPU scale: **{scale:g}** (grid of 0.05, least squares on log ratio, "
+        f"{len(results)} rows). Shipped profile matches the derivation: "
+        + ("yes." if not problems else "NO - " + "; ".join(problems) + "."),
+        "",
+        "| prediction | rows | within 1.5x | within 2x | median |",
+        "|---|---|---|---|---|",
+    ]
+    for label, ratios in columns:
+        known = [x for x in ratios if x is not None]
+        median = f"{statistics.median(known):.2f}" if known else "n/a"
+        lines.append(
+            f"| {label} | {len(known)} | {_within(ratios, WITHIN)} | "
+            f"{_within(ratios, WITHIN_WORST)} | {median} |"
+        )
+    lines += [
+        "",
+        "| row | device | model | precision | batch | seq | cores | measured speed-up | "
+        "unscaled | in sample | model left out | notes |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        row = r.row
+        out = "n/a" if r.model_out is None else f"{r.model_out:.2f}"
+        lines.append(
+            f"| {row.id} | {row.slug} | {row.model} | {row.precision.value} | {row.batch} | "
+            f"{row.seq or ''} | {row.cores or 'socket'} | {row.measured:.2f} | "
+            f"{r.unscaled:.2f} | {r.in_sample:.2f} | {out} | {row.note} |"
+        )
+    lines += ["", "Not used:", ""]
+    lines += [f"* {s.id} ({s.runtime}): {s.reason}" for s in skipped]
+    return "\n".join(lines) + "\n", not problems
+
+
 def main(argv: list[str] | None = None) -> int:
     """Print the fit and every row; exit 1 when the shipped profiles differ from the fit."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -460,6 +682,12 @@ def main(argv: list[str] | None = None) -> int:
     items, skipped = rows(load(), devices)
     profiles = derive(items, devices)
     report, ok = render(evaluate(items, devices, profiles), skipped, profiles)
+    raw = load()
+    cpu_items, cpu_skipped = cpu_rows(raw, devices)
+    scale = cpu_fit(cpu_items, devices)
+    cpu_report, cpu_ok = render_cpu(cpu_evaluate(cpu_items, devices, scale), cpu_skipped, scale)
+    report += cpu_report
+    ok = ok and cpu_ok
     print(report)
     if args.write_results:
         RESULTS.write_text(report, encoding="utf-8")

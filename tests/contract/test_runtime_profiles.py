@@ -46,10 +46,21 @@ def test_the_shipped_profiles_are_the_fit(runtimes: ModuleType, fitted: Any) -> 
     assert set(profiles) == set(RUNTIME_PROFILES) - DECODER_ONLY
 
 
-def test_the_report_is_current(runtimes: ModuleType, fitted: Any) -> None:
+@pytest.fixture(scope="module")
+def cpu_fitted(runtimes: ModuleType, calibration_devices: dict[str, Any]) -> Any:
+    items, skipped = runtimes.cpu_rows(runtimes.load(), calibration_devices)
+    scale = runtimes.cpu_fit(items, calibration_devices)
+    return items, skipped, scale, runtimes.cpu_evaluate(items, calibration_devices, scale)
+
+
+def test_the_report_is_current(runtimes: ModuleType, fitted: Any, cpu_fitted: Any) -> None:
     _, skipped, profiles, results = fitted
     report, ok = runtimes.render(results, skipped, profiles)
     assert ok
+    _, cpu_skipped, scale, cpu_results = cpu_fitted
+    cpu_report, cpu_ok = runtimes.render_cpu(cpu_results, cpu_skipped, scale)
+    assert cpu_ok
+    report += cpu_report
     assert report == (CALIBRATION / "runtimes.md").read_text(encoding="utf-8"), (
         "benchmarks/calibration/runtimes.md is stale; run .venv/bin/python "
         "benchmarks/calibration/runtimes.py --write-results"
@@ -95,3 +106,46 @@ def test_left_out_error_per_runtime(fitted: Any) -> None:
         assert len(mine) == total
         assert all(x is not None for x in ratios)
         assert sum(1 for x in ratios if 0.5 <= x <= 2.0) == within
+
+
+def test_cpu_ratio_rows_follow_the_rule(runtimes: ModuleType, cpu_fitted: Any) -> None:
+    """cpu_eager_rule: the 16 IPEX / stock PyTorch ratios on the Xeon 8380 (int8 and fp32) are
+    used, realtime rows on 4 cores; the 4 bf16 rows on the 8380H stay out (no catalog bf16 peak)."""
+    items, skipped, _, _ = cpu_fitted
+    ratios = [r for r in runtimes.load() if r.get("metric") == "speedup_ratio"]
+    assert len(items) + len(skipped) == len(ratios) == 20
+    assert {r.slug for r in items} == {"intel-xeon-platinum-8380"}
+    assert {r.model for r in items} == {
+        "resnet-50",
+        "mobilenet-v2",
+        "bert-base",
+        "bert-large",
+        "distilbert-base",
+    }
+    assert {r.cores for r in items if r.batch == 1} == {4}
+    assert {r.cores for r in items if r.batch > 1} == {None}
+    assert len(skipped) == 4
+    assert all("no bf16 peak" in s.reason for s in skipped)
+
+
+def test_the_shipped_cpu_scale_is_the_fit(runtimes: ModuleType, cpu_fitted: Any) -> None:
+    _, _, scale, _ = cpu_fitted
+    assert runtimes.cpu_shipped_matches(scale) == []
+    assert RUNTIME_PROFILES[ServingRuntime.PYTORCH_EAGER].cpu_compute_efficiency_scale == scale
+
+
+def test_cpu_scale_error_leaving_each_model_out(cpu_fitted: Any) -> None:
+    """Pin (the README and the profile's basis quote it): within 1.5x of the measured ratio,
+    8 of 16 rows with CPUs keeping their calibration, 13 of 16 with the scale, in sample and
+    with each model's rows left out of the fit; 15 of 16 within 2x either way."""
+    _, _, _, results = cpu_fitted
+
+    def within(values: list[float], limit: float) -> int:
+        return sum(1 for x in values if 1 / limit <= x <= limit)
+
+    unscaled = [r.unscaled / r.row.measured for r in results]
+    in_sample = [r.in_sample / r.row.measured for r in results]
+    left_out = [r.model_out / r.row.measured for r in results if r.model_out is not None]
+    assert len(left_out) == len(results) == 16
+    assert (within(unscaled, 1.5), within(in_sample, 1.5), within(left_out, 1.5)) == (8, 13, 13)
+    assert (within(in_sample, 2.0), within(left_out, 2.0)) == (15, 15)

@@ -87,11 +87,37 @@ def test_onnxruntime_on_the_hand_gpu() -> None:
     assert slow.phases[0].compute_s > 0
 
 
-def test_cpus_keep_their_calibration_and_efficiency_stays_physical() -> None:
+def test_cpus_keep_their_calibration_but_under_eager_pytorch() -> None:
     for cls in (CalibrationClass.CPU, CalibrationClass.CPU_AMX):
         cpu = DEFAULT_CALIBRATIONS[cls]
-        for profile in RUNTIME_PROFILES.values():
+        for runtime, profile in RUNTIME_PROFILES.items():
+            if runtime is ServingRuntime.PYTORCH_EAGER:
+                continue
+            assert profile.cpu_compute_efficiency_scale is None
             assert profile.apply(cpu, cls.kind) is cpu
+
+
+def test_eager_pytorch_on_a_cpu() -> None:
+    """Golden: x 0.7 on both CPU classes (0.63 -> 0.441, AMX 0.40 -> 0.28); nothing else
+    moves (the CPU launch and request overheads are the calibration's)."""
+    eager = RUNTIME_PROFILES[ServingRuntime.PYTORCH_EAGER]
+    assert eager.cpu_compute_efficiency_scale == 0.7
+    for cls, expected in ((CalibrationClass.CPU, 0.441), (CalibrationClass.CPU_AMX, 0.28)):
+        cpu = DEFAULT_CALIBRATIONS[cls]
+        applied = eager.apply(cpu, DeviceKind.CPU)
+        assert applied.compute_efficiency == pytest.approx(expected)
+        assert applied.kernel_launch_overhead_s == cpu.kernel_launch_overhead_s
+        assert applied.request_overhead_s == cpu.request_overhead_s
+        assert applied.memory_efficiency == cpu.memory_efficiency
+        assert applied.activation_cache_share == cpu.activation_cache_share
+        assert "served by pytorch_eager on a CPU" in applied.basis
+    high = eager.apply(
+        replace(DEFAULT_CALIBRATIONS[CalibrationClass.CPU], compute_efficiency=1.0), DeviceKind.CPU
+    )
+    assert high.compute_efficiency == pytest.approx(0.7)
+
+
+def test_efficiency_stays_physical() -> None:
     edge = DEFAULT_CALIBRATIONS[CalibrationClass.EDGE]
     compiled = RUNTIME_PROFILES[ServingRuntime.TORCH_COMPILE]
     high = compiled.apply(replace(edge, compute_efficiency=0.9), DeviceKind.EDGE)
