@@ -201,8 +201,9 @@ RUNTIME_PROFILES: Mapping[ServingRuntime, RuntimeProfile] = {
         "a Xeon 8380 (ResNet-50, MobileNet v2, BERT-base, BERT-large, DistilBERT; int8 and fp32; "
         "batch 1 on 4 cores and batch 80-160 on a socket), the optimized side taken at the CPU "
         "calibration: 13 of 16 within 1.5x in sample and leaving each model out (8 of 16 "
-        "without the scale); stock int8 runs slower than this predicts (measured 1.6-2.8x "
-        "behind IPEX, predicted 1.44x), fp32 transformers faster (1.0-1.3x)",
+        "without the scale); stock int8 transformers run further behind IPEX than this "
+        "predicts (measured 1.6-2.8x, predicted 1.44x), fp32 transformers closer (1.0-1.3x), "
+        "and MobileNet v2 closer (1.1-1.5x against 2.4-2.6x: its unfused element-wise layers)",
     ),
     ServingRuntime.ONNXRUNTIME: RuntimeProfile(
         runtime=ServingRuntime.ONNXRUNTIME,
