@@ -179,6 +179,8 @@ def _model(text: str) -> tuple[str | None, str]:
 def _precision(text: str) -> tuple[Precision | None, str]:
     if "INT8" in text:
         return Precision.INT8, ""
+    if text.strip() == "BF16":
+        return Precision.BF16, ""
     if "FP16" in text or "AMP" in text:
         return Precision.FP16, ""
     if "TF32" in text:
@@ -495,8 +497,6 @@ def cpu_rows(
         slug = str(row["device"]).split(" ")[0]
         model, model_note = _model(str(row["model"]))
         precision, _ = _precision(str(row.get("precision", "")))
-        if "BF16" in str(row.get("precision", "")):
-            precision = Precision.BF16
         device = devices.get(slug)
         scenario = str(row.get("scenario", ""))
         if device is None or device.kind.value != "cpu":
