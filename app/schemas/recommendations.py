@@ -396,8 +396,8 @@ class InferenceRecommendationRequest(Schema):
         "serial with the GPU (benchmarks/calibration/vllm_profile.md: 5 published rows, mostly "
         "vLLM v0.5.4; leaving each device out 5 of 5 within 1.5x). On CPUs only pytorch_eager "
         "has a scale of its own (x 0.7 on the CPU compute efficiency, element-wise layers "
-        "unfused; fitted on 16 published ratios of Intel's optimized PyTorch to stock PyTorch "
-        "on a Xeon 8380, 13 of 16 within 1.5x leaving each model out); under the other "
+        "unfused; fitted on 20 published ratios of Intel's optimized PyTorch to stock PyTorch "
+        "on a Xeon 8380 and an 8380H, 16 of 20 within 1.5x leaving each CPU out); under the other "
         "runtimes CPUs keep the MLPerf-fitted calibration (no CPU measurements of them; the "
         "assumptions say so). An explicit fuse_elementwise or calibration override wins.",
         examples=["tensorrt"],

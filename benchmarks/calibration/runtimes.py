@@ -575,25 +575,32 @@ class CpuResult:
     unscaled: float
     in_sample: float
     model_out: float | None  # None: no other model's rows to fit on
+    device_out: float | None  # None: no other device's rows to fit on
 
 
 def cpu_evaluate(
     items: list[CpuRow], devices: Mapping[str, HardwareSpec], scale: float
 ) -> list[CpuResult]:
-    """Each ratio row at scale 1, at ``scale``, and with its model's rows left out of the fit."""
-    refits: dict[str, float | None] = {}
+    """Each ratio row at scale 1, at ``scale``, and with its model's (its device's) rows left
+    out of the fit."""
+    refits: dict[tuple[str, str], float | None] = {}
+
+    def refit(field: str, value: str) -> float | None:
+        if (field, value) not in refits:
+            others = [r for r in items if getattr(r, field) != value]
+            refits[field, value] = cpu_fit(others, devices) if others else None
+        return refits[field, value]
+
     results = []
     for row in items:
-        if row.model not in refits:
-            others = [r for r in items if r.model != row.model]
-            refits[row.model] = cpu_fit(others, devices) if others else None
-        refit = refits[row.model]
+        by_model, by_device = refit("model", row.model), refit("slug", row.slug)
         results.append(
             CpuResult(
                 row,
                 unscaled=cpu_ratio(row, 1.0, devices),
                 in_sample=cpu_ratio(row, scale, devices),
-                model_out=None if refit is None else cpu_ratio(row, refit, devices),
+                model_out=None if by_model is None else cpu_ratio(row, by_model, devices),
+                device_out=None if by_device is None else cpu_ratio(row, by_device, devices),
             )
         )
     return results
@@ -628,6 +635,10 @@ def render_cpu(
             "its model left out",
             [None if r.model_out is None else r.model_out / r.row.measured for r in results],
         ),
+        (
+            "its device left out",
+            [None if r.device_out is None else r.device_out / r.row.measured for r in results],
+        ),
     )
     lines = [
         "",
@@ -657,16 +668,17 @@ def render_cpu(
     lines += [
         "",
         "| row | device | model | precision | batch | seq | cores | measured speed-up | "
-        "unscaled | in sample | model left out | notes |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "unscaled | in sample | model left out | device left out | notes |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         row = r.row
-        out = "n/a" if r.model_out is None else f"{r.model_out:.2f}"
+        model_out = "n/a" if r.model_out is None else f"{r.model_out:.2f}"
+        device_out = "n/a" if r.device_out is None else f"{r.device_out:.2f}"
         lines.append(
             f"| {row.id} | {row.slug} | {row.model} | {row.precision.value} | {row.batch} | "
             f"{row.seq or ''} | {row.cores or 'socket'} | {row.measured:.2f} | "
-            f"{r.unscaled:.2f} | {r.in_sample:.2f} | {out} | {row.note} |"
+            f"{r.unscaled:.2f} | {r.in_sample:.2f} | {model_out} | {device_out} | {row.note} |"
         )
     lines += ["", "Not used:", ""]
     lines += [f"* {s.id} ({s.runtime}): {s.reason}" for s in skipped]

@@ -196,14 +196,15 @@ RUNTIME_PROFILES: Mapping[ServingRuntime, RuntimeProfile] = {
         "within 1.5x, 16 of 20 within 2x: eager serving stacks differ more than engines do",
         cpu_compute_efficiency_scale=0.7,
         cpu_basis="compute efficiency x 0.7, element-wise layers unfused; the scale fitted "
-        "(grid of 0.05, least squares on log ratio) by benchmarks/calibration/runtimes.py on 16 "
+        "(grid of 0.05, least squares on log ratio) by benchmarks/calibration/runtimes.py on 20 "
         "published ratios of Intel's optimized PyTorch (IPEX 1.10 / 1.11) to stock PyTorch on "
-        "a Xeon 8380 (ResNet-50, MobileNet v2, BERT-base, BERT-large, DistilBERT; int8 and fp32; "
-        "batch 1 on 4 cores and batch 80-160 on a socket), the optimized side taken at the CPU "
-        "calibration: 13 of 16 within 1.5x in sample and leaving each model out (8 of 16 "
-        "without the scale); stock int8 transformers run further behind IPEX than this "
-        "predicts (measured 1.6-2.8x, predicted 1.44x), fp32 transformers closer (1.0-1.3x), "
-        "and MobileNet v2 closer (1.1-1.5x against 2.4-2.6x: its unfused element-wise layers)",
+        "a Xeon 8380 (ResNet-50, MobileNet v2, BERT-base, BERT-large, DistilBERT; int8 and fp32) "
+        "and a Xeon 8380H (BERT-base and -large, bf16), batch 1 on 4 cores and batch 56-160 on a "
+        "socket, the optimized side taken at the CPU calibration: within 1.5x 17 of 20 in sample "
+        "and leaving each model out, 16 of 20 leaving each CPU out (10 of 20 without the scale); "
+        "stock int8 transformers run further behind IPEX than this predicts (measured 1.6-2.8x, "
+        "predicted 1.44x), fp32 transformers closer (1.0-1.3x), and MobileNet v2 closer "
+        "(1.1-1.5x against 2.4-2.6x: its unfused element-wise layers)",
     ),
     ServingRuntime.ONNXRUNTIME: RuntimeProfile(
         runtime=ServingRuntime.ONNXRUNTIME,
