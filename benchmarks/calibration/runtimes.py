@@ -16,7 +16,11 @@ runtime's profile (:mod:`app.domain.performance.runtimes`):
   execution provider only: TensorRT-provider rows are TensorRT's engine);
 * TensorRT rows are predicted with the shipped calibration, unfitted: its error here is out of
   sample (the calibration was fitted on MLPerf rows only);
-* leave-one-device-out: each row again with its runtime refitted without its device's rows.
+* leave-one-device-out: each row again with its runtime refitted without its device's rows;
+* CPUs (``cpu_eager_rule``): the ``pytorch_eager`` profile's CPU compute-efficiency scale,
+  fitted on published ratios of Intel's optimized PyTorch (IPEX) to stock PyTorch, the
+  optimized side at the shipped CPU calibration; each ratio also with its model's and with its
+  CPU's rows left out of the fit.
 
 Prints every row (in sample and left out), per runtime the fitted constants and the share of
 rows within 1.5x and 2x; exit 1 when the shipped profiles differ from the fit.
@@ -42,7 +46,7 @@ sys.path.insert(0, str(HERE))
 import calibrate  # noqa: E402  (the calibration script beside this one)
 
 from app.domain.graph.analysis import analyze  # noqa: E402
-from app.domain.hardware import HardwareSpec  # noqa: E402
+from app.domain.hardware import DeviceKind, HardwareSpec  # noqa: E402
 from app.domain.performance.roofline import (  # noqa: E402
     DEFAULT_CALIBRATIONS,
     PRECISION_SCHEMES,
@@ -499,7 +503,7 @@ def cpu_rows(
         precision, _ = _precision(str(row.get("precision", "")))
         device = devices.get(slug)
         scenario = str(row.get("scenario", ""))
-        if device is None or device.kind.value != "cpu":
+        if device is None or device.kind is not DeviceKind.CPU:
             skipped.append(Skipped(rid, runtime_text, f"device {slug!r} is not a catalog CPU"))
         elif model is None:
             skipped.append(Skipped(rid, runtime_text, f"model {row['model']!r} not mapped"))
@@ -569,7 +573,7 @@ def cpu_fit(items: list[CpuRow], devices: Mapping[str, HardwareSpec]) -> float:
 @dataclass(frozen=True, slots=True)
 class CpuResult:
     """One ratio row: measured, unscaled (CPUs keeping their calibration), in sample, and
-    with its model left out of the fit."""
+    with its model's or its device's rows left out of the fit."""
 
     row: CpuRow
     unscaled: float
@@ -680,7 +684,7 @@ def render_cpu(
             f"{row.seq or ''} | {row.cores or 'socket'} | {row.measured:.2f} | "
             f"{r.unscaled:.2f} | {r.in_sample:.2f} | {model_out} | {device_out} | {row.note} |"
         )
-    lines += ["", "Not used:", ""]
+    lines += ["", "Not used:" + ("" if skipped else " none."), ""]
     lines += [f"* {s.id} ({s.runtime}): {s.reason}" for s in skipped]
     return "\n".join(lines) + "\n", not problems
 
@@ -691,10 +695,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write-results", action="store_true", help=f"write {RESULTS.name}")
     args = parser.parse_args(argv)
     devices = calibrate.catalog_devices()
-    items, skipped = rows(load(), devices)
+    raw = load()
+    items, skipped = rows(raw, devices)
     profiles = derive(items, devices)
     report, ok = render(evaluate(items, devices, profiles), skipped, profiles)
-    raw = load()
     cpu_items, cpu_skipped = cpu_rows(raw, devices)
     scale = cpu_fit(cpu_items, devices)
     cpu_report, cpu_ok = render_cpu(cpu_evaluate(cpu_items, devices, scale), cpu_skipped, scale)
