@@ -46,7 +46,7 @@ import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -175,6 +175,21 @@ def catalog_devices() -> dict[str, HardwareSpec]:
         apply_hardware_fields(row, entry)
         devices[entry.slug] = hardware_spec(row)
     return devices
+
+
+Trial = TypeVar("Trial")
+
+
+def grid_best(trials: Iterable[Trial], error: Callable[[Trial], float]) -> Trial:
+    """The trial of least ``error``, the first of them on ties (within 1e-12): the grid
+    searches of this script's siblings (runtimes.py, llm_serving.py)."""
+    best: tuple[float, Trial] | None = None
+    for trial in trials:
+        value = error(trial)
+        if best is None or value < best[0] - 1e-12:
+            best = (value, trial)
+    assert best is not None
+    return best[1]
 
 
 def resnet50_int8(batch: int = BATCH) -> PhasedRequest:

@@ -477,17 +477,6 @@ def _squared_log_error(results: list[Result]) -> float:
     return total
 
 
-def _grid_best(trials: Iterable[Fitted], error: Callable[[Fitted], float]) -> Fitted:
-    """The trial of least ``error``, the first of them on ties (within 1e-12)."""
-    best: tuple[float, Fitted] | None = None
-    for trial in trials:
-        value = error(trial)
-        if best is None or value < best[0] - 1e-12:
-            best = (value, trial)
-    assert best is not None
-    return best[1]
-
-
 def _score(
     items: list[Row],
     default: list[Result],
@@ -553,7 +542,7 @@ def half_rows(items: list[Row], devices: Mapping[str, HardwareSpec]) -> list[Row
 def half_precision_fit(items: list[Row], devices: Mapping[str, HardwareSpec]) -> float:
     """The 16-bit scale (grid of 0.01) that minimises the sum of squared log(predicted /
     measured) over ``items``."""
-    return _grid_best(
+    return calibrate.grid_best(
         HALF_SCALE_GRID,
         lambda scale: _squared_log_error(evaluate(items, devices, half_scale=scale)),
     )
@@ -691,7 +680,7 @@ def vllm_fit(items: list[Row], devices: Mapping[str, HardwareSpec]) -> RuntimePr
         for host_us in VLLM_HOST_LADDER_US
         for scale in VLLM_SCALE_GRID
     )
-    return _grid_best(
+    return calibrate.grid_best(
         trials, lambda trial: _squared_log_error(evaluate(items, devices, profile=trial))
     )
 

@@ -334,17 +334,16 @@ def fit(
 ) -> RuntimeProfile:
     """The profile of ``runtime`` whose scale and launch overhead fit ``items`` best."""
     shipped = RUNTIME_PROFILES[runtime]
-    best: tuple[float, RuntimeProfile] | None = None
-    for launch_us in LAUNCH_LADDER_US:
-        for scale in SCALE_GRID:
-            trial = replace(
+    return calibrate.grid_best(
+        (
+            replace(
                 shipped, compute_efficiency_scale=scale, kernel_launch_overhead_s=launch_us * 1e-6
             )
-            error = sum(math.log(predicted(r, trial, devices) / r.measured) ** 2 for r in items)
-            if best is None or error < best[0] - 1e-12:
-                best = (error, trial)
-    assert best is not None
-    return best[1]
+            for launch_us in LAUNCH_LADDER_US
+            for scale in SCALE_GRID
+        ),
+        lambda trial: sum(math.log(predicted(r, trial, devices) / r.measured) ** 2 for r in items),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -414,9 +413,14 @@ def shipped_matches(profiles: Mapping[ServingRuntime, RuntimeProfile]) -> list[s
     return problems
 
 
+def _count_within(ratios: Iterable[float | None], limit: float) -> tuple[int, int]:
+    """Ratios within ``limit`` either way, and ratios known."""
+    known = [x for x in ratios if x is not None]
+    return sum(1 for x in known if max(x, 1 / x) <= limit), len(known)
+
+
 def _share(results: list[Result], which: str, limit: float) -> tuple[int, int]:
-    ratios = [x for r in results if (x := r.ratio(which)) is not None]
-    return sum(1 for x in ratios if max(x, 1 / x) <= limit), len(ratios)
+    return _count_within((r.ratio(which) for r in results), limit)
 
 
 def render(
@@ -546,28 +550,29 @@ def cpu_slice(device: HardwareSpec, cores: int | None) -> HardwareSpec:
     return replace(device, cpu_cores=cores, compute_fraction=share, bandwidth_fraction=share)
 
 
+_OPTIMIZED: dict[str, float] = {}  # row id -> optimized throughput (no scale in it)
+
+
 def cpu_ratio(row: CpuRow, scale: float, devices: Mapping[str, HardwareSpec]) -> float:
     """Predicted optimized / stock throughput: the shipped calibration with element-wise
     layers fused against the pytorch_eager profile with CPU scale ``scale``."""
     device = cpu_slice(devices[row.slug], row.cores)
     eager = replace(RUNTIME_PROFILES[CPU_RUNTIME], cpu_compute_efficiency_scale=scale)
-    optimized = workload(row, True)
     stock = workload(row, eager.fuse_elementwise)
-    base = DEFAULT_CALIBRATIONS[calibration_class(device, optimized.scheme)]
-    fast = predict(optimized, device, base).throughput_per_s
+    base = DEFAULT_CALIBRATIONS[calibration_class(device, stock.scheme)]
+    fast = _OPTIMIZED.get(row.id)
+    if fast is None:
+        fast = _OPTIMIZED[row.id] = predict(workload(row, True), device, base).throughput_per_s
     slow = predict(stock, device, eager.apply(base, device.kind)).throughput_per_s
     return fast / slow
 
 
 def cpu_fit(items: list[CpuRow], devices: Mapping[str, HardwareSpec]) -> float:
     """The CPU scale (grid of 0.05) whose predicted ratios fit ``items`` best."""
-    best: tuple[float, float] | None = None
-    for scale in SCALE_GRID:
-        error = sum(math.log(cpu_ratio(r, scale, devices) / r.measured) ** 2 for r in items)
-        if best is None or error < best[0] - 1e-12:
-            best = (error, scale)
-    assert best is not None
-    return best[1]
+    return calibrate.grid_best(
+        SCALE_GRID,
+        lambda scale: sum(math.log(cpu_ratio(r, scale, devices) / r.measured) ** 2 for r in items),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -622,9 +627,8 @@ def cpu_shipped_matches(scale: float | None) -> list[str]:
 
 
 def _within(ratios: Iterable[float | None], limit: float) -> str:
-    known = [x for x in ratios if x is not None]
-    hits = sum(1 for x in known if max(x, 1 / x) <= limit)
-    return f"{hits}/{len(known)}"
+    hits, known = _count_within(ratios, limit)
+    return f"{hits}/{known}"
 
 
 def render_cpu(
