@@ -93,7 +93,8 @@ DEVICE_KINDS = ("gpu", "cpu", "edge", "tpu")
 CALIBRATION_CLASSES = ("gpu", "gpu_ampere", "gpu_hopper", "cpu", "cpu_amx", "edge", "tpu")
 CALIBRATION_FIELDS = ("compute_efficiency", "memory_efficiency", "activation_cache_share",
                       "host_link_efficiency", "kernel_launch_overhead_us",
-                      "request_overhead_us", "half_precision_scale")  # fmt: skip
+                      "host_dispatch_us", "request_overhead_us",
+                      "half_precision_scale")  # fmt: skip
 # The recommendation request's integer bounds (tests/test_capplan.py checks them against the
 # request schema): a value outside them is a usage error here, not a 422 from the server.
 MAX_TOKENS = 16_777_216  # prompt and generated tokens, their means

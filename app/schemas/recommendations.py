@@ -93,8 +93,17 @@ class CalibrationOverride(Schema):
         ge=0,
         le=1e6,
         allow_inf_nan=False,
-        description="Per kernel launch [us].",
+        description="Per kernel launch, serial with the kernels [us].",
         examples=[5.0],
+    )
+    host_dispatch_us: float | None = Field(
+        default=None,
+        ge=0,
+        le=1e6,
+        allow_inf_nan=False,
+        description="The serving framework's host time per kernel, overlapped with the "
+        "device's work (a phase takes max(device time, launches x this)) [us].",
+        examples=[20.0],
     )
     request_overhead_us: float | None = Field(
         default=None,
@@ -387,11 +396,12 @@ class InferenceRecommendationRequest(Schema):
         "pytorch_eager, tensorflow, onnxruntime (ONNX Runtime's CUDA execution provider; its "
         "TensorRT provider is tensorrt), or vllm (decoder LLMs only: 422 for other models). Each "
         "profile fuses element-wise layers or not, scales the compute efficiency and sets the "
-        "per-kernel launch overhead, fitted on published same-model, same-device measurements "
-        "(benchmarks/calibration/runtimes.md: leaving each device out, torch_compile 4 of 6 "
-        "rows within 1.5x, pytorch_eager 7 of 20, tensorflow 10 of 10, onnxruntime 5 of 16 and 10 "
-        "of 16 within 2x: fitted on transformer encoders, one source per device, which "
-        "disagree). vllm scales the "
+        "framework's host time per kernel (host_dispatch_s: overlapped with the GPU's kernels, "
+        "which wait for it only when they are shorter), fitted on published same-model, "
+        "same-device measurements (benchmarks/calibration/runtimes.md: leaving each device out, "
+        "torch_compile 5 of 6 rows within 1.5x, pytorch_eager 12 of 20, tensorflow 10 of 10, "
+        "onnxruntime 5 of 16 and 11 of 16 within 2x: fitted on transformer encoders, one "
+        "source per device, which disagree). vllm scales the "
         "compute efficiency by 0.7 and adds 70 us of host work per sequence per engine step, "
         "serial with the GPU (benchmarks/calibration/vllm_profile.md: 5 published rows, mostly "
         "vLLM v0.5.4; leaving each device out 5 of 5 within 1.5x). On CPUs only pytorch_eager "
@@ -566,7 +576,15 @@ class RooflineInputs(Schema):
         description="host link x host_link_efficiency (null: no copy) [B/s].",
         examples=[23.0e9],
     )
-    kernel_launch_overhead_s: float = Field(description="Per kernel launch [s].", examples=[4e-6])
+    kernel_launch_overhead_s: float = Field(
+        description="Per kernel launch, serial with the kernels [s].", examples=[4e-6]
+    )
+    host_dispatch_s: float = Field(
+        default=0.0,
+        description="The serving framework's host time per kernel, overlapped with the "
+        "device's work (see the phases' host_wait_s) [s].",
+        examples=[0.0],
+    )
     request_overhead_s: float = Field(description="Per request [s].", examples=[4.2e-5])
     tdp_watts: float | None = Field(
         default=None, description="TDP (MIG: share) [W].", examples=[350.0]
@@ -621,7 +639,19 @@ class PhaseRead(Schema):
     )
     compute_s: float = Field(description="Time of compute-bound kernels [s].", examples=[1e-4])
     memory_s: float = Field(description="Time of memory-bound kernels [s].", examples=[2e-5])
-    launch_s: float = Field(description="Launch overhead [s].", examples=[2.8e-4])
+    launch_s: float = Field(
+        description="Launch overhead: launches x the calibration's kernel_launch_overhead_s, "
+        "serial with the kernels [s].",
+        examples=[2.8e-4],
+    )
+    host_wait_s: float = Field(
+        default=0.0,
+        description="The device idle waiting for the framework's host to issue kernels: "
+        "launches x the calibration's host_dispatch_s beyond the device's own time (compute_s "
+        "+ memory_s + launch_s + allreduce_s); 0 when the kernels outlast the host's dispatch "
+        "(launches are asynchronous) and under the tensorrt default (no host dispatch) [s].",
+        examples=[0.0],
+    )
     h2d_bytes: int = Field(description="Host-to-device copy [B].", examples=[150_528])
     h2d_s: float = Field(description="Host-to-device time [s].", examples=[6.5e-6])
     d2h_bytes: int = Field(description="Device-to-host copy [B].", examples=[1000])
@@ -656,7 +686,7 @@ class PhaseRead(Schema):
         description="Pipeline parallel: the wait for the other micro-batches, cycle - round "
         "trip (0 when one micro-batch's round trip sets the pace). Pipeline figures are one "
         "micro-batch through every stage: compute_s + memory_s + launch_s + allreduce_s + "
-        "pipeline_transfer_s + pipeline_wait_s = the cycle [s].",
+        "host_wait_s + pipeline_transfer_s + pipeline_wait_s = the cycle [s].",
         examples=[0.0],
     )
     wave_efficiency: float = Field(
@@ -985,8 +1015,17 @@ class CalibrationRead(Schema):
         description="Share of activation traffic served on chip.", examples=[0.5]
     )
     host_link_efficiency: float = Field(description="Achieved / link.", examples=[0.73])
-    kernel_launch_overhead_s: float = Field(description="Per launch [s].", examples=[4e-6])
+    kernel_launch_overhead_s: float = Field(
+        description="Per launch, serial with the kernels [s].", examples=[4e-6]
+    )
     request_overhead_s: float = Field(description="Per request [s].", examples=[4.2e-5])
+    host_dispatch_s: float = Field(
+        description="The serving framework's host time to issue one kernel, overlapped with "
+        "the device's work: a phase's kernel time is max(device time, launches x "
+        "host_dispatch_s) (0: the engine enqueues its kernels at once, as the MLPerf "
+        "calibration's TensorRT does) [s].",
+        examples=[0.0],
+    )
     half_precision_scale: float = Field(
         description="x compute_efficiency for fp16 / bf16 math (capped at an efficiency of 1).",
         examples=[1.28],

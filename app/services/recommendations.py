@@ -139,7 +139,11 @@ FORMULAS = [
     "B (bytes moved by a kernel) = weight bytes W + input bytes I + output bytes O (+ KV cache "
     "read and written, KV) at the precision; D (its DRAM bytes) = W + KV + (1 - "
     "activation_cache_share) x (I + O)",
-    "GPU phase latency = h2d_bytes / L_eff + sum of t_kernel + d2h_bytes / L_eff, with L_eff = "
+    "kernel time of a phase = max(sum of t_kernel (+ all-reduces), launches x "
+    "host_dispatch): a serving framework issuing kernels from the host (host_dispatch per "
+    "kernel, 0 under tensorrt) overlaps the device's work, launches being asynchronous; the "
+    "excess is the phase's host_wait_s",
+    "GPU phase latency = h2d_bytes / L_eff + kernel time + d2h_bytes / L_eff, with L_eff = "
     "host link x host_link_efficiency; CPUs and unified-memory SoCs copy nothing",
     "latency = request_overhead + sum over phases of repeats x phase latency",
     "throughput = batch / interval; interval = max(kernel time, h2d time, d2h time, "
@@ -355,6 +359,8 @@ def calibrations(
             values["kernel_launch_overhead_s"] = values.pop("kernel_launch_overhead_us") * 1e-6
         if "request_overhead_us" in values:
             values["request_overhead_s"] = values.pop("request_overhead_us") * 1e-6
+        if "host_dispatch_us" in values:
+            values["host_dispatch_s"] = values.pop("host_dispatch_us") * 1e-6
         changed = ", ".join(sorted(values))
         base = result[cls]
         result[cls] = replace(
@@ -1532,6 +1538,7 @@ def _inputs(p: Prediction) -> RooflineInputs:
         host_link_efficiency=cal.host_link_efficiency,
         effective_host_link_bytes_per_s=p.effective_host_link_bytes_per_s,
         kernel_launch_overhead_s=cal.kernel_launch_overhead_s,
+        host_dispatch_s=cal.host_dispatch_s,
         request_overhead_s=p.request_overhead_s,
         tdp_watts=device.tdp_watts,
         price_usd_per_hour=device.price_usd_per_hour,

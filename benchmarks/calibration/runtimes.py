@@ -9,11 +9,13 @@ a graph, precision to the service's), predicts the row with the shipped calibrat
 runtime's profile (:mod:`app.domain.performance.runtimes`):
 
 * per runtime other than TensorRT, fits the compute-efficiency scale (grid of 0.05) and the
-  per-kernel launch overhead (a ladder of 1 to 150 us) that minimise the sum of squared
-  log(predicted / measured) over its rows, with element-wise fusion fixed by what the runtime
-  does (eager PyTorch and TensorFlow run one kernel per layer; ONNX Runtime's graph optimizer
-  fuses them); which ONNX Runtime rows count is the file's ``onnxruntime_rule`` (CUDA
-  execution provider only: TensorRT-provider rows are TensorRT's engine);
+  framework's host time per kernel (``host_dispatch_s``, a ladder of 1 to 150 us; overlapped
+  with the GPU's work, the GPU's own launch overhead staying the calibration's) that minimise
+  the sum of squared log(predicted / measured) over its rows, with element-wise fusion fixed
+  by what the runtime does (eager PyTorch and TensorFlow run one kernel per layer; ONNX
+  Runtime's graph optimizer fuses them); which ONNX Runtime rows count is the file's
+  ``onnxruntime_rule`` (CUDA execution provider only: TensorRT-provider rows are TensorRT's
+  engine);
 * TensorRT rows are predicted with the shipped calibration, unfitted: its error here is out of
   sample (the calibration was fitted on MLPerf rows only);
 * leave-one-device-out: each row again with its runtime refitted without its device's rows;
@@ -69,7 +71,7 @@ from app.domain.zoo import ZOO, bert  # noqa: E402
 DATA = HERE / "framework_measurements.yaml"
 RESULTS = HERE / "runtimes.md"
 SCALE_GRID = tuple(round(0.05 * i, 2) for i in range(1, 41))  # 0.05 .. 2.0
-LAUNCH_LADDER_US = (1, 2, 3, 4, 6, 8, 10, 12, 15, 20, 25, 30, 40, 50, 60, 80, 100, 120, 150)
+HOST_DISPATCH_LADDER_US = (1, 2, 3, 4, 6, 8, 10, 12, 15, 20, 25, 30, 40, 50, 60, 80, 100, 120, 150)
 WITHIN, WITHIN_WORST = 1.5, 2.0
 IMAGE_MODELS = ("resnet-50", "vit-b-16", "mobilenet-v2")
 
@@ -332,14 +334,12 @@ def predicted(row: Row, profile: RuntimeProfile, devices: Mapping[str, HardwareS
 def fit(
     runtime: ServingRuntime, items: list[Row], devices: Mapping[str, HardwareSpec]
 ) -> RuntimeProfile:
-    """The profile of ``runtime`` whose scale and launch overhead fit ``items`` best."""
+    """The profile of ``runtime`` whose scale and host dispatch time fit ``items`` best."""
     shipped = RUNTIME_PROFILES[runtime]
     return calibrate.grid_best(
         (
-            replace(
-                shipped, compute_efficiency_scale=scale, kernel_launch_overhead_s=launch_us * 1e-6
-            )
-            for launch_us in LAUNCH_LADDER_US
+            replace(shipped, compute_efficiency_scale=scale, host_dispatch_s=host_us * 1e-6)
+            for host_us in HOST_DISPATCH_LADDER_US
             for scale in SCALE_GRID
         ),
         lambda trial: sum(math.log(predicted(r, trial, devices) / r.measured) ** 2 for r in items),
@@ -402,7 +402,7 @@ def shipped_matches(profiles: Mapping[ServingRuntime, RuntimeProfile]) -> list[s
     problems = []
     for runtime, derived in profiles.items():
         shipped = RUNTIME_PROFILES[runtime]
-        for name in ("fuse_elementwise", "compute_efficiency_scale", "kernel_launch_overhead_s"):
+        for name in ("fuse_elementwise", "compute_efficiency_scale", "host_dispatch_s"):
             a, b = getattr(derived, name), getattr(shipped, name)
             if a != b and not (
                 isinstance(a, float) and isinstance(b, float) and math.isclose(a, b)
@@ -437,16 +437,15 @@ def render(
         "*left out*: the runtime refitted without the row's device (TensorRT is not fitted here: "
         "its rows test the MLPerf calibration).",
         "",
-        "| runtime | fuses | compute eff. scale | launch [us] | rows | in sample 1.5x / 2x | "
-        "left out 1.5x / 2x | median left out |",
+        "| runtime | fuses | compute eff. scale | host dispatch [us] | rows | "
+        "in sample 1.5x / 2x | left out 1.5x / 2x | median left out |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for runtime, profile in profiles.items():
         mine = [r for r in results if r.row.runtime is runtime]
         if not mine:
             continue
-        launch = profile.kernel_launch_overhead_s
-        launch_text = "calibrated" if launch is None else f"{launch * 1e6:g}"
+        host_text = f"{profile.host_dispatch_s * 1e6:g}"
         in_15, n_in = _share(mine, "in_sample", WITHIN)
         in_2, _ = _share(mine, "in_sample", WITHIN_WORST)
         out_15, n_out = _share(mine, "device_out", WITHIN)
@@ -455,7 +454,7 @@ def render(
         median = f"{statistics.median(ratios):.2f}" if ratios else "n/a"
         lines.append(
             f"| {runtime.value} | {'yes' if profile.fuse_elementwise else 'no'} | "
-            f"{profile.compute_efficiency_scale:g} | {launch_text} | {len(mine)} | "
+            f"{profile.compute_efficiency_scale:g} | {host_text} | {len(mine)} | "
             f"{in_15}/{n_in} / {in_2}/{n_in} | {out_15}/{n_out} / {out_2}/{n_out} | {median} |"
         )
     problems = shipped_matches(profiles)

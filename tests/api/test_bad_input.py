@@ -512,6 +512,8 @@ def test_a_request_that_takes_no_time_is_a_422(client: ApiClient) -> None:
         ({"memory_efficiency": 0}, "/calibration/cpu/memory_efficiency"),
         ({"host_link_efficiency": NAN}, "/calibration/cpu/host_link_efficiency"),
         ({"request_overhead_us": INF}, "/calibration/cpu/request_overhead_us"),
+        ({"host_dispatch_us": -1}, "/calibration/cpu/host_dispatch_us"),
+        ({"host_dispatch_us": 2e6}, "/calibration/cpu/host_dispatch_us"),
         ({"activation_cache_share": 1}, "/calibration/cpu/activation_cache_share"),
     ],
 )

@@ -92,20 +92,22 @@ def test_onnxruntime_rows_follow_the_rule(fitted: Any) -> None:
 
 
 def test_left_out_error_per_runtime(fitted: Any) -> None:
-    """Pin: leaving each device out, the share within 2x per profile (the README quotes it)."""
+    """Pin: leaving each device out, the rows within 1.5x and within 2x per profile (the
+    README and the profiles' basis quote them)."""
     _, _, _, results = fitted
     expected = {
-        ServingRuntime.TORCH_COMPILE: (6, 6),
-        ServingRuntime.PYTORCH_EAGER: (16, 20),
-        ServingRuntime.TENSORFLOW: (10, 10),
-        ServingRuntime.ONNXRUNTIME: (10, 16),
+        ServingRuntime.TORCH_COMPILE: (5, 6, 6),
+        ServingRuntime.PYTORCH_EAGER: (12, 17, 20),
+        ServingRuntime.TENSORFLOW: (10, 10, 10),
+        ServingRuntime.ONNXRUNTIME: (5, 11, 16),
     }
-    for runtime, (within, total) in expected.items():
+    for runtime, (within_15, within_2, total) in expected.items():
         mine = [r for r in results if r.row.runtime is runtime]
         ratios = [r.ratio() for r in mine]
         assert len(mine) == total
         assert all(x is not None for x in ratios)
-        assert sum(1 for x in ratios if 0.5 <= x <= 2.0) == within
+        assert sum(1 for x in ratios if 1 / 1.5 <= x <= 1.5) == within_15, runtime
+        assert sum(1 for x in ratios if 0.5 <= x <= 2.0) == within_2, runtime
 
 
 def test_cpu_ratio_rows_follow_the_rule(runtimes: ModuleType, cpu_fitted: Any) -> None:

@@ -191,6 +191,10 @@ def test_sane_extremes_predict_finite_positive_figures() -> None:
             "request_overhead_s must be a finite number in [0, 3600], got inf",
         ),
         (
+            {"host_dispatch_s": math.nan},
+            "host_dispatch_s must be a finite number in [0, 3600], got nan",
+        ),
+        (
             {"half_precision_scale": 0.0},
             "half_precision_scale must be a finite number in [0.0001, 10], got 0.0",
         ),

@@ -161,6 +161,32 @@ def test_hand_computed_latency_on_a_gpu() -> None:
     assert p.arithmetic_intensity_flops_per_byte == pytest.approx(38_144 / 41_080)
 
 
+def test_host_dispatch_overlaps_the_kernels_and_idles_the_device_only_when_longer() -> None:
+    """Golden: the hand MLP as above with a framework issuing each kernel in 80 us from the
+    host. At batch 2 the device's own time per pass is 8.216e-7 + 2 x 1e-5 = 2.08216e-5 s and
+    the host's 2 x 8e-5 = 1.6e-4 s: the device waits 1.391784e-4 s, the kernels take 1.6e-4 s,
+    the latency is 1e-4 + 1.184e-7 + 1.6e-4 s and the interval 1.6e-4 s (longer than the
+    request overhead). At batch 4,096 the device's time (2.006e-4 s: fc1 compute-bound)
+    outlasts the host's: nothing waits and the prediction is the engine's."""
+    framework = replace(HAND_CAL, host_dispatch_s=8e-5)
+    p = predict(forward_request(_mlp(2), FP32, batch=2), HAND_GPU, framework)
+    (phase,) = p.phases
+    assert phase.launch_s == pytest.approx(2e-5)  # the device's own launches stay serial
+    assert phase.host_wait_s == pytest.approx(1.391784e-4)
+    assert phase.kernel_s == pytest.approx(1.6e-4)
+    assert p.latency_s == pytest.approx(1e-4 + 1.184e-7 + 1.6e-4)
+    assert p.interval_s == pytest.approx(1.6e-4)
+    assert p.time_split_s[Bound.OVERHEAD] == pytest.approx(1e-4 + 2e-5 + 1.391784e-4)
+    assert p.bound is Bound.OVERHEAD
+    big = forward_request(_mlp(4096), FP32, batch=4096)
+    engine, served = predict(big, HAND_GPU, HAND_CAL), predict(big, HAND_GPU, framework)
+    assert engine.phases[0].kernel_s == pytest.approx(2.006e-4, rel=1e-3)
+    assert served.phases[0].host_wait_s == 0
+    assert served.latency_s == engine.latency_s
+    with pytest.raises(RooflineInputError, match="host_dispatch_s must be a finite number"):
+        replace(HAND_CAL, host_dispatch_s=-1e-6)
+
+
 def test_hand_computed_compute_bound_cpu() -> None:
     cpu = replace(HAND_GPU, kind=DeviceKind.CPU, peak_flops_per_s={DType.FP32: 1e8})
     p = predict(forward_request(_mlp(2), FP32, batch=2), cpu, HAND_CAL)

@@ -40,8 +40,9 @@ def test_eager_pytorch_on_a_gpu() -> None:
     eager = RUNTIME_PROFILES[ServingRuntime.PYTORCH_EAGER]
     applied = eager.apply(gpu, DeviceKind.GPU)
     assert not eager.fuse_elementwise
-    assert applied.compute_efficiency == pytest.approx(0.51 * 0.9)
-    assert applied.kernel_launch_overhead_s == pytest.approx(50e-6)
+    assert applied.compute_efficiency == pytest.approx(0.51 * 0.7)
+    assert applied.host_dispatch_s == pytest.approx(50e-6)
+    assert applied.kernel_launch_overhead_s == gpu.kernel_launch_overhead_s  # the GPU's own
     assert applied.memory_efficiency == gpu.memory_efficiency
     assert applied.request_overhead_s == gpu.request_overhead_s
     assert "served by pytorch_eager" in applied.basis
@@ -50,11 +51,13 @@ def test_eager_pytorch_on_a_gpu() -> None:
 def test_torch_compile_and_tensorflow() -> None:
     gpu = DEFAULT_CALIBRATIONS[CalibrationClass.GPU]
     compiled = RUNTIME_PROFILES[ServingRuntime.TORCH_COMPILE].apply(gpu, DeviceKind.GPU)
-    assert compiled.compute_efficiency == pytest.approx(min(1.0, 0.51 * 1.85))
-    assert compiled.kernel_launch_overhead_s == pytest.approx(60e-6)
+    assert compiled.compute_efficiency == pytest.approx(0.51 * 1.6)
+    assert compiled.host_dispatch_s == pytest.approx(80e-6)
     tf = RUNTIME_PROFILES[ServingRuntime.TENSORFLOW].apply(gpu, DeviceKind.GPU)
-    assert tf.compute_efficiency == pytest.approx(0.51 * 0.25)
-    assert tf.kernel_launch_overhead_s == pytest.approx(20e-6)
+    assert tf.compute_efficiency == pytest.approx(0.51 * 0.2)
+    assert tf.host_dispatch_s == pytest.approx(30e-6)
+    for applied in (compiled, tf):
+        assert applied.kernel_launch_overhead_s == gpu.kernel_launch_overhead_s
     assert not RUNTIME_PROFILES[ServingRuntime.TENSORFLOW].fuse_elementwise
 
 
@@ -62,14 +65,17 @@ def test_onnxruntime_on_the_hand_gpu() -> None:
     """Golden: the hand MLP (64 -> 128 relu -> 10) at batch 2 in fp32 on the hand GPU, served by
     ONNX Runtime's CUDA provider: fused, so 2 kernels as under TensorRT; both memory-bound
     (< 1 FLOP/B against a ridge of 1e12 x 0.5 x 0.65 / 5e10 = 6.5 FLOP/B), so memory 8.216e-7 s
-    as before, launches 2 x 8 us = 1.6e-5 s instead of 2 x 10 us; copies 1.024e-7 + 1.6e-8 s;
-    request 1e-4 s: latency 1.169400e-4 s. At batch 4,096 fc1 is compute-bound (67.6 MFLOP
-    over 3.18 MB, 21 FLOP/B) and takes 1 / 0.65 of its TensorRT compute time."""
+    and launches 2 x 10 us as before: 2.08216e-5 s of device time, shorter than the host's
+    2 x 12 us = 2.4e-5 s of dispatch, so the device waits 3.1784e-6 s for it; copies
+    1.024e-7 + 1.6e-8 s; request 1e-4 s: latency 1.241184e-4 s (TensorRT: 1.209400e-4 s). At
+    batch 4,096 fc1 is compute-bound (67.6 MFLOP over 3.18 MB, 21 FLOP/B) and takes 1 / 0.65
+    of its TensorRT compute time; the kernels outlast the dispatch, so nothing waits."""
     ort = RUNTIME_PROFILES[ServingRuntime.ONNXRUNTIME]
     assert ort.fuse_elementwise
     calibration = ort.apply(HAND_CAL, DeviceKind.GPU)
     assert calibration.compute_efficiency == pytest.approx(0.325)
-    assert calibration.kernel_launch_overhead_s == pytest.approx(8e-6)
+    assert calibration.kernel_launch_overhead_s == HAND_CAL.kernel_launch_overhead_s
+    assert calibration.host_dispatch_s == pytest.approx(12e-6)
     assert calibration.basis.startswith("test; served by onnxruntime: fitted")
     fp32 = PRECISION_SCHEMES[Precision.FP32]
     request = forward_request(_mlp(2), fp32, batch=2, fuse_elementwise=ort.fuse_elementwise)
@@ -78,13 +84,17 @@ def test_onnxruntime_on_the_hand_gpu() -> None:
     (phase,) = served.phases
     assert phase.compute_s == 0
     assert phase.memory_s == pytest.approx(8.216e-7)
-    assert phase.launch_s == pytest.approx(1.6e-5)
-    assert served.latency_s == pytest.approx(1.169400e-4)
-    assert engine.latency_s - served.latency_s == pytest.approx(2 * (10e-6 - 8e-6))
+    assert phase.launch_s == pytest.approx(2e-5)
+    assert phase.host_wait_s == pytest.approx(3.1784e-6)
+    assert phase.kernel_s == pytest.approx(2.4e-5)
+    assert served.latency_s == pytest.approx(1.241184e-4)
+    assert engine.latency_s == pytest.approx(1.209400e-4)
+    assert engine.phases[0].host_wait_s == 0
     big = forward_request(_mlp(4096), fp32, batch=4096, fuse_elementwise=True)
     slow, fast = predict(big, HAND_GPU, calibration), predict(big, HAND_GPU, HAND_CAL)
     assert slow.phases[0].compute_s == pytest.approx(fast.phases[0].compute_s / 0.65)
     assert slow.phases[0].compute_s > 0
+    assert slow.phases[0].host_wait_s == 0
 
 
 def test_cpus_keep_their_calibration_but_under_eager_pytorch() -> None:
@@ -107,6 +117,7 @@ def test_eager_pytorch_on_a_cpu() -> None:
         applied = eager.apply(cpu, DeviceKind.CPU)
         assert applied.compute_efficiency == pytest.approx(expected)
         assert applied.kernel_launch_overhead_s == cpu.kernel_launch_overhead_s
+        assert applied.host_dispatch_s == cpu.host_dispatch_s == 0.0
         assert applied.request_overhead_s == cpu.request_overhead_s
         assert applied.memory_efficiency == cpu.memory_efficiency
         assert applied.activation_cache_share == cpu.activation_cache_share
@@ -121,7 +132,7 @@ def test_efficiency_stays_physical() -> None:
     edge = DEFAULT_CALIBRATIONS[CalibrationClass.EDGE]
     compiled = RUNTIME_PROFILES[ServingRuntime.TORCH_COMPILE]
     high = compiled.apply(replace(edge, compute_efficiency=0.9), DeviceKind.EDGE)
-    assert high.compute_efficiency == 1.0  # 0.9 x 2.0 clamped: no more than the peak
+    assert high.compute_efficiency == 1.0  # 0.9 x 1.6 clamped: no more than the peak
 
 
 def test_every_runtime_has_a_profile() -> None:

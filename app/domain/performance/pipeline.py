@@ -349,6 +349,7 @@ def _sum_phase(name: str, timings: Sequence[PhaseTiming], piped: PipelinePhase) 
         allreduces=sum(t.allreduces for t in timings),
         allreduce_bytes=sum(t.allreduce_bytes for t in timings),
         allreduce_s=sum(t.allreduce_s for t in timings),
+        host_wait_s=sum(t.host_wait_s for t in timings),
         wave_efficiency=flops / quantized if quantized else 1.0,
         pipeline_transfer_bytes=sum(piped.send_bytes),
         pipeline_transfer_s=sum(piped.send_s),

@@ -29,6 +29,11 @@ after, at L * eta_l, and every request pays a fixed serving overhead t_req:
 
     latency = t_req + sum over phases of repeats * (h2d + sum_k t_k + d2h)
 
+A serving framework that issues kernels from the host one at a time (``t_host`` per kernel:
+:attr:`Calibration.host_dispatch_s`, set by the serving-runtime profiles; 0 for the engines the
+calibration was fitted on) overlaps that work with the device's, launches being asynchronous,
+so a phase's ``sum_k t_k`` becomes ``max(sum_k t_k, launches * t_host)``.
+
 Decoder LLMs have two phases: prefill over the prompt (once) and one decode step per further
 generated token (the weights plus the KV cache of every earlier token are read per step).
 
@@ -287,12 +292,17 @@ class Calibration:
     memory_efficiency: float  # achieved / peak memory bandwidth
     activation_cache_share: float  # share of activation traffic served by on-chip caches
     host_link_efficiency: float  # measured host-to-device copy / theoretical link bandwidth
-    kernel_launch_overhead_s: float  # per kernel launch
+    kernel_launch_overhead_s: float  # per kernel launch, serial with the kernels
     request_overhead_s: float  # per request: host-side framework call and synchronisation
     basis: str
     # x compute_efficiency where the math runs in fp16 or bf16 (the efficiencies are fitted on
     # int8 rows; 16-bit tensor math reaches a larger share of its own peak on GPUs)
     half_precision_scale: float = 1.0
+    # a framework's host time to issue one kernel (Python dispatch, argument checks, the
+    # launch call), overlapped with the device's work: launches are asynchronous, so the host
+    # runs ahead while kernels are long and the device waits for it while they are short.
+    # 0: an engine that enqueues its kernels at once (TensorRT, the MLPerf calibration)
+    host_dispatch_s: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("compute_efficiency", "memory_efficiency", "host_link_efficiency"):
@@ -320,6 +330,9 @@ class Calibration:
             0.0,
             MAX_OVERHEAD_S,
             error=RooflineInputError,
+        )
+        require_range(
+            "host_dispatch_s", self.host_dispatch_s, 0.0, MAX_OVERHEAD_S, error=RooflineInputError
         )
 
     def precision_scale(self, dtype: DType) -> float:
@@ -1598,17 +1611,21 @@ class PhaseTiming:
     pipeline_transfer_bytes: int = 0  # pipeline parallel: activations sent between stages
     pipeline_transfer_s: float = 0.0  # their time (one micro-batch, every boundary)
     pipeline_wait_s: float = 0.0  # the wait for the other micro-batches' slots (cycle - trip)
+    # the device idle waiting for a framework's host to issue kernels: launches x host
+    # dispatch beyond the device's own time (compute + memory + launch + all-reduces)
+    host_wait_s: float = 0.0
 
     @property
     def kernel_s(self) -> float:
-        """Time the device runs kernels (and the all-reduces between them; pipeline parallel:
-        every stage's kernels, the sends between stages and the wait for the other
-        micro-batches) [s]."""
+        """Time the device runs kernels (and the all-reduces between them, and waits for the
+        host to issue them; pipeline parallel: every stage's kernels, the sends between stages
+        and the wait for the other micro-batches) [s]."""
         return (
             self.compute_s
             + self.memory_s
             + self.launch_s
             + self.allreduce_s
+            + self.host_wait_s
             + self.pipeline_transfer_s
             + self.pipeline_wait_s
         )
@@ -1692,7 +1709,9 @@ class Prediction:
             split[Bound.TRANSFER] += (
                 phase.h2d_s + phase.d2h_s + phase.allreduce_s + phase.pipeline_transfer_s
             ) * phase.repeats
-            split[Bound.OVERHEAD] += (phase.launch_s + phase.pipeline_wait_s) * phase.repeats
+            split[Bound.OVERHEAD] += (
+                phase.launch_s + phase.host_wait_s + phase.pipeline_wait_s
+            ) * phase.repeats
         split[Bound.OVERHEAD] += self.request_overhead_s
         return split
 
@@ -1941,6 +1960,10 @@ def _phase_timing(
     allreduce_s = 0.0
     if allreduce is not None and phase.allreduces:
         allreduce_s = allreduce.seconds(phase.allreduces, phase.allreduce_bytes)
+    compute_s = prof.flops_suffix[split] / flops_per_s
+    memory_s = prof.bytes_prefix[split] / bytes_per_s
+    launch_s = phase.launches * cal.kernel_launch_overhead_s
+    device_s = compute_s + memory_s + launch_s + allreduce_s
     return PhaseTiming(
         name=phase.name,
         repeats=phase.repeats,
@@ -1950,9 +1973,10 @@ def _phase_timing(
         flops=phase.flops,
         bytes_moved=phase.bytes_moved,
         dram_bytes=prof.bytes_prefix[-1],
-        compute_s=prof.flops_suffix[split] / flops_per_s,
-        memory_s=prof.bytes_prefix[split] / bytes_per_s,
-        launch_s=phase.launches * cal.kernel_launch_overhead_s,
+        compute_s=compute_s,
+        memory_s=memory_s,
+        launch_s=launch_s,
+        host_wait_s=max(0.0, phase.launches * cal.host_dispatch_s - device_s),
         h2d_bytes=phase.h2d_bytes if link else 0,
         h2d_s=phase.h2d_bytes / link if link else 0.0,
         d2h_bytes=phase.d2h_bytes if link else 0,
@@ -1993,9 +2017,15 @@ def predict(request: PhasedRequest, device: HardwareSpec, calibration: Calibrati
     ``P_eff = P[dtype] * f_c * min(1, eta_c * s_dtype)`` (``s_dtype``: the calibration's
     16-bit scale for fp16 / bf16 math, else 1) and ``BW_eff = BW * f_m * eta_m``; a GPU adds
     ``h2d / L_eff + d2h / L_eff`` per phase repetition (``L_eff = L * eta_l``) and ``t_req``
-    per request. Latency is the serial sum; the steady-state interval per batch is
-    ``max(sum of kernel time, h2d time, d2h time, t_req)`` on accelerators (copy engines and
-    the host overlap the kernels) and the latency on CPUs.
+    per request. A framework that issues kernels from the host one at a time (``t_host`` per
+    kernel, the calibration's ``host_dispatch_s``) overlaps that work with the device's, since
+    launches are asynchronous: a phase's kernel time is
+    ``max(sum of t_k + all-reduces, launches x t_host)``, the lower bound of a launch queue
+    (device never idle, or host never idle; ``sum of max(t_k, t_host)`` would be the upper
+    one, which the closed form over sorted kernels cannot give). Latency is the serial sum;
+    the steady-state interval per batch is ``max(sum of kernel time, h2d time, d2h time,
+    t_req)`` on accelerators (copy engines and the host overlap the kernels) and the latency
+    on CPUs.
     """
     reason = unsupported_reason(device, request.scheme)
     dtype = compute_dtype_for(device, request.scheme)
