@@ -842,7 +842,8 @@ class TimeShares(Schema):
         examples=[0.05],
     )
     overhead: float = Field(
-        description="Launches and per-request overhead (and a pipeline's wait for the other "
+        description="Launches, the wait for a framework's host to dispatch kernels (the "
+        "phases' host_wait_s) and per-request overhead (and a pipeline's wait for the other "
         "micro-batches).",
         examples=[0.7],
     )

@@ -767,6 +767,27 @@ def test_a_serving_runtime_profile_changes_gpus_and_cpus(client: ApiClient) -> N
     assert overridden["calibration"]["gpu"]["compute_efficiency"] == pytest.approx(0.51 * 0.7)
 
 
+def test_eager_pytorch_at_batch_1_waits_for_its_host_and_at_batch_256_does_not(
+    client: ApiClient,
+) -> None:
+    """ResNet-50 under pytorch_eager on an A100: at batch 1 its kernels are shorter than the
+    50 us the framework takes to dispatch each, so the GPU waits (host_wait_s > 0, the kernel
+    time is launches x 50 us, the explanation says so); at batch 256 they are longer and the
+    dispatch hides behind them (host_wait_s 0)."""
+    common = {"model": "resnet-50", "devices": ["nvidia-a100-80gb-sxm"], "precisions": ["fp16"],
+              "objective": "latency", "serving_runtime": "pytorch_eager"}  # fmt: skip
+    small = _recommend(client, **common, batch_sizes=[1])
+    (phase,) = small["candidates"][0]["phases"]
+    assert phase["host_wait_s"] > 0
+    device_s = phase["compute_s"] + phase["memory_s"] + phase["launch_s"]
+    assert device_s + phase["host_wait_s"] == pytest.approx(phase["launches"] * 50e-6)
+    assert "dispatch kernels from the host" in small["recommendation"]
+    large = _recommend(client, **common, batch_sizes=[256])
+    (phase,) = large["candidates"][0]["phases"]
+    assert phase["host_wait_s"] == 0
+    assert phase["compute_s"] + phase["memory_s"] > phase["launches"] * 50e-6
+
+
 def test_onnxruntime_serves_bert_on_gpus_fused_and_leaves_the_cpu_alone(
     client: ApiClient,
 ) -> None:

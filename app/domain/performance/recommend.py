@@ -444,9 +444,14 @@ def _bound_sentence(item: Assessment) -> str:
             "inputs and outputs over the host link"
         )
     else:
+        dispatch = (
+            ", the wait for the framework to dispatch kernels from the host"
+            if any(t.host_wait_s > 0 for t in p.phases)
+            else ""
+        )
         why = (
             f"overhead-bound: {split[Bound.OVERHEAD] / latency:.0%} of the time goes to "
-            "kernel launches and the per-request serving overhead"
+            f"kernel launches{dispatch} and the per-request serving overhead"
         )
     return (
         f"It is {why} (arithmetic intensity {intensity:.3g} FLOP/B, {side} its ridge point of "
