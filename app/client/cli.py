@@ -76,7 +76,7 @@ LOGITS = ("last", "all")
 RUNTIMES = ("pytorch_cuda", "pytorch_cpu")
 OBJECTIVES = ("cost", "energy", "latency")
 PRICE_KINDS = ("on_demand", "reserved", "spot")
-SCENARIOS = ("offline", "server")
+SCENARIOS = ("offline", "server", "single_stream")
 SERVING_RUNTIMES = (
     "tensorrt",
     "torch_compile",

@@ -328,7 +328,11 @@ class InferenceRecommendationRequest(Schema):
         "batch cap chosen among the batch sizes tried; throughput is the largest arrival rate "
         "whose simulated 99th-percentile latency stays within the latency budget "
         "(latency_slo_ms x (1 - slo_margin)), latency is that p99, and costs are priced at "
-        "that rate. server needs latency_slo_ms.",
+        "that rate. server needs latency_slo_ms. single_stream: one sample per query, the next "
+        "sent when the answer is back (MLPerf SingleStream, an interactive user): batch 1 only, "
+        "latency = that request's, throughput = 1 / latency (nothing overlaps the next query), "
+        "and costs are priced at that rate; batch_sizes, if given, must be [1], and "
+        "max_batch_size is not used.",
         examples=["offline"],
     )
     price_kind: PriceKind = Field(
@@ -440,6 +444,21 @@ class InferenceRecommendationRequest(Schema):
                 ("latency_slo_ms",),
                 "scenario server needs latency_slo_ms: its p99 latency bound",
             )
+        if self.scenario is Scenario.SINGLE_STREAM:
+            if self.batch_sizes is not None and set(self.batch_sizes) != {1}:
+                raise located_error(
+                    name,
+                    ("batch_sizes",),
+                    "scenario single_stream sends one sample per query: batch_sizes must be "
+                    "[1] or left out",
+                )
+            if "max_batch_size" in self.model_fields_set and self.max_batch_size != 1:
+                raise located_error(
+                    name,
+                    ("max_batch_size",),
+                    "scenario single_stream sends one sample per query: max_batch_size "
+                    "would not be used (leave it out)",
+                )
         for mean, longest in (("prompt_tokens_mean", "prompt_tokens"),
                               ("generated_tokens_mean", "generated_tokens")):  # fmt: skip
             value = getattr(self, mean)
@@ -1101,7 +1120,9 @@ class InferenceRecommendationResponse(Schema):
         examples=["Run resnet-50 on Xeon Platinum 8480+ at int8, batch 4: ..."],
     )
     objective: Objective = Field(description="What was minimised.", examples=["cost"])
-    scenario: Scenario = Field(description="offline or server.", examples=["offline"])
+    scenario: Scenario = Field(
+        description="offline, server or single_stream.", examples=["offline"]
+    )
     serving_runtime: ServingRuntime = Field(
         description="The runtime profile applied to accelerators.", examples=["tensorrt"]
     )

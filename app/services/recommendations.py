@@ -833,8 +833,13 @@ def _decoder_batches(
     payload: InferenceRecommendationRequest,
 ) -> list[int]:
     """Continuous batching and no explicit batch_sizes: the powers of two below the most
-    concurrent requests that fit, and that number itself (the engine keeps it going)."""
-    if not (source.decoder and source.plan.continuous) or payload.batch_sizes is not None:
+    concurrent requests that fit, and that number itself (the engine keeps it going); one
+    request in flight under scenario single_stream."""
+    if (
+        not (source.decoder and source.plan.continuous)
+        or payload.batch_sizes is not None
+        or payload.scenario is Scenario.SINGLE_STREAM
+    ):
         return batches
     most = source.max_concurrent_requests(scheme, candidate, payload.max_batch_size)
     if most < 1:
@@ -938,6 +943,8 @@ def _fuse(payload: InferenceRecommendationRequest) -> bool:
 
 
 def _batches(payload: InferenceRecommendationRequest) -> list[int]:
+    if payload.scenario is Scenario.SINGLE_STREAM:
+        return [1]  # the request's validation allows no other batch
     if payload.batch_sizes is not None:
         return sorted(set(payload.batch_sizes))
     batches = [1]
@@ -1050,7 +1057,7 @@ def _recommend(
                 batch=batch,
                 micro_batches=micro,
             )
-            prediction = with_decode_host_overhead(prediction, host_s)
+            prediction = _in_scenario(with_decode_host_overhead(prediction, host_s), payload)
             options.setdefault(key, []).append(assess(prediction, fit, requirements))
             continue
         if candidate.tensor_parallel > 1:
@@ -1058,7 +1065,7 @@ def _recommend(
         else:
             workload = source.workload(batch, scheme)
         prediction = predict(workload, device, cals[calibration_class(device, scheme)])
-        prediction = with_decode_host_overhead(prediction, host_s)
+        prediction = _in_scenario(with_decode_host_overhead(prediction, host_s), payload)
         options.setdefault(key, []).append(assess(prediction, fit, requirements))
     if payload.scenario is Scenario.SERVER:
         shown = [assess_server(found, requirements) for found in options.values()]
@@ -1207,10 +1214,28 @@ def _prices_note(pool: Sequence[Candidate], kind: PriceKind) -> str:
     return text
 
 
+def _in_scenario(prediction: Prediction, payload: InferenceRecommendationRequest) -> Prediction:
+    """Under scenario single_stream the next query waits for the answer: nothing overlaps,
+    so a request comes every latency (offline and server keep the overlapped interval)."""
+    if payload.scenario is not Scenario.SINGLE_STREAM:
+        return prediction
+    return replace(prediction, interval_s=prediction.latency_s)
+
+
 def _scenario_note(
     payload: InferenceRecommendationRequest, requirements: Requirements
 ) -> list[str]:
-    """How the server scenario turns batch timings into a rate and a p99."""
+    """How the server scenario turns batch timings into a rate and a p99, and what single
+    stream means."""
+    if payload.scenario is Scenario.SINGLE_STREAM:
+        return [
+            "scenario single_stream: one sample per query, the next sent when the answer is "
+            "back (MLPerf SingleStream); every candidate at batch 1, its latency the request's "
+            "(the model is deterministic: the p90 MLPerf reports is that latency) and its "
+            "throughput 1 / latency, at which costs are priced (copies, host work and the "
+            "next request do not overlap the kernels). The MLPerf SingleStream rows are scored "
+            "on this latency (benchmarks/calibration/results.md)"
+        ]
     budget = requirements.latency_budget_s
     if payload.scenario is not Scenario.SERVER or budget is None:
         return []
@@ -1331,12 +1356,11 @@ def _defaults_used(
                 DefaultUsedRow(option=option, value=str(default), reason="the model's default")
             )
     if payload.batch_sizes is None:
+        reason = f"powers of two up to max_batch_size={payload.max_batch_size}"
+        if payload.scenario is Scenario.SINGLE_STREAM:
+            reason = "scenario single_stream: one sample per query"
         rows.append(
-            DefaultUsedRow(
-                option="batch_sizes",
-                value=", ".join(map(str, batches)),
-                reason=f"powers of two up to max_batch_size={payload.max_batch_size}",
-            )
+            DefaultUsedRow(option="batch_sizes", value=", ".join(map(str, batches)), reason=reason)
         )
     if "precisions" not in given:
         rows.append(

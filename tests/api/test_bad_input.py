@@ -542,6 +542,22 @@ def test_non_physical_requirements_are_422(
     assert pointers(problem) == [pointer]
 
 
+@pytest.mark.parametrize(
+    ("change", "pointer", "message"),
+    [
+        ({"batch_sizes": [1, 8]}, "/batch_sizes", "batch_sizes must be [1] or left out"),
+        ({"max_batch_size": 64}, "/max_batch_size", "max_batch_size would not be used"),
+    ],
+)
+def test_a_single_stream_with_batches_is_a_422(
+    client: ApiClient, change: dict[str, Any], pointer: str, message: str
+) -> None:
+    body = {"model": "resnet-50", "scenario": "single_stream", **change}
+    problem = assert_problem(send(client, "POST", RECOMMEND, body), 422)
+    assert pointers(problem) == [pointer]
+    assert message in problem["detail"]
+
+
 # --------------------------------------------------------------------------------------------
 # Rules checked inside services
 # --------------------------------------------------------------------------------------------

@@ -767,6 +767,42 @@ def test_a_serving_runtime_profile_changes_gpus_and_cpus(client: ApiClient) -> N
     assert overridden["calibration"]["gpu"]["compute_efficiency"] == pytest.approx(0.51 * 0.7)
 
 
+def test_single_stream_runs_batch_1_one_query_after_another(client: ApiClient) -> None:
+    """scenario single_stream: every candidate at batch 1, throughput 1 / latency (the next
+    query waits for the answer: copies and the request overhead no longer overlap, so a GPU
+    serves fewer per second than offline at batch 1, a CPU as many), costs at that rate, said
+    in the assumptions and in defaults_used."""
+    common = {"model": "resnet-50", "devices": ["nvidia-a10", "intel-xeon-platinum-8480plus"],
+              "precisions": ["int8"], "objective": "latency"}  # fmt: skip
+    single = _recommend(client, **common, scenario="single_stream")
+    offline = _recommend(client, **common, batch_sizes=[1])
+    assert single["scenario"] == "single_stream"
+    assert single["workload"]["batch_sizes"] == [1]
+    defaults = {row["option"]: row for row in single["workload"]["defaults_used"]}
+    assert defaults["batch_sizes"]["reason"] == "scenario single_stream: one sample per query"
+    assert any(a.startswith("scenario single_stream: one sample per query")
+               for a in single["assumptions"])  # fmt: skip
+    for key, candidate in _by_device(single).items():
+        assert candidate["batch_size"] == 1
+        assert candidate["throughput_per_s"] == pytest.approx(1e3 / candidate["latency_ms"])
+        batch_1 = _by_device(offline)[key]
+        assert candidate["latency_ms"] == pytest.approx(batch_1["latency_ms"])
+        assert "server" not in candidate
+    a10 = ("nvidia-a10", "int8")
+    slow, fast = _by_device(single)[a10], _by_device(offline)[a10]
+    assert slow["throughput_per_s"] < fast["throughput_per_s"]
+    # priced at the slower rate (the A10 has a catalog on-demand price)
+    assert slow["cost_usd_per_million"] == pytest.approx(
+        fast["cost_usd_per_million"] * fast["throughput_per_s"] / slow["throughput_per_s"]
+    )
+    xeon = ("intel-xeon-platinum-8480plus", "int8")  # a CPU's interval is its latency anyway
+    assert _by_device(single)[xeon]["throughput_per_s"] == pytest.approx(
+        _by_device(offline)[xeon]["throughput_per_s"]
+    )
+    same = _recommend(client, **common, scenario="single_stream", batch_sizes=[1])
+    assert same["candidates"] == single["candidates"]
+
+
 def test_eager_pytorch_at_batch_1_waits_for_its_host_and_at_batch_256_does_not(
     client: ApiClient,
 ) -> None:

@@ -68,6 +68,7 @@ class Scenario(StrEnum):
 
     OFFLINE = "offline"  # batches back to back: throughput = batch / interval
     SERVER = "server"  # Poisson arrivals, dynamic batching, p99 latency within the budget
+    SINGLE_STREAM = "single_stream"  # one sample per query, the next after the answer
 
 
 class Objective(StrEnum):
