@@ -69,15 +69,16 @@ def client(make_client: ClientFactory) -> ApiClient:
 def _heap_of_a_fresh_process(request: pytest.FixtureRequest) -> Iterator[None]:
     """Wall-clock tests measure the service, not this test process's heap.
 
-    Every earlier test's apps, clients and catalogs stay reachable here (millions of tracked
-    objects), so a full collection of the cyclic garbage collector during a timed request
-    scanned them all: 0.5-1.5 s pauses on a 2-core VM, measured with a gc callback, which
-    failed the 0.5 s / 1 s bounds about once in five timing passes. A served process freezes
-    what it built at start-up (``app.main``'s lifespan: ``gc.collect(); gc.freeze()``) and
-    its caches are bounded: after recommendations for 8 zoo models its full collection took
-    45 ms on the same VM. So during a timing test what the earlier tests left is frozen (out of
-    the collector's scans, as a fresh server's start-up objects are; freezing scans nothing)
-    and unfrozen after; what the test itself builds is collected as in a server.
+    Every earlier test's apps, clients and catalogs stay reachable here (far more tracked
+    objects than a served process holds), so a full collection of the cyclic garbage
+    collector during a timed request scanned them all: 0.5-1.5 s pauses on a 2-core VM,
+    measured with a gc callback, which failed the 0.5 s / 1 s bounds about once in five
+    timing passes. A served process freezes what it built at start-up (``app.main``'s
+    lifespan: ``gc.collect(); gc.freeze()``) and its caches are bounded: after
+    recommendations for 8 zoo models its full collection took 45 ms on the same VM. So
+    during a timing test what the earlier tests left is frozen (out of the collector's
+    scans, as a fresh server's start-up objects are; freezing scans nothing) and unfrozen
+    after; what the test itself builds is collected as in a server.
     """
     if request.node.get_closest_marker("timing") is None:
         yield
