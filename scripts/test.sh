@@ -24,7 +24,15 @@ run_pytest() {
 # processes finish well ahead of one even on a 2-core machine (PYTEST_WORKERS=0: one process).
 # Tests that assert wall-clock bounds (marker `timing`) then run alone, so a neighbouring
 # worker cannot push them over their bounds. Arguments go to both passes.
+# Both passes always run (a failure in the first must not hide the second's); the script fails
+# when either does.
 echo "-- in ${PYTEST_WORKERS:-2} workers, timing tests excluded"
-run_pytest -n "${PYTEST_WORKERS:-2}" -m "not timing" "$@"
+parallel_rc=0
+run_pytest -n "${PYTEST_WORKERS:-2}" -m "not timing" "$@" || parallel_rc=$?
 echo "-- timing tests, alone"
-run_pytest -m timing "$@"
+timing_rc=0
+run_pytest -m timing "$@" || timing_rc=$?
+if [ "$parallel_rc" -ne 0 ] || [ "$timing_rc" -ne 0 ]; then
+  echo "FAILED: parallel pass exit $parallel_rc, timing pass exit $timing_rc" >&2
+  exit 1
+fi

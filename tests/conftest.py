@@ -13,7 +13,14 @@ from typing import Any
 import pytest
 
 from app.main import create_app
-from tests.support import ApiClient, ClientFactory, PostgresDatabases, SqliteDatabases, settings_for
+from tests.support import (
+    ApiClient,
+    ClientFactory,
+    PostgresDatabases,
+    SqliteDatabases,
+    WallClock,
+    settings_for,
+)
 
 BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
 
@@ -88,3 +95,14 @@ def _heap_of_a_fresh_process(request: pytest.FixtureRequest) -> Iterator[None]:
         yield
     finally:
         gc.unfreeze()
+
+
+@pytest.fixture(autouse=True)
+def _wall_clock_limits(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Apps built outside timing-marked tests get the loaded-machine limits (tests/support.py):
+    their outcome must not depend on how busy the machine is."""
+    WallClock.timed = request.node.get_closest_marker("timing") is not None
+    try:
+        yield
+    finally:
+        WallClock.timed = True
