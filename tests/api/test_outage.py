@@ -16,7 +16,6 @@ import copy
 import json
 import re
 import socket
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,7 +30,7 @@ from app.config import PROJECT_ROOT
 from app.main import create_app
 from tests.api.helpers import PROBLEM_JSON, hardware, model, without_slug
 from tests.importers import onnx_models
-from tests.support import ApiClient, settings_for
+from tests.support import ApiClient, ServiceClock, settings_for
 
 # Wall-clock bounds: run alone after the parallel pass (scripts/test.sh), not beside it.
 pytestmark = pytest.mark.timing
@@ -162,9 +161,9 @@ def _database_routes(client: ApiClient) -> set[tuple[str, str]]:
 
 
 async def _timed(client: httpx.AsyncClient, call: Call) -> tuple[httpx.Response, float]:
-    start = time.perf_counter()
+    clock = ServiceClock()
     response = await client.request(call.method, call.path, **copy.deepcopy(call.kwargs))
-    return response, time.perf_counter() - start
+    return response, clock.elapsed_s
 
 
 def _all(client: ApiClient) -> dict[tuple[str, str], tuple[httpx.Response, float]]:
