@@ -13,6 +13,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, MetaData
 
 from app import cli
+from app.config import get_settings
 from app.db.migrations import alembic_config, head_revisions, schema_check, upgrade_to_head
 from app.db.schema_compat import structural_problems
 from app.db.session import make_engine
@@ -134,11 +135,11 @@ def test_migrate_leaves_a_newer_compatible_schema_alone(
     check = upgrade_to_head(db_url)
     assert check.status == "newer"
     monkeypatch.setenv("CAPPLAN_DATABASE_URL", db_url)
-    cli.get_settings.cache_clear()
+    get_settings.cache_clear()
     try:
         assert cli.main(["migrate"]) == 0
     finally:
-        cli.get_settings.cache_clear()
+        get_settings.cache_clear()
     assert "newer than this code's head" in capsys.readouterr().out
     with _connection(db_url) as connection:
         assert schema_check(connection).database_revisions == (FUTURE,)
@@ -151,11 +152,11 @@ def test_migrate_refuses_a_newer_schema_it_cannot_use(
     with pytest.raises(RuntimeError, match=r"hardware\.sm_count is missing"):
         upgrade_to_head(db_url)
     monkeypatch.setenv("CAPPLAN_DATABASE_URL", db_url)
-    cli.get_settings.cache_clear()
+    get_settings.cache_clear()
     try:
         assert cli.main(["migrate"]) == 1
     finally:
-        cli.get_settings.cache_clear()
+        get_settings.cache_clear()
     assert "hardware.sm_count is missing" in capsys.readouterr().err
 
 
