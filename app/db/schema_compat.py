@@ -1,6 +1,6 @@
 """Which database schemas this code can serve: the rule behind `/readyz` and `migrate`.
 
-Migrations are expand-then-contract (see ``migrations/README.md``): a release only *adds*
+Migrations are expand-then-contract (see ``docs/operations.md``): a release only *adds*
 (tables, nullable columns, NOT NULL columns with a server default), so the previous release's
 code keeps working on the new schema, and a column is dropped only in a later release, once no
 running code maps it. Code therefore accepts a schema by what it finds in it, not by the
