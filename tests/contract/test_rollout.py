@@ -17,8 +17,9 @@ POD: dict[str, Any] = DEPLOYMENT["spec"]["template"]["spec"]
 
 
 def _container(name: str, section: str = "containers") -> dict[str, Any]:
-    (found,) = [c for c in POD.get(section, []) if c["name"] == name]
-    return found
+    found: list[dict[str, Any]] = [c for c in POD.get(section, []) if c["name"] == name]
+    assert len(found) == 1, (section, name)
+    return found[0]
 
 
 def _command(container: dict[str, Any]) -> list[str]:
