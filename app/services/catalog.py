@@ -155,12 +155,10 @@ def drifted_fields(row: Hardware, entry: CatalogEntry) -> list[str]:
             for attribute in sa_inspect(MigProfile).column_attrs
             if attribute.key not in _PROFILE_BOOKKEEPING
         ]
-        drifted.extend(
-            f"mig_profiles[{name}].{key}"
-            for name in sorted(stored)
-            for key in keys
-            if getattr(stored[name], key) != getattr(wanted[name], key)
-        )
+        for key in keys:
+            differ = [n for n in stored if getattr(stored[n], key) != getattr(wanted[n], key)]
+            if differ:
+                drifted.append(f"mig_profiles.{key} ({len(differ)} of {len(stored)})")
     return drifted
 
 

@@ -1,12 +1,15 @@
 """catalog-sync after `alembic downgrade` and upgrade again: the catalog rows' content digest
 survives the downgrade, the dropped columns come back empty, and the sync must notice."""
 
+import re
 from typing import Any
 
 import pytest
 from alembic import command
 from sqlalchemy import select
 
+from app.cli import main
+from app.config import get_settings
 from app.db.migrations import alembic_config
 from app.db.models import Hardware
 from app.schemas.hardware import HardwareCreate
@@ -85,7 +88,8 @@ def test_sync_repairs_what_a_downgrade_dropped(
     repaired = {line.split(" ")[0]: line for line in report.repaired}
     assert "nvidia-h100-sxm" in repaired
     assert "sm_count" in repaired["nvidia-h100-sxm"]
-    assert "mig_profiles[1g.10gb].sm_count" in repaired["nvidia-h100-sxm"]
+    profiles = len(before["mig_sm_counts"])
+    assert f"mig_profiles.sm_count ({profiles} of {profiles})" in repaired["nvidia-h100-sxm"]
     if revision == "0003":
         assert "price_kind" in repaired["nvidia-h100-sxm"]
         assert "gpu_link_type" in repaired["nvidia-h100-sxm"]
@@ -144,3 +148,33 @@ def test_a_row_edited_in_the_database_is_repaired(db_url: str) -> None:
     with db_session(db_url) as session:
         row = session.scalars(select(Hardware).where(Hardware.slug == "nvidia-t4")).one()
         assert row.tdp_watts == 70
+
+
+def test_catalog_sync_command_says_what_it_repaired(
+    db_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The command the issue ran: it said "unchanged 44" while the rows had lost their kinds,
+    SM counts and links."""
+    with db_session(db_url) as session:
+        payload = hardware(slug="my-gpu", price_usd_per_hour=3.0, price_kind="spot")
+        create_hardware(session, payload=HardwareCreate.model_validate(payload))
+    _bounce(db_url, "0003")
+    monkeypatch.setenv("CAPPLAN_DATABASE_URL", db_url)
+    get_settings.cache_clear()
+    try:
+        assert main(["catalog-sync"]) == 0
+        first = capsys.readouterr().out
+        assert main(["catalog-sync"]) == 0
+        second = capsys.readouterr().out
+    finally:
+        get_settings.cache_clear()
+    repaired = int(re.search(r"repaired (\d+),", first).group(1))  # type: ignore[union-attr]
+    unchanged = int(re.search(r"unchanged (\d+),", first).group(1))  # type: ignore[union-attr]
+    assert repaired > 0
+    assert repaired + unchanged == len(load_catalog(CATALOG_DIR))
+    assert "repaired from the catalog file (emptied by a downgrade?): nvidia-h100-sxm (" in first
+    assert "user-owned, not repaired" in first
+    assert "my-gpu (price without a kind" in first
+    assert "catalog sync: created 0, updated 0, unchanged" in second
+    assert "repaired 0," in second.splitlines()[0]
+    assert "repaired from the catalog file" not in second
