@@ -39,6 +39,7 @@ def _safe_url(settings: Settings) -> str:
 
 
 def _catalog_sync(settings: Settings) -> int:
+    from app.db.migrations import schema_check
     from app.db.session import make_engine, make_session_factory
     from app.services.catalog import CatalogError, load_catalog, sync_catalog
     from app.services.zoo import sync_zoo
@@ -50,6 +51,11 @@ def _catalog_sync(settings: Settings) -> int:
         return 1
     engine = make_engine(settings.resolved_database_url)
     try:
+        with engine.connect() as connection:
+            check = schema_check(connection)
+        if not check.ready:
+            print(f"catalog sync: {check.describe()}", file=sys.stderr)
+            return 1
         with make_session_factory(engine)() as session:
             report = sync_catalog(session, entries)
             zoo_report = sync_zoo(session)

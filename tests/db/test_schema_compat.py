@@ -203,3 +203,22 @@ def test_every_migration_keeps_the_previous_revisions_schema_usable(db_url: str)
     # 0002 (written before this rule) contracts, and says so; a declaration says what and why.
     assert "0002" in breaking
     assert all(isinstance(reason, str) and len(reason) > 20 for reason in breaking.values())
+
+
+def test_catalog_sync_refuses_a_schema_it_cannot_use_and_runs_on_a_newer_one(
+    db_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """After `kubectl rollout undo` the previous release's init container syncs its catalog into
+    the newer schema; on a schema behind it, it says to migrate instead of failing in SQL."""
+    monkeypatch.setenv("CAPPLAN_DATABASE_URL", db_url)
+    get_settings.cache_clear()
+    try:
+        command.downgrade(alembic_config(db_url), "0005")
+        assert cli.main(["catalog-sync"]) == 1
+        assert "behind this code's head" in capsys.readouterr().err
+        command.upgrade(alembic_config(db_url), "head")
+        _later_release(db_url, _expand)
+        assert cli.main(["catalog-sync"]) == 0
+        assert "catalog sync: created 0" in capsys.readouterr().out
+    finally:
+        get_settings.cache_clear()
