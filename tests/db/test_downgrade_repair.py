@@ -11,10 +11,11 @@ from sqlalchemy import select
 from app.cli import main
 from app.config import get_settings
 from app.db.migrations import alembic_config
-from app.db.models import Hardware
+from app.db.models import Hardware, ModelArchitecture
 from app.schemas.hardware import HardwareCreate
 from app.services.catalog import drifted_fields, load_catalog, sync_catalog
 from app.services.hardware import create_hardware
+from app.services.zoo import sync_zoo
 from tests.api.helpers import hardware
 from tests.support import CATALOG_DIR, ClientFactory, db_session
 
@@ -178,3 +179,24 @@ def test_catalog_sync_command_says_what_it_repaired(
     assert "catalog sync: created 0, updated 0, unchanged" in second
     assert "repaired 0," in second.splitlines()[0]
     assert "repaired from the catalog file" not in second
+
+
+def test_zoo_rows_that_lost_a_field_are_repaired(db_url: str) -> None:
+    with db_session(db_url) as session:
+        row = session.scalars(
+            select(ModelArchitecture).where(ModelArchitecture.slug == "gpt-2")
+        ).one()
+        wanted = dict(row.default_bindings)
+        assert wanted
+        row.default_bindings = {}  # what a column re-added with its server default holds
+        session.commit()
+    with db_session(db_url) as session:
+        report = sync_zoo(session)
+        again = sync_zoo(session)
+    assert report.repaired == ["gpt-2 (default_bindings)"]
+    assert again.repaired == []
+    with db_session(db_url) as session:
+        row = session.scalars(
+            select(ModelArchitecture).where(ModelArchitecture.slug == "gpt-2")
+        ).one()
+        assert row.default_bindings == wanted
