@@ -20,8 +20,15 @@ if TYPE_CHECKING:
 def _migrate(settings: Settings) -> int:
     from app.db.migrations import upgrade_to_head
 
-    upgrade_to_head(settings.resolved_database_url)
-    print(f"database at migration head ({_safe_url(settings)})")
+    try:
+        check = upgrade_to_head(settings.resolved_database_url)
+    except RuntimeError as exc:
+        print(f"migrate: {exc} ({_safe_url(settings)})", file=sys.stderr)
+        return 1
+    if not check.ready:
+        print(f"migrate: {check.describe()} ({_safe_url(settings)})", file=sys.stderr)
+        return 1
+    print(f"{check.describe()} ({_safe_url(settings)})")
     return 0
 
 
@@ -32,6 +39,7 @@ def _safe_url(settings: Settings) -> str:
 
 
 def _catalog_sync(settings: Settings) -> int:
+    from app.db.migrations import schema_check
     from app.db.session import make_engine, make_session_factory
     from app.services.catalog import CatalogError, load_catalog, sync_catalog
     from app.services.zoo import sync_zoo
@@ -43,6 +51,11 @@ def _catalog_sync(settings: Settings) -> int:
         return 1
     engine = make_engine(settings.resolved_database_url)
     try:
+        with engine.connect() as connection:
+            check = schema_check(connection)
+        if not check.ready:
+            print(f"catalog sync: {check.describe()}", file=sys.stderr)
+            return 1
         with make_session_factory(engine)() as session:
             report = sync_catalog(session, entries)
             zoo_report = sync_zoo(session)
@@ -52,6 +65,10 @@ def _catalog_sync(settings: Settings) -> int:
     print(f"model zoo sync: {zoo_report.summary()}")
     for slug in report.skipped_user_owned:
         print(f"  kept user-owned profile '{slug}' (catalog entry with that slug not loaded)")
+    for line in report.repaired:
+        print(f"  repaired from the catalog file (emptied by a downgrade?): {line}")
+    for line in report.not_repaired:
+        print(f"  user-owned, not repaired (restate with PUT /v1/hardware/{{slug}}): {line}")
     return 0
 
 

@@ -15,6 +15,10 @@ revision: str = ${repr(up_revision)}
 down_revision: str | None = ${repr(down_revision)}
 branch_labels: str | Sequence[str] | None = ${repr(branch_labels)}
 depends_on: str | Sequence[str] | None = ${repr(depends_on)}
+# Expand only (docs/operations.md): add tables, nullable columns, or NOT NULL columns that keep
+# a server default, so the previous release keeps serving on this schema. Dropping, renaming or
+# tightening something goes in a later release, declared here as
+# contracts = "what is removed; the release since which no code uses it"
 
 
 def upgrade() -> None:

@@ -43,7 +43,9 @@ def _digest(fields: dict[str, Any]) -> str:
 
 
 def sync_zoo(session: Session, models: dict[str, ZooModel] | None = None) -> SyncReport:
-    """Upsert built-in models; user-owned slugs are never touched; a rerun writes nothing."""
+    """Upsert built-in models; user-owned slugs are never touched; a rerun writes nothing; a
+    row whose digest matches but whose fields do not (emptied by a downgrade) is rewritten and
+    reported as repaired."""
     report = SyncReport()
     catalog = dict(ZOO) if models is None else models
     existing = {row.slug: row for row in session.scalars(select(ModelArchitecture))}
@@ -60,9 +62,14 @@ def sync_zoo(session: Session, models: dict[str, ZooModel] | None = None) -> Syn
         elif row.provenance != Provenance.BUILTIN.value:
             report.skipped_user_owned.append(slug)
             continue
-        elif row.catalog_digest == digest:
+        elif row.catalog_digest == digest and not (
+            lost := [key for key, value in fields.items() if getattr(row, key) != value]
+        ):
             report.unchanged.append(slug)
             continue
+        elif row.catalog_digest == digest:
+            # Same model, different row (a downgrade emptied a column the digest outlived).
+            report.repaired.append(f"{slug} ({', '.join(lost)})")
         else:
             report.updated.append(slug)
         for key, value in fields.items():

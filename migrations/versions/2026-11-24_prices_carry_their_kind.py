@@ -5,7 +5,9 @@ Rows priced before this revision keep their price with a NULL kind: the kind is 
 recommendation does not rank them by cost until the price is restated with its kind (catalog
 rows get theirs on the next ``capplan-server catalog-sync``; their content digest changes).
 Downgrading drops the four columns (the kind, region, date and source of every price are lost;
-the prices stay).
+the prices stay). Upgrading again adds them back empty; ``capplan-server catalog-sync`` then
+restores catalog rows from their entries and lists user-owned rows it cannot restore. Expand-only:
+code of 0003 reads and writes this schema.
 
 Revision ID: 0004
 Revises: 0003

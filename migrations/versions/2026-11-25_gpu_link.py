@@ -3,7 +3,8 @@
 Tensor parallelism all-reduces activations between the GPUs of a node; their direct link
 (NVLink) is much faster than the host link. Rows without it (every row stored before this
 revision, and GPUs without NVLink) reach their peers over the host link. Downgrading drops the
-two columns (the links are lost).
+two columns (the links are lost; after upgrading again ``capplan-server catalog-sync`` restores
+catalog rows' links). Expand-only: code of 0004 reads and writes this schema.
 
 Revision ID: 0005
 Revises: 0004

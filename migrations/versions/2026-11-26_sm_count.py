@@ -5,7 +5,9 @@ The roofline prices a GEMM's compute time at its wave efficiency on the device's
 is one instance's count from NVIDIA's profile table (not proportional to the compute slices:
 14 on an A100 1g slice, 98 on its 7g). Rows stored before this revision have no counts (NULL):
 their GEMMs are priced without quantization, and their MIG slices get the proportional share
-of the GPU's count. Downgrading drops both columns (the counts are lost).
+of the GPU's count. Downgrading drops both columns (the counts are lost; after upgrading again
+``capplan-server catalog-sync`` restores catalog rows' counts). Expand-only: code of 0005 reads
+and writes this schema.
 
 Revision ID: 0006
 Revises: 0005

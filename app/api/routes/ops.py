@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Literal
 
 import anyio.to_thread
 from fastapi import APIRouter, Request, Response
@@ -16,7 +17,8 @@ from sqlalchemy.orm import Session
 from app.api.database import DatabaseUnavailable
 from app.api.deps import DatabaseDep
 from app.api.errors import problem_response, problem_responses
-from app.db.migrations import current_revisions
+from app.db.migrations import schema_check
+from app.db.schema_compat import SchemaCheck
 from app.schemas.base import Schema
 
 router = APIRouter(tags=["operations"])
@@ -37,6 +39,17 @@ class Readiness(Schema):
     migration: list[str] = Field(
         description="Alembic revision(s) the database is at.", examples=[["0001"]]
     )
+    code_revision: list[str] = Field(
+        description="The migration head(s) this code ships. The database may be newer during "
+        "a rolling upgrade or after a rollback: migrations are expand-only within a release, so "
+        "this code serves any schema that still has every table and column it uses.",
+        examples=[["0006"]],
+    )
+    schema_status: Literal["current", "newer"] = Field(
+        description="`current`: the database is at this code's head. `newer`: a later release "
+        "migrated it and this code can still use it (rolling upgrade or rollback).",
+        examples=["current"],
+    )
 
 
 _HEALTHY = b'{"status":"ok"}'
@@ -49,9 +62,9 @@ async def healthz() -> Response:
     return Response(_HEALTHY, media_type="application/json")
 
 
-def _revisions(session: Session) -> set[str]:
+def _schema_check(session: Session) -> SchemaCheck:
     session.execute(text("SELECT 1"))
-    return current_revisions(session.connection())
+    return schema_check(session.connection())
 
 
 @router.get(
@@ -62,26 +75,27 @@ def _revisions(session: Session) -> set[str]:
 )
 async def readyz(request: Request, db: DatabaseDep) -> Readiness | JSONResponse:
     """The database answers (within CAPPLAN_DB_QUEUE_TIMEOUT_S, queueing like any request) and
-    its schema is at the migration head the code expects."""
+    this code can use its schema: at this code's migration head, or at a later release's
+    revision that still has every table and column this code maps (expand-then-contract, so
+    old pods stay ready through a rolling upgrade and after `kubectl rollout undo`). A schema
+    behind the code, unmigrated or missing something the code needs is a 503 saying which."""
     engine = request.app.state.engine
     try:
-        current = await db.run(_revisions, timeout_s=db.queue_timeout_s)
+        check = await db.run(_schema_check, timeout_s=db.queue_timeout_s)
     except (DatabaseUnavailable, SQLAlchemyError) as exc:
         logger.warning("readiness: database unreachable: %s", type(exc).__name__)
         return problem_response(
             request, 503, "not-ready", "Not ready", "the database is not reachable"
         )
-    expected: set[str] = request.app.state.head_revisions
-    if current != expected:
-        return problem_response(
-            request,
-            503,
-            "not-ready",
-            "Not ready",
-            f"database schema is at {sorted(current) or 'no revision'}, code expects "
-            f"{sorted(expected)}; run `capplan-server migrate`",
-        )
-    return Readiness(status="ready", database=engine.dialect.name, migration=sorted(current))
+    if not check.ready:
+        return problem_response(request, 503, "not-ready", "Not ready", check.describe())
+    return Readiness(
+        status="ready",
+        database=engine.dialect.name,
+        migration=list(check.database_revisions),
+        code_revision=list(check.code_revisions),
+        schema_status="current" if check.status == "current" else "newer",
+    )
 
 
 @router.get(
