@@ -1455,12 +1455,12 @@ def _cuda_lines(e: _Estimation, parts: dict[str, int]) -> None:
             "1 MiB) and fragmentation_reserve is a fixed fraction of the allocated bytes "
             f"({UNREPLAYED_FRAGMENTATION_FRACTION!r} unless fragmentation_fraction is set)"
         )
-        tensors, weights = _unreplayed_rounding(e)
-        parts["allocator_rounding"] = tensors + weights
+        tensors, parameters = _unreplayed_rounding(e)
+        parts["allocator_rounding"] = tensors + parameters
         formulas["allocator_rounding"] = (
-            f"{tensors:,} [B: activation, kept and input tensors] + {weights:,} [B: parameter "
-            f"tensors] [not replayed ({layers:,} layers > {MAX_REPLAYED_LAYERS:,}): sizes "
-            f"rounded up to 512 B, to 2 MiB over 1 MiB] = {tensors + weights:,} B"
+            f"{tensors:,} [B: activation, kept and input tensors] + {parameters:,} [B: "
+            f"parameter tensors] [not replayed ({layers:,} layers > {MAX_REPLAYED_LAYERS:,}): "
+            f"sizes rounded up to 512 B, to 2 MiB over 1 MiB] = {tensors + parameters:,} B"
         )
     elif replay:
         events, steady_from, weights, forward_from = _allocator_events(e, overhead)
