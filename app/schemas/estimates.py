@@ -6,6 +6,7 @@ from typing import Annotated, Any, Self
 
 from pydantic import Field, model_validator
 
+from app.domain.memory.estimate import MAX_REPLAYED_LAYERS, UNREPLAYED_FRAGMENTATION_FRACTION
 from app.domain.precision import Precision
 from app.domain.workload import (
     DEFAULT_SAFETY_MARGIN_FRACTION,
@@ -93,7 +94,10 @@ class OverheadSpec(Schema):
         default=None,
         description="false: skip the caching-allocator replay (no rounding line; "
         "fragmentation_fraction or nothing for cached segments); faster for very large graphs. "
-        "Default true.",
+        f"Default true; a graph of more than {MAX_REPLAYED_LAYERS:,} executed layers is never "
+        "replayed (each tensor rounded to 512 B or 2 MiB, a "
+        f"{UNREPLAYED_FRAGMENTATION_FRACTION} reserve unless fragmentation_fraction is given; "
+        "the assumptions say so).",
         examples=[None],
     )
     expandable_segments: bool | None = Field(

@@ -1396,6 +1396,48 @@ def _cublas_handles(e: _Estimation) -> int:
     return 2 if e.step is not None else 1
 
 
+# The allocator replay walks every tensor of the step, twice in training, at about 1 us per
+# allocation or free (10 to 30 per layer): a 99,999-layer graph would take seconds where the
+# rest of its estimate takes 0.3 s. Graphs of more executed layers than this are estimated with
+# the rule the replay replaced (per-tensor rounding, a fixed fragmentation reserve), cost linear
+# in the layers with a small constant; every zoo and imported graph pinned by
+# tests/domain/memory_snapshot.json is far below it (GPT-3 175B: 773).
+MAX_REPLAYED_LAYERS = 10_000
+UNREPLAYED_FRAGMENTATION_FRACTION = 0.05  # the fixed reserve before the replay (issue 13)
+
+
+def _replays_allocator(e: _Estimation) -> bool:
+    """Whether the estimate replays the caching allocator (round_allocations and at most
+    :data:`MAX_REPLAYED_LAYERS` executed layers)."""
+    return e.request.overhead.round_allocations and len(e.analysis.layers) <= MAX_REPLAYED_LAYERS
+
+
+def _rounding_waste(counts: Mapping[int, int]) -> int:
+    """Bytes the caching allocator adds to tensors without a replay (the rule before it): 512 B
+    granularity, 2 MiB blocks for tensors over 1 MiB. ``counts``: tensors per size [B]."""
+    return sum(
+        count * (-size % (2 * MIB) if size > MIB else -size % 512) for size, count in counts.items()
+    )
+
+
+def _unreplayed_rounding(e: _Estimation) -> tuple[int, int]:
+    """:func:`_rounding_waste` of the step's tensors and of its parameter tensors (once per
+    distinct op result: the repeats of a block share theirs)."""
+    par = e.request.parallelism
+    num = e.plan.weight.numerator
+    den = e.plan.weight.denominator * par.tensor * par.pipeline
+    per_result: dict[int, int] = {}
+    weights = 0
+    for layer in e.analysis.layers:
+        result = layer.result
+        waste = per_result.get(id(result))
+        if waste is None:
+            sizes = Counter(-(-math.prod(shape) * num // den) for shape in result.param_shapes)
+            waste = per_result[id(result)] = _rounding_waste(sizes)
+        weights += waste
+    return _rounding_waste(_storage_sizes(e.storage_plan)), weights
+
+
 def _cuda_lines(e: _Estimation, parts: dict[str, int]) -> None:
     """CUDA runtime: allocator rounding and cached segments (from a replay of PyTorch's caching
     allocator over the step's tensors), the cuBLAS workspace and the CUDA context."""
@@ -1403,7 +1445,24 @@ def _cuda_lines(e: _Estimation, parts: dict[str, int]) -> None:
     overhead = request.overhead
     handles = _cublas_handles(e)
     workspace = handles * overhead.workspace_bytes
-    if overhead.round_allocations:
+    replay = _replays_allocator(e)
+    unreplayed = overhead.round_allocations and not replay
+    if unreplayed:
+        layers = len(e.analysis.layers)
+        e.assumptions.append(
+            f"allocator not replayed: {layers:,} executed layers exceed the replay's "
+            f"{MAX_REPLAYED_LAYERS:,}; allocator_rounding rounds each tensor (512 B, 2 MiB over "
+            "1 MiB) and fragmentation_reserve is a fixed fraction of the allocated bytes "
+            f"({UNREPLAYED_FRAGMENTATION_FRACTION!r} unless fragmentation_fraction is set)"
+        )
+        tensors, parameters = _unreplayed_rounding(e)
+        parts["allocator_rounding"] = tensors + parameters
+        formulas["allocator_rounding"] = (
+            f"{tensors:,} [B: activation, kept and input tensors] + {parameters:,} [B: "
+            f"parameter tensors] [not replayed ({layers:,} layers > {MAX_REPLAYED_LAYERS:,}): "
+            f"sizes rounded up to 512 B, to 2 MiB over 1 MiB] = {tensors + parameters:,} B"
+        )
+    elif replay:
         events, steady_from, weights, forward_from = _allocator_events(e, overhead)
         expandable = overhead.expandable_segments
 
@@ -1440,8 +1499,10 @@ def _cuda_lines(e: _Estimation, parts: dict[str, int]) -> None:
             "0 [B: allocator not replayed (round_allocations=false)] = 0 B"
         )
     allocated = sum(parts.values())
-    if overhead.fragmentation_fraction is not None or not overhead.round_allocations:
+    if overhead.fragmentation_fraction is not None or not replay:
         fraction = overhead.fragmentation_fraction or 0.0
+        if unreplayed and overhead.fragmentation_fraction is None:
+            fraction = UNREPLAYED_FRAGMENTATION_FRACTION
         parts["fragmentation_reserve"] = int(allocated * fraction)
         formulas["fragmentation_reserve"] = (
             f"floor({allocated:,} [B allocated] x {fraction!r} [fragmentation_fraction]) = "
@@ -1950,8 +2011,8 @@ def _cuda_memory(
             first = e.allocator[0]
             rounding = max(0, first.allocated_bytes - first.requested_bytes)
             cache = max(0, first.reserved_bytes - first.allocated_bytes)
-        elif cached:
-            cache = cached
+        else:  # not replayed: the fixed rounding and reserve (0 with round_allocations=false)
+            rounding, cache = parts["allocator_rounding"], cached
         first_allocated = first_total + rounding + parts["workspace"]
         first_reserved = first_allocated + cache
     return CudaMemory(
