@@ -121,6 +121,29 @@ class Settings(BaseSettings):
         description="Admission answer when a review cannot be evaluated (allow adds a warning).",
     )
 
+    max_url_bytes: int = Field(
+        default=8192,
+        ge=256,
+        le=1_048_576,
+        description="Longest request target (path and query) accepted; longer is a 414, "
+        "answered by the HTTP protocol before routing and authentication.",
+    )
+    max_header_bytes: int = Field(
+        default=32768,
+        ge=1024,
+        le=16_777_216,
+        description="Largest header section of a request (every header line); larger is a "
+        "431, answered by the HTTP protocol before routing and authentication.",
+    )
+    header_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        le=600,
+        description="Time a connection has to deliver a complete request head, from its first "
+        "byte (or from the connection's start); past it the client gets 408 and the "
+        "connection is closed (a slowloris client cannot hold connections open).",
+    )
+
     @field_validator("log_level", mode="before")
     @classmethod
     def _upper(cls, value: object) -> object:
