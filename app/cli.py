@@ -141,7 +141,9 @@ def _serve(settings: Settings, host: str | None, port: int | None, workers: int 
                 port=port or settings.port,
                 log_config=None,
                 proxy_headers=True,
-                http=HTTP_PROTOCOL,  # requests the HTTP parser rejects get problem+json 400s
+                # Requests the HTTP parser rejects get problem+json 400s; the request head is
+                # bounded before it is parsed (414/431, 408 after CAPPLAN_HEADER_TIMEOUT_S).
+                http=HTTP_PROTOCOL,
                 ssl_certfile=str(settings.ssl_certfile) if settings.ssl_certfile else None,
                 ssl_keyfile=str(settings.ssl_keyfile) if settings.ssl_keyfile else None,
                 **extra,

@@ -121,6 +121,54 @@ class Settings(BaseSettings):
         description="Admission answer when a review cannot be evaluated (allow adds a warning).",
     )
 
+    max_url_bytes: int = Field(
+        default=8192,
+        ge=256,
+        le=1_048_576,
+        description="Longest request target (path and query) accepted; longer is a 414, "
+        "answered by the HTTP protocol before routing and authentication.",
+    )
+    max_header_bytes: int = Field(
+        default=32768,
+        ge=1024,
+        le=16_777_216,
+        description="Largest header section of a request (every header line); larger is a "
+        "431, answered by the HTTP protocol before routing and authentication.",
+    )
+    header_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        le=600,
+        description="Time a connection has to deliver a complete request head, from its first "
+        "byte (or from the connection's start); past it the client gets 408 and the "
+        "connection is closed (a slowloris client cannot hold connections open).",
+    )
+
+    max_concurrent_imports: int = Field(
+        default=2,
+        ge=1,
+        le=64,
+        description="ONNX imports (/v1/models/import/onnx) in progress at once per worker "
+        "process, from the first byte of their upload; the others wait (before their upload is "
+        "read) for at most CAPPLAN_IMPORT_QUEUE_TIMEOUT_S, then get 503 with Retry-After.",
+    )
+    import_memory_bytes: int = Field(
+        default=293_601_280,
+        ge=1,
+        description="Memory that ONNX imports in progress may use at once per worker process "
+        "(default 280 MiB: one pod of the deploy kit, 512 MiB, idles at about 150 MiB). Each "
+        "import reserves 2.75 times its upload's size, its measured peak through HTTP "
+        "(benchmarks/import_memory.py), before the upload is read; an upload that needs more "
+        "than all of it is a 413.",
+    )
+    import_queue_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=600,
+        description="How long an ONNX import waits for CAPPLAN_MAX_CONCURRENT_IMPORTS or "
+        "CAPPLAN_IMPORT_MEMORY_BYTES before it is answered 503 with Retry-After.",
+    )
+
     @field_validator("log_level", mode="before")
     @classmethod
     def _upper(cls, value: object) -> object:

@@ -17,7 +17,11 @@ from app.api.docs import install_docs
 from app.api.errors import PROBLEM_JSON, install_error_handlers, problem_example_components
 from app.api.inflight import InFlightLimitMiddleware
 from app.api.metrics import Metrics, register_pool_metrics
-from app.api.middleware import BodySizeLimitMiddleware, RequestContextMiddleware
+from app.api.middleware import (
+    BodySizeLimitMiddleware,
+    ImportGateMiddleware,
+    RequestContextMiddleware,
+)
 from app.api.query_guard import reject_unknown_query
 from app.api.routes import (
     admission,
@@ -127,6 +131,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(estimates.router)
     app.include_router(workloads.router)
     app.include_router(recommendations.router)
+    # Inside the size limit: an ONNX upload waits for its share of the import memory before a
+    # byte of it is read.
+    app.add_middleware(
+        ImportGateMiddleware,
+        path=imports.ONNX_PATH,
+        max_concurrent=settings.max_concurrent_imports,
+        memory_bytes=settings.import_memory_bytes,
+        max_body_bytes=settings.max_import_bytes,
+        queue_timeout_s=settings.import_queue_timeout_s,
+    )
     # Added last = outermost: ids and metrics cover every request, including 413s.
     app.add_middleware(
         BodySizeLimitMiddleware,

@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from tests.api.test_metrics import samples, value
+from tests.live_server import raw_request
 from tests.support import SqliteDatabases
 
 # Wall-clock bounds: run alone after the parallel pass (scripts/test.sh), not beside it.
@@ -60,6 +61,9 @@ def server(
         "CAPPLAN_API_KEYS": "",
         "CAPPLAN_LOG_LEVEL": "INFO",
         "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
+        # Read by each worker's HTTP protocol from the environment (not the defaults).
+        "CAPPLAN_MAX_HEADER_BYTES": "16384",
+        "CAPPLAN_HEADER_TIMEOUT_S": "1",
     }
     with sqlite_databases.fresh() as url:
         Path(url.removeprefix("sqlite:///")).rename(work / "capplan.db")
@@ -177,3 +181,25 @@ def test_every_log_line_is_plain_json(server: Server) -> None:
     # uvicorn's own records (which carry color_message) went through the formatter, per worker
     started = {r["pid"] for r in records if r["msg"].startswith("Started server process")}
     assert len(started) == WORKERS
+
+
+def test_every_worker_enforces_the_http_limits_of_the_environment(server: Server) -> None:
+    """Oversized heads are answered by each worker's protocol with the environment's limits,
+    and a connection that trickles its head is answered 408 and closed after 1 s."""
+    host, port = server.base.removeprefix("http://").split(":")
+    address = (host, int(port))
+    pad = b"X-Pad: " + b"p" * 17_000 + b"\r\n"  # over 16384, under the 32768 default
+    for _ in range(6):  # new connections: the kernel spreads them over both workers
+        answer = raw_request(address, b"GET /healthz HTTP/1.1\r\nHost: t\r\n" + pad + b"\r\n")
+        assert answer.status == 431
+        assert b"16384 bytes (setting CAPPLAN_MAX_HEADER_BYTES)" in answer.body
+        url = raw_request(address, b"GET /" + b"u" * 9000 + b" HTTP/1.1\r\nHost: t\r\n\r\n")
+        assert url.status == 414
+    start = time.monotonic()
+    with socket.create_connection(address, timeout=10) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\nX-Slow: ")
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    assert data.startswith(b"HTTP/1.1 408 "), data[:80]
+    assert 0.9 < time.monotonic() - start < 8

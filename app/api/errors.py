@@ -385,6 +385,29 @@ def overloaded_detail(limit: int, queue_timeout_s: float) -> str:
     )
 
 
+IMPORT_PEAK_FACTOR = 2.75  # an ONNX import's peak memory / its upload (through HTTP, measured)
+
+
+def import_memory_detail(upload_bytes: int, budget_bytes: int) -> str:
+    """The detail of a 413 for an ONNX upload that needs more memory than imports may use."""
+    need_mib = upload_bytes * IMPORT_PEAK_FACTOR / 2**20
+    return (
+        f"importing an ONNX file of {upload_bytes} bytes takes about {need_mib:.0f} MiB of "
+        f"memory ({IMPORT_PEAK_FACTOR:g} x the upload); imports may use "
+        f"{budget_bytes / 2**20:.0f} MiB (setting CAPPLAN_IMPORT_MEMORY_BYTES): upload a "
+        "graph-only export (initializers without data or with external data; a few MB)"
+    )
+
+
+def import_busy_detail(limit: int, queue_timeout_s: float) -> str:
+    """The detail of a 503 for an ONNX import that waited too long for its turn."""
+    return (
+        f"other ONNX imports hold the import capacity (CAPPLAN_MAX_CONCURRENT_IMPORTS={limit}, "
+        f"CAPPLAN_IMPORT_MEMORY_BYTES) and none finished within {queue_timeout_s:g} s; retry "
+        "shortly"
+    )
+
+
 EXAMPLE_REQUEST_ID = "5f0c6c0a9d8e4b0f9a3c2d1e0f9a8b7c"
 
 
@@ -600,7 +623,15 @@ IMPORT_TOO_LARGE_EXAMPLES = {
         "Payload too large",
         too_large_detail(_default("max_import_bytes"), "CAPPLAN_MAX_IMPORT_BYTES"),
         "/v1/models/import/onnx",
-    )
+    ),
+    "import-memory-too-large": _example(
+        "The import of the upload would need more memory than CAPPLAN_IMPORT_MEMORY_BYTES",
+        413,
+        "payload-too-large",
+        "Payload too large",
+        import_memory_detail(104_857_600, 209_715_200),
+        "/v1/models/import/onnx",
+    ),
 }
 
 

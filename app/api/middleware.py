@@ -1,9 +1,11 @@
-"""ASGI middleware: body size limit, request ids, access logs and Prometheus metrics."""
+"""ASGI middleware: body size limit, ONNX import gate, request ids, access logs and metrics."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import math
 import re
 import time
 import uuid
@@ -12,7 +14,15 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.api.context import request_id_var
-from app.api.errors import PROBLEM_JSON, internal_error_body, problem_body, too_large_detail
+from app.api.errors import (
+    IMPORT_PEAK_FACTOR,
+    PROBLEM_JSON,
+    import_busy_detail,
+    import_memory_detail,
+    internal_error_body,
+    problem_body,
+    too_large_detail,
+)
 from app.api.metrics import Metrics
 
 access_logger = logging.getLogger("app.access")
@@ -124,6 +134,104 @@ class BodySizeLimitMiddleware:
         except _BodyTooLarge:
             if not replied:
                 await send_problem(send, 413, self._too_large(path, max_bytes, setting))
+
+
+class ImportGateMiddleware:
+    """Bound the memory and the number of ONNX imports in progress, before their upload is read.
+
+    An import's peak memory is about ``IMPORT_PEAK_FACTOR`` times its upload (the bytes and the
+    parsed model, measured through HTTP by ``benchmarks/import_memory.py``). Each request to
+    ``path`` reserves that much of ``memory_bytes`` by its Content-Length (``max_body_bytes``
+    without one) and one of ``max_concurrent`` places, and keeps them until its answer: so the
+    imports of one process never hold more than ``memory_bytes`` together, and uploads waiting
+    for their turn are not read (their spooled files take no disk either). One that needs more
+    than ``memory_bytes`` alone is a 413; one that waits longer than ``queue_timeout_s`` a 503
+    with Retry-After.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        path: str,
+        max_concurrent: int,
+        memory_bytes: int,
+        max_body_bytes: int,
+        queue_timeout_s: float,
+    ) -> None:
+        self.app = app
+        self.path = path
+        self.max_concurrent = max_concurrent
+        self.memory_bytes = memory_bytes
+        self.max_body_bytes = max_body_bytes
+        self.queue_timeout_s = queue_timeout_s
+        self.running = 0
+        self.reserved_bytes = 0
+        self._changed: asyncio.Condition | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _condition(self) -> asyncio.Condition:
+        loop = asyncio.get_running_loop()
+        if self._changed is None or self._loop is not loop:  # one per event loop (tests)
+            self._changed, self._loop = asyncio.Condition(), loop
+            self.running = self.reserved_bytes = 0
+        return self._changed
+
+    def _declared(self, scope: Scope) -> int:
+        for name, value in scope.get("headers", []):
+            if name == b"content-length":
+                try:
+                    return max(0, int(value))
+                except ValueError:
+                    break
+        return self.max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("path") != self.path:
+            await self.app(scope, receive, send)
+            return
+        upload = min(self._declared(scope), self.max_body_bytes)
+        need = math.ceil(upload * IMPORT_PEAK_FACTOR)
+        if need > self.memory_bytes:
+            body = problem_body(
+                413,
+                "payload-too-large",
+                "Payload too large",
+                import_memory_detail(upload, self.memory_bytes),
+                instance=self.path,
+            )
+            await send_problem(send, 413, body)
+            return
+        changed = self._condition()
+
+        def free() -> bool:
+            return (
+                self.running < self.max_concurrent
+                and self.reserved_bytes + need <= self.memory_bytes
+            )
+
+        try:
+            async with asyncio.timeout(self.queue_timeout_s), changed:
+                await changed.wait_for(free)
+                self.running += 1
+                self.reserved_bytes += need
+        except TimeoutError:
+            body = problem_body(
+                503,
+                "overloaded",
+                "Overloaded",
+                import_busy_detail(self.max_concurrent, self.queue_timeout_s),
+                instance=self.path,
+            )
+            await send_problem(send, 503, body, headers=[(b"retry-after", b"5")])
+            return
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            async with changed:
+                self.running -= 1
+                self.reserved_bytes -= need
+                changed.notify_all()
 
 
 class RequestContextMiddleware:

@@ -29,7 +29,7 @@ import hashlib
 import math
 import re
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -211,9 +211,9 @@ def _provenance_copies(graph: GraphProto) -> dict[str, tuple[str, bool]]:
 
 def _digest(array: np.ndarray) -> bytes:
     contiguous = np.ascontiguousarray(array)
-    return hashlib.blake2b(
-        repr(contiguous.shape).encode() + contiguous.tobytes(), digest_size=16
-    ).digest()
+    digest = hashlib.blake2b(repr(contiguous.shape).encode(), digest_size=16)
+    digest.update(contiguous.data)  # the array's buffer itself: no copy of a large tensor
+    return digest.digest()
 
 
 def parse_model(data: bytes) -> ModelProto:
@@ -286,12 +286,83 @@ def _check_structure(graph: GraphProto) -> None:
                 f"{MAX_STORED_INPUT_RANK}",
                 "/graph/input",
             )
+    _check_acyclic(graph)
     least = _least_layers(graph, {info.name for info in inputs})
     if least > MAX_STORED_LAYERS:
         raise _reject(
             f"the graph has {least} nodes that compute on its inputs and each maps to at least "
             f"one layer (or is unsupported); a stored model has at most {MAX_STORED_LAYERS} layers"
         )
+
+
+MAX_CYCLE_SHOWN = 8  # nodes of a cycle named in the 422
+
+
+def _node_label(node: NodeProto, index: int) -> str:
+    return f"'{node.name}' ({node.op_type})" if node.name else f"#{index} ({node.op_type})"
+
+
+def _check_acyclic(graph: GraphProto) -> None:
+    """Reject a graph whose nodes feed each other in a loop, naming one such cycle.
+
+    ONNX graphs are acyclic (a loop is a ``Loop`` node with a body graph); a back edge would
+    otherwise be dropped silently by the walk in node order. Kahn's algorithm: the nodes left
+    when no node without pending inputs remains are on a cycle or behind one; following
+    predecessors among them from any of them must close a cycle.
+    """
+    nodes = graph.node
+    producer: dict[str, int] = {}
+    for index, node in enumerate(nodes):
+        for output in node.output:
+            if output:
+                producer[output] = index
+    predecessors: list[dict[int, str]] = []
+    successors: list[list[int]] = [[] for _ in nodes]
+    for index, node in enumerate(nodes):
+        feeding: dict[int, str] = {}
+        for value in node.input:
+            source = producer.get(value)
+            if source is not None and source not in feeding:
+                feeding[source] = value
+                successors[source].append(index)
+        predecessors.append(feeding)
+    pending = [len(feeding) for feeding in predecessors]
+    ready = [index for index, count in enumerate(pending) if count == 0]
+    done = 0
+    while ready:
+        index = ready.pop()
+        done += 1
+        for successor in successors[index]:
+            pending[successor] -= 1
+            if pending[successor] == 0:
+                ready.append(successor)
+    if done == len(nodes):
+        return
+    # Walk back from a node left over, through predecessors left over, until one repeats.
+    current = next(index for index, count in enumerate(pending) if count > 0)
+    seen: dict[int, int] = {}
+    path: list[int] = []
+    while current not in seen:
+        seen[current] = len(path)
+        path.append(current)
+        current = next(p for p in predecessors[current] if pending[p] > 0)
+    cycle = path[seen[current] :][::-1]  # in the direction of the data
+    first = cycle.index(min(cycle))  # from its node listed first
+    cycle = cycle[first:] + cycle[:first]
+    steps = []
+    for position, index in enumerate(cycle[:MAX_CYCLE_SHOWN]):
+        following = cycle[(position + 1) % len(cycle)]
+        steps.append(f"{_node_label(nodes[index], index)} -> '{predecessors[following][index]}'")
+    shown = " -> ".join(steps)
+    if len(cycle) > MAX_CYCLE_SHOWN:
+        shown += f" -> ... ({len(cycle)} nodes in all)"
+    raise _reject(
+        f"the graph has a cycle: {shown} -> back to {_node_label(nodes[cycle[0]], cycle[0])}; "
+        "an ONNX graph must be acyclic (a loop belongs in a Loop node's body), so nothing was "
+        "stored",
+        "/graph/node",
+        kind="cyclic-onnx-graph",
+    )
 
 
 # Ops that can map to no layer although they compute on an activation: Identity, Cast to a
@@ -2620,19 +2691,41 @@ def _initializer_parameters(mapper: _Mapper) -> tuple[int, list[str], int]:
     return total + mapper.restored_params, assumed, unsupported_only
 
 
+def load_onnx(read: Callable[[], bytes]) -> tuple[ModelProto, Weightless]:
+    """Parse the bytes ``read()`` returns and release their weights.
+
+    Only this call holds the bytes, so they are freed as soon as they are parsed; protobuf frees
+    a cleared field's memory only with its whole message, so the stripped model is replaced by
+    a copy of itself (a few MB). An import's peak is thus the file about twice, while parsing
+    (``benchmarks/import_memory.py``), not for the whole import.
+    """
+    model = parse_model(read())
+    weightless = strip_weights(model)
+    compact = ModelProto()
+    compact.ParseFromString(model.SerializeToString())
+    return compact, weightless
+
+
 def import_onnx(
     data: bytes, *, lenient: bool = False, sequence_length: int | None = None
 ) -> ImportedGraph:
-    """Map an ONNX model onto the layer graph.
+    """Map an ONNX model onto the layer graph (see :func:`import_onnx_read`)."""
+    return import_onnx_read(lambda: data, lenient=lenient, sequence_length=sequence_length)
+
+
+def import_onnx_read(
+    read: Callable[[], bytes], *, lenient: bool = False, sequence_length: int | None = None
+) -> ImportedGraph:
+    """Map the ONNX model ``read()`` returns onto the layer graph; the bytes are dropped once
+    parsed when the caller holds no other reference (an upload read from its spooled file).
 
     Raises
     ------
     ImportRejected
-        Garbage or truncated bytes, absurd sizes, failed shape inference,
+        Garbage or truncated bytes, absurd sizes, a cyclic graph, failed shape inference,
         unsupported ops (unless ``lenient``), or a parameter count that does not add up.
     """
-    model = parse_model(data)
-    weightless = strip_weights(model)
+    model, weightless = load_onnx(read)
     seq = sequence_length or DEFAULT_SEQUENCE_LENGTH
     mapper = _Mapper(model, lenient=lenient)
     mapper.copies = weightless.copies

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import BinaryIO
+
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
@@ -106,6 +108,31 @@ def map_onnx(data: bytes, *, fields: ImportFields, lenient: bool) -> ImportedGra
 
     try:
         return import_onnx(data, lenient=lenient, sequence_length=fields.sequence_length)
+    except ImportRejected as exc:
+        raise _failed(exc) from exc
+
+
+def map_onnx_upload(
+    source: BinaryIO, *, limit_bytes: int, fields: ImportFields, lenient: bool
+) -> ImportedGraph:
+    """Map an uploaded ONNX file (the request's spooled file) onto a graph. The bytes are read
+    here and dropped as soon as they are parsed: an import holds the file in memory about twice
+    while parsing, then only its graph (``benchmarks/import_memory.py``)."""
+    from app.importers.onnx_model import import_onnx_read  # the onnx package loads on first use
+
+    def read() -> bytes:
+        source.seek(0)
+        data = source.read(limit_bytes + 1)
+        if len(data) > limit_bytes:  # the body-size middleware stops larger bodies first
+            raise ImportFailed(
+                f"the file exceeds {limit_bytes} bytes (CAPPLAN_MAX_IMPORT_BYTES)",
+                kind="invalid-onnx",
+                pointer="/file",
+            )
+        return data
+
+    try:
+        return import_onnx_read(read, lenient=lenient, sequence_length=fields.sequence_length)
     except ImportRejected as exc:
         raise _failed(exc) from exc
 

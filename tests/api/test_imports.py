@@ -1,12 +1,17 @@
 """POST /v1/models/import/{hf-config,onnx} against the real app and database."""
 
+import asyncio
 import json
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import httpx
 import pytest
 
+from app.api.errors import import_memory_detail
 from app.config import PROJECT_ROOT
+from app.services import imports as import_service
 from tests.api.helpers import assert_problem
 from tests.importers import onnx_models
 from tests.support import ApiClient, ClientFactory, table_counts
@@ -235,6 +240,12 @@ BAD_FILES: dict[str, tuple[Callable[[], bytes], str, str]] = {
     "old opset": (lambda: onnx_models.small_cnn_at_opset(6), "invalid-onnx", "opset 6"),
     # Under the 50,000-node cap, but no stored model holds 49,000 layers: refused up front.
     "49,000 layers": (lambda: onnx_models.chain(49_000), "invalid-onnx", "at most 10000 layers"),
+    "a cycle": (
+        onnx_models.with_cycle,
+        "cyclic-onnx-graph",
+        "the graph has a cycle: 'in' (Add) -> 's' -> 'mm' (MatMul) -> 'h' -> 'act' (Relu) -> "
+        "'back' -> back to 'in' (Add)",
+    ),
 }
 
 
@@ -276,3 +287,97 @@ def test_imports_need_a_write_key(make_client: ClientFactory, db_url: str) -> No
     assert table_counts(db_url) == before
     ok = client.post("/v1/models/import/hf-config", json=payload, headers={"X-API-Key": "secret"})
     assert ok.status_code == 201, ok.text
+
+
+# -- the import gate: memory and concurrency of ONNX imports ------------------------------------
+
+
+def _multipart(data: bytes, slug: str) -> dict[str, Any]:
+    return {"files": {"file": ("model.onnx", data, "application/octet-stream")},
+            "data": {"slug": slug}}  # fmt: skip
+
+
+def test_an_upload_whose_import_needs_more_memory_than_allowed_is_a_413(
+    make_client: ClientFactory, db_url: str
+) -> None:
+    client = make_client(import_memory_bytes=1_048_576)
+    before = table_counts(db_url)
+    padded = onnx_models.small_cnn() + b"\0" * 400_000  # ~0.4 MB x 2.75 > 1 MiB
+    response = client.post("/v1/models/import/onnx", **_multipart(padded, "padded"))
+    body = assert_problem(response, 413, "payload-too-large")
+    declared = int(response.request.headers["content-length"])
+    assert body["detail"] == import_memory_detail(declared, 1_048_576)
+    assert "CAPPLAN_IMPORT_MEMORY_BYTES" in body["detail"]
+    assert table_counts(db_url) == before
+    # A small file fits the same budget.
+    ok = client.post("/v1/models/import/onnx", **_multipart(onnx_models.small_cnn(), "small"))
+    assert ok.status_code == 201, ok.text
+
+
+@pytest.fixture
+def blocked_import(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
+    """ONNX imports hang in their mapping until released."""
+    release = threading.Event()
+    original = import_service.map_onnx_upload
+
+    def blocked(*args: Any, **kwargs: Any) -> Any:
+        release.wait(10)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(import_service, "map_onnx_upload", blocked)
+    yield release
+    release.set()
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{"max_concurrent_imports": 1}, {"import_memory_bytes": 40_000}],
+    ids=["one at a time", "memory for one"],
+)
+def test_an_import_waits_for_its_turn_then_gets_503(
+    make_client: ClientFactory, db_url: str, blocked_import: threading.Event, overrides: Any
+) -> None:
+    client = make_client(import_queue_timeout_s=0.3, **overrides)
+    data = onnx_models.small_cnn()  # ~6 KB: 2.75 x 6 KB twice is over 40,000 bytes
+    assert 2 * 2.75 * (len(data) + 300) > 40_000 > 2.75 * (len(data) + 300)
+
+    async def scenario() -> tuple[httpx.Response, httpx.Response]:
+        first = asyncio.create_task(
+            client.async_client.post("/v1/models/import/onnx", **_multipart(data, "first"))
+        )
+        await asyncio.sleep(0.1)
+        try:
+            second = await client.async_client.post(
+                "/v1/models/import/onnx", **_multipart(data, "second")
+            )
+        finally:
+            blocked_import.set()
+        return await first, second
+
+    first, second = client.run(scenario())
+    assert first.status_code == 201, first.text
+    body = assert_problem(second, 503, "overloaded")
+    assert second.headers["retry-after"] == "5"
+    assert "CAPPLAN_MAX_CONCURRENT_IMPORTS" in body["detail"]
+    assert "within 0.3 s" in body["detail"]
+    assert client.get("/v1/models/second").status_code == 404
+    # The place and the memory are given back: the next import goes through.
+    again = client.post("/v1/models/import/onnx", **_multipart(data, "second"))
+    assert again.status_code == 201, again.text
+
+
+def test_imports_that_fit_together_run_together(
+    make_client: ClientFactory, blocked_import: threading.Event
+) -> None:
+    client = make_client(max_concurrent_imports=2, import_queue_timeout_s=5)
+    data = onnx_models.small_cnn()
+
+    async def scenario() -> list[httpx.Response]:
+        tasks = [asyncio.create_task(client.async_client.post(
+            "/v1/models/import/onnx", **_multipart(data, f"m{i}"))) for i in range(2)]  # fmt: skip
+        await asyncio.sleep(0.2)
+        assert not any(task.done() for task in tasks)  # both inside, neither answered
+        blocked_import.set()
+        return [await task for task in tasks]
+
+    assert [r.status_code for r in client.run(scenario())] == [201, 201]

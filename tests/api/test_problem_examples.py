@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from app.api import examples
 from app.api.database import Database
-from app.api.errors import IMPORT_TOO_LARGE_EXAMPLES, PROBLEM_EXAMPLES
+from app.api.errors import IMPORT_TOO_LARGE_EXAMPLES, PROBLEM_EXAMPLES, import_memory_detail
 from app.services import models as model_service
 from app.services.concurrency import etag_for
 from tests.importers import onnx_models
@@ -239,4 +239,21 @@ def test_onnx_upload_too_large_example(make_client: ClientFactory) -> None:
     assert expected.pop("request_id")
     assert "104857600 bytes" in expected["detail"]
     expected["detail"] = expected["detail"].replace("104857600 bytes", "2000 bytes")
+    assert _answer(response) == expected
+
+
+def test_onnx_import_memory_example(make_client: ClientFactory) -> None:
+    """The import gate's 413 example (CAPPLAN_IMPORT_MEMORY_BYTES), with a smaller budget."""
+    client = make_client(import_memory_bytes=10_000)
+    response = client.post(
+        "/v1/models/import/onnx",
+        files={"file": ("model.onnx", onnx_models.small_cnn(), "application/octet-stream")},
+        data={"slug": "my-resnet"},
+    )
+    assert response.status_code == 413
+    expected = dict(IMPORT_TOO_LARGE_EXAMPLES["import-memory-too-large"]["value"])
+    assert expected.pop("request_id")
+    declared = int(response.request.headers["content-length"])
+    assert expected["detail"] == import_memory_detail(104_857_600, 209_715_200)
+    expected["detail"] = import_memory_detail(declared, 10_000)
     assert _answer(response) == expected

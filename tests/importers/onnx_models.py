@@ -430,3 +430,21 @@ def small_unet3d() -> bytes:
                          name="/head/Conv", kernel_shape=[1, 1, 1]),
     ]  # fmt: skip
     return _model(nodes, [x], [y], inits, name="small-unet3d")
+
+
+def with_cycle(extra: int = 0) -> bytes:
+    """A MatMul whose activation feeds back into the Add before it (a back edge): ``in`` (Add)
+    -> ``mm`` (MatMul) -> ``act`` (Relu) -> back to ``in``; ``extra`` Relus lengthen the loop."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])
+    y = helper.make_tensor_value_info("h", TensorProto.FLOAT, ["N", 8])
+    loop = [f"r{i}" for i in range(extra)]
+    nodes = [
+        helper.make_node("Add", ["x", loop[-1] if loop else "back"], ["s"], name="in"),
+        helper.make_node("MatMul", ["s", "w"], ["h"], name="mm"),
+        helper.make_node("Relu", ["h"], ["back"], name="act"),
+    ]
+    previous = "back"
+    for name in loop:
+        nodes.append(helper.make_node("Relu", [previous], [name], name=f"n{name}"))
+        previous = name
+    return _model(nodes, [x], [y], [_init("w", 8, 8)], name="cyclic")

@@ -491,3 +491,68 @@ def test_asymmetric_3d_pads_are_refused() -> None:
             attr.ints[:] = [1, 1, 1, 0, 0, 0]
     with pytest.raises(ImportRejected, match=r"cannot be imported: Conv \(x1\)"):
         import_onnx(model.SerializeToString())
+
+
+# -- cycles and memory ---------------------------------------------------------------------------
+
+
+def test_a_cyclic_graph_is_rejected_naming_the_cycle() -> None:
+    with pytest.raises(ImportRejected) as caught:
+        import_onnx(onnx_models.with_cycle())
+    assert caught.value.kind == "cyclic-onnx-graph"
+    assert caught.value.pointer == "/graph/node"
+    assert caught.value.detail.startswith(
+        "the graph has a cycle: 'in' (Add) -> 's' -> 'mm' (MatMul) -> 'h' -> 'act' (Relu) -> "
+        "'back' -> back to 'in' (Add); an ONNX graph must be acyclic"
+    )
+
+
+def test_a_long_cycle_is_named_in_part() -> None:
+    with pytest.raises(ImportRejected) as caught:
+        import_onnx(onnx_models.with_cycle(extra=20))
+    detail = caught.value.detail
+    assert "-> ... (23 nodes in all) -> back to 'in' (Add)" in detail
+    assert detail.count(" (Relu) -> ") == 6  # eight nodes named: in, mm, act and five Relus
+
+
+def test_a_node_reading_its_own_output_is_a_cycle() -> None:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])
+    node = helper.make_node("Add", ["x", "y"], ["y"])  # unnamed: labelled by its position
+    graph = helper.make_graph([node], "self", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    with pytest.raises(ImportRejected, match=r"cycle: #0 \(Add\) -> 'y' -> back to #0 \(Add\)"):
+        import_onnx(model.SerializeToString())
+
+
+def test_nodes_listed_out_of_order_are_no_cycle() -> None:
+    """Kahn's algorithm, not the node order, decides: an acyclic graph listed backwards passes
+    the cycle check (whatever the mapper then makes of it)."""
+    model = onnx.load_model_from_string(onnx_models.relu_mlp_stack())
+    nodes = list(model.graph.node)[::-1]
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    onnx_model._check_acyclic(model.graph)  # no exception
+    with pytest.raises(ImportRejected):
+        onnx_model._check_acyclic(onnx.load_model_from_string(onnx_models.with_cycle()).graph)
+
+
+def test_load_onnx_reads_once_and_keeps_no_weights() -> None:
+    """The bytes are asked for once (and not kept), and the model the importer works on is a
+    copy without the float weights: protobuf frees a cleared field only with its message."""
+    data = onnx_models.relu_mlp_stack(width=64, depth=3)
+    calls = []
+
+    def read() -> bytes:
+        calls.append(1)
+        return data
+
+    model, weightless = onnx_model.load_onnx(read)
+    assert calls == [1]
+    assert weightless.dropped_bytes > 3 * 64 * 64 * 4
+    assert model.ByteSize() < len(data) - weightless.dropped_bytes + 1_000
+    floats = [t for t in model.graph.initializer if t.data_type == TensorProto.FLOAT]
+    assert floats
+    assert all(not t.raw_data and not t.float_data for t in floats if len(t.dims) == 2)
+    assert onnx_model.import_onnx_read(read).parameter_count == import_onnx(data).parameter_count

@@ -15,7 +15,6 @@ from app.schemas.base import SLUG_PATTERN, StorableStr
 from app.schemas.imports import HfConfigImport, ImportFields, ModelImportResponse
 from app.services import imports as service
 from app.services.concurrency import etag_for
-from app.services.errors import ImportFailed
 
 router = APIRouter(
     prefix="/v1/models/import", tags=["models"], dependencies=[Depends(require_writer)]
@@ -126,15 +125,12 @@ async def import_onnx(
     count must equal the initializers' (else 422). Unsupported ops are a 422 listing them,
     unless `lenient`. The planner needs shapes, not weights: a graph-only export (initializers
     without data, or pointing at an external data file that is not uploaded) imports the same.
-    Uploads over CAPPLAN_MAX_IMPORT_BYTES are a 413; garbage, truncated files and absurd sizes
-    are a 422."""
-    data = await file.read(settings.max_import_bytes + 1)
-    if len(data) > settings.max_import_bytes:  # the middleware stops larger bodies first
-        raise ImportFailed(
-            f"the file exceeds {settings.max_import_bytes} bytes (CAPPLAN_MAX_IMPORT_BYTES)",
-            kind="invalid-onnx",
-            pointer="/file",
-        )
+    Uploads over CAPPLAN_MAX_IMPORT_BYTES are a 413; garbage, truncated files, absurd sizes and
+    cyclic graphs (`cyclic-onnx-graph`, naming the cycle) are a 422. An import needs about 2.75
+    times its upload in memory: an upload is read only once CAPPLAN_MAX_CONCURRENT_IMPORTS and
+    CAPPLAN_IMPORT_MEMORY_BYTES leave room for it (a 503 with Retry-After after
+    CAPPLAN_IMPORT_QUEUE_TIMEOUT_S), and one that needs more than CAPPLAN_IMPORT_MEMORY_BYTES
+    alone is a 413."""
     fields = ImportFields(
         slug=slug,
         name=name,
@@ -143,9 +139,16 @@ async def import_onnx(
         sequence_length=sequence_length,
     )
     await db.call(service.require_free_slug, slug)  # fail fast, before the slow mapping
-    # Parsing and mapping can take seconds of CPU: done outside any database slot.
+    # Parsing and mapping can take seconds of CPU: done outside any database slot. The file is
+    # read from its spool there, so that nothing else holds its bytes once they are parsed.
     imported = await anyio.to_thread.run_sync(
-        functools.partial(service.map_onnx, data, fields=fields, lenient=lenient)
+        functools.partial(
+            service.map_onnx_upload,
+            file.file,
+            limit_bytes=settings.max_import_bytes,
+            fields=fields,
+            lenient=lenient,
+        )
     )
     result = await db.call(service.store_onnx, fields=fields, imported=imported)
     return _created(result, response)
