@@ -184,6 +184,7 @@ def _roof_path(roof: Roof, peak: float, bandwidth: float, x: _LogAxis, y: _LogAx
 
 
 RIDGE_LABEL_SIZE = 11
+RIDGE_MARK_RADIUS = 5
 LABEL_GAP = 7  # from a mark to its label's corner
 
 
@@ -193,8 +194,10 @@ def place_labels(
     *,
     size: int,
     bounds: tuple[float, float, float, float],
+    mark_radius: float = 0.0,
 ) -> list[tuple[float, float, str]]:
-    """Baseline and anchor of each label near its mark, no two overlapping (by ``text_box``).
+    """Baseline and anchor of each label near its mark, no two overlapping (by ``text_box``),
+    and none covering a mark (a circle of ``mark_radius``, its stroke included).
 
     A label goes up and to the right of its mark; when that spot is taken (or outside
     ``bounds``), it moves up or down by a line at a time, first to the right, then to the left
@@ -202,7 +205,8 @@ def place_labels(
     left, top, right, bottom = bounds
     step = (ASCENT_EM + DESCENT_EM) * size + 2
     rows = int((bottom - top) / step) + 1
-    taken: list[Box] = []
+    r = mark_radius
+    taken: list[Box] = [(mx - r, my - r, mx + r, my + r) for mx, my in marks] if r > 0 else []
     placed: list[tuple[float, float, str]] = []
     for (mx, my), label in zip(marks, labels, strict=True):
         candidates = [
@@ -295,7 +299,11 @@ def roofline_svg(
     ridge_marks = [(x(r.ridge_flops_per_byte), y(r.peak_flops_per_s)) for r in roofs]
     ridge_labels = [f"ridge {r.ridge_flops_per_byte:.3g} FLOP/B" for r in roofs]
     placed = place_labels(
-        ridge_marks, ridge_labels, size=RIDGE_LABEL_SIZE, bounds=(left, top, right, bottom)
+        ridge_marks,
+        ridge_labels,
+        size=RIDGE_LABEL_SIZE,
+        bounds=(left, top, right, bottom),
+        mark_radius=RIDGE_MARK_RADIUS + 1,  # the circle's stroke is 2 px wide
     )
     for index, roof in enumerate(roofs):
         colour = PALETTE[index % len(PALETTE)]
@@ -310,8 +318,8 @@ def roofline_svg(
         )
         rx, ry = ridge_marks[index]
         body.append(
-            f'<circle cx="{rx:.1f}" cy="{ry:.1f}" r="5" fill="white" stroke="{colour}" '
-            'stroke-width="2"/>'
+            f'<circle cx="{rx:.1f}" cy="{ry:.1f}" r="{RIDGE_MARK_RADIUS}" fill="white" '
+            f'stroke="{colour}" stroke-width="2"/>'
         )
         lx, ly, anchor = placed[index]
         box = text_box(lx, ly, ridge_labels[index], size=RIDGE_LABEL_SIZE, anchor=anchor)

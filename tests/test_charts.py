@@ -1,5 +1,6 @@
 """The SVG charts: valid XML, escaped labels, log axes and roofs where they belong."""
 
+import itertools
 import math
 import xml.etree.ElementTree as ET
 from dataclasses import replace
@@ -244,3 +245,60 @@ def test_long_titles_wrap_and_push_the_plot_down() -> None:
     plot = root.find(f".//{NS}clipPath/{NS}rect")
     assert plot is not None
     assert float(plot.attrib["y"]) == 56 + 22 + 16 * 0
+
+
+def text_boxes(svg: bytes | str) -> list[tuple[str, tuple[float, float, float, float]]]:
+    """Every unrotated ``<text>`` of ``svg`` with the box it covers (app.charts.text_box)."""
+    root = ET.fromstring(svg)
+    found = []
+    for node in root.iter(f"{NS}text"):
+        if "transform" in node.attrib:  # the rotated y-axis title, alone at the left edge
+            continue
+        content = "".join(node.itertext())
+        box = text_box(
+            float(node.attrib["x"]),
+            float(node.attrib["y"]),
+            content,
+            size=int(node.attrib["font-size"]),
+            anchor=node.attrib.get("text-anchor", "start"),
+        )
+        found.append((content, box))
+    return found
+
+
+def assert_no_overlap(svg: bytes | str) -> None:
+    """No two texts of ``svg`` share area, none covers a ridge mark, all lie inside it."""
+    root = ET.fromstring(svg)
+    width, height = float(root.attrib["width"]), float(root.attrib["height"])
+    boxes = text_boxes(svg)
+    overlapping = [
+        (a, b) for (a, box_a), (b, box_b) in itertools.combinations(boxes, 2)
+        if boxes_overlap(box_a, box_b)
+    ]  # fmt: skip
+    assert not overlapping, overlapping[:5]
+    marks = [
+        (float(c.attrib["cx"]), float(c.attrib["cy"]), float(c.attrib["r"]) + 1)
+        for c in root.iter(f"{NS}circle")
+        if c.attrib.get("fill") == "white"  # the ridge marks (kernels are filled dots)
+    ]
+    covered = [
+        (text, (x, y)) for text, box in boxes for x, y, r in marks
+        if boxes_overlap(box, (x - r, y - r, x + r, y + r))
+    ]  # fmt: skip
+    assert not covered, covered[:5]
+    outside = [t for t, (x0, y0, x1, y1) in boxes if x0 < 0 or y0 < 0 or x1 > width or y1 > height]
+    assert not outside, outside
+
+
+@pytest.mark.parametrize("count", [4, 5, 6, 8])
+def test_no_label_overlaps_another_or_a_mark_with_many_devices(count: int) -> None:
+    """Ridge points close together (CROWDED): each label avoids the other labels and every
+    device's ridge mark, and the legend's rows do not collide."""
+    points = [
+        RoofPoint(roof=i % count, label=f"k{i}", intensity_flops_per_byte=10.0 ** (i % 4),
+                  achieved_flops_per_s=1e12 * (1 + i))
+        for i in range(24)
+    ]  # fmt: skip
+    long_labels = [replace(roof, label=f"NVIDIA device {roof.label} with a long name, bf16")
+                   for roof in CROWDED[:count]]  # fmt: skip
+    assert_no_overlap(roofline_svg(title="t", subtitle="", roofs=long_labels, points=points))
