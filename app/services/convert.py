@@ -24,8 +24,9 @@ from app.domain.mig.layout import (
     MigGeometry,
     MigProfileSpec,
 )
-from app.domain.precision import DType
+from app.domain.precision import ComputeCapability, DType
 from app.domain.workload import (
+    GpuTraits,
     Parallelism,
     Runtime,
     WorkloadInputError,
@@ -68,6 +69,7 @@ def apply_hardware_fields(target: Hardware, fields: HardwareBase) -> None:
         None if fields.gpu_link is None else fields.gpu_link.bandwidth_bytes_per_s
     )
     target.sm_count = fields.sm_count
+    target.compute_capability = fields.compute_capability
     target.tdp_watts = fields.tdp_watts
     target.price_usd_per_hour = fields.price_usd_per_hour
     target.price_kind = None if fields.price_kind is None else fields.price_kind.value
@@ -207,6 +209,24 @@ def hardware_overhead(
         if "cuda_context_bytes" in given:
             values["context_source"] = "CUDA context, as the request set it"
     return FrameworkOverhead(**values)
+
+
+def compute_capability(hardware: Hardware) -> ComputeCapability | None:
+    """A profile's CUDA compute capability (None: not stated, or not a CUDA device)."""
+    text = hardware.compute_capability
+    if not text or hardware.kind not in ("gpu", "edge"):
+        return None
+    try:
+        return ComputeCapability.parse(text)
+    except ValueError:  # a row written around the schema: treated as unknown
+        return None
+
+
+def hardware_gpu(hardware: Hardware | None) -> GpuTraits | None:
+    """What the defaults need of a GPU profile (None without one, or for a CPU/TPU)."""
+    if hardware is None or hardware.kind not in ("gpu", "edge"):
+        return None
+    return GpuTraits(name=hardware.slug, compute_capability=compute_capability(hardware))
 
 
 def hardware_runtime(hardware: Hardware | None) -> Runtime | None:
@@ -370,6 +390,7 @@ def hardware_spec(
         price_date=when,
         simd=(row.cpu or {}).get("simd"),
         sm_count=row.sm_count,
+        compute_capability=compute_capability(row),
         cpu_cores=(row.cpu or {}).get("cores"),
         architecture=row.architecture,
         mig=geometry(row) if row.mig_total_compute_slices is not None else None,

@@ -35,6 +35,7 @@ from app.domain.mig.layout import (
 from app.domain.units import GIB
 from app.domain.workload import (
     Attention,
+    GpuTraits,
     Logits,
     Mode,
     ResolvedWorkload,
@@ -60,6 +61,7 @@ from app.schemas.workloads import (
 from app.services.cache import LruCache
 from app.services.convert import (
     domain_workload,
+    hardware_gpu,
     hardware_overhead,
     hardware_runtime,
     input_decls,
@@ -94,6 +96,7 @@ def analyze_graph(
             "runtime": resolved.runtime,
             "precision": resolved.precision,
             "logits": resolved.logits,
+            "gpu": resolved.gpu,
         }
     try:
         return analyze(input_decls(inputs), layers, bindings, training=training, **options)
@@ -142,9 +145,11 @@ def run_estimate(
     overhead: FrameworkOverhead,
     per_layer: bool = False,
     batch_size: int | None = None,
+    gpu: GpuTraits | None = None,
 ) -> EstimateRun:
     """Estimate ``spec`` (optionally at another batch size) with its defaults resolved from the
-    one default table: ``runtime`` is the request's (None: ``hardware_runtime``, else CUDA)."""
+    one default table: ``runtime`` is the request's (None: ``hardware_runtime``, else CUDA);
+    ``gpu`` the GPU profile's traits (its compute capability decides precision and attention)."""
     inputs, layers, defaults, label, graph_key = model_graph(session, spec.model, spec.architecture)
     cache_key = None
     if graph_key:  # stored models only: inline graphs are not worth hashing
@@ -156,6 +161,7 @@ def run_estimate(
             overhead,
             per_layer,
             batch_size,
+            gpu,
         )
         cached = _CACHE.get(cache_key)
         if cached is not None:
@@ -165,6 +171,7 @@ def run_estimate(
         model_bindings=defaults,
         hardware_runtime=hardware_runtime,
         batch_size=batch_size,
+        gpu=gpu,
     )
     batch, micro = resolved.batch_size, resolved.micro_batch_size
     bindings = dict(resolved.bindings)
@@ -341,6 +348,7 @@ def required_memory(
         hardware_runtime=Runtime.CUDA,
         overhead=hardware_overhead(row, override),
         batch_size=batch_size,
+        gpu=hardware_gpu(row),
     )
     required = required_of(run, safety_margin_fraction, overhead_sources(row, override))
     return Required(
@@ -397,6 +405,7 @@ def estimate_response(
         hardware_runtime=hardware_runtime(hardware),
         overhead=hardware_overhead(hardware, payload.framework_overhead),
         per_layer=payload.per_layer,
+        gpu=hardware_gpu(hardware),
     )
     return _response(run, payload, hardware)
 
