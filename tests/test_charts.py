@@ -10,6 +10,7 @@ import pytest
 
 from app.charts import (
     RIDGE_LABEL_SIZE,
+    ChartFit,
     ChartInputError,
     Roof,
     RoofPoint,
@@ -87,17 +88,50 @@ def test_breakdown_bars_in_gib() -> None:
         subtitle="s",
         lines=[("weights", 2 * GIB), ("a<b", GIB // 2), ("empty", 0)],
         total_bytes=3 * GIB,
-        capacity_bytes=4 * GIB,
-        capacity_label="gpu",
     )
     root = ET.fromstring(svg)
     texts = ["".join(n.itertext()) for n in root.iter(f"{NS}text")]
     assert {"weights", "a<b", "total (peak)", "2.000 GiB", "0.500 GiB", "3.000 GiB"} <= set(texts)
     assert "empty" not in texts
-    assert "gpu 4 GiB" in texts
+    assert not any("usable" in t or "fit" in t for t in texts)  # no device: no verdict
     widths = [float(r.attrib["width"]) for r in root.iter(f"{NS}rect")][1:]
     assert widths[0] == pytest.approx(4 * widths[1], abs=0.5)  # 2 GiB vs 0.5 GiB
     assert widths[2] == pytest.approx(1.5 * widths[0], abs=0.2)  # the 3 GiB total
+
+
+@pytest.mark.parametrize("fits", [True, False])
+def test_breakdown_shows_the_fit_verdict_the_requirement_and_the_usable_line(fits: bool) -> None:
+    """A peak under the device's memory can still not fit: the chart shows the requirement
+    (with context, workspace and margin) and the usable line the fit compared, and says so."""
+    required = int(24.92 * GIB) if not fits else int(20.5 * GIB)
+    fit = ChartFit(
+        device="nvidia-l4", required_bytes=required, usable_bytes=24 * GIB, fits=fits,
+        safety_margin_fraction=0.05,
+    )  # fmt: skip
+    svg = breakdown_svg(
+        title="m", subtitle="s", lines=[("weights", 20 * GIB)], total_bytes=int(23.73 * GIB),
+        fit=fit,
+    )  # fmt: skip
+    root = ET.fromstring(svg)
+    texts = ["".join(n.itertext()) for n in root.iter(f"{NS}text")]
+    verdict = "fits" if fits else "does NOT fit"
+    headroom = (24 * GIB - required) / GIB
+    assert (
+        f"{verdict} nvidia-l4: needs {required / GIB:,.2f} GiB of 24.00 GiB usable, "
+        f"headroom {headroom:,.2f} GiB"
+    ) in texts
+    assert "required (+0.05 margin)" in texts
+    assert f"{required / GIB:.3f} GiB" in texts
+    assert "nvidia-l4 usable 24 GiB" in texts
+    bars = {r.findtext(f"{NS}title", "").split(":")[0]: r for r in root.iter(f"{NS}rect")}
+    colour = bars["required (+0.05 margin)"].attrib["fill"]
+    assert colour == ("#2ca02c" if fits else "#d62728")
+    line = next(n for n in root.iter(f"{NS}line") if n.attrib.get("stroke-dasharray") == "6,4")
+    end = float(bars["required (+0.05 margin)"].attrib["x"]) + float(
+        bars["required (+0.05 margin)"].attrib["width"]
+    )
+    assert (end > float(line.attrib["x1"])) is not fits  # the bar crosses the line iff short
+    assert_no_overlap(svg)
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ and the roofline both read this table; nothing else defines bytes per element.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from fractions import Fraction
@@ -316,4 +316,28 @@ def unsupported_dtype(precision: Precision, capability: ComputeCapability) -> DT
         return row.activation_dtype
     if not any(runs(dtype) for dtype in row.compute_dtypes):
         return row.compute_dtypes[0]
+    return None
+
+
+def cannot_run(
+    precision: Precision,
+    *,
+    compute_capability: ComputeCapability | None,
+    peak_dtypes: Collection[str],
+) -> str | None:
+    """Why a device cannot run ``precision``, or None when it can: its compute capability has
+    no hardware for one of the precision's dtypes (:func:`unsupported_dtype`), or its peak
+    table lists none of the precision's compute dtypes (the roofline's rule). ``peak_dtypes``
+    are the dtype names of the device's dense peak table."""
+    if compute_capability is not None:
+        missing = unsupported_dtype(precision, compute_capability)
+        if missing is not None:
+            lowest = MIN_COMPUTE_CAPABILITY[missing]
+            return (
+                f"compute capability {compute_capability} has no {missing.value} "
+                f"(it needs {lowest}+)"
+            )
+    wanted = CONVENTIONS[precision].compute_dtypes
+    if not any(dtype.value in peak_dtypes for dtype in wanted):
+        return f"no {' or '.join(d.value for d in wanted)} peak in its profile"
     return None

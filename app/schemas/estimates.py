@@ -18,6 +18,7 @@ from app.domain.workload import (
     Runtime,
 )
 from app.schemas.base import MAX_BYTES, Schema, Slug, located_error
+from app.schemas.hardware import DeviceName
 from app.schemas.models import InputSpec
 
 BatchSize = Annotated[int, Field(ge=1, le=1_048_576)]
@@ -215,9 +216,11 @@ def one_model_rule(model_name: str, model: str | None, architecture: object) -> 
 class MemoryEstimateRequest(WorkloadSpec):
     """What to estimate: a workload, and where it runs."""
 
-    hardware: Slug | None = Field(
+    hardware: DeviceName | None = Field(
         default=None,
-        description="Hardware profile: sets runtime and overhead defaults and the fit check.",
+        description="Hardware profile, `slug` or `slug/profile` (one MIG slice): sets the "
+        "runtime, overhead, precision and attention defaults (by its compute capability) and "
+        "the fit check (a slice: its profile's usable memory).",
         examples=["nvidia-a100-80gb-sxm"],
     )
     runtime: Runtime | None = Field(

@@ -20,6 +20,22 @@ from app.domain.hardware import (
 from app.domain.precision import DType
 from app.schemas.base import MAX_BYTES, Page, Schema, Slug, located_error
 
+# A device as a planner names it: a hardware slug (the whole device) or `slug/profile` (one MIG
+# slice of a MIG-capable GPU, e.g. nvidia-a100-80gb-sxm/1g.10gb), the form recommendations take.
+DEVICE_PATTERN = (
+    r"^[a-z0-9](?:[a-z0-9-]{0,62}[a-z0-9])?(?:/[1-8]g\.[0-9]{1,3}gb(?:[+-][a-z]+(?:\.[a-z]+)?)?)?$"
+)
+DEVICE_MAX_LENGTH = 100
+DeviceName = Annotated[
+    str,
+    StringConstraints(pattern=DEVICE_PATTERN, min_length=1, max_length=DEVICE_MAX_LENGTH),
+    Field(
+        description="A hardware slug (the whole device) or `slug/profile` (one MIG slice of a "
+        "MIG-capable GPU: its profile's usable memory, the GPU's overheads and defaults).",
+        examples=["nvidia-a100-80gb-sxm/1g.10gb"],
+    ),
+]
+
 
 class HardwareKind(StrEnum):
     """Broad class of a device."""

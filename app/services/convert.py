@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from app.db.models import Hardware, MigProfile, Workload, utcnow
-from app.db.repositories import ModelRepository
+from app.db.repositories import HardwareRepository, ModelRepository
 from app.domain.graph.analysis import InputDecl
 from app.domain.graph.ops import TensorKind
 from app.domain.hardware import (
@@ -24,7 +25,7 @@ from app.domain.mig.layout import (
     MigGeometry,
     MigProfileSpec,
 )
-from app.domain.precision import ComputeCapability, DType
+from app.domain.precision import ComputeCapability, DType, Precision, cannot_run
 from app.domain.workload import (
     GpuTraits,
     Parallelism,
@@ -227,6 +228,75 @@ def hardware_gpu(hardware: Hardware | None) -> GpuTraits | None:
     if hardware is None or hardware.kind not in ("gpu", "edge"):
         return None
     return GpuTraits(name=hardware.slug, compute_capability=compute_capability(hardware))
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceTarget:
+    """A device as a request names it: ``slug`` (the whole device) or ``slug/profile`` (one MIG
+    slice: the profile's usable memory; the GPU's overheads, runtime and compute capability)."""
+
+    name: str  # as asked
+    row: Hardware  # the device's row (a slice's GPU)
+    profile: MigProfileSpec | None = None
+
+    @property
+    def memory_bytes(self) -> int:
+        """The memory a workload may use: the slice's usable memory, else the device's [B]."""
+        return self.row.memory_bytes if self.profile is None else self.profile.memory_bytes
+
+    @property
+    def gpu(self) -> GpuTraits | None:
+        """What the defaults need of it (None: not a CUDA device)."""
+        traits = hardware_gpu(self.row)
+        return (
+            None
+            if traits is None
+            else GpuTraits(name=self.name, compute_capability=traits.compute_capability)
+        )
+
+
+def device_target(session: Session, name: str) -> DeviceTarget:
+    """The device ``name`` names, ``slug`` or ``slug/profile``: 404 for an unknown slug, a GPU
+    without MIG given a profile, or a profile the GPU does not have (naming the valid ones)."""
+    slug, _, profile_name = name.partition("/")
+    row = HardwareRepository(session).get(slug)
+    if row is None:
+        raise NotFound(f"hardware profile '{slug}' does not exist; GET /v1/hardware lists them")
+    if not profile_name:
+        return DeviceTarget(name=slug, row=row)
+    if row.mig_total_compute_slices is None:
+        raise NotFound(f"'{slug}' does not support MIG, so it has no profile '{profile_name}'")
+    geo = geometry(row)
+    profile = geo.profile(profile_name)
+    if profile is None:
+        raise NotFound(
+            f"'{slug}' has no MIG profile '{profile_name}'; valid profiles: "
+            + ", ".join(p.name for p in geo.profiles)
+        )
+    return DeviceTarget(name=f"{slug}/{profile.name}", row=row, profile=profile)
+
+
+def runs_precision(hardware: Hardware, precision: Precision) -> bool:
+    """Whether a hardware profile can run ``precision`` (its compute capability and peak table,
+    app.domain.precision.cannot_run): a "GPUs that would fit" list offers no others."""
+    reason = cannot_run(
+        precision,
+        compute_capability=compute_capability(hardware),
+        peak_dtypes=set(hardware.peak_flops_per_s),
+    )
+    return reason is None
+
+
+def split_gpu(payload: Any) -> tuple[str, str | None]:
+    """A request's ``gpu`` (``slug`` or ``slug/profile``) and ``profile`` as (slug, profile):
+    422 when both name a profile and they differ."""
+    slug, _, named = payload.gpu.partition("/")
+    if named and payload.profile and payload.profile != named:
+        raise InvalidInput(
+            f"gpu names profile '{named}' and profile names '{payload.profile}'; give one",
+            pointer="/profile",
+        )
+    return slug, named or payload.profile
 
 
 def hardware_runtime(hardware: Hardware | None) -> Runtime | None:

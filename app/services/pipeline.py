@@ -60,6 +60,8 @@ from app.schemas.workloads import (
 )
 from app.services.cache import LruCache
 from app.services.convert import (
+    DeviceTarget,
+    device_target,
     domain_workload,
     hardware_gpu,
     hardware_overhead,
@@ -384,20 +386,16 @@ def stored_spec(session: Session, slug: str) -> WorkloadSpec:
         ) from exc
 
 
-def _hardware(session: Session, slug: str | None) -> Hardware | None:
-    if slug is None:
-        return None
-    row = HardwareRepository(session).get(slug)
-    if row is None:
-        raise NotFound(f"hardware profile '{slug}' does not exist; GET /v1/hardware lists them")
-    return row
+def _hardware(session: Session, name: str | None) -> DeviceTarget | None:
+    return None if name is None else device_target(session, name)
 
 
 def estimate_response(
     session: Session, *, payload: MemoryEstimateRequest
 ) -> MemoryEstimateResponse:
     """Estimate the footprint of a stored or inline model."""
-    hardware = _hardware(session, payload.hardware)
+    target = _hardware(session, payload.hardware)
+    hardware = None if target is None else target.row
     run = run_estimate(
         session,
         payload,
@@ -405,27 +403,27 @@ def estimate_response(
         hardware_runtime=hardware_runtime(hardware),
         overhead=hardware_overhead(hardware, payload.framework_overhead),
         per_layer=payload.per_layer,
-        gpu=hardware_gpu(hardware),
+        gpu=None if target is None else target.gpu,
     )
-    return _response(run, payload, hardware)
+    return _response(run, payload, target)
 
 
 def _response(
-    run: EstimateRun, payload: MemoryEstimateRequest, hardware: Hardware | None
+    run: EstimateRun, payload: MemoryEstimateRequest, target: DeviceTarget | None
 ) -> MemoryEstimateResponse:
     label, micro, bindings = run.label, run.micro_batch, run.bindings
     analysis, result = run.analysis, run.result
     fit = None
-    if hardware is not None:
+    if target is not None:
         required = required_of(
             run,
             payload.safety_margin_fraction,
-            overhead_sources(hardware, payload.framework_overhead),
+            overhead_sources(target.row, payload.framework_overhead),
         )
-        verdict = fit_verdict(required, hardware.memory_bytes)
+        verdict = fit_verdict(required, target.memory_bytes)
         fit = FitSummary(
-            hardware=hardware.slug,
-            memory_bytes=hardware.memory_bytes,
+            hardware=target.name,
+            memory_bytes=target.memory_bytes,
             usable_bytes=verdict.usable_bytes,
             required_bytes=verdict.required_bytes,
             required=required_lines(required),

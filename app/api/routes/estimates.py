@@ -77,7 +77,12 @@ async def memory_query(
         bool | None, Query(description="Decoder inference: include the KV cache (default).")
     ] = None,
     hardware: Annotated[
-        StorableStr | None, Query(max_length=64, description="Hardware slug.")
+        StorableStr | None,
+        Query(
+            max_length=100,
+            description="Hardware slug, or `slug/profile` for one MIG slice "
+            "(nvidia-a100-80gb-sxm/1g.10gb).",
+        ),
     ] = None,
     runtime: Annotated[Runtime | None, Query(description="Runtime.")] = None,
 ) -> MemoryEstimateRequest:
