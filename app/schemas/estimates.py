@@ -141,7 +141,8 @@ class WorkloadSpec(Schema):
         "tf32, bf16/fp16 (pure), amp_bf16/amp_fp16 (PyTorch autocast), mixed_bf16/mixed_fp16 "
         "(ZeRO/Megatron), fp8 and int8 (W8A8 inference), int8_weight_only (W8A16), int4 "
         "(W4A16), fp4 (NVFP4 W4A4 inference, Blackwell)). Default: bf16 for inference and "
-        "amp_bf16 for training on CUDA, fp32 on CPU.",
+        "amp_bf16 for training on CUDA, fp16 / amp_fp16 on a GPU below compute capability 8.0 "
+        "(no bf16: V100, T4), fp32 on CPU.",
         examples=["bf16"],
     )
     optimizer: Optimizer | None = Field(
@@ -160,8 +161,10 @@ class WorkloadSpec(Schema):
         default=None,
         description="How attention is computed: eager, sdpa_math (S x S scores materialised), "
         "flash or mem_efficient (fused, no S x S matrix). Default: what PyTorch's SDPA "
-        "dispatcher picks: flash on CUDA fp16/bf16, mem_efficient on CUDA fp32, flash on CPU "
-        "(sdpa_math in training with attention dropout).",
+        "dispatcher picks for the hardware's compute capability: flash on CUDA fp16/bf16 "
+        "(sm80+, head_dim <= 256), mem_efficient on CUDA fp32 or below sm80 (fp16/fp32 inputs), "
+        "sdpa_math otherwise (bf16 below sm80); flash on CPU (sdpa_math in training with "
+        "attention dropout).",
         examples=["flash"],
     )
     logits: Logits | None = Field(

@@ -7,6 +7,7 @@ import pytest
 
 from tests.api.helpers import assert_problem
 from tests.support import ApiClient, table_counts
+from tests.test_charts import assert_no_overlap
 
 NS = "{http://www.w3.org/2000/svg}"
 ROOFLINE = "/v1/recommendations/roofline.svg"
@@ -154,6 +155,7 @@ def test_the_memory_chart_says_the_verdict_the_estimate_and_the_cli_give(
         f"{fit['headroom_bytes'] / gib:,.2f} GiB"
     ) in texts
     assert f"nvidia-a10 usable {fit['usable_bytes'] / gib:.3g} GiB" in texts
+    assert_no_overlap(client.get(MEMORY, params=params).content)
 
 
 def test_the_memory_chart_of_a_mig_slice_uses_the_slice_memory(client: ApiClient) -> None:
