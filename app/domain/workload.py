@@ -201,7 +201,7 @@ def _cuda_attention(
     else:
         return Attention.FLASH, f"CUDA {dtype.value} on {where}: SDPA picks flash"
     lowest_mem = ComputeCapability(8, 0)
-    mem_dtypes = (DType.FP16, DType.FP32, DType.TF32)
+    mem_dtypes: tuple[DType, ...] = (DType.FP16, DType.FP32, DType.TF32)
     if cap >= lowest_mem:
         mem_dtypes += (DType.BF16,)
     if not MEM_EFFICIENT_SM[0] <= cap <= MEM_EFFICIENT_SM[1]:
