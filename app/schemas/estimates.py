@@ -352,8 +352,14 @@ class FitSummary(Schema):
     """Whether the workload fits the hardware profile's memory (the same requirement and verdict
     as the MIG fit, admission and recommendations)."""
 
-    hardware: str = Field(description="Hardware slug.", examples=["nvidia-a100-80gb-sxm"])
-    memory_bytes: int = Field(description="Device memory [B].", examples=[85_899_345_920])
+    hardware: str = Field(
+        description="Hardware slug, or `slug/profile` for a MIG slice.",
+        examples=["nvidia-a100-80gb-sxm"],
+    )
+    memory_bytes: int = Field(
+        description="Device memory (a MIG slice: its profile's usable memory) [B].",
+        examples=[85_899_345_920],
+    )
     usable_bytes: int = Field(description="Memory the workload may use [B].", examples=[1])
     required_bytes: int = Field(
         description="Estimate + CUDA context + workspace + safety margin [B].",
