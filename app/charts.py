@@ -184,6 +184,7 @@ def _roof_path(roof: Roof, peak: float, bandwidth: float, x: _LogAxis, y: _LogAx
 
 
 RIDGE_LABEL_SIZE = 11
+RIDGE_MARK_RADIUS = 5
 LABEL_GAP = 7  # from a mark to its label's corner
 
 
@@ -193,8 +194,10 @@ def place_labels(
     *,
     size: int,
     bounds: tuple[float, float, float, float],
+    mark_radius: float = 0.0,
 ) -> list[tuple[float, float, str]]:
-    """Baseline and anchor of each label near its mark, no two overlapping (by ``text_box``).
+    """Baseline and anchor of each label near its mark, no two overlapping (by ``text_box``),
+    and none covering a mark (a circle of ``mark_radius``, its stroke included).
 
     A label goes up and to the right of its mark; when that spot is taken (or outside
     ``bounds``), it moves up or down by a line at a time, first to the right, then to the left
@@ -202,7 +205,8 @@ def place_labels(
     left, top, right, bottom = bounds
     step = (ASCENT_EM + DESCENT_EM) * size + 2
     rows = int((bottom - top) / step) + 1
-    taken: list[Box] = []
+    r = mark_radius
+    taken: list[Box] = [(mx - r, my - r, mx + r, my + r) for mx, my in marks] if r > 0 else []
     placed: list[tuple[float, float, str]] = []
     for (mx, my), label in zip(marks, labels, strict=True):
         candidates = [
@@ -295,7 +299,11 @@ def roofline_svg(
     ridge_marks = [(x(r.ridge_flops_per_byte), y(r.peak_flops_per_s)) for r in roofs]
     ridge_labels = [f"ridge {r.ridge_flops_per_byte:.3g} FLOP/B" for r in roofs]
     placed = place_labels(
-        ridge_marks, ridge_labels, size=RIDGE_LABEL_SIZE, bounds=(left, top, right, bottom)
+        ridge_marks,
+        ridge_labels,
+        size=RIDGE_LABEL_SIZE,
+        bounds=(left, top, right, bottom),
+        mark_radius=RIDGE_MARK_RADIUS + 1,  # the circle's stroke is 2 px wide
     )
     for index, roof in enumerate(roofs):
         colour = PALETTE[index % len(PALETTE)]
@@ -310,8 +318,8 @@ def roofline_svg(
         )
         rx, ry = ridge_marks[index]
         body.append(
-            f'<circle cx="{rx:.1f}" cy="{ry:.1f}" r="5" fill="white" stroke="{colour}" '
-            'stroke-width="2"/>'
+            f'<circle cx="{rx:.1f}" cy="{ry:.1f}" r="{RIDGE_MARK_RADIUS}" fill="white" '
+            f'stroke="{colour}" stroke-width="2"/>'
         )
         lx, ly, anchor = placed[index]
         box = text_box(lx, ly, ridge_labels[index], size=RIDGE_LABEL_SIZE, anchor=anchor)
@@ -395,28 +403,66 @@ def _nice_step(span: float, ticks: int = 5) -> float:
     return 10 * magnitude
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChartFit:
+    """The fit verdict a memory chart shows: the same numbers as the estimate's ``fit`` (and the
+    CLI's verdict line): the requirement (estimate + context + workspace + safety margin)
+    against the device's usable memory."""
+
+    device: str
+    required_bytes: int
+    usable_bytes: int
+    fits: bool
+    safety_margin_fraction: float
+
+    @property
+    def verdict(self) -> str:
+        """``fits nvidia-l4: needs 20.10 GiB of 22.00 GiB usable, headroom 1.90 GiB``."""
+        headroom = self.usable_bytes - self.required_bytes
+        return (
+            f"{'fits' if self.fits else 'does NOT fit'} {self.device}: needs "
+            f"{self.required_bytes / GIB:,.2f} GiB of {self.usable_bytes / GIB:,.2f} GiB usable, "
+            f"headroom {headroom / GIB:,.2f} GiB"
+        )
+
+
+FITS_COLOUR, SHORT_COLOUR = "#2ca02c", "#d62728"
+
+
 def breakdown_svg(
     *,
     title: str,
     subtitle: str,
     lines: Sequence[tuple[str, int]],
     total_bytes: int,
-    capacity_bytes: int | None = None,
-    capacity_label: str = "",
+    fit: ChartFit | None = None,
 ) -> str:
-    """Horizontal bars, one per breakdown line, and the total, labelled in GiB; a dashed line
-    at the device's memory when one is given."""
+    """Horizontal bars, one per breakdown line, and the total, labelled in GiB. With a ``fit``:
+    its verdict under the title, a bar for the requirement the fit compares (estimate + context
+    + workspace + safety margin), and a dashed line at the usable memory it compares with."""
     shown = [(key, size) for key, size in lines if size > 0]
     width = 900
     titles = _title_lines(title, width)
     shift = 22 * (len(titles) - 1)
-    left, right, top = 190, 760, 80 + shift
+    verdict_y = 70 + shift
+    left, right, top = 190, 760, 80 + shift + (24 if fit is not None else 0)
     bar, gap = 20, 8
-    bottom = top + (len(shown) + 1) * (bar + gap) + 10
+    rows: list[tuple[str, int, str]] = [
+        (key, size, PALETTE[index % len(PALETTE)]) for index, (key, size) in enumerate(shown)
+    ]
+    rows.append(("total (peak)", total_bytes, "#333"))
+    if fit is not None:
+        margin = f"+{fit.safety_margin_fraction:g} margin"
+        rows.append(
+            (f"required ({margin})", fit.required_bytes, FITS_COLOUR if fit.fits else SHORT_COLOUR)
+        )
+    bottom = top + len(rows) * (bar + gap) + 10
     height = bottom + 70
-    largest = max([total_bytes, capacity_bytes or 0, 1]) / GIB
-    step = _nice_step(largest)
-    limit = math.ceil(largest / step) * step
+    largest = max(
+        [total_bytes, fit.usable_bytes if fit else 0, fit.required_bytes if fit else 0, 1]
+    )
+    step = _nice_step(largest / GIB)
+    limit = math.ceil(largest / GIB / step) * step
 
     def px(gib: float) -> float:
         return left + gib / limit * (right - left)
@@ -428,6 +474,14 @@ def breakdown_svg(
         ),
         _text(width / 2, 50 + shift, subtitle, size=12, anchor="middle", fill="#444"),
     ]
+    if fit is not None:
+        colour = FITS_COLOUR if fit.fits else SHORT_COLOUR
+        body.append(
+            _text(
+                width / 2, verdict_y, fit.verdict, size=13, anchor="middle", fill=colour,
+                font_weight="bold",
+            )
+        )  # fmt: skip
     tick = 0.0
     while tick <= limit + 1e-9:
         body.append(
@@ -438,10 +492,8 @@ def breakdown_svg(
         tick += step
     body.append(_text((left + right) / 2, bottom + 42, "memory [GiB]", size=13, anchor="middle"))
     y = float(top)
-    rows = [*shown, ("total (peak)", total_bytes)]
-    for index, (key, size) in enumerate(rows):
-        is_total = index == len(rows) - 1
-        colour = "#333" if is_total else PALETTE[index % len(PALETTE)]
+    for index, (key, size, colour) in enumerate(rows):
+        emphasised = index >= len(shown)  # the total and the requirement
         gib = size / GIB
         body.append(
             _text(
@@ -449,7 +501,7 @@ def breakdown_svg(
                 y + bar * 0.7,
                 key,
                 anchor="end",
-                font_weight="bold" if is_total else "normal",
+                font_weight="bold" if emphasised else "normal",
             )
         )
         body.append(
@@ -458,8 +510,8 @@ def breakdown_svg(
         )
         body.append(_text(px(gib) + 6, y + bar * 0.7, f"{gib:.3f} GiB", size=11))
         y += bar + gap
-    if capacity_bytes is not None:
-        cx = px(capacity_bytes / GIB)
+    if fit is not None:
+        cx = px(fit.usable_bytes / GIB)
         body.append(
             f'<line x1="{cx:.1f}" y1="{top - 10}" x2="{cx:.1f}" y2="{bottom}" stroke="#d62728" '
             'stroke-width="2" stroke-dasharray="6,4"/>'
@@ -468,7 +520,7 @@ def breakdown_svg(
             _text(
                 cx,
                 top - 14,
-                f"{capacity_label} {capacity_bytes / GIB:.3g} GiB",
+                f"{fit.device} usable {fit.usable_bytes / GIB:.3g} GiB",
                 size=11,
                 anchor="middle",
                 fill="#d62728",

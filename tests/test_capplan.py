@@ -461,6 +461,66 @@ def test_gpu_names_against_the_catalog(http: TestClient) -> None:
     assert "candidates: nvidia-h100-sxm (80.00 GiB)" in err
 
 
+def test_estimate_and_fit_take_the_mig_slug_profile_form(http: TestClient) -> None:
+    """``--gpu slug/profile`` as recommend takes it: the slice's usable memory is the fit's."""
+    code, out, err = run(http, "estimate", "gpt-2", "--seq", "64", "--gpu", "a100-80gb-sxm/1g.10gb")
+    assert code == 0, err
+    assert "fits nvidia-a100-80gb-sxm/1g.10gb: needs " in out
+    code, out, err = run(http, "estimate", "gpt-2", "--gpu", "a100-80gb-sxm/1g.10gb", "--json")
+    assert json.loads(out)["fit"]["usable_bytes"] < 10 * 2**30
+    code, out, err = run(http, "fit", "gpt-2", "--seq", "64", "--gpu", "a100-80gb-sxm/2g.20gb")
+    assert code == 0, err
+    assert "2g.20gb: fits, headroom " in out
+    # an unknown profile is the server's 404, a usage error naming the valid ones
+    code, _, err = run(http, "estimate", "gpt-2", "--gpu", "a100-80gb-sxm/9g.99gb")
+    assert code != 0
+    code, _, err = run(http, "estimate", "gpt-2", "--gpu", "a100-80gb-sxm/1g.99gb")
+    assert code != 0
+    assert "has no MIG profile '1g.99gb'; valid profiles: 1g.10gb" in err
+    code, _, err = run(http, "fit", "gpt-2", "--gpu", "a100-80gb-sxm/1g.10gb", "--profile",
+                       "2g.20gb")  # fmt: skip
+    assert code == 2
+    assert "give one" in err
+
+
+@pytest.mark.parametrize(
+    "capability", [None, "5.2", "7.0", "7.5", "8.0", "8.6", "8.9", "9.0", "10.0"]
+)
+@pytest.mark.parametrize("peaks", [("fp32", "fp16"), ("fp32", "fp16", "bf16", "int8"),
+                                   ("fp32", "bf16", "fp8", "fp4", "tf32")])  # fmt: skip
+def test_the_cli_precision_rule_is_the_servers(capability: str | None, peaks: tuple[str]) -> None:
+    from app.domain.precision import ComputeCapability, Precision, cannot_run
+
+    assert set(cli.PRECISION_NEEDS) == {p.value for p in Precision}
+    item = {"compute_capability": capability, "peak_flops_per_s": dict.fromkeys(peaks, 1e12)}
+    for precision in Precision:
+        server = cannot_run(
+            precision,
+            compute_capability=None if capability is None else ComputeCapability.parse(capability),
+            peak_dtypes=set(peaks),
+        )
+        assert cli.runs_precision(item, precision.value) == (server is None), precision
+
+
+def test_the_gpus_that_would_fit_run_the_precision(http: TestClient) -> None:
+    """bf16 work is never sent to a V100 (no bf16: compute capability 7.0); fp16 work is."""
+    # The issue's case: 23.7 GiB peak, 24.9 GiB required, on a 24 GiB L4; a 32 GiB V100 holds it.
+    argv = ("estimate", "llama-3-8b", "--batch", "8", "--seq", "4096", "--gpu", "l4")
+    code, out, err = run(http, *argv, "--precision", "bf16")
+    assert code == 1, err
+    assert "that run bf16 (smallest first)" in out
+    assert "\nnvidia-a100-40gb-" in out
+    assert "nvidia-v100" not in out
+    code, out, err = run(http, *argv, "--precision", "fp16")
+    assert code == 1, err
+    assert "\nnvidia-v100-32gb-" in out
+    code, out, err = run(http, "estimate", "llama-2-7b", "--batch", "2", "--seq", "4096",
+                         "--gpu", "t4", "--precision", "fp16")  # fmt: skip
+    assert code == 1, err
+    assert "that run fp16 (smallest first)" in out
+    assert "\nnvidia-v100-32gb-" in out  # 32 GiB, fp16: offered
+
+
 # -- fit: what would work ----------------------------------------------------------------------
 
 

@@ -1,5 +1,6 @@
 """The SVG charts: valid XML, escaped labels, log axes and roofs where they belong."""
 
+import itertools
 import math
 import xml.etree.ElementTree as ET
 from dataclasses import replace
@@ -9,6 +10,7 @@ import pytest
 
 from app.charts import (
     RIDGE_LABEL_SIZE,
+    ChartFit,
     ChartInputError,
     Roof,
     RoofPoint,
@@ -86,17 +88,50 @@ def test_breakdown_bars_in_gib() -> None:
         subtitle="s",
         lines=[("weights", 2 * GIB), ("a<b", GIB // 2), ("empty", 0)],
         total_bytes=3 * GIB,
-        capacity_bytes=4 * GIB,
-        capacity_label="gpu",
     )
     root = ET.fromstring(svg)
     texts = ["".join(n.itertext()) for n in root.iter(f"{NS}text")]
     assert {"weights", "a<b", "total (peak)", "2.000 GiB", "0.500 GiB", "3.000 GiB"} <= set(texts)
     assert "empty" not in texts
-    assert "gpu 4 GiB" in texts
+    assert not any("usable" in t or "fit" in t for t in texts)  # no device: no verdict
     widths = [float(r.attrib["width"]) for r in root.iter(f"{NS}rect")][1:]
     assert widths[0] == pytest.approx(4 * widths[1], abs=0.5)  # 2 GiB vs 0.5 GiB
     assert widths[2] == pytest.approx(1.5 * widths[0], abs=0.2)  # the 3 GiB total
+
+
+@pytest.mark.parametrize("fits", [True, False])
+def test_breakdown_shows_the_fit_verdict_the_requirement_and_the_usable_line(fits: bool) -> None:
+    """A peak under the device's memory can still not fit: the chart shows the requirement
+    (with context, workspace and margin) and the usable line the fit compared, and says so."""
+    required = int(24.92 * GIB) if not fits else int(20.5 * GIB)
+    fit = ChartFit(
+        device="nvidia-l4", required_bytes=required, usable_bytes=24 * GIB, fits=fits,
+        safety_margin_fraction=0.05,
+    )  # fmt: skip
+    svg = breakdown_svg(
+        title="m", subtitle="s", lines=[("weights", 20 * GIB)], total_bytes=int(23.73 * GIB),
+        fit=fit,
+    )  # fmt: skip
+    root = ET.fromstring(svg)
+    texts = ["".join(n.itertext()) for n in root.iter(f"{NS}text")]
+    verdict = "fits" if fits else "does NOT fit"
+    headroom = (24 * GIB - required) / GIB
+    assert (
+        f"{verdict} nvidia-l4: needs {required / GIB:,.2f} GiB of 24.00 GiB usable, "
+        f"headroom {headroom:,.2f} GiB"
+    ) in texts
+    assert "required (+0.05 margin)" in texts
+    assert f"{required / GIB:.3f} GiB" in texts
+    assert "nvidia-l4 usable 24 GiB" in texts
+    bars = {r.findtext(f"{NS}title", "").split(":")[0]: r for r in root.iter(f"{NS}rect")}
+    colour = bars["required (+0.05 margin)"].attrib["fill"]
+    assert colour == ("#2ca02c" if fits else "#d62728")
+    line = next(n for n in root.iter(f"{NS}line") if n.attrib.get("stroke-dasharray") == "6,4")
+    end = float(bars["required (+0.05 margin)"].attrib["x"]) + float(
+        bars["required (+0.05 margin)"].attrib["width"]
+    )
+    assert (end > float(line.attrib["x1"])) is not fits  # the bar crosses the line iff short
+    assert_no_overlap(svg)
 
 
 @pytest.mark.parametrize(
@@ -244,3 +279,60 @@ def test_long_titles_wrap_and_push_the_plot_down() -> None:
     plot = root.find(f".//{NS}clipPath/{NS}rect")
     assert plot is not None
     assert float(plot.attrib["y"]) == 56 + 22 + 16 * 0
+
+
+def text_boxes(svg: bytes | str) -> list[tuple[str, tuple[float, float, float, float]]]:
+    """Every unrotated ``<text>`` of ``svg`` with the box it covers (app.charts.text_box)."""
+    root = ET.fromstring(svg)
+    found = []
+    for node in root.iter(f"{NS}text"):
+        if "transform" in node.attrib:  # the rotated y-axis title, alone at the left edge
+            continue
+        content = "".join(node.itertext())
+        box = text_box(
+            float(node.attrib["x"]),
+            float(node.attrib["y"]),
+            content,
+            size=int(node.attrib["font-size"]),
+            anchor=node.attrib.get("text-anchor", "start"),
+        )
+        found.append((content, box))
+    return found
+
+
+def assert_no_overlap(svg: bytes | str) -> None:
+    """No two texts of ``svg`` share area, none covers a ridge mark, all lie inside it."""
+    root = ET.fromstring(svg)
+    width, height = float(root.attrib["width"]), float(root.attrib["height"])
+    boxes = text_boxes(svg)
+    overlapping = [
+        (a, b) for (a, box_a), (b, box_b) in itertools.combinations(boxes, 2)
+        if boxes_overlap(box_a, box_b)
+    ]  # fmt: skip
+    assert not overlapping, overlapping[:5]
+    marks = [
+        (float(c.attrib["cx"]), float(c.attrib["cy"]), float(c.attrib["r"]) + 1)
+        for c in root.iter(f"{NS}circle")
+        if c.attrib.get("fill") == "white"  # the ridge marks (kernels are filled dots)
+    ]
+    covered = [
+        (text, (x, y)) for text, box in boxes for x, y, r in marks
+        if boxes_overlap(box, (x - r, y - r, x + r, y + r))
+    ]  # fmt: skip
+    assert not covered, covered[:5]
+    outside = [t for t, (x0, y0, x1, y1) in boxes if x0 < 0 or y0 < 0 or x1 > width or y1 > height]
+    assert not outside, outside
+
+
+@pytest.mark.parametrize("count", [4, 5, 6, 8])
+def test_no_label_overlaps_another_or_a_mark_with_many_devices(count: int) -> None:
+    """Ridge points close together (CROWDED): each label avoids the other labels and every
+    device's ridge mark, and the legend's rows do not collide."""
+    points = [
+        RoofPoint(roof=i % count, label=f"k{i}", intensity_flops_per_byte=10.0 ** (i % 4),
+                  achieved_flops_per_s=1e12 * (1 + i))
+        for i in range(24)
+    ]  # fmt: skip
+    long_labels = [replace(roof, label=f"NVIDIA device {roof.label} with a long name, bf16")
+                   for roof in CROWDED[:count]]  # fmt: skip
+    assert_no_overlap(roofline_svg(title="t", subtitle="", roofs=long_labels, points=points))

@@ -402,6 +402,50 @@ def _resolve_gpu(client: JsonClient, query: str) -> str:
     return resolve_gpu(client.list_hardware(limit=500)["items"], query)
 
 
+def _resolve_device(client: JsonClient, query: str) -> str:
+    """``query`` as ``slug`` or ``slug/profile`` (one MIG slice, as recommend takes it): the
+    part before ``/`` is resolved like --gpu, the profile is passed on for the server to check."""
+    name, slash, profile = query.partition("/")
+    slug = _resolve_gpu(client, name)
+    return f"{slug}/{profile.strip()}" if slash else slug
+
+
+# What each precision needs of a GPU: the lowest compute capability with hardware for its
+# dtypes, and the peaks its math can run at. The server's rule (app.domain.precision.cannot_run),
+# restated because the CLI runs without the server's packages; a test checks the two agree.
+PRECISION_NEEDS: dict[str, tuple[tuple[int, int] | None, tuple[str, ...]]] = {
+    "fp32": (None, ("fp32",)),
+    "tf32": ((8, 0), ("tf32",)),
+    "bf16": ((8, 0), ("bf16",)),
+    "fp16": (None, ("fp16",)),
+    "amp_bf16": ((8, 0), ("bf16",)),
+    "amp_fp16": (None, ("fp16",)),
+    "mixed_bf16": ((8, 0), ("bf16",)),
+    "mixed_fp16": (None, ("fp16",)),
+    "fp8": ((8, 9), ("fp8",)),
+    "int8": (None, ("int8",)),
+    "int8_weight_only": (None, ("fp16", "bf16")),
+    "int4": (None, ("fp16", "bf16")),
+    "fp4": ((10, 0), ("fp4",)),
+}
+
+
+def runs_precision(item: Json, precision: str) -> bool:
+    """Whether a listed hardware item can run ``precision``: its compute capability is high
+    enough and its peak table lists one of the precision's compute dtypes (the server's rule
+    for the MIG fit's larger GPUs)."""
+    needs = PRECISION_NEEDS.get(precision)
+    if needs is None:
+        return True  # a precision this CLI does not know: the server decides
+    lowest, dtypes = needs
+    text = item.get("compute_capability")
+    if lowest is not None and text:
+        major, _, minor = str(text).partition(".")
+        if major.isdigit() and minor.isdigit() and (int(major), int(minor)) < lowest:
+            return False
+    return any(dtype in (item.get("peak_flops_per_s") or {}) for dtype in dtypes)
+
+
 # -- commands ----------------------------------------------------------------------------------
 
 
@@ -434,7 +478,7 @@ def _write_estimate(result: Json, out: TextIO) -> None:
 
 
 def cmd_estimate(client: JsonClient, args: argparse.Namespace, out: TextIO) -> int:
-    gpu = _resolve_gpu(client, args.gpu) if args.gpu else None
+    gpu = _resolve_device(client, args.gpu) if args.gpu else None
     result = client.estimate_memory(_estimate_body(args, gpu))
     fit = result.get("fit")
     if args.json:
@@ -442,28 +486,30 @@ def cmd_estimate(client: JsonClient, args: argparse.Namespace, out: TextIO) -> i
     else:
         _write_estimate(result, out)
         if fit is not None:
-            _write_whole_gpu_fit(client, args, fit, out)
+            _write_whole_gpu_fit(client, args, fit, out, result["precision"])
     return EXIT_OK if fit is None or fit["fits"] else EXIT_VERDICT_NO
 
 
 def _write_whole_gpu_fit(
-    client: JsonClient, args: argparse.Namespace, fit: Json, out: TextIO
+    client: JsonClient, args: argparse.Namespace, fit: Json, out: TextIO, result_precision: str
 ) -> None:
     """The fit on a whole device and, when it does not fit, what would."""
     hardware, required = fit["hardware"], fit["required_bytes"]
+    precision = str(result_precision)
     out.write(
         f"{'fits' if fit['fits'] else 'does NOT fit'} {hardware}: needs {gib(required)} of "
         f"{gib(fit['usable_bytes'])} usable, headroom {gib(fit['headroom_bytes'])}\n"
     )
     if fit["fits"]:
         return
-    # The same rules as POST /v1/mig/fit's alternatives, with the whole device as the slot.
+    # The same rules as POST /v1/mig/fit's alternatives, with the whole device as the slot:
+    # GPUs that hold it and run its precision (no V100 or T4 for bf16).
     larger = sorted(
         (h for h in client.list_hardware(kind="gpu", limit=500)["items"]
-         if h["memory_bytes"] >= required),
+         if h["memory_bytes"] >= required and runs_precision(h, precision)),
         key=lambda h: (h["memory_bytes"], h["slug"]),
     )[:5]  # fmt: skip
-    _write_alternatives(out, larger, required)
+    _write_alternatives(out, larger, required, precision)
     what, size = wait_with_progress(
         "searching the largest batch", lambda: _largest_batch(client, args, hardware), sys.stderr
     )
@@ -473,16 +519,19 @@ def _write_whole_gpu_fit(
         out.write(f"largest {what} that fits {hardware}: {size}\n")
 
 
-def _write_alternatives(out: TextIO, larger: list[Json], required: int) -> None:
+def _write_alternatives(out: TextIO, larger: list[Json], required: int, precision: str) -> None:
     if larger:
-        out.write(f"\nGPUs whose whole memory holds {gib(required)} (smallest first):\n")
+        out.write(
+            f"\nGPUs whose whole memory holds {gib(required)} and that run {precision} "
+            "(smallest first):\n"
+        )
         rows = [
             (h.get("hardware", h.get("slug")), gib(h["memory_bytes"]), _mig_capable(h))
             for h in larger
         ]
         out.write(table(rows, ["hardware", "memory", "MIG"]) + "\n")
     else:
-        out.write(f"no catalog GPU holds {gib(required)} on one device\n")
+        out.write(f"no catalog GPU that runs {precision} holds {gib(required)} on one device\n")
 
 
 def _mig_capable(item: Json) -> bool:
@@ -521,7 +570,11 @@ def _largest_batch(
 
 
 def cmd_fit(client: JsonClient, args: argparse.Namespace, out: TextIO) -> int:
-    gpu = _resolve_gpu(client, args.gpu)
+    gpu, slash, named = _resolve_device(client, args.gpu).partition("/")
+    if slash:  # slug/profile: the same as --profile
+        if args.profile and args.profile != named:
+            raise UsageError(f"--gpu names profile {named} and --profile {args.profile}; give one")
+        args = _with(args, profile=named)
     hardware = client.get_hardware(gpu)
     if hardware.get("mig") is None:
         if args.profile:
@@ -566,7 +619,11 @@ def cmd_fit(client: JsonClient, args: argparse.Namespace, out: TextIO) -> int:
             f"the whole {gpu} ({gib(alternatives['full_gpu_memory_bytes'])}, MIG disabled): "
             f"{whole}\n"
         )
-        _write_alternatives(out, alternatives["larger_gpus"], result["required_bytes"])
+        precision = getattr(args, "precision", None) or next(
+            (d["value"] for d in result.get("defaults_used", []) if d["option"] == "precision"),
+            "its precision",
+        )
+        _write_alternatives(out, alternatives["larger_gpus"], result["required_bytes"], precision)
         batch = alternatives.get("largest_batch_on_biggest_profile")
         biggest = alternatives["biggest_profile"]
         if batch is None:
@@ -1218,14 +1275,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     estimate = command("estimate", "memory footprint of a model (exit 1: does not fit --gpu)")
     _workload_args(estimate)
-    estimate.add_argument("--gpu", help="also check the fit on this hardware (slug or name)")
+    estimate.add_argument(
+        "--gpu",
+        help="also check the fit on this hardware (slug or name; slug/profile for a MIG slice)",
+    )
     estimate.add_argument("--per-layer", action="store_true", help="include the per-layer view")
     _estimate_args(estimate)
     estimate.set_defaults(run=cmd_estimate)
 
     fit = command("fit", "which GPU or MIG profile holds a model (exit 1: none fits)")
     _workload_args(fit)
-    fit.add_argument("--gpu", required=True, help="hardware slug or name (h100-sxm, l4, ...)")
+    fit.add_argument(
+        "--gpu",
+        required=True,
+        help="hardware slug or name (h100-sxm, l4, ...); slug/profile names a MIG profile",
+    )
     fit.add_argument("--profile", help="MIG: ask about this profile in particular")
     _estimate_args(fit)
     fit.set_defaults(run=cmd_fit)

@@ -94,6 +94,8 @@ class Hardware(Timestamped, Base):
     gpu_link_bandwidth_bytes_per_s: Mapped[int | None] = mapped_column(BigInteger)
     # GPU/SoC streaming multiprocessors; NULL: unknown (no tile and wave quantization)
     sm_count: Mapped[int | None] = mapped_column(Integer)
+    # CUDA compute capability "major.minor" (NULL: not a CUDA device, or unknown)
+    compute_capability: Mapped[str | None] = mapped_column(String(8))
     tdp_watts: Mapped[float | None] = mapped_column(Float)
     price_usd_per_hour: Mapped[float | None] = mapped_column(Float)
     # NULL with a price: stored before prices carried their kind (never ranked by cost)

@@ -16,9 +16,9 @@ from enum import StrEnum
 
 from app.domain.errors import DomainError
 from app.domain.mig.layout import MigGeometry, MigProfileSpec
-from app.domain.precision import DType
+from app.domain.precision import ComputeCapability, DType
 from app.domain.units import MIB
-from app.domain.workload import Runtime
+from app.domain.workload import GpuTraits, Runtime
 
 
 class HardwareInputError(DomainError):
@@ -180,12 +180,22 @@ class HardwareSpec:
     sm_count_source: str | None = None
     cpu_cores: int | None = None  # CPUs: physical cores per socket (the catalog's cpu.cores)
     architecture: str | None = None  # the catalog's, e.g. "Hopper GH100" (None: not stated)
+    # CUDA compute capability (None: not a CUDA device, or not in the profile); a MIG slice
+    # has its GPU's
+    compute_capability: ComputeCapability | None = None
 
     @property
     def parallel_units(self) -> int | None:
         """Units a kernel's tiles are spread over: SMs on a GPU or SoC, cores on a CPU (None:
         unknown, e.g. TPUs, or profiles stored without the figure)."""
         return self.cpu_cores if self.kind is DeviceKind.CPU else self.sm_count
+
+    @property
+    def gpu(self) -> GpuTraits | None:
+        """What the precision and attention defaults need of this device (None: a CPU/TPU)."""
+        if self.kind not in (DeviceKind.GPU, DeviceKind.EDGE):
+            return None
+        return GpuTraits(name=self.slug, compute_capability=self.compute_capability)
 
     @property
     def runtime(self) -> Runtime:

@@ -9,7 +9,7 @@ and the roofline both read this table; nothing else defines bytes per element.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from fractions import Fraction
@@ -253,3 +253,91 @@ def scale_bytes(precision: Precision, shape: tuple[int, ...]) -> Fraction:
     if layout is ScaleLayout.BLOCK16_FP8:
         return Fraction(-(-numel // NVFP4_BLOCK) + 4)
     return Fraction(0)
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class ComputeCapability:
+    """A CUDA GPU's compute capability, ``major.minor`` (``sm<major><minor>``): 7.0 V100, 7.5
+    T4, 8.0 A100/A30, 8.6 A10, 8.7 Jetson Orin, 8.9 L4/L40S, 9.0 H100/H200, 10.0 B200, 12.0
+    RTX PRO 6000 Blackwell (NVIDIA, "CUDA GPUs - Compute Capability",
+    https://developer.nvidia.com/cuda-gpus)."""
+
+    major: int
+    minor: int
+
+    def __post_init__(self) -> None:
+        for name, value, high in (("major", self.major, 99), ("minor", self.minor, 9)):
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= high:
+                raise ValueError(f"compute capability {name} must be an integer 0-{high}")
+        if self.major < 1:
+            raise ValueError("compute capability major must be >= 1")
+
+    @classmethod
+    def parse(cls, text: str) -> ComputeCapability:
+        """``"8.0"`` -> 8.0 (ValueError when it is not ``<major>.<minor>``)."""
+        major, dot, minor = text.partition(".")
+        if not dot or not major.isdigit() or not minor.isdigit() or len(minor) != 1:
+            raise ValueError(f"compute capability must look like '8.0', got {text!r}")
+        return cls(int(major), int(minor))
+
+    @property
+    def sm(self) -> str:
+        """The architecture name CUDA and PyTorch use, ``sm80``."""
+        return f"sm{self.major}{self.minor}"
+
+    def __str__(self) -> str:
+        return f"{self.major}.{self.minor}"
+
+
+# The lowest compute capability whose hardware computes in a dtype (tensor cores; bf16 and tf32
+# arrived with Ampere, fp8 with Ada/Hopper, fp4 with Blackwell): NVIDIA CUDA C++ Programming
+# Guide, "Compute Capabilities" / "Warp Matrix Functions" (wmma element types per architecture).
+# Dtypes not listed run on every CUDA GPU the catalog knows (fp32, fp16, and int8 through DP4A
+# where there are no int8 tensor cores; the peak table says how fast).
+MIN_COMPUTE_CAPABILITY: Mapping[DType, ComputeCapability] = {
+    DType.BF16: ComputeCapability(8, 0),
+    DType.TF32: ComputeCapability(8, 0),
+    DType.FP8: ComputeCapability(8, 9),
+    DType.FP4: ComputeCapability(10, 0),
+}
+
+
+def unsupported_dtype(precision: Precision, capability: ComputeCapability) -> DType | None:
+    """The dtype of ``precision`` a GPU of ``capability`` cannot compute in, or None when it
+    runs the precision: its activation dtype (what the math reads) and one of its compute
+    dtypes must be at or above their :data:`MIN_COMPUTE_CAPABILITY`."""
+    row = CONVENTIONS[precision]
+
+    def runs(dtype: DType) -> bool:
+        lowest = MIN_COMPUTE_CAPABILITY.get(dtype)
+        return lowest is None or capability >= lowest
+
+    if not runs(row.activation_dtype):
+        return row.activation_dtype
+    if not any(runs(dtype) for dtype in row.compute_dtypes):
+        return row.compute_dtypes[0]
+    return None
+
+
+def cannot_run(
+    precision: Precision,
+    *,
+    compute_capability: ComputeCapability | None,
+    peak_dtypes: Collection[str],
+) -> str | None:
+    """Why a device cannot run ``precision``, or None when it can: its compute capability has
+    no hardware for one of the precision's dtypes (:func:`unsupported_dtype`), or its peak
+    table lists none of the precision's compute dtypes (the roofline's rule). ``peak_dtypes``
+    are the dtype names of the device's dense peak table."""
+    if compute_capability is not None:
+        missing = unsupported_dtype(precision, compute_capability)
+        if missing is not None:
+            lowest = MIN_COMPUTE_CAPABILITY[missing]
+            return (
+                f"compute capability {compute_capability} has no {missing.value} "
+                f"(it needs {lowest}+)"
+            )
+    wanted = CONVENTIONS[precision].compute_dtypes
+    if not any(dtype.value in peak_dtypes for dtype in wanted):
+        return f"no {' or '.join(d.value for d in wanted)} peak in its profile"
+    return None

@@ -13,7 +13,13 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from app.domain.errors import DomainError
-from app.domain.precision import Precision
+from app.domain.precision import (
+    CONVENTIONS,
+    ComputeCapability,
+    DType,
+    Precision,
+    unsupported_dtype,
+)
 
 
 class WorkloadInputError(DomainError):
@@ -122,18 +128,144 @@ _HALF = frozenset({Precision.BF16, Precision.FP16, Precision.AMP_BF16, Precision
                    Precision.INT8_WEIGHT_ONLY})  # fmt: skip
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuTraits:
+    """What the defaults need to know about the GPU a workload runs on: its name (for the
+    reasons) and compute capability (None: not in its hardware profile)."""
+
+    name: str
+    compute_capability: ComputeCapability | None
+
+    def describe(self) -> str:
+        """``nvidia-t4 (compute capability 7.5, sm75)``."""
+        cap = self.compute_capability
+        if cap is None:
+            return f"{self.name} (compute capability unknown)"
+        return f"{self.name} (compute capability {cap}, {cap.sm})"
+
+
+# PyTorch SDPA's CUDA backend rules, aten/src/ATen/native/transformers/cuda/sdp_utils.cpp
+# (PyTorch 2.13, select_sdp_backend: flash, then mem_efficient, then math):
+# check_flash_attention_hardware_support / check_sm_version<sm80, sm121>: flash on sm80-sm121;
+# check_dtypes_flash_attention / check_dtypes_low_precision: fp16 or bf16 (fp16 only below
+# sm80); check_head_dim_size_flash: q, k, v the same head_dim, <= 256;
+# check_requires_grad_and_head_dim_gt192_constraints_on_sm86_89_or_120: in training on sm86-89
+# and sm120-121, head_dim in (192, 224], or in (224, 256] with dropout, is not flash;
+# check_mem_efficient_hardware_support: mem_efficient on sm50-sm121, fp16/fp32 below sm80 and
+# fp16/fp32/bf16 from sm80 (can_use_mem_efficient_attention); check_head_dim_size_mem_efficient:
+# head_dim divisible by minimum_gemm_alignment (8 for 16-bit inputs on sm70+ tensor cores, 4 for
+# fp32 on sm80+, 1 for fp32 below sm80).
+SDPA_SOURCE = "PyTorch aten/src/ATen/native/transformers/cuda/sdp_utils.cpp"
+FLASH_SM = (ComputeCapability(8, 0), ComputeCapability(12, 1))
+MEM_EFFICIENT_SM = (ComputeCapability(5, 0), ComputeCapability(12, 1))
+FLASH_MAX_HEAD_DIM = 256
+
+
+def _mem_efficient_alignment(dtype: DType, cap: ComputeCapability) -> int:
+    """minimum_gemm_alignment in sdp_utils.cpp: tensor cores (sm80+, or sm70+ for 16-bit)
+    need 128-bit rows, sm80+ at least 4 elements."""
+    half = dtype in (DType.FP16, DType.BF16)
+    tensor_cores = cap.major >= 8 or (cap.major >= 7 and half)
+    alignment = 4 if cap.major >= 8 else 1
+    if tensor_cores:
+        alignment = max(alignment, 128 // (16 if half else 32))
+    return alignment
+
+
+def _cuda_attention(
+    precision: Precision,
+    gpu: GpuTraits,
+    cap: ComputeCapability,
+    *,
+    training: bool,
+    dropout: bool,
+    head_dim: int | None,
+) -> tuple[Attention, str]:
+    """SDPA's CUDA choice on a GPU of known compute capability (see the rules above)."""
+    dtype = CONVENTIONS[precision].activation_dtype
+    where = gpu.describe()
+    why_not: list[str] = []
+    if not FLASH_SM[0] <= cap <= FLASH_SM[1]:
+        why_not.append(f"flash needs sm80-sm121, {gpu.name} is {cap.sm}")
+    elif dtype not in (DType.FP16, DType.BF16):
+        why_not.append(f"flash needs fp16/bf16 inputs, these are {dtype.value}")
+    elif head_dim is not None and head_dim > FLASH_MAX_HEAD_DIM:
+        why_not.append(f"flash needs head_dim <= {FLASH_MAX_HEAD_DIM}, it is {head_dim}")
+    elif (
+        training
+        and head_dim is not None
+        and (ComputeCapability(8, 6) <= cap <= ComputeCapability(8, 9) or cap.major == 12)
+        and (192 < head_dim <= 224 or (224 < head_dim and dropout))
+    ):
+        why_not.append(f"flash does not train head_dim {head_dim} on {cap.sm}")
+    else:
+        return Attention.FLASH, f"CUDA {dtype.value} on {where}: SDPA picks flash"
+    lowest_mem = ComputeCapability(8, 0)
+    mem_dtypes: tuple[DType, ...] = (DType.FP16, DType.FP32, DType.TF32)
+    if cap >= lowest_mem:
+        mem_dtypes += (DType.BF16,)
+    if not MEM_EFFICIENT_SM[0] <= cap <= MEM_EFFICIENT_SM[1]:
+        why_not.append(f"mem_efficient needs sm50-sm121, {gpu.name} is {cap.sm}")
+    elif dtype not in mem_dtypes:
+        below = " below sm80" if cap < lowest_mem else ""
+        why_not.append(f"mem_efficient takes fp16/fp32{below}, not {dtype.value}")
+    elif head_dim is not None and head_dim % _mem_efficient_alignment(dtype, cap):
+        alignment = _mem_efficient_alignment(dtype, cap)
+        why_not.append(f"mem_efficient needs head_dim divisible by {alignment}")
+    else:
+        return Attention.MEM_EFFICIENT, (
+            f"CUDA {dtype.value} on {where}: {'; '.join(why_not)}: SDPA picks mem_efficient"
+        )
+    return Attention.SDPA_MATH, (
+        f"CUDA {dtype.value} on {where}: {'; '.join(why_not)}: SDPA falls back to math"
+    )
+
+
 def default_attention(
-    runtime: Runtime, precision: Precision, *, training: bool, dropout: bool
+    runtime: Runtime,
+    precision: Precision,
+    *,
+    training: bool,
+    dropout: bool,
+    gpu: GpuTraits | None = None,
+    head_dim: int | None = None,
 ) -> tuple[Attention, str]:
     """The attention kernel PyTorch's SDPA dispatcher picks, and why.
 
-    CUDA: flash for fp16/bf16 inputs (autocast and weight-only formats compute in 16 bits),
-    else memory-efficient (fp32; W8A8 engines run their own fused kernels, priced as flash).
+    CUDA on a GPU of known compute capability: PyTorch's own backend rules (``select_sdp_backend``
+    in aten/src/ATen/native/transformers/cuda/sdp_utils.cpp: ``check_flash_attention_hardware_
+    support`` / ``check_sm_version<sm80, sm121>``, ``check_dtypes_low_precision``,
+    ``check_head_dim_size_flash``, ``check_mem_efficient_hardware_support``, the mem_efficient
+    dtypes below and from sm80): flash for fp16/bf16 inputs on sm80-sm121 with head_dim <= 256
+    (not in training with head_dim 193-224 on sm86-89/sm120-121), else mem_efficient on
+    sm50-sm121 (fp16/fp32 inputs, bf16 too from sm80; head_dim aligned), else the math kernel.
+    So a T4 (sm75) runs fp16 attention as mem_efficient and bf16 as math. W8A8 and NVFP4
+    precisions run their engine's own fused kernel (TensorRT-LLM / Transformer Engine), priced
+    as flash. cuDNN attention, which newer releases try first on sm90/sm100, keeps the same
+    tensors as flash (output and fp32 softmax statistics), so it is priced as flash.
+    CUDA without a compute capability (no GPU named, or a profile without the figure): flash for
+    fp16/bf16 inputs (autocast and weight-only formats compute in 16 bits), else mem_efficient.
     CPU: the fused flash kernel, except in training with attention dropout, which it does not
     support, so SDPA falls back to the math kernel (measured, PyTorch 2.13 CPU).
     """
     if runtime is Runtime.CUDA:
-        if precision in _HALF or precision in (Precision.INT8, Precision.FP8, Precision.FP4):
+        w8a8 = precision in (Precision.INT8, Precision.FP8, Precision.FP4)
+        if w8a8:
+            return Attention.FLASH, (
+                f"CUDA {precision.value}: the engine's own fused attention kernel, priced as flash"
+                if gpu is not None and gpu.compute_capability is not None
+                else "CUDA with 16-bit (or 8-bit) attention inputs: SDPA picks flash"
+            )
+        if gpu is not None and gpu.compute_capability is not None:
+            return _cuda_attention(
+                precision,
+                gpu,
+                gpu.compute_capability,
+                training=training,
+                dropout=dropout,
+                head_dim=head_dim,
+            )
+        if precision in _HALF:
             return Attention.FLASH, "CUDA with 16-bit (or 8-bit) attention inputs: SDPA picks flash"
         return Attention.MEM_EFFICIENT, "CUDA fp32: flash needs fp16/bf16, SDPA picks mem_efficient"
     if training and dropout:
@@ -141,11 +273,30 @@ def default_attention(
     return Attention.FLASH, "CPU: SDPA runs the fused flash kernel"
 
 
-def default_precision(mode: Mode, runtime: Runtime) -> Precision:
-    """bf16 serving and autocast-bf16 training on CUDA; fp32 on CPU."""
+def choose_precision(
+    mode: Mode, runtime: Runtime, gpu: GpuTraits | None = None
+) -> tuple[Precision, str]:
+    """The default precision and why: fp32 on CPU; on CUDA bf16 serving and autocast-bf16
+    training, except on a GPU whose compute capability has no bf16 (below 8.0: Volta, Turing,
+    Maxwell), which gets fp16 serving and autocast-fp16 (GradScaler) training instead."""
+    base = f"{mode.value} on {runtime.value}"
     if runtime is Runtime.CPU:
-        return Precision.FP32
-    return Precision.BF16 if mode is Mode.INFERENCE else Precision.AMP_BF16
+        return Precision.FP32, base
+    bf16 = Precision.BF16 if mode is Mode.INFERENCE else Precision.AMP_BF16
+    if gpu is None or gpu.compute_capability is None:
+        return bf16, base
+    cap = gpu.compute_capability
+    if unsupported_dtype(bf16, cap) is None:
+        return bf16, f"{base}: {gpu.describe()} computes in bf16"
+    fp16 = Precision.FP16 if mode is Mode.INFERENCE else Precision.AMP_FP16
+    return fp16, (
+        f"{base}: {gpu.describe()} has no bf16 (it needs compute capability 8.0+), so {fp16.value}"
+    )
+
+
+def default_precision(mode: Mode, runtime: Runtime, gpu: GpuTraits | None = None) -> Precision:
+    """The precision of :func:`choose_precision`."""
+    return choose_precision(mode, runtime, gpu)[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,7 +312,8 @@ DEFAULTS: tuple[DefaultRule, ...] = (
     DefaultRule("mode", "inference", "CLI and pod annotations; the API asks for it"),
     DefaultRule("batch_size", "1", "CLI and pod annotations; the API asks for it"),
     DefaultRule("runtime", "pytorch_cuda", "pytorch_cpu on a CPU hardware profile"),
-    DefaultRule("precision", "bf16 (inference) / amp_bf16 (training) on CUDA, fp32 on CPU",
+    DefaultRule("precision", "bf16 (inference) / amp_bf16 (training) on CUDA, fp16 / amp_fp16 "
+                "on a GPU below compute capability 8.0 (no bf16: V100, T4), fp32 on CPU",
                 "what serving and training stacks run on GPUs"),
     DefaultRule("sequence_length", "the model's `seq` default binding",
                 "echoed in defaults_used: never silent"),
@@ -172,8 +324,10 @@ DEFAULTS: tuple[DefaultRule, ...] = (
     DefaultRule("optimizer_impl", "auto: foreach on CUDA, for-loop on CPU, fused for mixed_*",
                 "PyTorch default"),
     DefaultRule("checkpointing", "none", ""),
-    DefaultRule("attention", "flash on CUDA fp16/bf16, mem_efficient on CUDA fp32, flash on "
-                "CPU (sdpa_math with dropout in training)", "PyTorch SDPA dispatcher"),
+    DefaultRule("attention", "flash on CUDA fp16/bf16 (sm80+, head_dim <= 256), mem_efficient "
+                "on CUDA fp32 or below sm80 (fp16/fp32), sdpa_math otherwise (bf16 below sm80); "
+                "flash on CPU (sdpa_math with dropout in training)",
+                "PyTorch SDPA dispatcher (sdp_utils.cpp)"),
     DefaultRule("logits", "last (decoder inference); every position in training",
                 "serving stacks compute the last position only"),
     DefaultRule("kv_cache", "true for decoders (causal attention) at inference; encoders have "
@@ -248,6 +402,7 @@ class ResolvedWorkload:
     logits: Logits
     runtime: Runtime
     defaults_used: tuple[DefaultUsed, ...]
+    gpu: GpuTraits | None = None  # the GPU the defaults were chosen for (None: none named)
 
     @property
     def training(self) -> bool:
@@ -261,12 +416,14 @@ def resolve(
     model_bindings: Mapping[str, int],
     hardware_runtime: Runtime | None = None,
     batch_size: int | None = None,
+    gpu: GpuTraits | None = None,
 ) -> ResolvedWorkload:
     """Fill every option ``spec`` leaves out from the default table, recording each.
 
     ``model_bindings`` are the model's default symbolic dims; ``hardware_runtime`` the runtime of
     the hardware it runs on (None: no hardware given); ``batch_size`` overrides the spec's (the
-    fit's largest-batch search).
+    fit's largest-batch search); ``gpu`` the GPU it runs on (its compute capability decides the
+    precision and attention defaults on CUDA).
     """
     used: list[DefaultUsed] = []
 
@@ -283,8 +440,10 @@ def resolve(
         default("runtime", runtime.value, "no hardware given: CUDA")
     precision = spec.precision
     if precision is None:
-        precision = default_precision(spec.mode, runtime)
-        default("precision", precision.value, f"{spec.mode.value} on {runtime.value}")
+        precision, why = choose_precision(
+            spec.mode, runtime, gpu if runtime is Runtime.CUDA else None
+        )
+        default("precision", precision.value, why)
     batch = batch_size if batch_size is not None else spec.batch_size
     micro = min(spec.micro_batch_size or batch, batch)
     if spec.micro_batch_size is None and spec.mode is Mode.TRAINING:
@@ -325,4 +484,5 @@ def resolve(
         logits=logits,
         runtime=runtime,
         defaults_used=tuple(used),
+        gpu=gpu if runtime is Runtime.CUDA else None,
     )

@@ -19,6 +19,7 @@ from app.domain.workload import (
     Runtime,
 )
 from app.schemas.base import MAX_BYTES, Schema, Slug, located_error
+from app.schemas.hardware import DeviceName
 from app.schemas.models import InputSpec
 
 BatchSize = Annotated[int, Field(ge=1, le=1_048_576)]
@@ -144,7 +145,8 @@ class WorkloadSpec(Schema):
         "tf32, bf16/fp16 (pure), amp_bf16/amp_fp16 (PyTorch autocast), mixed_bf16/mixed_fp16 "
         "(ZeRO/Megatron), fp8 and int8 (W8A8 inference), int8_weight_only (W8A16), int4 "
         "(W4A16), fp4 (NVFP4 W4A4 inference, Blackwell)). Default: bf16 for inference and "
-        "amp_bf16 for training on CUDA, fp32 on CPU.",
+        "amp_bf16 for training on CUDA, fp16 / amp_fp16 on a GPU below compute capability 8.0 "
+        "(no bf16: V100, T4), fp32 on CPU.",
         examples=["bf16"],
     )
     optimizer: Optimizer | None = Field(
@@ -163,8 +165,10 @@ class WorkloadSpec(Schema):
         default=None,
         description="How attention is computed: eager, sdpa_math (S x S scores materialised), "
         "flash or mem_efficient (fused, no S x S matrix). Default: what PyTorch's SDPA "
-        "dispatcher picks: flash on CUDA fp16/bf16, mem_efficient on CUDA fp32, flash on CPU "
-        "(sdpa_math in training with attention dropout).",
+        "dispatcher picks for the hardware's compute capability: flash on CUDA fp16/bf16 "
+        "(sm80+, head_dim <= 256), mem_efficient on CUDA fp32 or below sm80 (fp16/fp32 inputs), "
+        "sdpa_math otherwise (bf16 below sm80); flash on CPU (sdpa_math in training with "
+        "attention dropout).",
         examples=["flash"],
     )
     logits: Logits | None = Field(
@@ -219,9 +223,11 @@ def one_model_rule(model_name: str, model: str | None, architecture: object) -> 
 class MemoryEstimateRequest(WorkloadSpec):
     """What to estimate: a workload, and where it runs."""
 
-    hardware: Slug | None = Field(
+    hardware: DeviceName | None = Field(
         default=None,
-        description="Hardware profile: sets runtime and overhead defaults and the fit check.",
+        description="Hardware profile, `slug` or `slug/profile` (one MIG slice): sets the "
+        "runtime, overhead, precision and attention defaults (by its compute capability) and "
+        "the fit check (a slice: its profile's usable memory).",
         examples=["nvidia-a100-80gb-sxm"],
     )
     runtime: Runtime | None = Field(
@@ -350,8 +356,14 @@ class FitSummary(Schema):
     """Whether the workload fits the hardware profile's memory (the same requirement and verdict
     as the MIG fit, admission and recommendations)."""
 
-    hardware: str = Field(description="Hardware slug.", examples=["nvidia-a100-80gb-sxm"])
-    memory_bytes: int = Field(description="Device memory [B].", examples=[85_899_345_920])
+    hardware: str = Field(
+        description="Hardware slug, or `slug/profile` for a MIG slice.",
+        examples=["nvidia-a100-80gb-sxm"],
+    )
+    memory_bytes: int = Field(
+        description="Device memory (a MIG slice: its profile's usable memory) [B].",
+        examples=[85_899_345_920],
+    )
     usable_bytes: int = Field(description="Memory the workload may use [B].", examples=[1])
     required_bytes: int = Field(
         description="Estimate + CUDA context + workspace + safety margin [B].",

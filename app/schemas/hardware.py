@@ -20,6 +20,22 @@ from app.domain.hardware import (
 from app.domain.precision import DType
 from app.schemas.base import MAX_BYTES, Page, Schema, Slug, located_error
 
+# A device as a planner names it: a hardware slug (the whole device) or `slug/profile` (one MIG
+# slice of a MIG-capable GPU, e.g. nvidia-a100-80gb-sxm/1g.10gb), the form recommendations take.
+DEVICE_PATTERN = (
+    r"^[a-z0-9](?:[a-z0-9-]{0,62}[a-z0-9])?(?:/[1-8]g\.[0-9]{1,3}gb(?:[+-][a-z]+(?:\.[a-z]+)?)?)?$"
+)
+DEVICE_MAX_LENGTH = 100
+DeviceName = Annotated[
+    str,
+    StringConstraints(pattern=DEVICE_PATTERN, min_length=1, max_length=DEVICE_MAX_LENGTH),
+    Field(
+        description="A hardware slug (the whole device) or `slug/profile` (one MIG slice of a "
+        "MIG-capable GPU: its profile's usable memory, the GPU's overheads and defaults).",
+        examples=["nvidia-a100-80gb-sxm/1g.10gb"],
+    ),
+]
+
 
 class HardwareKind(StrEnum):
     """Broad class of a device."""
@@ -321,6 +337,16 @@ class HardwareBase(Schema):
         "slices), an approximation.",
         examples=[108],
     )
+    compute_capability: str | None = Field(
+        default=None,
+        pattern=r"^[1-9][0-9]?\.[0-9]$",
+        description="CUDA compute capability `major.minor` of an NVIDIA GPU or SoC GPU (NVIDIA, "
+        "'CUDA GPUs - Compute Capability': 7.0 V100, 7.5 T4, 8.0 A100, 8.9 L4, 9.0 H100); null: "
+        "not a CUDA device, or unknown. It decides the defaults on the device: below 8.0 there "
+        "is no bf16 (precision defaults to fp16 / amp_fp16) and no flash attention (SDPA picks "
+        "mem_efficient), and the precisions a 'GPUs that would fit' list offers it for.",
+        examples=["8.0"],
+    )
     tdp_watts: float | None = Field(
         default=None,
         ge=MIN_TDP_WATTS,
@@ -433,6 +459,19 @@ class HardwareBase(Schema):
                 type(self).__name__,
                 ("sm_count",),
                 "a cpu has no streaming multiprocessors: its cores are cpu.cores",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _compute_capability_only_on_cuda_devices(self) -> Self:
+        if self.compute_capability is not None and self.kind not in (
+            HardwareKind.GPU,
+            HardwareKind.EDGE,
+        ):
+            raise located_error(
+                type(self).__name__,
+                ("compute_capability",),
+                f"a {self.kind.value} has no CUDA compute capability (GPUs and SoC GPUs only)",
             )
         return self
 

@@ -9,6 +9,7 @@ from pydantic import Field
 from app.domain.workload import DEFAULT_SAFETY_MARGIN_FRACTION
 from app.schemas.base import MAX_BYTES, Schema, Slug
 from app.schemas.estimates import DefaultUsedRow, RequiredLine, WorkloadSpec
+from app.schemas.hardware import DeviceName
 
 
 class MigProfileInfo(Schema):
@@ -53,7 +54,11 @@ class MigFitRequest(Schema):
         description="The workload to place: a stored workload's slug, or inline.",
         examples=["chat-serving"],
     )
-    gpu: Slug = Field(description="MIG-capable hardware slug.", examples=["nvidia-a100-80gb-sxm"])
+    gpu: DeviceName = Field(
+        description="MIG-capable hardware slug, or `slug/profile` to ask about that profile "
+        "(the same as `profile`).",
+        examples=["nvidia-a100-80gb-sxm"],
+    )
     profile: str | None = Field(
         default=None,
         max_length=32,
@@ -113,7 +118,8 @@ class FitAlternatives(Schema):
         description="Whole-GPU memory [B].", examples=[85_899_345_920]
     )
     larger_gpus: list[LargerGpu] = Field(
-        description="Catalog GPUs that hold it whole, smallest first (up to 5)."
+        description="Catalog GPUs that hold it whole and run its precision (by compute "
+        "capability and peak table: no V100 or T4 for bf16), smallest first (up to 5)."
     )
     largest_batch_on_biggest_profile: int | None = Field(
         default=None,

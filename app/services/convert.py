@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from app.db.models import Hardware, MigProfile, Workload, utcnow
-from app.db.repositories import ModelRepository
+from app.db.repositories import HardwareRepository, ModelRepository
 from app.domain.graph.analysis import InputDecl
 from app.domain.graph.ops import TensorKind
 from app.domain.hardware import (
@@ -24,8 +25,9 @@ from app.domain.mig.layout import (
     MigGeometry,
     MigProfileSpec,
 )
-from app.domain.precision import DType
+from app.domain.precision import ComputeCapability, DType, Precision, cannot_run
 from app.domain.workload import (
+    GpuTraits,
     Parallelism,
     Runtime,
     WorkloadInputError,
@@ -68,6 +70,7 @@ def apply_hardware_fields(target: Hardware, fields: HardwareBase) -> None:
         None if fields.gpu_link is None else fields.gpu_link.bandwidth_bytes_per_s
     )
     target.sm_count = fields.sm_count
+    target.compute_capability = fields.compute_capability
     target.tdp_watts = fields.tdp_watts
     target.price_usd_per_hour = fields.price_usd_per_hour
     target.price_kind = None if fields.price_kind is None else fields.price_kind.value
@@ -207,6 +210,93 @@ def hardware_overhead(
         if "cuda_context_bytes" in given:
             values["context_source"] = "CUDA context, as the request set it"
     return FrameworkOverhead(**values)
+
+
+def compute_capability(hardware: Hardware) -> ComputeCapability | None:
+    """A profile's CUDA compute capability (None: not stated, or not a CUDA device)."""
+    text = hardware.compute_capability
+    if not text or hardware.kind not in ("gpu", "edge"):
+        return None
+    try:
+        return ComputeCapability.parse(text)
+    except ValueError:  # a row written around the schema: treated as unknown
+        return None
+
+
+def hardware_gpu(hardware: Hardware | None) -> GpuTraits | None:
+    """What the defaults need of a GPU profile (None without one, or for a CPU/TPU)."""
+    if hardware is None or hardware.kind not in ("gpu", "edge"):
+        return None
+    return GpuTraits(name=hardware.slug, compute_capability=compute_capability(hardware))
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceTarget:
+    """A device as a request names it: ``slug`` (the whole device) or ``slug/profile`` (one MIG
+    slice: the profile's usable memory; the GPU's overheads, runtime and compute capability)."""
+
+    name: str  # as asked
+    row: Hardware  # the device's row (a slice's GPU)
+    profile: MigProfileSpec | None = None
+
+    @property
+    def memory_bytes(self) -> int:
+        """The memory a workload may use: the slice's usable memory, else the device's [B]."""
+        return self.row.memory_bytes if self.profile is None else self.profile.memory_bytes
+
+    @property
+    def gpu(self) -> GpuTraits | None:
+        """What the defaults need of it (None: not a CUDA device)."""
+        traits = hardware_gpu(self.row)
+        return (
+            None
+            if traits is None
+            else GpuTraits(name=self.name, compute_capability=traits.compute_capability)
+        )
+
+
+def device_target(session: Session, name: str) -> DeviceTarget:
+    """The device ``name`` names, ``slug`` or ``slug/profile``: 404 for an unknown slug, a GPU
+    without MIG given a profile, or a profile the GPU does not have (naming the valid ones)."""
+    slug, _, profile_name = name.partition("/")
+    row = HardwareRepository(session).get(slug)
+    if row is None:
+        raise NotFound(f"hardware profile '{slug}' does not exist; GET /v1/hardware lists them")
+    if not profile_name:
+        return DeviceTarget(name=slug, row=row)
+    if row.mig_total_compute_slices is None:
+        raise NotFound(f"'{slug}' does not support MIG, so it has no profile '{profile_name}'")
+    geo = geometry(row)
+    profile = geo.profile(profile_name)
+    if profile is None:
+        raise NotFound(
+            f"'{slug}' has no MIG profile '{profile_name}'; valid profiles: "
+            + ", ".join(p.name for p in geo.profiles)
+        )
+    return DeviceTarget(name=f"{slug}/{profile.name}", row=row, profile=profile)
+
+
+def runs_precision(hardware: Hardware, precision: Precision) -> bool:
+    """Whether a hardware profile can run ``precision`` (its compute capability and peak table,
+    app.domain.precision.cannot_run): a "GPUs that would fit" list offers no others."""
+    reason = cannot_run(
+        precision,
+        compute_capability=compute_capability(hardware),
+        peak_dtypes=set(hardware.peak_flops_per_s),
+    )
+    return reason is None
+
+
+def split_gpu(payload: Any) -> tuple[str, str | None]:
+    """A request's ``gpu`` (``slug`` or ``slug/profile``) and ``profile`` as (slug, profile):
+    422 when both name a profile and they differ."""
+    slug, _, named = payload.gpu.partition("/")
+    if named and payload.profile and payload.profile != named:
+        raise InvalidInput(
+            f"gpu names profile '{named}' and profile names '{payload.profile}'; give one",
+            pointer="/profile",
+        )
+    return slug, named or payload.profile
 
 
 def hardware_runtime(hardware: Hardware | None) -> Runtime | None:
@@ -370,6 +460,7 @@ def hardware_spec(
         price_date=when,
         simd=(row.cpu or {}).get("simd"),
         sm_count=row.sm_count,
+        compute_capability=compute_capability(row),
         cpu_cores=(row.cpu or {}).get("cores"),
         architecture=row.architecture,
         mig=geometry(row) if row.mig_total_compute_slices is not None else None,

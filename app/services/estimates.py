@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
-from app.charts import binding_phrases, breakdown_svg
+from app.charts import ChartFit, binding_phrases, breakdown_svg
 from app.db.repositories import ModelRepository
 from app.domain.graph.analysis import LayerAnalysis
 from app.domain.graph.ops import TensorKind
@@ -96,8 +96,15 @@ def memory_chart(session: Session, *, payload: MemoryEstimateRequest) -> str:
         "POST /v1/estimates/memory for formulas and assumptions",
         lines=[(line.key, line.bytes) for line in result.breakdown],
         total_bytes=result.peak_bytes,
-        capacity_bytes=None if fit is None else fit.memory_bytes,
-        capacity_label="" if fit is None else fit.hardware,
+        fit=None
+        if fit is None
+        else ChartFit(
+            device=fit.hardware,
+            required_bytes=fit.required_bytes,
+            usable_bytes=fit.usable_bytes,
+            fits=fit.fits,
+            safety_margin_fraction=fit.safety_margin_fraction,
+        ),
     )
 
 

@@ -91,6 +91,7 @@ def to_read(row: Hardware) -> HardwareRead:
                 )
             ),
             "sm_count": row.sm_count,
+            "compute_capability": row.compute_capability,
             "tdp_watts": row.tdp_watts,
             "price_usd_per_hour": row.price_usd_per_hour,
             "price_kind": row.price_kind,

@@ -18,6 +18,7 @@ from app.domain.mig.layout import (
 from app.domain.mig.layout import validate_layout as check_layout
 from app.domain.mig.parted import mig_parted_config
 from app.domain.mig.plan import Demand, plan_partitions
+from app.domain.precision import Precision
 from app.schemas.mig import (
     FitAlternatives,
     LargerGpu,
@@ -38,6 +39,8 @@ from app.schemas.mig import (
 )
 from app.services.convert import (
     geometry,
+    runs_precision,
+    split_gpu,
 )
 from app.services.errors import (
     InvalidInput,
@@ -99,9 +102,10 @@ def _profile_fit(profile: MigProfileSpec, required: int) -> ProfileFit:
 
 def fit(session: Session, *, payload: MigFitRequest) -> MigFitResponse:
     """Which profiles of a GPU hold the workload; if none, what would."""
-    row = mig_hardware(session, payload.gpu)
+    slug, named_profile = split_gpu(payload)
+    row = mig_hardware(session, slug)
     geo = geometry(row)
-    requested_profile = require_profile(geo, payload.profile) if payload.profile else None
+    requested_profile = require_profile(geo, named_profile) if named_profile else None
     with spec_pointers("/workload", payload.workload):
         need = required_memory(
             session,
@@ -115,7 +119,9 @@ def fit(session: Session, *, payload: MigFitRequest) -> MigFitResponse:
         smallest = smallest_fitting(geo, required)
         alternatives = None
         if smallest is None:
-            alternatives = _alternatives(session, payload, row, geo, required)
+            alternatives = _alternatives(
+                session, payload, row, geo, required, need.run.resolved.precision
+            )
     return MigFitResponse(
         gpu=geo.gpu,
         required_bytes=required,
@@ -146,15 +152,23 @@ def fit_with_digest(session: Session, *, payload: MigFitRequest) -> tuple[bytes,
 
 
 def _alternatives(
-    session: Session, payload: MigFitRequest, row: Hardware, geo: MigGeometry, required: int
+    session: Session,
+    payload: MigFitRequest,
+    row: Hardware,
+    geo: MigGeometry,
+    required: int,
+    precision: Precision,
 ) -> FitAlternatives:
     biggest = max(geo.profiles, key=lambda p: (p.memory_mib, p.compute_slices, p.name))
-    gpus = session.scalars(
-        select(Hardware)
-        .where(Hardware.kind == "gpu", Hardware.memory_bytes >= required)
-        .order_by(Hardware.memory_bytes, Hardware.slug)
-        .limit(5)
-    )
+    gpus = [
+        gpu
+        for gpu in session.scalars(
+            select(Hardware)
+            .where(Hardware.kind == "gpu", Hardware.memory_bytes >= required)
+            .order_by(Hardware.memory_bytes, Hardware.slug)
+        )
+        if runs_precision(gpu, precision)
+    ][:5]
     return FitAlternatives(
         full_gpu_fits=row.memory_bytes >= required,
         full_gpu_memory_bytes=row.memory_bytes,

@@ -35,6 +35,7 @@ from app.domain.mig.layout import (
 from app.domain.units import GIB
 from app.domain.workload import (
     Attention,
+    GpuTraits,
     Logits,
     Mode,
     ResolvedWorkload,
@@ -59,7 +60,10 @@ from app.schemas.workloads import (
 )
 from app.services.cache import LruCache
 from app.services.convert import (
+    DeviceTarget,
+    device_target,
     domain_workload,
+    hardware_gpu,
     hardware_overhead,
     hardware_runtime,
     input_decls,
@@ -94,6 +98,7 @@ def analyze_graph(
             "runtime": resolved.runtime,
             "precision": resolved.precision,
             "logits": resolved.logits,
+            "gpu": resolved.gpu,
         }
     try:
         return analyze(input_decls(inputs), layers, bindings, training=training, **options)
@@ -142,9 +147,11 @@ def run_estimate(
     overhead: FrameworkOverhead,
     per_layer: bool = False,
     batch_size: int | None = None,
+    gpu: GpuTraits | None = None,
 ) -> EstimateRun:
     """Estimate ``spec`` (optionally at another batch size) with its defaults resolved from the
-    one default table: ``runtime`` is the request's (None: ``hardware_runtime``, else CUDA)."""
+    one default table: ``runtime`` is the request's (None: ``hardware_runtime``, else CUDA);
+    ``gpu`` the GPU profile's traits (its compute capability decides precision and attention)."""
     inputs, layers, defaults, label, graph_key = model_graph(session, spec.model, spec.architecture)
     cache_key = None
     if graph_key:  # stored models only: inline graphs are not worth hashing
@@ -156,6 +163,7 @@ def run_estimate(
             overhead,
             per_layer,
             batch_size,
+            gpu,
         )
         cached = _CACHE.get(cache_key)
         if cached is not None:
@@ -165,6 +173,7 @@ def run_estimate(
         model_bindings=defaults,
         hardware_runtime=hardware_runtime,
         batch_size=batch_size,
+        gpu=gpu,
     )
     batch, micro = resolved.batch_size, resolved.micro_batch_size
     bindings = dict(resolved.bindings)
@@ -341,6 +350,7 @@ def required_memory(
         hardware_runtime=Runtime.CUDA,
         overhead=hardware_overhead(row, override),
         batch_size=batch_size,
+        gpu=hardware_gpu(row),
     )
     required = required_of(run, safety_margin_fraction, overhead_sources(row, override))
     return Required(
@@ -376,20 +386,16 @@ def stored_spec(session: Session, slug: str) -> WorkloadSpec:
         ) from exc
 
 
-def _hardware(session: Session, slug: str | None) -> Hardware | None:
-    if slug is None:
-        return None
-    row = HardwareRepository(session).get(slug)
-    if row is None:
-        raise NotFound(f"hardware profile '{slug}' does not exist; GET /v1/hardware lists them")
-    return row
+def _hardware(session: Session, name: str | None) -> DeviceTarget | None:
+    return None if name is None else device_target(session, name)
 
 
 def estimate_response(
     session: Session, *, payload: MemoryEstimateRequest
 ) -> MemoryEstimateResponse:
     """Estimate the footprint of a stored or inline model."""
-    hardware = _hardware(session, payload.hardware)
+    target = _hardware(session, payload.hardware)
+    hardware = None if target is None else target.row
     run = run_estimate(
         session,
         payload,
@@ -397,26 +403,27 @@ def estimate_response(
         hardware_runtime=hardware_runtime(hardware),
         overhead=hardware_overhead(hardware, payload.framework_overhead),
         per_layer=payload.per_layer,
+        gpu=None if target is None else target.gpu,
     )
-    return _response(run, payload, hardware)
+    return _response(run, payload, target)
 
 
 def _response(
-    run: EstimateRun, payload: MemoryEstimateRequest, hardware: Hardware | None
+    run: EstimateRun, payload: MemoryEstimateRequest, target: DeviceTarget | None
 ) -> MemoryEstimateResponse:
     label, micro, bindings = run.label, run.micro_batch, run.bindings
     analysis, result = run.analysis, run.result
     fit = None
-    if hardware is not None:
+    if target is not None:
         required = required_of(
             run,
             payload.safety_margin_fraction,
-            overhead_sources(hardware, payload.framework_overhead),
+            overhead_sources(target.row, payload.framework_overhead),
         )
-        verdict = fit_verdict(required, hardware.memory_bytes)
+        verdict = fit_verdict(required, target.memory_bytes)
         fit = FitSummary(
-            hardware=hardware.slug,
-            memory_bytes=hardware.memory_bytes,
+            hardware=target.name,
+            memory_bytes=target.memory_bytes,
             usable_bytes=verdict.usable_bytes,
             required_bytes=verdict.required_bytes,
             required=required_lines(required),

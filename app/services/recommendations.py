@@ -587,7 +587,7 @@ class ModelSource:
         bindings = self.memory_bindings(batch)
         precision = Precision(scheme.precision.value)
         attention, _ = default_attention(
-            candidate.runtime, precision, training=False, dropout=False
+            candidate.runtime, precision, training=False, dropout=False, gpu=candidate.device.gpu
         )
         request = MemoryRequest(
             mode=Mode.INFERENCE,
@@ -1312,7 +1312,9 @@ def _attention_used(
              "scores)"]  # fmt: skip
     for candidate, scheme in runnable:
         precision = Precision(scheme.precision.value)
-        impl, why = default_attention(candidate.runtime, precision, training=False, dropout=False)
+        impl, why = default_attention(
+            candidate.runtime, precision, training=False, dropout=False, gpu=candidate.device.gpu
+        )
         line = f"memory on {candidate.runtime.value} at {precision.value}: {impl.value} ({why})"
         if line not in found:
             found.append(line)

@@ -21,6 +21,7 @@ from app.schemas.workloads import (
 )
 from app.services.concurrency import IfMatch, commit_versioned, require_match
 from app.services.convert import (
+    hardware_gpu,
     hardware_overhead,
     hardware_runtime,
     to_spec,
@@ -72,6 +73,7 @@ def _apply(session: Session, row: Workload, fields: WorkloadBase) -> None:
         runtime=None,
         hardware_runtime=hardware_runtime(hardware),
         overhead=hardware_overhead(hardware),
+        gpu=hardware_gpu(hardware),
     )
     row.name = fields.name
     row.description = fields.description

@@ -7,6 +7,7 @@ import pytest
 
 from tests.api.helpers import assert_problem
 from tests.support import ApiClient, table_counts
+from tests.test_charts import assert_no_overlap
 
 NS = "{http://www.w3.org/2000/svg}"
 ROOFLINE = "/v1/recommendations/roofline.svg"
@@ -126,9 +127,47 @@ def test_memory_breakdown_chart(client: ApiClient) -> None:
         assert f"{line['bytes'] / 2**30:.3f} GiB" in texts
     assert "total (peak)" in texts
     assert f"{estimate['peak_bytes'] / 2**30:.3f} GiB" in texts
-    assert "nvidia-a10 24 GiB" in texts
+    fit = estimate["fit"]
+    assert "nvidia-a10 usable 24 GiB" in texts
+    assert f"required (+{fit['safety_margin_fraction']:g} margin)" in texts
+    assert f"{fit['required_bytes'] / 2**30:.3f} GiB" in texts
     assert "memory [GiB]" in texts
-    assert len(root.findall(f".//{NS}rect")) == 1 + len(shown) + 1  # background, lines, total
+    # background, lines, total, requirement
+    assert len(root.findall(f".//{NS}rect")) == 1 + len(shown) + 2
+
+
+def test_the_memory_chart_says_the_verdict_the_estimate_and_the_cli_give(
+    client: ApiClient,
+) -> None:
+    """A peak just under the device's memory that does not fit once context, workspace and
+    margin are added: the chart's verdict, requirement and usable line are the fit's numbers."""
+    params = {
+        "model": "llama-3-8b", "mode": "inference", "batch_size": 8, "sequence_length": 4096,
+        "precision": "bf16", "hardware": "nvidia-a10",
+    }  # fmt: skip
+    fit = client.get("/v1/estimates/memory", params=params).json()["fit"]
+    assert not fit["fits"]
+    texts = _texts(_svg(client.get(MEMORY, params=params)))
+    gib = 2**30
+    assert (
+        f"does NOT fit nvidia-a10: needs {fit['required_bytes'] / gib:,.2f} GiB of "
+        f"{fit['usable_bytes'] / gib:,.2f} GiB usable, headroom "
+        f"{fit['headroom_bytes'] / gib:,.2f} GiB"
+    ) in texts
+    assert f"nvidia-a10 usable {fit['usable_bytes'] / gib:.3g} GiB" in texts
+    assert_no_overlap(client.get(MEMORY, params=params).content)
+
+
+def test_the_memory_chart_of_a_mig_slice_uses_the_slice_memory(client: ApiClient) -> None:
+    params = {
+        "model": "gpt-2", "mode": "inference", "batch_size": 1,
+        "hardware": "nvidia-a100-80gb-sxm/1g.10gb",
+    }  # fmt: skip
+    fit = client.get("/v1/estimates/memory", params=params).json()["fit"]
+    assert fit["hardware"] == "nvidia-a100-80gb-sxm/1g.10gb"
+    texts = _texts(_svg(client.get(MEMORY, params=params)))
+    assert any(t.startswith("fits nvidia-a100-80gb-sxm/1g.10gb: needs ") for t in texts)
+    assert f"nvidia-a100-80gb-sxm/1g.10gb usable {fit['usable_bytes'] / 2**30:.3g} GiB" in texts
 
 
 def test_memory_chart_bad_input(client: ApiClient) -> None:

@@ -139,3 +139,25 @@ def test_schema_json_is_current() -> None:
         "hardware_catalog/schema.json is stale; run `capplan-server catalog-schema -o "
         "hardware_catalog/schema.json`"
     )
+
+
+def test_every_nvidia_device_has_its_compute_capability_and_it_agrees_with_bf16() -> None:
+    """NVIDIA's compute capability table, cited in each entry; bf16 hardware (a bf16 peak) only
+    from compute capability 8.0 (Ampere), and every data-center GPU from 8.0 lists one (the
+    Jetson SoCs' tables list only their int8 peak)."""
+    nvidia = [e for e in ENTRIES.values() if e.vendor == "NVIDIA"]
+    assert len(nvidia) >= 20
+    for entry in nvidia:
+        assert entry.compute_capability is not None, entry.slug
+        assert "https://developer.nvidia.com/cuda-gpus" in entry.sources, entry.slug
+        major = int(entry.compute_capability.split(".")[0])
+        has_bf16 = any(dtype.value == "bf16" for dtype in entry.peak_flops_per_s)
+        assert not has_bf16 or major >= 8, entry.slug
+        if entry.kind.value == "gpu":
+            assert has_bf16 == (major >= 8), entry.slug
+    others = [e for e in ENTRIES.values() if e.vendor != "NVIDIA"]
+    assert all(e.compute_capability is None for e in others)
+    assert ENTRIES["nvidia-t4"].compute_capability == "7.5"
+    assert ENTRIES["nvidia-v100-32gb-sxm2"].compute_capability == "7.0"
+    assert ENTRIES["nvidia-a100-80gb-sxm"].compute_capability == "8.0"
+    assert ENTRIES["nvidia-h100-sxm"].compute_capability == "9.0"

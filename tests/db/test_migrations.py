@@ -323,3 +323,54 @@ def test_mig_profile_sm_count_column_comes_and_goes_and_keeps_the_profile(db_url
     finally:
         command.upgrade(config, "head")
         engine.dispose()
+
+
+def test_compute_capability_column_comes_and_goes_and_keeps_the_row(db_url: str) -> None:
+    """0007 (expand-only): a row stored before it has no compute capability (NULL: the defaults
+    assume an Ampere-or-newer GPU, as before) and can be given one; downgrading drops the column
+    and keeps the row."""
+    config = alembic_config(db_url)
+    engine = make_engine(db_url)
+    json_columns = {"peak_flops_per_s", "peak_sparse_flops_per_s", "unconfirmed", "sources"}
+    legacy_row = {**LEGACY_HARDWARE, "slug": "legacy-cc", "price_kind": "on_demand"}
+    legacy = sa.table(
+        "hardware",
+        *(
+            sa.column(name, sa.JSON() if name in json_columns else None)
+            for name in legacy_row
+            if name not in ("created_at", "updated_at")
+        ),
+        sa.column("created_at", sa.DateTime(timezone=True)),
+        sa.column("updated_at", sa.DateTime(timezone=True)),
+    )
+    table = Hardware.__table__
+    assert isinstance(table, Table)
+
+    def columns() -> set[str]:
+        return {c["name"] for c in inspect(engine).get_columns("hardware")}
+
+    try:
+        command.downgrade(config, "0006")
+        assert "compute_capability" not in columns()
+        assert "sm_count" in columns()  # only this revision's column went
+        with engine.begin() as connection:
+            connection.execute(legacy.insert().values(**legacy_row))
+        command.upgrade(config, "head")
+        assert "compute_capability" in columns()
+        where = table.c.slug == "legacy-cc"
+        with engine.begin() as connection:
+            read = select(table.c.compute_capability).where(where)
+            assert connection.execute(read).scalar_one() is None
+            connection.execute(table.update().where(where).values(compute_capability="7.5"))
+            assert connection.execute(read).scalar_one() == "7.5"
+        command.downgrade(config, "0006")
+        assert "compute_capability" not in columns()
+        with engine.begin() as connection:
+            price = connection.execute(
+                sa.select(legacy.c.price_usd_per_hour).where(legacy.c.slug == "legacy-cc")
+            ).scalar_one()
+            connection.execute(legacy.delete().where(legacy.c.slug == "legacy-cc"))
+        assert price == 2.5
+    finally:
+        command.upgrade(config, "head")
+        engine.dispose()

@@ -55,7 +55,8 @@ async def memory_query(
         Precision | None,
         Query(
             description="Precision convention. Default: bf16 (inference) / amp_bf16 "
-            "(training) on CUDA, fp32 on CPU."
+            "(training) on CUDA, fp16 / amp_fp16 on a GPU below compute capability 8.0, fp32 "
+            "on CPU."
         ),
     ] = None,
     optimizer: Annotated[Optimizer | None, Query(description="Optimizer. Default: adamw.")] = None,
@@ -66,7 +67,8 @@ async def memory_query(
         Attention | None,
         Query(
             description="eager, sdpa_math, flash or mem_efficient. Default: PyTorch SDPA's "
-            "choice (flash on CUDA fp16/bf16, mem_efficient on CUDA fp32, flash on CPU)."
+            "choice for the GPU's compute capability (flash on CUDA fp16/bf16 from sm80, "
+            "mem_efficient on CUDA fp32 or below sm80, flash on CPU)."
         ),
     ] = None,
     logits: Annotated[
@@ -77,7 +79,12 @@ async def memory_query(
         bool | None, Query(description="Decoder inference: include the KV cache (default).")
     ] = None,
     hardware: Annotated[
-        StorableStr | None, Query(max_length=64, description="Hardware slug.")
+        StorableStr | None,
+        Query(
+            max_length=100,
+            description="Hardware slug, or `slug/profile` for one MIG slice "
+            "(nvidia-a100-80gb-sxm/1g.10gb).",
+        ),
     ] = None,
     runtime: Annotated[Runtime | None, Query(description="Runtime.")] = None,
 ) -> MemoryEstimateRequest:

@@ -30,7 +30,7 @@ from app.domain.graph.ops import (
     Value,
 )
 from app.domain.precision import Precision
-from app.domain.workload import Attention, Logits, Runtime
+from app.domain.workload import Attention, GpuTraits, Logits, Runtime
 
 MAX_NUMEL = 2**50  # elements in one tensor; beyond this no device has the memory (2^53 B fp64)
 
@@ -157,6 +157,7 @@ class _State:
     attention: Attention | None = None
     runtime: Runtime = Runtime.CUDA
     precision: Precision = Precision.FP32
+    gpu: GpuTraits | None = None  # the GPU SDPA's default attention is chosen for
     head: int | None = None  # id of the layer dict computed at the last position only
     head_name: str | None = None  # its name, once it ran on a [N, S, D] input
     layers: list[LayerAnalysis] = field(default_factory=list)
@@ -194,11 +195,13 @@ def analyze(
     runtime: Runtime = Runtime.CUDA,
     precision: Precision = Precision.FP32,
     logits: Logits = Logits.ALL,
+    gpu: GpuTraits | None = None,
 ) -> GraphAnalysis:
     """Infer every layer's shapes, parameters, FLOPs and saved tensors.
 
     ``attention`` is how attention layers compute (None: PyTorch SDPA's choice for ``runtime``
-    and ``precision``, per layer; see :func:`app.domain.graph.ops.attention`). With
+    and ``precision``, per layer, on ``gpu``'s compute capability; see
+    :func:`app.domain.graph.ops.attention`). With
     ``logits=last`` at inference, a decoder's output head (the last top-level ``linear`` layer,
     when it reads a [N, S, D] hidden state) runs on ``hidden[:, -1:, :]`` only, as serving
     stacks do: its output is [N, 1, V]. Training always computes every position (the loss reads
@@ -220,6 +223,7 @@ def analyze(
         attention=attention,
         runtime=runtime,
         precision=precision,
+        gpu=gpu,
         head=head,
     )
     env: dict[str, _Binding] = {}
@@ -613,6 +617,7 @@ def _evaluate(
         attention=state.attention,
         runtime=state.runtime,
         precision=state.precision,
+        gpu=state.gpu,
         tied_params={
             ref: binding.weight_numel
             for ref, binding in env.items()

@@ -17,7 +17,13 @@ from typing import Any, NamedTuple
 
 from app.domain.errors import GraphError
 from app.domain.precision import Precision
-from app.domain.workload import FUSED_ATTENTION, Attention, Runtime, default_attention
+from app.domain.workload import (
+    FUSED_ATTENTION,
+    Attention,
+    GpuTraits,
+    Runtime,
+    default_attention,
+)
 
 
 class TensorKind(StrEnum):
@@ -101,6 +107,7 @@ class OpContext:
     attention: Attention | None = None  # None: PyTorch SDPA's choice for runtime and precision
     runtime: Runtime = Runtime.CUDA
     precision: Precision = Precision.FP32
+    gpu: GpuTraits | None = None  # the GPU SDPA's default is chosen for (None: none named)
 
     def fail(self, message: str, field_name: str) -> GraphError:
         """A GraphError for this layer."""
@@ -729,7 +736,12 @@ def attention(ctx: OpContext) -> OpResult:
     transients = [Transient(label="qkv", numel=q_numel + 2 * expanded_kv)]
     if ctx.attention is None:
         impl, reason = default_attention(
-            ctx.runtime, ctx.precision, training=ctx.training, dropout=dropout_p > 0
+            ctx.runtime,
+            ctx.precision,
+            training=ctx.training,
+            dropout=dropout_p > 0,
+            gpu=ctx.gpu,
+            head_dim=head_dim,
         )
     else:
         impl, reason = ctx.attention, "requested"
