@@ -306,8 +306,10 @@ def test_leave_one_model_out_drops_a_family_that_feeds_the_fit(
         for r in calibration_fit_rows
         if r["metric"] == "throughput" and calibrate.CATALOG_SLUGS[r["device"]] == "nvidia-a10"
     )
-    doubled = {k: 2 * a10[k] for k in ("value", "value_per_accelerator") if k in a10}
-    planted = {**a10, "model": "bert-99", **doubled}
+    planted: dict[str, Any] = {**a10, "model": "bert-99"}
+    for key in ("value", "value_per_accelerator"):
+        if key in a10:
+            planted[key] = 2 * a10[key]
     rows = [*calibration_fit_rows, planted]
     with_it = calibrate._full(calibrate.derive(rows, devices, latency, bandwidth).calibrations)
     without = calibrate.leave_family_out("bert-99", rows, calibration_more_rows, devices, bandwidth)
