@@ -18,8 +18,10 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from app.client import cli
-from app.client.cli import main, recommendation_table, resolve_gpu
+from app.client import cli, cli_devices, cli_output, cli_requests
+from app.client.cli import main
+from app.client.cli_devices import resolve_gpu
+from app.client.cli_recommend import recommendation_table
 from app.client.transport import Json
 from app.config import PROJECT_ROOT
 from app.domain.hardware import DeviceKind, PriceKind
@@ -66,10 +68,10 @@ def test_exit_codes_tell_the_verdict_from_errors(http: TestClient, tmp_path: Pat
     key = ("--token", "key-1")
     fits = ("estimate", "gpt-2", "--seq", "64", "--gpu", "nvidia-a100-80gb-sxm", *key)
     code, out, err = run(http, *fits)
-    assert (code, err) == (cli.EXIT_OK, "")
+    assert (code, err) == (cli_output.EXIT_OK, "")
     assert "fits nvidia-a100-80gb-sxm" in out
     code, out, _ = run(http, "estimate", "llama-3-8b", "--batch", "8", "--gpu", "l4", *key)
-    assert code == cli.EXIT_VERDICT_NO == 1
+    assert code == cli_output.EXIT_VERDICT_NO == 1
     assert "does NOT fit nvidia-l4" in out
     code, out, _ = run(http, "estimate", "llama-3-8b", "--batch", "8", "--gpu", "l4", "--json")
     assert code == 1  # --json: the same verdict
@@ -102,11 +104,11 @@ def test_exit_codes_tell_the_verdict_from_errors(http: TestClient, tmp_path: Pat
     assert run(http, *recommend)[0] == 0
     assert run(http, *recommend, "--slo-ms", "0.001")[0] == 1  # nothing meets 1 us
 
-    assert run(http, "estimate")[0] == cli.EXIT_USAGE == 2
+    assert run(http, "estimate")[0] == cli_output.EXIT_USAGE == 2
     assert run(http, "estimate", "gpt-2", "--gpu", "nvidia")[0] == 2  # ambiguous
     code, _, err = run(http, "estimate", "no-such-model")
-    assert (code, err.startswith("error 404")) == (cli.EXIT_API_ERROR, True)
-    assert cli.EXIT_API_ERROR == 3
+    assert (code, err.startswith("error 404")) == (cli_output.EXIT_API_ERROR, True)
+    assert cli_output.EXIT_API_ERROR == 3
     code, _, err = run(http, "models", "delete", "gpt-2")  # writes need the key
     assert code == 3, err
     assert err.startswith("error 40")
@@ -115,7 +117,7 @@ def test_exit_codes_tell_the_verdict_from_errors(http: TestClient, tmp_path: Pat
 def test_an_unreachable_server_exits_4() -> None:
     out, err = io.StringIO(), io.StringIO()
     code = main(["--url", "http://127.0.0.1:9", "--timeout", "5", "health"], out=out, err=err)
-    assert code == cli.EXIT_UNREACHABLE == 4
+    assert code == cli_output.EXIT_UNREACHABLE == 4
     assert "no answer from http://127.0.0.1:9" in err.getvalue()
 
 
@@ -321,22 +323,22 @@ def test_every_fit_admission_plan_and_recommend_option_reaches_the_body(tmp_path
 
 
 def test_the_cli_choices_are_the_api_enumerations() -> None:
-    assert cli.PRECISIONS == tuple(p.value for p in Precision if p.value != "none")
-    assert cli.OPTIMIZERS == tuple(o.value for o in Optimizer)
-    assert cli.OPTIMIZER_IMPLS == tuple(o.value for o in OptimizerImpl)
-    assert cli.CHECKPOINTING == tuple(c.value for c in Checkpointing)
-    assert cli.ATTENTIONS == tuple(a.value for a in Attention)
-    assert cli.LOGITS == tuple(lg.value for lg in Logits)
-    assert cli.RUNTIMES == tuple(r.value for r in Runtime)
-    assert cli.OBJECTIVES == tuple(o.value for o in Objective)
-    assert cli.PRICE_KINDS == tuple(k.value for k in PriceKind)
-    assert cli.SCENARIOS == tuple(k.value for k in Scenario)
-    assert cli.SERVING_RUNTIMES == tuple(r.value for r in ServingRuntime)
-    assert cli.BATCHINGS == tuple(b.value for b in Batching)
-    assert cli.PARALLELISMS == tuple(p.value for p in ParallelStrategy)
-    assert set(cli.DEVICE_KINDS) == {k.value for k in DeviceKind}
-    assert cli.CALIBRATION_FIELDS == tuple(CalibrationOverride.model_fields)
-    assert cli.CALIBRATION_CLASSES == tuple(c.value for c in CalibrationClass)
+    assert cli_requests.PRECISIONS == tuple(p.value for p in Precision if p.value != "none")
+    assert cli_requests.OPTIMIZERS == tuple(o.value for o in Optimizer)
+    assert cli_requests.OPTIMIZER_IMPLS == tuple(o.value for o in OptimizerImpl)
+    assert cli_requests.CHECKPOINTING == tuple(c.value for c in Checkpointing)
+    assert cli_requests.ATTENTIONS == tuple(a.value for a in Attention)
+    assert cli_requests.LOGITS == tuple(lg.value for lg in Logits)
+    assert cli_requests.RUNTIMES == tuple(r.value for r in Runtime)
+    assert cli_requests.OBJECTIVES == tuple(o.value for o in Objective)
+    assert cli_requests.PRICE_KINDS == tuple(k.value for k in PriceKind)
+    assert cli_requests.SCENARIOS == tuple(k.value for k in Scenario)
+    assert cli_requests.SERVING_RUNTIMES == tuple(r.value for r in ServingRuntime)
+    assert cli_requests.BATCHINGS == tuple(b.value for b in Batching)
+    assert cli_requests.PARALLELISMS == tuple(p.value for p in ParallelStrategy)
+    assert set(cli_requests.DEVICE_KINDS) == {k.value for k in DeviceKind}
+    assert cli_requests.CALIBRATION_FIELDS == tuple(CalibrationOverride.model_fields)
+    assert cli_requests.CALIBRATION_CLASSES == tuple(c.value for c in CalibrationClass)
 
 
 def _recommend_actions() -> dict[str, argparse.Action]:
@@ -447,7 +449,7 @@ def test_gpu_names_resolve_to_one_slug(query: str, slug: str) -> None:
     ],
 )
 def test_gpu_names_that_do_not_name_one_part_list_candidates(query: str, message: str) -> None:
-    with pytest.raises(cli.UsageError) as caught:
+    with pytest.raises(cli_output.UsageError) as caught:
         resolve_gpu(HARDWARE, query)
     assert message in str(caught.value)
 
@@ -491,7 +493,7 @@ def test_estimate_and_fit_take_the_mig_slug_profile_form(http: TestClient) -> No
 def test_the_cli_precision_rule_is_the_servers(capability: str | None, peaks: tuple[str]) -> None:
     from app.domain.precision import ComputeCapability, Precision, cannot_run
 
-    assert set(cli.PRECISION_NEEDS) == {p.value for p in Precision}
+    assert set(cli_devices.PRECISION_NEEDS) == {p.value for p in Precision}
     item = {"compute_capability": capability, "peak_flops_per_s": dict.fromkeys(peaks, 1e12)}
     for precision in Precision:
         server = cannot_run(
@@ -499,7 +501,7 @@ def test_the_cli_precision_rule_is_the_servers(capability: str | None, peaks: tu
             compute_capability=None if capability is None else ComputeCapability.parse(capability),
             peak_dtypes=set(peaks),
         )
-        assert cli.runs_precision(item, precision.value) == (server is None), precision
+        assert cli_devices.runs_precision(item, precision.value) == (server is None), precision
 
 
 def test_the_gpus_that_would_fit_run_the_precision(http: TestClient) -> None:
@@ -715,7 +717,8 @@ def test_parallelism_pipeline_offers_a_pipeline_group(http: TestClient) -> None:
 
 def test_pipeline_parallel_max_1_offers_no_pipeline_group(http: TestClient) -> None:
     code, out, err = run(http, *LARGE, "--parallelism", "pipeline", "--pipeline-parallel-max", "1")
-    assert code == cli.EXIT_VERDICT_NO, err  # the lone T4 does not fit, and no group is offered
+    # the lone T4 does not fit, and no group is offered
+    assert code == cli_output.EXIT_VERDICT_NO, err
     assert "(pipeline)" not in out
     assert "pipeline groups" not in out
     assert "does not fit" in out
@@ -749,7 +752,7 @@ def test_a_closed_pipe_exits_141_without_a_traceback(live_url: str) -> None:
     for argv in (["--url", live_url, "hardware", "list"],
                  ["--url", live_url, "hardware", "show", "l4", "--json"]):  # fmt: skip
         done = _with_closed_stdout([*CAPPLAN, *argv])
-        assert done.returncode == cli.EXIT_BROKEN_PIPE == 141, done.stderr
+        assert done.returncode == cli_output.EXIT_BROKEN_PIPE == 141, done.stderr
         assert done.stderr == b"", done.stderr
     # argparse prints --help itself and ignores a failed write (then 0), else main exits 141.
     done = _with_closed_stdout([*CAPPLAN, "--help"])
@@ -768,13 +771,18 @@ def test_a_closed_pipe_exits_141_without_a_traceback(live_url: str) -> None:
 SERVER_PACKAGES = ("fastapi", "starlette", "pydantic", "pydantic_core", "pydantic_settings",
                    "sqlalchemy", "alembic", "psycopg", "uvicorn", "yaml", "onnx", "numpy",
                    "prometheus_client", "multipart", "torch")  # fmt: skip
+# The command line's own modules: app/client/cli.py (the parser and main) and the cli_*.py
+# modules of its commands; none of them may need the server's packages.
+CLI_MODULES = tuple(
+    sorted(f"app.client.{path.stem}" for path in (PROJECT_ROOT / "app" / "client").glob("cli*.py"))
+)
 
 BLOCKED_RUN = textwrap.dedent(
     """
     import importlib.abc, json, sys
 
     SERVER = set(sys.argv[1].split(","))
-    ALLOWED_APP = {"app", "app.client", "app.client.cli", "app.client.transport"}
+    ALLOWED_APP = {"app", "app.client", "app.client.transport", *CLI_MODULES}
 
     class Block(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path=None, target=None):
@@ -789,7 +797,7 @@ BLOCKED_RUN = textwrap.dedent(
     loaded = sorted(m for m in sys.modules if m.partition(".")[0] in SERVER | {"app"})
     print(json.dumps({"codes": codes, "loaded": loaded}), file=sys.stderr)
     """
-)
+).replace("CLI_MODULES", repr(CLI_MODULES))
 
 
 def test_the_cli_runs_without_any_server_package(live_url: str) -> None:
@@ -816,7 +824,7 @@ def test_the_cli_runs_without_any_server_package(live_url: str) -> None:
     assert done.returncode == 0, done.stderr.decode()
     report = json.loads(done.stderr.decode().splitlines()[-1])
     assert report["codes"] == [0, 0, 0, 0, 0]
-    assert report["loaded"] == ["app", "app.client", "app.client.cli", "app.client.transport"]
+    assert report["loaded"] == sorted(["app", "app.client", "app.client.transport", *CLI_MODULES])
     assert b"fits nvidia-l4" in done.stdout
     # The blocker itself works: the typed client does need the server's schemas.
     blocked = subprocess.run(
@@ -846,3 +854,5 @@ def test_the_client_package_ships_what_the_cli_imports_and_needs_only_httpx() ->
     assert setuptools["package-dir"] == {"": ".."}
     for module in ("cli", "transport", "torch_import", "torch_graph"):
         assert (PROJECT_ROOT / "app" / "client" / f"{module}.py").is_file()
+    assert "app.client.cli" in CLI_MODULES
+    assert len(CLI_MODULES) > 1

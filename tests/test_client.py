@@ -10,7 +10,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.client import ApiError, CapacityPlannerClient
-from app.client.cli import ProgressBar, main, table
+from app.client.cli import main
+from app.client.cli_output import ProgressBar, table
 from app.config import PROJECT_ROOT
 from app.main import create_app
 from tests.api.helpers import MODEL, hardware

@@ -18,13 +18,8 @@ from fastapi.testclient import TestClient
 
 from app.client import torch_import
 from app.client.cli import main
-from app.client.torch_graph import (
-    TraceError,
-    TraceInput,
-    convert_trace,
-    merge_probes,
-    parse_input,
-)
+from app.client.torch_graph import convert_trace
+from app.client.torch_trace import TraceError, TraceInput, merge_probes, parse_input
 from app.domain.graph.analysis import GraphAnalysis, InputDecl
 from app.domain.graph.format import validate_graph
 from app.domain.graph.ops import TensorKind

@@ -18,13 +18,13 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from app.client.torch_graph import (
+from app.client.torch_graph import convert_trace
+from app.client.torch_trace import (
     LEAF_MODULE_TYPES,
     MODULE_ATTRIBUTES,
     PROBES,
     TraceError,
     TraceInput,
-    convert_trace,
     merge_probes,
     parse_input,
 )

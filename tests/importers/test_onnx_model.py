@@ -14,8 +14,9 @@ from app.domain.graph.analysis import analyze
 from app.domain.memory.estimate import MemoryRequest, analyze_for, estimate_memory
 from app.domain.precision import Precision
 from app.domain.workload import Mode, Runtime
-from app.importers import onnx_model, result
-from app.importers.onnx_model import import_onnx, strip_weights
+from app.importers import result
+from app.importers.onnx_model import attention, import_onnx, importer, parsing
+from app.importers.onnx_model.weights import strip_weights
 from app.importers.result import ImportRejected
 from app.schemas.models import InputSpec, ModelCreate
 from tests.importers import onnx_models
@@ -267,7 +268,7 @@ def test_more_layers_than_a_model_holds_stops_the_mapping_at_the_cap(
     # (slow) shape inference.
     data = onnx_models.chain(10_002, "Transpose")
     model = onnx.load_from_string(data)
-    assert onnx_model._least_layers(model.graph, {"x"}) == 0
+    assert parsing._least_layers(model.graph, {"x"}) == 0
     monkeypatch.setattr(result, "analyze", lambda *a, **k: pytest.fail("analysis ran"))
     with pytest.raises(ImportRejected, match="maps to more than 10000 layers"):
         import_onnx(data)
@@ -296,7 +297,7 @@ def test_the_early_layer_bound_never_exceeds_the_mapped_layers(case: str) -> Non
     model = onnx.load_from_string(data)
     initializers = {t.name for t in model.graph.initializer}
     inputs = {i.name for i in model.graph.input if i.name not in initializers}
-    least = onnx_model._least_layers(model.graph, inputs)
+    least = parsing._least_layers(model.graph, inputs)
     assert least >= at_least
     assert least <= len(import_onnx(data, lenient=True).layers)
 
@@ -330,7 +331,7 @@ def test_what_a_stored_model_cannot_hold_is_rejected_up_front(
 def test_counting_caps(monkeypatch: pytest.MonkeyPatch, cap: str, value: int, words: str) -> None:
     data = onnx_models.small_cnn()  # 9 nodes, 10 initializers, 1 input + 1 output
     assert import_onnx(data).layers  # within the real caps
-    monkeypatch.setattr(onnx_model, cap, value)
+    monkeypatch.setattr(parsing, cap, value)
     _no_expensive_work(monkeypatch)
     with pytest.raises(ImportRejected, match=words):
         import_onnx(data)
@@ -357,7 +358,7 @@ def test_attribute_tensors_count_towards_the_tensor_cap(monkeypatch: pytest.Monk
     model.ir_version = 8
     data = model.SerializeToString()
     assert import_onnx(data).layers
-    monkeypatch.setattr(onnx_model, "MAX_TENSORS", 2)
+    monkeypatch.setattr(parsing, "MAX_TENSORS", 2)
     with pytest.raises(ImportRejected, match="more than 2 tensors"):
         import_onnx(data)
 
@@ -418,10 +419,10 @@ def test_a_files_own_node_in_the_fusions_domain_is_not_trusted() -> None:
     ``Attention`` node in ``capplan.fused`` itself gets the custom-domain refusal."""
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4, 8])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4, 8])
-    node = helper.make_node("Attention", ["x"], ["y"], domain=onnx_model.FUSED_DOMAIN,
+    node = helper.make_node("Attention", ["x"], ["y"], domain=attention.FUSED_DOMAIN,
                             num_heads=2, num_kv_heads=2, head_dim=4)  # fmt: skip
     graph = helper.make_graph([node], "forged", [x], [y])
-    opsets = [helper.make_opsetid("", 17), helper.make_opsetid(onnx_model.FUSED_DOMAIN, 1)]
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid(attention.FUSED_DOMAIN, 1)]
     model = helper.make_model(graph, opset_imports=opsets)
     model.ir_version = 8
     with pytest.raises(ImportRejected) as caught:
@@ -533,9 +534,9 @@ def test_nodes_listed_out_of_order_are_no_cycle() -> None:
     nodes = list(model.graph.node)[::-1]
     del model.graph.node[:]
     model.graph.node.extend(nodes)
-    onnx_model._check_acyclic(model.graph)  # no exception
+    parsing._check_acyclic(model.graph)  # no exception
     with pytest.raises(ImportRejected):
-        onnx_model._check_acyclic(onnx.load_model_from_string(onnx_models.with_cycle()).graph)
+        parsing._check_acyclic(onnx.load_model_from_string(onnx_models.with_cycle()).graph)
 
 
 def test_load_onnx_reads_once_and_keeps_no_weights() -> None:
@@ -548,11 +549,11 @@ def test_load_onnx_reads_once_and_keeps_no_weights() -> None:
         calls.append(1)
         return data
 
-    model, weightless = onnx_model.load_onnx(read)
+    model, weightless = importer.load_onnx(read)
     assert calls == [1]
     assert weightless.dropped_bytes > 3 * 64 * 64 * 4
     assert model.ByteSize() < len(data) - weightless.dropped_bytes + 1_000
     floats = [t for t in model.graph.initializer if t.data_type == TensorProto.FLOAT]
     assert floats
     assert all(not t.raw_data and not t.float_data for t in floats if len(t.dims) == 2)
-    assert onnx_model.import_onnx_read(read).parameter_count == import_onnx(data).parameter_count
+    assert importer.import_onnx_read(read).parameter_count == import_onnx(data).parameter_count
