@@ -224,9 +224,7 @@ def test_requests_over_the_compute_slots_wait_then_are_shed(make_client: ClientF
     expected = _example(503, "compute-busy")
     expected.update(instance="/v1/estimates/memory")
     expected["detail"] = (
-        expected["detail"]
-        .replace("SLOTS=2", "SLOTS=1")
-        .replace("within 2 s", "within 0.2 s")
+        expected["detail"].replace("SLOTS=2", "SLOTS=1").replace("within 2 s", "within 0.2 s")
     )
     assert body == expected
     assert 'capplan_compute_stopped_total{reason="busy"} 1.0' in client.get("/metrics").text
