@@ -119,7 +119,7 @@ class Settings(BaseSettings):
         "/problems/too-expensive (no Retry-After: the same request would be stopped again).",
     )
     max_work_units: int = Field(
-        default=4_000_000,
+        default=2_000_000,
         ge=1,
         description="Work budget of one request, checked before computing, in work units of "
         "about 0.5 us of CPU (a recommendation: graph layers x devices x precisions x batch "

@@ -10,8 +10,11 @@ hostile set, one step at a time:
 * a recommendation for an inline graph of 1,000 distinct linear layers up to batch 65536, and
   the same at the default batch sizes;
 * a recommendation and a memory estimate for an inline graph of 10,000 distinct layers;
-* a training estimate of a 99,990-layer repeated graph (its allocator replay runs past the
-  deadline: it must be stopped, not left running).
+* two recommendations of 350 distinct layers and two training estimates of 9,991 repeated
+  layers at once, each just under the default work limit (the most the budget lets in: the
+  RSS they reach is what the limit has to keep under the deploy kit's);
+* a training estimate of a 99,990-layer repeated graph (over the budget; before it, its
+  allocator replay ran for 44 s and +580 MiB).
 
 Throughout, a reader asks ``GET /v1/models/resnet-50`` every 50 ms, and the server's RSS
 (the process and its children) is sampled every 100 ms. After each hostile answer one more read
@@ -126,6 +129,20 @@ STEPS: list[tuple[str, list[tuple[str, dict[str, Any]]]]] = [
                 {"architecture": distinct_linear(10_000), "mode": "training", "batch_size": 8},
             )
         ],
+    ),
+    (
+        "2 x recommendation, 350 distinct layers (1,940,400 units: under the default limit)",
+        [("/v1/recommendations/inference", {"architecture": distinct_linear(350)})] * 2,
+    ),
+    (
+        "2 x memory estimate, 9,991 repeated layers, training (1,998,200 units: at the limit)",
+        [
+            (
+                "/v1/estimates/memory",
+                {"architecture": repeated_linear(9_999), "mode": "training", "batch_size": 8},
+            )
+        ]
+        * 2,
     ),
     (
         "memory estimate, 99,990 repeated layers, training",

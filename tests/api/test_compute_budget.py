@@ -105,15 +105,15 @@ def test_estimate_fit_and_plan_over_the_budget_are_refused(make_client: ClientFa
     before = _counts(client)
     estimate = {"model": "llama-2-7b", "mode": "inference", "batch_size": 1}
     body = _too_expensive(client.post("/v1/estimates/memory", json=estimate))
-    # 30 units per executed layer of an inference estimate; llama-2-7b executes 196 layers
-    assert "asks for 5,880 work units (30 x 196 executed layers x 1 estimates)" in body["detail"]
+    # 20 units per executed layer of an inference estimate; llama-2-7b executes 196 layers
+    assert "asks for 3,920 work units (20 x 196 executed layers x 1 estimates)" in body["detail"]
     assert [e["pointer"] for e in body["errors"]] == ["/model"]
     query = client.get("/v1/estimates/memory", params=estimate)
     assert _too_expensive(query)["detail"] == body["detail"]
     # A MIG fit counts the batch search it may need: batch 4096 -> 2 + 13 estimates.
     fit = {"workload": {**estimate, "batch_size": 4096}, "gpu": "nvidia-a100-80gb-sxm"}
     body = _too_expensive(client.post("/v1/mig/fit", json=fit))
-    assert "30 x 196 executed layers x 15 estimates" in body["detail"]
+    assert "20 x 196 executed layers x 15 estimates" in body["detail"]
     assert [e["pointer"] for e in body["errors"]] == [
         "/workload/model",
         "/workload/batch_size",
@@ -131,10 +131,28 @@ def test_estimate_fit_and_plan_over_the_budget_are_refused(make_client: ClientFa
     assert _counts(client) == before
 
 
+def test_the_largest_repeated_graph_is_estimated_within_the_default_budget(
+    client: ApiClient,
+) -> None:
+    """99,991 executed layers (the graph limit is 100,000): inference is within the default
+    budget (20 units per executed layer: 1,999,820 of 2,000,000); training (200 per layer,
+    before: 44 s of CPU and +580 MiB) is refused before computing."""
+    body = [{"name": f"fc{i}", "op": "linear", "out_features": 64} for i in range(10)]
+    graph = {
+        "inputs": [{"name": "x", "shape": ["batch", 64]}],
+        "layers": [{"name": "blocks", "op": "repeat", "times": 9_999, "layers": body}],
+    }
+    request = {"architecture": graph, "mode": "inference", "batch_size": 8}
+    response = client.post("/v1/estimates/memory", json=request)
+    assert response.status_code == 200, response.text
+    training = client.post("/v1/estimates/memory", json={**request, "mode": "training"})
+    assert "asks for 19,998,200 work units" in _too_expensive(training)["detail"]
+
+
 def test_a_computation_past_its_deadline_is_stopped_with_its_own_problem(
     make_client: ClientFactory,
 ) -> None:
-    client = make_client(compute_timeout_s=0.05)
+    client = make_client(compute_timeout_s=0.05, max_work_units=10**9)
     request = {"architecture": distinct_linear_graph(400, width=96)}
     response = client.post("/v1/recommendations/inference", json=request)
     body = _too_expensive(response)

@@ -105,9 +105,9 @@ def test_estimates_of_a_graph_count_executed_layers_by_mode() -> None:
     estimates = WorkFactor(name="estimates", value=15, field="/workload/batch_size")
     inference = estimate_work(size, estimates, field="/workload/model", training=False)
     training = estimate_work(size, estimates, field="/workload/model", training=True)
-    assert inference.units == INFERENCE_LAYER_UNITS * 774 * 15 == 348_300
+    assert inference.units == INFERENCE_LAYER_UNITS * 774 * 15 == 232_200
     assert training.units == TRAINING_LAYER_UNITS * 774 * 15 == 2_322_000
-    assert inference.describe() == "30 x 774 executed layers x 15 estimates"
+    assert inference.describe() == "20 x 774 executed layers x 15 estimates"
 
 
 def test_work_estimates_add_up_and_name_each_field_once() -> None:
