@@ -145,6 +145,15 @@ STEPS: list[tuple[str, list[tuple[str, dict[str, Any]]]]] = [
         * 2,
     ),
     (
+        "memory estimate, 99,990 repeated layers, inference (1,999,820 units: within)",
+        [
+            (
+                "/v1/estimates/memory",
+                {"architecture": repeated_linear(99_990), "mode": "inference", "batch_size": 8},
+            )
+        ],
+    ),
+    (
         "memory estimate, 99,990 repeated layers, training",
         [
             (
