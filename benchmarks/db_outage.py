@@ -15,10 +15,10 @@ POST /v1/mig/fit, POST /v1/admission/pods, GET /healthz and GET /readyz, while t
 
 with a few seconds of normal service before, between and after. Printed: how many answers
 given while the database was up blamed it (``database-unavailable``; target 0, issue 29), per
-second, the status codes per endpoint and the slowest answer; per outage, the time from its start to the first 503,
-the slowest answer during it per endpoint (database endpoints must stay within
-CAPPLAN_DB_CALL_TIMEOUT_S plus CAPPLAN_DB_QUEUE_TIMEOUT_S, the admission webhook within 1 s with
-a valid AdmissionReview), and the time from the database's return to the first 200 of every
+second, the status codes per endpoint and the slowest answer; per outage, the time from its
+start to the first 503, the slowest answer during it per endpoint (database endpoints must stay
+within CAPPLAN_DB_CALL_TIMEOUT_S plus CAPPLAN_DB_QUEUE_TIMEOUT_S, the admission webhook within 1 s
+with a valid AdmissionReview), and the time from the database's return to the first 200 of every
 endpoint. Target (issue 11): no 500s, every check met. Exits 1 when one is missed.
 
     .venv/bin/python benchmarks/db_outage.py [--outage-seconds 15] [--settle-seconds 5]
