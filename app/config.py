@@ -96,6 +96,35 @@ class Settings(BaseSettings):
         description="Client-side limit on one request's database work (a frozen or partitioned "
         "database answers nothing, so only this ends the wait); 503 after it.",
     )
+    compute_slots: int = Field(
+        default=2,
+        ge=1,
+        le=256,
+        description="CPU-heavy computations (estimates, recommendations, MIG fits and plans) "
+        "run at once per worker process, outside the database slots; the others wait for at "
+        "most CAPPLAN_COMPUTE_QUEUE_TIMEOUT_S, then get 503 compute-busy with Retry-After.",
+    )
+    compute_queue_timeout_s: float = Field(
+        default=2.0,
+        gt=0,
+        le=60,
+        description="How long a request may wait for a compute slot before it is shed (503).",
+    )
+    compute_timeout_s: float = Field(
+        default=8.0,
+        gt=0,
+        le=600,
+        description="Deadline of one request's computation: past it the computation is "
+        "stopped at its next checkpoint, its slot released, and the request answered 422 "
+        "/problems/too-expensive (no Retry-After: the same request would be stopped again).",
+    )
+    max_work_units: int = Field(
+        default=20_000_000,
+        ge=1,
+        description="Work budget of one request, checked before computing: layer evaluations "
+        "= graph layers x devices x precisions x batch sizes (see README, Work budgets); over "
+        "it the request is answered 422 /problems/too-expensive naming what to reduce.",
+    )
     admission_timeout_s: float = Field(
         default=0.8,
         gt=0,

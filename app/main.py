@@ -12,6 +12,7 @@ from fastapi import Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 from app.api.auth_gate import AuthGateMiddleware
+from app.api.compute import Compute, register_compute_metrics
 from app.api.database import Database, register_database_metrics
 from app.api.docs import install_docs
 from app.api.errors import PROBLEM_JSON, install_error_handlers, problem_example_components
@@ -112,6 +113,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.head_revisions = head_revisions()
     app.state.metrics = Metrics()
     register_database_metrics(app.state.metrics.registry, app.state.database)
+    app.state.compute = Compute(
+        slots=settings.compute_slots,
+        queue_timeout_s=settings.compute_queue_timeout_s,
+        timeout_s=settings.compute_timeout_s,
+    )
+    register_compute_metrics(app.state.metrics.registry, app.state.compute)
     register_pool_metrics(app.state.metrics.registry, engine)
 
     install_error_handlers(app)

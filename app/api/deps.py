@@ -9,6 +9,7 @@ from typing import Annotated
 from fastapi import Depends, Header, HTTPException, Request
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
+from app.api.compute import Compute
 from app.api.database import Database
 from app.config import Settings
 from app.services.concurrency import IfMatch
@@ -40,6 +41,16 @@ async def get_database(request: Request) -> Database:
 
 
 DatabaseDep = Annotated[Database, Depends(get_database)]
+
+
+async def get_compute(request: Request) -> Compute:
+    """The app's runner of CPU-heavy work (app.api.compute): outside the database slots,
+    bounded, and stopped at its deadline or when the client disconnects."""
+    compute: Compute = request.app.state.compute
+    return compute
+
+
+ComputeDep = Annotated[Compute, Depends(get_compute)]
 
 _bearer = HTTPBearer(
     auto_error=False, description="API key as a bearer token: `Authorization: Bearer <key>`."

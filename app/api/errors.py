@@ -14,9 +14,11 @@ from pydantic import ValidationError
 from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app.api.compute import ComputeBusy, ComputeOverrun
 from app.api.context import request_id_var
 from app.api.database import DatabaseUnavailable, busy, unavailable
 from app.config import Settings
+from app.domain.budget import WorkBudgetExceeded, WorkFactor, work_units
 from app.domain.errors import DomainError
 from app.schemas.problem import InvalidField, Problem
 from app.services import errors as svc
@@ -323,6 +325,40 @@ async def _database_handler(request: Request, exc: Exception) -> JSONResponse:
     )
 
 
+TOO_EXPENSIVE = ("too-expensive", "Too expensive")
+
+
+async def _budget_handler(request: Request, exc: Exception) -> JSONResponse:
+    """Over the work budget, found before computing: 422 naming the fields to reduce."""
+    assert isinstance(exc, WorkBudgetExceeded)
+    slug, title = TOO_EXPENSIVE
+    errors = [
+        InvalidField(pointer=factor.field, location="body", message=str(exc), type=slug)
+        for factor in sorted(exc.estimate.factors, key=lambda f: -f.value)
+        if factor.value > 1 and factor.field.startswith("/")
+    ]
+    return problem_response(request, 422, slug, title, str(exc), errors=errors or None)
+
+
+async def _overrun_handler(request: Request, exc: Exception) -> JSONResponse:
+    """Stopped at its deadline: 422, no Retry-After (the same request would overrun again)."""
+    assert isinstance(exc, ComputeOverrun)
+    slug, title = TOO_EXPENSIVE
+    return problem_response(request, 422, slug, title, exc.detail)
+
+
+async def _compute_busy_handler(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ComputeBusy)
+    return problem_response(
+        request,
+        503,
+        "compute-busy",
+        "Compute busy",
+        exc.detail,
+        headers={"Retry-After": str(exc.retry_after_s)},
+    )
+
+
 async def _domain_handler(request: Request, exc: Exception) -> JSONResponse:
     return problem_response(request, 422, "invalid-input", "Invalid input", str(exc))
 
@@ -364,6 +400,9 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation_handler)
     app.add_exception_handler(svc.ServiceError, _service_handler)
     app.add_exception_handler(DatabaseUnavailable, _database_handler)
+    app.add_exception_handler(WorkBudgetExceeded, _budget_handler)
+    app.add_exception_handler(ComputeOverrun, _overrun_handler)
+    app.add_exception_handler(ComputeBusy, _compute_busy_handler)
     app.add_exception_handler(DomainError, _domain_handler)
     app.add_exception_handler(ValidationError, _pydantic_handler)
     app.add_exception_handler(RecursionError, _recursion_handler)
@@ -604,12 +643,66 @@ IMPORT_TOO_LARGE_EXAMPLES = {
 }
 
 
+def _budget_example() -> dict[str, Any]:
+    exc = WorkBudgetExceeded(
+        work_units(
+            WorkFactor(name="graph layers", value=1_000, field="/architecture/layers"),
+            WorkFactor(name="devices", value=120, field="/devices"),
+            WorkFactor(name="precisions", value=4, field="/precisions"),
+            WorkFactor(name="batch sizes", value=17, field="/max_batch_size"),
+        ),
+        _default("max_work_units"),
+        "CAPPLAN_MAX_WORK_UNITS",
+    )
+    slug, title = TOO_EXPENSIVE
+    return _example(
+        "More work than CAPPLAN_MAX_WORK_UNITS allows (checked before computing)",
+        422,
+        slug,
+        title,
+        str(exc),
+        "/v1/recommendations/inference",
+        [
+            {"pointer": field, "location": "body", "message": str(exc), "type": slug}
+            for field in exc.fields
+        ],
+    )
+
+
+# The CPU-heavy endpoints (app.api.compute): their own 422 and 503 problems.
+COMPUTE_EXAMPLES: dict[int, dict[str, dict[str, Any]]] = {
+    422: {
+        **PROBLEM_EXAMPLES[422],
+        "too-expensive": _budget_example(),
+        "too-expensive-deadline": _example(
+            "Stopped at CAPPLAN_COMPUTE_TIMEOUT_S (no Retry-After)",
+            422,
+            TOO_EXPENSIVE[0],
+            TOO_EXPENSIVE[1],
+            ComputeOverrun("deadline", _default("compute_timeout_s")).detail,
+            "/v1/recommendations/inference",
+        ),
+    },
+    503: {
+        **PROBLEM_EXAMPLES[503],
+        "compute-busy": _example(
+            "No compute slot freed up in time (Retry-After: 1)",
+            503,
+            "compute-busy",
+            "Compute busy",
+            ComputeBusy(_default("compute_slots"), _default("compute_queue_timeout_s")).detail,
+            "/v1/recommendations/inference",
+        ),
+    },
+}
+
+
 EXAMPLES_REF = "#/components/examples/"
 
 
 def problem_example_components() -> dict[str, dict[str, Any]]:
     """Every problem example by its name, for the document's components/examples (main.py)."""
-    named = [*PROBLEM_EXAMPLES.values(), IMPORT_TOO_LARGE_EXAMPLES]
+    named = [*PROBLEM_EXAMPLES.values(), IMPORT_TOO_LARGE_EXAMPLES, *COMPUTE_EXAMPLES.values()]
     return {name: example for examples in named for name, example in examples.items()}
 
 
@@ -632,10 +725,11 @@ def problem_responses(
         409: "Conflict: duplicate slug, read-only entry, or in use",
         412: "If-Match does not match the current ETag",
         413: "Request body over the size limit",
-        422: "Invalid input; `errors` lists every invalid field",
+        422: "Invalid input; `errors` lists every invalid field (CPU-heavy endpoints: or "
+        "`/problems/too-expensive`, over the work budget or stopped at the compute deadline)",
         428: "If-Match header required",
-        503: "Overloaded, or the database is busy or unavailable (`Retry-After` says when to "
-        "retry)",
+        503: "Overloaded, the database or the compute slots busy, or the database unavailable "
+        "(`Retry-After` says when to retry)",
     }
     # main.py moves these bodies from application/json to application/problem+json.
     return {
