@@ -36,6 +36,7 @@ from typing import Any
 from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.exc import StaleDataError
 
 from app.db.models import AdmissionDecision, Hardware, ModelArchitecture, Workload, utcnow
 from app.db.repositories import DecisionRepository
@@ -47,7 +48,7 @@ from app.domain.workload import DEFAULT_SAFETY_MARGIN_FRACTION
 from app.schemas.estimates import WorkloadSpec
 from app.schemas.workloads import WorkloadBase
 from app.services.convert import geometry, to_spec, workload_fields
-from app.services.errors import ServiceError
+from app.services.errors import PreconditionFailed, ServiceError
 from app.services.pipeline import Required, required_memory
 
 PAIR_BUDGET_S = 2.0  # work deadline of one (workload, hardware) evaluation at write time
@@ -64,7 +65,10 @@ def _fingerprint() -> str:
         [
             *(_APP / "domain").rglob("*"),
             *(_APP / "schemas").rglob("*.py"),
-            *(_APP / "services" / name for name in ("convert.py", "pipeline.py", "decision_store.py")),
+            *(
+                _APP / "services" / name
+                for name in ("convert.py", "pipeline.py", "decision_store.py")
+            ),
         ]
     )
     digest = hashlib.sha256()
@@ -151,7 +155,9 @@ def _evaluate_pair(
 ) -> _Outcome:
     try:
         with bound(CancelToken.after(PAIR_BUDGET_S)):
-            evaluation, _ = evaluation_of(session, spec=spec, label=workload.slug, hardware=hardware)
+            evaluation, _ = evaluation_of(
+                session, spec=spec, label=workload.slug, hardware=hardware
+            )
     except WorkCancelled:
         return _too_expensive(workload, spec)
     except (ServiceError, DomainError) as exc:
@@ -220,6 +226,16 @@ def refresh_pairs(
         rows.append(_row(workload, hardware, result))
     DecisionRepository(session).upsert(rows)
     return len(rows)
+
+
+def flush_versioned(session: Session, *, what: str) -> None:
+    """Flush a write so that its rows have their new versions (the decisions record them); a
+    concurrent writer detected by the version column becomes a 412, as at commit."""
+    try:
+        session.flush()
+    except StaleDataError as exc:
+        session.rollback()
+        raise PreconditionFailed(f"{what} was changed by another client; GET it again") from exc
 
 
 def _all_hardware(session: Session) -> Sequence[Hardware]:

@@ -8,6 +8,7 @@ from sqlalchemy.orm import Session
 
 from app.db.models import Hardware, Workload, utcnow
 from app.db.repositories import HardwareRepository, ModelRepository
+from app.domain.budget import CancelToken, WorkCancelled, bound
 from app.schemas.estimates import (
     MemoryEstimateRequest,
     MemoryEstimateResponse,
@@ -26,6 +27,7 @@ from app.services.convert import (
     to_spec,
     workload_fields,
 )
+from app.services.decision_store import PAIR_BUDGET_S, flush_versioned, refresh_workload
 from app.services.errors import (
     AlreadyExists,
     InvalidInput,
@@ -65,14 +67,20 @@ def _apply(session: Session, row: Workload, fields: WorkloadBase) -> None:
             raise InvalidInput(
                 f"hardware profile '{fields.hardware}' does not exist", pointer="/hardware"
             )
-    # Reject what no estimate could answer (unknown symbols, quantized training, ...) now.
-    run_estimate(
-        session,
-        to_spec(fields),
-        runtime=None,
-        hardware_runtime=hardware_runtime(hardware),
-        overhead=hardware_overhead(hardware),
-    )
+    # Reject what no estimate could answer (unknown symbols, quantized training, ...) now. An
+    # estimate that overruns the write-time work deadline is not refused: the workload's
+    # stored admission decisions say it is too expensive to evaluate (app.services.decision_store).
+    try:
+        with bound(CancelToken.after(PAIR_BUDGET_S)):
+            run_estimate(
+                session,
+                to_spec(fields),
+                runtime=None,
+                hardware_runtime=hardware_runtime(hardware),
+                overhead=hardware_overhead(hardware),
+            )
+    except WorkCancelled:
+        pass
     row.name = fields.name
     row.description = fields.description
     row.model_id = model.id
@@ -115,13 +123,15 @@ def get_workload(session: Session, *, slug: str) -> WorkloadRead:
 
 
 def create_workload(session: Session, *, payload: WorkloadCreate) -> WorkloadRead:
-    """Validate and store a workload."""
+    """Validate and store a workload, with its admission decision on every hardware profile."""
     if session.scalars(select(Workload.id).where(Workload.slug == payload.slug)).first():
         raise AlreadyExists(f"a workload with slug '{payload.slug}' exists already")
     row = Workload(slug=payload.slug, created_at=utcnow())
     _apply(session, row, payload)
     session.add(row)
     try:
+        session.flush()
+        refresh_workload(session, row)
         session.commit()
     except IntegrityError as exc:
         session.rollback()
@@ -132,10 +142,13 @@ def create_workload(session: Session, *, payload: WorkloadCreate) -> WorkloadRea
 def replace_workload(
     session: Session, *, slug: str, payload: WorkloadReplace, if_match: IfMatch | None
 ) -> WorkloadRead:
-    """Replace a workload if the client holds its current version."""
+    """Replace a workload if the client holds its current version (and recompute its admission
+    decisions in the same transaction)."""
     row = workload_row(session, slug)
     require_match(if_match, current_version=row.version, what=f"workload '{slug}'")
     _apply(session, row, payload)
+    flush_versioned(session, what=f"workload '{slug}'")
+    refresh_workload(session, row)
     commit_versioned(session, what=f"workload '{slug}'")
     return to_read(row)
 

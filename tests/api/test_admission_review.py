@@ -305,7 +305,7 @@ def test_a_failing_evaluation_is_answered_by_the_policy(
 ) -> None:
     client = _stored(make(admission_failure_policy="allow"))
 
-    def fail(session: Session, asked: Any) -> Any:
+    def fail(session: Session, asked: Any, **_: Any) -> Any:
         raise error
 
     monkeypatch.setattr(admission_service, "evaluate_with_digest", fail)

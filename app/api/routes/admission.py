@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from typing import Annotated, Any
 
 import anyio
 from fastapi import APIRouter, Body, Depends, Request, Response
 
 from app.api import examples
+from app.api.compute import ComputeOverrun
 from app.api.database import Database, DatabaseUnavailable
+from app.api.decision_refresher import refresher_for
 from app.api.deps import DatabaseDep, get_database, require_reader
 from app.api.errors import problem_responses
 from app.api.metrics import Metrics
 from app.config import Settings
 from app.domain.admission import PodSpecError
+from app.domain.budget import WorkCancelled
 from app.schemas.admission import (
     AdmissionCheckRequest,
     AdmissionCheckResponse,
@@ -153,6 +157,8 @@ async def _decide(
     for ``capplan_admission_decisions_total``. Never raises."""
     policy = settings.admission_failure_policy
     timeout_s = settings.admission_timeout_s
+    deadline = time.monotonic() + timeout_s
+    asked: service.Question | None = None
     try:
         if review.pod is None:
             raise service.ReviewError(review.problem or "malformed AdmissionReview")
@@ -165,13 +171,21 @@ async def _decide(
         if generation is not None and (cached := cache.get(asked.key, generation)) is not None:
             return _verdict(cached)  # no database, no thread, no timer
         with anyio.fail_after(timeout_s):
-            return _verdict(await _cached_or_evaluated(asked, watch, db, timeout_s, generation))
+            return _verdict(
+                await _cached_or_evaluated(
+                    asked, request, watch, db, timeout_s, deadline, generation
+                )
+            )
     except (service.ReviewError, PodSpecError, ServiceError) as exc:
         return service.on_failure(policy, service.failure_reason(exc)), "invalid_review"
     except DatabaseUnavailable as exc:
         tail = service.on_failure(policy, f"capacity-planner's database: {exc.detail}")
         return tail, "database_unavailable"
-    except TimeoutError:
+    except (TimeoutError, WorkCancelled):
+        # The estimate (a stale or missing stored decision, or inline annotations) stops at its
+        # next checkpoint past the deadline: nothing computes after this answer.
+        if asked is not None and asked.stored:
+            refresher_for(request.app.state.session_factory).poke()
         tail = service.on_failure(
             policy, f"no decision within {timeout_s:g} s (CAPPLAN_ADMISSION_TIMEOUT_S)"
         )
@@ -184,13 +198,16 @@ async def _decide(
 
 async def _cached_or_evaluated(
     asked: service.Question,
+    request: Request,
     watch: StateWatch,
     db: Database,
     timeout_s: float,
+    deadline: float,
     checked: Generation | None,
 ) -> bytes:
     """``checked``: the generation whose cache entry the caller already missed (not looked up
-    twice, so each review counts one cache lookup)."""
+    twice, so each review counts one cache lookup). ``deadline``: the review's, as a
+    ``time.monotonic()`` instant (the estimate of the bounded path stops there)."""
     cache = service.DECISIONS.of(watch)
     generation = await watch.generation(lambda: db.run(read_digest, timeout_s=timeout_s))
     if generation != checked:
@@ -198,12 +215,15 @@ async def _cached_or_evaluated(
         if cached is not None:
             return cached
     local = watch.local  # before evaluating: a commit meanwhile makes the entry stale
-    tail, digest, read_at = await db.run(
-        functools.partial(service.evaluate_with_digest, asked=asked), timeout_s=timeout_s
+    evaluated = await db.run(
+        functools.partial(service.evaluate_with_digest, asked=asked, deadline=deadline),
+        timeout_s=timeout_s,
     )
-    watch.observe(digest, read_at)
-    cache.put(asked.key, (digest, local), tail)
-    return tail
+    if evaluated.refresh:  # a stored workload without a fresh stored decision
+        refresher_for(request.app.state.session_factory).poke()
+    watch.observe(evaluated.digest, evaluated.read_at)
+    cache.put(asked.key, (evaluated.digest, local), evaluated.tail)
+    return evaluated.tail
 
 
 @router.post(
@@ -217,8 +237,14 @@ async def admission_check(
     db: DatabaseDep,
     request: Request,
 ) -> AdmissionCheckResponse:
-    """The webhook's decision for one workload and one resource, for scripts and CI."""
-    answer = await db.call(service.check, payload=payload)
+    """The webhook's decision for one workload and one resource, for scripts and CI (it
+    estimates, to report the attention used and the defaults; stopped at
+    CAPPLAN_COMPUTE_TIMEOUT_S with 422 too-expensive)."""
+    deadline_s = request.app.state.settings.compute_timeout_s
+    try:
+        answer = await db.call(service.check, payload=payload, deadline_s=deadline_s)
+    except WorkCancelled as exc:
+        raise ComputeOverrun("deadline", deadline_s) from exc
     metrics: Metrics = request.app.state.metrics
     reason = "fits" if answer.allowed else "does_not_fit"
     metrics.count_admission("check", allowed=answer.allowed, reason=reason)
