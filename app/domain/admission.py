@@ -37,7 +37,7 @@ class GpuRequest:
 # Parse-side bounds: a review's cost must not grow with what a pod lists. Kubernetes sets no
 # limit on containers; real pods have a handful. Past these the review is not evaluated (the
 # failure policy answers) and nothing else is read.
-MAX_CONTAINERS = 64  # containers + init containers examined
+MAX_CONTAINERS = 512  # containers + init containers examined
 MAX_GPU_REQUESTS = 16  # containers asking for GPU resources
 
 MAX_QUANTITY_DIGITS = 6  # a million GPUs in one container is nonsense, not a number to parse

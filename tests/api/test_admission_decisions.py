@@ -1,0 +1,305 @@
+"""Stored admission decisions: computed when the planning data is written, read by reviews.
+
+* a review of a stored workload reads its stored decision and estimates nothing;
+* writes of the workload, its model or the hardware recompute it in the same transaction;
+* a missing or stale decision takes the bounded path (estimated within the review's deadline,
+  the refresher poked) and the refresher's sweep stores it;
+* a workload too expensive to evaluate is stored as such and answered by the failure policy;
+* the review's parse is bounded (containers, GPU requests).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from sqlalchemy import delete, func, select, update
+
+from app.api.decision_refresher import DecisionRefresher
+from app.db.models import AdmissionDecision, Hardware, Workload, utcnow
+from app.domain.admission import MAX_CONTAINERS, MAX_GPU_REQUESTS
+from app.domain.budget import checkpoint
+from app.services import admission as admission_service
+from app.services import decision_store
+from tests.api.helpers import hardware, model, without_slug
+from tests.api.test_admission import BIG, CHAT, NOTES, _answer, _container, _put, review
+from tests.support import ApiClient, ClientFactory, db_session
+
+GENEROUS_S = 20.0  # these tests check outcomes, not time (test_admission_review.py does)
+FITS = {"nvidia.com/mig-1g.10gb": "1"}
+
+
+@pytest.fixture
+def client(make_client: ClientFactory) -> ApiClient:
+    return make_client(admission_timeout_s=GENEROUS_S)
+
+
+@pytest.fixture
+def pokes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Records the refresher's pokes instead of starting its thread."""
+    calls: list[int] = []
+    monkeypatch.setattr(DecisionRefresher, "poke", lambda self: calls.append(1))
+    return calls
+
+
+@pytest.fixture
+def no_estimates(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Reviews that estimate fail the test (it records who tried)."""
+    tried: list[str] = []
+
+    def refuse(*_: Any, label: str, **__: Any) -> Any:
+        tried.append(label)
+        raise AssertionError("a review estimated")
+
+    monkeypatch.setattr(admission_service, "evaluation_of", refuse)
+    return tried
+
+
+def _decisions(db_url: str, slug: str) -> list[AdmissionDecision]:
+    with db_session(db_url) as session:
+        query = (
+            select(AdmissionDecision)
+            .join(Workload, Workload.id == AdmissionDecision.workload_id)
+            .where(Workload.slug == slug)
+        )
+        rows = list(session.scalars(query))
+        session.expunge_all()
+        return rows
+
+
+def _on(db_url: str, slug: str, gpu: str) -> AdmissionDecision:
+    with db_session(db_url) as session:
+        hardware_id = session.scalars(select(Hardware.id).where(Hardware.slug == gpu)).one()
+    (found,) = [d for d in _decisions(db_url, slug) if d.hardware_id == hardware_id]
+    return found
+
+
+def test_a_write_stores_a_decision_per_hardware_profile(client: ApiClient, db_url: str) -> None:
+    assert client.post("/v1/workloads", json=CHAT).status_code == 201
+    with db_session(db_url) as session:
+        profiles = session.scalar(select(func.count()).select_from(Hardware))
+    stored = _decisions(db_url, "chat")
+    assert len(stored) == profiles
+    assert {d.outcome for d in stored} == {"estimated"}
+    assert {d.evaluator for d in stored} == {decision_store.EVALUATOR}
+    a100 = _on(db_url, "chat", NOTES["capacity-planner.io/gpu"])
+    assert a100.summary == "chat inference bs 1 bf16"
+    assert a100.smallest_fitting_resource == "nvidia.com/mig-1g.10gb"
+    assert a100.resources["nvidia.com/gpu"] == 80 * 2**30
+    assert "nvidia.com/mig-7g.80gb" in a100.resources
+    # The simple form estimates with the same rules: the same requirement.
+    check = client.post(
+        "/v1/admission/check",
+        json={"workload": "chat", "gpu_model": NOTES["capacity-planner.io/gpu"],
+              "resource": "nvidia.com/mig-1g.10gb"},
+    )  # fmt: skip
+    assert check.json()["required_bytes"] == a100.required_bytes
+
+
+def test_a_review_of_a_stored_workload_estimates_nothing(
+    client: ApiClient, no_estimates: list[str], pokes: list[int]
+) -> None:
+    for body in (CHAT, BIG):
+        assert client.post("/v1/workloads", json=body).status_code == 201
+    fits = _answer(client, review(_container("server", FITS), annotations=NOTES))
+    assert fits["allowed"] is True
+    assert fits["status"]["message"].startswith("chat inference bs 1 bf16 needs ")
+    notes = {**NOTES, "capacity-planner.io/workload": "llama-chat"}
+    denied = _answer(client, review(_container("server", FITS), annotations=notes))
+    assert denied["allowed"] is False
+    assert "smallest fitting: mig-3g.40gb" in denied["status"]["message"]
+    # Resources the GPU does not offer are decided from the stored row too.
+    body = review(_container("s", {"nvidia.com/mig-9g.1gb": "1"}), annotations=NOTES)
+    odd = _answer(client, body)
+    assert odd["allowed"] is False
+    message = odd["status"]["message"]
+    assert "has no nvidia.com/mig-9g.1gb; valid: nvidia.com/mig-1g.10gb" in message
+    assert no_estimates == []
+    assert pokes == []
+
+
+def test_workload_model_and_hardware_writes_recompute_the_decision(
+    client: ApiClient, db_url: str, no_estimates: list[str], pokes: list[int]
+) -> None:
+    assert client.post("/v1/hardware", json=hardware()).status_code == 201
+    assert client.post("/v1/models", json=model()).status_code == 201
+    trainer = {"slug": "trainer", "name": "Trainer", "model": "tiny-cnn", "mode": "training",
+               "batch_size": 512, "precision": "fp32"}  # fmt: skip
+    assert client.post("/v1/workloads", json=trainer).status_code == 201
+    notes = {"capacity-planner.io/workload": "trainer", "capacity-planner.io/gpu": "lab-gpu-1"}
+    body = review(_container("t", {"nvidia.com/mig-1g.3gb": "1"}), annotations=notes)
+    assert _answer(client, body)["allowed"] is True
+    first = _on(db_url, "trainer", "lab-gpu-1")
+    # Hardware: the slice shrinks to 600 MiB, less than the CUDA context alone.
+    smaller = hardware()
+    smaller["mig"]["profiles"][0]["memory_mib"] = 600
+    _put(client, "/v1/hardware/lab-gpu-1", without_slug(smaller))
+    after_hardware = _on(db_url, "trainer", "lab-gpu-1")
+    assert after_hardware.hardware_version == first.hardware_version + 1
+    assert after_hardware.resources["nvidia.com/mig-1g.3gb"] == 600 * 2**20
+    denied = _answer(client, body)
+    assert denied["allowed"] is False
+    assert "gives 0.6 GiB usable" in denied["status"]["message"]
+    _put(client, "/v1/hardware/lab-gpu-1", without_slug(hardware()))
+    assert _answer(client, body)["allowed"] is True
+    # Model: wider layers need more memory.
+    wide = model()
+    wide["layers"][0] = {**wide["layers"][0], "out_channels": 512}
+    _put(client, "/v1/models/tiny-cnn", without_slug(wide))
+    after_model = _on(db_url, "trainer", "lab-gpu-1")
+    assert after_model.model_version == first.model_version + 1
+    assert (after_model.required_bytes or 0) > (first.required_bytes or 0)
+    assert _answer(client, body)["allowed"] is False
+    # Workload: a smaller batch fits again.
+    _put(client, "/v1/workloads/trainer", {**without_slug(trainer), "batch_size": 1})
+    assert _on(db_url, "trainer", "lab-gpu-1").workload_version == first.workload_version + 1
+    assert _answer(client, body)["allowed"] is True
+    assert no_estimates == []
+    assert pokes == []
+
+
+def test_deletes_remove_the_decisions(client: ApiClient, db_url: str) -> None:
+    assert client.post("/v1/hardware", json=hardware()).status_code == 201
+    assert client.post("/v1/workloads", json=CHAT).status_code == 201
+    assert _on(db_url, "chat", "lab-gpu-1").outcome == "estimated"
+    etag = client.get("/v1/hardware/lab-gpu-1").headers["etag"]
+    assert client.delete("/v1/hardware/lab-gpu-1", headers={"If-Match": etag}).status_code == 204
+    assert all(d.hardware_id for d in _decisions(db_url, "chat"))
+    with db_session(db_url) as session:
+        orphans = session.scalar(
+            select(func.count())
+            .select_from(AdmissionDecision)
+            .where(AdmissionDecision.hardware_id.not_in(select(Hardware.id)))
+        )
+        assert orphans == 0
+    etag = client.get("/v1/workloads/chat").headers["etag"]
+    assert client.delete("/v1/workloads/chat", headers={"If-Match": etag}).status_code == 204
+    with db_session(db_url) as session:
+        assert session.scalar(select(func.count()).select_from(AdmissionDecision)) == 0
+
+
+def test_a_stale_decision_takes_the_bounded_path_then_is_refreshed(
+    client: ApiClient, db_url: str, pokes: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write outside the service (another release, a script): the review estimates within its
+    deadline and pokes the refresher, whose sweep stores the fresh decision."""
+    assert client.post("/v1/workloads", json=CHAT).status_code == 201
+    body = review(_container("server", FITS), annotations=NOTES)
+    assert _answer(client, body)["allowed"] is True
+    with db_session(db_url) as session:
+        row = session.scalars(select(Workload).where(Workload.slug == "chat")).one()
+        row.batch_size, row.sequence_length, row.updated_at = 512, 1024, utcnow()
+        session.commit()
+    admission_service.DECISIONS.clear()  # the cache notices within its bound (not timed here)
+    stale = _answer(client, body)
+    assert stale["allowed"] is False  # decided on its merits, by the bounded path
+    assert "chat inference bs 512 bf16" in stale["status"]["message"]
+    assert pokes == [1]
+    with db_session(db_url) as session:
+        stored = decision_store.refresh_stale(session)
+        assert stored == len(_decisions(db_url, "chat"))
+        assert decision_store.refresh_stale(session) == 0  # nothing left
+    refreshed = _on(db_url, "chat", NOTES["capacity-planner.io/gpu"])
+    assert refreshed.summary == "chat inference bs 512 bf16"
+
+    def refuse(*_: Any, **__: Any) -> Any:
+        raise AssertionError("a review estimated")
+
+    monkeypatch.setattr(admission_service, "evaluation_of", refuse)
+    other = copy.deepcopy(body)  # another key: not the answer cache
+    other["request"]["object"]["spec"]["containers"][0]["resources"]["limits"] = {
+        "nvidia.com/gpu": "1"
+    }
+    assert "bs 512" in _answer(client, other)["status"]["message"]
+    assert pokes == [1]
+
+
+def test_missing_decisions_after_an_upgrade_are_decided_and_filled(
+    client: ApiClient, db_url: str, pokes: list[int]
+) -> None:
+    """Rows stored before revision 0007 have no decisions: reviews still decide them on their
+    merits, and one sweep stores every missing pair."""
+    for body in (CHAT, BIG):
+        assert client.post("/v1/workloads", json=body).status_code == 201
+    with db_session(db_url) as session:
+        session.execute(delete(AdmissionDecision))
+        session.commit()
+    assert _answer(client, review(_container("s", FITS), annotations=NOTES))["allowed"] is True
+    assert pokes
+    with db_session(db_url) as session:
+        profiles = session.scalar(select(func.count()).select_from(Hardware))
+        assert decision_store.refresh_stale(session, limit=10_000) == 2 * profiles
+    assert len(_decisions(db_url, "llama-chat")) == profiles
+
+
+def test_another_releases_decisions_are_not_read(
+    client: ApiClient, db_url: str, pokes: list[int]
+) -> None:
+    assert client.post("/v1/workloads", json=CHAT).status_code == 201
+    with db_session(db_url) as session:  # as if an older release had computed them
+        session.execute(
+            update(AdmissionDecision).values(evaluator="older-release", required_bytes=1)
+        )
+        session.commit()
+    answer = _answer(client, review(_container("s", {"nvidia.com/gpu": "1"}), annotations=NOTES))
+    assert "needs 0.0 GiB" not in answer["status"]["message"]
+    assert pokes == [1]
+
+
+def _endless_estimate(calls: list[int]) -> Any:
+    def estimate(*_: Any, **__: Any) -> Any:
+        calls.append(1)
+        while True:
+            checkpoint()
+
+    return estimate
+
+
+@pytest.mark.parametrize(("policy", "allowed"), [("deny", False), ("allow", True)])
+def test_a_workload_too_expensive_to_evaluate_is_stored_so_and_answered_by_policy(
+    make_client: ClientFactory,
+    db_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    policy: str,
+    allowed: bool,
+) -> None:
+    client = make_client(admission_timeout_s=GENEROUS_S, admission_failure_policy=policy)
+    calls: list[int] = []
+    monkeypatch.setattr(decision_store, "PAIR_BUDGET_S", 0.05)
+    monkeypatch.setattr(decision_store, "required_memory", _endless_estimate(calls))
+    assert client.post("/v1/workloads", json=CHAT).status_code == 201
+    stored = _decisions(db_url, "chat")
+    assert {d.outcome for d in stored} == {"too_expensive"}
+    assert len(calls) == 1  # one overrun: the other profiles are not tried
+    answer = _answer(client, review(_container("s", FITS), annotations=NOTES))
+    assert answer["allowed"] is allowed
+    assert "too expensive to evaluate" in answer["status"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("containers", "reason"),
+    [
+        (MAX_CONTAINERS + 1, f"at most {MAX_CONTAINERS}"),
+        (MAX_GPU_REQUESTS + 1, f"more than {MAX_GPU_REQUESTS} containers"),
+    ],
+    ids=["containers", "gpu-requests"],
+)
+def test_oversized_pods_are_answered_by_policy_without_evaluating(
+    client: ApiClient, no_estimates: list[str], containers: int, reason: str
+) -> None:
+    assert client.post("/v1/workloads", json=CHAT).status_code == 201
+    pods = [_container(f"c{i}", FITS) for i in range(containers)]
+    answer = _answer(client, review(*pods, annotations=NOTES))
+    assert answer["allowed"] is False
+    assert reason in answer["status"]["message"]
+
+
+def test_the_most_gpu_requests_are_decided_once_each(
+    client: ApiClient, no_estimates: list[str]
+) -> None:
+    assert client.post("/v1/workloads", json=CHAT).status_code == 201
+    pods = [_container(f"c{i}", FITS) for i in range(MAX_GPU_REQUESTS)]
+    answer = _answer(client, review(*pods, annotations=NOTES))
+    assert answer["allowed"] is True
+    assert f"({MAX_GPU_REQUESTS} GPU requests checked)" in answer["status"]["message"]
