@@ -119,7 +119,7 @@ class Settings(BaseSettings):
         "/problems/too-expensive (no Retry-After: the same request would be stopped again).",
     )
     max_work_units: int = Field(
-        default=20_000_000,
+        default=8_000_000,
         ge=1,
         description="Work budget of one request, checked before computing: layer evaluations "
         "= graph layers x devices x precisions x batch sizes (see README, Work budgets); over "

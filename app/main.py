@@ -117,6 +117,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         slots=settings.compute_slots,
         queue_timeout_s=settings.compute_queue_timeout_s,
         timeout_s=settings.compute_timeout_s,
+        budget_units=settings.max_work_units,
     )
     register_compute_metrics(app.state.metrics.registry, app.state.compute)
     register_pool_metrics(app.state.metrics.registry, engine)

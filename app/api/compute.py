@@ -91,8 +91,11 @@ class ComputeOverrun(Exception):
 class Compute:
     """The bounded, cancellable runner of CPU-heavy request work (see the module docstring)."""
 
-    def __init__(self, *, slots: int, queue_timeout_s: float, timeout_s: float) -> None:
+    def __init__(
+        self, *, slots: int, queue_timeout_s: float, timeout_s: float, budget_units: int
+    ) -> None:
         self.slots = slots
+        self.budget_units = budget_units  # CAPPLAN_MAX_WORK_UNITS, for the services' check
         self.queue_timeout_s = queue_timeout_s
         self.timeout_s = timeout_s
         self._slot_limiter = anyio.CapacityLimiter(slots)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from sqlalchemy.orm import Session
 
 from app.charts import binding_phrases, breakdown_svg
@@ -26,7 +28,7 @@ from app.services.errors import (
 )
 from app.services.pipeline import (
     analyze_graph,
-    estimate_response,
+    prepare_estimate_response,
     spec_pointers,
 )
 
@@ -84,7 +86,18 @@ def summarize(
 
 def memory_chart(session: Session, *, payload: MemoryEstimateRequest) -> str:
     """The estimate's breakdown as an SVG bar chart in GiB (with the device's memory)."""
-    result = estimate(session, payload=payload)
+    return prepare_memory_chart(session, payload=payload)()
+
+
+def prepare_memory_chart(
+    session: Session, *, payload: MemoryEstimateRequest, limit_units: int | None = None
+) -> Callable[[], str]:
+    """Load what :func:`memory_chart` needs; the returned function draws it (no database)."""
+    estimate_of = prepare_estimate(session, payload=payload, limit_units=limit_units)
+    return lambda: _chart(estimate_of())
+
+
+def _chart(result: MemoryEstimateResponse) -> str:
     fit = result.fit
     batch = f"batch {result.batch_size}"
     if result.micro_batch_size != result.batch_size:
@@ -103,5 +116,19 @@ def memory_chart(session: Session, *, payload: MemoryEstimateRequest) -> str:
 
 def estimate(session: Session, *, payload: MemoryEstimateRequest) -> MemoryEstimateResponse:
     """Estimate the footprint of a stored or inline model (and its fit on `hardware`)."""
+    return prepare_estimate(session, payload=payload)()
+
+
+def prepare_estimate(
+    session: Session, *, payload: MemoryEstimateRequest, limit_units: int | None = None
+) -> Callable[[], MemoryEstimateResponse]:
+    """Load what :func:`estimate` needs (and check the work budget, ``limit_units``); the
+    returned function computes the estimate without the database (app.api.compute)."""
     with spec_pointers("", payload):
-        return estimate_response(session, payload=payload)
+        compute = prepare_estimate_response(session, payload=payload, limit_units=limit_units)
+
+    def run() -> MemoryEstimateResponse:
+        with spec_pointers("", payload):
+            return compute()
+
+    return run

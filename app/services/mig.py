@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import yaml
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.db.models import Hardware
+from app.domain.budget import (
+    GraphSize,
+    WorkFactor,
+    check_budget,
+    checkpoint,
+    estimate_work,
+    graph_layers,
+)
 from app.domain.mig.layout import (
     MigError,
     MigGeometry,
@@ -18,6 +28,7 @@ from app.domain.mig.layout import (
 from app.domain.mig.layout import validate_layout as check_layout
 from app.domain.mig.parted import mig_parted_config
 from app.domain.mig.plan import Demand, plan_partitions
+from app.schemas.estimates import WorkloadSpec
 from app.schemas.mig import (
     FitAlternatives,
     LargerGpu,
@@ -37,15 +48,20 @@ from app.schemas.mig import (
     Violation,
 )
 from app.services.convert import (
+    GraphSource,
     geometry,
+    model_graph,
 )
 from app.services.errors import (
     InvalidInput,
 )
 from app.services.pipeline import (
+    BUDGET_SETTING,
+    estimates_work,
+    graph_pointer,
     mig_hardware,
     require_profile,
-    required_memory,
+    required_memory_of,
     spec_pointers,
     workload_spec,
 )
@@ -99,23 +115,73 @@ def _profile_fit(profile: MigProfileSpec, required: int) -> ProfileFit:
 
 def fit(session: Session, *, payload: MigFitRequest) -> MigFitResponse:
     """Which profiles of a GPU hold the workload; if none, what would."""
+    return prepare_fit(session, payload=payload)()
+
+
+def fit_search_points(spec: WorkloadSpec) -> int:
+    """Estimates a fit may compute: its own, and when no profile holds it, a binary search
+    over batch sizes 1 .. min(batch_size, MAX_BATCH_SEARCH) (one estimate per step)."""
+    return 2 + min(spec.batch_size, MAX_BATCH_SEARCH).bit_length()
+
+
+def prepare_fit(
+    session: Session, *, payload: MigFitRequest, limit_units: int | None = None
+) -> Callable[[], MigFitResponse]:
+    """Load what :func:`fit` needs (the GPU, the workload, its graph, the larger GPUs) and
+    check the work budget (graph layers x estimates, ``limit_units``); the returned function
+    computes the fit without the database (app.api.compute)."""
     row = mig_hardware(session, payload.gpu)
     geo = geometry(row)
     requested_profile = require_profile(geo, payload.profile) if payload.profile else None
     with spec_pointers("/workload", payload.workload):
-        need = required_memory(
-            session,
-            workload_spec(session, payload.workload),
-            row,
-            cuda_context_bytes=payload.cuda_context_bytes,
-            safety_margin_fraction=payload.safety_margin_fraction,
+        spec = workload_spec(session, payload.workload)
+        graph = model_graph(session, spec.model, spec.architecture)
+    if limit_units is not None:
+        work = estimates_work(
+            graph,
+            fit_search_points(spec),
+            graph_pointer("/workload", payload.workload),
+            "/workload/batch_size",
         )
-        required = need.required_bytes
-        fits = [_profile_fit(p, required) for p in geo.profiles]
-        smallest = smallest_fitting(geo, required)
-        alternatives = None
-        if smallest is None:
-            alternatives = _alternatives(session, payload, row, geo, required)
+        check_budget(work, limit_units, setting=BUDGET_SETTING)
+    gpus = [
+        (gpu.slug, gpu.memory_bytes, gpu.mig_total_compute_slices is not None)
+        for gpu in session.scalars(
+            select(Hardware)
+            .where(Hardware.kind == "gpu")
+            .order_by(Hardware.memory_bytes, Hardware.slug)
+        )
+    ]
+
+    def compute() -> MigFitResponse:
+        with spec_pointers("/workload", payload.workload):
+            return _fit(payload, row, geo, requested_profile, spec, graph, gpus)
+
+    return compute
+
+
+def _fit(
+    payload: MigFitRequest,
+    row: Hardware,
+    geo: MigGeometry,
+    requested_profile: MigProfileSpec | None,
+    spec: WorkloadSpec,
+    graph: GraphSource,
+    gpus: list[tuple[str, int, bool]],
+) -> MigFitResponse:
+    need = required_memory_of(
+        graph,
+        spec,
+        row,
+        cuda_context_bytes=payload.cuda_context_bytes,
+        safety_margin_fraction=payload.safety_margin_fraction,
+    )
+    required = need.required_bytes
+    fits = [_profile_fit(p, required) for p in geo.profiles]
+    smallest = smallest_fitting(geo, required)
+    alternatives = None
+    if smallest is None:
+        alternatives = _alternatives(payload, row, geo, required, spec, graph, gpus)
     return MigFitResponse(
         gpu=geo.gpu,
         required_bytes=required,
@@ -140,47 +206,62 @@ FITS: PerWatch[str, bytes] = PerWatch(size=256, name="mig_fits")
 def fit_with_digest(session: Session, *, payload: MigFitRequest) -> tuple[bytes, Digest, float]:
     """``fit`` rendered as the response body, with the digest of the data it saw (read first,
     in the same session, so the answer is at least as new as the digest)."""
+    render, digest, read_at = prepare_fit_with_digest(session, payload=payload)
+    return render(), digest, read_at
+
+
+def prepare_fit_with_digest(
+    session: Session, *, payload: MigFitRequest, limit_units: int | None = None
+) -> tuple[Callable[[], bytes], Digest, float]:
+    """:func:`fit_with_digest` in two steps: the digest and the loading (this session), and
+    the returned function that computes and renders the body (no database)."""
     digest, read_at = timed_digest(session)
-    body = fit(session, payload=payload).model_dump_json(by_alias=True, exclude_none=True)
-    return body.encode(), digest, read_at
+    compute = prepare_fit(session, payload=payload, limit_units=limit_units)
+
+    def render() -> bytes:
+        body = compute().model_dump_json(by_alias=True, exclude_none=True)
+        return body.encode()
+
+    return render, digest, read_at
 
 
 def _alternatives(
-    session: Session, payload: MigFitRequest, row: Hardware, geo: MigGeometry, required: int
+    payload: MigFitRequest,
+    row: Hardware,
+    geo: MigGeometry,
+    required: int,
+    spec: WorkloadSpec,
+    graph: GraphSource,
+    gpus: list[tuple[str, int, bool]],
 ) -> FitAlternatives:
     biggest = max(geo.profiles, key=lambda p: (p.memory_mib, p.compute_slices, p.name))
-    gpus = session.scalars(
-        select(Hardware)
-        .where(Hardware.kind == "gpu", Hardware.memory_bytes >= required)
-        .order_by(Hardware.memory_bytes, Hardware.slug)
-        .limit(5)
-    )
+    larger = [gpu for gpu in gpus if gpu[1] >= required][:5]
     return FitAlternatives(
         full_gpu_fits=row.memory_bytes >= required,
         full_gpu_memory_bytes=row.memory_bytes,
         larger_gpus=[
-            LargerGpu(
-                hardware=gpu.slug,
-                memory_bytes=gpu.memory_bytes,
-                mig_capable=gpu.mig_total_compute_slices is not None,
-            )
-            for gpu in gpus
+            LargerGpu(hardware=slug, memory_bytes=memory_bytes, mig_capable=mig)
+            for slug, memory_bytes, mig in larger
         ],
-        largest_batch_on_biggest_profile=_largest_batch(session, payload, row, biggest),
+        largest_batch_on_biggest_profile=_largest_batch(payload, row, biggest, spec, graph),
         biggest_profile=biggest.name,
     )
 
 
 def _largest_batch(
-    session: Session, payload: MigFitRequest, row: Hardware, profile: MigProfileSpec
+    payload: MigFitRequest,
+    row: Hardware,
+    profile: MigProfileSpec,
+    spec: WorkloadSpec,
+    graph: GraphSource,
 ) -> int | None:
     """Binary search for the largest batch whose requirement fits ``profile`` (memory grows
     with the batch size, so the predicate is monotone)."""
-    spec = workload_spec(session, payload.workload)
 
     def fits(batch: int) -> bool:
-        need = required_memory(
-            session,
+        checkpoint()
+        need = required_memory_of(
+            graph,
             spec,
             row,
             cuda_context_bytes=payload.cuda_context_bytes,
@@ -220,26 +301,23 @@ def validate_layout(session: Session, *, payload: LayoutValidateRequest) -> Layo
 
 
 def _plan_profile(
-    session: Session,
     payload: MigPlanRequest,
     row: Hardware,
     geo: MigGeometry,
     index: int,
     item: PlanItem,
+    loaded: tuple[WorkloadSpec, GraphSource] | None,
 ) -> PlannedWorkload:
-    if (item.profile is None) == (item.workload is None):
-        raise InvalidInput(
-            f"workload '{item.name}': give exactly one of 'profile' or 'workload'",
-            pointer="/workloads",
-        )
     if item.profile is not None:
         require_profile(geo, item.profile)
         return PlannedWorkload(name=item.name, profile=item.profile, replicas=item.replicas)
     assert item.workload is not None
+    assert loaded is not None
+    spec, graph = loaded
     with spec_pointers(f"/workloads/{index}/workload", item.workload):
-        required = required_memory(
-            session,
-            workload_spec(session, item.workload),
+        required = required_memory_of(
+            graph,
+            spec,
             row,
             cuda_context_bytes=payload.cuda_context_bytes,
             safety_margin_fraction=payload.safety_margin_fraction,
@@ -259,6 +337,15 @@ def _plan_profile(
 
 def plan(session: Session, *, payload: MigPlanRequest) -> MigPlanResponse:
     """Pack every replica onto the fewest GPUs with explicit valid layouts."""
+    return prepare_plan(session, payload=payload)()
+
+
+def prepare_plan(
+    session: Session, *, payload: MigPlanRequest, limit_units: int | None = None
+) -> Callable[[], MigPlanResponse]:
+    """Load what :func:`plan` needs (the GPU, every workload and its graph), check the work
+    budget (the graphs' layers summed, one estimate each, ``limit_units``), and return the
+    plan's computation, which needs no database (app.api.compute)."""
     names = [item.name for item in payload.workloads]
     if len(set(names)) != len(names):
         raise InvalidInput("workload names must be unique", pointer="/workloads")
@@ -270,13 +357,44 @@ def plan(session: Session, *, payload: MigPlanRequest) -> MigPlanResponse:
         )
     row = mig_hardware(session, payload.gpu)
     geo = geometry(row)
-    sized = sorted(
-        (
-            _plan_profile(session, payload, row, geo, index, item)
-            for index, item in enumerate(payload.workloads)
-        ),
-        key=lambda w: w.name,
-    )
+    loaded: list[tuple[WorkloadSpec, GraphSource] | None] = []
+    for index, item in enumerate(payload.workloads):
+        if (item.profile is None) == (item.workload is None):
+            raise InvalidInput(
+                f"workload '{item.name}': give exactly one of 'profile' or 'workload'",
+                pointer="/workloads",
+            )
+        if item.workload is None:
+            loaded.append(None)
+            continue
+        with spec_pointers(f"/workloads/{index}/workload", item.workload):
+            spec = workload_spec(session, item.workload)
+            loaded.append((spec, model_graph(session, spec.model, spec.architecture)))
+    if limit_units is not None:
+        layers = sum(graph_layers(each[1][1]).executed_layers for each in loaded if each)
+        work = estimate_work(
+            GraphSize(written_layers=layers, executed_layers=layers),
+            WorkFactor(name="estimates", value=1, field="/workloads"),
+            field="/workloads",
+        )
+        check_budget(work, limit_units, setting=BUDGET_SETTING)
+
+    def compute() -> MigPlanResponse:
+        sized = sorted(
+            (
+                _plan_profile(payload, row, geo, index, item, loaded[index])
+                for index, item in enumerate(payload.workloads)
+            ),
+            key=lambda w: w.name,
+        )
+        return _plan(payload, geo, sized)
+
+    return compute
+
+
+def _plan(
+    payload: MigPlanRequest, geo: MigGeometry, sized: list[PlannedWorkload]
+) -> MigPlanResponse:
     try:
         result = plan_partitions(
             geo,

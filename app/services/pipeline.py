@@ -4,7 +4,7 @@ another; they all come here."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +15,13 @@ from sqlalchemy.orm import Session
 
 from app.db.models import Hardware, Workload
 from app.db.repositories import HardwareRepository
+from app.domain.budget import (
+    WorkEstimate,
+    WorkFactor,
+    check_budget,
+    estimate_work,
+    graph_layers,
+)
 from app.domain.errors import GraphError
 from app.domain.fit import FitInputError, Requirement, requirement
 from app.domain.fit import fit as fit_verdict
@@ -59,6 +66,7 @@ from app.schemas.workloads import (
 )
 from app.services.cache import LruCache
 from app.services.convert import (
+    GraphSource,
     domain_workload,
     hardware_overhead,
     hardware_runtime,
@@ -72,6 +80,7 @@ from app.services.errors import InvalidInput, NotFound
 from app.services.model_store import invalid_graph
 
 MAX_REPORTED_BYTES = 2**63 - 1
+BUDGET_SETTING = "CAPPLAN_MAX_WORK_UNITS"
 
 
 def analyze_graph(
@@ -145,7 +154,30 @@ def run_estimate(
 ) -> EstimateRun:
     """Estimate ``spec`` (optionally at another batch size) with its defaults resolved from the
     one default table: ``runtime`` is the request's (None: ``hardware_runtime``, else CUDA)."""
-    inputs, layers, defaults, label, graph_key = model_graph(session, spec.model, spec.architecture)
+    return estimate_graph(
+        model_graph(session, spec.model, spec.architecture),
+        spec,
+        runtime=runtime,
+        hardware_runtime=hardware_runtime,
+        overhead=overhead,
+        per_layer=per_layer,
+        batch_size=batch_size,
+    )
+
+
+def estimate_graph(
+    graph: GraphSource,
+    spec: WorkloadSpec,
+    *,
+    runtime: Runtime | None,
+    hardware_runtime: Runtime | None,
+    overhead: FrameworkOverhead,
+    per_layer: bool = False,
+    batch_size: int | None = None,
+) -> EstimateRun:
+    """:func:`run_estimate` of a graph already loaded (``model_graph``): no database needed, so
+    it runs outside the database slots (app.api.compute)."""
+    inputs, layers, defaults, label, graph_key = graph
     cache_key = None
     if graph_key:  # stored models only: inline graphs are not worth hashing
         cache_key = (
@@ -331,11 +363,31 @@ def required_memory(
 ) -> Required:
     """Estimate (with the GPU profile's CUDA context and workspace, the context overridable)
     + safety margin, as named lines: the one requirement computation."""
+    return required_memory_of(
+        model_graph(session, spec.model, spec.architecture),
+        spec,
+        row,
+        cuda_context_bytes=cuda_context_bytes,
+        safety_margin_fraction=safety_margin_fraction,
+        batch_size=batch_size,
+    )
+
+
+def required_memory_of(
+    graph: GraphSource,
+    spec: WorkloadSpec,
+    row: Hardware,
+    *,
+    cuda_context_bytes: int | None,
+    safety_margin_fraction: float,
+    batch_size: int | None = None,
+) -> Required:
+    """:func:`required_memory` of a graph already loaded (no database: app.api.compute)."""
     override = (
         None if cuda_context_bytes is None else OverheadSpec(cuda_context_bytes=cuda_context_bytes)
     )
-    run = run_estimate(
-        session,
+    run = estimate_graph(
+        graph,
         spec,
         runtime=None,
         hardware_runtime=Runtime.CUDA,
@@ -349,6 +401,26 @@ def required_memory(
         run=run,
         requirement=required,
     )
+
+
+def estimates_work(graph: GraphSource, estimates: int, pointer: str, field: str) -> WorkEstimate:
+    """The work of ``estimates`` memory estimates of a loaded graph (app.domain.budget): the
+    graph is reduced through ``pointer`` (``/architecture/layers`` inline, ``/model`` stored),
+    the number of estimates through ``field``."""
+    return estimate_work(
+        graph_layers(graph[1]),
+        WorkFactor(name="estimates", value=estimates, field=field),
+        field=pointer,
+    )
+
+
+def graph_pointer(prefix: str, workload: WorkloadSpec | str) -> str:
+    """Where a request names a workload's graph (for budget problems)."""
+    if isinstance(workload, str):
+        return prefix or "/workload"
+    if workload.architecture is not None:
+        return f"{prefix}/architecture/layers"
+    return f"{prefix}/model"
 
 
 def workload_row(session: Session, slug: str) -> Workload:
@@ -389,16 +461,39 @@ def estimate_response(
     session: Session, *, payload: MemoryEstimateRequest
 ) -> MemoryEstimateResponse:
     """Estimate the footprint of a stored or inline model."""
+    return prepare_estimate_response(session, payload=payload)()
+
+
+def prepare_estimate_response(
+    session: Session, *, payload: MemoryEstimateRequest, limit_units: int | None = None
+) -> Callable[[], MemoryEstimateResponse]:
+    """Load what :func:`estimate_response` needs and return the computation (no database).
+
+    With ``limit_units``, the work (the graph's executed layers, one estimate) is checked
+    against it first (app.domain.budget: WorkBudgetExceeded)."""
     hardware = _hardware(session, payload.hardware)
-    run = run_estimate(
-        session,
-        payload,
-        runtime=payload.runtime,
-        hardware_runtime=hardware_runtime(hardware),
-        overhead=hardware_overhead(hardware, payload.framework_overhead),
-        per_layer=payload.per_layer,
-    )
-    return _response(run, payload, hardware)
+    graph = model_graph(session, payload.model, payload.architecture)
+    if limit_units is not None:
+        check_budget(
+            estimates_work(graph, 1, graph_pointer("", payload), "/batch_size"),
+            limit_units,
+            setting=BUDGET_SETTING,
+        )
+    runtime = hardware_runtime(hardware)
+    overhead = hardware_overhead(hardware, payload.framework_overhead)
+
+    def compute() -> MemoryEstimateResponse:
+        run = estimate_graph(
+            graph,
+            payload,
+            runtime=payload.runtime,
+            hardware_runtime=runtime,
+            overhead=overhead,
+            per_layer=payload.per_layer,
+        )
+        return _response(run, payload, hardware)
+
+    return compute
 
 
 def _response(

@@ -11,6 +11,15 @@ from sqlalchemy.orm import Session
 from app.charts import Roof, RoofPoint, binding_phrases, roofline_svg
 from app.db.models import Hardware
 from app.db.repositories import HardwareRepository
+from app.domain.budget import (
+    ESTIMATE_LAYER_UNITS,
+    WorkEstimate,
+    WorkFactor,
+    check_budget,
+    checkpoint,
+    graph_layers,
+    work_units,
+)
 from app.domain.fit import requirement
 from app.domain.graph.analysis import GraphAnalysis, effective_options
 from app.domain.hardware import (
@@ -116,6 +125,7 @@ from app.schemas.recommendations import (
 )
 from app.services.cache import LruCache, collector_paused
 from app.services.convert import (
+    GraphSource,
     bind_dims,
     geometry,
     hardware_spec,
@@ -126,6 +136,7 @@ from app.services.errors import (
     NotFound,
 )
 from app.services.pipeline import (
+    BUDGET_SETTING,
     analyze_graph,
     require_profile,
     workload_pointers,
@@ -304,7 +315,16 @@ def candidates(
 ) -> list[Candidate]:
     """The named devices (``slug`` or ``slug/profile``), or every device and MIG slice; a
     request's ``prices`` are prices of ``price_kind``."""
-    rows = HardwareRepository(session).all_by_slug()
+    return candidates_of(HardwareRepository(session).all_by_slug(), names, prices, price_kind)
+
+
+def candidates_of(
+    rows: Mapping[str, Hardware],
+    names: Sequence[str] | None,
+    prices: Mapping[str, float],
+    price_kind: PriceKind = PriceKind.ON_DEMAND,
+) -> list[Candidate]:
+    """:func:`candidates` from the hardware rows by slug, already loaded."""
     for slug in prices:
         if slug not in rows:
             raise NotFound(
@@ -727,7 +747,33 @@ def model_source(
     serving: DecoderServing | None = None,
 ) -> ModelSource:
     """The graph of a stored or inline model with the request's shape options."""
-    inputs, layers, defaults, label, key = model_graph(session, model, architecture)
+    return source_of(
+        model_graph(session, model, architecture),
+        bindings=bindings,
+        sequence_length=sequence_length,
+        image_size=image_size,
+        prompt_tokens=prompt_tokens,
+        generated_tokens=generated_tokens,
+        fuse_elementwise=fuse_elementwise,
+        tokens_mean=tokens_mean,
+        serving=serving,
+    )
+
+
+def source_of(
+    graph: GraphSource,
+    *,
+    bindings: Mapping[str, int],
+    sequence_length: int | None,
+    image_size: int | None,
+    prompt_tokens: int,
+    generated_tokens: int,
+    fuse_elementwise: bool,
+    tokens_mean: int | None = None,
+    serving: DecoderServing | None = None,
+) -> ModelSource:
+    """:func:`model_source` of a graph already loaded (``model_graph``)."""
+    inputs, layers, defaults, label, key = graph
     has_seq = any("seq" in spec.get("shape", ()) for spec in inputs)
     decoder = has_seq and is_decoder(layers)
     source = ModelSource(
@@ -962,20 +1008,66 @@ def recommend(
     session: Session, *, payload: InferenceRecommendationRequest
 ) -> InferenceRecommendationResponse:
     """Rank every candidate device and precision at its best batch size, and explain."""
-    with (
-        collector_paused(),
-        workload_pointers("", inline_architecture=payload.architecture is not None),
-    ):
-        return _recommend(session, payload=payload)
+    return prepare_recommend(session, payload=payload)()
+
+
+def prepare_recommend(
+    session: Session, *, payload: InferenceRecommendationRequest, limit_units: int | None = None
+) -> Callable[[], InferenceRecommendationResponse]:
+    """Load the model and the candidate devices, check the work budget (``limit_units``:
+    graph layers x devices x precisions x batch sizes, app.domain.budget), and return the
+    recommendation's computation, which needs no database (app.api.compute)."""
+    pointers = workload_pointers("", inline_architecture=payload.architecture is not None)
+    with pointers:
+        graph = model_graph(session, payload.model, payload.architecture)
+        rows = HardwareRepository(session).all_by_slug()
+    pool = candidates_of(rows, payload.devices, payload.prices_usd_per_hour, payload.price_kind)
+    if limit_units is not None:
+        work = recommendation_work(graph, payload, len(pool))
+        check_budget(work, limit_units, setting=BUDGET_SETTING)
+
+    def compute() -> InferenceRecommendationResponse:
+        with (
+            collector_paused(),
+            workload_pointers("", inline_architecture=payload.architecture is not None),
+        ):
+            return _recommend(graph, pool, payload=payload)
+
+    return compute
+
+
+def recommendation_work(
+    graph: GraphSource, payload: InferenceRecommendationRequest, devices: int
+) -> WorkEstimate:
+    """The work of a recommendation, known before computing (app.domain.budget): every layer
+    as written predicted on every candidate device (MIG slices included) at every precision and
+    batch size, plus a memory estimate of every executed layer per precision and batch size."""
+    size = graph_layers(graph[1])
+    where = "/architecture/layers" if payload.architecture is not None else "/model"
+    precisions = WorkFactor(name="precisions", value=len(payload.precisions), field="/precisions")
+    batches = WorkFactor(
+        name="batch sizes",
+        value=len(_batches(payload)),
+        field="/batch_sizes" if payload.batch_sizes is not None else "/max_batch_size",
+    )
+    return work_units(
+        WorkFactor(name="graph layers", value=size.written_layers, field=where),
+        WorkFactor(name="devices", value=devices, field="/devices"),
+        precisions,
+        batches,
+    ) + work_units(
+        WorkFactor(name="executed layers", value=size.executed_layers, field=where),
+        precisions,
+        batches,
+        weight=ESTIMATE_LAYER_UNITS,
+    )
 
 
 def _recommend(
-    session: Session, *, payload: InferenceRecommendationRequest
+    graph: GraphSource, pool: list[Candidate], *, payload: InferenceRecommendationRequest
 ) -> InferenceRecommendationResponse:
-    source = model_source(
-        session,
-        model=payload.model,
-        architecture=payload.architecture,
+    source = source_of(
+        graph,
         bindings=payload.bindings,
         sequence_length=payload.sequence_length,
         image_size=payload.image_size,
@@ -986,7 +1078,6 @@ def _recommend(
         serving=decoder_serving(payload),
     )
     _check_decoder_options(payload, source)
-    pool = candidates(session, payload.devices, payload.prices_usd_per_hour, payload.price_kind)
     cals = calibrations(payload.calibration, payload.serving_runtime)
     host_s = RUNTIME_PROFILES[payload.serving_runtime].host_overhead_per_sequence_step_s
     schemes = [PRECISION_SCHEMES[p] for p in payload.precisions]
@@ -1033,6 +1124,7 @@ def _recommend(
     ]
     plans.sort(key=lambda item: item[0])  # stable: candidates keep their order per batch
     for batch, candidate, scheme in plans:
+        checkpoint()  # each plan predicts every layer: stop here past the deadline
         device = candidate.device
         key = (device.slug, scheme.precision.value)
         if key in outgrown:
@@ -1068,7 +1160,10 @@ def _recommend(
         prediction = _in_scenario(with_decode_host_overhead(prediction, host_s), payload)
         options.setdefault(key, []).append(assess(prediction, fit, requirements))
     if payload.scenario is Scenario.SERVER:
-        shown = [assess_server(found, requirements) for found in options.values()]
+        shown = []
+        for found in options.values():
+            checkpoint()  # a simulated queue per device and precision
+            shown.append(assess_server(found, requirements))
     else:
         shown = [best_batch(found, payload.objective) for found in options.values()]
     ranked = rank(shown, payload.objective)
@@ -1724,7 +1819,12 @@ def _server_read(load: ServerLoad) -> ServerScenarioRead:
 MAX_CHART_DEVICES = 8
 
 
-def roofline_chart(
+def roofline_chart(session: Session, **options: Any) -> str:
+    """An SVG roofline of a stored model's kernels on up to eight devices (or MIG slices)."""
+    return prepare_roofline_chart(session, **options)()
+
+
+def prepare_roofline_chart(
     session: Session,
     *,
     model: str,
@@ -1735,8 +1835,10 @@ def roofline_chart(
     image_size: int | None = None,
     prompt_tokens: int = 512,
     generated_tokens: int = 128,
-) -> str:
-    """An SVG roofline of a stored model's kernels on up to eight devices (or MIG slices)."""
+    limit_units: int | None = None,
+) -> Callable[[], str]:
+    """Load the model and devices of :func:`roofline_chart` (work budget: graph layers x
+    devices); the returned function draws it without the database (app.api.compute)."""
     if not devices:
         raise InvalidInput("name at least one device", pointer="devices")
     if len(devices) > MAX_CHART_DEVICES:
@@ -1744,10 +1846,20 @@ def roofline_chart(
             f"at most {MAX_CHART_DEVICES} devices per chart, got {len(devices)}",
             pointer="devices",
         )
-    source = model_source(
-        session,
-        model=model,
-        architecture=None,
+    graph = model_graph(session, model, None)
+    pool = candidates_of(HardwareRepository(session).all_by_slug(), devices, {})
+    if limit_units is not None:
+        size = graph_layers(graph[1])
+        work = work_units(
+            WorkFactor(name="graph layers", value=size.written_layers, field="model"),
+            WorkFactor(name="devices", value=len(pool), field="devices"),
+        ) + work_units(
+            WorkFactor(name="executed layers", value=size.executed_layers, field="model"),
+            weight=ESTIMATE_LAYER_UNITS,
+        )
+        check_budget(work, limit_units, setting=BUDGET_SETTING)
+    source = source_of(
+        graph,
         bindings={},
         sequence_length=sequence_length,
         image_size=image_size,
@@ -1755,12 +1867,19 @@ def roofline_chart(
         generated_tokens=generated_tokens,
         fuse_elementwise=True,
     )
+    return lambda: _roofline_chart(source, pool, precision=precision, batch_size=batch_size)
+
+
+def _roofline_chart(
+    source: ModelSource, pool: list[Candidate], *, precision: Precision, batch_size: int
+) -> str:
     scheme = PRECISION_SCHEMES[precision]
     workload = source.workload(batch_size, scheme)
     roofs: list[Roof] = []
     points: list[RoofPoint] = []
     skipped: list[str] = []
-    for candidate in candidates(session, devices, {}):
+    for candidate in pool:
+        checkpoint()
         device = candidate.device
         reason = unsupported_reason(device, scheme)
         if reason is not None:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Depends, Query, Response
+from fastapi import APIRouter, Body, Depends, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
 from app.api import examples
-from app.api.deps import DatabaseDep, require_reader
-from app.api.errors import problem_responses
+from app.api.deps import ComputeDep, DatabaseDep, require_reader
+from app.api.errors import COMPUTE_EXAMPLES, problem_responses
 from app.api.media import SVG, svg_responses
 from app.api.params import ImageSizeQuery, SequenceLengthQuery
 from app.domain.precision import Precision
@@ -27,16 +27,23 @@ router = APIRouter(prefix="/v1/estimates", tags=["estimates"])
     response_model=MemoryEstimateResponse,
     response_model_exclude_none=True,
     dependencies=[Depends(require_reader)],
-    responses=problem_responses(400, 401, 403, 404, 413, 422, 503),
+    responses=problem_responses(400, 401, 403, 404, 413, 422, 503, examples=COMPUTE_EXAMPLES),
     summary="Estimate a memory footprint",
 )
 async def estimate_memory(
     payload: Annotated[MemoryEstimateRequest, Body(openapi_examples=examples.MEMORY_ESTIMATE)],
+    request: Request,
     db: DatabaseDep,
+    compute: ComputeDep,
 ) -> MemoryEstimateResponse:
     """Peak memory per device for training or inference, with a breakdown that adds up to the
-    peak, the phase of the peak, and the assumptions behind every line. Nothing is stored."""
-    return await db.call(service.estimate, payload=payload)
+    peak, the phase of the peak, and the assumptions behind every line. Nothing is stored.
+
+    The work is bounded: a graph over the work budget is a 422 `/problems/too-expensive`
+    naming what to reduce, and so is an estimate stopped at CAPPLAN_COMPUTE_TIMEOUT_S."""
+    return await compute.call(
+        db, service.prepare_estimate, request, payload=payload, limit_units=compute.budget_units
+    )
 
 
 async def memory_query(
@@ -115,12 +122,16 @@ MemoryQuery = Annotated[MemoryEstimateRequest, Depends(memory_query)]
     response_model=MemoryEstimateResponse,
     response_model_exclude_none=True,
     dependencies=[Depends(require_reader)],
-    responses=problem_responses(401, 403, 404, 422, 503),
+    responses=problem_responses(401, 403, 404, 422, 503, examples=COMPUTE_EXAMPLES),
     summary="Estimate a memory footprint (query form)",
 )
-async def estimate_memory_get(db: DatabaseDep, payload: MemoryQuery) -> MemoryEstimateResponse:
+async def estimate_memory_get(
+    request: Request, db: DatabaseDep, compute: ComputeDep, payload: MemoryQuery
+) -> MemoryEstimateResponse:
     """The same estimate as the POST form for a stored model, for scripts and curl."""
-    return await db.call(service.estimate, payload=payload)
+    return await compute.call(
+        db, service.prepare_estimate, request, payload=payload, limit_units=compute.budget_units
+    )
 
 
 @router.get(
@@ -138,7 +149,12 @@ async def estimate_memory_get(db: DatabaseDep, payload: MemoryQuery) -> MemoryEs
     ),
     summary="Memory breakdown as an SVG bar chart",
 )
-async def estimate_memory_svg(db: DatabaseDep, payload: MemoryQuery) -> Response:
+async def estimate_memory_svg(
+    request: Request, db: DatabaseDep, compute: ComputeDep, payload: MemoryQuery
+) -> Response:
     """The query form of a memory estimate drawn as a bar chart (`image/svg+xml`): one bar per
     breakdown line and the peak, labelled in GiB."""
-    return Response(await db.call(service.memory_chart, payload=payload), media_type=SVG)
+    svg = await compute.call(
+        db, service.prepare_memory_chart, request, payload=payload, limit_units=compute.budget_units
+    )
+    return Response(svg, media_type=SVG)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Depends, Query, Response
+from fastapi import APIRouter, Body, Depends, Query, Request, Response
 
 from app.api import examples
-from app.api.deps import DatabaseDep, require_reader
-from app.api.errors import problem_responses
+from app.api.deps import ComputeDep, DatabaseDep, require_reader
+from app.api.errors import COMPUTE_EXAMPLES, problem_responses
 from app.api.media import SVG, svg_responses
 from app.api.params import BatchSizeQuery, ImageSizeQuery, SequenceLengthQuery
 from app.domain.precision import Precision
@@ -28,14 +28,16 @@ router = APIRouter(
     "/inference",
     response_model=InferenceRecommendationResponse,
     response_model_exclude_none=True,
-    responses=problem_responses(400, 401, 403, 404, 413, 422, 503),
+    responses=problem_responses(400, 401, 403, 404, 413, 422, 503, examples=COMPUTE_EXAMPLES),
     summary="Recommend a device, precision and batch size for inference",
 )
 async def recommend_inference(
     payload: Annotated[
         InferenceRecommendationRequest, Body(openapi_examples=examples.RECOMMENDATION)
     ],
+    request: Request,
     db: DatabaseDep,
+    compute: ComputeDep,
 ) -> InferenceRecommendationResponse:
     """Should the CPU run this model directly, or should the data cross the host link to a GPU
     (or a MIG slice)? Every candidate device and precision is predicted with a calibrated
@@ -43,8 +45,15 @@ async def recommend_inference(
     per million inferences, energy per inference, fit in memory, what bounds it), the best batch
     per candidate is kept, and the list is ranked by the objective among the candidates that fit
     and meet the SLO; a paragraph says what to run and why. Every figure comes with the inputs
-    of its formulas. Nothing is stored."""
-    return await db.call(service.recommend, payload=payload)
+    of its formulas. Nothing is stored.
+
+    The work is bounded: graph layers x devices x precisions x batch sizes over
+    CAPPLAN_MAX_WORK_UNITS is a 422 `/problems/too-expensive` naming what to reduce (nothing is
+    computed), and a computation still running at CAPPLAN_COMPUTE_TIMEOUT_S is stopped and
+    answered with the same problem type."""
+    return await compute.call(
+        db, service.prepare_recommend, request, payload=payload, limit_units=compute.budget_units
+    )
 
 
 @router.get(
@@ -62,7 +71,9 @@ async def recommend_inference(
     summary="Roofline chart of a model on devices (SVG)",
 )
 async def roofline_svg(
+    request: Request,
     db: DatabaseDep,
+    compute: ComputeDep,
     model: Annotated[
         StorableStr,
         Query(max_length=64, description="Stored model slug.", examples=["resnet-50"]),
@@ -93,8 +104,11 @@ async def roofline_svg(
     prefill dots, decode triangles) at its intensity and achieved rate including launch
     overhead. Devices that lack the precision are listed in the subtitle."""
     names = [name.strip() for name in devices.split(",") if name.strip()]
-    svg = await db.call(
-        service.roofline_chart,
+    svg = await compute.call(
+        db,
+        service.prepare_roofline_chart,
+        request,
+        limit_units=compute.budget_units,
         model=model,
         devices=names,
         precision=precision,

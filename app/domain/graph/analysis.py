@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from app.domain.budget import checkpoint
 from app.domain.errors import GraphError
 from app.domain.graph.format import BLOCK_INPUT, validate_graph
 from app.domain.graph.ops import (
@@ -321,6 +322,7 @@ def _walk(
     prefix: str,
 ) -> _Binding:
     for raw in layers:
+        checkpoint()  # app.domain.budget: stop here past the request's deadline
         op = raw["op"]
         if op == "repeat":
             current = _repeat(raw, env, current, state, prefix=prefix)

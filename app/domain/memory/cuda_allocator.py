@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Protocol
 
+from app.domain.budget import CHECK_EVERY_MASK, checkpoint
 from app.domain.units import MIB
 
 SOURCE = "c10/cuda/CUDACachingAllocator.cpp (PyTorch 2.x, default PYTORCH_CUDA_ALLOC_CONF)"
@@ -172,7 +173,9 @@ class CachingAllocator:
         # should_split, as ``rest > threshold`` (sizes are multiples of 512 B)
         small_threshold = MIN_BLOCK_BYTES - 1
         large_threshold = small_threshold if self.expandable else SMALL_REQUEST_BYTES
-        for kind, key, size_bytes in events:
+        for count, (kind, key, size_bytes) in enumerate(events):
+            if not count & CHECK_EVERY_MASK:
+                checkpoint()  # app.domain.budget: stop here past the request's deadline
             if kind == "alloc":
                 # round_size, is_small
                 size = (

@@ -30,6 +30,7 @@ from itertools import accumulate, repeat
 from operator import add, sub
 from typing import Any, NamedTuple, Protocol, TypeVar, cast
 
+from app.domain.budget import CHECK_EVERY_MASK, checkpoint
 from app.domain.graph.analysis import GraphAnalysis, InputDecl, LayerAnalysis, analyze
 from app.domain.graph.ops import Storage, TensorKind
 from app.domain.graph.traits import CONV_OPS, INTERNAL_TENSOR_OPS, QUANTIZABLE_OPS
@@ -1203,6 +1204,8 @@ def _forward_events(
     new_keys: list[list[int]] = []
     forward_live: set[int] = set()
     for index, layer in enumerate(analysis.layers):
+        if not index & CHECK_EVERY_MASK:
+            checkpoint()  # app.domain.budget: stop here past the request's deadline
         op = plan.op_sizes[index]
         for size in cache[index]:
             cache_keys.append(_FORWARD_KEYS + len(events))
@@ -1334,6 +1337,8 @@ def _allocator_events(
         recompute_key = 0
         with_grads = iteration == 0 or not step.accumulate
         for index in reversed(range(len(layers))):
+            if not index & CHECK_EVERY_MASK:
+                checkpoint()
             op = plan.op_sizes[index]
             unit = units[index]
             if unit != recomputing:

@@ -1,0 +1,223 @@
+"""Bounded CPU-heavy work (issue 29, point 1): a work budget checked before computing, the
+computation outside the database slots, stopped at its deadline with a problem of its own."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from app.api.compute import Compute
+from app.api.database import Database
+from tests.api.helpers import PROBLEM_JSON
+from tests.support import ApiClient, ClientFactory
+
+TOO_EXPENSIVE = "/problems/too-expensive"
+
+
+def distinct_linear_graph(layers: int, *, width: int = 64) -> dict[str, Any]:
+    """An inline graph of ``layers`` linear layers of distinct widths (no cache hit between
+    them: each layer's semantics and roofline kernels are evaluated)."""
+    return {
+        "inputs": [{"name": "x", "shape": ["batch", width]}],
+        "layers": [
+            {"name": f"fc{i}", "op": "linear", "out_features": width + i} for i in range(layers)
+        ],
+    }
+
+
+def _counts(client: ApiClient) -> tuple[int, int, int]:
+    """Stored models, hardware profiles and workloads: a refused request writes nothing."""
+    return (
+        client.get("/v1/models", params={"limit": 1}).json()["total"],
+        client.get("/v1/hardware", params={"limit": 1}).json()["total"],
+        client.get("/v1/workloads", params={"limit": 1}).json()["total"],
+    )
+
+
+def _too_expensive(response: httpx.Response) -> dict[str, Any]:
+    assert response.status_code == 422, response.text
+    assert response.headers["content-type"] == PROBLEM_JSON
+    assert "retry-after" not in response.headers  # the same request would fail again
+    body: dict[str, Any] = response.json()
+    assert body["type"] == TOO_EXPENSIVE
+    assert body["title"] == "Too expensive"
+    return body
+
+
+def test_a_recommendation_over_the_budget_is_refused_before_computing(
+    make_client: ClientFactory,
+) -> None:
+    client = make_client(max_work_units=100_000)
+    before = _counts(client)
+    request = {"model": "resnet-50", "max_batch_size": 65536}
+    body = _too_expensive(client.post("/v1/recommendations/inference", json=request))
+    # resnet-50: 107 layers as written, 187 executed; 144 devices and slices; 4 precisions;
+    # 17 batch sizes (1 .. 65536): 107 x 144 x 4 x 17 + 10 x 187 x 4 x 17 = 1,174,904
+    assert body["detail"].startswith(
+        "this request asks for 1,174,904 work units (107 graph layers x 144 devices x 4 "
+        "precisions x 17 batch sizes + 10 x 187 executed layers x 4 precisions x 17 batch "
+        "sizes); the limit is 100,000 (CAPPLAN_MAX_WORK_UNITS); reduce "
+    )
+    pointers = [error["pointer"] for error in body["errors"]]
+    assert pointers == ["/model", "/devices", "/max_batch_size", "/precisions"]
+    assert _counts(client) == before
+    compute: Compute = client.app.state.compute
+    assert compute.running == 0
+    metrics = client.get("/metrics").text
+    assert "capplan_compute_running 0.0" in metrics
+    # Less of it is served: one device, one precision, batch sizes up to 16.
+    smaller = {**request, "devices": ["nvidia-a10"], "precisions": ["fp16"], "max_batch_size": 16}
+    assert client.post("/v1/recommendations/inference", json=smaller).status_code == 200
+
+
+def test_a_10000_layer_inline_recommendation_is_refused_with_default_settings(
+    client: ApiClient,
+) -> None:
+    request = {"architecture": distinct_linear_graph(10_000)}
+    body = _too_expensive(client.post("/v1/recommendations/inference", json=request))
+    assert "10,000 graph layers x 144 devices x 4 precisions x 9 batch sizes" in body["detail"]
+    assert "(CAPPLAN_MAX_WORK_UNITS)" in body["detail"]
+    assert body["errors"][0]["pointer"] == "/architecture/layers"
+
+
+def test_estimate_fit_and_plan_over_the_budget_are_refused(make_client: ClientFactory) -> None:
+    client = make_client(max_work_units=1_000)
+    before = _counts(client)
+    estimate = {"model": "llama-2-7b", "mode": "inference", "batch_size": 1}
+    body = _too_expensive(client.post("/v1/estimates/memory", json=estimate))
+    assert "10 x 196 executed layers x 1 estimates" in body["detail"]
+    assert [e["pointer"] for e in body["errors"]] == ["/model"]
+    query = client.get("/v1/estimates/memory", params=estimate)
+    assert _too_expensive(query)["detail"] == body["detail"]
+    # A MIG fit counts the batch search it may need: batch 4096 -> 2 + 13 estimates.
+    fit = {"workload": {**estimate, "batch_size": 4096}, "gpu": "nvidia-a100-80gb-sxm"}
+    body = _too_expensive(client.post("/v1/mig/fit", json=fit))
+    assert "10 x 196 executed layers x 15 estimates" in body["detail"]
+    assert [e["pointer"] for e in body["errors"]] == [
+        "/workload/model",
+        "/workload/batch_size",
+    ]
+    plan = {
+        "gpu": "nvidia-a100-80gb-sxm",
+        "workloads": [{"name": "chat", "replicas": 2, "workload": estimate}],
+    }
+    body = _too_expensive(client.post("/v1/mig/plan", json=plan))
+    assert [e["pointer"] for e in body["errors"]] == ["/workloads"]
+    assert _counts(client) == before
+
+
+def test_a_computation_past_its_deadline_is_stopped_with_its_own_problem(
+    make_client: ClientFactory,
+) -> None:
+    client = make_client(compute_timeout_s=0.05)
+    request = {"architecture": distinct_linear_graph(400, width=96)}
+    response = client.post("/v1/recommendations/inference", json=request)
+    body = _too_expensive(response)
+    assert body["detail"].startswith(
+        "the computation did not finish within 0.05 s (CAPPLAN_COMPUTE_TIMEOUT_S) and was "
+        "stopped; nothing was written."
+    )
+    compute: Compute = client.app.state.compute
+    database: Database = client.app.state.database
+    # Stopped at a checkpoint: its thread has returned, no slot is held.
+    assert (compute.running, compute.stuck, database.in_use, database.stuck) == (0, 0, 0, 0)
+    metrics = client.get("/metrics").text
+    assert 'capplan_compute_stopped_total{reason="deadline"} 1.0' in metrics
+    assert "capplan_compute_stuck 0.0" in metrics
+    assert 'capplan_db_failures_total{type="database-unavailable"}' not in metrics
+    assert client.get("/v1/models/resnet-50").status_code == 200
+
+
+def test_reads_are_served_while_a_long_computation_runs_on_one_database_slot(
+    make_client: ClientFactory,
+) -> None:
+    """With a single database connection, a read is answered while a recommendation computes:
+    the computation holds a compute slot, not the database's (before, it held the one slot
+    for its whole run and the read was shed with 503)."""
+    client = make_client(
+        db_pool_size=1,
+        db_queue_timeout_s=0.5,
+        compute_timeout_s=30,
+        max_work_units=10**9,
+    )
+    compute: Compute = client.app.state.compute
+    database: Database = client.app.state.database
+    request = {"architecture": distinct_linear_graph(1_500, width=80)}
+
+    async def scenario() -> tuple[httpx.Response, list[int], int]:
+        heavy = asyncio.create_task(
+            client.async_client.post("/v1/recommendations/inference", json=request)
+        )
+        for _ in range(500):
+            if compute.running:
+                break
+            await asyncio.sleep(0.01)
+        statuses = []
+        overlapped = 0
+        for _ in range(3):
+            statuses.append((await client.async_client.get("/v1/models/resnet-50")).status_code)
+            overlapped += compute.running
+        return await heavy, statuses, overlapped
+
+    heavy, statuses, overlapped = client.run(scenario())
+    assert statuses == [200, 200, 200]
+    assert overlapped >= 1  # at least one read was answered while the computation ran
+    assert heavy.status_code == 200
+    assert (compute.running, database.in_use) == (0, 0)
+
+
+def test_requests_over_the_compute_slots_wait_then_are_shed(make_client: ClientFactory) -> None:
+    client = make_client(compute_slots=1, compute_queue_timeout_s=0.2)
+    compute: Compute = client.app.state.compute
+    release = asyncio.Event()
+
+    async def scenario() -> httpx.Response:
+        loop = asyncio.get_running_loop()
+
+        def hold() -> None:
+            asyncio.run_coroutine_threadsafe(release.wait(), loop).result(10)
+
+        holder = asyncio.create_task(compute.run(hold))
+        while not compute.running:
+            await asyncio.sleep(0.01)
+        try:
+            estimate = {"model": "resnet-50", "mode": "inference", "batch_size": 1}
+            return await client.async_client.post("/v1/estimates/memory", json=estimate)
+        finally:
+            release.set()
+            await holder
+
+    response = client.run(scenario())
+    assert response.status_code == 503
+    assert response.headers["retry-after"] == "1"
+    body = response.json()
+    assert body["type"] == "/problems/compute-busy"
+    assert "CAPPLAN_COMPUTE_SLOTS" in body["detail"]
+    assert 'capplan_compute_stopped_total{reason="busy"} 1.0' in client.get("/metrics").text
+
+
+def test_inline_graph_errors_still_point_at_the_layer(client: ApiClient) -> None:
+    """A 422 raised while computing (outside the database call) keeps its JSON pointer."""
+    graph = distinct_linear_graph(3)
+    graph["layers"][1]["inputs"] = ["nowhere"]
+    response = client.post(
+        "/v1/estimates/memory",
+        json={"architecture": graph, "mode": "inference", "batch_size": 1},
+    )
+    assert response.status_code == 422
+    assert response.json()["errors"][0]["pointer"].startswith("/architecture/layers/1")
+
+
+@pytest.mark.timing
+def test_an_overrun_is_answered_soon_after_its_deadline(make_client: ClientFactory) -> None:
+    client = make_client(compute_timeout_s=0.5, max_work_units=10**9)
+    request = {"architecture": distinct_linear_graph(3_000, width=72)}
+    started = time.perf_counter()
+    response = client.post("/v1/recommendations/inference", json=request)
+    seconds = time.perf_counter() - started
+    _too_expensive(response)
+    assert seconds < 0.5 + 1.5  # the deadline, plus one checkpoint interval on a loaded host
