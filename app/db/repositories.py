@@ -151,6 +151,25 @@ class DecisionRepository:
         ) == (workload_version, model_version, hardware_version)
         return DecisionLookup(workload_id, hardware_id, found, fresh)
 
+    def fresh_on(self, hardware: str, evaluator: str) -> list[tuple[str, AdmissionDecision]]:
+        """Every workload's fresh decision on ``hardware`` (slug) by ``evaluator``, with the
+        workload's slug: one query (the webhook loads a GPU's table at once)."""
+        decision = AdmissionDecision
+        query = (
+            select(Workload.slug, decision)
+            .join(Workload, Workload.id == decision.workload_id)
+            .join(ModelArchitecture, ModelArchitecture.id == Workload.model_id)
+            .join(Hardware, Hardware.id == decision.hardware_id)
+            .where(
+                Hardware.slug == hardware,
+                decision.evaluator == evaluator,
+                decision.workload_version == Workload.version,
+                decision.model_version == ModelArchitecture.version,
+                decision.hardware_version == Hardware.version,
+            )
+        )
+        return [(slug, found) for slug, found in self.session.execute(query).all()]
+
     def upsert(self, rows: Sequence[dict[str, Any]]) -> None:
         """Insert or replace decisions (one per workload, hardware and evaluator): a replica
         storing the same pair at the same time is not an error, the later write wins."""

@@ -23,10 +23,11 @@ from app.domain.admission import (
     verdict,
     warning_text,
 )
-from app.domain.budget import CancelToken, bound
+from app.domain.budget import CancelToken, bound, graph_layers
 from app.schemas.admission import AdmissionCheckRequest, AdmissionCheckResponse
 from app.schemas.base import SLUG_PATTERN
 from app.schemas.estimates import WorkloadSpec
+from app.services.convert import model_graph
 from app.services.decision_store import (
     ESTIMATED,
     EVALUATOR,
@@ -43,6 +44,12 @@ from app.services.pipeline import (
     workload_spec,
 )
 from app.services.state_cache import Digest, PerWatch, timed_digest
+
+# Graphs estimated inside a review (inline annotations, a stored workload whose decision is
+# missing or stale) execute at most this many layers: the estimate costs ~6-40 us per executed
+# layer (2-core VM, idle to loaded), so this stays well inside the 0.8 s review budget. The zoo's
+# largest (GPT-3 175B) executes 774. Larger graphs are decided from stored decisions only.
+REVIEW_MAX_LAYERS = 5_000
 
 
 class ReviewError(Exception):
@@ -124,6 +131,11 @@ _INLINE_KEYS = (
 API_VERSION = "admission.k8s.io/v1"
 REVIEW_KIND = "AdmissionReview"
 _SLUG = re.compile(SLUG_PATTERN)
+
+# Per database and GPU slug, the fresh stored decisions of every workload (a DecisionTable),
+# valid in the generation of the planning data they were read in: a burst of reviews naming
+# distinct workloads on one GPU costs one query, not one per review.
+TABLES: PerWatch[str, DecisionTable] = PerWatch(size=64, name="admission_decision_tables")
 
 # The webhook's answers (everything after the uid, pre-rendered) per database, keyed by what the
 # pod asks: its workload (or inline annotations), GPU and GPU requests. Valid in the generation of
@@ -267,9 +279,54 @@ def _evaluation(
     hardware = HardwareRepository(session).get(asked.gpu)
     if hardware is None:
         raise ReviewError(f"capacity-planner.io/gpu '{asked.gpu}' is not a known hardware profile")
+    layers = graph_layers(model_graph(session, spec.model, spec.architecture)[1]).executed_layers
+    if layers > REVIEW_MAX_LAYERS:
+        raise ReviewError(
+            f"model '{spec.model}' executes {layers:,} layers; a review estimates at most "
+            f"{REVIEW_MAX_LAYERS:,} within its deadline: name a stored workload (its decision "
+            "is computed when it is written)"
+        )
     with bound(token):
         evaluation, _ = evaluation_of(session, spec=spec, label=label, hardware=hardware)
     return evaluation, label, missing
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """A stored workload's fresh decision on one GPU: its evaluation, or why there is none."""
+
+    evaluation: Evaluation | None
+    failure: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionTable:
+    """A GPU's fresh stored decisions by workload slug, and the digest they were read with."""
+
+    decisions: dict[str, Stored]
+    digest: Digest
+    read_at: float
+
+
+def decision_table(session: Session, gpu: str) -> DecisionTable:
+    """Every stored workload's fresh decision on ``gpu`` (one query after the digest; a
+    missing or stale one is absent and takes the review's bounded path)."""
+    digest, read_at = timed_digest(session)
+    decisions = {}
+    for slug, row in DecisionRepository(session).fresh_on(gpu, EVALUATOR):
+        if row.outcome == ESTIMATED:
+            decisions[slug] = Stored(stored_evaluation(row, gpu))
+        else:
+            decisions[slug] = Stored(None, row.detail or f"workload '{slug}' cannot be evaluated")
+    return DecisionTable(decisions, digest, read_at)
+
+
+def stored_tail(stored: Stored, asked: Question) -> bytes:
+    """The answer tail of a review from its workload's stored decision (no database, no
+    estimate: string formatting). Raises ``ReviewError`` for a stored failure."""
+    if stored.evaluation is None:
+        raise ReviewError(stored.failure or "the workload cannot be evaluated")
+    return answer_tail(*decide(stored.evaluation, asked, asked.notes["workload"]))
 
 
 def decide(evaluation: Evaluation, asked: Question, label: str) -> tuple[bool, str, list[str]]:

@@ -12,11 +12,12 @@ hardware profile is written through the service, in the same transaction, and st
   from are the rows' current versions, and it was computed by this code (``EVALUATOR``, a
   fingerprint of the modules the estimate depends on: a release with other rules keeps its
   own rows, so during a rolling upgrade each release reads what it computed).
-* **Bounded at write time**: each (workload, hardware) pair is computed under a work deadline
-  (``PAIR_BUDGET_S``, cooperative cancellation of app.domain.budget); one that overruns it is
-  stored as ``too_expensive`` (the review answers it by the failure policy, saying so), and so
-  are the workload's other pairs (the estimate's cost does not depend on the GPU). A write
-  stops computing after ``WRITE_BUDGET_S``; the pairs it did not reach are left missing.
+* **Bounded at write time**: a write computes its pairs for at most ``WRITE_BUDGET_S`` (the
+  estimate is cancelled cooperatively at that deadline, app.domain.budget); the pairs it did
+  not finish are left missing for the refresher. Each pair has a work deadline of its own
+  (``PAIR_BUDGET_S``): one that overruns it is stored as ``too_expensive`` (the review answers
+  it by the failure policy, saying so), and so are the workload's other pairs (the estimate's
+  cost does not depend on the GPU). The write is never refused for its cost.
 * **Missing or stale rows** (written before this revision, by another release, by a write
   outside the service such as ``catalog-sync``, or left by a write's budget) are computed by
   the review within its own deadline, cancelled with its answer (app.services.admission), and
@@ -51,8 +52,9 @@ from app.services.convert import geometry, to_spec, workload_fields
 from app.services.errors import PreconditionFailed, ServiceError
 from app.services.pipeline import Required, required_memory
 
-PAIR_BUDGET_S = 2.0  # work deadline of one (workload, hardware) evaluation at write time
-WRITE_BUDGET_S = 3.0  # a write stops starting evaluations after this; the rest stay missing
+PAIR_BUDGET_S = 10.0  # past this deadline one (workload, hardware) evaluation is too expensive
+WRITE_BUDGET_S = 3.0  # a write computes for at most this long; the pairs left stay missing
+SWEEP_BUDGET_S = 60.0  # the refresher's budget per batch
 ESTIMATED, TOO_EXPENSIVE, INVALID = "estimated", "too_expensive", "invalid"
 
 _APP = Path(__file__).resolve().parent.parent
@@ -151,15 +153,19 @@ class _Outcome:
 
 
 def _evaluate_pair(
-    session: Session, workload: Workload, spec: WorkloadSpec, hardware: Hardware
-) -> _Outcome:
+    session: Session, workload: Workload, spec: WorkloadSpec, hardware: Hardware, until: float
+) -> _Outcome | None:
+    """One pair's outcome; None when the caller's budget (``until``, monotonic) ran out first
+    (the pair stays missing: it is not too expensive, the write had no time left)."""
+    own_deadline = time.monotonic() + PAIR_BUDGET_S
+    token = CancelToken(min(own_deadline, until), PAIR_BUDGET_S)
     try:
-        with bound(CancelToken.after(PAIR_BUDGET_S)):
+        with bound(token):
             evaluation, _ = evaluation_of(
                 session, spec=spec, label=workload.slug, hardware=hardware
             )
     except WorkCancelled:
-        return _too_expensive(workload, spec)
+        return _too_expensive(workload, spec) if own_deadline <= until else None
     except (ServiceError, DomainError) as exc:
         detail = exc.detail if isinstance(exc, ServiceError) else str(exc)
         return _Outcome(INVALID, describe(workload.slug, spec, spec.precision.value), detail)
@@ -220,7 +226,10 @@ def refresh_pairs(
         elif workload.id in expensive:
             result = _too_expensive(workload, spec)
         else:
-            result = _evaluate_pair(session, workload, spec, hardware)
+            evaluated = _evaluate_pair(session, workload, spec, hardware, started + budget_s)
+            if evaluated is None:
+                break  # out of budget: the rest stay missing (the refresher computes them)
+            result = evaluated
             if result.outcome == TOO_EXPENSIVE:
                 expensive.add(workload.id)
         rows.append(_row(workload, hardware, result))
@@ -262,7 +271,7 @@ def refresh_model(session: Session, row: ModelArchitecture) -> int:
     return refresh_pairs(session, ((w, h) for w in workloads for h in hardware))
 
 
-def refresh_stale(session: Session, *, limit: int = 200, budget_s: float = WRITE_BUDGET_S) -> int:
+def refresh_stale(session: Session, *, limit: int = 200, budget_s: float = SWEEP_BUDGET_S) -> int:
     """Compute, store and commit up to ``limit`` missing or stale decisions (the refresher's
     sweep); returns how many were stored (0: every decision is fresh)."""
     ids = DecisionRepository(session).stale_pairs(EVALUATOR, limit=limit)

@@ -27,7 +27,7 @@ from app.services.convert import (
     to_spec,
     workload_fields,
 )
-from app.services.decision_store import PAIR_BUDGET_S, flush_versioned, refresh_workload
+from app.services.decision_store import WRITE_BUDGET_S, flush_versioned, refresh_workload
 from app.services.errors import (
     AlreadyExists,
     InvalidInput,
@@ -68,10 +68,10 @@ def _apply(session: Session, row: Workload, fields: WorkloadBase) -> None:
                 f"hardware profile '{fields.hardware}' does not exist", pointer="/hardware"
             )
     # Reject what no estimate could answer (unknown symbols, quantized training, ...) now. An
-    # estimate that overruns the write-time work deadline is not refused: the workload's
-    # stored admission decisions say it is too expensive to evaluate (app.services.decision_store).
+    # estimate that overruns the write's deadline is not refused: its admission decisions are
+    # computed by the refresher, or stored as too expensive (app.services.decision_store).
     try:
-        with bound(CancelToken.after(PAIR_BUDGET_S)):
+        with bound(CancelToken.after(WRITE_BUDGET_S)):
             run_estimate(
                 session,
                 to_spec(fields),

@@ -10,12 +10,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from typing import Any
 
 import pytest
 from sqlalchemy import delete, func, select, update
 
+from app.api.database import Database
 from app.api.decision_refresher import DecisionRefresher
 from app.db.models import AdmissionDecision, Hardware, Workload, utcnow
 from app.domain.admission import MAX_CONTAINERS, MAX_GPU_REQUESTS
@@ -191,7 +193,8 @@ def test_a_stale_decision_takes_the_bounded_path_then_is_refreshed(
         row = session.scalars(select(Workload).where(Workload.slug == "chat")).one()
         row.batch_size, row.sequence_length, row.updated_at = 512, 1024, utcnow()
         session.commit()
-    admission_service.DECISIONS.clear()  # the cache notices within its bound (not timed here)
+    admission_service.DECISIONS.clear()  # the caches notice within their bound (not timed here)
+    admission_service.TABLES.clear()
     stale = _answer(client, body)
     assert stale["allowed"] is False  # decided on its merits, by the bounded path
     assert "chat inference bs 512 bf16" in stale["status"]["message"]
@@ -303,3 +306,63 @@ def test_the_most_gpu_requests_are_decided_once_each(
     answer = _answer(client, review(*pods, annotations=NOTES))
     assert answer["allowed"] is True
     assert f"({MAX_GPU_REQUESTS} GPU requests checked)" in answer["status"]["message"]
+
+
+def test_a_burst_of_distinct_workloads_on_one_gpu_reads_one_table(
+    make_client: ClientFactory, monkeypatch: pytest.MonkeyPatch, no_estimates: list[str]
+) -> None:
+    """Reviews naming distinct stored workloads share one query of the GPU's fresh decisions
+    (then each is decided on the event loop), not one database call each."""
+    client = make_client(admission_timeout_s=GENEROUS_S, cache_staleness_s=60)
+    count = 12
+    for index in range(count):
+        body = {**CHAT, "slug": f"chat-{index}", "batch_size": index + 1}
+        assert client.post("/v1/workloads", json=body).status_code == 201
+    calls: list[str] = []
+    real_run = Database.run
+
+    async def counting(self: Database, work: Any, *, timeout_s: float | None = None) -> Any:
+        calls.append(getattr(work, "func", work).__name__)
+        return await real_run(self, work, timeout_s=timeout_s)
+
+    monkeypatch.setattr(Database, "run", counting)
+
+    async def one(index: int) -> dict[str, Any]:
+        notes = {**NOTES, "capacity-planner.io/workload": f"chat-{index}"}
+        body = review(_container("server", FITS), annotations=notes, uid=f"u{index}")
+        response = await client.async_client.post("/v1/admission/pods", json=body)
+        return dict(response.json()["response"])
+
+    async def burst() -> list[dict[str, Any]]:
+        return await asyncio.gather(*(one(i) for i in range(count)))
+
+    answers = client.run(burst())
+    assert [a["status"]["message"].split(" needs ")[0] for a in answers] == [
+        f"chat-{i} inference bs {i + 1} bf16" for i in range(count)
+    ]
+    assert calls.count("decision_table") == 1
+    assert "evaluate_with_digest" not in calls
+
+
+def test_a_graph_too_large_to_estimate_in_a_review_is_answered_by_policy(
+    client: ApiClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Inline annotations naming a model larger than a review may estimate: the policy answers
+    at once, naming the way out (a stored workload); nothing is estimated."""
+    monkeypatch.setattr(admission_service, "REVIEW_MAX_LAYERS", 3)
+    tried: list[str] = []
+    monkeypatch.setattr(
+        admission_service, "evaluation_of", lambda *_, label, **__: tried.append(label)
+    )
+    assert client.post("/v1/models", json=model()).status_code == 201  # 5 layers
+    notes = {
+        "capacity-planner.io/model": "tiny-cnn",
+        "capacity-planner.io/gpu": "nvidia-a100-80gb-sxm",
+    }
+    answer = _answer(client, review(_container("s", {"nvidia.com/gpu": "1"}), annotations=notes))
+    assert answer["allowed"] is False
+    assert (
+        "model 'tiny-cnn' executes 5 layers; a review estimates at most 3"
+        in answer["status"]["message"]
+    )
+    assert tried == []

@@ -308,10 +308,11 @@ def test_a_failing_evaluation_is_answered_by_the_policy(
 ) -> None:
     client = _stored(make(admission_failure_policy="allow"))
 
-    def fail(session: Session, asked: Any, **_: Any) -> Any:
+    def fail(session: Session, *_: Any, **__: Any) -> Any:
         raise error
 
     monkeypatch.setattr(admission_service, "evaluate_with_digest", fail)
+    monkeypatch.setattr(admission_service, "decision_table", fail)
     answer = _post(client, review(_container("server", FITS), annotations=NOTES, uid=UID))
     assert answer["uid"] == UID
     assert answer["allowed"] is True

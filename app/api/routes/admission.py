@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import time
@@ -214,6 +215,13 @@ async def _cached_or_evaluated(
         cached = cache.get(asked.key, generation)
         if cached is not None:
             return cached
+    if asked.stored:
+        table = await _table(asked.gpu, watch, db, timeout_s, generation)
+        stored = table.get(asked.notes["workload"])
+        if stored is not None:  # decided from the stored decision, on the event loop
+            tail = service.stored_tail(stored, asked)
+            cache.put(asked.key, generation, tail)
+            return tail
     local = watch.local  # before evaluating: a commit meanwhile makes the entry stale
     evaluated = await db.run(
         functools.partial(service.evaluate_with_digest, asked=asked, deadline=deadline),
@@ -224,6 +232,48 @@ async def _cached_or_evaluated(
     watch.observe(evaluated.digest, evaluated.read_at)
     cache.put(asked.key, (evaluated.digest, local), evaluated.tail)
     return evaluated.tail
+
+
+_LOADING: dict[tuple[int, str], asyncio.Task[tuple[service.DecisionTable, Generation]]] = {}
+
+
+async def _table(
+    gpu: str, watch: StateWatch, db: Database, timeout_s: float, generation: Generation
+) -> dict[str, service.Stored]:
+    """The GPU's fresh stored decisions in ``generation`` (or newer): from the table cache, or
+    loaded by one query that the reviews needing it at the same time share."""
+    tables = service.TABLES.of(watch)
+    found = tables.get(gpu, generation)
+    if found is not None:
+        return found.decisions
+    key = (id(watch), gpu)
+    task = _LOADING.get(key)
+    loop = asyncio.get_running_loop()
+    if task is None or task.done() or task.get_loop() is not loop:
+        task = loop.create_task(_load_table(gpu, watch, db, timeout_s))
+        _LOADING[key] = task
+        task.add_done_callback(functools.partial(_loaded, key))
+    table, _ = await asyncio.shield(task)
+    return table.decisions
+
+
+def _loaded(key: tuple[int, str], task: asyncio.Task[Any]) -> None:
+    """Forget a finished load; its error was raised to the reviews that waited for it."""
+    if _LOADING.get(key) is task:
+        del _LOADING[key]
+    if not task.cancelled() and task.exception() is not None:
+        logger.debug("decision table load failed: %s", type(task.exception()).__name__)
+
+
+async def _load_table(
+    gpu: str, watch: StateWatch, db: Database, timeout_s: float
+) -> tuple[service.DecisionTable, Generation]:
+    local = watch.local  # before reading: a commit meanwhile makes the table stale
+    table = await db.run(functools.partial(service.decision_table, gpu=gpu), timeout_s=timeout_s)
+    watch.observe(table.digest, table.read_at)
+    loaded: Generation = (table.digest, local)
+    service.TABLES.of(watch).put(gpu, loaded, table)
+    return table, loaded
 
 
 @router.post(
