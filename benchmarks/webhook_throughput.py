@@ -489,13 +489,13 @@ async def _bursts(args: argparse.Namespace, port: int, pid: int) -> bool:
         print(f"  {burst.answers.count(message)} x {message[:150]}")
     worst = max(burst.healthz_ms) if burst.healthz_ms else float("inf")
     lat = max(burst.latencies_ms)
-    cpu = burst.settled_cpu_s or 0.0
+    settled = burst.settled_cpu_s or 0.0
     print(
         f"  slowest answer {lat:.0f} ms; /healthz max {worst:.1f} ms; server CPU in the "
-        f"{SETTLE_S:g} s after the last answer {cpu:.3f} s; RSS {rss_before:.0f} -> "
+        f"{SETTLE_S:g} s after the last answer {settled:.3f} s; RSS {rss_before:.0f} -> "
         f"{_rss_mib(pid):.0f} MiB"
     )
-    met = cpu < SETTLED_CPU_S
+    met = settled < SETTLED_CPU_S
     print(f"  target < {SETTLED_CPU_S:g} s CPU after the answers: {'met' if met else 'NOT met'}")
     return ok and met
 

@@ -168,14 +168,18 @@ def _evaluate_pair(
         return _too_expensive(workload, spec) if own_deadline <= until else None
     except (ServiceError, DomainError) as exc:
         detail = exc.detail if isinstance(exc, ServiceError) else str(exc)
-        return _Outcome(INVALID, describe(workload.slug, spec, spec.precision.value), detail)
+        return _Outcome(INVALID, describe(workload.slug, spec, _precision(spec)), detail)
     return _Outcome(ESTIMATED, evaluation.summary, evaluation=evaluation)
+
+
+def _precision(spec: WorkloadSpec) -> str:
+    return spec.precision.value if spec.precision is not None else "default precision"
 
 
 def _too_expensive(workload: Workload, spec: WorkloadSpec) -> _Outcome:
     return _Outcome(
         TOO_EXPENSIVE,
-        describe(workload.slug, spec, spec.precision.value),
+        describe(workload.slug, spec, _precision(spec)),
         f"workload '{workload.slug}' is too expensive to evaluate: its memory estimate did not "
         f"finish within {PAIR_BUDGET_S:g} s of work; use a smaller model graph",
     )

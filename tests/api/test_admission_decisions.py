@@ -231,7 +231,7 @@ def test_missing_decisions_after_an_upgrade_are_decided_and_filled(
     assert _answer(client, review(_container("s", FITS), annotations=NOTES))["allowed"] is True
     assert pokes
     with db_session(db_url) as session:
-        profiles = session.scalar(select(func.count()).select_from(Hardware))
+        profiles = session.scalar(select(func.count()).select_from(Hardware)) or 0
         assert decision_store.refresh_stale(session, limit=10_000) == 2 * profiles
     assert len(_decisions(db_url, "llama-chat")) == profiles
 
