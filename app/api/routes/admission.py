@@ -131,6 +131,14 @@ async def admission_pods(request: Request) -> Response:
     unknown workload, model or GPU, an internal error, or a database that is unreachable or does
     not answer within CAPPLAN_ADMISSION_TIMEOUT_S (the answer comes within that time).
 
+    **Stored decisions.** A stored workload's decision on every GPU is computed when the
+    workload, its model or the hardware profile is written through the API; a review reads it
+    and applies the policy (nothing is estimated). A missing or stale one (and inline
+    annotations) is estimated within CAPPLAN_ADMISSION_TIMEOUT_S, stopped at that deadline
+    (then the failure policy answers), and stored in the background. A workload stored as too
+    expensive to evaluate, a pod with more than 512 containers or more than 16 GPU requests,
+    and inline graphs of more than 5,000 executed layers are answered by the failure policy.
+
     **Caching.** Decisions are cached per workload, GPU and GPU request and are valid while the
     planning data (hardware, models, workloads) is unchanged: a change through this process is
     reflected in the next review, a change through another process or replica within
