@@ -6,9 +6,9 @@ database was upgraded to the revision that added them, ``catalog-sync`` or anoth
 wrote a row, a write's budget ran out) are found by a review, which estimates within its own
 deadline and then *pokes* this refresher. The refresher computes every missing or stale
 decision in one background thread per process (batches of ``BATCH`` pairs, each evaluation
-under the write-time work deadline, committed per batch), then waits for the next poke; after
-``IDLE_EXIT_S`` without one its thread ends. Replicas doing the same at the same time are
-harmless: the rows are upserts of the same values.
+under the per-pair work deadline, committed per batch) and deletes other releases' rows older
+than a week, then waits for the next poke; after ``IDLE_EXIT_S`` without one its thread ends.
+Replicas doing the same at the same time are harmless: the rows are upserts of the same values.
 """
 
 from __future__ import annotations
@@ -73,6 +73,8 @@ class DecisionRefresher:
                     stored = decision_store.refresh_stale(session, limit=BATCH)
                 self.stored += stored
                 if stored == 0:
+                    with factory() as session:
+                        decision_store.prune_other_releases(session)
                     self.sweeps += 1
                     return True
         except Exception:  # the next poke tries again; reviews still take the bounded path

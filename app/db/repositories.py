@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, func, or_, select, true
+from sqlalchemy import and_, delete, func, or_, select, true
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -214,6 +215,16 @@ class DecisionRepository:
             .limit(limit)
         )
         return [(w, h) for w, h in self.session.execute(query).all()]
+
+    def prune(self, evaluator: str, *, computed_before: datetime) -> int:
+        """Delete other evaluators' (releases') decisions computed before ``computed_before``;
+        returns how many."""
+        query = delete(AdmissionDecision).where(
+            AdmissionDecision.evaluator != evaluator,
+            AdmissionDecision.computed_at < computed_before,
+        )
+        result = self.session.execute(query)
+        return int(getattr(result, "rowcount", 0) or 0)
 
     def workloads_of_model(self, model_id: int) -> Sequence[Workload]:
         """The workloads that use a model."""

@@ -31,6 +31,7 @@ import hashlib
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,7 @@ from app.services.pipeline import Required, required_memory
 PAIR_BUDGET_S = 10.0  # past this deadline one (workload, hardware) evaluation is too expensive
 WRITE_BUDGET_S = 3.0  # a write computes for at most this long; the pairs left stay missing
 SWEEP_BUDGET_S = 60.0  # the refresher's budget per batch
+KEEP_OTHER_RELEASES = timedelta(days=7)  # other releases' rows outlive a rolling upgrade
 ESTIMATED, TOO_EXPENSIVE, INVALID = "estimated", "too_expensive", "invalid"
 
 _APP = Path(__file__).resolve().parent.parent
@@ -273,6 +275,16 @@ def refresh_model(session: Session, row: ModelArchitecture) -> int:
         return 0
     hardware = _all_hardware(session)
     return refresh_pairs(session, ((w, h) for w in workloads for h in hardware))
+
+
+def prune_other_releases(session: Session) -> int:
+    """Delete and commit the decisions other releases computed more than
+    ``KEEP_OTHER_RELEASES`` ago (a rolling upgrade or rollback is long over)."""
+    pruned = DecisionRepository(session).prune(
+        EVALUATOR, computed_before=utcnow() - KEEP_OTHER_RELEASES
+    )
+    session.commit()
+    return pruned
 
 
 def refresh_stale(session: Session, *, limit: int = 200, budget_s: float = SWEEP_BUDGET_S) -> int:

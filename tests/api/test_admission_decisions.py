@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -366,3 +367,31 @@ def test_a_graph_too_large_to_estimate_in_a_review_is_answered_by_policy(
         in answer["status"]["message"]
     )
     assert tried == []
+
+
+def test_other_releases_old_decisions_are_pruned(client: ApiClient, db_url: str) -> None:
+    assert client.post("/v1/workloads", json=CHAT).status_code == 201
+    fresh = len(_decisions(db_url, "chat"))
+    with db_session(db_url) as session:
+        rows = session.scalars(select(AdmissionDecision)).all()
+        old = utcnow() - decision_store.KEEP_OTHER_RELEASES - timedelta(hours=1)
+        recent = utcnow() - timedelta(hours=1)
+        for index, row in enumerate(rows[:2]):  # two rows of two older releases
+            session.add(
+                AdmissionDecision(
+                    workload_id=row.workload_id,
+                    hardware_id=row.hardware_id,
+                    evaluator=f"older-{index}",
+                    workload_version=1,
+                    model_version=1,
+                    hardware_version=1,
+                    outcome="invalid",
+                    summary="x",
+                    resources={},
+                    computed_at=old if index == 0 else recent,
+                )
+            )
+        session.commit()
+        assert decision_store.prune_other_releases(session) == 1  # the week-old one only
+    assert sorted(d.evaluator for d in _decisions(db_url, "chat"))[-1] == "older-1"
+    assert len(_decisions(db_url, "chat")) == fresh + 1

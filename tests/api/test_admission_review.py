@@ -20,11 +20,11 @@ from typing import Any
 
 import anyio
 import pytest
-from sqlalchemy import select
+from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from app.api.database import Database, unavailable
-from app.db.models import Workload, utcnow
+from app.db.models import AdmissionDecision, Hardware, Workload, utcnow
 from app.domain.budget import checkpoint
 from app.main import create_app
 from app.services import admission as admission_service
@@ -492,3 +492,22 @@ def test_an_estimate_in_the_review_stops_with_its_answer(
     assert stopped.wait(1.0), "the estimate kept computing after the review's answer"
     database: Database = client.app.state.database
     _until(1.0, lambda: database.stuck == 0)
+
+
+def test_the_refresher_stores_what_a_review_found_missing(make: ClientFactory, db_url: str) -> None:
+    """Decisions deleted (as after an upgrade to revision 0007): the first review is decided by
+    the bounded path and wakes the refresher, whose thread stores every missing decision."""
+    client = _stored(make(admission_timeout_s=5))
+    with db_session(db_url) as session:
+        session.execute(delete(AdmissionDecision))
+        session.commit()
+        hardware = session.scalar(select(func.count()).select_from(Hardware)) or 0
+    answer = _post(client, review(_container("server", FITS), annotations=NOTES, uid=UID))
+    assert answer["allowed"] is True
+
+    def stored() -> bool:
+        with db_session(db_url) as session:
+            count = session.scalar(select(func.count()).select_from(AdmissionDecision))
+        return count == 2 * hardware
+
+    _until(10.0, stored)
