@@ -119,11 +119,12 @@ class Settings(BaseSettings):
         "/problems/too-expensive (no Retry-After: the same request would be stopped again).",
     )
     max_work_units: int = Field(
-        default=8_000_000,
+        default=2_000_000,
         ge=1,
-        description="Work budget of one request, checked before computing: layer evaluations "
-        "= graph layers x devices x precisions x batch sizes (see README, Work budgets); over "
-        "it the request is answered 422 /problems/too-expensive naming what to reduce.",
+        description="Work budget of one request, checked before computing, in work units of "
+        "about 0.5 us of CPU (a recommendation: graph layers x devices x precisions x batch "
+        "sizes + 10 x executed layers x precisions x batch sizes; see README, Work budgets); "
+        "over it the request is answered 422 /problems/too-expensive naming what to reduce.",
     )
     admission_timeout_s: float = Field(
         default=0.8,

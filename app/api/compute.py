@@ -59,9 +59,8 @@ class ComputeBusy(Exception):
 
     def __init__(self, slots: int, queue_timeout_s: float) -> None:
         self.detail = (
-            f"the service is computing {slots} answers at once (CAPPLAN_COMPUTE_SLOTS) and none "
-            f"finished within {queue_timeout_s:g} s (CAPPLAN_COMPUTE_QUEUE_TIMEOUT_S); retry "
-            "shortly"
+            f"every compute slot is taken (CAPPLAN_COMPUTE_SLOTS={slots}) and none freed up "
+            f"within {queue_timeout_s:g} s (CAPPLAN_COMPUTE_QUEUE_TIMEOUT_S); retry shortly"
         )
         self.retry_after_s = 1
         super().__init__(self.detail)
@@ -215,7 +214,12 @@ async def _watch_disconnect(request: Request, token: CancelToken) -> None:
     """Cancel ``token`` once the client has gone away (polled; nobody reads that answer)."""
     while True:
         await anyio.sleep(DISCONNECT_POLL_S)
-        if await request.is_disconnected():
+        try:
+            gone = await request.is_disconnected()
+        except Exception:  # a transport that cannot tell: keep computing to the deadline
+            logger.debug("cannot tell whether the client disconnected", exc_info=True)
+            return
+        if gone:
             token.cancel("client disconnected")
             return
 

@@ -18,7 +18,7 @@ from app.api.compute import ComputeBusy, ComputeOverrun
 from app.api.context import request_id_var
 from app.api.database import DatabaseUnavailable, busy, unavailable
 from app.config import Settings
-from app.domain.budget import WorkBudgetExceeded, WorkFactor, work_units
+from app.domain.budget import PEAK_LAYER_UNITS, WorkBudgetExceeded, WorkFactor, work_units
 from app.domain.errors import DomainError
 from app.schemas.problem import InvalidField, Problem
 from app.services import errors as svc
@@ -328,16 +328,27 @@ async def _database_handler(request: Request, exc: Exception) -> JSONResponse:
 TOO_EXPENSIVE = ("too-expensive", "Too expensive")
 
 
+def budget_errors(exc: WorkBudgetExceeded) -> list[InvalidField]:
+    """One entry per request field that sets a factor of the work, largest factor first."""
+    units, limit = exc.estimate.units, exc.limit_units
+    return [
+        InvalidField(
+            pointer=factor.field,
+            location="body" if factor.field.startswith("/") else "query",
+            message=f"{factor.name}: {factor.value:,}, a factor of the {units:,} work units "
+            f"(limit {limit:,})",
+            type=TOO_EXPENSIVE[0],
+        )
+        for factor in sorted(exc.estimate.factors, key=lambda f: -f.value)
+        if factor.value > 1
+    ]
+
+
 async def _budget_handler(request: Request, exc: Exception) -> JSONResponse:
     """Over the work budget, found before computing: 422 naming the fields to reduce."""
     assert isinstance(exc, WorkBudgetExceeded)
     slug, title = TOO_EXPENSIVE
-    errors = [
-        InvalidField(pointer=factor.field, location="body", message=str(exc), type=slug)
-        for factor in sorted(exc.estimate.factors, key=lambda f: -f.value)
-        if factor.value > 1 and factor.field.startswith("/")
-    ]
-    return problem_response(request, 422, slug, title, str(exc), errors=errors or None)
+    return problem_response(request, 422, slug, title, str(exc), errors=budget_errors(exc) or None)
 
 
 async def _overrun_handler(request: Request, exc: Exception) -> JSONResponse:
@@ -644,12 +655,23 @@ IMPORT_TOO_LARGE_EXAMPLES = {
 
 
 def _budget_example() -> dict[str, Any]:
+    # What POST /v1/recommendations/inference answers for an inline graph of 10,000 distinct
+    # layers with the default options (every device and MIG slice of the shipped catalog).
+    layers, executed = "/architecture/layers", "executed layers"
+    precisions = WorkFactor(name="precisions", value=4, field="/precisions")
+    batches = WorkFactor(name="batch sizes", value=9, field="/max_batch_size")
     exc = WorkBudgetExceeded(
         work_units(
-            WorkFactor(name="graph layers", value=1_000, field="/architecture/layers"),
-            WorkFactor(name="devices", value=120, field="/devices"),
-            WorkFactor(name="precisions", value=4, field="/precisions"),
-            WorkFactor(name="batch sizes", value=17, field="/max_batch_size"),
+            WorkFactor(name="graph layers", value=10_000, field=layers),
+            WorkFactor(name="devices", value=144, field="/devices"),
+            precisions,
+            batches,
+        )
+        + work_units(
+            WorkFactor(name=executed, value=10_000, field=layers),
+            precisions,
+            batches,
+            weight=PEAK_LAYER_UNITS,
         ),
         _default("max_work_units"),
         "CAPPLAN_MAX_WORK_UNITS",
@@ -662,10 +684,7 @@ def _budget_example() -> dict[str, Any]:
         title,
         str(exc),
         "/v1/recommendations/inference",
-        [
-            {"pointer": field, "location": "body", "message": str(exc), "type": slug}
-            for field in exc.fields
-        ],
+        [error.model_dump() for error in budget_errors(exc)],
     )
 
 

@@ -148,7 +148,7 @@ class GraphSize:
     executed_layers: int
 
 
-def graph_layers(layers: Sequence[Mapping[str, Any]]) -> GraphSize:
+def graph_layers(layers: Sequence[Any]) -> GraphSize:
     """Count a graph's layers as written and as executed (``repeat`` bodies times ``times``).
 
     Robust to graphs not validated yet (a non-integer ``times`` counts as 1): it runs before
@@ -183,10 +183,16 @@ class WorkFactor:
     field: str
 
 
-# Work units per layer of one memory estimate (shape inference + memory plan of one executed
-# layer at one precision and batch), relative to one layer predicted on one device (the unit):
-# measured 5.6 us against 0.55 us on the reference machine (README, "Work budgets").
-ESTIMATE_LAYER_UNITS = 10
+# Work units per executed layer of one memory estimate, relative to one layer predicted on one
+# device at one precision and batch (the unit, ~0.55 us on the reference machine; README,
+# "Work budgets"). Measured: a recommendation's memory fit (the inference peak) ~5.6 us per
+# layer; a full inference estimate (breakdown, allocator replay) ~9.4 us per executed layer of a
+# repeated graph (99,990 layers in 0.94 s; distinct layers add their analysis, ~28 us each); a
+# training estimate (forward, backward and optimizer events replayed twice) 170-440 us, growing
+# with depth.
+PEAK_LAYER_UNITS = 10
+INFERENCE_LAYER_UNITS = 20
+TRAINING_LAYER_UNITS = 200
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -255,7 +261,8 @@ def work_units(*factors: WorkFactor, weight: int = 1) -> WorkEstimate:
         searched [1]. A factor below 1 counts as 1 (an empty list still costs one pass).
     weight : int
         Work units per evaluation [work units]: 1 for a layer predicted on one device,
-        :data:`ESTIMATE_LAYER_UNITS` for a layer of a memory estimate.
+        :data:`PEAK_LAYER_UNITS`, :data:`INFERENCE_LAYER_UNITS` or
+        :data:`TRAINING_LAYER_UNITS` for a layer of a memory estimate.
 
     Returns
     -------
@@ -273,14 +280,16 @@ def work_units(*factors: WorkFactor, weight: int = 1) -> WorkEstimate:
     return WorkEstimate(terms=(WorkTerm(factors=tuple(factors), weight=weight),))
 
 
-def estimate_work(graph: GraphSize, estimates: WorkFactor, *, field: str) -> WorkEstimate:
-    """The work of ``estimates`` memory estimates of a graph: every executed layer of each,
-    :data:`ESTIMATE_LAYER_UNITS` units per layer (``field``: where the request names the
-    graph)."""
+def estimate_work(
+    graph: GraphSize, estimates: WorkFactor, *, field: str, training: bool
+) -> WorkEstimate:
+    """The work of ``estimates`` full memory estimates of a graph: every executed layer of each,
+    :data:`TRAINING_LAYER_UNITS` or :data:`INFERENCE_LAYER_UNITS` units per layer (``field``:
+    where the request names the graph)."""
     return work_units(
         WorkFactor(name="executed layers", value=graph.executed_layers, field=field),
         estimates,
-        weight=ESTIMATE_LAYER_UNITS,
+        weight=TRAINING_LAYER_UNITS if training else INFERENCE_LAYER_UNITS,
     )
 
 

@@ -23,16 +23,16 @@ from app.domain.admission import (
     verdict,
     warning_text,
 )
-from app.domain.budget import CancelToken, bound, graph_layers
+from app.domain.budget import CancelToken, bound
 from app.schemas.admission import AdmissionCheckRequest, AdmissionCheckResponse
 from app.schemas.base import SLUG_PATTERN
 from app.schemas.estimates import WorkloadSpec
-from app.services.convert import model_graph
 from app.services.decision_store import (
     ESTIMATED,
     EVALUATOR,
     evaluation_of,
     stored_evaluation,
+    work_of,
 )
 from app.services.errors import (
     InvalidInput,
@@ -45,11 +45,13 @@ from app.services.pipeline import (
 )
 from app.services.state_cache import Digest, PerWatch, timed_digest
 
-# Graphs estimated inside a review (inline annotations, a stored workload whose decision is
-# missing or stale) execute at most this many layers: the estimate costs ~6-40 us per executed
-# layer (2-core VM, idle to loaded), so this stays well inside the 0.8 s review budget. The zoo's
-# largest (GPT-3 175B) executes 774. Larger graphs are decided from stored decisions only.
-REVIEW_MAX_LAYERS = 5_000
+# Estimates made inside a review (inline annotations, a stored workload whose decision is
+# missing or stale) are at most this many work units (app.domain.budget: ~0.5 us of CPU each
+# on an idle 2-core VM, a few times more under load): 10,000 executed layers of an inference
+# estimate, 1,000 of a training one, well inside the 0.8 s review budget. The zoo's largest
+# (GPT-3 175B, 774 executed layers) is within it in both modes. Larger ones are decided from
+# stored decisions only.
+REVIEW_MAX_WORK_UNITS = 200_000
 
 
 class ReviewError(Exception):
@@ -279,12 +281,12 @@ def _evaluation(
     hardware = HardwareRepository(session).get(asked.gpu)
     if hardware is None:
         raise ReviewError(f"capacity-planner.io/gpu '{asked.gpu}' is not a known hardware profile")
-    layers = graph_layers(model_graph(session, spec.model, spec.architecture)[1]).executed_layers
-    if layers > REVIEW_MAX_LAYERS:
+    work = work_of(session, spec)
+    if work.units > REVIEW_MAX_WORK_UNITS:
         raise ReviewError(
-            f"model '{spec.model}' executes {layers:,} layers; a review estimates at most "
-            f"{REVIEW_MAX_LAYERS:,} within its deadline: name a stored workload (its decision "
-            "is computed when it is written)"
+            f"model '{spec.model}': its estimate is {work.units:,} work units "
+            f"({work.describe()}); a review estimates at most {REVIEW_MAX_WORK_UNITS:,} within "
+            "its deadline: name a stored workload (its decision is computed when it is written)"
         )
     with bound(token):
         evaluation, _ = evaluation_of(session, spec=spec, label=label, hardware=hardware)

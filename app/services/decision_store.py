@@ -17,7 +17,9 @@ hardware profile is written through the service, in the same transaction, and st
   not finish are left missing for the refresher. Each pair has a work deadline of its own
   (``PAIR_BUDGET_S``): one that overruns it is stored as ``too_expensive`` (the review answers
   it by the failure policy, saying so), and so are the workload's other pairs (the estimate's
-  cost does not depend on the GPU). The write is never refused for its cost.
+  cost does not depend on the GPU). An estimate whose work units (app.domain.budget) are over
+  the default ``CAPPLAN_MAX_WORK_UNITS`` is stored as ``too_expensive`` without trying. The
+  write is never refused for its cost.
 * **Missing or stale rows** (written before this revision, by another release, by a write
   outside the service such as ``catalog-sync``, or left by a write's budget) are computed by
   the review within its own deadline, cancelled with its answer (app.services.admission), and
@@ -40,20 +42,24 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.exc import StaleDataError
 
+from app.config import Settings
 from app.db.models import AdmissionDecision, Hardware, ModelArchitecture, Workload, utcnow
 from app.db.repositories import DecisionRepository
 from app.domain.admission import WHOLE_GPU, Evaluation
-from app.domain.budget import CancelToken, WorkCancelled, bound
+from app.domain.budget import CancelToken, WorkCancelled, WorkEstimate, bound
 from app.domain.errors import DomainError
 from app.domain.mig.layout import kubernetes_resource, smallest_fitting
 from app.domain.workload import DEFAULT_SAFETY_MARGIN_FRACTION
 from app.schemas.estimates import WorkloadSpec
 from app.schemas.workloads import WorkloadBase
-from app.services.convert import geometry, to_spec, workload_fields
+from app.services.convert import geometry, model_graph, to_spec, workload_fields
 from app.services.errors import PreconditionFailed, ServiceError
-from app.services.pipeline import Required, required_memory
+from app.services.pipeline import Required, estimates_work, required_memory
 
 PAIR_BUDGET_S = 10.0  # past this deadline one (workload, hardware) evaluation is too expensive
+# Checked before computing: an estimate over CAPPLAN_MAX_WORK_UNITS' default (the limit the API
+# refuses one with) is too expensive without trying (app.domain.budget's units, ~0.5 us each).
+MAX_WORK_UNITS: int = Settings.model_fields["max_work_units"].default
 WRITE_BUDGET_S = 3.0  # a write computes for at most this long; the pairs left stay missing
 SWEEP_BUDGET_S = 60.0  # the refresher's budget per batch
 KEEP_OTHER_RELEASES = timedelta(days=7)  # other releases' rows outlive a rolling upgrade
@@ -178,13 +184,28 @@ def _precision(spec: WorkloadSpec) -> str:
     return spec.precision.value if spec.precision is not None else "default precision"
 
 
-def _too_expensive(workload: Workload, spec: WorkloadSpec) -> _Outcome:
+def _too_expensive(workload: Workload, spec: WorkloadSpec, why: str | None = None) -> _Outcome:
+    why = why or f"its memory estimate did not finish within {PAIR_BUDGET_S:g} s of work"
     return _Outcome(
         TOO_EXPENSIVE,
         describe(workload.slug, spec, _precision(spec)),
-        f"workload '{workload.slug}' is too expensive to evaluate: its memory estimate did not "
-        f"finish within {PAIR_BUDGET_S:g} s of work; use a smaller model graph",
+        f"workload '{workload.slug}' is too expensive to evaluate: {why}; use a smaller model "
+        "graph",
     )
+
+
+def work_of(session: Session, spec: WorkloadSpec) -> WorkEstimate:
+    """The work units of one memory estimate of ``spec`` (app.domain.budget), before any."""
+    graph = model_graph(session, spec.model, spec.architecture)
+    return estimates_work(graph, spec, 1, "/model", "/batch_size")
+
+
+def over_budget(session: Session, spec: WorkloadSpec) -> str | None:
+    """Why ``spec`` is over the write-time work budget (``MAX_WORK_UNITS``), or None."""
+    work = work_of(session, spec)
+    if work.units <= MAX_WORK_UNITS:
+        return None
+    return f"{work.units:,} work units ({work.describe()}) are over {MAX_WORK_UNITS:,}"
 
 
 def _row(workload: Workload, hardware: Hardware, result: _Outcome) -> dict[str, Any]:
@@ -217,7 +238,7 @@ def refresh_pairs(
     started = time.monotonic()
     rows: list[dict[str, Any]] = []
     specs: dict[int, WorkloadSpec | ServiceError] = {}
-    expensive: set[int] = set()
+    expensive: dict[int, str | None] = {}  # workload id -> why (None: its deadline)
     for workload, hardware in pairs:
         if time.monotonic() - started > budget_s:
             break
@@ -230,17 +251,27 @@ def refresh_pairs(
         if isinstance(spec, ServiceError):
             result = _Outcome(INVALID, workload.slug, spec.detail)
         elif workload.id in expensive:
-            result = _too_expensive(workload, spec)
+            result = _too_expensive(workload, spec, expensive[workload.id])
+        elif (why := _over_budget_or_none(session, spec)) is not None:
+            expensive[workload.id] = why
+            result = _too_expensive(workload, spec, why)
         else:
             evaluated = _evaluate_pair(session, workload, spec, hardware, started + budget_s)
             if evaluated is None:
                 break  # out of budget: the rest stay missing (the refresher computes them)
             result = evaluated
             if result.outcome == TOO_EXPENSIVE:
-                expensive.add(workload.id)
+                expensive[workload.id] = None
         rows.append(_row(workload, hardware, result))
     DecisionRepository(session).upsert(rows)
     return len(rows)
+
+
+def _over_budget_or_none(session: Session, spec: WorkloadSpec) -> str | None:
+    try:
+        return over_budget(session, spec)
+    except ServiceError:  # an unknown model: the evaluation reports it
+        return None
 
 
 def flush_versioned(session: Session, *, what: str) -> None:

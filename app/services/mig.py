@@ -10,12 +10,9 @@ from sqlalchemy.orm import Session
 
 from app.db.models import Hardware
 from app.domain.budget import (
-    GraphSize,
-    WorkFactor,
+    WorkEstimate,
     check_budget,
     checkpoint,
-    estimate_work,
-    graph_layers,
 )
 from app.domain.mig.layout import (
     MigError,
@@ -139,6 +136,7 @@ def prepare_fit(
     if limit_units is not None:
         work = estimates_work(
             graph,
+            spec,
             fit_search_points(spec),
             graph_pointer("/workload", payload.workload),
             "/workload/batch_size",
@@ -371,12 +369,11 @@ def prepare_plan(
             spec = workload_spec(session, item.workload)
             loaded.append((spec, model_graph(session, spec.model, spec.architecture)))
     if limit_units is not None:
-        layers = sum(graph_layers(each[1][1]).executed_layers for each in loaded if each)
-        work = estimate_work(
-            GraphSize(written_layers=layers, executed_layers=layers),
-            WorkFactor(name="estimates", value=1, field="/workloads"),
-            field="/workloads",
-        )
+        work = WorkEstimate(terms=())
+        for index, (item, each) in enumerate(zip(payload.workloads, loaded, strict=True)):
+            if item.workload is not None and each is not None:
+                where = graph_pointer(f"/workloads/{index}/workload", item.workload)
+                work += estimates_work(each[1], each[0], 1, where, "/workloads")
         check_budget(work, limit_units, setting=BUDGET_SETTING)
 
     def compute() -> MigPlanResponse:

@@ -403,14 +403,17 @@ def required_memory_of(
     )
 
 
-def estimates_work(graph: GraphSource, estimates: int, pointer: str, field: str) -> WorkEstimate:
-    """The work of ``estimates`` memory estimates of a loaded graph (app.domain.budget): the
-    graph is reduced through ``pointer`` (``/architecture/layers`` inline, ``/model`` stored),
-    the number of estimates through ``field``."""
+def estimates_work(
+    graph: GraphSource, spec: WorkloadSpec, estimates: int, pointer: str, field: str
+) -> WorkEstimate:
+    """The work of ``estimates`` memory estimates of ``spec`` on a loaded graph
+    (app.domain.budget): the graph is reduced through ``pointer`` (``/architecture/layers``
+    inline, ``/model`` stored), the number of estimates through ``field``."""
     return estimate_work(
         graph_layers(graph[1]),
         WorkFactor(name="estimates", value=estimates, field=field),
         field=pointer,
+        training=spec.mode is Mode.TRAINING,
     )
 
 
@@ -475,7 +478,7 @@ def prepare_estimate_response(
     graph = model_graph(session, payload.model, payload.architecture)
     if limit_units is not None:
         check_budget(
-            estimates_work(graph, 1, graph_pointer("", payload), "/batch_size"),
+            estimates_work(graph, payload, 1, graph_pointer("", payload), "/batch_size"),
             limit_units,
             setting=BUDGET_SETTING,
         )

@@ -12,7 +12,7 @@ from app.charts import Roof, RoofPoint, binding_phrases, roofline_svg
 from app.db.models import Hardware
 from app.db.repositories import HardwareRepository
 from app.domain.budget import (
-    ESTIMATE_LAYER_UNITS,
+    PEAK_LAYER_UNITS,
     WorkEstimate,
     WorkFactor,
     check_budget,
@@ -1059,7 +1059,7 @@ def recommendation_work(
         WorkFactor(name="executed layers", value=size.executed_layers, field=where),
         precisions,
         batches,
-        weight=ESTIMATE_LAYER_UNITS,
+        weight=PEAK_LAYER_UNITS,
     )
 
 
@@ -1855,7 +1855,7 @@ def prepare_roofline_chart(
             WorkFactor(name="devices", value=len(pool), field="devices"),
         ) + work_units(
             WorkFactor(name="executed layers", value=size.executed_layers, field="model"),
-            weight=ESTIMATE_LAYER_UNITS,
+            weight=PEAK_LAYER_UNITS,
         )
         check_budget(work, limit_units, setting=BUDGET_SETTING)
     source = source_of(

@@ -27,7 +27,12 @@ from app.services.convert import (
     to_spec,
     workload_fields,
 )
-from app.services.decision_store import WRITE_BUDGET_S, flush_versioned, refresh_workload
+from app.services.decision_store import (
+    WRITE_BUDGET_S,
+    flush_versioned,
+    over_budget,
+    refresh_workload,
+)
 from app.services.errors import (
     AlreadyExists,
     InvalidInput,
@@ -68,19 +73,22 @@ def _apply(session: Session, row: Workload, fields: WorkloadBase) -> None:
                 f"hardware profile '{fields.hardware}' does not exist", pointer="/hardware"
             )
     # Reject what no estimate could answer (unknown symbols, quantized training, ...) now. An
-    # estimate that overruns the write's deadline is not refused: its admission decisions are
-    # computed by the refresher, or stored as too expensive (app.services.decision_store).
-    try:
-        with bound(CancelToken.after(WRITE_BUDGET_S)):
-            run_estimate(
-                session,
-                to_spec(fields),
-                runtime=None,
-                hardware_runtime=hardware_runtime(hardware),
-                overhead=hardware_overhead(hardware),
-            )
-    except WorkCancelled:
-        pass
+    # estimate over the work budget, or one that overruns the write's deadline, is not refused:
+    # its admission decisions are stored as too expensive, or computed by the refresher
+    # (app.services.decision_store).
+    spec = to_spec(fields)
+    if over_budget(session, spec) is None:
+        try:
+            with bound(CancelToken.after(WRITE_BUDGET_S)):
+                run_estimate(
+                    session,
+                    spec,
+                    runtime=None,
+                    hardware_runtime=hardware_runtime(hardware),
+                    overhead=hardware_overhead(hardware),
+                )
+        except WorkCancelled:
+            pass
     row.name = fields.name
     row.description = fields.description
     row.model_id = model.id

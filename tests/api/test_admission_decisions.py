@@ -350,7 +350,7 @@ def test_a_graph_too_large_to_estimate_in_a_review_is_answered_by_policy(
 ) -> None:
     """Inline annotations naming a model larger than a review may estimate: the policy answers
     at once, naming the way out (a stored workload); nothing is estimated."""
-    monkeypatch.setattr(admission_service, "REVIEW_MAX_LAYERS", 3)
+    monkeypatch.setattr(admission_service, "REVIEW_MAX_WORK_UNITS", 99)
     tried: list[str] = []
     monkeypatch.setattr(
         admission_service, "evaluation_of", lambda *_, label, **__: tried.append(label)
@@ -362,10 +362,9 @@ def test_a_graph_too_large_to_estimate_in_a_review_is_answered_by_policy(
     }
     answer = _answer(client, review(_container("s", {"nvidia.com/gpu": "1"}), annotations=notes))
     assert answer["allowed"] is False
-    assert (
-        "model 'tiny-cnn' executes 5 layers; a review estimates at most 3"
-        in answer["status"]["message"]
-    )
+    message = answer["status"]["message"]
+    assert "model 'tiny-cnn': its estimate is 100 work units" in message
+    assert "a review estimates at most 99 within its deadline" in message
     assert tried == []
 
 
@@ -395,3 +394,19 @@ def test_other_releases_old_decisions_are_pruned(client: ApiClient, db_url: str)
         assert decision_store.prune_other_releases(session) == 1  # the week-old one only
     assert sorted(d.evaluator for d in _decisions(db_url, "chat"))[-1] == "older-1"
     assert len(_decisions(db_url, "chat")) == fresh + 1
+
+
+def test_a_workload_over_the_work_budget_is_stored_too_expensive_without_estimating(
+    client: ApiClient, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[int] = []
+    monkeypatch.setattr(decision_store, "MAX_WORK_UNITS", 10)
+    monkeypatch.setattr(decision_store, "required_memory", _endless_estimate(calls))
+    assert client.post("/v1/workloads", json=CHAT).status_code == 201  # accepted
+    stored = _decisions(db_url, "chat")
+    assert {d.outcome for d in stored} == {"too_expensive"}
+    assert calls == []  # refused by the budget before any estimate
+    answer = _answer(client, review(_container("s", FITS), annotations=NOTES))
+    assert answer["allowed"] is False
+    assert "workload 'chat' is too expensive to evaluate: " in answer["status"]["message"]
+    assert "work units" in answer["status"]["message"]

@@ -12,6 +12,7 @@ import pytest
 
 from app.api.compute import Compute
 from app.api.database import Database
+from app.api.errors import COMPUTE_EXAMPLES
 from tests.api.helpers import PROBLEM_JSON
 from tests.support import ApiClient, ClientFactory
 
@@ -74,14 +75,29 @@ def test_a_recommendation_over_the_budget_is_refused_before_computing(
     assert client.post("/v1/recommendations/inference", json=smaller).status_code == 200
 
 
+def _example(status: int, name: str) -> dict[str, Any]:
+    body = dict(COMPUTE_EXAMPLES[status][name]["value"])
+    assert body.pop("request_id")
+    return body
+
+
+def _answer(response: httpx.Response) -> dict[str, Any]:
+    body: dict[str, Any] = response.json()
+    assert body.pop("request_id") == response.headers["x-request-id"]
+    return body
+
+
 def test_a_10000_layer_inline_recommendation_is_refused_with_default_settings(
     client: ApiClient,
 ) -> None:
+    """The documented example (OpenAPI: too-expensive) is this answer."""
     request = {"architecture": distinct_linear_graph(10_000)}
-    body = _too_expensive(client.post("/v1/recommendations/inference", json=request))
+    response = client.post("/v1/recommendations/inference", json=request)
+    body = _too_expensive(response)
     assert "10,000 graph layers x 144 devices x 4 precisions x 9 batch sizes" in body["detail"]
     assert "(CAPPLAN_MAX_WORK_UNITS)" in body["detail"]
     assert body["errors"][0]["pointer"] == "/architecture/layers"
+    assert _answer(response) == _example(422, "too-expensive")
 
 
 def test_estimate_fit_and_plan_over_the_budget_are_refused(make_client: ClientFactory) -> None:
@@ -89,14 +105,15 @@ def test_estimate_fit_and_plan_over_the_budget_are_refused(make_client: ClientFa
     before = _counts(client)
     estimate = {"model": "llama-2-7b", "mode": "inference", "batch_size": 1}
     body = _too_expensive(client.post("/v1/estimates/memory", json=estimate))
-    assert "10 x 196 executed layers x 1 estimates" in body["detail"]
+    # 20 units per executed layer of an inference estimate; llama-2-7b executes 196 layers
+    assert "asks for 3,920 work units (20 x 196 executed layers x 1 estimates)" in body["detail"]
     assert [e["pointer"] for e in body["errors"]] == ["/model"]
     query = client.get("/v1/estimates/memory", params=estimate)
     assert _too_expensive(query)["detail"] == body["detail"]
     # A MIG fit counts the batch search it may need: batch 4096 -> 2 + 13 estimates.
     fit = {"workload": {**estimate, "batch_size": 4096}, "gpu": "nvidia-a100-80gb-sxm"}
     body = _too_expensive(client.post("/v1/mig/fit", json=fit))
-    assert "10 x 196 executed layers x 15 estimates" in body["detail"]
+    assert "20 x 196 executed layers x 15 estimates" in body["detail"]
     assert [e["pointer"] for e in body["errors"]] == [
         "/workload/model",
         "/workload/batch_size",
@@ -106,14 +123,36 @@ def test_estimate_fit_and_plan_over_the_budget_are_refused(make_client: ClientFa
         "workloads": [{"name": "chat", "replicas": 2, "workload": estimate}],
     }
     body = _too_expensive(client.post("/v1/mig/plan", json=plan))
-    assert [e["pointer"] for e in body["errors"]] == ["/workloads"]
+    assert [e["pointer"] for e in body["errors"]] == ["/workloads/0/workload/model"]
+    # A training estimate counts 200 units per executed layer.
+    training = {**estimate, "mode": "training"}
+    body = _too_expensive(client.post("/v1/estimates/memory", json=training))
+    assert "asks for 39,200 work units (200 x 196 executed layers" in body["detail"]
     assert _counts(client) == before
+
+
+def test_the_largest_repeated_graph_is_estimated_within_the_default_budget(
+    client: ApiClient,
+) -> None:
+    """99,991 executed layers (the graph limit is 100,000): inference is within the default
+    budget (20 units per executed layer: 1,999,820 of 2,000,000); training (200 per layer,
+    before: 44 s of CPU and +580 MiB) is refused before computing."""
+    body = [{"name": f"fc{i}", "op": "linear", "out_features": 64} for i in range(10)]
+    graph = {
+        "inputs": [{"name": "x", "shape": ["batch", 64]}],
+        "layers": [{"name": "blocks", "op": "repeat", "times": 9_999, "layers": body}],
+    }
+    request = {"architecture": graph, "mode": "inference", "batch_size": 8}
+    response = client.post("/v1/estimates/memory", json=request)
+    assert response.status_code == 200, response.text
+    training = client.post("/v1/estimates/memory", json={**request, "mode": "training"})
+    assert "asks for 19,998,200 work units" in _too_expensive(training)["detail"]
 
 
 def test_a_computation_past_its_deadline_is_stopped_with_its_own_problem(
     make_client: ClientFactory,
 ) -> None:
-    client = make_client(compute_timeout_s=0.05)
+    client = make_client(compute_timeout_s=0.05, max_work_units=10**9)
     request = {"architecture": distinct_linear_graph(400, width=96)}
     response = client.post("/v1/recommendations/inference", json=request)
     body = _too_expensive(response)
@@ -130,6 +169,9 @@ def test_a_computation_past_its_deadline_is_stopped_with_its_own_problem(
     assert "capplan_compute_stuck 0.0" in metrics
     assert 'capplan_db_failures_total{type="database-unavailable"}' not in metrics
     assert client.get("/v1/models/resnet-50").status_code == 200
+    expected = _example(422, "too-expensive-deadline")
+    expected["detail"] = expected["detail"].replace("within 8 s", "within 0.05 s")
+    assert _answer(response) == expected
 
 
 def test_reads_are_served_while_a_long_computation_runs_on_one_database_slot(
@@ -194,9 +236,15 @@ def test_requests_over_the_compute_slots_wait_then_are_shed(make_client: ClientF
     response = client.run(scenario())
     assert response.status_code == 503
     assert response.headers["retry-after"] == "1"
-    body = response.json()
+    body = _answer(response)
     assert body["type"] == "/problems/compute-busy"
     assert "CAPPLAN_COMPUTE_SLOTS" in body["detail"]
+    expected = _example(503, "compute-busy")
+    expected.update(instance="/v1/estimates/memory")
+    expected["detail"] = (
+        expected["detail"].replace("SLOTS=2", "SLOTS=1").replace("within 2 s", "within 0.2 s")
+    )
+    assert body == expected
     assert 'capplan_compute_stopped_total{reason="busy"} 1.0' in client.get("/metrics").text
 
 

@@ -8,6 +8,9 @@ import time
 import pytest
 
 from app.domain.budget import (
+    INFERENCE_LAYER_UNITS,
+    PEAK_LAYER_UNITS,
+    TRAINING_LAYER_UNITS,
     CancelToken,
     GraphSize,
     WorkBudgetExceeded,
@@ -17,6 +20,7 @@ from app.domain.budget import (
     check_budget,
     checkpoint,
     current,
+    estimate_work,
     graph_layers,
     work_units,
 )
@@ -94,6 +98,41 @@ def test_check_budget_names_the_figures_and_what_to_reduce() -> None:
         "the limit"
     )
     assert caught.value.fields == ["/architecture/layers", "/max_batch_size"]
+
+
+def test_estimates_of_a_graph_count_executed_layers_by_mode() -> None:
+    size = GraphSize(written_layers=14, executed_layers=774)  # GPT-3 175B
+    estimates = WorkFactor(name="estimates", value=15, field="/workload/batch_size")
+    inference = estimate_work(size, estimates, field="/workload/model", training=False)
+    training = estimate_work(size, estimates, field="/workload/model", training=True)
+    assert inference.units == INFERENCE_LAYER_UNITS * 774 * 15 == 232_200
+    assert training.units == TRAINING_LAYER_UNITS * 774 * 15 == 2_322_000
+    assert inference.describe() == "20 x 774 executed layers x 15 estimates"
+
+
+def test_work_estimates_add_up_and_name_each_field_once() -> None:
+    layers = "/architecture/layers"
+    precisions = WorkFactor(name="precisions", value=4, field="/precisions")
+    batches = WorkFactor(name="batch sizes", value=9, field="/max_batch_size")
+    total = work_units(
+        WorkFactor(name="graph layers", value=1_000, field=layers),
+        WorkFactor(name="devices", value=144, field="/devices"),
+        precisions,
+        batches,
+    ) + work_units(
+        WorkFactor(name="executed layers", value=1_000, field=layers),
+        precisions,
+        batches,
+        weight=PEAK_LAYER_UNITS,
+    )
+    assert total.units == 1_000 * 144 * 4 * 9 + 10 * 1_000 * 4 * 9 == 5_544_000
+    assert total.describe() == (
+        "1,000 graph layers x 144 devices x 4 precisions x 9 batch sizes + 10 x 1,000 executed "
+        "layers x 4 precisions x 9 batch sizes"
+    )
+    with pytest.raises(WorkBudgetExceeded) as caught:
+        check_budget(total, 4_000_000, setting="CAPPLAN_MAX_WORK_UNITS")
+    assert caught.value.fields == [layers, "/devices", "/max_batch_size", "/precisions"]
 
 
 def test_checkpoint_without_a_token_does_nothing() -> None:
