@@ -137,7 +137,8 @@ async def admission_pods(request: Request) -> Response:
     annotations) is estimated within CAPPLAN_ADMISSION_TIMEOUT_S, stopped at that deadline
     (then the failure policy answers), and stored in the background. A workload stored as too
     expensive to evaluate, a pod with more than 512 containers or more than 16 GPU requests,
-    and inline graphs of more than 5,000 executed layers are answered by the failure policy.
+    and estimates in a review of more than 200,000 work units are answered by the failure
+    policy.
 
     **Caching.** Decisions are cached per workload, GPU and GPU request and are valid while the
     planning data (hardware, models, workloads) is unchanged: a change through this process is
