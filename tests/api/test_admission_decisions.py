@@ -25,9 +25,9 @@ from app.domain.admission import MAX_CONTAINERS, MAX_GPU_REQUESTS
 from app.domain.budget import checkpoint
 from app.services import admission as admission_service
 from app.services import decision_store
-from tests.api.helpers import hardware, model, without_slug
+from tests.api.helpers import assert_problem, hardware, model, without_slug
 from tests.api.test_admission import BIG, CHAT, NOTES, _answer, _container, _put, review
-from tests.support import ApiClient, ClientFactory, db_session
+from tests.support import ApiClient, ClientFactory, db_session, table_counts
 
 GENEROUS_S = 20.0  # these tests check outcomes, not time (test_admission_review.py does)
 FITS = {"nvidia.com/mig-1g.10gb": "1"}
@@ -410,3 +410,24 @@ def test_a_workload_over_the_work_budget_is_stored_too_expensive_without_estimat
     assert answer["allowed"] is False
     assert "workload 'chat' is too expensive to evaluate: " in answer["status"]["message"]
     assert "work units" in answer["status"]["message"]
+
+
+def test_a_check_past_its_deadline_is_a_too_expensive_problem(
+    make_client: ClientFactory, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The simple form estimates (it reports attention and defaults): stopped at
+    CAPPLAN_COMPUTE_TIMEOUT_S with 422 too-expensive, no Retry-After, nothing written."""
+    client = make_client(compute_timeout_s=0.2)
+    calls: list[int] = []
+    monkeypatch.setattr(decision_store, "required_memory", _endless_estimate(calls))
+    before = table_counts(db_url)
+    response = client.post(
+        "/v1/admission/check",
+        json={"workload": {"model": "gpt-2", "mode": "inference", "batch_size": 1},
+              "gpu_model": "nvidia-a100-80gb-sxm", "resource": "nvidia.com/gpu"},
+    )  # fmt: skip
+    body = assert_problem(response, 422, "too-expensive")
+    assert "Retry-After" not in response.headers
+    assert "did not finish within 0.2 s" in body["detail"]
+    assert calls == [1]
+    assert table_counts(db_url) == before

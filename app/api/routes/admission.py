@@ -16,7 +16,7 @@ from app.api.compute import ComputeOverrun
 from app.api.database import Database, DatabaseUnavailable
 from app.api.decision_refresher import refresher_for
 from app.api.deps import DatabaseDep, get_database, require_reader
-from app.api.errors import problem_responses
+from app.api.errors import COMPUTE_EXAMPLES, problem_responses
 from app.api.metrics import Metrics
 from app.config import Settings
 from app.domain.admission import PodSpecError
@@ -288,7 +288,9 @@ async def _load_table(
 @router.post(
     "/check",
     response_model=AdmissionCheckResponse,
-    responses=problem_responses(400, 401, 403, 404, 413, 422, 503),
+    responses=problem_responses(
+        400, 401, 403, 404, 413, 422, 503, examples={422: COMPUTE_EXAMPLES[422]}
+    ),
     summary="May a workload run on a GPU resource (simple form)",
 )
 async def admission_check(
