@@ -30,6 +30,7 @@ hardware profile is written through the service, in the same transaction, and st
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -66,6 +67,7 @@ KEEP_OTHER_RELEASES = timedelta(days=7)  # other releases' rows outlive a rollin
 ESTIMATED, TOO_EXPENSIVE, INVALID = "estimated", "too_expensive", "invalid"
 
 _APP = Path(__file__).resolve().parent.parent
+logger = logging.getLogger("app.admission")
 
 
 def _fingerprint() -> str:
@@ -176,6 +178,10 @@ def _evaluate_pair(
         return _too_expensive(workload, spec) if own_deadline <= until else None
     except (ServiceError, DomainError) as exc:
         detail = exc.detail if isinstance(exc, ServiceError) else str(exc)
+        return _Outcome(INVALID, describe(workload.slug, spec, _precision(spec)), detail)
+    except Exception:  # a bug must not fail the write: the review answers it by the policy
+        logger.exception("evaluating %s on %s failed", workload.slug, hardware.slug)
+        detail = f"internal error evaluating '{workload.slug}' on '{hardware.slug}'; see its logs"
         return _Outcome(INVALID, describe(workload.slug, spec, _precision(spec)), detail)
     return _Outcome(ESTIMATED, evaluation.summary, evaluation=evaluation)
 
