@@ -206,3 +206,44 @@ class Workload(Timestamped, Base):
 
     model: Mapped[ModelArchitecture] = relationship(lazy="joined")
     hardware: Mapped[Hardware | None] = relationship(lazy="joined")
+
+
+class AdmissionDecision(Base):
+    """A stored workload's admission inputs on one hardware profile, computed when the
+    workload, its model or the hardware was written (app.services.decision_store).
+
+    One row per workload, hardware profile and ``evaluator`` (a fingerprint of the code that
+    computed it: during a rolling upgrade each release keeps its own rows). It is fresh while
+    the three versions it was computed from are the rows' current versions; a review reads it
+    and applies the policy without estimating anything."""
+
+    __tablename__ = "admission_decision"
+    __table_args__ = (
+        UniqueConstraint("workload_id", "hardware_id", "evaluator"),
+        CheckConstraint(
+            "outcome IN ('estimated', 'too_expensive', 'invalid')", name="outcome_valid"
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    workload_id: Mapped[int] = mapped_column(
+        ForeignKey("workload.id", ondelete="CASCADE"), nullable=False, index=True
+    )
+    hardware_id: Mapped[int] = mapped_column(
+        ForeignKey("hardware.id", ondelete="CASCADE"), nullable=False, index=True
+    )
+    evaluator: Mapped[str] = mapped_column(String(32), nullable=False)
+    workload_version: Mapped[int] = mapped_column(Integer, nullable=False)
+    model_version: Mapped[int] = mapped_column(Integer, nullable=False)
+    hardware_version: Mapped[int] = mapped_column(Integer, nullable=False)
+    # estimated: required_bytes and resources hold the verdict's inputs; too_expensive: the
+    # estimate exceeded the work budget; invalid: the workload cannot be estimated on this
+    # hardware (detail says why). The review applies the failure policy to the last two.
+    outcome: Mapped[str] = mapped_column(String(16), nullable=False)
+    detail: Mapped[str | None] = mapped_column(Text)
+    summary: Mapped[str] = mapped_column(String(300), nullable=False)
+    required_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    smallest_fitting_resource: Mapped[str | None] = mapped_column(String(64))
+    # Kubernetes resource name -> usable bytes (nvidia.com/gpu and each MIG profile)
+    resources: Mapped[dict[str, int]] = mapped_column(JSON, nullable=False)
+    computed_at: Mapped[datetime] = mapped_column(UtcDateTime(), nullable=False, default=utcnow)

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import and_, delete, func, or_, select, true
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from app.db.models import Hardware, ModelArchitecture, Workload
+from app.db.models import AdmissionDecision, Hardware, ModelArchitecture, Workload
 
 
 class HardwareRepository:
@@ -93,3 +97,135 @@ class ModelRepository:
         """Whether a workload points at this architecture."""
         query = select(func.count()).where(Workload.model_id == model.id)
         return bool(self.session.scalar(query))
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionLookup:
+    """A stored workload and a hardware profile by slug, with their stored decision (None:
+    none computed by ``evaluator``) and whether it was computed from the rows as they are."""
+
+    workload_id: int
+    hardware_id: int
+    decision: AdmissionDecision | None
+    fresh: bool
+
+
+class DecisionRepository:
+    """Queries over stored admission decisions."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def lookup(self, workload: str, hardware: str, evaluator: str) -> DecisionLookup | None:
+        """One query: the decision of ``workload`` on ``hardware`` (slugs) by ``evaluator``;
+        None when the workload or the hardware profile does not exist."""
+        query = (
+            select(
+                Workload.id,
+                Workload.version,
+                ModelArchitecture.version,
+                Hardware.id,
+                Hardware.version,
+                AdmissionDecision,
+            )
+            .select_from(Workload)
+            .join(ModelArchitecture, ModelArchitecture.id == Workload.model_id)
+            .join(Hardware, Hardware.slug == hardware)
+            .outerjoin(
+                AdmissionDecision,
+                and_(
+                    AdmissionDecision.workload_id == Workload.id,
+                    AdmissionDecision.hardware_id == Hardware.id,
+                    AdmissionDecision.evaluator == evaluator,
+                ),
+            )
+            .where(Workload.slug == workload)
+        )
+        row = self.session.execute(query).one_or_none()
+        if row is None:
+            return None
+        workload_id, workload_version, model_version, hardware_id, hardware_version, found = row
+        fresh = found is not None and (
+            found.workload_version,
+            found.model_version,
+            found.hardware_version,
+        ) == (workload_version, model_version, hardware_version)
+        return DecisionLookup(workload_id, hardware_id, found, fresh)
+
+    def fresh_on(self, hardware: str, evaluator: str) -> list[tuple[str, AdmissionDecision]]:
+        """Every workload's fresh decision on ``hardware`` (slug) by ``evaluator``, with the
+        workload's slug: one query (the webhook loads a GPU's table at once)."""
+        decision = AdmissionDecision
+        query = (
+            select(Workload.slug, decision)
+            .join(Workload, Workload.id == decision.workload_id)
+            .join(ModelArchitecture, ModelArchitecture.id == Workload.model_id)
+            .join(Hardware, Hardware.id == decision.hardware_id)
+            .where(
+                Hardware.slug == hardware,
+                decision.evaluator == evaluator,
+                decision.workload_version == Workload.version,
+                decision.model_version == ModelArchitecture.version,
+                decision.hardware_version == Hardware.version,
+            )
+        )
+        return [(slug, found) for slug, found in self.session.execute(query).all()]
+
+    def upsert(self, rows: Sequence[dict[str, Any]]) -> None:
+        """Insert or replace decisions (one per workload, hardware and evaluator): a replica
+        storing the same pair at the same time is not an error, the later write wins."""
+        if not rows:
+            return
+        dialect = self.session.get_bind().dialect.name
+        insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+        statement = insert(AdmissionDecision)
+        keys = ("workload_id", "hardware_id", "evaluator")
+        statement = statement.on_conflict_do_update(
+            index_elements=list(keys),
+            set_={name: statement.excluded[name] for name in rows[0] if name not in keys},
+        )
+        self.session.execute(statement, list(rows))
+
+    def stale_pairs(self, evaluator: str, *, limit: int) -> list[tuple[int, int]]:
+        """Up to ``limit`` (workload id, hardware id) pairs whose decision by ``evaluator`` is
+        missing or was computed from older rows (another release's rows do not count)."""
+        decision = AdmissionDecision
+        query = (
+            select(Workload.id, Hardware.id)
+            .select_from(Workload)
+            .join(ModelArchitecture, ModelArchitecture.id == Workload.model_id)
+            .join(Hardware, true())  # every pair
+            .outerjoin(
+                decision,
+                and_(
+                    decision.workload_id == Workload.id,
+                    decision.hardware_id == Hardware.id,
+                    decision.evaluator == evaluator,
+                ),
+            )
+            .where(
+                or_(
+                    decision.id.is_(None),
+                    decision.workload_version != Workload.version,
+                    decision.model_version != ModelArchitecture.version,
+                    decision.hardware_version != Hardware.version,
+                )
+            )
+            .order_by(Workload.id, Hardware.id)
+            .limit(limit)
+        )
+        return [(w, h) for w, h in self.session.execute(query).all()]
+
+    def prune(self, evaluator: str, *, computed_before: datetime) -> int:
+        """Delete other evaluators' (releases') decisions computed before ``computed_before``;
+        returns how many."""
+        query = delete(AdmissionDecision).where(
+            AdmissionDecision.evaluator != evaluator,
+            AdmissionDecision.computed_at < computed_before,
+        )
+        result = self.session.execute(query)
+        return int(getattr(result, "rowcount", 0) or 0)
+
+    def workloads_of_model(self, model_id: int) -> Sequence[Workload]:
+        """The workloads that use a model."""
+        return self.session.scalars(select(Workload).where(Workload.model_id == model_id)).all()

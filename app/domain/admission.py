@@ -1,4 +1,5 @@
-"""What a Kubernetes Pod asks for: GPU resources per container (pure parsing)."""
+"""What a Kubernetes Pod asks for (pure parsing, bounded) and the decision policy: a stored
+evaluation of the workload on the GPU, compared with each requested resource."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.domain.errors import DomainError
+from app.domain.units import GIB
 
 WHOLE_GPU = "nvidia.com/gpu"
 MIG_PREFIX = "nvidia.com/mig-"
@@ -32,6 +34,12 @@ class GpuRequest:
         return self.resource.startswith(MIG_PREFIX)
 
 
+# Parse-side bounds: a review's cost must not grow with what a pod lists. Kubernetes sets no
+# limit on containers; real pods have a handful. Past these the review is not evaluated (the
+# failure policy answers) and nothing else is read.
+MAX_CONTAINERS = 512  # containers + init containers examined
+MAX_GPU_REQUESTS = 16  # containers asking for GPU resources
+
 MAX_QUANTITY_DIGITS = 6  # a million GPUs in one container is nonsense, not a number to parse
 
 
@@ -50,11 +58,18 @@ def gpu_requests(pod: Mapping[str, Any]) -> list[GpuRequest]:
     if not isinstance(spec, Mapping):
         raise PodSpecError("object.spec is missing: not a Pod")
     found: list[GpuRequest] = []
-    for key, init in (("initContainers", True), ("containers", False)):
-        containers = spec.get(key) or []
+    listed = {key: spec.get(key) or [] for key in ("initContainers", "containers")}
+    for key, containers in listed.items():
         if not isinstance(containers, list):
             raise PodSpecError(f"spec.{key} must be a list")
-        for index, container in enumerate(containers):
+    total = sum(len(containers) for containers in listed.values())
+    if total > MAX_CONTAINERS:
+        raise PodSpecError(
+            f"pod has {total} containers and init containers; this webhook evaluates pods with "
+            f"at most {MAX_CONTAINERS}"
+        )
+    for key, init in (("initContainers", True), ("containers", False)):
+        for index, container in enumerate(listed[key]):
             if not isinstance(container, Mapping):
                 raise PodSpecError(f"spec.{key}[{index}] must be an object")
             name = str(container.get("name") or f"{key}[{index}]")
@@ -66,6 +81,11 @@ def gpu_requests(pod: Mapping[str, Any]) -> list[GpuRequest]:
                 raise PodSpecError(f"container '{name}': resource limits must be an object")
             for resource, value in sorted(wanted.items()):
                 if resource == WHOLE_GPU or str(resource).startswith(MIG_PREFIX):
+                    if len(found) == MAX_GPU_REQUESTS:
+                        raise PodSpecError(
+                            f"pod asks for GPU resources in more than {MAX_GPU_REQUESTS} "
+                            "containers; this webhook evaluates at most that many"
+                        )
                     found.append(
                         GpuRequest(
                             container=name,
@@ -90,3 +110,83 @@ def planner_annotations(pod: Mapping[str, Any]) -> dict[str, str]:
                 if str(key).startswith(ANNOTATION_PREFIX):
                     found[str(key).removeprefix(ANNOTATION_PREFIX)] = str(value)
     return found
+
+
+LOW_HEADROOM = 0.10
+MAX_WARNING = 120
+
+
+class ResourceError(DomainError):
+    """The pod asks for a resource the GPU does not offer."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Evaluation:
+    """A workload's requirement on one GPU profile and what that GPU offers: every input of
+    the verdicts (computed when the workload, its model or the hardware is written)."""
+
+    summary: str  # "chat inference bs 8 bf16": label, mode, batch size, precision
+    gpu: str  # the hardware profile's slug
+    required_bytes: int
+    smallest_fitting_resource: str | None  # the smallest MIG resource that holds it
+    resources: Mapping[str, int]  # nvidia.com/gpu and each MIG resource -> usable bytes
+
+    @property
+    def supports_mig(self) -> bool:
+        """Whether the GPU offers MIG resources."""
+        return any(name.startswith(MIG_PREFIX) for name in self.resources)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Verdict:
+    """One resource's decision."""
+
+    allowed: bool
+    message: str
+    usable_bytes: int
+    warnings: tuple[str, ...] = ()
+
+
+def warning_text(text: str) -> str:
+    """A warning cut to Kubernetes' 120 characters."""
+    return text if len(text) <= MAX_WARNING else text[: MAX_WARNING - 1] + "…"
+
+
+def verdict(evaluation: Evaluation, *, resource: str, count: int, label: str) -> Verdict:
+    """Whether ``count`` x ``resource`` holds the evaluated workload (per device / per slice:
+    fits when the requirement is at most the usable bytes), with a message a person can act
+    on. Raises ``ResourceError`` for a resource the GPU does not offer."""
+    usable = evaluation.resources.get(resource)
+    if usable is None:
+        if resource == WHOLE_GPU or not evaluation.supports_mig:
+            raise ResourceError(
+                f"{resource} asked for, but '{evaluation.gpu}' does not support MIG"
+            )
+        offered = sorted(name for name in evaluation.resources if name.startswith(MIG_PREFIX))
+        raise ResourceError(f"'{evaluation.gpu}' has no {resource}; valid: " + ", ".join(offered))
+    required = evaluation.required_bytes
+    if resource == WHOLE_GPU:
+        what = f"{WHOLE_GPU} ({evaluation.gpu}) gives {usable / GIB:.1f} GiB per GPU"
+    else:
+        what = f"{resource} gives {usable / GIB:.1f} GiB usable"
+    allowed = required <= usable
+    message = f"{evaluation.summary} needs {required / GIB:.1f} GiB; {what}"
+    if not allowed:
+        smallest = evaluation.smallest_fitting_resource
+        hint = (
+            f"smallest fitting: {smallest.removeprefix('nvidia.com/')}"
+            if smallest
+            else "no MIG profile fits; use whole GPUs or a larger GPU"
+        )
+        message += f"; {hint}"
+    warnings = []
+    if allowed and usable - required < LOW_HEADROOM * usable:
+        warnings.append(
+            warning_text(
+                f"{label}: headroom {(usable - required) / GIB:.1f} GiB on {resource} is under "
+                f"{LOW_HEADROOM:.0%}"
+            )
+        )
+    if count > 1 and resource != WHOLE_GPU:
+        warnings.append(warning_text(f"{label}: {count} x {resource}; each must hold the workload"))
+    return Verdict(allowed=allowed, message=message, usable_bytes=usable, warnings=tuple(warnings))

@@ -4,177 +4,97 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from app.db.models import Hardware
-from app.db.repositories import HardwareRepository
+from app.db.repositories import DecisionRepository, HardwareRepository
 from app.domain.admission import (
-    WHOLE_GPU,
+    Evaluation,
     GpuRequest,
+    ResourceError,
+    Verdict,
     gpu_requests,
     planner_annotations,
+    verdict,
+    warning_text,
 )
-from app.domain.fit import fit
-from app.domain.mig.layout import (
-    kubernetes_resource,
-    smallest_fitting,
-)
-from app.domain.units import GIB
-from app.domain.workload import (
-    DEFAULT_SAFETY_MARGIN_FRACTION,
-)
+from app.domain.budget import CancelToken, bound
 from app.schemas.admission import AdmissionCheckRequest, AdmissionCheckResponse
 from app.schemas.base import SLUG_PATTERN
-from app.schemas.estimates import (
-    DefaultUsedRow,
-    WorkloadSpec,
-)
-from app.services.convert import (
-    geometry,
+from app.schemas.estimates import WorkloadSpec
+from app.services.decision_store import (
+    ESTIMATED,
+    EVALUATOR,
+    evaluation_of,
+    stored_evaluation,
+    work_of,
 )
 from app.services.errors import (
     InvalidInput,
     ServiceError,
 )
 from app.services.pipeline import (
-    required_memory,
     spec_pointers,
+    workload_row,
     workload_spec,
 )
 from app.services.state_cache import Digest, PerWatch, timed_digest
 
-LOW_HEADROOM = 0.10
-MAX_WARNING = 120
+# Estimates made inside a review (inline annotations, a stored workload whose decision is
+# missing or stale) are at most this many work units (app.domain.budget: ~0.5 us of CPU each
+# on an idle 2-core VM, a few times more under load): 10,000 executed layers of an inference
+# estimate, 1,000 of a training one, well inside the 0.8 s review budget. The zoo's largest
+# (GPT-3 175B, 774 executed layers) is within it in both modes. Larger ones are decided from
+# stored decisions only.
+REVIEW_MAX_WORK_UNITS = 200_000
 
 
 class ReviewError(Exception):
     """A review that cannot be evaluated; the message says why."""
 
 
-@dataclass(slots=True)
-class Decision:
-    """One resource's verdict."""
-
-    allowed: bool
-    message: str
-    required_bytes: int
-    usable_bytes: int
-    smallest_fitting_resource: str | None
-    warnings: list[str] = field(default_factory=list)
-    attention: list[str] = field(default_factory=list)
-    defaults_used: list[DefaultUsedRow] = field(default_factory=list)
+def _verdict(evaluation: Evaluation, *, resource: str, count: int, label: str) -> Verdict:
+    try:
+        return verdict(evaluation, resource=resource, count=count, label=label)
+    except ResourceError as exc:
+        raise ReviewError(str(exc)) from exc
 
 
-def _warning(text: str) -> str:
-    return text if len(text) <= MAX_WARNING else text[: MAX_WARNING - 1] + "…"
-
-
-def _describe(label: str, spec: WorkloadSpec, precision: str) -> str:
-    return f"{label} {spec.mode.value} bs {spec.batch_size} {precision}"
-
-
-def decide(
-    session: Session,
-    *,
-    spec: WorkloadSpec,
-    label: str,
-    hardware: Hardware,
-    resource: str,
-    count: int,
-) -> Decision:
-    """Compare the workload's requirement with one resource (per device / per slice)."""
-    need = required_memory(
-        session,
-        spec,
-        hardware,
-        cuda_context_bytes=None,
-        safety_margin_fraction=DEFAULT_SAFETY_MARGIN_FRACTION,
-    )
-    required = need.required_bytes
-    smallest = None
-    if hardware.mig_total_compute_slices is not None:
-        geo = geometry(hardware)
-        fitting = smallest_fitting(geo, required)
-        smallest = kubernetes_resource(fitting.name) if fitting else None
-    if resource == WHOLE_GPU:
-        usable = hardware.memory_bytes
-        what = f"{WHOLE_GPU} ({hardware.slug}) gives {usable / GIB:.1f} GiB per GPU"
-    else:
-        if hardware.mig_total_compute_slices is None:
-            raise ReviewError(f"{resource} asked for, but '{hardware.slug}' does not support MIG")
-        profiles = {kubernetes_resource(p.name): p for p in geometry(hardware).profiles}
-        profile = profiles.get(resource)
-        if profile is None:
-            raise ReviewError(
-                f"'{hardware.slug}' has no {resource}; valid: " + ", ".join(sorted(profiles))
-            )
-        usable = profile.memory_bytes
-        what = f"{resource} gives {usable / GIB:.1f} GiB usable"
-    allowed = fit(need.requirement, usable).fits
-    described = _describe(label, spec, need.run.resolved.precision.value)
-    message = f"{described} needs {required / GIB:.1f} GiB; {what}"
-    if not allowed:
-        hint = (
-            f"smallest fitting: {smallest.removeprefix('nvidia.com/')}"
-            if smallest
-            else ("no MIG profile fits; use whole GPUs or a larger GPU")
-        )
-        message += f"; {hint}"
-    warnings = []
-    if allowed and usable - required < LOW_HEADROOM * usable:
-        warnings.append(
-            _warning(
-                f"{label}: headroom {(usable - required) / GIB:.1f} GiB on {resource} is under "
-                f"{LOW_HEADROOM:.0%}"
-            )
-        )
-    if count > 1 and resource != WHOLE_GPU:
-        warnings.append(_warning(f"{label}: {count} x {resource}; each must hold the workload"))
-    return Decision(
-        allowed=allowed,
-        message=message,
-        required_bytes=required,
-        usable_bytes=usable,
-        smallest_fitting_resource=smallest,
-        warnings=warnings,
-        attention=need.run.attention,
-        defaults_used=need.run.defaults_used(),
-    )
-
-
-def check(session: Session, *, payload: AdmissionCheckRequest) -> AdmissionCheckResponse:
-    """The simple form for scripts."""
+def check(
+    session: Session, *, payload: AdmissionCheckRequest, deadline_s: float | None = None
+) -> AdmissionCheckResponse:
+    """The simple form for scripts (estimates here: it also reports the attention and the
+    defaults used). ``deadline_s``: the estimate stops at its next checkpoint past it
+    (``WorkCancelled``, app.domain.budget)."""
     hardware = HardwareRepository(session).get(payload.gpu_model)
     if hardware is None:
         raise InvalidInput(f"hardware '{payload.gpu_model}' does not exist", pointer="/gpu_model")
     with spec_pointers("/workload", payload.workload):
         spec = workload_spec(session, payload.workload)
         label = payload.workload if isinstance(payload.workload, str) else (spec.model or "inline")
+        token = CancelToken.after(deadline_s) if deadline_s is not None else None
+        with bound(token):
+            evaluation, need = evaluation_of(session, spec=spec, label=label, hardware=hardware)
         try:
-            decision = decide(
-                session,
-                spec=spec,
-                label=label,
-                hardware=hardware,
-                resource=payload.resource,
-                count=payload.count,
+            decision = _verdict(
+                evaluation, resource=payload.resource, count=payload.count, label=label
             )
         except ReviewError as exc:
             raise InvalidInput(str(exc), pointer="/resource") from exc
     return AdmissionCheckResponse(
         allowed=decision.allowed,
         message=decision.message,
-        required_bytes=decision.required_bytes,
+        required_bytes=evaluation.required_bytes,
         usable_bytes=decision.usable_bytes,
-        smallest_fitting_resource=decision.smallest_fitting_resource,
-        warnings=decision.warnings,
-        attention=decision.attention,
-        defaults_used=decision.defaults_used,
+        smallest_fitting_resource=evaluation.smallest_fitting_resource,
+        warnings=list(decision.warnings),
+        attention=need.run.attention,
+        defaults_used=need.run.defaults_used(),
     )
 
 
@@ -213,6 +133,11 @@ _INLINE_KEYS = (
 API_VERSION = "admission.k8s.io/v1"
 REVIEW_KIND = "AdmissionReview"
 _SLUG = re.compile(SLUG_PATTERN)
+
+# Per database and GPU slug, the fresh stored decisions of every workload (a DecisionTable),
+# valid in the generation of the planning data they were read in: a burst of reviews naming
+# distinct workloads on one GPU costs one query, not one per review.
+TABLES: PerWatch[str, DecisionTable] = PerWatch(size=64, name="admission_decision_tables")
 
 # The webhook's answers (everything after the uid, pre-rendered) per database, keyed by what the
 # pod asks: its workload (or inline annotations), GPU and GPU requests. Valid in the generation of
@@ -275,6 +200,11 @@ class Question:
     requests: tuple[GpuRequest, ...]
     key: Hashable
 
+    @property
+    def stored(self) -> bool:
+        """Whether the pod names a stored workload (its decision is computed on writes)."""
+        return "workload" in self.notes
+
 
 def _slug(notes: dict[str, str], name: str) -> str:
     value = notes[name]
@@ -313,49 +243,132 @@ def question(pod: dict[str, Any]) -> Question | None:
     return Question(notes=notes, gpu=gpu, requests=requests, key=(subject, gpu, requests))
 
 
-def _decisions(session: Session, asked: Question) -> tuple[Decision, ...]:
+@dataclass(frozen=True, slots=True)
+class Evaluated:
+    """A review's answer tail, the digest of the data it saw, and whether it named a stored
+    workload whose stored decision was missing or stale (the refresher should run)."""
+
+    tail: bytes
+    digest: Digest
+    read_at: float
+    refresh: bool = False
+
+
+def _evaluation(
+    session: Session, asked: Question, token: CancelToken | None
+) -> tuple[Evaluation, str, bool]:
+    """The evaluation a review applies, its label, and whether a stored one was missing."""
     notes = asked.notes
     if "workload" in notes:
         label = notes["workload"]
-        spec = workload_spec(session, label)
+        found = DecisionRepository(session).lookup(label, asked.gpu, EVALUATOR)
+        if found is None:
+            workload_row(session, label)  # 404 naming the workload when it is the one missing
+            raise ReviewError(
+                f"capacity-planner.io/gpu '{asked.gpu}' is not a known hardware profile"
+            )
+        if found.fresh and found.decision is not None:
+            stored = found.decision
+            if stored.outcome != ESTIMATED:
+                raise ReviewError(stored.detail or f"workload '{label}' cannot be evaluated")
+            return stored_evaluation(stored, asked.gpu), label, False
+        spec = workload_spec(session, label)  # missing or stale: the bounded path
+        missing = True
     else:
         spec = _inline_spec(notes)
         label = spec.model or "inline"
+        missing = False
     hardware = HardwareRepository(session).get(asked.gpu)
     if hardware is None:
         raise ReviewError(f"capacity-planner.io/gpu '{asked.gpu}' is not a known hardware profile")
-    return tuple(
-        decide(
-            session,
-            spec=spec,
-            label=label,
-            hardware=hardware,
-            resource=request.resource,
-            count=request.count,
+    work = work_of(session, spec)
+    if work.units > REVIEW_MAX_WORK_UNITS:
+        raise ReviewError(
+            f"model '{spec.model}': its estimate is {work.units:,} work units "
+            f"({work.describe()}); a review estimates at most {REVIEW_MAX_WORK_UNITS:,} within "
+            "its deadline: name a stored workload (its decision is computed when it is written)"
         )
-        for request in asked.requests
-    )
+    with bound(token):
+        evaluation, _ = evaluation_of(session, spec=spec, label=label, hardware=hardware)
+    return evaluation, label, missing
 
 
-def evaluate(session: Session, asked: Question) -> tuple[bool, str, list[str]]:
-    """Allowed, message and warnings for a pod's GPU requests (reads the database)."""
-    decisions = list(zip(asked.requests, _decisions(session, asked), strict=True))
-    denied = [(r, d) for r, d in decisions if not d.allowed]
-    warnings = [w for _, d in decisions for w in d.warnings]
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """A stored workload's fresh decision on one GPU: its evaluation, or why there is none."""
+
+    evaluation: Evaluation | None
+    failure: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionTable:
+    """A GPU's fresh stored decisions by workload slug, and the digest they were read with."""
+
+    decisions: dict[str, Stored]
+    digest: Digest
+    read_at: float
+
+
+def decision_table(session: Session, gpu: str) -> DecisionTable:
+    """Every stored workload's fresh decision on ``gpu`` (one query after the digest; a
+    missing or stale one is absent and takes the review's bounded path)."""
+    digest, read_at = timed_digest(session)
+    decisions = {}
+    for slug, row in DecisionRepository(session).fresh_on(gpu, EVALUATOR):
+        if row.outcome == ESTIMATED:
+            decisions[slug] = Stored(stored_evaluation(row, gpu))
+        else:
+            decisions[slug] = Stored(None, row.detail or f"workload '{slug}' cannot be evaluated")
+    return DecisionTable(decisions, digest, read_at)
+
+
+def stored_tail(stored: Stored, asked: Question) -> bytes:
+    """The answer tail of a review from its workload's stored decision (no database, no
+    estimate: string formatting). Raises ``ReviewError`` for a stored failure."""
+    if stored.evaluation is None:
+        raise ReviewError(stored.failure or "the workload cannot be evaluated")
+    return answer_tail(*decide(stored.evaluation, asked, asked.notes["workload"]))
+
+
+def decide(evaluation: Evaluation, asked: Question, label: str) -> tuple[bool, str, list[str]]:
+    """Allowed, message and warnings for a pod's GPU requests (each distinct resource and
+    count judged once: the requests are bounded by app.domain.admission.MAX_GPU_REQUESTS)."""
+    judged: dict[tuple[str, int], Verdict] = {}
+    verdicts = []
+    for request in asked.requests:
+        key = (request.resource, request.count)
+        if key not in judged:
+            judged[key] = _verdict(
+                evaluation, resource=request.resource, count=request.count, label=label
+            )
+        verdicts.append((request, judged[key]))
+    warnings = [w for _, v in verdicts for w in v.warnings]
+    denied = [(r, v) for r, v in verdicts if not v.allowed]
     if denied:
         request, decision = denied[0]
         kind = "init container" if request.init_container else "container"
         return False, f"{kind} '{request.container}': {decision.message}", warnings
-    request, decision = decisions[0]
-    suffix = f" ({len(decisions)} GPU requests checked)" if len(decisions) > 1 else ""
-    return True, decision.message + suffix, warnings
+    suffix = f" ({len(verdicts)} GPU requests checked)" if len(verdicts) > 1 else ""
+    return True, verdicts[0][1].message + suffix, warnings
 
 
-def evaluate_with_digest(session: Session, asked: Question) -> tuple[bytes, Digest, float]:
-    """``evaluate`` rendered as an answer tail, with the digest of the data it saw (read first,
-    in the same session, so the answer is at least as new as the digest)."""
+def evaluate_with_digest(
+    session: Session, asked: Question, *, deadline: float | None = None
+) -> Evaluated:
+    """The review's answer rendered as a tail, with the digest of the data it saw (read first,
+    in the same session, so the answer is at least as new as the digest).
+
+    A stored workload's decision is read (one query, nothing estimated). A missing or stale
+    one, and inline annotations, are estimated here under a cancel token with ``deadline``
+    (``time.monotonic()`` instant, the review's): past it the estimate stops at its next
+    checkpoint with ``WorkCancelled``, so nothing computes after the review's answer."""
     digest, read_at = timed_digest(session)
-    return answer_tail(*evaluate(session, asked)), digest, read_at
+    token = None
+    if deadline is not None:
+        token = CancelToken(deadline, max(0.0, deadline - time.monotonic()))
+    evaluation, label, missing = _evaluation(session, asked, token)
+    return Evaluated(answer_tail(*decide(evaluation, asked, label)), digest, read_at, missing)
 
 
 def answer_tail(allowed: bool, message: str, warnings: list[str]) -> bytes:
@@ -365,7 +378,7 @@ def answer_tail(allowed: bool, message: str, warnings: list[str]) -> bytes:
         "status": {"code": 200 if allowed else 403, "message": message},
     }
     if warnings:
-        response["warnings"] = [_warning(w) for w in warnings]
+        response["warnings"] = [warning_text(w) for w in warnings]
     return json.dumps(response, separators=(",", ":")).encode()[1:]
 
 

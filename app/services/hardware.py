@@ -25,6 +25,7 @@ from app.services.concurrency import IfMatch, commit_versioned, require_match
 from app.services.convert import (
     apply_hardware_fields,
 )
+from app.services.decision_store import flush_versioned, refresh_hardware
 from app.services.errors import (
     AlreadyExists,
     InUse,
@@ -174,6 +175,8 @@ def create_hardware(session: Session, *, payload: HardwareCreate) -> HardwareRea
     apply_hardware_fields(row, payload)
     session.add(row)
     try:
+        session.flush()
+        refresh_hardware(session, row)  # every workload's admission decision on it
         session.commit()
     except IntegrityError as exc:  # a concurrent create won the race
         session.rollback()
@@ -191,6 +194,8 @@ def replace_hardware(
     _require_editable(row)
     require_match(if_match, current_version=row.version, what=f"hardware profile '{slug}'")
     apply_hardware_fields(row, payload)
+    flush_versioned(session, what=f"hardware profile '{slug}'")
+    refresh_hardware(session, row)  # every workload's admission decision on it
     commit_versioned(session, what=f"hardware profile '{slug}'")
     return to_read(row)
 

@@ -15,6 +15,7 @@ from app.schemas.models import (
 from app.schemas.models import Provenance as ProvenanceEnum
 from app.services import model_store
 from app.services.concurrency import IfMatch, commit_versioned, require_match
+from app.services.decision_store import flush_versioned, refresh_model
 from app.services.errors import (
     InUse,
     NotFound,
@@ -61,12 +62,15 @@ def get_model(session: Session, *, slug: str) -> ModelRead:
 def replace_model(
     session: Session, *, slug: str, payload: ModelReplace, if_match: IfMatch | None
 ) -> ModelRead:
-    """Replace a user architecture if the client holds its current version."""
+    """Replace a user architecture if the client holds its current version (and recompute the
+    admission decisions of its workloads in the same transaction)."""
     row = _get_row(ModelRepository(session), slug)
     _require_editable(row)
     require_match(if_match, current_version=row.version, what=f"model '{slug}'")
     validated_layer_count(payload)
     apply_model_fields(row, payload)
+    flush_versioned(session, what=f"model '{slug}'")
+    refresh_model(session, row)
     commit_versioned(session, what=f"model '{slug}'")
     return model_read(row)
 

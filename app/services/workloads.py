@@ -8,6 +8,7 @@ from sqlalchemy.orm import Session
 
 from app.db.models import Hardware, Workload, utcnow
 from app.db.repositories import HardwareRepository, ModelRepository
+from app.domain.budget import CancelToken, WorkCancelled, bound
 from app.schemas.estimates import (
     MemoryEstimateRequest,
     MemoryEstimateResponse,
@@ -26,6 +27,12 @@ from app.services.convert import (
     hardware_runtime,
     to_spec,
     workload_fields,
+)
+from app.services.decision_store import (
+    WRITE_BUDGET_S,
+    flush_versioned,
+    over_budget,
+    refresh_workload,
 )
 from app.services.errors import (
     AlreadyExists,
@@ -66,15 +73,24 @@ def _apply(session: Session, row: Workload, fields: WorkloadBase) -> None:
             raise InvalidInput(
                 f"hardware profile '{fields.hardware}' does not exist", pointer="/hardware"
             )
-    # Reject what no estimate could answer (unknown symbols, quantized training, ...) now.
-    run_estimate(
-        session,
-        to_spec(fields),
-        runtime=None,
-        hardware_runtime=hardware_runtime(hardware),
-        overhead=hardware_overhead(hardware),
-        gpu=hardware_gpu(hardware),
-    )
+    # Reject what no estimate could answer (unknown symbols, quantized training, ...) now. An
+    # estimate over the work budget, or one that overruns the write's deadline, is not refused:
+    # its admission decisions are stored as too expensive, or computed by the refresher
+    # (app.services.decision_store).
+    spec = to_spec(fields)
+    if over_budget(session, spec) is None:
+        try:
+            with bound(CancelToken.after(WRITE_BUDGET_S)):
+                run_estimate(
+                    session,
+                    spec,
+                    runtime=None,
+                    hardware_runtime=hardware_runtime(hardware),
+                    overhead=hardware_overhead(hardware),
+                    gpu=hardware_gpu(hardware),
+                )
+        except WorkCancelled:
+            pass
     row.name = fields.name
     row.description = fields.description
     row.model_id = model.id
@@ -117,13 +133,15 @@ def get_workload(session: Session, *, slug: str) -> WorkloadRead:
 
 
 def create_workload(session: Session, *, payload: WorkloadCreate) -> WorkloadRead:
-    """Validate and store a workload."""
+    """Validate and store a workload, with its admission decision on every hardware profile."""
     if session.scalars(select(Workload.id).where(Workload.slug == payload.slug)).first():
         raise AlreadyExists(f"a workload with slug '{payload.slug}' exists already")
     row = Workload(slug=payload.slug, created_at=utcnow())
     _apply(session, row, payload)
     session.add(row)
     try:
+        session.flush()
+        refresh_workload(session, row)
         session.commit()
     except IntegrityError as exc:
         session.rollback()
@@ -134,10 +152,13 @@ def create_workload(session: Session, *, payload: WorkloadCreate) -> WorkloadRea
 def replace_workload(
     session: Session, *, slug: str, payload: WorkloadReplace, if_match: IfMatch | None
 ) -> WorkloadRead:
-    """Replace a workload if the client holds its current version."""
+    """Replace a workload if the client holds its current version (and recompute its admission
+    decisions in the same transaction)."""
     row = workload_row(session, slug)
     require_match(if_match, current_version=row.version, what=f"workload '{slug}'")
     _apply(session, row, payload)
+    flush_versioned(session, what=f"workload '{slug}'")
+    refresh_workload(session, row)
     commit_versioned(session, what=f"workload '{slug}'")
     return to_read(row)
 

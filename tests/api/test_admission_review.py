@@ -10,22 +10,25 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import anyio
 import pytest
-from sqlalchemy import select
+from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from app.api.database import Database, unavailable
-from app.db.models import Workload, utcnow
+from app.db.models import AdmissionDecision, Hardware, Workload, utcnow
+from app.domain.budget import checkpoint
 from app.main import create_app
 from app.services import admission as admission_service
-from app.services import state_cache
+from app.services import decision_store, state_cache
 from tests.api.helpers import PROBLEM_JSON, assert_problem, without_slug
 from tests.api.test_admission import BIG, CHAT, NOTES, _container, review
 from tests.support import ApiClient, ClientFactory, ServiceClock, db_session, settings_for
@@ -305,10 +308,11 @@ def test_a_failing_evaluation_is_answered_by_the_policy(
 ) -> None:
     client = _stored(make(admission_failure_policy="allow"))
 
-    def fail(session: Session, asked: Any) -> Any:
+    def fail(session: Session, *_: Any, **__: Any) -> Any:
         raise error
 
     monkeypatch.setattr(admission_service, "evaluate_with_digest", fail)
+    monkeypatch.setattr(admission_service, "decision_table", fail)
     answer = _post(client, review(_container("server", FITS), annotations=NOTES, uid=UID))
     assert answer["uid"] == UID
     assert answer["allowed"] is True
@@ -428,3 +432,81 @@ def test_mig_fit_answers_follow_writes(make: ClientFactory) -> None:
         )
 
     _until(_bound_s(client), back)
+
+
+# -- stored decisions under the real budget -------------------------------------------------
+
+
+def test_a_burst_of_distinct_stored_workloads_is_decided_on_their_merits(
+    client: ApiClient,
+) -> None:
+    """The default budget (0.8 s): every review of a stored workload reads its stored decision,
+    so a burst of distinct ones (no answer cache to lean on) is decided, none by the policy."""
+    count = 40
+    for index in range(count):
+        body = {**CHAT, "slug": f"chat-{index}", "batch_size": index + 1}
+        assert client.post("/v1/workloads", json=body).status_code == 201
+
+    async def one(index: int) -> dict[str, Any]:
+        notes = {**NOTES, "capacity-planner.io/workload": f"chat-{index}"}
+        body = review(_container("server", FITS), annotations=notes, uid=f"u{index}")
+        response = await client.async_client.post("/v1/admission/pods", json=body)
+        return dict(response.json()["response"])
+
+    async def burst() -> list[dict[str, Any]]:
+        return await asyncio.gather(*(one(i) for i in range(count)))
+
+    answers = client.run(burst())
+    on_merits = [a for a in answers if " needs " in a["status"]["message"]]
+    assert len(on_merits) == count, [a["status"]["message"] for a in answers if a not in on_merits]
+    assert {a["uid"] for a in answers} == {f"u{i}" for i in range(count)}
+
+
+def test_an_estimate_in_the_review_stops_with_its_answer(
+    make: ClientFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Inline annotations (no stored decision) are estimated within the review's deadline; an
+    estimate still running then stops at its next checkpoint: nothing computes after the
+    answer, and no database call stays stuck."""
+    client = make(admission_timeout_s=0.3)
+    running = threading.Event()
+    stopped = threading.Event()
+
+    def endless(*_: Any, **__: Any) -> Any:
+        running.set()
+        try:
+            while True:
+                checkpoint()
+        finally:
+            stopped.set()
+
+    monkeypatch.setattr(decision_store, "required_memory", endless)
+    notes = {"capacity-planner.io/model": "gpt-2", "capacity-planner.io/gpu": A100_80}
+    start = time.perf_counter()
+    answer = _post(client, review(_container("server", FITS), annotations=notes, uid=UID))
+    assert time.perf_counter() - start < 1.0
+    assert running.is_set()
+    assert answer["allowed"] is False
+    assert "no decision within 0.3 s" in answer["status"]["message"]
+    assert stopped.wait(1.0), "the estimate kept computing after the review's answer"
+    database: Database = client.app.state.database
+    _until(1.0, lambda: database.stuck == 0)
+
+
+def test_the_refresher_stores_what_a_review_found_missing(make: ClientFactory, db_url: str) -> None:
+    """Decisions deleted (as after an upgrade to revision 0008): the first review is decided by
+    the bounded path and wakes the refresher, whose thread stores every missing decision."""
+    client = _stored(make(admission_timeout_s=5))
+    with db_session(db_url) as session:
+        session.execute(delete(AdmissionDecision))
+        session.commit()
+        hardware = session.scalar(select(func.count()).select_from(Hardware)) or 0
+    answer = _post(client, review(_container("server", FITS), annotations=NOTES, uid=UID))
+    assert answer["allowed"] is True
+
+    def stored() -> bool:
+        with db_session(db_url) as session:
+            count = session.scalar(select(func.count()).select_from(AdmissionDecision))
+        return count == 2 * hardware
+
+    _until(10.0, stored)

@@ -703,6 +703,9 @@ def real_app(sqlite_databases: SqliteDatabases) -> Iterator[AppFactory]:
     with sqlite_databases.fresh() as url:
 
         def build(**overrides: Any) -> tuple[ApiClient, AppTransport]:
+            # Outcomes, not time: a review budget no loaded machine misses (the default 0.8 s
+            # is checked under the timing marker, tests/api/test_admission_review.py).
+            overrides = {"admission_timeout_s": 20.0, **overrides}
             client = ApiClient(create_app(settings_for(url, **overrides)))
             clients.append(client)
             return client, AppTransport(client)
