@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -43,17 +44,55 @@ def summarize(
     precision: Precision,
 ) -> ModelSummary:
     """Per-layer table of a stored model (inference shapes)."""
+    return prepare_summary(
+        session,
+        slug=slug,
+        batch_size=batch_size,
+        sequence_length=sequence_length,
+        image_size=image_size,
+        precision=precision,
+    )()
+
+
+def prepare_summary(
+    session: Session,
+    *,
+    slug: str,
+    batch_size: int,
+    sequence_length: int | None,
+    image_size: int | None,
+    precision: Precision,
+) -> Callable[[], ModelSummary]:
+    """Load the model for :func:`summarize`; the returned function analyses its graph and builds
+    the table without the database (app.api.compute). One analysis of a stored graph, which the
+    model's own limits bound (at most 100,000 executed layers: ~0.5 s), so no work budget."""
     row = ModelRepository(session).get(slug)
     if row is None:
         raise NotFound(f"model '{slug}' does not exist; GET /v1/models lists them")
+    inputs, layers, defaults = row.inputs, row.layers, row.default_bindings
+    return lambda: _summary(
+        slug, inputs, layers, defaults, batch_size, sequence_length, image_size, precision
+    )
+
+
+def _summary(
+    slug: str,
+    inputs: list[dict[str, Any]],
+    layers: list[dict[str, Any]],
+    defaults: dict[str, int],
+    batch_size: int,
+    sequence_length: int | None,
+    image_size: int | None,
+    precision: Precision,
+) -> ModelSummary:
     bindings = bind_dims(
-        row.default_bindings,
+        defaults,
         {},
         batch=batch_size,
         sequence_length=sequence_length,
         image_size=image_size,
     )
-    analysis = analyze_graph(row.inputs, row.layers, bindings, training=False)
+    analysis = analyze_graph(inputs, layers, bindings, training=False)
     act = precision_plan(precision).activation
 
     def size(layer: LayerAnalysis) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -39,7 +41,7 @@ from app.services.errors import (
     InvalidInput,
 )
 from app.services.pipeline import (
-    estimate_response,
+    prepare_estimate_response,
     run_estimate,
     stored_spec,
     workload_row,
@@ -173,8 +175,16 @@ def delete_workload(session: Session, *, slug: str, if_match: IfMatch | None) ->
 
 def workload_memory(session: Session, *, slug: str) -> MemoryEstimateResponse:
     """The footprint of a stored workload on its target hardware (if any)."""
+    return prepare_workload_memory(session, slug=slug)()
+
+
+def prepare_workload_memory(
+    session: Session, *, slug: str, limit_units: int | None = None
+) -> Callable[[], MemoryEstimateResponse]:
+    """Load what :func:`workload_memory` needs (and check the work budget, ``limit_units``);
+    the returned function computes the estimate without the database (app.api.compute)."""
     row = workload_row(session, slug)
     spec = stored_spec(session, slug)
     hardware = row.hardware.slug if row.hardware else None
     request = MemoryEstimateRequest.model_validate({**spec.model_dump(), "hardware": hardware})
-    return estimate_response(session, payload=request)
+    return prepare_estimate_response(session, payload=request, limit_units=limit_units)

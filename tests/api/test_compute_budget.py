@@ -276,3 +276,47 @@ def test_an_overrun_is_answered_soon_after_its_deadline(make_client: ClientFacto
     seconds = time.perf_counter() - started
     _too_expensive(response)
     assert seconds < 0.5 + 1.5  # the deadline, plus one checkpoint interval on a loaded host
+
+
+def test_a_stored_workloads_memory_is_bounded_like_an_estimate(make_client: ClientFactory) -> None:
+    """``GET /v1/workloads/{slug}/memory`` loads in a database call and computes under the
+    runner: over the work budget it is refused before computing, naming the model."""
+    client = make_client()
+    workload = {"slug": "chat", "name": "chat", "model": "llama-2-7b", "mode": "inference"}
+    created = client.post("/v1/workloads", json={**workload, "batch_size": 1, "precision": "bf16"})
+    assert created.status_code == 201, created.text
+    assert client.get("/v1/workloads/chat/memory").status_code == 200
+    tight = make_client(max_work_units=1_000)
+    body = _too_expensive(tight.get("/v1/workloads/chat/memory"))
+    assert "asks for 3,920 work units (20 x 196 executed layers x 1 estimates)" in body["detail"]
+    assert [e["pointer"] for e in body["errors"]] == ["/model"]
+
+
+def test_a_model_summary_past_its_deadline_is_stopped(make_client: ClientFactory) -> None:
+    """``GET /v1/models/{slug}/summary`` analyses the graph outside the database slots; past
+    CAPPLAN_COMPUTE_TIMEOUT_S it stops with the too-expensive problem, nothing written."""
+    client = make_client(compute_timeout_s=0.01)
+    deep = {
+        "slug": "deep",
+        "name": "Deep",
+        "family": "mlp",
+        "inputs": [{"name": "x", "shape": ["batch", 64]}],
+        "layers": [
+            {
+                "name": "stack",
+                "op": "repeat",
+                "times": 99_999,
+                "layers": [{"name": "fc", "op": "linear", "out_features": 64}],
+            }
+        ],
+    }
+    assert client.post("/v1/models", json=deep).status_code == 201
+    before = _counts(client)
+    body = _too_expensive(client.get("/v1/models/deep/summary"))
+    assert "CAPPLAN_COMPUTE_TIMEOUT_S" in body["detail"]
+    assert _counts(client) == before
+    # Within its deadline the same summary is answered.
+    roomy = make_client(compute_timeout_s=60)
+    summary = roomy.get("/v1/models/deep/summary", params={"batch_size": 2})
+    assert summary.status_code == 200, summary.text
+    assert summary.json()["layer_count"] == 99_999

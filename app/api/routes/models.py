@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Depends, Path, Query, Response, status
+from fastapi import APIRouter, Body, Depends, Path, Query, Request, Response, status
 
 from app.api import examples
-from app.api.deps import DatabaseDep, IfMatchDep, require_reader, require_writer
-from app.api.errors import problem_responses
+from app.api.deps import ComputeDep, DatabaseDep, IfMatchDep, require_reader, require_writer
+from app.api.errors import COMPUTE_EXAMPLES, problem_responses
 from app.api.params import BatchSizeQuery, ImageSizeQuery, SequenceLengthQuery
 from app.domain.precision import Precision
 from app.schemas.base import StorableStr
@@ -130,12 +130,14 @@ async def delete_model(slug: UserSlugPath, db: DatabaseDep, if_match: IfMatchDep
     "/{slug}/summary",
     response_model=ModelSummary,
     dependencies=READ,
-    responses=problem_responses(401, 403, 404, 422, 503),
+    responses=problem_responses(401, 403, 404, 422, 503, examples=COMPUTE_EXAMPLES),
     summary="Per-layer summary of a model",
 )
 async def model_summary(
     slug: SlugPath,
+    request: Request,
     db: DatabaseDep,
+    compute: ComputeDep,
     batch_size: BatchSizeQuery = 1,
     sequence_length: SequenceLengthQuery = None,
     image_size: ImageSizeQuery = None,
@@ -143,9 +145,14 @@ async def model_summary(
         Precision, Query(description="Precision for the byte figures.")
     ] = Precision.FP32,
 ) -> ModelSummary:
-    """Every executed layer: output shape, parameters, FLOPs and output size, with totals."""
-    return await db.call(
-        estimates_service.summarize,
+    """Every executed layer: output shape, parameters, FLOPs and output size, with totals.
+
+    Computed outside the database slots; stopped past CAPPLAN_COMPUTE_TIMEOUT_S (a 422
+    `/problems/too-expensive`)."""
+    return await compute.call(
+        db,
+        estimates_service.prepare_summary,
+        request,
         slug=slug,
         batch_size=batch_size,
         sequence_length=sequence_length,

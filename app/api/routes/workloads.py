@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Depends, Path, Query, Response, status
+from fastapi import APIRouter, Body, Depends, Path, Query, Request, Response, status
 
 from app.api import examples
-from app.api.deps import DatabaseDep, IfMatchDep, require_reader, require_writer
-from app.api.errors import problem_responses
+from app.api.deps import ComputeDep, DatabaseDep, IfMatchDep, require_reader, require_writer
+from app.api.errors import COMPUTE_EXAMPLES, problem_responses
 from app.domain.workload import Mode
 from app.schemas.base import StorableStr
 from app.schemas.estimates import MemoryEstimateResponse
@@ -69,12 +69,19 @@ async def get_workload(slug: SlugPath, db: DatabaseDep, response: Response) -> W
     response_model=MemoryEstimateResponse,
     response_model_exclude_none=True,
     dependencies=READ,
-    responses=problem_responses(401, 403, 404, 422, 503),
+    responses=problem_responses(401, 403, 404, 422, 503, examples=COMPUTE_EXAMPLES),
     summary="Memory footprint of a workload",
 )
-async def workload_memory(slug: SlugPath, db: DatabaseDep) -> MemoryEstimateResponse:
-    """The memory estimate of the workload on its target hardware (if it names one)."""
-    return await db.call(service.workload_memory, slug=slug)
+async def workload_memory(
+    slug: SlugPath, request: Request, db: DatabaseDep, compute: ComputeDep
+) -> MemoryEstimateResponse:
+    """The memory estimate of the workload on its target hardware (if it names one).
+
+    Bounded like `POST /v1/estimates/memory`: a 422 `/problems/too-expensive` over the work
+    budget or past CAPPLAN_COMPUTE_TIMEOUT_S."""
+    return await compute.call(
+        db, service.prepare_workload_memory, request, slug=slug, limit_units=compute.budget_units
+    )
 
 
 @router.post(
