@@ -1,7 +1,8 @@
 """The previous release's code on this release's schema (rollback: `kubectl rollout undo`; and
 the old pods of a rolling upgrade once the first new pod has migrated).
 
-The previous release is the commit before the one that added this code's head migration: the
+The previous release is the commit before the one that added this code's head migration to
+the main line (first parents: a migration written on a branch lands with its merge), the
 last code that shipped the revision before it. Its tree is exported from git into a temporary
 directory and run in a subprocess against a database migrated to head by this code. This needs
 the git history (a shallow CI clone fails here: clone with ``fetch-depth: 0``).
@@ -50,11 +51,15 @@ def previous_release() -> str:
     (head,) = head_revisions()
     path = Path(script.get_revision(head).path).resolve()
     relative = path.relative_to(Path(_git("rev-parse", "--show-toplevel")).resolve())
-    added = _git("log", "--diff-filter=A", "--format=%H", "--", str(relative)).splitlines()
+    # Along the first parents (the main line: a migration written on a branch lands with its
+    # merge, whose first parent is main before it, with the revision below it).
+    added = _git(
+        "log", "--first-parent", "--diff-filter=A", "--format=%H", "--", str(relative)
+    ).splitlines()
     if not added:
         # The head migration is not committed yet: the committed tree is the previous release.
         return _git("rev-parse", "HEAD")
-    return _git("rev-parse", f"{added[-1]}^")
+    return _git("rev-parse", f"{added[-1]}^1")
 
 
 def _export(commit: str, into: Path) -> None:
