@@ -15,7 +15,9 @@ import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from fractions import Fraction
+from typing import NamedTuple
 
 from app.domain.graph.analysis import GraphAnalysis
 from app.domain.graph.ops import Storage, TensorKind
@@ -180,12 +182,29 @@ def optimizer_state_bytes(
     )
 
 
-def step_temporaries(
+class TemporariesLayout(Enum):
+    """How the optimizer step's temporaries are laid out in memory (the allocator replay
+    allocates them so)."""
+
+    IN_PLACE = "in place"  # SGD or a fused step: no temporaries
+    LARGEST_TWICE = "largest twice"  # for-loop step: two temporaries of the largest parameter
+    PER_PARAMETER = "per parameter"  # foreach step: one temporary per parameter, all at once
+
+
+class StepTemporaries(NamedTuple):
+    """The optimizer step's temporaries: their bytes, their layout and the words for them."""
+
+    bytes: int
+    layout: TemporariesLayout
+    note: str
+
+
+def optimizer_step_temporaries(
     shapes: Sequence[tuple[int, ...]],
     total_params: int,
     request: MemoryRequest,
     plan: PrecisionPlan,
-) -> tuple[int, str]:
+) -> StepTemporaries:
     impl = request.optimizer_impl
     if impl is OptimizerImpl.AUTO:
         if request.precision in (Precision.MIXED_BF16, Precision.MIXED_FP16):
@@ -195,19 +214,27 @@ def step_temporaries(
         else:
             impl = OptimizerImpl.FOR_LOOP
     if request.optimizer in (Optimizer.SGD, Optimizer.SGD_MOMENTUM) or impl is OptimizerImpl.FUSED:
-        return 0, f"{impl.value} {request.optimizer.value} step updates in place"
+        return StepTemporaries(
+            0,
+            TemporariesLayout.IN_PLACE,
+            f"{impl.value} {request.optimizer.value} step updates in place",
+        )
     element = max(plan.state_slot, 2)
     if impl is OptimizerImpl.FOR_LOOP:
         largest = max((math.prod(s) for s in shapes), default=0)
-        return 2 * largest * element, (
-            f"for-loop step: two temporaries the size of the largest parameter ({largest:,})"
+        return StepTemporaries(
+            2 * largest * element,
+            TemporariesLayout.LARGEST_TWICE,
+            f"for-loop step: two temporaries the size of the largest parameter ({largest:,})",
         )
-    return total_params * element, "foreach step: one temporary per parameter, all at once"
+    return StepTemporaries(
+        total_params * element,
+        TemporariesLayout.PER_PARAMETER,
+        "foreach step: one temporary per parameter, all at once",
+    )
 
 
 DDP_BUCKET_BYTES = 25 * MIB  # DistributedDataParallel(bucket_cap_mb=25)
-
-
 DDP_FIRST_BUCKET_BYTES = 1 * MIB  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
 
 

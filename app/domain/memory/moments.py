@@ -11,11 +11,12 @@ from app.domain.memory.context import Estimation, Moment, StepTensors, moment_at
 from app.domain.memory.formulas import (
     DDP_BUCKET_BYTES,
     DDP_FIRST_BUCKET_BYTES,
+    TemporariesLayout,
     ceil_fraction,
     loss_bytes,
     loss_expression,
     optimizer_state_bytes,
-    step_temporaries,
+    optimizer_step_temporaries,
 )
 from app.domain.memory.liveness import (
     Peak,
@@ -61,7 +62,8 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
     master = ceil_fraction(Fraction(params * plan.master, state_shard))
     labels_rows = math.prod(analysis.output_shape[:-1]) if analysis.output_shape else 1
     labels_bytes = labels_rows * 8
-    temporaries_full, temp_note = step_temporaries(shapes, params, request, plan)
+    step_temporaries = optimizer_step_temporaries(shapes, params, request, plan)
+    temporaries_full, temp_note = step_temporaries.bytes, step_temporaries.note
     shard_words = _shard_words(par)
     temporaries = ceil_fraction(Fraction(temporaries_full, state_shard))
     e.step = StepTensors(
@@ -73,7 +75,7 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
         labels_bytes=labels_bytes,
         loss_bytes=loss_bytes(analysis, sizer),
         temporaries_total=ceil_fraction(Fraction(temporaries_full, state_shard)),
-        temporaries_largest="for-loop" in temp_note,
+        temporaries_largest=step_temporaries.layout is TemporariesLayout.LARGEST_TWICE,
         accumulate=request.accumulation_steps > 1,
     )
     e.step_transient = (
