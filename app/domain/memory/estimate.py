@@ -41,6 +41,7 @@ from app.domain.memory.formulas import (
     PrecisionPlan,
     Sizer,
     ceil_fraction,
+    kv_cache_bytes,
     precision_plan,
     weights_bytes,
 )
@@ -350,7 +351,7 @@ def inference_floor_bytes(
     if analysis.is_decoder and request.kv_cache is not False:
         kv_numel = layer_totals(plans, analysis).kv_cache_numel
         kv_bytes = int(bytes_per_element(convention(precision).kv_cache_dtype))
-        floor += ceil_fraction(Fraction(kv_numel * kv_bytes, par.tensor * par.pipeline))
+        floor += kv_cache_bytes(kv_numel, kv_bytes, par.tensor * par.pipeline)
     if request.runtime is Runtime.CUDA:  # one cuBLAS handle at inference (_cublas_handles)
         floor += request.overhead.workspace_bytes + request.overhead.cuda_context_bytes
     return floor

@@ -95,6 +95,7 @@ def precision_plan(precision: Precision) -> PrecisionPlan:
 
 
 def ceil_fraction(value: Fraction | int) -> int:
+    """The smallest integer not below ``value`` (bytes of a fractional total, rounded up)."""
     fraction = Fraction(value)
     return -(-fraction.numerator // fraction.denominator)
 
@@ -123,7 +124,35 @@ class Sizer:
 def weights_bytes(
     analysis: GraphAnalysis, plan: PrecisionPlan, precision: Precision
 ) -> tuple[int, tuple[str, ...]]:
-    """Stored weight bytes, with quantization scales for weight-only formats."""
+    """Bytes of the stored weights, with the quantization scales of weight-only formats.
+
+    Parameters
+    ----------
+    analysis : GraphAnalysis
+        The model; its layers' parameter shapes and ops decide what is quantized.
+    plan : PrecisionPlan
+        Bytes per element under ``precision`` (``plan.weight`` [B], fractional for 4-bit).
+    precision : Precision
+        The convention; a quantized one stores matmul/conv weights in its weight dtype.
+
+    Returns
+    -------
+    tuple of (int, tuple of str)
+        The stored bytes of every weight, unsharded [B], and a note for quantized formats.
+
+    Notes
+    -----
+    Unquantized: ``ceil(params x weight bytes)``. Quantized:
+    ``ceil(quantized x weight bytes + scales + other x 16-bit bytes)``, where ``quantized``
+    counts the elements of matrices (rank >= 2) of quantizable ops except the output head, and
+    ``scales`` is :func:`app.domain.precision.scale_bytes` per quantized tensor.
+
+    References
+    ----------
+    Frantar et al., "GPTQ: Accurate Post-Training Quantization for Generative Pre-trained
+    Transformers", 2023 (group-wise scales, the 16-bit output head).
+    Lin et al., "AWQ: Activation-aware Weight Quantization for LLM Compression", 2024.
+    """
     row = convention(precision)
     if not row.quantized:
         return ceil_fraction(analysis.params * plan.weight), ()
@@ -160,6 +189,38 @@ def weights_bytes(
 def optimizer_state_bytes(
     shapes: Sequence[tuple[int, ...]], total_params: int, optimizer: Optimizer, plan: PrecisionPlan
 ) -> tuple[int, str]:
+    """Bytes of the optimizer's state for every trainable parameter, unsharded.
+
+    Parameters
+    ----------
+    shapes : sequence of tuple of int
+        The trainable parameter tensors' shapes [elements per dimension].
+    total_params : int
+        Trainable parameter elements (the sum over ``shapes``) [elements].
+    optimizer : Optimizer
+        The optimizer.
+    plan : PrecisionPlan
+        ``plan.state_slot``: bytes per element of a state tensor [B].
+
+    Returns
+    -------
+    tuple of (int, str)
+        The state's bytes [B] and what they are made of.
+
+    Notes
+    -----
+    ``slots x total_params x state_slot`` with slots SGD 0, SGD momentum / Adagrad / RMSprop /
+    Lion 1, Adam / AdamW 2. 8-bit Adam: ``2 x total_params + 2 x blocks x 4`` (two 1-byte
+    moments and an fp32 absmax per block of :data:`ADAM_8BIT_BLOCK` elements per tensor).
+    Adafactor: fp32 ``rows + cols`` per matrix (rows: the product of all but the last
+    dimension, cols: all but the second-to-last), the whole tensor for vectors.
+
+    References
+    ----------
+    Loshchilov and Hutter, "Decoupled Weight Decay Regularization", 2019 (AdamW).
+    Dettmers et al., "8-bit Optimizers via Block-wise Quantization", 2022.
+    Shazeer and Stern, "Adafactor: Adaptive Learning Rates with Sublinear Memory Cost", 2018.
+    """
     if optimizer is Optimizer.ADAFACTOR:
         elements = 0
         for shape in shapes:
@@ -205,6 +266,35 @@ def optimizer_step_temporaries(
     request: MemoryRequest,
     plan: PrecisionPlan,
 ) -> StepTemporaries:
+    """The temporaries ``optimizer.step()`` allocates beside the state, unsharded.
+
+    Parameters
+    ----------
+    shapes : sequence of tuple of int
+        The trainable parameter tensors' shapes [elements per dimension].
+    total_params : int
+        Trainable parameter elements [elements].
+    request : MemoryRequest
+        The optimizer, its implementation (``auto``: fused for mixed_*, foreach on CUDA,
+        for-loop on CPU), the precision and the runtime.
+    plan : PrecisionPlan
+        ``plan.state_slot``: bytes per element of a state tensor [B] (at least 2 per
+        temporary).
+
+    Returns
+    -------
+    StepTemporaries
+        Their bytes [B], their layout and the words for them.
+
+    Notes
+    -----
+    SGD and fused steps update in place: 0. For-loop: ``2 x largest tensor x element``.
+    Foreach: ``total_params x element`` (one parameter-sized temporary list at once).
+
+    References
+    ----------
+    PyTorch 2.13, torch/optim/adamw.py (``_single_tensor_adamw``, ``_multi_tensor_adamw``).
+    """
     impl = request.optimizer_impl
     if impl is OptimizerImpl.AUTO:
         if request.precision in (Precision.MIXED_BF16, Precision.MIXED_FP16):
@@ -234,8 +324,84 @@ def optimizer_step_temporaries(
     )
 
 
+def gradient_bytes(params: int, element_bytes: Fraction, shard: int) -> int:
+    """Bytes of the gradients of ``params`` parameter elements on one device.
+
+    Parameters
+    ----------
+    params : int
+        Trainable parameter elements [elements].
+    element_bytes : Fraction
+        Bytes per gradient element [B] (the gradient dtype's; 4 with an fp32 main_grad).
+    shard : int
+        Devices the gradients are split over: tensor x pipeline, x data ranks from ZeRO-2 on.
+
+    Returns
+    -------
+    int
+        ``ceil(params x element_bytes / shard)`` [B].
+
+    References
+    ----------
+    Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models",
+    2020 (stage 2 partitions the gradients).
+    """
+    return ceil_fraction(params * element_bytes / shard)
+
+
+def kv_cache_bytes(elements: int, element_bytes: int, shard: int) -> int:
+    """Bytes of a decoder's KV cache on one device.
+
+    Parameters
+    ----------
+    elements : int
+        Cached elements of every attention layer: ``2 x layers x kv_heads x head_dim x seq x
+        batch`` [elements].
+    element_bytes : int
+        Bytes per cached element (the convention's KV cache dtype) [B].
+    shard : int
+        Devices the cache is split over: tensor (each caches its heads) x pipeline (each its
+        stage's layers).
+
+    Returns
+    -------
+    int
+        ``ceil(elements x element_bytes / shard)`` [B].
+
+    References
+    ----------
+    Pope et al., "Efficiently Scaling Transformer Inference", 2022 (the KV cache's size).
+    """
+    return ceil_fraction(Fraction(elements * element_bytes, shard))
+
+
 DDP_BUCKET_BYTES = 25 * MIB  # DistributedDataParallel(bucket_cap_mb=25)
 DDP_FIRST_BUCKET_BYTES = 1 * MIB  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
+
+
+def ddp_bucket_sizes_bytes(total_bytes: int) -> list[int]:
+    """The flat buckets DistributedDataParallel copies ``total_bytes`` of gradients into.
+
+    Parameters
+    ----------
+    total_bytes : int
+        Bytes of every gradient on the device [B].
+
+    Returns
+    -------
+    list of int
+        Each bucket's bytes [B], in order: the first holds at most
+        :data:`DDP_FIRST_BUCKET_BYTES`, the others at most :data:`DDP_BUCKET_BYTES`; they add
+        up to ``total_bytes``.
+
+    References
+    ----------
+    PyTorch 2.13, torch/nn/parallel/distributed.py (``bucket_cap_mb=25``,
+    ``_DEFAULT_FIRST_BUCKET_BYTES``) and torch/csrc/distributed/c10d/reducer.cpp.
+    """
+    first = min(total_bytes, DDP_FIRST_BUCKET_BYTES)
+    rest = total_bytes - first
+    return [first] + [min(DDP_BUCKET_BYTES, rest - i) for i in range(0, rest, DDP_BUCKET_BYTES)]
 
 
 def loss_expression(analysis: GraphAnalysis, sizer: Sizer) -> str:

@@ -9,10 +9,11 @@ from fractions import Fraction
 
 from app.domain.memory.context import Estimation, Moment, StepTensors, moment_at
 from app.domain.memory.formulas import (
-    DDP_BUCKET_BYTES,
-    DDP_FIRST_BUCKET_BYTES,
     TemporariesLayout,
     ceil_fraction,
+    ddp_bucket_sizes_bytes,
+    gradient_bytes,
+    kv_cache_bytes,
     loss_bytes,
     loss_expression,
     optimizer_state_bytes,
@@ -55,7 +56,7 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
         # Megatron's main_grad: gradients accumulate straight into an fp32 buffer.
         grad_element = Fraction(4)
         assumptions.append("gradients accumulate in an fp32 buffer (Megatron main_grad)")
-    grad_bytes = ceil_fraction(params * grad_element / grad_shard)
+    grad_bytes = gradient_bytes(params, grad_element, grad_shard)
     state_full, state_note = optimizer_state_bytes(shapes, params, request.optimizer, plan)
     state_shard = model_shard * (par.data if par.zero_stage >= 1 else 1)
     state_bytes = ceil_fraction(Fraction(state_full, state_shard))
@@ -174,10 +175,9 @@ def _ddp_buckets(e: Estimation, grad_bytes: int) -> int:
     par = e.request.parallelism
     if par.data < 2 or par.zero_stage or par.gradient_as_bucket_view or not grad_bytes:
         return 0
-    count = 1 + -(-max(0, grad_bytes - DDP_FIRST_BUCKET_BYTES) // DDP_BUCKET_BYTES)
-    rest = grad_bytes - min(grad_bytes, DDP_FIRST_BUCKET_BYTES)
-    e.comm_buffers += [min(grad_bytes, DDP_FIRST_BUCKET_BYTES)]
-    e.comm_buffers += [min(DDP_BUCKET_BYTES, rest - i) for i in range(0, rest, DDP_BUCKET_BYTES)]
+    buckets = ddp_bucket_sizes_bytes(grad_bytes)
+    count = len(buckets)
+    e.comm_buffers += buckets
     e.formulas["ddp_buckets"] = (
         f"{grad_bytes:,} [B: every gradient, copied into {count:,} flat bucket(s) of at most "
         f"25 MiB (the first 1 MiB), DDP's default gradient_as_bucket_view=False] = "
@@ -230,7 +230,7 @@ def inference_moments(e: Estimation) -> list[Moment]:
         kv_bytes = int(bytes_per_element(convention(request.precision).kv_cache_dtype))
         # tensor parallel: each GPU caches its heads; pipeline parallel: its stage's layers
         kv_shard = par.tensor * par.pipeline
-        kv = ceil_fraction(Fraction(kv_numel * kv_bytes, kv_shard))
+        kv = kv_cache_bytes(kv_numel, kv_bytes, kv_shard)
         if kv:
             static["kv_cache"] = kv
             e.kv_bytes = kv
