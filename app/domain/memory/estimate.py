@@ -36,7 +36,7 @@ from app.domain.memory.cuda_runtime import (
     cuda_lines,
     cuda_memory,
 )
-from app.domain.memory.explain import RUNTIME_NOTES, explain_peak, layer_view, logits_note
+from app.domain.memory.explain import explain_peak, layer_view, request_assumptions
 from app.domain.memory.formulas import (
     PrecisionPlan,
     Sizer,
@@ -45,11 +45,18 @@ from app.domain.memory.formulas import (
     precision_plan,
     weights_bytes,
 )
-from app.domain.memory.liveness import build_plan, last_reads, seed_rule
+from app.domain.memory.liveness import StoragePlan, build_plan, last_reads, seed_rule
 from app.domain.memory.memo import PlanMemo, layer_totals, memoised
 from app.domain.memory.moments import inference_moments, training_moments
 from app.domain.memory.request import MemoryInputError, MemoryRequest
-from app.domain.memory.result import CudaMemory, KeptTensor, LayerMemory, MemoryEstimate, MemoryLine
+from app.domain.memory.result import (
+    CudaMemory,
+    KeptTensor,
+    LayerMemory,
+    MemoryEstimate,
+    MemoryLine,
+    breakdown,
+)
 from app.domain.precision import (
     CONVENTIONS,
     bytes_per_element,
@@ -164,80 +171,18 @@ def estimate_memory(
     dtype; 8-bit Adam 2 B; Adafactor rows + cols), sharded by ZeRO-1+.
     KV cache (inference): 2 x layers x kv_heads x head_dim x seq x batch x bytes.
     """
+    _check_request(analysis, request)
     training = request.mode is Mode.TRAINING
-    precision = request.precision
-    plan = precision_plan(precision)
-    if training and not convention(precision).trainable:
-        trainable = ", ".join(p.value for p, row in CONVENTIONS.items() if row.trainable)
-        raise MemoryInputError(
-            f"precision '{precision.value}' is for inference (quantized weights); train in "
-            f"{trainable}"
-        )
-    par = request.parallelism
-    if par.zero_stage and par.data < 2:
-        raise MemoryInputError("ZeRO sharding needs a data-parallel degree of at least 2")
-    _check_analysis(analysis, request)
+    plan = precision_plan(request.precision)
     sizer = Sizer(plan, request.runtime)
-    assumptions: list[str] = [plan.convention, RUNTIME_NOTES[request.runtime]]
-    assumptions += [f"attention: {impl.value} ({why})" for impl, why in analysis.attention_used]
-    if analysis.is_decoder and not training:
-        assumptions.append(logits_note(analysis))
-    elif training and request.logits is Logits.LAST:
-        assumptions.append("logits: every position (training: the loss reads every position)")
-    if training and analysis.batchnorm_folded:
-        assumptions.append(
-            f"cannot see batch norm: {analysis.batchnorm_folded} convolution(s) of this graph "
-            "may carry a batch norm that an eval-mode export folded into their weights; a "
-            "training step keeps batch norm's inputs and statistics, which this estimate "
-            "misses (export with training=torch.onnx.TrainingMode.TRAINING, or with dynamo=True, "
-            "whose provenance lets the importer restore the batch norm)"
-        )
-    model_shard = par.tensor * par.pipeline
+    assumptions = request_assumptions(analysis, request, plan)
     params = layer_totals(plans, analysis).params
-
-    weights_full, weight_notes = memoised(
-        plans,
-        analysis,
-        ("weights bytes", precision),
-        lambda: weights_bytes(analysis, plan, precision),
-    )
-    weights = ceil_fraction(Fraction(weights_full, model_shard))
-    if convention(precision).quantized:
-        expression = f"{weights_full:,} [B: quantized weights, scales and 16-bit rest]"
-    else:
-        expression = f"{params:,} [params] x {plan.weight} [B]"
-    if model_shard > 1:
-        expression = f"ceil({expression} / {model_shard} [tensor x pipeline])"
-    if par.zero_stage >= 3:
-        weights = ceil_fraction(Fraction(weights, par.data))
-        expression = f"ceil({expression} / {par.data} [ZeRO-3 data ranks])"
+    weights, weights_formula, weight_notes = _weights_line(analysis, request, plan, plans)
     lines_static: dict[str, int] = {"weights": weights}
-    formulas: dict[str, str] = {"weights": f"{expression} = {weights:,} B"}
-    notes: dict[str, list[str]] = {"weights": list(weight_notes)}
     buffers = layer_totals(plans, analysis).buffers_bytes
     if buffers:
         lines_static["buffers"] = buffers
-
-    # An inference plan reads the activation bytes (bf16 = fp16) and the runtime only: the
-    # tensor split, checkpointing and weight bytes change what a layer keeps for backward, which
-    # inference never reads (no tensor is kept: reused (), adds {}). It is built for one tensor
-    # and no checkpointing, whatever the request's.
-    plan_key: tuple[object, ...] = ("plan", plan.activation, request.runtime)
-    if training:  # full checkpointing and the per-layer view edit a training plan
-        storage_plan = build_plan(analysis, sizer, request, training)
-    else:  # an inference plan is only read (adds {}: its layer_saved is built once, the same)
-        storage_plan = memoised(
-            plans,
-            analysis,
-            plan_key,
-            lambda: build_plan(
-                analysis,
-                sizer,
-                _INFERENCE_PLAN_REQUEST,
-                training,
-                memoised(plans, analysis, ("last use",), lambda: last_reads(analysis)),
-            ),
-        )
+    storage_plan, plan_key = _storage_plan(analysis, request, sizer, plans)
     e = Estimation(
         analysis=analysis,
         request=request,
@@ -247,8 +192,8 @@ def estimate_memory(
         params=params,
         static=lines_static,
         inputs_bytes=sum(sizer.value_bytes(b.numel, b.kind) for b in analysis.inputs),
-        formulas=formulas,
-        notes=notes,
+        formulas={"weights": weights_formula},
+        notes={"weights": list(weight_notes)},
         assumptions=assumptions,
         replays=replays,
         plans=plans,
@@ -262,38 +207,13 @@ def estimate_memory(
     peak = max(steady_moments, key=lambda m: m.total)
     first_peak = max(first_moments, key=lambda m: m.total) if first_moments else None
     parts = dict(peak.parts)
-    if training and peak.phase == "backward" and parts.get("activations", 0):
-        # The model's output (the logits) is alive through backward because the caller holds
-        # it, not because a layer kept it: its own line.
-        out_bytes = storage_plan.sizes.get(analysis.output_storage, 0)
-        if 0 < out_bytes <= parts["activations"]:
-            parts["activations"] -= out_bytes
-            parts["outputs"] = out_bytes
-            shape = "x".join(str(d) for d in analysis.output_shape)
-            formulas["outputs"] = (
-                f"{out_bytes:,} [B: the model's output, {shape}, returned to the caller] = "
-                f"{out_bytes:,} B"
-            )
+    if training and peak.phase == "backward":
+        _split_output(e, parts)
     if request.runtime is Runtime.CUDA:
         cuda_lines(e, parts)
     if explain:
         explain_peak(e, peak, parts)
-    order = [
-        "weights", "master_weights", "weight_cast_cache", "gradients", "ddp_buckets",
-        "fsdp_buffers", "optimizer_state", "buffers", "inputs", "outputs", "activations", "loss",
-        "transient", "kv_cache", "workspace",
-        "allocator_rounding", "fragmentation_reserve", "cuda_context",
-    ]  # fmt: skip
-    lines = tuple(
-        MemoryLine(
-            key=key,
-            bytes=parts[key],
-            formula=formulas.get(key, key),
-            assumptions=tuple(notes.get(key, [])),
-        )
-        for key in order
-        if key in parts and (training or key != "gradients")  # inference has no gradients
-    )
+    lines = breakdown(parts, e.formulas, e.notes, training=training)
     layers_view = layer_view(e) if per_layer else ()
     phase_peaks: dict[str, int] = {}
     for moment in steady_moments:
@@ -320,6 +240,106 @@ def estimate_memory(
     )
 
 
+def _check_request(analysis: GraphAnalysis, request: MemoryRequest) -> None:
+    """The request can be estimated: a trainable precision for training, ZeRO over data ranks,
+    and the analysis made for it (:func:`_check_analysis`)."""
+    precision = request.precision
+    if request.mode is Mode.TRAINING and not convention(precision).trainable:
+        trainable = ", ".join(p.value for p, row in CONVENTIONS.items() if row.trainable)
+        raise MemoryInputError(
+            f"precision '{precision.value}' is for inference (quantized weights); train in "
+            f"{trainable}"
+        )
+    par = request.parallelism
+    if par.zero_stage and par.data < 2:
+        raise MemoryInputError("ZeRO sharding needs a data-parallel degree of at least 2")
+    _check_analysis(analysis, request)
+
+
+def _stored_weights_bytes(
+    analysis: GraphAnalysis, request: MemoryRequest, plan: PrecisionPlan, plans: PlanMemo | None
+) -> tuple[int, int, tuple[str, ...]]:
+    """The weights every device stores (split over tensor x pipeline, and data ranks from
+    ZeRO-3 on), the unsharded bytes and their notes (memoised per analysis and precision)."""
+    precision, par = request.precision, request.parallelism
+    weights_full, weight_notes = memoised(
+        plans,
+        analysis,
+        ("weights bytes", precision),
+        lambda: weights_bytes(analysis, plan, precision),
+    )
+    weights = ceil_fraction(Fraction(weights_full, par.tensor * par.pipeline))
+    if par.zero_stage >= 3:
+        weights = ceil_fraction(Fraction(weights, par.data))
+    return weights, weights_full, weight_notes
+
+
+def _weights_line(
+    analysis: GraphAnalysis, request: MemoryRequest, plan: PrecisionPlan, plans: PlanMemo | None
+) -> tuple[int, str, tuple[str, ...]]:
+    """The weights line: its bytes, its formula and its notes."""
+    weights, weights_full, weight_notes = _stored_weights_bytes(analysis, request, plan, plans)
+    par = request.parallelism
+    model_shard = par.tensor * par.pipeline
+    if convention(request.precision).quantized:
+        expression = f"{weights_full:,} [B: quantized weights, scales and 16-bit rest]"
+    else:
+        params = layer_totals(plans, analysis).params
+        expression = f"{params:,} [params] x {plan.weight} [B]"
+    if model_shard > 1:
+        expression = f"ceil({expression} / {model_shard} [tensor x pipeline])"
+    if par.zero_stage >= 3:
+        expression = f"ceil({expression} / {par.data} [ZeRO-3 data ranks])"
+    return weights, f"{expression} = {weights:,} B", weight_notes
+
+
+def _storage_plan(
+    analysis: GraphAnalysis, request: MemoryRequest, sizer: Sizer, plans: PlanMemo | None
+) -> tuple[StoragePlan, tuple[object, ...]]:
+    """The step's storage plan, and what an inference plan depends on (its memo key).
+
+    An inference plan reads the activation bytes (bf16 = fp16) and the runtime only: the
+    tensor split, checkpointing and weight bytes change what a layer keeps for backward, which
+    inference never reads (no tensor is kept: reused (), adds {}). It is built for one tensor
+    and no checkpointing, whatever the request's.
+    """
+    training = request.mode is Mode.TRAINING
+    plan_key: tuple[object, ...] = ("plan", sizer.plan.activation, request.runtime)
+    if training:  # full checkpointing and the per-layer view edit a training plan
+        return build_plan(analysis, sizer, request, training), plan_key
+    # an inference plan is only read (adds {}: its layer_saved is built once, the same)
+    storage_plan = memoised(
+        plans,
+        analysis,
+        plan_key,
+        lambda: build_plan(
+            analysis,
+            sizer,
+            _INFERENCE_PLAN_REQUEST,
+            training,
+            memoised(plans, analysis, ("last use",), lambda: last_reads(analysis)),
+        ),
+    )
+    return storage_plan, plan_key
+
+
+def _split_output(e: Estimation, parts: dict[str, int]) -> None:
+    """At a backward peak, the model's output (the logits) is alive because the caller holds
+    it, not because a layer kept it: its own line, out of the activations."""
+    if not parts.get("activations", 0):
+        return
+    analysis = e.analysis
+    out_bytes = e.storage_plan.sizes.get(analysis.output_storage, 0)
+    if 0 < out_bytes <= parts["activations"]:
+        parts["activations"] -= out_bytes
+        parts["outputs"] = out_bytes
+        shape = "x".join(str(d) for d in analysis.output_shape)
+        e.formulas["outputs"] = (
+            f"{out_bytes:,} [B: the model's output, {shape}, returned to the caller] = "
+            f"{out_bytes:,} B"
+        )
+
+
 # What an inference storage plan is built with besides the activation bytes and the runtime
 # (the sizer's): one GPU, no checkpointing (see estimate_memory)
 _INFERENCE_PLAN_REQUEST = MemoryRequest(mode=Mode.INFERENCE)
@@ -337,17 +357,8 @@ def inference_floor_bytes(
     if request.mode is not Mode.INFERENCE:
         raise MemoryInputError("inference_floor_bytes is for inference")
     precision = request.precision
-    plan = precision_plan(precision)
     par = request.parallelism
-    weights_full, _ = memoised(
-        plans,
-        analysis,
-        ("weights bytes", precision),
-        lambda: weights_bytes(analysis, plan, precision),
-    )
-    floor = ceil_fraction(Fraction(weights_full, par.tensor * par.pipeline))
-    if par.zero_stage >= 3:
-        floor = ceil_fraction(Fraction(floor, par.data))
+    floor, _, _ = _stored_weights_bytes(analysis, request, precision_plan(precision), plans)
     if analysis.is_decoder and request.kv_cache is not False:
         kv_numel = layer_totals(plans, analysis).kv_cache_numel
         kv_bytes = int(bytes_per_element(convention(precision).kv_cache_dtype))

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from app.domain.graph.analysis import GraphAnalysis, LayerAnalysis
 from app.domain.graph.ops import Storage
 from app.domain.memory.context import Estimation, Moment
-from app.domain.memory.formulas import Sizer
+from app.domain.memory.formulas import PrecisionPlan, Sizer
 from app.domain.memory.liveness import ATTENTION_MATRICES, checkpoint_unit, kept_storages
 from app.domain.memory.request import MemoryRequest
 from app.domain.memory.result import KeptTensor, LayerMemory
@@ -47,6 +47,30 @@ RUNTIME_NOTES: Mapping[Runtime, str] = {
         "context is a documented default; per-kernel cuDNN workspaces are not added"
     ),
 }
+
+
+def request_assumptions(
+    analysis: GraphAnalysis, request: MemoryRequest, plan: PrecisionPlan
+) -> list[str]:
+    """The assumptions every estimate of ``request`` starts with: the precision convention, the
+    runtime's rules, the attention each layer runs, the logits, and a batch norm an export may
+    have folded away."""
+    training = request.mode is Mode.TRAINING
+    assumptions: list[str] = [plan.convention, RUNTIME_NOTES[request.runtime]]
+    assumptions += [f"attention: {impl.value} ({why})" for impl, why in analysis.attention_used]
+    if analysis.is_decoder and not training:
+        assumptions.append(logits_note(analysis))
+    elif training and request.logits is Logits.LAST:
+        assumptions.append("logits: every position (training: the loss reads every position)")
+    if training and analysis.batchnorm_folded:
+        assumptions.append(
+            f"cannot see batch norm: {analysis.batchnorm_folded} convolution(s) of this graph "
+            "may carry a batch norm that an eval-mode export folded into their weights; a "
+            "training step keeps batch norm's inputs and statistics, which this estimate "
+            "misses (export with training=torch.onnx.TrainingMode.TRAINING, or with dynamo=True, "
+            "whose provenance lets the importer restore the batch norm)"
+        )
+    return assumptions
 
 
 def _term(size: int, words: str, times: int = 1) -> tuple[int, str]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from app.domain.workload import (
@@ -88,3 +88,33 @@ class CudaMemory:
     first_iteration_allocated_bytes: int | None  # training: the step that creates the state
     first_iteration_reserved_bytes: int | None
     expandable_segments: bool
+
+
+# The breakdown's order: persistent state, then what the step holds, then the runtime's lines.
+LINE_ORDER = (
+    "weights", "master_weights", "weight_cast_cache", "gradients", "ddp_buckets",
+    "fsdp_buffers", "optimizer_state", "buffers", "inputs", "outputs", "activations", "loss",
+    "transient", "kv_cache", "workspace",
+    "allocator_rounding", "fragmentation_reserve", "cuda_context",
+)  # fmt: skip
+
+
+def breakdown(
+    parts: Mapping[str, int],
+    formulas: Mapping[str, str],
+    notes: Mapping[str, Sequence[str]],
+    *,
+    training: bool,
+) -> tuple[MemoryLine, ...]:
+    """The lines of the peak's ``parts`` [B] in :data:`LINE_ORDER`, each with its formula (the
+    key where none was written) and notes; inference has no gradients line."""
+    return tuple(
+        MemoryLine(
+            key=key,
+            bytes=parts[key],
+            formula=formulas.get(key, key),
+            assumptions=tuple(notes.get(key, [])),
+        )
+        for key in LINE_ORDER
+        if key in parts and (training or key != "gradients")  # inference has no gradients
+    )
