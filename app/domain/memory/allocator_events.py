@@ -13,10 +13,7 @@ from app.domain.budget import CHECK_EVERY_MASK, checkpoint
 from app.domain.graph.analysis import GraphAnalysis
 from app.domain.hardware import FrameworkOverhead
 from app.domain.memory.context import Estimation
-from app.domain.memory.cuda_allocator import (
-    Event,
-    EventsKey,
-)
+from app.domain.memory.cuda_allocator import Event, EventsKey
 from app.domain.memory.liveness import StoragePlan, checkpoint_unit
 from app.domain.memory.memo import layer_totals, memoised
 

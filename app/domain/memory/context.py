@@ -8,10 +8,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 from app.domain.graph.analysis import GraphAnalysis
-from app.domain.memory.cuda_allocator import (
-    AllocatorPeaks,
-    ReplayMemo,
-)
+from app.domain.memory.cuda_allocator import AllocatorPeaks, ReplayMemo
 from app.domain.memory.formulas import PrecisionPlan, Sizer
 from app.domain.memory.liveness import Peak, StoragePlan
 from app.domain.memory.memo import PlanMemo

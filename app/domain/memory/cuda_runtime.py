@@ -10,17 +10,12 @@ from collections.abc import Mapping
 
 from app.domain.memory.allocator_events import forward_events_key, step_allocator_events
 from app.domain.memory.context import Estimation
-from app.domain.memory.cuda_allocator import (
-    AllocatorPeaks,
-    replay_steady,
-)
+from app.domain.memory.cuda_allocator import AllocatorPeaks, replay_steady
 from app.domain.memory.liveness import storage_size_counts
 from app.domain.memory.memo import memoised
 from app.domain.memory.result import CudaMemory
 from app.domain.units import MIB
-from app.domain.workload import (
-    Runtime,
-)
+from app.domain.workload import Runtime
 
 _HANDLE_WORDS = {
     1: "cuBLAS handle: the inference thread's",

@@ -1,6 +1,6 @@
 """Training and inference memory footprints with a breakdown, a peak phase and assumptions.
 
-The model replays one step over the analysed graph (:mod:`app.domain.analysis`):
+The model replays one step over the analysed graph (:mod:`app.domain.graph.analysis`):
 
 * forward: every layer allocates its output (views and in-place ops do not) and keeps the
   tensors autograd saves; other values die after their last consumer;
@@ -12,6 +12,14 @@ The model replays one step over the analysed graph (:mod:`app.domain.analysis`):
 The reported peak is the largest of those moments in steady state (optimizer state exists
 from the second iteration on); the first iteration, when optimizer state is created in the
 step, is reported beside it. Sizes are integer bytes.
+
+This module runs an estimate; its parts live beside it in :mod:`app.domain.memory`:
+``request`` and ``result`` (what is asked and answered), ``formulas`` (the closed-form rules:
+weights, gradients, optimizer state, KV cache, ...), ``liveness`` (the storage plan and the
+timeline walked forward and backward), ``moments`` (the step's moments, whose largest is the
+peak), ``allocator_events``, ``cuda_allocator`` and ``cuda_runtime`` (the CUDA runtime's
+lines), ``explain`` (assumptions and formulas), ``context`` and ``memo`` (what the parts share
+within one estimate and across estimates).
 
 References
 ----------
@@ -27,9 +35,7 @@ from typing import Any
 
 from app.domain.graph.analysis import GraphAnalysis, InputDecl, analyze
 from app.domain.memory.context import Estimation
-from app.domain.memory.cuda_allocator import (
-    ReplayMemo,
-)
+from app.domain.memory.cuda_allocator import ReplayMemo
 from app.domain.memory.cuda_runtime import (
     MAX_REPLAYED_LAYERS,
     UNREPLAYED_FRAGMENTATION_FRACTION,
@@ -57,16 +63,8 @@ from app.domain.memory.result import (
     MemoryLine,
     breakdown,
 )
-from app.domain.precision import (
-    CONVENTIONS,
-    bytes_per_element,
-    convention,
-)
-from app.domain.workload import (
-    Logits,
-    Mode,
-    Runtime,
-)
+from app.domain.precision import CONVENTIONS, bytes_per_element, convention
+from app.domain.workload import Logits, Mode, Runtime
 
 __all__ = [
     "MAX_REPLAYED_LAYERS",

@@ -13,15 +13,8 @@ from app.domain.memory.formulas import PrecisionPlan, Sizer
 from app.domain.memory.liveness import ATTENTION_MATRICES, checkpoint_unit, kept_storages
 from app.domain.memory.request import MemoryRequest
 from app.domain.memory.result import KeptTensor, LayerMemory
-from app.domain.precision import (
-    convention,
-)
-from app.domain.workload import (
-    Checkpointing,
-    Logits,
-    Mode,
-    Runtime,
-)
+from app.domain.precision import convention
+from app.domain.workload import Checkpointing, Logits, Mode, Runtime
 
 RUNTIME_NOTES: Mapping[Runtime, str] = {
     Runtime.CPU: (

@@ -33,11 +33,7 @@ from app.domain.precision import (
     scale_bytes,
 )
 from app.domain.units import MIB
-from app.domain.workload import (
-    Optimizer,
-    OptimizerImpl,
-    Runtime,
-)
+from app.domain.workload import Optimizer, OptimizerImpl, Runtime
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

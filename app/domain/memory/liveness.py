@@ -21,10 +21,7 @@ from app.domain.graph.ops import TensorKind
 from app.domain.graph.traits import CONV_OPS, INTERNAL_TENSOR_OPS
 from app.domain.memory.formulas import Sizer
 from app.domain.memory.request import MemoryRequest
-from app.domain.workload import (
-    Checkpointing,
-    Runtime,
-)
+from app.domain.workload import Checkpointing, Runtime
 
 _IN0, _OUT, _NEW = 0, 1, 2
 

@@ -30,14 +30,8 @@ from app.domain.memory.liveness import (
     layer_gradient_bytes,
 )
 from app.domain.memory.memo import layer_totals, memoised
-from app.domain.precision import (
-    bytes_per_element,
-    convention,
-)
-from app.domain.workload import (
-    Checkpointing,
-    Parallelism,
-)
+from app.domain.precision import bytes_per_element, convention
+from app.domain.workload import Checkpointing, Parallelism
 
 
 def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:

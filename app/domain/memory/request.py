@@ -6,9 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from app.domain.hardware import FrameworkOverhead
-from app.domain.precision import (
-    Precision,
-)
+from app.domain.precision import Precision
 from app.domain.workload import (
     Attention,
     Checkpointing,

@@ -5,10 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from app.domain.workload import (
-    Mode,
-    Runtime,
-)
+from app.domain.workload import Mode, Runtime
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
