@@ -12,7 +12,7 @@ import pytest
 
 from app.domain.graph.analysis import GraphAnalysis, InputDecl, analyze
 from app.domain.hardware import FrameworkOverhead
-from app.domain.memory import cuda_allocator, cuda_runtime
+from app.domain.memory import allocator_events, cuda_allocator, cuda_runtime
 from app.domain.memory import estimate as M
 from app.domain.workload import Mode, Runtime
 from tests.domain.test_formulas import evaluate
@@ -45,7 +45,7 @@ class _Calls:
 @pytest.fixture
 def calls(monkeypatch: pytest.MonkeyPatch) -> _Calls:
     counted = _Calls()
-    build, run = cuda_runtime.step_allocator_events, cuda_allocator.CachingAllocator.run
+    build, run = allocator_events.step_allocator_events, cuda_allocator.CachingAllocator.run
 
     def counting_build(*args: Any, **kwargs: Any) -> Any:
         counted.events += 1
