@@ -175,7 +175,7 @@ def estimate_memory(
     sizer = Sizer(plan, request.runtime)
     assumptions = request_assumptions(analysis, request, plan)
     params = layer_totals(plans, analysis).params
-    weights, weights_formula, weight_notes = _weights_line(analysis, request, plan, plans)
+    weights, weights_formula, weight_notes = _weights_line(analysis, request, plan, plans, params)
     lines_static: dict[str, int] = {"weights": weights}
     buffers = layer_totals(plans, analysis).buffers_bytes
     if buffers:
@@ -273,16 +273,19 @@ def _stored_weights_bytes(
 
 
 def _weights_line(
-    analysis: GraphAnalysis, request: MemoryRequest, plan: PrecisionPlan, plans: PlanMemo | None
+    analysis: GraphAnalysis,
+    request: MemoryRequest,
+    plan: PrecisionPlan,
+    plans: PlanMemo | None,
+    params: int,
 ) -> tuple[int, str, tuple[str, ...]]:
-    """The weights line: its bytes, its formula and its notes."""
+    """The weights line of ``params`` parameters: its bytes, its formula and its notes."""
     weights, weights_full, weight_notes = _stored_weights_bytes(analysis, request, plan, plans)
     par = request.parallelism
     model_shard = par.tensor * par.pipeline
     if convention(request.precision).quantized:
         expression = f"{weights_full:,} [B: quantized weights, scales and 16-bit rest]"
     else:
-        params = layer_totals(plans, analysis).params
         expression = f"{params:,} [params] x {plan.weight} [B]"
     if model_shard > 1:
         expression = f"ceil({expression} / {model_shard} [tensor x pipeline])"
