@@ -10,6 +10,7 @@ from app.domain.memory.formulas import (
     StepTemporaries,
     TemporariesLayout,
     ddp_bucket_sizes_bytes,
+    fsdp_buffer_bytes,
     gradient_bytes,
     kv_cache_bytes,
     optimizer_state_bytes,
@@ -124,6 +125,24 @@ def test_kv_cache_bytes(elements: int, element_bytes: int, shard: int, expected:
 )
 def test_ddp_bucket_sizes_bytes(total: int, expected: list[int]) -> None:
     assert ddp_bucket_sizes_bytes(total) == expected
+
+
+@pytest.mark.parametrize(
+    ("unit_params", "weight", "grad", "shard", "expected"),
+    [
+        # a GPT-3 175B block (12 x 12,288^2 + 13 x 12,288 params) in bf16 on one GPU per rank
+        (1_812_099_072, Fraction(2), Fraction(2), 1, (3_624_198_144,) * 3),
+        # the same split over tensor 8: each GPU gathers its eighth
+        (1_812_099_072, Fraction(2), Fraction(2), 8, (453_024_768,) * 3),
+        # fp32 gradients beside bf16 weights; 4-bit weights round up per shard
+        (1_000, Fraction(2), Fraction(4), 3, (667, 667, 1_334)),
+        (1_001, Fraction(1, 2), Fraction(2), 1, (501, 501, 2_002)),
+    ],
+)
+def test_fsdp_buffer_bytes(
+    unit_params: int, weight: Fraction, grad: Fraction, shard: int, expected: tuple[int, ...]
+) -> None:
+    assert fsdp_buffer_bytes(unit_params, weight, grad, shard) == expected
 
 
 def test_weights_bytes_unquantized_are_params_times_element_bytes() -> None:

@@ -371,6 +371,41 @@ def kv_cache_bytes(elements: int, element_bytes: int, shard: int) -> int:
     return ceil_fraction(Fraction(elements * element_bytes, shard))
 
 
+def fsdp_buffer_bytes(
+    unit_params: int, weight_bytes: Fraction, grad_bytes: Fraction, shard: int
+) -> tuple[int, int, int]:
+    """The buffers FSDP (ZeRO-3) holds for its largest wrapped unit on one device.
+
+    Parameters
+    ----------
+    unit_params : int
+        Parameter elements of the largest wrapped unit (a repeated block, or the rest of the
+        model) [elements].
+    weight_bytes : Fraction
+        Bytes per weight element [B].
+    grad_bytes : Fraction
+        Bytes per gradient element [B].
+    shard : int
+        Devices each unit's parameters stay split over when gathered: tensor x pipeline.
+
+    Returns
+    -------
+    tuple of (int, int, int)
+        The unit's gathered parameters twice (the unit running and the one prefetched) and its
+        unsharded gradients [B]: ``ceil(unit_params x weight_bytes / shard)``, the same, and
+        ``ceil(unit_params x grad_bytes / shard)``.
+
+    References
+    ----------
+    Zhao et al., "PyTorch FSDP: Experiences on Scaling Fully Sharded Data Parallel", 2023
+    (``limit_all_gathers``: at most two units' parameters in flight); PyTorch 2.13,
+    torch/distributed/fsdp (gradients unsharded before their reduce-scatter).
+    """
+    weight = ceil_fraction(unit_params * weight_bytes / shard)
+    grads = ceil_fraction(unit_params * grad_bytes / shard)
+    return weight, weight, grads
+
+
 DDP_BUCKET_BYTES = 25 * MIB  # DistributedDataParallel(bucket_cap_mb=25)
 DDP_FIRST_BUCKET_BYTES = 1 * MIB  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
 

@@ -12,6 +12,7 @@ from app.domain.memory.formulas import (
     TemporariesLayout,
     ceil_fraction,
     ddp_bucket_sizes_bytes,
+    fsdp_buffer_bytes,
     gradient_bytes,
     kv_cache_bytes,
     loss_bytes,
@@ -195,11 +196,10 @@ def _fsdp_buffers(e: Estimation, grad_element: Fraction) -> int:
     largest = max(units.values(), default=0)
     if not largest:
         return 0
-    shard = par.tensor * par.pipeline
-    weight = ceil_fraction(largest * e.plan.weight / shard)
-    grads = ceil_fraction(largest * grad_element / shard)
-    total = 2 * weight + grads
-    e.comm_buffers += [weight, weight, grads]
+    buffers = fsdp_buffer_bytes(largest, e.plan.weight, grad_element, par.tensor * par.pipeline)
+    weight, _, grads = buffers
+    total = sum(buffers)
+    e.comm_buffers += buffers
     e.formulas["fsdp_buffers"] = (
         f"2 [units: running and prefetched] x {weight:,} [B: the largest unit's "
         f"{largest:,} params gathered] + {grads:,} [B: its gradients before the reduce-scatter] "
