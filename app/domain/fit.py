@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from app.domain.errors import DomainError
-from app.domain.memory.estimate import MemoryLine
+from app.domain.memory.result import MemoryLine
 
 
 class FitInputError(DomainError):

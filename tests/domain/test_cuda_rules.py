@@ -105,7 +105,7 @@ def test_the_replayed_step_follows_the_engines_timeline(monkeypatch: pytest.Monk
     with CUDA defaults, so its rounding and cached-segment lines describe that step. Measured
     at issue 13: median 0.6 %, worst -7.9 % (ResNet-50 training), never above the engine."""
     import app.domain.memory.cuda_allocator as cuda_allocator
-    import app.domain.memory.estimate as engine
+    import app.domain.memory.cuda_runtime as engine
 
     captured: list[Any] = []
     original = cuda_allocator.replay_steady

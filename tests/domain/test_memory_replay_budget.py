@@ -12,7 +12,7 @@ import pytest
 
 from app.domain.graph.analysis import GraphAnalysis, InputDecl, analyze
 from app.domain.hardware import FrameworkOverhead
-from app.domain.memory import cuda_allocator
+from app.domain.memory import allocator_events, cuda_allocator, cuda_runtime
 from app.domain.memory import estimate as M
 from app.domain.workload import Mode, Runtime
 from tests.domain.test_formulas import evaluate
@@ -45,7 +45,7 @@ class _Calls:
 @pytest.fixture
 def calls(monkeypatch: pytest.MonkeyPatch) -> _Calls:
     counted = _Calls()
-    build, run = M._allocator_events, cuda_allocator.CachingAllocator.run
+    build, run = allocator_events.step_allocator_events, cuda_allocator.CachingAllocator.run
 
     def counting_build(*args: Any, **kwargs: Any) -> Any:
         counted.events += 1
@@ -55,7 +55,7 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> _Calls:
         counted.replays += 1
         run(self, *args, **kwargs)
 
-    monkeypatch.setattr(M, "_allocator_events", counting_build)
+    monkeypatch.setattr(cuda_runtime, "step_allocator_events", counting_build)
     monkeypatch.setattr(cuda_allocator.CachingAllocator, "run", counting_run)
     return counted
 
@@ -77,7 +77,7 @@ def test_a_99999_layer_repeated_graph_is_not_replayed_tensor_by_tensor(
 
 
 def test_the_replay_runs_up_to_the_budget(calls: _Calls, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(M, "MAX_REPLAYED_LAYERS", 40)
+    monkeypatch.setattr(cuda_runtime, "MAX_REPLAYED_LAYERS", 40)
     request = M.MemoryRequest(mode=Mode.TRAINING)
     at_budget = M.estimate_memory(_repeated(40, training=True), request)
     assert calls.events == 1
@@ -91,7 +91,7 @@ def test_the_replay_runs_up_to_the_budget(calls: _Calls, monkeypatch: pytest.Mon
 
 def test_unreplayed_lines_follow_the_per_tensor_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     """Golden figures of the rule, by hand: 3 fp32 linear layers 100 -> 100 at batch 8."""
-    monkeypatch.setattr(M, "MAX_REPLAYED_LAYERS", 2)
+    monkeypatch.setattr(cuda_runtime, "MAX_REPLAYED_LAYERS", 2)
     analysis = _repeated(3, training=False)
     result = M.estimate_memory(analysis, M.MemoryRequest(mode=Mode.INFERENCE))
     lines = {line.key: line.bytes for line in result.lines}
@@ -110,7 +110,7 @@ def test_unreplayed_lines_follow_the_per_tensor_rule(monkeypatch: pytest.MonkeyP
 def test_an_explicit_fragmentation_fraction_is_kept_over_the_budget(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(M, "MAX_REPLAYED_LAYERS", 2)
+    monkeypatch.setattr(cuda_runtime, "MAX_REPLAYED_LAYERS", 2)
     overhead = FrameworkOverhead(fragmentation_fraction=0.25)
     request = M.MemoryRequest(mode=Mode.INFERENCE, overhead=overhead)
     result = M.estimate_memory(_repeated(3, training=False), request)
@@ -121,7 +121,7 @@ def test_an_explicit_fragmentation_fraction_is_kept_over_the_budget(
 def test_the_first_iteration_keeps_the_rounding_without_a_replay(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(M, "MAX_REPLAYED_LAYERS", 2)
+    monkeypatch.setattr(cuda_runtime, "MAX_REPLAYED_LAYERS", 2)
     result = M.estimate_memory(_repeated(3, training=True), M.MemoryRequest(mode=Mode.TRAINING))
     lines = {line.key: line.bytes for line in result.lines}
     assert result.cuda is not None
@@ -145,14 +145,14 @@ def test_round_allocations_false_is_unchanged_by_the_budget(
     overhead = FrameworkOverhead(round_allocations=False)
     request = M.MemoryRequest(mode=Mode.TRAINING, overhead=overhead)
     below = M.estimate_memory(_repeated(3, training=True), request)
-    monkeypatch.setattr(M, "MAX_REPLAYED_LAYERS", 2)
+    monkeypatch.setattr(cuda_runtime, "MAX_REPLAYED_LAYERS", 2)
     over = M.estimate_memory(_repeated(3, training=True), request)
     assert below == over
     assert not any("not replayed" in a for a in over.assumptions)
 
 
 def test_the_cpu_runtime_never_replays(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(M, "MAX_REPLAYED_LAYERS", 2)
+    monkeypatch.setattr(cuda_runtime, "MAX_REPLAYED_LAYERS", 2)
     request = M.MemoryRequest(mode=Mode.INFERENCE, runtime=Runtime.CPU)
     result = M.estimate_memory(_repeated(3, training=False), request)
     assert result.cuda is None

@@ -1,0 +1,87 @@
+"""The working state of one estimate: what its parts read and the explanations they add to,
+the moments of the step and the training step's own tensors."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+from app.domain.graph.analysis import GraphAnalysis
+from app.domain.memory.cuda_allocator import AllocatorPeaks, ReplayMemo
+from app.domain.memory.formulas import PrecisionPlan, Sizer
+from app.domain.memory.liveness import Peak, StoragePlan
+from app.domain.memory.memo import PlanMemo
+from app.domain.memory.request import MemoryRequest
+
+
+@dataclass(slots=True)
+class Moment:
+    """Composition of live memory at one moment."""
+
+    phase: str
+    parts: dict[str, int]
+    at: str = "step"  # "forward" (during layer ``index``), "end" (of forward), "backward", "step"
+    index: int = -1  # the layer, for "forward" and "backward"
+
+    @property
+    def total(self) -> int:
+        return sum(self.parts.values())
+
+
+@dataclass(slots=True)
+class Estimation:
+    """What the parts of one estimate read, and the explanations they add to."""
+
+    analysis: GraphAnalysis
+    request: MemoryRequest
+    plan: PrecisionPlan
+    sizer: Sizer
+    storage_plan: StoragePlan
+    params: int
+    static: dict[str, int]  # lines present in every phase (weights, buffers)
+    inputs_bytes: int
+    formulas: dict[str, str]
+    notes: dict[str, list[str]]
+    assumptions: list[str]
+    # Training, for the formulas of the lines at the peak:
+    grad_layers: list[int] = field(default_factory=list)  # per layer: gradient bytes
+    grad_term: str = ""  # "ceil(<params> x <B> / <shard>)" of one layer, with {params}
+    held_grads: str = ""  # the held gradients' expression (gradient accumulation)
+    recompute: dict[str, int] = field(default_factory=dict)
+    labels_rows: int = 0
+    loss: str = ""  # the loss line's expression
+    step_transient: str = ""  # the optimizer step's temporaries' expression
+    step: StepTensors | None = None  # training: the step's tensors, for the allocator replay
+    allocator: tuple[AllocatorPeaks, AllocatorPeaks] | None = None  # first, steady iteration
+    kv_bytes: int = 0  # inference: the KV cache
+    comm_buffers: list[int] = field(default_factory=list)  # DDP buckets / FSDP gather buffers
+    replays: ReplayMemo | None = None  # the caller's memo of allocator states after the weights
+    plans: PlanMemo | None = None  # the caller's memo of what one analysis derives
+    plan_key: tuple[object, ...] = ()  # inference: what the storage plan depends on
+
+
+@dataclass(frozen=True, slots=True)
+class StepTensors:
+    """Sizes of a training step's own tensors, as the allocator replay allocates them."""
+
+    grad_element: Fraction  # bytes per gradient element
+    grad_shard: int
+    state_total: int  # optimizer state [B] (all shards' divisor applied)
+    master_total: int
+    cache_total: int  # autocast weight copies
+    labels_bytes: int
+    loss_bytes: int
+    temporaries_total: int  # the optimizer step's temporaries [B]
+    temporaries_largest: bool  # for-loop step: two temporaries of the largest parameter
+    accumulate: bool  # gradients held across micro-batches (never freed in the step)
+
+
+def moment_at(phase: str, static: Mapping[str, int], peak: Peak, loss: int) -> Moment:
+    parts = dict(static)
+    parts["gradients"] = parts.get("gradients", 0) + peak.gradients
+    parts["activations"] = peak.activations
+    parts["transient"] = peak.transient
+    if loss:
+        parts["loss"] = loss
+    return Moment(phase=phase, parts=parts, at=peak.at, index=peak.index)

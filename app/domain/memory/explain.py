@@ -1,0 +1,307 @@
+"""The words of an estimate: the runtime and logits assumptions, the formulas of the lines that
+depend on the moment of the peak, and the per-layer view of what each layer keeps."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+
+from app.domain.graph.analysis import GraphAnalysis, LayerAnalysis
+from app.domain.graph.ops import Storage
+from app.domain.memory.context import Estimation, Moment
+from app.domain.memory.formulas import PrecisionPlan, Sizer
+from app.domain.memory.liveness import ATTENTION_MATRICES, checkpoint_unit, kept_storages
+from app.domain.memory.request import MemoryRequest
+from app.domain.memory.result import KeptTensor, LayerMemory
+from app.domain.precision import convention
+from app.domain.workload import Checkpointing, Logits, Mode, Runtime
+
+RUNTIME_NOTES: Mapping[Runtime, str] = {
+    Runtime.CPU: (
+        "runtime pytorch_cpu, calibrated on PyTorch 2.13 CPU measurements "
+        "(benchmarks/fidelity): dropout masks in the activation dtype; oneDNN convolutions "
+        "hold an output-sized buffer in forward; backward kernel buffers in outputs: conv 2, "
+        "batch norm 1, ReLU/ReLU6 1, RMSNorm 3, LSTM 5; GRU and RNN run PyTorch's native "
+        "cell step by step (input gates, per-step tensors, a seq-first input copy); in-place "
+        "ReLU6 keeps an input clone; SDPA with dropout runs the math kernel; default optimizer "
+        "step: for-loop"
+    ),
+    Runtime.CUDA: (
+        "runtime pytorch_cuda, rules read from PyTorch 2.13's source, not yet measured on a "
+        "GPU: allocator_rounding and fragmentation_reserve replay the caching allocator "
+        "(c10/cuda/CUDACachingAllocator.cpp); workspace: one cuBLAS workspace per handle and "
+        "stream, two in training (aten/src/ATen/cuda/CublasHandlePool.cpp); dropout masks are "
+        "1-byte bool (aten native_dropout); flash / memory-efficient attention keep the output "
+        "and an fp32 log-sum-exp, padded to 32 rows by the memory-efficient kernel "
+        "(aten/src/ATen/native/transformers/cuda/attention.cu); autocast caches 16-bit copies "
+        "of fp32 weights until it exits (aten/src/ATen/autocast_mode.cpp); the default "
+        "optimizer step is foreach (torch/optim/adamw.py: one parameter-sized temporary list), "
+        "fused for mixed_*; DDP buckets (torch/csrc/distributed/c10d/reducer.cpp); the CUDA "
+        "context is a documented default; per-kernel cuDNN workspaces are not added"
+    ),
+}
+
+
+def request_assumptions(
+    analysis: GraphAnalysis, request: MemoryRequest, plan: PrecisionPlan
+) -> list[str]:
+    """The assumptions every estimate of ``request`` starts with: the precision convention, the
+    runtime's rules, the attention each layer runs, the logits, and a batch norm an export may
+    have folded away."""
+    training = request.mode is Mode.TRAINING
+    assumptions: list[str] = [plan.convention, RUNTIME_NOTES[request.runtime]]
+    assumptions += [f"attention: {impl.value} ({why})" for impl, why in analysis.attention_used]
+    if analysis.is_decoder and not training:
+        assumptions.append(logits_note(analysis))
+    elif training and request.logits is Logits.LAST:
+        assumptions.append("logits: every position (training: the loss reads every position)")
+    if training and analysis.batchnorm_folded:
+        assumptions.append(
+            f"cannot see batch norm: {analysis.batchnorm_folded} convolution(s) of this graph "
+            "may carry a batch norm that an eval-mode export folded into their weights; a "
+            "training step keeps batch norm's inputs and statistics, which this estimate "
+            "misses (export with training=torch.onnx.TrainingMode.TRAINING, or with dynamo=True, "
+            "whose provenance lets the importer restore the batch norm)"
+        )
+    return assumptions
+
+
+def _term(size: int, words: str, times: int = 1) -> tuple[int, str]:
+    """A term of a sum: its value and its text, ``[times x ]size [words]``."""
+    return size * times, (f"{times} x " if times != 1 else "") + f"{size:,} [{words}]"
+
+
+def _sum(terms: Sequence[tuple[int, str]], total: int, empty: str) -> str:
+    """``a [words] + b [words] = total B`` over the non-zero terms (``0 [empty]`` if none)."""
+    shown = [text for value, text in terms if value]
+    return f"{' + '.join(shown) or f'0 [{empty}]'} = {total:,} B"
+
+
+def _live_groups(e: Estimation, at: str, index: int, exclude: int | None) -> list[tuple[int, str]]:
+    """The tensors live at a moment of the step, summed per producing op (largest first).
+
+    ``at``: "forward" (during layer ``index``: what earlier layers allocated and that is still
+    read or kept, and what the layer allocates), "end" (of forward) or "backward" (during the
+    backward of layer ``index``: tensors kept by layers up to it, the caller's inputs and output,
+    and the block being recomputed). The same storages the timeline adds and frees, so the sum
+    is the activations of the moment.
+    """
+    analysis, plan = e.analysis, e.storage_plan
+    layers = analysis.layers
+    sites = {bound.storage: -1 for bound in analysis.inputs}
+    for position, layer in enumerate(layers):
+        if layer.allocates_output:
+            sites[layer.output_storage] = position
+    for position, keys in (plan.adds or {}).items():
+        sites.update(dict.fromkeys(keys, position))
+    kept, pinned = plan.first_saver, plan.pinned
+    groups: dict[str, list[int]] = {}
+
+    def put(site: int, size: int, count: int = 1) -> None:
+        label = "the model inputs" if site < 0 else f"{layers[site].op} layers"
+        group = groups.setdefault(label, [0, 0])
+        group[0] += size
+        group[1] += count
+
+    for storage, site in sites.items():
+        size = plan.sizes[storage]
+        if not size or storage == exclude:
+            continue
+        freed = (
+            plan.last_use.get(storage) if storage not in kept and storage not in pinned else None
+        )
+        if at == "forward":
+            if site > index or (freed is not None and freed < index):
+                continue
+        elif freed is not None:
+            continue
+        elif at == "backward" and storage not in pinned and kept.get(storage, -1) > index:
+            continue
+        put(site, size)
+    if plan.adds is None:  # each layer's new kept tensors, freed after its own backward
+        for position, op in enumerate(plan.op_sizes):
+            if op.new_total and (at == "end" or position <= index):
+                put(position, op.new_total, len(op.new_kept))
+    terms = [
+        _term(size, f"B: {count:,} tensor{'s' if count > 1 else ''} from {label}")
+        for label, (size, count) in sorted(groups.items(), key=lambda item: -item[1][0])
+    ]
+    if at == "backward" and e.recompute:
+        unit = checkpoint_unit(layers[index].name) or ""
+        if e.recompute.get(unit):
+            terms.append(_term(e.recompute[unit], f"B: block '{unit}' recomputed"))
+    return terms
+
+
+def _transient_terms(e: Estimation, at: str, index: int) -> list[tuple[int, str]]:
+    """The temporaries of layer ``index`` in its forward or backward."""
+    if at not in ("forward", "backward"):
+        return []
+    layer, op = e.analysis.layers[index], e.storage_plan.op_sizes[index]
+    name = layer.name
+    if at == "forward":
+        terms = [
+            _term(e.sizer.storage_bytes(t.numel, t.storage), f"B: '{name}' {t.label}")
+            for t in layer.result.transients
+        ]
+        extra = op.forward_transient - sum(size for size, _ in terms)
+        if extra:  # oneDNN convolutions compute into their own buffer (CPU)
+            terms.append(_term(extra, f"B: '{name}' oneDNN output buffer"))
+        return terms
+    return [
+        _term(op.output, f"B: gradient of the output of '{name}'"),
+        _term(
+            op.backward_internal,
+            f"B: gradients of the largest internal tensor of '{name}' and of its input",
+            times=2,
+        ),
+        _term(op.backward_extra, "B: CPU backward kernel buffers"),
+        _term(e.storage_plan.grad_in[index], f"B: gradients of the inputs of '{name}'"),
+    ]
+
+
+def explain_peak(e: Estimation, peak: Moment, parts: Mapping[str, int]) -> None:
+    """Formulas of the lines that depend on the moment of the peak, from their components."""
+    analysis, sizer, formulas = e.analysis, e.sizer, e.formulas
+    training = e.request.mode is Mode.TRAINING
+    where = (
+        f"during the {peak.at} of '{analysis.layers[peak.index].name}'"
+        if peak.index >= 0
+        else {"end": "at the end of forward", "step": "in the optimizer step"}[peak.at]
+    )
+    inputs = [
+        f"{bound.numel:,} [{bound.name} elements] x {sizer.value_bytes(1, bound.kind)} [B]"
+        for bound in analysis.inputs
+    ]
+    if training:
+        inputs.append(f"{e.labels_rows:,} [int64 labels] x 8 [B]")
+    formulas["inputs"] = f"{' + '.join(inputs) or '0'} = {parts['inputs']:,} B"
+    if "buffers" in parts:
+        buffers: dict[str, list[int]] = {}
+        for layer in analysis.layers:
+            if layer.result.buffers_bytes:
+                group = buffers.setdefault(layer.op, [0, 0])
+                group[0] += layer.result.buffers_bytes
+                group[1] += 1
+        formulas["buffers"] = _sum(
+            [
+                _term(
+                    size, f"B: {count:,} {op} layer{'s' if count > 1 else ''}: running statistics"
+                )
+                for op, (size, count) in buffers.items()
+            ],
+            parts["buffers"],
+            "B",
+        )
+    if "activations" in parts:
+        exclude = analysis.output_storage if "outputs" in parts else None
+        formulas["activations"] = f"[{where}] " + _sum(
+            _live_groups(e, peak.at, peak.index, exclude), parts["activations"], "B: none"
+        )
+    if "transient" in parts:
+        if peak.at == "step":
+            formulas["transient"] = f"{e.step_transient} = {parts['transient']:,} B"
+        else:
+            formulas["transient"] = f"[{where}] " + _sum(
+                _transient_terms(e, peak.at, peak.index), parts["transient"], "B: none"
+            )
+    if training and peak.at != "step":
+        terms = [f"{e.held_grads} [held across micro-batches]"] if e.held_grads else []
+        if peak.at == "backward":
+            grads = Counter(
+                layer.result.params
+                for layer, size in zip(
+                    analysis.layers[peak.index :], e.grad_layers[peak.index :], strict=True
+                )
+                if size
+            )
+            terms += [
+                f"{count:,} [layers] x {e.grad_term.format(params=params)}"
+                for params, count in sorted(grads.items(), key=lambda item: -item[0])
+            ]
+        ran = (
+            f"[{where}: gradients of the layers whose backward ran] "
+            if peak.at == "backward"
+            else f"[{where}: no backward has run yet] "
+        )
+        formulas["gradients"] = f"{ran}{' + '.join(terms) or '0'} = {parts['gradients']:,} B"
+    if "loss" in parts:
+        formulas["loss"] = f"{e.loss} = {parts['loss']:,} B"
+
+
+def layer_view(e: Estimation) -> tuple[LayerMemory, ...]:
+    """Per layer: output, parameters, FLOPs and what it keeps for backward."""
+    analysis, request, sizer, storage_plan = e.analysis, e.request, e.sizer, e.storage_plan
+    training = request.mode is Mode.TRAINING
+    layers_view: list[LayerMemory] = []
+    first_saver = storage_plan.first_saver
+    layer_saved = kept_storages(storage_plan)
+    for index, layer in enumerate(analysis.layers):
+        new_saved = sum(
+            storage_plan.sizes.get(key, 0)
+            for key in layer_saved[index]
+            if first_saver.get(key) == index
+        )
+        layers_view.append(
+            LayerMemory(
+                name=layer.name,
+                op=layer.op,
+                output_shape=layer.output_shape,
+                params=layer.params,
+                flops=layer.flops,
+                output_bytes=sizer.value_bytes(layer.output_numel, layer.output_kind),
+                saved_bytes=new_saved,
+                kept=_kept_tensors(layer, sizer, request) if training else (),
+            )
+        )
+    return tuple(layers_view)
+
+
+def logits_note(analysis: GraphAnalysis) -> str:
+    """Which positions a decoder's output head computed at inference."""
+    if analysis.logits is not Logits.LAST:
+        if analysis.logits_requested is Logits.LAST:
+            return (
+                "logits: every position (logits=last asked for, but no linear output head reads "
+                "a [N, S, D] hidden state at the top level)"
+            )
+        return "logits: every position"
+    shape = ", ".join(f"{d:,}" for d in analysis.output_shape)
+    return (
+        f"logits: last position only: '{analysis.logits_head}' runs on hidden[:, -1:, :] and "
+        f"outputs [{shape}], as serving stacks do (logits=last)"
+    )
+
+
+_SOURCES = {"in0": "input", "in0_fp32": "input", "out": "output", "new": "new"}
+
+
+def _kept_tensors(
+    layer: LayerAnalysis, sizer: Sizer, request: MemoryRequest
+) -> tuple[KeptTensor, ...]:
+    """What a layer keeps for backward, with storage dtypes for this precision and runtime."""
+    act = convention(request.precision).activation_dtype.value
+    kept = []
+    for item in layer.result.saved:
+        if request.checkpointing is Checkpointing.SELECTIVE and item.label in ATTENTION_MATRICES:
+            continue
+        source = _SOURCES.get(item.source, "new")
+        storage = item.storage
+        if item.source == "in0_fp32" and act != "fp32":
+            source = "new"  # a fp32 copy of a 16-bit input
+        if storage is Storage.ACT:
+            dtype = act
+        elif storage is Storage.MASK:
+            dtype = "bool" if request.runtime is Runtime.CUDA else act
+        else:
+            dtype = storage.value
+        kept.append(
+            KeptTensor(
+                label=item.label,
+                source=source,
+                elements=item.numel,
+                dtype=dtype,
+                bytes=sizer.storage_bytes(item.numel, storage),
+            )
+        )
+    return tuple(kept)

@@ -1,0 +1,439 @@
+"""When each tensor of a step is live: the storage plan (what every layer allocates and keeps
+for backward), full checkpointing, and the timeline walked forward and backward for its peaks.
+
+References
+----------
+Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models", 2022.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+from itertools import accumulate
+from operator import add, sub
+from typing import NamedTuple
+
+from app.domain.graph.analysis import GraphAnalysis, LayerAnalysis
+from app.domain.graph.ops import TensorKind
+from app.domain.graph.traits import CONV_OPS, INTERNAL_TENSOR_OPS
+from app.domain.memory.formulas import Sizer
+from app.domain.memory.request import MemoryRequest
+from app.domain.workload import Checkpointing, Runtime
+
+_IN0, _OUT, _NEW = 0, 1, 2
+
+
+_INPUT = 3  # _INPUT + k: the op's k-th input (``in1``, ``in2``, ...)
+
+
+class OpSizes(NamedTuple):
+    """Byte figures of one op result (shared by every repeat of a block)."""
+
+    kept_inputs: tuple[int, ...]  # which of its inputs it keeps for backward (0: the first)
+    keeps_input: bool  # kept_inputs is exactly (0,): the common case, handled inline
+    keeps_output: bool  # keeps its output for backward
+    new_kept: tuple[tuple[int, int], ...]  # (slot, bytes) of tensors it creates to keep
+    new_total: int  # their bytes
+    forward_transient: int
+    backward_internal: int
+    output: int
+    backward_extra: int  # kernel buffers in this layer's backward beyond the gradients
+    output_storage: int  # bytes of the output value in its own dtype (ids are 8 B)
+    backward_static: int  # output gradient + internal gradients + kernel buffers
+
+
+def _op_sizes(layer: LayerAnalysis, sizer: Sizer, request: MemoryRequest) -> OpSizes:
+    tp = request.parallelism.tensor
+    selective = request.checkpointing is Checkpointing.SELECTIVE
+    fp32_acts = sizer.plan.activation == 4
+    kept: list[tuple[int, int]] = []  # (_IN0 | _OUT | _NEW, bytes) in saved order
+    internal = 0
+    for item in layer.result.saved:
+        numel = item.numel
+        if tp > 1 and layer.op in INTERNAL_TENSOR_OPS and item.source == "new":
+            numel = -(-numel // tp)
+        size = sizer.storage_bytes(numel, item.storage)
+        if item.source == "new" and layer.op in INTERNAL_TENSOR_OPS:
+            # Gradients of a composite op's internal tensors (S x S scores, MLP intermediates)
+            # are live in its backward; recomputed ones (selective checkpointing) too.
+            internal = max(internal, size)
+        if selective and item.label in ATTENTION_MATRICES:
+            continue
+        if item.source == "in0" or (item.source == "in0_fp32" and fp32_acts):
+            kept.append((_IN0, size))
+        elif item.source == "out":
+            kept.append((_OUT, size))
+        elif item.source[:2] == "in" and item.source[2:].isdigit():
+            kept.append((_INPUT + int(item.source[2:]), size))
+        else:
+            kept.append((_NEW, size))
+    # A stored tensor's output is the weight itself: no activation bytes, no gradient buffer.
+    output = (
+        sizer.value_bytes(layer.output_numel, TensorKind.FLOAT) if layer.result.materialized else 0
+    )
+    backward_extra = (
+        _CPU_BACKWARD_EXTRA.get(layer.op, 0) * output if sizer.runtime is Runtime.CPU else 0
+    )
+    kept_inputs = tuple(
+        dict.fromkeys(
+            source - _INPUT if source >= _INPUT else 0
+            for source, _ in kept
+            if source == _IN0 or source >= _INPUT
+        )
+    )
+    return OpSizes(
+        kept_inputs=kept_inputs,
+        keeps_input=kept_inputs == (0,),
+        keeps_output=any(source == _OUT for source, _ in kept),
+        new_kept=tuple((slot, size) for slot, (source, size) in enumerate(kept) if source == _NEW),
+        new_total=sum(size for source, size in kept if source == _NEW),
+        forward_transient=sum(
+            sizer.storage_bytes(t.numel, t.storage) for t in layer.result.transients
+        )
+        # oneDNN computes into its own output buffer and copies out (2x output, measured)
+        + (output if sizer.runtime is Runtime.CPU and layer.op in CONV_OPS else 0),
+        backward_internal=internal,
+        output=output,
+        backward_extra=backward_extra,
+        output_storage=sizer.value_bytes(layer.output_numel, layer.output_kind)
+        if layer.result.materialized
+        else 0,
+        backward_static=output + 2 * internal + backward_extra,
+    )
+
+
+@dataclass(slots=True)
+class StoragePlan:
+    """Resolved storage sizes and, per layer, which storages it keeps for backward.
+
+    Storage ids are the analysis's (positive: model inputs and layer outputs); tensors a layer
+    creates only to keep for backward get negative ids.
+    """
+
+    sizes: dict[int, int]  # storage -> bytes
+    reused: list[tuple[int, ...]]  # per layer: its input/output storages it keeps for backward
+    layer_saved: list[list[int]] | None  # per layer: every storage it keeps (built on demand)
+    last_use: dict[int, int]  # storage -> last layer reading it in forward
+    pinned: set[int]  # model inputs and the final output: held by the caller
+    op_sizes: list[OpSizes]
+    out_alloc: list[int]  # per layer: bytes of the output it allocates (0: a view, in place)
+    grad_in: list[int]  # per layer: bytes of the gradients of its inputs (training)
+    first_saver: dict[int, int]  # kept storage -> earliest layer keeping it
+    # Layer -> kept storages that are not its input or output. None until a caller needs their
+    # ids (full checkpointing, the per-layer view): until then each layer's new tensors are
+    # implied by its op sizes, kept only by it and freed after its own backward.
+    adds: dict[int, list[int]] | None
+
+
+class Timeline(NamedTuple):
+    """Per layer, the bytes that appear and disappear around it, derived from the plan."""
+
+    alloc: list[int]  # allocated in its forward: its output and the new tensors it keeps
+    free_forward: list[int]  # values whose last consumer it is (and that nothing keeps)
+    free_backward: list[int]  # kept tensors released after its backward (earliest keeper)
+
+
+def checkpoint_unit(name: str) -> str | None:
+    """Repeated blocks are the checkpoint units: ``layers.3.attn`` -> ``layers.3``."""
+    parts = name.split(".", 2)
+    if len(parts) == 3 and parts[1].isdigit():
+        return f"{parts[0]}.{parts[1]}"
+    return None
+
+
+ATTENTION_MATRICES = frozenset({"probs", "probs_mask", "probs_dropped"})
+
+
+# Extra output-sized buffers an op's backward holds beyond the input/output gradients,
+# measured per op on PyTorch 2.13 CPU (benchmarks/fidelity/probes.md): oneDNN convolutions
+# reorder the incoming gradient and hold a workspace; batch norm, ReLU and HF RMSNorm (fp32
+# upcast, several pointwise steps) keep temporaries.
+_CPU_BACKWARD_EXTRA: Mapping[str, int] = {
+    "conv2d": 2,
+    "depthwise_conv2d": 2,
+    "pointwise_conv2d": 2,
+    # 3-d ops probed once on PyTorch 2.13 CPU (a stride-1 3x3x3 Conv3d, an InstanceNorm3d);
+    # conv_transpose3d not measured (no extra assumed)
+    "conv3d": 2,
+    "batchnorm2d": 1,
+    "instancenorm3d": 1,  # runs as a batch norm over [1, N*C, D, H, W]
+    "relu": 1,
+    "relu6": 1,
+    "rmsnorm": 3,
+    "lstm": 5,  # oneDNN RNN backward: ~4.8 outputs of gate gradients and buffers
+}
+
+
+def last_reads(analysis: GraphAnalysis) -> dict[int, int]:
+    """Storage -> the last layer reading it in forward."""
+    return {
+        storage: index
+        for index, layer in enumerate(analysis.layers)
+        for storage in layer.input_storages
+    }
+
+
+def build_plan(
+    analysis: GraphAnalysis,
+    sizer: Sizer,
+    request: MemoryRequest,
+    training: bool,
+    last_use: dict[int, int] | None = None,
+) -> StoragePlan:
+    """The storage plan; ``last_use``: :func:`last_reads` of the analysis, if known. Inference
+    leaves out the gradients of the layers' inputs (``grad_in``: only backward reads them)."""
+    layers = analysis.layers
+    # Byte figures once per distinct op result: the iterations of a repeat share theirs.
+    distinct = {id(layer.result): layer for layer in layers}
+    derived = {key: _op_sizes(layer, sizer, request) for key, layer in distinct.items()}
+    op_sizes = [derived[id(layer.result)] for layer in layers]
+    sizes = {bound.storage: sizer.value_bytes(bound.numel, bound.kind) for bound in analysis.inputs}
+    out_alloc = [
+        op.output_storage if layer.allocates_output else 0
+        for layer, op in zip(layers, op_sizes, strict=True)
+    ]
+    sizes.update(
+        {
+            layer.output_storage: op.output_storage
+            for layer, op in zip(layers, op_sizes, strict=True)
+            if layer.allocates_output
+        }
+    )
+    # Every storage a layer reads is a model input or an earlier layer's (allocated) output.
+    grad_in = (
+        [sum([sizes[storage] for storage in layer.input_storages]) for layer in layers]
+        if training
+        else []
+    )
+    if last_use is None:
+        last_use = last_reads(analysis)
+    n = len(layers)
+    # Kept inputs/outputs per layer (an in-place op keeps one storage once), then the tensors
+    # layers create only to keep: negative ids, unique per (layer, slot).
+    reused: list[tuple[int, ...]] = [()] * n
+    if training:
+        reused = [
+            (
+                ((layer.input_storages[0],) if op.keeps_input else ())
+                + (
+                    (layer.output_storage,)
+                    if op.keeps_output
+                    and not (op.keeps_input and layer.output_storage == layer.input_storages[0])
+                    else ()
+                )
+            )
+            if op.keeps_input or (op.keeps_output and not op.kept_inputs)
+            else _reused(layer, op)
+            if op.kept_inputs
+            else ()
+            for layer, op in zip(layers, op_sizes, strict=True)
+        ]
+    # Earliest keeper: walk backwards so that earlier layers overwrite later ones.
+    first_saver = {key: index for index in range(n - 1, -1, -1) for key in reused[index]}
+    pinned = {bound.storage for bound in analysis.inputs}
+    pinned.add(analysis.output_storage)
+    return StoragePlan(
+        sizes=sizes,
+        reused=reused,
+        layer_saved=None,
+        last_use=last_use,
+        pinned=pinned,
+        op_sizes=op_sizes,
+        out_alloc=out_alloc,
+        grad_in=grad_in,
+        first_saver=first_saver,
+        adds=None if training else {},  # inference keeps nothing for backward
+    )
+
+
+def _reused(layer: LayerAnalysis, op: OpSizes) -> tuple[int, ...]:
+    """The storages of the inputs (any of them) and output a layer keeps, each once."""
+    keys = [layer.input_storages[k] for k in op.kept_inputs]
+    if op.keeps_output:
+        keys.append(layer.output_storage)
+    return tuple(dict.fromkeys(keys))
+
+
+def _new_storages(plan: StoragePlan) -> dict[int, list[int]]:
+    """Give the tensors layers create to keep their ids (negative, unique per layer and slot)."""
+    if plan.adds is None:
+        plan.adds = {
+            index: [-(index * 64) - 1 - slot for slot, _ in op.new_kept]
+            for index, op in enumerate(plan.op_sizes)
+            if op.new_kept
+        }
+        plan.sizes.update(
+            {
+                -(index * 64) - 1 - slot: size
+                for index, op in enumerate(plan.op_sizes)
+                for slot, size in op.new_kept
+            }
+        )
+        plan.first_saver.update({key: index for index, keys in plan.adds.items() for key in keys})
+    return plan.adds
+
+
+def kept_storages(plan: StoragePlan) -> list[list[int]]:
+    """Per layer, the storages it keeps for backward: kept inputs/outputs, then new tensors."""
+    if plan.layer_saved is None:
+        adds = _new_storages(plan)
+        plan.layer_saved = [[*keys, *adds.get(index, ())] for index, keys in enumerate(plan.reused)]
+    return plan.layer_saved
+
+
+def apply_full_checkpointing(analysis: GraphAnalysis, plan: StoragePlan) -> dict[str, int]:
+    """Keep only each unit's input; return the bytes each unit holds while recomputed."""
+    units: dict[str, set[int]] = {}
+    layer_saved = kept_storages(plan)  # gives new tensors their ids
+    for index, layer in enumerate(analysis.layers):
+        unit = checkpoint_unit(layer.name)
+        if unit is None:
+            continue
+        first = unit not in units
+        units.setdefault(unit, set()).update(layer_saved[index])
+        layer_saved[index] = [layer.input_storages[0]] if first and layer.input_storages else []
+    plan.first_saver = {}
+    adds: dict[int, list[int]] = {}
+    for index, kept in enumerate(layer_saved):
+        layer = analysis.layers[index]
+        for key in kept:
+            if key not in plan.first_saver:
+                plan.first_saver[key] = index
+                if key not in layer.input_storages and key != layer.output_storage:
+                    adds.setdefault(index, []).append(key)
+    plan.adds = adds
+    still_kept = set(plan.first_saver)
+    return {
+        unit: sum(plan.sizes[k] for k in keys if k not in still_kept)
+        for unit, keys in units.items()
+    }
+
+
+def build_timeline(plan: StoragePlan) -> Timeline:
+    """Bytes allocated and freed around each layer, in forward and in backward."""
+    sizes, first_saver, pinned = plan.sizes, plan.first_saver, plan.pinned
+    if plan.adds is None:  # new tensors: kept by their creator only, freed after its backward
+        new = [op.new_total for op in plan.op_sizes]
+        alloc = list(map(add, plan.out_alloc, new))
+        free_backward = new
+    else:
+        alloc = list(plan.out_alloc)
+        for index, keys in plan.adds.items():
+            alloc[index] += sum([sizes[key] for key in keys])
+        free_backward = [0] * len(alloc)
+    free_forward = [0] * len(alloc)
+    for storage, index in plan.last_use.items():
+        if storage not in first_saver and storage not in pinned:
+            free_forward[index] += sizes[storage]
+    for key, index in first_saver.items():
+        if key not in pinned:
+            free_backward[index] += sizes[key]
+    return Timeline(alloc=alloc, free_forward=free_forward, free_backward=free_backward)
+
+
+@dataclass(frozen=True, slots=True)
+class Peak:
+    """The largest dynamic moment of a phase: activations, transients, gradients."""
+
+    activations: int = 0
+    transient: int = 0
+    gradients: int = 0
+    at: str = "end"  # "forward" (during layer ``index``), "end" (of forward) or "backward"
+    index: int = -1
+
+    @property
+    def total(self) -> int:
+        return self.activations + self.transient + self.gradients
+
+
+def forward_peak(plan: StoragePlan, timeline: Timeline, inputs_bytes: int) -> tuple[Peak, int]:
+    """Replay the forward; return its peak and the bytes live at its end.
+
+    Before layer ``i`` the live bytes are the inputs plus everything allocated by layers
+    ``< i`` minus what died after them; at layer ``i`` its allocations and its forward
+    transient join them. Running sums, so the walk is C loops over per-layer figures.
+    """
+    alloc = timeline.alloc
+    if not alloc:
+        return Peak(), inputs_bytes
+    before = list(accumulate(map(sub, alloc, timeline.free_forward), initial=inputs_bytes))
+    during = list(map(add, before, alloc))  # zip-like: stops after the last layer
+    transients = [op.forward_transient for op in plan.op_sizes]
+    totals = list(map(add, during, transients))
+    index = max(range(len(totals)), key=totals.__getitem__)  # the first largest
+    peak = Peak(activations=during[index], transient=transients[index], at="forward", index=index)
+    return peak, before[-1]
+
+
+def backward_peak(
+    analysis: GraphAnalysis,
+    plan: StoragePlan,
+    timeline: Timeline,
+    live_bytes: int,
+    grad_bytes_per_layer: list[int],
+    recompute: dict[str, int],
+) -> Peak:
+    """Replay the backward in reverse layer order; return its peak.
+
+    At layer ``i`` (walking from the last): the kept tensors of layers ``<= i`` (all live
+    bytes at the end of forward minus those released after the backward of layers ``> i``),
+    the block being recomputed, the output/input gradients and kernel buffers of ``i``, and
+    the parameter gradients of layers ``>= i``.
+    """
+    n = len(analysis.layers)
+    if not n:
+        return Peak()
+    live = list(accumulate(reversed(timeline.free_backward), sub, initial=live_bytes))
+    if recompute:
+        extra = [recompute.get(checkpoint_unit(layer.name) or "", 0) for layer in analysis.layers]
+        live = list(map(add, live, reversed(extra)))
+    grads = list(accumulate(reversed(grad_bytes_per_layer)))
+    transients = list(
+        map(add, [op.backward_static for op in reversed(plan.op_sizes)], reversed(plan.grad_in))
+    )
+    totals = list(map(add, map(add, live, transients), grads))
+    k = max(range(n), key=totals.__getitem__)  # the first largest, walking backwards
+    return Peak(
+        activations=live[k],
+        transient=transients[k],
+        gradients=grads[k],
+        at="backward",
+        index=n - 1 - k,
+    )
+
+
+def storage_size_counts(plan: StoragePlan) -> Counter[int]:
+    """How many storages of each size the step allocates (new tensors without ids included)."""
+    counts = Counter(plan.sizes.values())
+    if plan.adds is None:
+        per_op = Counter(map(id, plan.op_sizes))
+        for op in {id(op): op for op in plan.op_sizes}.values():
+            for _, size in op.new_kept:
+                counts[size] += per_op[id(op)]
+    return counts
+
+
+def input_bytes(analysis: GraphAnalysis, plan: StoragePlan) -> int:
+    """Bytes of the model inputs' storages (live from the start)."""
+    return sum(plan.sizes[storage] for storage in {bound.storage for bound in analysis.inputs})
+
+
+def layer_gradient_bytes(analysis: GraphAnalysis, plan_bytes: Fraction, shard: int) -> list[int]:
+    num, den = plan_bytes.numerator, plan_bytes.denominator * shard
+    return [-(-layer.result.params * num // den) for layer in analysis.layers]
+
+
+def seed_rule(analysis: GraphAnalysis, sizer: Sizer) -> int | None:
+    """'Parameters + the two largest consecutive feature maps' for chains; None otherwise."""
+    if any(layer.input_names for layer in analysis.layers):
+        return None
+    best = 0
+    previous = sizer.value_bytes(analysis.inputs[0].numel, analysis.inputs[0].kind)
+    for layer in analysis.layers:
+        current = sizer.value_bytes(layer.output_numel, layer.output_kind)
+        best = max(best, previous + current)
+        previous = current
+    return best

@@ -1,0 +1,77 @@
+"""What an estimate derives from one analysis object and hands to the next: the caller's bounded
+memo (:class:`PlanMemo`) and the sums over an analysis's layers that every estimate reads."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol, TypeVar, cast
+
+from app.domain.graph.analysis import GraphAnalysis
+
+
+class PlanMemo(Protocol):
+    """A bounded cache the caller keeps across estimates (e.g. ``app.services.cache.LruCache``):
+    what :func:`estimate_memory` derives from one analysis object and the few request fields it
+    depends on (the inference storage plan, the forward's allocator events, the weights'
+    events). Each entry holds its analysis, so an id in a key names a live object."""
+
+    def get(self, key: tuple[object, ...], /) -> object | None:
+        """The value stored for ``key``, or None."""
+
+    def put(self, key: tuple[object, ...], value: object, /) -> None:
+        """Store ``value`` for ``key``."""
+
+
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True, slots=True)
+class _Memoised:
+    """A value derived from ``analysis`` (kept so that its id is not reused while stored)."""
+
+    analysis: GraphAnalysis
+    value: object
+
+
+def memoised(
+    memo: PlanMemo | None,
+    analysis: GraphAnalysis,
+    key: tuple[object, ...],
+    build: Callable[[], _T],
+) -> _T:
+    """``build()``, or the value stored for it in ``memo`` by ``analysis`` and ``key`` (which
+    must name everything besides the analysis that the value depends on)."""
+    if memo is None:
+        return build()
+    full = (key[0], id(analysis), *key[1:])
+    found = memo.get(full)
+    if isinstance(found, _Memoised) and found.analysis is analysis:
+        return cast(_T, found.value)
+    value = build()
+    memo.put(full, _Memoised(analysis, value))
+    return value
+
+
+class LayerTotals(NamedTuple):
+    """Sums over an analysis's layers that every estimate of it reads."""
+
+    params: int  # parameters (GraphAnalysis.params)
+    buffers_bytes: int  # buffers (batch norm statistics)
+    kv_cache_numel: int  # KV cache elements, all attention layers
+    kv_layers: int  # layers that cache keys and values
+
+
+def layer_totals(plans: PlanMemo | None, analysis: GraphAnalysis) -> LayerTotals:
+    """The analysis's :class:`LayerTotals` (summed once per analysis with ``plans``)."""
+
+    def build() -> LayerTotals:
+        results = [layer.result for layer in analysis.layers]
+        return LayerTotals(
+            params=sum(result.params for result in results),
+            buffers_bytes=sum(result.buffers_bytes for result in results),
+            kv_cache_numel=sum(result.kv_cache_numel for result in results),
+            kv_layers=sum(1 for result in results if result.kv_cache_numel),
+        )
+
+    return memoised(plans, analysis, ("layer totals",), build)

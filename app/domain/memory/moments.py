@@ -1,0 +1,258 @@
+"""The moments of a step whose largest is the peak: a training step (forward, backward,
+optimizer step; first and steady iteration) or an inference forward with its KV cache."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from fractions import Fraction
+
+from app.domain.memory.context import Estimation, Moment, StepTensors, moment_at
+from app.domain.memory.formulas import (
+    TemporariesLayout,
+    ceil_fraction,
+    ddp_bucket_sizes_bytes,
+    fsdp_buffer_bytes,
+    gradient_bytes,
+    kv_cache_bytes,
+    loss_bytes,
+    loss_expression,
+    optimizer_state_bytes,
+    optimizer_step_temporaries,
+)
+from app.domain.memory.liveness import (
+    Peak,
+    apply_full_checkpointing,
+    backward_peak,
+    build_timeline,
+    checkpoint_unit,
+    forward_peak,
+    input_bytes,
+    layer_gradient_bytes,
+)
+from app.domain.memory.memo import layer_totals, memoised
+from app.domain.precision import bytes_per_element, convention
+from app.domain.workload import Checkpointing, Parallelism
+
+
+def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
+    """First-iteration and steady-state moments of one training step."""
+    analysis, request, plan, sizer = e.analysis, e.request, e.plan, e.sizer
+    storage_plan, lines_static, inputs_bytes = e.storage_plan, e.static, e.inputs_bytes
+    formulas, notes, assumptions = e.formulas, e.notes, e.assumptions
+    par = request.parallelism
+    model_shard = par.tensor * par.pipeline
+    params, shapes = e.params, analysis.param_shapes
+    first_moments: list[Moment] = []
+    steady_moments: list[Moment] = []
+    grad_shard = model_shard * (par.data if par.zero_stage >= 2 else 1)
+    grad_element = plan.grad
+    if plan.master and request.fp32_grad_buffer:
+        # Megatron's main_grad: gradients accumulate straight into an fp32 buffer.
+        grad_element = Fraction(4)
+        assumptions.append("gradients accumulate in an fp32 buffer (Megatron main_grad)")
+    grad_bytes = gradient_bytes(params, grad_element, grad_shard)
+    state_full, state_note = optimizer_state_bytes(shapes, params, request.optimizer, plan)
+    state_shard = model_shard * (par.data if par.zero_stage >= 1 else 1)
+    state_bytes = ceil_fraction(Fraction(state_full, state_shard))
+    master = ceil_fraction(Fraction(params * plan.master, state_shard))
+    labels_rows = math.prod(analysis.output_shape[:-1]) if analysis.output_shape else 1
+    labels_bytes = labels_rows * 8
+    step_temporaries = optimizer_step_temporaries(shapes, params, request, plan)
+    temporaries_full, temp_note = step_temporaries.bytes, step_temporaries.note
+    shard_words = _shard_words(par)
+    temporaries = ceil_fraction(Fraction(temporaries_full, state_shard))
+    e.step = StepTensors(
+        grad_element=grad_element,
+        grad_shard=grad_shard,
+        state_total=state_bytes,
+        master_total=master,
+        cache_total=params * plan.weight_cache // model_shard if plan.weight_cache else 0,
+        labels_bytes=labels_bytes,
+        loss_bytes=loss_bytes(analysis, sizer),
+        temporaries_total=ceil_fraction(Fraction(temporaries_full, state_shard)),
+        temporaries_largest=step_temporaries.layout is TemporariesLayout.LARGEST_TWICE,
+        accumulate=request.accumulation_steps > 1,
+    )
+    e.step_transient = (
+        f"ceil({temporaries_full:,} [B: {temp_note}] / {state_shard} [{shard_words(1)}])"
+    )
+    cache = params * plan.weight_cache // model_shard if plan.weight_cache else 0
+    recompute: dict[str, int] = {}
+    if request.checkpointing is Checkpointing.FULL:
+        recompute = apply_full_checkpointing(analysis, storage_plan)
+        if not recompute:
+            assumptions.append("full checkpointing: the graph has no repeated blocks; no effect")
+    base = {**lines_static, "inputs": inputs_bytes + labels_bytes}
+    if master:
+        base["master_weights"] = master
+    if cache:
+        base["weight_cast_cache"] = cache
+    buckets = _ddp_buckets(e, grad_bytes)
+    if buckets:
+        base["ddp_buckets"] = buckets
+    gathered = _fsdp_buffers(e, grad_element)
+    if gathered:
+        base["fsdp_buffers"] = gathered
+    loss = loss_bytes(analysis, sizer)
+    accumulate = request.accumulation_steps > 1
+    grad_layers = (
+        [0] * len(analysis.layers)
+        if accumulate
+        else layer_gradient_bytes(analysis, grad_element, grad_shard)
+    )
+    timeline = build_timeline(storage_plan)
+    fwd_peak, end_bytes = forward_peak(storage_plan, timeline, input_bytes(analysis, storage_plan))
+    fwd_end = Peak(activations=end_bytes)
+    bwd_peak = backward_peak(analysis, storage_plan, timeline, end_bytes, grad_layers, recompute)
+    held_grads = {"gradients": grad_bytes} if accumulate else {}
+    step_parts = {
+        **lines_static,
+        **({"ddp_buckets": buckets} if buckets else {}),
+        "inputs": inputs_bytes + labels_bytes,
+        **({"master_weights": master} if master else {}),
+        "gradients": grad_bytes,
+        "optimizer_state": state_bytes,
+        "transient": temporaries,
+    }
+    for steady in (False, True):
+        static = {**base, **held_grads}
+        if steady:
+            static["optimizer_state"] = state_bytes
+        moments = [
+            moment_at("forward", static, fwd_peak, 0),
+            moment_at("forward", static, fwd_end, loss),
+            moment_at("backward", static, bwd_peak, loss),
+            Moment(phase="optimizer_step", parts=dict(step_parts)),
+        ]
+        (steady_moments if steady else first_moments).extend(moments)
+    grad_expression = (
+        f"ceil({params:,} [trainable params] x {grad_element} [B] / {grad_shard} "
+        f"[{shard_words(2)}])"
+    )
+    e.grad_layers = grad_layers
+    e.grad_term = (
+        f"ceil({{params:,}} [params] x {grad_element} [B] / {grad_shard} [{shard_words(2)}])"
+    )
+    e.held_grads = grad_expression if accumulate else ""
+    e.recompute = recompute
+    e.labels_rows = labels_rows
+    e.loss = loss_expression(analysis, sizer)
+    formulas.update(
+        gradients=f"{grad_expression} = {grad_bytes:,} B",
+        optimizer_state=f"ceil({state_full:,} [B: {state_note}] / {state_shard} "
+        f"[{shard_words(1)}]) = {state_bytes:,} B",
+        master_weights=f"ceil({params:,} [params] x {plan.master} [B fp32 master copy] / "
+        f"{state_shard} [{shard_words(1)}]) = {master:,} B",
+        weight_cast_cache=f"floor({params:,} [params] x {plan.weight_cache} [B autocast weight "
+        f"copy] / {model_shard} [tensor x pipeline]) = {cache:,} B",
+    )
+    notes["transient"] = [temp_note]
+    if request.accumulation_steps > 1:
+        assumptions.append(
+            f"gradient accumulation over {request.accumulation_steps} micro-batches: "
+            "gradients persist across micro-batches; activations are per micro-batch"
+        )
+    if request.checkpointing is Checkpointing.SELECTIVE:
+        assumptions.append("selective checkpointing: attention S x S tensors recomputed")
+    if request.checkpointing is Checkpointing.FULL and recompute:
+        assumptions.append(
+            f"full checkpointing over {len(recompute)} repeated blocks: block inputs kept, one "
+            "block recomputed at a time in backward"
+        )
+    return first_moments, steady_moments
+
+
+def _ddp_buckets(e: Estimation, grad_bytes: int) -> int:
+    """DistributedDataParallel's flat communication buckets (data > 1 without ZeRO): a second
+    copy of every gradient unless gradient_as_bucket_view (torch/nn/parallel/distributed.py,
+    torch/csrc/distributed/c10d/reducer.cpp; buckets are allocated when DDP wraps the model)."""
+    par = e.request.parallelism
+    if par.data < 2 or par.zero_stage or par.gradient_as_bucket_view or not grad_bytes:
+        return 0
+    buckets = ddp_bucket_sizes_bytes(grad_bytes)
+    count = len(buckets)
+    e.comm_buffers += buckets
+    e.formulas["ddp_buckets"] = (
+        f"{grad_bytes:,} [B: every gradient, copied into {count:,} flat bucket(s) of at most "
+        f"25 MiB (the first 1 MiB), DDP's default gradient_as_bucket_view=False] = "
+        f"{grad_bytes:,} B"
+    )
+    return grad_bytes
+
+
+def _fsdp_buffers(e: Estimation, grad_element: Fraction) -> int:
+    """FSDP / ZeRO-3: the largest wrapped unit's parameters gathered unsharded, twice (the unit
+    running and the one prefetched: FSDP limit_all_gathers allows two in flight), and its
+    gradients unsharded before their reduce-scatter (torch/distributed/fsdp). Units are the
+    repeated blocks; the rest of the model is one unit."""
+    par = e.request.parallelism
+    if par.zero_stage < 3 or par.data < 2:
+        return 0
+    units: dict[str, int] = {}
+    for layer in e.analysis.layers:
+        unit = checkpoint_unit(layer.name) or "(root)"
+        units[unit] = units.get(unit, 0) + layer.result.params
+    largest = max(units.values(), default=0)
+    if not largest:
+        return 0
+    buffers = fsdp_buffer_bytes(largest, e.plan.weight, grad_element, par.tensor * par.pipeline)
+    weight, _, grads = buffers
+    total = sum(buffers)
+    e.comm_buffers += buffers
+    e.formulas["fsdp_buffers"] = (
+        f"2 [units: running and prefetched] x {weight:,} [B: the largest unit's "
+        f"{largest:,} params gathered] + {grads:,} [B: its gradients before the reduce-scatter] "
+        f"= {total:,} B"
+    )
+    return total
+
+
+def inference_moments(e: Estimation) -> list[Moment]:
+    """The forward pass of inference, with the KV cache of attention layers."""
+    analysis, request, storage_plan = e.analysis, e.request, e.storage_plan
+    formulas, assumptions, par = e.formulas, e.assumptions, request.parallelism
+    static = {**e.static, "inputs": e.inputs_bytes}
+    kv = 0
+    if not analysis.is_decoder and request.kv_cache is not False:
+        assumptions.append(
+            "no KV cache: an encoder (no causal attention) attends over its whole input once"
+            + (" (kv_cache=true asked for: encoders never cache)" if request.kv_cache else "")
+        )
+    if analysis.is_decoder and request.kv_cache is not False:
+        kv_numel = layer_totals(e.plans, analysis).kv_cache_numel
+        kv_bytes = int(bytes_per_element(convention(request.precision).kv_cache_dtype))
+        # tensor parallel: each GPU caches its heads; pipeline parallel: its stage's layers
+        kv_shard = par.tensor * par.pipeline
+        kv = kv_cache_bytes(kv_numel, kv_bytes, kv_shard)
+        if kv:
+            static["kv_cache"] = kv
+            e.kv_bytes = kv
+            formulas["kv_cache"] = (
+                f"ceil({kv_numel:,} [elements: 2 x layers x kv_heads x head_dim x seq x batch] "
+                f"x {kv_bytes} [B] / {kv_shard} "
+                f"[{'tensor x pipeline' if par.pipeline > 1 else 'tensor'}]) = {kv:,} B"
+            )
+    fwd_peak = memoised(  # a function of the (memoised) storage plan
+        e.plans,
+        analysis,
+        ("forward peak", *e.plan_key[1:]),
+        lambda: forward_peak(
+            storage_plan, build_timeline(storage_plan), input_bytes(analysis, storage_plan)
+        )[0],
+    )
+    assumptions.append("activations live from their producer to their last consumer")
+
+    return [moment_at("forward", static, fwd_peak, 0)]
+
+
+def _shard_words(par: Parallelism) -> Callable[[int], str]:
+    """Words for the divisor of state sharded from ZeRO stage ``stage`` on."""
+
+    def words(stage: int) -> str:
+        parts = ["tensor x pipeline"]
+        if par.zero_stage >= stage:
+            parts.append(f"ZeRO-{par.zero_stage} data ranks")
+        return " x ".join(parts)
+
+    return words

@@ -1,0 +1,48 @@
+"""What a memory estimate is asked: the request besides the graph, and the error for a
+combination of options that cannot be estimated."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from app.domain.hardware import FrameworkOverhead
+from app.domain.precision import Precision
+from app.domain.workload import (
+    Attention,
+    Checkpointing,
+    Logits,
+    Mode,
+    Optimizer,
+    OptimizerImpl,
+    Parallelism,
+    Runtime,
+    WorkloadInputError,
+)
+
+
+class MemoryInputError(WorkloadInputError):
+    """A combination of options that cannot be estimated."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryRequest:
+    """Everything besides the graph that a footprint depends on."""
+
+    mode: Mode
+    precision: Precision = Precision.FP32
+    optimizer: Optimizer = Optimizer.ADAMW
+    optimizer_impl: OptimizerImpl = OptimizerImpl.AUTO
+    checkpointing: Checkpointing = Checkpointing.NONE
+    runtime: Runtime = Runtime.CUDA
+    parallelism: Parallelism = field(default_factory=Parallelism)
+    accumulation_steps: int = 1
+    kv_cache: bool | None = None  # None: decoders (causal attention) yes; encoders never
+    fp32_grad_buffer: bool = False
+    overhead: FrameworkOverhead = field(default_factory=FrameworkOverhead)
+    attention: Attention | None = None  # None: PyTorch SDPA's choice per attention layer
+    logits: Logits = Logits.ALL  # LAST: decoder inference computes the last position's logits
+
+    def __post_init__(self) -> None:
+        steps = self.accumulation_steps
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise MemoryInputError(f"accumulation_steps must be an integer >= 1, got {steps!r}")
