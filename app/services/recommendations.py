@@ -36,6 +36,14 @@ from app.domain.memory.estimate import (
     estimate_memory,
     inference_floor_bytes,
 )
+from app.domain.performance.calibration import (
+    DEFAULT_CALIBRATIONS,
+    GPU_CLASSES,
+    GPU_HALF_PRECISION_SCALE,
+    Calibration,
+    CalibrationClass,
+    calibration_class,
+)
 from app.domain.performance.decoding import (
     Batching,
     DecoderServing,
@@ -43,14 +51,22 @@ from app.domain.performance.decoding import (
     kv_elements_per_token,
     serving_shape,
 )
+from app.domain.performance.errors import RooflineInputError
+from app.domain.performance.phases import (
+    PhasedRequest,
+    PhasedRequestShape,
+    forward_shape,
+    is_decoder,
+)
 from app.domain.performance.pipeline import (
     ParallelStrategy,
     PipelinePlan,
-    PipelineTiming,
     micro_batching,
     predict_pipeline,
     split_stages,
 )
+from app.domain.performance.precision_schemes import PRECISION_SCHEMES, PrecisionScheme
+from app.domain.performance.prediction import Bound, PipelineTiming, Prediction
 from app.domain.performance.recommend import (
     Assessment,
     MemoryFit,
@@ -63,27 +79,7 @@ from app.domain.performance.recommend import (
     price_of_kind,
     rank,
 )
-from app.domain.performance.roofline import (
-    DEFAULT_CALIBRATIONS,
-    GPU_CLASSES,
-    GPU_HALF_PRECISION_SCALE,
-    PRECISION_SCHEMES,
-    Bound,
-    Calibration,
-    CalibrationClass,
-    PhasedRequest,
-    PhasedRequestShape,
-    PrecisionScheme,
-    Prediction,
-    RooflineInputError,
-    calibration_class,
-    forward_shape,
-    is_decoder,
-    kernel_points,
-    predict,
-    shard,
-    unsupported_reason,
-)
+from app.domain.performance.roofline import kernel_points, predict, unsupported_reason
 from app.domain.performance.runtimes import (
     DECODER_ONLY,
     DEFAULT_RUNTIME,
@@ -92,6 +88,7 @@ from app.domain.performance.runtimes import (
     with_decode_host_overhead,
 )
 from app.domain.performance.serving import ServerLoad, clear_server_cache
+from app.domain.performance.tensor_parallel import shard
 from app.domain.precision import Precision
 from app.domain.workload import (
     DEFAULT_SAFETY_MARGIN_FRACTION,

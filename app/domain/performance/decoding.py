@@ -45,7 +45,7 @@ from enum import StrEnum
 
 from app.domain.errors import DomainError
 from app.domain.graph.analysis import GraphAnalysis
-from app.domain.performance.roofline import PhasedRequestShape, decoder_shape
+from app.domain.performance.phases import PhasedRequestShape, decoder_shape
 
 # TensorRT-LLM's paged-KV block: PluginConfig._tokens_per_block defaults to 64
 # (tensorrt_llm/plugin/plugin.py, NVIDIA/TensorRT-LLM 0.x; vLLM's default block is 16 tokens).
@@ -283,7 +283,7 @@ def serving_shape(
 
     Notes
     -----
-    As :func:`app.domain.performance.roofline.decoder_shape`, with the decode rows ``k`` times
+    As :func:`app.domain.performance.phases.decoder_shape`, with the decode rows ``k`` times
     the requests and the lengths the batching prices. The host receives each decode row's
     token id (8 B) per step.
     """

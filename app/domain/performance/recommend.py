@@ -1,6 +1,6 @@
 """CPU vs GPU (vs MIG slice) inference recommendations: assess, rank and explain (pure).
 
-Every candidate is a prediction (:mod:`app.domain.roofline`) at one device, precision and
+Every candidate is a prediction (:mod:`app.domain.performance.roofline`) at one device, precision and
 batch size, with the memory engine's verdict on whether it fits. It is eligible when it fits,
 meets the latency SLO with its margin (latency <= SLO x (1 - margin)), and has what the
 objective needs (a price of the requested kind for cost, a TDP for energy). Costs compare like
@@ -21,12 +21,9 @@ from enum import StrEnum
 
 from app.domain.errors import DomainError
 from app.domain.hardware import DeviceKind, HardwareSpec, PriceKind
-from app.domain.performance.roofline import (
-    PRECISION_SCHEMES,
-    Bound,
-    Prediction,
-    cpu_compute_unit,
-)
+from app.domain.performance.calibration import cpu_compute_unit
+from app.domain.performance.precision_schemes import PRECISION_SCHEMES
+from app.domain.performance.prediction import Bound, Prediction
 from app.domain.performance.serving import BatchTiming, ServerLoad, server_throughput
 from app.domain.precision import Quantization
 

@@ -1,6 +1,6 @@
 """Serving runtimes: how the framework that runs a model changes the roofline (pure).
 
-The shipped calibration (:data:`app.domain.performance.roofline.DEFAULT_CALIBRATIONS`) is
+The shipped calibration (:data:`app.domain.performance.calibration.DEFAULT_CALIBRATIONS`) is
 fitted on MLPerf results: an engine that fuses element-wise layers into the kernel before them
 and launches little (TensorRT, the default here). A framework runs the same model with other
 kernels and another host path: PyTorch eager launches one kernel per layer through Python,
@@ -50,7 +50,8 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from app.domain.hardware import DeviceKind
-from app.domain.performance.roofline import Calibration, Prediction
+from app.domain.performance.calibration import Calibration
+from app.domain.performance.prediction import Prediction
 
 PROFILED_KINDS = frozenset({DeviceKind.GPU, DeviceKind.EDGE, DeviceKind.TPU})
 
