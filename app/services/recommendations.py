@@ -24,7 +24,6 @@ from app.domain.fit import requirement
 from app.domain.graph.analysis import GraphAnalysis, effective_options
 from app.domain.hardware import (
     DeviceKind,
-    FrameworkOverhead,
     HardwareSpec,
     PriceKind,
     mig_slice,
@@ -36,22 +35,24 @@ from app.domain.memory.estimate import (
     estimate_memory,
     inference_floor_bytes,
 )
+from app.domain.performance.batch_search import batch_sizes, largest_fitting, search
 from app.domain.performance.calibration import (
     DEFAULT_CALIBRATIONS,
-    GPU_CLASSES,
     GPU_HALF_PRECISION_SCALE,
     Calibration,
-    CalibrationClass,
     calibration_class,
+)
+from app.domain.performance.candidates import (
+    Candidate,
+    runnable_candidates,
 )
 from app.domain.performance.decoding import (
     Batching,
     DecoderServing,
-    DecodingInputError,
+    kv_bytes_per_request,
     kv_elements_per_token,
     serving_shape,
 )
-from app.domain.performance.errors import RooflineInputError
 from app.domain.performance.phases import (
     PhasedRequest,
     PhasedRequestShape,
@@ -61,8 +62,6 @@ from app.domain.performance.phases import (
 from app.domain.performance.pipeline import (
     ParallelStrategy,
     PipelinePlan,
-    micro_batching,
-    predict_pipeline,
     split_stages,
 )
 from app.domain.performance.precision_schemes import PRECISION_SCHEMES, PrecisionScheme
@@ -72,12 +71,8 @@ from app.domain.performance.recommend import (
     MemoryFit,
     Requirements,
     Scenario,
-    assess,
-    assess_server,
-    best_batch,
     explain,
     price_of_kind,
-    rank,
 )
 from app.domain.performance.roofline import kernel_points, predict, unsupported_reason
 from app.domain.performance.runtimes import (
@@ -85,7 +80,7 @@ from app.domain.performance.runtimes import (
     DEFAULT_RUNTIME,
     RUNTIME_PROFILES,
     ServingRuntime,
-    with_decode_host_overhead,
+    calibrations_for,
 )
 from app.domain.performance.serving import ServerLoad, clear_server_cache
 from app.domain.performance.tensor_parallel import shard
@@ -96,7 +91,6 @@ from app.domain.workload import (
     Logits,
     Mode,
     Parallelism,
-    Runtime,
     default_attention,
 )
 from app.schemas.estimates import (
@@ -104,7 +98,6 @@ from app.schemas.estimates import (
     InlineArchitecture,
 )
 from app.schemas.recommendations import (
-    CalibrationOverride,
     CalibrationRead,
     DecoderServingRead,
     Exclusion,
@@ -124,9 +117,12 @@ from app.services.cache import LruCache, collector_paused
 from app.services.convert import (
     GraphSource,
     bind_dims,
+    calibration_overrides,
+    decoder_serving,
     geometry,
     hardware_spec,
     model_graph,
+    recommendation_requirements,
 )
 from app.services.errors import (
     InvalidInput,
@@ -228,71 +224,6 @@ def clear_caches() -> None:
 # --------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    """A device with the memory-engine settings of its hardware row."""
-
-    device: HardwareSpec
-    runtime: Runtime
-    overhead: FrameworkOverhead
-    tensor_parallel: int = 1  # a group of GPUs; ``device`` is the group (price, TDP x t)
-    pipeline_parallel: int = 1  # stages (each of ``tensor_parallel`` GPUs)
-
-    @property
-    def gpus(self) -> int:
-        """GPUs the candidate is."""
-        return self.tensor_parallel * self.pipeline_parallel
-
-
-TENSOR_PARALLEL_DEGREES = (2, 4, 8)
-
-
-def tensor_parallel_group(candidate: Candidate, degree: int) -> Candidate:
-    """``degree`` whole GPUs of the candidate's kind as one candidate: the group's price and
-    TDP, one GPU's memory (the memory engine's peak is per GPU), named ``slug xN``."""
-    device = candidate.device
-    return replace(
-        candidate,
-        tensor_parallel=degree,
-        device=replace(
-            device,
-            slug=f"{device.slug} x{degree}",
-            name=f"{degree} x {device.name} (tensor parallel)",
-            price_usd_per_hour=(
-                None if device.price_usd_per_hour is None else device.price_usd_per_hour * degree
-            ),
-            tdp_watts=None if device.tdp_watts is None else device.tdp_watts * degree,
-        ),
-    )
-
-
-PIPELINE_PARALLEL_DEGREES = (2, 4, 8)
-MAX_NODE_GPUS = 8  # a t x p group stays inside one node
-
-
-def pipeline_group(candidate: Candidate, stages: int, tensor: int = 1) -> Candidate:
-    """``stages`` x ``tensor`` whole GPUs of the candidate's kind as one pipeline-parallel
-    candidate: the group's price and TDP, one GPU's memory, named ``slug xN (pipeline)`` (or
-    ``slug xN (tensor t x pipeline p)``)."""
-    device = candidate.device
-    gpus = stages * tensor
-    how = "pipeline" if tensor == 1 else f"tensor {tensor} x pipeline {stages}"
-    return replace(
-        candidate,
-        tensor_parallel=tensor,
-        pipeline_parallel=stages,
-        device=replace(
-            device,
-            slug=f"{device.slug} x{gpus} ({how})",
-            name=f"{gpus} x {device.name} ({how} parallel)",
-            price_usd_per_hour=(
-                None if device.price_usd_per_hour is None else device.price_usd_per_hour * gpus
-            ),
-            tdp_watts=None if device.tdp_watts is None else device.tdp_watts * gpus,
-        ),
-    )
-
-
 def _candidate(row: Hardware, device: HardwareSpec) -> Candidate:
     return Candidate(device=device, runtime=device.runtime, overhead=device.overhead)
 
@@ -353,37 +284,6 @@ def candidates_of(
         geo = geometry(row)
         chosen.append(_candidate(row, mig_slice(whole, geo, require_profile(geo, profile_name))))
     return chosen
-
-
-def calibrations(
-    overrides: Mapping[CalibrationClass, CalibrationOverride],
-    runtime: ServingRuntime = DEFAULT_RUNTIME,
-) -> dict[CalibrationClass, Calibration]:
-    """The default calibration of every class under a serving runtime's profile, with a
-    request's overrides applied on top."""
-    profile = RUNTIME_PROFILES[runtime]
-    result = {cls: profile.apply(cal, cls.kind) for cls, cal in DEFAULT_CALIBRATIONS.items()}
-    # An override of gpu reaches every GPU's class; an architecture class's own override is
-    # applied after it, so its fields win.
-    gpu_override = overrides.get(CalibrationClass.GPU)
-    steps = [] if gpu_override is None else [(cls, gpu_override) for cls in GPU_CLASSES]
-    steps += [(cls, o) for cls, o in overrides.items() if cls is not CalibrationClass.GPU]
-    for cls, override in steps:
-        values = override.model_dump(exclude_none=True)
-        if not values:
-            continue
-        if "kernel_launch_overhead_us" in values:
-            values["kernel_launch_overhead_s"] = values.pop("kernel_launch_overhead_us") * 1e-6
-        if "request_overhead_us" in values:
-            values["request_overhead_s"] = values.pop("request_overhead_us") * 1e-6
-        if "host_dispatch_us" in values:
-            values["host_dispatch_s"] = values.pop("host_dispatch_us") * 1e-6
-        changed = ", ".join(sorted(values))
-        base = result[cls]
-        result[cls] = replace(
-            base, **values, basis=f"request override of {changed}; otherwise: {base.basis}"
-        )
-    return result
 
 
 # --------------------------------------------------------------------------------------------
@@ -591,8 +491,7 @@ class ModelSource:
     def kv_bytes_per_request(self, scheme: PrecisionScheme, gpus: int = 1) -> int:
         """Continuous batching: the paged KV cache one request holds, all beams, per GPU of
         a tensor- or pipeline-parallel group (heads or layers split over ``gpus``) [B]."""
-        whole = self.plan.kv_tokens_per_request() * self.kv_bytes_per_token(scheme)
-        return -(-whole // gpus)
+        return kv_bytes_per_request(self.plan, self.kv_bytes_per_token(scheme), gpus=gpus)
 
     def _memory_request(
         self, batch: int, scheme: PrecisionScheme, candidate: Candidate
@@ -673,14 +572,8 @@ class ModelSource:
     ) -> int:
         """Continuous batching: the most requests whose paged KV cache fits beside one
         maximum-length request's peak, at most ``limit`` (0 when none fits)."""
-        low, high = 0, limit
-        while low < high:  # required_bytes grows with the requests
-            mid = (low + high + 1) // 2
-            if self.fits(mid, scheme, candidate):
-                low = mid
-            else:
-                high = mid - 1
-        return low
+        # required_bytes grows with the requests
+        return largest_fitting(limit, lambda requests: self.fits(requests, scheme, candidate))
 
     def fits(self, batch: int, scheme: PrecisionScheme, candidate: Candidate) -> bool:
         """Whether the workload fits the candidate's memory: the floor first
@@ -832,23 +725,6 @@ def _runtimes_for_any_model() -> str:
     return f"{', '.join(names[:-1])} or {names[-1]}"
 
 
-def decoder_serving(payload: InferenceRecommendationRequest) -> DecoderServing:
-    """The request's decoder lengths, batching and beams (means default to the maxima)."""
-    try:
-        return DecoderServing(
-            prompt_tokens_max=payload.prompt_tokens,
-            prompt_tokens_mean=payload.prompt_tokens_mean or payload.prompt_tokens,
-            generated_tokens_max=payload.generated_tokens,
-            generated_tokens_mean=payload.generated_tokens_mean or payload.generated_tokens,
-            batching=payload.batching,
-            beam_width=payload.beam_width,
-            kv_block_tokens=payload.kv_block_tokens,
-            prompt_shared_by_beams=payload.beams_share_prompt,
-        )
-    except DecodingInputError as exc:
-        raise InvalidInput(str(exc)) from exc
-
-
 def _check_decoder_options(payload: InferenceRecommendationRequest, source: ModelSource) -> None:
     """Decoder serving options are refused for a model that is not a decoder."""
     given = [name for name in DECODER_OPTIONS if name in payload.model_fields_set]
@@ -868,114 +744,9 @@ def _check_decoder_options(payload: InferenceRecommendationRequest, source: Mode
         )
 
 
-def _decoder_batches(
-    source: ModelSource,
-    batches: list[int],
-    scheme: PrecisionScheme,
-    candidate: Candidate,
-    payload: InferenceRecommendationRequest,
-) -> list[int]:
-    """Continuous batching and no explicit batch_sizes: the powers of two below the most
-    concurrent requests that fit, and that number itself (the engine keeps it going); one
-    request in flight under scenario single_stream."""
-    if (
-        not (source.decoder and source.plan.continuous)
-        or payload.batch_sizes is not None
-        or payload.scenario is Scenario.SINGLE_STREAM
-    ):
-        return batches
-    most = source.max_concurrent_requests(scheme, candidate, payload.max_batch_size)
-    if most < 1:
-        return batches[:1]  # does not fit: shown at batch 1 with the reason
-    return sorted({b for b in batches if b <= most} | {most})
-
-
-def _tensor_parallel_groups(
-    source: ModelSource,
-    runnable: Sequence[tuple[Candidate, PrecisionScheme]],
-    most: int,
-    excluded: list[Exclusion],
-) -> list[tuple[Candidate, PrecisionScheme]]:
-    """For each whole GPU and precision whose batch 1 does not fit one GPU, the smallest
-    tensor-parallel group (2, 4 or 8 GPUs, at most ``most``) whose per-GPU peak fits."""
-    groups: list[tuple[Candidate, PrecisionScheme]] = []
-    for candidate, scheme in runnable:
-        device = candidate.device
-        if device.kind is not DeviceKind.GPU or device.parent is not None or most < 2:
-            continue
-        if source.memory_fit(1, scheme, candidate).fits:
-            continue
-        for degree in (d for d in TENSOR_PARALLEL_DEGREES if d <= most):
-            group = tensor_parallel_group(candidate, degree)
-            if not source.fits(1, scheme, group):
-                continue
-            try:
-                source.sharded(1, scheme, degree)  # cached: the batch loop reuses it
-            except RooflineInputError as exc:
-                excluded.append(
-                    Exclusion(device=group.device.slug, precision=scheme.precision, reason=str(exc))
-                )
-                break
-            groups.append((group, scheme))
-            break
-    return groups
-
-
-def _pipeline_shapes(
-    strategy: ParallelStrategy, tensor_max: int, pipeline_max: int
-) -> list[tuple[int, int]]:
-    """(tensor, stages) groups to try in order, fewest GPUs first: pipeline 2, 4, 8;
-    ``both`` adds t x p groups (t, p >= 2, at most 8 GPUs, more tensor first at equal size)."""
-    shapes = [(1, p) for p in PIPELINE_PARALLEL_DEGREES if p <= pipeline_max]
-    if strategy is ParallelStrategy.BOTH:
-        shapes += [
-            (t, p)
-            for t in TENSOR_PARALLEL_DEGREES
-            for p in PIPELINE_PARALLEL_DEGREES
-            if t <= tensor_max and p <= pipeline_max and t * p <= MAX_NODE_GPUS
-        ]
-    return sorted(shapes, key=lambda shape: (shape[0] * shape[1], -shape[0]))
-
-
-def _pipeline_groups(
-    source: ModelSource,
-    runnable: Sequence[tuple[Candidate, PrecisionScheme]],
-    payload: InferenceRecommendationRequest,
-    excluded: list[Exclusion],
-) -> list[tuple[Candidate, PrecisionScheme]]:
-    """For each whole GPU and precision whose batch 1 does not fit one GPU, the smallest
-    pipeline group (2, 4 or 8 stages) whose per-GPU peak fits, and with ``both`` the smallest
-    tensor x pipeline group too."""
-    strategy = payload.parallelism
-    if strategy is ParallelStrategy.TENSOR:
-        return []
-    shapes = _pipeline_shapes(strategy, payload.tensor_parallel_max, payload.pipeline_parallel_max)
-    groups: list[tuple[Candidate, PrecisionScheme]] = []
-    for candidate, scheme in runnable:
-        device = candidate.device
-        if device.kind is not DeviceKind.GPU or device.parent is not None:
-            continue
-        if candidate.gpus > 1 or source.memory_fit(1, scheme, candidate).fits:
-            continue
-        for want_hybrid in (False, True) if strategy is ParallelStrategy.BOTH else (False,):
-            for tensor, stages in shapes:
-                if (tensor > 1) is not want_hybrid:
-                    continue
-                group = pipeline_group(candidate, stages, tensor)
-                if not source.fits(1, scheme, group):
-                    continue
-                try:
-                    source.staged(1, scheme, stages, tensor)  # cached: the batch loop reuses it
-                except RooflineInputError as exc:
-                    excluded.append(
-                        Exclusion(
-                            device=group.device.slug, precision=scheme.precision, reason=str(exc)
-                        )
-                    )
-                    break
-                groups.append((group, scheme))
-                break
-    return groups
+def _batches(payload: InferenceRecommendationRequest) -> list[int]:
+    """The batch sizes the request asks to try (app.domain.performance.batch_search)."""
+    return batch_sizes(payload.scenario, payload.batch_sizes, payload.max_batch_size)
 
 
 def _fuse(payload: InferenceRecommendationRequest) -> bool:
@@ -983,17 +754,6 @@ def _fuse(payload: InferenceRecommendationRequest) -> bool:
     if "fuse_elementwise" in payload.model_fields_set:
         return payload.fuse_elementwise
     return RUNTIME_PROFILES[payload.serving_runtime].fuse_elementwise
-
-
-def _batches(payload: InferenceRecommendationRequest) -> list[int]:
-    if payload.scenario is Scenario.SINGLE_STREAM:
-        return [1]  # the request's validation allows no other batch
-    if payload.batch_sizes is not None:
-        return sorted(set(payload.batch_sizes))
-    batches = [1]
-    while batches[-1] * 2 <= payload.max_batch_size:
-        batches.append(batches[-1] * 2)
-    return batches
 
 
 # --------------------------------------------------------------------------------------------
@@ -1075,95 +835,38 @@ def _recommend(
         serving=decoder_serving(payload),
     )
     _check_decoder_options(payload, source)
-    cals = calibrations(payload.calibration, payload.serving_runtime)
-    host_s = RUNTIME_PROFILES[payload.serving_runtime].host_overhead_per_sequence_step_s
-    schemes = [PRECISION_SCHEMES[p] for p in payload.precisions]
-    excluded: list[Exclusion] = []
-    runnable: list[tuple[Candidate, PrecisionScheme]] = []
-    for candidate in pool:
-        for scheme in schemes:
-            reason = unsupported_reason(candidate.device, scheme)
-            if reason is None:
-                runnable.append((candidate, scheme))
-            else:
-                excluded.append(
-                    Exclusion(
-                        device=candidate.device.slug, precision=scheme.precision, reason=reason
-                    )
-                )
-    singles = list(runnable)
-    if payload.parallelism is not ParallelStrategy.PIPELINE:
-        runnable += _tensor_parallel_groups(source, singles, payload.tensor_parallel_max, excluded)
-    runnable += _pipeline_groups(source, singles, payload, excluded)
+    cals = calibrations_for(payload.serving_runtime, calibration_overrides(payload.calibration))
+    runnable, left_out = runnable_candidates(
+        source,
+        pool,
+        [PRECISION_SCHEMES[p] for p in payload.precisions],
+        payload.parallelism,
+        tensor_parallel_max=payload.tensor_parallel_max,
+        pipeline_parallel_max=payload.pipeline_parallel_max,
+    )
+    excluded = [
+        Exclusion(device=e.device, precision=e.precision, reason=e.reason) for e in left_out
+    ]
     if not runnable:
         raise InvalidInput(
             "no candidate device can run the requested precisions: "
             + "; ".join(f"{e.device} {e.precision.value}: {e.reason}" for e in excluded[:10]),
             pointer="/precisions",
         )
-    requirements = Requirements(
-        objective=payload.objective,
-        latency_slo_s=None if payload.latency_slo_ms is None else payload.latency_slo_ms / 1e3,
-        throughput_target_per_s=payload.throughput_target_per_s,
-        slo_margin_fraction=payload.slo_margin,
-        price_kind=payload.price_kind,
-    )
+    requirements = recommendation_requirements(payload)
     batches = _batches(payload)
-    options: dict[tuple[str, str], list[Assessment]] = {}
-    # Candidates a smaller batch already overfilled: memory grows with the batch, so larger
-    # batches do not fit either, and best_batch never shows one (a device on which nothing
-    # fits shows its smallest batch). Multi-GPU groups keep no option that does not fit.
-    outgrown: set[tuple[str, str]] = set()
-    plans = [
-        (batch, candidate, scheme)
-        for candidate, scheme in runnable
-        for batch in _decoder_batches(source, batches, scheme, candidate, payload)
-    ]
-    plans.sort(key=lambda item: item[0])  # stable: candidates keep their order per batch
-    for batch, candidate, scheme in plans:
-        checkpoint()  # each plan predicts every layer: stop here past the deadline
-        device = candidate.device
-        key = (device.slug, scheme.precision.value)
-        if key in outgrown:
-            continue
-        if candidate.gpus > 1 and source.overfills(batch, scheme, candidate):
-            outgrown.add(key)  # a group that does not fit is not offered: no estimate needed
-            continue
-        fit = source.memory_fit(batch, scheme, candidate)
-        if not fit.fits:
-            outgrown.add(key)
-            if candidate.gpus > 1:
-                continue
-        if candidate.pipeline_parallel > 1:
-            micro, size = micro_batching(batch, candidate.pipeline_parallel)
-            stages = source.staged(
-                size, scheme, candidate.pipeline_parallel, candidate.tensor_parallel
-            )
-            prediction = predict_pipeline(
-                stages,
-                device,
-                cals[calibration_class(device, scheme)],
-                batch=batch,
-                micro_batches=micro,
-            )
-            prediction = _in_scenario(with_decode_host_overhead(prediction, host_s), payload)
-            options.setdefault(key, []).append(assess(prediction, fit, requirements))
-            continue
-        if candidate.tensor_parallel > 1:
-            workload = source.sharded(batch, scheme, candidate.tensor_parallel)
-        else:
-            workload = source.workload(batch, scheme)
-        prediction = predict(workload, device, cals[calibration_class(device, scheme)])
-        prediction = _in_scenario(with_decode_host_overhead(prediction, host_s), payload)
-        options.setdefault(key, []).append(assess(prediction, fit, requirements))
-    if payload.scenario is Scenario.SERVER:
-        shown = []
-        for found in options.values():
-            checkpoint()  # a simulated queue per device and precision
-            shown.append(assess_server(found, requirements))
-    else:
-        shown = [best_batch(found, payload.objective) for found in options.values()]
-    ranked = rank(shown, payload.objective)
+    ranked = search(
+        source,
+        runnable,
+        batches=batches,
+        calibrations=cals,
+        requirements=requirements,
+        scenario=payload.scenario,
+        objective=payload.objective,
+        host_step_s=RUNTIME_PROFILES[payload.serving_runtime].host_overhead_per_sequence_step_s,
+        sizes_given=payload.batch_sizes is not None,
+        max_batch_size=payload.max_batch_size,
+    )
     unpriced = len({a.prediction.device.slug for a in ranked if a.cost_usd_per_million is None})
     paragraph = explain(
         ranked, requirements, model=source.label, unpriced=unpriced, excluded=len(excluded)
@@ -1304,14 +1007,6 @@ def _prices_note(pool: Sequence[Candidate], kind: PriceKind) -> str:
     if skipped:
         text += "; not ranked by cost: " + "; ".join(skipped)
     return text
-
-
-def _in_scenario(prediction: Prediction, payload: InferenceRecommendationRequest) -> Prediction:
-    """Under scenario single_stream the next query waits for the answer: nothing overlaps,
-    so a request comes every latency (offline and server keep the overlapped interval)."""
-    if payload.scenario is not Scenario.SINGLE_STREAM:
-        return prediction
-    return replace(prediction, interval_s=prediction.latency_s)
 
 
 def _scenario_note(
@@ -1695,7 +1390,9 @@ def _serving_read(source: ModelSource, item: Assessment) -> DecoderServingRead:
         mean_context_tokens=plan.mean_context_tokens,
         kv_bytes_per_token=per_token,
         kv_tokens_per_request=tokens,
-        kv_bytes_per_request=-(-tokens * per_token // (p.tensor_parallel * p.pipeline_parallel)),
+        kv_bytes_per_request=kv_bytes_per_request(
+            plan, per_token, gpus=p.tensor_parallel * p.pipeline_parallel
+        ),
         note=plan.describe(),
     )
 

@@ -7,7 +7,8 @@ Reads ``calibration_benchmarks.yaml`` (a committed copy of
 ``../shared/reference/calibration_benchmarks.yaml``; ``--reference`` reads another copy) with
 the ResNet-50 Offline rows of ``calibration_cpu.yaml`` (Xeons without AMX, collected here) and:
 
-1. derives the per-class defaults of :data:`app.domain.performance.calibration.DEFAULT_CALIBRATIONS`:
+1. derives the per-class defaults of
+   :data:`app.domain.performance.calibration.DEFAULT_CALIBRATIONS`:
    * compute efficiency (and activation cache share) per calibration class (gpu, cpu: a CPU's
      vector units, cpu_amx: Intel AMX tiles, edge; see README): for every MLPerf ResNet-50 Offline
      INT8 row, the efficiency at which the model predicts the measured throughput (per
@@ -67,6 +68,7 @@ from app.domain.performance.calibration import (
     CalibrationClass,
     calibration_class,
 )
+from app.domain.performance.candidates import Candidate
 from app.domain.performance.decoding import Batching, DecoderServing
 from app.domain.performance.phases import PhasedRequest, forward_request
 from app.domain.performance.precision_schemes import PRECISION_SCHEMES, PrecisionScheme
@@ -78,7 +80,7 @@ from app.domain.zoo import bert as zoo_bert
 from app.domain.zoo import transformers as zoo_transformers
 from app.services.catalog import load_catalog
 from app.services.convert import apply_hardware_fields, hardware_spec
-from app.services.recommendations import Candidate, ModelSource
+from app.services.recommendations import ModelSource
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "calibration_benchmarks.yaml"

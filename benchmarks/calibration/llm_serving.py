@@ -53,6 +53,11 @@ from app.domain.performance.calibration import (  # noqa: E402
     HALF_PRECISION_DTYPES,
     calibration_class,
 )
+from app.domain.performance.candidates import (  # noqa: E402
+    Candidate,
+    pipeline_group,
+    tensor_parallel_group,
+)
 from app.domain.performance.decoding import Batching, DecoderServing  # noqa: E402
 from app.domain.performance.phases import PhasedRequest  # noqa: E402
 from app.domain.performance.pipeline import micro_batching, predict_pipeline  # noqa: E402
@@ -71,12 +76,7 @@ from app.domain.performance.runtimes import (  # noqa: E402
 from app.domain.performance.tensor_parallel import shard  # noqa: E402
 from app.domain.precision import Precision  # noqa: E402
 from app.domain.zoo import ZOO, llama  # noqa: E402
-from app.services.recommendations import (  # noqa: E402
-    Candidate,
-    ModelSource,
-    pipeline_group,
-    tensor_parallel_group,
-)
+from app.services.recommendations import ModelSource  # noqa: E402
 
 DATA = HERE / "framework_measurements.yaml"
 RESULTS = HERE / "llm_serving.md"

@@ -234,6 +234,24 @@ def paged_kv_tokens(
     return block_tokens * (shared + beam_width * own)
 
 
+def kv_bytes_per_request(serving: DecoderServing, kv_bytes_per_token: int, *, gpus: int = 1) -> int:
+    """KV cache one request holds, all beams, per GPU of a tensor- or pipeline-parallel group
+    (heads or layers split over the GPUs) [B].
+
+    Parameters
+    ----------
+    serving : lengths, batching and beams (:meth:`DecoderServing.kv_tokens_per_request`)
+    kv_bytes_per_token : keys and values of one token of one sequence, all layers, at the
+        precision [B] (:func:`kv_elements_per_token` x bytes per KV element)
+    gpus : GPUs the cache is split over [-]
+
+    Returns
+    -------
+    bytes : ``ceil(kv_tokens_per_request * kv_bytes_per_token / gpus)`` [B]
+    """
+    return -(-serving.kv_tokens_per_request() * kv_bytes_per_token // gpus)
+
+
 def kv_elements_per_token(step: GraphAnalysis) -> int:
     """Keys and values cached per token of one sequence, all layers [elements].
 
