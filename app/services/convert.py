@@ -28,6 +28,7 @@ from app.domain.mig.layout import (
 from app.domain.performance.calibration import CalibrationClass
 from app.domain.performance.decoding import DecoderServing, DecodingInputError
 from app.domain.performance.recommend import Requirements
+from app.domain.performance.runtimes import RUNTIME_PROFILES
 from app.domain.precision import ComputeCapability, DType, Precision, cannot_run
 from app.domain.workload import (
     GpuTraits,
@@ -514,3 +515,10 @@ def recommendation_requirements(payload: InferenceRecommendationRequest) -> Requ
         slo_margin_fraction=payload.slo_margin,
         price_kind=payload.price_kind,
     )
+
+
+def fuse_elementwise(payload: InferenceRecommendationRequest) -> bool:
+    """fuse_elementwise as given, else what the serving runtime does."""
+    if "fuse_elementwise" in payload.model_fields_set:
+        return payload.fuse_elementwise
+    return RUNTIME_PROFILES[payload.serving_runtime].fuse_elementwise

@@ -80,7 +80,7 @@ from app.domain.zoo import bert as zoo_bert
 from app.domain.zoo import transformers as zoo_transformers
 from app.services.catalog import load_catalog
 from app.services.convert import apply_hardware_fields, hardware_spec
-from app.services.recommendations import ModelSource
+from app.services.recommendation_source import ModelSource
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "calibration_benchmarks.yaml"

@@ -76,7 +76,7 @@ from app.domain.performance.runtimes import (  # noqa: E402
 from app.domain.performance.tensor_parallel import shard  # noqa: E402
 from app.domain.precision import Precision  # noqa: E402
 from app.domain.zoo import ZOO, llama  # noqa: E402
-from app.services.recommendations import ModelSource  # noqa: E402
+from app.services.recommendation_source import ModelSource  # noqa: E402
 
 DATA = HERE / "framework_measurements.yaml"
 RESULTS = HERE / "llm_serving.md"
