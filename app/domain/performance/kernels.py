@@ -8,7 +8,7 @@ from functools import lru_cache
 
 from app.domain.graph.analysis import GraphAnalysis, LayerAnalysis
 from app.domain.graph.ops import Storage, TensorKind
-from app.domain.graph.traits import FUSABLE_EPILOGUE_OPS, LOOKUP_OPS, MULTI_KERNEL_OPS
+from app.domain.graph.traits import CONV_OPS, FUSABLE_EPILOGUE_OPS, LOOKUP_OPS, MULTI_KERNEL_OPS
 from app.domain.performance.errors import RooflineInputError
 from app.domain.performance.precision_schemes import PrecisionScheme
 from app.domain.performance.tiling import Gemm, Tiling, gemm_efficiency
@@ -259,9 +259,6 @@ class KernelCount:
         )
 
 
-CONV_OPS = frozenset(
-    {"conv2d", "depthwise_conv2d", "pointwise_conv2d", "conv3d", "conv_transpose3d"}
-)
 PROJECTION_OPS = frozenset({"linear", "attention", "mlp"})
 
 
