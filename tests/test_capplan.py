@@ -25,10 +25,10 @@ from app.client.cli_recommend import recommendation_table
 from app.client.transport import Json
 from app.config import PROJECT_ROOT
 from app.domain.hardware import DeviceKind, PriceKind
+from app.domain.performance.calibration import CalibrationClass
 from app.domain.performance.decoding import Batching
 from app.domain.performance.pipeline import ParallelStrategy
 from app.domain.performance.recommend import Objective, Scenario
-from app.domain.performance.roofline import CalibrationClass
 from app.domain.performance.runtimes import ServingRuntime
 from app.domain.precision import Precision
 from app.domain.workload import (

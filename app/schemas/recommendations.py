@@ -8,19 +8,19 @@ from typing import Annotated, Self
 from pydantic import Field, StringConstraints, model_validator
 
 from app.domain.hardware import MIN_EFFICIENCY, DeviceKind, PriceKind
+from app.domain.performance.calibration import (
+    GPU_HALF_PRECISION_SCALE,
+    MAX_PRECISION_SCALE,
+    CalibrationClass,
+)
 from app.domain.performance.decoding import DEFAULT_KV_BLOCK_TOKENS, MAX_BEAM_WIDTH, Batching
 from app.domain.performance.pipeline import ParallelStrategy
+from app.domain.performance.prediction import Bound
 from app.domain.performance.recommend import (
     DEFAULT_SLO_MARGIN_FRACTION,
     MAX_SLO_MARGIN_FRACTION,
     Objective,
     Scenario,
-)
-from app.domain.performance.roofline import (
-    GPU_HALF_PRECISION_SCALE,
-    MAX_PRECISION_SCALE,
-    Bound,
-    CalibrationClass,
 )
 from app.domain.performance.runtimes import DEFAULT_RUNTIME, ServingRuntime
 from app.domain.precision import Precision

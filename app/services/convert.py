@@ -25,6 +25,10 @@ from app.domain.mig.layout import (
     MigGeometry,
     MigProfileSpec,
 )
+from app.domain.performance.calibration import CalibrationClass
+from app.domain.performance.decoding import DecoderServing, DecodingInputError
+from app.domain.performance.recommend import Requirements
+from app.domain.performance.runtimes import RUNTIME_PROFILES
 from app.domain.precision import ComputeCapability, DType, Precision, cannot_run
 from app.domain.workload import (
     GpuTraits,
@@ -39,6 +43,7 @@ from app.schemas.estimates import (
     WorkloadSpec,
 )
 from app.schemas.hardware import HardwareBase
+from app.schemas.recommendations import CalibrationOverride, InferenceRecommendationRequest
 from app.schemas.workloads import (
     WorkloadBase,
     WorkloadOptions,
@@ -466,3 +471,54 @@ def hardware_spec(
         mig=geometry(row) if row.mig_total_compute_slices is not None else None,
         overhead=hardware_overhead(row),
     )
+
+
+def calibration_overrides(
+    overrides: Mapping[CalibrationClass, CalibrationOverride],
+) -> dict[CalibrationClass, dict[str, float]]:
+    """A request's calibration overrides as :class:`Calibration` fields in their units (the
+    API's microseconds become seconds); fields left out are not overridden."""
+    result: dict[CalibrationClass, dict[str, float]] = {}
+    for cls, override in overrides.items():
+        values = override.model_dump(exclude_none=True)
+        for name in ("kernel_launch_overhead", "request_overhead", "host_dispatch"):
+            if f"{name}_us" in values:
+                values[f"{name}_s"] = values.pop(f"{name}_us") * 1e-6
+        result[cls] = values
+    return result
+
+
+def decoder_serving(payload: InferenceRecommendationRequest) -> DecoderServing:
+    """The request's decoder lengths, batching and beams (means default to the maxima)."""
+    try:
+        return DecoderServing(
+            prompt_tokens_max=payload.prompt_tokens,
+            prompt_tokens_mean=payload.prompt_tokens_mean or payload.prompt_tokens,
+            generated_tokens_max=payload.generated_tokens,
+            generated_tokens_mean=payload.generated_tokens_mean or payload.generated_tokens,
+            batching=payload.batching,
+            beam_width=payload.beam_width,
+            kv_block_tokens=payload.kv_block_tokens,
+            prompt_shared_by_beams=payload.beams_share_prompt,
+        )
+    except DecodingInputError as exc:
+        raise InvalidInput(str(exc)) from exc
+
+
+def recommendation_requirements(payload: InferenceRecommendationRequest) -> Requirements:
+    """What a recommendation request asks of a candidate: objective, SLO (ms -> s) with its
+    margin, throughput target and price kind."""
+    return Requirements(
+        objective=payload.objective,
+        latency_slo_s=None if payload.latency_slo_ms is None else payload.latency_slo_ms / 1e3,
+        throughput_target_per_s=payload.throughput_target_per_s,
+        slo_margin_fraction=payload.slo_margin,
+        price_kind=payload.price_kind,
+    )
+
+
+def fuse_elementwise(payload: InferenceRecommendationRequest) -> bool:
+    """fuse_elementwise as given, else what the serving runtime does."""
+    if "fuse_elementwise" in payload.model_fields_set:
+        return payload.fuse_elementwise
+    return RUNTIME_PROFILES[payload.serving_runtime].fuse_elementwise

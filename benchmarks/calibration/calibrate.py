@@ -7,7 +7,8 @@ Reads ``calibration_benchmarks.yaml`` (a committed copy of
 ``../shared/reference/calibration_benchmarks.yaml``; ``--reference`` reads another copy) with
 the ResNet-50 Offline rows of ``calibration_cpu.yaml`` (Xeons without AMX, collected here) and:
 
-1. derives the per-class defaults of :data:`app.domain.roofline.DEFAULT_CALIBRATIONS`:
+1. derives the per-class defaults of
+   :data:`app.domain.performance.calibration.DEFAULT_CALIBRATIONS`:
    * compute efficiency (and activation cache share) per calibration class (gpu, cpu: a CPU's
      vector units, cpu_amx: Intel AMX tiles, edge; see README): for every MLPerf ResNet-50 Offline
      INT8 row, the efficiency at which the model predicts the measured throughput (per
@@ -59,20 +60,19 @@ from app.db.models import Hardware
 from app.domain.graph.analysis import analyze
 from app.domain.graph.ops import TensorKind
 from app.domain.hardware import DeviceKind, HardwareSpec, pcie_bandwidth_bytes_per_s
-from app.domain.performance.decoding import Batching, DecoderServing
-from app.domain.performance.roofline import (
+from app.domain.performance.calibration import (
     DEFAULT_CALIBRATIONS,
     GPU_ARCHITECTURE_CLASSES,
     GPU_CLASSES,
-    PRECISION_SCHEMES,
     Calibration,
     CalibrationClass,
-    PhasedRequest,
-    PrecisionScheme,
     calibration_class,
-    forward_request,
-    predict,
 )
+from app.domain.performance.candidates import Candidate
+from app.domain.performance.decoding import Batching, DecoderServing
+from app.domain.performance.phases import PhasedRequest, forward_request
+from app.domain.performance.precision_schemes import PRECISION_SCHEMES, PrecisionScheme
+from app.domain.performance.roofline import predict
 from app.domain.performance.serving import BatchTiming, server_throughput
 from app.domain.precision import Precision
 from app.domain.zoo import ZOO
@@ -80,7 +80,7 @@ from app.domain.zoo import bert as zoo_bert
 from app.domain.zoo import transformers as zoo_transformers
 from app.services.catalog import load_catalog
 from app.services.convert import apply_hardware_fields, hardware_spec
-from app.services.recommendations import Candidate, ModelSource
+from app.services.recommendation_source import ModelSource
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "calibration_benchmarks.yaml"

@@ -47,35 +47,36 @@ sys.path.insert(0, str(HERE))
 import calibrate  # noqa: E402  (the calibration script beside this one)
 
 from app.domain.hardware import HardwareSpec  # noqa: E402
-from app.domain.performance.decoding import Batching, DecoderServing  # noqa: E402
-from app.domain.performance.pipeline import micro_batching, predict_pipeline  # noqa: E402
-from app.domain.performance.roofline import (  # noqa: E402
+from app.domain.performance.calibration import (  # noqa: E402
     DEFAULT_CALIBRATIONS,
     GPU_CLASSES,
     HALF_PRECISION_DTYPES,
-    PRECISION_SCHEMES,
-    PhasedRequest,
-    PrecisionScheme,
     calibration_class,
-    compute_dtype_for,
-    predict,
-    shard,
-    unsupported_reason,
 )
+from app.domain.performance.candidates import (  # noqa: E402
+    Candidate,
+    pipeline_group,
+    tensor_parallel_group,
+)
+from app.domain.performance.decoding import Batching, DecoderServing  # noqa: E402
+from app.domain.performance.phases import PhasedRequest  # noqa: E402
+from app.domain.performance.pipeline import micro_batching, predict_pipeline  # noqa: E402
+from app.domain.performance.precision_schemes import (  # noqa: E402
+    PRECISION_SCHEMES,
+    PrecisionScheme,
+    compute_dtype_for,
+)
+from app.domain.performance.roofline import predict, unsupported_reason  # noqa: E402
 from app.domain.performance.runtimes import (  # noqa: E402
     RUNTIME_PROFILES,
     RuntimeProfile,
     ServingRuntime,
     with_decode_host_overhead,
 )
+from app.domain.performance.tensor_parallel import shard  # noqa: E402
 from app.domain.precision import Precision  # noqa: E402
 from app.domain.zoo import ZOO, llama  # noqa: E402
-from app.services.recommendations import (  # noqa: E402
-    Candidate,
-    ModelSource,
-    pipeline_group,
-    tensor_parallel_group,
-)
+from app.services.recommendation_source import ModelSource  # noqa: E402
 
 DATA = HERE / "framework_measurements.yaml"
 RESULTS = HERE / "llm_serving.md"

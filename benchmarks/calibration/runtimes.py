@@ -49,15 +49,10 @@ import calibrate  # noqa: E402  (the calibration script beside this one)
 
 from app.domain.graph.analysis import analyze  # noqa: E402
 from app.domain.hardware import DeviceKind, HardwareSpec  # noqa: E402
-from app.domain.performance.roofline import (  # noqa: E402
-    DEFAULT_CALIBRATIONS,
-    PRECISION_SCHEMES,
-    PhasedRequest,
-    calibration_class,
-    forward_request,
-    predict,
-    unsupported_reason,
-)
+from app.domain.performance.calibration import DEFAULT_CALIBRATIONS, calibration_class  # noqa: E402
+from app.domain.performance.phases import PhasedRequest, forward_request  # noqa: E402
+from app.domain.performance.precision_schemes import PRECISION_SCHEMES  # noqa: E402
+from app.domain.performance.roofline import predict, unsupported_reason  # noqa: E402
 from app.domain.performance.runtimes import (  # noqa: E402
     DECODER_ONLY,
     DEFAULT_RUNTIME,

@@ -5,7 +5,7 @@ from typing import Any
 
 import pytest
 
-from app.domain.performance.roofline import PRECISION_SCHEMES
+from app.domain.performance.precision_schemes import PRECISION_SCHEMES
 from app.domain.precision import Precision
 from tests.api.helpers import assert_problem
 from tests.support import ApiClient, table_counts

@@ -17,7 +17,7 @@ import yaml
 
 from app.config import PROJECT_ROOT
 from app.domain.hardware import DeviceKind
-from app.domain.performance.roofline import DEFAULT_CALIBRATIONS, CalibrationClass
+from app.domain.performance.calibration import DEFAULT_CALIBRATIONS, CalibrationClass
 
 CALIBRATION = PROJECT_ROOT / "benchmarks" / "calibration"
 

@@ -18,7 +18,7 @@ import pytest
 from app.config import PROJECT_ROOT
 from app.domain.graph.analysis import analyze
 from app.domain.hardware import DeviceKind
-from app.domain.performance.roofline import CalibrationClass
+from app.domain.performance.calibration import CalibrationClass
 from app.domain.precision import Precision
 from app.services.convert import input_decls
 
@@ -329,7 +329,7 @@ def test_the_other_fits_read_no_mlperf_family(calibrate: ModuleType) -> None:
     rows only (llm_serving.py), and the default runtime (TensorRT) applies no profile, so the
     runtime-profile fits (runtimes.py, whose rows include ResNet-50 and BERT) never reach these
     predictions."""
-    from app.domain.performance.roofline import DEFAULT_CALIBRATIONS
+    from app.domain.performance.calibration import DEFAULT_CALIBRATIONS
     from app.domain.performance.runtimes import DEFAULT_RUNTIME, RUNTIME_PROFILES
     from tests.support import load_script
 

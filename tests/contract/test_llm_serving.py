@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from app.domain.performance.roofline import DEFAULT_CALIBRATIONS, CalibrationClass
+from app.domain.performance.calibration import DEFAULT_CALIBRATIONS, CalibrationClass
 from app.domain.performance.runtimes import RUNTIME_PROFILES, ServingRuntime
 from tests.contract.conftest import CALIBRATION
 from tests.support import load_script

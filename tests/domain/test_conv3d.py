@@ -10,7 +10,8 @@ from app.domain.errors import GraphError
 from app.domain.graph.analysis import GraphAnalysis, InputDecl, analyze
 from app.domain.graph.ops import Storage
 from app.domain.memory.estimate import MemoryRequest, estimate_memory
-from app.domain.performance.roofline import Gemm, layer_gemms
+from app.domain.performance.kernels import layer_gemms
+from app.domain.performance.tiling import Gemm
 from app.domain.workload import Mode, Runtime
 from app.domain.zoo import ZOO
 

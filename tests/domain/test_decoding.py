@@ -13,12 +13,10 @@ from app.domain.performance.decoding import (
     paged_kv_tokens,
     serving_shape,
 )
-from app.domain.performance.roofline import (
-    PRECISION_SCHEMES,
-    RooflineInputError,
-    count_kernels,
-    decoder_shape,
-)
+from app.domain.performance.errors import RooflineInputError
+from app.domain.performance.kernels import count_kernels
+from app.domain.performance.phases import decoder_shape
+from app.domain.performance.precision_schemes import PRECISION_SCHEMES
 from app.domain.precision import Precision
 from app.domain.zoo import gpt2
 

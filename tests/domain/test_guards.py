@@ -23,6 +23,9 @@ from app.domain.hardware import (
 )
 from app.domain.memory.estimate import MemoryInputError, MemoryRequest
 from app.domain.mig.layout import MigGeometry, MigProfileSpec
+from app.domain.performance.errors import RooflineInputError
+from app.domain.performance.phases import Phase, PhasedRequest, forward_request
+from app.domain.performance.precision_schemes import PRECISION_SCHEMES
 from app.domain.performance.recommend import (
     MemoryFit,
     RecommendationInputError,
@@ -33,11 +36,6 @@ from app.domain.performance.recommend import (
     energy_per_inference_j,
 )
 from app.domain.performance.roofline import (
-    PRECISION_SCHEMES,
-    Phase,
-    PhasedRequest,
-    RooflineInputError,
-    forward_request,
     implausible_figures,
     kernel_points,
     predict,

@@ -7,6 +7,8 @@ import pytest
 
 from app.domain.graph.analysis import analyze
 from app.domain.hardware import DeviceKind, HardwareSpec
+from app.domain.performance.errors import RooflineInputError
+from app.domain.performance.phases import PhasedRequest, decoder_request
 from app.domain.performance.pipeline import (
     PIPELINE_TRANSFER_LATENCY_S,
     block_key,
@@ -16,15 +18,10 @@ from app.domain.performance.pipeline import (
     predict_pipeline,
     split_stages,
 )
-from app.domain.performance.roofline import (
-    PRECISION_SCHEMES,
-    Bound,
-    PhasedRequest,
-    RooflineInputError,
-    decoder_request,
-    predict,
-    shard,
-)
+from app.domain.performance.precision_schemes import PRECISION_SCHEMES
+from app.domain.performance.prediction import Bound
+from app.domain.performance.roofline import predict
+from app.domain.performance.tensor_parallel import shard
 from app.domain.precision import DType, Precision
 from app.domain.zoo import llama
 from tests.domain.test_roofline import HAND_CAL

@@ -6,6 +6,14 @@ import pytest
 
 from app.domain.graph.analysis import InputDecl, analyze
 from app.domain.hardware import DeviceKind, HardwareSpec, PriceKind
+from app.domain.performance.calibration import (
+    DEFAULT_CALIBRATIONS,
+    CalibrationClass,
+    calibration_class,
+)
+from app.domain.performance.phases import PhasedRequest, forward_request
+from app.domain.performance.precision_schemes import PRECISION_SCHEMES
+from app.domain.performance.prediction import Bound
 from app.domain.performance.recommend import (
     DEFAULT_SLO_MARGIN_FRACTION,
     Assessment,
@@ -24,16 +32,7 @@ from app.domain.performance.recommend import (
     quantization_sentence,
     rank,
 )
-from app.domain.performance.roofline import (
-    DEFAULT_CALIBRATIONS,
-    PRECISION_SCHEMES,
-    Bound,
-    CalibrationClass,
-    PhasedRequest,
-    calibration_class,
-    forward_request,
-    predict,
-)
+from app.domain.performance.roofline import predict
 from app.domain.precision import DType, Precision
 from app.domain.zoo import ZOO
 

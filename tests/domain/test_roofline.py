@@ -10,29 +10,30 @@ import pytest
 from app.domain.graph.analysis import GraphAnalysis, InputDecl, analyze
 from app.domain.hardware import DeviceKind, HardwareSpec, mig_slice, pcie_bandwidth_bytes_per_s
 from app.domain.mig.layout import MigGeometry, MigProfileSpec
-from app.domain.performance.roofline import (
+from app.domain.performance.calibration import (
     DEFAULT_CALIBRATIONS,
-    PRECISION_SCHEMES,
-    AllReduce,
-    Bound,
     Calibration,
     CalibrationClass,
+    calibration_class,
+)
+from app.domain.performance.errors import RooflineInputError
+from app.domain.performance.kernels import (
     Kernel,
+    build_kernels,
+    expected_experts_read,
+    moe_weight_elements,
+)
+from app.domain.performance.phases import (
     Phase,
     PhasedRequest,
-    RooflineInputError,
-    build_kernels,
-    calibration_class,
     decoder_request,
-    expected_experts_read,
     forward_request,
     is_decoder,
-    kernel_points,
-    moe_weight_elements,
-    predict,
-    shard,
-    unsupported_reason,
 )
+from app.domain.performance.precision_schemes import PRECISION_SCHEMES
+from app.domain.performance.prediction import Bound
+from app.domain.performance.roofline import kernel_points, predict, unsupported_reason
+from app.domain.performance.tensor_parallel import AllReduce, shard
 from app.domain.precision import DType, Precision
 from app.domain.workload import Attention
 from app.domain.zoo import ZOO, gpt2

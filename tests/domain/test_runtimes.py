@@ -8,14 +8,10 @@ import pytest
 
 from app.domain.graph.analysis import analyze
 from app.domain.hardware import DeviceKind
-from app.domain.performance.roofline import (
-    DEFAULT_CALIBRATIONS,
-    PRECISION_SCHEMES,
-    CalibrationClass,
-    decoder_request,
-    forward_request,
-    predict,
-)
+from app.domain.performance.calibration import DEFAULT_CALIBRATIONS, CalibrationClass
+from app.domain.performance.phases import decoder_request, forward_request
+from app.domain.performance.precision_schemes import PRECISION_SCHEMES
+from app.domain.performance.roofline import predict
 from app.domain.performance.runtimes import (
     DEFAULT_RUNTIME,
     RUNTIME_PROFILES,

@@ -7,20 +7,17 @@ import pytest
 from app.domain.graph.analysis import InputDecl, analyze
 from app.domain.hardware import DeviceKind, HardwareInputError, HardwareSpec, mig_slice
 from app.domain.mig.layout import MigGeometry, MigProfileSpec
-from app.domain.performance.roofline import (
-    DEFAULT_CALIBRATIONS,
+from app.domain.performance.calibration import DEFAULT_CALIBRATIONS, CalibrationClass
+from app.domain.performance.errors import RooflineInputError
+from app.domain.performance.kernels import Kernel, build_kernels
+from app.domain.performance.phases import Phase, PhasedRequest
+from app.domain.performance.precision_schemes import PRECISION_SCHEMES
+from app.domain.performance.roofline import predict
+from app.domain.performance.tiling import (
     GPU_TILE,
-    PRECISION_SCHEMES,
-    CalibrationClass,
     Gemm,
-    Kernel,
-    Phase,
-    PhasedRequest,
-    RooflineInputError,
     Tiling,
-    build_kernels,
     gemm_efficiency,
-    predict,
     split_k_factor,
     tiling_for,
     wave_efficiency,

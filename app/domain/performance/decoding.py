@@ -45,7 +45,7 @@ from enum import StrEnum
 
 from app.domain.errors import DomainError
 from app.domain.graph.analysis import GraphAnalysis
-from app.domain.performance.roofline import PhasedRequestShape, decoder_shape
+from app.domain.performance.phases import PhasedRequestShape, decoder_shape
 
 # TensorRT-LLM's paged-KV block: PluginConfig._tokens_per_block defaults to 64
 # (tensorrt_llm/plugin/plugin.py, NVIDIA/TensorRT-LLM 0.x; vLLM's default block is 16 tokens).
@@ -234,6 +234,24 @@ def paged_kv_tokens(
     return block_tokens * (shared + beam_width * own)
 
 
+def kv_bytes_per_request(serving: DecoderServing, kv_bytes_per_token: int, *, gpus: int = 1) -> int:
+    """KV cache one request holds, all beams, per GPU of a tensor- or pipeline-parallel group
+    (heads or layers split over the GPUs) [B].
+
+    Parameters
+    ----------
+    serving : lengths, batching and beams (:meth:`DecoderServing.kv_tokens_per_request`)
+    kv_bytes_per_token : keys and values of one token of one sequence, all layers, at the
+        precision [B] (:func:`kv_elements_per_token` x bytes per KV element)
+    gpus : GPUs the cache is split over [-]
+
+    Returns
+    -------
+    bytes : ``ceil(kv_tokens_per_request * kv_bytes_per_token / gpus)`` [B]
+    """
+    return -(-serving.kv_tokens_per_request() * kv_bytes_per_token // gpus)
+
+
 def kv_elements_per_token(step: GraphAnalysis) -> int:
     """Keys and values cached per token of one sequence, all layers [elements].
 
@@ -283,7 +301,7 @@ def serving_shape(
 
     Notes
     -----
-    As :func:`app.domain.performance.roofline.decoder_shape`, with the decode rows ``k`` times
+    As :func:`app.domain.performance.phases.decoder_shape`, with the decode rows ``k`` times
     the requests and the lengths the batching prices. The host receives each decode row's
     token id (8 B) per step.
     """

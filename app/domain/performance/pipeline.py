@@ -52,18 +52,19 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from app.domain.hardware import HardwareSpec
-from app.domain.performance.roofline import (
-    ALLREDUCE_LATENCY_S,
-    Calibration,
-    Kernel,
-    Phase,
-    PhasedRequest,
+from app.domain.performance.calibration import Calibration
+from app.domain.performance.errors import RooflineInputError
+from app.domain.performance.kernels import Kernel
+from app.domain.performance.phases import Phase, PhasedRequest
+from app.domain.performance.prediction import (
     PhaseTiming,
+    PipelinePhase,
+    PipelineTiming,
     Prediction,
-    RooflineInputError,
-    link_between_gpus,
-    predict,
+    StageSpan,
 )
+from app.domain.performance.roofline import predict
+from app.domain.performance.tensor_parallel import ALLREDUCE_LATENCY_S, link_between_gpus
 
 PIPELINE_TRANSFER_LATENCY_S = ALLREDUCE_LATENCY_S  # per send/receive of a boundary activation
 
@@ -130,16 +131,6 @@ def blocks_per_stage(blocks: int, stages: int) -> tuple[int, ...]:
     for offset in range(2, blocks % stages + 2):
         sizes[-offset] += 1
     return tuple(sizes)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class StageSpan:
-    """The kernels one pipeline stage runs."""
-
-    first_kernel: str
-    last_kernel: str
-    blocks: int
-    kernels: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -245,35 +236,6 @@ def split_stages(request: PhasedRequest, stages: int) -> PipelinePlan:
         spans=tuple(spans),
         send_bytes=tuple(send),
     )
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PipelinePhase:
-    """One phase repetition through the pipeline."""
-
-    name: str
-    stage_s: tuple[float, ...]  # T_s: each stage's kernel time on one micro-batch [s]
-    send_bytes: tuple[int, ...]  # each boundary's activation per micro-batch [B]
-    send_s: tuple[float, ...]  # X_s = alpha + bytes / L_eff [s]
-    slot_s: float  # tau = max_s (T_s + X_s)
-    round_trip_s: float  # R = sum T_s + sum X_s
-    cycle_s: float  # I = max(m tau, R)
-    idle_fraction: float  # 1 - m sum T_s / (p I): GPU time idle in steady state
-    gpipe_bubble_fraction: float  # (p - 1) / (m + p - 1): one pass of a batch alone
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PipelineTiming:
-    """What a pipeline-parallel prediction is made of."""
-
-    stages: int
-    micro_batches: int
-    micro_batch_size: int
-    spans: tuple[StageSpan, ...]
-    link_source: str
-    link_bytes_per_s: float  # effective, per direction
-    transfer_latency_s: float
-    phases: tuple[PipelinePhase, ...]
 
 
 def pipeline_phase(

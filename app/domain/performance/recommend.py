@@ -1,11 +1,11 @@
 """CPU vs GPU (vs MIG slice) inference recommendations: assess, rank and explain (pure).
 
-Every candidate is a prediction (:mod:`app.domain.roofline`) at one device, precision and
-batch size, with the memory engine's verdict on whether it fits. It is eligible when it fits,
-meets the latency SLO with its margin (latency <= SLO x (1 - margin)), and has what the
-objective needs (a price of the requested kind for cost, a TDP for energy). Costs compare like
-with like: only prices of one kind (on-demand, reserved or spot) are ranked together; a device
-whose price is of another kind has no cost figure, with the reason.
+Every candidate is a prediction (:mod:`app.domain.performance.roofline`) at one device,
+precision and batch size, with the memory engine's verdict on whether it fits. It is eligible
+when it fits, meets the latency SLO with its margin (latency <= SLO x (1 - margin)), and has
+what the objective needs (a price of the requested kind for cost, a TDP for energy). Costs
+compare like with like: only prices of one kind (on-demand, reserved or spot) are ranked
+together; a device whose price is of another kind has no cost figure, with the reason.
 Per device and precision the batch that serves the objective best among the eligible ones is
 kept; the survivors are ranked by the objective, and the first is explained in plain words
 against the best candidate of the other kind (a CPU against an accelerator, and back).
@@ -21,12 +21,9 @@ from enum import StrEnum
 
 from app.domain.errors import DomainError
 from app.domain.hardware import DeviceKind, HardwareSpec, PriceKind
-from app.domain.performance.roofline import (
-    PRECISION_SCHEMES,
-    Bound,
-    Prediction,
-    cpu_compute_unit,
-)
+from app.domain.performance.calibration import cpu_compute_unit
+from app.domain.performance.precision_schemes import PRECISION_SCHEMES
+from app.domain.performance.prediction import Bound, Prediction
 from app.domain.performance.serving import BatchTiming, ServerLoad, server_throughput
 from app.domain.precision import Quantization
 

@@ -1,6 +1,6 @@
 """Serving runtimes: how the framework that runs a model changes the roofline (pure).
 
-The shipped calibration (:data:`app.domain.performance.roofline.DEFAULT_CALIBRATIONS`) is
+The shipped calibration (:data:`app.domain.performance.calibration.DEFAULT_CALIBRATIONS`) is
 fitted on MLPerf results: an engine that fuses element-wise layers into the kernel before them
 and launches little (TensorRT, the default here). A framework runs the same model with other
 kernels and another host path: PyTorch eager launches one kernel per layer through Python,
@@ -50,7 +50,13 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from app.domain.hardware import DeviceKind
-from app.domain.performance.roofline import Calibration, Prediction
+from app.domain.performance.calibration import (
+    DEFAULT_CALIBRATIONS,
+    GPU_CLASSES,
+    Calibration,
+    CalibrationClass,
+)
+from app.domain.performance.prediction import Prediction
 
 PROFILED_KINDS = frozenset({DeviceKind.GPU, DeviceKind.EDGE, DeviceKind.TPU})
 
@@ -245,3 +251,28 @@ RUNTIME_PROFILES: Mapping[ServingRuntime, RuntimeProfile] = {
         "A100, T4), leaving one device out 10 of 10 within 1.5x",
     ),
 }
+
+
+def calibrations_for(
+    runtime: ServingRuntime, overrides: Mapping[CalibrationClass, Mapping[str, float]]
+) -> dict[CalibrationClass, Calibration]:
+    """The default calibration of every class under a serving runtime's profile, with a
+    request's overrides (:class:`Calibration` field names and units) applied on top.
+
+    An override of ``gpu`` reaches every GPU class; an architecture class's own override is
+    applied after it, so its fields win. An empty override changes nothing.
+    """
+    profile = RUNTIME_PROFILES[runtime]
+    result = {cls: profile.apply(cal, cls.kind) for cls, cal in DEFAULT_CALIBRATIONS.items()}
+    gpu_override = overrides.get(CalibrationClass.GPU)
+    steps = [] if gpu_override is None else [(cls, gpu_override) for cls in GPU_CLASSES]
+    steps += [(cls, o) for cls, o in overrides.items() if cls is not CalibrationClass.GPU]
+    for cls, values in steps:
+        if not values:
+            continue
+        changed = ", ".join(sorted(values))
+        base = result[cls]
+        result[cls] = replace(
+            base, **values, basis=f"request override of {changed}; otherwise: {base.basis}"
+        )
+    return result

@@ -1,0 +1,184 @@
+"""The recommendation search: every candidate at every batch size that fits, assessed, and
+the best batch (or the server scenario's rate) of each candidate ranked (pure).
+
+Batch sizes are the powers of two up to the request's maximum (or its own list; batch 1 under
+single stream). Under continuous batching a decoder is tried at the powers of two below the
+most concurrent requests whose paged KV cache fits (:func:`largest_fitting`) and at that
+number itself. Memory grows with the batch: once a batch overfills a candidate, its larger
+batches are not tried.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+
+from app.domain.budget import checkpoint
+from app.domain.performance.calibration import Calibration, CalibrationClass, calibration_class
+from app.domain.performance.candidates import Runnable, WorkloadSource
+from app.domain.performance.pipeline import micro_batching, predict_pipeline
+from app.domain.performance.prediction import Prediction
+from app.domain.performance.recommend import (
+    Assessment,
+    Objective,
+    Requirements,
+    Scenario,
+    assess,
+    assess_server,
+    best_batch,
+    rank,
+)
+from app.domain.performance.roofline import predict
+from app.domain.performance.runtimes import with_decode_host_overhead
+
+
+def batch_sizes(scenario: Scenario, given: Sequence[int] | None, max_batch_size: int) -> list[int]:
+    """The batch sizes to try: 1 under single stream, the request's own list (sorted, each
+    once), else the powers of two up to ``max_batch_size``."""
+    if scenario is Scenario.SINGLE_STREAM:
+        return [1]  # the request's validation allows no other batch
+    if given is not None:
+        return sorted(set(given))
+    batches = [1]
+    while batches[-1] * 2 <= max_batch_size:
+        batches.append(batches[-1] * 2)
+    return batches
+
+
+def largest_fitting(limit: int, fits: Callable[[int], bool]) -> int:
+    """The largest ``n`` in ``[0, limit]`` with ``fits(n)`` (0 when none), for a ``fits``
+    that stays false once it turns false (memory grows with the requests): a bisection."""
+    low, high = 0, limit
+    while low < high:
+        mid = (low + high + 1) // 2
+        if fits(mid):
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+def decoder_batch_sizes(
+    source: WorkloadSource,
+    batches: list[int],
+    runnable: Runnable,
+    *,
+    sizes_given: bool,
+    scenario: Scenario,
+    max_batch_size: int,
+) -> list[int]:
+    """Continuous batching and no explicit batch_sizes: the powers of two below the most
+    concurrent requests that fit, and that number itself (the engine keeps it going); one
+    request in flight under scenario single_stream."""
+    candidate, scheme = runnable
+    if (
+        not (source.decoder and source.plan.continuous)
+        or sizes_given
+        or scenario is Scenario.SINGLE_STREAM
+    ):
+        return batches
+    most = source.max_concurrent_requests(scheme, candidate, max_batch_size)
+    if most < 1:
+        return batches[:1]  # does not fit: shown at batch 1 with the reason
+    return sorted({b for b in batches if b <= most} | {most})
+
+
+def in_scenario(prediction: Prediction, scenario: Scenario) -> Prediction:
+    """Under scenario single_stream the next query waits for the answer: nothing overlaps,
+    so a request comes every latency (offline and server keep the overlapped interval)."""
+    if scenario is not Scenario.SINGLE_STREAM:
+        return prediction
+    return replace(prediction, interval_s=prediction.latency_s)
+
+
+def search(
+    source: WorkloadSource,
+    runnable: Sequence[Runnable],
+    *,
+    batches: list[int],
+    calibrations: Mapping[CalibrationClass, Calibration],
+    requirements: Requirements,
+    scenario: Scenario,
+    objective: Objective,
+    host_step_s: float,
+    sizes_given: bool,
+    max_batch_size: int,
+) -> list[Assessment]:
+    """Every candidate assessed at each batch size that fits it, its best batch (server: the
+    rate its simulated p99 allows) shown, ranked by ``objective``.
+
+    Parameters
+    ----------
+    source : the model's memory fits and phased requests
+    runnable : candidates and precisions, in the order ties keep
+    batches : batch sizes to try (:func:`batch_sizes`) [-]
+    calibrations : efficiencies and overheads per class, under the serving runtime
+    requirements : SLO, throughput target, price kind
+    scenario : offline, server or single stream
+    objective : what the ranking minimises
+    host_step_s : the runtime's host work per sequence per decode step [s]
+    sizes_given : the request listed its batch sizes (no concurrency search)
+    max_batch_size : the largest batch the concurrency search may try [-]
+    """
+    options: dict[tuple[str, str], list[Assessment]] = {}
+    # Candidates a smaller batch already overfilled: memory grows with the batch, so larger
+    # batches do not fit either, and best_batch never shows one (a device on which nothing
+    # fits shows its smallest batch). Multi-GPU groups keep no option that does not fit.
+    outgrown: set[tuple[str, str]] = set()
+    plans = [
+        (batch, candidate, scheme)
+        for candidate, scheme in runnable
+        for batch in decoder_batch_sizes(
+            source,
+            batches,
+            (candidate, scheme),
+            sizes_given=sizes_given,
+            scenario=scenario,
+            max_batch_size=max_batch_size,
+        )
+    ]
+    plans.sort(key=lambda item: item[0])  # stable: candidates keep their order per batch
+    for batch, candidate, scheme in plans:
+        checkpoint()  # each plan predicts every layer: stop here past the deadline
+        device = candidate.device
+        key = (device.slug, scheme.precision.value)
+        if key in outgrown:
+            continue
+        if candidate.gpus > 1 and source.overfills(batch, scheme, candidate):
+            outgrown.add(key)  # a group that does not fit is not offered: no estimate needed
+            continue
+        fit = source.memory_fit(batch, scheme, candidate)
+        if not fit.fits:
+            outgrown.add(key)
+            if candidate.gpus > 1:
+                continue
+        if candidate.pipeline_parallel > 1:
+            micro, size = micro_batching(batch, candidate.pipeline_parallel)
+            stages = source.staged(
+                size, scheme, candidate.pipeline_parallel, candidate.tensor_parallel
+            )
+            prediction = predict_pipeline(
+                stages,
+                device,
+                calibrations[calibration_class(device, scheme)],
+                batch=batch,
+                micro_batches=micro,
+            )
+            prediction = in_scenario(with_decode_host_overhead(prediction, host_step_s), scenario)
+            options.setdefault(key, []).append(assess(prediction, fit, requirements))
+            continue
+        if candidate.tensor_parallel > 1:
+            workload = source.sharded(batch, scheme, candidate.tensor_parallel)
+        else:
+            workload = source.workload(batch, scheme)
+        prediction = predict(workload, device, calibrations[calibration_class(device, scheme)])
+        prediction = in_scenario(with_decode_host_overhead(prediction, host_step_s), scenario)
+        options.setdefault(key, []).append(assess(prediction, fit, requirements))
+    if scenario is Scenario.SERVER:
+        shown = []
+        for found in options.values():
+            checkpoint()  # a simulated queue per device and precision
+            shown.append(assess_server(found, requirements))
+    else:
+        shown = [best_batch(found, objective) for found in options.values()]
+    return rank(shown, objective)
