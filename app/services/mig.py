@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import yaml
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.db.models import Hardware
+from app.db.repositories import HardwareRepository
 from app.domain.budget import (
     WorkEstimate,
     check_budget,
@@ -149,13 +149,7 @@ def prepare_fit(
         check_budget(work, limit_units, setting=BUDGET_SETTING)
     # Every GPU, smallest first: the "GPUs that would fit" are picked once the requirement and
     # the resolved precision are known (columns only: read after the session has closed).
-    gpus = list(
-        session.scalars(
-            select(Hardware)
-            .where(Hardware.kind == "gpu")
-            .order_by(Hardware.memory_bytes, Hardware.slug)
-        )
-    )
+    gpus = HardwareRepository(session).gpus_by_memory()
 
     def compute() -> MigFitResponse:
         with spec_pointers("/workload", payload.workload):
