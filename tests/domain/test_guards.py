@@ -105,6 +105,13 @@ def _workload(batch: int = 2) -> PhasedRequest:
         ({"bandwidth_fraction": 2.0}, "bandwidth_fraction 2.0 is outside [0.000976562, 1]"),
         ({"tdp_watts": math.inf}, "tdp_watts inf is outside [0, 100000] W"),
         ({"price_usd_per_hour": -1.0}, "price_usd_per_hour -1.0 is outside [0, 100000] USD/h"),
+        # One limit on write and before dividing (app.domain.hardware, imported by the schema):
+        # a figure the API refuses is refused here too.
+        ({"tdp_watts": 100_000.5}, "tdp_watts 100000.5 is outside [0, 100000] W"),
+        (
+            {"price_usd_per_hour": 1e6},
+            "price_usd_per_hour 1000000.0 is outside [0, 100000] USD/h",
+        ),
         ({"memory_bytes": -1}, "memory_bytes -1 is not a size"),
     ],
 )
