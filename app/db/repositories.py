@@ -1,17 +1,22 @@
-"""Every database query lives here."""
+"""Every database query lives here: one repository per aggregate (hardware profiles, model
+architectures, workloads, admission decisions) and the planning-data digest. Services call
+these; ``tests/services/test_one_home.py`` fails when a service builds a query itself."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import builtins
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, delete, func, or_, select, true
+from sqlalchemy import and_, delete, func, literal, or_, select, true, union_all
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from app.db.models import AdmissionDecision, Hardware, ModelArchitecture, Workload
+
+Digest = tuple[tuple[Any, ...], ...]
 
 
 class HardwareRepository:
@@ -56,6 +61,29 @@ class HardwareRepository:
         """Every profile keyed by slug (for catalog sync)."""
         return {hw.slug: hw for hw in self.session.scalars(select(Hardware))}
 
+    def all_by_id(self) -> Sequence[Hardware]:
+        """Every profile in id order."""
+        return self.session.scalars(select(Hardware).order_by(Hardware.id)).all()
+
+    def by_ids(self, ids: Iterable[int]) -> dict[int, Hardware]:
+        """The profiles with these ids, keyed by id (missing ids are left out)."""
+        query = select(Hardware).where(Hardware.id.in_(set(ids)))
+        return {hw.id: hw for hw in self.session.scalars(query)}
+
+    def gpus_by_memory(self) -> builtins.list[Hardware]:
+        """Every GPU profile, smallest memory first (then by slug)."""
+        query = (
+            select(Hardware)
+            .where(Hardware.kind == "gpu")
+            .order_by(Hardware.memory_bytes, Hardware.slug)
+        )
+        return list(self.session.scalars(query))
+
+    def mig_capable_slugs(self) -> builtins.list[str]:
+        """The slugs of the MIG-capable profiles, sorted."""
+        query = select(Hardware.slug).where(Hardware.mig_total_compute_slices.is_not(None))
+        return sorted(self.session.scalars(query))
+
     def is_referenced(self, hardware: Hardware) -> bool:
         """Whether a workload points at this profile."""
         query = select(func.count()).where(Workload.hardware_id == hardware.id)
@@ -97,6 +125,57 @@ class ModelRepository:
         """Whether a workload points at this architecture."""
         query = select(func.count()).where(Workload.model_id == model.id)
         return bool(self.session.scalar(query))
+
+    def all_by_slug(self) -> dict[str, ModelArchitecture]:
+        """Every architecture keyed by slug (for the zoo sync)."""
+        return {row.slug: row for row in self.session.scalars(select(ModelArchitecture))}
+
+
+class WorkloadRepository:
+    """Queries over stored workloads."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def get(self, slug: str) -> Workload | None:
+        """The workload with ``slug``, or None."""
+        return self.session.scalars(select(Workload).where(Workload.slug == slug)).one_or_none()
+
+    def exists(self, slug: str) -> bool:
+        """Whether a workload with ``slug`` is stored."""
+        query = select(Workload.id).where(Workload.slug == slug)
+        return self.session.scalars(query).first() is not None
+
+    def list(
+        self,
+        *,
+        model_id: int | None,
+        mode: str | None,
+        limit: int,
+        offset: int,
+    ) -> tuple[Sequence[Workload], int]:
+        """A page of workloads ordered by slug, and the number matching."""
+        query = select(Workload)
+        if model_id is not None:
+            query = query.where(Workload.model_id == model_id)
+        if mode is not None:
+            query = query.where(Workload.mode == mode)
+        total = self.session.scalar(select(func.count()).select_from(query.subquery())) or 0
+        items = self.session.scalars(query.order_by(Workload.slug).limit(limit).offset(offset))
+        return items.all(), total
+
+    def all_by_id(self) -> Sequence[Workload]:
+        """Every workload in id order."""
+        return self.session.scalars(select(Workload).order_by(Workload.id)).all()
+
+    def by_ids(self, ids: Iterable[int]) -> dict[int, Workload]:
+        """The workloads with these ids, keyed by id (missing ids are left out)."""
+        query = select(Workload).where(Workload.id.in_(set(ids)))
+        return {row.id: row for row in self.session.scalars(query)}
+
+    def of_model(self, model_id: int) -> Sequence[Workload]:
+        """The workloads that use a model."""
+        return self.session.scalars(select(Workload).where(Workload.model_id == model_id)).all()
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,6 +305,25 @@ class DecisionRepository:
         result = self.session.execute(query)
         return int(getattr(result, "rowcount", 0) or 0)
 
-    def workloads_of_model(self, model_id: int) -> Sequence[Workload]:
-        """The workloads that use a model."""
-        return self.session.scalars(select(Workload).where(Workload.model_id == model_id)).all()
+
+def planning_data_digest(session: Session) -> Digest:
+    """One query: (table, rows, sum of ids, sum of versions, latest update) per table of the
+    planning data (hardware, models, workloads)."""
+    parts = [
+        select(
+            literal(index),
+            func.count(),
+            func.coalesce(func.sum(ident), 0),
+            func.coalesce(func.sum(version), 0),
+            func.max(updated_at),
+        )
+        for index, (ident, version, updated_at) in enumerate(
+            (
+                (Hardware.id, Hardware.version, Hardware.updated_at),
+                (ModelArchitecture.id, ModelArchitecture.version, ModelArchitecture.updated_at),
+                (Workload.id, Workload.version, Workload.updated_at),
+            )
+        )
+    ]
+    rows = session.execute(union_all(*parts)).all()
+    return tuple(sorted(tuple(row) for row in rows))

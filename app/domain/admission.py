@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.domain.errors import DomainError
+from app.domain.fit import fits
 from app.domain.units import GIB
 
 WHOLE_GPU = "nvidia.com/gpu"
@@ -169,7 +170,7 @@ def verdict(evaluation: Evaluation, *, resource: str, count: int, label: str) ->
         what = f"{WHOLE_GPU} ({evaluation.gpu}) gives {usable / GIB:.1f} GiB per GPU"
     else:
         what = f"{resource} gives {usable / GIB:.1f} GiB usable"
-    allowed = required <= usable
+    allowed = fits(required, usable)
     message = f"{evaluation.summary} needs {required / GIB:.1f} GiB; {what}"
     if not allowed:
         smallest = evaluation.smallest_fitting_resource

@@ -17,9 +17,13 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import TYPE_CHECKING
 
 from app.domain.errors import DomainError
-from app.domain.memory.result import MemoryLine
+
+if TYPE_CHECKING:  # annotations only: the MIG layout reads the verdict, the memory engine the
+    # layout (through the hardware spec), so a runtime import would close a loop
+    from app.domain.memory.result import MemoryLine
 
 
 class FitInputError(DomainError):
@@ -116,11 +120,18 @@ def requirement(
     )
 
 
+def fits(required_bytes: int, usable_bytes: int) -> bool:
+    """THE fit verdict: a requirement fits a device or MIG profile when it is at most its usable
+    memory (the margin is a line of the requirement, not a second test here). Every verdict in
+    the service (fit, MIG fit and plan, larger GPUs, admission) is this function."""
+    return required_bytes <= usable_bytes
+
+
 def fit(required: Requirement, usable_bytes: int) -> Fit:
-    """The verdict of ``required`` on ``usable_bytes`` of memory (fits when required <= usable)."""
+    """The verdict of ``required`` on ``usable_bytes`` of memory (:func:`fits`)."""
     return Fit(
         required_bytes=required.required_bytes,
         usable_bytes=usable_bytes,
         headroom_bytes=usable_bytes - required.required_bytes,
-        fits=required.required_bytes <= usable_bytes,
+        fits=fits(required.required_bytes, usable_bytes),
     )

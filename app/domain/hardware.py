@@ -36,8 +36,11 @@ MAX_BANDWIDTH_BYTES_PER_S = 1e18  # 1 EB/s: ~50x wafer-scale on-chip SRAM (21 PB
 MIN_EFFICIENCY = 1e-4  # calibrated efficiencies: 0.01 % to 100 %
 MIN_FRACTION = 1 / 1024  # MIG slice share of compute or bandwidth
 MAX_OVERHEAD_S = 3600.0  # per kernel launch or per request
-MAX_TDP_WATTS = 1e6
-MAX_PRICE_USD_PER_HOUR = 1e9
+# The hardware schema's limits too (app.schemas.hardware imports them): one value on write and
+# before dividing. 100 kW: ~100x a 2025 flagship GPU's TDP (about 1 kW); 100 000 USD/h: over
+# 10 000x an on-demand flagship GPU hour.
+MAX_TDP_WATTS = 100_000
+MAX_PRICE_USD_PER_HOUR = 100_000
 MAX_SM_COUNT = 100_000  # streaming multiprocessors per device: ~700x a 2025 flagship GPU's 148
 
 

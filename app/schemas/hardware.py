@@ -12,7 +12,9 @@ from pydantic import BeforeValidator, Field, StringConstraints, field_validator,
 from app.domain.hardware import (
     MAX_BANDWIDTH_BYTES_PER_S,
     MAX_PEAK_FLOPS_PER_S,
+    MAX_PRICE_USD_PER_HOUR,
     MAX_SM_COUNT,
+    MAX_TDP_WATTS,
     MIN_BANDWIDTH_BYTES_PER_S,
     MIN_PEAK_FLOPS_PER_S,
     PriceKind,
@@ -60,8 +62,6 @@ MIN_MEMORY_BYTES = 2**20  # 1 MiB
 MIN_BANDWIDTH = int(MIN_BANDWIDTH_BYTES_PER_S)
 MAX_BANDWIDTH = int(MAX_BANDWIDTH_BYTES_PER_S)
 MIN_TDP_WATTS = 0.01
-MAX_TDP_WATTS = 100_000
-MAX_PRICE_USD_PER_HOUR = 100_000
 MIN_CLOCK_HZ = 10**6
 PEAK_RANGE = (
     f"each in [{MIN_PEAK_FLOPS_PER_S:.0e}, {MAX_PEAK_FLOPS_PER_S:.0e}] (1 MFLOP/s to 1 ZFLOP/s)"

@@ -9,32 +9,7 @@ from pydantic import Field
 from app.domain.workload import DEFAULT_SAFETY_MARGIN_FRACTION
 from app.schemas.base import MAX_BYTES, Schema, Slug
 from app.schemas.estimates import DefaultUsedRow, RequiredLine, WorkloadSpec
-from app.schemas.hardware import DeviceName
-
-
-class MigProfileInfo(Schema):
-    """A MIG profile of a GPU model with its sizes in bytes and MiB."""
-
-    name: str = Field(description="Profile name as nvidia-smi prints it.", examples=["1g.10gb"])
-    memory_mib: int = Field(description="Usable memory [MiB].", examples=[9728])
-    memory_bytes: int = Field(description="Usable memory [B].", examples=[10_200_547_328])
-    compute_slices: int = Field(description="Compute slices.", examples=[1])
-    sm_count: int | None = Field(
-        default=None,
-        description="Streaming multiprocessors of one instance from NVIDIA's profile table; "
-        "null: not published (performance figures then use floor(GPU SMs x compute slices / "
-        "total compute slices), an approximation).",
-        examples=[14],
-    )
-    memory_slices: int = Field(description="Memory slices.", examples=[1])
-    max_instances: int = Field(description="Maximum instances per GPU.", examples=[7])
-    placements: list[int] = Field(description="Allowed start slices.", examples=[[0, 1, 2]])
-    kubernetes_resource: str = Field(
-        description="Extended resource name.", examples=["nvidia.com/mig-1g.10gb"]
-    )
-    unconfirmed: list[str] = Field(
-        description="Fields not confirmed against a primary source.", examples=[[]]
-    )
+from app.schemas.hardware import DeviceName, MigProfileRead
 
 
 class MigProfileList(Schema):
@@ -44,7 +19,7 @@ class MigProfileList(Schema):
     total_compute_slices: int = Field(description="Compute slices of the GPU.", examples=[7])
     total_memory_slices: int = Field(description="Memory slices of the GPU.", examples=[8])
     max_gpu_instances: int = Field(description="Maximum GPU instances.", examples=[7])
-    profiles: list[MigProfileInfo] = Field(description="Profiles, smallest first.")
+    profiles: list[MigProfileRead] = Field(description="Profiles, smallest first.")
 
 
 class MigFitRequest(Schema):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import date
 from typing import Any
 
 from pydantic import ValidationError
@@ -51,53 +52,140 @@ from app.schemas.workloads import (
 from app.services.errors import InvalidInput, NotFound
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MigProfileRecord:
+    """A MIG profile as plain data: the columns of a stored ``MigProfile`` row."""
+
+    name: str
+    memory_mib: int
+    compute_slices: int
+    sm_count: int | None
+    memory_slices: int
+    max_instances: int
+    placements: list[int]
+    unconfirmed: list[str]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HardwareRecord:
+    """A hardware profile as plain data, with the names and types of the ``Hardware`` row's
+    columns: what a client supplies, as it is stored. :func:`hardware_spec` reads a row or a
+    record alike, so the calibration scripts get catalog devices without ORM rows."""
+
+    slug: str
+    vendor: str
+    name: str
+    kind: str
+    family: str | None
+    architecture: str | None
+    launch_year: int | None
+    memory_bytes: int
+    memory_type: str | None
+    memory_bandwidth_bytes_per_s: int
+    peak_flops_per_s: dict[str, float]
+    peak_sparse_flops_per_s: dict[str, float]
+    host_link_type: str
+    host_link_pcie_generation: int | None
+    host_link_pcie_lanes: int | None
+    host_link_bandwidth_bytes_per_s: int | None
+    gpu_link_type: str | None
+    gpu_link_bandwidth_bytes_per_s: int | None
+    sm_count: int | None
+    compute_capability: str | None
+    tdp_watts: float | None
+    price_usd_per_hour: float | None
+    price_kind: str | None
+    price_region: str | None
+    price_date: date | None
+    price_source: str | None
+    cpu: dict[str, Any] | None
+    framework_overhead: dict[str, int] | None
+    unconfirmed: list[str]
+    sources: list[str]
+    notes: str | None
+    mig_total_compute_slices: int | None
+    mig_total_memory_slices: int | None
+    mig_max_gpu_instances: int | None
+    mig_profiles: tuple[MigProfileRecord, ...]
+
+
+# The row's columns a record sets (everything but the slug, which a write never changes, and the
+# MIG profiles, which are child rows).
+_RECORD_COLUMNS = tuple(
+    name for name in HardwareRecord.__slots__ if name not in ("slug", "mig_profiles")
+)
+
+
+def hardware_record(slug: str, fields: HardwareBase) -> HardwareRecord:
+    """THE mapping of a hardware schema (an API body or a catalog entry) to stored values."""
+    mig = fields.mig
+    return HardwareRecord(
+        slug=slug,
+        vendor=fields.vendor,
+        name=fields.name,
+        kind=fields.kind.value,
+        family=fields.family,
+        architecture=fields.architecture,
+        launch_year=fields.launch_year,
+        memory_bytes=fields.memory_bytes,
+        memory_type=fields.memory_type,
+        memory_bandwidth_bytes_per_s=fields.memory_bandwidth_bytes_per_s,
+        peak_flops_per_s={k.value: v for k, v in sorted(fields.peak_flops_per_s.items())},
+        peak_sparse_flops_per_s={
+            k.value: v for k, v in sorted(fields.peak_sparse_flops_per_s.items())
+        },
+        host_link_type=fields.host_link.type,
+        host_link_pcie_generation=fields.host_link.pcie_generation,
+        host_link_pcie_lanes=fields.host_link.pcie_lanes,
+        host_link_bandwidth_bytes_per_s=fields.host_link.bandwidth_bytes_per_s,
+        gpu_link_type=None if fields.gpu_link is None else fields.gpu_link.type,
+        gpu_link_bandwidth_bytes_per_s=(
+            None if fields.gpu_link is None else fields.gpu_link.bandwidth_bytes_per_s
+        ),
+        sm_count=fields.sm_count,
+        compute_capability=fields.compute_capability,
+        tdp_watts=fields.tdp_watts,
+        price_usd_per_hour=fields.price_usd_per_hour,
+        price_kind=None if fields.price_kind is None else fields.price_kind.value,
+        price_region=fields.price_region,
+        price_date=fields.price_date,
+        price_source=fields.price_source,
+        cpu=fields.cpu.model_dump() if fields.cpu else None,
+        framework_overhead=(
+            fields.framework_overhead.model_dump() if fields.framework_overhead else None
+        ),
+        unconfirmed=list(fields.unconfirmed),
+        sources=list(fields.sources),
+        notes=fields.notes,
+        mig_total_compute_slices=mig.total_compute_slices if mig else None,
+        mig_total_memory_slices=mig.total_memory_slices if mig else None,
+        mig_max_gpu_instances=mig.max_gpu_instances if mig else None,
+        mig_profiles=tuple(
+            MigProfileRecord(
+                name=profile.name,
+                memory_mib=profile.memory_mib,
+                compute_slices=profile.compute_slices,
+                sm_count=profile.sm_count,
+                memory_slices=profile.memory_slices,
+                max_instances=profile.max_instances,
+                placements=list(profile.placements),
+                unconfirmed=list(profile.unconfirmed),
+            )
+            for profile in (mig.profiles if mig else [])
+        ),
+    )
+
+
 def apply_hardware_fields(target: Hardware, fields: HardwareBase) -> None:
     """Copy every client-supplied field onto the ORM row (MIG profiles replaced whole)."""
-    target.vendor = fields.vendor
-    target.name = fields.name
-    target.kind = fields.kind.value
-    target.family = fields.family
-    target.architecture = fields.architecture
-    target.launch_year = fields.launch_year
-    target.memory_bytes = fields.memory_bytes
-    target.memory_type = fields.memory_type
-    target.memory_bandwidth_bytes_per_s = fields.memory_bandwidth_bytes_per_s
-    target.peak_flops_per_s = {k.value: v for k, v in sorted(fields.peak_flops_per_s.items())}
-    target.peak_sparse_flops_per_s = {
-        k.value: v for k, v in sorted(fields.peak_sparse_flops_per_s.items())
-    }
-    target.host_link_type = fields.host_link.type
-    target.host_link_pcie_generation = fields.host_link.pcie_generation
-    target.host_link_pcie_lanes = fields.host_link.pcie_lanes
-    target.host_link_bandwidth_bytes_per_s = fields.host_link.bandwidth_bytes_per_s
-    target.gpu_link_type = None if fields.gpu_link is None else fields.gpu_link.type
-    target.gpu_link_bandwidth_bytes_per_s = (
-        None if fields.gpu_link is None else fields.gpu_link.bandwidth_bytes_per_s
-    )
-    target.sm_count = fields.sm_count
-    target.compute_capability = fields.compute_capability
-    target.tdp_watts = fields.tdp_watts
-    target.price_usd_per_hour = fields.price_usd_per_hour
-    target.price_kind = None if fields.price_kind is None else fields.price_kind.value
-    target.price_region = fields.price_region
-    target.price_date = fields.price_date
-    target.price_source = fields.price_source
-    target.cpu = fields.cpu.model_dump() if fields.cpu else None
-    target.framework_overhead = (
-        fields.framework_overhead.model_dump() if fields.framework_overhead else None
-    )
-    target.unconfirmed = list(fields.unconfirmed)
-    target.sources = list(fields.sources)
-    target.notes = fields.notes
-    mig = fields.mig
-    target.mig_total_compute_slices = mig.total_compute_slices if mig else None
-    target.mig_total_memory_slices = mig.total_memory_slices if mig else None
-    target.mig_max_gpu_instances = mig.max_gpu_instances if mig else None
+    record = hardware_record(target.slug, fields)
+    for name in _RECORD_COLUMNS:
+        setattr(target, name, getattr(record, name))
     # Update profiles in place by name: (hardware_id, name) stays unique within one flush, and
     # the parent's versioned UPDATE is flushed before any child row is touched.
     existing = {profile.name: profile for profile in target.mig_profiles}
     profiles = []
-    for position, profile in enumerate(mig.profiles if mig else []):
+    for position, profile in enumerate(record.mig_profiles):
         child = existing.get(profile.name) or MigProfile(name=profile.name)
         child.position = position
         child.memory_mib = profile.memory_mib
@@ -105,8 +193,8 @@ def apply_hardware_fields(target: Hardware, fields: HardwareBase) -> None:
         child.sm_count = profile.sm_count
         child.memory_slices = profile.memory_slices
         child.max_instances = profile.max_instances
-        child.placements = list(profile.placements)
-        child.unconfirmed = list(profile.unconfirmed)
+        child.placements = profile.placements
+        child.unconfirmed = profile.unconfirmed
         profiles.append(child)
     target.mig_profiles = profiles
     target.updated_at = utcnow()
@@ -192,7 +280,7 @@ def bind_dims(
 
 
 def hardware_overhead(
-    hardware: Hardware | None, override: OverheadSpec | None = None
+    hardware: Hardware | HardwareRecord | None, override: OverheadSpec | None = None
 ) -> FrameworkOverhead:
     """The framework overhead defaults of a hardware profile (the cuBLAS workspace of its
     architecture), with the profile's own figures and then the request's overrides."""
@@ -217,7 +305,7 @@ def hardware_overhead(
     return FrameworkOverhead(**values)
 
 
-def compute_capability(hardware: Hardware) -> ComputeCapability | None:
+def compute_capability(hardware: Hardware | HardwareRecord) -> ComputeCapability | None:
     """A profile's CUDA compute capability (None: not stated, or not a CUDA device)."""
     text = hardware.compute_capability
     if not text or hardware.kind not in ("gpu", "edge"):
@@ -384,8 +472,8 @@ def overhead_sources(
     return sources
 
 
-def geometry(row: Hardware) -> MigGeometry:
-    """The pure MIG geometry of a hardware row."""
+def geometry(row: Hardware | HardwareRecord) -> MigGeometry:
+    """The pure MIG geometry of a hardware row (or record)."""
     profiles = sorted(
         (
             MigProfileSpec(
@@ -410,7 +498,7 @@ def geometry(row: Hardware) -> MigGeometry:
     )
 
 
-def _host_link(row: Hardware) -> tuple[float | None, str]:
+def _host_link(row: Hardware | HardwareRecord) -> tuple[float | None, str]:
     if row.kind in (DeviceKind.CPU, DeviceKind.EDGE):
         return None, "none: the host's own memory (no copy)"
     if row.host_link_bandwidth_bytes_per_s:
@@ -424,14 +512,15 @@ def _host_link(row: Hardware) -> tuple[float | None, str]:
 
 
 def hardware_spec(
-    row: Hardware,
+    row: Hardware | HardwareRecord,
     *,
     price_usd_per_hour: float | None = None,
     request_price_kind: PriceKind = PriceKind.ON_DEMAND,
 ) -> HardwareSpec:
-    """The ONE domain view of a hardware row: roofline figures, MIG geometry and framework
-    overheads (a request's price replaces the catalog's; it is a price of
-    ``request_price_kind``, with no region or date)."""
+    """The ONE domain view of a hardware row, or of a :class:`HardwareRecord` (a catalog entry
+    without a database): roofline figures, MIG geometry and framework overheads (a request's
+    price replaces the catalog's; it is a price of ``request_price_kind``, with no region or
+    date)."""
     link, link_source = _host_link(row)
     price, price_source = row.price_usd_per_hour, "catalog"
     kind = None if row.price_kind is None else PriceKind(row.price_kind)

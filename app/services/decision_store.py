@@ -32,20 +32,19 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.exc import StaleDataError
 
 from app.config import Settings
 from app.db.models import AdmissionDecision, Hardware, ModelArchitecture, Workload, utcnow
-from app.db.repositories import DecisionRepository
+from app.db.repositories import DecisionRepository, HardwareRepository, WorkloadRepository
 from app.domain.admission import WHOLE_GPU, Evaluation
 from app.domain.budget import CancelToken, WorkCancelled, WorkEstimate, bound
 from app.domain.errors import DomainError
@@ -290,27 +289,25 @@ def flush_versioned(session: Session, *, what: str) -> None:
         raise PreconditionFailed(f"{what} was changed by another client; GET it again") from exc
 
 
-def _all_hardware(session: Session) -> Sequence[Hardware]:
-    return session.scalars(select(Hardware).order_by(Hardware.id)).all()
-
-
 def refresh_workload(session: Session, row: Workload) -> int:
     """A written workload's decisions on every hardware profile (call after a flush)."""
-    return refresh_pairs(session, ((row, hardware) for hardware in _all_hardware(session)))
+    return refresh_pairs(
+        session, ((row, hardware) for hardware in HardwareRepository(session).all_by_id())
+    )
 
 
 def refresh_hardware(session: Session, row: Hardware) -> int:
     """Every workload's decision on a written hardware profile (call after a flush)."""
-    workloads = session.scalars(select(Workload).order_by(Workload.id)).all()
+    workloads = WorkloadRepository(session).all_by_id()
     return refresh_pairs(session, ((workload, row) for workload in workloads))
 
 
 def refresh_model(session: Session, row: ModelArchitecture) -> int:
     """The decisions of the workloads of a written model on every profile (after a flush)."""
-    workloads = DecisionRepository(session).workloads_of_model(row.id)
+    workloads = WorkloadRepository(session).of_model(row.id)
     if not workloads:
         return 0
-    hardware = _all_hardware(session)
+    hardware = HardwareRepository(session).all_by_id()
     return refresh_pairs(session, ((w, h) for w in workloads for h in hardware))
 
 
@@ -330,14 +327,8 @@ def refresh_stale(session: Session, *, limit: int = 200, budget_s: float = SWEEP
     ids = DecisionRepository(session).stale_pairs(EVALUATOR, limit=limit)
     if not ids:
         return 0
-    workloads = {
-        w.id: w
-        for w in session.scalars(select(Workload).where(Workload.id.in_({w for w, _ in ids})))
-    }
-    hardware = {
-        h.id: h
-        for h in session.scalars(select(Hardware).where(Hardware.id.in_({h for _, h in ids})))
-    }
+    workloads = WorkloadRepository(session).by_ids(w for w, _ in ids)
+    hardware = HardwareRepository(session).by_ids(h for _, h in ids)
     pairs = [(workloads[w], hardware[h]) for w, h in ids if w in workloads and h in hardware]
     stored = refresh_pairs(session, pairs, budget_s=budget_s)
     session.commit()

@@ -7,6 +7,7 @@ from sqlalchemy.orm import Session
 
 from app.db.models import Hardware, utcnow
 from app.db.repositories import HardwareRepository
+from app.domain.mig.layout import kubernetes_resource
 from app.domain.units import MIB
 from app.schemas.hardware import (
     CpuDetails,
@@ -34,11 +35,6 @@ from app.services.errors import (
 )
 
 
-def kubernetes_resource_name(profile_name: str) -> str:
-    """Extended resource the NVIDIA device plugin advertises for a MIG profile."""
-    return "nvidia.com/mig-" + profile_name.replace("+", ".")
-
-
 def to_read(row: Hardware) -> HardwareRead:
     """The API view of a stored profile."""
     mig = None
@@ -58,7 +54,7 @@ def to_read(row: Hardware) -> HardwareRead:
                     max_instances=p.max_instances,
                     placements=p.placements,
                     unconfirmed=p.unconfirmed,
-                    kubernetes_resource=kubernetes_resource_name(p.name),
+                    kubernetes_resource=kubernetes_resource(p.name),
                 )
                 for p in row.mig_profiles
             ],

@@ -5,15 +5,16 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import yaml
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.db.models import Hardware
+from app.db.repositories import HardwareRepository
 from app.domain.budget import (
     WorkEstimate,
     check_budget,
     checkpoint,
 )
+from app.domain.fit import fits
 from app.domain.mig.layout import (
     MigError,
     MigGeometry,
@@ -27,6 +28,7 @@ from app.domain.mig.parted import mig_parted_config
 from app.domain.mig.plan import Demand, plan_partitions
 from app.domain.precision import Precision
 from app.schemas.estimates import WorkloadSpec
+from app.schemas.hardware import MigProfileRead
 from app.schemas.mig import (
     FitAlternatives,
     LargerGpu,
@@ -36,7 +38,6 @@ from app.schemas.mig import (
     MigFitResponse,
     MigPlanRequest,
     MigPlanResponse,
-    MigProfileInfo,
     MigProfileList,
     PlanItem,
     PlannedGpu,
@@ -82,7 +83,7 @@ def list_profiles(session: Session, *, slug: str) -> MigProfileList:
         total_memory_slices=geo.total_memory_slices,
         max_gpu_instances=geo.max_gpu_instances,
         profiles=[
-            MigProfileInfo(
+            MigProfileRead(
                 name=p.name,
                 memory_mib=p.memory_mib,
                 memory_bytes=p.memory_bytes,
@@ -100,7 +101,7 @@ def list_profiles(session: Session, *, slug: str) -> MigProfileList:
 
 
 def _profile_fit(profile: MigProfileSpec, required: int) -> ProfileFit:
-    fits = required <= profile.memory_bytes  # app.domain.fit.fit's verdict
+    verdict = fits(required, profile.memory_bytes)
     return ProfileFit(
         profile=profile.name,
         kubernetes_resource=kubernetes_resource(profile.name),
@@ -108,8 +109,8 @@ def _profile_fit(profile: MigProfileSpec, required: int) -> ProfileFit:
         usable_bytes=profile.memory_bytes,
         required_bytes=required,
         headroom_bytes=profile.memory_bytes - required,
-        fits=fits,
-        limiting_factor="none" if fits else "memory",
+        fits=verdict,
+        limiting_factor="none" if verdict else "memory",
     )
 
 
@@ -148,13 +149,7 @@ def prepare_fit(
         check_budget(work, limit_units, setting=BUDGET_SETTING)
     # Every GPU, smallest first: the "GPUs that would fit" are picked once the requirement and
     # the resolved precision are known (columns only: read after the session has closed).
-    gpus = list(
-        session.scalars(
-            select(Hardware)
-            .where(Hardware.kind == "gpu")
-            .order_by(Hardware.memory_bytes, Hardware.slug)
-        )
-    )
+    gpus = HardwareRepository(session).gpus_by_memory()
 
     def compute() -> MigFitResponse:
         with spec_pointers("/workload", payload.workload):
@@ -180,7 +175,7 @@ def _fit(
         safety_margin_fraction=payload.safety_margin_fraction,
     )
     required = need.required_bytes
-    fits = [_profile_fit(p, required) for p in geo.profiles]
+    profile_fits = [_profile_fit(p, required) for p in geo.profiles]
     smallest = smallest_fitting(geo, required)
     alternatives = None
     if smallest is None:
@@ -192,7 +187,7 @@ def _fit(
         required_bytes=required,
         required=need.lines,
         estimate_peak_phase=need.run.result.peak_phase,
-        profiles=fits,
+        profiles=profile_fits,
         smallest_fitting_profile=smallest.name if smallest else None,
         smallest_fitting_resource=kubernetes_resource(smallest.name) if smallest else None,
         requested=_profile_fit(requested_profile, required) if requested_profile else None,
@@ -244,10 +239,10 @@ def _alternatives(
     larger = [
         (gpu.slug, gpu.memory_bytes, gpu.mig_total_compute_slices is not None)
         for gpu in gpus
-        if gpu.memory_bytes >= required and runs_precision(gpu, precision)
+        if fits(required, gpu.memory_bytes) and runs_precision(gpu, precision)
     ][:5]
     return FitAlternatives(
-        full_gpu_fits=row.memory_bytes >= required,
+        full_gpu_fits=fits(required, row.memory_bytes),
         full_gpu_memory_bytes=row.memory_bytes,
         larger_gpus=[
             LargerGpu(hardware=slug, memory_bytes=memory_bytes, mig_capable=mig)
@@ -268,7 +263,7 @@ def _largest_batch(
     """Binary search for the largest batch whose requirement fits ``profile`` (memory grows
     with the batch size, so the predicate is monotone)."""
 
-    def fits(batch: int) -> bool:
+    def holds(batch: int) -> bool:
         checkpoint()
         need = required_memory_of(
             graph,
@@ -278,14 +273,14 @@ def _largest_batch(
             safety_margin_fraction=payload.safety_margin_fraction,
             batch_size=batch,
         )
-        return need.required_bytes <= profile.memory_bytes
+        return fits(need.required_bytes, profile.memory_bytes)
 
-    if not fits(1):
+    if not holds(1):
         return None
     low, high = 1, min(spec.batch_size, MAX_BATCH_SEARCH)
     while low < high:
         middle = (low + high + 1) // 2
-        if fits(middle):
+        if holds(middle):
             low = middle
         else:
             high = middle - 1

@@ -10,11 +10,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.db.models import Hardware, Workload
-from app.db.repositories import HardwareRepository
+from app.db.repositories import HardwareRepository, WorkloadRepository
 from app.domain.budget import (
     WorkEstimate,
     WorkFactor,
@@ -276,8 +275,7 @@ def required_lines(required: Requirement) -> list[RequiredLine]:
 
 
 def _mig_gpu_slugs(session: Session) -> list[str]:
-    query = select(Hardware.slug).where(Hardware.mig_total_compute_slices.is_not(None))
-    return sorted(session.scalars(query))
+    return HardwareRepository(session).mig_capable_slugs()
 
 
 def mig_hardware(session: Session, slug: str) -> Hardware:
@@ -442,7 +440,7 @@ def graph_pointer(prefix: str, workload: WorkloadSpec | str) -> str:
 
 
 def workload_row(session: Session, slug: str) -> Workload:
-    row = session.scalars(select(Workload).where(Workload.slug == slug)).one_or_none()
+    row = WorkloadRepository(session).get(slug)
     if row is None:
         raise NotFound(f"workload '{slug}' does not exist; GET /v1/workloads lists them")
     return row

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy.orm import Session
 
-from app.domain.fit import requirement
+from app.domain.fit import fits, requirement
 from app.domain.graph.analysis import GraphAnalysis, effective_options
 from app.domain.memory.cuda_allocator import AllocatorSnapshot
 from app.domain.memory.estimate import (
@@ -332,7 +332,7 @@ class ModelSource:
         required = requirement(
             floor + paged, (), safety_margin_fraction=DEFAULT_SAFETY_MARGIN_FRACTION
         ).required_bytes  # grows with the peak: the requirement is at least this
-        return required > candidate.device.memory_bytes
+        return not fits(required, candidate.device.memory_bytes)
 
     def required_bytes(self, batch: int, scheme: PrecisionScheme, candidate: Candidate) -> int:
         """The one requirement (app.domain.fit: the memory engine's inference peak with the

@@ -30,13 +30,15 @@ import threading
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Hashable
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
-from sqlalchemy import event, func, literal, select, union_all
+from sqlalchemy import event
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.config import Settings
 from app.db.models import Hardware, MigProfile, ModelArchitecture, Workload
+from app.db.repositories import Digest as Digest  # re-exported: the routes' cache keys
+from app.db.repositories import planning_data_digest
 from app.services.cache import LookupCounter, LruCache
 
 logger = logging.getLogger("app.cache")
@@ -44,7 +46,6 @@ logger = logging.getLogger("app.cache")
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
-Digest = tuple[tuple[Any, ...], ...]
 Generation = tuple[Digest, int]
 _TRACKED = (Hardware, MigProfile, ModelArchitecture, Workload)
 _CHANGED = "capplan_planning_data_changed"
@@ -52,24 +53,7 @@ _CHANGED = "capplan_planning_data_changed"
 
 def read_digest(session: Session) -> Digest:
     """One query: (table, rows, sum of ids, sum of versions, latest update) per table."""
-    parts = [
-        select(
-            literal(index),
-            func.count(),
-            func.coalesce(func.sum(ident), 0),
-            func.coalesce(func.sum(version), 0),
-            func.max(updated_at),
-        )
-        for index, (ident, version, updated_at) in enumerate(
-            (
-                (Hardware.id, Hardware.version, Hardware.updated_at),
-                (ModelArchitecture.id, ModelArchitecture.version, ModelArchitecture.updated_at),
-                (Workload.id, Workload.version, Workload.updated_at),
-            )
-        )
-    ]
-    rows = session.execute(union_all(*parts)).all()
-    return tuple(sorted(tuple(row) for row in rows))
+    return planning_data_digest(session)
 
 
 class StateWatch:

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.db.models import Hardware, Workload, utcnow
-from app.db.repositories import HardwareRepository, ModelRepository
+from app.db.repositories import HardwareRepository, ModelRepository, WorkloadRepository
 from app.domain.budget import CancelToken, WorkCancelled, bound
 from app.schemas.estimates import (
     MemoryEstimateRequest,
@@ -118,14 +117,13 @@ def list_workloads(
     offset: int = 0,
 ) -> WorkloadList:
     """A filtered page of workloads ordered by slug."""
-    query = select(Workload)
+    model_id = None
     if model is not None:
         row = ModelRepository(session).get(model)
-        query = query.where(Workload.model_id == (row.id if row else -1))
-    if mode is not None:
-        query = query.where(Workload.mode == mode)
-    total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
-    rows = session.scalars(query.order_by(Workload.slug).limit(limit).offset(offset)).all()
+        model_id = row.id if row else -1  # an unknown model: no workload
+    rows, total = WorkloadRepository(session).list(
+        model_id=model_id, mode=mode, limit=limit, offset=offset
+    )
     return WorkloadList(items=[to_read(r) for r in rows], total=total, limit=limit, offset=offset)
 
 
@@ -136,7 +134,7 @@ def get_workload(session: Session, *, slug: str) -> WorkloadRead:
 
 def create_workload(session: Session, *, payload: WorkloadCreate) -> WorkloadRead:
     """Validate and store a workload, with its admission decision on every hardware profile."""
-    if session.scalars(select(Workload.id).where(Workload.slug == payload.slug)).first():
+    if WorkloadRepository(session).exists(payload.slug):
         raise AlreadyExists(f"a workload with slug '{payload.slug}' exists already")
     row = Workload(slug=payload.slug, created_at=utcnow())
     _apply(session, row, payload)

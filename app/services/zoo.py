@@ -6,10 +6,10 @@ import hashlib
 import json
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.db.models import ModelArchitecture, utcnow
+from app.db.repositories import ModelRepository
 from app.domain.graph.ops import TensorKind
 from app.domain.zoo import ZOO, ZooModel
 from app.schemas.models import (
@@ -48,7 +48,7 @@ def sync_zoo(session: Session, models: dict[str, ZooModel] | None = None) -> Syn
     reported as repaired."""
     report = SyncReport()
     catalog = dict(ZOO) if models is None else models
-    existing = {row.slug: row for row in session.scalars(select(ModelArchitecture))}
+    existing = ModelRepository(session).all_by_slug()
     for slug, model in catalog.items():
         fields = zoo_fields(model)
         digest = _digest(fields)

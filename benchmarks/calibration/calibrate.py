@@ -56,7 +56,6 @@ from typing import Any, TypeVar
 import yaml
 
 from app.config import PROJECT_ROOT
-from app.db.models import Hardware
 from app.domain.graph.analysis import analyze
 from app.domain.graph.ops import TensorKind
 from app.domain.hardware import DeviceKind, HardwareSpec, pcie_bandwidth_bytes_per_s
@@ -79,7 +78,7 @@ from app.domain.zoo import ZOO
 from app.domain.zoo import bert as zoo_bert
 from app.domain.zoo import transformers as zoo_transformers
 from app.services.catalog import load_catalog
-from app.services.convert import apply_hardware_fields, hardware_spec
+from app.services.convert import hardware_record, hardware_spec
 from app.services.recommendation_source import ModelSource
 
 HERE = Path(__file__).resolve().parent
@@ -173,12 +172,10 @@ def load_rows(path: Path = DATA) -> list[dict[str, Any]]:
 
 def catalog_devices() -> dict[str, HardwareSpec]:
     """Every shipped catalog device as the recommendation service sees it (no database)."""
-    devices = {}
-    for entry in load_catalog(PROJECT_ROOT / "hardware_catalog"):
-        row = Hardware(slug=entry.slug)
-        apply_hardware_fields(row, entry)
-        devices[entry.slug] = hardware_spec(row)
-    return devices
+    return {
+        entry.slug: hardware_spec(hardware_record(entry.slug, entry))
+        for entry in load_catalog(PROJECT_ROOT / "hardware_catalog")
+    }
 
 
 Trial = TypeVar("Trial")

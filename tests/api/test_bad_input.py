@@ -22,6 +22,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import DataError
 
 from app.db.models import Hardware
+from app.domain.hardware import MAX_PRICE_USD_PER_HOUR, MAX_TDP_WATTS
 from app.schemas.base import Schema
 from app.schemas.estimates import WorkloadSpec
 from app.services.catalog import CatalogError, load_catalog
@@ -365,8 +366,9 @@ PHYSICS_CASES: list[tuple[tuple[str | int, ...], list[Any], str]] = [
      "/host_link/bandwidth_bytes_per_s"),
     (("host_link", "pcie_lanes"), [0, -16], "/host_link/pcie_lanes"),
     (("host_link", "pcie_generation"), [0], "/host_link/pcie_generation"),
-    (("tdp_watts",), [0, -300, 1e-308, 0.001, INF, NAN], "/tdp_watts"),
-    (("price_usd_per_hour",), [-0.01, -1e-308, NAN, INF], "/price_usd_per_hour"),
+    (("tdp_watts",), [0, -300, 1e-308, 0.001, 100_000.01, 1e6, INF, NAN], "/tdp_watts"),
+    (("price_usd_per_hour",), [-0.01, -1e-308, 100_000.01, 1e9, NAN, INF],
+     "/price_usd_per_hour"),
     (("memory_bytes",), [0, -1, 1024, 1e-308], "/memory_bytes"),
     (("cpu",), [{"cores": 8, "threads": 16, "base_clock_hz": 1}], "/cpu/base_clock_hz"),
     (("mig", "profiles", 0, "memory_mib"), [0], "/mig/profiles/0/memory_mib"),
@@ -416,6 +418,34 @@ def test_the_bounds_admit_the_extremes_of_sane_hardware(client: ApiClient) -> No
     )
     created = client.post("/v1/hardware", json=extreme)
     assert created.status_code == 201, created.text
+
+
+def test_the_upper_power_and_price_bounds_admit_their_limit_and_predict(
+    client: ApiClient,
+) -> None:
+    """100 kW and 100 000 USD/h are stored, and the domain (the same limits, one definition)
+    prices a workload on that device instead of calling its figures non-physical."""
+    top = hardware(
+        slug="furnace",
+        tdp_watts=MAX_TDP_WATTS,
+        price_usd_per_hour=MAX_PRICE_USD_PER_HOUR,
+        price_kind="on_demand",
+    )
+    created = client.post("/v1/hardware", json=top)
+    assert created.status_code == 201, created.text
+    assert (created.json()["tdp_watts"], created.json()["price_usd_per_hour"]) == (100_000, 100_000)
+    body = {
+        "model": "resnet-50",
+        "devices": ["furnace"],
+        "precisions": ["fp16"],
+        "batch_sizes": [8],
+    }
+    response = client.post("/v1/recommendations/inference", json=body)
+    assert response.status_code == 200, response.text
+    (candidate,) = response.json()["candidates"]
+    assert candidate["device"] == "furnace"
+    assert candidate["cost_usd_per_million"] > 0
+    assert "non-physical" not in response.text
 
 
 def test_the_bounds_are_documented_in_openapi(client: ApiClient) -> None:

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from app.domain.errors import DomainError
+from app.domain.fit import fits
 from app.domain.units import MIB
 
 
@@ -70,7 +71,7 @@ def kubernetes_resource(profile_name: str) -> str:
 def smallest_fitting(geometry: MigGeometry, required_bytes: int) -> MigProfileSpec | None:
     """The profile with the fewest compute slices, then the least memory, that holds
     ``required_bytes``; ties broken by name so the answer never depends on input order."""
-    fitting = [p for p in geometry.profiles if p.memory_bytes >= required_bytes]
+    fitting = [p for p in geometry.profiles if fits(required_bytes, p.memory_bytes)]
     if not fitting:
         return None
     return min(fitting, key=lambda p: (p.compute_slices, p.memory_mib, p.memory_slices, p.name))

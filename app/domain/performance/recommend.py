@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from app.domain.errors import DomainError
+from app.domain.fit import fits
 from app.domain.hardware import DeviceKind, HardwareSpec, PriceKind
 from app.domain.performance.calibration import cpu_compute_unit
 from app.domain.performance.precision_schemes import PRECISION_SCHEMES
@@ -164,8 +165,8 @@ class MemoryFit:
 
     @property
     def fits(self) -> bool:
-        """Peak <= device (or MIG profile) memory."""
-        return self.required_bytes <= self.available_bytes
+        """Peak <= device (or MIG profile) memory (app.domain.fit.fits)."""
+        return fits(self.required_bytes, self.available_bytes)
 
 
 def cost_per_million_usd(price_usd_per_hour: float, throughput_per_s: float) -> float:
