@@ -26,6 +26,7 @@ from app.domain.budget import (
     graph_layers,
     work_units,
 )
+from app.domain.graph.analysis import InputDecl, analyze
 
 
 def _linear(name: str) -> dict[str, object]:
@@ -201,3 +202,39 @@ def test_cancel_keeps_the_first_reason() -> None:
     token.cancel("client disconnected")
     token.cancel("deadline")
     assert token.reason == "client disconnected"
+
+
+class _CancelAfterChecks(CancelToken):
+    """A token that cancels itself at its ``checks``-th check (counts where checkpoints are)."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, checks: int) -> None:
+        super().__init__(float("inf"), 1.0)
+        self.left = checks
+
+    def check(self) -> None:
+        self.left -= 1
+        if self.left <= 0:
+            self.cancel("test")
+        super().check()
+
+
+def test_the_iterations_of_a_long_repeat_pass_checkpoints() -> None:
+    """Cloning 99,998 iterations of a repeat took ~0.3 s without a checkpoint (the walk checks
+    once per written layer): now one per CHECK_EVERY iterations stops it midway."""
+    inputs = (InputDecl(name="x", shape=("batch", 64)),)
+    layers = [
+        {
+            "name": "stack",
+            "op": "repeat",
+            "times": 99_999,
+            "layers": [{"name": "fc", "op": "linear", "out_features": 64}],
+        }
+    ]
+    token = _CancelAfterChecks(20)
+    with bound(token), pytest.raises(WorkCancelled):
+        analyze(inputs, layers, {"batch": 1}, training=False)
+    assert token.reason == "test"
+    finished = analyze(inputs, layers, {"batch": 1}, training=False)  # unbound: no checks
+    assert len(finished.layers) == 99_999

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from app.domain.budget import checkpoint
+from app.domain.budget import CHECK_EVERY_MASK, checkpoint
 from app.domain.errors import GraphError
 from app.domain.graph.format import BLOCK_INPUT, validate_graph
 from app.domain.graph.ops import (
@@ -484,6 +484,8 @@ def _clone_iterations(
     ]
     layers = state.layers
     for j, head in enumerate(clone_prefixes, start=1):
+        if not j & CHECK_EVERY_MASK:
+            checkpoint()  # app.domain.budget: a 99,999-iteration repeat clones for ~0.3 s
         layers.extend(
             [
                 _make(
