@@ -44,7 +44,7 @@ def test_the_report_is_current(llm: ModuleType, scored: Any) -> None:
 
 
 def test_baseline_shares(scored: Any) -> None:
-    """Pin (the figures the README quotes, not a target): under continuous batching 35 of 35
+    """Pin (the figures the docs quote, not a target): under continuous batching 35 of 35
     throughput rows within 1.5x (the 3 tensor-parallel 70B rows and the 7 RTX PRO 6000
     pipeline rows among them; 28 under static batching), all within 2x; 3 of 4
     time-to-first-token rows within 1.5x."""
@@ -177,7 +177,7 @@ def test_the_half_precision_report_is_current(llm: ModuleType, half_fitted: Any)
 
 
 def test_half_precision_error_at_scale_1_in_sample_and_left_out(half_fitted: Any) -> None:
-    """Pin (the figures the calibration's basis and the README quote): the int8 fits alone put
+    """Pin (the figures the calibration's basis and the docs quote): the int8 fits alone put
     the 15 fp16 rows at a median 0.83x of measured (prefill-heavy rows 0.71-0.79x); the fit
     1.28 (1.27 and 1.29 with the H100 or the A100 left out) puts them at 1.02 in sample and
     1.01 left out, every row within 1.5x either way, the worst left out 0.88x and 1.21x."""

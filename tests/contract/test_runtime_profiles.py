@@ -93,7 +93,7 @@ def test_onnxruntime_rows_follow_the_rule(fitted: Any) -> None:
 
 def test_left_out_error_per_runtime(fitted: Any) -> None:
     """Pin: leaving each device out, the rows within 1.5x and within 2x per profile (the
-    README and the profiles' basis quote them)."""
+    the docs and the profiles' basis quote them)."""
     _, _, _, results = fitted
     expected = {
         ServingRuntime.TORCH_COMPILE: (5, 6, 6),
@@ -137,7 +137,7 @@ def test_the_shipped_cpu_scale_is_the_fit(runtimes: ModuleType, cpu_fitted: Any)
 
 
 def test_cpu_scale_error_out_of_sample(cpu_fitted: Any) -> None:
-    """Pin (the README and the profile's basis quote it): within 1.5x of the measured ratio,
+    """Pin (the docs and the profile's basis quote it): within 1.5x of the measured ratio,
     10 of 20 rows with CPUs keeping their calibration; with the scale 17 of 20 in sample and
     with each model's rows left out of the fit, 16 of 20 with each CPU's rows left out; 19 of
     20 within 2x in all three."""
