@@ -17,7 +17,7 @@ _ORIGIN = re.compile(
 
 
 class Settings(BaseSettings):
-    """Every setting of the service; see README.md for the environment variables."""
+    """Every setting of the service; see docs/configuration.md for the environment variables."""
 
     model_config = SettingsConfigDict(env_prefix="CAPPLAN_", env_file=".env", extra="ignore")
 
@@ -123,8 +123,9 @@ class Settings(BaseSettings):
         ge=1,
         description="Work budget of one request, checked before computing, in work units of "
         "about 0.5 us of CPU (a recommendation: graph layers x devices x precisions x batch "
-        "sizes + 10 x executed layers x precisions x batch sizes; see README, Work budgets); "
-        "over it the request is answered 422 /problems/too-expensive naming what to reduce.",
+        "sizes + 10 x executed layers x precisions x batch sizes; see docs/configuration.md, "
+        "Work budgets); over it the request is answered 422 /problems/too-expensive naming "
+        "what to reduce.",
     )
     admission_timeout_s: float = Field(
         default=0.8,

@@ -184,16 +184,15 @@ class WorkFactor:
 
 
 # Work units per executed layer of one memory estimate, relative to one layer predicted on one
-# device at one precision and batch (the unit, ~0.55 us on the reference machine; README,
-# "Work budgets"). Measured: a recommendation's memory fit (the inference peak) ~5.6 us per
-# layer; a full inference estimate (breakdown, allocator replay) ~9.4 us per executed layer of a
-# repeated graph (99,990 layers in 0.94 s; distinct layers add their analysis, ~28 us each); a
-# training estimate (forward, backward and optimizer events replayed twice) 170-440 us, growing
-# with depth.
-# Past MAX_REPLAYED_LAYERS executed layers the allocator is not replayed (its events dominated
-# both modes' cost): a 99,999-layer repeated graph took 0.69 s of CPU to train-estimate and
-# 0.52 s to inference-estimate through the API (+94 / +64 MiB peak RSS) on a loaded 2-core
-# machine, about 7 us (12.5 units) per layer: 15 units covers either mode.
+# device at one precision and batch (the unit, ~0.55 us on the reference machine;
+# docs/configuration.md, "Work budgets"). Measured: a recommendation's memory fit (the inference
+# peak) ~5.6 us per layer; a full inference estimate (breakdown, allocator replay) ~9.4 us per
+# executed layer of a repeated graph (99,990 layers in 0.94 s; distinct layers add their analysis,
+# ~28 us each); a training estimate (forward, backward and optimizer events replayed twice) 170-440
+# us, growing with depth. Past MAX_REPLAYED_LAYERS executed layers the allocator is not replayed
+# (its events dominated both modes' cost): a 99,999-layer repeated graph took 0.69 s of CPU to
+# train-estimate and 0.52 s to inference-estimate through the API (+94 / +64 MiB peak RSS) on a
+# loaded 2-core machine, about 7 us (12.5 units) per layer: 15 units covers either mode.
 PEAK_LAYER_UNITS = 10
 INFERENCE_LAYER_UNITS = 20
 TRAINING_LAYER_UNITS = 200

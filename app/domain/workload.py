@@ -339,7 +339,7 @@ DEFAULT_SAFETY_MARGIN_FRACTION = 0.05
 
 
 def defaults_table_markdown() -> str:
-    """:data:`DEFAULTS` as the Markdown table the README shows."""
+    """:data:`DEFAULTS` as the Markdown table docs/defaults.md shows."""
     rows = ["| option | default | why / where |", "|---|---|---|"]
     rows += [f"| `{d.option}` | {d.default} | {d.rule} |" for d in DEFAULTS]
     return "\n".join(rows) + "\n"
