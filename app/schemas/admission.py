@@ -7,13 +7,13 @@ from typing import Literal
 from pydantic import Field
 
 from app.schemas.base import Schema, Slug
-from app.schemas.estimates import DefaultUsedRow, WorkloadSpec
+from app.schemas.estimates import DefaultUsedRow, WorkloadInput
 
 
 class AdmissionCheckRequest(Schema):
     """May this workload run on this GPU resource?"""
 
-    workload: WorkloadSpec | Slug = Field(
+    workload: WorkloadInput | Slug = Field(
         description="A stored workload's slug, or an inline workload.",
         examples=["chat-serving"],
     )

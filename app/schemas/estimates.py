@@ -109,7 +109,7 @@ class OverheadSpec(Schema):
     )
 
 
-class WorkloadSpec(Schema):
+class WorkloadInput(Schema):
     """A model (stored or inline) and how it runs: the inputs of a memory estimate."""
 
     model: Slug | None = Field(
@@ -220,7 +220,7 @@ def one_model_rule(model_name: str, model: str | None, architecture: object) -> 
         )
 
 
-class MemoryEstimateRequest(WorkloadSpec):
+class MemoryEstimateRequest(WorkloadInput):
     """What to estimate: a workload, and where it runs."""
 
     hardware: DeviceName | None = Field(

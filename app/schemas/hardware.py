@@ -247,7 +247,7 @@ class MigSpec(Schema):
         return self
 
 
-class FrameworkOverhead(Schema):
+class FrameworkOverheadDefaults(Schema):
     """Per-device framework defaults the memory engine adds as separate lines."""
 
     cuda_context_bytes: int = Field(
@@ -398,7 +398,7 @@ class HardwareBase(Schema):
     mig: MigSpec | None = Field(
         default=None, description="MIG geometry and profiles; null when MIG is not supported."
     )
-    framework_overhead: FrameworkOverhead | None = Field(
+    framework_overhead: FrameworkOverheadDefaults | None = Field(
         default=None, description="Framework overhead defaults for this device; null: none."
     )
     unconfirmed: list[Annotated[str, StringConstraints(max_length=300)]] = Field(

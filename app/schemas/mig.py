@@ -8,7 +8,7 @@ from pydantic import Field
 
 from app.domain.workload import DEFAULT_SAFETY_MARGIN_FRACTION
 from app.schemas.base import MAX_BYTES, Schema, Slug
-from app.schemas.estimates import DefaultUsedRow, RequiredLine, WorkloadSpec
+from app.schemas.estimates import DefaultUsedRow, RequiredLine, WorkloadInput
 from app.schemas.hardware import DeviceName, MigProfileRead
 
 
@@ -25,7 +25,7 @@ class MigProfileList(Schema):
 class MigFitRequest(Schema):
     """Which MIG profiles of a GPU can host a workload."""
 
-    workload: WorkloadSpec | Slug = Field(
+    workload: WorkloadInput | Slug = Field(
         description="The workload to place: a stored workload's slug, or inline.",
         examples=["chat-serving"],
     )
@@ -198,7 +198,7 @@ class PlanItem(Schema):
     profile: str | None = Field(
         default=None, max_length=32, description="Profile to use.", examples=["2g.20gb"]
     )
-    workload: WorkloadSpec | Slug | None = Field(
+    workload: WorkloadInput | Slug | None = Field(
         default=None,
         description="Size it (stored workload slug or inline): the smallest fitting profile "
         "is used.",

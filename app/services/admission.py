@@ -26,7 +26,7 @@ from app.domain.admission import (
 from app.domain.budget import CancelToken, bound
 from app.schemas.admission import AdmissionCheckRequest, AdmissionCheckResponse
 from app.schemas.base import SLUG_PATTERN
-from app.schemas.estimates import WorkloadSpec
+from app.schemas.estimates import WorkloadInput
 from app.services.decision_store import (
     ESTIMATED,
     EVALUATOR,
@@ -98,7 +98,7 @@ def check(
     )
 
 
-def _inline_spec(notes: dict[str, str]) -> WorkloadSpec:
+def _inline_spec(notes: dict[str, str]) -> WorkloadInput:
     fields: dict[str, Any] = {
         "model": notes.get("model"),
         "mode": notes.get("mode", "inference"),
@@ -113,7 +113,7 @@ def _inline_spec(notes: dict[str, str]) -> WorkloadSpec:
     if "image-size" in notes:
         fields["image_size"] = notes["image-size"]
     try:
-        return WorkloadSpec.model_validate(fields)
+        return WorkloadInput.model_validate(fields)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])

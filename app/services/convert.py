@@ -41,7 +41,7 @@ from app.domain.workload import WorkloadSpec as DomainWorkloadSpec
 from app.schemas.estimates import (
     InlineArchitecture,
     OverheadSpec,
-    WorkloadSpec,
+    WorkloadInput,
 )
 from app.schemas.hardware import HardwareBase
 from app.schemas.recommendations import CalibrationOverride, InferenceRecommendationRequest
@@ -203,12 +203,12 @@ def apply_hardware_fields(target: Hardware, fields: HardwareBase) -> None:
 _OPTIONS = frozenset(WorkloadOptions.model_fields)
 
 
-def to_spec(fields: WorkloadBase) -> WorkloadSpec:
+def to_spec(fields: WorkloadBase) -> WorkloadInput:
     """The memory-estimate inputs of a workload (422 naming the workload's field when the
     combination is not a valid estimate request)."""
     options = fields.options.model_dump()
     try:
-        return WorkloadSpec.model_validate(
+        return WorkloadInput.model_validate(
             {
                 "model": fields.model,
                 "mode": fields.mode,
@@ -419,7 +419,7 @@ def model_graph(
     return inputs, architecture.layers, dict(architecture.default_bindings), "inline", ""
 
 
-def domain_workload(spec: WorkloadSpec, runtime: Runtime | None = None) -> DomainWorkloadSpec:
+def domain_workload(spec: WorkloadInput, runtime: Runtime | None = None) -> DomainWorkloadSpec:
     """The API's workload as the domain's (None options stay None: the default table decides)."""
     par = spec.parallelism
     try:

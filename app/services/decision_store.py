@@ -50,7 +50,7 @@ from app.domain.budget import CancelToken, WorkCancelled, WorkEstimate, bound
 from app.domain.errors import DomainError
 from app.domain.mig.layout import kubernetes_resource, smallest_fitting
 from app.domain.workload import DEFAULT_SAFETY_MARGIN_FRACTION
-from app.schemas.estimates import WorkloadSpec
+from app.schemas.estimates import WorkloadInput
 from app.schemas.workloads import WorkloadBase
 from app.services.convert import geometry, model_graph, to_spec, workload_fields
 from app.services.errors import PreconditionFailed, ServiceError
@@ -93,13 +93,13 @@ def _fingerprint() -> str:
 EVALUATOR = _fingerprint()
 
 
-def describe(label: str, spec: WorkloadSpec, precision: str) -> str:
+def describe(label: str, spec: WorkloadInput, precision: str) -> str:
     """``chat inference bs 8 bf16``: how a verdict's message names the workload."""
     return f"{label} {spec.mode.value} bs {spec.batch_size} {precision}"
 
 
 def evaluation_of(
-    session: Session, *, spec: WorkloadSpec, label: str, hardware: Hardware
+    session: Session, *, spec: WorkloadInput, label: str, hardware: Hardware
 ) -> tuple[Evaluation, Required]:
     """Estimate ``spec`` on ``hardware`` (the one requirement computation, with the GPU's CUDA
     context and workspace and the default safety margin) and list what the GPU offers.
@@ -139,7 +139,7 @@ def stored_evaluation(decision: AdmissionDecision, gpu: str) -> Evaluation:
     )
 
 
-def spec_of(row: Workload) -> WorkloadSpec:
+def spec_of(row: Workload) -> WorkloadInput:
     """A stored workload's estimate inputs (``ServiceError`` when they are not valid)."""
     try:
         return to_spec(WorkloadBase.model_validate(workload_fields(row)))
@@ -162,7 +162,7 @@ class _Outcome:
 
 
 def _evaluate_pair(
-    session: Session, workload: Workload, spec: WorkloadSpec, hardware: Hardware, until: float
+    session: Session, workload: Workload, spec: WorkloadInput, hardware: Hardware, until: float
 ) -> _Outcome | None:
     """One pair's outcome; None when the caller's budget (``until``, monotonic) ran out first
     (the pair stays missing: it is not too expensive, the write had no time left)."""
@@ -185,11 +185,11 @@ def _evaluate_pair(
     return _Outcome(ESTIMATED, evaluation.summary, evaluation=evaluation)
 
 
-def _precision(spec: WorkloadSpec) -> str:
+def _precision(spec: WorkloadInput) -> str:
     return spec.precision.value if spec.precision is not None else "default precision"
 
 
-def _too_expensive(workload: Workload, spec: WorkloadSpec, why: str | None = None) -> _Outcome:
+def _too_expensive(workload: Workload, spec: WorkloadInput, why: str | None = None) -> _Outcome:
     why = why or f"its memory estimate did not finish within {PAIR_BUDGET_S:g} s of work"
     return _Outcome(
         TOO_EXPENSIVE,
@@ -199,13 +199,13 @@ def _too_expensive(workload: Workload, spec: WorkloadSpec, why: str | None = Non
     )
 
 
-def work_of(session: Session, spec: WorkloadSpec) -> WorkEstimate:
+def work_of(session: Session, spec: WorkloadInput) -> WorkEstimate:
     """The work units of one memory estimate of ``spec`` (app.domain.budget), before any."""
     graph = model_graph(session, spec.model, spec.architecture)
     return estimates_work(graph, spec, 1, "/model", "/batch_size")
 
 
-def over_budget(session: Session, spec: WorkloadSpec) -> str | None:
+def over_budget(session: Session, spec: WorkloadInput) -> str | None:
     """Why ``spec`` is over the write-time work budget (``MAX_WORK_UNITS``), or None."""
     work = work_of(session, spec)
     if work.units <= MAX_WORK_UNITS:
@@ -242,7 +242,7 @@ def refresh_pairs(
     versions); stops starting new ones after ``budget_s``. Returns how many were stored."""
     started = time.monotonic()
     rows: list[dict[str, Any]] = []
-    specs: dict[int, WorkloadSpec | ServiceError] = {}
+    specs: dict[int, WorkloadInput | ServiceError] = {}
     expensive: dict[int, str | None] = {}  # workload id -> why (None: its deadline)
     for workload, hardware in pairs:
         if time.monotonic() - started > budget_s:
@@ -272,7 +272,7 @@ def refresh_pairs(
     return len(rows)
 
 
-def _over_budget_or_none(session: Session, spec: WorkloadSpec) -> str | None:
+def _over_budget_or_none(session: Session, spec: WorkloadInput) -> str | None:
     try:
         return over_budget(session, spec)
     except ServiceError:  # an unknown model: the evaluation reports it

@@ -11,7 +11,7 @@ from app.domain.mig.layout import kubernetes_resource
 from app.domain.units import MIB
 from app.schemas.hardware import (
     CpuDetails,
-    FrameworkOverhead,
+    FrameworkOverheadDefaults,
     GpuLink,
     HardwareCreate,
     HardwareList,
@@ -98,7 +98,7 @@ def to_read(row: Hardware) -> HardwareRead:
             "cpu": CpuDetails.model_validate(row.cpu) if row.cpu else None,
             "mig": mig,
             "framework_overhead": (
-                FrameworkOverhead.model_validate(row.framework_overhead)
+                FrameworkOverheadDefaults.model_validate(row.framework_overhead)
                 if row.framework_overhead
                 else None
             ),

@@ -27,7 +27,7 @@ from app.domain.mig.layout import validate_layout as check_layout
 from app.domain.mig.parted import mig_parted_config
 from app.domain.mig.plan import Demand, plan_partitions
 from app.domain.precision import Precision
-from app.schemas.estimates import WorkloadSpec
+from app.schemas.estimates import WorkloadInput
 from app.schemas.hardware import MigProfileRead
 from app.schemas.mig import (
     FitAlternatives,
@@ -119,7 +119,7 @@ def fit(session: Session, *, payload: MigFitRequest) -> MigFitResponse:
     return prepare_fit(session, payload=payload)()
 
 
-def fit_search_points(spec: WorkloadSpec) -> int:
+def fit_search_points(spec: WorkloadInput) -> int:
     """Estimates a fit may compute: its own, and when no profile holds it, a binary search
     over batch sizes 1 .. min(batch_size, MAX_BATCH_SEARCH) (one estimate per step)."""
     return 2 + min(spec.batch_size, MAX_BATCH_SEARCH).bit_length()
@@ -163,7 +163,7 @@ def _fit(
     row: Hardware,
     geo: MigGeometry,
     requested_profile: MigProfileSpec | None,
-    spec: WorkloadSpec,
+    spec: WorkloadInput,
     graph: GraphSource,
     gpus: list[Hardware],
 ) -> MigFitResponse:
@@ -231,7 +231,7 @@ def _alternatives(
     geo: MigGeometry,
     required: int,
     precision: Precision,
-    spec: WorkloadSpec,
+    spec: WorkloadInput,
     graph: GraphSource,
     gpus: list[Hardware],
 ) -> FitAlternatives:
@@ -257,7 +257,7 @@ def _largest_batch(
     payload: MigFitRequest,
     row: Hardware,
     profile: MigProfileSpec,
-    spec: WorkloadSpec,
+    spec: WorkloadInput,
     graph: GraphSource,
 ) -> int | None:
     """Binary search for the largest batch whose requirement fits ``profile`` (memory grows
@@ -311,7 +311,7 @@ def _plan_profile(
     geo: MigGeometry,
     index: int,
     item: PlanItem,
-    loaded: tuple[WorkloadSpec, GraphSource] | None,
+    loaded: tuple[WorkloadInput, GraphSource] | None,
 ) -> PlannedWorkload:
     if item.profile is not None:
         require_profile(geo, item.profile)
@@ -362,7 +362,7 @@ def prepare_plan(
         )
     row = mig_hardware(session, payload.gpu)
     geo = geometry(row)
-    loaded: list[tuple[WorkloadSpec, GraphSource] | None] = []
+    loaded: list[tuple[WorkloadInput, GraphSource] | None] = []
     for index, item in enumerate(payload.workloads):
         if (item.profile is None) == (item.workload is None):
             raise InvalidInput(

@@ -60,7 +60,7 @@ from app.schemas.estimates import (
     MemoryEstimateResponse,
     OverheadSpec,
     RequiredLine,
-    WorkloadSpec,
+    WorkloadInput,
 )
 from app.schemas.workloads import (
     WorkloadBase,
@@ -149,7 +149,7 @@ _CACHE: LruCache[tuple[Any, ...], EstimateRun] = LruCache(size=256, name="estima
 
 def run_estimate(
     session: Session,
-    spec: WorkloadSpec,
+    spec: WorkloadInput,
     *,
     runtime: Runtime | None,
     hardware_runtime: Runtime | None,
@@ -175,7 +175,7 @@ def run_estimate(
 
 def estimate_graph(
     graph: GraphSource,
-    spec: WorkloadSpec,
+    spec: WorkloadInput,
     *,
     runtime: Runtime | None,
     hardware_runtime: Runtime | None,
@@ -328,7 +328,7 @@ def workload_pointers(
     except InvalidInput as exc:
         pointer = exc.pointer or ""
         head = pointer.split("/")[1] if pointer.startswith("/") else ""
-        about_workload = head in WorkloadSpec.model_fields or head in GRAPH_FIELDS
+        about_workload = head in WorkloadInput.model_fields or head in GRAPH_FIELDS
         if stored and (about_workload or head == "workload"):
             exc.pointer = prefix or pointer
         elif head in GRAPH_FIELDS and inline_architecture:
@@ -340,14 +340,14 @@ def workload_pointers(
         raise
 
 
-def spec_pointers(prefix: str, workload: WorkloadSpec | str) -> AbstractContextManager[None]:
+def spec_pointers(prefix: str, workload: WorkloadInput | str) -> AbstractContextManager[None]:
     """:func:`workload_pointers` for a request's workload (inline or a stored slug)."""
     if isinstance(workload, str):
         return workload_pointers(prefix, stored=True)
     return workload_pointers(prefix, inline_architecture=workload.architecture is not None)
 
 
-def workload_spec(session: Session, workload: WorkloadSpec | str) -> WorkloadSpec:
+def workload_spec(session: Session, workload: WorkloadInput | str) -> WorkloadInput:
     """An inline workload as is, or a stored one (by slug) as the estimate's inputs."""
     return workload if not isinstance(workload, str) else stored_spec(session, workload)
 
@@ -364,7 +364,7 @@ class Required:
 
 def required_memory(
     session: Session,
-    spec: WorkloadSpec,
+    spec: WorkloadInput,
     row: Hardware,
     *,
     cuda_context_bytes: int | None,
@@ -385,7 +385,7 @@ def required_memory(
 
 def required_memory_of(
     graph: GraphSource,
-    spec: WorkloadSpec,
+    spec: WorkloadInput,
     row: Hardware,
     *,
     cuda_context_bytes: int | None,
@@ -415,7 +415,7 @@ def required_memory_of(
 
 
 def estimates_work(
-    graph: GraphSource, spec: WorkloadSpec, estimates: int, pointer: str, field: str
+    graph: GraphSource, spec: WorkloadInput, estimates: int, pointer: str, field: str
 ) -> WorkEstimate:
     """The work of ``estimates`` memory estimates of ``spec`` on a loaded graph
     (app.domain.budget): the graph is reduced through ``pointer`` (``/architecture/layers``
@@ -430,7 +430,7 @@ def estimates_work(
     )
 
 
-def graph_pointer(prefix: str, workload: WorkloadSpec | str) -> str:
+def graph_pointer(prefix: str, workload: WorkloadInput | str) -> str:
     """Where a request names a workload's graph (for budget problems)."""
     if isinstance(workload, str):
         return prefix or "/workload"
@@ -446,7 +446,7 @@ def workload_row(session: Session, slug: str) -> Workload:
     return row
 
 
-def stored_spec(session: Session, slug: str) -> WorkloadSpec:
+def stored_spec(session: Session, slug: str) -> WorkloadInput:
     """The estimate inputs of a stored workload (404 unknown, 422 when not estimable)."""
     row = workload_row(session, slug)
     try:

@@ -24,7 +24,7 @@ from sqlalchemy.exc import DataError
 from app.db.models import Hardware
 from app.domain.hardware import MAX_PRICE_USD_PER_HOUR, MAX_TDP_WATTS
 from app.schemas.base import Schema
-from app.schemas.estimates import WorkloadSpec
+from app.schemas.estimates import WorkloadInput
 from app.services.catalog import CatalogError, load_catalog
 from tests.api.helpers import MODEL, PROBLEM_JSON, TINY_MLP, assert_problem, hardware, model
 from tests.support import CATALOG_DIR, ApiClient, db_session, table_counts
@@ -644,7 +644,7 @@ def _route(app: FastAPI, path: str, raise_: Callable[[], None]) -> None:
 
 
 def _pydantic_error() -> None:
-    WorkloadSpec.model_validate(
+    WorkloadInput.model_validate(
         {"model": "gpt-2", "mode": "inference", "batch_size": 0, "parallelism": {"tensor": 0}}
     )
 

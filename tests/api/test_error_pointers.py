@@ -1,7 +1,7 @@
 """The JSON pointers of a 422 name the request's own fields, never pydantic's internals.
 
 pydantic puts the member of a union it tried into an error's location
-(``workload/function-after[_one_model(), function-after[_storable_text(), WorkloadSpec]]/
+(``workload/function-after[_one_model(), function-after[_storable_text(), WorkloadInput]]/
 architecture``, ``workload/constrained-str``); a pointer must name keys and indices of the
 body only. When one member of a union took the input (an object where a workload slug or an
 inline workload may go), the other member's "Input should be a valid string" is noise and is

@@ -6,6 +6,7 @@ everywhere, and these tests fail when a second copy comes back.
 * the MIG resource name, the MIG profile schema, the TDP and price limits and the fit verdict
   have one definition in ``app/``;
 * the fit verdict ``required <= usable`` is written only in ``app.domain.fit``;
+* no class name stands for one type in ``app/domain`` and another in ``app/schemas``;
 * the calibration scripts build hardware specs without ORM rows, and the plain record they use
   carries every column a client supplies.
 """
@@ -195,6 +196,21 @@ def test_each_concept_is_defined_once() -> None:
         assert where == {home: 1}, name
     for name in GONE:
         assert not [m for (found, m) in definitions if found == name], name
+
+
+def test_no_class_name_means_one_thing_in_the_domain_and_another_in_the_schemas() -> None:
+    """The API contract's types and the domain's are different classes with different names
+    (``WorkloadInput`` is the body, ``app.domain.workload.WorkloadSpec`` the maths;
+    ``FrameworkOverheadDefaults`` a profile's stored figures, ``app.domain.hardware.
+    FrameworkOverhead`` the resolved ones): one name, one concept."""
+    classes: dict[str, set[str]] = {"app/domain/": set(), "app/schemas/": set()}
+    for (name, module), _ in _definitions().items():
+        for prefix, names in classes.items():
+            if module.startswith(prefix) and name[:1].isupper() and not name.isupper():
+                names.add(name)
+    assert len(classes["app/domain/"]) > 50
+    assert len(classes["app/schemas/"]) > 50
+    assert classes["app/domain/"] & classes["app/schemas/"] == set()
 
 
 def test_the_schema_limits_are_the_domain_limits() -> None:
