@@ -117,7 +117,7 @@ def test_a_slice_workload_gets_its_admission_decisions(client: ApiClient, db_url
     engine = make_engine(db_url)
     try:
         with engine.connect() as connection:
-            counts = dict(
+            counts: dict[str, int] = dict(
                 connection.execute(
                     text(
                         "SELECT w.slug, count(d.workload_id) FROM workload w"
