@@ -196,6 +196,10 @@ class Workload(Timestamped, Base):
     hardware_id: Mapped[int | None] = mapped_column(
         ForeignKey("hardware.id", ondelete="RESTRICT"), index=True
     )
+    # One MIG slice of that hardware, as written: ``slug/profile`` (revision 0009). It counts
+    # only while its slug is the hardware's: the previous release rewrites ``hardware_id`` but
+    # never this column, so a slice it did not write is ignored (app.services.convert).
+    hardware_slice: Mapped[str | None] = mapped_column(String(100))
     mode: Mapped[str] = mapped_column(String(16), nullable=False)
     batch_size: Mapped[int] = mapped_column(Integer, nullable=False)
     sequence_length: Mapped[int | None] = mapped_column(Integer)

@@ -11,6 +11,7 @@ from app.domain.precision import Precision
 from app.domain.workload import Checkpointing, Mode, Optimizer, OptimizerImpl
 from app.schemas.base import Page, Schema, Slug, located_error
 from app.schemas.estimates import BatchSize, Length, ParallelismSpec
+from app.schemas.hardware import DeviceName
 
 
 class WorkloadOptions(Schema):
@@ -59,9 +60,13 @@ class WorkloadBase(Schema):
     optimizer: Optimizer | None = Field(
         default=None, description="Optimizer (training; default adamw).", examples=[None]
     )
-    hardware: Slug | None = Field(
+    hardware: DeviceName | None = Field(
         default=None,
-        description="Hardware it targets (sets runtime and overheads of its estimate).",
+        description="Hardware it targets, `slug` or `slug/profile` (one MIG slice of a "
+        "MIG-capable GPU), returned as written: sets the runtime, overheads and defaults of its "
+        "estimate and the fit of `GET /v1/workloads/{slug}/memory` (a slice: its profile's "
+        "usable memory). An unknown slug is a 422; a profile the GPU lacks (or a GPU without "
+        "MIG) a 404 naming the valid ones.",
         examples=["nvidia-a100-80gb-sxm"],
     )
     options: WorkloadOptions = Field(

@@ -246,9 +246,21 @@ def workload_fields(row: Workload) -> dict[str, Any]:
         "image_size": row.image_size,
         "precision": row.precision,
         "optimizer": row.optimizer,
-        "hardware": row.hardware.slug if row.hardware else None,
+        "hardware": workload_device(row),
         "options": row.options,
     }
+
+
+def workload_device(row: Workload) -> str | None:
+    """A stored workload's device as written: ``slug``, or ``slug/profile`` for one MIG slice
+    (None: no hardware). A slice whose slug is no longer the workload's hardware was left by a
+    release that does not know slices (it rewrote the hardware only): the whole device then."""
+    if row.hardware is None:
+        return None
+    stored = row.hardware_slice
+    if stored is not None and stored.partition("/")[0] == row.hardware.slug:
+        return stored
+    return row.hardware.slug
 
 
 def input_decls(inputs: Sequence[Mapping[str, Any]]) -> list[InputDecl]:

@@ -23,10 +23,12 @@ from app.schemas.workloads import (
 )
 from app.services.concurrency import IfMatch, commit_versioned, require_match
 from app.services.convert import (
-    hardware_gpu,
+    DeviceTarget,
+    device_target,
     hardware_overhead,
     hardware_runtime,
     to_spec,
+    workload_device,
     workload_fields,
 )
 from app.services.decision_store import (
@@ -67,13 +69,15 @@ def _apply(session: Session, row: Workload, fields: WorkloadBase) -> None:
         raise InvalidInput(
             f"model '{fields.model}' does not exist; GET /v1/models lists them", pointer="/model"
         )
-    hardware: Hardware | None = None
+    target: DeviceTarget | None = None
     if fields.hardware is not None:
-        hardware = HardwareRepository(session).get(fields.hardware)
-        if hardware is None:
-            raise InvalidInput(
-                f"hardware profile '{fields.hardware}' does not exist", pointer="/hardware"
-            )
+        slug = fields.hardware.partition("/")[0]
+        if HardwareRepository(session).get(slug) is None:
+            raise InvalidInput(f"hardware profile '{slug}' does not exist", pointer="/hardware")
+        # ``slug/profile``: 404 for a GPU without MIG or a profile it lacks (naming the valid
+        # ones), as the estimate endpoints answer.
+        target = device_target(session, fields.hardware)
+    hardware: Hardware | None = None if target is None else target.row
     # Reject what no estimate could answer (unknown symbols, quantized training, ...) now. An
     # estimate over the work budget, or one that overruns the write's deadline, is not refused:
     # its admission decisions are stored as too expensive, or computed by the refresher
@@ -88,7 +92,7 @@ def _apply(session: Session, row: Workload, fields: WorkloadBase) -> None:
                     runtime=None,
                     hardware_runtime=hardware_runtime(hardware),
                     overhead=hardware_overhead(hardware),
-                    gpu=hardware_gpu(hardware),
+                    gpu=None if target is None else target.gpu,
                 )
         except WorkCancelled:
             pass
@@ -104,6 +108,7 @@ def _apply(session: Session, row: Workload, fields: WorkloadBase) -> None:
     row.optimizer = fields.optimizer.value if fields.optimizer else None
     row.hardware_id = hardware.id if hardware else None
     row.hardware = hardware
+    row.hardware_slice = target.name if target is not None and target.profile else None
     row.options = fields.options.model_dump(mode="json")
     row.updated_at = utcnow()
 
@@ -172,7 +177,8 @@ def delete_workload(session: Session, *, slug: str, if_match: IfMatch | None) ->
 
 
 def workload_memory(session: Session, *, slug: str) -> MemoryEstimateResponse:
-    """The footprint of a stored workload on its target hardware (if any)."""
+    """The footprint of a stored workload on its target hardware (if any; a MIG slice: the fit
+    on its profile's usable memory)."""
     return prepare_workload_memory(session, slug=slug)()
 
 
@@ -183,6 +189,6 @@ def prepare_workload_memory(
     the returned function computes the estimate without the database (app.api.compute)."""
     row = workload_row(session, slug)
     spec = stored_spec(session, slug)
-    hardware = row.hardware.slug if row.hardware else None
+    hardware = workload_device(row)
     request = MemoryEstimateRequest.model_validate({**spec.model_dump(), "hardware": hardware})
     return prepare_estimate_response(session, payload=request, limit_units=limit_units)

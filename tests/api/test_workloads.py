@@ -1,7 +1,9 @@
 from typing import Any
 
 import pytest
+from sqlalchemy import text
 
+from app.db.session import make_engine
 from tests.api.helpers import assert_problem, without_slug
 from tests.support import ApiClient, ClientFactory, table_counts
 
@@ -59,6 +61,76 @@ def test_workload_memory_matches_the_estimate(client: ApiClient) -> None:
     assert memory.json()["fit"]["hardware"] == "nvidia-a100-80gb-sxm"
 
 
+SLICE = "nvidia-a100-80gb-sxm/3g.40gb"
+
+
+def test_a_workload_on_one_mig_slice(client: ApiClient) -> None:
+    """`hardware: "slug/profile"` is stored as written, and the workload's memory fit is the
+    estimate endpoint's fit on that slice (its profile's usable memory, not the GPU's)."""
+    created = client.post("/v1/workloads", json=workload(hardware=SLICE))
+    assert created.status_code == 201, created.text
+    assert created.json()["hardware"] == SLICE
+    assert client.get("/v1/workloads/chat-serving").json()["hardware"] == SLICE
+    listing = client.get("/v1/workloads").json()
+    assert [item["hardware"] for item in listing["items"]] == [SLICE]
+
+    memory = client.get("/v1/workloads/chat-serving/memory")
+    assert memory.status_code == 200, memory.text
+    on_slice = {k: v for k, v in CHAT.items() if k not in ("slug", "name")} | {"hardware": SLICE}
+    estimate = client.post("/v1/estimates/memory", json=on_slice)
+    assert estimate.status_code == 200, estimate.text
+    fit = memory.json()["fit"]
+    assert fit == estimate.json()["fit"]
+    assert fit["hardware"] == SLICE
+    gpu = client.get("/v1/hardware/nvidia-a100-80gb-sxm").json()
+    profile = next(p for p in gpu["mig"]["profiles"] if p["name"] == "3g.40gb")
+    assert fit["memory_bytes"] == profile["memory_bytes"] < gpu["memory_bytes"]
+
+    # PUT moves it to the whole device (the slice is dropped) and back to another slice.
+    whole = client.put(
+        "/v1/workloads/chat-serving",
+        json=without_slug(workload()),
+        headers={"If-Match": '"1"'},
+    )
+    assert whole.status_code == 200, whole.text
+    assert whole.json()["hardware"] == "nvidia-a100-80gb-sxm"
+    memory = client.get("/v1/workloads/chat-serving/memory").json()
+    assert memory["fit"]["hardware"] == "nvidia-a100-80gb-sxm"
+    assert memory["fit"]["memory_bytes"] == gpu["memory_bytes"]
+    other = client.put(
+        "/v1/workloads/chat-serving",
+        json=without_slug(workload(hardware="nvidia-a100-80gb-sxm/1g.10gb")),
+        headers={"If-Match": '"2"'},
+    )
+    assert other.status_code == 200, other.text
+    assert other.json()["hardware"] == "nvidia-a100-80gb-sxm/1g.10gb"
+    fit = client.get("/v1/workloads/chat-serving/memory").json()["fit"]
+    assert fit["hardware"] == "nvidia-a100-80gb-sxm/1g.10gb"
+
+
+def test_a_slice_workload_gets_its_admission_decisions(client: ApiClient, db_url: str) -> None:
+    """The admission decisions are computed per hardware profile when a workload is written,
+    for a slice workload as for a whole-device one (app.services.decision_store)."""
+    assert client.post("/v1/workloads", json=workload()).status_code == 201
+    sliced = client.post("/v1/workloads", json=workload(slug="on-a-slice", hardware=SLICE))
+    assert sliced.status_code == 201, sliced.text
+    engine = make_engine(db_url)
+    try:
+        with engine.connect() as connection:
+            counts: dict[str, int] = dict(
+                connection.execute(
+                    text(
+                        "SELECT w.slug, count(d.workload_id) FROM workload w"
+                        " LEFT JOIN admission_decision d ON d.workload_id = w.id GROUP BY w.slug"
+                    )
+                ).all()
+            )
+            hardware = connection.execute(text("SELECT count(*) FROM hardware")).scalar_one()
+    finally:
+        engine.dispose()
+    assert counts == {"chat-serving": hardware, "on-a-slice": hardware}
+
+
 def test_models_and_hardware_in_use_cannot_be_deleted(client: ApiClient) -> None:
     client.post(
         "/v1/models",
@@ -84,6 +156,48 @@ BAD = {
     "quantized training": (workload(mode="training", precision="int4"), 422, None),
     "bad slug": (workload(slug="Chat Serving"), 422, "/slug"),
 }
+
+
+BAD_SLICES = {
+    "unknown profile": (
+        "nvidia-a100-80gb-sxm/2g.40gb",
+        404,
+        "'nvidia-a100-80gb-sxm' has no MIG profile '2g.40gb'; valid profiles: 1g.10gb",
+    ),
+    "a GPU without MIG": (
+        "nvidia-l4/1g.10gb",
+        404,
+        "'nvidia-l4' does not support MIG, so it has no profile '1g.10gb'",
+    ),
+    "unknown slug with a profile": (
+        "nvidia-x9/1g.10gb",
+        422,
+        "hardware profile 'nvidia-x9' does not exist",
+    ),
+    "malformed profile": ("nvidia-a100-80gb-sxm/banana", 422, "/hardware"),
+    "two profiles": ("nvidia-a100-80gb-sxm/1g.10gb/2g.20gb", 422, "/hardware"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_SLICES))
+def test_bad_slices_are_rejected_on_post_and_put_and_nothing_is_written(
+    client: ApiClient, db_url: str, case: str
+) -> None:
+    name, status, says = BAD_SLICES[case]
+    assert client.post("/v1/workloads", json=workload(hardware=SLICE)).status_code == 201
+    before = table_counts(db_url)
+    posted = client.post("/v1/workloads", json=workload(slug="other", hardware=name))
+    assert says in str(assert_problem(posted, status))
+    put = client.put(
+        "/v1/workloads/chat-serving",
+        json=without_slug(workload(hardware=name)),
+        headers={"If-Match": '"1"'},
+    )
+    assert says in str(assert_problem(put, status))
+    assert table_counts(db_url) == before
+    stored = client.get("/v1/workloads/chat-serving").json()
+    assert (stored["hardware"], stored["version"]) == (SLICE, 1)
+    assert_problem(client.get("/v1/workloads/other"), 404)
 
 
 @pytest.mark.parametrize("case", list(BAD))

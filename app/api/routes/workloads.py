@@ -89,7 +89,7 @@ async def workload_memory(
     response_model=WorkloadRead,
     status_code=status.HTTP_201_CREATED,
     dependencies=WRITE,
-    responses=problem_responses(400, 401, 403, 409, 413, 422, 503),
+    responses=problem_responses(400, 401, 403, 404, 409, 413, 422, 503),
     summary="Create a workload",
 )
 async def create_workload(
@@ -97,7 +97,10 @@ async def create_workload(
     db: DatabaseDep,
     response: Response,
 ) -> WorkloadRead:
-    """Store a workload after checking that its model exists and that it can be estimated."""
+    """Store a workload after checking that its model exists and that it can be estimated.
+
+    `hardware` may name one MIG slice, `slug/profile`: a 404 when the GPU has no such profile
+    (or no MIG), naming the valid ones."""
     result = await db.call(service.create_workload, payload=payload)
     response.headers["ETag"] = etag_for(result.version)
     response.headers["Location"] = f"/v1/workloads/{result.slug}"
