@@ -64,7 +64,8 @@ class HfConfigImport(ImportFields):
 
     config: dict[str, Any] = Field(
         description="The contents of the model's `config.json`. `model_type` picks the family: "
-        "llama, mistral, mixtral, qwen2, gemma, gpt2, gpt_neox, bert, roberta, t5 (encoder), vit.",
+        "llama, mistral, mixtral, qwen2, qwen3, gemma, granite, phi3, phi, gpt2, gpt_bigcode, "
+        "gpt_neox, opt, bloom, bert, roberta, t5 (encoder), vit.",
         examples=[LLAMA_CONFIG_EXAMPLE],
     )
 

@@ -106,6 +106,15 @@ def test_hf_import_moe_and_overrides(client: ApiClient) -> None:
         ({**_config("gpt2"), "n_layer": -3}, 422, "invalid-import", "/config/n_layer"),
         ({**_config("bert-base-uncased"), "position_embedding_type": "relative_key"}, 422,
          "invalid-import", "/config/position_embedding_type"),
+        # issue 31: fields that contradict each other name the one at fault
+        ({**_config("gpt-bigcode-santacoder"), "n_head": 15}, 422, "invalid-import",
+         "/config/n_head"),
+        ({**_config("gpt-bigcode-santacoder"), "num_key_value_heads": 4}, 422, "invalid-import",
+         "/config/num_key_value_heads"),
+        ({**_config("qwen3-0.6b"), "num_key_value_heads": 3}, 422, "invalid-import",
+         "/config/num_key_value_heads"),
+        ({**_config("opt-125m"), "num_attention_heads": 7}, 422, "invalid-import",
+         "/config/num_attention_heads"),
     ],
 )  # fmt: skip
 def test_hf_import_rejects_bad_configs(
@@ -124,6 +133,34 @@ def test_hf_import_rejects_bad_configs(
         assert "llama, mistral, mixtral, qwen2, gemma" in body["detail"] or "gpt_neox" in body[
             "detail"]  # fmt: skip
     assert table_counts(db_url) == before
+
+
+@pytest.mark.parametrize(
+    ("name", "params"),
+    [
+        ("gpt-bigcode-santacoder", 1_124_886_528),
+        ("phi-3-mini-4k-instruct", 3_821_079_552),
+        ("qwen3-0.6b", 596_049_920),
+        ("opt-350m", 331_196_416),
+        ("phi-2", 2_779_683_840),
+        ("bloomz-560m", 559_214_592),
+        ("granite-3.3-8b-instruct", 8_170_864_640),
+    ],
+)
+def test_hf_import_of_served_families_estimates(client: ApiClient, name: str, params: int) -> None:
+    """Issue 31: each family imports with transformers' count (pinned in
+    tests/importers/test_hf_config.py, checked by benchmarks/hf_params) and estimates."""
+    response = client.post(
+        "/v1/models/import/hf-config",
+        json={"slug": "served", "sequence_length": 512, "config": _config(name)},
+    )
+    assert response.status_code == 201, response.text
+    assert response.json()["report"]["parameter_count"] == params
+    estimate = client.post(
+        "/v1/estimates/memory",
+        json={"model": "served", "mode": "inference", "batch_size": 1, "precision": "bf16"},
+    )
+    assert estimate.status_code == 200, estimate.text
 
 
 def test_hf_import_schema_errors_and_duplicates(client: ApiClient, db_url: str) -> None:

@@ -30,6 +30,16 @@ GOLDEN = {
     "flan-t5-base-encoder": (109_628_544, "T5EncoderModel"),
     "vit-base-patch16-224-in21k": (86_389_248, "ViTModel (with pooler)"),
     "vit-base-patch16-224": (86_567_656, "ViTForImageClassification (1000 labels, no pooler)"),
+    # Issue 31: families people serve. Pins of what transformers 5.23 counted on the meta device
+    # (benchmarks/hf_params/count.py, results.md); sources of the configs in SOURCES.md beside them.
+    "gpt-bigcode-santacoder": (1_124_886_528, "GPTBigCodeForCausalLM (LM head tied)"),
+    "phi-3-mini-4k-instruct": (3_821_079_552, "Phi3ForCausalLM (LM head untied)"),
+    "qwen3-0.6b": (596_049_920, "Qwen3ForCausalLM (LM head tied)"),
+    "opt-125m": (125_239_296, "OPTForCausalLM (LM head tied)"),
+    "opt-350m": (331_196_416, "OPTForCausalLM (LM head tied)"),
+    "phi-2": (2_779_683_840, "PhiForCausalLM (LM head untied, with bias)"),
+    "bloomz-560m": (559_214_592, "BloomForCausalLM (LM head tied)"),
+    "granite-3.3-8b-instruct": (8_170_864_640, "GraniteForCausalLM (LM head tied)"),
 }
 
 
@@ -104,3 +114,125 @@ def test_imports_say_where_attention_is_not_how(name: str) -> None:
         assert "fused" not in layer
     decoder = "ForCausalLM" in GOLDEN[name][1] or "LMHead" in GOLDEN[name][1]
     assert {bool(layer.get("causal")) for layer in attention} == {decoder}
+
+
+def _block(imported: Any) -> list[dict[str, Any]]:
+    block: list[dict[str, Any]] = next(
+        layer for layer in imported.layers if layer["op"] == "repeat"
+    )["layers"]
+    return block
+
+
+def test_multi_query_attention_has_one_kv_head() -> None:
+    """GPTBigCode's fused c_attn: q (hidden) + k and v of one head (head_dim) each, with biases."""
+    santacoder = _load("gpt-bigcode-santacoder")
+    mqa = import_hf_config(santacoder)
+    assert {layer["num_kv_heads"] for layer in attention_layers(mqa.layers)} == {1}
+    assert any("multi-query" in note for note in mqa.assumptions)
+    mha = import_hf_config({**santacoder, "multi_query": False})
+    hidden, head_dim, layers = 2048, 2048 // 16, 24
+    # k and v grow from one head to all 16: weights and biases, in each of 24 layers
+    grown = 2 * (hidden * (hidden - head_dim) + (hidden - head_dim))
+    assert mha.parameter_count - mqa.parameter_count == layers * grown
+    assert mqa.default_bindings == {"seq": 2048}
+    with pytest.raises(ImportRejected, match="2048 learned positions"):
+        import_hf_config(santacoder, sequence_length=2049)
+
+
+def test_fused_and_multiplied_llama_variants_count_as_llama() -> None:
+    """Phi-3's fused qkv_proj / gate_up_proj and Granite's multipliers add no parameters."""
+    for name in ("phi-3-mini-4k-instruct", "granite-3.3-8b-instruct"):
+        config = _load(name)
+        as_llama = import_hf_config({**config, "model_type": "llama"}).parameter_count
+        assert import_hf_config(config).parameter_count == as_llama == GOLDEN[name][0]
+    # Phi3Attention builds its projections without bias whatever attention_bias says
+    phi3 = _load("phi-3-mini-4k-instruct")
+    biased = import_hf_config({**phi3, "attention_bias": True})
+    assert biased.parameter_count == GOLDEN["phi-3-mini-4k-instruct"][0]
+
+
+def test_qwen3_per_head_norms_are_stored_tensors() -> None:
+    qwen3 = _load("qwen3-0.6b")
+    imported = import_hf_config(qwen3)
+    block = _block(imported)
+    norms = [layer for layer in block if layer["name"] in ("q_norm", "k_norm")]
+    assert [(layer["op"], layer["shape"]) for layer in norms] == [("tensor", [128])] * 2
+    attention = next(layer for layer in block if layer["op"] == "attention")
+    assert attention["inputs"] == ["input_layernorm"]
+    assert attention["head_dim"] == 128
+    # the same geometry as a Llama with an explicit head_dim, plus 2 x head_dim per layer
+    as_llama = import_hf_config({**qwen3, "model_type": "llama"}).parameter_count
+    assert imported.parameter_count - as_llama == 28 * 2 * 128
+    # Qwen3Config's head_dim is 128 when the config leaves it out, not hidden / heads (64)
+    no_head_dim = {k: v for k, v in qwen3.items() if k != "head_dim"}
+    assert import_hf_config(no_head_dim).parameter_count == imported.parameter_count
+
+
+def test_opt_positions_projections_and_post_norm() -> None:
+    small, medium = import_hf_config(_load("opt-125m")), import_hf_config(_load("opt-350m"))
+    names = [layer["name"] for layer in medium.layers]
+    assert names[:3] == ["embed_tokens", "project_in", "embed_positions"]
+    assert names[-3:] == ["layers", "project_out", "lm_head"]  # post-LN: no final LayerNorm
+    assert "final_layer_norm" in [layer["name"] for layer in small.layers]
+    assert "project_in" not in [layer["name"] for layer in small.layers]
+    positions = next(layer for layer in small.layers if layer["name"] == "embed_positions")
+    assert positions["num_embeddings"] == 2048 + 2  # OPT's offset of 2
+    assert small.default_bindings == {"seq": 2048}
+    with pytest.raises(ImportRejected, match="2048 learned positions"):
+        import_hf_config(_load("opt-125m"), sequence_length=2049)
+    mlp = next(layer for layer in _block(small) if layer["op"] == "mlp")
+    assert mlp["activation"] == "relu"
+    assert mlp["bias"] is True
+    unbiased = import_hf_config({**_load("opt-125m"), "enable_bias": False}).parameter_count
+    # q, k, v, out (768 each) and fc1 (3072), fc2 (768) biases in 12 layers
+    assert small.parameter_count - unbiased == 12 * (4 * 768 + 3072 + 768)
+
+
+def test_phi2_parallel_block_biased_head_and_qk_layernorm() -> None:
+    phi2 = _load("phi-2")
+    imported = import_hf_config(phi2)
+    block = _block(imported)
+    assert next(layer for layer in block if layer["op"] == "mlp")["inputs"] == ["input_layernorm"]
+    assert block[-1]["inputs"] == ["@input", "attn_drop", "mlp_drop"]
+    head = imported.layers[-1]
+    assert head["name"] == "lm_head"
+    assert "bias" not in head  # linear's default: with bias
+    normed = import_hf_config({**phi2, "qk_layernorm": True}).parameter_count
+    # q_layernorm and k_layernorm: weight and bias of 2560 / 32 = 80 each, in 32 layers
+    assert normed - imported.parameter_count == 32 * 2 * 2 * 80
+
+
+def test_bloom_alibi_has_no_position_limit() -> None:
+    bloom = _load("bloomz-560m")
+    imported = import_hf_config(bloom)
+    assert imported.default_bindings == {"seq": 4096}
+    assert import_hf_config(bloom, sequence_length=100_000).default_bindings == {"seq": 100_000}
+    assert [layer["name"] for layer in imported.layers][:2] == [
+        "word_embeddings", "word_embeddings_layernorm"]  # fmt: skip
+    post = import_hf_config({**bloom, "apply_residual_connection_post_layernorm": True})
+    assert post.parameter_count == imported.parameter_count
+    add = next(layer for layer in _block(post) if layer["name"] == "attn_add")
+    assert add["inputs"][0] == "input_layernorm"
+
+
+@pytest.mark.parametrize(
+    ("name", "change", "pointer"),
+    [
+        ("gpt-bigcode-santacoder", {"n_head": 15}, "/config/n_head"),
+        ("gpt-bigcode-santacoder", {"num_key_value_heads": 4}, "/config/num_key_value_heads"),
+        ("gpt-bigcode-santacoder", {"multi_query": False, "num_key_value_heads": 1},
+         "/config/num_key_value_heads"),
+        ("opt-125m", {"num_attention_heads": 7}, "/config/num_attention_heads"),
+        ("phi-3-mini-4k-instruct", {"num_key_value_heads": 5}, "/config/num_key_value_heads"),
+        ("phi-3-mini-4k-instruct", {"num_attention_heads": 7}, "/config/num_attention_heads"),
+        ("phi-2", {"num_attention_heads": 7}, "/config/num_attention_heads"),
+        ("bloomz-560m", {"num_attention_heads": 7}, "/config/num_attention_heads"),
+        ("qwen3-0.6b", {"num_key_value_heads": 3}, "/config/num_key_value_heads"),
+        ("opt-125m", {"ffn_dim": 0}, "/config/ffn_dim"),
+    ],
+)  # fmt: skip
+def test_contradicting_fields_are_named(name: str, change: dict[str, Any], pointer: str) -> None:
+    with pytest.raises(ImportRejected) as caught:
+        import_hf_config({**_load(name), **change})
+    assert caught.value.pointer == pointer
+    assert pointer.rsplit("/", 1)[1] in caught.value.detail
