@@ -163,6 +163,26 @@ def test_hf_import_of_served_families_estimates(client: ApiClient, name: str, pa
     assert estimate.status_code == 200, estimate.text
 
 
+def test_multi_query_import_caches_one_kv_head(client: ApiClient) -> None:
+    """SantaCoder keeps K and V of one head (head_dim 2048 / 16 = 128) per layer and token."""
+    for slug, config in (
+        ("mqa", _config("gpt-bigcode-santacoder")),
+        ("mha", {**_config("gpt-bigcode-santacoder"), "multi_query": False}),
+    ):
+        response = client.post("/v1/models/import/hf-config", json={"slug": slug, "config": config})
+        assert response.status_code == 201, response.text
+    kv = {}
+    for slug in ("mqa", "mha"):
+        estimate = client.post("/v1/estimates/memory", json={
+            "model": slug, "mode": "inference", "batch_size": 1, "sequence_length": 2048,
+            "precision": "bf16", "hardware": "nvidia-a100-80gb-sxm"})  # fmt: skip
+        assert estimate.status_code == 200, estimate.text
+        breakdown = estimate.json()["breakdown"]
+        kv[slug] = next(line["bytes"] for line in breakdown if line["key"] == "kv_cache")
+    assert kv["mqa"] == 2 * 24 * 1 * 128 * 2048 * 2  # K and V x layers x head x dim x tokens x bf16
+    assert kv["mha"] == 16 * kv["mqa"]
+
+
 def test_hf_import_schema_errors_and_duplicates(client: ApiClient, db_url: str) -> None:
     before = table_counts(db_url)
     assert_problem(client.post("/v1/models/import/hf-config", json={"slug": "x"}), 422)
