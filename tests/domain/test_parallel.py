@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from app.domain.graph.analysis import GraphAnalysis
+from app.domain.graph.analysis import GraphAnalysis, analyze
 from app.domain.memory.estimate import MemoryRequest, analyze_for, estimate_memory
 from app.domain.memory.formulas import (
     check_tensor_parallel_heads,
@@ -22,6 +22,10 @@ from app.domain.parallel import (
     kv_heads_per_rank,
     pipeline_stage_layers,
 )
+from app.domain.performance.errors import RooflineInputError
+from app.domain.performance.phases import PhasedRequest, decoder_request
+from app.domain.performance.precision_schemes import PRECISION_SCHEMES
+from app.domain.performance.tensor_parallel import shard
 from app.domain.precision import Precision
 from app.domain.workload import Logits, Mode, Parallelism
 from app.domain.zoo import ZOO
@@ -171,3 +175,43 @@ def test_check_tensor_parallel_heads_reads_the_graph() -> None:
         check_tensor_parallel_heads(analysis, 8)
     check_tensor_parallel_heads(analysis, 4)
     check_tensor_parallel_heads(analysis, 1)
+
+
+def _decoder(slug: str) -> PhasedRequest:
+    model = ZOO[slug]
+    bindings = {**model.default_bindings, "batch": 1}
+    prefill = analyze(model.inputs, model.layers, {**bindings, "seq": 128}, training=False)
+    step = analyze(model.inputs, model.layers, {**bindings, "seq": 1}, training=False)
+    return decoder_request(
+        prefill,
+        step,
+        PRECISION_SCHEMES[Precision.BF16],
+        batch=1,
+        prompt_tokens=128,
+        generated_tokens=16,
+    )
+
+
+def test_speed_side_reads_the_same_kv_rule() -> None:
+    """The roofline's tensor-parallel share reads max(1, kv_heads // t) KV heads a layer: at 16
+    GPUs Llama-3-8B's 8 KV heads are replicated, so each GPU moves 1/8 of the cache (not 1/16);
+    at 4 GPUs 2 heads, 1/4."""
+    whole = _decoder("llama-3-8b")
+    for degree, share_of_cache in ((4, 4), (16, 8)):
+        part = shard(whole, degree)
+        for phase, split in zip(whole.phases, part.phases, strict=True):
+            for k, h in zip(phase.kernels, split.kernels, strict=True):
+                if k.kv_cache_bytes:
+                    assert k.kv_heads == 8
+                    assert h.kv_cache_bytes == -(-k.kv_cache_bytes // share_of_cache)
+                    assert h.kv_cache_bytes > 0
+    assert any("max(1, kv_heads // 16)" in a for a in shard(whole, 16).assumptions)
+
+
+def test_speed_side_refuses_a_degree_that_does_not_divide_the_heads() -> None:
+    """GPT-2 (12 heads): a tensor-parallel group of 8 is refused as vLLM refuses it; the
+    recommendation lists the group as excluded with this reason."""
+    whole = _decoder("gpt-2")
+    shard(whole, 4)
+    with pytest.raises(RooflineInputError, match="12 attention heads"):
+        shard(whole, 8)
