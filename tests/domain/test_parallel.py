@@ -30,6 +30,7 @@ from app.domain.precision import Precision
 from app.domain.workload import Logits, Mode, Parallelism
 from app.domain.zoo import ZOO
 from app.domain.zoo.transformers import llama
+from tests.domain.test_formulas import evaluate
 
 
 def test_kv_heads_per_rank_follows_vllm() -> None:
@@ -215,3 +216,32 @@ def test_speed_side_refuses_a_degree_that_does_not_divide_the_heads() -> None:
     shard(whole, 4)
     with pytest.raises(RooflineInputError, match="12 attention heads"):
         shard(whole, 8)
+
+
+@pytest.mark.parametrize(
+    ("tensor", "pipeline", "precision"),
+    [
+        (16, 1, Precision.BF16),
+        (2, 4, Precision.BF16),
+        (1, 3, Precision.INT4),
+        (4, 2, Precision.FP8),
+    ],
+)
+def test_parallel_lines_keep_their_formulas_evaluable(
+    tensor: int, pipeline: int, precision: Precision
+) -> None:
+    """The weights and KV cache formulas of a rank's share evaluate to their bytes."""
+    request = MemoryRequest(
+        mode=Mode.INFERENCE,
+        precision=precision,
+        parallelism=Parallelism(tensor=tensor, pipeline=pipeline),
+        logits=Logits.LAST,
+    )
+    inputs, layers, bindings = _llama(seq=512)
+    estimate = estimate_memory(analyze_for(inputs, layers, bindings, request), request)
+    lines = {line.key: line for line in estimate.lines}
+    for key in ("weights", "kv_cache"):
+        value, stated = evaluate(lines[key].formula)
+        assert value == stated == lines[key].bytes, lines[key].formula
+    if pipeline > 1:
+        assert any("stage 0:" in note for note in lines["weights"].assumptions)

@@ -526,8 +526,8 @@ def layer_stages(analysis: GraphAnalysis, pp: int) -> tuple[int, ...] | None:
     stage_of: dict[str, int] = {}
     start = 0
     for stage, count in enumerate(pipeline_stage_layers(len(blocks), pp)):
-        for block in blocks[start : start + count]:
-            stage_of[block] = stage
+        for name in blocks[start : start + count]:
+            stage_of[name] = stage
         start += count
     stages: list[int] = []
     current = 0
