@@ -48,10 +48,25 @@ class ParallelismSpec(Schema):
 
     data: int = Field(default=1, ge=1, le=65_536, description="Data-parallel degree.", examples=[8])
     tensor: int = Field(
-        default=1, ge=1, le=1024, description="Tensor-parallel degree.", examples=[1]
+        default=1,
+        ge=1,
+        le=1024,
+        description="Tensor-parallel degree (Megatron-style, as vLLM runs it). It must divide "
+        "every attention layer's heads, and split or evenly replicate its KV heads (a 422 "
+        "naming this field otherwise, as vLLM refuses to start). Each GPU holds "
+        "`max(1, kv_heads // tensor)` KV heads a layer and its share of the column-parallel "
+        "activations.",
+        examples=[1],
     )
     pipeline: int = Field(
-        default=1, ge=1, le=1024, description="Pipeline-parallel degree.", examples=[1]
+        default=1,
+        ge=1,
+        le=1024,
+        description="Pipeline-parallel degree: the repeated blocks are split over the stages "
+        "as vLLM's `get_pp_indices` splits decoder layers, the embeddings on the first stage, "
+        "the final norm and output head on the last; the estimate is the stage that holds "
+        "the most (the weights line's notes list every stage).",
+        examples=[1],
     )
     zero_stage: int = Field(
         default=0,

@@ -33,12 +33,14 @@ from app.domain.memory.estimate import (
     MemoryEstimate,
     MemoryInputError,
     MemoryRequest,
+    check_tensor_parallel_heads,
     estimate_memory,
 )
 from app.domain.mig.layout import (
     MigGeometry,
     MigProfileSpec,
 )
+from app.domain.parallel import TensorParallelError
 from app.domain.units import GIB
 from app.domain.workload import (
     Attention,
@@ -229,6 +231,10 @@ def estimate_graph(
         attention=resolved.attention,
         logits=resolved.logits,
     )
+    try:
+        check_tensor_parallel_heads(analysis, request.parallelism.tensor)
+    except TensorParallelError as exc:  # vLLM refuses to start with it: nothing to estimate
+        raise InvalidInput(str(exc), pointer="/parallelism/tensor") from exc
     try:
         result = estimate_memory(analysis, request, per_layer=per_layer)
     except MemoryInputError as exc:

@@ -18,6 +18,7 @@ from app.schemas.workloads import (
     WorkloadBase,
     WorkloadCreate,
     WorkloadList,
+    WorkloadOptions,
     WorkloadRead,
     WorkloadReplace,
 )
@@ -96,6 +97,11 @@ def _apply(session: Session, row: Workload, fields: WorkloadBase) -> None:
                 )
         except WorkCancelled:
             pass
+        except InvalidInput as exc:  # the estimate names WorkloadInput's fields; a workload
+            head = (exc.pointer or "").split("/")[1:2]  # keeps the rarer ones under options
+            if head and head[0] in WorkloadOptions.model_fields:
+                exc.pointer = f"/options{exc.pointer}"
+            raise
     row.name = fields.name
     row.description = fields.description
     row.model_id = model.id

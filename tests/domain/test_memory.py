@@ -156,18 +156,28 @@ def test_tensor_parallel_divides_weights() -> None:
     assert lines["weights"] == 6_738_415_616 * 4 // 4
 
 
-def test_pipeline_parallel_inference_divides_weights_and_kv_cache() -> None:
-    """Each pipeline stage holds its layers' weights and KV cache: / (tensor x pipeline)."""
+def test_pipeline_parallel_inference_holds_each_stages_layers() -> None:
+    """Each pipeline stage holds its decoder layers' weights and KV cache, the first stage the
+    embedding and the last the final norm and output head; the per-device figure is the worst
+    stage's. Llama-2-7B: a block is 4 x 4096^2 (attention) + 3 x 4096 x 11,008 (MLP) + 2 x 4096
+    (norms) = 202,383,360 params; the embedding and the head 32,000 x 4096 = 131,072,000 each;
+    the final norm 4096."""
+    block, vocab, norm = 202_383_360, 131_072_000, 4096
     kv = 2 * 32 * 32 * 128 * 4096 * 2
-    for tensor, pipeline in ((1, 4), (2, 2), (2, 4)):
+    # pipeline 4: 8 blocks a stage; the last (8 blocks + norm + head) outweighs the first
+    # (8 blocks + embedding) by the norm's 4096 params
+    last_of_4 = 8 * block + vocab + norm  # 1,750,142,976 params
+    last_of_2 = 16 * block + vocab + norm  # 3,369,209,856 params
+    for tensor, pipeline, params in ((1, 4, last_of_4), (2, 2, last_of_2), (2, 4, last_of_4)):
         request = MemoryRequest(
             mode=Mode.INFERENCE,
             precision=Precision.BF16,
             parallelism=Parallelism(tensor=tensor, pipeline=pipeline),
         )
         lines = _lines("llama-2-7b", request, seq=4096)
-        assert lines["kv_cache"] == kv // (tensor * pipeline)
-        assert lines["weights"] == -(-6_738_415_616 * 2 // (tensor * pipeline))
+        assert lines["kv_cache"] == kv // (tensor * pipeline)  # 32 KV heads split evenly
+        assert lines["weights"] == params * 2 // tensor
+    assert last_of_4 * 2 == 3_500_285_952  # the old rule, 6,738,415,616 x 2 / 4, said 3,369,207,808
 
 
 def test_kv_cache_golden_llama() -> None:

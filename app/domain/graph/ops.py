@@ -77,6 +77,8 @@ class OpResult:
     materialized: bool = True  # False: the output is a weight (or a view of one), no activation
     attention: Attention | None = None  # attention layers: the implementation that ran
     attention_reason: str = ""
+    num_heads: int = 0  # attention layers: query heads (tensor parallelism splits them)
+    num_kv_heads: int = 0  # attention layers: key/value heads (replicated past tensor = them)
     params: int = field(init=False)  # trainable parameters, derived from param_shapes
 
     def __post_init__(self) -> None:
@@ -785,6 +787,8 @@ def attention(ctx: OpContext) -> OpResult:
         kv_cache_numel=2 * tokens * kv_dim if causal else 0,
         attention=impl,
         attention_reason=reason,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
     )
 
 

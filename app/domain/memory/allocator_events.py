@@ -120,7 +120,11 @@ def _forward_events(
 
 def forward_events_key(e: Estimation) -> tuple[object, ...]:
     """What an inference forward's events depend on besides the analysis: the bytes of the
-    activation dtype and the runtime (dropout masks, oneDNN buffers)."""
+    activation dtype and the runtime (dropout masks, oneDNN buffers), and the tensor-parallel
+    degree past 1 (a rank's share of the transients)."""
+    tp = e.request.parallelism.tensor
+    if tp > 1:
+        return ("forward", e.plan.activation, e.sizer.runtime, tp)
     return ("forward", e.plan.activation, e.sizer.runtime)
 
 

@@ -45,11 +45,14 @@ from app.domain.memory.cuda_runtime import (
 from app.domain.memory.explain import explain_peak, layer_view, request_assumptions
 from app.domain.memory.formulas import (
     PrecisionPlan,
+    RankShare,
     Sizer,
+    attention_heads,
     ceil_fraction,
+    check_tensor_parallel_heads,
     kv_cache_bytes,
     precision_plan,
-    weights_bytes,
+    request_rank_share,
 )
 from app.domain.memory.liveness import StoragePlan, build_plan, last_reads, seed_rule
 from app.domain.memory.memo import PlanMemo, layer_totals, memoised
@@ -64,7 +67,7 @@ from app.domain.memory.result import (
     breakdown,
 )
 from app.domain.precision import CONVENTIONS, bytes_per_element, convention
-from app.domain.workload import Logits, Mode, Runtime
+from app.domain.workload import Logits, Mode, Parallelism, Runtime
 
 __all__ = [
     "MAX_REPLAYED_LAYERS",
@@ -79,6 +82,7 @@ __all__ = [
     "PlanMemo",
     "PrecisionPlan",
     "analyze_for",
+    "check_tensor_parallel_heads",
     "estimate_memory",
     "inference_floor_bytes",
     "precision_plan",
@@ -257,16 +261,12 @@ def _check_request(analysis: GraphAnalysis, request: MemoryRequest) -> None:
 def _stored_weights_bytes(
     analysis: GraphAnalysis, request: MemoryRequest, plan: PrecisionPlan, plans: PlanMemo | None
 ) -> tuple[int, int, tuple[str, ...]]:
-    """The weights every device stores (split over tensor x pipeline, and data ranks from
-    ZeRO-3 on), the unsharded bytes and their notes (memoised per analysis and precision)."""
-    precision, par = request.precision, request.parallelism
-    weights_full, weight_notes = memoised(
-        plans,
-        analysis,
-        ("weights bytes", precision),
-        lambda: weights_bytes(analysis, plan, precision),
-    )
-    weights = ceil_fraction(Fraction(weights_full, par.tensor * par.pipeline))
+    """The weights every device stores (its tensor x pipeline share, the worst pipeline stage's:
+    :func:`app.domain.memory.formulas.rank_share`; and split over data ranks from ZeRO-3 on),
+    the unsharded bytes and their notes (memoised per analysis and precision)."""
+    par = request.parallelism
+    share, weights_full, weight_notes = request_rank_share(analysis, request, plan, plans)
+    weights = share.weights
     if par.zero_stage >= 3:
         weights = ceil_fraction(Fraction(weights, par.data))
     return weights, weights_full, weight_notes
@@ -287,11 +287,76 @@ def _weights_line(
         expression = f"{weights_full:,} [B: quantized weights, scales and 16-bit rest]"
     else:
         expression = f"{params:,} [params] x {plan.weight} [B]"
+    notes = list(weight_notes)
     if model_shard > 1:
-        expression = f"ceil({expression} / {model_shard} [tensor x pipeline])"
+        share, _, _ = request_rank_share(analysis, request, plan, plans)
+        expression, share_notes = _share_words(
+            expression,
+            share,
+            par.tensor,
+            par.pipeline,
+            plan.weight,
+            heads=bool(attention_heads(analysis)),
+        )
+        notes += share_notes
     if par.zero_stage >= 3:
         expression = f"ceil({expression} / {par.data} [ZeRO-3 data ranks])"
-    return weights, f"{expression} = {weights:,} B", weight_notes
+    return weights, f"{expression} = {weights:,} B", tuple(notes)
+
+
+def _fraction_words(value: Fraction) -> str:
+    """``value`` as the formula grammar reads it: ``12`` or ``(25 / 2)``."""
+    if value.denominator == 1:
+        return f"{value.numerator:,}"
+    return f"({value.numerator:,} / {value.denominator:,})"
+
+
+def _share_words(
+    expression: str, share: RankShare, tp: int, pp: int, weight: Fraction, *, heads: bool
+) -> tuple[str, tuple[str, ...]]:
+    """The weights formula of one rank's share (``weight``: bytes per weight) and the notes
+    that say what each pipeline stage holds."""
+    notes: list[str] = []
+    stage = share.stages[share.worst]
+    replicated = ""
+    if stage.replicated:
+        replicated = (
+            f" + {_fraction_words(stage.replicated)} [elements: K/V projection rows of the KV "
+            f"heads replicated over {tp} GPUs] x {weight} [B]"
+            + (f" / {pp} [pipeline]" if not share.staged and pp > 1 else "")
+        )
+    if not share.staged:
+        expression = f"ceil({expression} / {tp * pp} [tensor x pipeline]{replicated})"
+        if pp > 1:
+            notes.append("no repeated block to split into stages: each stage charged 1 / pipeline")
+    else:
+        worst = share.worst
+        holds = [f"{stage.blocks} repeated blocks"]
+        if worst == 0:
+            holds.append("the layers before them (embeddings)")
+        if worst == pp - 1:
+            holds.append("the layers after them (final norm, output head)")
+        expression = (
+            f"ceil({stage.stored:,} [B: weights of pipeline stage {worst} of {pp}, the stage "
+            f"holding the most: {', '.join(holds)}] / {tp} [tensor]{replicated})"
+        )
+        notes.append(
+            "per pipeline stage (weights per GPU, KV cache elements per GPU, repeated blocks): "
+            + "; ".join(
+                f"stage {i}: {s.weights:,} B, {s.kv_numel:,}, {s.blocks}"
+                for i, s in enumerate(share.stages)
+            )
+            + " (blocks split as vLLM's get_pp_indices; the layers before the first block on "
+            "the first stage, those after the last on the last, a tied output head's weight "
+            "copied there)"
+        )
+    if tp > 1 and heads:
+        notes.append(
+            f"tensor parallel {tp}: attention heads and MLP columns split (Megatron-style); "
+            "KV heads split, one replicated per GPU when fewer than the GPUs (vLLM "
+            "get_num_kv_heads)"
+        )
+    return expression, tuple(notes)
 
 
 def _storage_plan(
@@ -301,13 +366,19 @@ def _storage_plan(
 
     An inference plan reads the activation bytes (bf16 = fp16) and the runtime only: the
     tensor split, checkpointing and weight bytes change what a layer keeps for backward, which
-    inference never reads (no tensor is kept: reused (), adds {}). It is built for one tensor
-    and no checkpointing, whatever the request's.
+    inference never reads (no tensor is kept: reused (), adds {}). It is built for no
+    checkpointing whatever the request's, and for the request's tensor-parallel degree (a rank
+    holds its share of the column-parallel transients and the all-reduce's output).
     """
     training = request.mode is Mode.TRAINING
     plan_key: tuple[object, ...] = ("plan", sizer.plan.activation, request.runtime)
     if training:  # full checkpointing and the per-layer view edit a training plan
         return build_plan(analysis, sizer, request, training), plan_key
+    tp = request.parallelism.tensor
+    plan_request = _INFERENCE_PLAN_REQUEST
+    if tp > 1:  # a tensor-parallel rank holds its share of the column-parallel activations
+        plan_key = (*plan_key, tp)
+        plan_request = MemoryRequest(mode=Mode.INFERENCE, parallelism=Parallelism(tensor=tp))
     # an inference plan is only read (adds {}: its layer_saved is built once, the same)
     storage_plan = memoised(
         plans,
@@ -316,7 +387,7 @@ def _storage_plan(
         lambda: build_plan(
             analysis,
             sizer,
-            _INFERENCE_PLAN_REQUEST,
+            plan_request,
             training,
             memoised(plans, analysis, ("last use",), lambda: last_reads(analysis)),
         ),
@@ -342,7 +413,7 @@ def _split_output(e: Estimation, parts: dict[str, int]) -> None:
 
 
 # What an inference storage plan is built with besides the activation bytes and the runtime
-# (the sizer's): one GPU, no checkpointing (see estimate_memory)
+# (the sizer's): one GPU, no checkpointing (see _storage_plan)
 _INFERENCE_PLAN_REQUEST = MemoryRequest(mode=Mode.INFERENCE)
 
 
@@ -358,12 +429,12 @@ def inference_floor_bytes(
     if request.mode is not Mode.INFERENCE:
         raise MemoryInputError("inference_floor_bytes is for inference")
     precision = request.precision
-    par = request.parallelism
-    floor, _, _ = _stored_weights_bytes(analysis, request, precision_plan(precision), plans)
+    plan = precision_plan(precision)
+    floor, _, _ = _stored_weights_bytes(analysis, request, plan, plans)
     if analysis.is_decoder and request.kv_cache is not False:
-        kv_numel = layer_totals(plans, analysis).kv_cache_numel
+        share, _, _ = request_rank_share(analysis, request, plan, plans)
         kv_bytes = int(bytes_per_element(convention(precision).kv_cache_dtype))
-        floor += kv_cache_bytes(kv_numel, kv_bytes, par.tensor * par.pipeline)
+        floor += kv_cache_bytes(share.kv_numel, kv_bytes, 1)
     if request.runtime is Runtime.CUDA:  # one cuBLAS handle at inference (_cublas_handles)
         floor += request.overhead.workspace_bytes + request.overhead.cuda_context_bytes
     return floor

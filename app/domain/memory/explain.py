@@ -8,9 +8,15 @@ from collections.abc import Mapping, Sequence
 
 from app.domain.graph.analysis import GraphAnalysis, LayerAnalysis
 from app.domain.graph.ops import Storage
+from app.domain.graph.traits import INTERNAL_TENSOR_OPS
 from app.domain.memory.context import Estimation, Moment
 from app.domain.memory.formulas import PrecisionPlan, Sizer
-from app.domain.memory.liveness import ATTENTION_MATRICES, checkpoint_unit, kept_storages
+from app.domain.memory.liveness import (
+    ATTENTION_MATRICES,
+    checkpoint_unit,
+    kept_storages,
+    transient_numel,
+)
 from app.domain.memory.request import MemoryRequest
 from app.domain.memory.result import KeptTensor, LayerMemory
 from app.domain.precision import convention
@@ -140,12 +146,19 @@ def _transient_terms(e: Estimation, at: str, index: int) -> list[tuple[int, str]
     layer, op = e.analysis.layers[index], e.storage_plan.op_sizes[index]
     name = layer.name
     if at == "forward":
-        terms = [
-            _term(e.sizer.storage_bytes(t.numel, t.storage), f"B: '{name}' {t.label}")
-            for t in layer.result.transients
-        ]
+        tp = e.request.parallelism.tensor
+        terms = []
+        for t in layer.result.transients:
+            numel = transient_numel(layer, t, tp)
+            share = f", 1/{tp} per GPU (tensor parallel)" if numel != t.numel else ""
+            terms.append(
+                _term(e.sizer.storage_bytes(numel, t.storage), f"B: '{name}' {t.label}{share}")
+            )
         extra = op.forward_transient - sum(size for size, _ in terms)
-        if extra:  # oneDNN convolutions compute into their own buffer (CPU)
+        if extra and tp > 1 and layer.op in INTERNAL_TENSOR_OPS:
+            # the row-parallel partial sum and the all-reduced output coexist
+            terms.append(_term(extra, f"B: '{name}' tensor-parallel all-reduce output"))
+        elif extra:  # oneDNN convolutions compute into their own buffer (CPU)
             terms.append(_term(extra, f"B: '{name}' oneDNN output buffer"))
         return terms
     return [

@@ -17,9 +17,9 @@ from operator import add, sub
 from typing import NamedTuple
 
 from app.domain.graph.analysis import GraphAnalysis, LayerAnalysis
-from app.domain.graph.ops import TensorKind
+from app.domain.graph.ops import TensorKind, Transient
 from app.domain.graph.traits import CONV_OPS, INTERNAL_TENSOR_OPS
-from app.domain.memory.formulas import Sizer
+from app.domain.memory.formulas import Sizer, repeated_block
 from app.domain.memory.request import MemoryRequest
 from app.domain.workload import Checkpointing, Runtime
 
@@ -43,6 +43,31 @@ class OpSizes(NamedTuple):
     backward_extra: int  # kernel buffers in this layer's backward beyond the gradients
     output_storage: int  # bytes of the output value in its own dtype (ids are 8 B)
     backward_static: int  # output gradient + internal gradients + kernel buffers
+
+
+# Transients of a composite op that are row-parallel outputs (full hidden size on every
+# tensor-parallel rank before their all-reduce); every other transient of attention / MLP / MoE
+# is a column-parallel output (QKV, scores, MLP intermediates) split over the ranks.
+_ROW_PARALLEL_TRANSIENTS = frozenset({"expert_outputs"})
+
+
+def transient_numel(layer: LayerAnalysis, transient: Transient, tp: int) -> int:
+    """Elements of one of ``layer``'s forward transients on one tensor-parallel rank:
+    Megatron-style, the column-parallel ones (attention heads' q/k/v, scores and
+    probabilities, MLP up/gate intermediates) are split ``ceil(numel / tp)``, the row-parallel
+    ones are whole (Shoeybi et al., "Megatron-LM", 2019) [elements]."""
+    if tp > 1 and layer.op in INTERNAL_TENSOR_OPS:
+        if transient.label not in _ROW_PARALLEL_TRANSIENTS:
+            return -(-transient.numel // tp)
+    return transient.numel
+
+
+def _transient_bytes(layer: LayerAnalysis, sizer: Sizer, tp: int) -> int:
+    """Bytes of the tensors ``layer`` holds only inside its forward on one rank."""
+    return sum(
+        sizer.storage_bytes(transient_numel(layer, t, tp), t.storage)
+        for t in layer.result.transients
+    )
 
 
 def _op_sizes(layer: LayerAnalysis, sizer: Sizer, request: MemoryRequest) -> OpSizes:
@@ -90,11 +115,11 @@ def _op_sizes(layer: LayerAnalysis, sizer: Sizer, request: MemoryRequest) -> OpS
         keeps_output=any(source == _OUT for source, _ in kept),
         new_kept=tuple((slot, size) for slot, (source, size) in enumerate(kept) if source == _NEW),
         new_total=sum(size for source, size in kept if source == _NEW),
-        forward_transient=sum(
-            sizer.storage_bytes(t.numel, t.storage) for t in layer.result.transients
-        )
+        forward_transient=_transient_bytes(layer, sizer, tp)
         # oneDNN computes into its own output buffer and copies out (2x output, measured)
-        + (output if sizer.runtime is Runtime.CPU and layer.op in CONV_OPS else 0),
+        + (output if sizer.runtime is Runtime.CPU and layer.op in CONV_OPS else 0)
+        # tensor parallel: the row-parallel partial sum and the all-reduced output coexist
+        + (output if tp > 1 and layer.op in INTERNAL_TENSOR_OPS else 0),
         backward_internal=internal,
         output=output,
         backward_extra=backward_extra,
@@ -138,10 +163,7 @@ class Timeline(NamedTuple):
 
 def checkpoint_unit(name: str) -> str | None:
     """Repeated blocks are the checkpoint units: ``layers.3.attn`` -> ``layers.3``."""
-    parts = name.split(".", 2)
-    if len(parts) == 3 and parts[1].isdigit():
-        return f"{parts[0]}.{parts[1]}"
-    return None
+    return repeated_block(name)
 
 
 ATTENTION_MATRICES = frozenset({"probs", "probs_mask", "probs_dropped"})

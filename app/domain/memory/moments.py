@@ -19,6 +19,7 @@ from app.domain.memory.formulas import (
     loss_expression,
     optimizer_state_bytes,
     optimizer_step_temporaries,
+    request_rank_share,
 )
 from app.domain.memory.liveness import (
     Peak,
@@ -220,19 +221,35 @@ def inference_moments(e: Estimation) -> list[Moment]:
             + (" (kv_cache=true asked for: encoders never cache)" if request.kv_cache else "")
         )
     if analysis.is_decoder and request.kv_cache is not False:
-        kv_numel = layer_totals(e.plans, analysis).kv_cache_numel
         kv_bytes = int(bytes_per_element(convention(request.precision).kv_cache_dtype))
-        # tensor parallel: each GPU caches its heads; pipeline parallel: its stage's layers
         kv_shard = par.tensor * par.pipeline
-        kv = kv_cache_bytes(kv_numel, kv_bytes, kv_shard)
+        if kv_shard == 1:
+            kv_numel = layer_totals(e.plans, analysis).kv_cache_numel
+            kv = kv_cache_bytes(kv_numel, kv_bytes, kv_shard)
+            expression = (
+                f"ceil({kv_numel:,} [elements: 2 x layers x kv_heads x head_dim x seq x batch] "
+                f"x {kv_bytes} [B] / {kv_shard} [tensor])"
+            )
+        else:
+            # tensor parallel: each GPU caches max(1, kv_heads // tensor) heads per layer
+            # (replicated past the KV heads); pipeline parallel: the worst stage's layers
+            share, _, _ = request_rank_share(analysis, request, e.plan, e.plans)
+            kv = kv_cache_bytes(share.kv_numel, kv_bytes, 1)
+            where = f" of pipeline stage {share.worst}" if share.staged else ""
+            divisor = (
+                f", 1 / {par.pipeline} of them per stage"
+                if not share.staged and par.pipeline > 1
+                else ""
+            )
+            expression = (
+                f"{share.kv_numel:,} [elements: 2 x layers{where} x KV heads per GPU, "
+                f"max(1, kv_heads // {par.tensor}), x head_dim x seq x batch{divisor}] x "
+                f"{kv_bytes} [B]"
+            )
         if kv:
             static["kv_cache"] = kv
             e.kv_bytes = kv
-            formulas["kv_cache"] = (
-                f"ceil({kv_numel:,} [elements: 2 x layers x kv_heads x head_dim x seq x batch] "
-                f"x {kv_bytes} [B] / {kv_shard} "
-                f"[{'tensor x pipeline' if par.pipeline > 1 else 'tensor'}]) = {kv:,} B"
-            )
+            formulas["kv_cache"] = f"{expression} = {kv:,} B"
     fwd_peak = memoised(  # a function of the (memoised) storage plan
         e.plans,
         analysis,

@@ -52,6 +52,8 @@ class Kernel:
     intermediate_bytes: int = 0
     launches: int
     gemms: tuple[Gemm, ...] = ()  # its GEMMs' shapes (empty: no tiled GEMM, e.g. a pooling)
+    heads: int = 0  # attention kernels: query heads (tensor parallelism splits them)
+    kv_heads: int = 0  # attention kernels: KV heads (replicated past tensor = them)
 
     def quantized_flops(self, tiling: Tiling | None) -> float:
         """FLOPs as the device pays for them: each GEMM's FLOPs / its wave efficiency, the
@@ -240,6 +242,8 @@ class KernelCount:
     launches: int
     notes: tuple[str, ...] = ()  # what the kernel's figures assume beyond the formulas
     gemms: tuple[Gemm, ...] = ()  # GEMM shapes, for tile and wave quantization
+    heads: int = 0  # attention kernels: query and KV heads
+    kv_heads: int = 0
 
     def at(self, scheme: PrecisionScheme) -> Kernel:
         """The kernel's bytes at a precision (weights rounded up to whole bytes)."""
@@ -256,6 +260,8 @@ class KernelCount:
             intermediate_bytes=self.spilled_fp32 * FP32_BYTES + self.spilled_float * act,
             launches=self.launches,
             gemms=self.gemms,
+            heads=self.heads,
+            kv_heads=self.kv_heads,
         )
 
 
@@ -334,6 +340,8 @@ class _Row:
     launches: int
     notes: tuple[str, ...]
     gemms: tuple[Gemm, ...] = ()
+    heads: int = 0
+    kv_heads: int = 0
 
     def count(self) -> KernelCount:
         return KernelCount(
@@ -351,6 +359,8 @@ class _Row:
             launches=self.launches,
             notes=self.notes,
             gemms=self.gemms,
+            heads=self.heads,
+            kv_heads=self.kv_heads,
         )
 
 
@@ -453,6 +463,8 @@ def count_kernels(
                     launches=known[1],
                     notes=notes,
                     gemms=gemms,
+                    heads=layer.result.num_heads,
+                    kv_heads=layer.result.num_kv_heads,
                 )
             )
         open_storage = layer.output_storage

@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 
 from app.domain.hardware import HardwareSpec
+from app.domain.parallel import TensorParallelError, check_tensor_parallel, kv_heads_per_rank
 from app.domain.performance.calibration import Calibration
 from app.domain.performance.errors import RooflineInputError
 from app.domain.performance.kernels import Kernel
@@ -56,6 +57,15 @@ class AllReduce:
         return count * ALLREDUCE_LATENCY_S + ring * total_bytes / self.link_bytes_per_s
 
 
+def kv_cache_share_bytes(kv_cache_bytes: int, kv_heads: int, degree: int) -> int:
+    """One GPU's share of a layer's KV cache traffic [B]: its ``kv_heads_per_rank`` of the
+    ``kv_heads`` (:func:`app.domain.parallel.kv_heads_per_rank`: replicated past them), or
+    ``1 / degree`` when the heads are unknown."""
+    if not kv_heads:
+        return -(-kv_cache_bytes // degree)
+    return -(-kv_cache_bytes * kv_heads_per_rank(kv_heads, degree) // kv_heads)
+
+
 def _split_nth(kernels: Sequence[Kernel], degree: int, index: int) -> Kernel:
     """One tensor-parallel GPU's share of ``kernels[index]`` (see :func:`shard`)."""
     k = kernels[index]
@@ -66,10 +76,12 @@ def _split_nth(kernels: Sequence[Kernel], degree: int, index: int) -> Kernel:
         weight_bytes=-(-k.weight_bytes // degree),
         input_bytes=k.input_bytes,
         output_bytes=k.output_bytes,
-        kv_cache_bytes=-(-k.kv_cache_bytes // degree),
+        kv_cache_bytes=kv_cache_share_bytes(k.kv_cache_bytes, k.kv_heads, degree),
         intermediate_bytes=-(-k.intermediate_bytes // degree),
         launches=k.launches,
         gemms=tuple(g.split(degree) for g in k.gemms),
+        heads=k.heads,
+        kv_heads=k.kv_heads,
     )
 
 
@@ -83,27 +95,37 @@ def shard(request: PhasedRequest, degree: int) -> PhasedRequest:
 
     Returns
     -------
-    share : every kernel's FLOPs, weights, KV cache and spilled attention scores divided by
-        ``degree`` (attention heads and MLP columns split; activations between kernels stay
-        whole, a conservative reading of the replicated norms and residuals), and two
-        all-reduces of the hidden state per attention layer (after the attention output
+    share : every kernel's FLOPs, weights and spilled attention scores divided by ``degree``
+        (attention heads and MLP columns split; activations between kernels stay whole, a
+        conservative reading of the replicated norms and residuals), its KV cache traffic
+        that of ``max(1, kv_heads // degree)`` KV heads (replicated past them, as vLLM), and
+        two all-reduces of the hidden state per attention layer (after the attention output
         projection and after the MLP)
 
     Raises
     ------
     RooflineInputError
-        When ``degree`` < 2 or the graph has no attention layer (nothing to split by heads).
+        When ``degree`` < 2, the graph has no attention layer (nothing to split by heads), or
+        ``degree`` cannot split an attention layer's heads
+        (:func:`app.domain.parallel.check_tensor_parallel`: vLLM refuses to start).
     """
     if degree < 2:
         raise RooflineInputError(f"tensor parallelism needs >= 2 GPUs, got {degree}")
     phases = []
     attention_layers = 0
+    checked: set[tuple[int, int]] = set()
     for phase in request.phases:
         source = phase.kernels
         runs = phase._runs[0] if phase._runs else tuple((i, 1) for i in range(len(source)))
         allreduces = allreduce_bytes = 0
         for index, count in runs:
             k = source[index]
+            if k.heads and (k.heads, k.kv_heads) not in checked:
+                checked.add((k.heads, k.kv_heads))
+                try:
+                    check_tensor_parallel(k.heads, k.kv_heads, degree, layer=k.name)
+                except TensorParallelError as exc:
+                    raise RooflineInputError(str(exc)) from exc
             if "attention" in k.ops:
                 attention_layers += count
                 allreduces += 2 * count
@@ -128,7 +150,9 @@ def shard(request: PhasedRequest, degree: int) -> PhasedRequest:
         assumptions=(
             *request.assumptions,
             f"tensor parallel across {degree} GPUs (Megatron-style): each runs 1/{degree} of "
-            "the FLOPs, weights and KV cache; two ring all-reduces of the hidden state per "
+            "the FLOPs and weights and reads max(1, kv_heads // "
+            f"{degree}) KV heads a layer (replicated past them, as vLLM); two ring "
+            "all-reduces of the hidden state per "
             f"layer, {ALLREDUCE_LATENCY_S * 1e6:g} us each plus 2 (t - 1) / t of it over the "
             "link",
         ),
