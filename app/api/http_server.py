@@ -28,6 +28,7 @@ import json
 import logging
 import sys
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -175,6 +176,8 @@ class _HeadGuard:
     _head_started = False  # some byte of the current head has arrived
     _lingering = False
     _dropped = 0  # bytes read and dropped while lingering
+    # Each protocol class writes the problem answer its own way (h11 events or raw bytes).
+    _write_response: Callable[[int], None]
 
     def _limits(self) -> HttpLimits:
         cls = type(self)
@@ -203,9 +206,6 @@ class _HeadGuard:
             self._reject(408)
         else:  # a connection that never sent a byte gets no answer, like an idle keep-alive
             self.transport.close()
-
-    def _write_response(self, status: int) -> None:
-        raise NotImplementedError
 
     def _drop(self, data: bytes) -> None:
         """After a rejection: what the client still sends is read and dropped, up to a cap."""
