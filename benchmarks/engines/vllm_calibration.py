@@ -148,7 +148,7 @@ MAIN = {  # this service's main branch before this module (issue 31)
     "kv": "+4 % at TP >= 2, up to +74 %",
     "peak": "-53 %",
     "non_torch": "-76 % (a fixed 512 MiB)",
-    "weights": "median |err| 0.3 %",
+    "weights": "median \\|err\\| 0.3 %",
 }
 
 
