@@ -202,7 +202,11 @@ def step_allocator_events(
     forward, cache_keys, new_keys, forward_live = _forward_events(analysis, plan, cache, True)
     forward_from = len(events)
     events += forward
-    grads = _param_tensor_bytes(analysis, step.grad_element, step.grad_shard)
+    grads = (
+        e.grad_tensors
+        if e.grad_tensors is not None
+        else _param_tensor_bytes(analysis, step.grad_element, step.grad_shard)
+    )
     grad_keys: list[list[int]] = [[] for _ in layers]  # per layer, as zero_grad frees them
     out_grad = plan.sizes.get(analysis.output_storage, 0)
     units = [checkpoint_unit(layer.name) if e.recompute else None for layer in layers]
