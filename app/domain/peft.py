@@ -87,6 +87,7 @@ _ATTENTION_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj")
 _GATED_MLP_NAMES = ("gate_proj", "up_proj", "down_proj")
 _PLAIN_MLP_NAMES = ("up_proj", "down_proj")
 _NORMS = frozenset({"layernorm", "batchnorm2d", "instancenorm3d"})  # weight, then bias
+_NOT_BIASES = frozenset({"rmsnorm", "tensor", "embedding", "embedding_add", "cls_token"})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -148,6 +149,7 @@ class LoraPlan:
     bias_params: int  # biases unfrozen by ``bias``
     saved_params: int  # parameters of the trainable copies of modules_to_save
     saved_layers: tuple[int, ...]  # the layers copied for modules_to_save
+    saved_shapes: tuple[tuple[tuple[int, ...], ...], ...]  # their parameters' shapes
     adapter_shapes: tuple[tuple[int, ...], ...]  # every trainable tensor's shape
 
     @property
@@ -160,16 +162,18 @@ def _rows(layer: LayerAnalysis) -> int:
     return math.prod(layer.output_shape[:-1]) if layer.output_shape else 1
 
 
-def _is_bias(op: str, index: int, shape: tuple[int, ...]) -> bool:
-    """Whether parameter ``index`` (of ``shape``) of an ``op`` layer is a bias."""
+def _is_bias(layer: LayerAnalysis, index: int, shape: tuple[int, ...]) -> bool:
+    """Whether parameter ``index`` (of ``shape``) of ``layer`` is named ``bias`` in PyTorch:
+    a norm's second parameter, the vectors of a layer with weight matrices (Linear, attention,
+    MLP, convolution, recurrent), a free tensor named ``...bias``; never an RMSNorm's weight or
+    a free tensor such as Qwen3's q_norm / k_norm weights."""
     if len(shape) != 1:
         return False
-    return index > 0 if op in _NORMS else op != "rmsnorm"
-
-
-def _bias_params(layer: LayerAnalysis) -> int:
-    shapes = layer.result.param_shapes
-    return sum(math.prod(s) for i, s in enumerate(shapes) if _is_bias(layer.op, i, s))
+    if layer.op in _NORMS:
+        return index > 0
+    if layer.op in _NOT_BIASES:
+        return layer.op == "tensor" and layer.name.rsplit(".", 1)[-1].endswith("bias")
+    return True
 
 
 def linear_modules(layers: Sequence[LayerAnalysis]) -> list[LoraModule]:
@@ -286,12 +290,19 @@ def lora_plan(layers: Sequence[LayerAnalysis], config: LoraConfig) -> LoraPlan:
         # lora_A: r x in, lora_B: out x r (embeddings: A r x num, B dim x r)
         shapes += [(r, module.in_features), (module.out_features, r)]
     adapter = sum(math.prod(s) for s in shapes)
-    saved_layers = tuple(
-        i
-        for i, layer in enumerate(layers)
-        if layer.result.param_shapes
-        and any(layer.name.endswith(entry) for entry in config.modules_to_save)
-    )
+    # a tied output head has no parameter of its own in the graph: PEFT's copy of it
+    # (ModulesToSaveWrapper deep-copies the module) trains a whole out x in weight
+    tied = {m.layer: (m.out_features, m.in_features) for m in modules if not m.embedding}
+    saved_shapes: dict[int, tuple[tuple[int, ...], ...]] = {}
+    for i, layer in enumerate(layers):
+        if not any(layer.name.endswith(entry) for entry in config.modules_to_save):
+            continue
+        layer_shapes = layer.result.param_shapes
+        if not layer_shapes and layer.op == "linear" and i in tied:
+            layer_shapes = (tied[i],)
+        if layer_shapes:
+            saved_shapes[i] = tuple(layer_shapes)
+    saved_layers = tuple(saved_shapes)
     for entry in config.modules_to_save:
         if not any(layers[i].name.endswith(entry) for i in saved_layers):
             raise LoraError(
@@ -305,7 +316,7 @@ def lora_plan(layers: Sequence[LayerAnalysis], config: LoraConfig) -> LoraPlan:
             if i in saved:
                 continue
             for j, s in enumerate(layer.result.param_shapes):
-                if _is_bias(layer.op, j, s):
+                if _is_bias(layer, j, s):
                     bias += math.prod(s)
                     shapes.append(s)
     elif config.bias is LoraBias.LORA_ONLY:
@@ -314,15 +325,16 @@ def lora_plan(layers: Sequence[LayerAnalysis], config: LoraConfig) -> LoraPlan:
                 bias += module.out_features
                 shapes.append((module.out_features,))
     saved_params = 0
-    for i in saved_layers:
-        saved_params += layers[i].result.params
-        shapes += list(layers[i].result.param_shapes)
+    for layer_shapes in saved_shapes.values():
+        saved_params += sum(math.prod(s) for s in layer_shapes)
+        shapes += list(layer_shapes)
     return LoraPlan(
         modules=chosen,
         adapter_params=adapter,
         bias_params=bias,
         saved_params=saved_params,
         saved_layers=saved_layers,
+        saved_shapes=tuple(saved_shapes.values()),
         adapter_shapes=tuple(shapes),
     )
 

@@ -225,3 +225,18 @@ def test_lora_under_autocast_caches_only_the_adapters_casts() -> None:
 def test_lora_is_a_training_option() -> None:
     with pytest.raises(MemoryInputError):
         MemoryRequest(mode=Mode.INFERENCE, lora=LoraConfig(r=8, target_modules=("q_proj",)))
+
+
+def test_bias_all_leaves_qwen3_q_norm_and_k_norm_frozen() -> None:
+    # q_norm / k_norm are RMSNorm weights of head_dim 128: not named bias, PEFT leaves them
+    layers = _hf("qwen3-0.6b").layers
+    base = lora_trainable_params(layers, LoraConfig(r=8, target_modules=("q_proj", "v_proj")))
+    every = LoraConfig(r=8, target_modules=("q_proj", "v_proj"), bias=LoraBias.ALL)
+    assert lora_trainable_params(layers, every) == base  # Qwen3 has no bias at all
+
+
+def test_modules_to_save_of_a_tied_head_trains_a_full_copy() -> None:
+    # Qwen2-0.5B ties lm_head to embed_tokens; PEFT's copy of lm_head is a vocab x hidden weight
+    layers = _hf("qwen2-0.5b").layers
+    config = LoraConfig(r=8, target_modules=("q_proj", "v_proj"), modules_to_save=("lm_head",))
+    assert lora_trainable_params(layers, config) == 540_672 + 151_936 * 896

@@ -199,11 +199,8 @@ def _lora_static(
     for module in lora.modules:
         for numel in (r * module.in_features, r * module.out_features):
             tensors[module.layer].append(-(-numel * num // den))
-    for index in lora.saved_layers:
-        tensors[index] += [
-            -(-math.prod(shape) * num // den)
-            for shape in e.analysis.layers[index].result.param_shapes
-        ]
+    for index, layer_shapes in zip(lora.saved_layers, lora.saved_shapes, strict=True):
+        tensors[index] += [-(-math.prod(shape) * num // den) for shape in layer_shapes]
     e.grad_tensors = tensors
     words = f"{adapter:,} [adapter params: r x (in + out) per adapted layer"
     words += ", trainable biases" if lora.bias_params else ""
