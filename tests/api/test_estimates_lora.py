@@ -57,6 +57,8 @@ def test_lora_all_linear(client: ApiClient) -> None:
         ({"target_modules": ["query_key_value"]}, "training", "/lora/target_modules", "match"),
         ({"r": 4097, "target_modules": ["q_proj"]}, "training", "/lora/r", "exceeds"),
         ({"target_modules": ["q_proj"]}, "inference", "/lora", "training"),
+        ({"target_regex": "(q_proj"}, "training", "/lora/target_regex", "regular expression"),
+        ({"target_kind": "mlp", "r": 0}, "training", "/lora/r", "greater"),
         (
             {"target_modules": ["q_proj"], "target_kind": "mlp"},
             "training",

@@ -164,6 +164,8 @@ def step_allocator_events(
     events: list[Event] = list(weights.events)
     add = events.append
     flat = [size for sizes in weights.sizes for size in sizes]
+    if e.grad_tensors is not None:  # LoRA: state and temporaries follow the trainable tensors
+        flat = [size for sizes in e.grad_tensors for size in sizes]
     step = e.step
     if step is not None and step.master_total:
         for size in _spread(step.master_total, flat):
@@ -195,7 +197,11 @@ def step_allocator_events(
         if storage not in plan.pinned:
             kept_after.setdefault(index, []).append(storage)
     cache = (
-        _param_tensor_bytes(analysis, Fraction(e.plan.weight_cache), model_shard)
+        (
+            e.cast_tensors
+            if e.cast_tensors is not None
+            else _param_tensor_bytes(analysis, Fraction(e.plan.weight_cache), model_shard)
+        )
         if step.cache_total
         else [[] for _ in layers]
     )

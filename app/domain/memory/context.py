@@ -62,6 +62,7 @@ class Estimation:
     plan_key: tuple[object, ...] = ()  # inference: what the storage plan depends on
     lora: LoraPlan | None = None  # training with LoRA: what the adapters adapt and train
     grad_tensors: list[list[int]] | None = None  # LoRA: per layer, its trainable tensors' bytes
+    cast_tensors: list[list[int]] | None = None  # LoRA: per layer, autocast's copies of them
 
 
 @dataclass(frozen=True, slots=True)

@@ -195,12 +195,24 @@ def _lora_static(
     total = ceil_fraction(Fraction(adapter * 4, model_shard) + saved * e.plan.weight / model_shard)
     num, den = grad_element.numerator, grad_element.denominator * grad_shard
     tensors: list[list[int]] = [[] for _ in e.analysis.layers]
+    casts: list[list[int]] = [[] for _ in e.analysis.layers]
+    cast = e.plan.weight_cache  # autocast caches casts of leaf tensors that require grad
     r = e.request.lora.r if e.request.lora is not None else 0
-    for module in lora.modules:
-        for numel in (r * module.in_features, r * module.out_features):
-            tensors[module.layer].append(-(-numel * num // den))
-    for index, layer_shapes in zip(lora.saved_layers, lora.saved_shapes, strict=True):
-        tensors[index] += [-(-math.prod(shape) * num // den) for shape in layer_shapes]
+    trainable = [
+        (module.layer, numel)
+        for module in lora.modules
+        for numel in (r * module.in_features, r * module.out_features)
+    ]
+    trainable += [
+        (index, math.prod(shape))
+        for index, layer_shapes in zip(lora.saved_layers, lora.saved_shapes, strict=True)
+        for shape in layer_shapes
+    ]
+    for index, numel in trainable:
+        tensors[index].append(-(-numel * num // den))
+        if cast:
+            casts[index].append(numel * cast // model_shard)
+    e.cast_tensors = casts
     e.grad_tensors = tensors
     words = f"{adapter:,} [adapter params: r x (in + out) per adapted layer"
     words += ", trainable biases" if lora.bias_params else ""
