@@ -22,7 +22,7 @@ from app.domain.peft import (
     lora_trainable_params,
 )
 from app.domain.precision import Precision
-from app.domain.workload import Checkpointing, Mode, Runtime
+from app.domain.workload import Checkpointing, Mode, Parallelism, Runtime
 from app.domain.zoo import ZOO
 from app.importers.hf_config import import_hf_config
 
@@ -240,3 +240,15 @@ def test_modules_to_save_of_a_tied_head_trains_a_full_copy() -> None:
     layers = _hf("qwen2-0.5b").layers
     config = LoraConfig(r=8, target_modules=("q_proj", "v_proj"), modules_to_save=("lm_head",))
     assert lora_trainable_params(layers, config) == 540_672 + 151_936 * 896
+
+
+def test_lora_under_zero_3_shards_adapter_state_and_gathers_no_base_gradients() -> None:
+    config = LoraConfig(r=8, target_modules=("q_proj", "v_proj"))
+    parallel = Parallelism(data=8, zero_stage=3)
+    result = _estimate(config, precision=Precision.AMP_BF16, parallelism=parallel)
+    lines = {line.key: line for line in result.lines}
+    assert lines["gradients"].bytes == 4_194_304 * 4 // 8
+    assert lines["optimizer_state"].bytes == 4_194_304 * 8 // 8
+    # the largest FSDP unit (embeddings, final norm and head, fp32) holds no adapter
+    assert lines["fsdp_buffers"].bytes == 2 * (2 * 32000 * 4096 + 4096) * 4
+    assert "+ 0 [B: its gradients" in lines["fsdp_buffers"].formula

@@ -322,6 +322,21 @@ def _fsdp_buffers(e: Estimation, grad_element: Fraction) -> int:
     if not largest:
         return 0
     buffers = fsdp_buffer_bytes(largest, e.plan.weight, grad_element, par.tensor * par.pipeline)
+    lora = e.lora
+    if lora is not None:  # a frozen base: only the unit's trainable tensors have gradients
+        unit_of = [checkpoint_unit(layer.name) or "(root)" for layer in e.analysis.layers]
+        widest = max(units, key=lambda name: units[name])
+        r = e.request.lora.r if e.request.lora is not None else 0
+        trainable = sum(
+            r * (m.in_features + m.out_features) for m in lora.modules if unit_of[m.layer] == widest
+        ) + sum(
+            math.prod(shape)
+            for index, layer_shapes in zip(lora.saved_layers, lora.saved_shapes, strict=True)
+            if unit_of[index] == widest
+            for shape in layer_shapes
+        )
+        unit_grads = ceil_fraction(trainable * grad_element / (par.tensor * par.pipeline))
+        buffers = (buffers[0], buffers[1], unit_grads)
     weight, _, grads = buffers
     total = sum(buffers)
     e.comm_buffers += buffers
