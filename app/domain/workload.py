@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 from app.domain.errors import DomainError
 from app.domain.precision import (
@@ -20,6 +21,9 @@ from app.domain.precision import (
     Precision,
     unsupported_dtype,
 )
+
+if TYPE_CHECKING:  # app.domain.peft raises this module's WorkloadInputError
+    from app.domain.peft import LoraConfig
 
 
 class WorkloadInputError(DomainError):
@@ -374,8 +378,11 @@ class WorkloadSpec:
     attention: Attention | None = None
     logits: Logits | None = None
     runtime: Runtime | None = None
+    lora: LoraConfig | None = None  # training: LoRA adapters on a frozen base (PEFT)
 
     def __post_init__(self) -> None:
+        if self.lora is not None and self.mode is not Mode.TRAINING:
+            raise WorkloadInputError("lora is a training option: the mode must be training")
         batch, micro = self.batch_size, self.micro_batch_size
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
             raise WorkloadInputError(f"batch_size must be an integer >= 1, got {batch!r}")
@@ -403,6 +410,7 @@ class ResolvedWorkload:
     runtime: Runtime
     defaults_used: tuple[DefaultUsed, ...]
     gpu: GpuTraits | None = None  # the GPU the defaults were chosen for (None: none named)
+    lora: LoraConfig | None = None  # training: LoRA adapters on a frozen base (PEFT)
 
     @property
     def training(self) -> bool:
@@ -485,4 +493,5 @@ def resolve(
         runtime=runtime,
         defaults_used=tuple(used),
         gpu=gpu if runtime is Runtime.CUDA else None,
+        lora=spec.lora,
     )

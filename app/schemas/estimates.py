@@ -7,6 +7,7 @@ from typing import Annotated, Any, Self
 from pydantic import Field, model_validator
 
 from app.domain.memory.estimate import MAX_REPLAYED_LAYERS, UNREPLAYED_FRAGMENTATION_FRACTION
+from app.domain.peft import LoraBias, LoraKind
 from app.domain.precision import Precision
 from app.domain.workload import (
     DEFAULT_SAFETY_MARGIN_FRACTION,
@@ -124,6 +125,69 @@ class OverheadSpec(Schema):
     )
 
 
+class LoraSpec(Schema):
+    """LoRA adapters on a frozen base, as Hugging Face PEFT's ``LoraConfig`` builds them."""
+
+    r: Annotated[int, Field(ge=1, le=65_536)] = Field(
+        default=8,
+        description="Rank: each adapted Linear(in, out) gets lora_A (r x in) and lora_B "
+        "(out x r), no biases. At most min(in, out) of every adapted layer. PEFT's default 8.",
+        examples=[8],
+    )
+    alpha: Annotated[int, Field(ge=1, le=1_048_576)] = Field(
+        default=8,
+        description="lora_alpha: the update is scaled by alpha / r (no effect on memory).",
+        examples=[16],
+    )
+    target_modules: list[Annotated[str, Field(min_length=1, max_length=200)]] | None = Field(
+        default=None,
+        max_length=256,
+        description="Module names: a module is adapted when its qualified name equals an entry "
+        "or ends with '.' + entry (PEFT's rule). The graph's attention layers hold q_proj, "
+        "k_proj, v_proj, o_proj; its MLP layers gate_proj, up_proj, down_proj (Llama's names; "
+        "an ungated MLP up_proj and down_proj); Linear and embedding layers are named as in the "
+        "graph (lm_head, embed_tokens). Give exactly one of target_modules, target_regex, "
+        "target_kind.",
+        examples=[["q_proj", "v_proj"]],
+    )
+    target_regex: str | None = Field(
+        default=None,
+        max_length=500,
+        description="A regular expression matched against the whole qualified name "
+        "(re.fullmatch, PEFT's rule for a string target_modules), e.g. "
+        "`.*\\.(q_proj|v_proj)`. Names are the graph's (`layers.0.self_attn.q_proj`, no "
+        "`model.` prefix).",
+        examples=[None],
+    )
+    target_kind: LoraKind | None = Field(
+        default=None,
+        description="attention (q/k/v/o projections), mlp (gate/up/down projections) or "
+        "all-linear (PEFT's shorthand: every Linear except the output head).",
+        examples=[None],
+    )
+    dropout: float = Field(
+        default=0.0,
+        ge=0.0,
+        lt=1.0,
+        description="lora_dropout: above 0 each adapted layer keeps a dropout mask and the "
+        "dropped input for backward.",
+        examples=[0.05],
+    )
+    bias: LoraBias = Field(
+        default=LoraBias.NONE,
+        description="Biases that train besides the adapters: none, all (every bias of the "
+        "model) or lora_only (those of the adapted layers).",
+        examples=["none"],
+    )
+    modules_to_save: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(
+        default_factory=list,
+        max_length=256,
+        description="Layers trained in full beside the adapters (PEFT trains a copy: names "
+        "matched as a suffix of the layer's name), e.g. `lm_head`.",
+        examples=[[]],
+    )
+
+
 class WorkloadInput(Schema):
     """A model (stored or inline) and how it runs: the inputs of a memory estimate."""
 
@@ -207,10 +271,31 @@ class WorkloadInput(Schema):
         "Default: true; encoders never have one.",
         examples=[True],
     )
+    lora: LoraSpec | None = Field(
+        default=None,
+        description="Training only: fine-tune LoRA adapters on a frozen base (Hugging Face "
+        "PEFT). Gradients, optimizer state and master weights exist for the adapters (fp32, "
+        "PEFT's default) and modules_to_save only; the adapters' weights and saved activations "
+        "are lines of their own. trainable_params counts what PEFT's "
+        "get_nb_trainable_parameters counts.",
+    )
 
     @model_validator(mode="after")
     def _one_model(self) -> Self:
         one_model_rule(type(self).__name__, self.model, self.architecture)
+        if self.lora is not None and self.mode is not Mode.TRAINING:
+            raise located_error(
+                type(self).__name__, ("lora",), "lora is a training option: set mode to training"
+            )
+        if self.lora is not None:
+            lora = self.lora
+            given = (lora.target_modules is not None, lora.target_regex is not None)
+            if sum((*given, lora.target_kind is not None)) != 1:
+                raise located_error(
+                    type(self).__name__,
+                    ("lora", "target_modules"),
+                    "give exactly one of target_modules, target_regex and target_kind",
+                )
         if self.micro_batch_size is not None and self.batch_size % self.micro_batch_size:
             micro, batch = self.micro_batch_size, self.batch_size
             raise located_error(
@@ -408,6 +493,12 @@ class MemoryEstimateResponse(Schema):
         description="Every symbolic dim as bound.", examples=[{"batch": 8, "seq": 2048}]
     )
     params: int = Field(description="Parameters of the model.", examples=[6_738_415_616])
+    trainable_params: int = Field(
+        description="Parameters that train: every parameter in training, none at inference; "
+        "with `lora`, the adapters, the biases `bias` unfreezes and the modules_to_save copies, "
+        "as PEFT's get_nb_trainable_parameters counts them.",
+        examples=[4_194_304],
+    )
     flops_per_forward: int = Field(
         description="Forward FLOPs at the micro-batch.", examples=[110_000_000_000_000]
     )

@@ -26,6 +26,7 @@ from app.domain.mig.layout import (
     MigGeometry,
     MigProfileSpec,
 )
+from app.domain.peft import LoraConfig, LoraError
 from app.domain.performance.calibration import CalibrationClass
 from app.domain.performance.decoding import DecoderServing, DecodingInputError
 from app.domain.performance.recommend import Requirements
@@ -40,6 +41,7 @@ from app.domain.workload import (
 from app.domain.workload import WorkloadSpec as DomainWorkloadSpec
 from app.schemas.estimates import (
     InlineArchitecture,
+    LoraSpec,
     OverheadSpec,
     WorkloadInput,
 )
@@ -458,9 +460,28 @@ def domain_workload(spec: WorkloadInput, runtime: Runtime | None = None) -> Doma
             attention=spec.attention,
             logits=spec.logits,
             runtime=runtime,
+            lora=domain_lora(spec.lora),
         )
+    except LoraError as exc:
+        raise InvalidInput(str(exc), pointer=f"/lora/{exc.field}") from exc
     except WorkloadInputError as exc:
         raise InvalidInput(str(exc)) from exc
+
+
+def domain_lora(spec: LoraSpec | None) -> LoraConfig | None:
+    """The API's LoRA option as the domain's."""
+    if spec is None:
+        return None
+    return LoraConfig(
+        r=spec.r,
+        alpha=spec.alpha,
+        target_modules=tuple(spec.target_modules or ()),
+        target_regex=spec.target_regex,
+        target_kind=spec.target_kind,
+        dropout=spec.dropout,
+        bias=spec.bias,
+        modules_to_save=tuple(spec.modules_to_save),
+    )
 
 
 def overhead_sources(

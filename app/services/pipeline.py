@@ -41,6 +41,7 @@ from app.domain.mig.layout import (
     MigProfileSpec,
 )
 from app.domain.parallel import TensorParallelError
+from app.domain.peft import LoraError
 from app.domain.units import GIB
 from app.domain.workload import (
     Attention,
@@ -230,6 +231,7 @@ def estimate_graph(
         overhead=overhead,
         attention=resolved.attention,
         logits=resolved.logits,
+        lora=resolved.lora,
     )
     try:
         check_tensor_parallel_heads(analysis, request.parallelism.tensor)
@@ -237,6 +239,8 @@ def estimate_graph(
         raise InvalidInput(str(exc), pointer="/parallelism/tensor") from exc
     try:
         result = estimate_memory(analysis, request, per_layer=per_layer)
+    except LoraError as exc:  # the option the LoRA configuration names
+        raise InvalidInput(str(exc), pointer=f"/lora/{exc.field}") from exc
     except MemoryInputError as exc:
         raise InvalidInput(str(exc)) from exc
     if result.peak_bytes > MAX_REPORTED_BYTES:
@@ -572,6 +576,7 @@ def _response(
         micro_batch_size=micro,
         bindings=bindings,
         params=result.params,
+        trainable_params=result.trainable_params,
         flops_per_forward=analysis.flops,
         breakdown=[
             BreakdownLine(

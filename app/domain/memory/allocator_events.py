@@ -164,6 +164,8 @@ def step_allocator_events(
     events: list[Event] = list(weights.events)
     add = events.append
     flat = [size for sizes in weights.sizes for size in sizes]
+    if e.grad_tensors is not None:  # LoRA: state and temporaries follow the trainable tensors
+        flat = [size for sizes in e.grad_tensors for size in sizes]
     step = e.step
     if step is not None and step.master_total:
         for size in _spread(step.master_total, flat):
@@ -195,14 +197,22 @@ def step_allocator_events(
         if storage not in plan.pinned:
             kept_after.setdefault(index, []).append(storage)
     cache = (
-        _param_tensor_bytes(analysis, Fraction(e.plan.weight_cache), model_shard)
+        (
+            e.cast_tensors
+            if e.cast_tensors is not None
+            else _param_tensor_bytes(analysis, Fraction(e.plan.weight_cache), model_shard)
+        )
         if step.cache_total
         else [[] for _ in layers]
     )
     forward, cache_keys, new_keys, forward_live = _forward_events(analysis, plan, cache, True)
     forward_from = len(events)
     events += forward
-    grads = _param_tensor_bytes(analysis, step.grad_element, step.grad_shard)
+    grads = (
+        e.grad_tensors
+        if e.grad_tensors is not None
+        else _param_tensor_bytes(analysis, step.grad_element, step.grad_shard)
+    )
     grad_keys: list[list[int]] = [[] for _ in layers]  # per layer, as zero_grad frees them
     out_grad = plan.sizes.get(analysis.output_storage, 0)
     units = [checkpoint_unit(layer.name) if e.recompute else None for layer in layers]

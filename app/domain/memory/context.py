@@ -13,6 +13,7 @@ from app.domain.memory.formulas import PrecisionPlan, Sizer
 from app.domain.memory.liveness import Peak, StoragePlan
 from app.domain.memory.memo import PlanMemo
 from app.domain.memory.request import MemoryRequest
+from app.domain.peft import LoraPlan
 
 
 @dataclass(slots=True)
@@ -59,6 +60,9 @@ class Estimation:
     replays: ReplayMemo | None = None  # the caller's memo of allocator states after the weights
     plans: PlanMemo | None = None  # the caller's memo of what one analysis derives
     plan_key: tuple[object, ...] = ()  # inference: what the storage plan depends on
+    lora: LoraPlan | None = None  # training with LoRA: what the adapters adapt and train
+    grad_tensors: list[list[int]] | None = None  # LoRA: per layer, its trainable tensors' bytes
+    cast_tensors: list[list[int]] | None = None  # LoRA: per layer, autocast's copies of them
 
 
 @dataclass(frozen=True, slots=True)

@@ -66,6 +66,7 @@ from app.domain.memory.result import (
     MemoryLine,
     breakdown,
 )
+from app.domain.peft import lora_plan
 from app.domain.precision import CONVENTIONS, bytes_per_element, convention
 from app.domain.workload import Logits, Mode, Parallelism, Runtime
 
@@ -201,6 +202,8 @@ def estimate_memory(
         plans=plans,
         plan_key=plan_key,
     )
+    if request.lora is not None:
+        e.lora = lora_plan(analysis.layers, request.lora)
     if training:
         first_moments, steady_moments = training_moments(e)
     else:
@@ -226,7 +229,9 @@ def estimate_memory(
         mode=request.mode,
         runtime=request.runtime,
         params=params,
-        trainable_params=params if training else 0,
+        trainable_params=(
+            e.lora.trainable_params if e.lora is not None else params if training else 0
+        ),
         lines=lines,
         peak_bytes=sum(parts.values()),
         peak_phase=peak.phase,

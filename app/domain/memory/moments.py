@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from fractions import Fraction
 
 from app.domain.memory.context import Estimation, Moment, StepTensors, moment_at
 from app.domain.memory.formulas import (
+    PrecisionPlan,
     TemporariesLayout,
     ceil_fraction,
     ddp_bucket_sizes_bytes,
@@ -32,6 +34,7 @@ from app.domain.memory.liveness import (
     layer_gradient_bytes,
 )
 from app.domain.memory.memo import layer_totals, memoised
+from app.domain.peft import LoraPlan
 from app.domain.precision import bytes_per_element, convention
 from app.domain.workload import Checkpointing, Parallelism
 
@@ -44,6 +47,10 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
     par = request.parallelism
     model_shard = par.tensor * par.pipeline
     params, shapes = e.params, analysis.param_shapes
+    lora = e.lora
+    if lora is not None:  # a frozen base: only the adapters (and modules_to_save) train
+        params, shapes = lora.trainable_params, list(lora.adapter_shapes)
+        plan = _lora_plan(plan)
     first_moments: list[Moment] = []
     steady_moments: list[Moment] = []
     grad_shard = model_shard * (par.data if par.zero_stage >= 2 else 1)
@@ -96,12 +103,18 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
     if gathered:
         base["fsdp_buffers"] = gathered
     loss = loss_bytes(analysis, sizer)
-    accumulate = request.accumulation_steps > 1
+    accumulate = request.accumulation_steps > 1 or lora is not None
     grad_layers = (
         [0] * len(analysis.layers)
         if accumulate
         else layer_gradient_bytes(analysis, grad_element, grad_shard)
     )
+    adapter_saved = 0
+    if lora is not None:
+        adapter_weights = _lora_static(e, lora, grad_element, grad_shard, model_shard)
+        base["adapter_weights"] = adapter_weights
+        lines_static = {**lines_static, "adapter_weights": adapter_weights}
+        adapter_saved = _lora_saved(e, lora, recompute)
     timeline = build_timeline(storage_plan)
     fwd_peak, end_bytes = forward_peak(storage_plan, timeline, input_bytes(analysis, storage_plan))
     fwd_end = Peak(activations=end_bytes)
@@ -120,10 +133,11 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
         static = {**base, **held_grads}
         if steady:
             static["optimizer_state"] = state_bytes
+        kept = {**static, "adapter_activations": adapter_saved} if adapter_saved else static
         moments = [
-            moment_at("forward", static, fwd_peak, 0),
-            moment_at("forward", static, fwd_end, loss),
-            moment_at("backward", static, bwd_peak, loss),
+            moment_at("forward", kept, fwd_peak, 0),
+            moment_at("forward", kept, fwd_end, loss),
+            moment_at("backward", kept, bwd_peak, loss),
             Moment(phase="optimizer_step", parts=dict(step_parts)),
         ]
         (steady_moments if steady else first_moments).extend(moments)
@@ -164,6 +178,116 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
     return first_moments, steady_moments
 
 
+def _lora_plan(plan: PrecisionPlan) -> PrecisionPlan:
+    """The precision plan of LoRA's trainable tensors: PEFT keeps adapters in fp32
+    (``autocast_adapter_dtype=True``), so their gradients and optimizer state are fp32 and
+    need no master copy; autocast caches a cast of them (leaf tensors that require grad)."""
+    return replace(plan, grad=Fraction(4), master=0, state_slot=4)
+
+
+def _lora_static(
+    e: Estimation, lora: LoraPlan, grad_element: Fraction, grad_shard: int, model_shard: int
+) -> int:
+    """The adapters' weights line (fp32), with the trainable copies of modules_to_save at the
+    base's bytes per weight, and the per-layer trainable tensors the allocator replays."""
+    adapter = lora.adapter_params + lora.bias_params
+    saved = lora.saved_params
+    total = ceil_fraction(Fraction(adapter * 4, model_shard) + saved * e.plan.weight / model_shard)
+    num, den = grad_element.numerator, grad_element.denominator * grad_shard
+    tensors: list[list[int]] = [[] for _ in e.analysis.layers]
+    casts: list[list[int]] = [[] for _ in e.analysis.layers]
+    cast = e.plan.weight_cache  # autocast caches casts of leaf tensors that require grad
+    r = e.request.lora.r if e.request.lora is not None else 0
+    trainable = [
+        (module.layer, numel)
+        for module in lora.modules
+        for numel in (r * module.in_features, r * module.out_features)
+    ]
+    trainable += [
+        (index, math.prod(shape))
+        for index, layer_shapes in zip(lora.saved_layers, lora.saved_shapes, strict=True)
+        for shape in layer_shapes
+    ]
+    for index, numel in trainable:
+        tensors[index].append(-(-numel * num // den))
+        if cast:
+            casts[index].append(numel * cast // model_shard)
+    e.cast_tensors = casts
+    e.grad_tensors = tensors
+    words = f"{adapter:,} [adapter params: r x (in + out) per adapted layer"
+    words += ", trainable biases" if lora.bias_params else ""
+    words += "] x 4 [B fp32]"
+    if saved:
+        words += f" + {saved:,} [params: trainable copies of modules_to_save] x {e.plan.weight} [B]"
+    e.formulas["adapter_weights"] = (
+        f"ceil(({words}) / {model_shard} [tensor x pipeline]) = {total:,} B"
+    )
+    e.notes["adapter_weights"] = [
+        f"LoRA r={r} on {len(lora.modules):,} modules; the base stays frozen: no gradients, "
+        "optimizer state or master weights for it (PEFT _mark_only_adapters_as_trainable)"
+    ]
+    return total
+
+
+def _lora_saved(e: Estimation, lora: LoraPlan, recompute: dict[str, int]) -> int:
+    """What the adapters keep for backward, per adapted Linear of ``rows`` tokens
+    (src/peft/tuners/lora/layer.py, ``Linear.forward``: ``x = self._cast_input_dtype(x,
+    lora_A.weight.dtype)``, then ``lora_B(lora_A(dropout(x)))``, adapters in fp32):
+
+    * lora_B keeps lora_A's output: rows x r at the adapters' compute dtype (16-bit under
+      autocast, else fp32);
+    * lora_A keeps its input: under autocast a 16-bit cast of x (autocast caches only weights);
+      with a 16-bit base and no autocast the fp32 copy of x (the cast, or the dropout's output);
+      with an fp32 base x itself (no copy), or the dropout's output when lora_dropout > 0;
+    * dropout keeps its bool mask (rows x in x 1 B) when lora_dropout > 0.
+
+    Embedding adapters keep rows x r only. Under full checkpointing only the block being
+    recomputed keeps them (the largest block's), beside those outside repeated blocks.
+    """
+    config = e.request.lora
+    assert config is not None
+    plan = e.plan
+    autocast = plan.weight_cache > 0
+    compute = plan.weight_cache if autocast else 4
+    if autocast:
+        copy, rule = plan.weight_cache, "its input cast to 16-bit by autocast"
+    elif plan.activation < 4:
+        copy, rule = 4, "its input copied to fp32 (_cast_input_dtype)"
+    elif config.dropout > 0:
+        copy, rule = 4, "the dropout's output"
+    else:
+        copy, rule = 0, ""
+    mask = 1 if config.dropout > 0 else 0
+    per_layer: dict[int, int] = {}
+    for module in lora.modules:
+        kept = module.rows * config.r * compute
+        if not module.embedding:
+            kept += module.rows * module.in_features * (copy + mask)
+        per_layer[module.layer] = per_layer.get(module.layer, 0) + kept
+    layers = e.analysis.layers
+    if recompute:
+        units: dict[str, int] = {}
+        outside = 0
+        for index, kept in per_layer.items():
+            unit = checkpoint_unit(layers[index].name)
+            if unit is None:
+                outside += kept
+            else:
+                units[unit] = units.get(unit, 0) + kept
+        total = outside + max(units.values(), default=0)
+        where = "the adapters outside repeated blocks and the largest recomputed block's"
+    else:
+        total = sum(per_layer.values())
+        where = "every adapted Linear"
+    terms = [f"rows x {config.r} [r] x {compute} [B: lora_A's output, kept by lora_B]"]
+    if copy:
+        terms.append(f"rows x in x {copy} [B: lora_A keeps {rule}]")
+    if mask:
+        terms.append(f"rows x in x 1 [B: dropout mask, lora_dropout={config.dropout}]")
+    e.formulas["adapter_activations"] = f"sum over {where} of ({' + '.join(terms)}) = {total:,} B"
+    return total
+
+
 def _ddp_buckets(e: Estimation, grad_bytes: int) -> int:
     """DistributedDataParallel's flat communication buckets (data > 1 without ZeRO): a second
     copy of every gradient unless gradient_as_bucket_view (torch/nn/parallel/distributed.py,
@@ -198,6 +322,21 @@ def _fsdp_buffers(e: Estimation, grad_element: Fraction) -> int:
     if not largest:
         return 0
     buffers = fsdp_buffer_bytes(largest, e.plan.weight, grad_element, par.tensor * par.pipeline)
+    lora = e.lora
+    if lora is not None:  # a frozen base: only the unit's trainable tensors have gradients
+        unit_of = [checkpoint_unit(layer.name) or "(root)" for layer in e.analysis.layers]
+        widest = max(units, key=lambda name: units[name])
+        r = e.request.lora.r if e.request.lora is not None else 0
+        trainable = sum(
+            r * (m.in_features + m.out_features) for m in lora.modules if unit_of[m.layer] == widest
+        ) + sum(
+            math.prod(shape)
+            for index, layer_shapes in zip(lora.saved_layers, lora.saved_shapes, strict=True)
+            if unit_of[index] == widest
+            for shape in layer_shapes
+        )
+        unit_grads = ceil_fraction(trainable * grad_element / (par.tensor * par.pipeline))
+        buffers = (buffers[0], buffers[1], unit_grads)
     weight, _, grads = buffers
     total = sum(buffers)
     e.comm_buffers += buffers

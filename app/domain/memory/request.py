@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from app.domain.hardware import FrameworkOverhead
+from app.domain.peft import LoraConfig
 from app.domain.precision import Precision
 from app.domain.workload import (
     Attention,
@@ -41,8 +42,11 @@ class MemoryRequest:
     overhead: FrameworkOverhead = field(default_factory=FrameworkOverhead)
     attention: Attention | None = None  # None: PyTorch SDPA's choice per attention layer
     logits: Logits = Logits.ALL  # LAST: decoder inference computes the last position's logits
+    lora: LoraConfig | None = None  # training: a frozen base with LoRA adapters (PEFT)
 
     def __post_init__(self) -> None:
         steps = self.accumulation_steps
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise MemoryInputError(f"accumulation_steps must be an integer >= 1, got {steps!r}")
+        if self.lora is not None and self.mode is not Mode.TRAINING:
+            raise MemoryInputError("lora is a training option: the mode must be training")

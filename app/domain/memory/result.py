@@ -89,9 +89,9 @@ class CudaMemory:
 
 # The breakdown's order: persistent state, then what the step holds, then the runtime's lines.
 LINE_ORDER = (
-    "weights", "master_weights", "weight_cast_cache", "gradients", "ddp_buckets",
-    "fsdp_buffers", "optimizer_state", "buffers", "inputs", "outputs", "activations", "loss",
-    "transient", "kv_cache", "workspace",
+    "weights", "adapter_weights", "master_weights", "weight_cast_cache", "gradients",
+    "ddp_buckets", "fsdp_buffers", "optimizer_state", "buffers", "inputs", "outputs",
+    "activations", "adapter_activations", "loss", "transient", "kv_cache", "workspace",
     "allocator_rounding", "fragmentation_reserve", "cuda_context",
 )  # fmt: skip
 

@@ -1,0 +1,346 @@
+"""LoRA (parameter-efficient fine-tuning) as Hugging Face PEFT applies it to a layer graph.
+
+A LoRA adapter puts two matrices beside a frozen Linear(in, out): ``lora_A`` (r x in) and
+``lora_B`` (out x r), neither with a bias; the layer computes
+``base(x) + lora_B(lora_A(dropout(x))) * alpha / r``. Only the adapters train, plus biases per
+``bias`` and every parameter of the ``modules_to_save`` (PEFT trains a copy of each such
+module, the original stays frozen). Trainable parameters are counted the way PEFT's
+``PeftModel.get_nb_trainable_parameters`` counts them (the sum of ``numel`` over parameters
+with ``requires_grad``).
+
+The rules, as the library's code has them (huggingface/peft):
+
+* ``src/peft/tuners/tuners_utils.py`` ``check_target_module_exists``: a string
+  ``target_modules`` is a regular expression matched with ``re.fullmatch`` against the
+  module's qualified name; a list matches a name equal to an entry or ending in ``"." +
+  entry``;
+* ``_maybe_include_all_linear_layers`` (same file): ``"all-linear"`` is every Linear except the
+  model's output embedding (``get_output_embeddings()``, the LM head);
+* ``src/peft/tuners/lora/layer.py`` ``LoraLayer.update_layer``: ``lora_A = nn.Linear(in, r,
+  bias=False)``, ``lora_B = nn.Linear(r, out, bias=False)``; ``nn.Dropout(p)`` before
+  ``lora_A`` when ``lora_dropout > 0`` (else ``nn.Identity``); embeddings get
+  ``lora_embedding_A`` (r x num_embeddings) and ``lora_embedding_B`` (dim x r);
+* ``src/peft/tuners/lora/model.py`` ``_mark_only_adapters_as_trainable``: every parameter
+  outside the adapters frozen; ``bias="all"`` unfreezes every parameter named ``bias``,
+  ``"lora_only"`` the biases of the adapted layers;
+* ``src/peft/utils/other.py`` ``ModulesToSaveWrapper``: a trainable copy of each module whose
+  name ends with an entry of ``modules_to_save``;
+* adapters are kept in fp32 when the base is fp16 / bf16 (``autocast_adapter_dtype=True``,
+  the default of ``get_peft_model``).
+
+The graph's attention op holds its q/k/v/o projections and the MLP op its gate/up/down
+projections internally: they are the Linear modules ``<layer>.q_proj`` ... ``<layer>.o_proj``
+and ``<layer>.gate_proj``, ``<layer>.up_proj``, ``<layer>.down_proj`` (Llama's names, which
+Mistral, Qwen2 and Gemma share; an ungated MLP has ``up_proj`` and ``down_proj``), each a
+Linear of the shape its weight has in the op.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from app.domain.graph.analysis import LayerAnalysis
+from app.domain.workload import WorkloadInputError
+
+__all__ = [
+    "LoraBias",
+    "LoraConfig",
+    "LoraError",
+    "LoraKind",
+    "LoraModule",
+    "LoraPlan",
+    "linear_modules",
+    "lora_plan",
+    "lora_trainable_params",
+]
+
+
+class LoraError(WorkloadInputError):
+    """A LoRA configuration that does not apply to the model; ``field`` names the option."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class LoraBias(StrEnum):
+    """Which biases train besides the adapters (PEFT ``LoraConfig.bias``)."""
+
+    NONE = "none"
+    ALL = "all"
+    LORA_ONLY = "lora_only"
+
+
+class LoraKind(StrEnum):
+    """Target modules chosen by kind instead of by name."""
+
+    ATTENTION = "attention"  # q_proj, k_proj, v_proj, o_proj
+    MLP = "mlp"  # gate_proj, up_proj, down_proj
+    ALL_LINEAR = "all-linear"  # PEFT's shorthand: every Linear but the output head
+
+
+_ATTENTION_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj")
+_GATED_MLP_NAMES = ("gate_proj", "up_proj", "down_proj")
+_PLAIN_MLP_NAMES = ("up_proj", "down_proj")
+_NORMS = frozenset({"layernorm", "batchnorm2d", "instancenorm3d"})  # weight, then bias
+_NOT_BIASES = frozenset({"rmsnorm", "tensor", "embedding", "embedding_add", "cls_token"})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoraConfig:
+    """A PEFT ``LoraConfig``: exactly one of ``target_modules`` (names), ``target_regex``
+    and ``target_kind`` chooses the adapted layers."""
+
+    r: int = 8
+    alpha: int = 8
+    target_modules: tuple[str, ...] = ()
+    target_regex: str | None = None
+    target_kind: LoraKind | None = None
+    dropout: float = 0.0
+    bias: LoraBias = LoraBias.NONE
+    modules_to_save: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.r, bool) or not isinstance(self.r, int) or self.r < 1:
+            raise LoraError(f"r must be an integer >= 1, got {self.r!r}", "r")
+        if not 0.0 <= self.dropout < 1.0:
+            raise LoraError(f"dropout must be in [0, 1), got {self.dropout!r}", "dropout")
+        given = sum(
+            (bool(self.target_modules), self.target_regex is not None, self.target_kind is not None)
+        )
+        if given != 1:
+            raise LoraError(
+                "give exactly one of target_modules, target_regex and target_kind",
+                "target_modules",
+            )
+        if self.target_regex is not None:
+            try:
+                re.compile(self.target_regex)
+            except re.error as exc:
+                raise LoraError(
+                    f"target_regex is not a regular expression: {exc}", "target_regex"
+                ) from exc
+
+
+@dataclass(frozen=True, slots=True)
+class LoraModule:
+    """A module LoRA can adapt: its qualified name, the graph layer that holds it, its
+    in / out features, whether it has a bias, and the rows (tokens) it runs on per forward."""
+
+    name: str
+    layer: int  # index into the analysis' layers
+    in_features: int
+    out_features: int
+    bias: bool
+    rows: int
+    embedding: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class LoraPlan:
+    """What a LoRA configuration adapts and trains on one model."""
+
+    modules: tuple[LoraModule, ...]  # the adapted modules
+    adapter_params: int  # elements of every lora_A and lora_B
+    bias_params: int  # biases unfrozen by ``bias``
+    saved_params: int  # parameters of the trainable copies of modules_to_save
+    saved_layers: tuple[int, ...]  # the layers copied for modules_to_save
+    saved_shapes: tuple[tuple[tuple[int, ...], ...], ...]  # their parameters' shapes
+    adapter_shapes: tuple[tuple[int, ...], ...]  # every trainable tensor's shape
+
+    @property
+    def trainable_params(self) -> int:
+        """Trainable parameter elements, as PEFT's get_nb_trainable_parameters counts them."""
+        return self.adapter_params + self.bias_params + self.saved_params
+
+
+def _rows(layer: LayerAnalysis) -> int:
+    return math.prod(layer.output_shape[:-1]) if layer.output_shape else 1
+
+
+def _is_bias(layer: LayerAnalysis, index: int, shape: tuple[int, ...]) -> bool:
+    """Whether parameter ``index`` (of ``shape``) of ``layer`` is named ``bias`` in PyTorch:
+    a norm's second parameter, the vectors of a layer with weight matrices (Linear, attention,
+    MLP, convolution, recurrent), a free tensor named ``...bias``; never an RMSNorm's weight or
+    a free tensor such as Qwen3's q_norm / k_norm weights."""
+    if len(shape) != 1:
+        return False
+    if layer.op in _NORMS:
+        return index > 0
+    if layer.op in _NOT_BIASES:
+        return layer.op == "tensor" and layer.name.rsplit(".", 1)[-1].endswith("bias")
+    return True
+
+
+def linear_modules(layers: Sequence[LayerAnalysis]) -> list[LoraModule]:
+    """Every Linear (and embedding) module of the graph, by qualified name, in order."""
+    modules: list[LoraModule] = []
+    for index, layer in enumerate(layers):
+        shapes = layer.result.param_shapes
+        rows = _rows(layer)
+        if layer.op == "linear":
+            out = layer.output_shape[-1]
+            features = layer.flops // (2 * rows * out) if rows and out else 0
+            has_bias = any(len(s) == 1 for s in shapes)
+            modules.append(LoraModule(layer.name, index, features, out, has_bias, rows))
+        elif layer.op in ("embedding", "embedding_add") and shapes:
+            num, dim = shapes[0]
+            modules.append(LoraModule(layer.name, index, num, dim, False, rows, embedding=True))
+        elif layer.op in ("attention", "mlp"):
+            matrices = [s for s in shapes if len(s) == 2]
+            biases = [s for s in shapes if len(s) == 1]
+            if layer.op == "attention":
+                names: Sequence[str] = _ATTENTION_NAMES
+                # biases: q, k, v (qkv_bias), then o (out_bias)
+                with_bias: tuple[bool, ...] = {
+                    0: (False,) * 4,
+                    1: (False, False, False, True),
+                    3: (True, True, True, False),
+                    4: (True,) * 4,
+                }[len(biases)]
+            else:
+                names = _GATED_MLP_NAMES if len(matrices) == 3 else _PLAIN_MLP_NAMES
+                with_bias = (bool(biases),) * len(matrices)
+            for name, (out, features), has_bias in zip(names, matrices, with_bias, strict=True):
+                modules.append(
+                    LoraModule(f"{layer.name}.{name}", index, features, out, has_bias, rows)
+                )
+    return modules
+
+
+def _output_head(layers: Sequence[LayerAnalysis], modules: Sequence[LoraModule]) -> str | None:
+    """The LM head (get_output_embeddings): the last Linear, when it is a layer of its own
+    and its out_features is an embedding's vocabulary."""
+    vocab = {m.in_features for m in modules if m.embedding}
+    linears = [m for m in modules if not m.embedding]
+    if not linears:
+        return None
+    last = linears[-1]
+    if last.name == layers[last.layer].name and last.out_features in vocab:
+        return last.name
+    return None
+
+
+def _kind_matches(config: LoraConfig, module: LoraModule, head: str | None) -> bool:
+    leaf = module.name.rsplit(".", 1)[-1]
+    kind = config.target_kind
+    if module.embedding:
+        return False
+    if kind is LoraKind.ATTENTION:
+        return leaf in _ATTENTION_NAMES
+    if kind is LoraKind.MLP:
+        return leaf in _GATED_MLP_NAMES
+    return module.name != head  # all-linear
+
+
+def _targeted(config: LoraConfig, module: LoraModule, head: str | None) -> bool:
+    if config.target_regex is not None:
+        return re.fullmatch(config.target_regex, module.name) is not None
+    if config.target_kind is not None:
+        return _kind_matches(config, module, head)
+    name = module.name
+    return any(name == t or name.endswith("." + t) for t in config.target_modules)
+
+
+def lora_plan(layers: Sequence[LayerAnalysis], config: LoraConfig) -> LoraPlan:
+    """The modules ``config`` adapts on the graph ``layers`` and what trains.
+
+    Raises
+    ------
+    LoraError
+        No module matches the targets (field ``target_modules`` / ``target_regex`` /
+        ``target_kind``), an entry of ``target_modules`` or ``modules_to_save`` matches nothing,
+        or ``r`` exceeds an adapted layer's width min(in, out) (field ``r``).
+    """
+    modules = linear_modules(layers)
+    head = _output_head(layers, modules)
+    chosen = tuple(m for m in modules if _targeted(config, m, head))
+    field = (
+        "target_regex"
+        if config.target_regex is not None
+        else "target_kind"
+        if config.target_kind is not None
+        else "target_modules"
+    )
+    if not chosen:
+        known = sorted({m.name.rsplit(".", 1)[-1] for m in modules})
+        raise LoraError(
+            f"the LoRA targets match no module of the model; its Linear / embedding modules "
+            f"end in: {', '.join(known) or 'none'}",
+            field,
+        )
+    for target in config.target_modules:
+        if not any(m.name == target or m.name.endswith("." + target) for m in modules):
+            raise LoraError(f"target module '{target}' matches no module", "target_modules")
+    for module in chosen:
+        width = min(module.in_features, module.out_features)
+        if config.r > width:
+            raise LoraError(
+                f"r={config.r} exceeds the width of {module.name} (in {module.in_features}, "
+                f"out {module.out_features}): a rank above min(in, out) = {width} adds nothing",
+                "r",
+            )
+    r = config.r
+    shapes: list[tuple[int, ...]] = []
+    for module in chosen:
+        # lora_A: r x in, lora_B: out x r (embeddings: A r x num, B dim x r)
+        shapes += [(r, module.in_features), (module.out_features, r)]
+    adapter = sum(math.prod(s) for s in shapes)
+    # a tied output head has no parameter of its own in the graph: PEFT's copy of it
+    # (ModulesToSaveWrapper deep-copies the module) trains a whole out x in weight
+    tied = {m.layer: (m.out_features, m.in_features) for m in modules if not m.embedding}
+    saved_shapes: dict[int, tuple[tuple[int, ...], ...]] = {}
+    for i, layer in enumerate(layers):
+        if not any(layer.name.endswith(entry) for entry in config.modules_to_save):
+            continue
+        layer_shapes = layer.result.param_shapes
+        if not layer_shapes and layer.op == "linear" and i in tied:
+            layer_shapes = (tied[i],)
+        if layer_shapes:
+            saved_shapes[i] = tuple(layer_shapes)
+    saved_layers = tuple(saved_shapes)
+    for entry in config.modules_to_save:
+        if not any(layers[i].name.endswith(entry) for i in saved_layers):
+            raise LoraError(
+                f"modules_to_save entry '{entry}' matches no layer with parameters",
+                "modules_to_save",
+            )
+    saved = set(saved_layers)
+    bias = 0
+    if config.bias is LoraBias.ALL:
+        for i, layer in enumerate(layers):
+            if i in saved:
+                continue
+            for j, s in enumerate(layer.result.param_shapes):
+                if _is_bias(layer, j, s):
+                    bias += math.prod(s)
+                    shapes.append(s)
+    elif config.bias is LoraBias.LORA_ONLY:
+        for module in chosen:
+            if module.bias and module.layer not in saved:
+                bias += module.out_features
+                shapes.append((module.out_features,))
+    saved_params = 0
+    for layer_shapes in saved_shapes.values():
+        saved_params += sum(math.prod(s) for s in layer_shapes)
+        shapes += list(layer_shapes)
+    return LoraPlan(
+        modules=chosen,
+        adapter_params=adapter,
+        bias_params=bias,
+        saved_params=saved_params,
+        saved_layers=saved_layers,
+        saved_shapes=tuple(saved_shapes.values()),
+        adapter_shapes=tuple(shapes),
+    )
+
+
+def lora_trainable_params(layers: Sequence[LayerAnalysis], config: LoraConfig) -> int:
+    """Trainable parameter elements of the graph under ``config``, as PEFT counts them:
+    ``r x (in + out)`` per adapted Linear, the biases ``bias`` unfreezes, and every parameter
+    of the ``modules_to_save`` copies."""
+    return lora_plan(layers, config).trainable_params
