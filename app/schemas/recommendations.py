@@ -760,8 +760,9 @@ class DecoderServingRead(Schema):
         examples=[1536],
     )
     kv_bytes_per_request: int = Field(
-        description="kv_tokens_per_request x kv_bytes_per_token (per GPU of a tensor-parallel "
-        "group) [B].",
+        description="kv_tokens_per_request x kv_bytes_per_token per GPU of a tensor x pipeline "
+        "group: a tensor-parallel rank holds its share of the KV heads, one replicated head "
+        "when the group is larger than the KV heads (vLLM), and a stage its layers [B].",
         examples=[352321536],
     )
     note: str = Field(description="The serving assumptions in words.", examples=["..."])

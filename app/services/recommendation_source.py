@@ -275,21 +275,26 @@ class ModelSource:
             return self.bindings(batch * plan.beam_width, seq=seq)
         return self.bindings(batch)
 
-    def kv_bytes_per_token(self, scheme: PrecisionScheme) -> int:
-        """KV cache of one token of one sequence, all layers, at the precision [B]
-        (remembered per request: the concurrency search asks for it at every step)."""
-        key = ("kv_elements_per_token",)
+    def kv_bytes_per_token(self, scheme: PrecisionScheme, tensor: int = 1) -> int:
+        """KV cache of one token of one sequence, all layers, at the precision, on one rank of
+        a ``tensor``-way group (KV heads replicated past the heads) [B] (remembered per
+        request: the concurrency search asks for it at every step)."""
+        key = ("kv_elements_per_token", tensor)
         elements: int | None = self.memo.get(key)
         if elements is None:
             elements = self.memo[key] = kv_elements_per_token(
-                self.analysis(self.bindings(1, seq=1))
+                self.analysis(self.bindings(1, seq=1)), tensor
             )
         return elements * scheme.kv_cache_bytes
 
-    def kv_bytes_per_request(self, scheme: PrecisionScheme, gpus: int = 1) -> int:
+    def kv_bytes_per_request(
+        self, scheme: PrecisionScheme, tensor: int = 1, pipeline: int = 1
+    ) -> int:
         """Continuous batching: the paged KV cache one request holds, all beams, per GPU of
-        a tensor- or pipeline-parallel group (heads or layers split over ``gpus``) [B]."""
-        return kv_bytes_per_request(self.plan, self.kv_bytes_per_token(scheme), gpus=gpus)
+        a tensor x pipeline group (a rank's KV heads; the layers over the stages) [B]."""
+        return kv_bytes_per_request(
+            self.plan, self.kv_bytes_per_token(scheme, tensor), gpus=pipeline
+        )
 
     def _memory_request(
         self, batch: int, scheme: PrecisionScheme, candidate: Candidate
@@ -317,7 +322,9 @@ class ModelSource:
         )
         paged = 0
         if self.decoder and self.plan.continuous:
-            paged = batch * self.kv_bytes_per_request(scheme, candidate.gpus)
+            paged = batch * self.kv_bytes_per_request(
+                scheme, candidate.tensor_parallel, candidate.pipeline_parallel
+            )
         return bindings, attention, request, paged
 
     def overfills(self, batch: int, scheme: PrecisionScheme, candidate: Candidate) -> bool:
@@ -386,7 +393,9 @@ class ModelSource:
         bindings = self.memory_bindings(batch)
         shape = ", ".join(f"{k}={v}" for k, v in bindings.items())
         if self.decoder and self.plan.continuous:
-            kv = self.kv_bytes_per_request(scheme, candidate.gpus)
+            kv = self.kv_bytes_per_request(
+                scheme, candidate.tensor_parallel, candidate.pipeline_parallel
+            )
             shape += (
                 f"; plus {batch} request(s) x {kv:,} B of paged KV cache "
                 f"({self.plan.kv_tokens_per_request()} token slots in blocks of "

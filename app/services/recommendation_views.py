@@ -637,7 +637,9 @@ def _serving_read(source: ModelSource, item: Assessment) -> DecoderServingRead:
         kv_bytes_per_token=per_token,
         kv_tokens_per_request=tokens,
         kv_bytes_per_request=kv_bytes_per_request(
-            plan, per_token, gpus=p.tensor_parallel * p.pipeline_parallel
+            plan,
+            source.kv_bytes_per_token(scheme, p.tensor_parallel),
+            gpus=p.pipeline_parallel,
         ),
         note=plan.describe(),
     )

@@ -18,7 +18,7 @@ from app.domain.performance.kernels import count_kernels
 from app.domain.performance.phases import decoder_shape
 from app.domain.performance.precision_schemes import PRECISION_SCHEMES
 from app.domain.precision import Precision
-from app.domain.zoo import gpt2
+from app.domain.zoo import gpt2, llama
 
 MODEL = gpt2(layers=2, hidden=64, heads=4, vocab=100, positions=256)
 FP16 = PRECISION_SCHEMES[Precision.FP16]
@@ -147,3 +147,23 @@ def test_bad_serving_is_refused(change: dict[str, int], message: str) -> None:
             beam_width=values.get("beam_width", 1),
             kv_block_tokens=values.get("kv_block_tokens", 64),
         )
+
+
+@pytest.mark.parametrize(
+    ("tensor", "elements"),
+    [
+        # 2 layers x (K, V) x kv_heads per rank x head_dim 16 (hidden 64 / 4 heads)
+        (1, 2 * 2 * 4 * 16),  # all 4 heads: 256
+        (2, 2 * 2 * 2 * 16),  # split: 128
+        (4, 2 * 2 * 1 * 16),  # one head each: 64
+        (8, 2 * 2 * 1 * 16),  # one REPLICATED head each (vLLM), not 256 / 8 = 32
+    ],
+)
+def test_a_tensor_parallel_rank_caches_its_kv_heads(tensor: int, elements: int) -> None:
+    assert kv_elements_per_token(_at(1, 1), tensor) == elements
+
+
+def test_a_rank_of_a_multi_query_model_keeps_the_one_kv_head() -> None:
+    mqa = llama(layers=2, hidden=64, heads=4, kv_heads=1, intermediate=128, vocab=100)
+    step = analyze(mqa.inputs, mqa.layers, {"batch": 1, "seq": 1}, training=False)
+    assert kv_elements_per_token(step) == kv_elements_per_token(step, 4) == 2 * 2 * 1 * 16

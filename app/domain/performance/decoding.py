@@ -45,6 +45,7 @@ from enum import StrEnum
 
 from app.domain.errors import DomainError
 from app.domain.graph.analysis import GraphAnalysis
+from app.domain.parallel import kv_heads_per_rank
 from app.domain.performance.phases import PhasedRequestShape, decoder_shape
 
 # TensorRT-LLM's paged-KV block: PluginConfig._tokens_per_block defaults to 64
@@ -235,8 +236,10 @@ def paged_kv_tokens(
 
 
 def kv_bytes_per_request(serving: DecoderServing, kv_bytes_per_token: int, *, gpus: int = 1) -> int:
-    """KV cache one request holds, all beams, per GPU of a tensor- or pipeline-parallel group
-    (heads or layers split over the GPUs) [B].
+    """KV cache one request holds, all beams, per GPU of a group whose GPUs split the cache
+    evenly (the layers of pipeline stages, the average stage) [B]. Under tensor parallelism pass
+    one rank's ``kv_bytes_per_token`` (:func:`kv_elements_per_token` with ``tensor``): KV heads
+    are replicated, not split, past the heads.
 
     Parameters
     ----------
@@ -252,13 +255,26 @@ def kv_bytes_per_request(serving: DecoderServing, kv_bytes_per_token: int, *, gp
     return -(-serving.kv_tokens_per_request() * kv_bytes_per_token // gpus)
 
 
-def kv_elements_per_token(step: GraphAnalysis) -> int:
-    """Keys and values cached per token of one sequence, all layers [elements].
+def kv_elements_per_token(step: GraphAnalysis, tensor: int = 1) -> int:
+    """Keys and values cached per token of one sequence, all layers, on one rank of a
+    ``tensor``-way tensor-parallel group [elements].
 
     ``step`` is the graph analysed at one sequence of one token (``batch = 1``, ``seq = 1``):
-    each attention layer caches ``2 * kv_heads * head_dim`` elements per token.
+    each attention layer caches ``2 * kv_heads * head_dim`` elements per token, of which a
+    rank holds ``kv_heads_per_rank(kv_heads, tensor)`` heads (app.domain.parallel: split while
+    the group is no larger than the KV heads, one replicated head per rank past them, as vLLM's
+    ``get_num_kv_heads``). A layer that does not say its KV heads is split evenly (rounded up).
     """
-    return sum(layer.result.kv_cache_numel for layer in step.layers)
+    total = 0
+    for layer in step.layers:
+        numel, kv_heads = layer.result.kv_cache_numel, layer.result.num_kv_heads
+        if not numel:
+            continue
+        if kv_heads:
+            total += numel // kv_heads * kv_heads_per_rank(kv_heads, tensor)
+        else:
+            total += -(-numel // tensor)
+    return total
 
 
 def max_concurrent_requests(
