@@ -10,7 +10,7 @@ from pydantic import Field, model_validator
 from app.domain.precision import Precision
 from app.domain.workload import Checkpointing, Mode, Optimizer, OptimizerImpl
 from app.schemas.base import Page, Schema, Slug, located_error
-from app.schemas.estimates import BatchSize, Length, ParallelismSpec
+from app.schemas.estimates import BatchSize, Length, LoraSpec, ParallelismSpec
 from app.schemas.hardware import DeviceName
 
 
@@ -37,6 +37,12 @@ class WorkloadOptions(Schema):
     )
     bindings: dict[str, Annotated[int, Field(ge=1, le=2**40)]] = Field(
         default_factory=dict, description="Values for other symbolic dims.", examples=[{}]
+    )
+    lora: LoraSpec | None = Field(
+        default=None,
+        description="Training only: LoRA adapters on a frozen base, as for "
+        "`POST /v1/estimates/memory` (its memory, admission decisions and `/memory` follow).",
+        examples=[None],
     )
 
 

@@ -224,3 +224,60 @@ def test_writes_need_a_key_when_configured(make_client: ClientFactory) -> None:
     assert_problem(client.post("/v1/workloads", json=workload()), 401)
     ok = client.post("/v1/workloads", json=workload(), headers={"X-API-Key": "k-123456"})
     assert ok.status_code == 201
+
+
+def test_a_stored_lora_fine_tune_is_estimated_as_the_request_would_be(client: ApiClient) -> None:
+    """``options.lora`` is stored with the workload and its memory is the estimate endpoint's:
+    PEFT's trainable count (Llama-2-7B, r=8 on q_proj and v_proj: 4,194,304)."""
+    lora = {"r": 8, "target_modules": ["q_proj", "v_proj"]}
+    body = workload(
+        slug="llama-lora",
+        model="llama-2-7b",
+        mode="training",
+        batch_size=1,
+        sequence_length=512,
+        precision="mixed_bf16",
+        options={"lora": lora},
+    )
+    created = client.post("/v1/workloads", json=body)
+    assert created.status_code == 201, created.text
+    assert created.json()["options"]["lora"]["target_modules"] == ["q_proj", "v_proj"]
+    stored = client.get("/v1/workloads/llama-lora/memory")
+    assert stored.status_code == 200, stored.text
+    assert stored.json()["trainable_params"] == 4_194_304
+    direct = client.post(
+        "/v1/estimates/memory",
+        json={
+            "model": "llama-2-7b",
+            "mode": "training",
+            "batch_size": 1,
+            "sequence_length": 512,
+            "precision": "mixed_bf16",
+            "hardware": "nvidia-a100-80gb-sxm",
+            "lora": lora,
+        },
+    )
+    assert direct.status_code == 200, direct.text
+    assert stored.json()["peak_bytes"] == direct.json()["peak_bytes"]
+
+
+@pytest.mark.parametrize(
+    ("lora", "mode", "pointer"),
+    [
+        ({"r": 8, "target_modules": ["no_such_proj"]}, "training", "/options/lora"),
+        ({"r": 8, "target_modules": ["q_proj"]}, "inference", "/options/lora"),
+    ],
+)
+def test_a_bad_stored_lora_is_refused_naming_the_option(
+    client: ApiClient, db_url: str, lora: dict[str, Any], mode: str, pointer: str
+) -> None:
+    before = table_counts(db_url)
+    body = workload(
+        slug="bad-lora", model="llama-2-7b", mode=mode, batch_size=1, options={"lora": lora}
+    )
+    if mode == "training":
+        body["precision"] = "mixed_bf16"
+    response = client.post("/v1/workloads", json=body)
+    problem = assert_problem(response, 422)
+    assert any(e["pointer"].startswith(pointer) for e in problem["errors"]), problem
+    assert table_counts(db_url) == before
