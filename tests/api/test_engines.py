@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
+from app.config import PROJECT_ROOT
 from app.domain.engines.vllm import (
     H100_80GB_CUDA_VISIBLE_BYTES,
     NO_MEMORY_MESSAGE,
@@ -167,3 +169,81 @@ def test_bad_input_is_a_422_naming_the_field(
 def test_unknown_model_or_hardware_is_a_404(client: ApiClient, body: dict[str, Any]) -> None:
     response = client.post(URL, json={"model": "llama-3-8b", "hardware": H100, **body})
     assert_problem(response, 404)
+
+
+HF_CONFIGS = PROJECT_ROOT / "tests" / "fixtures" / "hf_configs"
+# Each config's geometry written by hand from its config.json (the context is the imported
+# sequence_length, the model's default `seq` binding).
+IMPORTED = {
+    "mixtral-8x7b-v0.1": ServingModel(
+        layers=32,
+        hidden_size=4096,
+        attention_heads=32,
+        kv_heads=8,
+        head_dim=128,
+        intermediate_size=14336,
+        vocab_size=32000,
+        experts=8,
+        experts_per_token=2,
+        max_position_embeddings=4096,
+    ),
+    "qwen2-0.5b": ServingModel(
+        layers=24,
+        hidden_size=896,
+        attention_heads=14,
+        kv_heads=2,
+        head_dim=64,
+        intermediate_size=4864,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+        qkv_bias=True,
+        max_position_embeddings=4096,
+    ),
+    "gemma-2b": ServingModel(
+        layers=18,
+        hidden_size=2048,
+        attention_heads=8,
+        kv_heads=1,
+        head_dim=256,
+        intermediate_size=16384,
+        vocab_size=256000,
+        tie_word_embeddings=True,
+        max_position_embeddings=4096,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(IMPORTED))
+def test_imported_decoders_map_to_their_config_geometry(client: ApiClient, name: str) -> None:
+    config = json.loads((HF_CONFIGS / f"{name}.json").read_text())
+    created = client.post(
+        "/v1/models/import/hf-config",
+        json={"slug": name.replace(".", "-"), "sequence_length": 4096, "config": config},
+    )
+    assert created.status_code == 201, created.text
+    model = IMPORTED[name]
+    tp = 2
+    response = client.post(
+        URL,
+        json={"model": name.replace(".", "-"), "hardware": H100, "tensor_parallel_size": tp},
+    )
+    assert response.status_code == 200, response.text
+    body = response.json()
+    weights = decoder_stage_weights_bytes(model, tp, 1, 2)
+    expected = engine_memory(
+        model, VllmOptions(tensor_parallel_size=tp), H100_80GB_CUDA_VISIBLE_BYTES, weights
+    )
+    assert body["weights_bytes"] == weights[0]
+    assert body["kv_tokens"] == expected.kv_tokens
+    assert body["stages"][0]["kv_bytes_per_token"] == expected.stages[0].kv_bytes_per_token
+    assert body["options"]["max_model_len"] == 4096
+
+
+def test_a_cpu_is_a_422_naming_hardware(client: ApiClient, db_url: str) -> None:
+    before = table_counts(db_url)
+    response = client.post(URL, json={"model": "llama-3-8b", "hardware": "amd-epyc-9654"})
+    problem = assert_problem(response, 422)
+    assert "/hardware" in [e.get("pointer") for e in problem.get("errors", [])] + [
+        problem.get("pointer")
+    ]
+    assert table_counts(db_url) == before
