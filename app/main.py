@@ -26,6 +26,7 @@ from app.api.middleware import (
 from app.api.query_guard import reject_unknown_query
 from app.api.routes import (
     admission,
+    engines,
     estimates,
     hardware,
     imports,
@@ -137,6 +138,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(imports.router)
     app.include_router(models.router)
     app.include_router(estimates.router)
+    app.include_router(engines.router)
     app.include_router(workloads.router)
     app.include_router(recommendations.router)
     # Inside the size limit: an ONNX upload waits for its share of the import memory before a

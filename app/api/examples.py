@@ -262,3 +262,21 @@ HF_CONFIG_IMPORT = {
         },
     )
 }
+
+VLLM_MEMORY = {
+    "defaults": example(
+        "Llama-3-8B on one H100 with vLLM's defaults",
+        {"model": "llama-3-8b", "hardware": "nvidia-h100-sxm"},
+    ),
+    "tensor-parallel": example(
+        "Tensor parallel 2, fp8 KV cache, 4096-token sequences",
+        {
+            "model": "llama-3-8b",
+            "hardware": "nvidia-h100-sxm",
+            "tensor_parallel_size": 2,
+            "kv_cache_dtype": "fp8",
+            "max_model_len": 4096,
+            "gpu_memory_utilization": 0.95,
+        },
+    ),
+}

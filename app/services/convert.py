@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from app.db.models import Hardware, MigProfile, Workload, utcnow
 from app.db.repositories import HardwareRepository, ModelRepository
+from app.domain.engines.vllm import ServingModel
 from app.domain.graph.analysis import InputDecl
 from app.domain.graph.ops import TensorKind
 from app.domain.hardware import (
@@ -644,3 +645,73 @@ def fuse_elementwise(payload: InferenceRecommendationRequest) -> bool:
     if "fuse_elementwise" in payload.model_fields_set:
         return payload.fuse_elementwise
     return RUNTIME_PROFILES[payload.serving_runtime].fuse_elementwise
+
+
+_GATED_ACTIVATIONS = frozenset({"swiglu", "geglu"})  # app.domain.graph.ops _GATED
+_NORM_OPS = frozenset({"rmsnorm", "layernorm", "layer_norm"})
+
+
+def serving_model(
+    slug: str, layers: Sequence[Mapping[str, Any]], default_bindings: Mapping[str, int]
+) -> ServingModel:
+    """A stored decoder graph as the geometry a serving engine needs (names as in HF configs).
+
+    The graph must be Llama-style, as the zoo and the HF importer build it (and as
+    ``benchmarks/engines/vllm_calibration.py`` writes the geometry by hand): one ``embedding``
+    (vocabulary x hidden), one ``repeat`` of decoder layers holding an ``attention`` (heads, KV
+    heads, ``head_dim`` or hidden / heads, QKV bias) and a gated ``mlp`` or a ``moe``, an LM head
+    ``linear`` (tied when it has ``tied_to``). The context is the model's default ``seq``
+    binding (``None`` when it has none). Anything else is a 422 naming ``/model``.
+    """
+
+    def refuse(why: str) -> InvalidInput:
+        return InvalidInput(
+            f"model '{slug}' is not a decoder the engine model can serve: {why}", pointer="/model"
+        )
+
+    embeddings = [layer for layer in layers if layer.get("op") == "embedding"]
+    repeats = [layer for layer in layers if layer.get("op") == "repeat"]
+    if len(embeddings) != 1:
+        raise refuse(f"{len(embeddings)} top-level embeddings (one token embedding expected)")
+    if len(repeats) != 1:
+        raise refuse(f"{len(repeats)} repeated blocks (one stack of decoder layers expected)")
+    vocab = int(embeddings[0]["num_embeddings"])
+    hidden = int(embeddings[0]["embedding_dim"])
+    block = repeats[0]
+    inner = list(block.get("layers", ()))
+    attention = [layer for layer in inner if layer.get("op") == "attention"]
+    if len(attention) != 1:
+        raise refuse(f"{len(attention)} attention layers in a decoder layer (one expected)")
+    attn = attention[0]
+    heads = int(attn["num_heads"])
+    kv_heads = int(attn.get("num_kv_heads", heads))
+    head_dim = int(attn.get("head_dim", hidden // heads))
+    experts, per_token = 1, 1
+    mlps = [layer for layer in inner if layer.get("op") in {"mlp", "moe"}]
+    if len(mlps) != 1:
+        raise refuse(f"{len(mlps)} MLP/MoE layers in a decoder layer (one expected)")
+    mlp = mlps[0]
+    activation = mlp.get("activation", "swiglu")  # the graph format's default
+    if activation not in _GATED_ACTIVATIONS:
+        raise refuse(f"MLP activation '{activation}' is not gated (SwiGLU/GeGLU)")
+    if mlp["op"] == "moe":
+        experts, per_token = int(mlp["num_experts"]), int(mlp.get("experts_per_token", 2))
+    heads_out = [layer for layer in layers if layer.get("op") == "linear"]
+    if not heads_out or int(heads_out[-1].get("out_features", 0)) != vocab:
+        raise refuse("no LM head projecting to the vocabulary")
+    context = default_bindings.get("seq")
+    return ServingModel(
+        layers=int(block["times"]),
+        hidden_size=hidden,
+        attention_heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate_size=int(mlp["intermediate_size"]),
+        vocab_size=vocab,
+        tie_word_embeddings=heads_out[-1].get("tied_to") is not None,
+        qkv_bias=bool(attn.get("qkv_bias", False)),
+        norms_per_layer=sum(1 for layer in inner if layer.get("op") in _NORM_OPS),
+        experts=experts,
+        experts_per_token=per_token,
+        max_position_embeddings=None if context is None else int(context),
+    )

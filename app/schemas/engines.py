@@ -1,0 +1,235 @@
+"""Serving-engine memory contract: vLLM's start-up memory on one GPU (or a TP/PP group)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from app.schemas.base import MAX_BYTES, Schema, Slug
+
+EngineDtype = Literal["auto", "float32", "float", "bfloat16", "float16", "half"]
+KvCacheDtype = Literal["auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"]
+
+
+class VllmMemoryRequest(Schema):
+    """A stored decoder served by vLLM on a catalog GPU, with vLLM's option names and defaults
+    (an omitted option takes vLLM's default; the answer lists which)."""
+
+    model: Slug = Field(
+        description="Stored decoder model slug (zoo or imported; a Llama-style graph: "
+        "embedding, repeated attention + gated MLP or MoE blocks, LM head).",
+        examples=["llama-3-8b"],
+    )
+    hardware: Slug = Field(
+        description="Catalog GPU slug; every GPU of the TP x PP group is one of these.",
+        examples=["nvidia-h100-sxm"],
+    )
+    cuda_visible_bytes: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_BYTES,
+        description="Memory the GPU shows to CUDA (`torch.cuda.mem_get_info` total) [B]. "
+        "Default: 79.19 GiB for an H100 80GB (what vLLM 0.19 logged), else the catalog memory.",
+        examples=[None],
+    )
+    dtype: EngineDtype = Field(
+        default="auto",
+        description="vLLM `--dtype` of weights and activations; `auto` is the model's dtype "
+        "(bfloat16 for stored graphs, which state none).",
+        examples=["auto"],
+    )
+    kv_cache_dtype: KvCacheDtype = Field(
+        default="auto",
+        description="vLLM `--kv-cache-dtype`; `auto` is the model dtype, fp8 variants 1 byte.",
+        examples=["auto"],
+    )
+    tensor_parallel_size: int = Field(
+        default=1,
+        ge=1,
+        le=1024,
+        description="vLLM `--tensor-parallel-size`; must divide the attention heads and split or "
+        "evenly replicate the KV heads (422 naming this field otherwise, as vLLM refuses).",
+        examples=[1],
+    )
+    pipeline_parallel_size: int = Field(
+        default=1,
+        ge=1,
+        le=1024,
+        description="vLLM `--pipeline-parallel-size`; layers split as vLLM's get_pp_indices.",
+        examples=[1],
+    )
+    max_model_len: int | None = Field(
+        default=None,
+        ge=1,
+        le=16_777_216,
+        description="vLLM `--max-model-len`; default and upper bound: the model's context, "
+        "taken from its default `seq` binding (422 naming this field above it).",
+        examples=[8192],
+    )
+    max_num_batched_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        le=16_777_216,
+        description="vLLM `--max-num-batched-tokens`: tokens of the profile forward. Default "
+        "8192 on a GPU of >= 70 GiB, else 2048 (`vllm serve`).",
+        examples=[None],
+    )
+    max_num_seqs: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_048_576,
+        description="vLLM `--max-num-seqs`: rows of the profile's dummy sampler run. Default "
+        "1024 on a GPU of >= 70 GiB, else 256.",
+        examples=[None],
+    )
+    gpu_memory_utilization: float | None = Field(
+        default=None,
+        description="vLLM `--gpu-memory-utilization`, in (0, 1] (422 naming this field "
+        "otherwise). Default 0.9.",
+        examples=[0.9],
+    )
+    block_size: int | None = Field(
+        default=None,
+        ge=1,
+        le=4096,
+        description="vLLM `--block-size` of the paged KV cache [tokens]. Default 16.",
+        examples=[None],
+    )
+    enforce_eager: bool = Field(
+        default=False,
+        description="vLLM `--enforce-eager`: no CUDA graphs (no CUDA-graph pool).",
+        examples=[False],
+    )
+
+
+class ResolvedVllmOptions(Schema):
+    """The options the engine runs with, defaults filled in."""
+
+    dtype: str = Field(description="Weights/activation dtype.", examples=["bfloat16"])
+    kv_cache_dtype: str = Field(description="KV cache dtype.", examples=["bfloat16"])
+    dtype_bytes: int = Field(description="Bytes per weight/activation element.", examples=[2])
+    kv_cache_dtype_bytes: int = Field(description="Bytes per KV cache element.", examples=[2])
+    tensor_parallel_size: int = Field(description="Tensor-parallel degree.", examples=[1])
+    pipeline_parallel_size: int = Field(description="Pipeline-parallel degree.", examples=[1])
+    max_model_len: int = Field(description="Longest sequence [tokens].", examples=[8192])
+    max_num_batched_tokens: int = Field(
+        description="Tokens of the profile forward.", examples=[8192]
+    )
+    max_num_seqs: int = Field(
+        description="Sequences of the profile's sampler run.", examples=[1024]
+    )
+    gpu_memory_utilization: float = Field(
+        description="Fraction of the visible memory claimed.", examples=[0.9]
+    )
+    block_size: int = Field(description="KV block size [tokens].", examples=[16])
+    enforce_eager: bool = Field(description="Whether CUDA graphs are off.", examples=[False])
+
+
+class EngineStage(Schema):
+    """One GPU of a pipeline stage (every tensor-parallel rank of a stage holds the same)."""
+
+    stage: int = Field(description="Pipeline stage index, first = 0.", examples=[0])
+    layers: int = Field(description="Decoder layers on this stage.", examples=[32])
+    weights_bytes: int = Field(
+        description="Weights on one GPU of this stage [B].", examples=[16060522496]
+    )
+    profile_peak_bytes: int = Field(
+        description="Torch peak increase of vLLM's profile run on this GPU [B]: max(profile "
+        "forward, dummy sampler run) on the last stage, plus received intermediate tensors on "
+        "a later stage.",
+        examples=[2023000000],
+    )
+    non_torch_bytes: int = Field(
+        description="Memory outside the allocator that grows in the profile (context "
+        "workspaces; NCCL/all-reduce buffers at TP >= 2) [B].",
+        examples=[268435456],
+    )
+    kv_pool_bytes: int = Field(
+        description="KV cache pool = requested - weights - peak - non-torch [B] (<= 0: no pool).",
+        examples=[49000000000],
+    )
+    kv_bytes_per_token: int = Field(
+        description="KV cache bytes one token takes on this GPU [B] (KV heads replicated past TP).",
+        examples=[131072],
+    )
+    kv_tokens: int = Field(
+        description="Whole KV blocks' tokens this stage's pool holds.", examples=[373840]
+    )
+
+
+class EngineProfileInfo(Schema):
+    """The engine profile the answer comes from."""
+
+    name: str = Field(description="Engine name.", examples=["vllm"])
+    version: str = Field(description="Engine version modelled.", examples=["0.19.0"])
+    sources: dict[str, str] = Field(
+        description="Each constant of the profile and its source.",
+        examples=[
+            {"default_block_size": "vllm/config/cache.py: block_size defaults to 16 on CUDA"}
+        ],
+    )
+
+
+class VllmMemoryResponse(Schema):
+    """vLLM's start-up memory per GPU: what it claims, spends and leaves to KV blocks."""
+
+    model: str = Field(description="Model slug.", examples=["llama-3-8b"])
+    hardware: str = Field(description="Hardware slug.", examples=["nvidia-h100-sxm"])
+    gpus: int = Field(description="GPUs of the group: tensor x pipeline.", examples=[1])
+    cuda_visible_bytes: int = Field(
+        description="Memory one GPU shows to CUDA [B].", examples=[85030021939]
+    )
+    cuda_visible_source: str = Field(
+        description="Where `cuda_visible_bytes` comes from.",
+        examples=["request (cuda_visible_bytes)"],
+    )
+    requested_bytes: int = Field(
+        description="gpu_memory_utilization x cuda_visible_bytes, per GPU [B].",
+        examples=[76527019745],
+    )
+    weights_bytes: int = Field(
+        description="Weights on the GPU that holds the most [B].", examples=[16060522496]
+    )
+    profile_peak_bytes: int = Field(
+        description="Largest profile-run peak of any GPU [B].", examples=[2023000000]
+    )
+    non_torch_bytes: int = Field(
+        description="Memory outside the allocator per GPU [B].", examples=[268435456]
+    )
+    cuda_graph_pool_bytes: int = Field(
+        description="CUDA-graph pool [B] (0 with enforce_eager); vLLM 0.19 captures it after "
+        "sizing the KV pool, so it is not subtracted from the pool.",
+        examples=[977105633],
+    )
+    kv_pool_bytes: int = Field(
+        description="Smallest KV pool of any GPU [B].", examples=[49000000000]
+    )
+    kv_tokens: int = Field(
+        description="KV tokens the engine holds (whole blocks; the smallest stage decides; 0 "
+        "when it does not start).",
+        examples=[373840],
+    )
+    max_concurrency: float = Field(
+        description="kv_tokens / max_model_len: sequences of max_model_len held at once.",
+        examples=[45.63],
+    )
+    starts: bool = Field(description="Whether vLLM starts with these options.", examples=[True])
+    reason: str | None = Field(
+        default=None,
+        description="vLLM's own error message when it does not start.",
+        examples=[None],
+    )
+    stages: list[EngineStage] = Field(description="Per pipeline stage, first to last.")
+    options: ResolvedVllmOptions = Field(description="The options used, defaults filled in.")
+    defaults_used: list[str] = Field(
+        description="Options the request left out that took the engine's (or model's) default.",
+        examples=[["gpu_memory_utilization", "block_size"]],
+    )
+    engine: EngineProfileInfo = Field(description="The engine profile.")
+    assumptions: list[str] = Field(
+        description="What the answer assumes, with sources.",
+        examples=[
+            ["the CUDA-graph pool is captured after KV sizing in vLLM 0.19 and is not subtracted"]
+        ],
+    )

@@ -1,0 +1,190 @@
+"""Serving-engine memory use case: vLLM's start-up memory for a stored decoder on a catalog GPU."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sqlalchemy.orm import Session
+
+from app.db.repositories import HardwareRepository, ModelRepository
+from app.domain.engines.vllm import (
+    H100_80GB_CUDA_VISIBLE_BYTES,
+    VLLM_0_19,
+    EngineInputError,
+    ServingModel,
+    VllmOptions,
+    decoder_stage_weights_bytes,
+    engine_memory,
+    resolve_options,
+)
+from app.domain.units import GIB
+from app.schemas.engines import (
+    EngineProfileInfo,
+    EngineStage,
+    ResolvedVllmOptions,
+    VllmMemoryRequest,
+    VllmMemoryResponse,
+)
+from app.services.convert import serving_model
+from app.services.errors import InvalidInput, NotFound
+
+# Options whose omission takes the engine's (or the model's) default.
+_DEFAULTED = (
+    "max_model_len",
+    "gpu_memory_utilization",
+    "max_num_batched_tokens",
+    "max_num_seqs",
+    "block_size",
+)
+
+
+def visible_memory(slug: str, catalog_bytes: int, override: int | None) -> tuple[int, str]:
+    """The memory one GPU shows to CUDA [B] and where the figure comes from: the request's
+    override, the H100 80GB's measured 79.19 GiB (app.domain.engines.vllm), or the catalog."""
+    if override is not None:
+        return override, "request (cuda_visible_bytes)"
+    if slug.startswith("nvidia-h100") and catalog_bytes == 80 * GIB:
+        return H100_80GB_CUDA_VISIBLE_BYTES, (
+            "H100 80GB shows 79.19 GiB to torch (vLLM 0.19 logs, cluster F; "
+            "app.domain.engines.vllm.H100_80GB_CUDA_VISIBLE_BYTES), not the catalog's 80 GiB"
+        )
+    return catalog_bytes, "hardware catalog memory_bytes (no measured CUDA-visible figure)"
+
+
+def vllm_memory(session: Session, *, payload: VllmMemoryRequest) -> VllmMemoryResponse:
+    """vLLM's memory at start-up for ``payload`` (see :func:`prepare_vllm_memory`)."""
+    return prepare_vllm_memory(session, payload=payload)()
+
+
+def prepare_vllm_memory(
+    session: Session, *, payload: VllmMemoryRequest
+) -> Callable[[], VllmMemoryResponse]:
+    """Load the model and GPU (404 when unknown) and map the graph to its geometry (422 naming
+    ``/model`` when it is no Llama-style decoder); the returned function computes the answer
+    without the database (app.api.compute). Closed-form per stage: no work budget."""
+    row = ModelRepository(session).get(payload.model)
+    if row is None:
+        raise NotFound(f"model '{payload.model}' does not exist; GET /v1/models lists them")
+    gpu = HardwareRepository(session).get(payload.hardware)
+    if gpu is None:
+        raise NotFound(
+            f"hardware profile '{payload.hardware}' does not exist; GET /v1/hardware lists them"
+        )
+    if gpu.kind != "gpu":
+        raise InvalidInput(
+            f"'{payload.hardware}' is a {gpu.kind}, not a GPU; vLLM's memory model is per GPU",
+            pointer="/hardware",
+        )
+    model = serving_model(row.slug, row.layers, row.default_bindings)
+    visible, source = visible_memory(gpu.slug, gpu.memory_bytes, payload.cuda_visible_bytes)
+    return lambda: _answer(payload, model, visible, source)
+
+
+def _answer(
+    payload: VllmMemoryRequest, model: ServingModel, visible: int, source: str
+) -> VllmMemoryResponse:
+    options = VllmOptions(
+        max_model_len=payload.max_model_len,
+        gpu_memory_utilization=payload.gpu_memory_utilization,
+        max_num_batched_tokens=payload.max_num_batched_tokens,
+        max_num_seqs=payload.max_num_seqs,
+        block_size=payload.block_size,
+        dtype=payload.dtype,
+        kv_cache_dtype=payload.kv_cache_dtype,
+        tensor_parallel_size=payload.tensor_parallel_size,
+        pipeline_parallel_size=payload.pipeline_parallel_size,
+        enforce_eager=payload.enforce_eager,
+    )
+    try:
+        resolved = resolve_options(options, model, visible)
+        if resolved.pipeline_parallel_size > model.layers:
+            raise EngineInputError(
+                f"pipeline_parallel_size {resolved.pipeline_parallel_size} exceeds the model's "
+                f"{model.layers} decoder layers",
+                field="pipeline_parallel_size",
+            )
+        weights = decoder_stage_weights_bytes(
+            model,
+            resolved.tensor_parallel_size,
+            resolved.pipeline_parallel_size,
+            resolved.dtype_bytes,
+        )
+        memory = engine_memory(model, options, visible, weights)
+    except EngineInputError as exc:
+        raise InvalidInput(str(exc), pointer=f"/{exc.field}") from None
+    defaults = [name for name in _DEFAULTED if getattr(payload, name) is None]
+    defaults += [name for name in ("dtype", "kv_cache_dtype") if getattr(payload, name) == "auto"]
+    dtype = model.dtype if payload.dtype == "auto" else payload.dtype
+    kv_dtype = dtype if payload.kv_cache_dtype == "auto" else payload.kv_cache_dtype
+    stages = [
+        EngineStage(
+            stage=i,
+            layers=s.layers,
+            weights_bytes=s.weights_bytes,
+            profile_peak_bytes=s.peak_bytes,
+            non_torch_bytes=s.non_torch_bytes,
+            kv_pool_bytes=s.kv_pool_bytes,
+            kv_bytes_per_token=s.kv_bytes_per_token,
+            kv_tokens=s.kv_tokens,
+        )
+        for i, s in enumerate(memory.stages)
+    ]
+    context = model.max_position_embeddings
+    assumptions = [
+        f"GPU memory visible to CUDA {visible / GIB:.2f} GiB: {source}",
+        "weights: unquantized decoder sharded as vLLM loads it "
+        "(app.domain.engines.vllm.decoder_stage_weights_bytes: vocabulary padded to 64, "
+        "embedding on the first stage, final norm and head on the last, KV heads replicated "
+        "past the tensor-parallel degree)",
+        "profile forward peak: the engine profile's fitted formula over max_num_batched_tokens "
+        "(app.domain.engines.vllm.forward_peak_bytes), not a graph replay",
+        f"model dtype {model.dtype}: stored graphs state none, so `auto` is bfloat16",
+        "max_model_len is bounded by the model's default `seq` binding "
+        f"({context} tokens, taken as its context)"
+        if context is not None
+        else "the model has no default `seq` binding, so max_model_len is not bounded by a "
+        "context and must be given",
+        "the CUDA-graph pool is captured after KV sizing in vLLM 0.19 and is not subtracted",
+    ]
+    if model.experts > 1:
+        assumptions.append(
+            f"mixture of {model.experts} experts, {model.experts_per_token} per token: every "
+            "expert's weights held, the profile forward activates experts_per_token"
+        )
+    return VllmMemoryResponse(
+        model=payload.model,
+        hardware=payload.hardware,
+        gpus=resolved.tensor_parallel_size * resolved.pipeline_parallel_size,
+        cuda_visible_bytes=visible,
+        cuda_visible_source=source,
+        requested_bytes=memory.requested_bytes,
+        weights_bytes=max(s.weights_bytes for s in memory.stages),
+        profile_peak_bytes=max(s.peak_bytes for s in memory.stages),
+        non_torch_bytes=memory.stages[0].non_torch_bytes,
+        cuda_graph_pool_bytes=memory.cuda_graph_pool_bytes,
+        kv_pool_bytes=min(s.kv_pool_bytes for s in memory.stages),
+        kv_tokens=memory.kv_tokens,
+        max_concurrency=memory.max_concurrency,
+        starts=memory.starts,
+        reason=memory.reason,
+        stages=stages,
+        options=ResolvedVllmOptions(
+            dtype=dtype,
+            kv_cache_dtype=kv_dtype,
+            dtype_bytes=resolved.dtype_bytes,
+            kv_cache_dtype_bytes=resolved.kv_cache_dtype_bytes,
+            tensor_parallel_size=resolved.tensor_parallel_size,
+            pipeline_parallel_size=resolved.pipeline_parallel_size,
+            max_model_len=resolved.max_model_len,
+            max_num_batched_tokens=resolved.max_num_batched_tokens,
+            max_num_seqs=resolved.max_num_seqs,
+            gpu_memory_utilization=resolved.gpu_memory_utilization,
+            block_size=resolved.block_size,
+            enforce_eager=resolved.enforce_eager,
+        ),
+        defaults_used=defaults,
+        engine=EngineProfileInfo(
+            name=VLLM_0_19.name, version=VLLM_0_19.version, sources=dict(VLLM_0_19.sources)
+        ),
+        assumptions=assumptions,
+    )

@@ -1,0 +1,249 @@
+"""POST /v1/engines/vllm/memory: vLLM's start-up memory for a stored decoder on a catalog GPU."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from app.config import PROJECT_ROOT
+from app.domain.engines.vllm import (
+    H100_80GB_CUDA_VISIBLE_BYTES,
+    NO_MEMORY_MESSAGE,
+    ServingModel,
+    VllmOptions,
+    decoder_stage_weights_bytes,
+    engine_memory,
+)
+from tests.api.helpers import assert_problem
+from tests.support import ApiClient, table_counts
+
+URL = "/v1/engines/vllm/memory"
+H100 = "nvidia-h100-sxm"
+# meta-llama/Meta-Llama-3-8B's config.json, written by hand (not read from the service).
+LLAMA_3_8B = ServingModel(
+    layers=32,
+    hidden_size=4096,
+    attention_heads=32,
+    kv_heads=8,
+    head_dim=128,
+    intermediate_size=14336,
+    vocab_size=128256,
+    max_position_embeddings=8192,
+)
+
+
+def _post(client: ApiClient, **body: Any) -> dict[str, Any]:
+    response = client.post(URL, json={"model": "llama-3-8b", "hardware": H100, **body})
+    assert response.status_code == 200, response.text
+    result: dict[str, Any] = response.json()
+    return result
+
+
+def test_llama_3_8b_on_an_h100_matches_the_engine_model(client: ApiClient) -> None:
+    body = _post(client)
+    weights = decoder_stage_weights_bytes(LLAMA_3_8B, 1, 1, 2)
+    expected = engine_memory(LLAMA_3_8B, VllmOptions(), H100_80GB_CUDA_VISIBLE_BYTES, weights)
+    assert body["cuda_visible_bytes"] == H100_80GB_CUDA_VISIBLE_BYTES
+    assert "79.19 GiB" in body["cuda_visible_source"]
+    assert body["kv_tokens"] == expected.kv_tokens > 0
+    assert body["max_concurrency"] == pytest.approx(expected.kv_tokens / 8192)
+    assert body["starts"] is True
+    assert "reason" not in body
+    (stage,) = body["stages"]
+    # Hand-derived: 2 (K, V) x 32 layers x 8 KV heads x 128 x 2 bytes (bf16) at TP 1.
+    assert stage["kv_bytes_per_token"] == 2 * 32 * 8 * 128 * 2 == 131_072
+    assert stage["weights_bytes"] == body["weights_bytes"] == weights[0]
+    assert stage["kv_pool_bytes"] == expected.stages[0].kv_pool_bytes
+    assert body["kv_tokens"] == stage["kv_pool_bytes"] // (131_072 * 16) * 16
+    # Llama-3-8B has 8,030,261,248 parameters (vocabulary 128256 is already a multiple of 64).
+    assert body["weights_bytes"] == 8_030_261_248 * 2
+    assert body["requested_bytes"] == int(0.9 * H100_80GB_CUDA_VISIBLE_BYTES)
+    options = body["options"]
+    assert options["max_model_len"] == 8192
+    assert options["gpu_memory_utilization"] == 0.9
+    assert (options["max_num_batched_tokens"], options["max_num_seqs"]) == (8192, 1024)
+    assert options["block_size"] == 16
+    assert options["dtype"] == "bfloat16"
+    assert set(body["defaults_used"]) == {
+        "max_model_len",
+        "gpu_memory_utilization",
+        "max_num_batched_tokens",
+        "max_num_seqs",
+        "block_size",
+        "dtype",
+        "kv_cache_dtype",
+    }
+    assert body["engine"]["name"] == "vllm"
+    assert body["engine"]["version"] == "0.19.0"
+    assert "start_verdict" in body["engine"]["sources"]
+    assert body["assumptions"]
+
+
+def test_tensor_parallel_fp8_kv_and_a_visible_memory_override(client: ApiClient) -> None:
+    body = _post(
+        client,
+        tensor_parallel_size=2,
+        kv_cache_dtype="fp8",
+        max_model_len=4096,
+        gpu_memory_utilization=0.95,
+        cuda_visible_bytes=80 * 2**30,
+    )
+    options = VllmOptions(
+        tensor_parallel_size=2,
+        kv_cache_dtype="fp8",
+        max_model_len=4096,
+        gpu_memory_utilization=0.95,
+    )
+    weights = decoder_stage_weights_bytes(LLAMA_3_8B, 2, 1, 2)
+    expected = engine_memory(LLAMA_3_8B, options, 80 * 2**30, weights)
+    assert body["gpus"] == 2
+    assert body["cuda_visible_source"] == "request (cuda_visible_bytes)"
+    assert body["stages"][0]["kv_bytes_per_token"] == 2 * 32 * 4 * 128 * 1
+    assert body["kv_tokens"] == expected.kv_tokens
+    assert body["non_torch_bytes"] > body["stages"][0]["kv_bytes_per_token"]
+    assert "kv_cache_dtype" not in body["defaults_used"]
+
+
+def test_pipeline_stages_differ(client: ApiClient) -> None:
+    body = _post(client, pipeline_parallel_size=2)
+    first, last = body["stages"]
+    weights = decoder_stage_weights_bytes(LLAMA_3_8B, 1, 2, 2)
+    assert (first["weights_bytes"], last["weights_bytes"]) == weights
+    assert first["layers"] + last["layers"] == 32
+    assert body["kv_tokens"] == min(first["kv_tokens"], last["kv_tokens"])
+
+
+def test_a_pool_too_small_for_one_sequence_does_not_start(client: ApiClient) -> None:
+    # 0.2 x 79.19 GiB = 15.84 GiB < 14.96 GiB of weights + the profile peak: no pool at all.
+    body = _post(client, gpu_memory_utilization=0.2)
+    assert body["starts"] is False
+    assert body["reason"] == NO_MEMORY_MESSAGE
+    assert body["kv_tokens"] == 0
+    assert body["max_concurrency"] == 0
+    assert body["kv_pool_bytes"] <= 0
+    # 0.22: a pool of ~0.32 GiB, less than one 8192-token sequence's 1 GiB: vLLM's other message.
+    small = _post(client, gpu_memory_utilization=0.22)
+    weights = decoder_stage_weights_bytes(LLAMA_3_8B, 1, 1, 2)
+    expected = engine_memory(
+        LLAMA_3_8B,
+        VllmOptions(gpu_memory_utilization=0.22),
+        H100_80GB_CUDA_VISIBLE_BYTES,
+        weights,
+    )
+    assert 0 < small["kv_pool_bytes"] < 8192 * 131_072
+    assert small["starts"] is False
+    assert small["reason"] == expected.reason
+    assert small["reason"].startswith("To serve at least one request with the models's max seq")
+    assert "(1.00 GiB KV cache is needed" in small["reason"]
+    # The same pool with a shorter max_model_len starts.
+    assert _post(client, gpu_memory_utilization=0.22, max_model_len=2048)["starts"] is True
+
+
+@pytest.mark.parametrize(
+    ("body", "pointer"),
+    [
+        ({"gpu_memory_utilization": 0}, "/gpu_memory_utilization"),
+        ({"gpu_memory_utilization": 1.5}, "/gpu_memory_utilization"),
+        ({"tensor_parallel_size": 3}, "/tensor_parallel_size"),
+        ({"max_model_len": 8193}, "/max_model_len"),
+        ({"pipeline_parallel_size": 33}, "/pipeline_parallel_size"),
+        ({"model": "gpt-2"}, "/model"),
+    ],
+)
+def test_bad_input_is_a_422_naming_the_field(
+    client: ApiClient, db_url: str, body: dict[str, Any], pointer: str
+) -> None:
+    before = table_counts(db_url)
+    response = client.post(URL, json={"model": "llama-3-8b", "hardware": H100, **body})
+    problem = assert_problem(response, 422)
+    pointers = [e.get("pointer") for e in problem.get("errors", [])] + [problem.get("pointer")]
+    assert pointer in pointers, problem
+    assert table_counts(db_url) == before
+
+
+@pytest.mark.parametrize(
+    "body", [{"model": "no-such-model"}, {"hardware": "no-such-gpu"}], ids=["model", "hardware"]
+)
+def test_unknown_model_or_hardware_is_a_404(client: ApiClient, body: dict[str, Any]) -> None:
+    response = client.post(URL, json={"model": "llama-3-8b", "hardware": H100, **body})
+    assert_problem(response, 404)
+
+
+HF_CONFIGS = PROJECT_ROOT / "tests" / "fixtures" / "hf_configs"
+# Each config's geometry written by hand from its config.json (the context is the imported
+# sequence_length, the model's default `seq` binding).
+IMPORTED = {
+    "mixtral-8x7b-v0.1": ServingModel(
+        layers=32,
+        hidden_size=4096,
+        attention_heads=32,
+        kv_heads=8,
+        head_dim=128,
+        intermediate_size=14336,
+        vocab_size=32000,
+        experts=8,
+        experts_per_token=2,
+        max_position_embeddings=4096,
+    ),
+    "qwen2-0.5b": ServingModel(
+        layers=24,
+        hidden_size=896,
+        attention_heads=14,
+        kv_heads=2,
+        head_dim=64,
+        intermediate_size=4864,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+        qkv_bias=True,
+        max_position_embeddings=4096,
+    ),
+    "gemma-2b": ServingModel(
+        layers=18,
+        hidden_size=2048,
+        attention_heads=8,
+        kv_heads=1,
+        head_dim=256,
+        intermediate_size=16384,
+        vocab_size=256000,
+        tie_word_embeddings=True,
+        max_position_embeddings=4096,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(IMPORTED))
+def test_imported_decoders_map_to_their_config_geometry(client: ApiClient, name: str) -> None:
+    config = json.loads((HF_CONFIGS / f"{name}.json").read_text())
+    created = client.post(
+        "/v1/models/import/hf-config",
+        json={"slug": name.replace(".", "-"), "sequence_length": 4096, "config": config},
+    )
+    assert created.status_code == 201, created.text
+    model = IMPORTED[name]
+    tp = 2
+    response = client.post(
+        URL,
+        json={"model": name.replace(".", "-"), "hardware": H100, "tensor_parallel_size": tp},
+    )
+    assert response.status_code == 200, response.text
+    body = response.json()
+    weights = decoder_stage_weights_bytes(model, tp, 1, 2)
+    expected = engine_memory(
+        model, VllmOptions(tensor_parallel_size=tp), H100_80GB_CUDA_VISIBLE_BYTES, weights
+    )
+    assert body["weights_bytes"] == weights[0]
+    assert body["kv_tokens"] == expected.kv_tokens
+    assert body["stages"][0]["kv_bytes_per_token"] == expected.stages[0].kv_bytes_per_token
+    assert body["options"]["max_model_len"] == 4096
+
+
+def test_a_cpu_is_a_422_naming_hardware(client: ApiClient, db_url: str) -> None:
+    before = table_counts(db_url)
+    response = client.post(URL, json={"model": "llama-3-8b", "hardware": "amd-epyc-9654"})
+    problem = assert_problem(response, 422)
+    assert "/hardware" in [e.get("pointer") for e in problem.get("errors", [])] + [
+        problem.get("pointer")
+    ]
+    assert table_counts(db_url) == before
