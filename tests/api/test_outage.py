@@ -133,6 +133,11 @@ CALLS: dict[tuple[str, str], Call] = {
         "/v1/admission/check",
         {"json": {"workload": INFERENCE, "resource": "nvidia.com/mig-1g.10gb", "gpu_model": A100}},
     ),
+    ("POST", "/v1/engines/vllm/memory"): Call(
+        "POST",
+        "/v1/engines/vllm/memory",
+        {"json": {"model": "llama-3-8b", "hardware": "nvidia-h100-sxm"}},
+    ),
     ("POST", "/v1/recommendations/inference"): Call(
         "POST", "/v1/recommendations/inference", {"json": {"model": "resnet-50"}}
     ),
