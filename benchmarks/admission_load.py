@@ -15,9 +15,7 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from server_process import free_port, prepare, service_env, serving, tree_cpu_s
 
-ROOT = Path(__file__).resolve().parent.parent
 WORKLOAD = {
     "slug": "chat",
     "name": "Chat",
@@ -40,19 +38,15 @@ WORKLOAD = {
 TARGET_P99_MS = 50.0
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-def _review(resource: str) -> dict[str, Any]:
+def pod_review(
+    uid: str, name: str, annotations: dict[str, str], containers: list[dict[str, object]]
+) -> dict[str, Any]:
+    """An AdmissionReview asking to create pod ``name`` in namespace ml."""
     return {
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",
         "request": {
-            "uid": str(uuid.uuid4()),
+            "uid": uid,
             "kind": {"group": "", "version": "v1", "kind": "Pod"},
             "resource": {"group": "", "version": "v1", "resource": "pods"},
             "operation": "CREATE",
@@ -60,74 +54,31 @@ def _review(resource: str) -> dict[str, Any]:
             "object": {
                 "apiVersion": "v1",
                 "kind": "Pod",
-                "metadata": {
-                    "name": "chat",
-                    "annotations": {
-                        "capacity-planner.io/workload": "chat",
-                        "capacity-planner.io/gpu": "nvidia-a100-80gb-sxm",
-                    },
-                },
-                "spec": {
-                    "containers": [{"name": "server", "resources": {"limits": {resource: "1"}}}]
-                },
+                "metadata": {"name": name, "annotations": annotations},
+                "spec": {"containers": containers},
             },
         },
     }
 
 
-def _start_server(
-    data_dir: Path, port: int, workers: int = 1, log_level: str | None = "WARNING"
-) -> subprocess.Popen[bytes]:
-    """Migrate and catalog-sync a SQLite database in ``data_dir`` and serve it on ``port``
-    (``log_level`` None: the service default)."""
-    env = {**os.environ, "CAPPLAN_DATA_DIR": str(data_dir), "CAPPLAN_API_KEYS": ""}
-    for name in list(env):
-        if name.startswith("CAPPLAN_") and name not in ("CAPPLAN_DATA_DIR", "CAPPLAN_API_KEYS"):
-            del env[name]  # the service defaults, whatever this shell has set
+def _review(resource: str) -> dict[str, Any]:
+    """The chat workload's pod on an A100 80GB asking for one ``resource``."""
+    notes = {
+        "capacity-planner.io/workload": "chat",
+        "capacity-planner.io/gpu": "nvidia-a100-80gb-sxm",
+    }
+    limits = {"limits": {resource: "1"}}
+    return pod_review(str(uuid.uuid4()), "chat", notes, [{"name": "server", "resources": limits}])
+
+
+def _server_env(data_dir: Path, log_level: str | None = "WARNING") -> dict[str, str]:
+    """A migrated, catalog-synced SQLite database in ``data_dir`` (``log_level`` None: the
+    service default)."""
+    env = service_env(CAPPLAN_DATA_DIR=str(data_dir))
     if log_level is not None:
         env["CAPPLAN_LOG_LEVEL"] = log_level
-    python = sys.executable
-    for command in ("migrate", "catalog-sync"):
-        subprocess.run(
-            [python, "-m", "app.cli", command], cwd=ROOT, env=env, check=True, capture_output=True
-        )
-    return subprocess.Popen(
-        [python, "-m", "app.cli", "serve", "--port", str(port), "--workers", str(workers)],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-
-
-async def _wait_ready(base: str) -> None:
-    async with httpx.AsyncClient(base_url=base) as client:
-        for _ in range(200):
-            try:
-                if (await client.get("/readyz")).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            await asyncio.sleep(0.1)
-    raise RuntimeError("server did not become ready")
-
-
-def _cpu_seconds(root: int) -> float | None:
-    """User + system CPU time of a process and its children (Linux /proc), or None."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    try:
-        entries = [p for p in os.listdir("/proc") if p.isdigit()]
-    except OSError:
-        return None
-    for pid in entries:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(pid) == root or int(fields[1]) == root:  # fields[1]: parent pid
-            total += (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
-    return total
+    prepare(env)
+    return env
 
 
 def _request_bytes(port: int, body: dict[str, Any]) -> bytes:
@@ -213,20 +164,17 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2, help="server worker processes")
     parser.add_argument("--connections", type=int, default=32, help="kept-alive connections")
     args = parser.parse_args()
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
-    with tempfile.TemporaryDirectory() as tmp:
-        server = _start_server(Path(tmp), port, args.workers)
-        try:
-            asyncio.run(_wait_ready(base))
-            cpu_before = _cpu_seconds(server.pid)
-            latencies, errors, elapsed = asyncio.run(
-                _load(base, port, args.rate, args.seconds, args.connections)
-            )
-            cpu_after = _cpu_seconds(server.pid)
-        finally:
-            server.terminate()
-            server.wait(timeout=10)
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        serving(_server_env(Path(tmp)), port, workers=args.workers) as server,
+    ):
+        cpu_before = tree_cpu_s(server.pid)
+        latencies, errors, elapsed = asyncio.run(
+            _load(base, port, args.rate, args.seconds, args.connections)
+        )
+        cpu_after = tree_cpu_s(server.pid)
     latencies.sort()
     done = len(latencies)
     p50 = statistics.median(latencies)

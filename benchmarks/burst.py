@@ -25,22 +25,17 @@ import multiprocessing
 import os
 import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.synchronize import Event as EventType
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from admission_load import WORKLOAD, _free_port, _review  # noqa: E402  (not a package)
+from admission_load import WORKLOAD, _review
+from server_process import add_backend_arguments, database, free_port, serving
 
 LATENCY_TARGET_S = 5.0
 HEALTHZ_TARGET_MS = 100.0
@@ -157,54 +152,7 @@ async def _burst(port: int, count: int) -> BurstResult:
     return result
 
 
-def _run(args: list[str], env: dict[str, str]) -> None:
-    subprocess.run(
-        [sys.executable, "-m", "app.cli", *args], cwd=ROOT, env=env, check=True, capture_output=True
-    )
-
-
-@contextmanager
-def _database(backend: str, postgres_url: str | None, tmp: Path) -> Iterator[dict[str, str]]:
-    """Environment for a fresh, migrated, synced database of ``backend``."""
-    env = {**os.environ, "CAPPLAN_LOG_LEVEL": "WARNING", "CAPPLAN_API_KEYS": ""}
-    for name in list(env):
-        if name.startswith("CAPPLAN_DB_"):  # default settings only
-            env.pop(name)
-    if backend == "sqlite":
-        env["CAPPLAN_DATA_DIR"] = str(tmp)
-        env.pop("CAPPLAN_DATABASE_URL", None)
-        _run(["migrate"], env)
-        _run(["catalog-sync"], env)
-        yield env
-        return
-    import psycopg
-    from sqlalchemy.engine import make_url
-
-    if not postgres_url:
-        raise SystemExit("PostgreSQL: pass --postgres-url or set TEST_DATABASE_URL")
-    admin = make_url(postgres_url)
-    name = f"capplan_burst_{os.getpid()}"
-    conninfo = admin.set(drivername="postgresql").render_as_string(hide_password=False)
-    with psycopg.connect(conninfo, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        env["CAPPLAN_DATABASE_URL"] = admin.set(database=name).render_as_string(hide_password=False)
-        _run(["migrate"], env)
-        _run(["catalog-sync"], env)
-        yield env
-    finally:
-        with psycopg.connect(conninfo, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
 async def _prepare(port: int) -> None:
-    for _ in range(300):
-        status, _, _ = await _send(port, _http("GET", "/readyz", port), 2)
-        if status == 200:
-            break
-        await asyncio.sleep(0.1)
-    else:
-        raise RuntimeError("server did not become ready")
     status, _, body = await _send(port, _http("POST", "/v1/workloads", port, WORKLOAD), 30)
     if status != 201:
         raise RuntimeError(f"storing the workload answered {status}: {body[:300]!r}")
@@ -255,30 +203,19 @@ def main() -> int:
     """Run the burst on each backend and print its figures."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=500, help="simultaneous requests")
-    parser.add_argument("--backends", default="sqlite,postgresql", help="comma-separated")
-    parser.add_argument("--postgres-url", default=os.environ.get("TEST_DATABASE_URL"))
+    add_backend_arguments(parser)
     args = parser.parse_args()
     print(f"cores: {os.cpu_count()}; server: `serve` with default settings (1 worker)")
     all_ok = True
     for backend in args.backends.split(","):
+        port = free_port()
         with (
             tempfile.TemporaryDirectory() as tmp,
-            _database(backend, args.postgres_url, Path(tmp)) as env,
+            database(backend, args.postgres_url, Path(tmp), CAPPLAN_LOG_LEVEL="WARNING") as env,
+            serving(env, port),
         ):
-            port = _free_port()
-            server = subprocess.Popen(
-                [sys.executable, "-m", "app.cli", "serve", "--port", str(port)],
-                cwd=ROOT,
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            try:
-                asyncio.run(_prepare(port))
-                result = asyncio.run(_burst(port, args.requests))
-            finally:
-                server.terminate()
-                server.wait(timeout=15)
+            asyncio.run(_prepare(port))
+            result = asyncio.run(_burst(port, args.requests))
             all_ok &= _report(backend, args.requests, result)
     return 0 if all_ok else 1
 

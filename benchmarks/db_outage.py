@@ -45,10 +45,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from admission_load import _free_port, _review  # noqa: E402  (benchmarks/ is not a package)
+from admission_load import _review
+from server_process import ROOT, free_port, prepare, service_env, serving
 
 TICK_S = 0.1
 CLIENT_TIMEOUT_S = 30.0
@@ -104,7 +102,7 @@ class PrivatePostgres:
         self.data = root / "data"
         self.socket_dir = root / "sockets"
         self.log = root / "postgres.log"
-        self.port = _free_port()
+        self.port = free_port()
         self.as_root = os.geteuid() == 0
         self.frozen: list[int] = []
         for path in (self.data, self.socket_dir):
@@ -197,36 +195,6 @@ def private_postgres(bin_dir: Path) -> Iterator[PrivatePostgres]:
 
 
 # -- the service ------------------------------------------------------------------------------
-
-
-def _service_env(database_url: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CAPPLAN_")}
-    env.update(CAPPLAN_DATABASE_URL=database_url, CAPPLAN_API_KEYS="", CAPPLAN_LOG_LEVEL="ERROR")
-    return env
-
-
-@contextmanager
-def serve(database_url: str, port: int) -> Iterator[subprocess.Popen[bytes]]:
-    env = _service_env(database_url)
-    for command in ("migrate", "catalog-sync"):
-        subprocess.run([sys.executable, "-m", "app.cli", command], cwd=ROOT, env=env, check=True,
-                       capture_output=True, timeout=300)  # fmt: skip
-    process = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "serve", "--port", str(port)],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        yield process
-    finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
 
 
 def _defaults() -> dict[str, float]:
@@ -459,24 +427,15 @@ def main() -> int:
     defaults = _defaults()
     print("service settings (defaults):", json.dumps(defaults))
     bin_dir = _pg_bin(args.pg_bin)
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     with ExitStack() as stack:
         postgres = stack.enter_context(private_postgres(bin_dir))
         print(f"private PostgreSQL ({bin_dir}) on 127.0.0.1:{postgres.port}")
-        server = stack.enter_context(serve(postgres.url, port))
+        env = service_env(CAPPLAN_DATABASE_URL=postgres.url, CAPPLAN_LOG_LEVEL="ERROR")
+        prepare(env)
+        stack.enter_context(serving(env, port))
         with httpx.Client(base_url=base, timeout=10) as client:
-            for _ in range(300):
-                try:
-                    if client.get("/readyz").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                if server.poll() is not None:
-                    raise SystemExit("capplan-server serve exited during start-up")
-                time.sleep(0.1)
-            else:
-                raise SystemExit("capplan-server serve did not become ready")
             client.post("/v1/workloads", json=WORKLOAD).raise_for_status()
         samples, phases = asyncio.run(
             _scenario(base, postgres, args.outage_seconds, args.settle_seconds)

@@ -23,22 +23,13 @@ import contextlib
 import os
 import resource
 import socket
-import subprocess
-import sys
-import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from server_process import ROOT, sqlite_served
+
 HEADER_TIMEOUT_S = 10.0  # the default of CAPPLAN_HEADER_TIMEOUT_S
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _cpu_s(pid: int) -> float:
@@ -54,38 +45,6 @@ def _healthz(port: int) -> float:
         while sock.recv(65536):
             pass
     return time.perf_counter() - start
-
-
-@contextlib.contextmanager
-def _served(root: Path) -> Iterator[tuple[int, int]]:
-    with tempfile.TemporaryDirectory(prefix="capplan-http-limits-") as work:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("CAPPLAN_")}
-        env.update(CAPPLAN_DATABASE_URL=f"sqlite:///{work}/capplan.db", CAPPLAN_API_KEYS="",
-                   CAPPLAN_LOG_LEVEL="ERROR")  # fmt: skip
-        subprocess.run([sys.executable, "-m", "app.cli", "migrate"], cwd=root, env=env,
-                       check=True, capture_output=True, timeout=300)  # fmt: skip
-        port = _free_port()
-        process = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "serve", "--port", str(port)],
-            cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        try:
-            deadline = time.monotonic() + 60
-            while True:
-                with contextlib.suppress(OSError):
-                    _healthz(port)
-                    break
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("capplan-server serve did not start")
-                time.sleep(0.2)
-            yield process.pid, port
-        finally:
-            process.terminate()
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(10)
 
 
 class _Prober(threading.Thread):
@@ -180,7 +139,7 @@ def main() -> int:
         f"{args.mib} MiB URL": b"GET /healthz?" + b"a" * size + b" HTTP/1.1\r\nHost: b\r\n\r\n",
     }
     failed = False
-    with _served(args.root) as (pid, port):
+    with sqlite_served(args.root) as (pid, port):
         print(f"serving {args.root} (pid {pid}, port {port})")
         print(f"{'request':<18} {'status':>7} {'answer s':>9} {'server CPU s':>13} "
               f"{'worst /healthz ms':>18}")  # fmt: skip

@@ -20,20 +20,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from server_process import sqlite_served
 
 DEPLOY_LIMIT_MIB = 512  # deploy/kubernetes/deployment.yaml: resources.limits.memory
 
@@ -79,12 +77,6 @@ def build(mib: int, weights: bool) -> bytes:
     return bytes(model.SerializeToString())
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _status_kib(pid: int, key: str) -> int:
     with open(f"/proc/{pid}/status") as handle:
         for line in handle:
@@ -115,41 +107,6 @@ class HttpRound:
     rest_mib: float  # RSS before the uploads
     peak_mib: float  # RSS peak while they ran (max of the samples and VmHWM)
     seconds: float
-
-
-@contextlib.contextmanager
-def _served(root: Path, extra_env: dict[str, str]) -> Iterator[tuple[int, int]]:
-    """``capplan-server serve`` on a temporary SQLite database: (pid, port)."""
-    with tempfile.TemporaryDirectory(prefix="capplan-import-mem-") as work:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("CAPPLAN_")}
-        env.update(CAPPLAN_DATABASE_URL=f"sqlite:///{work}/capplan.db", CAPPLAN_API_KEYS="",
-                   CAPPLAN_LOG_LEVEL="ERROR", **extra_env)  # fmt: skip
-        subprocess.run([sys.executable, "-m", "app.cli", "migrate"], cwd=root, env=env,
-                       check=True, capture_output=True, timeout=300)  # fmt: skip
-        port = _free_port()
-        process = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "serve", "--port", str(port)],
-            cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        try:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("capplan-server serve did not start")
-                time.sleep(0.2)
-            yield process.pid, port
-        finally:
-            process.terminate()
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(10)
 
 
 def _upload(port: int, data: bytes, slug: str) -> int:
@@ -189,7 +146,7 @@ def through_http(root: Path, mib: int, concurrent: int, extra_env: dict[str, str
           f"with weights; server RSS sampled every 5 ms and VmHWM")  # fmt: skip
     print(f"{'uploads':<22} {'statuses':<18} {'RSS rest MiB':>12} {'peak MiB':>9} "
           f"{'+ MiB':>7} {'+ / upload MiB':>15} {'+ / MiB sent':>13} {'s':>6}")  # fmt: skip
-    with _served(root, extra_env) as (pid, port):
+    with sqlite_served(root, **extra_env) as (pid, port):
         for label, count in (("1 alone", 1), (f"{concurrent} at once", concurrent)):
             r = _http_round(pid, port, data, count, f"m{count}")
             increase = r.peak_mib - r.rest_mib

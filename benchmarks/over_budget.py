@@ -36,8 +36,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -46,11 +44,16 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from admission_load import _cpu_seconds, _free_port  # noqa: E402  (not a package)
-from burst import _database  # noqa: E402
+from server_process import (
+    add_backend_arguments,
+    database,
+    free_port,
+    start,
+    stop,
+    tree_cpu_s,
+    tree_rss_bytes,
+    wait_ready,
+)
 
 MEMORY_LIMIT_BYTES = 512 * 2**20  # deploy/kubernetes/deployment.yaml: limits.memory 512Mi
 READ_AFTER_TARGET_S = 1.0
@@ -176,22 +179,6 @@ class Watch:
     stop: bool = False
 
 
-def _tree_rss_bytes(root: int) -> int:
-    """RSS of ``root`` and its children (Linux /proc)."""
-    total = 0
-    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            if int(pid) != root and int(stat[1]) != root:
-                continue
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) * 1024
-        except (OSError, ValueError, IndexError):
-            continue
-    return total
-
-
 def _kind(response: httpx.Response) -> str:
     if response.headers.get("content-type", "").startswith("application/problem+json"):
         return f"{response.status_code} {response.json().get('type', '?')}"
@@ -213,7 +200,7 @@ async def _reader(base: str, watch: Watch) -> None:
 
 async def _sampler(pid: int, watch: Watch) -> None:
     while not watch.stop:
-        watch.rss_bytes.append(_tree_rss_bytes(pid))
+        watch.rss_bytes.append(tree_rss_bytes(pid))
         await asyncio.sleep(0.1)
 
 
@@ -222,15 +209,8 @@ async def _scenario(base: str, pid: int) -> tuple[Watch, list[str], bool]:
     lines: list[str] = []
     ok = True
     async with httpx.AsyncClient(base_url=base, timeout=120) as client:
-        for _ in range(200):
-            try:
-                if (await client.get("/readyz")).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            await asyncio.sleep(0.1)
         await client.get(READ)  # warm
-        watch.rss_bytes.append(_tree_rss_bytes(pid))
+        watch.rss_bytes.append(tree_rss_bytes(pid))
         tasks = [
             asyncio.create_task(_reader(base, watch)),
             asyncio.create_task(_sampler(pid, watch)),
@@ -247,7 +227,7 @@ async def _scenario(base: str, pid: int) -> tuple[Watch, list[str], bool]:
                 read = await fresh.get(READ)
             read_s = time.perf_counter() - read_start
             kinds = Counter(_kind(answer) for answer in answers)
-            step_peak = max(watch.rss_bytes[first_sample:] or [_tree_rss_bytes(pid)])
+            step_peak = max(watch.rss_bytes[first_sample:] or [tree_rss_bytes(pid)])
             met = read.status_code == 200 and read_s <= READ_AFTER_TARGET_S
             ok &= met
             lines.append(
@@ -264,34 +244,24 @@ async def _scenario(base: str, pid: int) -> tuple[Watch, list[str], bool]:
 def main() -> int:
     """Run the hostile set on each backend and print its figures."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backends", default="sqlite,postgresql", help="comma-separated")
-    parser.add_argument("--postgres-url", default=os.environ.get("TEST_DATABASE_URL"))
+    add_backend_arguments(parser)
     args = parser.parse_args()
     print(f"cores: {os.cpu_count()}; server: `serve` with default settings (1 worker)")
     all_ok = True
     for backend in args.backends.split(","):
         with (
             tempfile.TemporaryDirectory() as tmp,
-            _database(backend, args.postgres_url, Path(tmp)) as env,
+            database(backend, args.postgres_url, Path(tmp), CAPPLAN_LOG_LEVEL="WARNING") as env,
         ):
-            for name in list(env):
-                if name.startswith("CAPPLAN_COMPUTE_") or name == "CAPPLAN_MAX_WORK_UNITS":
-                    env.pop(name)  # default settings only
-            port = _free_port()
-            server = subprocess.Popen(
-                [sys.executable, "-m", "app.cli", "serve", "--port", str(port)],
-                cwd=ROOT,
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
+            port = free_port()
+            server = start(env, port)
             try:
-                cpu_before = _cpu_seconds(server.pid) or 0.0
+                cpu_before = tree_cpu_s(server.pid) or 0.0  # start-up included, as before
+                wait_ready(server, port)
                 watch, lines, ok = asyncio.run(_scenario(f"http://127.0.0.1:{port}", server.pid))
-                cpu = (_cpu_seconds(server.pid) or 0.0) - cpu_before
+                cpu = (tree_cpu_s(server.pid) or 0.0) - cpu_before
             finally:
-                server.terminate()
-                server.wait(timeout=15)
+                stop(server)
         outage = sum(n for kind, n in watch.reads.items() if "database-unavailable" in kind)
         peak = max(watch.rss_bytes)
         under = peak < MEMORY_LIMIT_BYTES

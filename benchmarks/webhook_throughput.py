@@ -49,17 +49,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from admission_load import (  # noqa: E402  (benchmarks/ is not a package)
-    WORKLOAD,
-    _cpu_seconds,
-    _exchange,
-    _free_port,
-    _review,
-    _start_server,
-    _wait_ready,
-)
+from admission_load import WORKLOAD, _exchange, _review, _server_env, pod_review
+from server_process import free_port, serving, tree_cpu_s, tree_rss_bytes
 
 GPU = "nvidia-a100-80gb-sxm"
 TARGETS = {"webhook": 0.50, "mig fit": 0.35}
@@ -171,12 +162,12 @@ async def _closed_loop(
             status, body = await _exchange(*conn, make(index))
             if not _check(kind, status, body):
                 raise RuntimeError(f"{kind}: unexpected answer {status} {body[:300]!r}")
-    cpu_before = _cpu_seconds(pid)
+    cpu_before = tree_cpu_s(pid)
     begin = time.perf_counter()
     stop_at = begin + seconds
     await asyncio.gather(*(worker(conn) for conn in conns))
     elapsed = time.perf_counter() - begin
-    cpu_after = _cpu_seconds(pid)
+    cpu_after = tree_cpu_s(pid)
     cpu = None if cpu_before is None or cpu_after is None else cpu_after - cpu_before
     return Round(kind, done, errors, elapsed, cpu)
 
@@ -214,7 +205,6 @@ async def _open_loop(
 
 async def _run(args: argparse.Namespace, port: int, pid: int) -> int:
     base = f"http://127.0.0.1:{port}"
-    await _wait_ready(base)
     if args.only_burst:
         return 0 if await _bursts(args, port, pid) else 1
     async with httpx.AsyncClient(base_url=base, timeout=30) as client:
@@ -264,9 +254,9 @@ async def _run(args: argparse.Namespace, port: int, pid: int) -> int:
     webhook = makers["webhook"]
     for index in range(50):  # warm-up
         await _exchange(*conns[0], webhook(index))
-    cpu_before = _cpu_seconds(pid)
+    cpu_before = tree_cpu_s(pid)
     latencies, errors, elapsed = await _open_loop(conns, webhook, args.rate, args.seconds)
-    cpu_after = _cpu_seconds(pid)
+    cpu_after = tree_cpu_s(pid)
     for _, writer in conns:
         writer.close()
     latencies.sort()
@@ -290,42 +280,8 @@ async def _run(args: argparse.Namespace, port: int, pid: int) -> int:
     return 0 if ok and met and bursts_ok else 1
 
 
-def _rss_mib(root: int) -> float:
-    """Resident memory of a process and its children (Linux /proc), MiB."""
-    total = 0
-    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            if int(pid) != root and int(stat[1]) != root:
-                continue
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1])
-        except OSError:
-            continue
-    return total / 1024
-
-
 def _pod_review(uid: str, notes: dict[str, str], containers: list[dict[str, object]]) -> bytes:
-    return json.dumps(
-        {
-            "apiVersion": "admission.k8s.io/v1",
-            "kind": "AdmissionReview",
-            "request": {
-                "uid": uid,
-                "kind": {"group": "", "version": "v1", "kind": "Pod"},
-                "resource": {"group": "", "version": "v1", "resource": "pods"},
-                "operation": "CREATE",
-                "namespace": "ml",
-                "object": {
-                    "apiVersion": "v1",
-                    "kind": "Pod",
-                    "metadata": {"name": uid, "annotations": notes},
-                    "spec": {"containers": containers},
-                },
-            },
-        }
-    ).encode()
+    return json.dumps(pod_review(uid, uid, notes, containers)).encode()
 
 
 @dataclass
@@ -370,9 +326,9 @@ async def _burst_of(port: int, pid: int, requests: list[bytes]) -> Burst:
 
     await asyncio.gather(*(one(c, r) for c, r in zip(conns, requests, strict=True)))
     await asyncio.sleep(0.2)  # the answers are out; a computation left behind would run now
-    cpu_before = _cpu_seconds(pid)
+    cpu_before = tree_cpu_s(pid)
     await asyncio.sleep(SETTLE_S)
-    cpu_after = _cpu_seconds(pid)
+    cpu_after = tree_cpu_s(pid)
     stop.set()
     await poller
     for _, writer in conns:
@@ -400,7 +356,7 @@ async def _bursts(args: argparse.Namespace, port: int, pid: int) -> bool:
     count = args.burst
     async with httpx.AsyncClient(base_url=base, timeout=60) as client:
         begin = time.perf_counter()
-        cpu_before = _cpu_seconds(pid)
+        cpu_before = tree_cpu_s(pid)
         for index in range(count):
             body = {
                 "slug": f"burst-{index}",
@@ -412,7 +368,7 @@ async def _bursts(args: argparse.Namespace, port: int, pid: int) -> bool:
                 "precision": "bf16",
             }
             (await client.post("/v1/workloads", json=body)).raise_for_status()
-        cpu_after = _cpu_seconds(pid)
+        cpu_after = tree_cpu_s(pid)
         per_write = (time.perf_counter() - begin) / count * 1000
         cpu = (
             ""
@@ -471,7 +427,7 @@ async def _bursts(args: argparse.Namespace, port: int, pid: int) -> bool:
         f"{TARGET_HEALTHZ_MS:g} ms, < {SETTLED_CPU_S:g} s CPU after the answers: "
         f"{'met' if ok else 'NOT met'}"
     )
-    rss_before = _rss_mib(pid)
+    rss_before = tree_rss_bytes(pid) / 2**20
     deep_notes = {"capacity-planner.io/model": "deep-mlp", "capacity-planner.io/gpu": GPU}
     wide: list[dict[str, object]] = [
         {"name": f"c{i}", "resources": {"limits": {"nvidia.com/gpu": "1"}}} for i in range(8000)
@@ -493,7 +449,7 @@ async def _bursts(args: argparse.Namespace, port: int, pid: int) -> bool:
     print(
         f"  slowest answer {lat:.0f} ms; /healthz max {worst:.1f} ms; server CPU in the "
         f"{SETTLE_S:g} s after the last answer {settled:.3f} s; RSS {rss_before:.0f} -> "
-        f"{_rss_mib(pid):.0f} MiB"
+        f"{tree_rss_bytes(pid) / 2**20:.0f} MiB"
     )
     met = settled < SETTLED_CPU_S
     print(f"  target < {SETTLED_CPU_S:g} s CPU after the answers: {'met' if met else 'NOT met'}")
@@ -520,14 +476,12 @@ def main() -> int:
         help="CAPPLAN_LOG_LEVEL of the server (default: the service default, INFO)",
     )
     args = parser.parse_args()
-    port = _free_port()
-    with tempfile.TemporaryDirectory() as tmp:
-        server = _start_server(Path(tmp), port, workers=1, log_level=args.log_level)
-        try:
-            return asyncio.run(_run(args, port, server.pid))
-        finally:
-            server.terminate()
-            server.wait(timeout=10)
+    port = free_port()
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        serving(_server_env(Path(tmp), args.log_level), port, workers=1) as server,
+    ):
+        return asyncio.run(_run(args, port, server.pid))
 
 
 if __name__ == "__main__":

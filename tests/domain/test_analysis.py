@@ -2,7 +2,7 @@
 
 * A snapshot (``analysis_snapshot.json``, generated before repeats were cloned) holds a digest of
   every field of every layer of every zoo model and of hand-written graphs. When op semantics
-  change on purpose (``app/domain/graph/ops.py``), regenerate it with
+  change on purpose (``app/domain/graph/ops/``), regenerate it with
   ``UPDATE_ANALYSIS_SNAPSHOT=1 .venv/bin/pytest tests/domain/test_analysis.py``.
 * A reference walk (:func:`reference_analyze`, the plain pre-optimisation algorithm: every
   iteration of every repeat walked layer by layer) must agree with ``analyze`` exactly, on the

@@ -5,7 +5,7 @@
 Every probe runs in try/except and records its error instead of stopping the rest; the JSON is
 rewritten after every probe. Each probe names the rule it checks so the results can be read
 against ``app/domain/memory/cuda_allocator.py``, ``app/domain/hardware.py`` (cuBLAS workspace)
-and the saved-tensor rules in ``app/domain/graph/ops.py``. ``--smoke`` runs every probe's code
+and the saved-tensor rules in ``app/domain/graph/ops/``. ``--smoke`` runs every probe's code
 on the CPU (``cuda`` becomes ``cpu``, no side streams, DDP over gloo, smaller models) with every
 device counter reading 0: a check of the code paths, not a measurement.
 """
