@@ -91,15 +91,21 @@ def _conv(
     )
 
 
-def conv2d(ctx: OpContext) -> OpResult:
-    """2-d convolution (cross-correlation) with stride, padding, dilation and groups."""
+def _declared_conv(ctx: OpContext, spatial_dims: int) -> OpResult:
+    """A convolution whose channels, kernel, groups and bias are its attributes."""
     return _conv(
         ctx,
         ctx.attrs["out_channels"],
         ctx.attrs["kernel_size"],
         ctx.attr("groups", 1),
         ctx.attr("bias", True),
+        spatial_dims,
     )
+
+
+def conv2d(ctx: OpContext) -> OpResult:
+    """2-d convolution (cross-correlation) with stride, padding, dilation and groups."""
+    return _declared_conv(ctx, spatial_dims=2)
 
 
 def depthwise_conv2d(ctx: OpContext) -> OpResult:
@@ -118,14 +124,7 @@ def pointwise_conv2d(ctx: OpContext) -> OpResult:
 def conv3d(ctx: OpContext) -> OpResult:
     """3-d convolution (``torch.nn.Conv3d``) over ``[N, C, D, H, W]``: stride, padding,
     dilation and groups per spatial dim; an implicit GEMM of ``C_in/groups * kd*kh*kw``."""
-    return _conv(
-        ctx,
-        ctx.attrs["out_channels"],
-        ctx.attrs["kernel_size"],
-        ctx.attr("groups", 1),
-        ctx.attr("bias", True),
-        spatial_dims=3,
-    )
+    return _declared_conv(ctx, spatial_dims=3)
 
 
 def conv_transpose3d(ctx: OpContext) -> OpResult:
