@@ -475,3 +475,26 @@ def test_served_families_cache_what_they_attend_to(client: ApiClient) -> None:
     kv_dim = 8 * 256  # 8 KV heads of 256
     assert kv["gemma2"] == 21 * 2 * (4096 + 8192) * kv_dim * 2
     assert kv["dsv2"] == 27 * 8192 * 576 * 2
+
+
+@pytest.mark.parametrize(
+    ("name", "kv_bytes_per_token"),
+    [
+        ("deepseek-v2-lite-chat", 27 * 576 * 2),  # one latent of 512 + 64 a layer, bf16
+        ("gemma-3-1b-it", 26 * 2 * 256 * 2),  # 1 KV head of 256; the windows hold 512 > 300
+    ],
+)
+def test_served_families_price_decoder_serving(
+    client: ApiClient, name: str, kv_bytes_per_token: int
+) -> None:
+    """The speed side reads the same layers: KV bytes per token of a latent (MLA) cache and of
+    sliding layers shorter than their window."""
+    payload = {"slug": "served", "config": _config(name)}
+    created = client.post("/v1/models/import/hf-config", json=payload)
+    assert created.status_code == 201, created.text
+    response = client.post("/v1/recommendations/inference", json={
+        "model": "served", "devices": ["nvidia-h100-sxm"], "precisions": ["bf16"],
+        "prompt_tokens": 256, "generated_tokens": 44, "batch_sizes": [4]})  # fmt: skip
+    assert response.status_code == 200, response.text
+    (candidate,) = response.json()["candidates"]
+    assert candidate["decoder_serving"]["kv_bytes_per_token"] == kv_bytes_per_token

@@ -73,13 +73,16 @@ def mla_of(attrs: Mapping[str, Any], heads: int) -> Mla | None:
 
 
 def mla_param_shapes(mla: Mla, hidden: int, *, bias: bool, out_bias: bool) -> list[Shape]:
-    """Weights, norm weights and biases of one MLA layer, as transformers 5.23 builds them."""
+    """Weights, norm weights and biases of one MLA layer, as transformers 5.23 builds them.
+
+    The projection to the query heads comes first (``q_proj`` or ``q_b_proj``): the speed model
+    reads the first matrix's rows as the attention's query width."""
     q_out = mla.heads * mla.qk_head_dim
     shapes: list[Shape] = []
     if mla.q_lora_rank is None:
         shapes.append((q_out, hidden))  # q_proj (never biased)
-    else:
-        shapes += [(mla.q_lora_rank, hidden), (mla.q_lora_rank,), (q_out, mla.q_lora_rank)]
+    else:  # q_b_proj, q_a_proj, q_a_layernorm
+        shapes += [(q_out, mla.q_lora_rank), (mla.q_lora_rank, hidden), (mla.q_lora_rank,)]
         if bias:
             shapes.append((mla.q_lora_rank,))
     shapes += [
