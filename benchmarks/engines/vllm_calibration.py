@@ -30,6 +30,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from app.domain.engines.families import MlaGeometry  # noqa: E402
 from app.domain.engines.vllm import (  # noqa: E402
     H100_80GB_CUDA_VISIBLE_BYTES,
     VLLM_0_19,
@@ -128,6 +129,14 @@ MODELS: dict[str, ServingModel] = {
         experts_per_token=6,
         mla_latent_dim=512 + 64,
         max_position_embeddings=163840,
+        # q_lora_rank null; n_shared_experts 2 x moe_intermediate_size 1408; first_k_dense_replace
+        # 1 with intermediate_size 10944 (tests/fixtures/hf_configs/deepseek-v2-lite-chat.json)
+        mla=MlaGeometry(
+            kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128
+        ),
+        shared_expert_intermediate_size=2 * 1408,
+        dense_layers=(0,),
+        dense_intermediate_size=10944,
     ),
 }
 
@@ -135,7 +144,6 @@ MODELS: dict[str, ServingModel] = {
 NOT_EXPRESSIBLE_WEIGHTS = {
     "qfp8": "runtime fp8 quantization (--quantization fp8): fp8 linears, bf16 embedding/head",
     "w4a16": "pre-quantized GPTQ W4A16 checkpoint (quantization_config): packed int4 + scales",
-    "deepseek-v2-lite": "MLA projections and DeepSeek MoE (shared experts, first dense layer)",
 }
 
 PEER = {  # llm-d-planner's published errors on the same sweep (issue 31)
@@ -379,7 +387,10 @@ def main() -> None:
         "- `gemma2-9b`: sliding-window layers (4096 on alternate layers) are counted as full "
         "layers, as vLLM 0.19's logged KV token figure does."
     )
-    print("- fp8 KV (`kvfp8` runs) and MLA latent KV (`deepseek-v2-lite`) are expressed.\n")
+    print(
+        "- fp8 KV (`kvfp8` runs), MLA latent KV and the MLA / DeepSeek-MoE weights "
+        "(`deepseek-v2-lite`: app.domain.engines.families) are expressed.\n"
+    )
 
     def summary(vals: list[float], absolute: bool = True) -> str:
         if not vals:

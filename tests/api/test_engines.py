@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from app.config import PROJECT_ROOT
+from app.domain.engines.families import MlaGeometry
 from app.domain.engines.vllm import (
     H100_80GB_CUDA_VISIBLE_BYTES,
     NO_MEMORY_MESSAGE,
@@ -197,6 +198,38 @@ IMPORTED = {
         vocab_size=151936,
         tie_word_embeddings=True,
         qkv_bias=True,
+        max_position_embeddings=4096,
+    ),
+    "deepseek-v2-lite-chat": ServingModel(
+        layers=27,
+        hidden_size=2048,
+        attention_heads=16,
+        kv_heads=16,
+        head_dim=192,
+        intermediate_size=1408,
+        vocab_size=102400,
+        experts=64,
+        experts_per_token=6,
+        mla_latent_dim=576,
+        max_position_embeddings=4096,
+        mla=MlaGeometry(
+            kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128
+        ),
+        shared_expert_intermediate_size=2 * 1408,
+        dense_layers=(0,),
+        dense_intermediate_size=10944,
+    ),
+    "gemma-2-9b-it": ServingModel(
+        layers=42,
+        hidden_size=3584,
+        attention_heads=16,
+        kv_heads=8,
+        head_dim=256,
+        intermediate_size=14336,
+        vocab_size=256000,
+        tie_word_embeddings=True,
+        norms_per_layer=4,
+        sliding_window=4096,
         max_position_embeddings=4096,
     ),
     "gemma-2b": ServingModel(

@@ -115,6 +115,14 @@ def test_hf_import_moe_and_overrides(client: ApiClient) -> None:
          "/config/num_key_value_heads"),
         ({**_config("opt-125m"), "num_attention_heads": 7}, 422, "invalid-import",
          "/config/num_attention_heads"),
+        # served families (app/importers/hf_families.py)
+        ({"model_type": "gemma3"}, 422, "unsupported-model-type", "/config/model_type"),
+        ({**_config("deepseek-v2-lite-chat"), "kv_lora_rank": None}, 422, "invalid-import",
+         "/config/kv_lora_rank"),
+        ({**_config("gemma-2-9b-it"), "layer_types": ["full_attention"] * 41}, 422,
+         "invalid-import", "/config/layer_types"),
+        ({**_config("gpt-oss-20b"), "num_experts_per_tok": 33}, 422, "invalid-import",
+         "/config/num_experts_per_tok"),
     ],
 )  # fmt: skip
 def test_hf_import_rejects_bad_configs(
@@ -145,6 +153,13 @@ def test_hf_import_rejects_bad_configs(
         ("phi-2", 2_779_683_840),
         ("bloomz-560m", 559_214_592),
         ("granite-3.3-8b-instruct", 8_170_864_640),
+        ("gemma-2-9b-it", 9_241_705_984),
+        ("gemma-3-1b-it", 999_885_952),
+        ("gpt-oss-20b", 20_914_757_184),
+        ("deepseek-v2-lite-chat", 15_706_484_224),
+        ("qwen1.5-moe-a2.7b", 14_315_784_192),
+        ("qwen3-30b-a3b", 30_532_122_624),
+        ("llama-4-scout-17b-16e-text", 107_769_861_120),
     ],
 )
 def test_hf_import_of_served_families_estimates(client: ApiClient, name: str, params: int) -> None:
@@ -438,3 +453,48 @@ def test_imports_that_fit_together_run_together(
         return [await task for task in tasks]
 
     assert [r.status_code for r in client.run(scenario())] == [201, 201]
+
+
+def test_served_families_cache_what_they_attend_to(client: ApiClient) -> None:
+    """Gemma-2's sliding layers keep at most 4096 tokens; DeepSeek-V2-Lite keeps one latent of
+    kv_lora_rank + qk_rope_head_dim (512 + 64) a token and layer (bf16, batch 1, 8192 tokens)."""
+    for slug, name in (("gemma2", "gemma-2-9b-it"), ("dsv2", "deepseek-v2-lite-chat")):
+        response = client.post(
+            "/v1/models/import/hf-config",
+            json={"slug": slug, "sequence_length": 8192, "config": _config(name)},
+        )
+        assert response.status_code == 201, response.text
+    kv = {}
+    for slug in ("gemma2", "dsv2"):
+        estimate = client.post("/v1/estimates/memory", json={
+            "model": slug, "mode": "inference", "batch_size": 1, "sequence_length": 8192,
+            "precision": "bf16", "hardware": "nvidia-a100-80gb-sxm"})  # fmt: skip
+        assert estimate.status_code == 200, estimate.text
+        breakdown = estimate.json()["breakdown"]
+        kv[slug] = next(line["bytes"] for line in breakdown if line["key"] == "kv_cache")
+    kv_dim = 8 * 256  # 8 KV heads of 256
+    assert kv["gemma2"] == 21 * 2 * (4096 + 8192) * kv_dim * 2
+    assert kv["dsv2"] == 27 * 8192 * 576 * 2
+
+
+@pytest.mark.parametrize(
+    ("name", "kv_bytes_per_token"),
+    [
+        ("deepseek-v2-lite-chat", 27 * 576 * 2),  # one latent of 512 + 64 a layer, bf16
+        ("gemma-3-1b-it", 26 * 2 * 256 * 2),  # 1 KV head of 256; the windows hold 512 > 300
+    ],
+)
+def test_served_families_price_decoder_serving(
+    client: ApiClient, name: str, kv_bytes_per_token: int
+) -> None:
+    """The speed side reads the same layers: KV bytes per token of a latent (MLA) cache and of
+    sliding layers shorter than their window."""
+    payload = {"slug": "served", "config": _config(name)}
+    created = client.post("/v1/models/import/hf-config", json=payload)
+    assert created.status_code == 201, created.text
+    response = client.post("/v1/recommendations/inference", json={
+        "model": "served", "devices": ["nvidia-h100-sxm"], "precisions": ["bf16"],
+        "prompt_tokens": 256, "generated_tokens": 44, "batch_sizes": [4]})  # fmt: skip
+    assert response.status_code == 200, response.text
+    (candidate,) = response.json()["candidates"]
+    assert candidate["decoder_serving"]["kv_bytes_per_token"] == kv_bytes_per_token

@@ -40,6 +40,17 @@ GOLDEN = {
     "phi-2": (2_779_683_840, "PhiForCausalLM (LM head untied, with bias)"),
     "bloomz-560m": (559_214_592, "BloomForCausalLM (LM head tied)"),
     "granite-3.3-8b-instruct": (8_170_864_640, "GraniteForCausalLM (LM head tied)"),
+    # sliding-window, MLA and MoE families (app/importers/hf_families.py), the same way pinned
+    "gemma-2-9b-it": (9_241_705_984, "Gemma2ForCausalLM (LM head tied)"),
+    "gemma-3-1b-it": (999_885_952, "Gemma3ForCausalLM (LM head tied)"),
+    "gpt-oss-20b": (20_914_757_184, "GptOssForCausalLM (LM head untied)"),
+    "deepseek-v2-lite-chat": (15_706_484_224, "DeepseekV2ForCausalLM (LM head untied)"),
+    "deepseek-v3": (671_026_404_352, "DeepseekV3ForCausalLM (LM head untied)"),
+    "kimi-k2-instruct": (1_026_408_209_408, "DeepseekV3ForCausalLM (LM head untied)"),
+    "qwen1.5-moe-a2.7b": (14_315_784_192, "Qwen2MoeForCausalLM (LM head untied)"),
+    "qwen3-30b-a3b": (30_532_122_624, "Qwen3MoeForCausalLM (LM head untied)"),
+    "llama-4-scout-17b-16e-text": (107_769_861_120, "Llama4ForCausalLM (LM head untied)"),
+    "llama-4-maverick-17b-128e-text": (400_711_848_960, "Llama4ForCausalLM (LM head untied)"),
 }
 
 

@@ -40,6 +40,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from app.domain.engines.families import MlaGeometry, decoder_layers_params
 from app.domain.parallel import (
     TensorParallelError,
     check_tensor_parallel,
@@ -187,6 +188,11 @@ class ServingModel:
     ``sliding_window``: kept for the record; vLLM 0.19 counted Gemma-2's interleaved
     sliding-window layers as full layers in its KV token figure (cluster F gemma-2-9b run).
     ``experts``/``experts_per_token``: a Mixtral-style MoE MLP (1/1 for a dense model).
+    ``mla``: the MLA projections' sizes (:mod:`app.domain.engines.families`);
+    ``shared_expert_intermediate_size``: the shared expert(s) of a MoE layer as one MLP (0:
+    none), with Qwen2-MoE's one-output ``shared_expert_gate``; ``dense_layers``: indices of the
+    layers of a MoE model with a dense MLP of ``dense_intermediate_size`` (DeepSeek's first
+    ``first_k_dense_replace``).
     """
 
     layers: int
@@ -205,6 +211,11 @@ class ServingModel:
     mla_latent_dim: int | None = None
     sliding_window: int | None = None
     max_position_embeddings: int | None = None
+    mla: MlaGeometry | None = None
+    shared_expert_intermediate_size: int = 0
+    shared_expert_gate: bool = False
+    dense_layers: tuple[int, ...] = ()
+    dense_intermediate_size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -387,9 +398,10 @@ def decoder_stage_weights_bytes(
     ``max(1, kv_heads // tp)`` heads; norms replicated; embedding and head vocab-parallel over
     ``tp`` after padding the vocabulary to ``vocab_padding``; the embedding on the first stage,
     the final norm and the head (unless tied) on the last; layers split by
-    :func:`app.domain.parallel.pipeline_stage_layers`. MLA, quantized checkpoints and runtime
-    quantization are not expressed here (the memory engine's weights are the canonical figure
-    once wired).
+    :func:`app.domain.parallel.pipeline_stage_layers`; MLA, shared experts and dense layers of a
+    MoE model by :func:`app.domain.engines.families.decoder_layers_params`. Quantized
+    checkpoints and runtime quantization are not expressed here (the memory engine's weights are
+    the canonical figure once wired).
     """
     h = model.hidden_size
     q_dim = model.attention_heads * model.head_dim
@@ -402,10 +414,11 @@ def decoder_stage_weights_bytes(
     layer = attn + mlp + router + model.norms_per_layer * h
     padded_vocab = -(-model.vocab_size // profile.vocab_padding) * profile.vocab_padding
     embed = padded_vocab // tp * h
+    per_layer = decoder_layers_params(model, tp, layer)  # MLA, shared experts, dense layers
     stages = pipeline_stage_layers(model.layers, pp)
     out = []
     for i, n in enumerate(stages):
-        params = n * layer
+        params = sum(per_layer[sum(stages[:i]) : sum(stages[:i]) + n])
         if i == 0:
             params += embed
         if i == len(stages) - 1:

@@ -272,6 +272,16 @@ OP_SPECS: Mapping[str, OpSpec] = {
             "out_bias": boolean,
             "rotary": boolean,
             "dropout": probability,
+            # a causal layer attending to the last sliding_window tokens (Mistral, Gemma-2/3,
+            # gpt-oss sliding layers): its KV cache holds at most that many tokens a sequence
+            "sliding_window": positive_int,
+            "sinks": boolean,  # one learned attention-sink logit a head (gpt-oss)
+            # multi-head latent attention (DeepSeek-V2/V3): present with kv_lora_rank
+            "kv_lora_rank": positive_int,
+            "q_lora_rank": positive_int,
+            "qk_nope_head_dim": positive_int,
+            "qk_rope_head_dim": positive_int,
+            "v_head_dim": positive_int,
         },
     ),
     "mlp": OpSpec(
@@ -287,7 +297,15 @@ OP_SPECS: Mapping[str, OpSpec] = {
             "experts_per_token": positive_int,
             "intermediate_size": positive_int,
         },
-        optional={"activation": one_of(*_MLP_ACTIVATIONS), "bias": boolean},
+        optional={
+            "activation": one_of(*_MLP_ACTIVATIONS),
+            "bias": boolean,
+            # a shared expert every token goes through (DeepSeek, Qwen2-MoE, Llama-4): one MLP
+            # of this width (DeepSeek's n_shared_experts x moe_intermediate_size)
+            "shared_intermediate_size": positive_int,
+            "shared_expert_gate": boolean,  # Qwen2-MoE: a 1-output sigmoid gate on it
+            "router_bias": boolean,  # gpt-oss: the router linear has a bias
+        },
     ),
     "matmul": OpSpec(min_inputs=2, max_inputs=2),
     "elementwise": OpSpec(required={"function": one_of(*ELEMENTWISE_FUNCTIONS)}, max_inputs=None),

@@ -4,6 +4,10 @@ feed-forward network and the sparse mixture of experts.
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
+from app.domain.graph import llm_variants
 from app.domain.graph.ops.core import (
     OpContext,
     OpResult,
@@ -157,28 +161,42 @@ def attention(ctx: OpContext) -> OpResult:
     if heads % kv_heads:
         raise ctx.fail(f"num_kv_heads {kv_heads} must divide num_heads {heads}", "num_kv_heads")
     head_dim = ctx.attrs.get("head_dim")
-    if head_dim is None:
+    try:
+        mla = llm_variants.mla_of(ctx.attrs, heads)
+    except KeyError as missing:
+        key = str(missing.args[0])
+        raise ctx.fail("is required with kv_lora_rank (latent attention)", key) from None
+    if head_dim is None and mla is None:
         if hidden % heads:
             raise ctx.fail(f"num_heads {heads} must divide hidden size {hidden}", "num_heads")
         head_dim = hidden // heads
-    q_dim, kv_dim = heads * head_dim, kv_heads * head_dim
     qkv_bias, out_bias = ctx.attr("qkv_bias", True), ctx.attr("out_bias", True)
-    params: list[tuple[int, ...]] = [
-        (q_dim, hidden),
-        (kv_dim, hidden),
-        (kv_dim, hidden),
-        (hidden, q_dim),
-    ]
-    if qkv_bias:
-        params += [(q_dim,), (kv_dim,), (kv_dim,)]
-    if out_bias:
-        params.append((hidden,))
     tokens = n * seq
     causal = ctx.attr("causal", False)
+    window = ctx.attrs.get("sliding_window") if causal else None
     score_pairs = n * heads * seq * seq
-    attended = score_pairs // 2 + n * heads * seq // 2 if causal else score_pairs
-    flops = 2 * tokens * hidden * (q_dim + 2 * kv_dim) + 2 * tokens * q_dim * hidden
-    flops += 2 * 2 * attended * head_dim + 5 * attended
+    attended = llm_variants.attended_pairs(n, heads, seq, causal=causal, window=window)
+    if mla is not None:
+        # MLA: q/k heads of qk_head_dim, v heads of v_head_dim; one latent cached a token
+        head_dim, q_dim, kv_dim = mla.qk_head_dim, heads * mla.qk_head_dim, mla.latent_dim
+        kv_heads = 1  # the latent is shared by every head (replicated under tensor parallelism)
+        params = llm_variants.mla_param_shapes(mla, hidden, bias=qkv_bias, out_bias=out_bias)
+        flops = 2 * tokens * sum(math.prod(s) for s in params if len(s) == 2)
+        flops += 2 * attended * (mla.qk_head_dim + mla.v_head_dim) + 5 * attended
+        cached = llm_variants.cached_tokens(seq, window) * n * mla.latent_dim
+    else:
+        assert head_dim is not None  # set above when the layer is not MLA
+        q_dim, kv_dim = heads * head_dim, kv_heads * head_dim
+        params = [(q_dim, hidden), (kv_dim, hidden), (kv_dim, hidden), (hidden, q_dim)]
+        if qkv_bias:
+            params += [(q_dim,), (kv_dim,), (kv_dim,)]
+        if out_bias:
+            params.append((hidden,))
+        flops = 2 * tokens * hidden * (q_dim + 2 * kv_dim) + 2 * tokens * q_dim * hidden
+        flops += 2 * 2 * attended * head_dim + 5 * attended
+        cached = 2 * n * llm_variants.cached_tokens(seq, window) * kv_dim
+    if ctx.attr("sinks", False):
+        params.append((heads,))  # gpt-oss: one learned sink logit a head
     q_numel = tokens * q_dim
     expanded_kv = tokens * q_dim  # k/v repeated to every query head before the matmuls
     dropout_p = ctx.attr("dropout", 0.0) if ctx.training else 0.0
@@ -238,7 +256,7 @@ def attention(ctx: OpContext) -> OpResult:
         flops=flops,
         saved=tuple(saved),
         transients=tuple(transients),
-        kv_cache_numel=2 * tokens * kv_dim if causal else 0,
+        kv_cache_numel=cached if causal else 0,
         attention=impl,
         attention_reason=reason,
         num_heads=heads,
@@ -333,6 +351,7 @@ def moe(ctx: OpContext) -> OpResult:
     params: list[tuple[int, ...]] = [(experts, hidden)]
     for _ in range(experts):
         params += _ffn_params(hidden, inner, gated=gated, bias=ctx.attr("bias", False))
+    params += llm_variants.moe_extra_param_shapes(hidden, experts, ctx.attrs, gated=gated)
     saved = [
         Saved(label="input", source="in0", numel=ctx.x.numel),
         Saved(label="router_logits", source="new", numel=rows * experts, storage=Storage.FP32),
@@ -340,14 +359,18 @@ def moe(ctx: OpContext) -> OpResult:
         Saved(label="routed_input", source="new", numel=routed * hidden),
         *_ffn_saved(activation, wide),
     ]
+    flops = 2 * rows * hidden * experts + 5 * rows * experts
+    flops += 2 * routed * hidden * inner * projections + 4 * wide + 2 * routed * hidden
+    shared = ctx.attrs.get("shared_intermediate_size")
+    if shared is not None:  # every token also runs the shared expert
+        flops += 2 * rows * hidden * shared * projections + 4 * rows * shared
+        saved += [
+            replace(s, label=f"shared_{s.label}") for s in _ffn_saved(activation, rows * shared)
+        ]
     return OpResult(
         shape=ctx.x.shape,
         param_shapes=tuple(params),
-        flops=2 * rows * hidden * experts
-        + 5 * rows * experts
-        + 2 * routed * hidden * inner * projections
-        + 4 * wide
-        + 2 * routed * hidden,
+        flops=flops,
         saved=tuple(saved),
         transients=(
             Transient(label="intermediate", numel=(3 if gated else 2) * wide),
