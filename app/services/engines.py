@@ -7,6 +7,14 @@ from collections.abc import Callable
 from sqlalchemy.orm import Session
 
 from app.db.repositories import HardwareRepository, ModelRepository
+from app.domain.engines.quantization import (
+    SOURCES as QUANTIZATION_SOURCES,
+)
+from app.domain.engines.quantization import (
+    QuantizedWeights,
+    quantized_stage_weights,
+    resolve_scheme,
+)
 from app.domain.engines.vllm import (
     H100_80GB_CUDA_VISIBLE_BYTES,
     VLLM_0_19,
@@ -20,8 +28,10 @@ from app.domain.engines.vllm import (
 from app.domain.units import GIB
 from app.schemas.engines import (
     EngineProfileInfo,
+    EngineQuantization,
     EngineStage,
     ResolvedVllmOptions,
+    StoredQuantizedWeights,
     VllmMemoryRequest,
     VllmMemoryResponse,
 )
@@ -103,12 +113,24 @@ def _answer(
                 f"{model.layers} decoder layers",
                 field="pipeline_parallel_size",
             )
+        scheme = resolve_scheme(payload.quantization, payload.quantization_config)
         weights = decoder_stage_weights_bytes(
             model,
             resolved.tensor_parallel_size,
             resolved.pipeline_parallel_size,
             resolved.dtype_bytes,
         )
+        quantized = None
+        if scheme is not None:
+            quantized = quantized_stage_weights(
+                model,
+                scheme,
+                resolved.tensor_parallel_size,
+                resolved.pipeline_parallel_size,
+                resolved.dtype_bytes,
+                weights,
+            )
+            weights = quantized.stage_weights_bytes
         memory = engine_memory(model, options, visible, weights)
     except EngineInputError as exc:
         raise InvalidInput(str(exc), pointer=f"/{exc.field}") from None
@@ -132,10 +154,16 @@ def _answer(
     context = model.max_position_embeddings
     assumptions = [
         f"GPU memory visible to CUDA {visible / GIB:.2f} GiB: {source}",
-        "weights: unquantized decoder sharded as vLLM loads it "
+        "weights: decoder sharded as vLLM loads it "
         "(app.domain.engines.vllm.decoder_stage_weights_bytes: vocabulary padded to 64, "
         "embedding on the first stage, final norm and head on the last, KV heads replicated "
-        "past the tensor-parallel degree)",
+        "past the tensor-parallel degree)"
+        + (
+            ""
+            if quantized is None
+            else f"; quantized linears as {quantized.scheme.describe()}, stored as vLLM 0.19 "
+            "keeps them after loading (app.domain.engines.quantization)"
+        ),
         "profile forward peak: the engine profile's fitted formula over max_num_batched_tokens "
         "(app.domain.engines.vllm.forward_peak_bytes), not a graph replay",
         f"model dtype {model.dtype}: stored graphs state none, so `auto` is bfloat16",
@@ -181,10 +209,41 @@ def _answer(
             gpu_memory_utilization=resolved.gpu_memory_utilization,
             block_size=resolved.block_size,
             enforce_eager=resolved.enforce_eager,
+            quantization=None if quantized is None else quantized.scheme.method,
         ),
         defaults_used=defaults,
+        quantization=_quantization(quantized),
         engine=EngineProfileInfo(
             name=VLLM_0_19.name, version=VLLM_0_19.version, sources=dict(VLLM_0_19.sources)
         ),
         assumptions=assumptions,
+    )
+
+
+def _quantization(quantized: QuantizedWeights | None) -> EngineQuantization | None:
+    """The scheme and what it stores on the GPU of the stage holding the most weights."""
+    if quantized is None:
+        return None
+    index = max(range(len(quantized.stages)), key=lambda i: quantized.stages[i].weights_bytes)
+    stage = quantized.stages[index]
+    scheme = quantized.scheme
+    return EngineQuantization(
+        method=scheme.method,
+        scheme=scheme.describe(),
+        checkpoint=scheme.checkpoint,
+        stage=index,
+        stored=StoredQuantizedWeights(
+            packed_weight_bytes=stage.stored.packed_bytes,
+            scale_bytes=stage.stored.scale_bytes,
+            zero_point_bytes=stage.stored.zero_point_bytes,
+            g_idx_bytes=stage.stored.g_idx_bytes,
+        ),
+        unquantized_bytes=stage.unquantized_bytes,
+        quantized_modules=stage.quantized_modules,
+        skipped_modules=stage.skipped_modules,
+        sources={
+            key: QUANTIZATION_SOURCES[key]
+            for key in (scheme.method, "override")
+            if key in QUANTIZATION_SOURCES
+        },
     )
