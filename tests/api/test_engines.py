@@ -34,6 +34,22 @@ LLAMA_3_8B = ServingModel(
 )
 
 
+# RedHatAI/Meta-Llama-3.1-8B-Instruct-quantized.w4a16's scheme (model card: GPTQ, symmetric,
+# groups of 128; desc_act as AutoGPTQ's default).
+GPTQ_W4A16: dict[str, Any] = {
+    "quant_method": "gptq",
+    "bits": 4,
+    "group_size": 128,
+    "desc_act": True,
+    "sym": True,
+}
+# Llama-3-8B at TP 1: embedding + head (128256 x 4096 x 2 B each) and 65 norms stay bf16; each
+# of 32 layers has 218,103,808 linear weights (q/k/v/o 4096 x 10240, gate/up/down 3 x 4096 x
+# 14336).
+UNQUANTIZED = 2 * 128256 * 4096 * 2 + 65 * 4096 * 2
+LINEAR_PARAMS = 32 * (4096 * 10240 + 3 * 4096 * 14336)
+
+
 def _post(client: ApiClient, **body: Any) -> dict[str, Any]:
     response = client.post(URL, json={"model": "llama-3-8b", "hardware": H100, **body})
     assert response.status_code == 200, response.text
@@ -141,6 +157,54 @@ def test_a_pool_too_small_for_one_sequence_does_not_start(client: ApiClient) -> 
     assert _post(client, gpu_memory_utilization=0.22, max_model_len=2048)["starts"] is True
 
 
+def test_runtime_fp8_stores_one_byte_linears_and_frees_kv_memory(client: ApiClient) -> None:
+    plain = _post(client)
+    body = _post(client, quantization="fp8")
+    # fp8 linears (1 B) with one fp32 scale per module (4 modules x 32 layers); the rest bf16.
+    assert body["weights_bytes"] == UNQUANTIZED + LINEAR_PARAMS + 4 * 32 * 4 == 9_081_201_152
+    quant = body["quantization"]
+    assert (quant["method"], quant["checkpoint"], quant["stage"]) == ("fp8", False, 0)
+    assert quant["stored"] == {
+        "packed_weight_bytes": LINEAR_PARAMS,
+        "scale_bytes": 512,
+        "zero_point_bytes": 0,
+        "g_idx_bytes": 0,
+    }
+    assert quant["unquantized_bytes"] == UNQUANTIZED
+    assert (quant["quantized_modules"], quant["skipped_modules"]) == (128, 0)
+    assert body["options"]["quantization"] == "fp8"
+    assert "fp8 (runtime quantization)" in " ".join(body["assumptions"])
+    # The KV pool grows by exactly the weights saved (same peak and non-torch memory).
+    saved = plain["weights_bytes"] - body["weights_bytes"]
+    assert body["kv_pool_bytes"] - plain["kv_pool_bytes"] == saved
+    assert body["stages"][0]["kv_bytes_per_token"] == 131_072  # the KV cache stays bf16
+    assert "quantization" not in plain
+
+
+def test_a_gptq_checkpoint_runs_as_gptq_marlin(client: ApiClient) -> None:
+    body = _post(client, dtype="float16", quantization_config=GPTQ_W4A16)
+    quant = body["quantization"]
+    assert quant["method"] == body["options"]["quantization"] == "gptq_marlin"
+    assert quant["checkpoint"] is True
+    # int4 packed (half a byte a weight); fp16 scales per 128 inputs of qkv (6144 outputs), o
+    # (4096), gate_up (28672) and down (14336 inputs: 112 groups x 4096); no zeros (symmetric);
+    # desc_act: sorted g_idx + sort indices, 2 x int32 per input.
+    scales = 32 * (32 * 6144 + 32 * 4096 + 32 * 28672 + 112 * 4096) * 2
+    g_idx = 32 * (3 * 4096 + 14336) * 2 * 4
+    assert quant["stored"] == {
+        "packed_weight_bytes": LINEAR_PARAMS // 2,
+        "scale_bytes": scales,
+        "zero_point_bytes": 0,
+        "g_idx_bytes": g_idx,
+    }
+    assert body["weights_bytes"] == UNQUANTIZED + LINEAR_PARAMS // 2 + scales + g_idx
+    assert "gptq_marlin" in quant["sources"]
+    # Asked for the exllama kernel explicitly, it keeps the packed zeros and one g_idx.
+    exllama = _post(client, quantization="gptq", quantization_config=GPTQ_W4A16)
+    assert exllama["quantization"]["method"] == "gptq"
+    assert exllama["quantization"]["stored"]["zero_point_bytes"] == scales // 4
+
+
 @pytest.mark.parametrize(
     ("body", "pointer"),
     [
@@ -150,6 +214,15 @@ def test_a_pool_too_small_for_one_sequence_does_not_start(client: ApiClient) -> 
         ({"max_model_len": 8193}, "/max_model_len"),
         ({"pipeline_parallel_size": 33}, "/pipeline_parallel_size"),
         ({"model": "gpt-2"}, "/model"),
+        # A --quantization the checkpoint's quantization_config contradicts (vLLM refuses it).
+        ({"quantization": "awq", "quantization_config": GPTQ_W4A16}, "/quantization"),
+        ({"quantization": "fp8", "quantization_config": GPTQ_W4A16}, "/quantization"),
+        (
+            {"quantization": "gptq_marlin", "quantization_config": {**GPTQ_W4A16, "bits": 3}},
+            "/quantization_config/bits",
+        ),
+        ({"quantization": "gptq"}, "/quantization_config"),
+        ({"quantization": "int4"}, "/quantization"),
     ],
 )
 def test_bad_input_is_a_422_naming_the_field(
