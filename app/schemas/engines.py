@@ -27,10 +27,21 @@ class VllmMemoryRequest(Schema):
     """A stored decoder served by vLLM on a catalog GPU, with vLLM's option names and defaults
     (an omitted option takes vLLM's default; the answer lists which)."""
 
-    model: Slug = Field(
+    model: Slug | None = Field(
+        default=None,
         description="Stored decoder model slug (zoo or imported; a Llama-style graph: "
-        "embedding, repeated attention + gated MLP or MoE blocks, LM head).",
+        "embedding, repeated attention + gated MLP or MoE blocks, LM head). Required unless "
+        "`hf_config` gives the model instead (one of the two, 422 otherwise).",
         examples=["llama-3-8b"],
+    )
+    hf_config: dict[str, Any] | None = Field(
+        default=None,
+        description="The model as a Hugging Face config.json instead of `model`: imported as "
+        "POST /v1/models/import/hf-config does (nothing stored) at its full "
+        "max_position_embeddings context; its `quantization_config` is the request's when the "
+        "request gives none, and its torch_dtype is what `dtype: auto` means (float32 or none: "
+        "bfloat16, as vLLM's auto).",
+        examples=[None],
     )
     hardware: Slug = Field(
         description="Catalog GPU slug; every GPU of the TP x PP group is one of these.",

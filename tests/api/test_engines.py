@@ -320,3 +320,65 @@ def test_a_cpu_is_a_422_naming_hardware(client: ApiClient, db_url: str) -> None:
         problem.get("pointer")
     ]
     assert table_counts(db_url) == before
+
+
+def _llama_3_8b_config(**extra: Any) -> dict[str, Any]:
+    config: dict[str, Any] = json.loads((HF_CONFIGS / "llama-3-8b.json").read_text())
+    return {**config, **extra}
+
+
+def test_an_hf_config_with_its_quantization_config_is_the_model(
+    client: ApiClient, db_url: str
+) -> None:
+    before = table_counts(db_url)
+    config = _llama_3_8b_config(torch_dtype="float16", quantization_config=GPTQ_W4A16)
+    response = client.post(URL, json={"hf_config": config, "hardware": H100})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    stored = _post(client, dtype="float16", quantization_config=GPTQ_W4A16)
+    # The same geometry as the stored llama-3-8b, its own quantization_config and dtype.
+    assert body["model"] == "hf_config (meta-llama/Meta-Llama-3-8B)"
+    assert body["quantization"]["method"] == "gptq_marlin"
+    assert body["weights_bytes"] == stored["weights_bytes"]
+    assert body["quantization"]["stored"] == stored["quantization"]["stored"]
+    assert body["options"]["dtype"] == "float16"
+    assert body["options"]["max_model_len"] == 8192  # max_position_embeddings
+    assert body["kv_tokens"] == stored["kv_tokens"]
+    assert table_counts(db_url) == before  # imported for the answer only
+
+
+@pytest.mark.parametrize(
+    ("body", "pointer"),
+    [
+        ({"model": "llama-3-8b", "hf_config": {"model_type": "llama"}}, "/hf_config"),
+        ({}, "/model"),
+        ({"hf_config": {"model_type": "no-such-type"}}, "/hf_config/model_type"),
+        (
+            {"hf_config": json.loads((HF_CONFIGS / "bert-base-uncased.json").read_text())},
+            "/hf_config",
+        ),
+        (
+            {
+                "hf_config": {"quantization_config": GPTQ_W4A16},
+                "quantization_config": {**GPTQ_W4A16, "group_size": 64},
+            },
+            "/quantization_config",
+        ),
+        (
+            {"hf_config": {"quantization_config": GPTQ_W4A16}, "quantization": "awq"},
+            "/quantization",
+        ),
+    ],
+    ids=["both", "neither", "model-type", "encoder", "two-configs", "contradicted"],
+)
+def test_a_bad_hf_config_request_is_a_422_naming_the_field(
+    client: ApiClient, db_url: str, body: dict[str, Any], pointer: str
+) -> None:
+    if "hf_config" in body and "model_type" not in body["hf_config"]:
+        body = {**body, "hf_config": _llama_3_8b_config(**body["hf_config"])}
+    before = table_counts(db_url)
+    response = client.post(URL, json={"hardware": H100, **body})
+    problem = assert_problem(response, 422)
+    pointers = [e.get("pointer") for e in problem.get("errors", [])] + [problem.get("pointer")]
+    assert pointer in pointers, problem
+    assert table_counts(db_url) == before
