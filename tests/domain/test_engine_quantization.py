@@ -267,6 +267,29 @@ def test_mxfp4_quantizes_the_experts_only() -> None:
             "quantization_config/desc_act",
         ),
         (None, {"quant_method": "bitsandbytes"}, "quantization_config/quant_method"),
+        (
+            None,
+            {
+                "quant_method": "compressed-tensors",
+                "config_groups": {
+                    "g": {
+                        "targets": ["Linear"],
+                        "weights": {
+                            "num_bits": 8,
+                            "type": "float",
+                            "strategy": "block",
+                            "block_structure": [0, 128],
+                        },
+                    }
+                },
+            },
+            "quantization_config/config_groups/g/weights/block_structure",
+        ),
+        (
+            None,
+            {"quant_method": "compressed-tensors", "config_groups": {"g": {"targets": 5}}},
+            "quantization_config/config_groups/g/targets",
+        ),
         (None, {"bits": 4}, "quantization_config/quant_method"),
         (
             None,

@@ -441,8 +441,8 @@ def _compressed_tensors(config: Mapping[str, Any]) -> QuantScheme:
     pointer = f"quantization_config/config_groups/{name}"
     if not isinstance(group, Mapping):
         raise EngineInputError("a config group must be an object", field=pointer)
-    targets = group.get("targets") or []
-    if "Linear" not in targets:
+    targets = group.get("targets")
+    if not isinstance(targets, list) or "Linear" not in targets:
         raise EngineInputError(
             "only config groups targeting Linear are expressed", field=f"{pointer}/targets"
         )
@@ -462,10 +462,12 @@ def _compressed_tensors(config: Mapping[str, Any]) -> QuantScheme:
     if kind == "float" and bits == 8:
         block = weights.get("block_structure")
         if strategy == "block" and not (
-            isinstance(block, list) and len(block) == 2 and all(isinstance(b, int) for b in block)
+            isinstance(block, list)
+            and len(block) == 2
+            and all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in block)
         ):
             raise EngineInputError(
-                "a block strategy needs block_structure [n, k]",
+                "a block strategy needs block_structure [n, k] of positive integers",
                 field=f"{wpointer}/block_structure",
             )
         if strategy == "group":
