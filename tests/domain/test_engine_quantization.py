@@ -133,6 +133,18 @@ def test_gptq_w4a16_runs_as_gptq_marlin_by_hand() -> None:
     assert stage.weights_bytes == LLAMA_UNQUANTIZED + 3_489_660_928 + 109_051_904 + 6_815_744
 
 
+def test_gptq_marlin_moe_experts_keep_their_zero_points() -> None:
+    scheme = resolve_scheme(None, GPTQ_W4A16)
+    assert scheme is not None
+    # Mixtral-8x7B w2 at TP 2: 8 experts x K 7168 of 14336 (act order: full-K scales and zeros).
+    w2 = Linear("experts.w2", 7168, 4096, 14336, True, count=8, expert=True)
+    stored = linear_stored_bytes(scheme, w2, 2)
+    assert stored.packed_bytes == 8 * 7168 * 4096 // 2
+    assert stored.scale_bytes == 8 * 112 * 4096 * 2
+    assert stored.zero_point_bytes == 8 * 112 * 4096 // 2
+    assert stored.g_idx_bytes == 8 * 2 * 7168 * 4
+
+
 def test_gptq_exllama_keeps_zeros_and_one_g_idx() -> None:
     scheme = resolve_scheme("gptq", GPTQ_W4A16)
     assert scheme is not None

@@ -33,9 +33,9 @@ Schemes and what stays on the GPU after ``process_weights_after_loading``, per l
   marlin.py`` ``MarlinLinearKernel.process_weights_after_loading``): ``qweight`` repacked (same
   bytes), scales permuted (same bytes; the full K's on row-parallel layers when ``desc_act``,
   ``marlin_repeat_scales_on_all_ranks``), ``qzeros`` replaced by an empty tensor (symmetric
-  only: ``GPTQMarlinConfig.TYPE_MAP``), ``g_idx`` sorted plus ``g_idx_sort_indices`` (2 x K
-  int32) when ``desc_act``, else empty. A per-layer workspace of one int32 per SM (528 B on an
-  H100's 132 SMs) is left out.
+  only: ``GPTQMarlinConfig.TYPE_MAP``; MoE experts, ``GPTQMarlinMoEMethod``, keep theirs),
+  ``g_idx`` sorted plus ``g_idx_sort_indices`` (2 x K int32) when ``desc_act``, else empty. A
+  per-layer workspace of one int32 per SM (528 B on an H100's 132 SMs) is left out.
 - ``awq`` / ``awq_marlin`` (``awq.py``, ``awq_marlin.py``): packed 4-bit ``qweight``, ``scales``
   and packed ``qzeros`` (``zero_point``) per group; no ``g_idx``.
 - ``compressed-tensors`` (``compressed_tensors/schemes/``): W8A8 int8
@@ -740,9 +740,10 @@ def linear_stored_bytes(
         group = scheme.group_size
         values = c * packed_weight_bytes(k, n, scheme.weight_bits)
         scales = c * group_scale_bytes(scale_k, n, group, dtype_bytes)
-        zeros = (
-            c * group_zero_bytes(scale_k, n, group, scheme.weight_bits) if scheme.zero_points else 0
-        )
+        # GPTQMarlinMoEMethod keeps the experts' packed qzeros (gptq_marlin.py: never replaced);
+        # the dense Marlin kernel drops them for symmetric checkpoints.
+        keeps_zeros = scheme.zero_points or (scheme.method == "gptq_marlin" and linear.expert)
+        zeros = c * group_zero_bytes(scale_k, n, group, scheme.weight_bits) if keeps_zeros else 0
         g_idx = 0
         if scheme.desc_act:
             # marlin: sorted g_idx + g_idx_sort_indices; exllama (gptq): the argsorted g_idx
