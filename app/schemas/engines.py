@@ -249,6 +249,13 @@ class EngineQuantization(Schema):
     )
     stage: int = Field(description="The pipeline stage described.", examples=[0])
     stored: StoredQuantizedWeights = Field(description="Its quantized linears' tensors [B].")
+    kernels: list[str] = Field(
+        description="GEMM kernels vLLM picks for the quantized linears: machete (Hopper, "
+        "compute capability 9.0), marlin, marlin_moe, exllama, gemm, or the fp8/int8/mxfp4 "
+        "path; they decide which tensors stay (Machete keeps a GPTQ checkpoint's qzeros and "
+        "g_idx, Marlin drops them).",
+        examples=[["machete"]],
+    )
     unquantized_bytes: int = Field(
         description="Weights kept in `dtype` on that GPU: embedding, head, norms, biases, "
         "router and skipped modules [B].",

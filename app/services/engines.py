@@ -27,6 +27,7 @@ from app.domain.engines.vllm import (
     engine_memory,
     resolve_options,
 )
+from app.domain.precision import ComputeCapability
 from app.domain.units import GIB
 from app.importers.hf_config import import_hf_config
 from app.importers.result import ImportRejected
@@ -39,7 +40,7 @@ from app.schemas.engines import (
     VllmMemoryRequest,
     VllmMemoryResponse,
 )
-from app.services.convert import serving_model
+from app.services.convert import compute_capability, serving_model
 from app.services.errors import InvalidInput, NotFound
 
 # Options whose omission takes the engine's (or the model's) default.
@@ -113,7 +114,9 @@ def prepare_vllm_memory(
             pointer="/hardware",
         )
     visible, source = visible_memory(gpu.slug, gpu.memory_bytes, payload.cuda_visible_bytes)
-    return lambda: _answer(payload, model, visible, source, label, quantization_config)
+    # vLLM's Machete kernels run on compute capability 9.0 only (app.domain.engines.quantization)
+    hopper = compute_capability(gpu) == ComputeCapability(9, 0)
+    return lambda: _answer(payload, model, visible, source, label, quantization_config, hopper)
 
 
 # vLLM 0.19 `--dtype auto` on a CUDA GPU (vllm/config/model.py _resolve_auto_dtype): the config's
@@ -157,6 +160,7 @@ def _answer(
     source: str,
     label: str,
     quantization_config: dict[str, Any] | None,
+    hopper: bool,
 ) -> VllmMemoryResponse:
     options = VllmOptions(
         max_model_len=payload.max_model_len,
@@ -194,6 +198,7 @@ def _answer(
                 resolved.pipeline_parallel_size,
                 resolved.dtype_bytes,
                 weights,
+                hopper=hopper,
             )
             weights = quantized.stage_weights_bytes
         memory = engine_memory(model, options, visible, weights)
@@ -308,6 +313,7 @@ def _quantization(quantized: QuantizedWeights | None) -> EngineQuantization | No
             zero_point_bytes=stage.stored.zero_point_bytes,
             g_idx_bytes=stage.stored.g_idx_bytes,
         ),
+        kernels=list(quantized.kernels),
         unquantized_bytes=stage.unquantized_bytes,
         quantized_modules=stage.quantized_modules,
         skipped_modules=stage.skipped_modules,

@@ -186,19 +186,37 @@ def test_a_gptq_checkpoint_runs_as_gptq_marlin(client: ApiClient) -> None:
     quant = body["quantization"]
     assert quant["method"] == body["options"]["quantization"] == "gptq_marlin"
     assert quant["checkpoint"] is True
+    assert quant["kernels"] == ["machete"]  # an H100 is compute capability 9.0
     # int4 packed (half a byte a weight); fp16 scales per 128 inputs of qkv (6144 outputs), o
-    # (4096), gate_up (28672) and down (14336 inputs: 112 groups x 4096); no zeros (symmetric);
-    # desc_act: sorted g_idx + sort indices, 2 x int32 per input.
+    # (4096), gate_up (28672) and down (14336 inputs: 112 groups x 4096); Machete keeps the
+    # checkpoint's int4 qzeros (a quarter of the scales' bytes) and g_idx, plus the act-order
+    # permutation: 2 x int32 per input.
     scales = 32 * (32 * 6144 + 32 * 4096 + 32 * 28672 + 112 * 4096) * 2
     g_idx = 32 * (3 * 4096 + 14336) * 2 * 4
     assert quant["stored"] == {
         "packed_weight_bytes": LINEAR_PARAMS // 2,
         "scale_bytes": scales,
-        "zero_point_bytes": 0,
+        "zero_point_bytes": scales // 4,
         "g_idx_bytes": g_idx,
     }
-    assert body["weights_bytes"] == UNQUANTIZED + LINEAR_PARAMS // 2 + scales + g_idx
+    assert body["weights_bytes"] == (
+        UNQUANTIZED + LINEAR_PARAMS // 2 + scales + scales // 4 + g_idx
+    )
     assert "gptq_marlin" in quant["sources"]
+    # An A100 (8.0) runs Marlin, which drops the symmetric checkpoint's zeros.
+    a100 = client.post(
+        URL,
+        json={
+            "model": "llama-3-8b",
+            "hardware": "nvidia-a100-80gb-sxm",
+            "dtype": "float16",
+            "quantization_config": GPTQ_W4A16,
+        },
+    )
+    assert a100.status_code == 200, a100.text
+    marlin = a100.json()["quantization"]
+    assert marlin["kernels"] == ["marlin"]
+    assert marlin["stored"] == {**quant["stored"], "zero_point_bytes": 0}
     # Asked for the exllama kernel explicitly, it keeps the packed zeros and one g_idx.
     exllama = _post(client, quantization="gptq", quantization_config=GPTQ_W4A16)
     assert exllama["quantization"]["method"] == "gptq"

@@ -14,6 +14,7 @@ from app.domain.engines.quantization import (
     QuantScheme,
     decoder_linears,
     linear_stored_bytes,
+    mixed_precision_kernel,
     quantized_stage_weights,
     resolve_scheme,
 )
@@ -131,6 +132,50 @@ def test_gptq_w4a16_runs_as_gptq_marlin_by_hand() -> None:
     # desc_act: sorted g_idx + g_idx_sort_indices, int32 per input of each module.
     assert stage.stored.g_idx_bytes == 32 * (3 * 4096 + 14336) * 2 * 4 == 6_815_744
     assert stage.weights_bytes == LLAMA_UNQUANTIZED + 3_489_660_928 + 109_051_904 + 6_815_744
+
+
+def test_on_hopper_machete_keeps_the_gptq_zeros_and_g_idx() -> None:
+    scheme = resolve_scheme(None, GPTQ_W4A16)
+    assert scheme is not None
+    dense = decoder_stage_weights_bytes(LLAMA31_8B, 1, 1, 2)
+    q = quantized_stage_weights(LLAMA31_8B, scheme, 1, 1, 2, dense, hopper=True)
+    (stage,) = q.stages
+    assert q.kernels == ("machete",)
+    # Machete never replaces the loaded int4 qzeros: half a byte per group and output column.
+    assert (
+        stage.stored.zero_point_bytes == 32 * (32 * 6144 + 32 * 4096 + 32 * 28672 + 112 * 4096) // 2
+    )
+    # g_idx as loaded + the act-order permutation: 2 x int32 per input, as Marlin's pair.
+    assert stage.stored.g_idx_bytes == 32 * (3 * 4096 + 14336) * 2 * 4
+    assert stage.weights_bytes == 5_707_407_360 + 27_262_976
+    # desc_act=False: the loaded g_idx stays (one int32 per input), no permutation.
+    plain = replace(scheme, desc_act=False)
+    qkv = Linear("qkv_proj", 4096, 6144, 4096, False, shards=3)
+    assert linear_stored_bytes(plain, qkv, 2, hopper=True).g_idx_bytes == 4096 * 4
+    assert linear_stored_bytes(plain, qkv, 2).g_idx_bytes == 0  # Marlin empties it
+
+
+def test_machete_takes_what_it_can_implement() -> None:
+    scheme = resolve_scheme(None, GPTQ_W4A16)
+    assert scheme is not None
+    o_tp2 = Linear("o_proj", 2048, 4096, 4096, True)
+    qkv = Linear("qkv_proj", 4096, 6144, 4096, False, shards=3)
+    assert mixed_precision_kernel(scheme, qkv, hopper=True) == "machete"
+    assert mixed_precision_kernel(scheme, qkv, hopper=False) == "marlin"
+    # Act order on an input-partitioned (row-parallel) shard: not Machete.
+    assert mixed_precision_kernel(scheme, o_tp2, hopper=True) == "marlin"
+    assert mixed_precision_kernel(replace(scheme, desc_act=False), o_tp2, hopper=True) == "machete"
+    # Group size 32 is Marlin's, not Machete's; N 6112 is no multiple of 128.
+    assert mixed_precision_kernel(replace(scheme, group_size=32), qkv, hopper=True) == "marlin"
+    odd = Linear("qkv_proj", 4096, 6112, 4096, False, shards=3)
+    assert mixed_precision_kernel(scheme, odd, hopper=True) == "marlin"
+    # AWQ zero points on Machete are pre-scaled into the params dtype (2 B, not half a byte).
+    awq = resolve_scheme(
+        None, {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True}
+    )
+    assert awq is not None
+    stored = linear_stored_bytes(awq, qkv, 2, hopper=True)
+    assert (stored.zero_point_bytes, stored.g_idx_bytes) == (32 * 6144 * 2, 0)
 
 
 def test_gptq_marlin_moe_experts_keep_their_zero_points() -> None:

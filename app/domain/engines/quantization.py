@@ -36,6 +36,13 @@ Schemes and what stays on the GPU after ``process_weights_after_loading``, per l
   only: ``GPTQMarlinConfig.TYPE_MAP``; MoE experts, ``GPTQMarlinMoEMethod``, keep theirs),
   ``g_idx`` sorted plus ``g_idx_sort_indices`` (2 x K int32) when ``desc_act``, else empty. A
   per-layer workspace of one int32 per SM (528 B on an H100's 132 SMs) is left out.
+- the same three methods on a Hopper GPU (compute capability 9.0): vLLM's
+  ``choose_mp_linear_kernel`` (``vllm/model_executor/kernels/linear/__init__.py``) tries
+  ``MacheteLinearKernel`` before ``MarlinLinearKernel``
+  (``kernels/linear/mixed_precision/machete.py``). Machete repacks ``qweight`` (same bytes) and
+  keeps the scales, but never replaces a GPTQ checkpoint's ``qzeros`` and ``g_idx`` parameters
+  (both stay as loaded) and holds the act-order permutation (K int32); zero points it uses are
+  pre-multiplied by the scales and held in the params dtype.
 - ``awq`` / ``awq_marlin`` (``awq.py``, ``awq_marlin.py``): packed 4-bit ``qweight``, ``scales``
   and packed ``qzeros`` (``zero_point``) per group; no ``g_idx``.
 - ``compressed-tensors`` (``compressed_tensors/schemes/``): W8A8 int8
@@ -99,6 +106,13 @@ MXFP4_BLOCK = 32
 # fused_moe/oracle/mxfp4.py: the Triton backend (SM90-SM10x) rounds the expert intermediate size
 # up to 64 (Marlin and FlashInfer-CUTLASS to 128, TRT-LLM to 256)
 MXFP4_INTERMEDIATE_MULTIPLE = 64
+# utils/machete_utils.py: Machete (Hopper, SM 9.0 only) takes uint4b8/uint8b128 (symmetric) or
+# uint4/uint8 with zero points, group sizes -1/64/128 for 16-bit activations, K a multiple of 64
+# and N of 128 (MACHETE_PREPACKED_BLOCK_SHAPE), no act order on an input-partitioned layer
+MACHETE_BITS: tuple[int, ...] = (4, 8)
+MACHETE_GROUP_SIZES: tuple[int, ...] = (-1, 64, 128)
+MACHETE_BLOCK_K = 64
+MACHETE_BLOCK_N = 128
 FP32_BYTES = 4
 INT32_BYTES = 4
 
@@ -153,7 +167,7 @@ class QuantScheme:
             group = "per channel" if self.group_size == -1 else f"group_size {self.group_size}"
             detail = (
                 f"int{self.weight_bits} packed in int32, params-dtype scales {group}"
-                f"{', packed zero points' if self.zero_points else ', symmetric (no zeros)'}"
+                f"{', packed zero points' if self.zero_points else ', symmetric'}"
                 f"{', act-order g_idx' if self.desc_act else ''}"
             )
         elif self.layout == "mxfp4":
@@ -228,8 +242,12 @@ class QuantizedStage:
 
 @dataclass(frozen=True)
 class QuantizedWeights:
+    """Each stage's weights under ``scheme``; ``kernels``: the GEMM kernels vLLM picks for the
+    quantized linears (:func:`mixed_precision_kernel`)."""
+
     scheme: QuantScheme
     stages: tuple[QuantizedStage, ...]
+    kernels: tuple[str, ...] = ()
 
     @property
     def stage_weights_bytes(self) -> tuple[int, ...]:
@@ -714,12 +732,46 @@ def skipped(scheme: QuantScheme, linear: Linear, layer: int) -> bool:
     return False
 
 
+def mixed_precision_kernel(scheme: QuantScheme, linear: Linear, *, hopper: bool) -> str:
+    """The kernel vLLM 0.19 picks for a packed-integer linear: ``machete`` on a Hopper GPU when
+    Machete can implement the layer (:data:`MACHETE_BITS`, :data:`MACHETE_GROUP_SIZES`, K a
+    multiple of 64, N of 128, no act order on a row-parallel shard), else ``marlin``; MoE experts
+    run the fused Marlin MoE kernel. ``exllama`` for ``gptq``, ``gemm`` for ``awq``."""
+    if scheme.layout != "packed":
+        return scheme.layout
+    if not scheme.marlin:
+        return "exllama" if scheme.method == "gptq" else "gemm"
+    if linear.expert:
+        return "marlin_moe"
+    k, n = linear.in_features, linear.out_features
+    if (
+        hopper
+        and scheme.weight_bits in MACHETE_BITS
+        and scheme.group_size in MACHETE_GROUP_SIZES
+        and not (scheme.desc_act and k != linear.in_full)
+        and k % MACHETE_BLOCK_K == 0
+        and n % MACHETE_BLOCK_N == 0
+    ):
+        return "machete"
+    return "marlin"
+
+
 def linear_stored_bytes(
-    scheme: QuantScheme, linear: Linear, dtype_bytes: int, *, intermediate_multiple: int = 1
+    scheme: QuantScheme,
+    linear: Linear,
+    dtype_bytes: int,
+    *,
+    intermediate_multiple: int = 1,
+    hopper: bool = False,
 ) -> StoredBytes:
     """What one rank holds for ``linear`` quantized by ``scheme`` [B] (see the module docstring
-    for each scheme's tensors). ``dtype_bytes``: the params dtype of group scales."""
+    for each scheme's tensors). ``dtype_bytes``: the params dtype of group scales; ``hopper``:
+    the GPU is compute capability 9.0 (Machete kernels, :func:`mixed_precision_kernel`)."""
     k, n, c = linear.in_features, linear.out_features, linear.count
+    if scheme.layout == "packed" and mixed_precision_kernel(scheme, linear, hopper=hopper) == (
+        "machete"
+    ):
+        return _machete_stored_bytes(scheme, linear, dtype_bytes)
     if scheme.layout in ("fp8", "int8"):
         values = c * k * n
         if scheme.scales == "block":
@@ -759,6 +811,25 @@ def linear_stored_bytes(
     return StoredBytes(packed_bytes=values, scale_bytes=scales)
 
 
+def _machete_stored_bytes(scheme: QuantScheme, linear: Linear, dtype_bytes: int) -> StoredBytes:
+    k, n, group = linear.in_features, linear.out_features, scheme.group_size
+    gptq = scheme.method == "gptq_marlin"
+    # gptq_marlin.py create_weights: scales and qzeros of the full K when desc_act
+    # (marlin_repeat_scales_on_all_ranks); Machete keeps both as created.
+    scale_k = linear.in_full if gptq and scheme.desc_act else k
+    values = packed_weight_bytes(k, n, scheme.weight_bits)
+    scales = group_scale_bytes(scale_k, n, group, dtype_bytes)
+    if gptq:
+        zeros = group_zero_bytes(scale_k, n, group, scheme.weight_bits)  # loaded, unused
+        g_idx = k * INT32_BYTES * (2 if scheme.desc_act else 1)  # g_idx param (+ permutation)
+    else:
+        # awq_marlin / compressed-tensors: zero points pre-scaled into the params dtype
+        zeros = group_scale_bytes(k, n, group, dtype_bytes) if scheme.zero_points else 0
+        g_idx = 2 * k * INT32_BYTES if scheme.desc_act else 0  # weight_g_idx + permutation
+    c = linear.count
+    return StoredBytes(c * values, c * scales, c * zeros, c * g_idx)
+
+
 def quantized_stage_weights(
     model: ServingModel,
     scheme: QuantScheme,
@@ -766,6 +837,8 @@ def quantized_stage_weights(
     pp: int,
     dtype_bytes: int,
     dense_stage_weights_bytes: Sequence[int],
+    *,
+    hopper: bool = False,
 ) -> QuantizedWeights:
     """Weights each pipeline stage's GPUs hold under ``scheme`` [B]: the unquantized figure
     (:func:`app.domain.engines.vllm.decoder_stage_weights_bytes` at ``dtype_bytes``) with each
@@ -791,6 +864,7 @@ def quantized_stage_weights(
     multiple = MXFP4_INTERMEDIATE_MULTIPLE if scheme.layout == "mxfp4" else 1
     per_layer_dense = sum(lin.count * lin.in_features * lin.out_features for lin in linears)
     stages = []
+    kernels: set[str] = set()
     first = 0
     for n_layers, dense in zip(
         pipeline_stage_layers(model.layers, pp), dense_stage_weights_bytes, strict=True
@@ -804,8 +878,9 @@ def quantized_stage_weights(
                     continue
                 quantized += 1
                 stored += linear_stored_bytes(
-                    scheme, lin, dtype_bytes, intermediate_multiple=multiple
+                    scheme, lin, dtype_bytes, intermediate_multiple=multiple, hopper=hopper
                 )
+                kernels.add(mixed_precision_kernel(scheme, lin, hopper=hopper))
         first += n_layers
         unquantized = dense - n_layers * per_layer_dense * dtype_bytes
         unquantized += sum(
@@ -823,7 +898,7 @@ def quantized_stage_weights(
                 skipped_modules=skips,
             )
         )
-    return QuantizedWeights(scheme, tuple(stages))
+    return QuantizedWeights(scheme, tuple(stages), tuple(sorted(kernels)))
 
 
 def _check_marlin_shape(lin: Linear, group_size: int) -> None:
@@ -864,6 +939,7 @@ __all__ = [
     "StoredBytes",
     "decoder_linears",
     "linear_stored_bytes",
+    "mixed_precision_kernel",
     "quantized_stage_weights",
     "resolve_scheme",
     "skipped",
