@@ -251,9 +251,9 @@ class EngineQuantization(Schema):
     stored: StoredQuantizedWeights = Field(description="Its quantized linears' tensors [B].")
     kernels: list[str] = Field(
         description="GEMM kernels vLLM picks for the quantized linears: machete (Hopper, "
-        "compute capability 9.0), marlin, marlin_moe, exllama, gemm, or the fp8/int8/mxfp4 "
-        "path; they decide which tensors stay (Machete keeps a GPTQ checkpoint's qzeros and "
-        "g_idx, Marlin drops them).",
+        "compute capability 9.0), marlin, marlin_moe, exllama, gemm, fp8_marlin (fp8 weights "
+        "on a GPU below 8.9), or the fp8/int8/mxfp4 path; they decide which tensors stay "
+        "(Machete keeps a GPTQ checkpoint's qzeros and g_idx, Marlin drops them).",
         examples=[["machete"]],
     )
     unquantized_bytes: int = Field(

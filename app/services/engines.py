@@ -114,9 +114,14 @@ def prepare_vllm_memory(
             pointer="/hardware",
         )
     visible, source = visible_memory(gpu.slug, gpu.memory_bytes, payload.cuda_visible_bytes)
-    # vLLM's Machete kernels run on compute capability 9.0 only (app.domain.engines.quantization)
-    hopper = compute_capability(gpu) == ComputeCapability(9, 0)
-    return lambda: _answer(payload, model, visible, source, label, quantization_config, hopper)
+    # vLLM's kernels by compute capability (app.domain.engines.quantization): Machete on 9.0
+    # only, FP8 Marlin (weight-only fp8) below 8.9
+    capability = compute_capability(gpu)
+    kernels = {
+        "hopper": capability == ComputeCapability(9, 0),
+        "fp8_marlin": capability is not None and capability < ComputeCapability(8, 9),
+    }
+    return lambda: _answer(payload, model, visible, source, label, quantization_config, kernels)
 
 
 # vLLM 0.19 `--dtype auto` on a CUDA GPU (vllm/config/model.py _resolve_auto_dtype): the config's
@@ -160,7 +165,7 @@ def _answer(
     source: str,
     label: str,
     quantization_config: dict[str, Any] | None,
-    hopper: bool,
+    kernels: dict[str, bool],
 ) -> VllmMemoryResponse:
     options = VllmOptions(
         max_model_len=payload.max_model_len,
@@ -198,7 +203,8 @@ def _answer(
                 resolved.pipeline_parallel_size,
                 resolved.dtype_bytes,
                 weights,
-                hopper=hopper,
+                hopper=kernels["hopper"],
+                fp8_marlin=kernels["fp8_marlin"],
             )
             weights = quantized.stage_weights_bytes
         memory = engine_memory(model, options, visible, weights)

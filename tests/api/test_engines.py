@@ -179,6 +179,15 @@ def test_runtime_fp8_stores_one_byte_linears_and_frees_kv_memory(client: ApiClie
     assert body["kv_pool_bytes"] - plain["kv_pool_bytes"] == saved
     assert body["stages"][0]["kv_bytes_per_token"] == 131_072  # the KV cache stays bf16
     assert "quantization" not in plain
+    assert quant["kernels"] == ["fp8"]
+    # An A100 (8.0) has no fp8 math: FP8 Marlin, weight-only, one bf16 scale per output column.
+    a100 = client.post(
+        URL, json={"model": "llama-3-8b", "hardware": "nvidia-a100-80gb-sxm", "quantization": "fp8"}
+    )
+    assert a100.status_code == 200, a100.text
+    marlin = a100.json()["quantization"]
+    assert marlin["kernels"] == ["fp8_marlin"]
+    assert marlin["stored"]["scale_bytes"] == 32 * (6144 + 4096 + 28672 + 4096) * 2
 
 
 def test_a_gptq_checkpoint_runs_as_gptq_marlin(client: ApiClient) -> None:

@@ -116,6 +116,19 @@ def test_runtime_fp8_llama31_8b() -> None:
     assert (stage.quantized_modules, stage.skipped_modules) == (128, 0)
 
 
+def test_fp8_without_fp8_math_runs_weight_only_on_marlin() -> None:
+    scheme = resolve_scheme("fp8", None)
+    assert scheme is not None
+    dense = decoder_stage_weights_bytes(LLAMA31_8B, 1, 1, 2)
+    q = quantized_stage_weights(LLAMA31_8B, scheme, 1, 1, 2, dense, fp8_marlin=True)
+    (stage,) = q.stages
+    assert q.kernels == ("fp8_marlin",)
+    assert stage.stored.packed_bytes == 32 * LLAMA_LINEAR_PARAMS
+    # The per-tensor scale repeated to each output column in bf16: qkv 6144, o 4096,
+    # gate_up 28672, down 4096 columns x 2 B, 32 layers.
+    assert stage.stored.scale_bytes == 32 * (6144 + 4096 + 28672 + 4096) * 2 == 2_752_512
+
+
 def test_gptq_w4a16_runs_as_gptq_marlin_by_hand() -> None:
     scheme = resolve_scheme(None, GPTQ_W4A16)
     assert scheme is not None

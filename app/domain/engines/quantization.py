@@ -26,6 +26,11 @@ Schemes and what stays on the GPU after ``process_weights_after_loading``, per l
   fused shards requantized to one (``process_fp8_weight_tensor_strategy``:
   ``requantize_with_max_scale``), or one fp32 scale per ``weight_block_size`` block; a static
   input scale (``activation_scheme: static``) is one fp32 after ``.max()``.
+- ``fp8`` on a GPU without fp8 math (compute capability below 8.9, e.g. an A100): vLLM's
+  first FP8 kernel, ``MarlinFP8ScaledMMLinearKernel``
+  (``vllm/model_executor/kernels/linear/scaled_mm/marlin.py``), runs weight-only: the fp8
+  weight repacked (same bytes), its scales cast to the params dtype and repeated to one per
+  output column (``utils/marlin_utils_fp8.py`` ``prepare_fp8_layer_for_marlin``).
 - ``gptq`` (``gptq.py``, exllama kernel): ``qweight`` packed ``bits`` per value, ``scales``
   (params dtype) and packed ``qzeros`` per group of ``group_size``, ``g_idx`` (K int32) kept when
   ``desc_act``; a row-parallel layer with ``desc_act`` keeps the full K's scales and zeros.
@@ -732,11 +737,15 @@ def skipped(scheme: QuantScheme, linear: Linear, layer: int) -> bool:
     return False
 
 
-def mixed_precision_kernel(scheme: QuantScheme, linear: Linear, *, hopper: bool) -> str:
+def mixed_precision_kernel(
+    scheme: QuantScheme, linear: Linear, *, hopper: bool, fp8_marlin: bool = False
+) -> str:
     """The kernel vLLM 0.19 picks for a packed-integer linear: ``machete`` on a Hopper GPU when
     Machete can implement the layer (:data:`MACHETE_BITS`, :data:`MACHETE_GROUP_SIZES`, K a
     multiple of 64, N of 128, no act order on a row-parallel shard), else ``marlin``; MoE experts
     run the fused Marlin MoE kernel. ``exllama`` for ``gptq``, ``gemm`` for ``awq``."""
+    if scheme.layout == "fp8" and fp8_marlin:
+        return "fp8_marlin"
     if scheme.layout != "packed":
         return scheme.layout
     if not scheme.marlin:
@@ -763,11 +772,20 @@ def linear_stored_bytes(
     *,
     intermediate_multiple: int = 1,
     hopper: bool = False,
+    fp8_marlin: bool = False,
 ) -> StoredBytes:
     """What one rank holds for ``linear`` quantized by ``scheme`` [B] (see the module docstring
     for each scheme's tensors). ``dtype_bytes``: the params dtype of group scales; ``hopper``:
-    the GPU is compute capability 9.0 (Machete kernels, :func:`mixed_precision_kernel`)."""
+    the GPU is compute capability 9.0 (Machete kernels, :func:`mixed_precision_kernel`);
+    ``fp8_marlin``: the GPU has no fp8 math (compute capability below 8.9), so fp8 weights run
+    weight-only on FP8 Marlin with their scales per output channel in the params dtype."""
     k, n, c = linear.in_features, linear.out_features, linear.count
+    if scheme.layout == "fp8" and fp8_marlin:
+        # utils/marlin_utils_fp8.py prepare_fp8_layer_for_marlin: scales cast to the params
+        # dtype and repeated to one per output column (per block row for block scales)
+        rows = -(-k // scheme.block[1]) if scheme.scales == "block" and scheme.block else 1
+        extra = c * FP32_BYTES if scheme.static_input_scale else 0
+        return StoredBytes(packed_bytes=c * k * n, scale_bytes=c * rows * n * dtype_bytes + extra)
     if scheme.layout == "packed" and mixed_precision_kernel(scheme, linear, hopper=hopper) == (
         "machete"
     ):
@@ -839,6 +857,7 @@ def quantized_stage_weights(
     dense_stage_weights_bytes: Sequence[int],
     *,
     hopper: bool = False,
+    fp8_marlin: bool = False,
 ) -> QuantizedWeights:
     """Weights each pipeline stage's GPUs hold under ``scheme`` [B]: the unquantized figure
     (:func:`app.domain.engines.vllm.decoder_stage_weights_bytes` at ``dtype_bytes``) with each
@@ -878,9 +897,16 @@ def quantized_stage_weights(
                     continue
                 quantized += 1
                 stored += linear_stored_bytes(
-                    scheme, lin, dtype_bytes, intermediate_multiple=multiple, hopper=hopper
+                    scheme,
+                    lin,
+                    dtype_bytes,
+                    intermediate_multiple=multiple,
+                    hopper=hopper,
+                    fp8_marlin=fp8_marlin,
                 )
-                kernels.add(mixed_precision_kernel(scheme, lin, hopper=hopper))
+                kernels.add(
+                    mixed_precision_kernel(scheme, lin, hopper=hopper, fp8_marlin=fp8_marlin)
+                )
         first += n_layers
         unquantized = dense - n_layers * per_layer_dense * dtype_bytes
         unquantized += sum(
