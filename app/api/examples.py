@@ -279,4 +279,23 @@ VLLM_MEMORY = {
             "gpu_memory_utilization": 0.95,
         },
     ),
+    "runtime-fp8": example(
+        "vLLM --quantization fp8: a 16-bit checkpoint quantized at load time",
+        {"model": "llama-3-8b", "hardware": "nvidia-h100-sxm", "quantization": "fp8"},
+    ),
+    "gptq-checkpoint": example(
+        "A GPTQ W4A16 checkpoint (its quantization_config): runs as gptq_marlin",
+        {
+            "model": "llama-3-8b",
+            "hardware": "nvidia-h100-sxm",
+            "dtype": "float16",
+            "quantization_config": {
+                "quant_method": "gptq",
+                "bits": 4,
+                "group_size": 128,
+                "desc_act": True,
+                "sym": True,
+            },
+        },
+    ),
 }

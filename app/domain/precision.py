@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from fractions import Fraction
 
+from app.domain.quantization import block_scale_bytes, channel_scale_bytes
+
 
 class DType(StrEnum):
     """A numeric storage type for weights, activations or peak throughput figures."""
@@ -239,19 +241,22 @@ def convention(precision: Precision) -> PrecisionConvention:
 
 
 def scale_bytes(precision: Precision, shape: tuple[int, ...]) -> Fraction:
-    """Bytes of the quantization scales stored beside one quantized weight of ``shape``."""
+    """Bytes of the quantization scales stored beside one quantized weight of ``shape``
+    (the byte rules of :mod:`app.domain.quantization`, which the serving engines' quantized
+    weights share)."""
     layout = CONVENTIONS[precision].scales
     if layout is ScaleLayout.PER_TENSOR_FP32:
         return Fraction(4)
     if layout is ScaleLayout.PER_CHANNEL_FP16:
-        return Fraction(shape[0] * 2)
+        return Fraction(channel_scale_bytes(shape[0], 2))
     numel = 1
     for dim in shape:
         numel *= dim
     if layout is ScaleLayout.GROUP_FP16_SCALE_ZERO:
-        return Fraction(-(-numel // QUANTIZATION_GROUP) * 4)
+        # an fp16 scale and an fp16 zero point per group of QUANTIZATION_GROUP elements
+        return Fraction(2 * block_scale_bytes(numel, QUANTIZATION_GROUP, 2))
     if layout is ScaleLayout.BLOCK16_FP8:
-        return Fraction(-(-numel // NVFP4_BLOCK) + 4)
+        return Fraction(block_scale_bytes(numel, NVFP4_BLOCK, 1) + 4)
     return Fraction(0)
 
 

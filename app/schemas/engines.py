@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -10,16 +10,38 @@ from app.schemas.base import MAX_BYTES, Schema, Slug
 
 EngineDtype = Literal["auto", "float32", "float", "bfloat16", "float16", "half"]
 KvCacheDtype = Literal["auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"]
+# vLLM `--quantization` values the engine model expresses (app.domain.engines.quantization).
+Quantization = Literal[
+    "fp8", "gptq", "gptq_marlin", "awq", "awq_marlin", "compressed-tensors", "mxfp4"
+]
+GPTQ_W4A16_CONFIG_EXAMPLE: dict[str, Any] = {
+    "quant_method": "gptq",
+    "bits": 4,
+    "group_size": 128,
+    "desc_act": True,
+    "sym": True,
+}
 
 
 class VllmMemoryRequest(Schema):
     """A stored decoder served by vLLM on a catalog GPU, with vLLM's option names and defaults
     (an omitted option takes vLLM's default; the answer lists which)."""
 
-    model: Slug = Field(
+    model: Slug | None = Field(
+        default=None,
         description="Stored decoder model slug (zoo or imported; a Llama-style graph: "
-        "embedding, repeated attention + gated MLP or MoE blocks, LM head).",
+        "embedding, repeated attention + gated MLP or MoE blocks, LM head). Required unless "
+        "`hf_config` gives the model instead (one of the two, 422 otherwise).",
         examples=["llama-3-8b"],
+    )
+    hf_config: dict[str, Any] | None = Field(
+        default=None,
+        description="The model as a Hugging Face config.json instead of `model`: imported as "
+        "POST /v1/models/import/hf-config does (nothing stored) at its full "
+        "max_position_embeddings context; its `quantization_config` is the request's when the "
+        "request gives none, and its torch_dtype is what `dtype: auto` means (float32 or none: "
+        "bfloat16, as vLLM's auto).",
+        examples=[None],
     )
     hardware: Slug = Field(
         description="Catalog GPU slug; every GPU of the TP x PP group is one of these.",
@@ -101,6 +123,27 @@ class VllmMemoryRequest(Schema):
         description="vLLM `--enforce-eager`: no CUDA graphs (no CUDA-graph pool).",
         examples=[False],
     )
+    quantization: Quantization | None = Field(
+        default=None,
+        description="vLLM `--quantization`. `fp8` without a `quantization_config` quantizes a "
+        "16-bit checkpoint at load time (fp8 linears with one fp32 scale each; embedding, head "
+        "and norms stay in `dtype`); the other methods load a pre-quantized checkpoint and need "
+        "its `quantization_config`. Omitted: the config's `quant_method` decides (a GPTQ/AWQ "
+        "config runs as gptq_marlin/awq_marlin where Marlin takes it, as vLLM does). A method "
+        "the config contradicts is a 422 naming the field.",
+        examples=["gptq_marlin"],
+    )
+    quantization_config: dict[str, Any] | None = Field(
+        default=None,
+        description="The checkpoint's `quantization_config` object from its HF config.json: "
+        "`quant_method` (gptq, awq, fp8, compressed-tensors, mxfp4) and its keys - gptq: bits, "
+        "group_size, desc_act, sym; awq: bits (w_bit), group_size (q_group_size), zero_point, "
+        "modules_to_not_convert; fp8: activation_scheme, weight_block_size, ignored_layers; "
+        "compressed-tensors: config_groups (one group targeting Linear), ignore; mxfp4: "
+        "modules_to_not_convert. A missing or contradictory key is a 422 naming it "
+        "(`/quantization_config/<key>`).",
+        examples=[GPTQ_W4A16_CONFIG_EXAMPLE],
+    )
 
 
 class ResolvedVllmOptions(Schema):
@@ -124,6 +167,11 @@ class ResolvedVllmOptions(Schema):
     )
     block_size: int = Field(description="KV block size [tokens].", examples=[16])
     enforce_eager: bool = Field(description="Whether CUDA graphs are off.", examples=[False])
+    quantization: str | None = Field(
+        default=None,
+        description="The quantization vLLM runs (None: unquantized).",
+        examples=[None],
+    )
 
 
 class EngineStage(Schema):
@@ -155,6 +203,74 @@ class EngineStage(Schema):
     )
     kv_tokens: int = Field(
         description="Whole KV blocks' tokens this stage's pool holds.", examples=[373840]
+    )
+
+
+class StoredQuantizedWeights(Schema):
+    """What one GPU holds for its quantized linears [B]."""
+
+    packed_weight_bytes: int = Field(
+        description="The quantized values: fp8/int8 bytes, int4 packed in int32, MXFP4 nibbles.",
+        examples=[3489660928],
+    )
+    scale_bytes: int = Field(
+        description="Their scales (per tensor, channel, group or block; static input scales "
+        "included).",
+        examples=[109051904],
+    )
+    zero_point_bytes: int = Field(
+        description="Packed zero points (asymmetric GPTQ/AWQ; 0 for symmetric Marlin).",
+        examples=[0],
+    )
+    g_idx_bytes: int = Field(
+        description="Act-order indices (desc_act: Marlin keeps g_idx and its sort order).",
+        examples=[6815744],
+    )
+
+
+class EngineQuantization(Schema):
+    """The quantization scheme the engine runs and what it stores, on the GPU of the stage that
+    holds the most weights."""
+
+    method: str = Field(
+        description="The quantization vLLM runs (after its gptq/awq -> Marlin override).",
+        examples=["gptq_marlin"],
+    )
+    scheme: str = Field(
+        description="The scheme in words: what is quantized and how it is stored.",
+        examples=[
+            "gptq_marlin (pre-quantized checkpoint): decoder-layer linears; int4 packed in "
+            "int32, params-dtype scales group_size 128, symmetric (no zeros), act-order g_idx"
+        ],
+    )
+    checkpoint: bool = Field(
+        description="Pre-quantized checkpoint (true) or quantized at load time (false).",
+        examples=[True],
+    )
+    stage: int = Field(description="The pipeline stage described.", examples=[0])
+    stored: StoredQuantizedWeights = Field(description="Its quantized linears' tensors [B].")
+    kernels: list[str] = Field(
+        description="GEMM kernels vLLM picks for the quantized linears: machete (Hopper, "
+        "compute capability 9.0), marlin, marlin_moe, exllama, gemm, fp8_marlin (fp8 weights "
+        "on a GPU below 8.9), or the fp8/int8/mxfp4 path; they decide which tensors stay "
+        "(Machete keeps a GPTQ checkpoint's qzeros and g_idx, Marlin drops them).",
+        examples=[["machete"]],
+    )
+    unquantized_bytes: int = Field(
+        description="Weights kept in `dtype` on that GPU: embedding, head, norms, biases, "
+        "router and skipped modules [B].",
+        examples=[2101878784],
+    )
+    quantized_modules: int = Field(
+        description="Linear modules quantized on that GPU (decoder layers x modules).",
+        examples=[128],
+    )
+    skipped_modules: int = Field(
+        description="Linear modules the config keeps unquantized on that GPU.", examples=[0]
+    )
+    sources: dict[str, str] = Field(
+        description="vLLM source of each rule used.",
+        examples=[{"gptq_marlin": "vllm/model_executor/layers/quantization/gptq_marlin.py"}],
     )
 
 
@@ -225,6 +341,10 @@ class VllmMemoryResponse(Schema):
     defaults_used: list[str] = Field(
         description="Options the request left out that took the engine's (or model's) default.",
         examples=[["gpu_memory_utilization", "block_size"]],
+    )
+    quantization: EngineQuantization | None = Field(
+        default=None,
+        description="The quantization scheme and what it stores (absent when unquantized).",
     )
     engine: EngineProfileInfo = Field(description="The engine profile.")
     assumptions: list[str] = Field(

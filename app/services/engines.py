@@ -3,10 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
 
 from sqlalchemy.orm import Session
 
 from app.db.repositories import HardwareRepository, ModelRepository
+from app.domain.engines.quantization import (
+    SOURCES as QUANTIZATION_SOURCES,
+)
+from app.domain.engines.quantization import (
+    QuantizedWeights,
+    quantized_stage_weights,
+    resolve_scheme,
+)
 from app.domain.engines.vllm import (
     H100_80GB_CUDA_VISIBLE_BYTES,
     VLLM_0_19,
@@ -17,15 +27,20 @@ from app.domain.engines.vllm import (
     engine_memory,
     resolve_options,
 )
+from app.domain.precision import ComputeCapability
 from app.domain.units import GIB
+from app.importers.hf_config import import_hf_config
+from app.importers.result import ImportRejected
 from app.schemas.engines import (
     EngineProfileInfo,
+    EngineQuantization,
     EngineStage,
     ResolvedVllmOptions,
+    StoredQuantizedWeights,
     VllmMemoryRequest,
     VllmMemoryResponse,
 )
-from app.services.convert import serving_model
+from app.services.convert import compute_capability, serving_model
 from app.services.errors import InvalidInput, NotFound
 
 # Options whose omission takes the engine's (or the model's) default.
@@ -62,9 +77,32 @@ def prepare_vllm_memory(
     """Load the model and GPU (404 when unknown) and map the graph to its geometry (422 naming
     ``/model`` when it is no Llama-style decoder); the returned function computes the answer
     without the database (app.api.compute). Closed-form per stage: no work budget."""
-    row = ModelRepository(session).get(payload.model)
-    if row is None:
-        raise NotFound(f"model '{payload.model}' does not exist; GET /v1/models lists them")
+    if payload.hf_config is not None:
+        if payload.model is not None:
+            raise InvalidInput(
+                "give the model as a stored slug (model) or as a config.json (hf_config), not both",
+                pointer="/hf_config",
+            )
+        label, model, config_quantization = hf_serving_model(payload.hf_config)
+    else:
+        if payload.model is None:
+            raise InvalidInput(
+                "model is required (a stored slug), unless hf_config gives the model's config.json",
+                pointer="/model",
+            )
+        row = ModelRepository(session).get(payload.model)
+        if row is None:
+            raise NotFound(f"model '{payload.model}' does not exist; GET /v1/models lists them")
+        label, config_quantization = row.slug, None
+        model = serving_model(row.slug, row.layers, row.default_bindings)
+    quantization_config = payload.quantization_config
+    if quantization_config is None:
+        quantization_config = config_quantization
+    elif config_quantization is not None and config_quantization != quantization_config:
+        raise InvalidInput(
+            "quantization_config differs from hf_config's quantization_config; give one",
+            pointer="/quantization_config",
+        )
     gpu = HardwareRepository(session).get(payload.hardware)
     if gpu is None:
         raise NotFound(
@@ -75,13 +113,59 @@ def prepare_vllm_memory(
             f"'{payload.hardware}' is a {gpu.kind}, not a GPU; vLLM's memory model is per GPU",
             pointer="/hardware",
         )
-    model = serving_model(row.slug, row.layers, row.default_bindings)
     visible, source = visible_memory(gpu.slug, gpu.memory_bytes, payload.cuda_visible_bytes)
-    return lambda: _answer(payload, model, visible, source)
+    # vLLM's kernels by compute capability (app.domain.engines.quantization): Machete on 9.0
+    # only, FP8 Marlin (weight-only fp8) below 8.9
+    capability = compute_capability(gpu)
+    kernels = {
+        "hopper": capability == ComputeCapability(9, 0),
+        "fp8_marlin": capability is not None and capability < ComputeCapability(8, 9),
+    }
+    return lambda: _answer(payload, model, visible, source, label, quantization_config, kernels)
+
+
+# vLLM 0.19 `--dtype auto` on a CUDA GPU (vllm/config/model.py _resolve_auto_dtype): the config's
+# torch_dtype, a float32 (or unstated) one down-cast to bfloat16, the first supported dtype.
+_AUTO_DTYPE = {"bfloat16": "bfloat16", "float16": "float16", "float32": "bfloat16"}
+
+
+def hf_serving_model(raw: dict[str, Any]) -> tuple[str, ServingModel, dict[str, Any] | None]:
+    """A config.json as the engine's model: its label, geometry (imported with
+    app.importers.hf_config at its full ``max_position_embeddings`` context; nothing stored),
+    and its ``quantization_config`` (``None`` when it has none). 422s name ``/hf_config/...``."""
+    positions = raw.get("max_position_embeddings")
+    context = positions if isinstance(positions, int) and positions > 0 else None
+    try:
+        imported = import_hf_config(raw, sequence_length=context)
+    except ImportRejected as exc:
+        pointer = "/hf_config" + (exc.pointer or "").removeprefix("/config")
+        if pointer == "/hf_config/sequence_length":
+            pointer = "/hf_config/max_position_embeddings"
+        raise InvalidInput(exc.detail, pointer=pointer) from None
+    name = raw.get("_name_or_path") or raw.get("model_type")
+    label = f"hf_config ({name})"[:200]
+    try:
+        model = serving_model(label, imported.layers, imported.default_bindings)
+    except InvalidInput as exc:
+        raise InvalidInput(exc.detail, pointer="/hf_config") from None
+    dtype = raw.get("torch_dtype") or raw.get("dtype") or "float32"
+    model = replace(model, dtype=_AUTO_DTYPE.get(str(dtype), "bfloat16"))
+    quantization = raw.get("quantization_config")
+    if quantization is not None and not isinstance(quantization, dict):
+        raise InvalidInput(
+            "quantization_config must be an object", pointer="/hf_config/quantization_config"
+        )
+    return label, model, quantization
 
 
 def _answer(
-    payload: VllmMemoryRequest, model: ServingModel, visible: int, source: str
+    payload: VllmMemoryRequest,
+    model: ServingModel,
+    visible: int,
+    source: str,
+    label: str,
+    quantization_config: dict[str, Any] | None,
+    kernels: dict[str, bool],
 ) -> VllmMemoryResponse:
     options = VllmOptions(
         max_model_len=payload.max_model_len,
@@ -103,12 +187,26 @@ def _answer(
                 f"{model.layers} decoder layers",
                 field="pipeline_parallel_size",
             )
+        scheme = resolve_scheme(payload.quantization, quantization_config)
         weights = decoder_stage_weights_bytes(
             model,
             resolved.tensor_parallel_size,
             resolved.pipeline_parallel_size,
             resolved.dtype_bytes,
         )
+        quantized = None
+        if scheme is not None:
+            quantized = quantized_stage_weights(
+                model,
+                scheme,
+                resolved.tensor_parallel_size,
+                resolved.pipeline_parallel_size,
+                resolved.dtype_bytes,
+                weights,
+                hopper=kernels["hopper"],
+                fp8_marlin=kernels["fp8_marlin"],
+            )
+            weights = quantized.stage_weights_bytes
         memory = engine_memory(model, options, visible, weights)
     except EngineInputError as exc:
         raise InvalidInput(str(exc), pointer=f"/{exc.field}") from None
@@ -132,13 +230,24 @@ def _answer(
     context = model.max_position_embeddings
     assumptions = [
         f"GPU memory visible to CUDA {visible / GIB:.2f} GiB: {source}",
-        "weights: unquantized decoder sharded as vLLM loads it "
+        "weights: decoder sharded as vLLM loads it "
         "(app.domain.engines.vllm.decoder_stage_weights_bytes: vocabulary padded to 64, "
         "embedding on the first stage, final norm and head on the last, KV heads replicated "
-        "past the tensor-parallel degree)",
+        "past the tensor-parallel degree)"
+        + (
+            ""
+            if quantized is None
+            else f"; quantized linears as {quantized.scheme.describe()}, stored as vLLM 0.19 "
+            "keeps them after loading (app.domain.engines.quantization)"
+        ),
         "profile forward peak: the engine profile's fitted formula over max_num_batched_tokens "
         "(app.domain.engines.vllm.forward_peak_bytes), not a graph replay",
-        f"model dtype {model.dtype}: stored graphs state none, so `auto` is bfloat16",
+        f"model dtype {model.dtype}: "
+        + (
+            "the config's torch_dtype as vLLM's `auto` takes it (float32 or none: bfloat16)"
+            if payload.hf_config is not None
+            else "stored graphs state none, so `auto` is bfloat16"
+        ),
         "max_model_len is bounded by the model's default `seq` binding "
         f"({context} tokens, taken as its context)"
         if context is not None
@@ -152,7 +261,7 @@ def _answer(
             "expert's weights held, the profile forward activates experts_per_token"
         )
     return VllmMemoryResponse(
-        model=payload.model,
+        model=label,
         hardware=payload.hardware,
         gpus=resolved.tensor_parallel_size * resolved.pipeline_parallel_size,
         cuda_visible_bytes=visible,
@@ -181,10 +290,42 @@ def _answer(
             gpu_memory_utilization=resolved.gpu_memory_utilization,
             block_size=resolved.block_size,
             enforce_eager=resolved.enforce_eager,
+            quantization=None if quantized is None else quantized.scheme.method,
         ),
         defaults_used=defaults,
+        quantization=_quantization(quantized),
         engine=EngineProfileInfo(
             name=VLLM_0_19.name, version=VLLM_0_19.version, sources=dict(VLLM_0_19.sources)
         ),
         assumptions=assumptions,
+    )
+
+
+def _quantization(quantized: QuantizedWeights | None) -> EngineQuantization | None:
+    """The scheme and what it stores on the GPU of the stage holding the most weights."""
+    if quantized is None:
+        return None
+    index = max(range(len(quantized.stages)), key=lambda i: quantized.stages[i].weights_bytes)
+    stage = quantized.stages[index]
+    scheme = quantized.scheme
+    return EngineQuantization(
+        method=scheme.method,
+        scheme=scheme.describe(),
+        checkpoint=scheme.checkpoint,
+        stage=index,
+        stored=StoredQuantizedWeights(
+            packed_weight_bytes=stage.stored.packed_bytes,
+            scale_bytes=stage.stored.scale_bytes,
+            zero_point_bytes=stage.stored.zero_point_bytes,
+            g_idx_bytes=stage.stored.g_idx_bytes,
+        ),
+        kernels=list(quantized.kernels),
+        unquantized_bytes=stage.unquantized_bytes,
+        quantized_modules=stage.quantized_modules,
+        skipped_modules=stage.skipped_modules,
+        sources={
+            key: QUANTIZATION_SOURCES[key]
+            for key in (scheme.method, "override")
+            if key in QUANTIZATION_SOURCES
+        },
     )

@@ -3,8 +3,10 @@
 Reads only the 17 ``F-vllm-llmd-h100-v0.19`` runs of
 /work/shared/reference/cuda_published_calibration.yaml (path overridable with CAPPLAN_CALIBRATION;
 the sweep's other runs and its report are held out and never read). Each run's model is built
-from its HF config's geometry (values below, from the models' config.json files), its weights,
-profile peak, non-torch memory and KV tokens are predicted, and the fitted constants
+from its HF config's geometry (values below, from the models' config.json files; quantized runs
+add their ``--quantization`` and checkpoint ``quantization_config``, priced by
+app.domain.engines.quantization), its weights, profile peak, non-torch memory and KV tokens are
+predicted, and the fitted constants
 (sampler bytes per logit, forward activation factor, non-torch per GPU at TP 1 / TP >= 2 / PP)
 are evaluated leave-one-model-out: every run is predicted with constants fitted on the other
 models' runs only. Prints the per-run table, LOMO medians/worst against issue 31's targets, and
@@ -31,6 +33,11 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from app.domain.engines.families import MlaGeometry  # noqa: E402
+from app.domain.engines.quantization import (  # noqa: E402
+    QuantizedWeights,
+    quantized_stage_weights,
+    resolve_scheme,
+)
 from app.domain.engines.vllm import (  # noqa: E402
     H100_80GB_CUDA_VISIBLE_BYTES,
     VLLM_0_19,
@@ -141,9 +148,25 @@ MODELS: dict[str, ServingModel] = {
 }
 
 # Why a run's weights cannot be predicted by decoder_stage_weights_bytes yet.
-NOT_EXPRESSIBLE_WEIGHTS = {
-    "qfp8": "runtime fp8 quantization (--quantization fp8): fp8 linears, bf16 embedding/head",
-    "w4a16": "pre-quantized GPTQ W4A16 checkpoint (quantization_config): packed int4 + scales",
+NOT_EXPRESSIBLE_WEIGHTS: dict[str, str] = {
+}
+
+# The checkpoints' quantization_config, for runs whose yaml row names a pre-quantized model.
+# llama31-8b-w4a16: the row says "RedHatAI/Meta-Llama-3.1-8B-Instruct-quantized.w4a16 ...
+# quantization=gptq_marlin ... GPTQ W4A16 checkpoint" and gives no group size. The public model
+# card (Neural Magic, v1.0 2024-07-26; Hub tags "gptq", "4-bit precision") documents INT4 weights
+# of the decoder-block linears only, symmetric, one scale per group of 128, quantized with
+# AutoGPTQ (quantize_config.json, 10 % damping); desc_act is not stated there and is taken as
+# AutoGPTQ's BaseQuantizeConfig default (True). desc_act=False would predict 0.0032 GiB less
+# (Machete keeps the loaded g_idx either way; the act-order permutation goes).
+QUANTIZATION_CONFIGS: dict[str, dict[str, Any]] = {
+    "llama31-8b-w4a16": {
+        "quant_method": "gptq",
+        "bits": 4,
+        "group_size": 128,
+        "desc_act": True,
+        "sym": True,
+    },
 }
 
 PEER = {  # llm-d-planner's published errors on the same sweep (issue 31)
@@ -218,7 +241,24 @@ def weights_expressible(run: Run) -> str | None:
     return None
 
 
+def quantized(run: Run, profile: EngineProfile) -> QuantizedWeights | None:
+    """The run's quantized weights (None for an unquantized run): the scheme vLLM runs for its
+    --quantization and its checkpoint's quantization_config (app.domain.engines.quantization)."""
+    method = None if run["quantization"] == "None" else run["quantization"]
+    scheme = resolve_scheme(method, QUANTIZATION_CONFIGS.get(run["id"]))
+    if scheme is None:
+        return None
+    model = MODELS[run["model"]]
+    nbytes = 4 if run["dtype"] == "float32" else 2
+    dense = decoder_stage_weights_bytes(model, run["tp"], run["pp"], nbytes, profile)
+    # cluster F is an H100 (compute capability 9.0): vLLM picks Machete for W4A16 linears
+    return quantized_stage_weights(model, scheme, run["tp"], run["pp"], nbytes, dense, hopper=True)
+
+
 def predicted_weights(run: Run, profile: EngineProfile) -> tuple[int, ...]:
+    q = quantized(run, profile)
+    if q is not None:
+        return q.stage_weights_bytes
     model = MODELS[run["model"]]
     nbytes = 4 if run["dtype"] == "float32" else 2
     return decoder_stage_weights_bytes(model, run["tp"], run["pp"], nbytes, profile)
@@ -377,6 +417,36 @@ def main() -> None:
         f"embedding); stage 0 predicted {stage0:.2f} GiB vs 4.26 GiB logged by vLLM (issue 31): "
         f"{pct(stage0, 4.26):+.2f} %."
     )
+    print("\n## Quantized runs: what the GPU holds (app.domain.engines.quantization)\n")
+    print(
+        "| run | --quantization | scheme vLLM runs (kernels) | packed weights GiB | scales GiB | "
+        "zeros GiB | g_idx GiB | unquantized GiB | predicted / logged GiB (err) |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for run in runs:
+        q = quantized(run, full)
+        if q is None:
+            continue
+        st = q.stages[0]
+        print(
+            f"| {run['id']} | {run['quantization']} | {q.scheme.describe()} "
+            f"({', '.join(q.kernels)}) | "
+            f"{st.stored.packed_bytes / GIB:.4f} | {st.stored.scale_bytes / GIB:.4f} | "
+            f"{st.stored.zero_point_bytes / GIB:.4f} | {st.stored.g_idx_bytes / GIB:.4f} | "
+            f"{st.unquantized_bytes / GIB:.4f} | {st.weights_bytes / GIB:.4f} / "
+            f"{run['weights'] / GIB:.2f} ({pct(st.weights_bytes, run['weights']):+.2f} %) |"
+        )
+    for rid, config in QUANTIZATION_CONFIGS.items():
+        print(
+            f"\n`{rid}` quantization_config (not in the yaml row; the public checkpoint's "
+            f"documented scheme, see QUANTIZATION_CONFIGS in this script): `{config}`."
+        )
+    print(
+        "\nNot in the prediction (vLLM allocates them during the load): the rotary cos/sin "
+        "cache (`vllm/model_executor/layers/rotary_embedding/base.py`: max_position_embeddings "
+        "x rotary_dim in the model dtype, one per process: 131072 x 128 x 2 B = 0.03125 GiB for "
+        "Llama-3.1) and Marlin's per-layer workspace (one int32 per SM)."
+    )
     print("\n## Not expressible yet (listed, not dropped)\n")
     for rid, why in not_expr:
         print(
@@ -431,6 +501,16 @@ def main() -> None:
     print(
         f"| engine answer, warm (median of 200, this machine) | "
         f"{statistics.median(times) * 1e3:.3f} ms | | < 20 ms | | |"
+    )
+    w4 = next(r for r in runs if r["id"] == "llama31-8b-w4a16")
+    qtimes = []
+    for _ in range(200):
+        t0 = time.perf_counter()
+        predict(w4, full, predicted_weights(w4, full))
+        qtimes.append(time.perf_counter() - t0)
+    print(
+        f"| engine answer with a GPTQ quantization_config (scheme, stored weights, memory), "
+        f"warm (median of 200) | {statistics.median(qtimes) * 1e3:.3f} ms | | < 20 ms | | |"
     )
     print(f"| start / no-start | {start_ok} of {len(runs)} right | | every run | | |")
 

@@ -35,6 +35,22 @@ LLAMA_3_8B = ServingModel(
 )
 
 
+# RedHatAI/Meta-Llama-3.1-8B-Instruct-quantized.w4a16's scheme (model card: GPTQ, symmetric,
+# groups of 128; desc_act as AutoGPTQ's default).
+GPTQ_W4A16: dict[str, Any] = {
+    "quant_method": "gptq",
+    "bits": 4,
+    "group_size": 128,
+    "desc_act": True,
+    "sym": True,
+}
+# Llama-3-8B at TP 1: embedding + head (128256 x 4096 x 2 B each) and 65 norms stay bf16; each
+# of 32 layers has 218,103,808 linear weights (q/k/v/o 4096 x 10240, gate/up/down 3 x 4096 x
+# 14336).
+UNQUANTIZED = 2 * 128256 * 4096 * 2 + 65 * 4096 * 2
+LINEAR_PARAMS = 32 * (4096 * 10240 + 3 * 4096 * 14336)
+
+
 def _post(client: ApiClient, **body: Any) -> dict[str, Any]:
     response = client.post(URL, json={"model": "llama-3-8b", "hardware": H100, **body})
     assert response.status_code == 200, response.text
@@ -142,6 +158,81 @@ def test_a_pool_too_small_for_one_sequence_does_not_start(client: ApiClient) -> 
     assert _post(client, gpu_memory_utilization=0.22, max_model_len=2048)["starts"] is True
 
 
+def test_runtime_fp8_stores_one_byte_linears_and_frees_kv_memory(client: ApiClient) -> None:
+    plain = _post(client)
+    body = _post(client, quantization="fp8")
+    # fp8 linears (1 B) with one fp32 scale per module (4 modules x 32 layers); the rest bf16.
+    assert body["weights_bytes"] == UNQUANTIZED + LINEAR_PARAMS + 4 * 32 * 4 == 9_081_201_152
+    quant = body["quantization"]
+    assert (quant["method"], quant["checkpoint"], quant["stage"]) == ("fp8", False, 0)
+    assert quant["stored"] == {
+        "packed_weight_bytes": LINEAR_PARAMS,
+        "scale_bytes": 512,
+        "zero_point_bytes": 0,
+        "g_idx_bytes": 0,
+    }
+    assert quant["unquantized_bytes"] == UNQUANTIZED
+    assert (quant["quantized_modules"], quant["skipped_modules"]) == (128, 0)
+    assert body["options"]["quantization"] == "fp8"
+    assert "fp8 (runtime quantization)" in " ".join(body["assumptions"])
+    # The KV pool grows by exactly the weights saved (same peak and non-torch memory).
+    saved = plain["weights_bytes"] - body["weights_bytes"]
+    assert body["kv_pool_bytes"] - plain["kv_pool_bytes"] == saved
+    assert body["stages"][0]["kv_bytes_per_token"] == 131_072  # the KV cache stays bf16
+    assert "quantization" not in plain
+    assert quant["kernels"] == ["fp8"]
+    # An A100 (8.0) has no fp8 math: FP8 Marlin, weight-only, one bf16 scale per output column.
+    a100 = client.post(
+        URL, json={"model": "llama-3-8b", "hardware": "nvidia-a100-80gb-sxm", "quantization": "fp8"}
+    )
+    assert a100.status_code == 200, a100.text
+    marlin = a100.json()["quantization"]
+    assert marlin["kernels"] == ["fp8_marlin"]
+    assert marlin["stored"]["scale_bytes"] == 32 * (6144 + 4096 + 28672 + 4096) * 2
+
+
+def test_a_gptq_checkpoint_runs_as_gptq_marlin(client: ApiClient) -> None:
+    body = _post(client, dtype="float16", quantization_config=GPTQ_W4A16)
+    quant = body["quantization"]
+    assert quant["method"] == body["options"]["quantization"] == "gptq_marlin"
+    assert quant["checkpoint"] is True
+    assert quant["kernels"] == ["machete"]  # an H100 is compute capability 9.0
+    # int4 packed (half a byte a weight); fp16 scales per 128 inputs of qkv (6144 outputs), o
+    # (4096), gate_up (28672) and down (14336 inputs: 112 groups x 4096); Machete keeps the
+    # checkpoint's int4 qzeros (a quarter of the scales' bytes) and g_idx, plus the act-order
+    # permutation: 2 x int32 per input.
+    scales = 32 * (32 * 6144 + 32 * 4096 + 32 * 28672 + 112 * 4096) * 2
+    g_idx = 32 * (3 * 4096 + 14336) * 2 * 4
+    assert quant["stored"] == {
+        "packed_weight_bytes": LINEAR_PARAMS // 2,
+        "scale_bytes": scales,
+        "zero_point_bytes": scales // 4,
+        "g_idx_bytes": g_idx,
+    }
+    assert body["weights_bytes"] == (
+        UNQUANTIZED + LINEAR_PARAMS // 2 + scales + scales // 4 + g_idx
+    )
+    assert "gptq_marlin" in quant["sources"]
+    # An A100 (8.0) runs Marlin, which drops the symmetric checkpoint's zeros.
+    a100 = client.post(
+        URL,
+        json={
+            "model": "llama-3-8b",
+            "hardware": "nvidia-a100-80gb-sxm",
+            "dtype": "float16",
+            "quantization_config": GPTQ_W4A16,
+        },
+    )
+    assert a100.status_code == 200, a100.text
+    marlin = a100.json()["quantization"]
+    assert marlin["kernels"] == ["marlin"]
+    assert marlin["stored"] == {**quant["stored"], "zero_point_bytes": 0}
+    # Asked for the exllama kernel explicitly, it keeps the packed zeros and one g_idx.
+    exllama = _post(client, quantization="gptq", quantization_config=GPTQ_W4A16)
+    assert exllama["quantization"]["method"] == "gptq"
+    assert exllama["quantization"]["stored"]["zero_point_bytes"] == scales // 4
+
+
 @pytest.mark.parametrize(
     ("body", "pointer"),
     [
@@ -151,6 +242,15 @@ def test_a_pool_too_small_for_one_sequence_does_not_start(client: ApiClient) -> 
         ({"max_model_len": 8193}, "/max_model_len"),
         ({"pipeline_parallel_size": 33}, "/pipeline_parallel_size"),
         ({"model": "gpt-2"}, "/model"),
+        # A --quantization the checkpoint's quantization_config contradicts (vLLM refuses it).
+        ({"quantization": "awq", "quantization_config": GPTQ_W4A16}, "/quantization"),
+        ({"quantization": "fp8", "quantization_config": GPTQ_W4A16}, "/quantization"),
+        (
+            {"quantization": "gptq_marlin", "quantization_config": {**GPTQ_W4A16, "bits": 3}},
+            "/quantization_config/bits",
+        ),
+        ({"quantization": "gptq"}, "/quantization_config"),
+        ({"quantization": "int4"}, "/quantization"),
     ],
 )
 def test_bad_input_is_a_422_naming_the_field(
@@ -279,4 +379,66 @@ def test_a_cpu_is_a_422_naming_hardware(client: ApiClient, db_url: str) -> None:
     assert "/hardware" in [e.get("pointer") for e in problem.get("errors", [])] + [
         problem.get("pointer")
     ]
+    assert table_counts(db_url) == before
+
+
+def _llama_3_8b_config(**extra: Any) -> dict[str, Any]:
+    config: dict[str, Any] = json.loads((HF_CONFIGS / "llama-3-8b.json").read_text())
+    return {**config, **extra}
+
+
+def test_an_hf_config_with_its_quantization_config_is_the_model(
+    client: ApiClient, db_url: str
+) -> None:
+    before = table_counts(db_url)
+    config = _llama_3_8b_config(torch_dtype="float16", quantization_config=GPTQ_W4A16)
+    response = client.post(URL, json={"hf_config": config, "hardware": H100})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    stored = _post(client, dtype="float16", quantization_config=GPTQ_W4A16)
+    # The same geometry as the stored llama-3-8b, its own quantization_config and dtype.
+    assert body["model"] == "hf_config (meta-llama/Meta-Llama-3-8B)"
+    assert body["quantization"]["method"] == "gptq_marlin"
+    assert body["weights_bytes"] == stored["weights_bytes"]
+    assert body["quantization"]["stored"] == stored["quantization"]["stored"]
+    assert body["options"]["dtype"] == "float16"
+    assert body["options"]["max_model_len"] == 8192  # max_position_embeddings
+    assert body["kv_tokens"] == stored["kv_tokens"]
+    assert table_counts(db_url) == before  # imported for the answer only
+
+
+@pytest.mark.parametrize(
+    ("body", "pointer"),
+    [
+        ({"model": "llama-3-8b", "hf_config": {"model_type": "llama"}}, "/hf_config"),
+        ({}, "/model"),
+        ({"hf_config": {"model_type": "no-such-type"}}, "/hf_config/model_type"),
+        (
+            {"hf_config": json.loads((HF_CONFIGS / "bert-base-uncased.json").read_text())},
+            "/hf_config",
+        ),
+        (
+            {
+                "hf_config": {"quantization_config": GPTQ_W4A16},
+                "quantization_config": {**GPTQ_W4A16, "group_size": 64},
+            },
+            "/quantization_config",
+        ),
+        (
+            {"hf_config": {"quantization_config": GPTQ_W4A16}, "quantization": "awq"},
+            "/quantization",
+        ),
+    ],
+    ids=["both", "neither", "model-type", "encoder", "two-configs", "contradicted"],
+)
+def test_a_bad_hf_config_request_is_a_422_naming_the_field(
+    client: ApiClient, db_url: str, body: dict[str, Any], pointer: str
+) -> None:
+    if "hf_config" in body and "model_type" not in body["hf_config"]:
+        body = {**body, "hf_config": _llama_3_8b_config(**body["hf_config"])}
+    before = table_counts(db_url)
+    response = client.post(URL, json={"hardware": H100, **body})
+    problem = assert_problem(response, 422)
+    pointers = [e.get("pointer") for e in problem.get("errors", [])] + [problem.get("pointer")]
+    assert pointer in pointers, problem
     assert table_counts(db_url) == before
