@@ -148,8 +148,7 @@ MODELS: dict[str, ServingModel] = {
 }
 
 # Why a run's weights cannot be predicted by decoder_stage_weights_bytes yet.
-NOT_EXPRESSIBLE_WEIGHTS: dict[str, str] = {
-}
+NOT_EXPRESSIBLE_WEIGHTS: dict[str, str] = {}
 
 # The checkpoints' quantization_config, for runs whose yaml row names a pre-quantized model.
 # llama31-8b-w4a16: the row says "RedHatAI/Meta-Llama-3.1-8B-Instruct-quantized.w4a16 ...
