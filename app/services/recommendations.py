@@ -250,6 +250,7 @@ def _recommend(
         payload.parallelism,
         tensor_parallel_max=payload.tensor_parallel_max,
         pipeline_parallel_max=payload.pipeline_parallel_max,
+        tensor_parallel_size=payload.tensor_parallel_size,
     )
     excluded = [
         Exclusion(device=e.device, precision=e.precision, reason=e.reason) for e in left_out

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from app.domain.budget import checkpoint
+from app.domain.engines.vllm import VLLM_0_19
 from app.domain.performance.calibration import Calibration, CalibrationClass, calibration_class
 from app.domain.performance.candidates import Runnable, WorkloadSource
 from app.domain.performance.pipeline import micro_batching, predict_pipeline
@@ -21,9 +22,11 @@ from app.domain.performance.prediction import Prediction
 from app.domain.performance.recommend import (
     Assessment,
     Objective,
+    RecommendationInputError,
     Requirements,
     Scenario,
     assess,
+    assess_llm_server,
     assess_server,
     best_batch,
     rank,
@@ -174,7 +177,30 @@ def search(
         prediction = predict(workload, device, calibrations[calibration_class(device, scheme)])
         prediction = in_scenario(with_decode_host_overhead(prediction, host_step_s), scenario)
         options.setdefault(key, []).append(assess(prediction, fit, requirements))
-    if scenario is Scenario.SERVER:
+    if scenario is Scenario.SERVER and requirements.token_bounds:
+        if not (source.decoder and source.plan.continuous):
+            raise RecommendationInputError(
+                "ttft_p99 and tpot_p99 bounds need a decoder served with continuous batching"
+            )
+        plan = source.plan
+        if plan.beam_width != 1:
+            raise RecommendationInputError(
+                "ttft_p99 and tpot_p99 bounds are simulated for one sequence per request "
+                f"(beam width 1), got {plan.beam_width}"
+            )
+        shown = []
+        for found in options.values():
+            checkpoint()  # a simulated LLM server per device and precision
+            shown.append(
+                assess_llm_server(
+                    found,
+                    requirements,
+                    prompt_tokens=plan.prompt_tokens_mean,
+                    generated_tokens=plan.generated_tokens_mean,
+                    max_batched_tokens=max_batched_tokens(found[0], requirements),
+                )
+            )
+    elif scenario is Scenario.SERVER:
         shown = []
         for found in options.values():
             checkpoint()  # a simulated queue per device and precision
@@ -182,3 +208,14 @@ def search(
     else:
         shown = [best_batch(found, objective) for found in options.values()]
     return rank(shown, objective)
+
+
+def max_batched_tokens(option: Assessment, requirements: Requirements) -> int:
+    """Tokens per engine iteration: the request's, else vLLM 0.19's default for the GPU's
+    memory (8,192 on a GPU of >= 70 GiB, else 2,048: ``EngineArgs`` for ``vllm serve``;
+    app.domain.engines.vllm.VLLM_0_19)."""
+    if requirements.max_batched_tokens is not None:
+        return requirements.max_batched_tokens
+    # A group's device carries one GPU's memory (candidates.tensor_parallel_group).
+    large = option.prediction.device.memory_bytes >= VLLM_0_19.large_gpu_bytes
+    return VLLM_0_19.default_max_num_batched_tokens[0 if large else 1]

@@ -23,6 +23,12 @@ from app.domain.errors import DomainError
 from app.domain.fit import fits
 from app.domain.hardware import DeviceKind, HardwareSpec, PriceKind
 from app.domain.performance.calibration import cpu_compute_unit
+from app.domain.performance.llm_server import (
+    IterationTiming,
+    LlmServerLoad,
+    LlmServerShape,
+    llm_server_throughput,
+)
 from app.domain.performance.precision_schemes import PRECISION_SCHEMES
 from app.domain.performance.prediction import Bound, Prediction
 from app.domain.performance.serving import BatchTiming, ServerLoad, server_throughput
@@ -86,10 +92,23 @@ class Requirements:
     throughput_target_per_s: float | None = None
     slo_margin_fraction: float = DEFAULT_SLO_MARGIN_FRACTION
     price_kind: PriceKind = PriceKind.ON_DEMAND  # the one kind of price costs are ranked by
+    # Decoder serving under the server scenario: p99 bounds on the time to first token and the
+    # time per output token (both or neither; MLPerf's LLM Server scenario bounds).
+    ttft_p99_s: float | None = None
+    tpot_p99_s: float | None = None
+    max_batched_tokens: int | None = None  # tokens per engine iteration (None: vLLM's default)
 
     def __post_init__(self) -> None:
         if self.latency_slo_s is not None:
             _positive("latency_slo_s", self.latency_slo_s)
+        if (self.ttft_p99_s is None) != (self.tpot_p99_s is None):
+            raise RecommendationInputError("ttft_p99 and tpot_p99 bounds go together")
+        for name in ("ttft_p99_s", "tpot_p99_s"):
+            value = getattr(self, name)
+            if value is not None:
+                _positive(name, value)
+        if self.max_batched_tokens is not None and self.max_batched_tokens < 1:
+            raise RecommendationInputError("max_batched_tokens must be >= 1")
         if self.throughput_target_per_s is not None:
             _positive("throughput_target_per_s", self.throughput_target_per_s)
         margin = self.slo_margin_fraction
@@ -100,6 +119,11 @@ class Requirements:
             )
         if not isinstance(self.price_kind, PriceKind):
             raise RecommendationInputError(f"unknown price kind {self.price_kind!r}")
+
+    @property
+    def token_bounds(self) -> bool:
+        """Whether TTFT and TPOT p99 bounds are set (decoder serving)."""
+        return self.ttft_p99_s is not None and self.tpot_p99_s is not None
 
     @property
     def latency_budget_s(self) -> float | None:
@@ -228,6 +252,7 @@ class Assessment:
     reasons: tuple[str, ...]  # empty when eligible
     unpriced_reason: str | None = None  # why there is no cost figure (None: priced)
     server: ServerLoad | None = None  # the server scenario's queue (None: offline)
+    llm_server: LlmServerLoad | None = None  # decoder serving under TTFT / TPOT p99 bounds
 
     @property
     def eligible(self) -> bool:
@@ -236,13 +261,18 @@ class Assessment:
 
     @property
     def latency_s(self) -> float:
-        """The latency judged: the simulated p99 in the server scenario, else one batch's."""
+        """The latency judged: the simulated p99 in the server scenario (decoder serving: the
+        TTFT p99), else one batch's."""
+        if self.llm_server is not None:
+            return self.llm_server.ttft_p99_s
         return self.prediction.latency_s if self.server is None else self.server.p99_latency_s
 
     @property
     def throughput_per_s(self) -> float:
         """Per device: the sustained Poisson rate in the server scenario, else back-to-back
         batches [1/s]."""
+        if self.llm_server is not None:
+            return self.llm_server.arrival_rate_per_s
         if self.server is None:
             return self.prediction.throughput_per_s
         return self.server.arrival_rate_per_s
@@ -253,6 +283,7 @@ def assess(
     memory: MemoryFit,
     requirements: Requirements,
     server: ServerLoad | None = None,
+    llm_server: LlmServerLoad | None = None,
 ) -> Assessment:
     """Judge one prediction: SLO, devices for the target, cost, energy, and why it fails.
 
@@ -263,6 +294,8 @@ def assess(
     device = prediction.device
     throughput = prediction.throughput_per_s if server is None else server.arrival_rate_per_s
     judged_s = prediction.latency_s if server is None else server.p99_latency_s
+    if llm_server is not None:
+        throughput, judged_s = llm_server.arrival_rate_per_s, llm_server.ttft_p99_s
     reasons: list[str] = []
     if not memory.fits:
         reasons.append(
@@ -293,7 +326,7 @@ def assess(
     elif requirements.objective is Objective.COST and unpriced is not None:
         reasons.append(unpriced)
     energy = None
-    if device.tdp_watts is not None and server is not None:
+    if device.tdp_watts is not None and (server is not None or llm_server is not None):
         energy = energy_per_inference_j(device.tdp_watts, 1 / throughput, 1)
     elif device.tdp_watts is not None:
         energy = energy_per_inference_j(device.tdp_watts, prediction.latency_s, prediction.batch)
@@ -310,6 +343,7 @@ def assess(
         reasons=tuple(reasons),
         unpriced_reason=unpriced,
         server=server,
+        llm_server=llm_server,
     )
 
 
@@ -341,6 +375,76 @@ def assess_server(options: Sequence[Assessment], requirements: Requirements) -> 
         return best_batch(fitting, requirements.objective)
     chosen = next(o for o in fitting if o.prediction.batch == load.batch_cap)
     return assess(chosen.prediction, chosen.memory, requirements, server=load)
+
+
+def assess_llm_server(
+    options: Sequence[Assessment],
+    requirements: Requirements,
+    *,
+    prompt_tokens: int,
+    generated_tokens: int,
+    max_batched_tokens: int,
+) -> Assessment:
+    """Of one device's options at one precision, decoder serving under TTFT / TPOT p99 bounds.
+
+    The options that fit memory are continuous batching at that many sequences in flight:
+    their prefill (``first_token_s``) and decode step (``per_token_s``) times feed
+    :func:`app.domain.performance.llm_server.llm_server_throughput`, with the largest fitting
+    concurrency as ``max_seqs`` (the KV pool's limit: every request holds its whole context's
+    blocks). The answer is the option at that concurrency, assessed at the sustained rate with
+    its TTFT p99 as the latency judged. When nothing fits, or a lone request already misses a
+    bound, the offline answer of :func:`best_batch` with the reason.
+    """
+    ttft, tpot = requirements.ttft_p99_s, requirements.tpot_p99_s
+    if ttft is None or tpot is None:
+        raise RecommendationInputError("decoder serving needs ttft_p99 and tpot_p99 bounds")
+    fitting = sorted(
+        (
+            o
+            for o in options
+            if o.memory.fits
+            and o.prediction.first_token_s is not None
+            and o.prediction.per_token_s is not None
+        ),
+        key=lambda o: o.prediction.batch,
+    )
+    if not fitting:
+        return best_batch(options, requirements.objective)
+    timings = [
+        IterationTiming(
+            sequences=o.prediction.batch,
+            prefill_s=o.prediction.first_token_s or 0.0,
+            decode_step_s=o.prediction.per_token_s or 0.0,
+        )
+        for o in fitting
+    ]
+    widest = fitting[-1]
+    shape = LlmServerShape(
+        prompt_tokens=prompt_tokens,
+        generated_tokens=generated_tokens,
+        max_seqs=widest.prediction.batch,
+        max_batched_tokens=max_batched_tokens,
+    )
+    load = llm_server_throughput(timings, shape, ttft_bound_s=ttft, tpot_bound_s=tpot)
+    if load is None:
+        lone = best_batch(fitting[:1], requirements.objective)
+        reason = (
+            f"a lone request misses the bounds: {_ms(fitting[0].prediction.first_token_s or 0)} "
+            f"to the first token (bound {_ms(ttft)}), {_ms(fitting[0].prediction.per_token_s or 0)}"
+            f" per token (bound {_ms(tpot)})"
+        )
+        return Assessment(
+            prediction=lone.prediction,
+            memory=lone.memory,
+            meets_latency_slo=False,
+            devices_needed=lone.devices_needed,
+            cost_usd_per_million=lone.cost_usd_per_million,
+            fleet_cost_usd_per_hour=lone.fleet_cost_usd_per_hour,
+            energy_j_per_inference=lone.energy_j_per_inference,
+            reasons=(*lone.reasons, reason),
+            unpriced_reason=lone.unpriced_reason,
+        )
+    return assess(widest.prediction, widest.memory, requirements, llm_server=load)
 
 
 def _objective_key(item: Assessment, objective: Objective) -> tuple[float, ...]:
