@@ -217,13 +217,12 @@ def _run(  # noqa: C901 - one scheduler loop; splitting it would hide the state 
     n = len(arrivals)
     prompt, generated = shape.prompt_tokens, shape.generated_tokens
     budget_tokens, max_seqs = shape.max_batched_tokens, shape.max_seqs
-    # Decoding sequences leave in the order they entered (equal lengths): (request, first
-    # token's iteration index). Iteration end times are kept as runs of equal iterations.
-    decoding: deque[tuple[int, int]] = deque()
+    decode_table = [cost.decode_s(d) for d in range(max_seqs + 1)]
+    prefill_memo: dict[int, float] = {}
+    # Decoding sequences leave in the order they entered (equal lengths): (request, index of
+    # the iteration that produced its first token, that iteration's end time).
+    decoding: deque[tuple[int, int, float]] = deque()
     prefilling: deque[list[int]] = deque()  # [request, prompt tokens left]
-    run_k: list[int] = [0]  # first iteration index of each run
-    run_t: list[float] = [0.0]  # end time of the iteration before the run
-    run_dt: list[float] = [0.0]  # each iteration's time in the run
     ttft: list[float] = []
     tpot: list[float] = []
     t = 0.0
@@ -231,25 +230,11 @@ def _run(  # noqa: C901 - one scheduler loop; splitting it would hide the state 
     admitted = 0  # next arrival to admit
     finished = 0
     seq_time = 0.0  # integral of sequences in flight over time
-
-    def end_time(index: int) -> float:
-        """End time of iteration ``index`` (1-based count of iterations done)."""
-        r = bisect_right(run_k, index - 1) - 1
-        return run_t[r] + (index - run_k[r]) * run_dt[r]
-
-    def record_run(start_k: int, start_t: float, dt: float) -> None:
-        if run_dt[-1] == dt:
-            expected = run_t[-1] + (start_k - run_k[-1]) * dt
-            if abs(expected - start_t) <= 1e-12 * max(1.0, abs(start_t)):
-                return
-        run_k.append(start_k)
-        run_t.append(start_t)
-        run_dt.append(dt)
-
+    last_steps = generated - 1
     while finished < n:
         checkpoint()
         in_flight = len(decoding) + len(prefilling)
-        if in_flight == 0 and admitted < n and arrivals[admitted] > t:
+        if in_flight == 0 and arrivals[admitted] > t:
             t = arrivals[admitted]  # idle until the next arrival
         waiting = bisect_right(arrivals, t, admitted) - admitted
         d = len(decoding)
@@ -257,20 +242,18 @@ def _run(  # noqa: C901 - one scheduler loop; splitting it would hide the state 
         if not prefilling and (waiting == 0 or in_flight >= max_seqs or tokens_left < 1):
             # Pure decode iterations until something changes: the next finish, or the next
             # arrival that could be admitted.
-            dt = cost.iteration_s(d, 0)
-            until_finish = decoding[0][1] + generated - 1 - k if decoding else 0
-            steps = max(1, until_finish)
+            dt = decode_table[d]
+            steps = decoding[0][1] + last_steps - k
             if admitted + waiting < n and in_flight < max_seqs and tokens_left >= 1:
-                gap = arrivals[admitted + waiting] - t
-                steps = min(steps, max(1, math.ceil(gap / dt)))
-            record_run(k, t, dt)
+                steps = min(steps, max(1, math.ceil((arrivals[admitted + waiting] - t) / dt)))
+            steps = max(1, steps)
+            t0, k0 = t, k
             t += steps * dt
             k += steps
             seq_time += steps * dt * d
         else:
             # One iteration with prefill work: continue chunked prompts, then admit new ones.
             prompt_tokens = 0
-            completed: list[int] = []
             for item in prefilling:
                 if tokens_left < 1:
                     break
@@ -286,36 +269,37 @@ def _run(  # noqa: C901 - one scheduler loop; splitting it would hide the state 
                 admitted += 1
                 waiting -= 1
                 in_flight += 1
-            dt = cost.iteration_s(d, prompt_tokens)
-            record_run(k, t, dt)
+            prefill_s = prefill_memo.get(prompt_tokens)
+            if prefill_s is None:
+                prefill_s = prefill_memo[prompt_tokens] = cost.prefill_s(prompt_tokens)
+            dt = decode_table[d] + prefill_s
+            t0, k0 = t, k
             t += dt
             k += 1
             seq_time += dt * in_flight
             while prefilling and prefilling[0][1] == 0:
-                completed.append(prefilling.popleft()[0])
-            for request in completed:
+                request = prefilling.popleft()[0]
                 if request >= warmup:
                     ttft.append(t - arrivals[request])
-                if generated == 1:
+                if last_steps == 0:
                     finished += 1
                 else:
-                    decoding.append((request, k))
-        # Sequences whose last token came out in the iterations just run.
-        while decoding and decoding[0][1] + generated - 1 <= k:
-            request, first_k = decoding.popleft()
-            done_k = first_k + generated - 1
+                    decoding.append((request, k, t))
+        # Sequences whose last token came out in the iterations just run (all of equal time
+        # dt, the last one ending at t).
+        while decoding and decoding[0][1] + last_steps <= k:
+            request, first_k, first_t = decoding.popleft()
             if request >= warmup:
-                tpot.append((end_time(done_k) - end_time(first_k)) / (generated - 1))
+                done_t = t0 + (first_k + last_steps - k0) * dt
+                tpot.append((done_t - first_t) / last_steps)
             finished += 1
-    if not ttft or (generated > 1 and not tpot):
+    if not ttft or (last_steps and not tpot):
         raise LlmServingInputError("too few requests after the warm-up to take percentiles")
-    ttft_mean = math.fsum(ttft) / len(ttft)
-    tpot_mean = math.fsum(tpot) / len(tpot) if tpot else 0.0
     return LlmRun(
         ttft_p99_s=_percentile(ttft),
         tpot_p99_s=_percentile(tpot) if tpot else 0.0,
-        ttft_mean_s=ttft_mean,
-        tpot_mean_s=tpot_mean,
+        ttft_mean_s=math.fsum(ttft) / len(ttft),
+        tpot_mean_s=math.fsum(tpot) / len(tpot) if tpot else 0.0,
         mean_sequences=seq_time / t if t > 0 else 0.0,
         iterations=k,
         requests=n,
@@ -496,6 +480,12 @@ def _drift(first: LlmRun, second: LlmRun) -> float:
     )
 
 
+def rate_ceiling_per_s(cost: IterationCost, shape: LlmServerShape) -> float:
+    """The highest rate :func:`llm_server_throughput` can answer [1/s]: the bisection's upper
+    end, ``trusted_share(MIN_REQUESTS) x capacity_per_s``."""
+    return capacity_per_s(cost, shape) * trusted_share(MIN_REQUESTS)
+
+
 def trusted_share(requests: int) -> float:
     """Share of the capacity up to which a run of ``requests`` arrivals reaches its steady
     state: ``1 - sqrt(RELAXATIONS / requests)`` (a queue at utilisation ``rho`` relaxes over
@@ -519,5 +509,6 @@ __all__ = [
     "capacity_per_s",
     "clear_llm_server_cache",
     "llm_server_throughput",
+    "rate_ceiling_per_s",
     "simulate",
 ]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from app.domain.errors import DomainError
@@ -24,10 +24,12 @@ from app.domain.fit import fits
 from app.domain.hardware import DeviceKind, HardwareSpec, PriceKind
 from app.domain.performance.calibration import cpu_compute_unit
 from app.domain.performance.llm_server import (
+    IterationCost,
     IterationTiming,
     LlmServerLoad,
     LlmServerShape,
     llm_server_throughput,
+    rate_ceiling_per_s,
 )
 from app.domain.performance.precision_schemes import PRECISION_SCHEMES
 from app.domain.performance.prediction import Bound, Prediction
@@ -377,77 +379,115 @@ def assess_server(options: Sequence[Assessment], requirements: Requirements) -> 
     return assess(chosen.prediction, chosen.memory, requirements, server=load)
 
 
-def assess_llm_server(
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LlmPlan:
+    """One device's fitting options at one precision as an LLM server to simulate."""
+
+    fitting: tuple[Assessment, ...]  # by concurrency; the widest is the KV pool's limit
+    timings: tuple[IterationTiming, ...]
+    shape: LlmServerShape
+
+    @property
+    def widest(self) -> Assessment:
+        """The option at the largest fitting concurrency (``max_seqs``)."""
+        return self.fitting[-1]
+
+
+def llm_plan(
     options: Sequence[Assessment],
-    requirements: Requirements,
     *,
     prompt_tokens: int,
     generated_tokens: int,
     max_batched_tokens: int,
-) -> Assessment:
-    """Of one device's options at one precision, decoder serving under TTFT / TPOT p99 bounds.
-
-    The options that fit memory are continuous batching at that many sequences in flight:
-    their prefill (``first_token_s``) and decode step (``per_token_s``) times feed
-    :func:`app.domain.performance.llm_server.llm_server_throughput`, with the largest fitting
-    concurrency as ``max_seqs`` (the KV pool's limit: every request holds its whole context's
-    blocks). The answer is the option at that concurrency, assessed at the sustained rate with
-    its TTFT p99 as the latency judged. When nothing fits, or a lone request already misses a
-    bound, the offline answer of :func:`best_batch` with the reason.
-    """
-    ttft, tpot = requirements.ttft_p99_s, requirements.tpot_p99_s
-    if ttft is None or tpot is None:
-        raise RecommendationInputError("decoder serving needs ttft_p99 and tpot_p99 bounds")
-    fitting = sorted(
-        (
-            o
-            for o in options
-            if o.memory.fits
-            and o.prediction.first_token_s is not None
-            and o.prediction.per_token_s is not None
-        ),
-        key=lambda o: o.prediction.batch,
+) -> LlmPlan | None:
+    """The options that fit memory as continuous batching at that many sequences in flight:
+    their prefill (``first_token_s``) and decode step (``per_token_s``) times, with the largest
+    fitting concurrency as ``max_seqs`` (the KV pool's limit: every request holds its whole
+    context's blocks); None when none fits."""
+    fitting = tuple(
+        sorted(
+            (
+                o
+                for o in options
+                if o.memory.fits
+                and o.prediction.first_token_s is not None
+                and o.prediction.per_token_s is not None
+            ),
+            key=lambda o: o.prediction.batch,
+        )
     )
     if not fitting:
-        return best_batch(options, requirements.objective)
-    timings = [
+        return None
+    timings = tuple(
         IterationTiming(
             sequences=o.prediction.batch,
             prefill_s=o.prediction.first_token_s or 0.0,
             decode_step_s=o.prediction.per_token_s or 0.0,
         )
         for o in fitting
-    ]
-    widest = fitting[-1]
+    )
     shape = LlmServerShape(
         prompt_tokens=prompt_tokens,
         generated_tokens=generated_tokens,
-        max_seqs=widest.prediction.batch,
+        max_seqs=fitting[-1].prediction.batch,
         max_batched_tokens=max_batched_tokens,
     )
-    load = llm_server_throughput(timings, shape, ttft_bound_s=ttft, tpot_bound_s=tpot)
+    return LlmPlan(fitting=fitting, timings=timings, shape=shape)
+
+
+def llm_objective_floor(plan: LlmPlan, requirements: Requirements) -> float:
+    """A lower bound of the objective's first key (:func:`sort_key`) the simulation can give:
+    at the rate ceiling (:func:`app.domain.performance.llm_server.rate_ceiling_per_s`) for
+    cost and energy, a lone request's prefill for latency [USD/h, USD per million, J or s]."""
+    cost = IterationCost(plan.timings, plan.shape.prompt_tokens)
+    rate = rate_ceiling_per_s(cost, plan.shape)
+    device = plan.widest.prediction.device
+    objective = requirements.objective
+    if objective is Objective.LATENCY:
+        return cost.prefill_s(plan.shape.prompt_tokens)
+    if objective is Objective.ENERGY:
+        return math.inf if device.tdp_watts is None else device.tdp_watts / rate
+    price, _ = price_of_kind(device, requirements.price_kind)
+    if price is None:
+        return math.inf
+    target = requirements.throughput_target_per_s
+    if target is not None:
+        return devices_needed(target, rate) * price
+    return cost_per_million_usd(price, rate)
+
+
+def assess_llm_server(plan: LlmPlan, requirements: Requirements) -> Assessment:
+    """Decoder serving of one device at one precision under TTFT / TPOT p99 bounds.
+
+    :func:`app.domain.performance.llm_server.llm_server_throughput` over the plan's timings;
+    the answer is the option at the widest concurrency, assessed at the sustained rate with its
+    TTFT p99 as the latency judged. When a lone request already misses a bound, the smallest
+    option with the reason.
+    """
+    ttft, tpot = requirements.ttft_p99_s, requirements.tpot_p99_s
+    if ttft is None or tpot is None:
+        raise RecommendationInputError("decoder serving needs ttft_p99 and tpot_p99 bounds")
+    load = llm_server_throughput(plan.timings, plan.shape, ttft_bound_s=ttft, tpot_bound_s=tpot)
     if load is None:
-        lone = best_batch(fitting[:1], requirements.objective)
-        reason = (
-            f"a lone request misses the bounds: {_ms(fitting[0].prediction.first_token_s or 0)} "
-            f"to the first token (bound {_ms(ttft)}), {_ms(fitting[0].prediction.per_token_s or 0)}"
-            f" per token (bound {_ms(tpot)})"
+        first = plan.fitting[0].prediction
+        return with_reason(
+            plan.fitting[0],
+            f"a lone request misses the bounds: {_ms(first.first_token_s or 0)} to the first "
+            f"token (bound {_ms(ttft)}), {_ms(first.per_token_s or 0)} per token (bound "
+            f"{_ms(tpot)})",
         )
-        return Assessment(
-            prediction=lone.prediction,
-            memory=lone.memory,
-            meets_latency_slo=False,
-            devices_needed=lone.devices_needed,
-            cost_usd_per_million=lone.cost_usd_per_million,
-            fleet_cost_usd_per_hour=lone.fleet_cost_usd_per_hour,
-            energy_j_per_inference=lone.energy_j_per_inference,
-            reasons=(*lone.reasons, reason),
-            unpriced_reason=lone.unpriced_reason,
-        )
+    widest = plan.widest
     return assess(widest.prediction, widest.memory, requirements, llm_server=load)
 
 
-def _objective_key(item: Assessment, objective: Objective) -> tuple[float, ...]:
+def with_reason(item: Assessment, reason: str) -> Assessment:
+    """``item`` made ineligible for ``reason`` (kept with its figures, ranked after)."""
+    return replace(item, meets_latency_slo=False, reasons=(*item.reasons, reason))
+
+
+def objective_key(item: Assessment, objective: Objective) -> tuple[float, ...]:
+    """What the objective ranks by, smallest first (cost or energy, then latency; or latency,
+    then the negated throughput)."""
     inf = math.inf
     if objective is Objective.COST:
         cost = item.fleet_cost_usd_per_hour
@@ -467,7 +507,7 @@ def sort_key(item: Assessment, objective: Objective) -> tuple[object, ...]:
         not item.eligible,
         not item.memory.fits,
         not item.meets_latency_slo,
-        *_objective_key(item, objective),
+        *objective_key(item, objective),
         p.device.slug,
         p.precision.value,
         p.batch,
@@ -591,7 +631,14 @@ def quantization_sentence(p: Prediction) -> str:
 
 def _headline(item: Assessment, requirements: Requirements) -> str:
     p = item.prediction
-    if item.server is None:
+    if item.llm_server is not None:
+        load = item.llm_server
+        parts = [
+            f"TTFT p99 {_ms(load.ttft_p99_s)} (bound {_ms(load.ttft_bound_s)}) and TPOT p99 "
+            f"{_ms(load.tpot_p99_s)} (bound {_ms(load.tpot_bound_s)}) under Poisson arrivals "
+            f"(continuous batching, up to {load.max_seqs} sequences in flight)"
+        ]
+    elif item.server is None:
         parts = [f"{_ms(p.latency_s)} per request"]
     else:
         parts = [
@@ -610,6 +657,8 @@ def _headline(item: Assessment, requirements: Requirements) -> str:
             f"{_ms(p.first_token_s)} to the first token then {_ms(p.per_token_s)} per token"
         )
     unit = "sequences" if p.first_token_s is not None else "inferences"
+    if item.llm_server is not None:
+        unit = "requests"
     parts.append(f"{_rate(item.throughput_per_s)} {unit}/s per device")
     if item.devices_needed is not None and requirements.throughput_target_per_s is not None:
         count = item.devices_needed
@@ -654,7 +703,7 @@ def _comparison(
     head = f"The best {label} option, {_device_label(p)} at {p.precision.value} batch {p.batch}"
     if not other.eligible:
         return f"{head}, is not eligible: {'; '.join(other.reasons)}."
-    mine, theirs = _objective_key(best, objective)[0], _objective_key(other, objective)[0]
+    mine, theirs = objective_key(best, objective)[0], objective_key(other, objective)[0]
     measure = {
         Objective.COST: "the cost",
         Objective.ENERGY: "the energy",
