@@ -20,8 +20,9 @@ import app.schemas
 
 def _schema_classes() -> list[type[BaseModel]]:
     found: list[type[BaseModel]] = []
-    for info in pkgutil.iter_modules(app.schemas.__path__):
-        module = importlib.import_module(f"app.schemas.{info.name}")
+    # walk_packages: schema packages (app.schemas.recommendations) hold their classes in modules.
+    for info in pkgutil.walk_packages(app.schemas.__path__, prefix="app.schemas."):
+        module = importlib.import_module(info.name)
         for _, cls in inspect.getmembers(module, inspect.isclass):
             if issubclass(cls, BaseModel) and cls.__module__ == module.__name__:
                 found.append(cls)

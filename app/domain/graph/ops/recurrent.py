@@ -1,0 +1,105 @@
+"""Recurrent layers (LSTM, GRU, Elman RNN) on oneDNN / cuDNN and PyTorch's native CPU cell."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import replace
+
+from app.domain.graph.ops.core import (
+    OpContext,
+    OpResult,
+    Saved,
+    Storage,
+    Transient,
+    require_float,
+)
+from app.domain.workload import (
+    Runtime,
+)
+
+_RNN_WORKSPACE_PER_GATE = 15.585 / 4  # workspace floats per output element per gate
+
+
+# PyTorch's CPU GRU and vanilla RNN run its native cell step by step (only LSTM goes to oneDNN):
+# tensors of the output's size ([N, S, H] per layer) that each keeps besides its input and
+# output. Training: the per-step tensors autograd saves (RNN: each step's state; GRU: the gates
+# (3), clones of the two in-place products' operands (2), the candidate and the state).
+# Inference: the steps' states; GRU keeps one more output-sized set of step tensors under
+# torch.no_grad() and none under torch.inference_mode(), which a request cannot tell apart: half
+# of one is assumed (each measured case within 6 %). Both also hold the input gates for every
+# step ([N, S, gates x H]) while they run, and training keeps a seq-first copy of the input for
+# the input projection's backward (measured on PyTorch 2.13 CPU: benchmarks/fidelity, the GRU
+# and RNN classifiers at batch 32 x 128 tokens, checked at batch 64 x 256: within 0.1 %).
+_NATIVE_CELL_SAVED = {1: 1, 3: 7}
+_NATIVE_CELL_INFERENCE = {1: 1.0, 3: 1.5}
+
+
+def _native_cell(ctx: OpContext, gates: int, result: OpResult) -> OpResult:
+    """``result`` (the oneDNN form) with the tensors of PyTorch's native CPU cell instead."""
+    out_numel = math.prod(result.shape)
+    layers = ctx.attr("num_layers", 1)
+    input_gates = Transient(label="input_gates", numel=gates * out_numel * layers)
+    if not ctx.training:
+        held = math.ceil(_NATIVE_CELL_INFERENCE[gates] * out_numel * layers)
+        steps = Transient(label="step_states", numel=held)
+        return replace(result, saved=(), transients=(input_gates, steps))
+    # Backward reads the seq-first input copy and the step tensors, not the input or the
+    # stacked output (stack's backward needs nothing).
+    saved = (
+        Saved(label="input_seq_first", source="new", numel=ctx.x.numel),
+        Saved(label="step_tensors", source="new",
+              numel=_NATIVE_CELL_SAVED[gates] * out_numel * layers),
+    )  # fmt: skip
+    return replace(result, saved=saved, transients=(input_gates,))
+
+
+def _recurrent(gates: int) -> Callable[[OpContext], OpResult]:
+    def run(ctx: OpContext) -> OpResult:
+        require_float(ctx)
+        if len(ctx.x.shape) != 3:
+            raise ctx.fail("expects batch-first [N, S, D]", "inputs")
+        n, seq, features = ctx.x.shape
+        size = ctx.attrs["hidden_size"]
+        layers = ctx.attr("num_layers", 1)
+        directions = 2 if ctx.attr("bidirectional", False) else 1
+        bias = ctx.attr("bias", True)
+        params: list[tuple[int, ...]] = []
+        flops = 0
+        for layer in range(layers):
+            width = features if layer == 0 else size * directions
+            for _ in range(directions):
+                params += [(gates * size, width), (gates * size, size)]
+                if bias:
+                    params += [(gates * size,), (gates * size,)]
+                flops += 2 * n * seq * gates * size * (width + size) + 8 * n * seq * size
+        out_numel = n * seq * size * directions
+        # oneDNN's RNN layer keeps its input, output and a byte workspace of ~15.6 floats per
+        # output element per layer (gates and states of every step; measured for LSTM on
+        # PyTorch 2.13 CPU), and briefly ~4.5 outputs more; on CUDA, cuDNN's reserve space for
+        # every cell is assumed alike, scaled by gates (not measured). GRU and RNN on CPU run
+        # PyTorch's native cell instead (_native_cell).
+        workspace = math.ceil(out_numel * layers * _RNN_WORKSPACE_PER_GATE * gates)
+        result = OpResult(
+            shape=(n, seq, size * directions),
+            param_shapes=tuple(params),
+            flops=flops,
+            saved=(
+                Saved(label="input", source="in0", numel=ctx.x.numel),
+                Saved(label="output", source="out", numel=out_numel),
+                Saved(label="workspace", source="new", numel=workspace, storage=Storage.FP32),
+            ),
+            transients=(
+                Transient(label="layer_buffers", numel=math.ceil(4.5 * out_numel * layers)),
+            ),
+        )
+        if gates in _NATIVE_CELL_SAVED and ctx.runtime is Runtime.CPU:
+            return _native_cell(ctx, gates, result)
+        return result
+
+    return run
+
+
+lstm = _recurrent(4)
+gru = _recurrent(3)
+rnn = _recurrent(1)  # Elman RNN, tanh or relu

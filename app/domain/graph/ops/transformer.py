@@ -1,0 +1,356 @@
+"""Transformer layers: norms over the last dim, linear, embeddings, attention, the
+feed-forward network and the sparse mixture of experts.
+"""
+
+from __future__ import annotations
+
+from app.domain.graph.ops.core import (
+    OpContext,
+    OpResult,
+    Saved,
+    Storage,
+    TensorKind,
+    Transient,
+    require_float,
+    row_count,
+)
+from app.domain.workload import (
+    FUSED_ATTENTION,
+    Attention,
+    Runtime,
+    default_attention,
+)
+
+
+def layernorm(ctx: OpContext) -> OpResult:
+    """Layer norm over the last dim; keeps input and fp32 per-row mean and rstd."""
+    require_float(ctx)
+    dim = ctx.x.shape[-1]
+    affine = ctx.attr("elementwise_affine", True)
+    params: tuple[tuple[int, ...], ...] = ()
+    if affine:
+        params = ((dim,), (dim,)) if ctx.attr("bias", True) else ((dim,),)
+    rows = row_count(ctx)
+    return OpResult(
+        shape=ctx.x.shape,
+        param_shapes=params,
+        flops=5 * ctx.x.numel,
+        saved=(
+            Saved(label="input", source="in0", numel=ctx.x.numel),
+            Saved(label="mean", source="new", numel=rows, storage=Storage.FP32),
+            Saved(label="rstd", source="new", numel=rows, storage=Storage.FP32),
+        ),
+    )
+
+
+def rmsnorm(ctx: OpContext) -> OpResult:
+    """RMS norm as Hugging Face Llama computes it (in fp32, then cast back).
+
+    Keeps the fp32 input (a copy when activations are 16-bit), the normalized tensor in the
+    activation dtype (multiplied by the weight), and the fp32 per-row rsqrt.
+    """
+    require_float(ctx)
+    rows = row_count(ctx)
+    return OpResult(
+        shape=ctx.x.shape,
+        param_shapes=((ctx.x.shape[-1],),),
+        flops=4 * ctx.x.numel,
+        saved=(
+            Saved(label="input_fp32", source="in0_fp32", numel=ctx.x.numel, storage=Storage.FP32),
+            Saved(label="normalized", source="new", numel=ctx.x.numel),
+            Saved(label="rstd", source="new", numel=rows, storage=Storage.FP32),
+        ),
+    )
+
+
+def linear(ctx: OpContext) -> OpResult:
+    """Fully connected layer over the last dim; keeps its input."""
+    require_float(ctx)
+    if not ctx.x.shape:
+        raise ctx.fail("expects at least a 1-d input", "inputs")
+    features = ctx.x.shape[-1]
+    declared = ctx.attrs.get("in_features")
+    if declared is not None and declared != features:
+        raise ctx.fail(f"in_features {declared} does not match input {features}", "in_features")
+    out = ctx.attrs["out_features"]
+    rows = row_count(ctx)
+    weight = out * features
+    tied = ctx.attrs.get("tied_to")
+    if tied is not None:
+        shared = ctx.tied_params.get(tied)
+        if shared is None:
+            raise ctx.fail(f"'{tied}' is not an earlier layer with a weight", "tied_to")
+        if shared != weight:
+            raise ctx.fail(
+                f"cannot tie to '{tied}': its weight has {shared} elements, this layer needs "
+                f"{weight} ({out} x {features})",
+                "tied_to",
+            )
+    params: list[tuple[int, ...]] = [] if tied is not None else [(out, features)]
+    if ctx.attr("bias", True):
+        params.append((out,))
+    return OpResult(
+        shape=(*ctx.x.shape[:-1], out),
+        param_shapes=tuple(params),
+        flops=2 * rows * features * out,
+        saved=(Saved(label="input", source="in0", numel=ctx.x.numel),),
+    )
+
+
+def embedding(ctx: OpContext) -> OpResult:
+    """Lookup table; keeps the int64 indices (its input)."""
+    if ctx.x.kind is not TensorKind.INDEX:
+        raise ctx.fail("expects int64 token ids as input", "inputs")
+    vocab, dim = ctx.attrs["num_embeddings"], ctx.attrs["embedding_dim"]
+    return OpResult(
+        shape=(*ctx.x.shape, dim),
+        param_shapes=((vocab, dim),),
+        saved=(Saved(label="indices", source="in0", numel=ctx.x.numel, storage=Storage.INT64),),
+    )
+
+
+def embedding_add(ctx: OpContext) -> OpResult:
+    """Add a learned embedding indexed by position (positions, token types); keeps nothing big."""
+    require_float(ctx)
+    if len(ctx.x.shape) != 3:
+        raise ctx.fail("expects [N, S, D]", "inputs")
+    _, seq, dim = ctx.x.shape
+    rows = ctx.attrs["num_embeddings"]
+    if ctx.attr("positional", True) and rows < seq:
+        raise ctx.fail(f"{rows} positions cannot cover sequence length {seq}", "num_embeddings")
+    return OpResult(shape=ctx.x.shape, param_shapes=((rows, dim),), flops=ctx.x.numel)
+
+
+def cls_token(ctx: OpContext) -> OpResult:
+    """Prepend one learned token to a sequence (ViT's class token)."""
+    require_float(ctx)
+    if len(ctx.x.shape) != 3:
+        raise ctx.fail("expects [N, S, D]", "inputs")
+    n, seq, dim = ctx.x.shape
+    return OpResult(shape=(n, seq + 1, dim), param_shapes=((1, 1, dim),))
+
+
+def attention(ctx: OpContext) -> OpResult:
+    """Multi-head self-attention with q/k/v/o projections (MHA, GQA, MQA).
+
+    How attention is computed is the request's ``attention`` option (``ctx.attention``; None:
+    what PyTorch's SDPA dispatcher picks, :func:`app.domain.workload.default_attention`).
+    eager / sdpa_math: keep the block input, q, k and v (k and v expanded to every query head
+    for GQA), the fp32 softmax probabilities, a dropout mask and dropped probabilities when
+    attention dropout is on, and the context fed to the output projection; the S x S scores and
+    probabilities are transients in forward. flash / mem_efficient: keep q, k, v, the output and
+    the fp32 log-sum-exp, never an S x S matrix. On CPU, PyTorch's fused kernel has no dropout:
+    flash or mem_efficient asked for in training with attention dropout runs SDPA's math kernel
+    (sdpa_math, measured on PyTorch 2.13 CPU; the reason says so). Only causal (decoder)
+    attention fills a KV cache at inference; an encoder attends over its whole input once and
+    caches nothing.
+    """
+    require_float(ctx)
+    if len(ctx.x.shape) != 3:
+        raise ctx.fail("expects [N, S, D]", "inputs")
+    n, seq, hidden = ctx.x.shape
+    declared = ctx.attrs.get("hidden_size")
+    if declared is not None and declared != hidden:
+        raise ctx.fail(f"hidden_size {declared} does not match input {hidden}", "hidden_size")
+    heads = ctx.attrs["num_heads"]
+    kv_heads = ctx.attr("num_kv_heads", heads)
+    if heads % kv_heads:
+        raise ctx.fail(f"num_kv_heads {kv_heads} must divide num_heads {heads}", "num_kv_heads")
+    head_dim = ctx.attrs.get("head_dim")
+    if head_dim is None:
+        if hidden % heads:
+            raise ctx.fail(f"num_heads {heads} must divide hidden size {hidden}", "num_heads")
+        head_dim = hidden // heads
+    q_dim, kv_dim = heads * head_dim, kv_heads * head_dim
+    qkv_bias, out_bias = ctx.attr("qkv_bias", True), ctx.attr("out_bias", True)
+    params: list[tuple[int, ...]] = [
+        (q_dim, hidden),
+        (kv_dim, hidden),
+        (kv_dim, hidden),
+        (hidden, q_dim),
+    ]
+    if qkv_bias:
+        params += [(q_dim,), (kv_dim,), (kv_dim,)]
+    if out_bias:
+        params.append((hidden,))
+    tokens = n * seq
+    causal = ctx.attr("causal", False)
+    score_pairs = n * heads * seq * seq
+    attended = score_pairs // 2 + n * heads * seq // 2 if causal else score_pairs
+    flops = 2 * tokens * hidden * (q_dim + 2 * kv_dim) + 2 * tokens * q_dim * hidden
+    flops += 2 * 2 * attended * head_dim + 5 * attended
+    q_numel = tokens * q_dim
+    expanded_kv = tokens * q_dim  # k/v repeated to every query head before the matmuls
+    dropout_p = ctx.attr("dropout", 0.0) if ctx.training else 0.0
+    saved = [
+        Saved(label="input", source="in0", numel=ctx.x.numel),
+        Saved(label="q", source="new", numel=q_numel),
+        Saved(label="k", source="new", numel=expanded_kv),
+        Saved(label="v", source="new", numel=expanded_kv),
+        Saved(label="context", source="new", numel=q_numel),
+    ]
+    transients = [Transient(label="qkv", numel=q_numel + 2 * expanded_kv)]
+    if ctx.attention is None:
+        impl, reason = default_attention(
+            ctx.runtime,
+            ctx.precision,
+            training=ctx.training,
+            dropout=dropout_p > 0,
+            gpu=ctx.gpu,
+            head_dim=head_dim,
+        )
+    else:
+        impl, reason = ctx.attention, "requested"
+    # PyTorch's fused CPU kernel has no dropout: with dropout in training SDPA runs the math
+    # path, which keeps the same tensors as the unfused implementation (measured, 2.13 CPU).
+    if impl in FUSED_ATTENTION and ctx.runtime is Runtime.CPU and dropout_p > 0:
+        impl, reason = (
+            Attention.SDPA_MATH,
+            f"{impl.value} asked for, but PyTorch's fused CPU kernel has no dropout: SDPA runs "
+            "the math kernel in training with attention dropout",
+        )
+    if impl in FUSED_ATTENTION:
+        # The fp32 log-sum-exp is [N, heads, S] for flash; the CUDA memory-efficient kernel pads
+        # S to a multiple of 32 (kAlignLSE in aten/src/ATen/native/transformers/cuda/
+        # attention.cu, _efficient_attention_forward).
+        lse_seq = seq
+        if impl is Attention.MEM_EFFICIENT and ctx.runtime is Runtime.CUDA:
+            lse_seq = -(-seq // 32) * 32
+        saved += [
+            Saved(label="attn_out", source="new", numel=q_numel),
+            Saved(label="logsumexp", source="new", numel=n * heads * lse_seq, storage=Storage.FP32),
+        ]
+    else:
+        saved.append(Saved(label="probs", source="new", numel=score_pairs, storage=Storage.FP32))
+        # Scores and softmax probabilities coexist while the softmax runs.
+        transients += [
+            Transient(label="scores", numel=score_pairs, storage=Storage.FP32),
+            Transient(label="probs", numel=score_pairs, storage=Storage.FP32),
+        ]
+        if dropout_p > 0:
+            saved += [
+                Saved(label="probs_mask", source="new", numel=score_pairs, storage=Storage.MASK),
+                Saved(label="probs_dropped", source="new", numel=score_pairs),
+            ]
+    return OpResult(
+        shape=ctx.x.shape,
+        param_shapes=tuple(params),
+        flops=flops,
+        saved=tuple(saved),
+        transients=tuple(transients),
+        kv_cache_numel=2 * tokens * kv_dim if causal else 0,
+        attention=impl,
+        attention_reason=reason,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+    )
+
+
+_GATED = {"swiglu": "silu", "geglu": "gelu"}
+# Hugging Face NewGELUActivation (GPT-2's gelu_new) is a composite of pow/mul/add/tanh: autograd
+# keeps three intermediate-sized tensors besides its input (measured, PyTorch 2.13 CPU).
+_COMPOSITE_EXTRA = {"gelu_new": 3}
+
+
+def _ffn_params(hidden: int, inner: int, *, gated: bool, bias: bool) -> list[tuple[int, ...]]:
+    """Weights (and biases) of one feed-forward network: up (and gate) and down projections."""
+    projections = 3 if gated else 2
+    params: list[tuple[int, ...]] = [(inner, hidden)] * (projections - 1)
+    params.append((hidden, inner))
+    if bias:
+        params += [(inner,)] * (projections - 1) + [(hidden,)]
+    return params
+
+
+def _ffn_saved(activation: str, wide: int) -> list[Saved]:
+    """What a feed-forward network keeps besides its input, for ``wide`` intermediate values."""
+    if activation in _GATED:
+        return [
+            Saved(label="gate", source="new", numel=wide),
+            Saved(label="activated_gate", source="new", numel=wide),
+            Saved(label="up", source="new", numel=wide),
+            Saved(label="product", source="new", numel=wide),
+        ]
+    return [
+        Saved(label="pre_activation", source="new", numel=wide),
+        Saved(label="activated", source="new", numel=wide),
+    ] + [
+        Saved(label=f"activation_part{i}", source="new", numel=wide)
+        for i in range(_COMPOSITE_EXTRA.get(activation, 0))
+    ]
+
+
+def mlp(ctx: OpContext) -> OpResult:
+    """Transformer feed-forward: up projection, activation (or gated), down projection.
+
+    Plain (GELU/ReLU/SiLU): keeps the input, the pre-activation and the activation output.
+    Gated (SwiGLU/GeGLU, no bias in Llama): keeps the input, gate, activated gate, up, and the
+    product fed to the down projection.
+    """
+    require_float(ctx)
+    hidden = ctx.x.shape[-1]
+    inner = ctx.attrs["intermediate_size"]
+    activation = ctx.attr("activation", "gelu")
+    rows = row_count(ctx)
+    wide = rows * inner
+    gated = activation in _GATED
+    projections = 3 if gated else 2
+    params = _ffn_params(hidden, inner, gated=gated, bias=ctx.attr("bias", True))
+    saved = [Saved(label="input", source="in0", numel=ctx.x.numel), *_ffn_saved(activation, wide)]
+    return OpResult(
+        shape=ctx.x.shape,
+        param_shapes=tuple(params),
+        flops=2 * rows * hidden * inner * projections + 4 * wide,
+        saved=tuple(saved),
+        transients=(Transient(label="intermediate", numel=(3 if gated else 2) * wide),),
+    )
+
+
+def moe(ctx: OpContext) -> OpResult:
+    """Sparse mixture-of-experts feed-forward (Mixtral): a router and ``num_experts`` MLPs.
+
+    Every token goes to its ``experts_per_token`` best experts (a bias-free router linear,
+    softmax, top-k) and their outputs are summed with the routing weights. Parameters: the
+    router (experts x hidden) plus every expert's projections; FLOPs and saved tensors count
+    only the experts a token visits (k per token): the router logits (fp32), the routing
+    weights, each routed copy of the input, and each expert's intermediates as in ``mlp``.
+    """
+    require_float(ctx)
+    hidden = ctx.x.shape[-1]
+    experts = ctx.attrs["num_experts"]
+    top_k = ctx.attrs["experts_per_token"]
+    if top_k > experts:
+        raise ctx.fail(
+            f"experts_per_token {top_k} exceeds num_experts {experts}", "experts_per_token"
+        )
+    inner = ctx.attrs["intermediate_size"]
+    activation = ctx.attr("activation", "swiglu")
+    gated = activation in _GATED
+    projections = 3 if gated else 2
+    rows = row_count(ctx)
+    routed = rows * top_k  # (token, expert) pairs
+    wide = routed * inner
+    params: list[tuple[int, ...]] = [(experts, hidden)]
+    for _ in range(experts):
+        params += _ffn_params(hidden, inner, gated=gated, bias=ctx.attr("bias", False))
+    saved = [
+        Saved(label="input", source="in0", numel=ctx.x.numel),
+        Saved(label="router_logits", source="new", numel=rows * experts, storage=Storage.FP32),
+        Saved(label="routing_weights", source="new", numel=routed, storage=Storage.FP32),
+        Saved(label="routed_input", source="new", numel=routed * hidden),
+        *_ffn_saved(activation, wide),
+    ]
+    return OpResult(
+        shape=ctx.x.shape,
+        param_shapes=tuple(params),
+        flops=2 * rows * hidden * experts
+        + 5 * rows * experts
+        + 2 * routed * hidden * inner * projections
+        + 4 * wide
+        + 2 * routed * hidden,
+        saved=tuple(saved),
+        transients=(
+            Transient(label="intermediate", numel=(3 if gated else 2) * wide),
+            Transient(label="expert_outputs", numel=routed * hidden),
+        ),
+    )
