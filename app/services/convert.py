@@ -640,6 +640,7 @@ def recommendation_requirements(payload: InferenceRecommendationRequest) -> Requ
         ttft_p99_s=None if payload.ttft_p99_ms is None else payload.ttft_p99_ms / 1e3,
         tpot_p99_s=None if payload.tpot_p99_ms is None else payload.tpot_p99_ms / 1e3,
         max_batched_tokens=payload.max_num_batched_tokens,
+        max_num_seqs=payload.max_num_seqs,
     )
 
 

@@ -14,6 +14,7 @@ from app.domain.performance.calibration import (
 )
 from app.domain.performance.candidates import Candidate
 from app.domain.performance.decoding import Batching, kv_bytes_per_request
+from app.domain.performance.llm_server import LlmServerLoad
 from app.domain.performance.pipeline import ParallelStrategy
 from app.domain.performance.precision_schemes import PRECISION_SCHEMES, PrecisionScheme
 from app.domain.performance.prediction import Bound, PipelineTiming, Prediction
@@ -25,7 +26,6 @@ from app.domain.performance.recommend import (
     price_of_kind,
 )
 from app.domain.performance.runtimes import DEFAULT_RUNTIME, RUNTIME_PROFILES, ServingRuntime
-from app.domain.performance.llm_server import LlmServerLoad
 from app.domain.performance.serving import ServerLoad
 from app.domain.precision import Precision
 from app.domain.workload import default_attention
@@ -36,6 +36,7 @@ from app.schemas.recommendations import (
     Exclusion,
     InferenceRecommendationRequest,
     InferenceRecommendationResponse,
+    LlmServerRead,
     PhaseRead,
     PipelinePhaseRead,
     PipelineRead,
@@ -770,8 +771,8 @@ def _llm_server_read(load: LlmServerLoad) -> LlmServerRead:
         mean_sequences_in_flight=load.mean_sequences,
         capacity_per_s=load.capacity_per_s,
         requests_simulated=load.requests,
-        ttft_p99_half_run_ms=load.ttft_p99_half_s * 1e3,
-        tpot_p99_half_run_ms=load.tpot_p99_half_s * 1e3,
+        ttft_p99_doubled_ms=load.ttft_p99_doubled_s * 1e3,
+        tpot_p99_doubled_ms=load.tpot_p99_doubled_s * 1e3,
         p99_drift=load.drift,
         stable=load.stable,
         limited_by=load.binding,

@@ -29,7 +29,7 @@ SHAPE = LlmServerShape(
 )
 
 
-def test_iteration_cost_interpolates_the_timed_points():
+def test_iteration_cost_interpolates_the_timed_points() -> None:
     cost = IterationCost(TIMINGS, prompt_tokens=512)
     assert cost.decode_s(0) == 0.0
     assert cost.decode_s(4) == pytest.approx(0.0108)
@@ -42,7 +42,7 @@ def test_iteration_cost_interpolates_the_timed_points():
     assert cost.iteration_s(8, 1024) == pytest.approx(0.0116 + 0.045)
 
 
-def test_a_lone_request_sees_its_prefill_then_one_decode_step_per_token():
+def test_a_lone_request_sees_its_prefill_then_one_decode_step_per_token() -> None:
     # At a vanishing rate every request is alone: TTFT = one iteration of its 512 prompt
     # tokens (25 ms), then 127 decode steps of one sequence (10.2 ms each).
     cost = IterationCost(TIMINGS, prompt_tokens=512)
@@ -53,7 +53,7 @@ def test_a_lone_request_sees_its_prefill_then_one_decode_step_per_token():
     assert run.tpot_mean_s == pytest.approx(0.0102)
 
 
-def test_a_prompt_longer_than_the_token_budget_is_prefilled_in_chunks():
+def test_a_prompt_longer_than_the_token_budget_is_prefilled_in_chunks() -> None:
     # 512 prompt tokens, 200 per iteration: chunks of 200, 200, 112 -> three iterations
     # priced at prefill_s(200), prefill_s(200), prefill_s(112): all below one prompt, 25 ms each.
     shape = LlmServerShape(
@@ -65,7 +65,7 @@ def test_a_prompt_longer_than_the_token_budget_is_prefilled_in_chunks():
     assert run.tpot_p99_s == pytest.approx(0.0102)
 
 
-def test_capacity_is_prefill_plus_decode_steps_at_full_concurrency():
+def test_capacity_is_prefill_plus_decode_steps_at_full_concurrency() -> None:
     cost = IterationCost(TIMINGS, prompt_tokens=512)
     per_request_s = 0.025 + 127 * (0.010 + 0.0002 * 64) / 64
     assert capacity_per_s(cost, SHAPE) == pytest.approx(1 / per_request_s)
@@ -73,14 +73,15 @@ def test_capacity_is_prefill_plus_decode_steps_at_full_concurrency():
 
 @pytest.mark.parametrize(("ttft_ms", "tpot_ms"), [(2000, 200), (500, 20), (200, 15), (1000, 40)])
 def test_the_answer_meets_both_bounds_and_doubling_the_arrivals_moves_it_under_5_percent(
-    ttft_ms, tpot_ms
-):
+    ttft_ms: float, tpot_ms: float
+) -> None:
     load = llm_server_throughput(
         TIMINGS, SHAPE, ttft_bound_s=ttft_ms / 1e3, tpot_bound_s=tpot_ms / 1e3
     )
     assert load is not None
     assert load.stable
-    assert load.ttft_p99_s <= ttft_ms / 1e3 and load.tpot_p99_s <= tpot_ms / 1e3
+    assert load.ttft_p99_s <= ttft_ms / 1e3
+    assert load.tpot_p99_s <= tpot_ms / 1e3
     assert 0 < load.arrival_rate_per_s <= load.capacity_per_s
     assert load.requests == MIN_REQUESTS
     cost = IterationCost(TIMINGS, prompt_tokens=512)
@@ -95,28 +96,30 @@ def test_the_answer_meets_both_bounds_and_doubling_the_arrivals_moves_it_under_5
     assert load.binding in {"ttft", "tpot", "capacity", "stability"}
 
 
-def test_a_tighter_tpot_bound_gives_a_lower_rate():
+def test_a_tighter_tpot_bound_gives_a_lower_rate() -> None:
     loose = llm_server_throughput(TIMINGS, SHAPE, ttft_bound_s=2.0, tpot_bound_s=0.2)
     tight = llm_server_throughput(TIMINGS, SHAPE, ttft_bound_s=2.0, tpot_bound_s=0.015)
-    assert loose is not None and tight is not None
+    assert loose is not None
+    assert tight is not None
     assert tight.arrival_rate_per_s < loose.arrival_rate_per_s
     assert tight.tpot_p99_s <= 0.015
 
 
-def test_a_bound_a_lone_request_misses_has_no_rate():
+def test_a_bound_a_lone_request_misses_has_no_rate() -> None:
     # one decode step of one sequence takes 10.2 ms
     assert llm_server_throughput(TIMINGS, SHAPE, ttft_bound_s=2.0, tpot_bound_s=0.010) is None
     # the prefill of one prompt takes 25 ms
     assert llm_server_throughput(TIMINGS, SHAPE, ttft_bound_s=0.020, tpot_bound_s=0.2) is None
 
 
-def test_fewer_sequences_in_flight_serve_fewer_requests():
+def test_fewer_sequences_in_flight_serve_fewer_requests() -> None:
     small = LlmServerShape(
         prompt_tokens=512, generated_tokens=128, max_seqs=8, max_batched_tokens=8192
     )
     wide = llm_server_throughput(TIMINGS, SHAPE, ttft_bound_s=2.0, tpot_bound_s=0.2)
     narrow = llm_server_throughput(TIMINGS, small, ttft_bound_s=2.0, tpot_bound_s=0.2)
-    assert wide is not None and narrow is not None
+    assert wide is not None
+    assert narrow is not None
     assert narrow.arrival_rate_per_s < wide.arrival_rate_per_s
     assert narrow.mean_sequences <= 8 + 1e-9
 
@@ -124,18 +127,18 @@ def test_fewer_sequences_in_flight_serve_fewer_requests():
 @pytest.mark.parametrize(
     "bad",
     [
-        dict(prompt_tokens=0, generated_tokens=1, max_seqs=1, max_batched_tokens=8),
-        dict(prompt_tokens=1, generated_tokens=0, max_seqs=1, max_batched_tokens=8),
-        dict(prompt_tokens=1, generated_tokens=1, max_seqs=0, max_batched_tokens=8),
-        dict(prompt_tokens=1, generated_tokens=1, max_seqs=1, max_batched_tokens=0),
+        {"prompt_tokens": 0, "generated_tokens": 1, "max_seqs": 1, "max_batched_tokens": 8},
+        {"prompt_tokens": 1, "generated_tokens": 0, "max_seqs": 1, "max_batched_tokens": 8},
+        {"prompt_tokens": 1, "generated_tokens": 1, "max_seqs": 0, "max_batched_tokens": 8},
+        {"prompt_tokens": 1, "generated_tokens": 1, "max_seqs": 1, "max_batched_tokens": 0},
     ],
 )
-def test_shapes_it_cannot_simulate_are_refused(bad):
+def test_shapes_it_cannot_simulate_are_refused(bad: dict[str, int]) -> None:
     with pytest.raises(LlmServingInputError):
         LlmServerShape(**bad)
 
 
-def test_timings_and_bounds_it_cannot_use_are_refused():
+def test_timings_and_bounds_it_cannot_use_are_refused() -> None:
     with pytest.raises(LlmServingInputError):
         IterationTiming(sequences=1, prefill_s=math.nan, decode_step_s=0.01)
     with pytest.raises(LlmServingInputError):

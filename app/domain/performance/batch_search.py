@@ -142,7 +142,11 @@ def search(
             (candidate, scheme),
             sizes_given=sizes_given,
             scenario=scenario,
-            max_batch_size=max_batch_size,
+            max_batch_size=(
+                max_num_seqs(candidate.device.memory_bytes, requirements)
+                if scenario is Scenario.SERVER and requirements.token_bounds
+                else max_batch_size
+            ),
         )
     ]
     plans.sort(key=lambda item: item[0])  # stable: candidates keep their order per batch
@@ -192,6 +196,16 @@ def search(
     else:
         shown = [best_batch(found, objective) for found in options.values()]
     return rank(shown, objective)
+
+
+def max_num_seqs(gpu_memory_bytes: int, requirements: Requirements) -> int:
+    """Sequences an LLM server keeps in flight at most, before the KV pool's limit: the
+    request's, else vLLM 0.19's default for the GPU's memory (1,024 on a GPU of >= 70 GiB,
+    else 256: app.domain.engines.vllm.VLLM_0_19; a group's device carries one GPU's memory)."""
+    if requirements.max_num_seqs is not None:
+        return requirements.max_num_seqs
+    large = gpu_memory_bytes >= VLLM_0_19.large_gpu_bytes
+    return VLLM_0_19.default_max_num_seqs[0 if large else 1]
 
 
 def max_batched_tokens(option: Assessment, requirements: Requirements) -> int:

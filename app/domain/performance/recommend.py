@@ -99,6 +99,7 @@ class Requirements:
     ttft_p99_s: float | None = None
     tpot_p99_s: float | None = None
     max_batched_tokens: int | None = None  # tokens per engine iteration (None: vLLM's default)
+    max_num_seqs: int | None = None  # sequences in flight at most (None: vLLM's default)
 
     def __post_init__(self) -> None:
         if self.latency_slo_s is not None:
@@ -109,8 +110,10 @@ class Requirements:
             value = getattr(self, name)
             if value is not None:
                 _positive(name, value)
-        if self.max_batched_tokens is not None and self.max_batched_tokens < 1:
-            raise RecommendationInputError("max_batched_tokens must be >= 1")
+        for name in ("max_batched_tokens", "max_num_seqs"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise RecommendationInputError(f"{name} must be >= 1")
         if self.throughput_target_per_s is not None:
             _positive("throughput_target_per_s", self.throughput_target_per_s)
         margin = self.slo_margin_fraction
