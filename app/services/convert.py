@@ -632,13 +632,17 @@ def decoder_serving(payload: InferenceRecommendationRequest) -> DecoderServing:
 
 def recommendation_requirements(payload: InferenceRecommendationRequest) -> Requirements:
     """What a recommendation request asks of a candidate: objective, SLO (ms -> s) with its
-    margin, throughput target and price kind."""
+    margin, throughput target, price kind, and a decoder's TTFT / TPOT p99 bounds."""
     return Requirements(
         objective=payload.objective,
         latency_slo_s=None if payload.latency_slo_ms is None else payload.latency_slo_ms / 1e3,
         throughput_target_per_s=payload.throughput_target_per_s,
         slo_margin_fraction=payload.slo_margin,
         price_kind=payload.price_kind,
+        ttft_p99_s=None if payload.ttft_p99_ms is None else payload.ttft_p99_ms / 1e3,
+        tpot_p99_s=None if payload.tpot_p99_ms is None else payload.tpot_p99_ms / 1e3,
+        max_batched_tokens=payload.max_num_batched_tokens,
+        max_num_seqs=payload.max_num_seqs,
     )
 
 

@@ -22,7 +22,7 @@ from app.domain.budget import (
     work_units,
 )
 from app.domain.hardware import HardwareSpec, PriceKind, mig_slice
-from app.domain.performance.batch_search import batch_sizes, search
+from app.domain.performance.batch_search import LLM_TOP, batch_sizes, search
 from app.domain.performance.calibration import DEFAULT_CALIBRATIONS, calibration_class
 from app.domain.performance.candidates import Candidate, runnable_candidates
 from app.domain.performance.precision_schemes import PRECISION_SCHEMES
@@ -124,6 +124,10 @@ def candidates_of(
 
 
 DECODER_OPTIONS = (
+    "ttft_p99_ms",
+    "tpot_p99_ms",
+    "max_num_batched_tokens",
+    "max_num_seqs",
     "prompt_tokens_mean",
     "generated_tokens_mean",
     "batching",
@@ -200,6 +204,12 @@ def prepare_recommend(
     return compute
 
 
+# One continuous-batching server simulated to stable TTFT / TPOT p99s (bisection over 2,000
+# arrivals, a check over 4,000): about 0.1 s of CPU on the loaded 2-core reference machine
+# (benchmarks/llm_server_load.py), 200,000 units of ~0.5 us.
+LLM_SERVER_UNITS = 200_000
+
+
 def recommendation_work(
     graph: GraphSource, payload: InferenceRecommendationRequest, devices: int
 ) -> WorkEstimate:
@@ -214,7 +224,7 @@ def recommendation_work(
         value=len(_batches(payload)),
         field="/batch_sizes" if payload.batch_sizes is not None else "/max_batch_size",
     )
-    return work_units(
+    work = work_units(
         WorkFactor(name="graph layers", value=size.written_layers, field=where),
         WorkFactor(name="devices", value=devices, field="/devices"),
         precisions,
@@ -224,6 +234,15 @@ def recommendation_work(
         precisions,
         batches,
         weight=PEAK_LAYER_UNITS,
+    )
+    if payload.ttft_p99_ms is None:
+        return work
+    # Under TTFT / TPOT bounds about LLM_TOP servers are simulated in full (the rest are
+    # pruned by their objective floor or fail fast): LLM_SERVER_UNITS each.
+    servers = min(devices * len(payload.precisions), LLM_TOP)
+    return work + work_units(
+        WorkFactor(name="simulated LLM servers", value=servers, field="/devices"),
+        weight=LLM_SERVER_UNITS,
     )
 
 
@@ -250,6 +269,7 @@ def _recommend(
         payload.parallelism,
         tensor_parallel_max=payload.tensor_parallel_max,
         pipeline_parallel_max=payload.pipeline_parallel_max,
+        tensor_parallel_size=payload.tensor_parallel_size,
     )
     excluded = [
         Exclusion(device=e.device, precision=e.precision, reason=e.reason) for e in left_out

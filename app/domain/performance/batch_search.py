@@ -14,19 +14,27 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from app.domain.budget import checkpoint
+from app.domain.engines.vllm import VLLM_0_19
 from app.domain.performance.calibration import Calibration, CalibrationClass, calibration_class
 from app.domain.performance.candidates import Runnable, WorkloadSource
 from app.domain.performance.pipeline import micro_batching, predict_pipeline
 from app.domain.performance.prediction import Prediction
 from app.domain.performance.recommend import (
     Assessment,
+    LlmPlan,
     Objective,
+    RecommendationInputError,
     Requirements,
     Scenario,
     assess,
+    assess_llm_server,
     assess_server,
     best_batch,
+    llm_objective_floor,
+    llm_plan,
+    objective_key,
     rank,
+    with_reason,
 )
 from app.domain.performance.roofline import predict
 from app.domain.performance.runtimes import with_decode_host_overhead
@@ -134,7 +142,11 @@ def search(
             (candidate, scheme),
             sizes_given=sizes_given,
             scenario=scenario,
-            max_batch_size=max_batch_size,
+            max_batch_size=(
+                max_num_seqs(candidate.device.memory_bytes, requirements)
+                if scenario is Scenario.SERVER and requirements.token_bounds
+                else max_batch_size
+            ),
         )
     ]
     plans.sort(key=lambda item: item[0])  # stable: candidates keep their order per batch
@@ -174,7 +186,9 @@ def search(
         prediction = predict(workload, device, calibrations[calibration_class(device, scheme)])
         prediction = in_scenario(with_decode_host_overhead(prediction, host_step_s), scenario)
         options.setdefault(key, []).append(assess(prediction, fit, requirements))
-    if scenario is Scenario.SERVER:
+    if scenario is Scenario.SERVER and requirements.token_bounds:
+        shown = llm_server_assessments(source, list(options.values()), requirements)
+    elif scenario is Scenario.SERVER:
         shown = []
         for found in options.values():
             checkpoint()  # a simulated queue per device and precision
@@ -182,3 +196,85 @@ def search(
     else:
         shown = [best_batch(found, objective) for found in options.values()]
     return rank(shown, objective)
+
+
+def max_num_seqs(gpu_memory_bytes: int, requirements: Requirements) -> int:
+    """Sequences an LLM server keeps in flight at most, before the KV pool's limit: the
+    request's, else vLLM 0.19's default for the GPU's memory (1,024 on a GPU of >= 70 GiB,
+    else 256: app.domain.engines.vllm.VLLM_0_19; a group's device carries one GPU's memory)."""
+    if requirements.max_num_seqs is not None:
+        return requirements.max_num_seqs
+    large = gpu_memory_bytes >= VLLM_0_19.large_gpu_bytes
+    return VLLM_0_19.default_max_num_seqs[0 if large else 1]
+
+
+def max_batched_tokens(option: Assessment, requirements: Requirements) -> int:
+    """Tokens per engine iteration: the request's, else vLLM 0.19's default for the GPU's
+    memory (8,192 on a GPU of >= 70 GiB, else 2,048: ``EngineArgs`` for ``vllm serve``;
+    app.domain.engines.vllm.VLLM_0_19)."""
+    if requirements.max_batched_tokens is not None:
+        return requirements.max_batched_tokens
+    # A group's device carries one GPU's memory (candidates.tensor_parallel_group).
+    large = option.prediction.device.memory_bytes >= VLLM_0_19.large_gpu_bytes
+    return VLLM_0_19.default_max_num_batched_tokens[0 if large else 1]
+
+
+# Candidates simulated in full under TTFT / TPOT bounds before the rest may be pruned: a
+# candidate whose objective floor is above the LLM_TOP-th best simulated one cannot rank above
+# it (a policy: each simulation costs ~0.1 s of CPU).
+LLM_TOP = 8
+
+
+def llm_server_assessments(
+    source: WorkloadSource, groups: list[list[Assessment]], requirements: Requirements
+) -> list[Assessment]:
+    """Decoder serving under TTFT / TPOT p99 bounds for every device and precision.
+
+    Candidates are simulated in the order of their objective floor
+    (:func:`app.domain.performance.recommend.llm_objective_floor`: the objective at the rate
+    ceiling); once ``LLM_TOP`` eligible answers are in and the next floor is above the
+    ``LLM_TOP``-th best answer, the rest are shown at their widest fitting concurrency,
+    ineligible, with the floor that ruled them out (they cannot rank above those answers).
+    """
+    if not (source.decoder and source.plan.continuous):
+        raise RecommendationInputError(
+            "ttft_p99 and tpot_p99 bounds need a decoder served with continuous batching"
+        )
+    plan_of = source.plan
+    if plan_of.beam_width != 1:
+        raise RecommendationInputError(
+            "ttft_p99 and tpot_p99 bounds are simulated for one sequence per request "
+            f"(beam width 1), got {plan_of.beam_width}"
+        )
+    shown: list[Assessment] = []
+    queued: list[tuple[float, int, LlmPlan]] = []
+    for found in groups:
+        plan = llm_plan(
+            found,
+            prompt_tokens=plan_of.prompt_tokens_mean,
+            generated_tokens=plan_of.generated_tokens_mean,
+            max_batched_tokens=max_batched_tokens(found[0], requirements),
+        )
+        if plan is None:
+            shown.append(best_batch(found, requirements.objective))
+        else:
+            queued.append((llm_objective_floor(plan, requirements), len(queued), plan))
+    queued.sort(key=lambda item: (item[0], item[1]))
+    best: list[float] = []  # first objective keys of the eligible answers, ascending
+    for floor, _, plan in queued:
+        if len(best) >= LLM_TOP and floor > best[LLM_TOP - 1]:
+            shown.append(
+                with_reason(
+                    plan.widest,
+                    f"not simulated: even at its rate ceiling its {requirements.objective.value} "
+                    f"({floor:.4g}) is above the {LLM_TOP} best simulated candidates'",
+                )
+            )
+            continue
+        checkpoint()  # a simulated LLM server per device and precision
+        answer = assess_llm_server(plan, requirements)
+        shown.append(answer)
+        if answer.eligible:
+            best.append(objective_key(answer, requirements.objective)[0])
+            best.sort()
+    return shown

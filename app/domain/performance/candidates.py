@@ -208,6 +208,44 @@ def tensor_parallel_groups(
     return groups
 
 
+def explicit_tensor_parallel_groups(
+    source: WorkloadSource,
+    runnable: Sequence[Runnable],
+    degree: int,
+    excluded: list[ExcludedCandidate],
+) -> list[Runnable]:
+    """For each whole GPU and precision, the tensor-parallel group of exactly ``degree`` GPUs
+    the request asked for, whether or not one GPU holds the model (a smaller latency or a
+    larger KV pool per replica), when its per-GPU peak fits and the heads split over it;
+    otherwise the group is listed in ``excluded`` with the reason."""
+    groups: list[Runnable] = []
+    for candidate, scheme in runnable:
+        device = candidate.device
+        if device.kind is not DeviceKind.GPU or device.parent is not None:
+            continue
+        group = tensor_parallel_group(candidate, degree)
+        try:
+            source.sharded(1, scheme, degree)
+        except RooflineInputError as exc:
+            excluded.append(
+                ExcludedCandidate(
+                    device=group.device.slug, precision=scheme.precision, reason=str(exc)
+                )
+            )
+            continue
+        if not source.fits(1, scheme, group):
+            excluded.append(
+                ExcludedCandidate(
+                    device=group.device.slug,
+                    precision=scheme.precision,
+                    reason=f"batch 1 does not fit one GPU of the {degree}-GPU tensor group",
+                )
+            )
+            continue
+        groups.append((group, scheme))
+    return groups
+
+
 def pipeline_shapes(
     strategy: ParallelStrategy, tensor_max: int, pipeline_max: int
 ) -> list[tuple[int, int]]:
@@ -275,14 +313,26 @@ def runnable_candidates(
     *,
     tensor_parallel_max: int,
     pipeline_parallel_max: int,
+    tensor_parallel_size: int | None = None,
 ) -> tuple[list[Runnable], list[ExcludedCandidate]]:
     """Every candidate and precision to evaluate: the devices and slices that can run it
     (:func:`supported`), then the tensor-parallel groups (unless ``strategy`` is pipeline)
-    and the pipeline groups of the GPUs too small for batch 1; and what was left out, why."""
+    and the pipeline groups of the GPUs too small for batch 1; and what was left out, why.
+    ``tensor_parallel_size`` (>= 2) adds a group of exactly that many GPUs of every kind
+    (:func:`explicit_tensor_parallel_groups`)."""
     runnable, excluded = supported(pool, schemes)
     singles = list(runnable)
     if strategy is not ParallelStrategy.PIPELINE:
         runnable += tensor_parallel_groups(source, singles, tensor_parallel_max, excluded)
+    if tensor_parallel_size is not None and tensor_parallel_size > 1:
+        present = {(c.device.slug, s.precision) for c, s in runnable}
+        runnable += [
+            (c, s)
+            for c, s in explicit_tensor_parallel_groups(
+                source, singles, tensor_parallel_size, excluded
+            )
+            if (c.device.slug, s.precision) not in present
+        ]
     runnable += pipeline_groups(
         source,
         singles,

@@ -16,13 +16,21 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from app.domain.errors import DomainError
 from app.domain.fit import fits
 from app.domain.hardware import DeviceKind, HardwareSpec, PriceKind
 from app.domain.performance.calibration import cpu_compute_unit
+from app.domain.performance.llm_server import (
+    IterationCost,
+    IterationTiming,
+    LlmServerLoad,
+    LlmServerShape,
+    llm_server_throughput,
+    rate_ceiling_per_s,
+)
 from app.domain.performance.precision_schemes import PRECISION_SCHEMES
 from app.domain.performance.prediction import Bound, Prediction
 from app.domain.performance.serving import BatchTiming, ServerLoad, server_throughput
@@ -86,10 +94,26 @@ class Requirements:
     throughput_target_per_s: float | None = None
     slo_margin_fraction: float = DEFAULT_SLO_MARGIN_FRACTION
     price_kind: PriceKind = PriceKind.ON_DEMAND  # the one kind of price costs are ranked by
+    # Decoder serving under the server scenario: p99 bounds on the time to first token and the
+    # time per output token (both or neither; MLPerf's LLM Server scenario bounds).
+    ttft_p99_s: float | None = None
+    tpot_p99_s: float | None = None
+    max_batched_tokens: int | None = None  # tokens per engine iteration (None: vLLM's default)
+    max_num_seqs: int | None = None  # sequences in flight at most (None: vLLM's default)
 
     def __post_init__(self) -> None:
         if self.latency_slo_s is not None:
             _positive("latency_slo_s", self.latency_slo_s)
+        if (self.ttft_p99_s is None) != (self.tpot_p99_s is None):
+            raise RecommendationInputError("ttft_p99 and tpot_p99 bounds go together")
+        for name in ("ttft_p99_s", "tpot_p99_s"):
+            value = getattr(self, name)
+            if value is not None:
+                _positive(name, value)
+        for name in ("max_batched_tokens", "max_num_seqs"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise RecommendationInputError(f"{name} must be >= 1")
         if self.throughput_target_per_s is not None:
             _positive("throughput_target_per_s", self.throughput_target_per_s)
         margin = self.slo_margin_fraction
@@ -100,6 +124,11 @@ class Requirements:
             )
         if not isinstance(self.price_kind, PriceKind):
             raise RecommendationInputError(f"unknown price kind {self.price_kind!r}")
+
+    @property
+    def token_bounds(self) -> bool:
+        """Whether TTFT and TPOT p99 bounds are set (decoder serving)."""
+        return self.ttft_p99_s is not None and self.tpot_p99_s is not None
 
     @property
     def latency_budget_s(self) -> float | None:
@@ -228,6 +257,7 @@ class Assessment:
     reasons: tuple[str, ...]  # empty when eligible
     unpriced_reason: str | None = None  # why there is no cost figure (None: priced)
     server: ServerLoad | None = None  # the server scenario's queue (None: offline)
+    llm_server: LlmServerLoad | None = None  # decoder serving under TTFT / TPOT p99 bounds
 
     @property
     def eligible(self) -> bool:
@@ -236,13 +266,18 @@ class Assessment:
 
     @property
     def latency_s(self) -> float:
-        """The latency judged: the simulated p99 in the server scenario, else one batch's."""
+        """The latency judged: the simulated p99 in the server scenario (decoder serving: the
+        TTFT p99), else one batch's."""
+        if self.llm_server is not None:
+            return self.llm_server.ttft_p99_s
         return self.prediction.latency_s if self.server is None else self.server.p99_latency_s
 
     @property
     def throughput_per_s(self) -> float:
         """Per device: the sustained Poisson rate in the server scenario, else back-to-back
         batches [1/s]."""
+        if self.llm_server is not None:
+            return self.llm_server.arrival_rate_per_s
         if self.server is None:
             return self.prediction.throughput_per_s
         return self.server.arrival_rate_per_s
@@ -253,6 +288,7 @@ def assess(
     memory: MemoryFit,
     requirements: Requirements,
     server: ServerLoad | None = None,
+    llm_server: LlmServerLoad | None = None,
 ) -> Assessment:
     """Judge one prediction: SLO, devices for the target, cost, energy, and why it fails.
 
@@ -263,6 +299,8 @@ def assess(
     device = prediction.device
     throughput = prediction.throughput_per_s if server is None else server.arrival_rate_per_s
     judged_s = prediction.latency_s if server is None else server.p99_latency_s
+    if llm_server is not None:
+        throughput, judged_s = llm_server.arrival_rate_per_s, llm_server.ttft_p99_s
     reasons: list[str] = []
     if not memory.fits:
         reasons.append(
@@ -293,7 +331,7 @@ def assess(
     elif requirements.objective is Objective.COST and unpriced is not None:
         reasons.append(unpriced)
     energy = None
-    if device.tdp_watts is not None and server is not None:
+    if device.tdp_watts is not None and (server is not None or llm_server is not None):
         energy = energy_per_inference_j(device.tdp_watts, 1 / throughput, 1)
     elif device.tdp_watts is not None:
         energy = energy_per_inference_j(device.tdp_watts, prediction.latency_s, prediction.batch)
@@ -310,6 +348,7 @@ def assess(
         reasons=tuple(reasons),
         unpriced_reason=unpriced,
         server=server,
+        llm_server=llm_server,
     )
 
 
@@ -343,7 +382,115 @@ def assess_server(options: Sequence[Assessment], requirements: Requirements) -> 
     return assess(chosen.prediction, chosen.memory, requirements, server=load)
 
 
-def _objective_key(item: Assessment, objective: Objective) -> tuple[float, ...]:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LlmPlan:
+    """One device's fitting options at one precision as an LLM server to simulate."""
+
+    fitting: tuple[Assessment, ...]  # by concurrency; the widest is the KV pool's limit
+    timings: tuple[IterationTiming, ...]
+    shape: LlmServerShape
+
+    @property
+    def widest(self) -> Assessment:
+        """The option at the largest fitting concurrency (``max_seqs``)."""
+        return self.fitting[-1]
+
+
+def llm_plan(
+    options: Sequence[Assessment],
+    *,
+    prompt_tokens: int,
+    generated_tokens: int,
+    max_batched_tokens: int,
+) -> LlmPlan | None:
+    """The options that fit memory as continuous batching at that many sequences in flight:
+    their prefill (``first_token_s``) and decode step (``per_token_s``) times, with the largest
+    fitting concurrency as ``max_seqs`` (the KV pool's limit: every request holds its whole
+    context's blocks); None when none fits."""
+    fitting = tuple(
+        sorted(
+            (
+                o
+                for o in options
+                if o.memory.fits
+                and o.prediction.first_token_s is not None
+                and o.prediction.per_token_s is not None
+            ),
+            key=lambda o: o.prediction.batch,
+        )
+    )
+    if not fitting:
+        return None
+    timings = tuple(
+        IterationTiming(
+            sequences=o.prediction.batch,
+            prefill_s=o.prediction.first_token_s or 0.0,
+            decode_step_s=o.prediction.per_token_s or 0.0,
+        )
+        for o in fitting
+    )
+    shape = LlmServerShape(
+        prompt_tokens=prompt_tokens,
+        generated_tokens=generated_tokens,
+        max_seqs=fitting[-1].prediction.batch,
+        max_batched_tokens=max_batched_tokens,
+    )
+    return LlmPlan(fitting=fitting, timings=timings, shape=shape)
+
+
+def llm_objective_floor(plan: LlmPlan, requirements: Requirements) -> float:
+    """A lower bound of the objective's first key (:func:`sort_key`) the simulation can give:
+    at the rate ceiling (:func:`app.domain.performance.llm_server.rate_ceiling_per_s`) for
+    cost and energy, a lone request's prefill for latency [USD/h, USD per million, J or s]."""
+    cost = IterationCost(plan.timings, plan.shape.prompt_tokens)
+    rate = rate_ceiling_per_s(cost, plan.shape)
+    device = plan.widest.prediction.device
+    objective = requirements.objective
+    if objective is Objective.LATENCY:
+        return cost.prefill_s(plan.shape.prompt_tokens)
+    if objective is Objective.ENERGY:
+        return math.inf if device.tdp_watts is None else device.tdp_watts / rate
+    price, _ = price_of_kind(device, requirements.price_kind)
+    if price is None:
+        return math.inf
+    target = requirements.throughput_target_per_s
+    if target is not None:
+        return devices_needed(target, rate) * price
+    return cost_per_million_usd(price, rate)
+
+
+def assess_llm_server(plan: LlmPlan, requirements: Requirements) -> Assessment:
+    """Decoder serving of one device at one precision under TTFT / TPOT p99 bounds.
+
+    :func:`app.domain.performance.llm_server.llm_server_throughput` over the plan's timings;
+    the answer is the option at the widest concurrency, assessed at the sustained rate with its
+    TTFT p99 as the latency judged. When a lone request already misses a bound, the smallest
+    option with the reason.
+    """
+    ttft, tpot = requirements.ttft_p99_s, requirements.tpot_p99_s
+    if ttft is None or tpot is None:
+        raise RecommendationInputError("decoder serving needs ttft_p99 and tpot_p99 bounds")
+    load = llm_server_throughput(plan.timings, plan.shape, ttft_bound_s=ttft, tpot_bound_s=tpot)
+    if load is None:
+        first = plan.fitting[0].prediction
+        return with_reason(
+            plan.fitting[0],
+            f"a lone request misses the bounds: {_ms(first.first_token_s or 0)} to the first "
+            f"token (bound {_ms(ttft)}), {_ms(first.per_token_s or 0)} per token (bound "
+            f"{_ms(tpot)})",
+        )
+    widest = plan.widest
+    return assess(widest.prediction, widest.memory, requirements, llm_server=load)
+
+
+def with_reason(item: Assessment, reason: str) -> Assessment:
+    """``item`` made ineligible for ``reason`` (kept with its figures, ranked after)."""
+    return replace(item, meets_latency_slo=False, reasons=(*item.reasons, reason))
+
+
+def objective_key(item: Assessment, objective: Objective) -> tuple[float, ...]:
+    """What the objective ranks by, smallest first (cost or energy, then latency; or latency,
+    then the negated throughput)."""
     inf = math.inf
     if objective is Objective.COST:
         cost = item.fleet_cost_usd_per_hour
@@ -363,7 +510,7 @@ def sort_key(item: Assessment, objective: Objective) -> tuple[object, ...]:
         not item.eligible,
         not item.memory.fits,
         not item.meets_latency_slo,
-        *_objective_key(item, objective),
+        *objective_key(item, objective),
         p.device.slug,
         p.precision.value,
         p.batch,
@@ -487,7 +634,14 @@ def quantization_sentence(p: Prediction) -> str:
 
 def _headline(item: Assessment, requirements: Requirements) -> str:
     p = item.prediction
-    if item.server is None:
+    if item.llm_server is not None:
+        load = item.llm_server
+        parts = [
+            f"TTFT p99 {_ms(load.ttft_p99_s)} (bound {_ms(load.ttft_bound_s)}) and TPOT p99 "
+            f"{_ms(load.tpot_p99_s)} (bound {_ms(load.tpot_bound_s)}) under Poisson arrivals "
+            f"(continuous batching, up to {load.max_seqs} sequences in flight)"
+        ]
+    elif item.server is None:
         parts = [f"{_ms(p.latency_s)} per request"]
     else:
         parts = [
@@ -506,6 +660,8 @@ def _headline(item: Assessment, requirements: Requirements) -> str:
             f"{_ms(p.first_token_s)} to the first token then {_ms(p.per_token_s)} per token"
         )
     unit = "sequences" if p.first_token_s is not None else "inferences"
+    if item.llm_server is not None:
+        unit = "requests"
     parts.append(f"{_rate(item.throughput_per_s)} {unit}/s per device")
     if item.devices_needed is not None and requirements.throughput_target_per_s is not None:
         count = item.devices_needed
@@ -550,7 +706,7 @@ def _comparison(
     head = f"The best {label} option, {_device_label(p)} at {p.precision.value} batch {p.batch}"
     if not other.eligible:
         return f"{head}, is not eligible: {'; '.join(other.reasons)}."
-    mine, theirs = _objective_key(best, objective)[0], _objective_key(other, objective)[0]
+    mine, theirs = objective_key(best, objective)[0], objective_key(other, objective)[0]
     measure = {
         Objective.COST: "the cost",
         Objective.ENERGY: "the energy",

@@ -6,6 +6,7 @@ were computed) and :mod:`.response` (the ranked answer); every class is importab
 
 from app.schemas.recommendations.prediction import (
     DecoderServingRead,
+    LlmServerRead,
     PhaseRead,
     PipelinePhaseRead,
     PipelineRead,
@@ -44,6 +45,7 @@ __all__ = [
     "Exclusion",
     "InferenceRecommendationRequest",
     "InferenceRecommendationResponse",
+    "LlmServerRead",
     "PhaseRead",
     "PipelinePhaseRead",
     "PipelineRead",

@@ -407,3 +407,63 @@ class ServerScenarioRead(Schema):
         examples=[4000],
     )
     note: str = Field(description="The same in one line.", examples=["server scenario: ..."])
+
+
+class LlmServerRead(Schema):
+    """Decoder serving under TTFT / TPOT p99 bounds for one candidate: the continuous-batching
+    server that was simulated and what came out (app.domain.performance.llm_server)."""
+
+    arrival_rate_per_s: float = Field(
+        description="Largest Poisson arrival rate whose simulated TTFT and TPOT p99s stay "
+        "within the bounds: the candidate's throughput per replica [requests/s].",
+        examples=[12.5],
+    )
+    ttft_p99_ms: float = Field(
+        description="Simulated TTFT p99 at that rate [ms].", examples=[140.0]
+    )
+    tpot_p99_ms: float = Field(description="Simulated TPOT p99 at that rate [ms].", examples=[31.0])
+    ttft_p99_bound_ms: float = Field(
+        description="The request's TTFT bound [ms].", examples=[2000.0]
+    )
+    tpot_p99_bound_ms: float = Field(description="The request's TPOT bound [ms].", examples=[200.0])
+    max_num_seqs: int = Field(
+        description="Sequences in flight at most: the largest concurrency whose paged KV cache "
+        "fits beside the weights (at the request's maximum lengths).",
+        examples=[64],
+    )
+    max_num_batched_tokens: int = Field(
+        description="Tokens per engine iteration (request's, or vLLM's default).", examples=[2048]
+    )
+    mean_sequences_in_flight: float = Field(
+        description="Sequences in flight at that rate, time-weighted.", examples=[31.6]
+    )
+    capacity_per_s: float = Field(
+        description="Back-to-back requests per second at max_num_seqs in flight (the rate's "
+        "ceiling) [requests/s].",
+        examples=[14.2],
+    )
+    requests_simulated: int = Field(
+        description="Arrivals simulated for the answer's p99s (the first 10 % left out).",
+        examples=[2000],
+    )
+    ttft_p99_doubled_ms: float = Field(
+        description="TTFT p99 at the same rate over twice the arrivals [ms].", examples=[142.0]
+    )
+    tpot_p99_doubled_ms: float = Field(
+        description="TPOT p99 at the same rate over twice the arrivals [ms].", examples=[31.2]
+    )
+    p99_drift: float = Field(
+        description="Largest relative move of a p99 when the simulated arrivals are doubled "
+        "(below 0.05 when stable).",
+        examples=[0.02],
+    )
+    stable: bool = Field(
+        description="The doubled run met both bounds and moved each p99 by less than 5 %.",
+        examples=[True],
+    )
+    limited_by: str = Field(
+        description="What stops a higher rate: ttft, tpot, capacity (the rate ceiling) or "
+        "stability (the doubled run moved a p99 by 5 % or more, or missed a bound).",
+        examples=["tpot"],
+    )
+    note: str = Field(description="The same in one line.", examples=["LLM server ..."])

@@ -4,7 +4,7 @@ objective, the candidates, precisions and prices, and calibration overrides.
 
 from __future__ import annotations
 
-from typing import Annotated, Self
+from typing import Annotated, Literal, Self
 
 from pydantic import Field, StringConstraints, model_validator
 
@@ -189,6 +189,53 @@ class InferenceRecommendationRequest(Schema):
         "SLO itself.",
         examples=[0.1],
     )
+    ttft_p99_ms: float | None = Field(
+        default=None,
+        gt=0,
+        le=3.6e6,
+        allow_inf_nan=False,
+        description="Decoder serving under scenario server: bound on the 99th-percentile time "
+        "to first token (arrival to the end of the iteration that completes the prompt's "
+        "prefill, queueing included) [ms]. With tpot_p99_ms (both or neither) and batching "
+        "continuous (or serving_runtime vllm), it replaces latency_slo_ms: each candidate is "
+        "an LLM server simulated under Poisson arrivals with continuous batching (every "
+        "iteration one decode step of each sequence in flight plus the prompt tokens of new "
+        "ones, within max_num_batched_tokens; at most as many sequences in flight as its KV "
+        "pool holds), and its throughput is the largest arrival rate whose simulated TTFT and "
+        "TPOT p99s stay within the bounds over twice the simulated arrivals, moving by less "
+        "than 5 % when they are doubled. MLPerf's Llama-2-70B Server bounds: 2000 ms / 200 "
+        "ms.",
+        examples=[None],
+    )
+    tpot_p99_ms: float | None = Field(
+        default=None,
+        gt=0,
+        le=3.6e6,
+        allow_inf_nan=False,
+        description="Decoder serving under scenario server: bound on the 99th-percentile time "
+        "per output token after the first (last token's time - first token's, over the "
+        "tokens in between) [ms]. With ttft_p99_ms.",
+        examples=[None],
+    )
+    max_num_batched_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        le=16_777_216,
+        description="With ttft_p99_ms / tpot_p99_ms: tokens per engine iteration (vLLM "
+        "`--max-num-batched-tokens`: decode tokens first, then prompt chunks). Default: "
+        "vLLM 0.19's, 8192 on a GPU of >= 70 GiB, else 2048.",
+        examples=[None],
+    )
+    max_num_seqs: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_048_576,
+        description="With ttft_p99_ms / tpot_p99_ms: sequences the server keeps in flight at "
+        "most (vLLM `--max-num-seqs`); the KV pool may allow fewer (each request holds its "
+        "whole context's blocks at the maximum lengths). Default: vLLM 0.19's, 1024 on a GPU "
+        "of >= 70 GiB, else 256.",
+        examples=[None],
+    )
     throughput_target_per_s: float | None = Field(
         default=None,
         ge=1e-6,
@@ -365,6 +412,15 @@ class InferenceRecommendationRequest(Schema):
         "single GPUs only.",
         examples=[8],
     )
+    tensor_parallel_size: Literal[2, 4, 8] | None = Field(
+        default=None,
+        description="Also offer every whole GPU (not a MIG slice) as a tensor-parallel group of "
+        "exactly this many GPUs (2, 4 or 8), whether or not one GPU holds the model (a "
+        "shorter latency, or a larger KV pool per replica); a group whose per-GPU peak does "
+        "not fit, or whose heads do not split over it, is excluded with the reason. Default: "
+        "only the groups tensor_parallel_max allows, for GPUs batch 1 does not fit.",
+        examples=[None],
+    )
     parallelism: ParallelStrategy = Field(
         default=ParallelStrategy.TENSOR,
         description="How a whole GPU on which batch 1 does not fit is grouped with others of "
@@ -437,11 +493,54 @@ class InferenceRecommendationRequest(Schema):
     def _one_model(self) -> Self:
         name = type(self).__name__
         one_model_rule(name, self.model, self.architecture)
-        if self.scenario is Scenario.SERVER and self.latency_slo_ms is None:
+        token_bounds = {"ttft_p99_ms": self.ttft_p99_ms, "tpot_p99_ms": self.tpot_p99_ms}
+        given_bounds = [k for k, v in token_bounds.items() if v is not None]
+        if len(given_bounds) == 1:
+            other = next(k for k in token_bounds if k not in given_bounds)
+            raise located_error(
+                name,
+                (other,),
+                f"{given_bounds[0]} and {other} bound decoder serving together: set both",
+            )
+        if given_bounds:
+            if self.scenario is not Scenario.SERVER:
+                raise located_error(
+                    name,
+                    ("scenario",),
+                    "ttft_p99_ms and tpot_p99_ms are bounds of scenario server (Poisson "
+                    "arrivals): set scenario server",
+                )
+            if self.batching is not Batching.CONTINUOUS and self.serving_runtime is not (
+                ServingRuntime.VLLM
+            ):
+                raise located_error(
+                    name,
+                    ("batching",),
+                    "ttft_p99_ms and tpot_p99_ms are simulated for continuous batching (an LLM "
+                    "server such as vLLM): set batching continuous",
+                )
+            if self.beam_width != 1:
+                raise located_error(
+                    name,
+                    ("beam_width",),
+                    "ttft_p99_ms and tpot_p99_ms are simulated for one sequence per request: "
+                    "beam_width must be 1",
+                )
+        else:
+            for engine_option in ("max_num_batched_tokens", "max_num_seqs"):
+                if engine_option in self.model_fields_set:
+                    raise located_error(
+                        name,
+                        (engine_option,),
+                        f"{engine_option} sizes the LLM server simulated under ttft_p99_ms / "
+                        "tpot_p99_ms: set those too",
+                    )
+        if self.scenario is Scenario.SERVER and self.latency_slo_ms is None and not given_bounds:
             raise located_error(
                 name,
                 ("latency_slo_ms",),
-                "scenario server needs latency_slo_ms: its p99 latency bound",
+                "scenario server needs latency_slo_ms (its p99 latency bound), or ttft_p99_ms "
+                "and tpot_p99_ms for a decoder under continuous batching",
             )
         if self.scenario is Scenario.SINGLE_STREAM:
             if self.batch_sizes is not None and set(self.batch_sizes) != {1}:

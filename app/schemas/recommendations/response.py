@@ -24,6 +24,7 @@ from app.schemas.estimates import (
 )
 from app.schemas.recommendations.prediction import (
     DecoderServingRead,
+    LlmServerRead,
     PhaseRead,
     PipelineRead,
     RooflineInputs,
@@ -136,6 +137,12 @@ class RankedCandidate(Schema):
         default=None,
         description="scenario server: the queue behind latency_ms (its p99) and "
         "throughput_per_s (the sustained rate); null offline.",
+    )
+    llm_server: LlmServerRead | None = Field(
+        default=None,
+        description="scenario server with ttft_p99_ms / tpot_p99_ms: the continuous-batching "
+        "server behind throughput_per_s (its rate) and latency_ms (its TTFT p99); null "
+        "otherwise, or when the candidate was not simulated (its reasons say why).",
     )
     decoder_serving: DecoderServingRead | None = Field(
         default=None,
