@@ -17,6 +17,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from fractions import Fraction
+from operator import attrgetter
 from typing import NamedTuple
 
 from app.domain.graph.analysis import GraphAnalysis, LayerAnalysis
@@ -578,24 +579,24 @@ def kv_rank_numel(layer: LayerAnalysis, tp: int) -> int:
 
 def _layers_share(layers: Sequence[LayerAnalysis], tp: int) -> tuple[Fraction, int]:
     """The sums of :func:`_kv_replicated_elements` and :func:`kv_rank_numel` over ``layers``,
-    each evaluated once per distinct op result (the repeats of a block share theirs) and the
-    replicated elements added as Fractions only where a layer has some (speed only)."""
-    per_result: dict[tuple[str, int], tuple[Fraction, int]] = {}
+    each evaluated once per distinct (op, op result) (the repeats of a block share their
+    results) and multiplied by its count (speed only: the same sums)."""
+    keys = list(zip(map(_OP, layers), map(id, map(_RESULT, layers)), strict=True))
+    counts = Counter(keys)
+    first = dict(zip(reversed(keys), reversed(layers), strict=True))  # a layer per key
     extra_total = Fraction(0)
     kv_total = 0
-    for layer in layers:
-        key = (layer.op, id(layer.result))
-        found = per_result.get(key)
-        if found is None:
-            found = per_result[key] = (
-                _kv_replicated_elements(layer, tp),
-                kv_rank_numel(layer, tp),
-            )
-        extra, kv = found
+    for key, count in counts.items():
+        layer = first[key]
+        extra = _kv_replicated_elements(layer, tp)
         if extra:
-            extra_total += extra
-        kv_total += kv
+            extra_total += count * extra
+        kv_total += count * kv_rank_numel(layer, tp)
     return extra_total, kv_total
+
+
+_OP = attrgetter("op")
+_RESULT = attrgetter("result")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
