@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Mapping
+from operator import attrgetter
 
 from app.domain.memory.allocator_events import forward_events_key, step_allocator_events
 from app.domain.memory.context import Estimation
@@ -62,8 +63,8 @@ def _unreplayed_rounding(e: Estimation) -> tuple[int, int]:
     par = e.request.parallelism
     num = e.plan.weight.numerator
     den = e.plan.weight.denominator * par.tensor * par.pipeline
-    results = [layer.result for layer in e.analysis.layers]
-    by_id = {id(result): result for result in results}
+    results = list(map(attrgetter("result"), e.analysis.layers))
+    by_id = dict(zip(map(id, results), results, strict=True))
     weights = 0
     for result_id, count in Counter(map(id, results)).items():
         shapes = by_id[result_id].param_shapes

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import NamedTuple, Protocol, TypeVar, cast
 
 from app.domain.graph.analysis import GraphAnalysis
@@ -68,8 +69,8 @@ def layer_totals(plans: PlanMemo | None, analysis: GraphAnalysis) -> LayerTotals
 
     def build() -> LayerTotals:
         # once per distinct op result, times its count (the repeats of a block share theirs)
-        results = [layer.result for layer in analysis.layers]
-        by_id = {id(result): result for result in results}
+        results = list(map(attrgetter("result"), analysis.layers))
+        by_id = dict(zip(map(id, results), results, strict=True))
         params = buffers = kv = kv_layers = 0
         for result_id, count in Counter(map(id, results)).items():
             result = by_id[result_id]
