@@ -2,7 +2,8 @@
 c10/cuda/CUDACachingAllocator.cpp (as app.domain.memory.cuda_allocator states them), written
 the slow and obvious way (a list of blocks per segment, best fit by a scan, merges by
 neighbours), over random sequences of allocations and frees. The replay's packed free lists,
-inlined segment creation and chunked loop are speed only: every figure must be the same."""
+inlined segment creation, chunked loop and scratch events (an allocation freed at once, replayed
+without touching the free lists) are speed only: every figure must be the same."""
 
 from __future__ import annotations
 
@@ -115,10 +116,12 @@ class _Reference:
 
     def run(self, events: list[Event]) -> None:
         for kind, key, size_bytes in events:
-            if kind == "alloc":
-                self.malloc(key, size_bytes)
-            else:
+            if kind == "free":
                 self.free(key)
+            else:
+                self.malloc(key, size_bytes)
+                if kind == "scratch":  # allocated and freed at once
+                    self.free(key)
 
 
 _SIZES = (
@@ -141,8 +144,8 @@ _SIZES = (
 
 
 def _events(rng: random.Random, count: int) -> list[Event]:
-    """Random allocations (sizes around every threshold of both pools) and frees of live keys,
-    in runs that repeat (as a model's blocks do), then some of what is left freed."""
+    """Random allocations (sizes around every threshold of both pools), frees of live keys and
+    scratch allocations (freed at once), in runs that repeat (as a model's blocks do)."""
     events: list[Event] = []
     live: list[int] = []
     pattern = [rng.choice(_SIZES) * rng.choice((1, 1, 2, 3)) for _ in range(rng.randint(1, 6))]
@@ -150,6 +153,8 @@ def _events(rng: random.Random, count: int) -> list[Event]:
         if rng.random() < 0.3:
             pattern = [rng.choice(_SIZES) for _ in range(rng.randint(1, 6))]
         for size in pattern:
+            if rng.random() < 0.2:  # a workspace: allocated and freed at once
+                events.append(("scratch", len(events), rng.choice(_SIZES)))
             events.append(("alloc", len(events), size))
             live.append(len(events) - 1)
         for _ in range(rng.randint(0, len(pattern) + 1)):

@@ -229,6 +229,41 @@ class CachingAllocator:
                     allocated += size
                     if allocated > peak_allocated:
                         peak_allocated = allocated
+                elif kind == "scratch":  # an alloc freed at once: the state comes back
+                    size = (size_bytes + minimum - 1) & align if size_bytes > minimum else minimum
+                    if size <= small_bytes:
+                        free, threshold = small_free, small_threshold
+                    else:
+                        free, threshold = large_free, large_threshold
+                    index = bisect(free, size << shift)
+                    if index < len(free):
+                        # split and merged back, or handed out whole and freed: the same block
+                        block = free[index] >> shift
+                    else:  # a new segment (or pages): it stays cached as one free block
+                        if expandable:
+                            address, block, grown = new_segment(size, size <= small_bytes)
+                        else:
+                            block = grown = (
+                                small_segment
+                                if size <= small_bytes
+                                else large_segment
+                                if size < min_large_alloc
+                                else -(-size // round_large) * round_large
+                            )
+                            address = next_base
+                            next_base += block + minimum
+                            segments += 1
+                        reserved += grown
+                        if reserved > peak_reserved:
+                            peak_reserved = reserved
+                        free_at[address] = block
+                        free_end[address + block] = address
+                        insert(free, block << shift | address)
+                    if requested + size_bytes > peak_requested:
+                        peak_requested = requested + size_bytes
+                    used = size if block - size > threshold else block
+                    if allocated + used > peak_allocated:
+                        peak_allocated = allocated + used
                 else:  # free: merge with the free neighbours
                     address, size, size_bytes = handles.pop(key)
                     requested -= size_bytes
@@ -311,7 +346,9 @@ class CachingAllocator:
         )
 
 
-# An event of a replayed sequence: ("alloc", key, bytes) or ("free", key, 0).
+# An event of a replayed sequence: ("alloc", key, bytes), ("free", key, 0), or ("scratch", key,
+# bytes): an allocation freed before any other event (a kernel's workspace), replayed as the
+# two would be without touching the free lists where a cached block holds it.
 Event = tuple[str, object, int]
 
 
