@@ -1,12 +1,13 @@
 """How long one in-process memory estimate takes (issue: GPT-3 175B training under 5 ms;
 issue 29: a 99,999-layer repeated graph under 1 s, as before the allocator replay).
 
-Run: .venv/bin/python benchmarks/estimate_speed.py [OLD_TREE ...]
+Run: .venv/bin/python benchmarks/estimate_speed.py [--runs N] [OLD_TREE ...]
 It builds nothing but Python objects (no tensors): graph analysis + the memory model, timed
 end to end per estimate (cold: nothing is cached between runs), and prints the median, p90 and
 minimum over repeated runs, with the load average, since other work on the machine shows up in
-the median. Besides the zoo models, a ``repeat`` of one linear layer (64 -> 64, batch 8, fp32)
-30,000 and 99,999 times, in both modes, also as CPU seconds (``time.process_time``).
+the median; and the median and minimum CPU time of the process (``time.process_time``), which a
+loaded machine disturbs less. Besides the zoo models, a ``repeat`` of one linear layer
+(64 -> 64, batch 8, fp32) 30,000 and 99,999 times, in both modes, as CPU seconds.
 
 Each OLD_TREE (an older checkout, e.g. ``git archive <commit> | tar -x -C /tmp/old``; it needs
 ``app.domain.memory.estimate.analyze_for``) is timed after this tree by running this script with
@@ -42,18 +43,21 @@ REPEATED_RUNS = 3
 REPEATED_TARGET_S = 1.0
 
 
-def time_case(slug: str, mode: Mode, precision: Precision, bindings: dict[str, int]) -> list[float]:
-    """Wall time of analyze_for + estimate_memory per run [ms] (CUDA defaults: SDPA's attention
-    for the precision, every position's logits)."""
+def time_case(
+    slug: str, mode: Mode, precision: Precision, bindings: dict[str, int], runs: int = RUNS
+) -> tuple[list[float], list[float]]:
+    """Wall and CPU time (``time.process_time``) of analyze_for + estimate_memory per run [ms]
+    (CUDA defaults: SDPA's attention for the precision, every position's logits)."""
     model = ZOO[slug]
     request = MemoryRequest(mode=mode, precision=precision)
-    samples = []
-    for _ in range(RUNS):
-        start = time.perf_counter()
+    samples, cpu = [], []
+    for _ in range(runs):
+        start, start_cpu = time.perf_counter(), time.process_time()
         analysis = analyze_for(model.inputs, model.layers, bindings, request)
         estimate_memory(analysis, request)
         samples.append((time.perf_counter() - start) * 1000)
-    return samples
+        cpu.append((time.process_time() - start_cpu) * 1000)
+    return samples, cpu
 
 
 def time_repeated(times: int, mode: Mode) -> list[float]:
@@ -79,7 +83,11 @@ def time_repeated(times: int, mode: Mode) -> list[float]:
 
 def main() -> None:
     """Print one line per case, then the same for every OLD_TREE given."""
-    trees = [Path(arg).resolve() for arg in sys.argv[1:]]
+    args = sys.argv[1:]
+    runs = RUNS
+    if args[:1] == ["--runs"]:
+        runs, args = int(args[1]), args[2:]
+    trees = [Path(arg).resolve() for arg in args]
     import app
 
     print(f"tree: {Path(app.__file__).resolve().parent.parent}")
@@ -87,16 +95,18 @@ def main() -> None:
     print(f"load average: {load} ({os.cpu_count()} CPUs)")
     print(
         f"{'model':<12} {'mode':<10} {'precision':<11} {'median ms':>9} {'p90 ms':>7} "
-        f"{'min ms':>7}  target"
+        f"{'min ms':>7} {'CPU med':>7} {'CPU min':>7}  target"
     )
     for slug, mode, precision, bindings in CASES:
-        samples = sorted(time_case(slug, mode, precision, bindings))
+        wall, cpu = time_case(slug, mode, precision, bindings, runs)
+        samples = sorted(wall)
         median = statistics.median(samples)
         p90 = samples[int(0.9 * len(samples))]
         verdict = "ok" if median < TARGET_MS else "OVER"
         print(
             f"{slug:<12} {mode.value:<10} {precision.value:<11} {median:9.2f} {p90:7.2f} "
-            f"{samples[0]:7.2f}  <{TARGET_MS} ms {verdict}"
+            f"{samples[0]:7.2f} {statistics.median(cpu):7.2f} {min(cpu):7.2f}  "
+            f"<{TARGET_MS} ms {verdict}"
         )
     print(f"{'repeated linear':<23} {'mode':<10} {'median CPU s':>12} {'max':>6}  target")
     for times, mode in REPEATED:
@@ -111,7 +121,9 @@ def main() -> None:
         print()
         env = {**os.environ, "PYTHONPATH": str(tree)}
         script = str(Path(__file__).resolve())
-        subprocess.run([sys.executable, script], cwd=tree, env=env, check=False)
+        subprocess.run(
+            [sys.executable, script, "--runs", str(runs)], cwd=tree, env=env, check=False
+        )
 
 
 if __name__ == "__main__":

@@ -16,7 +16,10 @@ one estimate of a 99,999-layer ``repeat`` (an inline architecture) in each mode.
 Each OLD_TREE (a directory holding an older checkout, e.g. made with
 ``git archive <commit> | tar -x -C /tmp/old``) is measured by running this script there
 (``PYTHONPATH`` pointing at it, with this interpreter), after this tree, and printed with its
-ratio to this tree.
+ratio to this tree. On a loaded machine an older tree's 99,999-layer estimate can run past the
+8 s limits (a 422 too-expensive, or a 503 from a tree that computed inside its database call)
+and stop the run: raise them for every tree with ``CAPPLAN_COMPUTE_TIMEOUT_S=120
+CAPPLAN_DB_CALL_TIMEOUT_S=120`` in the environment (their settings read it; CPU is unchanged).
 
 ``--live``: each tree is served instead (``python -m app.cli serve``, its default settings, one
 worker, a fresh SQLite database in a temporary folder, log level WARNING) and the same requests

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from app.domain.budget import CHECK_EVERY_MASK, checkpoint
+from app.domain.budget import CHECK_EVERY, checkpoint
 from app.domain.errors import GraphError
 from app.domain.graph.format import BLOCK_INPUT, validate_graph
 from app.domain.graph.ops import (
@@ -483,9 +483,10 @@ def _clone_iterations(
         for record in state.layers[first_record:]
     ]
     layers = state.layers
-    for j, head in enumerate(clone_prefixes, start=1):
-        if not j & CHECK_EVERY_MASK:
-            checkpoint()  # app.domain.budget: a 99,999-iteration repeat clones for ~0.3 s
+    numbered = list(enumerate(clone_prefixes, start=1))
+    for first in range(0, len(numbered), CHECK_EVERY):
+        checkpoint()  # app.domain.budget: a 99,999-iteration repeat clones for ~0.3 s
+        # one comprehension per CHECK_EVERY clones (not one per clone: a one-layer body)
         layers.extend(
             [
                 _make(
@@ -508,6 +509,7 @@ def _clone_iterations(
                         numel,
                     ),
                 )
+                for j, head in numbered[first : first + CHECK_EVERY]
                 for (
                     suffix,
                     arity,

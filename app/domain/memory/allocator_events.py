@@ -107,10 +107,8 @@ def _forward_events(
                 kept.append(_FORWARD_KEYS + len(events))
                 add(("alloc", kept[-1], size))
         new_keys.append(kept)
-        if op.forward_transient:
-            key = _FORWARD_KEYS + len(events)
-            add(("alloc", key, op.forward_transient))
-            add(("free", key, 0))
+        if op.forward_transient:  # allocated and freed at once
+            add(("scratch", _FORWARD_KEYS + len(events), op.forward_transient))
         for storage in freed_after.get(index, ()):
             if storage in forward_live and storage not in inputs:
                 forward_live.discard(storage)
@@ -253,9 +251,8 @@ def step_allocator_events(
             key = len(events)
             add(("alloc", key, plan.grad_in[index]))
             buffers = 2 * op.backward_internal + op.backward_extra
-            if buffers:
-                add(("alloc", len(events), buffers))
-                add(("free", len(events) - 1, 0))
+            if buffers:  # allocated and freed at once
+                add(("scratch", len(events), buffers))
             if with_grads:
                 for size in grads[index]:
                     grad_keys[index].append(len(events))

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Protocol
 
-from app.domain.budget import CHECK_EVERY_MASK, checkpoint
+from app.domain.budget import CHECK_EVERY, checkpoint
 from app.domain.units import MIB
 
 SOURCE = "c10/cuda/CUDACachingAllocator.cpp (PyTorch 2.x, default PYTORCH_CUDA_ALLOC_CONF)"
@@ -162,8 +162,9 @@ class CachingAllocator:
     def run(self, events: Iterable[Event], handles: dict[object, Handle]) -> None:
         """Replay ``events``: ``handles`` maps the key of each live allocation to its handle.
 
-        :meth:`malloc` and :meth:`free` in one loop, with the state in local variables (the
-        replay of a training step runs tens of thousands of events)."""
+        :meth:`malloc` and :meth:`free` in one loop, with the state and the constants in local
+        variables and the events taken :data:`~app.domain.budget.CHECK_EVERY` at a time (the
+        replay of a training step runs tens of thousands of events; speed only)."""
         small_free, large_free = self._small_free, self._large_free
         free_at, free_end = self._free_at, self._free_end
         new_segment = self._new_segment
@@ -173,66 +174,119 @@ class CachingAllocator:
         # should_split, as ``rest > threshold`` (sizes are multiples of 512 B)
         small_threshold = MIN_BLOCK_BYTES - 1
         large_threshold = small_threshold if self.expandable else SMALL_REQUEST_BYTES
-        for count, (kind, key, size_bytes) in enumerate(events):
-            if not count & CHECK_EVERY_MASK:
-                checkpoint()  # app.domain.budget: stop here past the request's deadline
-            if kind == "alloc":
-                # round_size, is_small
-                size = (
-                    MIN_BLOCK_BYTES
-                    if size_bytes < MIN_BLOCK_BYTES
-                    else (size_bytes + MIN_BLOCK_BYTES - 1) & -MIN_BLOCK_BYTES
-                )
-                if size <= SMALL_REQUEST_BYTES:
-                    free, threshold = small_free, small_threshold
-                else:
-                    free, threshold = large_free, large_threshold
-                index = bisect_left(free, size << _SHIFT)  # get_free_block: best fit
-                if index < len(free):
-                    packed = free.pop(index)
-                    block, address = packed >> _SHIFT, packed & _ADDRESS
-                    del free_at[address]
-                    del free_end[address + block]
-                else:
-                    address, block, grown = new_segment(size, size <= SMALL_REQUEST_BYTES)
-                    reserved += grown
-                    if reserved > peak_reserved:
-                        peak_reserved = reserved
-                rest = block - size
-                if rest > threshold:  # split: the rest stays cached
-                    free_at[address + size] = rest
-                    free_end[address + block] = address + size
-                    insort(free, rest << _SHIFT | (address + size))
-                else:
-                    size = block
-                handles[key] = (address, size, size_bytes)
-                requested += size_bytes
-                if requested > peak_requested:
-                    peak_requested = requested
-                allocated += size
-                if allocated > peak_allocated:
-                    peak_allocated = allocated
-            else:  # free: merge with the free neighbours
-                address, size, size_bytes = handles.pop(key)
-                requested -= size_bytes
-                allocated -= size
-                # a block handed out is as large as its request, so its size names its pool
-                free = small_free if size <= SMALL_REQUEST_BYTES else large_free
-                end = address + size
-                after = free_at.pop(end, None)
-                if after is not None:  # its entry by end address is overwritten below
-                    del free[bisect_left(free, after << _SHIFT | end)]
-                    end += after
-                before = free_end.pop(address, None)
-                if before is not None:
-                    del free[bisect_left(free, free_at.pop(before) << _SHIFT | before)]
-                    address = before
-                free_at[address] = end - address
-                free_end[end] = address
-                insort(free, (end - address) << _SHIFT | address)
+        minimum, small_bytes = MIN_BLOCK_BYTES, SMALL_REQUEST_BYTES
+        shift, mask, align = _SHIFT, _ADDRESS, -MIN_BLOCK_BYTES
+        bisect, insert = bisect_left, insort
+        expandable = self.expandable
+        next_base, segments = self._next_base, self.segments
+        small_segment, large_segment = SMALL_SEGMENT_BYTES, LARGE_SEGMENT_BYTES
+        min_large_alloc, round_large = MIN_LARGE_ALLOC_BYTES, ROUND_LARGE_BYTES
+        iterator = iter(events)
+        while chunk := list(islice(iterator, CHECK_EVERY)):
+            checkpoint()  # app.domain.budget: stop here past the request's deadline
+            for kind, key, size_bytes in chunk:
+                if kind == "alloc":
+                    # round_size, is_small
+                    size = (size_bytes + minimum - 1) & align if size_bytes > minimum else minimum
+                    if size <= small_bytes:
+                        free, threshold = small_free, small_threshold
+                    else:
+                        free, threshold = large_free, large_threshold
+                    index = bisect(free, size << shift)  # get_free_block: best fit
+                    if index < len(free):
+                        packed = free.pop(index)
+                        block, address = packed >> shift, packed & mask
+                        del free_at[address]
+                        del free_end[address + block]
+                    else:
+                        if expandable:
+                            address, block, grown = new_segment(size, size <= small_bytes)
+                        else:  # _new_segment, inline
+                            block = grown = (
+                                small_segment
+                                if size <= small_bytes
+                                else large_segment
+                                if size < min_large_alloc
+                                else -(-size // round_large) * round_large
+                            )
+                            address = next_base
+                            next_base += block + minimum  # never adjacent to the next one
+                            segments += 1
+                        reserved += grown
+                        if reserved > peak_reserved:
+                            peak_reserved = reserved
+                    rest = block - size
+                    if rest > threshold:  # split: the rest stays cached
+                        free_at[address + size] = rest
+                        free_end[address + block] = address + size
+                        insert(free, rest << shift | (address + size))
+                    else:
+                        size = block
+                    handles[key] = (address, size, size_bytes)
+                    requested += size_bytes
+                    if requested > peak_requested:
+                        peak_requested = requested
+                    allocated += size
+                    if allocated > peak_allocated:
+                        peak_allocated = allocated
+                elif kind == "scratch":  # an alloc freed at once: the state comes back
+                    size = (size_bytes + minimum - 1) & align if size_bytes > minimum else minimum
+                    if size <= small_bytes:
+                        free, threshold = small_free, small_threshold
+                    else:
+                        free, threshold = large_free, large_threshold
+                    index = bisect(free, size << shift)
+                    if index < len(free):
+                        # split and merged back, or handed out whole and freed: the same block
+                        block = free[index] >> shift
+                    else:  # a new segment (or pages): it stays cached as one free block
+                        if expandable:
+                            address, block, grown = new_segment(size, size <= small_bytes)
+                        else:
+                            block = grown = (
+                                small_segment
+                                if size <= small_bytes
+                                else large_segment
+                                if size < min_large_alloc
+                                else -(-size // round_large) * round_large
+                            )
+                            address = next_base
+                            next_base += block + minimum
+                            segments += 1
+                        reserved += grown
+                        if reserved > peak_reserved:
+                            peak_reserved = reserved
+                        free_at[address] = block
+                        free_end[address + block] = address
+                        insert(free, block << shift | address)
+                    if requested + size_bytes > peak_requested:
+                        peak_requested = requested + size_bytes
+                    used = size if block - size > threshold else block
+                    if allocated + used > peak_allocated:
+                        peak_allocated = allocated + used
+                else:  # free: merge with the free neighbours
+                    address, size, size_bytes = handles.pop(key)
+                    requested -= size_bytes
+                    allocated -= size
+                    # a block handed out is as large as its request, so its size names its pool
+                    free = small_free if size <= small_bytes else large_free
+                    end = address + size
+                    after = free_at.pop(end, None)
+                    if after is not None:  # its entry by end address is overwritten below
+                        del free[bisect(free, after << shift | end)]
+                        end += after
+                    before = free_end.pop(address, None)
+                    if before is not None:
+                        del free[bisect(free, free_at.pop(before) << shift | before)]
+                        address = before
+                    free_at[address] = end - address
+                    free_end[end] = address
+                    insert(free, (end - address) << shift | address)
         self.requested, self.allocated, self.reserved = requested, allocated, reserved
         self.peak_requested, self.peak_allocated = peak_requested, peak_allocated
         self.peak_reserved = peak_reserved
+        if not expandable:
+            self._next_base, self.segments = next_base, segments
 
     def snapshot(self, handles: dict[object, Handle]) -> AllocatorSnapshot:
         """The whole state, and the handles of the blocks allocated so far, as a value."""
@@ -292,7 +346,9 @@ class CachingAllocator:
         )
 
 
-# An event of a replayed sequence: ("alloc", key, bytes) or ("free", key, 0).
+# An event of a replayed sequence: ("alloc", key, bytes), ("free", key, 0), or ("scratch", key,
+# bytes): an allocation freed before any other event (a kernel's workspace), replayed as the
+# two would be without touching the free lists where a cached block holds it.
 Event = tuple[str, object, int]
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Mapping
+from operator import attrgetter
 
 from app.domain.memory.allocator_events import forward_events_key, step_allocator_events
 from app.domain.memory.context import Estimation
@@ -62,15 +63,13 @@ def _unreplayed_rounding(e: Estimation) -> tuple[int, int]:
     par = e.request.parallelism
     num = e.plan.weight.numerator
     den = e.plan.weight.denominator * par.tensor * par.pipeline
-    per_result: dict[int, int] = {}
+    results = list(map(attrgetter("result"), e.analysis.layers))
+    by_id = dict(zip(map(id, results), results, strict=True))
     weights = 0
-    for layer in e.analysis.layers:
-        result = layer.result
-        waste = per_result.get(id(result))
-        if waste is None:
-            sizes = Counter(-(-math.prod(shape) * num // den) for shape in result.param_shapes)
-            waste = per_result[id(result)] = _rounding_waste(sizes)
-        weights += waste
+    for result_id, count in Counter(map(id, results)).items():
+        shapes = by_id[result_id].param_shapes
+        sizes = Counter(-(-math.prod(shape) * num // den) for shape in shapes)
+        weights += count * _rounding_waste(sizes)
     return _rounding_waste(storage_size_counts(e.storage_plan)), weights
 
 

@@ -17,6 +17,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from fractions import Fraction
+from operator import attrgetter
 from typing import NamedTuple
 
 from app.domain.graph.analysis import GraphAnalysis, LayerAnalysis
@@ -572,8 +573,30 @@ def kv_rank_numel(layer: LayerAnalysis, tp: int) -> int:
     result = layer.result
     kv, kv_heads = result.kv_cache_numel, result.num_kv_heads
     if not kv or not kv_heads:
-        return ceil_fraction(Fraction(kv, tp))
+        return -(-kv // tp)  # ceil(kv / tp), in integers
     return kv // kv_heads * kv_heads_per_rank(kv_heads, tp)
+
+
+def _layers_share(layers: Sequence[LayerAnalysis], tp: int) -> tuple[Fraction, int]:
+    """The sums of :func:`_kv_replicated_elements` and :func:`kv_rank_numel` over ``layers``,
+    each evaluated once per distinct (op, op result) (the repeats of a block share their
+    results) and multiplied by its count (speed only: the same sums)."""
+    keys = list(zip(map(_OP, layers), map(id, map(_RESULT, layers)), strict=True))
+    counts = Counter(keys)
+    first = dict(zip(reversed(keys), reversed(layers), strict=True))  # a layer per key
+    extra_total = Fraction(0)
+    kv_total = 0
+    for key, count in counts.items():
+        layer = first[key]
+        extra = _kv_replicated_elements(layer, tp)
+        if extra:
+            extra_total += count * extra
+        kv_total += count * kv_rank_numel(layer, tp)
+    return extra_total, kv_total
+
+
+_OP = attrgetter("op")
+_RESULT = attrgetter("result")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -646,9 +669,8 @@ def rank_share(
     """
     stages_of = layer_stages(analysis, pp)
     if stages_of is None:
-        extra = sum((_kv_replicated_elements(layer, tp) for layer in analysis.layers), Fraction(0))
+        extra, kv = _layers_share(analysis.layers, tp)
         weights = ceil_fraction(Fraction(weights_full, tp * pp) + extra * plan.weight / pp)
-        kv = sum(kv_rank_numel(layer, tp) for layer in analysis.layers)
         share = StageShare(
             stored=weights_full,
             replicated=extra,
@@ -676,13 +698,13 @@ def rank_share(
                 if tied is not None:
                     held.add(tied)  # the tied head's weight: a copy on the last stage
         stored = weights_bytes(analysis, plan, precision, held)[0] if held else 0
-        extra = sum((_kv_replicated_elements(analysis.layers[i], tp) for i in indices), Fraction(0))
+        extra, kv = _layers_share([analysis.layers[i] for i in indices], tp)
         stages.append(
             StageShare(
                 stored=stored,
                 replicated=extra,
                 weights=ceil_fraction(Fraction(stored, tp) + extra * plan.weight),
-                kv_numel=sum(kv_rank_numel(analysis.layers[i], tp) for i in indices),
+                kv_numel=kv,
                 blocks=blocks[stage],
             )
         )

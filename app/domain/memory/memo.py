@@ -3,8 +3,10 @@ memo (:class:`PlanMemo`) and the sums over an analysis's layers that every estim
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import NamedTuple, Protocol, TypeVar, cast
 
 from app.domain.graph.analysis import GraphAnalysis
@@ -66,12 +68,19 @@ def layer_totals(plans: PlanMemo | None, analysis: GraphAnalysis) -> LayerTotals
     """The analysis's :class:`LayerTotals` (summed once per analysis with ``plans``)."""
 
     def build() -> LayerTotals:
-        results = [layer.result for layer in analysis.layers]
+        # once per distinct op result, times its count (the repeats of a block share theirs)
+        results = list(map(attrgetter("result"), analysis.layers))
+        by_id = dict(zip(map(id, results), results, strict=True))
+        params = buffers = kv = kv_layers = 0
+        for result_id, count in Counter(map(id, results)).items():
+            result = by_id[result_id]
+            params += count * result.params
+            buffers += count * result.buffers_bytes
+            if result.kv_cache_numel:
+                kv += count * result.kv_cache_numel
+                kv_layers += count
         return LayerTotals(
-            params=sum(result.params for result in results),
-            buffers_bytes=sum(result.buffers_bytes for result in results),
-            kv_cache_numel=sum(result.kv_cache_numel for result in results),
-            kv_layers=sum(1 for result in results if result.kv_cache_numel),
+            params=params, buffers_bytes=buffers, kv_cache_numel=kv, kv_layers=kv_layers
         )
 
     return memoised(plans, analysis, ("layer totals",), build)
