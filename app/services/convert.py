@@ -12,7 +12,8 @@ from sqlalchemy.orm import Session
 
 from app.db.models import Hardware, MigProfile, Workload, utcnow
 from app.db.repositories import HardwareRepository, ModelRepository
-from app.domain.engines.vllm import ServingModel
+from app.domain.engines.choice import EngineChoice
+from app.domain.engines.vllm import ServingModel, VllmOptions
 from app.domain.graph.analysis import InputDecl
 from app.domain.graph.ops import TensorKind
 from app.domain.hardware import (
@@ -462,11 +463,37 @@ def domain_workload(spec: WorkloadInput, runtime: Runtime | None = None) -> Doma
             logits=spec.logits,
             runtime=runtime,
             lora=domain_lora(spec.lora),
+            engine=domain_engine(spec),
         )
     except LoraError as exc:
         raise InvalidInput(str(exc), pointer=f"/lora/{exc.field}") from exc
     except WorkloadInputError as exc:
         raise InvalidInput(str(exc)) from exc
+
+
+def domain_engine(spec: WorkloadInput) -> EngineChoice | None:
+    """The workload's serving engine as the domain's choice (None: none). Parallel degrees the
+    engine is not given are the workload's (app.schemas.estimates.engine_rule: they agree)."""
+    engine = spec.engine
+    if engine is None:
+        return None
+    par = spec.parallelism
+    return EngineChoice(
+        name=engine.name,
+        options=VllmOptions(
+            max_model_len=engine.max_model_len,
+            gpu_memory_utilization=engine.gpu_memory_utilization,
+            max_num_batched_tokens=engine.max_num_batched_tokens,
+            max_num_seqs=engine.max_num_seqs,
+            block_size=engine.block_size,
+            dtype=engine.dtype,
+            kv_cache_dtype=engine.kv_cache_dtype,
+            tensor_parallel_size=engine.tensor_parallel_size or par.tensor,
+            pipeline_parallel_size=engine.pipeline_parallel_size or par.pipeline,
+            enforce_eager=engine.enforce_eager,
+        ),
+        min_concurrency=engine.min_concurrency or 1,
+    )
 
 
 def domain_lora(spec: LoraSpec | None) -> LoraConfig | None:
