@@ -209,3 +209,24 @@ def engine_read(fit: EngineFit) -> EngineFitRead:
             "enforce_eager": resolved.enforce_eager,
         },
     )
+
+
+def check_engine(graph: GraphSource, spec: WorkloadInput) -> None:
+    """Refuse, before any device is known, an engine the workload's model cannot be served by
+    (422 naming ``/model``) or options the engine refuses for this model whatever the device
+    (``/engine/<option>``: a tensor degree that does not divide the heads, a max_model_len above
+    the context, more pipeline stages than layers, gpu_memory_utilization outside (0, 1])."""
+    choice = domain_engine(spec)
+    if choice is None:
+        return
+    model = serving_geometry(graph)
+    try:
+        resolved = resolve_options(choice.options, model, 1, choice.profile)
+    except EngineInputError as exc:
+        raise InvalidInput(str(exc), pointer=f"/engine/{exc.field}") from None
+    if resolved.pipeline_parallel_size > model.layers:
+        raise InvalidInput(
+            f"pipeline_parallel_size {resolved.pipeline_parallel_size} exceeds the model's "
+            f"{model.layers} decoder layers",
+            pointer="/engine/pipeline_parallel_size",
+        )

@@ -85,6 +85,7 @@ from app.services.convert import (
 )
 from app.services.engine_fit import (
     EngineFit,
+    check_engine,
     device_memory,
     engine_choice,
     engine_fit,
@@ -213,6 +214,7 @@ def estimate_graph(
         cached = _CACHE.get(cache_key)
         if cached is not None:
             return cached
+    check_engine(graph, spec)  # an engine's options this model refuses: 422 before estimating
     resolved = resolve(
         domain_workload(spec, runtime),
         model_bindings=defaults,
