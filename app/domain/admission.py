@@ -232,7 +232,9 @@ def engine_verdict(evaluation: Evaluation, *, resource: str, count: int, label: 
     entry = evaluation.engine[resource]
     gpus = evaluation.engine_gpus
     name = evaluation.engine_name
-    problem = entry.reason if not fits(entry.required_bytes, entry.usable_bytes) else None
+    problem = None
+    if not fits(entry.required_bytes, entry.usable_bytes):
+        problem = f"{entry.reason} (needs {entry.required_bytes / GIB:.2f} GiB shown to CUDA)"
     if resource == WHOLE_GPU and count < gpus:
         problem = (
             f"{name} needs tensor x pipeline = {gpus} GPUs, the container gets {count} {WHOLE_GPU}"
@@ -241,8 +243,6 @@ def engine_verdict(evaluation: Evaluation, *, resource: str, count: int, label: 
         problem = MIG_ONE_DEVICE.format(gpus=gpus)
     where = f"on {resource} ({evaluation.gpu}, {entry.usable_bytes / GIB:.2f} GiB shown to CUDA)"
     if problem is not None:
-        if fits(entry.required_bytes, entry.usable_bytes) is False and problem == entry.reason:
-            problem += f" (needs {entry.required_bytes / GIB:.2f} GiB shown to CUDA)"
         smallest = evaluation.smallest_fitting_resource
         hint = f"; smallest fitting: {smallest.removeprefix('nvidia.com/')}" if smallest else ""
         return Verdict(

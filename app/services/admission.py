@@ -280,6 +280,7 @@ def question(pod: dict[str, Any]) -> Question | None:
             denial,
             None if engine is None else engine.model,
             None if engine is None else tuple(sorted(engine.options.items())),
+            None if engine is None else engine.ignored,
         )
     else:
         _slug(notes, "model")

@@ -41,6 +41,7 @@ from app.domain.workload import (
     WorkloadInputError,
 )
 from app.domain.workload import WorkloadSpec as DomainWorkloadSpec
+from app.schemas.engine_options import EngineOptions
 from app.schemas.estimates import (
     InlineArchitecture,
     LoraSpec,
@@ -474,10 +475,14 @@ def domain_workload(spec: WorkloadInput, runtime: Runtime | None = None) -> Doma
 def domain_engine(spec: WorkloadInput) -> EngineChoice | None:
     """The workload's serving engine as the domain's choice (None: none). Parallel degrees the
     engine is not given are the workload's (app.schemas.estimates.engine_rule: they agree)."""
-    engine = spec.engine
-    if engine is None:
+    if spec.engine is None:
         return None
-    par = spec.parallelism
+    return engine_choice_of(spec.engine, spec.parallelism.tensor, spec.parallelism.pipeline)
+
+
+def engine_choice_of(engine: EngineOptions, tensor: int, pipeline: int) -> EngineChoice:
+    """An engine's options (the request's) on a ``tensor`` x ``pipeline`` group as the domain's
+    choice (degrees the engine names win)."""
     return EngineChoice(
         name=engine.name,
         options=VllmOptions(
@@ -488,8 +493,8 @@ def domain_engine(spec: WorkloadInput) -> EngineChoice | None:
             block_size=engine.block_size,
             dtype=engine.dtype,
             kv_cache_dtype=engine.kv_cache_dtype,
-            tensor_parallel_size=engine.tensor_parallel_size or par.tensor,
-            pipeline_parallel_size=engine.pipeline_parallel_size or par.pipeline,
+            tensor_parallel_size=engine.tensor_parallel_size or tensor,
+            pipeline_parallel_size=engine.pipeline_parallel_size or pipeline,
             enforce_eager=engine.enforce_eager,
         ),
         min_concurrency=engine.min_concurrency or 1,

@@ -79,7 +79,13 @@ def _fingerprint() -> str:
             *(_APP / "schemas").rglob("*.py"),
             *(
                 _APP / "services" / name
-                for name in ("convert.py", "pipeline.py", "decision_store.py")
+                for name in (
+                    "convert.py",
+                    "pipeline.py",
+                    "decision_store.py",
+                    "engine_fit.py",
+                    "engines.py",
+                )
             ),
         ]
     )

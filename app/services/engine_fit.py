@@ -25,10 +25,13 @@ from app.domain.engines.vllm import (
 )
 from app.domain.fit import EngineStageNeed, Requirement, engine_requirement, fits
 from app.domain.mig.layout import MigProfileSpec
-from app.schemas.engine_options import EngineFitRead
+from app.domain.performance.candidates import Candidate, Runnable
+from app.domain.precision import Precision
+from app.domain.workload import Runtime
+from app.schemas.engine_options import EngineFitRead, EngineOptions
 from app.schemas.estimates import WorkloadInput
 from app.services.cache import LruCache
-from app.services.convert import GraphSource, domain_engine, serving_model
+from app.services.convert import GraphSource, domain_engine, engine_choice_of, serving_model
 from app.services.engines import visible_memory
 from app.services.errors import InvalidInput
 
@@ -230,3 +233,58 @@ def check_engine(graph: GraphSource, spec: WorkloadInput) -> None:
             f"{model.layers} decoder layers",
             pointer="/engine/pipeline_parallel_size",
         )
+
+
+def engine_gate(
+    graph: GraphSource, engine: EngineOptions | None, runnable: list[Runnable]
+) -> tuple[list[Runnable], list[tuple[str, Precision, str]]]:
+    """Recommendation eligibility with an engine: the candidates (device or MIG slice, tensor x
+    pipeline group) on which the engine starts with its ``min_concurrency``, and the others as
+    (device, precision, reason) exclusions with the engine's reason. The engine's degrees are the
+    candidate's unless the engine names them (then other groups are excluded). Its memory
+    follows its ``dtype``, whatever the candidate's precision (vLLM's quantization is not
+    modelled by the engine profile)."""
+    if engine is None:
+        return runnable, []
+    model = serving_geometry(graph)
+    verdicts: dict[str, str | None] = {}
+    kept: list[Runnable] = []
+    left: list[tuple[str, Precision, str]] = []
+    for candidate, scheme in runnable:
+        device = candidate.device
+        if device.slug not in verdicts:
+            verdicts[device.slug] = _gate(model, engine, candidate)
+        reason = verdicts[device.slug]
+        if reason is None:
+            kept.append((candidate, scheme))
+        else:
+            left.append((device.slug, scheme.precision, reason))
+    return kept, left
+
+
+def _gate(model: ServingModel, engine: EngineOptions, candidate: Candidate) -> str | None:
+    device = candidate.device
+    if candidate.runtime is not Runtime.CUDA:
+        return f"{engine.name} runs on GPUs (the engine's memory model is per GPU)"
+    for given, degree, name in (
+        (engine.tensor_parallel_size, candidate.tensor_parallel, "tensor_parallel_size"),
+        (engine.pipeline_parallel_size, candidate.pipeline_parallel, "pipeline_parallel_size"),
+    ):
+        if given is not None and given != degree:
+            return f"the engine runs {name} {given}, this candidate is {degree}"
+    if device.mig_profile is not None:
+        if candidate.gpus > 1:
+            return "a tensor x pipeline group cannot span MIG slices"
+        shown = (device.slug, device.memory_bytes, "MIG profile usable memory (catalog)")
+    else:
+        slug = device.slug.split(" ", 1)[0]
+        visible, source = visible_memory(slug, device.memory_bytes, None)
+        shown = (device.slug, visible, source)
+    choice = engine_choice_of(engine, candidate.tensor_parallel, candidate.pipeline_parallel)
+    try:
+        fit = engine_fit(model, choice, shown)
+    except InvalidInput as exc:  # options this model refuses on this group (a TP degree)
+        return exc.detail
+    if fit.fits:
+        return None
+    return f"{fit.engine} on it: {fit.reason}"

@@ -228,3 +228,27 @@ def test_mig_fit_questions_about_an_engine_need_one(client: ApiClient, db_url: s
         problem.get("pointer")
     ]
     assert table_counts(db_url) == before
+
+
+def test_recommendation_eligibility_follows_the_engine(client: ApiClient, db_url: str) -> None:
+    """Devices on which vLLM does not start (a T4, a 10 GB slice) are excluded with its reason;
+    the H100 stays a candidate."""
+    body = {"model": "llama-3-8b", "precisions": ["bf16"], "batch_sizes": [1],
+            "prompt_tokens": 512, "generated_tokens": 64,
+            "devices": [H100, "nvidia-h100-sxm/1g.10gb", "nvidia-l4"],
+            "engine": {"name": "vllm", "max_model_len": 4096}}  # fmt: skip
+    response = client.post("/v1/recommendations/inference", json=body)
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    excluded = {e["device"]: e["reason"] for e in answer["excluded"]}
+    assert "nvidia-h100-sxm/1g.10gb" in excluded
+    assert "No available memory for the cache blocks" in excluded["nvidia-h100-sxm/1g.10gb"]
+    assert H100 not in excluded
+    assert H100 in {c["device"] for c in answer["candidates"]}
+    before = table_counts(db_url)
+    body["devices"] = ["nvidia-h100-sxm/1g.10gb"]
+    problem = assert_problem(client.post("/v1/recommendations/inference", json=body), 422)
+    assert problem.get("pointer") == "/engine" or "/engine" in [
+        e.get("pointer") for e in problem.get("errors", [])
+    ]
+    assert table_counts(db_url) == before
