@@ -55,7 +55,7 @@ from app.schemas.workloads import WorkloadBase
 from app.services.convert import GraphSource, geometry, model_graph, to_spec, workload_fields
 from app.services.engine_fit import EngineFit
 from app.services.errors import PreconditionFailed, ServiceError
-from app.services.pipeline import Required, engine_on, estimates_work, required_memory_of
+from app.services.pipeline import Required, engine_on, estimates_work, required_memory
 
 PAIR_BUDGET_S = 10.0  # past this deadline one (workload, hardware) evaluation is too expensive
 # Checked before computing: an estimate over CAPPLAN_MAX_WORK_UNITS' default (the limit the API
@@ -111,15 +111,15 @@ def evaluation_of(
     """Estimate ``spec`` on ``hardware`` (the one requirement computation, with the GPU's CUDA
     context and workspace and the default safety margin) and list what the GPU offers.
     Checks the bound cancel token (app.domain.budget) wherever the estimate does."""
-    graph = model_graph(session, spec.model, spec.architecture)
-    need = required_memory_of(
-        graph,
+    need = required_memory(
+        session,
         spec,
         hardware,
         cuda_context_bytes=None,
         safety_margin_fraction=DEFAULT_SAFETY_MARGIN_FRACTION,
     )
-    if spec.engine is not None:
+    if spec.engine is not None:  # the engine's verdict per resource (closed form)
+        graph = model_graph(session, spec.model, spec.architecture)
         return engine_evaluation(graph, spec, label=label, hardware=hardware), need
     resources = {WHOLE_GPU: hardware.memory_bytes}
     smallest = None

@@ -88,3 +88,10 @@ def test_annotation_args_take_the_model_given() -> None:
     assert found.model == "llama-3-8b"
     assert found.options == {"max_model_len": 2048}
     assert found.ignored == ("--served-model-name",)
+
+
+def test_the_positional_model_may_follow_known_flags() -> None:
+    found = engine_command(["vllm", "serve", "-tp", "2", "llama-3-8b", "--max-model-len=1024"])
+    assert found is not None
+    assert found.model == "llama-3-8b"
+    assert found.options == {"tensor_parallel_size": 2, "max_model_len": 1024}

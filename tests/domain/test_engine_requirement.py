@@ -144,3 +144,13 @@ def test_the_verdict_is_the_engines_on_both_sides_of_the_requirement(
         qualifies = memory.starts and memory.kv_tokens >= sequences * mml
         assert fits(required, visible) is qualifies, visible - required
         assert qualifies is (visible >= required)
+
+
+def test_an_engine_serves_inference_only() -> None:
+    from app.domain.engines.choice import EngineChoice
+    from app.domain.workload import Mode, WorkloadInputError, WorkloadSpec
+
+    choice = EngineChoice(name="vllm", options=VllmOptions())
+    assert WorkloadSpec(mode=Mode.INFERENCE, batch_size=1, engine=choice).engine is choice
+    with pytest.raises(WorkloadInputError, match="engine is an inference option"):
+        WorkloadSpec(mode=Mode.TRAINING, batch_size=1, engine=choice)

@@ -115,8 +115,8 @@ def parse_vllm_args(tokens: Sequence[str], *, model: str | None = None) -> Engin
         token = tokens[index]
         index += 1
         if not token.startswith("-"):
-            if model is None and not options and not ignored:
-                model = token  # vllm serve's positional model_tag
+            if model is None:
+                model = token  # vllm serve's positional model_tag (argparse: anywhere)
             continue
         name, eq, inline = token.partition("=")
         if name.startswith("--"):
