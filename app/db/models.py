@@ -250,4 +250,7 @@ class AdmissionDecision(Base):
     smallest_fitting_resource: Mapped[str | None] = mapped_column(String(64))
     # Kubernetes resource name -> usable bytes (nvidia.com/gpu and each MIG profile)
     resources: Mapped[dict[str, int]] = mapped_column(JSON, nullable=False)
+    # a workload served by an engine: {"name", "gpus", "resources": {resource: {required_bytes,
+    # usable_bytes, kv_tokens, max_concurrency, max_model_len, reason}}} (NULL: no engine)
+    engine: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     computed_at: Mapped[datetime] = mapped_column(UtcDateTime(), nullable=False, default=utcnow)

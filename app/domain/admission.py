@@ -122,6 +122,20 @@ class ResourceError(DomainError):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class EngineOnResource:
+    """A serving engine on one resource (a whole GPU or a MIG slice): the requirement the engine
+    gives there (app.domain.fit.engine_requirement), the memory the device shows to CUDA, and
+    the engine's figures. ``reason``: why it does not fit, in the engine's terms."""
+
+    required_bytes: int
+    usable_bytes: int
+    kv_tokens: int
+    max_concurrency: float
+    max_model_len: int
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Evaluation:
     """A workload's requirement on one GPU profile and what that GPU offers: every input of
     the verdicts (computed when the workload, its model or the hardware is written)."""
@@ -131,6 +145,11 @@ class Evaluation:
     required_bytes: int
     smallest_fitting_resource: str | None  # the smallest MIG resource that holds it
     resources: Mapping[str, int]  # nvidia.com/gpu and each MIG resource -> usable bytes
+    # a workload served by an engine: its requirement and figures per resource (the verdict
+    # reads these instead of required_bytes), the engine's name and its tensor x pipeline GPUs
+    engine: Mapping[str, EngineOnResource] | None = None
+    engine_name: str = ""
+    engine_gpus: int = 1
 
     @property
     def supports_mig(self) -> bool:
@@ -146,6 +165,7 @@ class Verdict:
     message: str
     usable_bytes: int
     warnings: tuple[str, ...] = ()
+    annotations: Mapping[str, str] | None = None  # auditAnnotations (an engine's figures)
 
 
 def warning_text(text: str) -> str:
@@ -158,6 +178,8 @@ def verdict(evaluation: Evaluation, *, resource: str, count: int, label: str) ->
     fits when the requirement is at most the usable bytes), with a message a person can act
     on. Raises ``ResourceError`` for a resource the GPU does not offer."""
     usable = evaluation.resources.get(resource)
+    if usable is not None and evaluation.engine is not None:
+        return engine_verdict(evaluation, resource=resource, count=count, label=label)
     if usable is None:
         if resource == WHOLE_GPU or not evaluation.supports_mig:
             raise ResourceError(
@@ -191,3 +213,61 @@ def verdict(evaluation: Evaluation, *, resource: str, count: int, label: str) ->
     if count > 1 and resource != WHOLE_GPU:
         warnings.append(warning_text(f"{label}: {count} x {resource}; each must hold the workload"))
     return Verdict(allowed=allowed, message=message, usable_bytes=usable, warnings=tuple(warnings))
+
+
+# A process sees one MIG instance: CUDA enumerates a single MIG device per process (NVIDIA MIG
+# User Guide, "CUDA Device Enumeration"), so an engine's group of several GPUs cannot be slices.
+MIG_ONE_DEVICE = (
+    "tensor x pipeline = {gpus} GPUs cannot be MIG slices: CUDA shows a process one MIG instance"
+)
+
+
+def engine_verdict(evaluation: Evaluation, *, resource: str, count: int, label: str) -> Verdict:
+    """An engine's verdict on ``count`` x ``resource``: it fits when the engine's requirement
+    there is at most the memory the device shows (:func:`app.domain.fit.fits`: the engine
+    starts, with the asked concurrency) and the container gets the engine's tensor x pipeline
+    GPUs (whole GPUs; a group cannot be MIG slices). Allowed: the expected KV tokens and
+    concurrency as a warning and audit annotations; denied: the engine's own reason."""
+    assert evaluation.engine is not None
+    entry = evaluation.engine[resource]
+    gpus = evaluation.engine_gpus
+    name = evaluation.engine_name
+    problem = None
+    if not fits(entry.required_bytes, entry.usable_bytes):
+        problem = f"{entry.reason} (needs {entry.required_bytes / GIB:.2f} GiB shown to CUDA)"
+    if resource == WHOLE_GPU and count < gpus:
+        problem = (
+            f"{name} needs tensor x pipeline = {gpus} GPUs, the container gets {count} {WHOLE_GPU}"
+        )
+    elif resource != WHOLE_GPU and gpus > 1:
+        problem = MIG_ONE_DEVICE.format(gpus=gpus)
+    where = f"on {resource} ({evaluation.gpu}, {entry.usable_bytes / GIB:.2f} GiB shown to CUDA)"
+    if problem is not None:
+        smallest = evaluation.smallest_fitting_resource
+        hint = f"; smallest fitting: {smallest.removeprefix('nvidia.com/')}" if smallest else ""
+        return Verdict(
+            allowed=False,
+            message=f"{evaluation.summary} {where}: {problem}{hint}",
+            usable_bytes=entry.usable_bytes,
+        )
+    figures = (
+        f"{entry.kv_tokens:,} KV tokens, concurrency {entry.max_concurrency:.2f} at "
+        f"{entry.max_model_len:,} tokens"
+    )
+    warnings = [warning_text(f"{label}: {name} expects {figures} on {resource}")]
+    if resource == WHOLE_GPU and count > gpus:
+        warnings.append(
+            warning_text(f"{label}: {count} x {WHOLE_GPU}; the engine uses {gpus} (tp x pp)")
+        )
+    return Verdict(
+        allowed=True,
+        message=f"{evaluation.summary} {where}: {name} starts with {figures}",
+        usable_bytes=entry.usable_bytes,
+        warnings=tuple(warnings),
+        annotations={
+            "engine": name,
+            "engine-kv-tokens": str(entry.kv_tokens),
+            "engine-max-concurrency": f"{entry.max_concurrency:.2f}",
+            "engine-max-model-len": str(entry.max_model_len),
+        },
+    )

@@ -135,3 +135,127 @@ def fit(required: Requirement, usable_bytes: int) -> Fit:
         headroom_bytes=usable_bytes - required.required_bytes,
         fits=fits(required.required_bytes, usable_bytes),
     )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineStageNeed:
+    """What one GPU of a serving engine's pipeline stage spends before its KV cache, and the
+    KV cache it must hold [B] (app.domain.engines: weights, profile-run peak, memory outside
+    the allocator, a CUDA-graph pool the engine sizes before its KV cache, KV bytes a token)."""
+
+    weights_bytes: int
+    peak_bytes: int
+    non_torch_bytes: int
+    graphs_bytes: int  # 0 where the engine captures its graphs after sizing the KV cache
+    kv_bytes_per_token: int
+
+
+def engine_kv_bytes_needed(
+    kv_bytes_per_token: int, *, sequences: int, max_model_len: int, block_size: int
+) -> int:
+    """The KV pool that holds ``sequences`` sequences of ``max_model_len`` tokens in whole
+    blocks of ``block_size`` tokens [B]: ``ceil(sequences x max_model_len / block_size) x
+    block_size x kv_bytes_per_token``. With one sequence it is vLLM's start test
+    (``check_enough_kv_cache_memory``, vllm/v1/core/kv_cache_utils.py 0.19); with N, the pool
+    whose KV tokens (whole blocks) give a concurrency at ``max_model_len`` of at least N."""
+    blocks = -(-(sequences * max_model_len) // block_size)
+    return blocks * block_size * kv_bytes_per_token
+
+
+def smallest_claiming(total_bytes: int, utilization: float) -> int:
+    """The least memory ``V`` a device must show for ``floor(utilization x V) >= total_bytes``
+    [B]: what an engine that claims ``utilization`` of the memory it sees (vLLM's
+    ``requested_memory = gpu_memory_utilization x total_memory``, floored as the engine model
+    floors it) needs to be shown. Exact in float arithmetic: the ceil of the quotient is
+    corrected by the same product the engine computes."""
+    if not 0 < utilization <= 1:
+        raise FitInputError(f"utilization must be in (0, 1], got {utilization!r}")
+    if total_bytes <= 0:
+        return 0
+    size = math.ceil(total_bytes / utilization)
+    while size > 0 and math.floor(utilization * (size - 1)) >= total_bytes:
+        size -= 1
+    while math.floor(utilization * size) < total_bytes:
+        size += 1
+    return size
+
+
+def engine_requirement(
+    stages: Sequence[EngineStageNeed],
+    *,
+    gpu_memory_utilization: float,
+    sequences: int,
+    max_model_len: int,
+    block_size: int,
+    engine: str,
+) -> Requirement:
+    """The requirement of a serving engine on one GPU: the least memory the GPU must show to
+    CUDA for the engine to start with a KV pool of at least ``sequences`` sequences of
+    ``max_model_len`` tokens on every pipeline stage [B].
+
+    The engine claims ``gpu_memory_utilization`` of what the GPU shows and sizes its KV pool
+    as the claim less weights, profile peak and memory outside the allocator, so it starts
+    (with that concurrency) on a GPU showing ``V`` bytes exactly when ``floor(utilization x V)
+    >= weights + peak + non-torch + graphs + KV needed`` on the stage that needs most; the
+    requirement is the least such ``V`` (:func:`smallest_claiming`), and :func:`fits` against
+    the memory the GPU shows is the engine's own verdict. Lines: the stage's parts, then the
+    ``1 - utilization`` the engine leaves unclaimed (its own margin: no safety margin is
+    added on top).
+    """
+    if sequences < 1 or max_model_len < 1 or block_size < 1 or not stages:
+        raise FitInputError("sequences, max_model_len, block_size >= 1 and a stage are needed")
+    totals = []
+    for stage in stages:
+        kv = engine_kv_bytes_needed(
+            stage.kv_bytes_per_token,
+            sequences=sequences,
+            max_model_len=max_model_len,
+            block_size=block_size,
+        )
+        spent = stage.weights_bytes + stage.peak_bytes + stage.non_torch_bytes
+        # vLLM refuses a pool of zero bytes even without KV layers (NO_MEMORY_MESSAGE)
+        totals.append((spent + stage.graphs_bytes + max(kv, 1), kv, stage))
+    total, kv, worst = max(totals, key=lambda item: item[0])
+    required = smallest_claiming(total, gpu_memory_utilization)
+    unclaimed = required - total
+    index = totals.index((total, kv, worst))
+    where = f", pipeline stage {index} of {len(stages)}" if len(stages) > 1 else ""
+    parts = (
+        RequirementLine(
+            key="engine_weights",
+            bytes=worst.weights_bytes,
+            formula=f"{worst.weights_bytes:,} [B weights on one GPU{where}] "
+            f"= {worst.weights_bytes:,} B",
+        ),
+        RequirementLine(
+            key="engine_profile_peak",
+            bytes=worst.peak_bytes,
+            formula=f"{worst.peak_bytes:,} [B {engine} profile-run peak] = {worst.peak_bytes:,} B",
+        ),
+        RequirementLine(
+            key="engine_non_torch",
+            bytes=worst.non_torch_bytes + worst.graphs_bytes,
+            formula=f"{worst.non_torch_bytes:,} [B outside the allocator] + "
+            f"{worst.graphs_bytes:,} [B CUDA graphs sized before the KV cache] = "
+            f"{worst.non_torch_bytes + worst.graphs_bytes:,} B",
+        ),
+        RequirementLine(
+            key="engine_kv_cache",
+            bytes=total
+            - worst.weights_bytes
+            - worst.peak_bytes
+            - worst.non_torch_bytes
+            - worst.graphs_bytes,
+            formula=f"ceil({sequences} [sequences] x {max_model_len:,} [tokens] / {block_size} "
+            f"[tokens a block]) x {block_size} x {worst.kv_bytes_per_token:,} [B KV a token] = "
+            f"{kv:,} B (at least 1 B: the engine refuses an empty pool)",
+        ),
+        RequirementLine(
+            key="engine_unclaimed",
+            bytes=unclaimed,
+            formula=f"least V with floor({gpu_memory_utilization!r} [gpu_memory_utilization] x V) "
+            f">= {total:,} [B the lines above]: V = {required:,} B, of which the engine leaves "
+            f"{unclaimed:,} B unclaimed",
+        ),
+    )
+    return Requirement(lines=parts, required_bytes=required, safety_margin_fraction=0.0)

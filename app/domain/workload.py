@@ -23,6 +23,7 @@ from app.domain.precision import (
 )
 
 if TYPE_CHECKING:  # app.domain.peft raises this module's WorkloadInputError
+    from app.domain.engines.choice import EngineChoice  # engines -> parallel -> this module
     from app.domain.peft import LoraConfig
 
 
@@ -379,10 +380,14 @@ class WorkloadSpec:
     logits: Logits | None = None
     runtime: Runtime | None = None
     lora: LoraConfig | None = None  # training: LoRA adapters on a frozen base (PEFT)
+    # inference: served by an engine whose start-up memory is the requirement (app.domain.fit)
+    engine: EngineChoice | None = None
 
     def __post_init__(self) -> None:
         if self.lora is not None and self.mode is not Mode.TRAINING:
             raise WorkloadInputError("lora is a training option: the mode must be training")
+        if self.engine is not None and self.mode is not Mode.INFERENCE:
+            raise WorkloadInputError("engine is an inference option: the mode must be inference")
         batch, micro = self.batch_size, self.micro_batch_size
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
             raise WorkloadInputError(f"batch_size must be an integer >= 1, got {batch!r}")
@@ -411,6 +416,7 @@ class ResolvedWorkload:
     defaults_used: tuple[DefaultUsed, ...]
     gpu: GpuTraits | None = None  # the GPU the defaults were chosen for (None: none named)
     lora: LoraConfig | None = None  # training: LoRA adapters on a frozen base (PEFT)
+    engine: EngineChoice | None = None  # inference: the serving engine (WorkloadSpec.engine)
 
     @property
     def training(self) -> bool:
@@ -494,4 +500,5 @@ def resolve(
         defaults_used=tuple(used),
         gpu=gpu if runtime is Runtime.CUDA else None,
         lora=spec.lora,
+        engine=spec.engine,
     )

@@ -31,6 +31,33 @@ class AdmissionCheckRequest(Schema):
     )
 
 
+class AdmissionEngineRead(Schema):
+    """A workload's serving engine on the resource asked about."""
+
+    engine: str = Field(description="Engine and version modelled.", examples=["vllm 0.19.0"])
+    tensor_x_pipeline_gpus: int = Field(
+        description="GPUs of its tensor x pipeline group (a container needs that many "
+        "nvidia.com/gpu; a group of several cannot be MIG slices).",
+        examples=[1],
+    )
+    required_bytes: int = Field(
+        description="Least memory the device must show to CUDA for the engine to start with "
+        "min_concurrency sequences of max_model_len [B].",
+        examples=[30_000_000_000],
+    )
+    cuda_visible_bytes: int = Field(
+        description="Memory one resource shows to CUDA [B].", examples=[85_030_021_939]
+    )
+    kv_tokens: int = Field(description="KV tokens the engine holds (0: no start).", examples=[1])
+    max_concurrency: float = Field(description="kv_tokens / max_model_len.", examples=[54.17])
+    max_model_len: int = Field(description="max_model_len [tokens].", examples=[8192])
+    reason: str | None = Field(
+        default=None,
+        description="Why it does not fit, in the engine's terms.",
+        examples=[None],
+    )
+
+
 class AdmissionCheckResponse(Schema):
     """The decision with its reason."""
 
@@ -57,6 +84,11 @@ class AdmissionCheckResponse(Schema):
     defaults_used: list[DefaultUsedRow] = Field(
         description="Every workload option left out and the value the default table gave."
     )
+    engine: AdmissionEngineRead | None = Field(
+        default=None,
+        description="A workload with an `engine`: its figures on the resource; the verdict is "
+        "the engine's (it starts, with at least min_concurrency sequences of max_model_len).",
+    )
 
 
 class AdmissionStatus(Schema):
@@ -82,6 +114,13 @@ class AdmissionResponse(Schema):
         default=None,
         description="Warnings shown to the client (each at most 120 characters); omitted if none.",
         examples=[["chat: headroom 0.4 GiB on nvidia.com/mig-1g.10gb is under 10%"]],
+    )
+    auditAnnotations: dict[str, str] | None = Field(
+        default=None,
+        description="Admitted engine pods (vLLM): the expected figures, recorded in the audit "
+        "log under the webhook's name: `engine`, `engine-kv-tokens`, "
+        "`engine-max-concurrency`, `engine-max-model-len`; omitted otherwise.",
+        examples=[{"engine": "vllm 0.19.0", "engine-kv-tokens": "443776"}],
     )
 
 

@@ -20,6 +20,7 @@ from app.domain.workload import (
     Runtime,
 )
 from app.schemas.base import MAX_BYTES, Schema, Slug, located_error
+from app.schemas.engine_options import EngineFitRead, EngineOptions
 from app.schemas.hardware import DeviceName
 from app.schemas.models import InputSpec
 
@@ -279,10 +280,21 @@ class WorkloadInput(Schema):
         "are lines of their own. trainable_params counts what PEFT's "
         "get_nb_trainable_parameters counts.",
     )
+    engine: EngineOptions | None = Field(
+        default=None,
+        description='Inference only: the serving engine that runs the model (`{name: "vllm", '
+        "...vLLM options}`). The requirement on a GPU or MIG slice is then the engine's "
+        "start-up memory (it claims gpu_memory_utilization x the memory CUDA shows), and the "
+        "workload fits where the engine starts (with at least `min_concurrency` sequences of "
+        "max_model_len), in the estimate's fit, the MIG fit and plan, recommendations and "
+        "admission alike; answers show the engine's KV tokens, concurrency and start verdict.",
+    )
 
     @model_validator(mode="after")
     def _one_model(self) -> Self:
         one_model_rule(type(self).__name__, self.model, self.architecture)
+        if self.engine is not None:
+            engine_rule(type(self).__name__, self.mode, self.engine, self.parallelism)
         if self.lora is not None and self.mode is not Mode.TRAINING:
             raise located_error(
                 type(self).__name__, ("lora",), "lora is a training option: set mode to training"
@@ -304,6 +316,29 @@ class WorkloadInput(Schema):
                 f"micro_batch_size {micro} must divide batch_size {batch}",
             )
         return self
+
+
+def engine_rule(
+    model_name: str, mode: Mode, engine: EngineOptions, parallelism: ParallelismSpec
+) -> None:
+    """An engine serves inference, and its parallel degrees agree with the workload's (422
+    naming the engine's field otherwise)."""
+    if mode is not Mode.INFERENCE:
+        raise located_error(
+            model_name, ("engine",), "engine is an inference option: set mode to inference"
+        )
+    for field, degree in (
+        ("tensor_parallel_size", parallelism.tensor),
+        ("pipeline_parallel_size", parallelism.pipeline),
+    ):
+        given = getattr(engine, field)
+        if given is not None and degree != 1 and given != degree:
+            raise located_error(
+                model_name,
+                ("engine", field),
+                f"engine.{field} {given} differs from the workload's parallelism ({degree}); "
+                "give one",
+            )
 
 
 def one_model_rule(model_name: str, model: str | None, architecture: object) -> None:
@@ -477,6 +512,12 @@ class FitSummary(Schema):
     headroom_bytes: int = Field(
         description="usable_bytes minus required_bytes (negative: short by).",
         examples=[4_294_967_296],
+    )
+    engine: EngineFitRead | None = Field(
+        default=None,
+        description="With a workload `engine`: the engine's figures on this device; "
+        "required_bytes is then the least memory the device must show to CUDA for it to "
+        "start with min_concurrency, and usable_bytes the memory it shows.",
     )
 
 

@@ -8,6 +8,7 @@ from pydantic import Field
 
 from app.domain.workload import DEFAULT_SAFETY_MARGIN_FRACTION
 from app.schemas.base import MAX_BYTES, Schema, Slug
+from app.schemas.engine_options import EngineFitRead
 from app.schemas.estimates import DefaultUsedRow, RequiredLine, WorkloadInput
 from app.schemas.hardware import DeviceName, MigProfileRead
 
@@ -54,6 +55,25 @@ class MigFitRequest(Schema):
         description="Safety margin as a fraction of estimate + context + workspace.",
         examples=[0.05],
     )
+    min_concurrency: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_048_576,
+        description="A workload with an `engine` only: a profile qualifies where the engine "
+        "starts with at least this many sequences of `max_model_len` tokens at once (N). "
+        "Default: the engine's `min_concurrency`, else 1 (it starts).",
+        examples=[None],
+    )
+    max_model_len: int | None = Field(
+        default=None,
+        ge=1,
+        le=16_777_216,
+        description="A workload with an `engine` only: the sequence length L [tokens] (vLLM "
+        '`--max-model-len`) of the question "smallest profile on which the engine starts '
+        "with N sequences of L tokens\". Default: the engine's `max_model_len`, else the "
+        "model's context (422 naming this field above it).",
+        examples=[None],
+    )
 
 
 class ProfileFit(Schema):
@@ -72,6 +92,18 @@ class ProfileFit(Schema):
     fits: bool = Field(description="required <= usable.", examples=[True])
     limiting_factor: Literal["none", "memory"] = Field(
         description="What stops the fit (`memory`), or `none`.", examples=["none"]
+    )
+    reason: str | None = Field(
+        default=None,
+        description="With an engine, why the profile does not qualify: the engine's own message "
+        "when it does not start, the concurrency it falls short by, or that a tensor/pipeline "
+        "group cannot span MIG slices.",
+        examples=[None],
+    )
+    engine: EngineFitRead | None = Field(
+        default=None,
+        description="With an engine: its figures on this profile (usable_bytes is the memory "
+        "the slice shows; required_bytes the least on which it qualifies).",
     )
 
 
@@ -129,6 +161,11 @@ class MigFitResponse(Schema):
     )
     alternatives: FitAlternatives | None = Field(
         default=None, description="When no profile fits: what would."
+    )
+    engine: EngineFitRead | None = Field(
+        default=None,
+        description="With an engine: its figures on the whole GPU (required_bytes and "
+        "required are its requirement there).",
     )
     assumptions: list[str] = Field(description="Assumptions of the estimate.", examples=[[]])
     attention: list[str] = Field(

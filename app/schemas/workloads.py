@@ -10,6 +10,7 @@ from pydantic import Field, model_validator
 from app.domain.precision import Precision
 from app.domain.workload import Checkpointing, Mode, Optimizer, OptimizerImpl
 from app.schemas.base import Page, Schema, Slug, located_error
+from app.schemas.engine_options import EngineOptions
 from app.schemas.estimates import BatchSize, Length, LoraSpec, ParallelismSpec
 from app.schemas.hardware import DeviceName
 
@@ -42,6 +43,13 @@ class WorkloadOptions(Schema):
         default=None,
         description="Training only: LoRA adapters on a frozen base, as for "
         "`POST /v1/estimates/memory` (its memory, admission decisions and `/memory` follow).",
+        examples=[None],
+    )
+    engine: EngineOptions | None = Field(
+        default=None,
+        description="Inference only: the serving engine, as for `POST /v1/estimates/memory` "
+        "(its requirement and verdict follow the engine: the MIG fit, recommendations and "
+        "the stored admission decisions, with KV tokens and concurrency per resource).",
         examples=[None],
     )
 

@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from app.db.repositories import DecisionRepository, HardwareRepository
+from app.db.repositories import DecisionRepository, HardwareRepository, ModelRepository
 from app.domain.admission import (
     Evaluation,
     GpuRequest,
@@ -24,12 +24,21 @@ from app.domain.admission import (
     warning_text,
 )
 from app.domain.budget import CancelToken, bound
-from app.schemas.admission import AdmissionCheckRequest, AdmissionCheckResponse
+from app.domain.engines.cli import EngineArgsError, EngineCommand, engine_args, engine_command
+from app.domain.workload import Mode
+from app.schemas.admission import (
+    AdmissionCheckRequest,
+    AdmissionCheckResponse,
+    AdmissionEngineRead,
+)
 from app.schemas.base import SLUG_PATTERN
+from app.schemas.engine_options import VllmEngineOptions
 from app.schemas.estimates import WorkloadInput
+from app.services.convert import model_graph
 from app.services.decision_store import (
     ESTIMATED,
     EVALUATOR,
+    engine_evaluation,
     evaluation_of,
     stored_evaluation,
     work_of,
@@ -86,15 +95,31 @@ def check(
             )
         except ReviewError as exc:
             raise InvalidInput(str(exc), pointer="/resource") from exc
+    engine = None
+    if evaluation.engine is not None:
+        entry = evaluation.engine[payload.resource]
+        engine = AdmissionEngineRead(
+            engine=evaluation.engine_name,
+            tensor_x_pipeline_gpus=evaluation.engine_gpus,
+            required_bytes=entry.required_bytes,
+            cuda_visible_bytes=entry.usable_bytes,
+            kv_tokens=entry.kv_tokens,
+            max_concurrency=entry.max_concurrency,
+            max_model_len=entry.max_model_len,
+            reason=entry.reason,
+        )
     return AdmissionCheckResponse(
         allowed=decision.allowed,
         message=decision.message,
-        required_bytes=evaluation.required_bytes,
+        required_bytes=evaluation.engine[payload.resource].required_bytes
+        if evaluation.engine is not None
+        else evaluation.required_bytes,
         usable_bytes=decision.usable_bytes,
         smallest_fitting_resource=evaluation.smallest_fitting_resource,
         warnings=list(decision.warnings),
         attention=need.run.attention,
         defaults_used=need.run.defaults_used(),
+        engine=engine,
     )
 
 
@@ -199,6 +224,8 @@ class Question:
     gpu: str
     requests: tuple[GpuRequest, ...]
     key: Hashable
+    engine: EngineCommand | None = None  # a serving engine's command line (no stored workload)
+    denial: str | None = None  # an engine flag the engine would refuse: denied as it is
 
     @property
     def stored(self) -> bool:
@@ -223,10 +250,16 @@ def question(pod: dict[str, Any]) -> Question | None:
     if not requests:
         return None
     notes = planner_annotations(pod)
-    if "workload" not in notes and "model" not in notes:
+    engine, denial = None, None
+    if "workload" not in notes:
+        try:
+            engine = pod_engine(pod, notes, {r.container for r in requests})
+        except EngineArgsError as exc:
+            denial = f"vLLM would refuse {exc.flag or 'its arguments'}: {exc}"
+    if "workload" not in notes and "model" not in notes and engine is None and denial is None:
         raise ReviewError(
             "pod asks for GPUs but names no workload: annotate capacity-planner.io/workload "
-            "(or capacity-planner.io/model, mode, batch-size, precision)"
+            "(or capacity-planner.io/model, mode, batch-size, precision), or run `vllm serve`"
         )
     if notes.get("gpu") is None:
         raise ReviewError(
@@ -237,10 +270,130 @@ def question(pod: dict[str, Any]) -> Question | None:
     subject: Hashable
     if "workload" in notes:
         subject = ("workload", _slug(notes, "workload"))
+    elif engine is not None or denial is not None:
+        if "model" in notes:
+            _slug(notes, "model")
+        subject = (
+            "engine",
+            notes.get("model"),
+            notes.get("min-concurrency"),
+            denial,
+            None if engine is None else engine.model,
+            None if engine is None else tuple(sorted(engine.options.items())),
+            None if engine is None else engine.ignored,
+        )
     else:
         _slug(notes, "model")
         subject = ("inline", *(notes.get(key) for key in _INLINE_KEYS))
-    return Question(notes=notes, gpu=gpu, requests=requests, key=(subject, gpu, requests))
+    return Question(
+        notes=notes,
+        gpu=gpu,
+        requests=requests,
+        key=(subject, gpu, requests),
+        engine=engine,
+        denial=denial,
+    )
+
+
+ENGINE_NOTE = "engine"  # capacity-planner.io/engine: vllm (a launcher the webhook cannot read)
+ENGINE_ARGS_NOTE = "engine-args"  # capacity-planner.io/engine-args: "--max-model-len 8192 ..."
+MIN_CONCURRENCY_NOTE = "min-concurrency"  # policy: deny below this concurrency
+
+
+def pod_engine(
+    pod: dict[str, Any], notes: dict[str, str], containers: set[str]
+) -> EngineCommand | None:
+    """The serving engine a pod runs: the ``capacity-planner.io/engine`` annotation with its
+    ``engine-args``, else the first GPU container whose command + args run ``vllm serve`` or
+    vLLM's OpenAI API server module (None: no engine). Raises ``EngineArgsError`` for a flag
+    value vLLM would refuse, ``ReviewError`` for an engine other than vllm."""
+    if ENGINE_NOTE in notes:
+        name = notes[ENGINE_NOTE]
+        if name != "vllm":
+            raise ReviewError(
+                f"capacity-planner.io/engine {name[:40]!r} is not a modelled engine (vllm)"
+            )
+        return engine_args(notes.get(ENGINE_ARGS_NOTE, ""))
+    spec = pod.get("spec") or {}
+    for key in ("containers", "initContainers"):
+        for container in spec.get(key) or []:
+            if not isinstance(container, dict):
+                continue
+            if str(container.get("name") or "") not in containers:
+                continue
+            argv = [*(container.get("command") or []), *(container.get("args") or [])]
+            if not all(isinstance(token, str) for token in argv):
+                continue
+            found = engine_command(argv)
+            if found is not None:
+                return found
+    return None
+
+
+def served_slug(served: str | None) -> str | None:
+    """A served model name as a stored model's slug: its last path segment, lower case, every
+    run of other characters than letters and digits a hyphen (``/models/Llama-3-8B`` and
+    ``meta-llama/Llama-3-8B`` name ``llama-3-8b``); None when nothing is left."""
+    if not served:
+        return None
+    tail = served.rstrip("/").rsplit("/", 1)[-1].lower()
+    slug = re.sub(r"[^a-z0-9]+", "-", tail).strip("-")[:64].strip("-")
+    return slug or None
+
+
+# vLLM's option -> its flag, for messages naming what the pod wrote
+_FLAG_OF = {
+    "tensor_parallel_size": "--tensor-parallel-size",
+    "pipeline_parallel_size": "--pipeline-parallel-size",
+    "max_model_len": "--max-model-len",
+    "gpu_memory_utilization": "--gpu-memory-utilization",
+    "max_num_seqs": "--max-num-seqs",
+    "max_num_batched_tokens": "--max-num-batched-tokens",
+    "kv_cache_dtype": "--kv-cache-dtype",
+    "dtype": "--dtype",
+    "block_size": "--block-size",
+    "enforce_eager": "--enforce-eager",
+}
+
+
+class EngineDenied(Exception):
+    """An engine configuration vLLM refuses: the review is denied with this message."""
+
+
+def _engine_spec(asked: Question) -> tuple[WorkloadInput, str]:
+    """The workload an engine pod runs (its model as a stored slug) and how to name it."""
+    command = asked.engine
+    assert command is not None
+    notes = asked.notes
+    slug = notes.get("model") or served_slug(command.model)
+    if slug is None or not _SLUG.match(slug):
+        raise ReviewError(
+            "which stored model does vLLM serve? annotate capacity-planner.io/model with its "
+            f"slug (served name: {str(command.model)[:64]!r})"
+        )
+    options = {k: v for k, v in command.options.items() if k != "quantization"}
+    quantization = command.options.get("quantization")
+    if quantization is not None and str(quantization).lower() != "none":
+        raise ReviewError(
+            f"--quantization {str(quantization)[:40]!r}: quantized serving is not modelled by "
+            "the vllm engine profile"
+        )
+    fields: dict[str, Any] = {"name": "vllm", **options}
+    if MIN_CONCURRENCY_NOTE in notes:
+        fields["min_concurrency"] = notes[MIN_CONCURRENCY_NOTE]
+    try:
+        engine = VllmEngineOptions.model_validate(fields)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        option = str(first["loc"][0]) if first["loc"] else ""
+        if option == "min_concurrency":
+            raise ReviewError(f"capacity-planner.io/min-concurrency: {first['msg']}") from exc
+        flag = command.flags.get(option, _FLAG_OF.get(option, option))
+        shown = command.options.get(option)
+        raise EngineDenied(f"vLLM would refuse {flag} {shown!r}: {first['msg']}") from exc
+    spec = WorkloadInput(model=slug, mode=Mode.INFERENCE, batch_size=1, engine=engine)
+    note = f" ({len(command.ignored)} flags not modelled: {', '.join(command.ignored[:8])})"
+    return spec, slug + (note if command.ignored else "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,6 +412,8 @@ def _evaluation(
 ) -> tuple[Evaluation, str, bool]:
     """The evaluation a review applies, its label, and whether a stored one was missing."""
     notes = asked.notes
+    if asked.engine is not None and "workload" not in notes:
+        return _engine_evaluation(session, asked, token), _engine_label(asked), False
     if "workload" in notes:
         label = notes["workload"]
         found = DecisionRepository(session).lookup(label, asked.gpu, EVALUATOR)
@@ -281,6 +436,10 @@ def _evaluation(
     hardware = HardwareRepository(session).get(asked.gpu)
     if hardware is None:
         raise ReviewError(f"capacity-planner.io/gpu '{asked.gpu}' is not a known hardware profile")
+    if spec.engine is not None:  # closed form: no graph estimate, no work budget
+        with bound(token):
+            graph = model_graph(session, spec.model, spec.architecture)
+            return engine_evaluation(graph, spec, label=label, hardware=hardware), label, missing
     work = work_of(session, spec)
     if work.units > REVIEW_MAX_WORK_UNITS:
         raise ReviewError(
@@ -291,6 +450,38 @@ def _evaluation(
     with bound(token):
         evaluation, _ = evaluation_of(session, spec=spec, label=label, hardware=hardware)
     return evaluation, label, missing
+
+
+def _engine_label(asked: Question) -> str:
+    assert asked.engine is not None
+    return asked.notes.get("model") or served_slug(asked.engine.model) or "vllm"
+
+
+def _engine_evaluation(session: Session, asked: Question, token: CancelToken | None) -> Evaluation:
+    """An engine pod's evaluation: its stored model served by vLLM with the pod's flags on the
+    annotated GPU (closed form per resource; ``EngineDenied`` for options vLLM refuses)."""
+    spec, label = _engine_spec(asked)
+    assert spec.model is not None
+    if ModelRepository(session).get(spec.model) is None:
+        raise ReviewError(
+            f"model '{spec.model}' (served by vLLM) is not stored; annotate "
+            "capacity-planner.io/model with a stored model's slug (GET /v1/models)"
+        )
+    hardware = HardwareRepository(session).get(asked.gpu)
+    if hardware is None:
+        raise ReviewError(f"capacity-planner.io/gpu '{asked.gpu}' is not a known hardware profile")
+    try:
+        with bound(token):
+            graph = model_graph(session, spec.model, spec.architecture)
+            return engine_evaluation(graph, spec, label=label, hardware=hardware)
+    except InvalidInput as exc:
+        pointer = exc.pointer or ""
+        if pointer.startswith("/engine/"):
+            option = pointer.removeprefix("/engine/")
+            assert asked.engine is not None
+            flag = asked.engine.flags.get(option, _FLAG_OF.get(option, option))
+            raise EngineDenied(f"vLLM would refuse {flag}: {exc.detail}") from exc
+        raise ReviewError(exc.detail) from exc
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,7 +522,9 @@ def stored_tail(stored: Stored, asked: Question) -> bytes:
     return answer_tail(*decide(stored.evaluation, asked, asked.notes["workload"]))
 
 
-def decide(evaluation: Evaluation, asked: Question, label: str) -> tuple[bool, str, list[str]]:
+def decide(
+    evaluation: Evaluation, asked: Question, label: str
+) -> tuple[bool, str, list[str], dict[str, str] | None]:
     """Allowed, message and warnings for a pod's GPU requests (each distinct resource and
     count judged once: the requests are bounded by app.domain.admission.MAX_GPU_REQUESTS)."""
     judged: dict[tuple[str, int], Verdict] = {}
@@ -348,9 +541,14 @@ def decide(evaluation: Evaluation, asked: Question, label: str) -> tuple[bool, s
     if denied:
         request, decision = denied[0]
         kind = "init container" if request.init_container else "container"
-        return False, f"{kind} '{request.container}': {decision.message}", warnings
+        return False, f"{kind} '{request.container}': {decision.message}", warnings, None
     suffix = f" ({len(verdicts)} GPU requests checked)" if len(verdicts) > 1 else ""
-    return True, verdicts[0][1].message + suffix, warnings
+    if asked.engine is not None and asked.engine.ignored:
+        warnings.append(
+            f"{label}: flags not modelled, ignored: {', '.join(asked.engine.ignored[:6])}"
+        )
+    notes = verdicts[0][1].annotations
+    return True, verdicts[0][1].message + suffix, warnings, None if notes is None else dict(notes)
 
 
 def evaluate_with_digest(
@@ -367,18 +565,31 @@ def evaluate_with_digest(
     token = None
     if deadline is not None:
         token = CancelToken(deadline, max(0.0, deadline - time.monotonic()))
-    evaluation, label, missing = _evaluation(session, asked, token)
+    if asked.denial is not None:
+        return Evaluated(answer_tail(False, asked.denial, []), digest, read_at)
+    try:
+        evaluation, label, missing = _evaluation(session, asked, token)
+    except EngineDenied as exc:
+        return Evaluated(answer_tail(False, str(exc), []), digest, read_at)
     return Evaluated(answer_tail(*decide(evaluation, asked, label)), digest, read_at, missing)
 
 
-def answer_tail(allowed: bool, message: str, warnings: list[str]) -> bytes:
-    """The AdmissionResponse after its uid, rendered once (cached answers are bytes)."""
+def answer_tail(
+    allowed: bool,
+    message: str,
+    warnings: list[str],
+    annotations: dict[str, str] | None = None,
+) -> bytes:
+    """The AdmissionResponse after its uid, rendered once (cached answers are bytes);
+    ``annotations``: its auditAnnotations (an engine's expected KV tokens and concurrency)."""
     response: dict[str, Any] = {
         "allowed": allowed,
         "status": {"code": 200 if allowed else 403, "message": message},
     }
     if warnings:
         response["warnings"] = [warning_text(w) for w in warnings]
+    if annotations:
+        response["auditAnnotations"] = annotations
     return json.dumps(response, separators=(",", ":")).encode()[1:]
 
 

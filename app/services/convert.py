@@ -12,8 +12,9 @@ from sqlalchemy.orm import Session
 
 from app.db.models import Hardware, MigProfile, Workload, utcnow
 from app.db.repositories import HardwareRepository, ModelRepository
+from app.domain.engines.choice import EngineChoice
 from app.domain.engines.families import MlaGeometry
-from app.domain.engines.vllm import ServingModel
+from app.domain.engines.vllm import ServingModel, VllmOptions
 from app.domain.graph.analysis import InputDecl
 from app.domain.graph.llm_variants import MLA_KEYS
 from app.domain.graph.ops import TensorKind
@@ -42,6 +43,7 @@ from app.domain.workload import (
     WorkloadInputError,
 )
 from app.domain.workload import WorkloadSpec as DomainWorkloadSpec
+from app.schemas.engine_options import EngineOptions
 from app.schemas.estimates import (
     InlineArchitecture,
     LoraSpec,
@@ -464,11 +466,41 @@ def domain_workload(spec: WorkloadInput, runtime: Runtime | None = None) -> Doma
             logits=spec.logits,
             runtime=runtime,
             lora=domain_lora(spec.lora),
+            engine=domain_engine(spec),
         )
     except LoraError as exc:
         raise InvalidInput(str(exc), pointer=f"/lora/{exc.field}") from exc
     except WorkloadInputError as exc:
         raise InvalidInput(str(exc)) from exc
+
+
+def domain_engine(spec: WorkloadInput) -> EngineChoice | None:
+    """The workload's serving engine as the domain's choice (None: none). Parallel degrees the
+    engine is not given are the workload's (app.schemas.estimates.engine_rule: they agree)."""
+    if spec.engine is None:
+        return None
+    return engine_choice_of(spec.engine, spec.parallelism.tensor, spec.parallelism.pipeline)
+
+
+def engine_choice_of(engine: EngineOptions, tensor: int, pipeline: int) -> EngineChoice:
+    """An engine's options (the request's) on a ``tensor`` x ``pipeline`` group as the domain's
+    choice (degrees the engine names win)."""
+    return EngineChoice(
+        name=engine.name,
+        options=VllmOptions(
+            max_model_len=engine.max_model_len,
+            gpu_memory_utilization=engine.gpu_memory_utilization,
+            max_num_batched_tokens=engine.max_num_batched_tokens,
+            max_num_seqs=engine.max_num_seqs,
+            block_size=engine.block_size,
+            dtype=engine.dtype,
+            kv_cache_dtype=engine.kv_cache_dtype,
+            tensor_parallel_size=engine.tensor_parallel_size or tensor,
+            pipeline_parallel_size=engine.pipeline_parallel_size or pipeline,
+            enforce_eager=engine.enforce_eager,
+        ),
+        min_concurrency=engine.min_concurrency or 1,
+    )
 
 
 def domain_lora(spec: LoraSpec | None) -> LoraConfig | None:

@@ -45,16 +45,17 @@ from sqlalchemy.orm.exc import StaleDataError
 from app.config import Settings
 from app.db.models import AdmissionDecision, Hardware, ModelArchitecture, Workload, utcnow
 from app.db.repositories import DecisionRepository, HardwareRepository, WorkloadRepository
-from app.domain.admission import WHOLE_GPU, Evaluation
+from app.domain.admission import WHOLE_GPU, EngineOnResource, Evaluation
 from app.domain.budget import CancelToken, WorkCancelled, WorkEstimate, bound
 from app.domain.errors import DomainError
 from app.domain.mig.layout import kubernetes_resource, smallest_fitting
 from app.domain.workload import DEFAULT_SAFETY_MARGIN_FRACTION
 from app.schemas.estimates import WorkloadInput
 from app.schemas.workloads import WorkloadBase
-from app.services.convert import geometry, model_graph, to_spec, workload_fields
+from app.services.convert import GraphSource, geometry, model_graph, to_spec, workload_fields
+from app.services.engine_fit import EngineFit
 from app.services.errors import PreconditionFailed, ServiceError
-from app.services.pipeline import Required, estimates_work, required_memory
+from app.services.pipeline import Required, engine_on, estimates_work, required_memory
 
 PAIR_BUDGET_S = 10.0  # past this deadline one (workload, hardware) evaluation is too expensive
 # Checked before computing: an estimate over CAPPLAN_MAX_WORK_UNITS' default (the limit the API
@@ -78,7 +79,13 @@ def _fingerprint() -> str:
             *(_APP / "schemas").rglob("*.py"),
             *(
                 _APP / "services" / name
-                for name in ("convert.py", "pipeline.py", "decision_store.py")
+                for name in (
+                    "convert.py",
+                    "pipeline.py",
+                    "decision_store.py",
+                    "engine_fit.py",
+                    "engines.py",
+                )
             ),
         ]
     )
@@ -111,6 +118,9 @@ def evaluation_of(
         cuda_context_bytes=None,
         safety_margin_fraction=DEFAULT_SAFETY_MARGIN_FRACTION,
     )
+    if spec.engine is not None:  # the engine's verdict per resource (closed form)
+        graph = model_graph(session, spec.model, spec.architecture)
+        return engine_evaluation(graph, spec, label=label, hardware=hardware), need
     resources = {WHOLE_GPU: hardware.memory_bytes}
     smallest = None
     if hardware.mig_total_compute_slices is not None:
@@ -128,14 +138,94 @@ def evaluation_of(
     return evaluation, need
 
 
+def _on_resource(fit: EngineFit) -> EngineOnResource:
+    return EngineOnResource(
+        required_bytes=fit.requirement.required_bytes,
+        usable_bytes=fit.visible_bytes,
+        kv_tokens=fit.memory.kv_tokens,
+        max_concurrency=fit.memory.max_concurrency,
+        max_model_len=fit.resolved.max_model_len,
+        reason=fit.reason,
+    )
+
+
+def engine_evaluation(
+    graph: GraphSource, spec: WorkloadInput, *, label: str, hardware: Hardware
+) -> Evaluation:
+    """A workload with an engine on ``hardware``: the engine's requirement and figures on the
+    whole GPU and on each MIG profile (closed form, no graph estimate: microseconds a
+    resource), the smallest MIG resource where it fits (one slice: a group of several GPUs
+    cannot be slices)."""
+    whole = engine_on(graph, spec, hardware)
+    assert whole is not None  # spec.engine is set
+    engines = {WHOLE_GPU: _on_resource(whole)}
+    resources = {WHOLE_GPU: whole.visible_bytes}
+    gpus = whole.resolved.tensor_parallel_size * whole.resolved.pipeline_parallel_size
+    smallest = None
+    if hardware.mig_total_compute_slices is not None:
+        fitting = []
+        for profile in geometry(hardware).profiles:
+            fit = engine_on(graph, spec, hardware, profile)
+            assert fit is not None
+            name = kubernetes_resource(profile.name)
+            engines[name] = _on_resource(fit)
+            resources[name] = fit.visible_bytes
+            if fit.fits and gpus == 1:
+                fitting.append(profile)
+        if fitting:  # the order of app.domain.mig.layout.smallest_fitting
+            best = min(
+                fitting, key=lambda p: (p.compute_slices, p.memory_mib, p.memory_slices, p.name)
+            )
+            smallest = kubernetes_resource(best.name)
+    return Evaluation(
+        summary=f"{label} on {whole.engine} (tp {whole.resolved.tensor_parallel_size}, pp "
+        f"{whole.resolved.pipeline_parallel_size}, max_model_len "
+        f"{whole.resolved.max_model_len:,})",
+        gpu=hardware.slug,
+        required_bytes=whole.requirement.required_bytes,
+        smallest_fitting_resource=smallest,
+        resources=resources,
+        engine=engines,
+        engine_name=whole.engine,
+        engine_gpus=gpus,
+    )
+
+
+def engine_json(evaluation: Evaluation) -> dict[str, Any] | None:
+    """An evaluation's engine part as the decision row stores it (None: no engine)."""
+    if evaluation.engine is None:
+        return None
+    return {
+        "name": evaluation.engine_name,
+        "gpus": evaluation.engine_gpus,
+        "resources": {
+            name: {
+                "required_bytes": entry.required_bytes,
+                "usable_bytes": entry.usable_bytes,
+                "kv_tokens": entry.kv_tokens,
+                "max_concurrency": entry.max_concurrency,
+                "max_model_len": entry.max_model_len,
+                "reason": entry.reason,
+            }
+            for name, entry in evaluation.engine.items()
+        },
+    }
+
+
 def stored_evaluation(decision: AdmissionDecision, gpu: str) -> Evaluation:
     """The evaluation a stored ``estimated`` decision holds."""
+    engine = decision.engine
     return Evaluation(
         summary=decision.summary,
         gpu=gpu,
         required_bytes=decision.required_bytes or 0,
         smallest_fitting_resource=decision.smallest_fitting_resource,
         resources=decision.resources,
+        engine=None
+        if engine is None
+        else {name: EngineOnResource(**entry) for name, entry in engine["resources"].items()},
+        engine_name="" if engine is None else engine["name"],
+        engine_gpus=1 if engine is None else engine["gpus"],
     )
 
 
@@ -228,6 +318,7 @@ def _row(workload: Workload, hardware: Hardware, result: _Outcome) -> dict[str, 
         "required_bytes": evaluation.required_bytes if evaluation else None,
         "smallest_fitting_resource": evaluation.smallest_fitting_resource if evaluation else None,
         "resources": dict(evaluation.resources) if evaluation else {},
+        "engine": engine_json(evaluation) if evaluation else None,
         "computed_at": utcnow(),
     }
 

@@ -53,15 +53,19 @@ from app.services.convert import (
     runs_precision,
     split_gpu,
 )
+from app.services.engine_fit import EngineFit, engine_read
 from app.services.errors import (
     InvalidInput,
 )
 from app.services.pipeline import (
     BUDGET_SETTING,
+    Required,
+    engine_on,
     estimates_work,
     graph_pointer,
     mig_hardware,
     require_profile,
+    required_lines,
     required_memory_of,
     spec_pointers,
     workload_spec,
@@ -69,6 +73,13 @@ from app.services.pipeline import (
 from app.services.state_cache import Digest, PerWatch, timed_digest
 
 MAX_BATCH_SEARCH = 1_048_576
+# A process sees one MIG instance: CUDA enumerates a single MIG device per process (NVIDIA MIG
+# User Guide, "CUDA Device Enumeration"), so an engine's tensor x pipeline group of several
+# GPUs cannot be formed from slices.
+ONE_SLICE = (
+    "a tensor x pipeline group of {gpus} GPUs cannot span MIG slices: CUDA shows a process one "
+    "MIG instance (NVIDIA MIG User Guide, CUDA device enumeration)"
+)
 MAX_PLAN_REPLICAS = 100_000
 
 
@@ -98,6 +109,37 @@ def list_profiles(session: Session, *, slug: str) -> MigProfileList:
             for p in geo.profiles
         ],
     )
+
+
+def _engine_profile_fit(profile: MigProfileSpec, engine: EngineFit) -> ProfileFit:
+    """A profile's fit for a workload with an engine: the engine's requirement against what the
+    slice shows (app.domain.fit.fits, the engine's own verdict); a multi-GPU group never."""
+    gpus = engine.resolved.tensor_parallel_size * engine.resolved.pipeline_parallel_size
+    required = engine.requirement.required_bytes
+    verdict = fits(required, engine.visible_bytes) and gpus == 1
+    reason = engine.reason if gpus == 1 else ONE_SLICE.format(gpus=gpus)
+    return ProfileFit(
+        profile=profile.name,
+        kubernetes_resource=kubernetes_resource(profile.name),
+        compute_slices=profile.compute_slices,
+        usable_bytes=engine.visible_bytes,
+        required_bytes=required,
+        headroom_bytes=engine.visible_bytes - required,
+        fits=verdict,
+        limiting_factor="none" if verdict else "memory",
+        reason=None if verdict else reason,
+        engine=engine_read(engine),
+    )
+
+
+def _smallest(geo: MigGeometry, fitting: list[ProfileFit]) -> MigProfileSpec | None:
+    """The qualifying profile with the fewest compute slices, then the least memory (the order
+    of app.domain.mig.layout.smallest_fitting, for requirements that differ per profile)."""
+    names = {f.profile for f in fitting if f.fits}
+    chosen = [p for p in geo.profiles if p.name in names]
+    if not chosen:
+        return None
+    return min(chosen, key=lambda p: (p.compute_slices, p.memory_mib, p.memory_slices, p.name))
 
 
 def _profile_fit(profile: MigProfileSpec, required: int) -> ProfileFit:
@@ -138,11 +180,18 @@ def prepare_fit(
     with spec_pointers("/workload", payload.workload):
         spec = workload_spec(session, payload.workload)
         graph = model_graph(session, spec.model, spec.architecture)
+    if spec.engine is None:
+        for name in ("min_concurrency", "max_model_len"):
+            if getattr(payload, name) is not None:
+                raise InvalidInput(
+                    f"{name} asks about a serving engine: give the workload an `engine`",
+                    pointer=f"/{name}",
+                )
     if limit_units is not None:
         work = estimates_work(
             graph,
             spec,
-            fit_search_points(spec),
+            1 if spec.engine is not None else fit_search_points(spec),
             graph_pointer("/workload", payload.workload),
             "/workload/batch_size",
         )
@@ -174,6 +223,8 @@ def _fit(
         cuda_context_bytes=payload.cuda_context_bytes,
         safety_margin_fraction=payload.safety_margin_fraction,
     )
+    if spec.engine is not None:
+        return _engine_fit(payload, row, geo, requested_profile, spec, graph, gpus, need)
     required = need.required_bytes
     profile_fits = [_profile_fit(p, required) for p in geo.profiles]
     smallest = smallest_fitting(geo, required)
@@ -193,6 +244,89 @@ def _fit(
         requested=_profile_fit(requested_profile, required) if requested_profile else None,
         alternatives=alternatives,
         assumptions=list(need.run.result.assumptions),
+        attention=need.run.attention,
+        defaults_used=need.run.defaults_used(),
+    )
+
+
+def _engine_fit(
+    payload: MigFitRequest,
+    row: Hardware,
+    geo: MigGeometry,
+    requested_profile: MigProfileSpec | None,
+    spec: WorkloadInput,
+    graph: GraphSource,
+    gpus: list[Hardware],
+    need: Required,
+) -> MigFitResponse:
+    """The MIG fit of a workload with an engine: the smallest profile on which the engine
+    starts with at least N sequences of L tokens (``min_concurrency``, ``max_model_len``), each
+    other profile with its reason; the requirement differs per profile (the engine's defaults
+    and claim follow the memory each shows)."""
+
+    def on(profile: MigProfileSpec | None, hardware: Hardware = row) -> EngineFit:
+        found = engine_on(
+            graph,
+            spec,
+            hardware,
+            profile,
+            sequences=payload.min_concurrency,
+            max_model_len=payload.max_model_len,
+        )
+        assert found is not None  # the workload has an engine
+        return found
+
+    whole = on(None)
+    profile_fits = [_engine_profile_fit(p, on(p)) for p in geo.profiles]
+    smallest = _smallest(geo, profile_fits)
+    alternatives = None
+    if smallest is None:
+        precision = need.run.resolved.precision
+        larger: list[Hardware] = []
+        for gpu in gpus:
+            if len(larger) == 5:
+                break
+            if gpu.slug != row.slug and runs_precision(gpu, precision) and on(None, gpu).fits:
+                larger.append(gpu)
+        biggest = max(geo.profiles, key=lambda p: (p.memory_mib, p.compute_slices, p.name))
+        alternatives = FitAlternatives(
+            full_gpu_fits=whole.fits,
+            full_gpu_memory_bytes=whole.visible_bytes,
+            larger_gpus=[
+                LargerGpu(
+                    hardware=gpu.slug,
+                    memory_bytes=gpu.memory_bytes,
+                    mig_capable=gpu.mig_total_compute_slices is not None,
+                )
+                for gpu in larger
+            ],
+            largest_batch_on_biggest_profile=None,
+            biggest_profile=biggest.name,
+        )
+    requested = None
+    if requested_profile is not None:
+        requested = next(f for f in profile_fits if f.profile == requested_profile.name)
+    return MigFitResponse(
+        gpu=geo.gpu,
+        required_bytes=whole.requirement.required_bytes,
+        required=required_lines(whole.requirement),
+        estimate_peak_phase=need.run.result.peak_phase,
+        profiles=profile_fits,
+        smallest_fitting_profile=smallest.name if smallest else None,
+        smallest_fitting_resource=kubernetes_resource(smallest.name) if smallest else None,
+        requested=requested,
+        alternatives=alternatives,
+        engine=engine_read(whole),
+        assumptions=[
+            f"requirement: {whole.engine}'s start-up memory (app.domain.fit.engine_requirement):"
+            " the least memory a device must show to CUDA for the engine to start with at "
+            f"least {whole.min_concurrency} sequence(s) of {whole.resolved.max_model_len:,} "
+            "tokens; its defaults (max_num_batched_tokens, max_num_seqs) follow the memory "
+            "each profile shows, so the requirement differs per profile",
+            "a MIG slice shows its catalog usable memory to CUDA; a whole GPU: "
+            + whole.visible_source,
+            *need.run.result.assumptions,
+        ],
         attention=need.run.attention,
         defaults_used=need.run.defaults_used(),
     )
@@ -327,7 +461,17 @@ def _plan_profile(
             cuda_context_bytes=payload.cuda_context_bytes,
             safety_margin_fraction=payload.safety_margin_fraction,
         ).required_bytes
-    chosen = smallest_fitting(geo, required)
+        if spec.engine is not None:  # per profile: the engine's requirement on each slice
+            fitted = []
+            for profile in geo.profiles:
+                engine = engine_on(graph, spec, row, profile)
+                assert engine is not None
+                fitted.append(_engine_profile_fit(profile, engine))
+            chosen = _smallest(geo, fitted)
+            if chosen is not None:
+                required = next(f.required_bytes for f in fitted if f.profile == chosen.name)
+        else:
+            chosen = smallest_fitting(geo, required)
     if chosen is None:
         biggest = max(p.memory_bytes for p in geo.profiles)
         raise InvalidInput(

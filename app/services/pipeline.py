@@ -83,6 +83,15 @@ from app.services.convert import (
     to_spec,
     workload_fields,
 )
+from app.services.engine_fit import (
+    EngineFit,
+    check_engine,
+    device_memory,
+    engine_choice,
+    engine_fit,
+    engine_read,
+    serving_geometry,
+)
 from app.services.errors import InvalidInput, NotFound
 from app.services.model_store import invalid_graph
 
@@ -205,6 +214,7 @@ def estimate_graph(
         cached = _CACHE.get(cache_key)
         if cached is not None:
             return cached
+    check_engine(graph, spec)  # an engine's options this model refuses: 422 before estimating
     resolved = resolve(
         domain_workload(spec, runtime),
         model_bindings=defaults,
@@ -370,6 +380,9 @@ class Required:
     required_bytes: int
     run: EstimateRun
     requirement: Requirement
+    # a workload with an engine: its fit on the whole GPU, whose requirement this is (the
+    # usable memory is then what the GPU shows to CUDA, engine.visible_bytes)
+    engine: EngineFit | None = None
 
 
 def required_memory(
@@ -415,12 +428,40 @@ def required_memory_of(
         batch_size=batch_size,
         gpu=hardware_gpu(row),
     )
-    required = required_of(run, safety_margin_fraction, overhead_sources(row, override))
+    engine = engine_on(graph, spec, row)
+    if engine is not None:  # the engine's start-up memory is the requirement
+        required = engine.requirement
+    else:
+        required = required_of(run, safety_margin_fraction, overhead_sources(row, override))
     return Required(
         lines=required_lines(required),
         required_bytes=required.required_bytes,
         run=run,
         requirement=required,
+        engine=engine,
+    )
+
+
+def engine_on(
+    graph: GraphSource,
+    spec: WorkloadInput,
+    row: Hardware,
+    profile: MigProfileSpec | None = None,
+    *,
+    sequences: int | None = None,
+    max_model_len: int | None = None,
+) -> EngineFit | None:
+    """The workload's engine on a GPU (or one MIG ``profile`` of it), None without an engine
+    (app.services.engine_fit: the requirement and the engine's verdict)."""
+    choice = engine_choice(spec)
+    if choice is None:
+        return None
+    return engine_fit(
+        serving_geometry(graph),
+        choice,
+        device_memory(row, profile),
+        sequences=sequences,
+        max_model_len=max_model_len,
     )
 
 
@@ -515,18 +556,37 @@ def prepare_estimate_response(
             per_layer=payload.per_layer,
             gpu=gpu,
         )
-        return _response(run, payload, target)
+        engine = None
+        if target is not None:
+            engine = engine_on(graph, payload, target.row, target.profile)
+        return _response(run, payload, target, engine)
 
     return compute
 
 
 def _response(
-    run: EstimateRun, payload: MemoryEstimateRequest, target: DeviceTarget | None
+    run: EstimateRun,
+    payload: MemoryEstimateRequest,
+    target: DeviceTarget | None,
+    engine: EngineFit | None = None,
 ) -> MemoryEstimateResponse:
     label, micro, bindings = run.label, run.micro_batch, run.bindings
     analysis, result = run.analysis, run.result
     fit = None
-    if target is not None:
+    if target is not None and engine is not None:  # the engine's requirement, on what CUDA shows
+        verdict = fit_verdict(engine.requirement, engine.visible_bytes)
+        fit = FitSummary(
+            hardware=target.name,
+            memory_bytes=target.memory_bytes,
+            usable_bytes=verdict.usable_bytes,
+            required_bytes=verdict.required_bytes,
+            required=required_lines(engine.requirement),
+            safety_margin_fraction=engine.requirement.safety_margin_fraction,
+            fits=verdict.fits,
+            headroom_bytes=verdict.headroom_bytes,
+            engine=engine_read(engine),
+        )
+    elif target is not None:
         required = required_of(
             run,
             payload.safety_margin_fraction,

@@ -50,6 +50,7 @@ from app.services.convert import (
     model_graph,
     recommendation_requirements,
 )
+from app.services.engine_fit import engine_gate
 from app.services.errors import InvalidInput, NotFound
 from app.services.pipeline import BUDGET_SETTING, require_profile, workload_pointers
 from app.services.recommendation_source import ModelSource, source_of
@@ -271,9 +272,16 @@ def _recommend(
         pipeline_parallel_max=payload.pipeline_parallel_max,
         tensor_parallel_size=payload.tensor_parallel_size,
     )
+    runnable, engine_out = engine_gate(graph, payload.engine, runnable)  # eligibility
     excluded = [
         Exclusion(device=e.device, precision=e.precision, reason=e.reason) for e in left_out
-    ]
+    ] + [Exclusion(device=d, precision=p, reason=r) for d, p, r in engine_out]
+    if engine_out and not runnable:
+        raise InvalidInput(
+            "the engine starts on no candidate: "
+            + "; ".join(f"{d}: {r}" for d, _, r in engine_out[:5]),
+            pointer="/engine",
+        )
     if not runnable:
         raise InvalidInput(
             "no candidate device can run the requested precisions: "

@@ -25,6 +25,7 @@ from app.domain.performance.recommend import (
 from app.domain.performance.runtimes import DEFAULT_RUNTIME, ServingRuntime
 from app.domain.precision import Precision
 from app.schemas.base import Schema, Slug, located_error
+from app.schemas.engine_options import EngineOptions
 from app.schemas.estimates import (
     BatchSize,
     InlineArchitecture,
@@ -133,6 +134,13 @@ class InferenceRecommendationRequest(Schema):
     )
     architecture: InlineArchitecture | None = Field(
         default=None, description="Inline architecture (instead of `model`)."
+    )
+    engine: EngineOptions | None = Field(
+        default=None,
+        description="Served by this engine (vLLM): a device, MIG slice or tensor x pipeline "
+        "group is eligible only where the engine starts with its `min_concurrency` sequences "
+        "of `max_model_len` (the same requirement and verdict as the estimate's fit, the MIG "
+        "fit and admission); the others are listed in `excluded` with the engine's reason.",
     )
     batch_sizes: list[BatchSize] | None = Field(
         default=None,

@@ -1,0 +1,254 @@
+"""A workload's `engine` (vLLM) through the one shared requirement: the estimate's fit, the MIG
+fit ("the smallest profile on which the engine starts with N sequences of L tokens") and plan,
+stored workloads; bad engine options are 422 problems naming the field, nothing written."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from app.domain.engines.vllm import (
+    H100_80GB_CUDA_VISIBLE_BYTES,
+    ServingModel,
+    VllmOptions,
+    decoder_stage_weights_bytes,
+    engine_memory,
+)
+from app.domain.units import GIB
+from tests.api.helpers import assert_problem
+from tests.support import ApiClient, table_counts
+
+H100 = "nvidia-h100-sxm"
+T4 = "nvidia-t4"
+# meta-llama/Meta-Llama-3-8B's config.json, by hand (not read from the service).
+LLAMA_3_8B = ServingModel(
+    layers=32,
+    hidden_size=4096,
+    attention_heads=32,
+    kv_heads=8,
+    head_dim=128,
+    intermediate_size=14336,
+    vocab_size=128256,
+    max_position_embeddings=8192,
+)
+
+
+def _workload(**engine: Any) -> dict[str, Any]:
+    return {
+        "model": "llama-3-8b",
+        "mode": "inference",
+        "batch_size": 1,
+        "engine": {"name": "vllm", **engine},
+    }
+
+
+def _estimate(client: ApiClient, hardware: str, **engine: Any) -> dict[str, Any]:
+    response = client.post(
+        "/v1/estimates/memory", json={**_workload(**engine), "hardware": hardware}
+    )
+    assert response.status_code == 200, response.text
+    fit: dict[str, Any] = response.json()["fit"]
+    return fit
+
+
+def _memory(visible: int, options: VllmOptions) -> Any:
+    weights = decoder_stage_weights_bytes(
+        LLAMA_3_8B, options.tensor_parallel_size, options.pipeline_parallel_size, 2
+    )
+    return engine_memory(LLAMA_3_8B, options, visible, weights)
+
+
+def test_the_estimates_fit_is_the_engines_on_an_h100(client: ApiClient) -> None:
+    fit = _estimate(client, H100)
+    expected = _memory(H100_80GB_CUDA_VISIBLE_BYTES, VllmOptions())
+    engine = fit["engine"]
+    assert engine["kv_tokens"] == expected.kv_tokens == 443_776
+    assert engine["max_concurrency"] == pytest.approx(443_776 / 8192)
+    assert engine["starts"] is engine["fits"] is fit["fits"] is True
+    assert fit["usable_bytes"] == engine["cuda_visible_bytes"] == H100_80GB_CUDA_VISIBLE_BYTES
+    lines = {line["key"]: line["bytes"] for line in fit["required"]}
+    # Hand-derived: bf16 Llama-3-8B weights; one 8,192-token sequence of 131,072 B a token.
+    assert lines["engine_weights"] == 8_030_261_248 * 2
+    assert lines["engine_kv_cache"] == 8192 * 131_072 == GIB
+    assert sum(lines.values()) == fit["required_bytes"]
+    assert fit["safety_margin_fraction"] == 0.0
+    spent = sum(v for k, v in lines.items() if k != "engine_unclaimed")
+    assert int(0.9 * fit["required_bytes"]) >= spent > int(0.9 * (fit["required_bytes"] - 1))
+
+
+def test_a_t4_does_not_start_it_with_vllms_own_message(client: ApiClient) -> None:
+    fit = _estimate(client, T4)
+    assert fit["fits"] is False
+    assert fit["engine"]["starts"] is False
+    assert fit["engine"]["reason"].startswith("No available memory for the cache blocks.")
+    assert fit["required_bytes"] > fit["usable_bytes"]
+
+
+def test_min_concurrency_decides_the_fit(client: ApiClient) -> None:
+    ok = _estimate(client, H100, min_concurrency=54)
+    short = _estimate(client, H100, min_concurrency=55)
+    assert ok["fits"] is True
+    assert short["fits"] is False
+    assert short["engine"]["starts"] is True
+    assert "concurrency 54.17" in short["engine"]["reason"]
+    assert "55 sequences" in short["engine"]["reason"]
+    assert short["required_bytes"] > short["usable_bytes"] >= ok["required_bytes"]
+
+
+def test_a_max_model_len_the_pool_cannot_hold_is_vllms_refusal(client: ApiClient) -> None:
+    fit = _estimate(client, "nvidia-l4", gpu_memory_utilization=0.68)
+    assert fit["engine"]["starts"] is False
+    assert (
+        "To serve at least one request with the models's max seq len (8192)"
+        in (fit["engine"]["reason"])
+    )
+
+
+def test_the_engines_tensor_degree_is_the_workloads(client: ApiClient) -> None:
+    fit = _estimate(client, H100, tensor_parallel_size=4)
+    expected = _memory(H100_80GB_CUDA_VISIBLE_BYTES, VllmOptions(tensor_parallel_size=4))
+    assert fit["engine"]["kv_tokens"] == expected.kv_tokens
+    assert fit["engine"]["options"]["tensor_parallel_size"] == 4
+
+
+def test_mig_fit_smallest_profile_for_n_sequences_of_l_tokens(client: ApiClient) -> None:
+    """The smallest H100 profile on which vLLM starts with 4 x 4,096 tokens: each other profile
+    with its reason (no pool on 10 GB; 3.74 sequences on 20 GB)."""
+    body = {"workload": _workload(), "gpu": H100, "min_concurrency": 4, "max_model_len": 4096}
+    response = client.post("/v1/mig/fit", json=body)
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    profiles = {p["profile"]: p for p in answer["profiles"]}
+    assert answer["smallest_fitting_profile"] == "3g.40gb"
+    assert answer["smallest_fitting_resource"] == "nvidia.com/mig-3g.40gb"
+    assert profiles["1g.10gb"]["reason"].startswith("No available memory for the cache blocks")
+    assert profiles["2g.20gb"]["fits"] is False
+    assert "below the 4 sequences asked" in profiles["2g.20gb"]["reason"]
+    assert profiles["3g.40gb"]["fits"] is True
+    assert "reason" not in profiles["3g.40gb"]
+    for p in answer["profiles"]:
+        engine = p["engine"]
+        assert p["usable_bytes"] == engine["cuda_visible_bytes"]
+        assert engine["max_model_len"] == 4096
+        assert engine["min_concurrency"] == 4
+        assert p["fits"] is (engine["starts"] and engine["kv_tokens"] >= 4 * 4096)
+        assert p["fits"] is (p["required_bytes"] <= p["usable_bytes"])
+    # one sequence: the 20 GB profile suffices
+    body["min_concurrency"] = 1
+    answer = client.post("/v1/mig/fit", json=body).json()
+    assert answer["smallest_fitting_profile"] == "1g.20gb"
+
+
+def test_mig_fit_a_tensor_group_never_fits_a_slice(client: ApiClient) -> None:
+    body = {"workload": _workload(tensor_parallel_size=2), "gpu": H100}
+    answer = client.post("/v1/mig/fit", json=body).json()
+    assert answer.get("smallest_fitting_profile") is None
+    assert all("cannot span MIG slices" in p["reason"] for p in answer["profiles"])
+    assert answer["alternatives"]["full_gpu_fits"] is True
+
+
+def test_mig_plan_sizes_an_engine_workload_per_profile(client: ApiClient) -> None:
+    body = {
+        "gpu": H100,
+        "workloads": [{"name": "chat", "replicas": 2, "workload": _workload(max_model_len=4096)}],
+    }
+    response = client.post("/v1/mig/plan", json=body)
+    assert response.status_code == 200, response.text
+    assert response.json()["workloads"][0]["profile"] == "1g.20gb"
+
+
+def test_a_stored_workload_keeps_its_engine(client: ApiClient) -> None:
+    body = {"slug": "llama-vllm", "name": "Llama on vLLM", "model": "llama-3-8b",
+            "mode": "inference", "batch_size": 1, "precision": "bf16",
+            "options": {"engine": {"name": "vllm", "max_model_len": 4096}}}  # fmt: skip
+    created = client.post("/v1/workloads", json=body)
+    assert created.status_code == 201, created.text
+    assert created.json()["options"]["engine"]["max_model_len"] == 4096
+    answer = client.post("/v1/mig/fit", json={"workload": "llama-vllm", "gpu": H100}).json()
+    assert answer["smallest_fitting_profile"] == "1g.20gb"
+    assert answer["engine"]["max_model_len"] == 4096
+
+
+@pytest.mark.parametrize(
+    ("engine", "pointer"),
+    [
+        ({"gpu_memory_utilization": 0}, "/engine/gpu_memory_utilization"),
+        ({"gpu_memory_utilization": 1.01}, "/engine/gpu_memory_utilization"),
+        ({"tensor_parallel_size": 3}, "/engine/tensor_parallel_size"),
+        ({"max_model_len": 8193}, "/engine/max_model_len"),
+        ({"pipeline_parallel_size": 33}, "/engine/pipeline_parallel_size"),
+        ({"kv_cache_dtype": "fp4"}, "/engine/kv_cache_dtype"),
+        ({"name": "sglang"}, "/engine/name"),
+        ({"min_concurrency": 0}, "/engine/min_concurrency"),
+    ],
+)
+def test_bad_engine_options_are_a_422_naming_the_field(
+    client: ApiClient, db_url: str, engine: dict[str, Any], pointer: str
+) -> None:
+    before = table_counts(db_url)
+    for url, body, prefix in (
+        ("/v1/estimates/memory", {**_workload(**engine), "hardware": H100}, ""),
+        ("/v1/mig/fit", {"workload": _workload(**engine), "gpu": H100}, "/workload"),
+        ("/v1/workloads", {"slug": "bad", "name": "Bad", "model": "llama-3-8b",
+                           "mode": "inference", "batch_size": 1, "precision": "bf16",
+                           "options": {"engine": {"name": "vllm", **engine}}}, "/options"),
+    ):  # fmt: skip
+        problem = assert_problem(client.post(url, json=body), 422)
+        pointers = [e.get("pointer") for e in problem.get("errors", [])] + [problem.get("pointer")]
+        assert prefix + pointer in pointers, (url, problem)
+    assert table_counts(db_url) == before
+
+
+def test_an_engine_on_a_training_workload_or_a_clash_of_degrees_is_a_422(
+    client: ApiClient, db_url: str
+) -> None:
+    before = table_counts(db_url)
+    training = {**_workload(), "mode": "training", "hardware": H100}
+    problem = assert_problem(client.post("/v1/estimates/memory", json=training), 422)
+    assert "/engine" in [e.get("pointer") for e in problem["errors"]]
+    clash = {**_workload(tensor_parallel_size=2), "parallelism": {"tensor": 4}, "hardware": H100}
+    problem = assert_problem(client.post("/v1/estimates/memory", json=clash), 422)
+    assert "/engine/tensor_parallel_size" in [e.get("pointer") for e in problem["errors"]]
+    assert table_counts(db_url) == before
+
+
+def test_mig_fit_questions_about_an_engine_need_one(client: ApiClient, db_url: str) -> None:
+    before = table_counts(db_url)
+    plain = {"model": "llama-3-8b", "mode": "inference", "batch_size": 1}
+    for name in ("min_concurrency", "max_model_len"):
+        body = {"workload": plain, "gpu": H100, name: 4}
+        problem = assert_problem(client.post("/v1/mig/fit", json=body), 422)
+        assert problem.get("pointer") == f"/{name}" or f"/{name}" in [
+            e.get("pointer") for e in problem.get("errors", [])
+        ]
+    body = {"workload": _workload(), "gpu": H100, "max_model_len": 100_000}
+    problem = assert_problem(client.post("/v1/mig/fit", json=body), 422)
+    assert "/max_model_len" in [e.get("pointer") for e in problem.get("errors", [])] + [
+        problem.get("pointer")
+    ]
+    assert table_counts(db_url) == before
+
+
+def test_recommendation_eligibility_follows_the_engine(client: ApiClient, db_url: str) -> None:
+    """Devices on which vLLM does not start (a T4, a 10 GB slice) are excluded with its reason;
+    the H100 stays a candidate."""
+    body = {"model": "llama-3-8b", "precisions": ["bf16"], "batch_sizes": [1],
+            "prompt_tokens": 512, "generated_tokens": 64,
+            "devices": [H100, "nvidia-h100-sxm/1g.10gb", "nvidia-l4"],
+            "engine": {"name": "vllm", "max_model_len": 4096}}  # fmt: skip
+    response = client.post("/v1/recommendations/inference", json=body)
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    excluded = {e["device"]: e["reason"] for e in answer["excluded"]}
+    assert "nvidia-h100-sxm/1g.10gb" in excluded
+    assert "No available memory for the cache blocks" in excluded["nvidia-h100-sxm/1g.10gb"]
+    assert H100 not in excluded
+    assert H100 in {c["device"] for c in answer["candidates"]}
+    before = table_counts(db_url)
+    body["devices"] = ["nvidia-h100-sxm/1g.10gb"]
+    problem = assert_problem(client.post("/v1/recommendations/inference", json=body), 422)
+    assert problem.get("pointer") == "/engine" or "/engine" in [
+        e.get("pointer") for e in problem.get("errors", [])
+    ]
+    assert table_counts(db_url) == before
