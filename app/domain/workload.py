@@ -327,7 +327,9 @@ DEFAULTS: tuple[DefaultRule, ...] = (
     DefaultRule("optimizer", "adamw", "training only"),
     DefaultRule("optimizer_impl", "auto: foreach on CUDA, for-loop on CPU, fused for mixed_*",
                 "PyTorch default"),
-    DefaultRule("checkpointing", "none", ""),
+    DefaultRule("checkpointing", "none; full with lora.qlora when "
+                "prepare_model_for_kbit_training (the default)",
+                "peft prepare_model_for_kbit_training: use_gradient_checkpointing=True"),
     DefaultRule("attention", "flash on CUDA fp16/bf16 (sm80+, head_dim <= 256), mem_efficient "
                 "on CUDA fp32 or below sm80 (fp16/fp32), sdpa_math otherwise (bf16 below sm80); "
                 "flash on CPU (sdpa_math with dropout in training)",
@@ -473,6 +475,16 @@ def resolve(
             default("optimizer", optimizer.value, "AdamW")
         if spec.optimizer_impl is None:
             default("optimizer_impl", impl.value, "PyTorch's default implementation")
+    checkpointing = spec.checkpointing or Checkpointing.NONE
+    qlora = spec.lora.qlora if spec.lora is not None else None
+    if spec.checkpointing is None and qlora is not None and qlora.prepare_kbit_training:
+        checkpointing = Checkpointing.FULL
+        default(
+            "checkpointing",
+            checkpointing.value,
+            "QLoRA: peft's prepare_model_for_kbit_training enables gradient checkpointing "
+            "(use_gradient_checkpointing=True, peft/utils/other.py)",
+        )
     logits = spec.logits or (Logits.ALL if training else Logits.LAST)
     if spec.logits is None and not training:
         default("logits", logits.value, "serving stacks compute the last position only")
@@ -484,7 +496,7 @@ def resolve(
         precision=precision,
         optimizer=optimizer,
         optimizer_impl=impl,
-        checkpointing=spec.checkpointing or Checkpointing.NONE,
+        checkpointing=checkpointing,
         parallelism=spec.parallelism,
         fp32_grad_buffer=spec.fp32_grad_buffer,
         kv_cache=spec.kv_cache,

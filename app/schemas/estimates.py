@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Annotated, Any, Self
 
 from pydantic import Field, model_validator
 
 from app.domain.memory.estimate import MAX_REPLAYED_LAYERS, UNREPLAYED_FRAGMENTATION_FRACTION
 from app.domain.peft import LoraBias, LoraKind
+from app.domain.peft.qlora import QuantType
 from app.domain.precision import Precision
 from app.domain.workload import (
     DEFAULT_SAFETY_MARGIN_FRACTION,
@@ -125,6 +127,56 @@ class OverheadSpec(Schema):
     )
 
 
+class Bnb4bitComputeDtype(StrEnum):
+    """``bnb_4bit_compute_dtype``: what a Linear4bit dequantizes to and computes in."""
+
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+
+
+class QloraSpec(Schema):
+    """A 4-bit bitsandbytes base (QLoRA), with the names of transformers'
+    ``BitsAndBytesConfig(load_in_4bit=True, ...)`` (which vLLM's bitsandbytes loader reads
+    from a checkpoint's ``quantization_config`` too) and their defaults."""
+
+    bnb_4bit_quant_type: QuantType = Field(
+        default=QuantType.FP4,
+        description="nf4 (QLoRA's NormalFloat) or fp4: the same bytes, 4 bits per weight in "
+        "blocks of 64 with an absmax each. Default fp4, BitsAndBytesConfig's.",
+        examples=["nf4"],
+    )
+    bnb_4bit_use_double_quant: bool = Field(
+        default=False,
+        description="Quantize the per-64 absmax to 8 bits in blocks of 256 with fp32 "
+        "second-level scales (1 B instead of 4 B per 64 weights, + 4 B per 256 blocks).",
+        examples=[True],
+    )
+    bnb_4bit_compute_dtype: Bnb4bitComputeDtype = Field(
+        default=Bnb4bitComputeDtype.FP32,
+        description="The dtype a 4-bit weight is dequantized to for each GEMM (one layer's "
+        "at a time: the adapter_transient line). bf16 needs compute capability 8.0+; a "
+        "16-bit training precision must compute in the same 16-bit type. Default fp32, "
+        "BitsAndBytesConfig's.",
+        examples=["bf16"],
+    )
+    llm_int8_skip_modules: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(
+        default_factory=list,
+        max_length=256,
+        description="Linear modules kept unquantized besides the output head (which "
+        "transformers never quantizes), by name or suffix.",
+        examples=[[]],
+    )
+    prepare_model_for_kbit_training: bool = Field(
+        default=True,
+        description="PEFT's prepare_model_for_kbit_training was applied: every unquantized "
+        "parameter (embeddings, norms, biases, output head) is cast to fp32, and gradient "
+        "checkpointing is on (checkpointing defaults to full). Default true, as PEFT's "
+        "QLoRA examples do.",
+        examples=[True],
+    )
+
+
 class LoraSpec(Schema):
     """LoRA adapters on a frozen base, as Hugging Face PEFT's ``LoraConfig`` builds them."""
 
@@ -143,11 +195,13 @@ class LoraSpec(Schema):
         default=None,
         max_length=256,
         description="Module names: a module is adapted when its qualified name equals an entry "
-        "or ends with '.' + entry (PEFT's rule). The graph's attention layers hold q_proj, "
-        "k_proj, v_proj, o_proj; its MLP layers gate_proj, up_proj, down_proj (Llama's names; "
-        "an ungated MLP up_proj and down_proj); Linear and embedding layers are named as in the "
-        "graph (lm_head, embed_tokens). Give exactly one of target_modules, target_regex, "
-        "target_kind.",
+        "or ends with '.' + entry (PEFT's rule). The graph's attention and MLP layers hold "
+        "the modules of the family's transformers modeling file: q_proj, k_proj, v_proj, "
+        "o_proj, gate_proj, up_proj, down_proj (Llama, Mistral, Qwen2 ...); c_attn, c_proj, "
+        "c_fc (GPT-2: c_attn fused q/k/v); query, key, value, dense (BERT, RoBERTa; and "
+        "pooler's dense); q, k, v, o, wi (wi_0, wi_1 gated), wo (T5). Linear and embedding "
+        "layers are named as in the graph (lm_head, embed_tokens). Give exactly one of "
+        "target_modules, target_regex, target_kind.",
         examples=[["q_proj", "v_proj"]],
     )
     target_regex: str | None = Field(
@@ -161,8 +215,9 @@ class LoraSpec(Schema):
     )
     target_kind: LoraKind | None = Field(
         default=None,
-        description="attention (q/k/v/o projections), mlp (gate/up/down projections) or "
-        "all-linear (PEFT's shorthand: every Linear except the output head).",
+        description="attention (the attention layers' projections: q/k/v/o, c_attn/c_proj, "
+        "query/key/value/dense ...), mlp (the MLP layers': gate/up/down, c_fc/c_proj, "
+        "dense, wi/wo) or all-linear (PEFT's shorthand: every Linear except the output head).",
         examples=[None],
     )
     dropout: float = Field(
@@ -185,6 +240,18 @@ class LoraSpec(Schema):
         description="Layers trained in full beside the adapters (PEFT trains a copy: names "
         "matched as a suffix of the layer's name), e.g. `lm_head`.",
         examples=[[]],
+    )
+    use_dora: bool = Field(
+        default=False,
+        description="DoRA (PEFT use_dora): a trainable magnitude vector of out_features per "
+        "adapted Linear, and the weight-norm computation's tensors in forward.",
+        examples=[False],
+    )
+    qlora: QloraSpec | None = Field(
+        default=None,
+        description="A 4-bit bitsandbytes base (QLoRA): the weights line is the Linear4bit "
+        "bytes and the unquantized rest; `precision` is then the training precision of the "
+        "adapters and the unquantized layers (fp32, bf16, fp16, amp_bf16, amp_fp16).",
     )
 
 

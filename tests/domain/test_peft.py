@@ -106,8 +106,8 @@ def test_bias_options_on_qwen2_q_k_v_biases() -> None:
 def test_bias_all_counts_layernorm_biases() -> None:
     layers = _hf("bert-base-uncased").layers
     every = lora_trainable_params(
-        layers, LoraConfig(r=8, target_modules=("q_proj",), bias=LoraBias.ALL)
-    )
+        layers, LoraConfig(r=8, target_modules=("query",), bias=LoraBias.ALL)
+    )  # BERT's names (modeling_bert.py): q_proj matches nothing there, as in PEFT
     adapters = 12 * 8 * (768 + 768)
     # per block: q k v o (4 x 768), intermediate 3072 + output 768, two layernorms (2 x 768);
     # the embeddings' layernorm 768 and the pooler 768

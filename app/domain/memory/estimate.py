@@ -34,6 +34,7 @@ from fractions import Fraction
 from typing import Any
 
 from app.domain.graph.analysis import GraphAnalysis, InputDecl, analyze
+from app.domain.memory.adapters import qlora_weights
 from app.domain.memory.context import Estimation
 from app.domain.memory.cuda_allocator import ReplayMemo
 from app.domain.memory.cuda_runtime import (
@@ -204,6 +205,8 @@ def estimate_memory(
     )
     if request.lora is not None:
         e.lora = lora_plan(analysis.layers, request.lora)
+        if request.lora.qlora is not None:  # a 4-bit base: the weights line is its bytes
+            qlora_weights(e)
     if training:
         first_moments, steady_moments = training_moments(e)
     else:
@@ -239,7 +242,9 @@ def estimate_memory(
         first_iteration_peak_bytes=first_peak.total + extra if first_peak else None,
         first_iteration_peak_phase=first_peak.phase if first_peak else None,
         seed_rule_bytes=(
-            weights + seed if (seed := seed_rule(analysis, sizer)) is not None else None
+            lines_static["weights"] + seed
+            if (seed := seed_rule(analysis, sizer)) is not None
+            else None
         ),
         layers=layers_view,
         assumptions=tuple(assumptions),
