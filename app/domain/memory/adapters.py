@@ -13,7 +13,6 @@ from app.domain.peft.qlora import (
     BNB_BLOCKSIZE,
     BNB_NESTED_BLOCKSIZE,
     QuantizedBase,
-    check_qlora,
     dequant_transient_bytes,
     linear4bit_tensors,
     quantized_base,
@@ -29,15 +28,13 @@ def qlora_weights(e: Estimation) -> None:
     Raises
     ------
     LoraError
-        The precision contradicts a 4-bit base (:func:`app.domain.peft.qlora.check_qlora`),
-        or the request shards the model (tensor / pipeline parallel, ZeRO-3), which a
+        The request shards the model (tensor / pipeline parallel, ZeRO-3), which a
         bitsandbytes 4-bit base does not model here (field ``/parallelism``).
     """
     config = e.request.lora
     assert config is not None
     assert config.qlora is not None
     qlora = config.qlora
-    check_qlora(qlora, e.request.precision)
     par = e.request.parallelism
     if par.tensor > 1 or par.pipeline > 1 or par.zero_stage >= 3:
         raise LoraError(

@@ -68,6 +68,7 @@ from app.domain.memory.result import (
     breakdown,
 )
 from app.domain.peft import lora_plan
+from app.domain.peft.qlora import check_qlora
 from app.domain.precision import CONVENTIONS, bytes_per_element, convention
 from app.domain.workload import Logits, Mode, Parallelism, Runtime
 
@@ -175,6 +176,8 @@ def estimate_memory(
     dtype; 8-bit Adam 2 B; Adafactor rows + cols), sharded by ZeRO-1+.
     KV cache (inference): 2 x layers x kv_heads x head_dim x seq x batch x bytes.
     """
+    if request.lora is not None and request.lora.qlora is not None:
+        check_qlora(request.lora.qlora, request.precision)  # before the precision's own check
     _check_request(analysis, request)
     training = request.mode is Mode.TRAINING
     plan = precision_plan(request.precision)
