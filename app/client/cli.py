@@ -174,7 +174,7 @@ def _workload_args(parser: argparse.ArgumentParser, *, model: bool = True) -> No
     group.add_argument("--grad-bucket-view", action=argparse.BooleanOptionalAction, default=None,
                        help="DDP gradient_as_bucket_view (default off)")  # fmt: skip
     lora = parser.add_argument_group(
-        "LoRA / QLoRA (training; any of these adds `lora`, PEFT's defaults for the rest)"
+        "LoRA / QLoRA (training; any of these adds the lora object, PEFT's defaults for the rest)"
     )
     lora.add_argument("--lora-r", type=int, metavar="R", help="LoRA rank (default 8)")
     lora.add_argument("--lora-alpha", type=int, metavar="ALPHA", help="lora_alpha (default 8)")
