@@ -383,8 +383,10 @@ class WorkloadSpec:
     lora: LoraConfig | None = None  # training: LoRA adapters on a frozen base (PEFT)
 
     def __post_init__(self) -> None:
-        if self.lora is not None and self.mode is not Mode.TRAINING:
-            raise WorkloadInputError("lora is a training option: the mode must be training")
+        if self.lora is not None:  # merged exactly at inference (app.domain.peft)
+            from app.domain.peft import check_lora_mode
+
+            check_lora_mode(self.lora, training=self.mode is Mode.TRAINING)
         batch, micro = self.batch_size, self.micro_batch_size
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
             raise WorkloadInputError(f"batch_size must be an integer >= 1, got {batch!r}")
@@ -477,7 +479,12 @@ def resolve(
             default("optimizer_impl", impl.value, "PyTorch's default implementation")
     checkpointing = spec.checkpointing or Checkpointing.NONE
     qlora = spec.lora.qlora if spec.lora is not None else None
-    if spec.checkpointing is None and qlora is not None and qlora.prepare_kbit_training:
+    if (
+        spec.checkpointing is None
+        and training
+        and qlora is not None
+        and qlora.prepare_kbit_training
+    ):
         checkpointing = Checkpointing.FULL
         default(
             "checkpointing",

@@ -9,6 +9,7 @@ from pydantic import Field, model_validator
 
 from app.domain.memory.estimate import MAX_REPLAYED_LAYERS, UNREPLAYED_FRAGMENTATION_FRACTION
 from app.domain.peft import LoraBias, LoraKind
+from app.domain.peft.lora import INFERENCE_NEEDS_MERGED
 from app.domain.peft.qlora import QuantType
 from app.domain.precision import Precision
 from app.domain.workload import (
@@ -247,6 +248,14 @@ class LoraSpec(Schema):
         "adapted Linear, and the weight-norm computation's tensors in forward.",
         examples=[False],
     )
+    merged: bool | None = Field(
+        default=None,
+        description="Inference only, and required there: true after PEFT's merge_and_unload "
+        "(the base's weights alone, in its dtype; a 4-bit base stays 4-bit), false with the "
+        "adapters beside the base (their fp32 weights and each adapted layer's forward "
+        "temporaries). Left out in training.",
+        examples=[None],
+    )
     qlora: QloraSpec | None = Field(
         default=None,
         description="A 4-bit bitsandbytes base (QLoRA): the weights line is the Linear4bit "
@@ -340,8 +349,9 @@ class WorkloadInput(Schema):
     )
     lora: LoraSpec | None = Field(
         default=None,
-        description="Training only: fine-tune LoRA adapters on a frozen base (Hugging Face "
-        "PEFT). Gradients, optimizer state and master weights exist for the adapters (fp32, "
+        description="Training: fine-tune LoRA adapters on a frozen base (Hugging Face "
+        "PEFT); inference: a model served with its adapters, merged or not (`merged`). "
+        "Gradients, optimizer state and master weights exist for the adapters (fp32, "
         "PEFT's default) and modules_to_save only; the adapters' weights and saved activations "
         "are lines of their own. trainable_params counts what PEFT's "
         "get_nb_trainable_parameters counts.",
@@ -350,9 +360,13 @@ class WorkloadInput(Schema):
     @model_validator(mode="after")
     def _one_model(self) -> Self:
         one_model_rule(type(self).__name__, self.model, self.architecture)
-        if self.lora is not None and self.mode is not Mode.TRAINING:
+        if self.lora is not None and self.mode is not Mode.TRAINING and self.lora.merged is None:
+            raise located_error(type(self).__name__, ("lora",), INFERENCE_NEEDS_MERGED)
+        if self.lora is not None and self.mode is Mode.TRAINING and self.lora.merged is not None:
             raise located_error(
-                type(self).__name__, ("lora",), "lora is a training option: set mode to training"
+                type(self).__name__,
+                ("lora", "merged"),
+                "merged is an inference option (training keeps the adapters)",
             )
         if self.lora is not None:
             lora = self.lora

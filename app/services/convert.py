@@ -485,6 +485,7 @@ def domain_lora(spec: LoraSpec | None) -> LoraConfig | None:
         bias=spec.bias,
         modules_to_save=tuple(spec.modules_to_save),
         use_dora=spec.use_dora,
+        merged=spec.merged,
         qlora=domain_qlora(spec.qlora),
     )
 

@@ -116,3 +116,36 @@ def test_bad_qlora_is_422_naming_the_field(
         fragment in e.get("detail", "") for e in body["errors"]
     )
     assert table_counts(db_url) == before
+
+
+def test_merged_and_unmerged_adapters_at_inference(client: ApiClient, db_url: str) -> None:
+    before = table_counts(db_url)
+    serve = {**BODY, "mode": "inference", "precision": "bf16"}
+    base = client.post("/v1/estimates/memory", json=serve)
+    merged = client.post("/v1/estimates/memory", json={**serve, "lora": {**LORA, "merged": True}})
+    beside = client.post("/v1/estimates/memory", json={**serve, "lora": {**LORA, "merged": False}})
+    for response in (base, merged, beside):
+        assert response.status_code == 200, response.text
+    assert merged.json()["peak_bytes"] == base.json()["peak_bytes"]
+    lines = {line["key"]: line["bytes"] for line in beside.json()["breakdown"]}
+    assert lines["adapter_weights"] == 8_388_608 * 4
+    assert beside.json()["peak_bytes"] > base.json()["peak_bytes"]
+    assert beside.json()["trainable_params"] == 0
+    assert table_counts(db_url) == before
+
+
+@pytest.mark.parametrize(
+    ("mode", "lora", "pointer"),
+    [
+        ("inference", LORA, "/lora"),
+        ("training", {**LORA, "merged": True}, "/lora/merged"),
+    ],
+)
+def test_merged_is_given_exactly_at_inference(
+    client: ApiClient, db_url: str, mode: str, lora: dict[str, Any], pointer: str
+) -> None:
+    before = table_counts(db_url)
+    response = client.post("/v1/estimates/memory", json={**BODY, "mode": mode, "lora": lora})
+    body = assert_problem(response, 422)
+    assert pointer in [error["pointer"] for error in body["errors"]]
+    assert table_counts(db_url) == before

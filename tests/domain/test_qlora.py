@@ -202,3 +202,50 @@ def test_skip_modules_keep_layers_unquantized() -> None:
             torch_dtype_bytes=2,
         )
     assert caught.value.field == "qlora/llm_int8_skip_modules"
+
+
+def _inference(lora: LoraConfig | None, precision: Precision = Precision.BF16) -> dict[str, int]:
+    request = MemoryRequest(
+        mode=Mode.INFERENCE, precision=precision, runtime=Runtime.CUDA, lora=lora
+    )
+    model = ZOO["llama-2-7b"]
+    analysis = analyze_for(model.inputs, model.layers, {"batch": 1, "seq": 512}, request)
+    result = estimate_memory(analysis, request)
+    assert result.trainable_params == 0
+    return {line.key: line.bytes for line in result.lines}
+
+
+def test_merged_adapters_serve_as_the_base() -> None:
+    base = _inference(None)
+    merged = _inference(LoraConfig(r=16, target_modules=QV, merged=True))
+    assert merged == base
+    assert merged["weights"] == LLAMA_PARAMS * 2  # bf16, the base's dtype
+
+
+def test_unmerged_adapters_add_their_weights_and_forward_temporaries() -> None:
+    base = _inference(None)
+    beside = _inference(LoraConfig(r=16, target_modules=QV, merged=False))
+    assert beside["weights"] == base["weights"]
+    assert beside["adapter_weights"] == 32 * 2 * 16 * 8192 * 4  # fp32 adapters
+    # q_proj over 512 rows: x cast to fp32, lora_A's and lora_B's outputs, the scaled update
+    # and the fp32 sum
+    assert beside["adapter_transient"] == 512 * (4096 + 16 + 3 * 4096) * 4
+
+
+def test_a_merged_4bit_base_stays_4bit_and_keeps_its_torch_dtype_rest() -> None:
+    lora = LoraConfig(r=16, target_modules=QV, merged=True, qlora=NF4_DQ_BF16)
+    lines = _inference(lora)
+    # at inference nothing runs prepare_model_for_kbit_training: the rest stays bf16
+    assert lines["weights"] == 3_341_015_936 + 262_410_240 * 2
+    assert "adapter_transient" not in lines
+
+
+def test_merged_is_given_exactly_at_inference() -> None:
+    with pytest.raises(LoraError) as caught:
+        MemoryRequest(
+            mode=Mode.INFERENCE, precision=Precision.BF16, lora=LoraConfig(target_modules=QV)
+        )
+    assert caught.value.pointer == "/lora"
+    with pytest.raises(LoraError) as caught:
+        _request(LoraConfig(target_modules=QV, merged=True))
+    assert caught.value.pointer == "/lora/merged"

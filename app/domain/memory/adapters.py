@@ -5,6 +5,7 @@ dequantized weight and of DoRA's weight norm, and what DoRA keeps for backward."
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from app.domain.memory.context import Estimation
 from app.domain.memory.liveness import checkpoint_unit
@@ -17,6 +18,7 @@ from app.domain.peft.qlora import (
     linear4bit_tensors,
     quantized_base,
 )
+from app.domain.workload import Mode
 
 
 def qlora_weights(e: Estimation) -> None:
@@ -42,6 +44,8 @@ def qlora_weights(e: Estimation) -> None:
             "ZeRO stage below 3 (data parallel replicas are fine)",
             "/parallelism",
         )
+    if e.request.mode is not Mode.TRAINING:  # prepare_model_for_kbit_training: training only
+        qlora = replace(qlora, prepare_kbit_training=False)
     base = quantized_base(
         e.analysis.layers, qlora, params=e.params, torch_dtype_bytes=int(e.plan.weight)
     )
@@ -205,3 +209,55 @@ def _dora_weight_copy(e: Estimation) -> bool:
     """Whether the weight DoRA's ``F.linear(x, weight)`` keeps is a new tensor: dequantized
     (a 4-bit base), cast by autocast, or cast to x's fp32 (a base not stored in fp32)."""
     return e.qlora is not None or bool(e.plan.weight_cache) or e.plan.weight != 4
+
+
+def inference_adapters(e: Estimation, lora: LoraPlan) -> dict[str, int]:
+    """The lines LoRA adds to an inference forward.
+
+    * merged (PEFT ``merge_and_unload``: ``W += lora_B @ lora_A * scaling``, the adapters
+      removed; on a bitsandbytes 4-bit base ``Linear4bit.merge`` dequantizes, adds and
+      quantizes again): none, the base's weights are the model's;
+    * not merged: the adapters' weights in fp32 (``autocast_adapter_dtype=True`` upcasts
+      them over a 16-bit base), DoRA's magnitude with them, and the largest adapted layer's
+      forward temporaries (src/peft/tuners/lora/layer.py ``Linear.forward``: x cast to fp32,
+      ``lora_A``'s rows x r output, ``lora_B``'s rows x out output, its product by the
+      scaling, and ``result`` promoted to fp32 by the sum: rows x (4 in + 4 r + 3 x 4 out));
+      a 4-bit base's dequantized weight or DoRA's weight norm (:func:`adapter_transient`)
+      when larger.
+    """
+    config = e.request.lora
+    assert config is not None
+    if config.merged:
+        e.assumptions.append(
+            "LoRA merged into the base (merge_and_unload): the base's weights only, no adapter "
+            "tensors or temporaries"
+        )
+        return {}
+    r = config.r
+    adapter = lora.adapter_params + lora.magnitude_params
+    weights = adapter * 4
+    e.formulas["adapter_weights"] = (
+        f"{adapter:,} [adapter params: r x (in + out) per adapted layer"
+        f"{', + out for DoRA' if lora.magnitude_params else ''}] x 4 [B fp32] = {weights:,} B"
+    )
+    e.notes["adapter_weights"] = [
+        f"LoRA r={r} on {len(lora.modules):,} modules, not merged: the adapters run beside "
+        "the base in fp32 (PEFT autocast_adapter_dtype=True)"
+    ]
+    largest, name = 0, ""
+    for module in lora.modules:
+        if module.embedding:
+            size = module.rows * (r + module.out_features) * 4
+        else:
+            size = module.rows * (module.in_features + r + 3 * module.out_features) * 4
+        if size > largest:
+            largest, name = size, module.name
+    lines = {"adapter_weights": weights}
+    words = f"{largest:,} [B: {name}: rows x (4 in + 4 r + 3 x 4 out), fp32 adapter path]"
+    other = adapter_transient(e, lora)  # a 4-bit base's dequantized weight, DoRA's norm
+    if other:
+        words += f", {e.formulas['adapter_transient']}"
+        largest = max(largest, other)
+    e.formulas["adapter_transient"] = f"max({words}) = {largest:,} B"
+    lines["adapter_transient"] = largest
+    return lines

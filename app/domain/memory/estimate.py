@@ -236,7 +236,7 @@ def estimate_memory(
         runtime=request.runtime,
         params=params,
         trainable_params=(
-            e.lora.trainable_params if e.lora is not None else params if training else 0
+            (e.lora.trainable_params if e.lora is not None else params) if training else 0
         ),
         lines=lines,
         peak_bytes=sum(parts.values()),

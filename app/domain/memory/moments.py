@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from fractions import Fraction
 
-from app.domain.memory.adapters import adapter_transient, dora_saved
+from app.domain.memory.adapters import adapter_transient, dora_saved, inference_adapters
 from app.domain.memory.context import Estimation, Moment, StepTensors, moment_at
 from app.domain.memory.formulas import (
     PrecisionPlan,
@@ -359,6 +359,8 @@ def inference_moments(e: Estimation) -> list[Moment]:
     analysis, request, storage_plan = e.analysis, e.request, e.storage_plan
     formulas, assumptions, par = e.formulas, e.assumptions, request.parallelism
     static = {**e.static, "inputs": e.inputs_bytes}
+    if e.lora is not None:  # served with LoRA adapters, merged or beside the base
+        static.update(inference_adapters(e, e.lora))
     kv = 0
     if not analysis.is_decoder and request.kv_cache is not False:
         assumptions.append(

@@ -11,6 +11,7 @@ from app.domain.peft.lora import (
     LoraModule,
     LoraPlan,
     ModuleNaming,
+    check_lora_mode,
     linear_modules,
     lora_plan,
     lora_trainable_params,
@@ -19,6 +20,7 @@ from app.domain.peft.lora import (
 
 __all__ = [
     "NAMINGS",
+    "check_lora_mode",
     "LoraBias",
     "LoraConfig",
     "LoraError",

@@ -74,6 +74,7 @@ __all__ = [
     "ModuleNaming",
     "module_naming",
     "output_head",
+    "check_lora_mode",
     "LoraBias",
     "LoraConfig",
     "LoraError",
@@ -196,6 +197,7 @@ class LoraConfig:
     modules_to_save: tuple[str, ...] = ()
     use_dora: bool = False  # DoRA: a trainable magnitude vector per adapted Linear
     qlora: QloraConfig | None = None  # a 4-bit bitsandbytes base (QLoRA)
+    merged: bool | None = None  # inference: after merge_and_unload (True) or beside (False)
 
     def __post_init__(self) -> None:
         if isinstance(self.r, bool) or not isinstance(self.r, int) or self.r < 1:
@@ -473,6 +475,28 @@ def lora_plan(layers: Sequence[LayerAnalysis], config: LoraConfig) -> LoraPlan:
         adapter_shapes=tuple(shapes),
         magnitude_params=magnitude,
     )
+
+
+INFERENCE_NEEDS_MERGED = (
+    "lora at inference needs merged: true (after merge_and_unload: the base alone) or false "
+    "(the adapters beside the base); without it lora is a training option"
+)
+
+
+def check_lora_mode(config: LoraConfig | None, *, training: bool) -> None:
+    """``merged`` is given exactly at inference.
+
+    Raises
+    ------
+    LoraError
+        Inference without ``merged`` (field ``/lora``), training with it (``merged``).
+    """
+    if config is None:
+        return
+    if not training and config.merged is None:
+        raise LoraError(INFERENCE_NEEDS_MERGED, "/lora")
+    if training and config.merged is not None:
+        raise LoraError("merged is an inference option (training keeps the adapters)", "merged")
 
 
 def lora_trainable_params(layers: Sequence[LayerAnalysis], config: LoraConfig) -> int:
