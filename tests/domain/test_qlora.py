@@ -4,11 +4,13 @@ transient, DoRA's saved tensors, and the precisions that contradict a 4-bit base
 
 from __future__ import annotations
 
+import json
 from functools import cache
 
 import pytest
 
-from app.domain.graph.analysis import GraphAnalysis
+from app.config import PROJECT_ROOT
+from app.domain.graph.analysis import GraphAnalysis, analyze
 from app.domain.memory.estimate import MemoryRequest, analyze_for, estimate_memory
 from app.domain.peft import LoraConfig, LoraError
 from app.domain.peft.qlora import (
@@ -23,6 +25,7 @@ from app.domain.peft.qlora import (
 from app.domain.precision import ComputeCapability, DType, Precision
 from app.domain.workload import Checkpointing, Mode, Parallelism, Runtime
 from app.domain.zoo import ZOO
+from app.importers.hf_config import import_hf_config
 
 LLAMA_PARAMS = 6_738_415_616
 NF4_DQ_BF16 = QloraConfig(quant_type=QuantType.NF4, double_quant=True, compute_dtype=DType.BF16)
@@ -192,8 +195,11 @@ def test_qlora_on_a_sharded_model_is_refused() -> None:
 def test_skip_modules_keep_layers_unquantized() -> None:
     config = QloraConfig(skip_modules=("down_proj",))
     base = quantized_base(_llama().layers, config, params=LLAMA_PARAMS, torch_dtype_bytes=2)
-    assert len(base.modules) == 32 * 6
-    assert base.other_params == 262_410_240 + 32 * 4096 * 11008
+    # llm_int8_skip_modules replaces transformers' default skips: lm_head is quantized then
+    # (HfQuantizer.get_modules_to_not_convert)
+    assert len(base.modules) == 32 * 6 + 1
+    assert "lm_head" in {m.name for m in base.modules}
+    assert base.other_params == 262_410_240 - 32000 * 4096 + 32 * 4096 * 11008
     with pytest.raises(LoraError) as caught:
         quantized_base(
             _llama().layers,
@@ -249,3 +255,21 @@ def test_merged_is_given_exactly_at_inference() -> None:
     with pytest.raises(LoraError) as caught:
         _request(LoraConfig(target_modules=QV, merged=True))
     assert caught.value.pointer == "/lora/merged"
+
+
+def test_t5_keeps_wo_unquantized_in_fp32() -> None:
+    # T5PreTrainedModel._keep_in_fp32_modules = ["wo"]: transformers leaves it a Linear in fp32
+    # (30 Linear4bit in t5-small's encoder: 6 blocks x q, k, v, o, wi; qlora_results.md)
+    config = json.loads(
+        (PROJECT_ROOT / "tests/fixtures/hf_configs/t5-small-encoder.json").read_text()
+    )
+    graph = import_hf_config(config)
+    layers = analyze(
+        graph.inputs, graph.layers, {**graph.default_bindings, "batch": 1, "seq": 8}, training=True
+    ).layers
+    params = sum(layer.result.params for layer in layers)
+    base = quantized_base(layers, QloraConfig(), params=params, torch_dtype_bytes=2)
+    assert len(base.modules) == 30
+    assert base.quantized_params == 12_582_912
+    assert base.fp32_params == 6 * 512 * 2048
+    assert base.weights_bytes == (base.quantized_bytes + base.other_params * 4 + 6 * 512 * 2048 * 4)

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from app.domain.memory.context import Estimation
 from app.domain.memory.liveness import checkpoint_unit
-from app.domain.peft import LoraError, LoraModule, LoraPlan
+from app.domain.peft import LoraError, LoraModule, LoraPlan, linear_modules, module_naming
 from app.domain.peft.qlora import (
     BNB_BLOCKSIZE,
     BNB_NESTED_BLOCKSIZE,
@@ -71,7 +71,13 @@ def qlora_weights(e: Estimation) -> None:
         f"{base.quantized_params:,} elements: ceil(n / 2) packed uint8 + {scales} + 64 B "
         f"{qlora.quant_type.value} code book each] + {base.other_params:,} [params not "
         f"quantized: embeddings, norms, biases, output head] x {base.other_bytes_per_param} "
-        f"[B: {why}] = {total:,} B"
+        f"[B: {why}]"
+        + (
+            f" + {base.fp32_params:,} [params of _keep_in_fp32_modules] x 4 [B fp32]"
+            if base.fp32_params
+            else ""
+        )
+        + f" = {total:,} B"
     )
     e.notes["weights"] = [
         f"QLoRA: a bitsandbytes 4-bit ({qlora.quant_type.value}) base; transformers' "
@@ -88,6 +94,12 @@ def _base_tensors(e: Estimation, base: QuantizedBase, double_quant: bool) -> lis
     by_layer: dict[int, list[LoraModule]] = {}
     for module in base.modules:
         by_layer.setdefault(module.layer, []).append(module)
+    keep = module_naming(e.analysis.layers).keep_in_fp32
+    fp32_layers = {
+        m.layer
+        for m in linear_modules(e.analysis.layers)
+        if any(m.name.endswith("." + k) for k in keep)
+    }
     tensors: list[list[int]] = []
     for index, layer in enumerate(e.analysis.layers):
         modules = by_layer.get(index, [])
@@ -101,8 +113,9 @@ def _base_tensors(e: Estimation, base: QuantizedBase, double_quant: bool) -> lis
         for shape in layer.result.param_shapes:
             if len(shape) != 2 or not modules:
                 sizes.append(math.prod(shape) * per_param)
-        if modules and matrices > quantized:  # matrices llm_int8_skip_modules keeps
-            sizes.append((matrices - quantized) * per_param)
+        if modules and matrices > quantized:  # matrices kept unquantized in the layer
+            kept = matrices - quantized  # _keep_in_fp32_modules (T5's wo) stay fp32
+            sizes.append(kept * (4 if index in fp32_layers else per_param))
         if layer.result.buffers_bytes:
             sizes.append(layer.result.buffers_bytes)
         tensors.append(sizes)

@@ -130,6 +130,7 @@ class ModuleNaming:
     plain_mlp: tuple[str, str]  # up, down
     fused_qkv: bool = False
     standalone: tuple[tuple[str, str], ...] = ()  # (graph layer, module leaf) of Linear layers
+    keep_in_fp32: tuple[str, ...] = ()  # the model class's _keep_in_fp32_modules
 
 
 NAMINGS: dict[str, ModuleNaming] = {
@@ -158,6 +159,7 @@ NAMINGS: dict[str, ModuleNaming] = {
         ("q", "k", "v", "o"),
         ("wi_0", "wi_1", "wo"),
         ("wi", "wo"),
+        keep_in_fp32=("wo",),  # T5PreTrainedModel._keep_in_fp32_modules
     ),
 }
 

@@ -6,9 +6,12 @@ peft 0.21; the option names are those of transformers' ``BitsAndBytesConfig``, w
 
 * which modules: ``transformers/integrations/bitsandbytes.py`` ``replace_with_bnb_linear``
   swaps every ``nn.Linear`` (and GPT-2's ``Conv1D``) for ``bnb.nn.Linear4bit`` except the
-  modules ``get_keys_to_not_convert`` returns (the output embedding ``lm_head``) and those in
-  ``llm_int8_skip_modules``; embeddings, norms and every non-Linear parameter stay in the
-  model's ``torch_dtype``, and so does each Linear4bit's bias;
+  modules ``HfQuantizer.get_modules_to_not_convert`` names (``transformers/quantizers/
+  base.py``): ``get_keys_to_not_convert`` (tied weights, the last parameter's module, the
+  output embedding ``lm_head``) unless ``llm_int8_skip_modules`` is given, which replaces
+  them, and the class's ``_keep_in_fp32_modules`` (T5's ``wo``, kept in fp32); embeddings,
+  norms and every non-Linear parameter stay in the model's ``torch_dtype``, and so does each
+  Linear4bit's bias;
 * what a quantized weight stores: ``bitsandbytes/nn/modules.py`` ``Params4bit._quantize``
   calls ``bitsandbytes/functional.py`` ``quantize_4bit(w, blocksize=64,
   compress_statistics=bnb_4bit_use_double_quant, quant_type=bnb_4bit_quant_type)``: the
@@ -34,7 +37,13 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from app.domain.graph.analysis import LayerAnalysis
-from app.domain.peft.lora import LoraError, LoraModule, linear_modules, output_head
+from app.domain.peft.lora import (
+    LoraError,
+    LoraModule,
+    linear_modules,
+    module_naming,
+    output_head,
+)
 from app.domain.precision import CONVENTIONS, ComputeCapability, DType, Precision
 
 __all__ = [
@@ -79,7 +88,7 @@ class QloraConfig:
     quant_type: QuantType = QuantType.FP4
     double_quant: bool = False
     compute_dtype: DType = DType.FP32
-    skip_modules: tuple[str, ...] = ()  # llm_int8_skip_modules, besides the output head
+    skip_modules: tuple[str, ...] = ()  # llm_int8_skip_modules (replace the default: the head)
     prepare_kbit_training: bool = True
 
     def __post_init__(self) -> None:
@@ -122,11 +131,13 @@ class QuantizedBase:
     other_params: int  # every other parameter (embeddings, norms, biases, the output head)
     other_bytes_per_param: int  # fp32 after prepare_model_for_kbit_training, else torch_dtype
     largest: LoraModule  # the widest Linear4bit: its dequantized weight is the transient
+    fp32_params: int = 0  # weights of _keep_in_fp32_modules (T5's wo), unquantized in fp32
 
     @property
     def weights_bytes(self) -> int:
         """The base's stored bytes: quantized Linear weights and the rest [B]."""
-        return self.quantized_bytes + self.other_params * self.other_bytes_per_param
+        rest = self.other_params * self.other_bytes_per_param
+        return self.quantized_bytes + rest + self.fp32_params * 4
 
 
 def quantized_base(
@@ -140,12 +151,16 @@ def quantized_base(
     and what the base stores, the unquantized parameters at ``torch_dtype_bytes`` (fp32
     after ``prepare_model_for_kbit_training``)."""
     modules = [m for m in linear_modules(layers) if not m.embedding]
-    head = output_head(layers, linear_modules(layers))
+    # llm_int8_skip_modules replaces transformers' default skips (the output head)
+    head = None if config.skip_modules else output_head(layers, linear_modules(layers))
     skipped = set(config.skip_modules)
+    keep = module_naming(layers).keep_in_fp32
+    fp32 = [m for m in modules if any(m.name.endswith("." + k) for k in keep)]
     chosen = tuple(
         m
         for m in modules
         if m.name != head
+        and m not in fp32
         and not any(
             m.name == s or m.name.endswith("." + s) or m.name.startswith(s + ".") for s in skipped
         )
@@ -167,10 +182,11 @@ def quantized_base(
         linear4bit_bytes(m.in_features, m.out_features, double_quant=config.double_quant)
         for m in chosen
     )
-    other = params - numel
+    fp32_numel = sum(m.in_features * m.out_features for m in fp32)
+    other = params - numel - fp32_numel
     per_param = 4 if config.prepare_kbit_training else torch_dtype_bytes
     largest = max(chosen, key=lambda m: m.in_features * m.out_features)
-    return QuantizedBase(chosen, stored, numel, other, per_param, largest)
+    return QuantizedBase(chosen, stored, numel, other, per_param, largest, fp32_numel)
 
 
 def _has_own_weight(layer: LayerAnalysis, module: LoraModule) -> bool:
