@@ -164,8 +164,10 @@ class QloraSpec(Schema):
     llm_int8_skip_modules: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(
         default_factory=list,
         max_length=256,
-        description="Linear modules kept unquantized besides the output head (which "
-        "transformers never quantizes), by name or suffix.",
+        description="Linear modules kept unquantized, by name or suffix. Given, they replace "
+        "transformers' default skips (the output head then is quantized too, as "
+        "HfQuantizer.get_modules_to_not_convert does); T5's wo always stays fp32 "
+        "(_keep_in_fp32_modules).",
         examples=[[]],
     )
     prepare_model_for_kbit_training: bool = Field(
