@@ -327,8 +327,8 @@ DEFAULTS: tuple[DefaultRule, ...] = (
     DefaultRule("optimizer", "adamw", "training only"),
     DefaultRule("optimizer_impl", "auto: foreach on CUDA, for-loop on CPU, fused for mixed_*",
                 "PyTorch default"),
-    DefaultRule("checkpointing", "none; full with lora.qlora when "
-                "prepare_model_for_kbit_training (the default)",
+    DefaultRule("checkpointing", "none; full with lora.qlora under "
+                "prepare_model_for_kbit_training and use_gradient_checkpointing (the defaults)",
                 "peft prepare_model_for_kbit_training: use_gradient_checkpointing=True"),
     DefaultRule("attention", "flash on CUDA fp16/bf16 (sm80+, head_dim <= 256), mem_efficient "
                 "on CUDA fp32 or below sm80 (fp16/fp32), sdpa_math otherwise (bf16 below sm80); "
@@ -479,18 +479,17 @@ def resolve(
             default("optimizer_impl", impl.value, "PyTorch's default implementation")
     checkpointing = spec.checkpointing or Checkpointing.NONE
     qlora = spec.lora.qlora if spec.lora is not None else None
-    if (
-        spec.checkpointing is None
-        and training
-        and qlora is not None
-        and qlora.prepare_kbit_training
-    ):
+    gc = qlora is not None and qlora.prepare_kbit_training and qlora.use_gradient_checkpointing
+    if training and gc and checkpointing is not Checkpointing.FULL:
+        # prepare_model_for_kbit_training calls gradient_checkpointing_enable() whatever the
+        # trainer's flag: the model is checkpointed (stored workloads store "none" explicitly)
         checkpointing = Checkpointing.FULL
         default(
             "checkpointing",
             checkpointing.value,
-            "QLoRA: peft's prepare_model_for_kbit_training enables gradient checkpointing "
-            "(use_gradient_checkpointing=True, peft/utils/other.py)",
+            "QLoRA: peft's prepare_model_for_kbit_training(use_gradient_checkpointing=True) "
+            "enables gradient checkpointing (peft/utils/other.py); set "
+            "use_gradient_checkpointing false in qlora to turn it off",
         )
     logits = spec.logits or (Logits.ALL if training else Logits.LAST)
     if spec.logits is None and not training:

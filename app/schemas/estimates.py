@@ -174,8 +174,15 @@ class QloraSpec(Schema):
         default=True,
         description="PEFT's prepare_model_for_kbit_training was applied: every unquantized "
         "parameter (embeddings, norms, biases, output head) is cast to fp32, and gradient "
-        "checkpointing is on (checkpointing defaults to full). Default true, as PEFT's "
+        "checkpointing is on (see use_gradient_checkpointing). Default true, as PEFT's "
         "QLoRA examples do.",
+        examples=[True],
+    )
+    use_gradient_checkpointing: bool = Field(
+        default=True,
+        description="prepare_model_for_kbit_training's argument: true (its default) enables "
+        "gradient checkpointing, so the workload's checkpointing becomes full (echoed in "
+        "defaults_used); false leaves the workload's checkpointing as given.",
         examples=[True],
     )
 

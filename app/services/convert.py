@@ -500,6 +500,7 @@ def domain_qlora(spec: QloraSpec | None) -> QloraConfig | None:
         compute_dtype=DType(spec.bnb_4bit_compute_dtype.value),
         skip_modules=tuple(spec.llm_int8_skip_modules),
         prepare_kbit_training=spec.prepare_model_for_kbit_training,
+        use_gradient_checkpointing=spec.use_gradient_checkpointing,
     )
 
 

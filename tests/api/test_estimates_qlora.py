@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from tests.api.helpers import assert_problem
+from tests.api.test_workloads import workload
 from tests.support import ApiClient, table_counts
 
 BODY: dict[str, Any] = {
@@ -148,4 +149,49 @@ def test_merged_is_given_exactly_at_inference(
     response = client.post("/v1/estimates/memory", json={**BODY, "mode": mode, "lora": lora})
     body = assert_problem(response, 422)
     assert pointer in [error["pointer"] for error in body["errors"]]
+    assert table_counts(db_url) == before
+
+
+def test_a_stored_qlora_workload_is_estimated_as_the_request_would_be(
+    client: ApiClient,
+) -> None:
+    options = {"lora": {**LORA, "qlora": QLORA}}
+    body = workload(
+        slug="llama-qlora",
+        model="llama-2-7b",
+        mode="training",
+        batch_size=1,
+        sequence_length=512,
+        precision="amp_bf16",
+        options=options,
+    )
+    created = client.post("/v1/workloads", json=body)
+    assert created.status_code == 201, created.text
+    assert created.json()["options"]["lora"]["qlora"]["bnb_4bit_quant_type"] == "nf4"
+    stored = client.get("/v1/workloads/llama-qlora/memory")
+    assert stored.status_code == 200, stored.text
+    direct = client.post(
+        "/v1/estimates/memory",
+        json={**BODY, "hardware": "nvidia-a100-80gb-sxm", "lora": {**LORA, "qlora": QLORA}},
+    )
+    assert direct.status_code == 200, direct.text
+    assert stored.json()["peak_bytes"] == direct.json()["peak_bytes"]
+    lines = {line["key"]: line["bytes"] for line in stored.json()["breakdown"]}
+    assert lines["weights"] == 4_390_656_896
+
+
+def test_a_stored_qlora_with_a_quantized_precision_is_refused(
+    client: ApiClient, db_url: str
+) -> None:
+    before = table_counts(db_url)
+    body = workload(
+        slug="bad-qlora",
+        model="llama-2-7b",
+        mode="training",
+        batch_size=1,
+        precision="int4",
+        options={"lora": {**LORA, "qlora": QLORA}},
+    )
+    problem = assert_problem(client.post("/v1/workloads", json=body), 422)
+    assert any(e["pointer"].endswith("/precision") for e in problem["errors"]), problem
     assert table_counts(db_url) == before

@@ -23,7 +23,7 @@ from app.domain.peft.qlora import (
     quantized_base,
 )
 from app.domain.precision import ComputeCapability, DType, Precision
-from app.domain.workload import Checkpointing, Mode, Parallelism, Runtime
+from app.domain.workload import Checkpointing, Mode, Parallelism, Runtime, WorkloadSpec, resolve
 from app.domain.zoo import ZOO
 from app.importers.hf_config import import_hf_config
 
@@ -273,3 +273,20 @@ def test_t5_keeps_wo_unquantized_in_fp32() -> None:
     assert base.quantized_params == 12_582_912
     assert base.fp32_params == 6 * 512 * 2048
     assert base.weights_bytes == (base.quantized_bytes + base.other_params * 4 + 6 * 512 * 2048 * 4)
+
+
+def test_prepare_model_for_kbit_training_checkpoints_the_model() -> None:
+    qlora = LoraConfig(target_modules=QV, qlora=QloraConfig())
+    for given in (None, Checkpointing.NONE, Checkpointing.SELECTIVE):
+        spec = WorkloadSpec(mode=Mode.TRAINING, batch_size=1, checkpointing=given, lora=qlora)
+        resolved = resolve(spec, model_bindings={"seq": 8})
+        assert resolved.checkpointing is Checkpointing.FULL
+        assert (
+            "prepare_model_for_kbit_training"
+            in {d.option: d.reason for d in resolved.defaults_used}["checkpointing"]
+        )
+    off = LoraConfig(target_modules=QV, qlora=QloraConfig(use_gradient_checkpointing=False))
+    spec = WorkloadSpec(mode=Mode.TRAINING, batch_size=1, lora=off)
+    assert resolve(spec, model_bindings={"seq": 8}).checkpointing is Checkpointing.NONE
+    plain = WorkloadSpec(mode=Mode.TRAINING, batch_size=1, lora=LoraConfig(target_modules=QV))
+    assert resolve(plain, model_bindings={"seq": 8}).checkpointing is Checkpointing.NONE

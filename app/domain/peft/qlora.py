@@ -90,6 +90,7 @@ class QloraConfig:
     compute_dtype: DType = DType.FP32
     skip_modules: tuple[str, ...] = ()  # llm_int8_skip_modules (replace the default: the head)
     prepare_kbit_training: bool = True
+    use_gradient_checkpointing: bool = True  # prepare_model_for_kbit_training's argument
 
     def __post_init__(self) -> None:
         if self.compute_dtype not in _COMPUTE_DTYPES:
