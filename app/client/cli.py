@@ -38,9 +38,12 @@ from app.client.cli_recommend import cmd_recommend
 from app.client.cli_requests import (
     ATTENTIONS,
     BATCHINGS,
+    BNB_COMPUTE_DTYPES,
     CHECKPOINTING,
     DEVICE_KINDS,
     LOGITS,
+    LORA_BIASES,
+    LORA_KINDS,
     MAX_BEAM_WIDTH,
     MAX_GROUP_GPUS,
     MAX_KV_BLOCK_TOKENS,
@@ -51,6 +54,7 @@ from app.client.cli_requests import (
     PARALLELISMS,
     PRECISIONS,
     PRICE_KINDS,
+    QUANT_TYPES,
     RUNTIMES,
     SCENARIOS,
     SERVING_RUNTIMES,
@@ -169,6 +173,26 @@ def _workload_args(parser: argparse.ArgumentParser, *, model: bool = True) -> No
     group.add_argument("--zero", type=int, choices=[0, 1, 2, 3], help="ZeRO stage (3: FSDP)")
     group.add_argument("--grad-bucket-view", action=argparse.BooleanOptionalAction, default=None,
                        help="DDP gradient_as_bucket_view (default off)")  # fmt: skip
+    lora = parser.add_argument_group(
+        "LoRA / QLoRA (training; any of these adds the lora object, PEFT's defaults for the rest)"
+    )
+    lora.add_argument("--lora-r", type=int, metavar="R", help="LoRA rank (default 8)")
+    lora.add_argument("--lora-alpha", type=int, metavar="ALPHA", help="lora_alpha (default 8)")
+    lora.add_argument("--lora-target", action="append", metavar="NAME",
+                      help="target module name (repeat): q_proj, c_attn, query, q ...")  # fmt: skip
+    lora.add_argument("--lora-regex", metavar="REGEX", help="target modules by re.fullmatch")
+    lora.add_argument("--lora-kind", choices=LORA_KINDS, help="target modules by kind")
+    lora.add_argument("--lora-dropout", type=float, metavar="P", help="lora_dropout (default 0)")
+    lora.add_argument("--lora-bias", choices=LORA_BIASES, help="trainable biases (default none)")
+    lora.add_argument("--lora-save", action="append", metavar="NAME",
+                      help="modules_to_save entry (repeat), e.g. lm_head")  # fmt: skip
+    lora.add_argument("--dora", action="store_true", help="use_dora: DoRA's magnitude vector")
+    lora.add_argument("--qlora", choices=QUANT_TYPES, metavar="{nf4,fp4}",
+                      help="a 4-bit bitsandbytes base of this bnb_4bit_quant_type")  # fmt: skip
+    lora.add_argument("--double-quant", action="store_true",
+                      help="QLoRA: bnb_4bit_use_double_quant")  # fmt: skip
+    lora.add_argument("--bnb-compute-dtype", choices=BNB_COMPUTE_DTYPES,
+                      help="QLoRA: bnb_4bit_compute_dtype (default fp32)")  # fmt: skip
 
 
 def _estimate_args(parser: argparse.ArgumentParser) -> None:

@@ -20,6 +20,10 @@ OPTIMIZERS = ("sgd", "sgd_momentum", "adam", "adamw", "adagrad", "rmsprop", "lio
               "adafactor")  # fmt: skip
 OPTIMIZER_IMPLS = ("auto", "for_loop", "foreach", "fused")
 CHECKPOINTING = ("none", "selective", "full")
+LORA_KINDS = ("attention", "mlp", "all-linear")
+LORA_BIASES = ("none", "all", "lora_only")
+QUANT_TYPES = ("nf4", "fp4")
+BNB_COMPUTE_DTYPES = ("fp32", "bf16", "fp16")
 ATTENTIONS = ("eager", "sdpa_math", "flash", "mem_efficient")
 LOGITS = ("last", "all")
 RUNTIMES = ("pytorch_cuda", "pytorch_cpu")
@@ -97,7 +101,46 @@ def _workload(args: argparse.Namespace) -> Json:
     }
     if parallelism:
         spec["parallelism"] = parallelism
+    lora = _lora(args)
+    if lora is not None:
+        spec["lora"] = lora
     return spec
+
+
+def _lora(args: argparse.Namespace) -> Json | None:
+    """The workload's ``lora`` object from the --lora-* / --dora / --qlora flags (None when
+    none is given); a QLoRA flag without --qlora is a usage error."""
+    lora: Json = {
+        key: value
+        for key, value in (
+            ("r", getattr(args, "lora_r", None)),
+            ("alpha", getattr(args, "lora_alpha", None)),
+            ("target_modules", getattr(args, "lora_target", None)),
+            ("target_regex", getattr(args, "lora_regex", None)),
+            ("target_kind", getattr(args, "lora_kind", None)),
+            ("dropout", getattr(args, "lora_dropout", None)),
+            ("bias", getattr(args, "lora_bias", None)),
+            ("modules_to_save", getattr(args, "lora_save", None)),
+        )
+        if value is not None
+    }
+    if getattr(args, "dora", False):
+        lora["use_dora"] = True
+    quant = getattr(args, "qlora", None)
+    double = getattr(args, "double_quant", False)
+    compute = getattr(args, "bnb_compute_dtype", None)
+    if quant is None and (double or compute is not None):
+        raise UsageError(
+            "--double-quant and --bnb-compute-dtype describe a QLoRA base: add --qlora"
+        )
+    if quant is not None:
+        qlora: Json = {"bnb_4bit_quant_type": quant}
+        if double:
+            qlora["bnb_4bit_use_double_quant"] = True
+        if compute is not None:
+            qlora["bnb_4bit_compute_dtype"] = compute
+        lora["qlora"] = qlora
+    return lora or None
 
 
 def _estimate_body(args: argparse.Namespace, hardware: str | None) -> Json:

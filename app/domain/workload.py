@@ -31,6 +31,43 @@ class WorkloadInputError(DomainError):
     """Workload options that cannot be combined."""
 
 
+class LoraError(WorkloadInputError):
+    """A LoRA configuration that does not apply to the model; ``field`` names the option
+    within ``lora`` (``r``, ``qlora/bnb_4bit_compute_dtype``), or, starting with ``/``, a
+    workload option it contradicts (``/precision``)."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+    @property
+    def pointer(self) -> str:
+        """The JSON pointer of the option, relative to the workload."""
+        return self.field if self.field.startswith("/") else f"/lora/{self.field}"
+
+
+INFERENCE_NEEDS_MERGED = (
+    "lora at inference needs merged: true (after merge_and_unload: the base alone) or false "
+    "(the adapters beside the base); without it lora is a training option"
+)
+
+
+def check_lora_mode(config: LoraConfig | None, *, training: bool) -> None:
+    """``merged`` is given exactly at inference.
+
+    Raises
+    ------
+    LoraError
+        Inference without ``merged`` (field ``/lora``), training with it (``merged``).
+    """
+    if config is None:
+        return
+    if not training and config.merged is None:
+        raise LoraError(INFERENCE_NEEDS_MERGED, "/lora")
+    if training and config.merged is not None:
+        raise LoraError("merged is an inference option (training keeps the adapters)", "merged")
+
+
 class Mode(StrEnum):
     """What the model is doing."""
 
@@ -328,7 +365,9 @@ DEFAULTS: tuple[DefaultRule, ...] = (
     DefaultRule("optimizer", "adamw", "training only"),
     DefaultRule("optimizer_impl", "auto: foreach on CUDA, for-loop on CPU, fused for mixed_*",
                 "PyTorch default"),
-    DefaultRule("checkpointing", "none", ""),
+    DefaultRule("checkpointing", "none; full with lora.qlora under "
+                "prepare_model_for_kbit_training and use_gradient_checkpointing (the defaults)",
+                "peft prepare_model_for_kbit_training: use_gradient_checkpointing=True"),
     DefaultRule("attention", "flash on CUDA fp16/bf16 (sm80+, head_dim <= 256), mem_efficient "
                 "on CUDA fp32 or below sm80 (fp16/fp32), sdpa_math otherwise (bf16 below sm80); "
                 "flash on CPU (sdpa_math with dropout in training)",
@@ -384,8 +423,8 @@ class WorkloadSpec:
     engine: EngineChoice | None = None
 
     def __post_init__(self) -> None:
-        if self.lora is not None and self.mode is not Mode.TRAINING:
-            raise WorkloadInputError("lora is a training option: the mode must be training")
+        if self.lora is not None:  # merged exactly at inference (app.domain.peft)
+            check_lora_mode(self.lora, training=self.mode is Mode.TRAINING)
         if self.engine is not None and self.mode is not Mode.INFERENCE:
             raise WorkloadInputError("engine is an inference option: the mode must be inference")
         batch, micro = self.batch_size, self.micro_batch_size
@@ -479,6 +518,20 @@ def resolve(
             default("optimizer", optimizer.value, "AdamW")
         if spec.optimizer_impl is None:
             default("optimizer_impl", impl.value, "PyTorch's default implementation")
+    checkpointing = spec.checkpointing or Checkpointing.NONE
+    qlora = spec.lora.qlora if spec.lora is not None else None
+    gc = qlora is not None and qlora.prepare_kbit_training and qlora.use_gradient_checkpointing
+    if training and gc and checkpointing is not Checkpointing.FULL:
+        # prepare_model_for_kbit_training calls gradient_checkpointing_enable() whatever the
+        # trainer's flag: the model is checkpointed (stored workloads store "none" explicitly)
+        checkpointing = Checkpointing.FULL
+        default(
+            "checkpointing",
+            checkpointing.value,
+            "QLoRA: peft's prepare_model_for_kbit_training(use_gradient_checkpointing=True) "
+            "enables gradient checkpointing (peft/utils/other.py); set "
+            "use_gradient_checkpointing false in qlora to turn it off",
+        )
     logits = spec.logits or (Logits.ALL if training else Logits.LAST)
     if spec.logits is None and not training:
         default("logits", logits.value, "serving stacks compute the last position only")
@@ -490,7 +543,7 @@ def resolve(
         precision=precision,
         optimizer=optimizer,
         optimizer_impl=impl,
-        checkpointing=spec.checkpointing or Checkpointing.NONE,
+        checkpointing=checkpointing,
         parallelism=spec.parallelism,
         fp32_grad_buffer=spec.fp32_grad_buffer,
         kv_cache=spec.kv_cache,

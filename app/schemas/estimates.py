@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Annotated, Any, Self
 
 from pydantic import Field, model_validator
 
 from app.domain.memory.estimate import MAX_REPLAYED_LAYERS, UNREPLAYED_FRAGMENTATION_FRACTION
 from app.domain.peft import LoraBias, LoraKind
+from app.domain.peft.lora import INFERENCE_NEEDS_MERGED
+from app.domain.peft.qlora import QuantType
 from app.domain.precision import Precision
 from app.domain.workload import (
     DEFAULT_SAFETY_MARGIN_FRACTION,
@@ -126,6 +129,65 @@ class OverheadSpec(Schema):
     )
 
 
+class Bnb4bitComputeDtype(StrEnum):
+    """``bnb_4bit_compute_dtype``: what a Linear4bit dequantizes to and computes in."""
+
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+
+
+class QloraSpec(Schema):
+    """A 4-bit bitsandbytes base (QLoRA), with the names of transformers'
+    ``BitsAndBytesConfig(load_in_4bit=True, ...)`` (which vLLM's bitsandbytes loader reads
+    from a checkpoint's ``quantization_config`` too) and their defaults."""
+
+    bnb_4bit_quant_type: QuantType = Field(
+        default=QuantType.FP4,
+        description="nf4 (QLoRA's NormalFloat) or fp4: the same bytes, 4 bits per weight in "
+        "blocks of 64 with an absmax each. Default fp4, BitsAndBytesConfig's.",
+        examples=["nf4"],
+    )
+    bnb_4bit_use_double_quant: bool = Field(
+        default=False,
+        description="Quantize the per-64 absmax to 8 bits in blocks of 256 with fp32 "
+        "second-level scales (1 B instead of 4 B per 64 weights, + 4 B per 256 blocks).",
+        examples=[True],
+    )
+    bnb_4bit_compute_dtype: Bnb4bitComputeDtype = Field(
+        default=Bnb4bitComputeDtype.FP32,
+        description="The dtype a 4-bit weight is dequantized to for each GEMM (one layer's "
+        "at a time: the adapter_transient line). bf16 needs compute capability 8.0+; a "
+        "16-bit training precision must compute in the same 16-bit type. Default fp32, "
+        "BitsAndBytesConfig's.",
+        examples=["bf16"],
+    )
+    llm_int8_skip_modules: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(
+        default_factory=list,
+        max_length=256,
+        description="Linear modules kept unquantized, by name or suffix. Given, they replace "
+        "transformers' default skips (the output head then is quantized too, as "
+        "HfQuantizer.get_modules_to_not_convert does); T5's wo always stays fp32 "
+        "(_keep_in_fp32_modules).",
+        examples=[[]],
+    )
+    prepare_model_for_kbit_training: bool = Field(
+        default=True,
+        description="PEFT's prepare_model_for_kbit_training was applied: every unquantized "
+        "parameter (embeddings, norms, biases, output head) is cast to fp32, and gradient "
+        "checkpointing is on (see use_gradient_checkpointing). Default true, as PEFT's "
+        "QLoRA examples do.",
+        examples=[True],
+    )
+    use_gradient_checkpointing: bool = Field(
+        default=True,
+        description="prepare_model_for_kbit_training's argument: true (its default) enables "
+        "gradient checkpointing, so the workload's checkpointing becomes full (echoed in "
+        "defaults_used); false leaves the workload's checkpointing as given.",
+        examples=[True],
+    )
+
+
 class LoraSpec(Schema):
     """LoRA adapters on a frozen base, as Hugging Face PEFT's ``LoraConfig`` builds them."""
 
@@ -144,11 +206,13 @@ class LoraSpec(Schema):
         default=None,
         max_length=256,
         description="Module names: a module is adapted when its qualified name equals an entry "
-        "or ends with '.' + entry (PEFT's rule). The graph's attention layers hold q_proj, "
-        "k_proj, v_proj, o_proj; its MLP layers gate_proj, up_proj, down_proj (Llama's names; "
-        "an ungated MLP up_proj and down_proj); Linear and embedding layers are named as in the "
-        "graph (lm_head, embed_tokens). Give exactly one of target_modules, target_regex, "
-        "target_kind.",
+        "or ends with '.' + entry (PEFT's rule). The graph's attention and MLP layers hold "
+        "the modules of the family's transformers modeling file: q_proj, k_proj, v_proj, "
+        "o_proj, gate_proj, up_proj, down_proj (Llama, Mistral, Qwen2 ...); c_attn, c_proj, "
+        "c_fc (GPT-2: c_attn fused q/k/v); query, key, value, dense (BERT, RoBERTa; and "
+        "pooler's dense); q, k, v, o, wi (wi_0, wi_1 gated), wo (T5). Linear and embedding "
+        "layers are named as in the graph (lm_head, embed_tokens). Give exactly one of "
+        "target_modules, target_regex, target_kind.",
         examples=[["q_proj", "v_proj"]],
     )
     target_regex: str | None = Field(
@@ -162,8 +226,9 @@ class LoraSpec(Schema):
     )
     target_kind: LoraKind | None = Field(
         default=None,
-        description="attention (q/k/v/o projections), mlp (gate/up/down projections) or "
-        "all-linear (PEFT's shorthand: every Linear except the output head).",
+        description="attention (the attention layers' projections: q/k/v/o, c_attn/c_proj, "
+        "query/key/value/dense ...), mlp (the MLP layers': gate/up/down, c_fc/c_proj, "
+        "dense, wi/wo) or all-linear (PEFT's shorthand: every Linear except the output head).",
         examples=[None],
     )
     dropout: float = Field(
@@ -186,6 +251,26 @@ class LoraSpec(Schema):
         description="Layers trained in full beside the adapters (PEFT trains a copy: names "
         "matched as a suffix of the layer's name), e.g. `lm_head`.",
         examples=[[]],
+    )
+    use_dora: bool = Field(
+        default=False,
+        description="DoRA (PEFT use_dora): a trainable magnitude vector of out_features per "
+        "adapted Linear, and the weight-norm computation's tensors in forward.",
+        examples=[False],
+    )
+    merged: bool | None = Field(
+        default=None,
+        description="Inference only, and required there: true after PEFT's merge_and_unload "
+        "(the base's weights alone, in its dtype; a 4-bit base stays 4-bit), false with the "
+        "adapters beside the base (their fp32 weights and each adapted layer's forward "
+        "temporaries). Left out in training.",
+        examples=[None],
+    )
+    qlora: QloraSpec | None = Field(
+        default=None,
+        description="A 4-bit bitsandbytes base (QLoRA): the weights line is the Linear4bit "
+        "bytes and the unquantized rest; `precision` is then the training precision of the "
+        "adapters and the unquantized layers (fp32, bf16, fp16, amp_bf16, amp_fp16).",
     )
 
 
@@ -274,8 +359,9 @@ class WorkloadInput(Schema):
     )
     lora: LoraSpec | None = Field(
         default=None,
-        description="Training only: fine-tune LoRA adapters on a frozen base (Hugging Face "
-        "PEFT). Gradients, optimizer state and master weights exist for the adapters (fp32, "
+        description="Training: fine-tune LoRA adapters on a frozen base (Hugging Face "
+        "PEFT); inference: a model served with its adapters, merged or not (`merged`). "
+        "Gradients, optimizer state and master weights exist for the adapters (fp32, "
         "PEFT's default) and modules_to_save only; the adapters' weights and saved activations "
         "are lines of their own. trainable_params counts what PEFT's "
         "get_nb_trainable_parameters counts.",
@@ -295,9 +381,13 @@ class WorkloadInput(Schema):
         one_model_rule(type(self).__name__, self.model, self.architecture)
         if self.engine is not None:
             engine_rule(type(self).__name__, self.mode, self.engine, self.parallelism)
-        if self.lora is not None and self.mode is not Mode.TRAINING:
+        if self.lora is not None and self.mode is not Mode.TRAINING and self.lora.merged is None:
+            raise located_error(type(self).__name__, ("lora",), INFERENCE_NEEDS_MERGED)
+        if self.lora is not None and self.mode is Mode.TRAINING and self.lora.merged is not None:
             raise located_error(
-                type(self).__name__, ("lora",), "lora is a training option: set mode to training"
+                type(self).__name__,
+                ("lora", "merged"),
+                "merged is an inference option (training keeps the adapters)",
             )
         if self.lora is not None:
             lora = self.lora

@@ -41,7 +41,7 @@ class WorkloadOptions(Schema):
     )
     lora: LoraSpec | None = Field(
         default=None,
-        description="Training only: LoRA adapters on a frozen base, as for "
+        description="LoRA adapters on a frozen base (training; inference with merged), as for "
         "`POST /v1/estimates/memory` (its memory, admission decisions and `/memory` follow).",
         examples=[None],
     )

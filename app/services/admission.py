@@ -137,6 +137,11 @@ def _inline_spec(notes: dict[str, str]) -> WorkloadInput:
         fields["sequence_length"] = notes["sequence-length"]
     if "image-size" in notes:
         fields["image_size"] = notes["image-size"]
+    if "lora" in notes:  # the workload's lora object as JSON (LoRA / DoRA / QLoRA)
+        try:
+            fields["lora"] = json.loads(notes["lora"])
+        except ValueError as exc:
+            raise ReviewError(f"inline workload annotations invalid: lora: {exc}") from exc
     try:
         return WorkloadInput.model_validate(fields)
     except ValidationError as exc:
@@ -154,6 +159,7 @@ _INLINE_KEYS = (
     "image-size",
     "attention",
     "logits",
+    "lora",
 )
 API_VERSION = "admission.k8s.io/v1"
 REVIEW_KIND = "AdmissionReview"

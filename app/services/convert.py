@@ -31,6 +31,7 @@ from app.domain.mig.layout import (
     MigProfileSpec,
 )
 from app.domain.peft import LoraConfig, LoraError
+from app.domain.peft.qlora import QloraConfig
 from app.domain.performance.calibration import CalibrationClass
 from app.domain.performance.decoding import DecoderServing, DecodingInputError
 from app.domain.performance.recommend import Requirements
@@ -48,6 +49,7 @@ from app.schemas.estimates import (
     InlineArchitecture,
     LoraSpec,
     OverheadSpec,
+    QloraSpec,
     WorkloadInput,
 )
 from app.schemas.hardware import HardwareBase
@@ -469,7 +471,7 @@ def domain_workload(spec: WorkloadInput, runtime: Runtime | None = None) -> Doma
             engine=domain_engine(spec),
         )
     except LoraError as exc:
-        raise InvalidInput(str(exc), pointer=f"/lora/{exc.field}") from exc
+        raise InvalidInput(str(exc), pointer=exc.pointer) from exc
     except WorkloadInputError as exc:
         raise InvalidInput(str(exc)) from exc
 
@@ -516,6 +518,23 @@ def domain_lora(spec: LoraSpec | None) -> LoraConfig | None:
         dropout=spec.dropout,
         bias=spec.bias,
         modules_to_save=tuple(spec.modules_to_save),
+        use_dora=spec.use_dora,
+        merged=spec.merged,
+        qlora=domain_qlora(spec.qlora),
+    )
+
+
+def domain_qlora(spec: QloraSpec | None) -> QloraConfig | None:
+    """The API's QLoRA base as the domain's."""
+    if spec is None:
+        return None
+    return QloraConfig(
+        quant_type=spec.bnb_4bit_quant_type,
+        double_quant=spec.bnb_4bit_use_double_quant,
+        compute_dtype=DType(spec.bnb_4bit_compute_dtype.value),
+        skip_modules=tuple(spec.llm_int8_skip_modules),
+        prepare_kbit_training=spec.prepare_model_for_kbit_training,
+        use_gradient_checkpointing=spec.use_gradient_checkpointing,
     )
 
 

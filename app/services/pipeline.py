@@ -42,6 +42,7 @@ from app.domain.mig.layout import (
 )
 from app.domain.parallel import TensorParallelError
 from app.domain.peft import LoraError
+from app.domain.peft.qlora import check_qlora_device
 from app.domain.units import GIB
 from app.domain.workload import (
     Attention,
@@ -248,9 +249,12 @@ def estimate_graph(
     except TensorParallelError as exc:  # vLLM refuses to start with it: nothing to estimate
         raise InvalidInput(str(exc), pointer="/parallelism/tensor") from exc
     try:
+        if resolved.lora is not None and resolved.lora.qlora is not None:
+            gpu_cc = resolved.gpu.compute_capability if resolved.gpu is not None else None
+            check_qlora_device(resolved.lora.qlora, gpu_cc)
         result = estimate_memory(analysis, request, per_layer=per_layer)
     except LoraError as exc:  # the option the LoRA configuration names
-        raise InvalidInput(str(exc), pointer=f"/lora/{exc.field}") from exc
+        raise InvalidInput(str(exc), pointer=exc.pointer) from exc
     except MemoryInputError as exc:
         raise InvalidInput(str(exc)) from exc
     if result.peak_bytes > MAX_REPORTED_BYTES:

@@ -1,7 +1,7 @@
 """Check LoRA trainable-parameter counts against the ``peft`` library itself.
 
-For each decoder config in ``tests/fixtures/hf_configs/`` whose attention and MLP use Llama's
-module names (q_proj ... o_proj, gate_proj / up_proj / down_proj), this builds the model from
+For Llama-named decoders (Llama, Mistral, Qwen2/3, Gemma), GPT-2, BERT and T5 (encoder)
+configs in ``tests/fixtures/hf_configs/``, this builds the importer's reference class from
 the config alone on the meta device (nothing downloaded or allocated), applies
 ``peft.get_peft_model`` with each LoRA configuration below and reads
 ``PeftModel.get_nb_trainable_parameters()``; beside it, the service's count
@@ -31,14 +31,23 @@ sys.path.insert(0, str(ROOT))
 
 from app.domain.graph.analysis import analyze  # noqa: E402
 from app.domain.peft import LoraBias, LoraConfig, LoraKind, lora_trainable_params  # noqa: E402
-from app.importers.hf_config import import_hf_config  # noqa: E402
+from app.importers.hf_config import REFERENCE_CLASSES, import_hf_config  # noqa: E402
 
 CONFIGS = ROOT / "tests" / "fixtures" / "hf_configs"
 HERE = Path(__file__).resolve().parent
-MODELS = ("llama-2-7b", "llama-3-8b", "mistral-7b-v0.1", "qwen2-0.5b", "qwen3-0.6b", "gemma-2b")
+LLAMA_NAMED = (
+    "llama-2-7b",
+    "llama-3-8b",
+    "mistral-7b-v0.1",
+    "qwen2-0.5b",
+    "qwen3-0.6b",
+    "gemma-2b",
+)
+
+Case = tuple[str, dict[str, Any], LoraConfig]
 
 # (label, peft.LoraConfig keyword arguments, the service's LoraConfig)
-CASES: tuple[tuple[str, dict[str, Any], LoraConfig], ...] = (
+LLAMA_CASES: tuple[Case, ...] = (
     (
         "r=8 q_proj,v_proj",
         {"r": 8, "target_modules": ["q_proj", "v_proj"]},
@@ -79,44 +88,189 @@ CASES: tuple[tuple[str, dict[str, Any], LoraConfig], ...] = (
         {"r": 8, "target_modules": ["q_proj", "v_proj"], "modules_to_save": ["lm_head"]},
         LoraConfig(r=8, target_modules=("q_proj", "v_proj"), modules_to_save=("lm_head",)),
     ),
+    (
+        "r=8 q,v DoRA",
+        {"r": 8, "target_modules": ["q_proj", "v_proj"], "use_dora": True},
+        LoraConfig(r=8, target_modules=("q_proj", "v_proj"), use_dora=True),
+    ),
+    (
+        "r=16 all-linear DoRA",
+        {"r": 16, "target_modules": "all-linear", "use_dora": True},
+        LoraConfig(r=16, target_kind=LoraKind.ALL_LINEAR, use_dora=True),
+    ),
+)
+
+GPT2_CASES: tuple[Case, ...] = (
+    (
+        "r=8 c_attn",
+        {"r": 8, "target_modules": ["c_attn"]},
+        LoraConfig(r=8, target_modules=("c_attn",)),
+    ),
+    (
+        "r=16 c_attn,c_proj",
+        {"r": 16, "target_modules": ["c_attn", "c_proj"]},
+        LoraConfig(r=16, target_modules=("c_attn", "c_proj")),
+    ),
+    (
+        "r=32 c_attn,c_proj,c_fc",
+        {"r": 32, "target_modules": ["c_attn", "c_proj", "c_fc"]},
+        LoraConfig(r=32, target_modules=("c_attn", "c_proj", "c_fc")),
+    ),
+    (
+        "r=16 all-linear",
+        {"r": 16, "target_modules": "all-linear"},
+        LoraConfig(r=16, target_kind=LoraKind.ALL_LINEAR),
+    ),
+    (
+        "r=8 attention kind",
+        {"r": 8, "target_modules": r".*\.attn\.(c_attn|c_proj)"},
+        LoraConfig(r=8, target_kind=LoraKind.ATTENTION),
+    ),
+    (
+        "r=8 mlp kind",
+        {"r": 8, "target_modules": r".*\.mlp\.(c_fc|c_proj)"},
+        LoraConfig(r=8, target_kind=LoraKind.MLP),
+    ),
+    (
+        "r=8 c_attn bias=lora_only",
+        {"r": 8, "target_modules": ["c_attn"], "bias": "lora_only"},
+        LoraConfig(r=8, target_modules=("c_attn",), bias=LoraBias.LORA_ONLY),
+    ),
+    (
+        "r=8 c_attn DoRA",
+        {"r": 8, "target_modules": ["c_attn"], "use_dora": True},
+        LoraConfig(r=8, target_modules=("c_attn",), use_dora=True),
+    ),
+)
+
+BERT_CASES: tuple[Case, ...] = (
+    (
+        "r=8 query,value",
+        {"r": 8, "target_modules": ["query", "value"]},
+        LoraConfig(r=8, target_modules=("query", "value")),
+    ),
+    (
+        "r=16 query,key,value,dense",
+        {"r": 16, "target_modules": ["query", "key", "value", "dense"]},
+        LoraConfig(r=16, target_modules=("query", "key", "value", "dense")),
+    ),
+    (
+        "r=16 all-linear",
+        {"r": 16, "target_modules": "all-linear"},
+        LoraConfig(r=16, target_kind=LoraKind.ALL_LINEAR),
+    ),
+    (
+        "r=8 attention kind",
+        {"r": 8, "target_modules": r".*attention\.(self\.(query|key|value)|output\.dense)"},
+        LoraConfig(r=8, target_kind=LoraKind.ATTENTION),
+    ),
+    (
+        "r=8 mlp kind",
+        {"r": 8, "target_modules": r".*layer\.\d+\.(intermediate|output)\.dense"},
+        LoraConfig(r=8, target_kind=LoraKind.MLP),
+    ),
+    (
+        "r=8 query,value bias=all",
+        {"r": 8, "target_modules": ["query", "value"], "bias": "all"},
+        LoraConfig(r=8, target_modules=("query", "value"), bias=LoraBias.ALL),
+    ),
+    (
+        "r=8 query,value DoRA",
+        {"r": 8, "target_modules": ["query", "value"], "use_dora": True},
+        LoraConfig(r=8, target_modules=("query", "value"), use_dora=True),
+    ),
+)
+
+T5_CASES: tuple[Case, ...] = (
+    ("r=8 q,v", {"r": 8, "target_modules": ["q", "v"]}, LoraConfig(r=8, target_modules=("q", "v"))),
+    (
+        "r=16 q,k,v,o",
+        {"r": 16, "target_modules": ["q", "k", "v", "o"]},
+        LoraConfig(r=16, target_modules=("q", "k", "v", "o")),
+    ),
+    (
+        "r=16 all-linear",
+        {"r": 16, "target_modules": "all-linear"},
+        LoraConfig(r=16, target_kind=LoraKind.ALL_LINEAR),
+    ),
+    (
+        "r=8 mlp kind",
+        {"r": 8, "target_modules": r".*DenseReluDense\.(wi|wi_0|wi_1|wo)"},
+        LoraConfig(r=8, target_kind=LoraKind.MLP),
+    ),
+    (
+        "r=32 attention kind",
+        {"r": 32, "target_modules": r".*SelfAttention\.(q|k|v|o)"},
+        LoraConfig(r=32, target_kind=LoraKind.ATTENTION),
+    ),
+    (
+        "r=8 q,v DoRA",
+        {"r": 8, "target_modules": ["q", "v"], "use_dora": True},
+        LoraConfig(r=8, target_modules=("q", "v"), use_dora=True),
+    ),
+)
+
+MODELS: tuple[tuple[str, tuple[Case, ...]], ...] = (
+    *((slug, LLAMA_CASES) for slug in LLAMA_NAMED),
+    ("gpt2", GPT2_CASES),
+    ("bert-base-uncased", BERT_CASES),
+    ("t5-small-encoder", T5_CASES),
+    ("flan-t5-base-encoder", T5_CASES),
 )
 
 
-def peft_count(config: dict[str, Any], kwargs: dict[str, Any]) -> int:
-    """Trainable parameters of the config's CausalLM under LoRA, built on the meta device."""
+def reference_model(config: dict[str, Any]) -> torch.nn.Module:
+    """The class the importer claims to match (app.importers.hf_config.REFERENCE_CLASSES),
+    built from the config on the meta device."""
     fields = {k: v for k, v in config.items() if k not in ("model_type", "_name_or_path")}
     hf_config = transformers.AutoConfig.for_model(str(config["model_type"]), **fields)
+    name = REFERENCE_CLASSES[str(config["model_type"])][0]
     with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(hf_config)
-    lora = peft.LoraConfig(task_type="CAUSAL_LM", **kwargs)
-    trainable, _ = peft.get_peft_model(model, lora).get_nb_trainable_parameters()
+        if name == "BertModel":
+            return transformers.BertModel(hf_config, add_pooling_layer=True)
+        return getattr(transformers, name)(hf_config)
+
+
+def peft_count(config: dict[str, Any], kwargs: dict[str, Any]) -> int | str:
+    """Trainable parameters of the reference model under LoRA, built on the meta device (the
+    error's class name when peft refuses the configuration)."""
+    model = reference_model(config)
+    causal = str(config["model_type"]) not in ("bert", "t5")
+    lora = peft.LoraConfig(task_type="CAUSAL_LM" if causal else None, **kwargs)
+    try:
+        trainable, _ = peft.get_peft_model(model, lora).get_nb_trainable_parameters()
+    except Exception as exc:  # noqa: BLE001 - reported in the table
+        return f"refused: {type(exc).__name__}: {str(exc)[:80]}"
     return int(trainable)
 
 
 def main() -> int:
     rows = []
     ok = True
-    for slug in MODELS:
+    for slug, cases in MODELS:
         config = json.loads((CONFIGS / f"{slug}.json").read_text())
         graph = import_hf_config(config)
         bindings = {**graph.default_bindings, "batch": 1, "seq": 8}
         layers = analyze(graph.inputs, graph.layers, bindings, training=True).layers
-        for label, kwargs, ours_config in CASES:
+        for label, kwargs, ours_config in cases:
             theirs = peft_count(config, kwargs)
             ours = lora_trainable_params(layers, ours_config)
-            ok &= ours == theirs
+            equal = ours == theirs
+            ok &= equal
+            shown = f"{theirs:,}" if isinstance(theirs, int) else theirs
             rows.append(
-                f"| {slug} | {label} | {theirs:,} | {ours:,} | "
-                f"{'yes' if ours == theirs else '**NO**'} |"
+                f"| {slug} | {label} | {shown} | {ours:,} | {'yes' if equal else '**NO**'} |"
             )
             print(rows[-1], flush=True)
     header = [
         "# LoRA trainable parameters: the service vs peft",
         "",
         f"peft {peft.__version__}, transformers {transformers.__version__}, torch "
-        f"{torch.__version__}; CausalLM models built from `tests/fixtures/hf_configs/*.json` on "
-        "the meta device, `peft.get_peft_model(model, LoraConfig(task_type='CAUSAL_LM', ...))"
-        ".get_nb_trainable_parameters()`.",
+        f"{torch.__version__}; the importer's reference class (CausalLM; BertModel with pooler; "
+        "T5EncoderModel) built from `tests/fixtures/hf_configs/*.json` on the meta device, "
+        "`peft.get_peft_model(model, LoraConfig(task_type='CAUSAL_LM' for decoders, ...))"
+        ".get_nb_trainable_parameters()`. Target kinds are compared with the regex that "
+        "names the same modules in transformers.",
         "",
         "| config | LoRA | peft | service | equal |",
         "|---|---|---:|---:|---|",

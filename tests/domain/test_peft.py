@@ -11,7 +11,6 @@ import pytest
 from app.config import PROJECT_ROOT
 from app.domain.graph.analysis import GraphAnalysis, analyze
 from app.domain.memory.estimate import MemoryRequest, analyze_for, estimate_memory
-from app.domain.memory.request import MemoryInputError
 from app.domain.peft import (
     LoraBias,
     LoraConfig,
@@ -106,8 +105,8 @@ def test_bias_options_on_qwen2_q_k_v_biases() -> None:
 def test_bias_all_counts_layernorm_biases() -> None:
     layers = _hf("bert-base-uncased").layers
     every = lora_trainable_params(
-        layers, LoraConfig(r=8, target_modules=("q_proj",), bias=LoraBias.ALL)
-    )
+        layers, LoraConfig(r=8, target_modules=("query",), bias=LoraBias.ALL)
+    )  # BERT's names (modeling_bert.py): q_proj matches nothing there, as in PEFT
     adapters = 12 * 8 * (768 + 768)
     # per block: q k v o (4 x 768), intermediate 3072 + output 768, two layernorms (2 x 768);
     # the embeddings' layernorm 768 and the pooler 768
@@ -222,9 +221,10 @@ def test_lora_under_autocast_caches_only_the_adapters_casts() -> None:
     assert lines["adapter_activations"] == 64 * (512 * 4096 * 2 + 512 * 8 * 2)
 
 
-def test_lora_is_a_training_option() -> None:
-    with pytest.raises(MemoryInputError):
+def test_lora_at_inference_must_say_whether_it_is_merged() -> None:
+    with pytest.raises(LoraError) as caught:
         MemoryRequest(mode=Mode.INFERENCE, lora=LoraConfig(r=8, target_modules=("q_proj",)))
+    assert caught.value.pointer == "/lora"
 
 
 def test_bias_all_leaves_qwen3_q_norm_and_k_norm_frozen() -> None:

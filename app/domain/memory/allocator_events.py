@@ -159,6 +159,10 @@ def step_allocator_events(
         ("weights", weight, model_shard),
         lambda: _weight_events(analysis, weight, model_shard),
     )
+    if e.weight_tensors is not None:  # QLoRA: the 4-bit base's own tensors, per layer
+        sized = [size for sizes in e.weight_tensors for size in sizes]
+        replayed = tuple(zip(repeat("alloc"), range(len(sized)), sized, strict=False))
+        weights = _WeightEvents(list(e.weight_tensors), replayed, EventsKey(replayed))
     events: list[Event] = list(weights.events)
     add = events.append
     flat = [size for sizes in weights.sizes for size in sizes]

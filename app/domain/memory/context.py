@@ -14,6 +14,7 @@ from app.domain.memory.liveness import Peak, StoragePlan
 from app.domain.memory.memo import PlanMemo
 from app.domain.memory.request import MemoryRequest
 from app.domain.peft import LoraPlan
+from app.domain.peft.qlora import QuantizedBase
 
 
 @dataclass(slots=True)
@@ -63,6 +64,8 @@ class Estimation:
     lora: LoraPlan | None = None  # training with LoRA: what the adapters adapt and train
     grad_tensors: list[list[int]] | None = None  # LoRA: per layer, its trainable tensors' bytes
     cast_tensors: list[list[int]] | None = None  # LoRA: per layer, autocast's copies of them
+    qlora: QuantizedBase | None = None  # QLoRA: the 4-bit base's modules and bytes
+    weight_tensors: list[list[int]] | None = None  # QLoRA: per layer, the base's tensors' bytes
 
 
 @dataclass(frozen=True, slots=True)

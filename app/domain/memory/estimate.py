@@ -34,6 +34,7 @@ from fractions import Fraction
 from typing import Any
 
 from app.domain.graph.analysis import GraphAnalysis, InputDecl, analyze
+from app.domain.memory.adapters import qlora_weights
 from app.domain.memory.context import Estimation
 from app.domain.memory.cuda_allocator import ReplayMemo
 from app.domain.memory.cuda_runtime import (
@@ -67,6 +68,7 @@ from app.domain.memory.result import (
     breakdown,
 )
 from app.domain.peft import lora_plan
+from app.domain.peft.qlora import check_qlora
 from app.domain.precision import CONVENTIONS, bytes_per_element, convention
 from app.domain.workload import Logits, Mode, Parallelism, Runtime
 
@@ -174,6 +176,8 @@ def estimate_memory(
     dtype; 8-bit Adam 2 B; Adafactor rows + cols), sharded by ZeRO-1+.
     KV cache (inference): 2 x layers x kv_heads x head_dim x seq x batch x bytes.
     """
+    if request.lora is not None and request.lora.qlora is not None:
+        check_qlora(request.lora.qlora, request.precision)  # before the precision's own check
     _check_request(analysis, request)
     training = request.mode is Mode.TRAINING
     plan = precision_plan(request.precision)
@@ -204,6 +208,8 @@ def estimate_memory(
     )
     if request.lora is not None:
         e.lora = lora_plan(analysis.layers, request.lora)
+        if request.lora.qlora is not None:  # a 4-bit base: the weights line is its bytes
+            qlora_weights(e)
     if training:
         first_moments, steady_moments = training_moments(e)
     else:
@@ -230,7 +236,7 @@ def estimate_memory(
         runtime=request.runtime,
         params=params,
         trainable_params=(
-            e.lora.trainable_params if e.lora is not None else params if training else 0
+            (e.lora.trainable_params if e.lora is not None else params) if training else 0
         ),
         lines=lines,
         peak_bytes=sum(parts.values()),
@@ -239,7 +245,9 @@ def estimate_memory(
         first_iteration_peak_bytes=first_peak.total + extra if first_peak else None,
         first_iteration_peak_phase=first_peak.phase if first_peak else None,
         seed_rule_bytes=(
-            weights + seed if (seed := seed_rule(analysis, sizer)) is not None else None
+            lines_static["weights"] + seed
+            if (seed := seed_rule(analysis, sizer)) is not None
+            else None
         ),
         layers=layers_view,
         assumptions=tuple(assumptions),

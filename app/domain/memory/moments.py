@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from fractions import Fraction
 
+from app.domain.memory.adapters import adapter_transient, dora_saved, inference_adapters
 from app.domain.memory.context import Estimation, Moment, StepTensors, moment_at
 from app.domain.memory.formulas import (
     PrecisionPlan,
@@ -109,12 +110,13 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
         if accumulate
         else layer_gradient_bytes(analysis, grad_element, grad_shard)
     )
-    adapter_saved = 0
+    adapter_saved = adapter_temp = 0
     if lora is not None:
         adapter_weights = _lora_static(e, lora, grad_element, grad_shard, model_shard)
         base["adapter_weights"] = adapter_weights
         lines_static = {**lines_static, "adapter_weights": adapter_weights}
         adapter_saved = _lora_saved(e, lora, recompute)
+        adapter_temp = adapter_transient(e, lora)  # QLoRA dequantization, DoRA weight norm
     timeline = build_timeline(storage_plan)
     fwd_peak, end_bytes = forward_peak(storage_plan, timeline, input_bytes(analysis, storage_plan))
     fwd_end = Peak(activations=end_bytes)
@@ -134,6 +136,7 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
         if steady:
             static["optimizer_state"] = state_bytes
         kept = {**static, "adapter_activations": adapter_saved} if adapter_saved else static
+        kept = {**kept, "adapter_transient": adapter_temp} if adapter_temp else kept
         moments = [
             moment_at("forward", kept, fwd_peak, 0),
             moment_at("forward", kept, fwd_end, loss),
@@ -190,7 +193,7 @@ def _lora_static(
 ) -> int:
     """The adapters' weights line (fp32), with the trainable copies of modules_to_save at the
     base's bytes per weight, and the per-layer trainable tensors the allocator replays."""
-    adapter = lora.adapter_params + lora.bias_params
+    adapter = lora.adapter_params + lora.magnitude_params + lora.bias_params
     saved = lora.saved_params
     total = ceil_fraction(Fraction(adapter * 4, model_shard) + saved * e.plan.weight / model_shard)
     num, den = grad_element.numerator, grad_element.denominator * grad_shard
@@ -199,9 +202,7 @@ def _lora_static(
     cast = e.plan.weight_cache  # autocast caches casts of leaf tensors that require grad
     r = e.request.lora.r if e.request.lora is not None else 0
     trainable = [
-        (module.layer, numel)
-        for module in lora.modules
-        for numel in (r * module.in_features, r * module.out_features)
+        (module.layer, numel) for module in lora.modules for numel in lora.module_params(module, r)
     ]
     trainable += [
         (index, math.prod(shape))
@@ -215,6 +216,7 @@ def _lora_static(
     e.cast_tensors = casts
     e.grad_tensors = tensors
     words = f"{adapter:,} [adapter params: r x (in + out) per adapted layer"
+    words += ", + out per layer for DoRA's magnitude" if lora.magnitude_params else ""
     words += ", trainable biases" if lora.bias_params else ""
     words += "] x 4 [B fp32]"
     if saved:
@@ -284,6 +286,10 @@ def _lora_saved(e: Estimation, lora: LoraPlan, recompute: dict[str, int]) -> int
         terms.append(f"rows x in x {copy} [B: lora_A keeps {rule}]")
     if mask:
         terms.append(f"rows x in x 1 [B: dropout mask, lora_dropout={config.dropout}]")
+    if config.use_dora:
+        dora, dora_terms = dora_saved(e, lora, recompute)
+        total += dora
+        terms.append(dora_terms)
     e.formulas["adapter_activations"] = f"sum over {where} of ({' + '.join(terms)}) = {total:,} B"
     return total
 
@@ -328,7 +334,7 @@ def _fsdp_buffers(e: Estimation, grad_element: Fraction) -> int:
         widest = max(units, key=lambda name: units[name])
         r = e.request.lora.r if e.request.lora is not None else 0
         trainable = sum(
-            r * (m.in_features + m.out_features) for m in lora.modules if unit_of[m.layer] == widest
+            sum(lora.module_params(m, r)) for m in lora.modules if unit_of[m.layer] == widest
         ) + sum(
             math.prod(shape)
             for index, layer_shapes in zip(lora.saved_layers, lora.saved_shapes, strict=True)
@@ -353,6 +359,8 @@ def inference_moments(e: Estimation) -> list[Moment]:
     analysis, request, storage_plan = e.analysis, e.request, e.storage_plan
     formulas, assumptions, par = e.formulas, e.assumptions, request.parallelism
     static = {**e.static, "inputs": e.inputs_bytes}
+    if e.lora is not None:  # served with LoRA adapters, merged or beside the base
+        static.update(inference_adapters(e, e.lora))
     kv = 0
     if not analysis.is_decoder and request.kv_cache is not False:
         assumptions.append(

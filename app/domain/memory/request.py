@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from app.domain.hardware import FrameworkOverhead
-from app.domain.peft import LoraConfig
+from app.domain.peft import LoraConfig, check_lora_mode
 from app.domain.precision import Precision
 from app.domain.workload import (
     Attention,
@@ -48,5 +48,5 @@ class MemoryRequest:
         steps = self.accumulation_steps
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise MemoryInputError(f"accumulation_steps must be an integer >= 1, got {steps!r}")
-        if self.lora is not None and self.mode is not Mode.TRAINING:
-            raise MemoryInputError("lora is a training option: the mode must be training")
+        if self.lora is not None:  # merged exactly at inference
+            check_lora_mode(self.lora, training=self.mode is Mode.TRAINING)

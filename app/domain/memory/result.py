@@ -91,7 +91,8 @@ class CudaMemory:
 LINE_ORDER = (
     "weights", "adapter_weights", "master_weights", "weight_cast_cache", "gradients",
     "ddp_buckets", "fsdp_buffers", "optimizer_state", "buffers", "inputs", "outputs",
-    "activations", "adapter_activations", "loss", "transient", "kv_cache", "workspace",
+    "activations", "adapter_activations", "adapter_transient", "loss", "transient", "kv_cache",
+    "workspace",
     "allocator_rounding", "fragmentation_reserve", "cuda_context",
 )  # fmt: skip
 

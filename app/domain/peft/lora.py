@@ -25,14 +25,33 @@ The rules, as the library's code has them (huggingface/peft):
   ``"lora_only"`` the biases of the adapted layers;
 * ``src/peft/utils/other.py`` ``ModulesToSaveWrapper``: a trainable copy of each module whose
   name ends with an entry of ``modules_to_save``;
+* ``src/peft/tuners/lora/dora.py`` ``DoraLinearLayer`` (``use_dora=True``): a trainable
+  ``lora_magnitude_vector`` of out_features elements per adapted Linear, initialised to the
+  row norms of the base weight;
 * adapters are kept in fp32 when the base is fp16 / bf16 (``autocast_adapter_dtype=True``,
   the default of ``get_peft_model``).
 
-The graph's attention op holds its q/k/v/o projections and the MLP op its gate/up/down
-projections internally: they are the Linear modules ``<layer>.q_proj`` ... ``<layer>.o_proj``
-and ``<layer>.gate_proj``, ``<layer>.up_proj``, ``<layer>.down_proj`` (Llama's names, which
-Mistral, Qwen2 and Gemma share; an ungated MLP has ``up_proj`` and ``down_proj``), each a
-Linear of the shape its weight has in the op.
+The graph's attention op holds its q/k/v/o projections and the MLP op its projections
+internally; they are named as the model family's transformers modeling file names them
+(:data:`NAMINGS`, chosen from the importer's layer names by :func:`module_naming`):
+
+* Llama (and Mistral, Qwen2/3, Gemma, Granite, Phi-3 ...): ``<layer>.q_proj`` ...
+  ``<layer>.o_proj``, ``<layer>.gate_proj`` / ``up_proj`` / ``down_proj`` (an ungated MLP
+  ``up_proj`` and ``down_proj``) - ``models/llama/modeling_llama.py``;
+* GPT-2 / GPTBigCode (first layer ``wte``): one fused ``c_attn`` (in d, out q + k + v: a
+  Conv1D in GPT-2, which PEFT adapts as a Linear with ``fan_in_fan_out``), ``attn.c_proj``,
+  ``mlp.c_fc`` and ``mlp.c_proj`` - ``models/gpt2/modeling_gpt2.py``;
+* BERT / RoBERTa (``word_embeddings`` and ``encoder.<i>`` blocks): ``attention.self.query``,
+  ``.key``, ``.value``, ``attention.output.dense``, ``intermediate.dense``, ``output.dense``
+  and ``pooler.dense`` - ``models/bert/modeling_bert.py``;
+* T5 (``shared`` and ``block.<i>``): ``SelfAttention.q`` / ``k`` / ``v`` / ``o``,
+  ``DenseReluDense.wi`` / ``wo`` (gated: ``wi_0``, ``wi_1``, ``wo``) -
+  ``models/t5/modeling_t5.py``.
+
+A module's qualified name is ``<graph layer>.<name>`` (``h.0.attn.c_attn``,
+``encoder.0.attn.self.query``, ``block.0.attn.q``): a list ``target_modules`` matches on the
+last components as PEFT's rule does; ``target_regex`` sees these names. Target kinds follow
+the op a module belongs to (attention or MLP), whatever the family calls it.
 """
 
 from __future__ import annotations
@@ -42,11 +61,24 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 from app.domain.graph.analysis import LayerAnalysis
-from app.domain.workload import WorkloadInputError
+from app.domain.workload import (  # re-exported: the rules live beside the workload
+    INFERENCE_NEEDS_MERGED as INFERENCE_NEEDS_MERGED,
+)
+from app.domain.workload import LoraError as LoraError
+from app.domain.workload import check_lora_mode as check_lora_mode
+
+if TYPE_CHECKING:  # qlora imports this module
+    from app.domain.peft.qlora import QloraConfig
 
 __all__ = [
+    "NAMINGS",
+    "ModuleNaming",
+    "module_naming",
+    "output_head",
+    "check_lora_mode",
     "LoraBias",
     "LoraConfig",
     "LoraError",
@@ -57,14 +89,6 @@ __all__ = [
     "lora_plan",
     "lora_trainable_params",
 ]
-
-
-class LoraError(WorkloadInputError):
-    """A LoRA configuration that does not apply to the model; ``field`` names the option."""
-
-    def __init__(self, message: str, field: str) -> None:
-        super().__init__(message)
-        self.field = field
 
 
 class LoraBias(StrEnum):
@@ -78,14 +102,73 @@ class LoraBias(StrEnum):
 class LoraKind(StrEnum):
     """Target modules chosen by kind instead of by name."""
 
-    ATTENTION = "attention"  # q_proj, k_proj, v_proj, o_proj
-    MLP = "mlp"  # gate_proj, up_proj, down_proj
+    ATTENTION = "attention"  # the attention op's projections (q_proj ... o_proj, c_attn ...)
+    MLP = "mlp"  # the MLP op's (gate_proj, up_proj, down_proj; c_fc, c_proj; wi, wo ...)
     ALL_LINEAR = "all-linear"  # PEFT's shorthand: every Linear but the output head
 
 
-_ATTENTION_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj")
-_GATED_MLP_NAMES = ("gate_proj", "up_proj", "down_proj")
-_PLAIN_MLP_NAMES = ("up_proj", "down_proj")
+@dataclass(frozen=True, slots=True)
+class ModuleNaming:
+    """How a model family names the Linear modules inside the graph's attention and MLP ops
+    (transformers' modeling files); ``fused_qkv``: q, k and v are one Linear (GPT-2's
+    ``c_attn``), out_features their sum."""
+
+    family: str
+    attention: tuple[str, str, str, str]  # q, k, v, o (fused: qkv, "", "", o)
+    gated_mlp: tuple[str, str, str]  # gate, up, down
+    plain_mlp: tuple[str, str]  # up, down
+    fused_qkv: bool = False
+    standalone: tuple[tuple[str, str], ...] = ()  # (graph layer, module leaf) of Linear layers
+    keep_in_fp32: tuple[str, ...] = ()  # the model class's _keep_in_fp32_modules
+
+
+NAMINGS: dict[str, ModuleNaming] = {
+    "llama": ModuleNaming(
+        "llama",
+        ("q_proj", "k_proj", "v_proj", "o_proj"),
+        ("gate_proj", "up_proj", "down_proj"),
+        ("up_proj", "down_proj"),
+    ),
+    "gpt2": ModuleNaming(
+        "gpt2",
+        ("c_attn", "", "", "c_proj"),
+        ("c_fc", "c_fc2", "c_proj"),  # GPT-2 has no gated MLP; a placeholder never matched
+        ("c_fc", "c_proj"),
+        fused_qkv=True,
+    ),
+    "bert": ModuleNaming(
+        "bert",
+        ("self.query", "self.key", "self.value", "output.dense"),
+        ("intermediate.gate", "intermediate.dense", "output.dense"),  # BERT is ungated
+        ("intermediate.dense", "output.dense"),
+        standalone=(("pooler", "dense"),),
+    ),
+    "t5": ModuleNaming(
+        "t5",
+        ("q", "k", "v", "o"),
+        ("wi_0", "wi_1", "wo"),
+        ("wi", "wo"),
+        keep_in_fp32=("wo",),  # T5PreTrainedModel._keep_in_fp32_modules
+    ),
+}
+
+
+def module_naming(layers: Sequence[LayerAnalysis]) -> ModuleNaming:
+    """The family naming of a graph, read from the importer's layer names
+    (:mod:`app.importers.hf_config`): the first layer ``wte`` is GPT-2's (and GPTBigCode's)
+    token embedding, ``word_embeddings`` with ``encoder.<i>`` blocks BERT's / RoBERTa's,
+    ``shared`` with ``block.<i>`` T5's; any other graph uses Llama's names."""
+    names = [layer.name for layer in layers]
+    first = names[0] if names else ""
+    if first == "wte":
+        return NAMINGS["gpt2"]
+    if first == "word_embeddings" and any(n.startswith("encoder.") for n in names):
+        return NAMINGS["bert"]
+    if first == "shared" and any(n.startswith("block.") for n in names):
+        return NAMINGS["t5"]
+    return NAMINGS["llama"]
+
+
 _NORMS = frozenset({"layernorm", "batchnorm2d", "instancenorm3d"})  # weight, then bias
 _NOT_BIASES = frozenset({"rmsnorm", "tensor", "embedding", "embedding_add", "cls_token"})
 
@@ -103,6 +186,9 @@ class LoraConfig:
     dropout: float = 0.0
     bias: LoraBias = LoraBias.NONE
     modules_to_save: tuple[str, ...] = ()
+    use_dora: bool = False  # DoRA: a trainable magnitude vector per adapted Linear
+    qlora: QloraConfig | None = None  # a 4-bit bitsandbytes base (QLoRA)
+    merged: bool | None = None  # inference: after merge_and_unload (True) or beside (False)
 
     def __post_init__(self) -> None:
         if isinstance(self.r, bool) or not isinstance(self.r, int) or self.r < 1:
@@ -138,6 +224,7 @@ class LoraModule:
     bias: bool
     rows: int
     embedding: bool = False
+    kind: str = "linear"  # the op it belongs to: attention, mlp, linear, embedding
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,11 +238,18 @@ class LoraPlan:
     saved_layers: tuple[int, ...]  # the layers copied for modules_to_save
     saved_shapes: tuple[tuple[tuple[int, ...], ...], ...]  # their parameters' shapes
     adapter_shapes: tuple[tuple[int, ...], ...]  # every trainable tensor's shape
+    magnitude_params: int = 0  # DoRA: out_features per adapted Linear (lora_magnitude_vector)
 
     @property
     def trainable_params(self) -> int:
         """Trainable parameter elements, as PEFT's get_nb_trainable_parameters counts them."""
-        return self.adapter_params + self.bias_params + self.saved_params
+        return self.adapter_params + self.magnitude_params + self.bias_params + self.saved_params
+
+    def module_params(self, module: LoraModule, r: int) -> tuple[int, ...]:
+        """The trainable tensors' elements of one adapted module: lora_A, lora_B and (DoRA)
+        its magnitude vector."""
+        pair = (r * module.in_features, r * module.out_features)
+        return (*pair, module.out_features) if self.magnitude_params else pair
 
 
 def _rows(layer: LayerAnalysis) -> int:
@@ -177,7 +271,10 @@ def _is_bias(layer: LayerAnalysis, index: int, shape: tuple[int, ...]) -> bool:
 
 
 def linear_modules(layers: Sequence[LayerAnalysis]) -> list[LoraModule]:
-    """Every Linear (and embedding) module of the graph, by qualified name, in order."""
+    """Every Linear (and embedding) module of the graph, by qualified name, in order, named
+    as the family's modeling file names them (:func:`module_naming`)."""
+    naming = module_naming(layers)
+    standalone = dict(naming.standalone)
     modules: list[LoraModule] = []
     for index, layer in enumerate(layers):
         shapes = layer.result.param_shapes
@@ -186,33 +283,56 @@ def linear_modules(layers: Sequence[LayerAnalysis]) -> list[LoraModule]:
             out = layer.output_shape[-1]
             features = layer.flops // (2 * rows * out) if rows and out else 0
             has_bias = any(len(s) == 1 for s in shapes)
-            modules.append(LoraModule(layer.name, index, features, out, has_bias, rows))
+            leaf = standalone.get(layer.name)
+            name = f"{layer.name}.{leaf}" if leaf else layer.name
+            modules.append(LoraModule(name, index, features, out, has_bias, rows))
         elif layer.op in ("embedding", "embedding_add") and shapes:
             num, dim = shapes[0]
-            modules.append(LoraModule(layer.name, index, num, dim, False, rows, embedding=True))
-        elif layer.op in ("attention", "mlp"):
+            modules.append(
+                LoraModule(layer.name, index, num, dim, False, rows, True, kind="embedding")
+            )
+        elif layer.op == "attention":
+            modules += _attention_modules(layer, index, rows, naming)
+        elif layer.op == "mlp":
             matrices = [s for s in shapes if len(s) == 2]
-            biases = [s for s in shapes if len(s) == 1]
-            if layer.op == "attention":
-                names: Sequence[str] = _ATTENTION_NAMES
-                # biases: q, k, v (qkv_bias), then o (out_bias)
-                with_bias: tuple[bool, ...] = {
-                    0: (False,) * 4,
-                    1: (False, False, False, True),
-                    3: (True, True, True, False),
-                    4: (True,) * 4,
-                }[len(biases)]
-            else:
-                names = _GATED_MLP_NAMES if len(matrices) == 3 else _PLAIN_MLP_NAMES
-                with_bias = (bool(biases),) * len(matrices)
-            for name, (out, features), has_bias in zip(names, matrices, with_bias, strict=True):
+            biased = any(len(s) == 1 for s in shapes)
+            names: Sequence[str] = naming.gated_mlp if len(matrices) == 3 else naming.plain_mlp
+            for name, (out, features) in zip(names, matrices, strict=True):
                 modules.append(
-                    LoraModule(f"{layer.name}.{name}", index, features, out, has_bias, rows)
+                    LoraModule(
+                        f"{layer.name}.{name}", index, features, out, biased, rows, False, "mlp"
+                    )
                 )
     return modules
 
 
-def _output_head(layers: Sequence[LayerAnalysis], modules: Sequence[LoraModule]) -> str | None:
+def _attention_modules(
+    layer: LayerAnalysis, index: int, rows: int, naming: ModuleNaming
+) -> list[LoraModule]:
+    """The q, k, v, o Linear modules of an attention op (q, k, v fused into one under
+    ``naming.fused_qkv``, its out_features theirs summed)."""
+    shapes = layer.result.param_shapes
+    matrices = [s for s in shapes if len(s) == 2]
+    biases = [s for s in shapes if len(s) == 1]
+    # biases: q, k, v (qkv_bias), then o (out_bias)
+    with_bias: tuple[bool, ...] = {
+        0: (False,) * 4,
+        1: (False, False, False, True),
+        3: (True, True, True, False),
+        4: (True,) * 4,
+    }[len(biases)]
+    parts = list(zip(naming.attention, matrices, with_bias, strict=True))
+    if naming.fused_qkv:
+        qkv_out = sum(out for _, (out, _), _ in parts[:3])
+        features = parts[0][1][1]
+        parts = [(naming.attention[0], (qkv_out, features), with_bias[0]), parts[3]]
+    return [
+        LoraModule(f"{layer.name}.{name}", index, features, out, has_bias, rows, False, "attention")
+        for name, (out, features), has_bias in parts
+    ]
+
+
+def output_head(layers: Sequence[LayerAnalysis], modules: Sequence[LoraModule]) -> str | None:
     """The LM head (get_output_embeddings): the last Linear, when it is a layer of its own
     and its out_features is an embedding's vocabulary."""
     vocab = {m.in_features for m in modules if m.embedding}
@@ -226,14 +346,13 @@ def _output_head(layers: Sequence[LayerAnalysis], modules: Sequence[LoraModule])
 
 
 def _kind_matches(config: LoraConfig, module: LoraModule, head: str | None) -> bool:
-    leaf = module.name.rsplit(".", 1)[-1]
     kind = config.target_kind
     if module.embedding:
         return False
     if kind is LoraKind.ATTENTION:
-        return leaf in _ATTENTION_NAMES
+        return module.kind == "attention"
     if kind is LoraKind.MLP:
-        return leaf in _GATED_MLP_NAMES
+        return module.kind == "mlp"
     return module.name != head  # all-linear
 
 
@@ -257,7 +376,7 @@ def lora_plan(layers: Sequence[LayerAnalysis], config: LoraConfig) -> LoraPlan:
         or ``r`` exceeds an adapted layer's width min(in, out) (field ``r``).
     """
     modules = linear_modules(layers)
-    head = _output_head(layers, modules)
+    head = output_head(layers, modules)
     chosen = tuple(m for m in modules if _targeted(config, m, head))
     field = (
         "target_regex"
@@ -284,12 +403,21 @@ def lora_plan(layers: Sequence[LayerAnalysis], config: LoraConfig) -> LoraPlan:
                 f"out {module.out_features}): a rank above min(in, out) = {width} adds nothing",
                 "r",
             )
+    if config.use_dora and any(m.embedding for m in chosen):
+        raise LoraError(
+            "use_dora on an embedding is not modelled: target Linear modules only",
+            "use_dora",
+        )
     r = config.r
     shapes: list[tuple[int, ...]] = []
     for module in chosen:
         # lora_A: r x in, lora_B: out x r (embeddings: A r x num, B dim x r)
         shapes += [(r, module.in_features), (module.out_features, r)]
     adapter = sum(math.prod(s) for s in shapes)
+    magnitude = 0
+    if config.use_dora:  # src/peft/tuners/lora/dora.py DoraLinearLayer: weight of (out,)
+        shapes += [(m.out_features,) for m in chosen]
+        magnitude = sum(m.out_features for m in chosen)
     # a tied output head has no parameter of its own in the graph: PEFT's copy of it
     # (ModulesToSaveWrapper deep-copies the module) trains a whole out x in weight
     tied = {m.layer: (m.out_features, m.in_features) for m in modules if not m.embedding}
@@ -336,6 +464,7 @@ def lora_plan(layers: Sequence[LayerAnalysis], config: LoraConfig) -> LoraPlan:
         saved_layers=saved_layers,
         saved_shapes=tuple(saved_shapes.values()),
         adapter_shapes=tuple(shapes),
+        magnitude_params=magnitude,
     )
 
 

@@ -1,0 +1,119 @@
+"""LoRA and DoRA on GPT-2, BERT and T5 graphs as PEFT counts them (golden figures; the same
+configurations are checked against peft 0.21.2 itself by benchmarks/peft_params/count.py and
+its results.md)."""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+
+import pytest
+
+from app.config import PROJECT_ROOT
+from app.domain.graph.analysis import GraphAnalysis, analyze
+from app.domain.peft import (
+    LoraBias,
+    LoraConfig,
+    LoraError,
+    LoraKind,
+    linear_modules,
+    lora_trainable_params,
+    module_naming,
+)
+from app.importers.hf_config import import_hf_config
+
+HF_CONFIGS = PROJECT_ROOT / "tests" / "fixtures" / "hf_configs"
+
+
+@cache
+def _hf(name: str) -> GraphAnalysis:
+    graph = import_hf_config(json.loads((HF_CONFIGS / f"{name}.json").read_text()))
+    bindings = {**graph.default_bindings, "batch": 1, "seq": 8}
+    return analyze(graph.inputs, graph.layers, bindings, training=True)
+
+
+def test_each_family_gets_its_modeling_files_names() -> None:
+    assert module_naming(_hf("gpt2").layers).family == "gpt2"
+    assert module_naming(_hf("bert-base-uncased").layers).family == "bert"
+    assert module_naming(_hf("roberta-base").layers).family == "bert"
+    assert module_naming(_hf("t5-small-encoder").layers).family == "t5"
+    assert module_naming(_hf("llama-2-7b").layers).family == "llama"
+    names = {m.name for m in linear_modules(_hf("gpt2").layers)}
+    assert {"h.0.attn.c_attn", "h.0.attn.c_proj", "h.0.mlp.c_fc", "h.0.mlp.c_proj"} <= names
+    names = {m.name for m in linear_modules(_hf("bert-base-uncased").layers)}
+    assert {"encoder.0.attn.self.query", "encoder.0.attn.output.dense"} <= names
+    assert {"encoder.0.mlp.intermediate.dense", "encoder.0.mlp.output.dense"} <= names
+    assert "pooler.dense" in names
+    names = {m.name for m in linear_modules(_hf("flan-t5-base-encoder").layers)}
+    assert {"block.0.attn.q", "block.0.attn.o", "block.0.mlp.wi_0", "block.0.mlp.wo"} <= names
+
+
+def test_gpt2_c_attn_is_one_fused_linear() -> None:
+    # Conv1D(768 -> 2304): lora_A 8 x 768, lora_B 2304 x 8, 12 blocks
+    modules = {m.name: m for m in linear_modules(_hf("gpt2").layers)}
+    assert (modules["h.0.attn.c_attn"].in_features, modules["h.0.attn.c_attn"].out_features) == (
+        768,
+        2304,
+    )
+    layers = _hf("gpt2").layers
+    assert lora_trainable_params(layers, LoraConfig(r=8, target_modules=("c_attn",))) == 294_912
+    assert 12 * 8 * (768 + 2304) == 294_912
+    # c_proj is the attention's output and the MLP's down projection, as in modeling_gpt2.py
+    both = LoraConfig(r=16, target_modules=("c_attn", "c_proj"))
+    assert lora_trainable_params(layers, both) == 12 * 16 * (3072 + 1536 + 3840) == 1_622_016
+    lora_only = LoraConfig(r=8, target_modules=("c_attn",), bias=LoraBias.LORA_ONLY)
+    assert lora_trainable_params(layers, lora_only) == 294_912 + 12 * 2304
+
+
+@pytest.mark.parametrize(
+    ("slug", "config", "expected"),
+    [
+        ("gpt2", LoraConfig(r=16, target_kind=LoraKind.ALL_LINEAR), 2_359_296),
+        ("gpt2", LoraConfig(r=8, target_kind=LoraKind.ATTENTION), 442_368),
+        ("gpt2", LoraConfig(r=8, target_kind=LoraKind.MLP), 737_280),
+        ("gpt2", LoraConfig(r=8, target_modules=("c_attn",), use_dora=True), 322_560),
+        ("bert-base-uncased", LoraConfig(r=8, target_modules=("query", "value")), 294_912),
+        (
+            "bert-base-uncased",
+            LoraConfig(r=16, target_modules=("query", "key", "value", "dense")),
+            2_678_784,
+        ),
+        ("bert-base-uncased", LoraConfig(r=16, target_kind=LoraKind.ALL_LINEAR), 2_678_784),
+        ("bert-base-uncased", LoraConfig(r=8, target_kind=LoraKind.MLP), 737_280),
+        (
+            "bert-base-uncased",
+            LoraConfig(r=8, target_modules=("query", "value"), bias=LoraBias.ALL),
+            397_824,
+        ),
+        ("t5-small-encoder", LoraConfig(r=8, target_modules=("q", "v")), 98_304),
+        ("t5-small-encoder", LoraConfig(r=16, target_kind=LoraKind.ALL_LINEAR), 884_736),
+        ("t5-small-encoder", LoraConfig(r=8, target_modules=("q", "v"), use_dora=True), 104_448),
+        ("flan-t5-base-encoder", LoraConfig(r=8, target_kind=LoraKind.MLP), 811_008),
+        ("flan-t5-base-encoder", LoraConfig(r=32, target_kind=LoraKind.ATTENTION), 2_359_296),
+    ],
+)
+def test_family_counts_are_peft_figures(slug: str, config: LoraConfig, expected: int) -> None:
+    # pinned from peft 0.21.2 (benchmarks/peft_params/results.md)
+    assert lora_trainable_params(_hf(slug).layers, config) == expected
+
+
+def test_bert_all_linear_is_every_dense_with_the_pooler() -> None:
+    # BertModel has no output embedding: all-linear adapts the pooler's dense too
+    per_block = 4 * (768 + 768) + (768 + 3072) + (3072 + 768)
+    expected = 16 * (12 * per_block + 768 + 768)
+    config = LoraConfig(r=16, target_kind=LoraKind.ALL_LINEAR)
+    assert lora_trainable_params(_hf("bert-base-uncased").layers, config) == expected
+
+
+def test_dora_adds_out_features_per_adapted_linear() -> None:
+    layers = _hf("llama-2-7b").layers
+    plain = lora_trainable_params(layers, LoraConfig(r=8, target_modules=("q_proj", "v_proj")))
+    dora = LoraConfig(r=8, target_modules=("q_proj", "v_proj"), use_dora=True)
+    assert lora_trainable_params(layers, dora) == plain + 32 * 2 * 4096 == 4_456_448
+
+
+def test_llama_names_match_nothing_on_gpt2() -> None:
+    with pytest.raises(LoraError) as caught:
+        lora_trainable_params(_hf("gpt2").layers, LoraConfig(target_modules=("q_proj",)))
+    assert caught.value.field == "target_modules"
+    assert "c_attn" in str(caught.value)
