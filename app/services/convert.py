@@ -37,6 +37,8 @@ from app.domain.workload import (
     GpuTraits,
     Parallelism,
     Runtime,
+    TrainingOptionError,
+    TrainingOptions,
     WorkloadInputError,
 )
 from app.domain.workload import WorkloadSpec as DomainWorkloadSpec
@@ -462,9 +464,17 @@ def domain_workload(spec: WorkloadInput, runtime: Runtime | None = None) -> Doma
             logits=spec.logits,
             runtime=runtime,
             lora=domain_lora(spec.lora),
+            training_options=TrainingOptions(
+                optimizer_in_backward=spec.optimizer_in_backward,
+                loss_chunks=spec.loss_chunks,
+                tokens_per_batch=spec.tokens_per_batch,
+                keep_gradients=spec.keep_gradients,
+            ),
         )
     except LoraError as exc:
         raise InvalidInput(str(exc), pointer=f"/lora/{exc.field}") from exc
+    except TrainingOptionError as exc:  # the training option that contradicts another
+        raise InvalidInput(str(exc), pointer=f"/{exc.field}") from exc
     except WorkloadInputError as exc:
         raise InvalidInput(str(exc)) from exc
 
