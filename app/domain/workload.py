@@ -362,6 +362,7 @@ DEFAULTS: tuple[DefaultRule, ...] = (
     DefaultRule("tokens_per_batch", "none: batch x sequence_length, padded",
                 "training; packed documents when set"),
     DefaultRule("keep_gradients", "false: zero_grad(set_to_none=True)", "PyTorch 2.x default"),
+    DefaultRule("activation_offload", "false", "training on CUDA"),
 )  # fmt: skip
 
 DEFAULT_SAFETY_MARGIN_FRACTION = 0.05
@@ -393,13 +394,15 @@ class TrainingOptions:
     ``CEWithChunkedOutputLoss`` (the output head and the fp32 cross-entropy per chunk of
     tokens); None: Hugging Face's whole-sequence loss. ``tokens_per_batch``: packed documents,
     one row of that many tokens per micro-batch (flash varlen, no padding). ``keep_gradients``:
-    ``zero_grad(set_to_none=False)``, gradients live between steps.
+    ``zero_grad(set_to_none=False)``, gradients live between steps. ``activation_offload``:
+    tensors saved for backward kept in pinned host memory (torchtune ``OffloadActivations``).
     """
 
     optimizer_in_backward: bool = False
     loss_chunks: int | None = None
     tokens_per_batch: int | None = None
     keep_gradients: bool = False
+    activation_offload: bool = False
 
     def used(self) -> list[str]:
         """The options set away from their defaults."""
@@ -410,6 +413,7 @@ class TrainingOptions:
                 ("loss_chunks", self.loss_chunks is not None),
                 ("tokens_per_batch", self.tokens_per_batch is not None),
                 ("keep_gradients", self.keep_gradients),
+                ("activation_offload", self.activation_offload),
             )
             if value
         ]
@@ -445,6 +449,12 @@ class TrainingOptions:
                 "keep_gradients keeps every gradient between steps; optimizer_in_backward frees "
                 "each one in its hook",
                 field="keep_gradients",
+            )
+        if runtime is Runtime.CPU and self.activation_offload:
+            raise TrainingOptionError(
+                "activation_offload moves saved tensors from the GPU to the host: the runtime "
+                "is pytorch_cpu",
+                field="activation_offload",
             )
 
 

@@ -314,6 +314,17 @@ class WorkloadInput(Schema):
         examples=[False],
     )
 
+    activation_offload: bool = Field(
+        default=False,
+        description="Training on CUDA: tensors saved for backward are copied to pinned host "
+        "memory (torchtune `OffloadActivations`, `torch.autograd.graph.save_on_cpu`); the GPU "
+        "keeps a kept tensor until the forward no longer reads it and one layer more (the copy "
+        "stream), and in backward the tensors of the layer running and of the one prefetched; "
+        "the pinned host memory is the `host_memory` line `offloaded_activations`. A 422 on a "
+        "CPU runtime.",
+        examples=[False],
+    )
+
     @model_validator(mode="after")
     def _one_model(self) -> Self:
         one_model_rule(type(self).__name__, self.model, self.architecture)
@@ -346,6 +357,7 @@ _TRAINING_OPTIONS = (
     "loss_chunks",
     "tokens_per_batch",
     "keep_gradients",
+    "activation_offload",
 )
 
 
@@ -602,8 +614,8 @@ class MemoryEstimateResponse(Schema):
     host_memory: list[BreakdownLine] = Field(
         default_factory=list,
         description="Host (CPU) memory the step holds beside the device peak, not part of "
-        "peak_bytes: paged optimizer state (paged_adamw_*: unified memory evicted to the host "
-        "under pressure).",
+        "peak_bytes: pinned activations (activation_offload), paged optimizer state "
+        "(paged_adamw_*: unified memory evicted to the host under pressure).",
     )
     fit: FitSummary | None = Field(default=None, description="Fit against `hardware`.")
     layers: list[LayerRow] | None = Field(

@@ -469,6 +469,7 @@ def domain_workload(spec: WorkloadInput, runtime: Runtime | None = None) -> Doma
                 loss_chunks=spec.loss_chunks,
                 tokens_per_batch=spec.tokens_per_batch,
                 keep_gradients=spec.keep_gradients,
+                activation_offload=spec.activation_offload,
             ),
         )
     except LoraError as exc:

@@ -108,6 +108,28 @@ def test_keep_gradients(client: ApiClient) -> None:
     assert kept["phase_peaks"]["forward"] - freed["phase_peaks"]["forward"] == 2 * 4096 * 1024 * 4
 
 
+def test_activation_offload_reports_pinned_host_memory(client: ApiClient) -> None:
+    deep = {
+        **FC,
+        "architecture": {
+            "inputs": [{"name": "x", "shape": [64, 1024]}],
+            "layers": [
+                {"name": f"fc{i}", "op": "linear", "out_features": 1024, "bias": False}
+                for i in range(4)
+            ],
+        },
+        "runtime": "pytorch_cuda",
+        "optimizer": "sgd",
+    }
+    body = _post(client, {**deep, "activation_offload": True})
+    plain = _post(client, deep)
+    # fc1..fc3's outputs (64 x 1,024 x 4 B each) are pinned on the host
+    assert [(line["key"], line["bytes"]) for line in body["host_memory"]] == [
+        ("offloaded_activations", 3 * 64 * 1024 * 4)
+    ]
+    assert plain["phase_peaks"]["forward"] - body["phase_peaks"]["forward"] == 64 * 1024 * 4
+
+
 @pytest.mark.parametrize(
     ("body", "pointer", "fragment"),
     [
@@ -136,6 +158,7 @@ def test_keep_gradients(client: ApiClient) -> None:
         ),
         ({**LM, "tokens_per_batch": 512, "sequence_length": 1024}, "/tokens_per_batch", "exceeds"),
         ({**FC, "tokens_per_batch": 512}, "/tokens_per_batch", "seq"),
+        ({**FC, "activation_offload": True}, "/activation_offload", "pytorch_cpu"),
     ],
 )
 def test_contradictory_training_options_are_422(

@@ -69,6 +69,7 @@ class Estimation:
     in_backward_step: tuple[int, int, str] | None = None
     loss_transient: dict[str, tuple[int, str]] = field(default_factory=dict)  # at -> bytes, words
     host: dict[str, int] = field(default_factory=dict)  # host (or unified) memory lines [B]
+    offload_terms: dict[str, list[tuple[int, str]]] = field(default_factory=dict)  # at -> terms
 
 
 @dataclass(frozen=True, slots=True)

@@ -219,7 +219,15 @@ def explain_peak(e: Estimation, peak: Moment, parts: Mapping[str, int]) -> None:
             parts["buffers"],
             "B",
         )
-    if "activations" in parts:
+    offload = e.offload_terms.get("end" if peak.at == "loss" else peak.at)
+    if "activations" in parts and offload is not None:
+        held = list(offload)
+        if "outputs" in parts:  # the output is its own line at a backward peak
+            held[0] = (held[0][0] - parts["outputs"], "B: the model's inputs, held by the caller")
+        formulas["activations"] = f"[{where}, activation_offload] " + _sum(
+            [_term(size, words) for size, words in held], parts["activations"], "B: none"
+        )
+    elif "activations" in parts:
         exclude = analysis.output_storage if "outputs" in parts else None
         formulas["activations"] = f"[{where}] " + _sum(
             _live_groups(e, "end" if peak.at == "loss" else peak.at, peak.index, exclude),

@@ -33,6 +33,7 @@ from app.domain.memory.liveness import (
     forward_peak,
     input_bytes,
     layer_gradient_bytes,
+    offload_peaks,
 )
 from app.domain.memory.memo import layer_totals, memoised
 from app.domain.peft import LoraPlan
@@ -131,6 +132,31 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
     fwd_peak, end_bytes = forward_peak(storage_plan, timeline, input_bytes(analysis, storage_plan))
     fwd_end = Peak(activations=end_bytes)
     bwd_peak = backward_peak(analysis, storage_plan, timeline, end_bytes, grad_layers, recompute)
+    if options.activation_offload:
+        off = offload_peaks(
+            analysis, storage_plan, input_bytes(analysis, storage_plan), grad_layers, recompute
+        )
+        fwd_peak, fwd_end, bwd_peak = off.forward, off.end, off.backward
+        end_bytes = off.end.activations
+        e.offload_terms = off.terms
+        if off.host_bytes:
+            e.host["offloaded_activations"] = off.host_bytes
+            e.formulas["offloaded_activations"] = (
+                f"{off.host_bytes:,} [B: pinned host copies of the {off.offloaded:,} tensors "
+                f"kept for backward] = {off.host_bytes:,} B"
+            )
+            e.notes["offloaded_activations"] = [
+                "torchtune OffloadActivations (use_pin_memory=True): pinned CPU memory, held "
+                "from the forward until each tensor's backward; not GPU memory"
+            ]
+        assumptions.append(
+            "activation_offload: tensors kept for backward are copied to pinned host memory "
+            "(torchtune OffloadActivations / torch.autograd.graph.save_on_cpu); on the GPU a "
+            "kept tensor stays while the forward reads it and one layer more (the copy in "
+            "flight), and comes back for the backward of the layer after its last keeper "
+            "(prefetch) until its earliest keeper's backward; the allocator replay "
+            "(allocator_rounding, fragmentation_reserve) does not model the offload"
+        )
     loss_moments: list[Peak] = []
     if options.loss_chunks is not None:
         fwd_end, loss_moments = _chunked_loss(e, end_bytes, loss, options.loss_chunks)
