@@ -291,7 +291,11 @@ def _deep() -> GraphAnalysis:
 
 
 def test_activation_offload_golden() -> None:
-    request = {"mode": Mode.TRAINING, "precision": Precision.FP32, "optimizer": Optimizer.SGD}
+    request: dict[str, Any] = {
+        "mode": Mode.TRAINING,
+        "precision": Precision.FP32,
+        "optimizer": Optimizer.SGD,
+    }
     offload = estimate_memory(
         _deep(),
         MemoryRequest(**request, training_options=TrainingOptions(activation_offload=True)),
