@@ -105,6 +105,9 @@ class Parallelism:
     # DistributedDataParallel(gradient_as_bucket_view=...): gradients are views into the
     # communication buckets instead of a second copy (PyTorch's default: False).
     gradient_as_bucket_view: bool = False
+    # FSDP CPUOffload(offload_params=True) / DeepSpeed ZeRO-3 offload_param + offload_optimizer:
+    # parameters, gradients and optimizer state live on the host; the GPU gathers one unit.
+    cpu_offload: bool = False
 
     def __post_init__(self) -> None:
         # The estimate divides by these degrees.
@@ -116,6 +119,11 @@ class Parallelism:
                 )
         if self.zero_stage not in (0, 1, 2, 3):
             raise WorkloadInputError(f"parallelism.zero_stage must be 0-3, got {self.zero_stage!r}")
+        if self.cpu_offload and self.zero_stage != 3:
+            raise TrainingOptionError(
+                "parallelism.cpu_offload offloads a sharded model: it needs zero_stage 3 (FSDP)",
+                field="parallelism/cpu_offload",
+            )
 
 
 class Attention(StrEnum):
@@ -363,6 +371,7 @@ DEFAULTS: tuple[DefaultRule, ...] = (
                 "training; packed documents when set"),
     DefaultRule("keep_gradients", "false: zero_grad(set_to_none=True)", "PyTorch 2.x default"),
     DefaultRule("activation_offload", "false", "training on CUDA"),
+    DefaultRule("parallelism.cpu_offload", "false", "ZeRO-3 / FSDP on CUDA"),
 )  # fmt: skip
 
 DEFAULT_SAFETY_MARGIN_FRACTION = 0.05
@@ -449,6 +458,17 @@ class TrainingOptions:
                 "keep_gradients keeps every gradient between steps; optimizer_in_backward frees "
                 "each one in its hook",
                 field="keep_gradients",
+            )
+        if runtime is Runtime.CPU and parallelism.cpu_offload:
+            raise TrainingOptionError(
+                "parallelism.cpu_offload moves state from the GPU to the host: the runtime is "
+                "pytorch_cpu",
+                field="parallelism/cpu_offload",
+            )
+        if parallelism.cpu_offload and self.optimizer_in_backward:
+            raise TrainingOptionError(
+                "parallelism.cpu_offload steps the optimizer on the host after the backward",
+                field="optimizer_in_backward",
             )
         if runtime is Runtime.CPU and self.activation_offload:
             raise TrainingOptionError(

@@ -84,6 +84,16 @@ class ParallelismSpec(Schema):
         "of every gradient.",
         examples=[False],
     )
+    cpu_offload: bool = Field(
+        default=False,
+        description="ZeRO-3 / FSDP only (zero_stage 3, CUDA): the parameter, gradient and "
+        "optimizer-state shards (and fp32 master weights) live in host memory and the "
+        "optimizer steps there (FSDP `CPUOffload(offload_params=True)`, DeepSpeed "
+        "`offload_param` + `offload_optimizer`); the GPU holds the gathered unit's full "
+        "parameters and its gradients transiently (`fsdp_buffers`). The host's share is "
+        "reported in `host_memory`, not in the GPU peak.",
+        examples=[False],
+    )
 
 
 class OverheadSpec(Schema):

@@ -457,6 +457,7 @@ def domain_workload(spec: WorkloadInput, runtime: Runtime | None = None) -> Doma
                 pipeline=par.pipeline,
                 zero_stage=par.zero_stage,
                 gradient_as_bucket_view=par.gradient_as_bucket_view,
+                cpu_offload=par.cpu_offload,
             ),
             fp32_grad_buffer=spec.fp32_grad_buffer,
             kv_cache=spec.kv_cache,

@@ -130,6 +130,24 @@ def test_activation_offload_reports_pinned_host_memory(client: ApiClient) -> Non
     assert plain["phase_peaks"]["forward"] - body["phase_peaks"]["forward"] == 64 * 1024 * 4
 
 
+def test_zero3_cpu_offload_reports_the_host_shards(client: ApiClient) -> None:
+    body = _post(
+        client,
+        {
+            **CHAIN,
+            "runtime": "pytorch_cuda",
+            "precision": "mixed_bf16",
+            "parallelism": {"data": 2, "zero_stage": 3, "cpu_offload": True},
+        },
+    )
+    params = 2 * 4096 * 1024
+    host = {line["key"]: line["bytes"] for line in body["host_memory"]}
+    assert host["offloaded_weights"] == params  # params x 2 B / 2 ranks
+    assert host["offloaded_optimizer_state"] == 4 * params
+    assert _lines(body)["weights"] == 0
+    assert "optimizer_step" not in body["phase_peaks"]
+
+
 @pytest.mark.parametrize(
     ("body", "pointer", "fragment"),
     [
@@ -159,6 +177,11 @@ def test_activation_offload_reports_pinned_host_memory(client: ApiClient) -> Non
         ({**LM, "tokens_per_batch": 512, "sequence_length": 1024}, "/tokens_per_batch", "exceeds"),
         ({**FC, "tokens_per_batch": 512}, "/tokens_per_batch", "seq"),
         ({**FC, "activation_offload": True}, "/activation_offload", "pytorch_cpu"),
+        (
+            {**CHAIN, "parallelism": {"data": 2, "zero_stage": 2, "cpu_offload": True}},
+            "/parallelism/cpu_offload",
+            "zero_stage 3",
+        ),
     ],
 )
 def test_contradictory_training_options_are_422(

@@ -317,3 +317,42 @@ def test_activation_offload_on_cpu_is_refused() -> None:
     with pytest.raises(TrainingOptionError) as raised:
         _train(training_options=TrainingOptions(activation_offload=True))
     assert raised.value.field == "activation_offload"
+
+
+# --- 7. ZeRO-3 / FSDP with CPU offload ------------------------------------------------------
+
+
+def test_zero3_cpu_offload_moves_the_shards_to_the_host() -> None:
+    # CHAIN: 8,388,608 parameters, mixed_bf16 over 2 ZeRO-3 ranks: per rank 8,388,608 x 2 / 2 B
+    # of weights, the same of bf16 gradients, 8,388,608 x 8 / 2 B of AdamW state and
+    # 8,388,608 x 4 / 2 B of fp32 master weights, all on the host
+    params = 2 * LARGEST
+    kwargs: dict[str, Any] = {"mode": Mode.TRAINING, "precision": Precision.MIXED_BF16}
+    offload = estimate_memory(
+        _chain(),
+        MemoryRequest(**kwargs, parallelism=Parallelism(data=2, zero_stage=3, cpu_offload=True)),
+    )
+    plain = estimate_memory(
+        _chain(), MemoryRequest(**kwargs, parallelism=Parallelism(data=2, zero_stage=3))
+    )
+    host = {line.key: line.bytes for line in offload.host_lines or ()}
+    assert host == {
+        "offloaded_weights": params,
+        "offloaded_gradients": params,
+        "offloaded_optimizer_state": 4 * params,
+        "offloaded_master_weights": 2 * params,
+    }
+    lines = _lines(offload)
+    assert lines["weights"] == 0
+    assert "optimizer_state" not in lines
+    assert "master_weights" not in lines
+    assert lines["fsdp_buffers"] == _lines(plain)["fsdp_buffers"]  # the gathered unit stays
+    assert "optimizer_step" not in offload.phase_peaks
+    assert offload.peak_bytes < plain.peak_bytes
+    _formulas_hold(offload)
+
+
+def test_cpu_offload_needs_zero3() -> None:
+    with pytest.raises(TrainingOptionError) as raised:
+        Parallelism(data=2, zero_stage=2, cpu_offload=True)
+    assert raised.value.field == "parallelism/cpu_offload"

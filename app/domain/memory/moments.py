@@ -99,6 +99,17 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
         recompute = apply_full_checkpointing(analysis, storage_plan)
         if not recompute:
             assumptions.append("full checkpointing: the graph has no repeated blocks; no effect")
+    offloaded = par.cpu_offload  # ZeRO-3 / FSDP CPU offload: the shards live on the host
+    host_master = master
+    if offloaded:
+        e.host["offloaded_weights"] = lines_static["weights"]
+        formulas["offloaded_weights"] = formulas["weights"]
+        lines_static = {**lines_static, "weights": 0}
+        formulas["weights"] = (
+            "0 [B: the ZeRO-3 shard lives in host memory (parallelism.cpu_offload); the GPU "
+            "gathers one unit at a time: fsdp_buffers] = 0 B"
+        )
+        master = 0
     base = {**lines_static, "inputs": inputs_bytes + labels_bytes}
     if master:
         base["master_weights"] = master
@@ -118,7 +129,7 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
     ) and not in_backward
     grad_layers = (
         [0] * len(analysis.layers)
-        if accumulate or in_backward
+        if accumulate or in_backward or offloaded
         else layer_gradient_bytes(analysis, grad_element, grad_shard)
     )
     _paged_state(e, shapes, state_shard, shard_words(1))
@@ -162,7 +173,7 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
         fwd_end, loss_moments = _chunked_loss(e, end_bytes, loss, options.loss_chunks)
     if in_backward:
         bwd_peak = _in_backward(e, bwd_peak, shapes, grad_element, grad_shard, state_shard)
-    held_grads = {"gradients": grad_bytes} if accumulate else {}
+    held_grads = {"gradients": grad_bytes} if accumulate and not offloaded else {}
     step_parts = {
         **lines_static,
         **({"ddp_buckets": buckets} if buckets else {}),
@@ -174,7 +185,7 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
     }
     for steady in (False, True):
         static = {**base, **held_grads}
-        if steady:
+        if steady and not offloaded:
             static["optimizer_state"] = state_bytes
         kept = {**static, "adapter_activations": adapter_saved} if adapter_saved else static
         if in_backward:  # the state is created in the first backward's hooks: as steady state
@@ -186,7 +197,7 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
             *(moment_at("backward", kept, peak, loss) for peak in loss_moments),
             moment_at("backward", kept, bwd_peak, loss),
         ]
-        if not in_backward:  # optimizer_in_backward: no step after the backward
+        if not in_backward and not offloaded:  # in backward / on the host: no GPU step
             moments.append(Moment(phase="optimizer_step", parts=dict(step_parts)))
         (steady_moments if steady else first_moments).extend(moments)
     grad_expression = (
@@ -213,11 +224,13 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
         optimizer_state=f"ceil({state_full:,} [B: {state_note}] / {state_shard} "
         f"[{shard_words(1)}]) = {state_bytes:,} B",
         master_weights=f"ceil({params:,} [params] x {plan.master} [B fp32 master copy] / "
-        f"{state_shard} [{shard_words(1)}]) = {master:,} B",
+        f"{state_shard} [{shard_words(1)}]) = {host_master:,} B",
         weight_cast_cache=f"floor({params:,} [params] x {plan.weight_cache} [B autocast weight "
         f"copy] / {model_shard} [tensor x pipeline]) = {cache:,} B",
     )
     notes["transient"] = [temp_note]
+    if offloaded:
+        _host_state(e, grad_bytes, state_bytes, host_master)
     if request.accumulation_steps > 1:
         assumptions.append(
             f"gradient accumulation over {request.accumulation_steps} micro-batches: "
@@ -248,6 +261,30 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
             "block recomputed at a time in backward"
         )
     return first_moments, steady_moments
+
+
+def _host_state(e: Estimation, grad_bytes: int, state_bytes: int, master: int) -> None:
+    """ZeRO-3 / FSDP CPU offload (PyTorch 2.13 torch/distributed/fsdp ``CPUOffload(
+    offload_params=True)``: sharded parameters and their gradients on the CPU, the optimizer
+    stepping there; DeepSpeed ``offload_param`` + ``offload_optimizer``): the weights,
+    gradients, optimizer state and master weights shards are host lines; the GPU keeps the
+    gathered units (fsdp_buffers), the activations and the step's transients."""
+    formulas = e.formulas
+    for key, size, formula_key in (
+        ("offloaded_gradients", grad_bytes, "gradients"),
+        ("offloaded_optimizer_state", state_bytes, "optimizer_state"),
+        ("offloaded_master_weights", master, "master_weights"),
+    ):
+        if size:
+            e.host[key] = size
+            formulas[key] = formulas[formula_key]
+    e.assumptions.append(
+        "parallelism.cpu_offload: the ZeRO-3 shards of the weights, gradients, optimizer state "
+        "and master weights live in host memory and the optimizer steps there (FSDP "
+        "CPUOffload(offload_params=True)); the GPU holds each unit's gathered parameters and "
+        "unsharded gradients (fsdp_buffers) while it runs, so no optimizer_step phase on the "
+        "GPU; the allocator replay (rounding, cached segments) is the step's without offload"
+    )
 
 
 def _paged_state(
