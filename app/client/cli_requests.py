@@ -17,7 +17,7 @@ from app.client.transport import Json
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "amp_bf16", "amp_fp16", "mixed_bf16",
               "mixed_fp16", "fp8", "int8", "int8_weight_only", "int4", "fp4")  # fmt: skip
 OPTIMIZERS = ("sgd", "sgd_momentum", "adam", "adamw", "adagrad", "rmsprop", "lion", "adam_8bit",
-              "adafactor")  # fmt: skip
+              "adafactor", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit")  # fmt: skip
 OPTIMIZER_IMPLS = ("auto", "for_loop", "foreach", "fused")
 CHECKPOINTING = ("none", "selective", "full")
 LORA_KINDS = ("attention", "mlp", "all-linear")

@@ -68,6 +68,15 @@ def check_lora_mode(config: LoraConfig | None, *, training: bool) -> None:
         raise LoraError("merged is an inference option (training keeps the adapters)", "merged")
 
 
+class TrainingOptionError(WorkloadInputError):
+    """A training option that contradicts another; ``field`` is its JSON pointer under the
+    workload (``optimizer_in_backward``, ``parallelism/cpu_offload``)."""
+
+    def __init__(self, message: str, *, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 class Mode(StrEnum):
     """What the model is doing."""
 
@@ -87,6 +96,16 @@ class Optimizer(StrEnum):
     LION = "lion"
     ADAM_8BIT = "adam_8bit"
     ADAFACTOR = "adafactor"
+    # bitsandbytes 0.45+ (bitsandbytes/optim/adamw.py): AdamW8bit, PagedAdamW8bit, PagedAdamW32bit
+    ADAMW_8BIT = "adamw_8bit"
+    PAGED_ADAMW_8BIT = "paged_adamw_8bit"
+    PAGED_ADAMW_32BIT = "paged_adamw_32bit"
+
+
+# The optimizers whose step is one bitsandbytes update kernel per parameter (in place).
+BNB_OPTIMIZERS = frozenset(
+    {Optimizer.ADAMW_8BIT, Optimizer.PAGED_ADAMW_8BIT, Optimizer.PAGED_ADAMW_32BIT}
+)
 
 
 class OptimizerImpl(StrEnum):
@@ -124,6 +143,9 @@ class Parallelism:
     # DistributedDataParallel(gradient_as_bucket_view=...): gradients are views into the
     # communication buckets instead of a second copy (PyTorch's default: False).
     gradient_as_bucket_view: bool = False
+    # FSDP CPUOffload(offload_params=True) / DeepSpeed ZeRO-3 offload_param + offload_optimizer:
+    # parameters, gradients and optimizer state live on the host; the GPU gathers one unit.
+    cpu_offload: bool = False
 
     def __post_init__(self) -> None:
         # The estimate divides by these degrees.
@@ -135,6 +157,11 @@ class Parallelism:
                 )
         if self.zero_stage not in (0, 1, 2, 3):
             raise WorkloadInputError(f"parallelism.zero_stage must be 0-3, got {self.zero_stage!r}")
+        if self.cpu_offload and self.zero_stage != 3:
+            raise TrainingOptionError(
+                "parallelism.cpu_offload offloads a sharded model: it needs zero_stage 3 (FSDP)",
+                field="parallelism/cpu_offload",
+            )
 
 
 class Attention(StrEnum):
@@ -377,6 +404,14 @@ DEFAULTS: tuple[DefaultRule, ...] = (
     DefaultRule("kv_cache", "true for decoders (causal attention) at inference; encoders have "
                 "none", ""),
     DefaultRule("safety_margin_fraction", "0.05", "of estimate + context + workspace"),
+    DefaultRule("optimizer_in_backward", "false", "training: optimizer.step() after backward"),
+    DefaultRule("loss_chunks", "none: Hugging Face's whole-sequence fp32 loss",
+                "training; torchtune's CEWithChunkedOutputLoss when set"),
+    DefaultRule("tokens_per_batch", "none: batch x sequence_length, padded",
+                "training; packed documents when set"),
+    DefaultRule("keep_gradients", "false: zero_grad(set_to_none=True)", "PyTorch 2.x default"),
+    DefaultRule("activation_offload", "false", "training on CUDA"),
+    DefaultRule("parallelism.cpu_offload", "false", "ZeRO-3 / FSDP on CUDA"),
 )  # fmt: skip
 
 DEFAULT_SAFETY_MARGIN_FRACTION = 0.05
@@ -396,6 +431,91 @@ class DefaultUsed:
     option: str
     value: str
     reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainingOptions:
+    """The training options practitioners set (docs/memory-model.md, "Training options").
+
+    ``optimizer_in_backward``: each parameter is stepped in its post-accumulate-grad hook and its
+    gradient freed (torchtune ``optimizer_in_bwd``, PyTorch
+    ``Tensor.register_post_accumulate_grad_hook``). ``loss_chunks``: torchtune's
+    ``CEWithChunkedOutputLoss`` (the output head and the fp32 cross-entropy per chunk of
+    tokens); None: Hugging Face's whole-sequence loss. ``tokens_per_batch``: packed documents,
+    one row of that many tokens per micro-batch (flash varlen, no padding). ``keep_gradients``:
+    ``zero_grad(set_to_none=False)``, gradients live between steps. ``activation_offload``:
+    tensors saved for backward kept in pinned host memory (torchtune ``OffloadActivations``).
+    """
+
+    optimizer_in_backward: bool = False
+    loss_chunks: int | None = None
+    tokens_per_batch: int | None = None
+    keep_gradients: bool = False
+    activation_offload: bool = False
+
+    def used(self) -> list[str]:
+        """The options set away from their defaults."""
+        return [
+            name
+            for name, value in (
+                ("optimizer_in_backward", self.optimizer_in_backward),
+                ("loss_chunks", self.loss_chunks is not None),
+                ("tokens_per_batch", self.tokens_per_batch is not None),
+                ("keep_gradients", self.keep_gradients),
+                ("activation_offload", self.activation_offload),
+            )
+            if value
+        ]
+
+    def check(
+        self, parallelism: Parallelism, runtime: Runtime | None, sequence_length: int | None
+    ) -> None:
+        """Raise :class:`TrainingOptionError` naming the option that contradicts another."""
+        for name in ("loss_chunks", "tokens_per_batch"):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1
+            ):
+                raise TrainingOptionError(
+                    f"{name} must be an integer >= 1, got {value!r}", field=name
+                )
+        tokens = self.tokens_per_batch
+        if tokens is not None and sequence_length is not None and sequence_length > tokens:
+            raise TrainingOptionError(
+                f"sequence_length {sequence_length} (the longest packed document) exceeds "
+                f"tokens_per_batch {tokens}",
+                field="tokens_per_batch",
+            )
+        if self.optimizer_in_backward and parallelism.zero_stage in (1, 2):
+            raise TrainingOptionError(
+                "optimizer_in_backward steps each parameter alone: "
+                f"ZeRO-{parallelism.zero_stage}'s sharded optimizer steps all of them after the "
+                "backward",
+                field="optimizer_in_backward",
+            )
+        if self.optimizer_in_backward and self.keep_gradients:
+            raise TrainingOptionError(
+                "keep_gradients keeps every gradient between steps; optimizer_in_backward frees "
+                "each one in its hook",
+                field="keep_gradients",
+            )
+        if runtime is Runtime.CPU and parallelism.cpu_offload:
+            raise TrainingOptionError(
+                "parallelism.cpu_offload moves state from the GPU to the host: the runtime is "
+                "pytorch_cpu",
+                field="parallelism/cpu_offload",
+            )
+        if parallelism.cpu_offload and self.optimizer_in_backward:
+            raise TrainingOptionError(
+                "parallelism.cpu_offload steps the optimizer on the host after the backward",
+                field="optimizer_in_backward",
+            )
+        if runtime is Runtime.CPU and self.activation_offload:
+            raise TrainingOptionError(
+                "activation_offload moves saved tensors from the GPU to the host: the runtime "
+                "is pytorch_cpu",
+                field="activation_offload",
+            )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -421,6 +541,7 @@ class WorkloadSpec:
     lora: LoraConfig | None = None  # training: LoRA adapters on a frozen base (PEFT)
     # inference: served by an engine whose start-up memory is the requirement (app.domain.fit)
     engine: EngineChoice | None = None
+    training_options: TrainingOptions = field(default_factory=lambda: TrainingOptions())
 
     def __post_init__(self) -> None:
         if self.lora is not None:  # merged exactly at inference (app.domain.peft)
@@ -432,6 +553,20 @@ class WorkloadSpec:
             raise WorkloadInputError(f"batch_size must be an integer >= 1, got {batch!r}")
         if micro is not None and (micro < 1 or batch % micro):
             raise WorkloadInputError(f"micro_batch_size {micro} must divide batch_size {batch}")
+        options = self.training_options
+        if options.used() and self.mode is not Mode.TRAINING:
+            raise TrainingOptionError(
+                f"{options.used()[0]} is a training option: the mode must be training",
+                field=options.used()[0],
+            )
+        if options.optimizer_in_backward and micro is not None and micro < batch:
+            raise TrainingOptionError(
+                "optimizer_in_backward steps each parameter as its gradient is computed: it "
+                f"cannot accumulate gradients over {batch // micro} micro-batches (torchtune "
+                "refuses gradient accumulation with optimizer_in_bwd)",
+                field="optimizer_in_backward",
+            )
+        options.check(self.parallelism, self.runtime, self.sequence_length)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -456,6 +591,7 @@ class ResolvedWorkload:
     gpu: GpuTraits | None = None  # the GPU the defaults were chosen for (None: none named)
     lora: LoraConfig | None = None  # training: LoRA adapters on a frozen base (PEFT)
     engine: EngineChoice | None = None  # inference: the serving engine (WorkloadSpec.engine)
+    training_options: TrainingOptions = field(default_factory=lambda: TrainingOptions())
 
     @property
     def training(self) -> bool:
@@ -501,12 +637,28 @@ def resolve(
     micro = min(spec.micro_batch_size or batch, batch)
     if spec.micro_batch_size is None and spec.mode is Mode.TRAINING:
         default("micro_batch_size", str(micro), "batch_size: no gradient accumulation")
+    options = spec.training_options
+    options.check(spec.parallelism, runtime, spec.sequence_length)
+    if options.optimizer_in_backward and micro < batch:
+        raise TrainingOptionError(
+            "optimizer_in_backward cannot accumulate gradients over micro-batches",
+            field="optimizer_in_backward",
+        )
     bound = {**model_bindings, **spec.bindings, "batch": micro}
+    tokens = options.tokens_per_batch
     for option, symbol, given in (
         ("sequence_length", "seq", spec.sequence_length),
         ("image_size", "image", spec.image_size),
     ):
-        if given is not None:
+        if symbol == "seq" and tokens is not None:
+            if "seq" not in bound:
+                raise TrainingOptionError(
+                    "tokens_per_batch packs a token sequence: the model has no `seq` dim",
+                    field="tokens_per_batch",
+                )
+            # packed: the micro-batch's documents concatenated into one row (no padding)
+            bound["batch"], bound["seq"] = 1, tokens
+        elif given is not None:
             bound[symbol] = given
         elif symbol in bound and symbol not in spec.bindings:
             default(option, str(bound[symbol]), f"the model's default `{symbol}`")
@@ -554,4 +706,5 @@ def resolve(
         gpu=gpu if runtime is Runtime.CUDA else None,
         lora=spec.lora,
         engine=spec.engine,
+        training_options=spec.training_options,
     )

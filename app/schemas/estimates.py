@@ -88,6 +88,16 @@ class ParallelismSpec(Schema):
         "of every gradient.",
         examples=[False],
     )
+    cpu_offload: bool = Field(
+        default=False,
+        description="ZeRO-3 / FSDP only (zero_stage 3, CUDA): the parameter, gradient and "
+        "optimizer-state shards (and fp32 master weights) live in host memory and the "
+        "optimizer steps there (FSDP `CPUOffload(offload_params=True)`, DeepSpeed "
+        "`offload_param` + `offload_optimizer`); the GPU holds the gathered unit's full "
+        "parameters and its gradients transiently (`fsdp_buffers`). The host's share is "
+        "reported in `host_memory`, not in the GPU peak.",
+        examples=[False],
+    )
 
 
 class OverheadSpec(Schema):
@@ -375,6 +385,51 @@ class WorkloadInput(Schema):
         "max_model_len), in the estimate's fit, the MIG fit and plan, recommendations and "
         "admission alike; answers show the engine's KV tokens, concurrency and start verdict.",
     )
+    optimizer_in_backward: bool = Field(
+        default=False,
+        description="Training: the optimizer step fused into backward (torchtune "
+        "`optimizer_in_bwd`, PyTorch `register_post_accumulate_grad_hook`): each parameter is "
+        "stepped and its gradient freed as soon as it is computed, so backward holds at most "
+        "the largest parameter's gradient and its step temporaries; no optimizer_step phase. "
+        "Cannot accumulate gradients (micro_batch_size < batch_size), nor run under ZeRO-1/2, "
+        "nor with keep_gradients (422 naming this field).",
+        examples=[False],
+    )
+    loss_chunks: Annotated[int, Field(ge=1, le=65_536)] | None = Field(
+        default=None,
+        description="Training, token-level loss: torchtune's `CEWithChunkedOutputLoss` with this "
+        "many chunks (the output head and the fp32 upcast per chunk of tokens): one chunk's "
+        "fp32 upcast at the end of forward, twice that (fp32 gradients) in the loss's "
+        "backward; the fp32 log-probabilities stay for every chunk (eager autograd). Default: "
+        "Hugging Face's whole-sequence loss.",
+        examples=[None],
+    )
+    tokens_per_batch: Annotated[int, Field(ge=1, le=16_777_216)] | None = Field(
+        default=None,
+        description="Training with packed sequences: the tokens of one micro-batch, its "
+        "documents concatenated into one row (flash-attention varlen, no padding). The graph "
+        "runs batch 1 x this many tokens instead of micro_batch_size x sequence_length; "
+        "sequence_length, if given, is the longest document (at most this).",
+        examples=[None],
+    )
+    keep_gradients: bool = Field(
+        default=False,
+        description="Training: `zero_grad(set_to_none=False)`: gradients are zeroed in place, "
+        "so every gradient stays allocated through the next step's forward (as under "
+        "gradient accumulation). PyTorch's default is set_to_none=True.",
+        examples=[False],
+    )
+
+    activation_offload: bool = Field(
+        default=False,
+        description="Training on CUDA: tensors saved for backward are copied to pinned host "
+        "memory (torchtune `OffloadActivations`, `torch.autograd.graph.save_on_cpu`); the GPU "
+        "keeps a kept tensor until the forward no longer reads it and one layer more (the copy "
+        "stream), and in backward the tensors of the layer running and of the one prefetched; "
+        "the pinned host memory is the `host_memory` line `offloaded_activations`. A 422 on a "
+        "CPU runtime.",
+        examples=[False],
+    )
 
     @model_validator(mode="after")
     def _one_model(self) -> Self:
@@ -398,6 +453,7 @@ class WorkloadInput(Schema):
                     ("lora", "target_modules"),
                     "give exactly one of target_modules, target_regex and target_kind",
                 )
+        _training_options_rule(self)
         if self.micro_batch_size is not None and self.batch_size % self.micro_batch_size:
             micro, batch = self.micro_batch_size, self.batch_size
             raise located_error(
@@ -429,6 +485,35 @@ def engine_rule(
                 f"engine.{field} {given} differs from the workload's parallelism ({degree}); "
                 "give one",
             )
+
+
+_TRAINING_OPTIONS = (
+    "optimizer_in_backward",
+    "loss_chunks",
+    "tokens_per_batch",
+    "keep_gradients",
+    "activation_offload",
+)
+
+
+def _training_options_rule(spec: WorkloadInput) -> None:
+    """Training options need training; optimizer_in_backward cannot accumulate gradients
+    (422 naming the field)."""
+    name = type(spec).__name__
+    for option in _TRAINING_OPTIONS:
+        value = getattr(spec, option)
+        if value not in (None, False) and spec.mode is not Mode.TRAINING:
+            raise located_error(
+                name, (option,), f"{option} is a training option: set mode to training"
+            )
+    micro = spec.micro_batch_size
+    if spec.optimizer_in_backward and micro is not None and micro < spec.batch_size:
+        raise located_error(
+            name,
+            ("optimizer_in_backward",),
+            "optimizer_in_backward steps each parameter as its gradient is computed: it cannot "
+            f"accumulate gradients over {spec.batch_size // micro} micro-batches",
+        )
 
 
 def one_model_rule(model_name: str, model: str | None, architecture: object) -> None:
@@ -666,6 +751,12 @@ class MemoryEstimateResponse(Schema):
     )
     cuda: CudaMemoryRead | None = Field(
         default=None, description="Runtime pytorch_cuda: what PyTorch's counters would report."
+    )
+    host_memory: list[BreakdownLine] = Field(
+        default_factory=list,
+        description="Host (CPU) memory the step holds beside the device peak, not part of "
+        "peak_bytes: pinned activations (activation_offload), paged optimizer state "
+        "(paged_adamw_*: unified memory evicted to the host under pressure).",
     )
     fit: FitSummary | None = Field(default=None, description="Fit against `hardware`.")
     layers: list[LayerRow] | None = Field(

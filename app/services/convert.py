@@ -41,6 +41,8 @@ from app.domain.workload import (
     GpuTraits,
     Parallelism,
     Runtime,
+    TrainingOptionError,
+    TrainingOptions,
     WorkloadInputError,
 )
 from app.domain.workload import WorkloadSpec as DomainWorkloadSpec
@@ -461,6 +463,7 @@ def domain_workload(spec: WorkloadInput, runtime: Runtime | None = None) -> Doma
                 pipeline=par.pipeline,
                 zero_stage=par.zero_stage,
                 gradient_as_bucket_view=par.gradient_as_bucket_view,
+                cpu_offload=par.cpu_offload,
             ),
             fp32_grad_buffer=spec.fp32_grad_buffer,
             kv_cache=spec.kv_cache,
@@ -469,9 +472,18 @@ def domain_workload(spec: WorkloadInput, runtime: Runtime | None = None) -> Doma
             runtime=runtime,
             lora=domain_lora(spec.lora),
             engine=domain_engine(spec),
+            training_options=TrainingOptions(
+                optimizer_in_backward=spec.optimizer_in_backward,
+                loss_chunks=spec.loss_chunks,
+                tokens_per_batch=spec.tokens_per_batch,
+                keep_gradients=spec.keep_gradients,
+                activation_offload=spec.activation_offload,
+            ),
         )
     except LoraError as exc:
         raise InvalidInput(str(exc), pointer=exc.pointer) from exc
+    except TrainingOptionError as exc:  # the training option that contradicts another
+        raise InvalidInput(str(exc), pointer=f"/{exc.field}") from exc
     except WorkloadInputError as exc:
         raise InvalidInput(str(exc)) from exc
 

@@ -51,6 +51,7 @@ from app.domain.workload import (
     Mode,
     ResolvedWorkload,
     Runtime,
+    TrainingOptionError,
     resolve,
 )
 from app.schemas.estimates import (
@@ -216,13 +217,17 @@ def estimate_graph(
         if cached is not None:
             return cached
     check_engine(graph, spec)  # an engine's options this model refuses: 422 before estimating
-    resolved = resolve(
-        domain_workload(spec, runtime),
-        model_bindings=defaults,
-        hardware_runtime=hardware_runtime,
-        batch_size=batch_size,
-        gpu=gpu,
-    )
+    workload = domain_workload(spec, runtime)
+    try:
+        resolved = resolve(
+            workload,
+            model_bindings=defaults,
+            hardware_runtime=hardware_runtime,
+            batch_size=batch_size,
+            gpu=gpu,
+        )
+    except TrainingOptionError as exc:  # e.g. activation_offload on a CPU runtime
+        raise InvalidInput(str(exc), pointer=f"/{exc.field}") from exc
     batch, micro = resolved.batch_size, resolved.micro_batch_size
     bindings = dict(resolved.bindings)
     analysis = analyze_graph(
@@ -243,6 +248,7 @@ def estimate_graph(
         attention=resolved.attention,
         logits=resolved.logits,
         lora=resolved.lora,
+        training_options=resolved.training_options,
     )
     try:
         check_tensor_parallel_heads(analysis, request.parallelism.tensor)
@@ -255,6 +261,8 @@ def estimate_graph(
         result = estimate_memory(analysis, request, per_layer=per_layer)
     except LoraError as exc:  # the option the LoRA configuration names
         raise InvalidInput(str(exc), pointer=exc.pointer) from exc
+    except TrainingOptionError as exc:  # the training option that contradicts another
+        raise InvalidInput(str(exc), pointer=f"/{exc.field}") from exc
     except MemoryInputError as exc:
         raise InvalidInput(str(exc)) from exc
     if result.peak_bytes > MAX_REPORTED_BYTES:
@@ -665,6 +673,16 @@ def _response(
         cuda=None
         if result.cuda is None
         else CudaMemoryRead.model_validate(result.cuda, from_attributes=True),
+        host_memory=[
+            BreakdownLine(
+                key=line.key,
+                bytes=line.bytes,
+                gib=round(line.bytes / GIB, 3),
+                formula=line.formula,
+                assumptions=list(line.assumptions),
+            )
+            for line in result.host_lines or ()
+        ],
         fit=fit,
         layers=layers,
     )

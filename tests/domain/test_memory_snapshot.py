@@ -70,7 +70,9 @@ HF_CONFIGS = Path(__file__).parents[1] / "fixtures" / "hf_configs"
 LARGE = ("gpt-3-175b", "llama-2-7b", "llama-3-8b")
 
 
-_ADDED_LATER = frozenset({"cuda"})  # MemoryEstimate.cuda (issue 13): None on the CPU runtime
+# MemoryEstimate.cuda (issue 13): None on the CPU runtime; host_lines (issue 32): None without
+# host memory (no offload, no paged optimizer)
+_ADDED_LATER = frozenset({"cuda", "host_lines"})
 
 
 def _canon(value: Any) -> Any:

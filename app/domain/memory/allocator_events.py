@@ -219,7 +219,7 @@ def step_allocator_events(
     out_grad = plan.sizes.get(analysis.output_storage, 0)
     units = [checkpoint_unit(layer.name) if e.recompute else None for layer in layers]
     temporaries: list[int] = []
-    if step.temporaries_total:
+    if step.temporaries_total and not step.in_backward:  # in backward: stepped in the hooks
         if step.temporaries_largest:
             temporaries = [step.temporaries_total // 2] * 2
         else:
@@ -261,6 +261,8 @@ def step_allocator_events(
                 for size in grads[index]:
                     grad_keys[index].append(len(events))
                     add(("alloc", len(events), size))
+                    if step.in_backward:  # optimizer_in_backward: freed by its hook at once
+                        add(("free", grad_keys[index].pop(), 0))
             add(("free", grad_in, 0))
             grad_in = key
             for storage in kept_after.get(index, ()):

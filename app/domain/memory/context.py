@@ -66,6 +66,13 @@ class Estimation:
     cast_tensors: list[list[int]] | None = None  # LoRA: per layer, autocast's copies of them
     qlora: QuantizedBase | None = None  # QLoRA: the 4-bit base's modules and bytes
     weight_tensors: list[list[int]] | None = None  # QLoRA: per layer, the base's tensors' bytes
+    # Training options (app.domain.workload.TrainingOptions):
+    held_words: str = "held across micro-batches"  # why held_grads are live
+    # optimizer in backward: the largest parameter's gradient and step temporaries [B], its words
+    in_backward_step: tuple[int, int, str] | None = None
+    loss_transient: dict[str, tuple[int, str]] = field(default_factory=dict)  # at -> bytes, words
+    host: dict[str, int] = field(default_factory=dict)  # host (or unified) memory lines [B]
+    offload_terms: dict[str, list[tuple[int, str]]] = field(default_factory=dict)  # at -> terms
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +89,7 @@ class StepTensors:
     temporaries_total: int  # the optimizer step's temporaries [B]
     temporaries_largest: bool  # for-loop step: two temporaries of the largest parameter
     accumulate: bool  # gradients held across micro-batches (never freed in the step)
+    in_backward: bool = False  # optimizer in backward: each gradient stepped and freed at once
 
 
 def moment_at(phase: str, static: Mapping[str, int], peak: Peak, loss: int) -> Moment:

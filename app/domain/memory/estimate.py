@@ -252,6 +252,17 @@ def estimate_memory(
         layers=layers_view,
         assumptions=tuple(assumptions),
         cuda=cuda,
+        host_lines=None
+        if not e.host
+        else tuple(
+            MemoryLine(
+                key=key,
+                bytes=size,
+                formula=e.formulas.get(key, key),
+                assumptions=tuple(e.notes.get(key, [])),
+            )
+            for key, size in e.host.items()
+        ),
     )
 
 

@@ -161,7 +161,16 @@ def _transient_terms(e: Estimation, at: str, index: int) -> list[tuple[int, str]
         elif extra:  # oneDNN convolutions compute into their own buffer (CPU)
             terms.append(_term(extra, f"B: '{name}' oneDNN output buffer"))
         return terms
+    step = []
+    if e.in_backward_step is not None and e.in_backward_step[1]:
+        step = [
+            _term(
+                e.in_backward_step[1],
+                f"B: optimizer step temporaries of {e.in_backward_step[2]}, in its gradient hook",
+            )
+        ]
     return [
+        *step,
         _term(op.output, f"B: gradient of the output of '{name}'"),
         _term(
             op.backward_internal,
@@ -180,7 +189,11 @@ def explain_peak(e: Estimation, peak: Moment, parts: Mapping[str, int]) -> None:
     where = (
         f"during the {peak.at} of '{analysis.layers[peak.index].name}'"
         if peak.index >= 0
-        else {"end": "at the end of forward", "step": "in the optimizer step"}[peak.at]
+        else {
+            "end": "at the end of forward",
+            "loss": "in the loss's backward (its first chunk)",
+            "step": "in the optimizer step",
+        }[peak.at]
     )
     inputs = [
         f"{bound.numel:,} [{bound.name} elements] x {sizer.value_bytes(1, bound.kind)} [B]"
@@ -206,20 +219,38 @@ def explain_peak(e: Estimation, peak: Moment, parts: Mapping[str, int]) -> None:
             parts["buffers"],
             "B",
         )
-    if "activations" in parts:
+    offload = e.offload_terms.get("end" if peak.at == "loss" else peak.at)
+    if "activations" in parts and offload is not None:
+        held = list(offload)
+        if "outputs" in parts:  # the output is its own line at a backward peak
+            held[0] = (held[0][0] - parts["outputs"], "B: the model's inputs, held by the caller")
+        formulas["activations"] = f"[{where}, activation_offload] " + _sum(
+            [_term(size, words) for size, words in held], parts["activations"], "B: none"
+        )
+    elif "activations" in parts:
         exclude = analysis.output_storage if "outputs" in parts else None
         formulas["activations"] = f"[{where}] " + _sum(
-            _live_groups(e, peak.at, peak.index, exclude), parts["activations"], "B: none"
+            _live_groups(e, "end" if peak.at == "loss" else peak.at, peak.index, exclude),
+            parts["activations"],
+            "B: none",
         )
     if "transient" in parts:
         if peak.at == "step":
             formulas["transient"] = f"{e.step_transient} = {parts['transient']:,} B"
+        elif peak.at in e.loss_transient:
+            size, words = e.loss_transient[peak.at]
+            formulas["transient"] = f"[{where}] " + _sum(
+                [(size, words)], parts["transient"], "B: none"
+            )
         else:
             formulas["transient"] = f"[{where}] " + _sum(
                 _transient_terms(e, peak.at, peak.index), parts["transient"], "B: none"
             )
     if training and peak.at != "step":
-        terms = [f"{e.held_grads} [held across micro-batches]"] if e.held_grads else []
+        terms = [f"{e.held_grads} [{e.held_words}]"] if e.held_grads else []
+        if e.in_backward_step is not None and peak.at == "backward":
+            grad, _, label = e.in_backward_step
+            terms.append(f"{grad:,} [B: gradient of {label}, freed by its optimizer hook]")
         if peak.at == "backward":
             grads = Counter(
                 layer.result.params

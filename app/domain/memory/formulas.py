@@ -40,7 +40,7 @@ from app.domain.precision import (
     scale_bytes,
 )
 from app.domain.units import MIB
-from app.domain.workload import Mode, Optimizer, OptimizerImpl, Runtime
+from app.domain.workload import BNB_OPTIMIZERS, Mode, Optimizer, OptimizerImpl, Runtime
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -90,6 +90,87 @@ _STATE_SLOTS: Mapping[Optimizer, int] = {
 
 
 ADAM_8BIT_BLOCK = 2048  # bitsandbytes block size: one fp32 absmax per block per state
+
+# bitsandbytes 0.45+, bitsandbytes/optim/optimizer.py (Optimizer2State.init_state,
+# Optimizer8bit.get_state_buffer / fill_qmap): block-wise 8-bit state has one fp32 absmax per
+# 256 values per state (releases up to 0.44 used 2048: the legacy ``adam_8bit`` option keeps
+# that); tensors of fewer than ``min_8bit_size`` = 4096 elements keep fp32 state; the two
+# quantization maps (signed and unsigned dynamic, 256 fp32 values each) are created once per
+# optimizer; a paged optimizer allocates state1/state2 of tensors of at least 1e5 elements with
+# ``F.get_paged`` (cudaMallocManaged unified memory), the rest with ``torch.zeros_like``.
+BNB_BLOCK = 256
+BNB_MIN_8BIT_SIZE = 4096
+BNB_PAGED_MIN_NUMEL = 100_000
+BNB_QMAP_BYTES = 2 * 256 * 4
+
+
+class BnbState(NamedTuple):
+    """A bitsandbytes AdamW's state: on the GPU through PyTorch's allocator, in unified
+    (paged) memory outside it, and the words for them."""
+
+    device_bytes: int
+    paged_bytes: int
+    note: str
+
+
+def bnb_adamw_state(shapes: Sequence[tuple[int, ...]], optimizer: Optimizer) -> BnbState:
+    """The state of bitsandbytes' AdamW8bit, PagedAdamW8bit or PagedAdamW32bit, unsharded.
+
+    Parameters
+    ----------
+    shapes : sequence of tuple of int
+        The trainable parameter tensors' shapes [elements per dimension].
+    optimizer : Optimizer
+        ``adamw_8bit``, ``paged_adamw_8bit`` or ``paged_adamw_32bit``.
+
+    Returns
+    -------
+    BnbState
+        ``device_bytes`` [B]: per tensor of n elements, 8-bit (n >= 4096): ``2 x n x 1`` (uint8
+        state1, state2) + ``2 x ceil(n / 256) x 4`` (fp32 absmax1, absmax2), else ``2 x n x 4``
+        (fp32 state1, state2); + 2,048 B of quantization maps once when any tensor is 8-bit.
+        Paged optimizers move state1/state2 of tensors of n >= 100,000 to ``paged_bytes`` [B]
+        (their absmax stays on the GPU).
+
+    References
+    ----------
+    bitsandbytes 0.45+, bitsandbytes/optim/optimizer.py and bitsandbytes/optim/adamw.py;
+    Dettmers et al., "8-bit Optimizers via Block-wise Quantization", 2022.
+    """
+    eight = optimizer in (Optimizer.ADAMW_8BIT, Optimizer.PAGED_ADAMW_8BIT)
+    paged = optimizer in (Optimizer.PAGED_ADAMW_8BIT, Optimizer.PAGED_ADAMW_32BIT)
+    device = moved = absmax = small = quantized = 0
+    for shape in shapes:
+        n = math.prod(shape)
+        if eight and n >= BNB_MIN_8BIT_SIZE:
+            states = 2 * n
+            quantized += n
+            absmax += 2 * -(-n // BNB_BLOCK) * 4
+        else:
+            states = 2 * n * 4
+            small += n
+        if paged and n >= BNB_PAGED_MIN_NUMEL:
+            moved += states
+        else:
+            device += states
+    qmaps = BNB_QMAP_BYTES if quantized else 0
+    words = []
+    if eight:
+        words.append(
+            f"{quantized:,} elements in 8 bits (2 x 1 B + 2 x 4 B absmax per {BNB_BLOCK} values)"
+        )
+        words.append(f"{small:,} in tensors under {BNB_MIN_8BIT_SIZE:,} elements at 2 x 4 B")
+        if qmaps:
+            words.append(f"{qmaps:,} B quantization maps")
+    else:
+        words.append(f"{small:,} elements at 2 x 4 B (fp32 state1, state2)")
+    if paged:
+        words.append(
+            f"state1/state2 of tensors of >= {BNB_PAGED_MIN_NUMEL:,} elements paged "
+            "(cudaMallocManaged, outside the allocator)"
+        )
+    note = f"bitsandbytes {optimizer.value}: " + "; ".join(words)
+    return BnbState(device + absmax + qmaps, moved, note)
 
 
 def precision_plan(precision: Precision) -> PrecisionPlan:
@@ -247,6 +328,9 @@ def optimizer_state_bytes(
                 elements += math.prod(shape)
         return elements * 4, "Adafactor: factored fp32 second moment (rows + cols), no momentum"
     params = total_params
+    if optimizer in BNB_OPTIMIZERS:
+        state = bnb_adamw_state(shapes, optimizer)
+        return state.device_bytes, state.note
     if optimizer is Optimizer.ADAM_8BIT:
         blocks = sum(-(-math.prod(s) // ADAM_8BIT_BLOCK) for s in shapes)
         return 2 * params + 2 * blocks * 4, (
@@ -318,6 +402,13 @@ def optimizer_step_temporaries(
             impl = OptimizerImpl.FOREACH
         else:
             impl = OptimizerImpl.FOR_LOOP
+    if request.optimizer in BNB_OPTIMIZERS:  # one in-place update kernel per parameter
+        return StepTemporaries(
+            0,
+            TemporariesLayout.IN_PLACE,
+            f"bitsandbytes {request.optimizer.value}: one in-place update kernel per parameter "
+            "(optimizer_update_8bit_blockwise / optimizer_update_32bit)",
+        )
     if request.optimizer in (Optimizer.SGD, Optimizer.SGD_MOMENTUM) or impl is OptimizerImpl.FUSED:
         return StepTemporaries(
             0,

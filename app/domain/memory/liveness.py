@@ -459,3 +459,112 @@ def seed_rule(analysis: GraphAnalysis, sizer: Sizer) -> int | None:
         best = max(best, previous + current)
         previous = current
     return best
+
+
+class OffloadPeaks(NamedTuple):
+    """The step's moments with activation offloading, and the terms of their activations."""
+
+    forward: Peak
+    end: Peak
+    backward: Peak
+    host_bytes: int  # pinned host copies of every offloaded tensor [B]
+    offloaded: int  # how many tensors
+    terms: dict[str, list[tuple[int, str]]]  # at ("forward", "end", "backward") -> terms
+
+
+def offload_peaks(
+    analysis: GraphAnalysis,
+    plan: StoragePlan,
+    inputs_bytes: int,
+    grad_bytes_per_layer: list[int],
+    recompute: dict[str, int],
+) -> OffloadPeaks:
+    """Forward and backward with the tensors kept for backward offloaded to pinned host memory
+    (torchtune 0.6 torchtune/training/_activation_offloading.py ``OffloadActivations``, its
+    pack hook copying each saved tensor to a pinned CPU buffer on a side stream; PyTorch
+    ``torch.autograd.graph.save_on_cpu``).
+
+    Rule: a kept tensor stays on the GPU while the forward still reads it and for one layer
+    after its keeper (the copy in flight: released after layer ``max(last read, keeper) + 1``);
+    in backward it is back on the GPU from the backward of the layer after its last keeper
+    (prefetched one layer ahead) until the backward of its earliest keeper. The model's inputs
+    and output stay (the caller holds them); every other kept tensor has a pinned host copy.
+    """
+    layers = analysis.layers
+    n = len(layers)
+    saved = kept_storages(plan)
+    timeline = build_timeline(plan)
+    sizes, pinned = plan.sizes, plan.pinned
+    last_keeper: dict[int, int] = {}
+    for index, keys in enumerate(saved):
+        for key in keys:
+            last_keeper[key] = index
+    offloaded = {k: i for k, i in plan.first_saver.items() if k not in pinned and sizes.get(k)}
+    released = [0] * n
+    for key, keeper in offloaded.items():
+        if (at := released_at(plan, key, keeper)) < n:
+            released[at] += sizes[key]
+    live = inputs_bytes
+    forward = Peak()
+    best = -1
+    for i in range(n):
+        live -= released[i]
+        during = live + timeline.alloc[i]
+        transient = plan.op_sizes[i].forward_transient
+        if during + transient > best:
+            best = during + transient
+            forward = Peak(activations=during, transient=transient, at="forward", index=i)
+        live = during - timeline.free_forward[i]
+    still = sum(sizes[k] for k, keeper in offloaded.items() if released_at(plan, k, keeper) >= n)
+    resident = live - still  # held by the caller (inputs, output) and not offloaded
+    end = Peak(activations=live, at="end")
+    backward = Peak()
+    best = -1
+    grads = 0
+    terms: dict[str, list[tuple[int, str]]] = {
+        "forward": [
+            (
+                forward.activations,
+                "B: on the GPU: values the forward still reads, the inputs, and kept tensors "
+                "whose copy to the host is in flight",
+            )
+        ],
+        "end": [
+            (resident, "B: the model's inputs and output, held by the caller"),
+            (still, "B: kept tensors of the last layers, their copy to the host in flight"),
+        ],
+    }
+    for i in range(n - 1, -1, -1):
+        window = sum(
+            sizes[k]
+            for k, keeper in offloaded.items()
+            if keeper <= i and last_keeper.get(k, keeper) >= i - 1
+        )
+        extra = recompute.get(checkpoint_unit(layers[i].name) or "", 0) if recompute else 0
+        grads += grad_bytes_per_layer[i]
+        op = plan.op_sizes[i]
+        transient = op.backward_static + plan.grad_in[i]
+        activations = resident + window + extra
+        if activations + transient + grads > best:
+            best = activations + transient + grads
+            backward = Peak(
+                activations=activations,
+                transient=transient,
+                gradients=grads,
+                at="backward",
+                index=i,
+            )
+            terms["backward"] = [
+                (resident, "B: the model's inputs and output, held by the caller"),
+                (window, f"B: kept tensors of '{layers[i].name}' and of the layer before, back "
+                 "from the host (prefetched one layer ahead)"),
+                (extra, "B: the block being recomputed"),
+            ]  # fmt: skip
+    host = sum(sizes[k] for k in offloaded)
+    return OffloadPeaks(forward, end, backward, host, len(offloaded), terms)
+
+
+def released_at(plan: StoragePlan, key: int, keeper: int) -> int:
+    """The forward layer before which an offloaded kept tensor has left the GPU: two after the
+    later of its last forward read and its keeper (the copy finishes during the next layer)."""
+    return max(plan.last_use.get(key, -1), keeper) + 2

@@ -13,6 +13,7 @@ from app.domain.memory.context import Estimation, Moment, StepTensors, moment_at
 from app.domain.memory.formulas import (
     PrecisionPlan,
     TemporariesLayout,
+    bnb_adamw_state,
     ceil_fraction,
     ddp_bucket_sizes_bytes,
     fsdp_buffer_bytes,
@@ -33,11 +34,17 @@ from app.domain.memory.liveness import (
     forward_peak,
     input_bytes,
     layer_gradient_bytes,
+    offload_peaks,
 )
 from app.domain.memory.memo import layer_totals, memoised
 from app.domain.peft import LoraPlan
 from app.domain.precision import bytes_per_element, convention
-from app.domain.workload import Checkpointing, Parallelism
+from app.domain.workload import (
+    Checkpointing,
+    Optimizer,
+    Parallelism,
+    TrainingOptionError,
+)
 
 
 def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
@@ -81,7 +88,8 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
         loss_bytes=loss_bytes(analysis, sizer),
         temporaries_total=ceil_fraction(Fraction(temporaries_full, state_shard)),
         temporaries_largest=step_temporaries.layout is TemporariesLayout.LARGEST_TWICE,
-        accumulate=request.accumulation_steps > 1,
+        accumulate=request.accumulation_steps > 1 or request.training_options.keep_gradients,
+        in_backward=request.training_options.optimizer_in_backward,
     )
     e.step_transient = (
         f"ceil({temporaries_full:,} [B: {temp_note}] / {state_shard} [{shard_words(1)}])"
@@ -92,6 +100,17 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
         recompute = apply_full_checkpointing(analysis, storage_plan)
         if not recompute:
             assumptions.append("full checkpointing: the graph has no repeated blocks; no effect")
+    offloaded = par.cpu_offload  # ZeRO-3 / FSDP CPU offload: the shards live on the host
+    host_master = master
+    if offloaded:
+        e.host["offloaded_weights"] = lines_static["weights"]
+        formulas["offloaded_weights"] = formulas["weights"]
+        lines_static = {**lines_static, "weights": 0}
+        formulas["weights"] = (
+            "0 [B: the ZeRO-3 shard lives in host memory (parallelism.cpu_offload); the GPU "
+            "gathers one unit at a time: fsdp_buffers] = 0 B"
+        )
+        master = 0
     base = {**lines_static, "inputs": inputs_bytes + labels_bytes}
     if master:
         base["master_weights"] = master
@@ -104,12 +123,17 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
     if gathered:
         base["fsdp_buffers"] = gathered
     loss = loss_bytes(analysis, sizer)
-    accumulate = request.accumulation_steps > 1 or lora is not None
+    options = request.training_options
+    in_backward = options.optimizer_in_backward
+    accumulate = (
+        request.accumulation_steps > 1 or lora is not None or options.keep_gradients
+    ) and not in_backward
     grad_layers = (
         [0] * len(analysis.layers)
-        if accumulate
+        if accumulate or in_backward or offloaded
         else layer_gradient_bytes(analysis, grad_element, grad_shard)
     )
+    _paged_state(e, shapes, state_shard, shard_words(1))
     adapter_saved = adapter_temp = 0
     if lora is not None:
         adapter_weights = _lora_static(e, lora, grad_element, grad_shard, model_shard)
@@ -121,7 +145,37 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
     fwd_peak, end_bytes = forward_peak(storage_plan, timeline, input_bytes(analysis, storage_plan))
     fwd_end = Peak(activations=end_bytes)
     bwd_peak = backward_peak(analysis, storage_plan, timeline, end_bytes, grad_layers, recompute)
-    held_grads = {"gradients": grad_bytes} if accumulate else {}
+    if options.activation_offload:
+        off = offload_peaks(
+            analysis, storage_plan, input_bytes(analysis, storage_plan), grad_layers, recompute
+        )
+        fwd_peak, fwd_end, bwd_peak = off.forward, off.end, off.backward
+        end_bytes = off.end.activations
+        e.offload_terms = off.terms
+        if off.host_bytes:
+            e.host["offloaded_activations"] = off.host_bytes
+            e.formulas["offloaded_activations"] = (
+                f"{off.host_bytes:,} [B: pinned host copies of the {off.offloaded:,} tensors "
+                f"kept for backward] = {off.host_bytes:,} B"
+            )
+            e.notes["offloaded_activations"] = [
+                "torchtune OffloadActivations (use_pin_memory=True): pinned CPU memory, held "
+                "from the forward until each tensor's backward; not GPU memory"
+            ]
+        assumptions.append(
+            "activation_offload: tensors kept for backward are copied to pinned host memory "
+            "(torchtune OffloadActivations / torch.autograd.graph.save_on_cpu); on the GPU a "
+            "kept tensor stays while the forward reads it and one layer more (the copy in "
+            "flight), and comes back for the backward of the layer after its last keeper "
+            "(prefetch) until its earliest keeper's backward; the allocator replay "
+            "(allocator_rounding, fragmentation_reserve) does not model the offload"
+        )
+    loss_moments: list[Peak] = []
+    if options.loss_chunks is not None:
+        fwd_end, loss_moments = _chunked_loss(e, end_bytes, loss, options.loss_chunks)
+    if in_backward:
+        bwd_peak = _in_backward(e, bwd_peak, shapes, grad_element, grad_shard, state_shard)
+    held_grads = {"gradients": grad_bytes} if accumulate and not offloaded else {}
     step_parts = {
         **lines_static,
         **({"ddp_buckets": buckets} if buckets else {}),
@@ -133,16 +187,21 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
     }
     for steady in (False, True):
         static = {**base, **held_grads}
-        if steady:
+        if steady and not offloaded:
             static["optimizer_state"] = state_bytes
         kept = {**static, "adapter_activations": adapter_saved} if adapter_saved else static
+        if in_backward:  # the state is created in the first backward's hooks: as steady state
+            static["optimizer_state"] = state_bytes
+            kept = {**static, "adapter_activations": adapter_saved} if adapter_saved else static
         kept = {**kept, "adapter_transient": adapter_temp} if adapter_temp else kept
         moments = [
             moment_at("forward", kept, fwd_peak, 0),
             moment_at("forward", kept, fwd_end, loss),
+            *(moment_at("backward", kept, peak, loss) for peak in loss_moments),
             moment_at("backward", kept, bwd_peak, loss),
-            Moment(phase="optimizer_step", parts=dict(step_parts)),
         ]
+        if not in_backward and not offloaded:  # in backward / on the host: no GPU step
+            moments.append(Moment(phase="optimizer_step", parts=dict(step_parts)))
         (steady_moments if steady else first_moments).extend(moments)
     grad_expression = (
         f"ceil({params:,} [trainable params] x {grad_element} [B] / {grad_shard} "
@@ -153,23 +212,49 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
         f"ceil({{params:,}} [params] x {grad_element} [B] / {grad_shard} [{shard_words(2)}])"
     )
     e.held_grads = grad_expression if accumulate else ""
+    if options.keep_gradients and request.accumulation_steps == 1 and lora is None:
+        e.held_words = "kept between steps: zero_grad(set_to_none=False)"
     e.recompute = recompute
     e.labels_rows = labels_rows
     e.loss = loss_expression(analysis, sizer)
+    if options.loss_chunks is not None:
+        e.loss = e.loss.replace(
+            "HF ForCausalLMLoss",
+            f"kept by log_softmax for every one of {options.loss_chunks} chunks",
+        )
     formulas.update(
         gradients=f"{grad_expression} = {grad_bytes:,} B",
         optimizer_state=f"ceil({state_full:,} [B: {state_note}] / {state_shard} "
         f"[{shard_words(1)}]) = {state_bytes:,} B",
         master_weights=f"ceil({params:,} [params] x {plan.master} [B fp32 master copy] / "
-        f"{state_shard} [{shard_words(1)}]) = {master:,} B",
+        f"{state_shard} [{shard_words(1)}]) = {host_master:,} B",
         weight_cast_cache=f"floor({params:,} [params] x {plan.weight_cache} [B autocast weight "
         f"copy] / {model_shard} [tensor x pipeline]) = {cache:,} B",
     )
     notes["transient"] = [temp_note]
+    if offloaded:
+        _host_state(e, grad_bytes, state_bytes, host_master)
     if request.accumulation_steps > 1:
         assumptions.append(
             f"gradient accumulation over {request.accumulation_steps} micro-batches: "
             "gradients persist across micro-batches; activations are per micro-batch"
+        )
+    if options.keep_gradients:
+        assumptions.append(
+            "keep_gradients: zero_grad(set_to_none=False) zeroes the gradients in place "
+            "(torch/optim/optimizer.py Optimizer.zero_grad): every gradient stays allocated "
+            "through the next step's forward"
+        )
+    if options.tokens_per_batch is not None:
+        assumptions.append(
+            f"packed sequences: each micro-batch is one row of {options.tokens_per_batch:,} "
+            "tokens (documents concatenated, position ids restarting, flash-attention varlen "
+            "with cu_seqlens: no padding). Activations, logits, loss and a fused attention's "
+            "output and log-sum-exp scale with the tokens; the longest document bounds only "
+            "the attention FLOPs (sum of squared document lengths, here counted as one "
+            "document of all the tokens: an upper bound); eager / sdpa_math attention "
+            "materialises the row's block-causal tokens x tokens scores (torchtune "
+            "packed_block_causal_mask)"
         )
     if request.checkpointing is Checkpointing.SELECTIVE:
         assumptions.append("selective checkpointing: attention S x S tensors recomputed")
@@ -179,6 +264,129 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
             "block recomputed at a time in backward"
         )
     return first_moments, steady_moments
+
+
+def _host_state(e: Estimation, grad_bytes: int, state_bytes: int, master: int) -> None:
+    """ZeRO-3 / FSDP CPU offload (PyTorch 2.13 torch/distributed/fsdp ``CPUOffload(
+    offload_params=True)``: sharded parameters and their gradients on the CPU, the optimizer
+    stepping there; DeepSpeed ``offload_param`` + ``offload_optimizer``): the weights,
+    gradients, optimizer state and master weights shards are host lines; the GPU keeps the
+    gathered units (fsdp_buffers), the activations and the step's transients."""
+    formulas = e.formulas
+    for key, size, formula_key in (
+        ("offloaded_gradients", grad_bytes, "gradients"),
+        ("offloaded_optimizer_state", state_bytes, "optimizer_state"),
+        ("offloaded_master_weights", master, "master_weights"),
+    ):
+        if size:
+            e.host[key] = size
+            formulas[key] = formulas[formula_key]
+    e.assumptions.append(
+        "parallelism.cpu_offload: the ZeRO-3 shards of the weights, gradients, optimizer state "
+        "and master weights live in host memory and the optimizer steps there (FSDP "
+        "CPUOffload(offload_params=True)); the GPU holds each unit's gathered parameters and "
+        "unsharded gradients (fsdp_buffers) while it runs, so no optimizer_step phase on the "
+        "GPU; the allocator replay (rounding, cached segments) is the step's without offload"
+    )
+
+
+def _paged_state(
+    e: Estimation, shapes: list[tuple[int, ...]], state_shard: int, shard_words: str
+) -> None:
+    """A paged bitsandbytes optimizer's state1/state2 of large tensors: unified memory
+    (``cudaMallocManaged``) outside PyTorch's caching allocator, resident on the GPU while
+    there is room and evicted page by page to the host under pressure (bitsandbytes 0.45+,
+    bitsandbytes/functional.py ``get_paged``, optim/optimizer.py ``get_state_buffer``): it
+    never raises an out-of-memory error, so it is a host line, not part of the GPU peak."""
+    optimizer = e.request.optimizer
+    if optimizer not in (Optimizer.PAGED_ADAMW_8BIT, Optimizer.PAGED_ADAMW_32BIT):
+        return
+    paged = bnb_adamw_state(shapes, optimizer).paged_bytes
+    if not paged:
+        return
+    share = ceil_fraction(Fraction(paged, state_shard))
+    e.host["paged_optimizer_state"] = share
+    e.formulas["paged_optimizer_state"] = (
+        f"ceil({paged:,} [B: state1 + state2 of tensors of >= 100,000 elements, paged by "
+        f"{optimizer.value}] / {state_shard} [{shard_words}]) = {share:,} B"
+    )
+    e.notes["paged_optimizer_state"] = [
+        "unified memory (cudaMallocManaged): not in torch.cuda.memory_allocated; on the GPU "
+        "while it fits, evicted to host RAM when the GPU runs short (no out-of-memory error); "
+        "the figure is what the host may have to hold"
+    ]
+
+
+def _in_backward(
+    e: Estimation,
+    bwd_peak: Peak,
+    shapes: list[tuple[int, ...]],
+    grad_element: Fraction,
+    grad_shard: int,
+    state_shard: int,
+) -> Peak:
+    """Optimizer step fused into backward (torchtune ``optimizer_in_bwd``: one optimizer per
+    parameter stepped in ``Tensor.register_post_accumulate_grad_hook``, then
+    ``zero_grad(set_to_none=True)``; PyTorch 2.13 torch/_tensor.py, torchtune
+    training/_memory.py ``register_optim_in_bwd_hooks``): a gradient lives from its
+    accumulation to its hook, so backward holds at most one parameter's gradient and that
+    parameter's step temporaries at a time. The peak is bounded by the largest parameter's:
+    ``ceil(largest x grad bytes / shard)`` + the step's temporaries over that one tensor."""
+    request = e.request
+    if not shapes:
+        return bwd_peak
+    largest = max(shapes, key=math.prod)
+    numel = math.prod(largest)
+    grad = ceil_fraction(numel * grad_element / grad_shard)
+    one = optimizer_step_temporaries([largest], numel, request, e.plan)
+    temporaries = ceil_fraction(Fraction(one.bytes, state_shard))
+    shape = "x".join(str(d) for d in largest)
+    e.in_backward_step = (grad, temporaries, f"the largest parameter ({shape})")
+    e.assumptions.append(
+        "optimizer_in_backward: each parameter is stepped by its own optimizer in its "
+        "post-accumulate-grad hook and its gradient freed (torchtune optimizer_in_bwd); "
+        f"backward holds at most one gradient, the largest parameter's ({shape}: {grad:,} B), "
+        f"and its step temporaries ({one.note}: {temporaries:,} B); no optimizer_step phase"
+    )
+    return replace(
+        bwd_peak,
+        gradients=bwd_peak.gradients + grad,
+        transient=bwd_peak.transient + temporaries,
+    )
+
+
+def _chunked_loss(e: Estimation, end_bytes: int, loss: int, chunks: int) -> tuple[Peak, list[Peak]]:
+    """torchtune's CEWithChunkedOutputLoss (torchtune/modules/loss/ce_chunked_output_loss.py,
+    torchtune 0.6: the output head runs per chunk of tokens, ``logits.float()`` and
+    ``F.cross_entropy`` per chunk): the fp32 upcast of one chunk at a time is a transient at
+    the end of forward; in eager autograd ``log_softmax`` keeps its fp32 output for every chunk
+    (the loss line, as unchunked), and backward runs chunk by chunk (the last created first),
+    each holding the fp32 gradients of its log-probabilities and of its upcast input.
+    Forward end: ``ceil(rows / chunks) x vocab x 4``; the loss's backward: twice that."""
+    analysis = e.analysis
+    shape = analysis.output_shape
+    if len(shape) < 3 or not loss:
+        raise TrainingOptionError(
+            "loss_chunks chunks a token-level loss: the model's output is not [batch, seq, "
+            "vocab] logits with a loss outside the graph",
+            field="loss_chunks",
+        )
+    rows, vocab = math.prod(shape[:-1]), shape[-1]
+    chunk_rows = -(-rows // chunks)
+    upcast = chunk_rows * vocab * 4
+    words = f"ceil({rows:,} [tokens] / {chunks} [loss_chunks]) x {vocab:,} [vocab] x 4 [B fp32]"
+    e.loss_transient = {
+        "end": (upcast, f"{words} [one chunk's logits.float() upcast]"),
+        "loss": (2 * upcast, f"2 x {words} [one chunk's fp32 gradients: log-probs, upcast]"),
+    }
+    e.assumptions.append(
+        f"loss_chunks={chunks}: torchtune's CEWithChunkedOutputLoss: the fp32 upcast and the "
+        "loss's fp32 gradients exist one chunk at a time; the fp32 log-probabilities "
+        "log_softmax keeps for backward stay for every chunk (eager autograd)"
+    )
+    return Peak(activations=end_bytes, transient=upcast, at="end"), [
+        Peak(activations=end_bytes, transient=2 * upcast, at="loss")
+    ]
 
 
 def _lora_plan(plan: PrecisionPlan) -> PrecisionPlan:

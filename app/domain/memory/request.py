@@ -17,6 +17,8 @@ from app.domain.workload import (
     OptimizerImpl,
     Parallelism,
     Runtime,
+    TrainingOptionError,
+    TrainingOptions,
     WorkloadInputError,
 )
 
@@ -43,6 +45,7 @@ class MemoryRequest:
     attention: Attention | None = None  # None: PyTorch SDPA's choice per attention layer
     logits: Logits = Logits.ALL  # LAST: decoder inference computes the last position's logits
     lora: LoraConfig | None = None  # training: a frozen base with LoRA adapters (PEFT)
+    training_options: TrainingOptions = field(default_factory=TrainingOptions)
 
     def __post_init__(self) -> None:
         steps = self.accumulation_steps
@@ -50,3 +53,16 @@ class MemoryRequest:
             raise MemoryInputError(f"accumulation_steps must be an integer >= 1, got {steps!r}")
         if self.lora is not None:  # merged exactly at inference
             check_lora_mode(self.lora, training=self.mode is Mode.TRAINING)
+        options = self.training_options
+        if options.used() and self.mode is not Mode.TRAINING:
+            name = options.used()[0]
+            raise TrainingOptionError(
+                f"{name} is a training option: the mode must be training", field=name
+            )
+        options.check(self.parallelism, self.runtime, None)
+        if options.optimizer_in_backward and steps > 1:
+            raise TrainingOptionError(
+                "optimizer_in_backward steps each parameter as its gradient is computed: it "
+                f"cannot accumulate gradients over {steps} micro-batches",
+                field="optimizer_in_backward",
+            )

@@ -68,6 +68,10 @@ class MemoryEstimate:
     layers: tuple[LayerMemory, ...]
     assumptions: tuple[str, ...]
     cuda: CudaMemory | None = None  # runtime pytorch_cuda: the allocator's figures
+    # Host memory the step holds besides the device's peak (pinned activations offloaded to the
+    # CPU, state offloaded by FSDP / ZeRO-3, paged optimizer state): not in peak_bytes. None:
+    # the step holds none.
+    host_lines: tuple[MemoryLine, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

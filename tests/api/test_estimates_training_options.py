@@ -1,0 +1,194 @@
+"""The training options practitioners set, through the API: bitsandbytes AdamW (8-bit, paged),
+the optimizer step in backward, chunked cross-entropy, packed sequences and gradients kept
+between steps; contradictory combinations are a 422 problem+json naming the field, and nothing
+is written."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.api.helpers import assert_problem
+from tests.support import ApiClient, table_counts
+
+# Linear(1024, 1000) with bias: a 1,024,000-element weight and a 1,000-element bias
+FC: dict[str, Any] = {
+    "architecture": {
+        "inputs": [{"name": "x", "shape": ["batch", 1024]}],
+        "layers": [{"name": "fc", "op": "linear", "out_features": 1000}],
+    },
+    "mode": "training",
+    "batch_size": 1,
+    "precision": "fp32",
+    "runtime": "pytorch_cpu",
+}
+# 1024 -> 4096 -> 1024 without biases: the largest parameter has 4,194,304 elements
+CHAIN: dict[str, Any] = {
+    **FC,
+    "architecture": {
+        "inputs": [{"name": "x", "shape": ["batch", 1024]}],
+        "layers": [
+            {"name": "fc1", "op": "linear", "out_features": 4096, "bias": False},
+            {"name": "fc2", "op": "linear", "out_features": 1024, "bias": False},
+        ],
+    },
+}
+LM: dict[str, Any] = {
+    **FC,
+    "architecture": {
+        "inputs": [{"name": "ids", "shape": ["batch", "seq"], "dtype": "int64"}],
+        "layers": [
+            {"name": "embed", "op": "embedding", "num_embeddings": 1000, "embedding_dim": 64},
+            {"name": "lm_head", "op": "linear", "out_features": 1000, "bias": False},
+        ],
+        "default_bindings": {"seq": 1024},
+    },
+    "optimizer": "sgd",
+}
+
+
+def _post(client: ApiClient, body: dict[str, Any]) -> dict[str, Any]:
+    response = client.post("/v1/estimates/memory", json=body)
+    assert response.status_code == 200, response.text
+    result: dict[str, Any] = response.json()
+    assert sum(line["bytes"] for line in result["breakdown"]) == result["peak_bytes"]
+    return result
+
+
+def _lines(body: dict[str, Any]) -> dict[str, int]:
+    return {line["key"]: line["bytes"] for line in body["breakdown"]}
+
+
+def test_adamw_8bit_state(client: ApiClient) -> None:
+    body = _post(client, {**FC, "optimizer": "adamw_8bit"})
+    # weight: 2 x 1,024,000 x 1 B + 2 x 4,000 absmax x 4 B; bias (< 4,096 elements): 2 x 1,000
+    # x 4 B; quantization maps 2 x 256 x 4 B
+    assert _lines(body)["optimizer_state"] == 2_048_000 + 32_000 + 8_000 + 2_048
+    assert body["host_memory"] == []
+
+
+def test_paged_adamw_8bit_reports_paged_state_on_the_host(client: ApiClient) -> None:
+    body = _post(client, {**FC, "optimizer": "paged_adamw_8bit"})
+    assert _lines(body)["optimizer_state"] == 32_000 + 8_000 + 2_048
+    host = {line["key"]: line for line in body["host_memory"]}
+    assert host["paged_optimizer_state"]["bytes"] == 2_048_000
+    assert "cudaMallocManaged" in host["paged_optimizer_state"]["assumptions"][0]
+
+
+def test_optimizer_in_backward(client: ApiClient) -> None:
+    body = _post(client, {**CHAIN, "optimizer_in_backward": True})
+    assert _lines(body)["gradients"] == 4096 * 1024 * 4  # the largest parameter's only
+    assert body["peak_phase"] == "backward"
+    assert "optimizer_step" not in body["phase_peaks"]
+    assert any("optimizer_in_backward" in a for a in body["assumptions"])
+    plain = _post(client, CHAIN)
+    assert body["peak_bytes"] < plain["peak_bytes"]
+
+
+def test_loss_chunks(client: ApiClient) -> None:
+    one = _post(client, {**LM, "loss_chunks": 1})
+    eight = _post(client, {**LM, "loss_chunks": 8})
+    # the forward's fp32 upcast: 1,024 x 1,000 x 4 B in one chunk, 128 x 1,000 x 4 B in eight
+    assert one["phase_peaks"]["forward"] - eight["phase_peaks"]["forward"] == 4_096_000 - 512_000
+    assert any("CEWithChunkedOutputLoss" in a for a in eight["assumptions"])
+
+
+def test_packed_tokens_per_batch(client: ApiClient) -> None:
+    body = _post(client, {**LM, "batch_size": 4, "tokens_per_batch": 3000})
+    assert body["bindings"]["batch"] == 1
+    assert body["bindings"]["seq"] == 3000
+    assert _lines(body)["loss"] == 3000 * 1000 * 4
+    assert any("packed sequences" in a for a in body["assumptions"])
+
+
+def test_keep_gradients(client: ApiClient) -> None:
+    kept = _post(client, {**CHAIN, "keep_gradients": True})
+    freed = _post(client, CHAIN)
+    assert kept["phase_peaks"]["forward"] - freed["phase_peaks"]["forward"] == 2 * 4096 * 1024 * 4
+
+
+def test_activation_offload_reports_pinned_host_memory(client: ApiClient) -> None:
+    deep = {
+        **FC,
+        "architecture": {
+            "inputs": [{"name": "x", "shape": [64, 1024]}],
+            "layers": [
+                {"name": f"fc{i}", "op": "linear", "out_features": 1024, "bias": False}
+                for i in range(4)
+            ],
+        },
+        "runtime": "pytorch_cuda",
+        "optimizer": "sgd",
+    }
+    body = _post(client, {**deep, "activation_offload": True})
+    plain = _post(client, deep)
+    # fc1..fc3's outputs (64 x 1,024 x 4 B each) are pinned on the host
+    assert [(line["key"], line["bytes"]) for line in body["host_memory"]] == [
+        ("offloaded_activations", 3 * 64 * 1024 * 4)
+    ]
+    assert plain["phase_peaks"]["forward"] - body["phase_peaks"]["forward"] == 64 * 1024 * 4
+
+
+def test_zero3_cpu_offload_reports_the_host_shards(client: ApiClient) -> None:
+    body = _post(
+        client,
+        {
+            **CHAIN,
+            "runtime": "pytorch_cuda",
+            "precision": "mixed_bf16",
+            "parallelism": {"data": 2, "zero_stage": 3, "cpu_offload": True},
+        },
+    )
+    params = 2 * 4096 * 1024
+    host = {line["key"]: line["bytes"] for line in body["host_memory"]}
+    assert host["offloaded_weights"] == params  # params x 2 B / 2 ranks
+    assert host["offloaded_optimizer_state"] == 4 * params
+    assert _lines(body)["weights"] == 0
+    assert "optimizer_step" not in body["phase_peaks"]
+
+
+@pytest.mark.parametrize(
+    ("body", "pointer", "fragment"),
+    [
+        ({**LM, "loss_chunks": 0}, "/loss_chunks", "greater"),
+        ({**FC, "loss_chunks": 2}, "/loss_chunks", "token-level"),
+        ({**LM, "mode": "inference", "loss_chunks": 2}, "/loss_chunks", "training"),
+        (
+            {**CHAIN, "batch_size": 2, "micro_batch_size": 1, "optimizer_in_backward": True},
+            "/optimizer_in_backward",
+            "accumulate",
+        ),
+        (
+            {**CHAIN, "optimizer_in_backward": True, "keep_gradients": True},
+            "/keep_gradients",
+            "frees",
+        ),
+        (
+            {
+                **CHAIN,
+                "optimizer_in_backward": True,
+                "precision": "mixed_bf16",
+                "parallelism": {"data": 2, "zero_stage": 1},
+            },
+            "/optimizer_in_backward",
+            "ZeRO-1",
+        ),
+        ({**LM, "tokens_per_batch": 512, "sequence_length": 1024}, "/tokens_per_batch", "exceeds"),
+        ({**FC, "tokens_per_batch": 512}, "/tokens_per_batch", "seq"),
+        ({**FC, "activation_offload": True}, "/activation_offload", "pytorch_cpu"),
+        (
+            {**CHAIN, "parallelism": {"data": 2, "zero_stage": 2, "cpu_offload": True}},
+            "/parallelism/cpu_offload",
+            "zero_stage 3",
+        ),
+    ],
+)
+def test_contradictory_training_options_are_422(
+    client: ApiClient, db_url: str, body: dict[str, Any], pointer: str, fragment: str
+) -> None:
+    before = table_counts(db_url)
+    problem = assert_problem(client.post("/v1/estimates/memory", json=body), 422)
+    assert fragment in problem["detail"]
+    assert pointer in [error["pointer"] for error in problem["errors"]]
+    assert table_counts(db_url) == before
