@@ -9,6 +9,7 @@ import pytest
 
 from app.config import PROJECT_ROOT
 from app.domain.engines.families import MlaGeometry
+from app.domain.engines.profile_forward import graph_forward_peak
 from app.domain.engines.vllm import (
     H100_80GB_CUDA_VISIBLE_BYTES,
     NO_MEMORY_MESSAGE,
@@ -16,7 +17,9 @@ from app.domain.engines.vllm import (
     VllmOptions,
     decoder_stage_weights_bytes,
     engine_memory,
+    graph_forward_peak_bytes,
 )
+from app.importers.hf_config import import_hf_config
 from tests.api.helpers import assert_problem
 from tests.support import ApiClient, table_counts
 
@@ -363,9 +366,28 @@ def test_imported_decoders_map_to_their_config_geometry(client: ApiClient, name:
     assert response.status_code == 200, response.text
     body = response.json()
     weights = decoder_stage_weights_bytes(model, tp, 1, 2)
-    expected = engine_memory(
-        model, VllmOptions(tensor_parallel_size=tp), H100_80GB_CUDA_VISIBLE_BYTES, weights
+    # the profile forward from the config's own graph: 8192 tokens (the H100's default
+    # max_num_batched_tokens) on one of 2 tensor-parallel ranks, in bf16
+    graph = import_hf_config(config, sequence_length=4096)
+    peak = graph_forward_peak(
+        graph.inputs,
+        graph.layers,
+        graph.default_bindings,
+        tokens=8192,
+        tensor_parallel_size=tp,
+        dtype="bfloat16",
     )
+    expected = engine_memory(
+        model,
+        VllmOptions(tensor_parallel_size=tp),
+        H100_80GB_CUDA_VISIBLE_BYTES,
+        weights,
+        forward_peak=graph_forward_peak_bytes(peak.peak_bytes),
+    )
+    forward = body["profile_forward"]
+    assert forward["source"] == "graph"
+    assert (forward["tokens"], forward["tensor_parallel_size"]) == (8192, 2)
+    assert forward["graph_peak_bytes"] == peak.peak_bytes
     assert body["weights_bytes"] == weights[0]
     assert body["kv_tokens"] == expected.kv_tokens
     assert body["stages"][0]["kv_bytes_per_token"] == expected.stages[0].kv_bytes_per_token
