@@ -464,3 +464,64 @@ def test_a_bad_hf_config_request_is_a_422_naming_the_field(
     pointers = [e.get("pointer") for e in problem.get("errors", [])] + [problem.get("pointer")]
     assert pointer in pointers, problem
     assert table_counts(db_url) == before
+
+
+# A tiny Llama (tests/domain/test_profile_forward.py derives its graph peak by hand).
+TINY_LLAMA: dict[str, Any] = {
+    "model_type": "llama",
+    "hidden_size": 1024,
+    "intermediate_size": 4096,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 2,
+    "vocab_size": 32000,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "rms_norm_eps": 1e-5,
+}
+
+
+def test_the_profile_peak_comes_from_the_graph(client: ApiClient, db_url: str) -> None:
+    before = table_counts(db_url)
+    response = client.post(
+        URL,
+        json={
+            "hf_config": TINY_LLAMA,
+            "hardware": H100,
+            "max_num_batched_tokens": 512,
+            "max_num_seqs": 4,
+        },
+    )
+    assert response.status_code == 200, response.text
+    body = response.json()
+    forward = body["profile_forward"]
+    assert forward["source"] == "graph"
+    assert (forward["tokens"], forward["tensor_parallel_size"]) == (512, 1)
+    # 4,096 B input ids + 3,149,824 B live activations + 12 MiB gated-MLP transients + the
+    # 32 MiB cuBLAS workspace, per rank (hand-derived in tests/domain/test_profile_forward.py)
+    assert forward["graph_peak_bytes"] == 49_291_264
+    assert forward["graph_peak_at"] == "during the forward of 'layers.0.mlp'"
+    assert forward["graph_peak_parts"]["transient"] == 12 * 2**20
+    assert forward["factor"] == 1.2
+    assert forward["forward_peak_bytes"] == 59_149_517  # ceil(1.2 x 49,291,264)
+    assert forward["sampler_peak_bytes"] < forward["forward_peak_bytes"]
+    assert "fallback_reason" not in forward
+    # one stage, the last: max(forward, sampler) is the forward
+    assert body["stages"][0]["profile_peak_bytes"] == body["profile_peak_bytes"] == 59_149_517
+    assert any(
+        "from the model's graph" in line and "512 tokens" in line and "49,291,264 B" in line
+        for line in body["assumptions"]
+    )
+    assert table_counts(db_url) == before
+
+
+def test_tensor_parallel_splits_the_graph_peak(client: ApiClient) -> None:
+    one, four = _post(client), _post(client, tensor_parallel_size=4)
+    assert four["profile_forward"]["tensor_parallel_size"] == 4
+    assert four["profile_forward"]["graph_peak_bytes"] < one["profile_forward"]["graph_peak_bytes"]
+    # Llama-3-8B at 8192 tokens: the sampler's 1024 x 128256 logits decide the peak either way
+    assert one["profile_peak_bytes"] == one["profile_forward"]["sampler_peak_bytes"]
+    # pipeline: the first stage's peak is the forward alone
+    first, _ = _post(client, pipeline_parallel_size=2)["stages"]
+    assert first["profile_peak_bytes"] == one["profile_forward"]["forward_peak_bytes"]
