@@ -313,6 +313,12 @@ class ProfileForward(Schema):
         "attention, no KV cache, no logits over all tokens.",
         examples=[939655168],
     )
+    attention: str | None = Field(
+        default=None,
+        description="The attention the graph's forward is replayed with: flash (16-bit) or "
+        "mem_efficient (fp32, which flash does not take); neither materialises S x S scores.",
+        examples=["flash"],
+    )
     graph_peak_at: str | None = Field(
         default=None,
         description="The moment of the graph's peak.",

@@ -261,6 +261,7 @@ def profile_forward(
             tokens=tokens,
             tensor_parallel_size=tp,
             graph_peak_bytes=peak.peak_bytes,
+            attention=peak.attention,
             graph_peak_at=peak.where or None,
             graph_peak_parts=dict(peak.lines),
             factor=factor,
@@ -378,8 +379,9 @@ def _answer(
             f"profile forward peak from the model's graph: one inference forward of "
             f"{forward.tokens:,} tokens (max_num_batched_tokens; vLLM 0.19 GPUModelRunner."
             "_dummy_run flattens its dummy requests into one token batch) on one of "
-            f"{forward.tensor_parallel_size} tensor-parallel ranks, flash attention, no KV cache "
-            f"(the profile runs before it exists), no logits over all tokens: "
+            f"{forward.tensor_parallel_size} tensor-parallel ranks, {forward.attention} "
+            "attention, no KV cache (the profile runs before it exists), no logits over all "
+            "tokens: "
             f"{forward.graph_peak_bytes or 0:,} B per rank"
             + (f" ({forward.graph_peak_at})" if forward.graph_peak_at else "")
             + f", x {forward.factor} (graph_forward_factor, fit on cluster F) = "

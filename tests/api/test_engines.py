@@ -502,6 +502,7 @@ def test_the_profile_peak_comes_from_the_graph(client: ApiClient, db_url: str) -
     # 32 MiB cuBLAS workspace, per rank (hand-derived in tests/domain/test_profile_forward.py)
     assert forward["graph_peak_bytes"] == 49_291_264
     assert forward["graph_peak_at"] == "during the forward of 'layers.0.mlp'"
+    assert forward["attention"] == "flash"
     assert forward["graph_peak_parts"]["transient"] == 12 * 2**20
     assert forward["factor"] == 1.2
     assert forward["forward_peak_bytes"] == 59_149_517  # ceil(1.2 x 49,291,264)
