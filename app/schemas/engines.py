@@ -287,6 +287,76 @@ class EngineProfileInfo(Schema):
     )
 
 
+class ProfileForward(Schema):
+    """Where the profile run's forward peak comes from, per GPU of a stage."""
+
+    source: Literal["graph", "formula"] = Field(
+        description="`graph`: the memory engine's inference forward of the model's graph "
+        "(app.domain.engines.profile_forward) times the engine profile's graph_forward_factor; "
+        "`formula`: the per-architecture fallback (app.domain.engines.vllm.forward_peak_bytes), "
+        "used only when the graph cannot be laid out (`fallback_reason`).",
+        examples=["graph"],
+    )
+    tokens: int = Field(
+        description="Tokens of the profile forward: max_num_batched_tokens, as one batch of 1 x "
+        "tokens (vLLM's _dummy_run flattens its dummy requests into one token batch).",
+        examples=[8192],
+    )
+    tensor_parallel_size: int = Field(
+        description="The rank's tensor-parallel degree (heads and MLP intermediate split).",
+        examples=[1],
+    )
+    graph_peak_bytes: int | None = Field(
+        default=None,
+        description="The graph's forward peak on one rank [B]: allocated bytes over the weights "
+        "(inputs, activations, transients, cuBLAS workspace, allocator rounding), flash "
+        "attention, no KV cache, no logits over all tokens.",
+        examples=[939655168],
+    )
+    attention: str | None = Field(
+        default=None,
+        description="The attention the graph's forward is replayed with: flash (16-bit) or "
+        "mem_efficient (fp32, which flash does not take); neither materialises S x S scores.",
+        examples=["flash"],
+    )
+    graph_peak_at: str | None = Field(
+        default=None,
+        description="The moment of the graph's peak.",
+        examples=["during the forward of 'layers.0.mlp'"],
+    )
+    graph_peak_parts: dict[str, int] = Field(
+        default_factory=dict,
+        description="The graph peak's parts per line of the memory estimate [B].",
+        examples=[{"activations": 201392128, "transient": 704643072, "workspace": 33554432}],
+    )
+    factor: float = Field(
+        description="The engine profile's calibrated factor on that peak (graph_forward_factor "
+        "or, for the formula, forward_activation_factor).",
+        examples=[1.2],
+    )
+    forward_peak_bytes: int = Field(
+        description="The profile forward's peak used per GPU [B] (before what a later pipeline "
+        "stage receives).",
+        examples=[1127586202],
+    )
+    sampler_peak_bytes: int = Field(
+        description="The dummy sampler run's peak on the last stage [B]: "
+        "sampler_bytes_per_logit x max_num_seqs x vocabulary; the last stage takes the larger.",
+        examples=[2026514268],
+    )
+    formula: str = Field(
+        description="The forward peak's arithmetic.",
+        examples=[
+            "ceil(1.2 [graph_forward_factor] x 939,655,168 [B: graph peak]) = 1,127,586,202 B"
+        ],
+    )
+    fallback_reason: str | None = Field(
+        default=None,
+        description="Why the graph was not used (source `formula` only).",
+        examples=[None],
+    )
+
+
 class VllmMemoryResponse(Schema):
     """vLLM's start-up memory per GPU: what it claims, spends and leaves to KV blocks."""
 
@@ -347,6 +417,11 @@ class VllmMemoryResponse(Schema):
         description="The quantization scheme and what it stores (absent when unquantized).",
     )
     engine: EngineProfileInfo = Field(description="The engine profile.")
+    profile_forward: ProfileForward | None = Field(
+        default=None,
+        description="Where the profile run's forward peak comes from (the model's graph, with "
+        "its tokens and per-rank figure).",
+    )
     assumptions: list[str] = Field(
         description="What the answer assumes, with sources.",
         examples=[

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import replace
+import hashlib
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy.orm import Session
 
 from app.db.repositories import HardwareRepository, ModelRepository
+from app.domain.engines.profile_forward import (
+    GraphForwardPeak,
+    ProfileGraphError,
+    graph_forward_peak,
+)
 from app.domain.engines.quantization import (
     SOURCES as QUANTIZATION_SOURCES,
 )
@@ -21,26 +30,33 @@ from app.domain.engines.vllm import (
     H100_80GB_CUDA_VISIBLE_BYTES,
     VLLM_0_19,
     EngineInputError,
+    ResolvedOptions,
     ServingModel,
     VllmOptions,
     decoder_stage_weights_bytes,
     engine_memory,
+    forward_peak_bytes,
+    graph_forward_peak_bytes,
     resolve_options,
+    sampler_peak_bytes,
 )
+from app.domain.graph.analysis import InputDecl
 from app.domain.precision import ComputeCapability
 from app.domain.units import GIB
+from app.domain.workload import WorkloadInputError
 from app.importers.hf_config import import_hf_config
 from app.importers.result import ImportRejected
 from app.schemas.engines import (
     EngineProfileInfo,
     EngineQuantization,
     EngineStage,
+    ProfileForward,
     ResolvedVllmOptions,
     StoredQuantizedWeights,
     VllmMemoryRequest,
     VllmMemoryResponse,
 )
-from app.services.convert import compute_capability, serving_model
+from app.services.convert import compute_capability, input_decls, serving_model
 from app.services.errors import InvalidInput, NotFound
 
 # Options whose omission takes the engine's (or the model's) default.
@@ -51,6 +67,16 @@ _DEFAULTED = (
     "max_num_seqs",
     "block_size",
 )
+
+
+@dataclass(frozen=True)
+class ServedGraph:
+    """The served model's graph, for the profile forward's peak (app.domain.engines.
+    profile_forward)."""
+
+    inputs: Sequence[InputDecl]
+    layers: Sequence[Mapping[str, Any]]
+    default_bindings: Mapping[str, int]
 
 
 def visible_memory(slug: str, catalog_bytes: int, override: int | None) -> tuple[int, str]:
@@ -83,7 +109,7 @@ def prepare_vllm_memory(
                 "give the model as a stored slug (model) or as a config.json (hf_config), not both",
                 pointer="/hf_config",
             )
-        label, model, config_quantization = hf_serving_model(payload.hf_config)
+        label, model, config_quantization, graph = _hf_import(payload.hf_config)
     else:
         if payload.model is None:
             raise InvalidInput(
@@ -95,6 +121,7 @@ def prepare_vllm_memory(
             raise NotFound(f"model '{payload.model}' does not exist; GET /v1/models lists them")
         label, config_quantization = row.slug, None
         model = serving_model(row.slug, row.layers, row.default_bindings)
+        graph = ServedGraph(input_decls(row.inputs), row.layers, row.default_bindings)
     quantization_config = payload.quantization_config
     if quantization_config is None:
         quantization_config = config_quantization
@@ -121,7 +148,9 @@ def prepare_vllm_memory(
         "hopper": capability == ComputeCapability(9, 0),
         "fp8_marlin": capability is not None and capability < ComputeCapability(8, 9),
     }
-    return lambda: _answer(payload, model, visible, source, label, quantization_config, kernels)
+    return lambda: _answer(
+        payload, model, visible, source, label, quantization_config, kernels, graph
+    )
 
 
 # vLLM 0.19 `--dtype auto` on a CUDA GPU (vllm/config/model.py _resolve_auto_dtype): the config's
@@ -133,6 +162,14 @@ def hf_serving_model(raw: dict[str, Any]) -> tuple[str, ServingModel, dict[str, 
     """A config.json as the engine's model: its label, geometry (imported with
     app.importers.hf_config at its full ``max_position_embeddings`` context; nothing stored),
     and its ``quantization_config`` (``None`` when it has none). 422s name ``/hf_config/...``."""
+    label, model, quantization, _ = _hf_import(raw)
+    return label, model, quantization
+
+
+def _hf_import(
+    raw: dict[str, Any],
+) -> tuple[str, ServingModel, dict[str, Any] | None, ServedGraph]:
+    """:func:`hf_serving_model` and the imported graph."""
     positions = raw.get("max_position_embeddings")
     context = positions if isinstance(positions, int) and positions > 0 else None
     try:
@@ -155,7 +192,101 @@ def hf_serving_model(raw: dict[str, Any]) -> tuple[str, ServingModel, dict[str, 
         raise InvalidInput(
             "quantization_config must be an object", pointer="/hf_config/quantization_config"
         )
-    return label, model, quantization
+    return (
+        label,
+        model,
+        quantization,
+        ServedGraph(imported.inputs, imported.layers, imported.default_bindings),
+    )
+
+
+# Graph peaks already computed, by (graph digest, tokens, TP, dtype): a DeepSeek-V2-Lite graph
+# takes ~20-30 ms of CPU to replay at 8192 tokens, an answer from the cache none. Bounded; the
+# key is the graph's content, so an edited model is a new key.
+_PEAK_CACHE_SIZE = 256
+_PEAK_CACHE: OrderedDict[tuple[str, int, int, str], GraphForwardPeak] = OrderedDict()
+_PEAK_LOCK = threading.Lock()
+
+
+def _graph_peak(graph: ServedGraph, tokens: int, tp: int, dtype: str) -> GraphForwardPeak:
+    content = json.dumps(
+        [[(d.name, d.shape, str(d.kind)) for d in graph.inputs], graph.layers],
+        sort_keys=True,
+        default=str,
+    )
+    digest = hashlib.blake2b(content.encode(), digest_size=16).hexdigest()
+    key = (digest + json.dumps(dict(graph.default_bindings), sort_keys=True), tokens, tp, dtype)
+    with _PEAK_LOCK:
+        cached = _PEAK_CACHE.get(key)
+        if cached is not None:
+            _PEAK_CACHE.move_to_end(key)
+            return cached
+    peak = graph_forward_peak(
+        graph.inputs,
+        graph.layers,
+        graph.default_bindings,
+        tokens=tokens,
+        tensor_parallel_size=tp,
+        dtype=dtype,
+    )
+    with _PEAK_LOCK:
+        _PEAK_CACHE[key] = peak
+        while len(_PEAK_CACHE) > _PEAK_CACHE_SIZE:
+            _PEAK_CACHE.popitem(last=False)
+    return peak
+
+
+def profile_forward(
+    model: ServingModel, resolved: ResolvedOptions, graph: ServedGraph | None
+) -> ProfileForward:
+    """The profile forward's peak per GPU: the graph's (app.domain.engines.profile_forward) at
+    ``max_num_batched_tokens`` tokens on one tensor-parallel rank in the engine's dtype, times
+    the profile's ``graph_forward_factor``; the per-architecture formula when the graph cannot
+    be laid out (the reason is returned)."""
+    tokens, tp = resolved.max_num_batched_tokens, resolved.tensor_parallel_size
+    dtype = {4: "float32", 2: "bfloat16"}.get(resolved.dtype_bytes, "bfloat16")
+    sampler = sampler_peak_bytes(model.vocab_size, resolved.max_num_seqs)
+    peak: GraphForwardPeak | None = None
+    reason = "no graph"
+    if graph is not None:
+        try:
+            peak = _graph_peak(graph, tokens, tp, dtype)
+        except (ProfileGraphError, WorkloadInputError) as exc:
+            reason = str(exc)
+    if peak is not None:
+        factor = VLLM_0_19.graph_forward_factor
+        forward = graph_forward_peak_bytes(peak.peak_bytes)
+        return ProfileForward(
+            source="graph",
+            tokens=tokens,
+            tensor_parallel_size=tp,
+            graph_peak_bytes=peak.peak_bytes,
+            attention=peak.attention,
+            graph_peak_at=peak.where or None,
+            graph_peak_parts=dict(peak.lines),
+            factor=factor,
+            forward_peak_bytes=forward,
+            sampler_peak_bytes=sampler,
+            formula=f"ceil({factor} [graph_forward_factor] x {peak.peak_bytes:,} [B: graph peak "
+            f"of {tokens:,} tokens on one of {tp} tensor-parallel ranks, {peak.attention} "
+            f"attention]) = {forward:,} B",
+        )
+    factor = VLLM_0_19.forward_activation_factor
+    forward = forward_peak_bytes(model, tokens, tp, resolved.dtype_bytes)
+    per_token = f"{model.experts_per_token} x 3 x {model.intermediate_size} / {tp} + 2 x " + str(
+        model.hidden_size
+    )
+    return ProfileForward(
+        source="formula",
+        tokens=tokens,
+        tensor_parallel_size=tp,
+        factor=factor,
+        forward_peak_bytes=forward,
+        sampler_peak_bytes=sampler,
+        formula=f"ceil({factor} [forward_activation_factor] x {tokens:,} [tokens] x "
+        f"{resolved.dtype_bytes} [B] x ({per_token})) = {forward:,} B",
+        fallback_reason=reason,
+    )
 
 
 def _answer(
@@ -166,6 +297,7 @@ def _answer(
     label: str,
     quantization_config: dict[str, Any] | None,
     kernels: dict[str, bool],
+    graph: ServedGraph | None = None,
 ) -> VllmMemoryResponse:
     options = VllmOptions(
         max_model_len=payload.max_model_len,
@@ -207,7 +339,10 @@ def _answer(
                 fp8_marlin=kernels["fp8_marlin"],
             )
             weights = quantized.stage_weights_bytes
-        memory = engine_memory(model, options, visible, weights)
+        forward = profile_forward(model, resolved, graph)
+        memory = engine_memory(
+            model, options, visible, weights, forward_peak=forward.forward_peak_bytes
+        )
     except EngineInputError as exc:
         raise InvalidInput(str(exc), pointer=f"/{exc.field}") from None
     defaults = [name for name in _DEFAULTED if getattr(payload, name) is None]
@@ -240,8 +375,23 @@ def _answer(
             else f"; quantized linears as {quantized.scheme.describe()}, stored as vLLM 0.19 "
             "keeps them after loading (app.domain.engines.quantization)"
         ),
-        "profile forward peak: the engine profile's fitted formula over max_num_batched_tokens "
-        "(app.domain.engines.vllm.forward_peak_bytes), not a graph replay",
+        (
+            f"profile forward peak from the model's graph: one inference forward of "
+            f"{forward.tokens:,} tokens (max_num_batched_tokens; vLLM 0.19 GPUModelRunner."
+            "_dummy_run flattens its dummy requests into one token batch) on one of "
+            f"{forward.tensor_parallel_size} tensor-parallel ranks, {forward.attention} "
+            "attention, no KV cache (the profile runs before it exists), no logits over all "
+            "tokens: "
+            f"{forward.graph_peak_bytes or 0:,} B per rank"
+            + (f" ({forward.graph_peak_at})" if forward.graph_peak_at else "")
+            + f", x {forward.factor} (graph_forward_factor, fit on cluster F) = "
+            f"{forward.forward_peak_bytes:,} B; the last stage takes the larger of it and the "
+            f"dummy sampler run's {forward.sampler_peak_bytes:,} B"
+            if forward.source == "graph"
+            else "profile forward peak: the engine profile's fitted formula over "
+            "max_num_batched_tokens (app.domain.engines.vllm.forward_peak_bytes), because the "
+            f"graph could not be laid out: {forward.fallback_reason}"
+        ),
         f"model dtype {model.dtype}: "
         + (
             "the config's torch_dtype as vLLM's `auto` takes it (float32 or none: bfloat16)"
@@ -297,6 +447,7 @@ def _answer(
         engine=EngineProfileInfo(
             name=VLLM_0_19.name, version=VLLM_0_19.version, sources=dict(VLLM_0_19.sources)
         ),
+        profile_forward=forward,
         assumptions=assumptions,
     )
 

@@ -17,13 +17,14 @@ the peer's published errors beside them.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from app.domain.engines.families import MlaGeometry  # noqa: E402
+from app.domain.engines.profile_forward import GraphForwardPeak, graph_forward_peak  # noqa: E402
 from app.domain.engines.quantization import (  # noqa: E402
     QuantizedWeights,
     quantized_stage_weights,
@@ -46,8 +48,11 @@ from app.domain.engines.vllm import (  # noqa: E402
     VllmOptions,
     decoder_stage_weights_bytes,
     engine_memory,
+    graph_forward_peak_bytes,
 )
 from app.domain.units import GIB  # noqa: E402
+from app.importers.hf_config import import_hf_config  # noqa: E402
+from app.services.convert import serving_model  # noqa: E402
 
 CALIBRATION = Path(
     os.environ.get("CAPPLAN_CALIBRATION", "/work/shared/reference/cuda_published_calibration.yaml")
@@ -146,6 +151,93 @@ MODELS: dict[str, ServingModel] = {
         dense_intermediate_size=10944,
     ),
 }
+
+# The graph of each model, for the profile forward's peak: an HF config from
+# tests/fixtures/hf_configs (public config.json files, see SOURCES.md there) imported with
+# app.importers.hf_config, with the fields where the served checkpoint differs from the fixture
+# overridden by its own config.json values (those of MODELS above). check_graphs() asserts that
+# each imported graph maps back to MODELS' geometry.
+FIXTURES = ROOT / "tests" / "fixtures" / "hf_configs"
+HF_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
+    # Llama-3.1-8B: Llama-3-8B's geometry with a 131072 context (its rope scaling changes no
+    # tensor size)
+    "llama31-8b": ("llama-3-8b", {"max_position_embeddings": 131072}),
+    "qwen25-7b": (  # Qwen2.5-7B: the Qwen2 architecture at 7B geometry, untied head
+        "qwen2-0.5b",
+        {
+            "hidden_size": 3584,
+            "intermediate_size": 18944,
+            "num_attention_heads": 28,
+            "num_key_value_heads": 4,
+            "num_hidden_layers": 28,
+            "vocab_size": 152064,
+            "tie_word_embeddings": False,
+            "max_position_embeddings": 32768,
+        },
+    ),
+    # granite-3.1-8b: granite-3.3-8b's geometry with its 49155-entry vocabulary
+    "granite31-8b": ("granite-3.3-8b-instruct", {"vocab_size": 49155}),
+    "phi-4": (  # microsoft/phi-4 is a Phi3ForCausalLM (model_type phi3) without sliding window
+        "phi-3-mini-4k-instruct",
+        {
+            "hidden_size": 5120,
+            "intermediate_size": 17920,
+            "num_attention_heads": 40,
+            "num_key_value_heads": 10,
+            "num_hidden_layers": 40,
+            "vocab_size": 100352,
+            "max_position_embeddings": 16384,
+            "original_max_position_embeddings": 16384,
+            "sliding_window": None,
+        },
+    ),
+    "gemma2-9b": ("gemma-2-9b-it", {}),
+    "mixtral-8x7b": ("mixtral-8x7b-v0.1", {}),  # the Instruct checkpoint has the same geometry
+    "deepseek-v2-lite": ("deepseek-v2-lite-chat", {}),
+}
+_GRAPHS: dict[str, Any] = {}
+_PEAKS: dict[tuple[str, int, str], GraphForwardPeak] = {}
+
+
+def graph_of(name: str) -> Any:
+    if name not in _GRAPHS:
+        fixture, overrides = HF_CONFIGS[name]
+        raw = {**json.loads((FIXTURES / f"{fixture}.json").read_text()), **overrides}
+        _GRAPHS[name] = import_hf_config(raw)
+    return _GRAPHS[name]
+
+
+def check_graphs() -> None:
+    """Each graph's geometry is the hand-written MODELS entry (dtype and context aside)."""
+    for name, model in MODELS.items():
+        g = graph_of(name)
+        mapped = serving_model(name, g.layers, g.default_bindings)
+        keep = {"dtype", "max_position_embeddings", "sliding_window"}
+        for f in fields(ServingModel):
+            if f.name in keep:
+                continue
+            if getattr(mapped, f.name) != getattr(model, f.name):
+                raise SystemExit(
+                    f"{name}: graph {f.name}={getattr(mapped, f.name)!r} differs from MODELS "
+                    f"({getattr(model, f.name)!r})"
+                )
+
+
+def graph_peak(run: Run, tokens: int = 8192) -> GraphForwardPeak:
+    """The graph's profile-forward peak of the run's model on one rank (no factor)."""
+    key = (run["model"], run["tp"], run["dtype"])
+    if key not in _PEAKS:
+        g = graph_of(run["model"])
+        _PEAKS[key] = graph_forward_peak(
+            g.inputs,
+            g.layers,
+            g.default_bindings,
+            tokens=tokens,
+            tensor_parallel_size=run["tp"],
+            dtype=run["dtype"],
+        )
+    return _PEAKS[key]
+
 
 # Why a run's weights cannot be predicted by decoder_stage_weights_bytes yet.
 NOT_EXPRESSIBLE_WEIGHTS: dict[str, str] = {}
@@ -270,20 +362,38 @@ def _unit(run: Run) -> float:
     return float(8192 * nbytes * per_token)
 
 
-def fit(train: list[Run]) -> EngineProfile:
-    """Constants from the training runs only (see the module docstring)."""
-    fwd_ratios = []
+# Where the profile forward's peak comes from: the model's graph (app.domain.engines.
+# profile_forward, times graph_forward_factor) or the per-architecture formula
+# (forward_peak_bytes, times forward_activation_factor).
+SOURCES = ("graph", "formula")
+DEFAULT_SOURCE = "graph"
+
+
+def _forward_unit(run: Run, source: str) -> float:
+    """The run's forward peak before its factor: the graph's, or the formula's unit."""
+    return float(graph_peak(run).peak_bytes) if source == "graph" else _unit(run)
+
+
+def fit(train: list[Run], source: str = DEFAULT_SOURCE) -> EngineProfile:
+    """Constants from the training runs only (see the module docstring). Both forward factors
+    are fitted on the same observations; ``source`` decides which forward tells the sampler-bound
+    runs (those the sampler's bytes per logit are fitted on) apart."""
+    ratios: dict[str, list[float]] = {"graph": [], "formula": []}
     for r in train:
         # Forward-only observations: pipeline stages before the last (per-rank peaks, the
         # received intermediate tensors taken off), and the fp32 run (the forward exceeds the
         # sampler there: 2.21 GiB vs 1.89 for the same model in bf16).
         model = MODELS[r["model"]]
+        observed = []
         for i, peak in enumerate(r.get("peak_ranks", [])[:-1]):
             recv = 2 * 8192 * model.hidden_size * 2 if i > 0 else 0
-            fwd_ratios.append((peak - recv) / _unit(r))
+            observed.append(peak - recv)
         if r["dtype"] == "float32" and "peak" in r:
-            fwd_ratios.append(r["peak"] / _unit(r))
-    f = statistics.median(fwd_ratios) if fwd_ratios else 1.0
+            observed.append(r["peak"])
+        for src in SOURCES:
+            ratios[src] += [o / _forward_unit(r, src) for o in observed]
+    factors = {src: statistics.median(v) if v else 1.0 for src, v in ratios.items()}
+    f = factors[source]
     sampler_ratios = []
     for r in train:
         if "peak" not in r:
@@ -292,7 +402,7 @@ def fit(train: list[Run]) -> EngineProfile:
         last = r.get("peak_ranks", [r["peak"]])[-1]
         if r["pp"] > 1:
             last -= 2 * 8192 * model.hidden_size * 2
-        if f * _unit(r) < 0.9 * last:  # the sampler decides this peak
+        if f * _forward_unit(r, source) < 0.9 * last:  # the sampler decides this peak
             sampler_ratios.append(last / (1024 * model.vocab_size))
     s = statistics.median(sampler_ratios) if sampler_ratios else 16.0
 
@@ -306,16 +416,27 @@ def fit(train: list[Run]) -> EngineProfile:
     return replace(
         VLLM_0_19,
         sampler_bytes_per_logit=s,
-        forward_activation_factor=f,
+        forward_activation_factor=factors["formula"],
+        graph_forward_factor=factors["graph"],
         non_torch_single_gpu_bytes=round(single),
         non_torch_tensor_parallel_bytes=round(tp),
         non_torch_pipeline_bytes=round(pp),
     )
 
 
-def predict(run: Run, profile: EngineProfile, weights: tuple[int, ...]) -> Run:
+def predict(
+    run: Run, profile: EngineProfile, weights: tuple[int, ...], source: str = DEFAULT_SOURCE
+) -> Run:
+    forward = None
+    if source == "graph":
+        forward = graph_forward_peak_bytes(graph_peak(run).peak_bytes, profile)
     em = engine_memory(
-        MODELS[run["model"]], options(run), H100_80GB_CUDA_VISIBLE_BYTES, weights, profile=profile
+        MODELS[run["model"]],
+        options(run),
+        H100_80GB_CUDA_VISIBLE_BYTES,
+        weights,
+        profile=profile,
+        forward_peak=forward,
     )
     s0 = em.stages[0]
     # The PP 4 row's 3.28 GiB (notes: "first-stage values") is the weights of an 8-layer stage
@@ -344,10 +465,16 @@ def main() -> None:
         "max_num_batched_tokens 8192, max_num_seqs 1024, max_model_len 8192."
     )
     print("Command: `.venv/bin/python benchmarks/engines/vllm_calibration.py`.\n")
+    check_graphs()
+    other = next(src for src in SOURCES if src != DEFAULT_SOURCE)
     full = fit(runs)
     print("## Constants fitted on all 17 runs (the profile's values)\n")
+    print(
+        f"- profile forward peak from: the {DEFAULT_SOURCE} (default; the {other} shown beside it)"
+    )
     print(f"- sampler bytes per logit (max_num_seqs x vocab): {full.sampler_bytes_per_logit:.2f}")
-    print(f"- forward activation factor: {full.forward_activation_factor:.3f}")
+    print(f"- graph forward factor (over the graph's peak): {full.graph_forward_factor:.3f}")
+    print(f"- forward activation factor (formula): {full.forward_activation_factor:.3f}")
     print(
         f"- non-torch per GPU: TP 1 {full.non_torch_single_gpu_bytes / GIB:.2f} GiB, "
         f"TP >= 2 {full.non_torch_tensor_parallel_bytes / GIB:.2f} GiB, "
@@ -357,21 +484,39 @@ def main() -> None:
     same = (
         abs(held.sampler_bytes_per_logit - full.sampler_bytes_per_logit) < 0.01
         and abs(held.forward_activation_factor - full.forward_activation_factor) < 0.001
+        and abs(held.graph_forward_factor - full.graph_forward_factor) < 0.001
         and abs(held.non_torch_single_gpu_bytes - full.non_torch_single_gpu_bytes) < 0.01 * GIB
         and abs(held.non_torch_tensor_parallel_bytes - full.non_torch_tensor_parallel_bytes)
         < 0.01 * GIB
         and abs(held.non_torch_pipeline_bytes - full.non_torch_pipeline_bytes) < 0.01 * GIB
     )
     print(f"app.domain.engines.vllm.VLLM_0_19 holds these values: {'yes' if same else 'NO'}\n")
+    print("## The graph's profile forward (batch 1 x 8192 tokens, per rank, no factor)\n")
+    print(
+        "app.domain.engines.profile_forward.graph_forward_peak over each model's graph "
+        "(HF_CONFIGS in this script): inference, flash attention (memory-efficient in fp32), no "
+        "KV cache, logits of the last position only; allocated bytes over the weights.\n"
+    )
+    print("| model | TP | dtype | graph peak GiB | at | parts (GiB) |")
+    print("|---|---|---|---|---|---|")
+    for key in sorted({(r["model"], r["tp"], r["dtype"]) for r in runs}):
+        g = graph_peak({"model": key[0], "tp": key[1], "dtype": key[2]})
+        parts = ", ".join(f"{k} {v / GIB:.3f}" for k, v in g.lines if v)
+        print(
+            f"| {key[0]} | {key[1]} | {key[2]} | {g.peak_bytes / GIB:.3f} | {g.where} | {parts} |"
+        )
+    print()
     errs: dict[str, list[float]] = {"weights": [], "peak": [], "non_torch": [], "kv": []}
+    other_peak: list[float] = []
     engine_only: dict[str, list[float]] = {"peak": [], "non_torch": [], "kv": []}
     start_ok = 0
     print("## Per run (LOMO: constants fitted without the run's model)\n")
     print(
         "| run | TP | PP | weights GiB meas / pred (err) | peak GiB meas / pred (err) | "
-        "non-torch GiB meas / pred (diff) | KV tokens meas / pred (err) | starts | weights from |"
+        "non-torch GiB meas / pred (diff) | KV tokens meas / pred (err) | starts | weights from | "
+        f"peak GiB from the {other} (err) |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     not_expr = []
     for run in runs:
         prof = fit([r for r in runs if r["model"] != run["model"]])
@@ -385,6 +530,13 @@ def main() -> None:
             source = "logged (not expressible)"
             not_expr.append((run["id"], why))
         p = predict(run, prof, weights)
+        alt = "-"
+        if "peak" in run:
+            q = predict(
+                run, fit([r for r in runs if r["model"] != run["model"]], other), weights, other
+            )
+            other_peak.append(pct(q["peak"], run["peak"]))
+            alt = f"{q['peak'] / GIB:.2f} ({other_peak[-1]:+.2f} %)"
         cells = []
         for key in ("weights", "peak", "non_torch"):
             if key in run:
@@ -407,7 +559,7 @@ def main() -> None:
         print(
             f"| {run['id']} | {run['tp']} | {run['pp']} | {' | '.join(cells)} | "
             f"{run['kv']:,.0f} / {p['kv']:,} ({e:+.2f} %) | {'yes' if p['starts'] else 'NO'} | "
-            f"{source} |"
+            f"{source} | {alt} |"
         )
     pp4 = next(r for r in runs if r["id"].endswith("pp4"))
     stage0 = predicted_weights(pp4, full)[0] / GIB
@@ -478,8 +630,13 @@ def main() -> None:
         f"median <= 2, worst <= 5 | {PEER['kv']} | {MAIN['kv']} |"
     )
     print(
-        f"| profile peak \\|err\\| % | {summary(errs['peak'])} | {summary(engine_only['peak'])} | "
-        f"median <= 15 | {PEER['peak']} | {MAIN['peak']} |"
+        f"| profile peak \\|err\\| % (forward from the {DEFAULT_SOURCE}) | "
+        f"{summary(errs['peak'])} | {summary(engine_only['peak'])} | median <= 15 | "
+        f"{PEER['peak']} | {MAIN['peak']} |"
+    )
+    print(
+        f"| profile peak \\|err\\| % (forward from the {other}) | {summary(other_peak)} | - | "
+        f"median <= 15 | | |"
     )
     print(
         f"| non-torch \\|diff\\| GiB | {summary(errs['non_torch'])} | "
@@ -511,6 +668,25 @@ def main() -> None:
         f"| engine answer with a GPTQ quantization_config (scheme, stored weights, memory), "
         f"warm (median of 200) | {statistics.median(qtimes) * 1e3:.3f} ms | | < 20 ms | | |"
     )
+    for name in ("llama31-8b", "deepseek-v2-lite"):
+        g = graph_of(name)
+        cpu = []
+        for _ in range(5):
+            t0 = time.process_time()
+            graph_forward_peak(
+                g.inputs,
+                g.layers,
+                g.default_bindings,
+                tokens=8192,
+                tensor_parallel_size=1,
+                dtype="bfloat16",
+            )
+            cpu.append(time.process_time() - t0)
+        print(
+            f"| the graph's forward peak of {name} at 8192 tokens, uncached (min CPU of 5; the "
+            f"service caches it per graph, tokens, TP and dtype) | {min(cpu) * 1e3:.1f} ms | | "
+            "< 20 ms (with the answer) | | |"
+        )
     print(f"| start / no-start | {start_ok} of {len(runs)} right | | every run | | |")
 
 

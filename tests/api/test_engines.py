@@ -9,6 +9,7 @@ import pytest
 
 from app.config import PROJECT_ROOT
 from app.domain.engines.families import MlaGeometry
+from app.domain.engines.profile_forward import graph_forward_peak
 from app.domain.engines.vllm import (
     H100_80GB_CUDA_VISIBLE_BYTES,
     NO_MEMORY_MESSAGE,
@@ -16,7 +17,9 @@ from app.domain.engines.vllm import (
     VllmOptions,
     decoder_stage_weights_bytes,
     engine_memory,
+    graph_forward_peak_bytes,
 )
+from app.importers.hf_config import import_hf_config
 from tests.api.helpers import assert_problem
 from tests.support import ApiClient, table_counts
 
@@ -363,9 +366,28 @@ def test_imported_decoders_map_to_their_config_geometry(client: ApiClient, name:
     assert response.status_code == 200, response.text
     body = response.json()
     weights = decoder_stage_weights_bytes(model, tp, 1, 2)
-    expected = engine_memory(
-        model, VllmOptions(tensor_parallel_size=tp), H100_80GB_CUDA_VISIBLE_BYTES, weights
+    # the profile forward from the config's own graph: 8192 tokens (the H100's default
+    # max_num_batched_tokens) on one of 2 tensor-parallel ranks, in bf16
+    graph = import_hf_config(config, sequence_length=4096)
+    peak = graph_forward_peak(
+        graph.inputs,
+        graph.layers,
+        graph.default_bindings,
+        tokens=8192,
+        tensor_parallel_size=tp,
+        dtype="bfloat16",
     )
+    expected = engine_memory(
+        model,
+        VllmOptions(tensor_parallel_size=tp),
+        H100_80GB_CUDA_VISIBLE_BYTES,
+        weights,
+        forward_peak=graph_forward_peak_bytes(peak.peak_bytes),
+    )
+    forward = body["profile_forward"]
+    assert forward["source"] == "graph"
+    assert (forward["tokens"], forward["tensor_parallel_size"]) == (8192, 2)
+    assert forward["graph_peak_bytes"] == peak.peak_bytes
     assert body["weights_bytes"] == weights[0]
     assert body["kv_tokens"] == expected.kv_tokens
     assert body["stages"][0]["kv_bytes_per_token"] == expected.stages[0].kv_bytes_per_token
@@ -442,3 +464,65 @@ def test_a_bad_hf_config_request_is_a_422_naming_the_field(
     pointers = [e.get("pointer") for e in problem.get("errors", [])] + [problem.get("pointer")]
     assert pointer in pointers, problem
     assert table_counts(db_url) == before
+
+
+# A tiny Llama (tests/domain/test_profile_forward.py derives its graph peak by hand).
+TINY_LLAMA: dict[str, Any] = {
+    "model_type": "llama",
+    "hidden_size": 1024,
+    "intermediate_size": 4096,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 2,
+    "vocab_size": 32000,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "rms_norm_eps": 1e-5,
+}
+
+
+def test_the_profile_peak_comes_from_the_graph(client: ApiClient, db_url: str) -> None:
+    before = table_counts(db_url)
+    response = client.post(
+        URL,
+        json={
+            "hf_config": TINY_LLAMA,
+            "hardware": H100,
+            "max_num_batched_tokens": 512,
+            "max_num_seqs": 4,
+        },
+    )
+    assert response.status_code == 200, response.text
+    body = response.json()
+    forward = body["profile_forward"]
+    assert forward["source"] == "graph"
+    assert (forward["tokens"], forward["tensor_parallel_size"]) == (512, 1)
+    # 4,096 B input ids + 3,149,824 B live activations + 12 MiB gated-MLP transients + the
+    # 32 MiB cuBLAS workspace, per rank (hand-derived in tests/domain/test_profile_forward.py)
+    assert forward["graph_peak_bytes"] == 49_291_264
+    assert forward["graph_peak_at"] == "during the forward of 'layers.0.mlp'"
+    assert forward["attention"] == "flash"
+    assert forward["graph_peak_parts"]["transient"] == 12 * 2**20
+    assert forward["factor"] == 1.2
+    assert forward["forward_peak_bytes"] == 59_149_517  # ceil(1.2 x 49,291,264)
+    assert forward["sampler_peak_bytes"] < forward["forward_peak_bytes"]
+    assert "fallback_reason" not in forward
+    # one stage, the last: max(forward, sampler) is the forward
+    assert body["stages"][0]["profile_peak_bytes"] == body["profile_peak_bytes"] == 59_149_517
+    assert any(
+        "from the model's graph" in line and "512 tokens" in line and "49,291,264 B" in line
+        for line in body["assumptions"]
+    )
+    assert table_counts(db_url) == before
+
+
+def test_tensor_parallel_splits_the_graph_peak(client: ApiClient) -> None:
+    one, four = _post(client), _post(client, tensor_parallel_size=4)
+    assert four["profile_forward"]["tensor_parallel_size"] == 4
+    assert four["profile_forward"]["graph_peak_bytes"] < one["profile_forward"]["graph_peak_bytes"]
+    # Llama-3-8B at 8192 tokens: the sampler's 1024 x 128256 logits decide the peak either way
+    assert one["profile_peak_bytes"] == one["profile_forward"]["sampler_peak_bytes"]
+    # pipeline: the first stage's peak is the forward alone
+    first, _ = _post(client, pipeline_parallel_size=2)["stages"]
+    assert first["profile_peak_bytes"] == one["profile_forward"]["forward_peak_bytes"]

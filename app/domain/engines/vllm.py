@@ -73,6 +73,10 @@ NO_MEMORY_MESSAGE = (
 )
 
 
+# The profile forward's peak over the graph's (see EngineProfile.graph_forward_factor).
+GRAPH_FORWARD_FACTOR = 1.2
+
+
 @dataclass(frozen=True)
 class EngineProfile:
     """Per-engine constants of the start-up memory model, each with its source in ``sources``.
@@ -85,6 +89,9 @@ class EngineProfile:
     graphs take (0 with ``enforce_eager``); ``graphs_before_kv``: whether the engine subtracts it
     before sizing the KV pool. ``pp_received_tensors``: tensors of ``tokens x hidden`` a
     non-first pipeline stage keeps from the previous stage during the profile.
+    ``graph_forward_factor``: the profile forward's peak over the graph's
+    (:func:`app.domain.engines.profile_forward.graph_forward_peak`), applied by
+    :func:`graph_forward_peak_bytes`.
     """
 
     name: str
@@ -103,6 +110,7 @@ class EngineProfile:
     graphs_before_kv: bool
     pp_received_tensors: int
     vocab_padding: int
+    graph_forward_factor: float = 1.0
     sources: dict[str, str] = field(default_factory=dict)
 
 
@@ -114,7 +122,7 @@ VLLM_0_19 = EngineProfile(
     large_gpu_bytes=70 * GIB,
     default_max_num_batched_tokens=(8192, 2048),
     default_max_num_seqs=(1024, 256),
-    sampler_bytes_per_logit=15.45,
+    sampler_bytes_per_logit=15.43,
     forward_activation_factor=1.344,
     non_torch_single_gpu_bytes=round(0.25 * GIB),
     non_torch_tensor_parallel_bytes=round(2.10 * GIB),
@@ -123,6 +131,7 @@ VLLM_0_19 = EngineProfile(
     graphs_before_kv=False,
     pp_received_tensors=2,
     vocab_padding=64,
+    graph_forward_factor=GRAPH_FORWARD_FACTOR,
     sources={
         "default_gpu_memory_utilization": (
             "vllm/config/cache.py CacheConfig.gpu_memory_utilization = 0.9"
@@ -136,7 +145,8 @@ VLLM_0_19 = EngineProfile(
         "default_max_num_seqs": "as default_max_num_batched_tokens",
         "sampler_bytes_per_logit": (
             "fit on cluster F (benchmarks/engines/vllm_calibration.py; 14.9-15.9 B on the "
-            "sampler-bound runs, the same at TP 1/2/4): GPUModelRunner._dummy_sampler_run "
+            "runs whose peak the graph's forward does not explain, the same at TP 1/2/4): "
+            "GPUModelRunner._dummy_sampler_run "
             "(vllm/v1/worker/gpu_model_runner.py) computes the logits of max_num_seqs rows and "
             "runs the sampler, which skips top-k/top-p and logprobs during profiling (its NOTE); "
             "the "
@@ -145,7 +155,7 @@ VLLM_0_19 = EngineProfile(
         ),
         "forward_activation_factor": (
             "fit on cluster F pipeline stages without the sampler and the fp32 run "
-            "(benchmarks/engines/vllm_calibration.py)"
+            "(benchmarks/engines/vllm_calibration.py); the fallback when no graph is at hand"
         ),
         "non_torch_single_gpu_bytes": "fit on cluster F TP 1 runs (0.24-0.46 GiB logged)",
         "non_torch_tensor_parallel_bytes": (
@@ -167,6 +177,14 @@ VLLM_0_19 = EngineProfile(
             "vllm/model_executor/layers/vocab_parallel_embedding.py DEFAULT_VOCAB_PADDING_SIZE"
         ),
         "start_verdict": "vllm/v1/core/kv_cache_utils.py check_enough_kv_cache_memory",
+        "graph_forward_factor": (
+            "fit on cluster F pipeline stages without the sampler and the fp32 run (Llama-3.1-8B: "
+            "1.05-1.10 GiB logged over a graph peak of 0.875 GiB in bf16, 2.21 over 1.72 in "
+            "fp32), over the memory engine's forward peak of the graph at "
+            "max_num_batched_tokens tokens (app.domain.engines.profile_forward; "
+            "benchmarks/engines/vllm_calibration.py: LOMO profile peak median 3.10 %, worst "
+            "22.0 %, vs 3.07 % / 29.0 % for the formula)"
+        ),
     },
 )
 
@@ -374,10 +392,18 @@ def forward_peak_bytes(
 ) -> int:
     """The profile forward's activation peak of ``tokens`` dummy tokens on one rank [B]:
     ``factor x tokens x bytes x (experts_per_token x 3 x intermediate / tp + 2 x hidden)``.
-    A caller holding a graph analysis of the forward at ``tokens`` tokens passes its peak to
-    :func:`engine_memory` instead."""
+    A caller holding the model's graph passes :func:`graph_forward_peak_bytes` of its peak to
+    :func:`engine_memory` instead (the service does)."""
     per_token = model.experts_per_token * 3 * model.intermediate_size / tp + 2 * model.hidden_size
     return math.ceil(profile.forward_activation_factor * tokens * dtype_bytes * per_token)
+
+
+def graph_forward_peak_bytes(graph_peak_bytes: int, profile: EngineProfile = VLLM_0_19) -> int:
+    """The profile forward's peak on one rank from the graph's [B]:
+    ``ceil(graph_forward_factor x graph_peak_bytes)``, the graph's peak from
+    :func:`app.domain.engines.profile_forward.graph_forward_peak` at ``max_num_batched_tokens``
+    tokens, the rank's tensor-parallel share and the engine's dtype."""
+    return math.ceil(profile.graph_forward_factor * graph_peak_bytes)
 
 
 def non_torch_bytes(tp: int, pp: int, profile: EngineProfile = VLLM_0_19) -> int:
@@ -498,7 +524,8 @@ def engine_memory(
         :func:`decoder_stage_weights_bytes`).
     forward_peak : int, optional
         The profile forward's activation peak on one rank [B] from a graph analysis at
-        ``max_num_batched_tokens`` tokens; :func:`forward_peak_bytes` otherwise.
+        ``max_num_batched_tokens`` tokens (:func:`graph_forward_peak_bytes`);
+        :func:`forward_peak_bytes` otherwise.
     """
     opts = resolve_options(options, model, cuda_visible_bytes, profile)
     tp, pp = opts.tensor_parallel_size, opts.pipeline_parallel_size
@@ -552,6 +579,7 @@ def engine_memory(
 
 __all__ = [
     "DTYPE_BYTES",
+    "GRAPH_FORWARD_FACTOR",
     "H100_80GB_CUDA_VISIBLE_BYTES",
     "NO_MEMORY_MESSAGE",
     "VLLM_0_19",
@@ -565,6 +593,7 @@ __all__ = [
     "decoder_stage_weights_bytes",
     "engine_memory",
     "forward_peak_bytes",
+    "graph_forward_peak_bytes",
     "kv_cache_bytes_per_token",
     "non_torch_bytes",
     "resolve_options",
