@@ -31,9 +31,10 @@ from app.domain.workload import Runtime
 from app.schemas.engine_options import EngineFitRead, EngineOptions
 from app.schemas.estimates import WorkloadInput
 from app.services.cache import LruCache
-from app.services.convert import GraphSource, domain_engine, engine_choice_of, serving_model
+from app.services.convert import GraphSource, domain_engine, engine_choice_of
 from app.services.engines import visible_memory
 from app.services.errors import InvalidInput
+from app.services.serving_geometry import serving_model
 
 _GEOMETRY: LruCache[str, ServingModel] = LruCache(size=128, name="serving_geometry")
 

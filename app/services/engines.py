@@ -56,8 +56,9 @@ from app.schemas.engines import (
     VllmMemoryRequest,
     VllmMemoryResponse,
 )
-from app.services.convert import compute_capability, input_decls, serving_model
+from app.services.convert import compute_capability, input_decls
 from app.services.errors import InvalidInput, NotFound
+from app.services.serving_geometry import serving_model
 
 # Options whose omission takes the engine's (or the model's) default.
 _DEFAULTED = (

@@ -52,7 +52,7 @@ from app.domain.engines.vllm import (  # noqa: E402
 )
 from app.domain.units import GIB  # noqa: E402
 from app.importers.hf_config import import_hf_config  # noqa: E402
-from app.services.convert import serving_model  # noqa: E402
+from app.services.serving_geometry import serving_model  # noqa: E402
 
 CALIBRATION = Path(
     os.environ.get("CAPPLAN_CALIBRATION", "/work/shared/reference/cuda_published_calibration.yaml")

@@ -1,5 +1,5 @@
 """Engine weights of MLA and DeepSeek MoE (app.domain.engines.families), hand-derived, and the
-serving geometry app.services.convert.serving_model reads from imported served families."""
+serving geometry app.services.serving_geometry.serving_model reads from imported served families."""
 
 import json
 from typing import Any
@@ -16,8 +16,8 @@ from app.domain.engines.vllm import (
     engine_memory,
 )
 from app.importers.hf_config import import_hf_config
-from app.services.convert import serving_model
 from app.services.errors import InvalidInput
+from app.services.serving_geometry import serving_model
 
 CONFIGS = PROJECT_ROOT / "tests" / "fixtures" / "hf_configs"
 
