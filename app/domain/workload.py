@@ -337,6 +337,10 @@ DEFAULTS: tuple[DefaultRule, ...] = (
     DefaultRule("kv_cache", "true for decoders (causal attention) at inference; encoders have "
                 "none", ""),
     DefaultRule("safety_margin_fraction", "0.05", "of estimate + context + workspace"),
+    DefaultRule("cuda_context_bytes", "the CUDA context table's figure for the GPU's compute "
+                "capability, CUDA 12 with lazy module loading (400 MiB for a GPU with no own "
+                "figure); a hardware profile's figure first",
+                "published figures, app/domain/cuda_context.py; echoed in defaults_used"),
 )  # fmt: skip
 
 DEFAULT_SAFETY_MARGIN_FRACTION = 0.05

@@ -40,6 +40,9 @@ class Storage(StrEnum):
     FP32 = "fp32"  # always 4 bytes (norm statistics, upcast softmax)
     INT64 = "int64"  # indices
     MASK = "dropout_mask"  # runtime dependent: 1 B on CUDA, the activation dtype on CPU
+    # Hugging Face eager attention's materialised [N, 1, S, S] causal mask: the activation dtype
+    # on CUDA; not counted on CPU, whose attention rule is the one measured (benchmarks/fidelity)
+    CAUSAL_MASK = "causal_mask"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -800,8 +803,10 @@ def attention(ctx: OpContext) -> OpResult:
             ]
         elif ctx.runtime is Runtime.CUDA and ctx.precision not in _FP32_COMPUTE:
             saved.append(Saved(label="probs_cast", source="new", numel=score_pairs))
-        if ctx.runtime is Runtime.CUDA and causal:
-            transients.append(Transient(label="causal_mask", numel=n * seq * seq))
+        if causal:
+            transients.append(
+                Transient(label="causal_mask", numel=n * seq * seq, storage=Storage.CAUSAL_MASK)
+            )
     return OpResult(
         shape=ctx.x.shape,
         param_shapes=tuple(params),
