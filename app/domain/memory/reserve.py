@@ -135,7 +135,7 @@ class ReservePoint:
     label: str
     allocated_bytes: int
     reserved_bytes: int
-    segments: int
+    segments: int | None = None  # from the replay's peaks, when the caller has them
 
 
 def monotone_report(points: Sequence[ReservePoint]) -> list[str]:
@@ -151,8 +151,13 @@ def monotone_report(points: Sequence[ReservePoint]) -> list[str]:
                 f"{before.label} -> {after.label}: allocated grows "
                 f"{_mib(before.allocated_bytes)} -> {_mib(after.allocated_bytes)} but reserved "
                 f"falls {_mib(before.reserved_bytes)} -> {_mib(after.reserved_bytes)}: the cached "
-                f"blocks no request fit fall from {_mib(cached_before)} to {_mib(cached_after)} "
-                f"({before.segments} -> {after.segments} segments): at {after.label} the freed "
+                f"blocks no request fit fall from {_mib(cached_before)} to {_mib(cached_after)}"
+                + (
+                    f" ({before.segments} -> {after.segments} segments)"
+                    if before.segments is not None and after.segments is not None
+                    else ""
+                )
+                + f": at {after.label} the freed "
                 "blocks fit the later requests and are reused, at "
                 f"{before.label} they did not and new segments were cudaMalloc-ed"
             )

@@ -196,7 +196,6 @@ def cluster_b(rows: list[dict[str, Any]]) -> int:
             label=f"b1 s{s}",
             allocated_bytes=by_key[(1, s, "sdpa")][1].allocated,
             reserved_bytes=by_key[(1, s, "sdpa")][1].reserved,
-            segments=0,
         )
         for s in (128, 256, 512, 1024, 2048)
     ]
@@ -261,6 +260,48 @@ def _ratio_row(label: str, pub_a: float, pub_b: float, pred_a: int, pred_b: int)
     return int(abs(error) > 0.15)
 
 
+def reserve_series() -> None:
+    """Issue 32's reserved-vs-sequence-length series (Llama-2-7B, SGD, full checkpointing,
+    batch 2, A100; bf16 assumed, the issue names no precision): the replay's reserved figures
+    and, where reserved falls while allocated grows, the reason."""
+    from app.domain.memory.estimate import analyze_for
+    from app.domain.workload import Checkpointing
+    from app.domain.zoo import ZOO
+
+    model = ZOO["llama-2-7b"]
+    print("\n## Reserved along the sequence length: Llama-2-7B, SGD, full checkpointing, b2\n")
+    print("| tokens | allocated | reserved | reserve over allocated |")
+    print("|---:|---:|---:|---:|")
+    points = []
+    for seq in (512, 1024, 2048, 3072, 4096):
+        request = MemoryRequest(
+            mode=Mode.TRAINING,
+            precision=Precision.BF16,
+            optimizer=Optimizer.SGD,
+            checkpointing=Checkpointing.FULL,
+            runtime=Runtime.CUDA,
+            overhead=FrameworkOverhead(workspace_bytes=cublas_workspace("Ampere GA100")[0]),
+        )
+        bindings = {**model.default_bindings, "batch": 2, "seq": seq}
+        analysis = analyze_for(model.inputs, model.layers, bindings, request)
+        cuda = estimate_memory(analysis, request, explain=False).cuda
+        assert cuda is not None
+        cached = cuda.reserved_bytes - cuda.allocated_bytes
+        print(
+            f"| {seq:,} | {cuda.allocated_bytes / GIB:.2f} GiB | {cuda.reserved_bytes / GIB:.2f} "
+            f"GiB | {100 * cached / cuda.allocated_bytes:.1f} % |"
+        )
+        points.append(
+            ReservePoint(
+                label=f"S={seq}",
+                allocated_bytes=cuda.allocated_bytes,
+                reserved_bytes=cuda.reserved_bytes,
+            )
+        )
+    report = monotone_report(points)
+    print("\n" + ("\n".join(f"- {line}" for line in report) or "reserved is monotone here"))
+
+
 NOT_EXPRESSIBLE = {
     "peft-t0_3b-lora-ds-offload": "pending: ZeRO-3 / DeepSpeed CPU offload (another helper)",
     "peft-mt0xxl-full": "published OOM only (> 80 GB): no ratio; mT5-XXL config not added",
@@ -292,6 +333,7 @@ def main() -> int:
         if key in clusters:
             clusters[key].append(row)
     missed = cluster_b(clusters["B"])
+    reserve_series()
     ratio_missed, pending = ratios(clusters["C"] + clusters["E"])
     missed += ratio_missed
     print("\n## Rows not yet expressible (or approximated)\n")
