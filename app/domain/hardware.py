@@ -114,6 +114,9 @@ class FrameworkOverhead:
     expandable_segments: bool = False  # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
     workspace_source: str = cublas_workspace(None)[1]
     context_source: str = CUDA_CONTEXT_SOURCE
+    # Non-empty: the context is the CUDA context table's default (app.domain.cuda_context), and
+    # this says what it assumed (loading, CUDA major, the GPU's row), for defaults_used.
+    context_default: str = ""
 
     def __post_init__(self) -> None:
         for name in ("cuda_context_bytes", "workspace_bytes"):

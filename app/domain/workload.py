@@ -412,6 +412,10 @@ DEFAULTS: tuple[DefaultRule, ...] = (
     DefaultRule("keep_gradients", "false: zero_grad(set_to_none=True)", "PyTorch 2.x default"),
     DefaultRule("activation_offload", "false", "training on CUDA"),
     DefaultRule("parallelism.cpu_offload", "false", "ZeRO-3 / FSDP on CUDA"),
+    DefaultRule("cuda_context_bytes", "the CUDA context table's figure for the GPU's compute "
+                "capability, CUDA 12 with lazy module loading (400 MiB for a GPU with no own "
+                "figure); a hardware profile's figure first",
+                "published figures, app/domain/cuda_context.py; echoed in defaults_used"),
 )  # fmt: skip
 
 DEFAULT_SAFETY_MARGIN_FRACTION = 0.05

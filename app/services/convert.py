@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from app.db.models import Hardware, MigProfile, Workload, utcnow
 from app.db.repositories import HardwareRepository, ModelRepository
+from app.domain.cuda_context import cuda_context
 from app.domain.engines.choice import EngineChoice
 from app.domain.engines.vllm import VllmOptions
 from app.domain.graph.analysis import InputDecl
@@ -310,12 +311,19 @@ def hardware_overhead(
         values["workspace_bytes"], values["workspace_source"] = cublas_workspace(
             hardware.architecture
         )
+    # The CUDA context from the table of published figures (CUDA 12, lazy loading), by the
+    # GPU's compute capability; a profile's or the request's figure replaces it.
+    context = cuda_context(compute_capability(hardware) if hardware is not None else None)
+    values["cuda_context_bytes"] = context.context_bytes
+    values["context_source"] = context.source
+    values["context_default"] = context.assumption
     if hardware is not None and hardware.framework_overhead:
         values.update(hardware.framework_overhead)
         if "workspace_bytes" in hardware.framework_overhead:
             values["workspace_source"] = f"workspace per handle and stream from {hardware.slug}"
         if "cuda_context_bytes" in hardware.framework_overhead:
             values["context_source"] = f"CUDA context from the hardware profile {hardware.slug}"
+            values["context_default"] = ""
     if override is not None:
         given = override.model_dump(exclude_none=True)
         values.update(given)
@@ -323,6 +331,7 @@ def hardware_overhead(
             values["workspace_source"] = "workspace per handle and stream, as the request set it"
         if "cuda_context_bytes" in given:
             values["context_source"] = "CUDA context, as the request set it"
+            values["context_default"] = ""
     return FrameworkOverhead(**values)
 
 
@@ -557,7 +566,12 @@ def overhead_sources(
     given = override.model_dump(exclude_none=True) if override is not None else {}
     sources = {}
     for key, field_name, default in (
-        ("cuda_context", "cuda_context_bytes", "default, PyTorch with lazy module loading"),
+        (
+            "cuda_context",
+            "cuda_context_bytes",
+            "default, "
+            + cuda_context(compute_capability(hardware) if hardware is not None else None).source,
+        ),
         ("workspace", "workspace_bytes", "default cuBLAS/cuDNN workspace"),
     ):
         if field_name in given:

@@ -139,6 +139,7 @@ class EstimateRun:
     analysis: GraphAnalysis
     result: MemoryEstimate
     resolved: ResolvedWorkload
+    context_default: str = ""  # CUDA: what the CUDA context table's default assumed
 
     @property
     def attention(self) -> list[str]:
@@ -155,6 +156,14 @@ class EstimateRun:
             value = ", ".join(impl.value for impl, _ in self.analysis.attention_used)
             why = "; ".join(why for _, why in self.analysis.attention_used)
             rows.append(DefaultUsedRow(option="attention", value=value, reason=why))
+        if self.context_default and self.result.cuda is not None:
+            rows.append(
+                DefaultUsedRow(
+                    option="cuda_context_bytes",
+                    value=str(self.result.cuda.context_bytes),
+                    reason=self.context_default,
+                )
+            )
         return rows
 
 
@@ -278,6 +287,7 @@ def estimate_graph(
         analysis=analysis,
         result=result,
         resolved=resolved,
+        context_default=overhead.context_default,
     )
     if cache_key is not None:
         _CACHE.put(cache_key, run)

@@ -371,7 +371,11 @@ def test_defaults_are_echoed_and_follow_the_table(client: ApiClient) -> None:
         "sequence_length": "8192",
         "logits": "last",
         "attention": "flash",
+        # the CUDA context table (issue 32): A100 (sm80), CUDA 12 lazy, the row for any GPU
+        "cuda_context_bytes": str(400 * 2**20),
     }
+    (context,) = [row for row in body["defaults_used"] if row["option"] == "cuda_context_bytes"]
+    assert "lazy module loading, CUDA 12, sm80" in context["reason"]
     assert body["precision"] == "bf16"
     assert body["bindings"]["seq"] == 8192
     assert body["attention"][0].startswith("flash: ")
@@ -380,6 +384,7 @@ def test_defaults_are_echoed_and_follow_the_table(client: ApiClient) -> None:
     )
     cpu_used = {row["option"]: row["value"] for row in cpu["defaults_used"]}
     assert cpu_used["precision"] == "fp32"
+    assert "cuda_context_bytes" not in cpu_used  # no CUDA context on a CPU
     assert "kv_cache" not in {line["key"] for line in cpu["breakdown"]}  # an encoder
 
 

@@ -43,7 +43,9 @@ def test_small_workload_fits_the_smallest_profile(client: ApiClient) -> None:
     lines = {line["key"]: line["bytes"] for line in body["required"]}
     assert set(lines) == {"memory_estimate", "cuda_context", "workspace", "safety_margin"}
     assert sum(lines.values()) == body["required_bytes"]
-    assert lines["cuda_context"] == 512 * 2**20
+    # the CUDA context table (issue 32): A100 (sm80), CUDA 12, lazy loading: no own figure, so
+    # the row for any GPU, 400 MiB (pytorch/pytorch#109888)
+    assert lines["cuda_context"] == 400 * 2**20
     assert lines["workspace"] == 2 * 4096 * 1024 + 8 * 16 * 1024  # cuBLAS :4096:2:16:8 (Ampere)
     base = lines["memory_estimate"] + lines["cuda_context"] + lines["workspace"]
     assert lines["safety_margin"] == -(-base // 20)

@@ -146,9 +146,10 @@ def test_beams_that_copy_the_prompt_fit_fewer_requests(client: ApiClient) -> Non
     _, explicit = _one(client, **search, beams_share_prompt=True)
     _, copied = _one(client, **search, beams_share_prompt=False)
     assert explicit == shared  # true is the default
-    assert shared["decoder_serving"]["max_concurrent_requests"] == 1435
-    assert copied["decoder_serving"]["max_concurrent_requests"] == 627  # about 1435 x 448 / 1024
-    assert copied["decoder_serving"]["concurrent_requests"] == 627
+    # A10 (sm86): the CUDA context table's 256 MiB (issue 32; was 512 MiB: 1435 and 627)
+    assert shared["decoder_serving"]["max_concurrent_requests"] == 1451
+    assert copied["decoder_serving"]["max_concurrent_requests"] == 635  # about 1451 x 448 / 1024
+    assert copied["decoder_serving"]["concurrent_requests"] == 635
     assert copied["memory_required_bytes"] <= copied["memory_available_bytes"]
     assert copied["throughput_per_s"] < 0.6 * shared["throughput_per_s"]
 

@@ -59,6 +59,7 @@ from app.domain.memory.liveness import StoragePlan, build_plan, last_reads, seed
 from app.domain.memory.memo import PlanMemo, layer_totals, memoised
 from app.domain.memory.moments import inference_moments, training_moments
 from app.domain.memory.request import MemoryInputError, MemoryRequest
+from app.domain.memory.reserve import explain_reserve
 from app.domain.memory.result import (
     CudaMemory,
     KeptTensor,
@@ -222,6 +223,14 @@ def estimate_memory(
         _split_output(e, parts)
     if request.runtime is Runtime.CUDA:
         cuda_lines(e, parts)
+        if explain and e.allocator is not None and request.overhead.fragmentation_fraction is None:
+            e.notes.setdefault("fragmentation_reserve", []).extend(
+                explain_reserve(
+                    *e.allocator,
+                    expandable=request.overhead.expandable_segments,
+                    workspace_bytes=parts["workspace"],
+                )
+            )
     if explain:
         explain_peak(e, peak, parts)
     lines = breakdown(parts, e.formulas, e.notes, training=training)

@@ -149,6 +149,8 @@ def _transient_terms(e: Estimation, at: str, index: int) -> list[tuple[int, str]
         tp = e.request.parallelism.tensor
         terms = []
         for t in layer.result.transients:
+            if t.storage is Storage.CAUSAL_MASK and e.request.runtime is not Runtime.CUDA:
+                continue  # not counted on CPU (the measured rule)
             numel = transient_numel(layer, t, tp)
             share = f", 1/{tp} per GPU (tensor parallel)" if numel != t.numel else ""
             terms.append(

@@ -198,6 +198,8 @@ class Sizer:
             return numel * 4
         if storage is Storage.INT64:
             return numel * 8
+        if storage is Storage.CAUSAL_MASK:  # eager's causal mask: counted on CUDA (issue 32)
+            return numel * self.plan.activation if self.runtime is Runtime.CUDA else 0
         # Dropout mask: a bool tensor on CUDA; on CPU the mask has the input's dtype.
         return numel if self.runtime is Runtime.CUDA else numel * self.plan.activation
 

@@ -166,7 +166,7 @@ def checkpoint_unit(name: str) -> str | None:
     return repeated_block(name)
 
 
-ATTENTION_MATRICES = frozenset({"probs", "probs_mask", "probs_dropped"})
+ATTENTION_MATRICES = frozenset({"probs", "probs_cast", "probs_mask", "probs_dropped"})
 
 
 # Extra output-sized buffers an op's backward holds beyond the input/output gradients,

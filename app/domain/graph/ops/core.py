@@ -36,6 +36,9 @@ class Storage(StrEnum):
     FP32 = "fp32"  # always 4 bytes (norm statistics, upcast softmax)
     INT64 = "int64"  # indices
     MASK = "dropout_mask"  # runtime dependent: 1 B on CUDA, the activation dtype on CPU
+    # Hugging Face eager attention's materialised [N, 1, S, S] causal mask: the activation dtype
+    # on CUDA; not counted on CPU, whose attention rule is the one measured (benchmarks/fidelity)
+    CAUSAL_MASK = "causal_mask"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

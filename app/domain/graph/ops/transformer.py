@@ -18,6 +18,7 @@ from app.domain.graph.ops.core import (
     require_float,
     row_count,
 )
+from app.domain.precision import Precision
 from app.domain.workload import (
     FUSED_ATTENTION,
     Attention,
@@ -134,6 +135,24 @@ def cls_token(ctx: OpContext) -> OpResult:
     return OpResult(shape=(n, seq + 1, dim), param_shapes=((1, 1, dim),))
 
 
+# Eager attention on CUDA (issue 32): the softmax runs in fp32 and the probabilities are cast
+# back to the compute dtype before the P x V matmul, which keeps that copy for its backward
+# (2 B/score beside softmax's fp32 output, 4 B). Sources: Hugging Face's eager_attention_forward
+# (transformers/models/llama/modeling_llama.py: ``nn.functional.softmax(attn_weights, dim=-1,
+# dtype=torch.float32).to(query.dtype)``, the rule of Llama, Mistral, Qwen2, Gemma and the models
+# copied from them); GPT-NeoX's eager ``_attn`` (transformers mid-2024, modeling_gpt_neox.py)
+# whose fp32 rotary cos/sin cache promotes q and k to fp32, so its scores and softmax run in fp32
+# and ``attn_weights.to(value.dtype)`` is the copy; autocast (torch/amp, CUDA ops that autocast
+# to float32: softmax), whose next matmul casts the fp32 probabilities to the autocast dtype.
+# With attention dropout the dropped probabilities (compute dtype) are what the matmul keeps
+# and the cast copy is freed (dropout's backward needs only its 1 B bool mask). At fp32 compute
+# the cast is a no-op. HF's eager path also materialises the causal mask, [N, 1, S, S] in the
+# compute dtype (modeling_attn_mask_utils._prepare_4d_causal_attention_mask), where SDPA's
+# is_causal needs none: a transient of the forward. The CPU rule is the one measured on PyTorch
+# 2.13 CPU (benchmarks/fidelity) and is left as it is.
+_FP32_COMPUTE = frozenset({Precision.FP32, Precision.TF32})
+
+
 def attention(ctx: OpContext) -> OpResult:
     """Multi-head self-attention with q/k/v/o projections (MHA, GQA, MQA).
 
@@ -141,10 +160,13 @@ def attention(ctx: OpContext) -> OpResult:
     what PyTorch's SDPA dispatcher picks, :func:`app.domain.workload.default_attention`).
     eager / sdpa_math: keep the block input, q, k and v (k and v expanded to every query head
     for GQA), the fp32 softmax probabilities, a dropout mask and dropped probabilities when
-    attention dropout is on, and the context fed to the output projection; the S x S scores and
-    probabilities are transients in forward. flash / mem_efficient: keep q, k, v, the output and
-    the fp32 log-sum-exp, never an S x S matrix. On CPU, PyTorch's fused kernel has no dropout:
-    flash or mem_efficient asked for in training with attention dropout runs SDPA's math kernel
+    attention dropout is on (on CUDA at a 16-bit compute dtype without dropout: the
+    probabilities' cast copy the P x V matmul keeps, see :data:`_FP32_COMPUTE`), and the context
+    fed to the output projection; the S x S scores and probabilities (and on CUDA a causal
+    model's materialised [N, 1, S, S] mask) are transients in forward. flash / mem_efficient:
+    keep q, k, v, the output and the fp32 log-sum-exp, never an S x S matrix. On CPU,
+    PyTorch's fused kernel has no dropout: flash or mem_efficient asked for in training with
+    attention dropout runs SDPA's math kernel
     (sdpa_math, measured on PyTorch 2.13 CPU; the reason says so). Only causal (decoder)
     attention fills a KV cache at inference; an encoder attends over its whole input once and
     caches nothing.
@@ -250,6 +272,12 @@ def attention(ctx: OpContext) -> OpResult:
                 Saved(label="probs_mask", source="new", numel=score_pairs, storage=Storage.MASK),
                 Saved(label="probs_dropped", source="new", numel=score_pairs),
             ]
+        elif ctx.runtime is Runtime.CUDA and ctx.precision not in _FP32_COMPUTE:
+            saved.append(Saved(label="probs_cast", source="new", numel=score_pairs))
+        if causal:
+            transients.append(
+                Transient(label="causal_mask", numel=n * seq * seq, storage=Storage.CAUSAL_MASK)
+            )
     return OpResult(
         shape=ctx.x.shape,
         param_shapes=tuple(params),

@@ -1,0 +1,350 @@
+"""Calibration benchmark (issue 32): the service's CUDA estimates against the published GPU
+measurements of clusters B, C and E of ``../shared/reference/cuda_published_calibration.yaml``.
+
+Builds, for every row of those clusters, the request a user would send (the model from its
+Hugging Face config through the service's importer, the workload options the row states) and
+estimates it with the service's domain code (no torch, no GPU). Prints:
+
+* cluster B (pythia-410m fp16, eager vs SDPA): allocated (``max_memory_allocated``) against the
+  published "peak mem (MB)" (MiB), the median |error| (target <= 5 %), eager's extra memory over
+  SDPA captured, and every fit verdict on the doc's 16 GB card (the estimate's device total,
+  reserved + the CUDA context of the table for sm86 / CUDA 12 lazy, against 16 GiB; published:
+  a figure fits, "OOM" does not);
+* the predicted ratio of each option's saving against the published ratio where the file has
+  both sides (target within 15 %);
+* the rows not yet expressible, with the reason.
+
+No constant is fitted here: every figure comes from the service's rules (so no leave-one-out
+error applies). Configs: the public ``config.json`` of each model (values written below).
+
+    .venv/bin/python benchmarks/fidelity/cuda_published/calibrate.py [--reference PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT))
+
+from app.domain.cuda_context import cuda_context  # noqa: E402
+from app.domain.graph.analysis import analyze  # noqa: E402
+from app.domain.hardware import FrameworkOverhead, cublas_workspace  # noqa: E402
+from app.domain.memory.estimate import MemoryRequest, estimate_memory  # noqa: E402
+from app.domain.memory.reserve import ReservePoint, monotone_report  # noqa: E402
+from app.domain.peft import LoraConfig  # noqa: E402
+from app.domain.precision import ComputeCapability, Precision  # noqa: E402
+from app.domain.units import GIB, MIB  # noqa: E402
+from app.domain.workload import Attention, Logits, Mode, Optimizer, Runtime  # noqa: E402
+from app.importers.hf_config import import_hf_config  # noqa: E402
+
+DEFAULT_REFERENCE = ROOT.parent.parent / "shared" / "reference" / "cuda_published_calibration.yaml"
+
+# Public config.json values (Hugging Face Hub, model repositories named in each key).
+PYTHIA_410M = {  # EleutherAI/pythia-410m-deduped
+    "model_type": "gpt_neox", "hidden_size": 1024, "intermediate_size": 4096,
+    "num_attention_heads": 16, "num_hidden_layers": 24, "max_position_embeddings": 2048,
+    "rotary_pct": 0.25, "rotary_emb_base": 10000, "use_parallel_residual": True,
+    "tie_word_embeddings": False, "vocab_size": 50304, "hidden_act": "gelu",
+    "layer_norm_eps": 1e-5,
+}  # fmt: skip
+T0_3B = {  # bigscience/T0_3B (T5 v1.1 LM-adapted XL)
+    "model_type": "t5", "d_model": 2048, "d_ff": 5120, "d_kv": 64, "num_heads": 32,
+    "num_layers": 24, "num_decoder_layers": 24, "vocab_size": 32128,
+    "feed_forward_proj": "gated-gelu", "tie_word_embeddings": False,
+    "relative_attention_num_buckets": 32, "layer_norm_epsilon": 1e-6,
+}  # fmt: skip
+BLOOMZ_7B1 = {  # bigscience/bloomz-7b1
+    "model_type": "bloom", "hidden_size": 4096, "n_layer": 30, "n_head": 32,
+    "vocab_size": 250880, "layer_norm_epsilon": 1e-5,
+}  # fmt: skip
+OCTOCODER = {  # bigcode/octocoder (StarCoder: GPTBigCode, multi-query)
+    "model_type": "gpt_bigcode", "n_embd": 6144, "n_layer": 40, "n_head": 48,
+    "multi_query": True, "n_positions": 8192, "vocab_size": 49152, "n_inner": 24576,
+    "activation_function": "gelu_pytorch_tanh",
+}  # fmt: skip
+
+CARD_BYTES = 16 * GIB  # the doc's "16GB" card
+SM86 = ComputeCapability(8, 6)  # an RTX 30-series card; PyTorch 2.2.1 wheels: CUDA 12.1, lazy
+
+
+@dataclass
+class Estimate:
+    allocated: int
+    reserved: int
+    device_total: int
+    segments: int
+
+
+def estimate(
+    config: dict[str, Any],
+    *,
+    mode: Mode,
+    batch: int,
+    seq: int,
+    precision: Precision,
+    attention: Attention | None = None,
+    optimizer: Optimizer = Optimizer.ADAMW,
+    lora: LoraConfig | None = None,
+    capability: ComputeCapability | None = None,
+    architecture: str | None = None,
+) -> Estimate:
+    """The service's CUDA estimate of one request."""
+    graph = import_hf_config(config, sequence_length=seq)
+    training = mode is Mode.TRAINING
+    logits = Logits.ALL if training else Logits.LAST
+    analysis = analyze(
+        graph.inputs,
+        graph.layers,
+        {**graph.default_bindings, "batch": batch, "seq": seq},
+        training=training,
+        attention=attention,
+        logits=logits,
+        runtime=Runtime.CUDA,
+        precision=precision,
+    )
+    context = cuda_context(capability)
+    workspace, workspace_source = cublas_workspace(architecture)
+    overhead = FrameworkOverhead(
+        cuda_context_bytes=context.context_bytes,
+        context_source=context.source,
+        workspace_bytes=workspace,
+        workspace_source=workspace_source,
+    )
+    request = MemoryRequest(
+        mode=mode,
+        precision=precision,
+        optimizer=optimizer,
+        runtime=Runtime.CUDA,
+        overhead=overhead,
+        attention=attention,
+        logits=logits,
+        lora=lora,
+    )
+    result = estimate_memory(analysis, request, explain=False)
+    cuda = result.cuda
+    assert cuda is not None
+    return Estimate(cuda.allocated_bytes, cuda.reserved_bytes, cuda.device_total_bytes, 0)
+
+
+def _value_mib(text: str) -> float | None:
+    return None if str(text).startswith("OOM") else float(str(text).split()[0])
+
+
+def cluster_b(rows: list[dict[str, Any]]) -> int:
+    """Cluster B: allocated, eager's extra over SDPA, fit verdicts; returns targets missed."""
+    print("## Cluster B: pythia-410m fp16 training, eager vs SDPA (published peak mem, MiB)\n")
+    print("| row | published | allocated | error | reserved | device total | verdict (16 GiB) |")
+    print("|---|---:|---:|---:|---:|---:|---|")
+    errors: list[float] = []
+    wrong = 0
+    by_key: dict[tuple[int, int, str], tuple[float | None, Estimate]] = {}
+    training = [r for r in rows if str(r["mode"]).startswith("training")]
+    for row in training:
+        b, s, impl = row["batch_size"], row["sequence_length"], row["attention_impl"]
+        attention = Attention.EAGER if impl == "eager" else Attention.FLASH
+        est = estimate(
+            PYTHIA_410M,
+            mode=Mode.TRAINING,
+            batch=b,
+            seq=s,
+            precision=Precision.FP16,
+            attention=attention,
+            optimizer=Optimizer.SGD,  # the doc states none; its peaks leave no room for state
+            capability=SM86,
+            architecture="Ampere GA102",
+        )
+        published = _value_mib(row["value"])
+        by_key[(b, s, impl)] = (published, est)
+        fits = est.device_total <= CARD_BYTES
+        verdict_ok = fits == (published is not None)
+        wrong += not verdict_ok
+        err = ""
+        if published is not None:
+            e = (est.allocated / MIB - published) / published
+            errors.append(abs(e))
+            err = f"{100 * e:+.1f} %"
+        print(
+            f"| {impl} b{b} s{s} | {row['value']} | {est.allocated / MIB:,.0f} | {err} | "
+            f"{est.reserved / MIB:,.0f} | {est.device_total / MIB:,.0f} | "
+            f"{'fits' if fits else 'OOM'} {'ok' if verdict_ok else 'WRONG'} |"
+        )
+    median = statistics.median(errors)
+    print(
+        f"\nallocated median |error| {100 * median:.1f} % (target <= 5 %) over {len(errors)} rows"
+    )
+    print(f"eager-vs-SDPA fit verdicts wrong: {wrong} of {len(training)}")
+    print("\neager's extra memory over SDPA captured (predicted / published difference):\n")
+    for (b, s, impl), (published, est) in sorted(by_key.items()):
+        if impl != "eager" or published is None:
+            continue
+        sdpa_published, sdpa = by_key[(b, s, "sdpa")]
+        assert sdpa_published is not None
+        extra = published - sdpa_published
+        if extra > 50:
+            captured = (est.allocated - sdpa.allocated) / MIB / extra
+            print(f"- b{b} s{s}: {100 * captured:.0f} % of {extra:,.0f} MiB")
+    points = [
+        ReservePoint(
+            label=f"b1 s{s}",
+            allocated_bytes=by_key[(1, s, "sdpa")][1].allocated,
+            reserved_bytes=by_key[(1, s, "sdpa")][1].reserved,
+        )
+        for s in (128, 256, 512, 1024, 2048)
+    ]
+    report = monotone_report(points)
+    print(
+        "\nreserved along the sequence length (SDPA, batch 1): " + ("; ".join(report) or "monotone")
+    )
+    return int(median > 0.05) + int(wrong > 0)
+
+
+def ratios(rows: list[dict[str, Any]]) -> tuple[int, list[str]]:
+    """Clusters C and E: predicted ratios of the options' savings against the published ones."""
+    by_id = {r["id"]: r for r in rows}
+    print("\n## Option ratios (clusters C and E)\n")
+    print("| option | published ratio | predicted ratio | error |")
+    print("|---|---:|---:|---:|")
+    missed = 0
+    # C: T0_3B full vs LoRA, fp32, batch 8 (the example scripts), short tweets (64 tokens).
+    lora = LoraConfig(
+        r=8, alpha=32, dropout=0.1, target_modules=("q_proj", "v_proj")
+    )  # PEFT: T5 q, v
+    common: dict[str, Any] = {
+        "mode": Mode.TRAINING,
+        "batch": 8,
+        "seq": 64,
+        "precision": Precision.FP32,
+    }
+    pending: list[str] = []
+    try:
+        full = estimate(T0_3B, **common)
+        with_lora = estimate(T0_3B, lora=lora, **common)
+    except Exception as exc:  # noqa: BLE001 - printed as a row that cannot be expressed yet
+        pending.append(f"peft-t0_3b-full / -lora: {exc}")
+    else:
+        missed += _ratio_row(
+            "LoRA vs full (T0_3B, fp32, AdamW)",
+            float(str(by_id["peft-t0_3b-lora"]["value"]).rstrip("GB")),
+            float(str(by_id["peft-t0_3b-full"]["value"]).rstrip("GB")),
+            with_lora.device_total,
+            full.device_total,
+        )
+    # E: octocoder inference, weights bf16 vs int8 vs 4-bit (short prompt: ~20 + 60 tokens).
+    infer: dict[str, Any] = {"mode": Mode.INFERENCE, "batch": 1, "seq": 80}
+    bf16 = estimate(OCTOCODER, precision=Precision.BF16, **infer)
+    int8 = estimate(OCTOCODER, precision=Precision.INT8_WEIGHT_ONLY, **infer)
+    int4 = estimate(OCTOCODER, precision=Precision.INT4, **infer)
+    published_bf16 = float(str(by_id["hf-llmopt-octocoder-bf16"]["value"]).split()[0])
+    for label, key, est in (
+        ("int8 (bitsandbytes) vs bf16 weights", "hf-llmopt-octocoder-int8", int8),
+        ("4-bit (int4 rule; NF4 pending) vs bf16", "hf-llmopt-octocoder-nf4", int4),
+    ):
+        published = float(str(by_id[key]["value"]).split()[0])
+        missed += _ratio_row(label, published, published_bf16, est.allocated, bf16.allocated)
+    return missed, pending
+
+
+def _ratio_row(label: str, pub_a: float, pub_b: float, pred_a: int, pred_b: int) -> int:
+    published = pub_a / pub_b
+    predicted = pred_a / pred_b
+    error = (predicted - published) / published
+    print(f"| {label} | {published:.3f} | {predicted:.3f} | {100 * error:+.1f} % |")
+    return int(abs(error) > 0.15)
+
+
+def reserve_series() -> None:
+    """Issue 32's reserved-vs-sequence-length series (Llama-2-7B, SGD, full checkpointing,
+    batch 2, A100; bf16 assumed, the issue names no precision): the replay's reserved figures
+    and, where reserved falls while allocated grows, the reason."""
+    from app.domain.memory.estimate import analyze_for
+    from app.domain.workload import Checkpointing
+    from app.domain.zoo import ZOO
+
+    model = ZOO["llama-2-7b"]
+    print("\n## Reserved along the sequence length: Llama-2-7B, SGD, full checkpointing, b2\n")
+    print("| tokens | allocated | reserved | reserve over allocated |")
+    print("|---:|---:|---:|---:|")
+    points = []
+    for seq in (512, 1024, 2048, 3072, 4096):
+        request = MemoryRequest(
+            mode=Mode.TRAINING,
+            precision=Precision.BF16,
+            optimizer=Optimizer.SGD,
+            checkpointing=Checkpointing.FULL,
+            runtime=Runtime.CUDA,
+            overhead=FrameworkOverhead(workspace_bytes=cublas_workspace("Ampere GA100")[0]),
+        )
+        bindings = {**model.default_bindings, "batch": 2, "seq": seq}
+        analysis = analyze_for(model.inputs, model.layers, bindings, request)
+        cuda = estimate_memory(analysis, request, explain=False).cuda
+        assert cuda is not None
+        cached = cuda.reserved_bytes - cuda.allocated_bytes
+        print(
+            f"| {seq:,} | {cuda.allocated_bytes / GIB:.2f} GiB | {cuda.reserved_bytes / GIB:.2f} "
+            f"GiB | {100 * cached / cuda.allocated_bytes:.1f} % |"
+        )
+        points.append(
+            ReservePoint(
+                label=f"S={seq}",
+                allocated_bytes=cuda.allocated_bytes,
+                reserved_bytes=cuda.reserved_bytes,
+            )
+        )
+    report = monotone_report(points)
+    print("\n" + ("\n".join(f"- {line}" for line in report) or "reserved is monotone here"))
+
+
+NOT_EXPRESSIBLE = {
+    "peft-t0_3b-lora-ds-offload": "pending: ZeRO-3 / DeepSpeed CPU offload (another helper)",
+    "peft-mt0xxl-full": "published OOM only (> 80 GB): no ratio; mT5-XXL config not added",
+    "peft-mt0xxl-lora": "no full-fine-tuning figure to pair with (OOM); mT5-XXL config not added",
+    "peft-mt0xxl-lora-ds-offload": "pending: ZeRO-3 CPU offload",
+    "peft-bloomz7b1-full": "published OOM only (> 80 GB): no ratio",
+    "peft-bloomz7b1-lora": "no full-fine-tuning figure to pair with (OOM)",
+    "peft-bloomz7b1-lora-ds-offload": "pending: ZeRO-3 CPU offload",
+    "peft-sd14-dreambooth-full": "Stable Diffusion's UNet + CLIP: no importer for diffusers models",
+    "peft-sd14-dreambooth-lora": "Stable Diffusion's UNet + CLIP: no importer for diffusers models",
+    "peft-sd14-dreambooth-lora-gc": "Stable Diffusion (checkpointing ratio): no importer",
+    "peft-ds-zero3-offload-example-log": "pending: ZeRO-3 CPU offload (and the batch's length is "
+    "data-dependent: packed / variable-length sequences, another helper)",
+    "hf-llmopt-octocoder-nf4": "approximated by the int4 weight rule: QLoRA / NF4 (block-wise "
+    "absmax) is being added by another helper",
+    "hf-llmopt-octocoder-bf16-longprompt-eager": "the long prompt's token count is not stated",
+    "hf-llmopt-octocoder-bf16-longprompt-flash": "the long prompt's token count is not stated",
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reference", type=Path, default=DEFAULT_REFERENCE)
+    args = parser.parse_args()
+    rows = yaml.safe_load(args.reference.read_text())
+    clusters = {"B": [], "C": [], "E": []}  # type: dict[str, list[dict[str, Any]]]
+    for row in rows:  # only clusters B, C and E are read: the others are held out
+        key = str(row.get("cluster", ""))[:1]
+        if key in clusters:
+            clusters[key].append(row)
+    missed = cluster_b(clusters["B"])
+    reserve_series()
+    ratio_missed, pending = ratios(clusters["C"] + clusters["E"])
+    missed += ratio_missed
+    print("\n## Rows not yet expressible (or approximated)\n")
+    for row in clusters["C"] + clusters["E"]:
+        if row["id"] in NOT_EXPRESSIBLE:
+            print(f"- {row['id']}: {NOT_EXPRESSIBLE[row['id']]}")
+    for line in pending:
+        print(f"- {line}")
+    print(f"\ntargets missed: {missed}")
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
