@@ -389,7 +389,34 @@ class ModelSource:
         )
 
     def memory_fit(self, batch: int, scheme: PrecisionScheme, candidate: Candidate) -> MemoryFit:
-        """The fit of the workload on the candidate's memory."""
+        """The fit of the workload on the candidate's memory. The requirement and its detail
+        do not depend on the device but through its runtime, overheads, parallelism and (the
+        attention default) compute capability: remembered per request on those, so devices
+        alike in them share one (a search asks for every device at every batch)."""
+        gpu = candidate.device.gpu
+        key = (
+            "fit",
+            batch,
+            scheme,
+            candidate.runtime,
+            candidate.overhead,
+            candidate.tensor_parallel,
+            candidate.pipeline_parallel,
+            gpu is not None,
+            None if gpu is None else gpu.compute_capability,
+        )
+        found: tuple[int, str] | None = self.memo.get(key)
+        if found is None:
+            found = self.memo[key] = self._fit_figures(batch, scheme, candidate)
+        required, detail = found
+        return MemoryFit(
+            required_bytes=required, available_bytes=candidate.device.memory_bytes, detail=detail
+        )
+
+    def _fit_figures(
+        self, batch: int, scheme: PrecisionScheme, candidate: Candidate
+    ) -> tuple[int, str]:
+        """The requirement of :meth:`memory_fit` [B] and its detail."""
         bindings = self.memory_bindings(batch)
         shape = ", ".join(f"{k}={v}" for k, v in bindings.items())
         if self.decoder and self.plan.continuous:
@@ -419,10 +446,9 @@ class ModelSource:
                 "first stage also holds the embedding and the last the LM head, which the "
                 "average spreads over all stages)"
             )
-        return MemoryFit(
-            required_bytes=self.required_bytes(batch, scheme, candidate),
-            available_bytes=candidate.device.memory_bytes,
-            detail=f"memory engine inference peak ({candidate.runtime.value}, precision "
+        return (
+            self.required_bytes(batch, scheme, candidate),
+            f"memory engine inference peak ({candidate.runtime.value}, precision "
             f"{scheme.precision.value}, {shape}{per_gpu}) + "
             f"{DEFAULT_SAFETY_MARGIN_FRACTION:.0%} safety margin; POST /v1/estimates/memory "
             "with the same options for the breakdown and the same fit",
