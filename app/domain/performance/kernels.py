@@ -26,6 +26,12 @@ def _paid_gemm_flops(gemms: tuple[Gemm, ...], tiling: Tiling) -> float:
     return sum(g.flops / gemm_efficiency(g, tiling) for g in gemms)
 
 
+def paid_gemm_flops(gemms: tuple[Gemm, ...], tiling: Tiling) -> float:
+    """FLOPs of ``gemms`` as a device with ``tiling`` pays for them: each GEMM's FLOPs / its
+    wave efficiency (:func:`app.domain.performance.tiling.gemm_efficiency`) [FLOP]."""
+    return _paid_gemm_flops(gemms, tiling)
+
+
 @lru_cache(maxsize=1 << 16)
 def _gemm_flops(gemms: tuple[Gemm, ...]) -> int:
     return sum(g.flops for g in gemms)
@@ -61,6 +67,10 @@ class Kernel:
         if tiling is None or not self.gemms:
             return float(self.flops)
         return _paid_gemm_flops(self.gemms, tiling) + (self.flops - _gemm_flops(self.gemms))
+
+    def unpaid_flops(self) -> int:
+        """FLOPs outside its GEMMs (fused epilogues, softmax), paid as they are [FLOP]."""
+        return self.flops - _gemm_flops(self.gemms)
 
     @property
     def bytes_moved(self) -> int:
