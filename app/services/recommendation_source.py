@@ -332,13 +332,17 @@ class ModelSource:
         under the memory engine's peak (weights, KV cache, workspace, context) without the
         estimate: where only whether it fits matters (a multi-GPU group that does not fit is
         not offered), the estimate is skipped when the floor alone does not fit."""
-        bindings, attention, request, paged = self._memory_request(batch, scheme, candidate)
-        floor = inference_floor_bytes(
-            self.analysis(bindings, Logits.LAST, attention), request, plans=_PLANS
-        )
-        required = requirement(
-            floor + paged, (), safety_margin_fraction=DEFAULT_SAFETY_MARGIN_FRACTION
-        ).required_bytes  # grows with the peak: the requirement is at least this
+        # Remembered per request on what the floor depends on (as in memory_fit)
+        key = ("floor", *self._fit_key(batch, scheme, candidate))
+        required: int | None = self.memo.get(key)
+        if required is None:
+            bindings, attention, request, paged = self._memory_request(batch, scheme, candidate)
+            floor = inference_floor_bytes(
+                self.analysis(bindings, Logits.LAST, attention), request, plans=_PLANS
+            )
+            required = self.memo[key] = requirement(
+                floor + paged, (), safety_margin_fraction=DEFAULT_SAFETY_MARGIN_FRACTION
+            ).required_bytes  # grows with the peak: the requirement is at least this
         return not fits(required, candidate.device.memory_bytes)
 
     def required_bytes(self, batch: int, scheme: PrecisionScheme, candidate: Candidate) -> int:
@@ -388,14 +392,13 @@ class ModelSource:
             and self.memory_fit(batch, scheme, candidate).fits
         )
 
-    def memory_fit(self, batch: int, scheme: PrecisionScheme, candidate: Candidate) -> MemoryFit:
-        """The fit of the workload on the candidate's memory. The requirement and its detail
-        do not depend on the device but through its runtime, overheads, parallelism and (the
-        attention default) compute capability: remembered per request on those, so devices
-        alike in them share one (a search asks for every device at every batch)."""
+    @staticmethod
+    def _fit_key(batch: int, scheme: PrecisionScheme, candidate: Candidate) -> tuple[Any, ...]:
+        """What a candidate's memory requirement depends on (:meth:`_memory_request`): all
+        but the device's memory, and of the GPU only whether there is one and its compute
+        capability (the attention default; its name only enters the default's reason)."""
         gpu = candidate.device.gpu
-        key = (
-            "fit",
+        return (
             batch,
             scheme,
             candidate.runtime,
@@ -405,6 +408,13 @@ class ModelSource:
             gpu is not None,
             None if gpu is None else gpu.compute_capability,
         )
+
+    def memory_fit(self, batch: int, scheme: PrecisionScheme, candidate: Candidate) -> MemoryFit:
+        """The fit of the workload on the candidate's memory. The requirement and its detail
+        do not depend on the device but through its runtime, overheads, parallelism and (the
+        attention default) compute capability: remembered per request on those, so devices
+        alike in them share one (a search asks for every device at every batch)."""
+        key = ("fit", *self._fit_key(batch, scheme, candidate))
         found: tuple[int, str] | None = self.memo.get(key)
         if found is None:
             found = self.memo[key] = self._fit_figures(batch, scheme, candidate)
