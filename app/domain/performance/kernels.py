@@ -19,17 +19,11 @@ FP32_BYTES = 4  # upcast softmax scores and probabilities (Storage.FP32)
 
 
 @lru_cache(maxsize=1 << 16)  # bounded: a long-running server sees many shapes
-def _paid_gemm_flops(gemms: tuple[Gemm, ...], tiling: Tiling) -> float:
+def paid_gemm_flops(gemms: tuple[Gemm, ...], tiling: Tiling) -> float:
     """FLOPs of ``gemms`` as a device with ``tiling`` pays for them [FLOP]. Remembered: a
     model's blocks repeat the same few GEMM shapes, and every device of one SM count shares
     the answer (a request over every device asks for each pair hundreds of times)."""
     return sum(g.flops / gemm_efficiency(g, tiling) for g in gemms)
-
-
-def paid_gemm_flops(gemms: tuple[Gemm, ...], tiling: Tiling) -> float:
-    """FLOPs of ``gemms`` as a device with ``tiling`` pays for them: each GEMM's FLOPs / its
-    wave efficiency (:func:`app.domain.performance.tiling.gemm_efficiency`) [FLOP]."""
-    return _paid_gemm_flops(gemms, tiling)
 
 
 @lru_cache(maxsize=1 << 16)
@@ -66,7 +60,7 @@ class Kernel:
         rest (fused epilogues, softmax) as they are [FLOP]."""
         if tiling is None or not self.gemms:
             return float(self.flops)
-        return _paid_gemm_flops(self.gemms, tiling) + (self.flops - _gemm_flops(self.gemms))
+        return paid_gemm_flops(self.gemms, tiling) + (self.flops - _gemm_flops(self.gemms))
 
     def unpaid_flops(self) -> int:
         """FLOPs outside its GEMMs (fused epilogues, softmax), paid as they are [FLOP]."""
