@@ -196,11 +196,18 @@ class ModelSource:
         return {**self.bindings(batch), "seq": self.tokens_mean}
 
     def _shape_key(self, batch: int) -> tuple[Any, ...]:
+        # Remembered per batch: every device and precision of a search asks for it
+        found: tuple[Any, ...] | None = self.memo.get(("shape_key", batch))
+        if found is not None:
+            return found
         if not self.decoder:
             bindings = self.compute_bindings(batch)
-            return (self.key, "shape", tuple(bindings.items()), self.fuse_elementwise)
-        prefill = self.bindings(batch, seq=self.prompt_tokens)
-        return (self.key, "shape", tuple(prefill.items()), self.fuse_elementwise, self.plan)
+            found = (self.key, "shape", tuple(bindings.items()), self.fuse_elementwise)
+        else:
+            prefill = self.bindings(batch, seq=self.prompt_tokens)
+            found = (self.key, "shape", tuple(prefill.items()), self.fuse_elementwise, self.plan)
+        self.memo[("shape_key", batch)] = found
+        return found
 
     def shape(self, batch: int) -> PhasedRequestShape:
         """The request's phases at a batch, before the precision (cached for stored models)."""
