@@ -196,11 +196,18 @@ class ModelSource:
         return {**self.bindings(batch), "seq": self.tokens_mean}
 
     def _shape_key(self, batch: int) -> tuple[Any, ...]:
+        # Remembered per batch: every device and precision of a search asks for it
+        found: tuple[Any, ...] | None = self.memo.get(("shape_key", batch))
+        if found is not None:
+            return found
         if not self.decoder:
             bindings = self.compute_bindings(batch)
-            return (self.key, "shape", tuple(bindings.items()), self.fuse_elementwise)
-        prefill = self.bindings(batch, seq=self.prompt_tokens)
-        return (self.key, "shape", tuple(prefill.items()), self.fuse_elementwise, self.plan)
+            found = (self.key, "shape", tuple(bindings.items()), self.fuse_elementwise)
+        else:
+            prefill = self.bindings(batch, seq=self.prompt_tokens)
+            found = (self.key, "shape", tuple(prefill.items()), self.fuse_elementwise, self.plan)
+        self.memo[("shape_key", batch)] = found
+        return found
 
     def shape(self, batch: int) -> PhasedRequestShape:
         """The request's phases at a batch, before the precision (cached for stored models)."""
@@ -332,13 +339,17 @@ class ModelSource:
         under the memory engine's peak (weights, KV cache, workspace, context) without the
         estimate: where only whether it fits matters (a multi-GPU group that does not fit is
         not offered), the estimate is skipped when the floor alone does not fit."""
-        bindings, attention, request, paged = self._memory_request(batch, scheme, candidate)
-        floor = inference_floor_bytes(
-            self.analysis(bindings, Logits.LAST, attention), request, plans=_PLANS
-        )
-        required = requirement(
-            floor + paged, (), safety_margin_fraction=DEFAULT_SAFETY_MARGIN_FRACTION
-        ).required_bytes  # grows with the peak: the requirement is at least this
+        # Remembered per request on what the floor depends on (as in memory_fit)
+        key = ("floor", *self._fit_key(batch, scheme, candidate))
+        required: int | None = self.memo.get(key)
+        if required is None:
+            bindings, attention, request, paged = self._memory_request(batch, scheme, candidate)
+            floor = inference_floor_bytes(
+                self.analysis(bindings, Logits.LAST, attention), request, plans=_PLANS
+            )
+            required = self.memo[key] = requirement(
+                floor + paged, (), safety_margin_fraction=DEFAULT_SAFETY_MARGIN_FRACTION
+            ).required_bytes  # grows with the peak: the requirement is at least this
         return not fits(required, candidate.device.memory_bytes)
 
     def required_bytes(self, batch: int, scheme: PrecisionScheme, candidate: Candidate) -> int:
@@ -388,8 +399,41 @@ class ModelSource:
             and self.memory_fit(batch, scheme, candidate).fits
         )
 
+    @staticmethod
+    def _fit_key(batch: int, scheme: PrecisionScheme, candidate: Candidate) -> tuple[Any, ...]:
+        """What a candidate's memory requirement depends on (:meth:`_memory_request`): all
+        but the device's memory, and of the GPU only whether there is one and its compute
+        capability (the attention default; its name only enters the default's reason)."""
+        gpu = candidate.device.gpu
+        return (
+            batch,
+            scheme,
+            candidate.runtime,
+            candidate.overhead,
+            candidate.tensor_parallel,
+            candidate.pipeline_parallel,
+            gpu is not None,
+            None if gpu is None else gpu.compute_capability,
+        )
+
     def memory_fit(self, batch: int, scheme: PrecisionScheme, candidate: Candidate) -> MemoryFit:
-        """The fit of the workload on the candidate's memory."""
+        """The fit of the workload on the candidate's memory. The requirement and its detail
+        do not depend on the device but through its runtime, overheads, parallelism and (the
+        attention default) compute capability: remembered per request on those, so devices
+        alike in them share one (a search asks for every device at every batch)."""
+        key = ("fit", *self._fit_key(batch, scheme, candidate))
+        found: tuple[int, str] | None = self.memo.get(key)
+        if found is None:
+            found = self.memo[key] = self._fit_figures(batch, scheme, candidate)
+        required, detail = found
+        return MemoryFit(
+            required_bytes=required, available_bytes=candidate.device.memory_bytes, detail=detail
+        )
+
+    def _fit_figures(
+        self, batch: int, scheme: PrecisionScheme, candidate: Candidate
+    ) -> tuple[int, str]:
+        """The requirement of :meth:`memory_fit` [B] and its detail."""
         bindings = self.memory_bindings(batch)
         shape = ", ".join(f"{k}={v}" for k, v in bindings.items())
         if self.decoder and self.plan.continuous:
@@ -419,10 +463,9 @@ class ModelSource:
                 "first stage also holds the embedding and the last the LM head, which the "
                 "average spreads over all stages)"
             )
-        return MemoryFit(
-            required_bytes=self.required_bytes(batch, scheme, candidate),
-            available_bytes=candidate.device.memory_bytes,
-            detail=f"memory engine inference peak ({candidate.runtime.value}, precision "
+        return (
+            self.required_bytes(batch, scheme, candidate),
+            f"memory engine inference peak ({candidate.runtime.value}, precision "
             f"{scheme.precision.value}, {shape}{per_gpu}) + "
             f"{DEFAULT_SAFETY_MARGIN_FRACTION:.0%} safety margin; POST /v1/estimates/memory "
             "with the same options for the breakdown and the same fit",

@@ -19,7 +19,7 @@ FP32_BYTES = 4  # upcast softmax scores and probabilities (Storage.FP32)
 
 
 @lru_cache(maxsize=1 << 16)  # bounded: a long-running server sees many shapes
-def _paid_gemm_flops(gemms: tuple[Gemm, ...], tiling: Tiling) -> float:
+def paid_gemm_flops(gemms: tuple[Gemm, ...], tiling: Tiling) -> float:
     """FLOPs of ``gemms`` as a device with ``tiling`` pays for them [FLOP]. Remembered: a
     model's blocks repeat the same few GEMM shapes, and every device of one SM count shares
     the answer (a request over every device asks for each pair hundreds of times)."""
@@ -60,7 +60,11 @@ class Kernel:
         rest (fused epilogues, softmax) as they are [FLOP]."""
         if tiling is None or not self.gemms:
             return float(self.flops)
-        return _paid_gemm_flops(self.gemms, tiling) + (self.flops - _gemm_flops(self.gemms))
+        return paid_gemm_flops(self.gemms, tiling) + (self.flops - _gemm_flops(self.gemms))
+
+    def unpaid_flops(self) -> int:
+        """FLOPs outside its GEMMs (fused epilogues, softmax), paid as they are [FLOP]."""
+        return self.flops - _gemm_flops(self.gemms)
 
     @property
     def bytes_moved(self) -> int:

@@ -13,9 +13,15 @@ from typing import overload
 from app.domain.graph.analysis import GraphAnalysis
 from app.domain.graph.ops import TensorKind
 from app.domain.performance.errors import RooflineInputError
-from app.domain.performance.kernels import INDEX_BYTES, Kernel, KernelCount, count_kernels
+from app.domain.performance.kernels import (
+    INDEX_BYTES,
+    Kernel,
+    KernelCount,
+    count_kernels,
+    paid_gemm_flops,
+)
 from app.domain.performance.precision_schemes import PrecisionScheme
-from app.domain.performance.tiling import Tiling
+from app.domain.performance.tiling import Gemm, Tiling
 from app.domain.workload import FUSED_ATTENTION, Attention
 
 
@@ -140,11 +146,20 @@ class _Profile:
         cache_share: float,
         tiling: Tiling | None = None,
     ) -> _Profile:
+        """The profile of ``groups`` at an activation cache share and a device's tiling."""
+        return cls.priced(_bases(groups, cache_share), tiling)
+
+    @classmethod
+    def priced(cls, bases: Sequence[_Base], tiling: Tiling | None) -> _Profile:
+        """The profile of kernels whose tiling-independent figures are ``bases``."""
         # (intensity, DRAM bytes, quantized FLOPs, count), each computed once per distinct kernel
         rows = []
-        for k, count in groups:
-            dram = k.dram_bytes(cache_share)
-            paid = k.quantized_flops(tiling)
+        for dram, count, gemms, flops, unpaid in bases:
+            # Kernel.quantized_flops, with the figures that do not depend on the tiling kept
+            if tiling is None or not gemms:
+                paid = float(flops)
+            else:
+                paid = paid_gemm_flops(gemms, tiling) + unpaid
             rows.append((paid / dram if dram else math.inf, dram * count, paid * count, count))
         rows.sort(key=lambda row: row[0])  # stable: ties keep the kernels' order
         return cls(
@@ -153,6 +168,19 @@ class _Profile:
             flops_suffix=(*reversed(tuple(accumulate(row[2] for row in reversed(rows)))), 0),
             kernels_suffix=(*reversed(tuple(accumulate(row[3] for row in reversed(rows)))), 0),
         )
+
+
+# A distinct kernel's figures at a cache share that no device's tiling changes: its DRAM bytes,
+# count, GEMMs, FLOPs and FLOPs outside the GEMMs (built once per phase and cache share)
+_Base = tuple[float, int, tuple[Gemm, ...], int, int]
+
+
+def _bases(groups: Sequence[tuple[Kernel, int]], cache_share: float) -> tuple[_Base, ...]:
+    """Each distinct kernel's tiling-independent figures at ``cache_share``."""
+    return tuple(
+        (k.dram_bytes(cache_share), count, k.gemms, k.flops, k.unpaid_flops())
+        for k, count in groups
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -176,6 +204,9 @@ class Phase:
         init=False, repr=False, compare=False, default_factory=list
     )
     _runs: list[Runs] = field(init=False, repr=False, compare=False, default_factory=list)
+    _bases: dict[float, tuple[_Base, ...]] = field(
+        init=False, repr=False, compare=False, default_factory=dict
+    )
 
     def __post_init__(self) -> None:
         if self.repeats < 0:
@@ -204,7 +235,10 @@ class Phase:
             if not self._groups:
                 runs = self._runs[0] if self._runs else None
                 self._groups.append(_kernel_groups(self.kernels, runs))
-            found = self._profiles[key] = _Profile.of(self._groups[0], cache_share, tiling)
+            bases = self._bases.get(cache_share)
+            if bases is None:
+                bases = self._bases[cache_share] = _bases(self._groups[0], cache_share)
+            found = self._profiles[key] = _Profile.priced(bases, tiling)
         return found
 
 
@@ -255,6 +289,9 @@ class PhaseShape:
     d2h_index: int
     repeats: int = 1
     _runs: list[Runs] = field(init=False, repr=False, compare=False, default_factory=list)
+    _bases: dict[float, tuple[_Base, ...]] = field(
+        init=False, repr=False, compare=False, default_factory=dict
+    )
     _notes: list[tuple[str, ...]] = field(
         init=False, repr=False, compare=False, default_factory=list
     )

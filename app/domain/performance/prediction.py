@@ -152,26 +152,29 @@ class Prediction:
         """Pipeline stages (1: none)."""
         return 1 if self.pipeline is None else self.pipeline.stages
 
+    def _where(self) -> str:
+        """The prediction in words, for its errors (built only when one is raised)."""
+        return f"{self.device.slug} at {self.precision.value}, batch {self.batch}"
+
     def __post_init__(self) -> None:
         # Every property below divides by one of these: a prediction only exists with them sane.
         if self.batch < 1:
             raise RooflineInputError(f"batch must be >= 1, got {self.batch}")
-        where = f"{self.device.slug} at {self.precision.value}, batch {self.batch}"
         for name in ("effective_flops_per_s", "effective_bandwidth_bytes_per_s"):
             value = getattr(self, name)
             if not in_range(value, sys.float_info.min, math.inf):
-                raise RooflineInputError(f"{where}: {name} must be positive, got {value!r}")
+                raise RooflineInputError(f"{self._where()}: {name} must be positive, got {value!r}")
         for name in ("latency_s", "interval_s"):
             value = getattr(self, name)
             if not in_range(value, 0.0, math.inf):
                 raise RooflineInputError(
-                    f"{where}: the {name[:-2]} is not a finite time ({value!r}): the device's "
-                    "figures are too small for this request"
+                    f"{self._where()}: the {name[:-2]} is not a finite time ({value!r}): the "
+                    "device's figures are too small for this request"
                 )
             if value < sys.float_info.min:
                 raise RooflineInputError(
-                    f"{where}: the {name[:-2]} would be 0 s: the model runs no kernel and copies "
-                    "nothing, and the calibration sets no launch or request overhead"
+                    f"{self._where()}: the {name[:-2]} would be 0 s: the model runs no kernel and "
+                    "copies nothing, and the calibration sets no launch or request overhead"
                 )
 
     @property

@@ -183,6 +183,51 @@ def _phase_timing(
     )
 
 
+# What a prediction takes from a device, a precision scheme and a calibration alone: the
+# compute dtype, its peak, the effective rates, the tiling, the peak's source and the 16-bit
+# note (see :func:`_device_rates`).
+_Rates = tuple[DType, float, float, float, float | None, Tiling | None, str, tuple[str, ...]]
+# Remembered per (device, scheme, calibration) object, each kept alive by its entry (so an id
+# is not reused while cached) and compared by identity: a recommendation predicts every
+# device at every batch size, and these do not depend on the batch. Bounded: cleared when full.
+_RATES: dict[tuple[int, int, int], tuple[HardwareSpec, PrecisionScheme, Calibration, _Rates]] = {}
+_RATES_MAX = 4096
+
+
+def _device_rates(device: HardwareSpec, scheme: PrecisionScheme, cal: Calibration) -> _Rates:
+    """The batch-independent figures of :func:`predict` (raises as it does)."""
+    key = (id(device), id(scheme), id(cal))
+    found = _RATES.get(key)
+    if found is not None and found[0] is device and found[1] is scheme and found[2] is cal:
+        return found[3]
+    reason = unsupported_reason(device, scheme)
+    dtype = compute_dtype_for(device, scheme)
+    if reason is not None or dtype is None:
+        raise RooflineInputError(f"{device.slug} cannot run {scheme.precision}: {reason}")
+    peak = device.peak_flops_per_s[dtype]
+    flops_per_s = peak * device.compute_fraction * cal.compute_efficiency_for(dtype)
+    bytes_per_s = (
+        device.memory_bandwidth_bytes_per_s * device.bandwidth_fraction * cal.memory_efficiency
+    )
+    link = None
+    if device.needs_host_copy and device.host_link_bytes_per_s is not None:
+        link = device.host_link_bytes_per_s * cal.host_link_efficiency
+    rates: _Rates = (
+        dtype,
+        peak,
+        flops_per_s,
+        bytes_per_s,
+        link,
+        tiling_for(device),
+        _peak_source(device, dtype),
+        _precision_scale_note(cal, dtype),
+    )
+    if len(_RATES) >= _RATES_MAX:
+        _RATES.clear()
+    _RATES[key] = (device, scheme, cal, rates)
+    return rates
+
+
 def predict(request: PhasedRequest, device: HardwareSpec, calibration: Calibration) -> Prediction:
     """Latency, throughput and their split for ``request`` on ``device``.
 
@@ -222,23 +267,12 @@ def predict(request: PhasedRequest, device: HardwareSpec, calibration: Calibrati
     t_req)`` on accelerators (copy engines and the host overlap the kernels) and the latency
     on CPUs.
     """
-    reason = unsupported_reason(device, request.scheme)
-    dtype = compute_dtype_for(device, request.scheme)
-    if reason is not None or dtype is None:
-        raise RooflineInputError(f"{device.slug} cannot run {request.scheme.precision}: {reason}")
     cal = calibration
-    peak = device.peak_flops_per_s[dtype]
-    flops_per_s = peak * device.compute_fraction * cal.compute_efficiency_for(dtype)
-    bytes_per_s = (
-        device.memory_bandwidth_bytes_per_s * device.bandwidth_fraction * cal.memory_efficiency
-    )
-    link = None
-    if device.needs_host_copy and device.host_link_bytes_per_s is not None:
-        link = device.host_link_bytes_per_s * cal.host_link_efficiency
+    rates = _device_rates(device, request.scheme, cal)
+    dtype, peak, flops_per_s, bytes_per_s, link, tiling, peak_source, scale_note = rates
     allreduce = None
     if request.tensor_parallel > 1:
         allreduce = AllReduce.between(device, request.tensor_parallel, cal)
-    tiling = tiling_for(device)
     timings = tuple(
         _phase_timing(
             p,
@@ -272,7 +306,7 @@ def predict(request: PhasedRequest, device: HardwareSpec, calibration: Calibrati
         batch=request.batch,
         compute_dtype=dtype,
         peak_flops_per_s=peak,
-        peak_source=_peak_source(device, dtype),
+        peak_source=peak_source,
         calibration=cal,
         effective_flops_per_s=flops_per_s,
         effective_bandwidth_bytes_per_s=bytes_per_s,
@@ -287,7 +321,7 @@ def predict(request: PhasedRequest, device: HardwareSpec, calibration: Calibrati
         first_token_s=first_token,
         per_token_s=per_token,
         attention=request.attention,
-        assumptions=request.assumptions + _precision_scale_note(cal, dtype),
+        assumptions=request.assumptions + scale_note,
         tensor_parallel=request.tensor_parallel,
         allreduce_link_source="" if allreduce is None else allreduce.source,
         tiling=tiling,
