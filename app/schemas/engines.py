@@ -11,7 +11,7 @@ from app.schemas.base import MAX_BYTES, Schema, Slug
 EngineDtype = Literal["auto", "float32", "float", "bfloat16", "float16", "half"]
 KvCacheDtype = Literal["auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"]
 # vLLM `--quantization` values the engine model expresses (app.domain.engines.quantization).
-Quantization = Literal[
+EngineQuantizationMethod = Literal[
     "fp8", "gptq", "gptq_marlin", "awq", "awq_marlin", "compressed-tensors", "mxfp4"
 ]
 GPTQ_W4A16_CONFIG_EXAMPLE: dict[str, Any] = {
@@ -123,7 +123,7 @@ class VllmMemoryRequest(Schema):
         description="vLLM `--enforce-eager`: no CUDA graphs (no CUDA-graph pool).",
         examples=[False],
     )
-    quantization: Quantization | None = Field(
+    quantization: EngineQuantizationMethod | None = Field(
         default=None,
         description="vLLM `--quantization`. `fp8` without a `quantization_config` quantizes a "
         "16-bit checkpoint at load time (fp8 linears with one fp32 scale each; embedding, head "
