@@ -47,6 +47,7 @@ from app.client.cli_requests import (
     MAX_BEAM_WIDTH,
     MAX_GROUP_GPUS,
     MAX_KV_BLOCK_TOKENS,
+    MAX_LOSS_CHUNKS,
     MAX_TOKENS,
     OBJECTIVES,
     OPTIMIZER_IMPLS,
@@ -173,6 +174,18 @@ def _workload_args(parser: argparse.ArgumentParser, *, model: bool = True) -> No
     group.add_argument("--zero", type=int, choices=[0, 1, 2, 3], help="ZeRO stage (3: FSDP)")
     group.add_argument("--grad-bucket-view", action=argparse.BooleanOptionalAction, default=None,
                        help="DDP gradient_as_bucket_view (default off)")  # fmt: skip
+    tuning = parser.add_argument_group("training options (default off)")
+    for flag, text in (
+        ("--optimizer-in-backward", "the optimizer step fused into backward (gradients freed)"),
+        ("--keep-gradients", "zero_grad(set_to_none=False): gradients kept between steps"),
+        ("--activation-offload", "saved activations offloaded to pinned host memory (CUDA)"),
+        ("--cpu-offload", "ZeRO-3 / FSDP (--zero 3): shards and optimizer on the host"),
+    ):
+        tuning.add_argument(flag, action="store_true", help=text)
+    tuning.add_argument("--loss-chunks", type=IntIn(1, MAX_LOSS_CHUNKS), metavar="N",
+                        help="chunked cross-entropy over N chunks of tokens")  # fmt: skip
+    tuning.add_argument("--tokens-per-batch", type=IntIn(1, MAX_TOKENS), metavar="N",
+                        help="packed sequences: N tokens per micro-batch")  # fmt: skip
     lora = parser.add_argument_group(
         "LoRA / QLoRA (training; any of these adds the lora object, PEFT's defaults for the rest)"
     )

@@ -54,6 +54,7 @@ MAX_TOKENS = 16_777_216  # prompt and generated tokens, their means
 MAX_BEAM_WIDTH = 16
 MAX_KV_BLOCK_TOKENS = 4096
 MAX_GROUP_GPUS = 8  # tensor_parallel_max, pipeline_parallel_max
+MAX_LOSS_CHUNKS = 65_536  # the workload's loss_chunks (tokens_per_batch: MAX_TOKENS)
 
 
 def _bindings(values: list[str] | None) -> dict[str, int]:
@@ -86,6 +87,12 @@ def _workload(args: argparse.Namespace) -> Json:
             spec[key] = value
     if args.fp32_grad_buffer:
         spec["fp32_grad_buffer"] = True
+    for key in ("optimizer_in_backward", "keep_gradients", "activation_offload"):
+        if getattr(args, key, False):
+            spec[key] = True
+    for key in ("loss_chunks", "tokens_per_batch"):
+        if getattr(args, key, None) is not None:
+            spec[key] = getattr(args, key)
     if args.bind:
         spec["bindings"] = _bindings(args.bind)
     parallelism = {
@@ -96,6 +103,7 @@ def _workload(args: argparse.Namespace) -> Json:
             ("pipeline", args.pp),
             ("zero_stage", args.zero),
             ("gradient_as_bucket_view", args.grad_bucket_view),
+            ("cpu_offload", getattr(args, "cpu_offload", False) or None),
         )
         if value is not None
     }

@@ -45,6 +45,36 @@ class WorkloadOptions(Schema):
         "`POST /v1/estimates/memory` (its memory, admission decisions and `/memory` follow).",
         examples=[None],
     )
+    optimizer_in_backward: bool = Field(
+        default=False,
+        description="Training: the optimizer step fused into backward, as for "
+        "`POST /v1/estimates/memory` (not with gradient accumulation, ZeRO-1/2, "
+        "keep_gradients or parallelism.cpu_offload: a 422 naming the field).",
+        examples=[False],
+    )
+    loss_chunks: Annotated[int, Field(ge=1, le=65_536)] | None = Field(
+        default=None,
+        description="Training, token-level loss: chunked cross-entropy with this many chunks, "
+        "as for `POST /v1/estimates/memory`.",
+        examples=[None],
+    )
+    tokens_per_batch: Annotated[int, Field(ge=1, le=16_777_216)] | None = Field(
+        default=None,
+        description="Training with packed sequences: the tokens of one micro-batch, as for "
+        "`POST /v1/estimates/memory` (sequence_length, if given, is the longest document).",
+        examples=[None],
+    )
+    keep_gradients: bool = Field(
+        default=False,
+        description="Training: `zero_grad(set_to_none=False)`, as for `POST /v1/estimates/memory`.",
+        examples=[False],
+    )
+    activation_offload: bool = Field(
+        default=False,
+        description="Training on CUDA: saved tensors offloaded to pinned host memory, as for "
+        "`POST /v1/estimates/memory` (a 422 on a CPU runtime).",
+        examples=[False],
+    )
     engine: EngineOptions | None = Field(
         default=None,
         description="Inference only: the serving engine, as for `POST /v1/estimates/memory` "
