@@ -134,12 +134,12 @@ class EngineFitRead(Schema):
         description="KV bytes a token on the GPU with the smallest pool [B].", examples=[131_072]
     )
     kv_tokens: int = Field(
-        description="KV tokens the engine holds (0 when it does not start).", examples=[443_776]
+        description="KV tokens the engine holds (0 when it does not start).", examples=[443_808]
     )
     max_model_len: int = Field(description="max_model_len used [tokens].", examples=[8192])
     max_concurrency: float = Field(
         description="kv_tokens / max_model_len: sequences of max_model_len held at once.",
-        examples=[54.17],
+        examples=[54.18],
     )
     min_concurrency: int = Field(
         description="Sequences of max_model_len the fit asks for (1: it starts).", examples=[1]
