@@ -85,7 +85,7 @@ def test_committed_report_is_current(
     calibration_more_rows: list[dict[str, Any]],
     calibration_devices: dict[str, Any],
     results: Any,
-    calibration_out_of_sample: Any,
+    calibration_every_row: Any,
 ) -> None:
     report, ok = calibrate.render(
         results,
@@ -97,7 +97,7 @@ def test_committed_report_is_current(
     )
     assert ok
     report += calibrate.render_bandwidth(calibration_devices)
-    report += calibrate.render_out_of_sample(calibration_out_of_sample)
+    report += calibrate.render_out_of_sample(calibration_every_row)
     assert report == (CALIBRATION / "results.md").read_text(encoding="utf-8"), (
         "benchmarks/calibration/results.md is stale; run .venv/bin/python "
         "benchmarks/calibration/calibrate.py --write-results"

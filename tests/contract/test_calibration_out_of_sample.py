@@ -396,10 +396,11 @@ def test_the_test_split_is_frozen_and_scored_apart(
     calibration_more_rows: list[dict[str, Any]],
     calibration_devices: dict[str, Any],
     calibration_out_of_sample: list[Any],
+    calibration_every_row: list[Any],
 ) -> None:
     """calibration_test.yaml carries its rule and the date it was frozen; a row of it is a test
     row even where the same row elsewhere would feed the fit, and is reported in its own
-    section, not in the validation tables (empty now, and the report says so)."""
+    section, not in the validation tables (with no row, the file's status is printed)."""
     import yaml
 
     document = yaml.safe_load(calibrate.TEST_ROWS.read_text(encoding="utf-8"))
@@ -408,11 +409,39 @@ def test_the_test_split_is_frozen_and_scored_apart(
     assert "made before calibrate.py has predicted any of them" in rule
     rows = calibrate.load_rows(calibrate.TEST_ROWS)
     assert rows == document["results"]
-    assert not rows  # none yet: when rows are added (a data-only commit), this pin moves
-    assert "## Test rows (`calibration_test.yaml`, split frozen 2026-11-27)" in (
-        calibrate.render_out_of_sample(calibration_out_of_sample)
+    # pin: the 506 rows of MLPerf Inference v2.0 closed added 2026-11-27 by a rows-only commit
+    # (collect_test_split.py); a later addition moves it, in a commit of rows alone
+    assert len(rows) == 506
+    for row in rows:  # rule (B): valid closed-division MLPerf runs, each with a pinned source
+        assert calibrate.CATALOG_SLUGS[row["device"]] in calibration_devices
+        assert row["result_valid"] == "VALID"
+        assert row["benchmark"] == "MLPerf Inference v2.0 closed"
+        assert row["source"].startswith(
+            "https://github.com/mlcommons/inference_results_v2.0/blob/"
+            "425a0d30c6e0cb9b65595881572cbba5f18572eb/closed/"
+        )
+        assert row["source"].endswith("/performance/run_1/mlperf_log_summary.txt")
+        assert row["model"] in ("resnet50", "bert-99", "gptj-99", "3d-unet-99")
+        assert row["scenario"] in ("Offline", "Server", "SingleStream")
+        assert row["added"] == "2026-11-27"
+        if row["accelerators"] > 1 and row["unit"] != "ms":
+            assert row["value_per_accelerator"] == pytest.approx(
+                row["value"] / row["accelerators"], abs=1e-3
+            )
+    tests = [r for r in calibration_every_row if r.case.file == "test"]
+    assert [r.case.index for r in tests] == list(range(506))
+    assert {r.case.role for r in tests} == {calibrate.TEST}
+    # scored: every Offline and Server throughput and SingleStream p90 row (p50, p99 listed)
+    assert sum(1 for r in tests if r.case.target) == 349
+    report = calibrate.render_out_of_sample(calibration_every_row)
+    validation, test_section = report.split(
+        "## Test rows (`calibration_test.yaml`, split frozen 2026-11-27)"
     )
-    assert "No row yet." in calibrate.render_test_rows([])
+    assert "test#" not in validation
+    assert "| all | | 349 |" in test_section
+    assert "| test#506 |" in test_section
+    status = " ".join(str(document["meta"]["status"]).split())
+    assert status in calibrate.render_test_rows([])  # no row: the file's status is printed
     single_stream = next(
         r for r in calibration_more_rows if calibrate.latency_rows([r], calibration_devices)
     )
