@@ -22,9 +22,9 @@ latency rows in ms, a Server run its scheduled samples/s at the run's own latenc
 Usage (this file's rows: round v2.0 at 425a0d3; ``--project`` is this repository, whose
 committed files are searched with ``git grep`` for the systems they already cite)::
 
-    python benchmarks/calibration/collect_test_split.py --project . \\
+    python benchmarks/calibration/collect_test_split.py --project . --project-commit cf14ff9 \\
         --repo <inference_results_v2.0 clone> --round v2.0 \\
-        --commit 425a0d30c6e0cb9b65595881572cbba5f18572eb --added 2026-11-28 --report
+        --commit 425a0d30c6e0cb9b65595881572cbba5f18572eb --added 2026-11-27 --report
 """
 
 from __future__ import annotations
@@ -316,11 +316,23 @@ CITED = re.compile(
 )
 
 
-def cited_systems(project: Path) -> set[str]:
-    """``round|division|submitter|system`` of every results-repository path that a committed
-    file of ``project`` names (rule (C)); a system JSON's ``.json`` is dropped."""
+def cited_systems(project: Path, as_of: str = "HEAD") -> set[str]:
+    """``round|division|submitter|system`` of every results-repository path that a file of
+    ``project`` committed at ``as_of`` names (rule (C)), calibration_test.yaml itself aside (its
+    own rows are not "another file"); a system JSON's ``.json`` is dropped."""
     text = subprocess.run(
-        ["git", "-C", str(project), "grep", "-hoE", r"inference_results_v[0-9.]+/[^ \"'`)>]+"],
+        [
+            "git",
+            "-C",
+            str(project),
+            "grep",
+            "-hoE",
+            r"inference_results_v[0-9.]+/[^ \"'`)>]+",
+            as_of,
+            "--",
+            ".",
+            ":!benchmarks/calibration/calibration_test.yaml",
+        ],
         check=False,
         capture_output=True,
         text=True,
@@ -351,10 +363,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--round", required=True, help="e.g. v2.0")
     parser.add_argument("--commit", required=True, help="the pinned commit (40 hex digits)")
     parser.add_argument("--project", type=Path, required=True, help="this repository's root")
+    parser.add_argument(
+        "--project-commit", default="HEAD", help="the project's commit whose files are searched"
+    )
     parser.add_argument("--added", required=True, help="the date the rows are committed")
     parser.add_argument("--report", action="store_true", help="why each system is in or out")
     args = parser.parse_args(argv)
-    cited = cited_systems(args.project)
+    cited = cited_systems(args.project, args.project_commit)
     if args.report:
         for entry in sorted(cited):
             print(f"cited: {entry}", file=sys.stderr)
