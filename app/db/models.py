@@ -96,6 +96,10 @@ class Hardware(Timestamped, Base):
     sm_count: Mapped[int | None] = mapped_column(Integer)
     # CUDA compute capability "major.minor" (NULL: not a CUDA device, or unknown)
     compute_capability: Mapped[str | None] = mapped_column(String(8))
+    # What the GPU shows to CUDA (torch.cuda.mem_get_info's total) and where the figure comes
+    # from; NULL: not measured (the memory_bytes figure is used, and answers say so)
+    cuda_visible_memory_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    cuda_visible_memory_source: Mapped[str | None] = mapped_column(String(500))
     tdp_watts: Mapped[float | None] = mapped_column(Float)
     price_usd_per_hour: Mapped[float | None] = mapped_column(Float)
     # NULL with a price: stored before prices carried their kind (never ranked by cost)

@@ -189,6 +189,10 @@ class HardwareSpec:
     # CUDA compute capability (None: not a CUDA device, or not in the profile); a MIG slice
     # has its GPU's
     compute_capability: ComputeCapability | None = None
+    # What the GPU shows to CUDA (torch.cuda.mem_get_info's total) [B] and the figure's
+    # source; None: not measured (memory_bytes is the sold capacity, not this)
+    cuda_visible_memory_bytes: int | None = None
+    cuda_visible_memory_source: str | None = None
 
     @property
     def parallel_units(self) -> int | None:
@@ -212,6 +216,24 @@ class HardwareSpec:
     def needs_host_copy(self) -> bool:
         """Whether inputs and outputs cross a host link (discrete accelerators)."""
         return self.kind in (DeviceKind.GPU, DeviceKind.TPU)
+
+
+def slice_cuda_visible_bytes(
+    gpu_visible_bytes: int | None, gpu_visible_source: str | None, profile_bytes: int
+) -> tuple[int | None, str | None]:
+    """What a MIG slice shows to CUDA [B], and the source, where a measurement bounds it.
+
+    A slice cannot show CUDA more than its whole GPU does: where the GPU's measured figure is
+    below the profile's usable memory (an H100 80GB's 7g.80gb profile is listed with 79.25 GiB
+    by ``nvidia-smi mig -lgip``, the whole GPU shows 79.19 GiB to torch), the GPU's figure caps
+    the slice's. Otherwise (None, None): no measurement of the slice itself, so its catalog
+    memory stands.
+    """
+    if gpu_visible_bytes is None or profile_bytes <= gpu_visible_bytes:
+        return None, None
+    return gpu_visible_bytes, (
+        f"at most what the whole GPU shows to CUDA ({gpu_visible_bytes:,} B: {gpu_visible_source})"
+    )
 
 
 def mig_slice(gpu: HardwareSpec, geometry: MigGeometry, profile: MigProfileSpec) -> HardwareSpec:
@@ -251,6 +273,9 @@ def mig_slice(gpu: HardwareSpec, geometry: MigGeometry, profile: MigProfileSpec)
     compute = profile.compute_slices / geometry.total_compute_slices
     bandwidth = profile.memory_slices / geometry.total_memory_slices
     sm_count, sm_count_source = _slice_sms(gpu.sm_count, geometry, profile)
+    visible, visible_source = slice_cuda_visible_bytes(
+        gpu.cuda_visible_memory_bytes, gpu.cuda_visible_memory_source, profile.memory_bytes
+    )
     return replace(
         gpu,
         slug=f"{gpu.slug}/{profile.name}",
@@ -269,6 +294,8 @@ def mig_slice(gpu: HardwareSpec, geometry: MigGeometry, profile: MigProfileSpec)
         bandwidth_fraction=bandwidth,
         sm_count=sm_count,
         sm_count_source=sm_count_source,
+        cuda_visible_memory_bytes=visible,
+        cuda_visible_memory_source=visible_source,
     )
 
 

@@ -347,6 +347,26 @@ class HardwareBase(Schema):
         "mem_efficient), and the precisions a 'GPUs that would fit' list offers it for.",
         examples=["8.0"],
     )
+    cuda_visible_memory_bytes: int | None = Field(
+        default=None,
+        strict=True,
+        ge=1,
+        description="Memory the GPU shows to CUDA, `torch.cuda.mem_get_info()[1]` (what vLLM "
+        "logs as `total_memory`) [B]: less than `memory_bytes`, the capacity the GPU is sold "
+        "with (an H100 80GB shows 79.19 GiB), because the driver keeps part of it. vLLM's KV "
+        "pool is `gpu_memory_utilization` x this figure. Null: not measured; the engine answers "
+        "then use `memory_bytes` and say so. At most `memory_bytes`; needs "
+        "`cuda_visible_memory_source`.",
+        examples=[85029158748],
+    )
+    cuda_visible_memory_source: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=500,
+        description="Where `cuda_visible_memory_bytes` was measured (a log, a run, a driver "
+        "version); required with it.",
+        examples=["vLLM 0.19 start-up logs on an H100 80GB HBM3: total_memory=79.19GiB"],
+    )
     tdp_watts: float | None = Field(
         default=None,
         ge=MIN_TDP_WATTS,
@@ -472,6 +492,36 @@ class HardwareBase(Schema):
                 type(self).__name__,
                 ("compute_capability",),
                 f"a {self.kind.value} has no CUDA compute capability (GPUs and SoC GPUs only)",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _cuda_visible_memory_with_source(self) -> Self:
+        visible = self.cuda_visible_memory_bytes
+        if visible is not None and self.kind not in (HardwareKind.GPU, HardwareKind.EDGE):
+            raise located_error(
+                type(self).__name__,
+                ("cuda_visible_memory_bytes",),
+                f"a {self.kind.value} shows no memory to CUDA (GPUs and SoC GPUs only)",
+            )
+        if visible is not None and visible > self.memory_bytes:
+            raise located_error(
+                type(self).__name__,
+                ("cuda_visible_memory_bytes",),
+                f"{visible:,} B is more than the device's memory_bytes ({self.memory_bytes:,} "
+                "B): a GPU shows CUDA at most the memory it has",
+            )
+        if (visible is None) != (self.cuda_visible_memory_source is None):
+            missing = (
+                "cuda_visible_memory_source"
+                if visible is not None
+                else ("cuda_visible_memory_bytes")
+            )
+            raise located_error(
+                type(self).__name__,
+                (missing,),
+                "cuda_visible_memory_bytes and cuda_visible_memory_source go together: the "
+                "figure and where it was measured",
             )
         return self
 

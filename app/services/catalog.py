@@ -172,7 +172,7 @@ def _user_row_gaps(row: Hardware, entry: CatalogEntry | None) -> list[str]:
         apply_hardware_fields(expected, entry)
         empty = [
             key
-            for key in ("sm_count", "gpu_link_type", "price_kind")
+            for key in ("sm_count", "gpu_link_type", "price_kind", "cuda_visible_memory_bytes")
             if getattr(row, key) is None and getattr(expected, key) is not None
         ]
         if empty:

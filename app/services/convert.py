@@ -102,6 +102,8 @@ class HardwareRecord:
     gpu_link_bandwidth_bytes_per_s: int | None
     sm_count: int | None
     compute_capability: str | None
+    cuda_visible_memory_bytes: int | None
+    cuda_visible_memory_source: str | None
     tdp_watts: float | None
     price_usd_per_hour: float | None
     price_kind: str | None
@@ -154,6 +156,8 @@ def hardware_record(slug: str, fields: HardwareBase) -> HardwareRecord:
         ),
         sm_count=fields.sm_count,
         compute_capability=fields.compute_capability,
+        cuda_visible_memory_bytes=fields.cuda_visible_memory_bytes,
+        cuda_visible_memory_source=fields.cuda_visible_memory_source,
         tdp_watts=fields.tdp_watts,
         price_usd_per_hour=fields.price_usd_per_hour,
         price_kind=None if fields.price_kind is None else fields.price_kind.value,
@@ -666,6 +670,8 @@ def hardware_spec(
         simd=(row.cpu or {}).get("simd"),
         sm_count=row.sm_count,
         compute_capability=compute_capability(row),
+        cuda_visible_memory_bytes=row.cuda_visible_memory_bytes,
+        cuda_visible_memory_source=row.cuda_visible_memory_source,
         cpu_cores=(row.cpu or {}).get("cores"),
         architecture=row.architecture,
         mig=geometry(row) if row.mig_total_compute_slices is not None else None,

@@ -24,6 +24,7 @@ from app.domain.engines.vllm import (
     resolve_options,
 )
 from app.domain.fit import EngineStageNeed, Requirement, engine_requirement, fits
+from app.domain.hardware import slice_cuda_visible_bytes
 from app.domain.mig.layout import MigProfileSpec
 from app.domain.performance.candidates import Candidate, Runnable
 from app.domain.precision import Precision
@@ -92,8 +93,13 @@ def device_memory(row: Hardware, profile: MigProfileSpec | None = None) -> tuple
     """A GPU's or MIG slice's name, the memory it shows to CUDA [B], and where that comes from
     (a whole H100 80GB: 79.19 GiB measured; else the catalog's memory, a slice's usable)."""
     if profile is None:
-        visible, source = visible_memory(row.slug, row.memory_bytes, None)
+        visible, source = visible_memory(row)
         return row.slug, visible, source
+    capped, why = slice_cuda_visible_bytes(
+        row.cuda_visible_memory_bytes, row.cuda_visible_memory_source, profile.memory_bytes
+    )
+    if capped is not None:
+        return f"{row.slug}/{profile.name}", capped, f"MIG profile {profile.name}: {why}"
     return (
         f"{row.slug}/{profile.name}",
         profile.memory_bytes,
@@ -276,10 +282,16 @@ def _gate(model: ServingModel, engine: EngineOptions, candidate: Candidate) -> s
     if device.mig_profile is not None:
         if candidate.gpus > 1:
             return "a tensor x pipeline group cannot span MIG slices"
-        shown = (device.slug, device.memory_bytes, "MIG profile usable memory (catalog)")
+        if device.cuda_visible_memory_bytes is not None:  # capped by the whole GPU's figure
+            shown = (
+                device.slug,
+                device.cuda_visible_memory_bytes,
+                f"MIG profile {device.mig_profile}: {device.cuda_visible_memory_source}",
+            )
+        else:
+            shown = (device.slug, device.memory_bytes, "MIG profile usable memory (catalog)")
     else:
-        slug = device.slug.split(" ", 1)[0]
-        visible, source = visible_memory(slug, device.memory_bytes, None)
+        visible, source = visible_memory(device)
         shown = (device.slug, visible, source)
     choice = engine_choice_of(engine, candidate.tensor_parallel, candidate.pipeline_parallel)
     try:

@@ -8,7 +8,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy.orm import Session
 
@@ -27,7 +27,6 @@ from app.domain.engines.quantization import (
     resolve_scheme,
 )
 from app.domain.engines.vllm import (
-    H100_80GB_CUDA_VISIBLE_BYTES,
     VLLM_0_19,
     EngineInputError,
     ResolvedOptions,
@@ -80,17 +79,31 @@ class ServedGraph:
     default_bindings: Mapping[str, int]
 
 
-def visible_memory(slug: str, catalog_bytes: int, override: int | None) -> tuple[int, str]:
-    """The memory one GPU shows to CUDA [B] and where the figure comes from: the request's
-    override, the H100 80GB's measured 79.19 GiB (app.domain.engines.vllm), or the catalog."""
+class ShowsMemory(Protocol):
+    """A GPU (a stored row or a spec; a MIG slice's spec) as far as its memory goes."""
+
+    @property
+    def memory_bytes(self) -> int: ...
+    @property
+    def cuda_visible_memory_bytes(self) -> int | None: ...
+    @property
+    def cuda_visible_memory_source(self) -> str | None: ...
+
+
+def visible_memory(device: ShowsMemory, override: int | None = None) -> tuple[int, str]:
+    """The memory one GPU (or MIG slice) shows to CUDA [B] and where the figure comes from:
+    the request's override, the catalog's measured ``cuda_visible_memory_bytes`` (an H100
+    80GB: 79.19 GiB), or, not measured, the catalog's ``memory_bytes``."""
     if override is not None:
         return override, "request (cuda_visible_bytes)"
-    if slug.startswith("nvidia-h100") and catalog_bytes == 80 * GIB:
-        return H100_80GB_CUDA_VISIBLE_BYTES, (
-            "H100 80GB shows 79.19 GiB to torch (vLLM 0.19 logs, cluster F; "
-            "app.domain.engines.vllm.H100_80GB_CUDA_VISIBLE_BYTES), not the catalog's 80 GiB"
+    if device.cuda_visible_memory_bytes is not None:
+        return device.cuda_visible_memory_bytes, (
+            f"hardware catalog cuda_visible_memory_bytes: {device.cuda_visible_memory_source}"
         )
-    return catalog_bytes, "hardware catalog memory_bytes (no measured CUDA-visible figure)"
+    return device.memory_bytes, (
+        "hardware catalog memory_bytes (no measured CUDA-visible figure: the pool may be "
+        "sized a little high)"
+    )
 
 
 def vllm_memory(session: Session, *, payload: VllmMemoryRequest) -> VllmMemoryResponse:
@@ -141,7 +154,7 @@ def prepare_vllm_memory(
             f"'{payload.hardware}' is a {gpu.kind}, not a GPU; vLLM's memory model is per GPU",
             pointer="/hardware",
         )
-    visible, source = visible_memory(gpu.slug, gpu.memory_bytes, payload.cuda_visible_bytes)
+    visible, source = visible_memory(gpu, payload.cuda_visible_bytes)
     # vLLM's kernels by compute capability (app.domain.engines.quantization): Machete on 9.0
     # only, FP8 Marlin (weight-only fp8) below 8.9
     capability = compute_capability(gpu)

@@ -89,6 +89,8 @@ def to_read(row: Hardware) -> HardwareRead:
             ),
             "sm_count": row.sm_count,
             "compute_capability": row.compute_capability,
+            "cuda_visible_memory_bytes": row.cuda_visible_memory_bytes,
+            "cuda_visible_memory_source": row.cuda_visible_memory_source,
             "tdp_watts": row.tdp_watts,
             "price_usd_per_hour": row.price_usd_per_hour,
             "price_kind": row.price_kind,

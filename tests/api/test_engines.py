@@ -66,7 +66,8 @@ def test_llama_3_8b_on_an_h100_matches_the_engine_model(client: ApiClient) -> No
     weights = decoder_stage_weights_bytes(LLAMA_3_8B, 1, 1, 2)
     expected = engine_memory(LLAMA_3_8B, VllmOptions(), H100_80GB_CUDA_VISIBLE_BYTES, weights)
     assert body["cuda_visible_bytes"] == H100_80GB_CUDA_VISIBLE_BYTES
-    assert "79.19 GiB" in body["cuda_visible_source"]
+    assert body["cuda_visible_source"].startswith("hardware catalog cuda_visible_memory_bytes")
+    assert "total_memory=79.19GiB" in body["cuda_visible_source"]
     assert body["kv_tokens"] == expected.kv_tokens > 0
     assert body["max_concurrency"] == pytest.approx(expected.kv_tokens / 8192)
     assert body["starts"] is True

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from app.domain.engines.vllm import H100_80GB_CUDA_VISIBLE_BYTES
 from tests.api.helpers import assert_problem
 from tests.support import ApiClient, table_counts
 
@@ -237,3 +238,68 @@ def test_the_larger_gpus_of_a_mig_fit_run_the_precision(client: ApiClient, preci
     assert larger
     v100s = [g for g in larger if g.startswith("nvidia-v100")]
     assert bool(v100s) == (precision == "fp16"), larger
+
+
+# -- the memory a GPU shows to CUDA ----------------------------------------------------------
+
+
+def test_the_catalog_says_which_memory_figure_is_which(client: ApiClient) -> None:
+    """The H100 80GB's sold 80 GiB beside the 79.19 GiB it shows to torch (the figure vLLM's
+    pool is computed from, app.domain.engines.vllm's calibration constant); a GPU that was
+    never measured has no CUDA-visible figure."""
+    sxm = client.get("/v1/hardware/nvidia-h100-sxm").json()
+    assert sxm["memory_bytes"] == 80 * 2**30
+    assert sxm["cuda_visible_memory_bytes"] == H100_80GB_CUDA_VISIBLE_BYTES
+    assert "total_memory=79.19GiB" in sxm["cuda_visible_memory_source"]
+    pcie = client.get("/v1/hardware/nvidia-h100-pcie").json()
+    assert pcie["cuda_visible_memory_bytes"] is None
+    assert pcie["cuda_visible_memory_source"] is None
+
+
+@pytest.mark.parametrize(
+    ("hardware", "change", "field", "words"),
+    [
+        ("nvidia-t4", {"cuda_visible_memory_bytes": 17 * 2**30}, "cuda_visible_memory_bytes",
+         "more than the device's memory_bytes"),
+        ("nvidia-t4", {"cuda_visible_memory_bytes": 15 * 2**30}, "cuda_visible_memory_source",
+         "go together"),
+        ("nvidia-t4", {"cuda_visible_memory_source": "a run"}, "cuda_visible_memory_bytes",
+         "go together"),
+        ("nvidia-t4", {"cuda_visible_memory_bytes": 0, "cuda_visible_memory_source": "a run"},
+         "cuda_visible_memory_bytes", "greater than or equal to 1"),
+        ("intel-xeon-platinum-8480plus",
+         {"cuda_visible_memory_bytes": 2**30, "cuda_visible_memory_source": "a run"},
+         "cuda_visible_memory_bytes", "shows no memory to CUDA"),
+    ],
+)  # fmt: skip
+def test_bad_cuda_visible_memory_is_422_naming_the_field(
+    client: ApiClient, db_url: str, hardware: str, change: dict[str, Any], field: str, words: str
+) -> None:
+    body = _create_body(client.get(f"/v1/hardware/{hardware}").json()) | change
+    before = table_counts(db_url)
+    problem = assert_problem(client.post("/v1/hardware", json={**body, "slug": "bad-vis"}), 422)
+    assert field in str(problem)
+    assert words in str(problem)
+    assert table_counts(db_url) == before
+
+
+def test_a_mig_engine_fit_never_shows_more_than_the_whole_gpu(client: ApiClient) -> None:
+    """H100 80GB 7g.80gb is listed with 79.25 GiB (nvidia-smi mig -lgip), more than the 79.19
+    GiB the whole GPU shows to torch: the engine's pool is computed from the smaller figure."""
+    workload = {
+        "model": "llama-3-8b",
+        "mode": "inference",
+        "precision": "bf16",
+        "batch_size": 1,
+        "engine": {"name": "vllm", "max_model_len": 4096},
+    }
+    response = client.post("/v1/mig/fit", json={"workload": workload, "gpu": "nvidia-h100-sxm"})
+    assert response.status_code == 200, response.text
+    profiles = {p["profile"]: p for p in response.json()["profiles"]}
+    whole = profiles["7g.80gb"]
+    assert whole["usable_bytes"] == H100_80GB_CUDA_VISIBLE_BYTES
+    assert whole["engine"]["cuda_visible_bytes"] == H100_80GB_CUDA_VISIBLE_BYTES
+    assert "at most what the whole GPU shows to CUDA" in whole["engine"]["cuda_visible_source"]
+    half = profiles["3g.40gb"]
+    assert half["usable_bytes"] == 40_192 * 2**20
+    assert "usable memory in the hardware catalog" in half["engine"]["cuda_visible_source"]

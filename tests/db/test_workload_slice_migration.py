@@ -34,7 +34,7 @@ def test_the_slice_column_comes_and_goes_and_keeps_the_workloads(
                 )
             ).all()
         assert [tuple(row) for row in rows] == [("chat-serving", "nvidia-a100-80gb-sxm")]
-        command.upgrade(config, "0009")
+        command.upgrade(config, "head")  # 0009 and every later revision: this code's schema
         assert "hardware_slice" in _columns(engine)
     finally:
         engine.dispose()
