@@ -175,9 +175,9 @@ def measure_live(tree: Path, requests: int, rounds: int, distinct: bool) -> dict
     import httpx
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from admission_load import _cpu_seconds, _free_port  # (not a package)
+    from server_process import free_port, tree_cpu_s  # (not a package)
 
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory() as folder:
         env = {k: v for k, v in os.environ.items() if not k.startswith("CAPPLAN_")}
@@ -215,13 +215,13 @@ def measure_live(tree: Path, requests: int, rounds: int, distinct: bool) -> dict
                     assert client.request(method, path, json=body).status_code == 200, kind
                 totals = []
                 for round_ in range(rounds):
-                    start = _cpu_seconds(server.pid) or 0.0
+                    start = tree_cpu_s(server.pid) or 0.0
                     for index in range(requests):
                         at = WARM_UP + round_ * requests + index
                         kind, method, path, body = _mix(at, distinct)
                         response = client.request(method, path, json=body)
                         assert response.status_code == 200, (kind, response.text)
-                    totals.append(((_cpu_seconds(server.pid) or 0.0) - start) / requests)
+                    totals.append(((tree_cpu_s(server.pid) or 0.0) - start) / requests)
         finally:
             server.terminate()
             server.wait(timeout=30)
