@@ -156,8 +156,8 @@ def step_allocator_events(
     Keys are ints: a storage's is ``~storage`` (negative), a forward tensor's its position in
     the forward plus ``_FORWARD_KEYS``, any other tensor's the index of the event that
     allocates it; tensors never freed in the step (weights, master weights, KV cache, labels,
-    workspaces, communication buffers, optimizer state) have none: each run of them is one
-    "keep" event. The forward's events are the same in both iterations (and, at inference, in
+    workspaces, communication buffers, optimizer state, and a layer's gradients where no
+    ``zero_grad`` or hook frees them) have none: each run of them is one "keep" event. The forward's events are the same in both iterations (and, at inference, in
     every estimate of the analysis with the activation dtype and runtime): built once.
     """
     analysis, plan, request = e.analysis, e.storage_plan, e.request
@@ -267,13 +267,16 @@ def step_allocator_events(
             buffers = buffers_of[index]
             if buffers:  # allocated and freed at once
                 add(("scratch", key + 1, buffers))
-            if with_grads:
-                keys = grad_keys[index]
-                for size in grads[index]:
-                    keys.append(len(events))
-                    add(("alloc", len(events), size))
-                    if in_backward:  # optimizer_in_backward: freed by its hook at once
-                        add(("free", keys.pop(), 0))
+            if with_grads and grads[index]:
+                if in_backward or (iteration == 0 and not step.accumulate):
+                    keys = grad_keys[index]  # freed: by its hook at once, or by zero_grad
+                    for size in grads[index]:
+                        keys.append(len(events))
+                        add(("alloc", len(events), size))
+                        if in_backward:  # optimizer_in_backward: freed by its hook at once
+                            add(("free", keys.pop(), 0))
+                else:  # kept to the end of the step (accumulated, or the last iteration's)
+                    events += _kept(grads[index])
             add(("free", grad_in, 0))
             grad_in = key
             for storage in kept_after.get(index, ()):

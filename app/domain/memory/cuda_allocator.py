@@ -573,17 +573,17 @@ def replay_steady(
         key = ("replay prefix", expandable, prefix_key)
         found = memo.get(key)
         if found is None:
-            allocator.run(islice(events, shared_prefix), handles)
+            allocator.run(events[:shared_prefix], handles)
             memo.put(key, allocator.snapshot(handles))
         else:
             allocator, handles = CachingAllocator.restore(found)
         start = shared_prefix
     if not 0 < steady_from < len(events):
-        allocator.run(islice(events, start, None), handles)
+        allocator.run(events[start:], handles)
         steady = allocator.peaks()
         return steady, steady
-    allocator.run(islice(events, start, steady_from), handles)
+    allocator.run(events[start:steady_from], handles)
     first = allocator.peaks()
     allocator.reset_peaks()
-    allocator.run(islice(events, steady_from, None), handles)
+    allocator.run(events[steady_from:], handles)
     return first, allocator.peaks()
