@@ -157,8 +157,9 @@ def step_allocator_events(
     the forward plus ``_FORWARD_KEYS``, any other tensor's the index of the event that
     allocates it; tensors never freed in the step (weights, master weights, KV cache, labels,
     workspaces, communication buffers, optimizer state, and a layer's gradients where no
-    ``zero_grad`` or hook frees them) have none: each run of them is one "keep" event. The forward's events are the same in both iterations (and, at inference, in
-    every estimate of the analysis with the activation dtype and runtime): built once.
+    ``zero_grad`` or hook frees them) have none: each run of them is one "keep" event. The
+    forward's events are the same in both iterations (and, at inference, in every estimate of
+    the analysis with the activation dtype and runtime): built once.
     """
     analysis, plan, request = e.analysis, e.storage_plan, e.request
     layers = analysis.layers
