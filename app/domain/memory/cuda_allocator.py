@@ -221,14 +221,15 @@ class CachingAllocator:
                         del free_at[address]
                         rest = block - size
                         if rest > threshold:  # split: the rest stays cached
-                            free_at[address + size] = rest
-                            free_end[address + block] = address + size  # was: address
+                            split = address + size
+                            free_at[split] = rest
+                            free_end[address + block] = split  # replaces the taken block's
                             addresses = blocks.get(rest)
                             if addresses is None:
-                                blocks[rest] = [address + size]
+                                blocks[rest] = [split]
                                 insert(sizes, rest)
                             else:
-                                insert(addresses, address + size)
+                                insert(addresses, split)
                         else:
                             del free_end[address + block]
                             size = block
@@ -249,14 +250,15 @@ class CachingAllocator:
                         reserved += grown  # never shrinks: its peak is read after the loop
                         rest = block - size
                         if rest > threshold:  # split: the rest stays cached
-                            free_at[address + size] = rest
-                            free_end[address + block] = address + size
+                            split = address + size
+                            free_at[split] = rest
+                            free_end[address + block] = split
                             addresses = blocks.get(rest)
                             if addresses is None:
-                                blocks[rest] = [address + size]
+                                blocks[rest] = [split]
                                 insert(sizes, rest)
                             else:
-                                insert(addresses, address + size)
+                                insert(addresses, split)
                         else:
                             size = block
                     handles[key] = (address, size, size_bytes)
@@ -357,14 +359,15 @@ class CachingAllocator:
                             del free_at[address]
                             rest = block - size
                             if rest > threshold:
-                                free_at[address + size] = rest
-                                free_end[address + block] = address + size
+                                split = address + size
+                                free_at[split] = rest
+                                free_end[address + block] = split
                                 addresses = blocks.get(rest)
                                 if addresses is None:
-                                    blocks[rest] = [address + size]
+                                    blocks[rest] = [split]
                                     insert(sizes, rest)
                                 else:
-                                    insert(addresses, address + size)
+                                    insert(addresses, split)
                             else:
                                 del free_end[address + block]
                                 size = block
@@ -385,14 +388,15 @@ class CachingAllocator:
                             reserved += grown
                             rest = block - size
                             if rest > threshold:
-                                free_at[address + size] = rest
-                                free_end[address + block] = address + size
+                                split = address + size
+                                free_at[split] = rest
+                                free_end[address + block] = split
                                 addresses = blocks.get(rest)
                                 if addresses is None:
-                                    blocks[rest] = [address + size]
+                                    blocks[rest] = [split]
                                     insert(sizes, rest)
                                 else:
-                                    insert(addresses, address + size)
+                                    insert(addresses, split)
                             else:
                                 size = block
                         requested += size_bytes
