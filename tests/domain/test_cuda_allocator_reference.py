@@ -1,9 +1,10 @@
 """The allocator replay against a plain reference: the same rules of
 c10/cuda/CUDACachingAllocator.cpp (as app.domain.memory.cuda_allocator states them), written
 the slow and obvious way (a list of blocks per segment, best fit by a scan, merges by
-neighbours), over random sequences of allocations and frees. The replay's packed free lists,
-inlined segment creation, chunked loop and scratch events (an allocation freed at once, replayed
-without touching the free lists) are speed only: every figure must be the same."""
+neighbours), over random sequences of allocations and frees. The replay's free blocks kept by
+size then address, inlined segment creation, chunked loop, scratch events (an allocation freed
+at once, replayed without touching the free lists), "keep" events (allocations never freed,
+without handles) and its snapshots are speed only: every figure must be the same."""
 
 from __future__ import annotations
 
@@ -118,6 +119,12 @@ class _Reference:
         for kind, key, size_bytes in events:
             if kind == "free":
                 self.free(key)
+            elif kind == "keep":  # allocations never freed, one after the other
+                assert isinstance(key, tuple)
+                for size in key:
+                    kept = object()
+                    self.malloc(kept, size)
+                    del self.live[kept]  # never freed: no handle
             else:
                 self.malloc(key, size_bytes)
                 if kind == "scratch":  # allocated and freed at once
@@ -144,14 +151,18 @@ _SIZES = (
 
 
 def _events(rng: random.Random, count: int) -> list[Event]:
-    """Random allocations (sizes around every threshold of both pools), frees of live keys and
-    scratch allocations (freed at once), in runs that repeat (as a model's blocks do)."""
+    """Random allocations (sizes around every threshold of both pools), frees of live keys,
+    scratch allocations (freed at once) and runs of allocations never freed ("keep"), in runs
+    that repeat (as a model's blocks do)."""
     events: list[Event] = []
     live: list[int] = []
     pattern = [rng.choice(_SIZES) * rng.choice((1, 1, 2, 3)) for _ in range(rng.randint(1, 6))]
     while len(events) < count:
         if rng.random() < 0.3:
             pattern = [rng.choice(_SIZES) for _ in range(rng.randint(1, 6))]
+        if rng.random() < 0.1:  # weights or optimizer state: never freed
+            kept = tuple(rng.choice(_SIZES) for _ in range(rng.randint(1, 8)))
+            events.append(("keep", kept, 0))
         for size in pattern:
             if rng.random() < 0.2:  # a workspace: allocated and freed at once
                 events.append(("scratch", len(events), rng.choice(_SIZES)))
@@ -209,3 +220,30 @@ def test_two_iterations_equal_the_reference(seed: int) -> None:
         replayed = replay_steady(events, steady_from, expandable=expandable)
         got = [[p.requested_bytes, p.allocated_bytes, p.reserved_bytes] for p in replayed]
         assert got == [first, reference.peaks]
+
+
+@pytest.mark.parametrize("expandable", [False, True])
+@pytest.mark.parametrize("seed", range(6))
+def test_a_restored_snapshot_replays_as_the_allocator_it_was_taken_from(
+    seed: int, expandable: bool
+) -> None:
+    """snapshot() then restore() at a random point (the replay memo's path) and the rest of the
+    sequence: the same peaks, totals and live handles as one replay without the round trip."""
+    rng = random.Random(200 + seed)
+    events = _events(rng, 900)
+    cut = rng.randrange(1, len(events))
+    straight = CachingAllocator(expandable=expandable)
+    straight_handles: dict[object, Handle] = {}
+    straight.run(events, straight_handles)
+    first = CachingAllocator(expandable=expandable)
+    handles: dict[object, Handle] = {}
+    first.run(events[:cut], handles)
+    restored, restored_handles = CachingAllocator.restore(first.snapshot(handles))
+    restored.run(events[cut:], restored_handles)
+    assert restored.peaks() == straight.peaks()
+    assert (restored.requested, restored.allocated, restored.reserved) == (
+        straight.requested,
+        straight.allocated,
+        straight.reserved,
+    )
+    assert restored_handles == straight_handles

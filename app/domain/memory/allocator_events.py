@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from fractions import Fraction
-from itertools import repeat
 from typing import NamedTuple
 
 from app.domain.budget import CHECK_EVERY_MASK, checkpoint
@@ -23,10 +22,15 @@ def _param_tensor_bytes(
 ) -> list[list[int]]:
     """Per layer, the bytes of each of its parameter tensors at ``element`` B per element."""
     num, den = element.numerator, element.denominator * divisor
-    return [
-        [-(-math.prod(shape) * num // den) for shape in layer.result.param_shapes]
-        for layer in analysis.layers
-    ]
+    per_result: dict[int, list[int]] = {}  # the repeats of a block share their op result
+    tensors: list[list[int]] = []
+    for layer in analysis.layers:
+        sizes = per_result.get(id(layer.result))
+        if sizes is None:
+            shapes = layer.result.param_shapes
+            sizes = per_result[id(layer.result)] = [-(-math.prod(s) * num // den) for s in shapes]
+        tensors.append(sizes)
+    return tensors
 
 
 def _spread(total: int, sizes: Sequence[int]) -> list[int]:
@@ -39,7 +43,7 @@ class _WeightEvents(NamedTuple):
     """The weights' (and buffers') allocations, the first events of every step."""
 
     sizes: list[list[int]]  # per layer, its parameter tensors' bytes
-    events: tuple[Event, ...]  # keys 0, 1, ...: their positions
+    events: tuple[Event, ...]  # one "keep" event: never freed
     key: EventsKey  # the events as the replay memo's key (hashed once)
 
 
@@ -56,8 +60,13 @@ def _weight_events(analysis: GraphAnalysis, weight: Fraction, model_shard: int) 
             per_result[id(result)] = (tensors, with_buffers)
     sizes = [per_result[id(layer.result)][0] for layer in analysis.layers]
     allocated = [size for layer in analysis.layers for size in per_result[id(layer.result)][1]]
-    events = tuple(zip(repeat("alloc"), range(len(allocated)), allocated, strict=False))
+    events = _kept(allocated)
     return _WeightEvents(sizes=sizes, events=events, key=EventsKey(events))
+
+
+def _kept(sizes: Sequence[int]) -> tuple[Event, ...]:
+    """Allocations never freed in the step, as one "keep" event (none for no tensor)."""
+    return (("keep", tuple(sizes), 0),) if sizes else ()
 
 
 # Keys of the forward's own tensors: their position in the forward plus this, above any index of
@@ -146,8 +155,11 @@ def step_allocator_events(
 
     Keys are ints: a storage's is ``~storage`` (negative), a forward tensor's its position in
     the forward plus ``_FORWARD_KEYS``, any other tensor's the index of the event that
-    allocates it. The forward's events are the same in both iterations (and, at inference, in
-    every estimate of the analysis with the activation dtype and runtime): built once.
+    allocates it; tensors never freed in the step (weights, master weights, KV cache, labels,
+    workspaces, communication buffers, optimizer state, and a layer's gradients where no
+    ``zero_grad`` or hook frees them) have none: each run of them is one "keep" event. The
+    forward's events are the same in both iterations (and, at inference, in every estimate of
+    the analysis with the activation dtype and runtime): built once.
     """
     analysis, plan, request = e.analysis, e.storage_plan, e.request
     layers = analysis.layers
@@ -160,8 +172,7 @@ def step_allocator_events(
         lambda: _weight_events(analysis, weight, model_shard),
     )
     if e.weight_tensors is not None:  # QLoRA: the 4-bit base's own tensors, per layer
-        sized = [size for sizes in e.weight_tensors for size in sizes]
-        replayed = tuple(zip(repeat("alloc"), range(len(sized)), sized, strict=False))
+        replayed = _kept([size for sizes in e.weight_tensors for size in sizes])
         weights = _WeightEvents(list(e.weight_tensors), replayed, EventsKey(replayed))
     events: list[Event] = list(weights.events)
     add = events.append
@@ -169,21 +180,19 @@ def step_allocator_events(
     if e.grad_tensors is not None:  # LoRA: state and temporaries follow the trainable tensors
         flat = [size for sizes in e.grad_tensors for size in sizes]
     step = e.step
+    kept: list[int] = []  # allocations never freed, in order (one "keep" event)
     if step is not None and step.master_total:
-        for size in _spread(step.master_total, flat):
-            add(("alloc", len(events), size))
+        kept += _spread(step.master_total, flat)
     kv_layers = layer_totals(e.plans, analysis).kv_layers
-    for size in _spread(e.kv_bytes, [1] * (2 * kv_layers)):  # K and V
-        add(("alloc", len(events), size))
+    kept += _spread(e.kv_bytes, [1] * (2 * kv_layers))  # K and V
+    events += _kept(kept)
     inputs = {bound.storage for bound in analysis.inputs}
     for bound in analysis.inputs:
         add(("alloc", ~bound.storage, plan.sizes[bound.storage]))
-    if step is not None and step.labels_bytes:
-        add(("alloc", len(events), step.labels_bytes))
-    for _ in range(handles if overhead.workspace_bytes else 0):
-        add(("alloc", len(events), overhead.workspace_bytes))
-    for size in e.comm_buffers:  # held for the whole step (FSDP's: reused unit after unit)
-        add(("alloc", len(events), size))
+    kept = [step.labels_bytes] if step is not None and step.labels_bytes else []
+    kept += [overhead.workspace_bytes] * (handles if overhead.workspace_bytes else 0)
+    kept += e.comm_buffers  # held for the whole step (FSDP's: reused unit after unit)
+    events += _kept(kept)
     if step is None:
         shared = memoised(
             e.plans,
@@ -225,6 +234,8 @@ def step_allocator_events(
         else:
             temporaries = _spread(step.temporaries_total, flat)
     steady_from = 0
+    recompute, grad_in_bytes, in_backward = e.recompute, plan.grad_in, step.in_backward
+    buffers_of = [2 * op.backward_internal + op.backward_extra for op in plan.op_sizes]
     for iteration in range(2):
         if iteration == 1:
             steady_from = len(events)
@@ -243,26 +254,30 @@ def step_allocator_events(
         for index in reversed(range(len(layers))):
             if not index & CHECK_EVERY_MASK:
                 checkpoint()
-            op = plan.op_sizes[index]
-            unit = units[index]
-            if unit != recomputing:
-                if recomputing is not None:
-                    add(("free", recompute_key, 0))
-                if unit is not None and e.recompute.get(unit):
-                    recompute_key = len(events)
-                    add(("alloc", recompute_key, e.recompute[unit]))
-                recomputing = unit if unit is not None and e.recompute.get(unit) else None
+            if recompute:  # without, every unit is None
+                unit = units[index]
+                if unit != recomputing:
+                    if recomputing is not None:
+                        add(("free", recompute_key, 0))
+                    if unit is not None and recompute.get(unit):
+                        recompute_key = len(events)
+                        add(("alloc", recompute_key, recompute[unit]))
+                    recomputing = unit if unit is not None and recompute.get(unit) else None
             key = len(events)
-            add(("alloc", key, plan.grad_in[index]))
-            buffers = 2 * op.backward_internal + op.backward_extra
+            add(("alloc", key, grad_in_bytes[index]))
+            buffers = buffers_of[index]
             if buffers:  # allocated and freed at once
-                add(("scratch", len(events), buffers))
-            if with_grads:
-                for size in grads[index]:
-                    grad_keys[index].append(len(events))
-                    add(("alloc", len(events), size))
-                    if step.in_backward:  # optimizer_in_backward: freed by its hook at once
-                        add(("free", grad_keys[index].pop(), 0))
+                add(("scratch", key + 1, buffers))
+            if with_grads and grads[index]:
+                if in_backward or (iteration == 0 and not step.accumulate):
+                    keys = grad_keys[index]  # freed: by its hook at once, or by zero_grad
+                    for size in grads[index]:
+                        keys.append(len(events))
+                        add(("alloc", len(events), size))
+                        if in_backward:  # optimizer_in_backward: freed by its hook at once
+                            add(("free", keys.pop(), 0))
+                else:  # kept to the end of the step (accumulated, or the last iteration's)
+                    events += _kept(grads[index])
             add(("free", grad_in, 0))
             grad_in = key
             for storage in kept_after.get(index, ()):
@@ -277,8 +292,7 @@ def step_allocator_events(
         if step.loss_bytes:
             add(("free", loss, 0))
         if iteration == 0 and step.state_total:  # lazy state: created by the first step()
-            for size in _spread(step.state_total, flat):
-                add(("alloc", len(events), size))
+            events += _kept(_spread(step.state_total, flat))
         first = len(events)
         for size in temporaries:
             add(("alloc", len(events), size))

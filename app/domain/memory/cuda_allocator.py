@@ -34,7 +34,7 @@ from bisect import bisect_left, insort
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import islice
-from typing import Protocol
+from typing import Protocol, cast
 
 from app.domain.budget import CHECK_EVERY, checkpoint
 from app.domain.units import MIB
@@ -88,9 +88,10 @@ class AllocatorPeaks:
     segments: int  # segments cudaMalloc-ed (expandable: pages mapped)
 
 
-_SHIFT = 64  # a free block is kept as one int, ``size << _SHIFT | address``: sorting those
-_ADDRESS = (1 << _SHIFT) - 1  # orders by size, then address (best fit, lowest address first)
 _LARGE_BASE = 1 << 62  # expandable: the large pool's segment starts here, the small one's at 0
+# The last entry of each pool's list of free sizes: larger than any block, so best fit always
+# finds an index, and finding this one means that no cached block fits.
+_NO_BLOCK = 1 << 128
 
 
 # An allocated block: (address, block size, bytes requested).
@@ -103,18 +104,24 @@ class CachingAllocator:
     ``malloc(size)`` returns a handle for ``free(handle)``; the peaks are read from
     :meth:`peaks`. ``expandable`` replays ``expandable_segments:True``.
 
-    Layout, for speed: per pool a sorted list of its free blocks packed as ints (best fit is one
-    ``bisect``); the free blocks of both pools by address and by end address (for merging with
-    a freed block's neighbours); an allocated block is known only by its handle. Segments are
-    laid out with a 512 B gap between them (and the two expandable segments far apart), so
-    blocks that touch always belong to the same segment: a freed block merges with any free
-    block that ends where it starts or starts where it ends.
+    Layout, for speed: per pool the sorted sizes of its free blocks (each once, then
+    :data:`_NO_BLOCK`) and, per size, the sorted addresses of its free blocks of that size:
+    best fit is a ``bisect`` over the few sizes and the first address of that size (a step's
+    blocks come in few sizes, so this is a few comparisons where one sorted list of every free
+    block took a dozen); the free blocks of both pools by address and by end address (for
+    merging with a freed block's neighbours); an allocated block is known only by its handle.
+    Segments are laid out with a 512 B gap between them (and the two expandable segments far
+    apart), so blocks that touch always belong to the same segment: a freed block merges with
+    any free block that ends where it starts or starts where it ends.
     """
 
     def __init__(self, *, expandable: bool = False) -> None:
         self.expandable = expandable
-        self._small_free: list[int] = []  # sorted size << _SHIFT | address
-        self._large_free: list[int] = []
+        # per pool: the sorted sizes of its free blocks, then _NO_BLOCK; by size, their addresses
+        self._small_sizes: list[int] = [_NO_BLOCK]
+        self._small_blocks: dict[int, list[int]] = {}
+        self._large_sizes: list[int] = [_NO_BLOCK]
+        self._large_blocks: dict[int, list[int]] = {}
         self._free_at: dict[int, int] = {}  # address -> size of a free block
         self._free_end: dict[int, int] = {}  # end address -> address of a free block
         self._next_base = 0
@@ -146,8 +153,17 @@ class CachingAllocator:
         start = base + self._tail[pool]
         tail_block = self._free_end.pop(start, None)
         if tail_block is not None:  # the free block at the end grows
-            free = self._small_free if small else self._large_free
-            del free[bisect_left(free, self._free_at.pop(tail_block) << _SHIFT | tail_block)]
+            sizes, blocks = (
+                (self._small_sizes, self._small_blocks)
+                if small
+                else (self._large_sizes, self._large_blocks)
+            )
+            tail_bytes = self._free_at.pop(tail_block)
+            addresses = blocks[tail_bytes]
+            del addresses[bisect_left(addresses, tail_block)]
+            if not addresses:
+                del blocks[tail_bytes]
+                del sizes[bisect_left(sizes, tail_bytes)]
             start = tail_block
         need = start - base + size
         mapped = self._mapped[pool]
@@ -165,7 +181,8 @@ class CachingAllocator:
         :meth:`malloc` and :meth:`free` in one loop, with the state and the constants in local
         variables and the events taken :data:`~app.domain.budget.CHECK_EVERY` at a time (the
         replay of a training step runs tens of thousands of events; speed only)."""
-        small_free, large_free = self._small_free, self._large_free
+        small_sizes, small_blocks = self._small_sizes, self._small_blocks
+        large_sizes, large_blocks = self._large_sizes, self._large_blocks
         free_at, free_end = self._free_at, self._free_end
         new_segment = self._new_segment
         requested, allocated, reserved = self.requested, self.allocated, self.reserved
@@ -175,29 +192,47 @@ class CachingAllocator:
         small_threshold = MIN_BLOCK_BYTES - 1
         large_threshold = small_threshold if self.expandable else SMALL_REQUEST_BYTES
         minimum, small_bytes = MIN_BLOCK_BYTES, SMALL_REQUEST_BYTES
-        shift, mask, align = _SHIFT, _ADDRESS, -MIN_BLOCK_BYTES
+        round_up, align, no_block = MIN_BLOCK_BYTES - 1, -MIN_BLOCK_BYTES, _NO_BLOCK
         bisect, insert = bisect_left, insort
         expandable = self.expandable
         next_base, segments = self._next_base, self.segments
         small_segment, large_segment = SMALL_SEGMENT_BYTES, LARGE_SEGMENT_BYTES
         min_large_alloc, round_large = MIN_LARGE_ALLOC_BYTES, ROUND_LARGE_BYTES
+        addresses: list[int] | None  # the addresses of the free blocks of one size
         iterator = iter(events)
         while chunk := list(islice(iterator, CHECK_EVERY)):
             checkpoint()  # app.domain.budget: stop here past the request's deadline
             for kind, key, size_bytes in chunk:
                 if kind == "alloc":
-                    # round_size, is_small
-                    size = (size_bytes + minimum - 1) & align if size_bytes > minimum else minimum
-                    if size <= small_bytes:
-                        free, threshold = small_free, small_threshold
+                    size = (size_bytes + round_up) & align or minimum  # round_size
+                    if size <= small_bytes:  # is_small
+                        sizes, blocks, threshold = small_sizes, small_blocks, small_threshold
                     else:
-                        free, threshold = large_free, large_threshold
-                    index = bisect(free, size << shift)  # get_free_block: best fit
-                    if index < len(free):
-                        packed = free.pop(index)
-                        block, address = packed >> shift, packed & mask
+                        sizes, blocks, threshold = large_sizes, large_blocks, large_threshold
+                    index = bisect(sizes, size)  # get_free_block: best fit, lowest address
+                    block = sizes[index]
+                    if block != no_block:
+                        addresses = blocks[block]
+                        address = addresses[0]
+                        del addresses[0]
+                        if not addresses:
+                            del blocks[block]
+                            del sizes[index]
                         del free_at[address]
-                        del free_end[address + block]
+                        rest = block - size
+                        if rest > threshold:  # split: the rest stays cached
+                            split = address + size
+                            free_at[split] = rest
+                            free_end[address + block] = split  # replaces the taken block's
+                            addresses = blocks.get(rest)
+                            if addresses is None:
+                                blocks[rest] = [split]
+                                insert(sizes, rest)
+                            else:
+                                insert(addresses, split)
+                        else:
+                            del free_end[address + block]
+                            size = block
                     else:
                         if expandable:
                             address, block, grown = new_segment(size, size <= small_bytes)
@@ -212,16 +247,20 @@ class CachingAllocator:
                             address = next_base
                             next_base += block + minimum  # never adjacent to the next one
                             segments += 1
-                        reserved += grown
-                        if reserved > peak_reserved:
-                            peak_reserved = reserved
-                    rest = block - size
-                    if rest > threshold:  # split: the rest stays cached
-                        free_at[address + size] = rest
-                        free_end[address + block] = address + size
-                        insert(free, rest << shift | (address + size))
-                    else:
-                        size = block
+                        reserved += grown  # never shrinks: its peak is read after the loop
+                        rest = block - size
+                        if rest > threshold:  # split: the rest stays cached
+                            split = address + size
+                            free_at[split] = rest
+                            free_end[address + block] = split
+                            addresses = blocks.get(rest)
+                            if addresses is None:
+                                blocks[rest] = [split]
+                                insert(sizes, rest)
+                            else:
+                                insert(addresses, split)
+                        else:
+                            size = block
                     handles[key] = (address, size, size_bytes)
                     requested += size_bytes
                     if requested > peak_requested:
@@ -229,17 +268,51 @@ class CachingAllocator:
                     allocated += size
                     if allocated > peak_allocated:
                         peak_allocated = allocated
-                elif kind == "scratch":  # an alloc freed at once: the state comes back
-                    size = (size_bytes + minimum - 1) & align if size_bytes > minimum else minimum
+                elif kind == "free":  # merge with the free neighbours
+                    address, size, size_bytes = handles.pop(key)
+                    requested -= size_bytes
+                    allocated -= size
+                    # a block handed out is as large as its request, so its size names its pool
                     if size <= small_bytes:
-                        free, threshold = small_free, small_threshold
+                        sizes, blocks = small_sizes, small_blocks
                     else:
-                        free, threshold = large_free, large_threshold
-                    index = bisect(free, size << shift)
-                    if index < len(free):
-                        # split and merged back, or handed out whole and freed: the same block
-                        block = free[index] >> shift
-                    else:  # a new segment (or pages): it stays cached as one free block
+                        sizes, blocks = large_sizes, large_blocks
+                    end = address + size
+                    if end in free_at:  # its entry by end address is overwritten below
+                        after = free_at.pop(end)
+                        addresses = blocks[after]
+                        del addresses[bisect(addresses, end)]
+                        if not addresses:
+                            del blocks[after]
+                            del sizes[bisect(sizes, after)]
+                        end += after
+                    if address in free_end:
+                        before = free_end.pop(address)
+                        block = free_at.pop(before)
+                        addresses = blocks[block]
+                        del addresses[bisect(addresses, before)]
+                        if not addresses:
+                            del blocks[block]
+                            del sizes[bisect(sizes, block)]
+                        address = before
+                    block = end - address
+                    free_at[address] = block
+                    free_end[end] = address
+                    addresses = blocks.get(block)
+                    if addresses is None:
+                        blocks[block] = [address]
+                        insert(sizes, block)
+                    else:
+                        insert(addresses, address)
+                elif kind == "scratch":  # an alloc freed at once; the state comes back
+                    size = (size_bytes + round_up) & align or minimum
+                    if size <= small_bytes:
+                        sizes, blocks, threshold = small_sizes, small_blocks, small_threshold
+                    else:
+                        sizes, blocks, threshold = large_sizes, large_blocks, large_threshold
+                    block = sizes[bisect(sizes, size)]
+                    # a cached block: split and merged back, or handed out whole and freed
+                    if block == no_block:  # a new segment (or pages): cached as one free block
                         if expandable:
                             address, block, grown = new_segment(size, size <= small_bytes)
                         else:
@@ -254,34 +327,86 @@ class CachingAllocator:
                             next_base += block + minimum
                             segments += 1
                         reserved += grown
-                        if reserved > peak_reserved:
-                            peak_reserved = reserved
                         free_at[address] = block
                         free_end[address + block] = address
-                        insert(free, block << shift | address)
+                        addresses = blocks.get(block)
+                        if addresses is None:
+                            blocks[block] = [address]
+                            insert(sizes, block)
+                        else:
+                            insert(addresses, address)
                     if requested + size_bytes > peak_requested:
                         peak_requested = requested + size_bytes
                     used = size if block - size > threshold else block
                     if allocated + used > peak_allocated:
                         peak_allocated = allocated + used
-                else:  # free: merge with the free neighbours
-                    address, size, size_bytes = handles.pop(key)
-                    requested -= size_bytes
-                    allocated -= size
-                    # a block handed out is as large as its request, so its size names its pool
-                    free = small_free if size <= small_bytes else large_free
-                    end = address + size
-                    after = free_at.pop(end, None)
-                    if after is not None:  # its entry by end address is overwritten below
-                        del free[bisect(free, after << shift | end)]
-                        end += after
-                    before = free_end.pop(address, None)
-                    if before is not None:
-                        del free[bisect(free, free_at.pop(before) << shift | before)]
-                        address = before
-                    free_at[address] = end - address
-                    free_end[end] = address
-                    insert(free, (end - address) << shift | address)
+                else:  # "keep": allocations never freed (no handles); the totals only grow
+                    for size_bytes in cast(tuple[int, ...], key):
+                        size = (size_bytes + round_up) & align or minimum
+                        if size <= small_bytes:
+                            sizes, blocks, threshold = small_sizes, small_blocks, small_threshold
+                        else:
+                            sizes, blocks, threshold = large_sizes, large_blocks, large_threshold
+                        index = bisect(sizes, size)
+                        block = sizes[index]
+                        if block != no_block:
+                            addresses = blocks[block]
+                            address = addresses[0]
+                            del addresses[0]
+                            if not addresses:
+                                del blocks[block]
+                                del sizes[index]
+                            del free_at[address]
+                            rest = block - size
+                            if rest > threshold:
+                                split = address + size
+                                free_at[split] = rest
+                                free_end[address + block] = split
+                                addresses = blocks.get(rest)
+                                if addresses is None:
+                                    blocks[rest] = [split]
+                                    insert(sizes, rest)
+                                else:
+                                    insert(addresses, split)
+                            else:
+                                del free_end[address + block]
+                                size = block
+                        else:
+                            if expandable:
+                                address, block, grown = new_segment(size, size <= small_bytes)
+                            else:
+                                block = grown = (
+                                    small_segment
+                                    if size <= small_bytes
+                                    else large_segment
+                                    if size < min_large_alloc
+                                    else -(-size // round_large) * round_large
+                                )
+                                address = next_base
+                                next_base += block + minimum
+                                segments += 1
+                            reserved += grown
+                            rest = block - size
+                            if rest > threshold:
+                                split = address + size
+                                free_at[split] = rest
+                                free_end[address + block] = split
+                                addresses = blocks.get(rest)
+                                if addresses is None:
+                                    blocks[rest] = [split]
+                                    insert(sizes, rest)
+                                else:
+                                    insert(addresses, split)
+                            else:
+                                size = block
+                        requested += size_bytes
+                        allocated += size
+                    if requested > peak_requested:
+                        peak_requested = requested
+                    if allocated > peak_allocated:
+                        peak_allocated = allocated
+        if reserved > peak_reserved:
+            peak_reserved = reserved
         self.requested, self.allocated, self.reserved = requested, allocated, reserved
         self.peak_requested, self.peak_allocated = peak_requested, peak_allocated
         self.peak_reserved = peak_reserved
@@ -292,8 +417,12 @@ class CachingAllocator:
         """The whole state, and the handles of the blocks allocated so far, as a value."""
         return AllocatorSnapshot(
             expandable=self.expandable,
-            small_free=tuple(self._small_free),
-            large_free=tuple(self._large_free),
+            small_free=tuple(
+                (size, tuple(self._small_blocks[size])) for size in self._small_sizes[:-1]
+            ),
+            large_free=tuple(
+                (size, tuple(self._large_blocks[size])) for size in self._large_sizes[:-1]
+            ),
             free_at=tuple(self._free_at.items()),
             free_end=tuple(self._free_end.items()),
             next_base=self._next_base,
@@ -309,8 +438,10 @@ class CachingAllocator:
     def restore(cls, snapshot: AllocatorSnapshot) -> tuple[CachingAllocator, dict[object, Handle]]:
         """An allocator in the state of ``snapshot``, and the handles of its allocated blocks."""
         allocator = cls(expandable=snapshot.expandable)
-        allocator._small_free = list(snapshot.small_free)
-        allocator._large_free = list(snapshot.large_free)
+        allocator._small_sizes = [size for size, _ in snapshot.small_free] + [_NO_BLOCK]
+        allocator._small_blocks = {size: list(addresses) for size, addresses in snapshot.small_free}
+        allocator._large_sizes = [size for size, _ in snapshot.large_free] + [_NO_BLOCK]
+        allocator._large_blocks = {size: list(addresses) for size, addresses in snapshot.large_free}
         allocator._free_at = dict(snapshot.free_at)
         allocator._free_end = dict(snapshot.free_end)
         allocator._next_base = snapshot.next_base
@@ -346,9 +477,11 @@ class CachingAllocator:
         )
 
 
-# An event of a replayed sequence: ("alloc", key, bytes), ("free", key, 0), or ("scratch", key,
+# An event of a replayed sequence: ("alloc", key, bytes), ("free", key, 0), ("scratch", key,
 # bytes): an allocation freed before any other event (a kernel's workspace), replayed as the
-# two would be without touching the free lists where a cached block holds it.
+# two would be without touching the free lists where a cached block holds it, or ("keep", sizes,
+# 0): allocations of ``sizes`` (a tuple of bytes, in order) that are never freed (weights,
+# optimizer state), replayed as "alloc" events would be without keeping their handles.
 Event = tuple[str, object, int]
 
 
@@ -357,8 +490,8 @@ class AllocatorSnapshot:
     """A :class:`CachingAllocator`'s state after some events (:meth:`CachingAllocator.snapshot`)."""
 
     expandable: bool
-    small_free: tuple[int, ...]
-    large_free: tuple[int, ...]
+    small_free: tuple[tuple[int, tuple[int, ...]], ...]  # per size of free block: their addresses
+    large_free: tuple[tuple[int, tuple[int, ...]], ...]
     free_at: tuple[tuple[int, int], ...]
     free_end: tuple[tuple[int, int], ...]
     next_base: int
@@ -444,17 +577,17 @@ def replay_steady(
         key = ("replay prefix", expandable, prefix_key)
         found = memo.get(key)
         if found is None:
-            allocator.run(islice(events, shared_prefix), handles)
+            allocator.run(events[:shared_prefix], handles)
             memo.put(key, allocator.snapshot(handles))
         else:
             allocator, handles = CachingAllocator.restore(found)
         start = shared_prefix
     if not 0 < steady_from < len(events):
-        allocator.run(islice(events, start, None), handles)
+        allocator.run(events[start:], handles)
         steady = allocator.peaks()
         return steady, steady
-    allocator.run(islice(events, start, steady_from), handles)
+    allocator.run(events[start:steady_from], handles)
     first = allocator.peaks()
     allocator.reset_peaks()
-    allocator.run(islice(events, steady_from, None), handles)
+    allocator.run(events[steady_from:], handles)
     return first, allocator.peaks()

@@ -31,7 +31,7 @@ def _cublas_handles(e: Estimation) -> int:
     return 2 if e.step is not None else 1
 
 
-# The allocator replay walks every tensor of the step, twice in training, at about 1 us per
+# The allocator replay walks every tensor of the step, twice in training, at 0.5 to 1 us per
 # allocation or free (10 to 30 per layer): a 99,999-layer graph would take seconds where the
 # rest of its estimate takes 0.3 s. Graphs of more executed layers than this are estimated with
 # the rule the replay replaced (per-tensor rounding, a fixed fragmentation reserve), cost linear
