@@ -4,7 +4,7 @@ the replay in :mod:`app.domain.memory.cuda_allocator`."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from typing import NamedTuple
 
@@ -85,11 +85,21 @@ class _ForwardEvents(NamedTuple):
 
 
 def _forward_events(
-    analysis: GraphAnalysis, plan: StoragePlan, cache: Sequence[Sequence[int]], training: bool
+    analysis: GraphAnalysis,
+    plan: StoragePlan,
+    cache: Sequence[Sequence[int]],
+    training: bool,
+    recompute: Mapping[str, int] | None = None,
 ) -> _ForwardEvents:
     """Per layer: autocast's weight copies (``cache``), its output and the tensors it creates
     to keep (training), its forward transient (allocated and freed), and the values whose last
-    reader it is."""
+    reader it is.
+
+    ``recompute``: full checkpointing's units (:func:`apply_full_checkpointing`). A layer of a
+    checkpointed unit creates nothing to keep: ``torch.utils.checkpoint`` runs the unit's
+    forward with saved-tensor hooks that store no tensor (non-reentrant: ``_checkpoint_hook``
+    packs a placeholder; reentrant: under ``torch.no_grad()``), so its intermediates die after
+    their last reader and the unit's backward recomputes them (``recompute``'s bytes)."""
     inputs = {bound.storage for bound in analysis.inputs}
     freed_after: dict[int, list[int]] = {}
     for storage, index in plan.last_use.items():
@@ -111,7 +121,7 @@ def _forward_events(
             add(("alloc", ~layer.output_storage, plan.out_alloc[index]))
             forward_live.add(layer.output_storage)
         kept: list[int] = []
-        if training:
+        if training and not (recompute and checkpoint_unit(layer.name) in recompute):
             for _, size in op.new_kept:
                 kept.append(_FORWARD_KEYS + len(events))
                 add(("alloc", kept[-1], size))
@@ -216,7 +226,9 @@ def step_allocator_events(
         if step.cache_total
         else [[] for _ in layers]
     )
-    forward, cache_keys, new_keys, forward_live = _forward_events(analysis, plan, cache, True)
+    forward, cache_keys, new_keys, forward_live = _forward_events(
+        analysis, plan, cache, True, e.recompute
+    )
     forward_from = len(events)
     events += forward
     grads = (
