@@ -14,7 +14,14 @@ from app.domain.graph.analysis import GraphAnalysis, InputDecl, analyze
 from app.domain.memory.cuda_allocator import AllocatorPeaks
 from app.domain.memory.estimate import MemoryEstimate, MemoryRequest, estimate_memory
 from app.domain.precision import Precision
-from app.domain.workload import Checkpointing, Mode, Optimizer, Runtime
+from app.domain.workload import (
+    Checkpointing,
+    Mode,
+    Optimizer,
+    Parallelism,
+    Runtime,
+    TrainingOptions,
+)
 
 MIB = 1 << 20
 WORKSPACES = 2 * 32 * MIB  # training: two cuBLAS handles, 32 MiB each (the default)
@@ -88,3 +95,84 @@ def test_full_checkpointing_keeps_no_dropout_mask_in_forward(
     assert expected == 106_463_232
     # Before: the forward allocated every block's mask (kept to its backward): + 4 x 1 MiB.
     assert steady.requested_bytes == expected
+
+
+# --- activation offloading and ZeRO-3 CPU offload ---------------------------------------------
+
+# Four Linear(256, 256, bias=False), fc0..fc3, on a [4096, 256] fp32 input: each keeps its
+# input; the model's input x and output (fc3's) are held by the caller, so fc0..fc2's outputs
+# are the offloaded tensors.
+CHAIN = [{"name": f"fc{i}", "op": "linear", "out_features": 256, "bias": False} for i in range(4)]
+LABELS = 4096 * 8  # int64 labels
+
+
+def _chain() -> GraphAnalysis:
+    return analyze([InputDecl(name="x", shape=(4096, 256))], CHAIN, {}, training=True)
+
+
+def _chain_request(**kwargs: Any) -> MemoryRequest:
+    return MemoryRequest(
+        mode=Mode.TRAINING, precision=Precision.FP32, runtime=Runtime.CUDA, **kwargs
+    )
+
+
+def test_activation_offload_frees_kept_tensors_and_copies_them_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The replay follows the breakdown's schedule (liveness.offload_peaks): out0 (kept by
+    fc1, read last by fc1) leaves the GPU after fc2 (its copy in flight one layer); out1 and
+    out2 are still in flight at the end of forward and leave as backward starts. Backward:
+    out1 and out2 come back before fc3's backward (out1 prefetched for fc2), out0 before
+    fc2's (prefetched for fc1); each copy is freed after its keeper's backward."""
+    plain_estimate, (_, plain) = _replayed(
+        monkeypatch, _chain(), _chain_request(optimizer=Optimizer.SGD)
+    )
+    estimate, (_, steady) = _replayed(
+        monkeypatch,
+        _chain(),
+        _chain_request(
+            optimizer=Optimizer.SGD, training_options=TrainingOptions(activation_offload=True)
+        ),
+    )
+    persistent = 4 * WEIGHT + LABELS + WORKSPACES  # weights, labels, workspaces
+    # Without offload, fc3's backward: x, out0..out2 kept, the logits, the loss's tensor, the
+    # logits' gradient, fc3's input gradient, fc3's weight gradient (kept: SGD, last step).
+    assert plain.requested_bytes == persistent + 8 * VALUE + WEIGHT == 102_006_784
+    # With it, fc2's backward: x, the logits, the loss's tensor, out1 and out0 back from the
+    # host, fc3's input gradient (fc2's output gradient), fc2's input gradient, fc3's and
+    # fc2's weight gradients.
+    assert steady.requested_bytes == persistent + 7 * VALUE + 2 * WEIGHT == 98_074_624
+    # The breakdown's moment is the same one (its activations repeat x, also in inputs).
+    lines = {line.key: line.bytes for line in estimate.lines}
+    assert lines["activations"] == VALUE + 2 * VALUE  # x + out1, out0 back from the host
+    assert lines["gradients"] == 2 * WEIGHT
+    assert not any("does not model the offload" in a for a in estimate.assumptions)
+    assert estimate.cuda is not None
+    assert plain_estimate.cuda is not None
+    # allocated falls by the breakdown's 4 MiB - 256 KiB; reserved stays (the same segments)
+    assert plain_estimate.cuda.allocated_bytes - estimate.cuda.allocated_bytes == VALUE - WEIGHT
+
+
+def test_cpu_offload_replays_no_weights_gradients_or_state_on_the_gpu(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """ZeRO-3 CPU offload over 2 data ranks, AdamW: the breakdown's GPU holds FSDP's buffers
+    (the one unit, 262,144 params, gathered twice at 4 B, and its 4 B gradients: 3 MiB), not
+    the weights, gradients, optimizer state or the step's temporaries; so does the replay."""
+    estimate, (first, steady) = _replayed(
+        monkeypatch,
+        _chain(),
+        _chain_request(
+            optimizer=Optimizer.ADAMW,
+            parallelism=Parallelism(data=2, zero_stage=3, cpu_offload=True),
+        ),
+    )
+    lines = {line.key: line.bytes for line in estimate.lines}
+    assert lines["fsdp_buffers"] == 3 * 4 * WEIGHT
+    # fc3's backward: x, out0..out2 kept, the logits, the loss's tensor, the logits' gradient
+    # and fc3's input gradient, beside FSDP's buffers, the labels and the workspaces.
+    expected = 3 * 4 * WEIGHT + LABELS + WORKSPACES + 8 * VALUE
+    assert steady.requested_bytes == first.requested_bytes == expected == 103_841_792
+    # Before: the step without offload, 106,070,016 B steady (the unsharded weights, the
+    # gradients, AdamW's state and its step temporaries on the GPU).
+    assert not any("without offload" in a for a in estimate.assumptions)

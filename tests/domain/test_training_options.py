@@ -305,9 +305,18 @@ def test_activation_offload_golden() -> None:
     # three pinned host copies
     host = {line.key: line.bytes for line in offload.host_lines or ()}
     assert host == {"offloaded_activations": 3 * A}
+
     # forward, during fc4: without offload x + four outputs = 5 A; with it fc1's output (read
     # last by fc2, kept by fc2) has left the GPU two layers later: 4 A
-    assert plain.phase_peaks["forward"] - offload.phase_peaks["forward"] == A
+    # (net of the allocator lines: each estimate replays its own step, the offloaded one with
+    # the offload, so their cached segments differ)
+    def forward(estimate: MemoryEstimate) -> int:
+        lines = _lines(estimate)
+        return estimate.phase_peaks["forward"] - (
+            lines["allocator_rounding"] + lines["fragmentation_reserve"]
+        )
+
+    assert forward(plain) - forward(offload) == A
     assert offload.peak_bytes <= plain.peak_bytes
     _formulas_hold(offload)
     assert any("activation_offload" in a for a in offload.assumptions)

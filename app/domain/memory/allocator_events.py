@@ -13,7 +13,13 @@ from app.domain.graph.analysis import GraphAnalysis
 from app.domain.hardware import FrameworkOverhead
 from app.domain.memory.context import Estimation
 from app.domain.memory.cuda_allocator import Event, EventsKey
-from app.domain.memory.liveness import StoragePlan, checkpoint_unit
+from app.domain.memory.liveness import (
+    StoragePlan,
+    checkpoint_unit,
+    kept_storages,
+    new_tensor_id,
+    released_at,
+)
 from app.domain.memory.memo import layer_totals, memoised
 
 
@@ -64,6 +70,14 @@ def _weight_events(analysis: GraphAnalysis, weight: Fraction, model_shard: int) 
     return _WeightEvents(sizes=sizes, events=events, key=EventsKey(events))
 
 
+def _buffer_events(analysis: GraphAnalysis) -> _WeightEvents:
+    """ZeRO-3 CPU offload: the parameters' shards live on the host, the GPU keeps the buffers
+    (the weights line is 0, the gathered units are FSDP's buffers in ``e.comm_buffers``)."""
+    buffers = [layer.result.buffers_bytes for layer in analysis.layers]
+    events = _kept([size for size in buffers if size])
+    return _WeightEvents(sizes=[[] for _ in buffers], events=events, key=EventsKey(events))
+
+
 def _kept(sizes: Sequence[int]) -> tuple[Event, ...]:
     """Allocations never freed in the step, as one "keep" event (none for no tensor)."""
     return (("keep", tuple(sizes), 0),) if sizes else ()
@@ -80,8 +94,51 @@ class _ForwardEvents(NamedTuple):
 
     events: list[Event]
     cache_keys: list[int]  # autocast's 16-bit weight copies
-    new_keys: list[list[int]]  # per layer, the tensors it creates to keep
+    new_keys: list[list[int]]  # per layer, the tensors it creates to keep (still on the GPU)
     live: set[int]  # storages it allocated that are still live at its end
+    on_gpu: dict[int, int]  # offloaded: kept tensor (plan id) -> its key, still on the GPU
+
+
+class _Offload(NamedTuple):
+    """Activation offloading's schedule of the tensors kept for backward, by plan id (a
+    storage, or :func:`new_tensor_id`): the breakdown's rule
+    (:func:`app.domain.memory.liveness.offload_peaks`), so that the replay's step is the
+    breakdown's. Pack (``torch.autograd.graph.save_on_cpu`` / torchtune
+    ``OffloadActivations``): the tensor is copied to pinned host memory when it is saved and
+    the GPU tensor is freed once the forward no longer reads it and its copy has left (one
+    layer after the later of its last read and its keeper). Unpack: a new GPU tensor copied
+    back for the backward, from the backward of the layer after its last keeper (prefetched
+    one layer ahead) until its earliest keeper's backward has run."""
+
+    release_after: dict[int, list[int]]  # forward layer -> ids whose GPU tensor is freed after
+    at_backward: list[int]  # ids still on the GPU at the end of forward (copy in flight)
+    back_at: dict[int, list[int]]  # backward layer -> ids copied back before it
+    keeper: dict[int, int]  # id -> its earliest keeper (the copy back is freed after it)
+
+
+def _offload_schedule(plan: StoragePlan, layers: int) -> _Offload:
+    """:class:`_Offload` of ``plan`` over ``layers`` layers: every kept tensor but the model's
+    inputs and output (the caller holds them), as :func:`offload_peaks` offloads them."""
+    last_keeper: dict[int, int] = {}
+    for index, keys in enumerate(kept_storages(plan)):
+        for key in keys:
+            last_keeper[key] = index
+    release_after: dict[int, list[int]] = {}
+    at_backward: list[int] = []
+    back_at: dict[int, list[int]] = {}
+    keeper: dict[int, int] = {}
+    for key, first in plan.first_saver.items():
+        if key in plan.pinned or not plan.sizes.get(key):
+            continue
+        keeper[key] = first
+        released = released_at(plan, key, first)  # freed before this forward layer
+        if released < layers:
+            release_after.setdefault(released - 1, []).append(key)
+        else:
+            at_backward.append(key)
+        back = min(layers - 1, last_keeper.get(key, first) + 1)
+        back_at.setdefault(back, []).append(key)
+    return _Offload(release_after, at_backward, back_at, keeper)
 
 
 def _forward_events(
@@ -90,6 +147,7 @@ def _forward_events(
     cache: Sequence[Sequence[int]],
     training: bool,
     recompute: Mapping[str, int] | None = None,
+    offload: _Offload | None = None,
 ) -> _ForwardEvents:
     """Per layer: autocast's weight copies (``cache``), its output and the tensors it creates
     to keep (training), its forward transient (allocated and freed), and the values whose last
@@ -99,7 +157,10 @@ def _forward_events(
     checkpointed unit creates nothing to keep: ``torch.utils.checkpoint`` runs the unit's
     forward with saved-tensor hooks that store no tensor (non-reentrant: ``_checkpoint_hook``
     packs a placeholder; reentrant: under ``torch.no_grad()``), so its intermediates die after
-    their last reader and the unit's backward recomputes them (``recompute``'s bytes)."""
+    their last reader and the unit's backward recomputes them (``recompute``'s bytes).
+
+    ``offload``: activation offloading's schedule; a kept tensor's GPU copy is freed after
+    the layer its schedule names, or stays to the end of forward (``on_gpu``)."""
     inputs = {bound.storage for bound in analysis.inputs}
     freed_after: dict[int, list[int]] = {}
     for storage, index in plan.last_use.items():
@@ -110,6 +171,8 @@ def _forward_events(
     cache_keys: list[int] = []
     new_keys: list[list[int]] = []
     forward_live: set[int] = set()
+    on_gpu: dict[int, int] = {}  # offloaded kept tensors allocated and not yet released
+    offloaded = offload.keeper if offload is not None else {}
     for index, layer in enumerate(analysis.layers):
         if not index & CHECK_EVERY_MASK:
             checkpoint()  # app.domain.budget: stop here past the request's deadline
@@ -120,11 +183,17 @@ def _forward_events(
         if plan.out_alloc[index]:
             add(("alloc", ~layer.output_storage, plan.out_alloc[index]))
             forward_live.add(layer.output_storage)
+            if layer.output_storage in offloaded:
+                on_gpu[layer.output_storage] = ~layer.output_storage
         kept: list[int] = []
         if training and not (recompute and checkpoint_unit(layer.name) in recompute):
-            for _, size in op.new_kept:
-                kept.append(_FORWARD_KEYS + len(events))
-                add(("alloc", kept[-1], size))
+            for slot, size in op.new_kept:
+                key = _FORWARD_KEYS + len(events)
+                add(("alloc", key, size))
+                if new_tensor_id(index, slot) in offloaded:
+                    on_gpu[new_tensor_id(index, slot)] = key
+                else:
+                    kept.append(key)
         new_keys.append(kept)
         if op.forward_transient:  # allocated and freed at once
             add(("scratch", _FORWARD_KEYS + len(events), op.forward_transient))
@@ -132,7 +201,12 @@ def _forward_events(
             if storage in forward_live and storage not in inputs:
                 forward_live.discard(storage)
                 add(("free", ~storage, 0))
-    return _ForwardEvents(events, cache_keys, new_keys, forward_live)
+        if offload is not None:
+            for released in offload.release_after.get(index, ()):
+                if released in on_gpu:  # its copy to the host is done: the GPU tensor goes
+                    forward_live.discard(released)
+                    add(("free", on_gpu.pop(released), 0))
+    return _ForwardEvents(events, cache_keys, new_keys, forward_live, on_gpu)
 
 
 def forward_events_key(e: Estimation) -> tuple[object, ...]:
@@ -163,6 +237,13 @@ def step_allocator_events(
     freeing the gradients before the next iteration. Two iterations: the first creates the
     optimizer state lazily inside ``step()``, as PyTorch's optimizers do.
 
+    The offload options change what the GPU holds as the breakdown says: with
+    ``activation_offload`` a kept tensor is freed in forward once its copy to the host has
+    left and copied back for backward (:class:`_Offload`); with ``parallelism.cpu_offload``
+    no weight, gradient, master weight, optimizer state or step temporary is allocated (the
+    host's), FSDP's buffers stand for the unit in flight. A checkpointed unit's layers keep
+    nothing in forward (:func:`_forward_events`).
+
     Keys are ints: a storage's is ``~storage`` (negative), a forward tensor's its position in
     the forward plus ``_FORWARD_KEYS``, any other tensor's the index of the event that
     allocates it; tensors never freed in the step (weights, master weights, KV cache, labels,
@@ -175,13 +256,21 @@ def step_allocator_events(
     layers = analysis.layers
     model_shard = request.parallelism.tensor * request.parallelism.pipeline
     weight = e.plan.weight
+    # ZeRO-3 CPU offload (parallelism.cpu_offload), as the breakdown has it
+    # (app.domain.memory.moments): the weights', gradients', optimizer state's and master
+    # weights' shards are host lines and the optimizer steps on the host; the GPU holds the
+    # buffers, the gathered unit's parameters and its unsharded gradients (FSDP's buffers,
+    # e.comm_buffers, kept for the step), the activations and the backward's transients.
+    on_host = request.parallelism.cpu_offload
     weights = memoised(
         e.plans,
         analysis,
-        ("weights", weight, model_shard),
-        lambda: _weight_events(analysis, weight, model_shard),
+        ("buffers",) if on_host else ("weights", weight, model_shard),
+        (lambda: _buffer_events(analysis))
+        if on_host
+        else lambda: _weight_events(analysis, weight, model_shard),
     )
-    if e.weight_tensors is not None:  # QLoRA: the 4-bit base's own tensors, per layer
+    if e.weight_tensors is not None and not on_host:  # QLoRA: the 4-bit base's own tensors
         replayed = _kept([size for sizes in e.weight_tensors for size in sizes])
         weights = _WeightEvents(list(e.weight_tensors), replayed, EventsKey(replayed))
     events: list[Event] = list(weights.events)
@@ -191,7 +280,7 @@ def step_allocator_events(
         flat = [size for sizes in e.grad_tensors for size in sizes]
     step = e.step
     kept: list[int] = []  # allocations never freed, in order (one "keep" event)
-    if step is not None and step.master_total:
+    if step is not None and step.master_total and not on_host:
         kept += _spread(step.master_total, flat)
     kv_layers = layer_totals(e.plans, analysis).kv_layers
     kept += _spread(e.kv_bytes, [1] * (2 * kv_layers))  # K and V
@@ -226,13 +315,20 @@ def step_allocator_events(
         if step.cache_total
         else [[] for _ in layers]
     )
-    forward, cache_keys, new_keys, forward_live = _forward_events(
-        analysis, plan, cache, True, e.recompute
+    offload = (
+        _offload_schedule(plan, len(layers))
+        if request.training_options.activation_offload
+        else None
+    )
+    forward, cache_keys, new_keys, forward_live, on_gpu = _forward_events(
+        analysis, plan, cache, True, e.recompute, offload
     )
     forward_from = len(events)
     events += forward
     grads = (
-        e.grad_tensors
+        [[] for _ in layers]  # on the host: the unit's gradients are in FSDP's buffers
+        if on_host
+        else e.grad_tensors
         if e.grad_tensors is not None
         else _param_tensor_bytes(analysis, step.grad_element, step.grad_shard)
     )
@@ -240,7 +336,8 @@ def step_allocator_events(
     out_grad = plan.sizes.get(analysis.output_storage, 0)
     units = [checkpoint_unit(layer.name) if e.recompute else None for layer in layers]
     temporaries: list[int] = []
-    if step.temporaries_total and not step.in_backward:  # in backward: stepped in the hooks
+    # in backward: stepped in the hooks; on the host: no step on the GPU
+    if step.temporaries_total and not step.in_backward and not on_host:
         if step.temporaries_largest:
             temporaries = [step.temporaries_total // 2] * 2
         else:
@@ -258,6 +355,12 @@ def step_allocator_events(
             add(("alloc", loss, step.loss_bytes))
         for key in cache_keys:  # autocast's cache ends with the forward
             add(("free", key, 0))
+        back: dict[int, int] = {}  # offloaded: kept tensor -> its copy back on the GPU
+        if offload is not None:  # the last layers' kept tensors: their copies have left
+            for kept_id in offload.at_backward:
+                if kept_id in on_gpu:
+                    live.discard(kept_id)
+                    add(("free", on_gpu[kept_id], 0))
         grad_in = len(events)  # the gradient of the output of the layer after
         add(("alloc", grad_in, out_grad))
         recomputing: str | None = None
@@ -275,6 +378,10 @@ def step_allocator_events(
                         recompute_key = len(events)
                         add(("alloc", recompute_key, recompute[unit]))
                     recomputing = unit if unit is not None and recompute.get(unit) else None
+            if offload is not None:  # unpacked: copied back from the host (prefetched)
+                for kept_id in offload.back_at.get(index, ()):
+                    back[kept_id] = len(events)
+                    add(("alloc", len(events), plan.sizes[kept_id]))
             key = len(events)
             add(("alloc", key, grad_in_bytes[index]))
             buffers = buffers_of[index]
@@ -293,7 +400,9 @@ def step_allocator_events(
             add(("free", grad_in, 0))
             grad_in = key
             for storage in kept_after.get(index, ()):
-                if storage in live:
+                if storage in back:  # offloaded: its copy back, after its earliest keeper
+                    add(("free", back.pop(storage), 0))
+                elif storage in live:
                     live.discard(storage)
                     add(("free", ~storage, 0))
             for key in new_keys[index]:
@@ -303,7 +412,7 @@ def step_allocator_events(
         add(("free", grad_in, 0))
         if step.loss_bytes:
             add(("free", loss, 0))
-        if iteration == 0 and step.state_total:  # lazy state: created by the first step()
+        if iteration == 0 and step.state_total and not on_host:  # lazy: by the first step()
             events += _kept(_spread(step.state_total, flat))
         first = len(events)
         for size in temporaries:

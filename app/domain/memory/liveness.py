@@ -279,17 +279,22 @@ def _reused(layer: LayerAnalysis, op: OpSizes) -> tuple[int, ...]:
     return tuple(dict.fromkeys(keys))
 
 
+def new_tensor_id(index: int, slot: int) -> int:
+    """The id of the tensor layer ``index`` creates to keep in ``slot`` (negative, unique)."""
+    return -(index * 64) - 1 - slot
+
+
 def _new_storages(plan: StoragePlan) -> dict[int, list[int]]:
     """Give the tensors layers create to keep their ids (negative, unique per layer and slot)."""
     if plan.adds is None:
         plan.adds = {
-            index: [-(index * 64) - 1 - slot for slot, _ in op.new_kept]
+            index: [new_tensor_id(index, slot) for slot, _ in op.new_kept]
             for index, op in enumerate(plan.op_sizes)
             if op.new_kept
         }
         plan.sizes.update(
             {
-                -(index * 64) - 1 - slot: size
+                new_tensor_id(index, slot): size
                 for index, op in enumerate(plan.op_sizes)
                 for slot, size in op.new_kept
             }

@@ -168,7 +168,8 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
             "kept tensor stays while the forward reads it and one layer more (the copy in "
             "flight), and comes back for the backward of the layer after its last keeper "
             "(prefetch) until its earliest keeper's backward; the allocator replay "
-            "(allocator_rounding, fragmentation_reserve) does not model the offload"
+            "(allocator_rounding, fragmentation_reserve) frees and copies back on the same "
+            "schedule"
         )
     loss_moments: list[Peak] = []
     if options.loss_chunks is not None:
@@ -286,7 +287,8 @@ def _host_state(e: Estimation, grad_bytes: int, state_bytes: int, master: int) -
         "and master weights live in host memory and the optimizer steps there (FSDP "
         "CPUOffload(offload_params=True)); the GPU holds each unit's gathered parameters and "
         "unsharded gradients (fsdp_buffers) while it runs, so no optimizer_step phase on the "
-        "GPU; the allocator replay (rounding, cached segments) is the step's without offload"
+        "GPU; the allocator replay (rounding, cached segments) allocates on the GPU only "
+        "those (and the buffers, activations and transients)"
     )
 
 
