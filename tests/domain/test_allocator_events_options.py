@@ -176,3 +176,44 @@ def test_cpu_offload_replays_no_weights_gradients_or_state_on_the_gpu(
     # Before: the step without offload, 106,070,016 B steady (the unsharded weights, the
     # gradients, AdamW's state and its step temporaries on the GPU).
     assert not any("without offload" in a for a in estimate.assumptions)
+
+
+# Two checkpointed blocks of Linear(4096, 256), Linear(256, 256), Linear(256, 4096) (no bias),
+# a Linear(4096, 256) head, on a [4096, 4096] fp32 input: a block's input, its output and the
+# head's input are 4096 x 4096 x 4 = 64 MiB (WIDE), the logits 4 MiB (VALUE).
+UNITS = [
+    {"name": f"layers.{i}.fc{j}", "op": "linear", "out_features": width, "bias": False}
+    for i in range(2)
+    for j, width in enumerate((256, 256, 4096))
+] + [{"name": "head", "op": "linear", "out_features": 256, "bias": False}]
+WIDE = 64 * MIB
+UNIT_WEIGHTS = 2 * (4096 * 256 + 256 * 256 + 256 * 4096) * 4 + 4096 * 256 * 4
+
+
+def test_offloaded_checkpoint_input_is_back_for_the_units_recompute(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Full checkpointing with activation_offload: block 1's input (kept by its first layer)
+    is read again by the backward of its last layer, which recomputes the block, so it is
+    back from the host from the head's backward (prefetched one layer ahead), not only from
+    its second layer's (the rule before: offload_peaks and the replay agreed on a step with
+    the input missing while the block was recomputed)."""
+    analysis = analyze([InputDecl(name="x", shape=(4096, 4096))], UNITS, {}, training=True)
+    request = MemoryRequest(
+        mode=Mode.TRAINING,
+        precision=Precision.FP32,
+        optimizer=Optimizer.SGD,
+        checkpointing=Checkpointing.FULL,
+        runtime=Runtime.CUDA,
+        training_options=TrainingOptions(activation_offload=True),
+    )
+    estimate, (_, steady) = _replayed(monkeypatch, analysis, request)
+    lines = {line.key: line.bytes for line in estimate.lines}
+    assert UNIT_WEIGHTS == lines["weights"] == 21_495_808
+    # The head's backward: x, block 1's input and the head's input back from the host
+    # (activations: 3 x 64 MiB; the breakdown before: 142,606,336 B at layers.1.fc0)
+    assert lines["activations"] == 3 * WIDE
+    # the replay there: those three, the head's input gradient (64 MiB), the logits, the
+    # loss's tensor and the logits' gradient (4 MiB each), the head's weight gradient
+    expected = UNIT_WEIGHTS + LABELS + WORKSPACES + 4 * WIDE + 3 * VALUE + 4096 * 256 * 4
+    assert steady.requested_bytes == expected == 373_850_112  # before: 323,780,608 B

@@ -16,8 +16,8 @@ from app.domain.memory.cuda_allocator import Event, EventsKey
 from app.domain.memory.liveness import (
     StoragePlan,
     checkpoint_unit,
-    kept_storages,
     new_tensor_id,
+    offload_last_keepers,
     released_at,
 )
 from app.domain.memory.memo import layer_totals, memoised
@@ -108,7 +108,8 @@ class _Offload(NamedTuple):
     the GPU tensor is freed once the forward no longer reads it and its copy has left (one
     layer after the later of its last read and its keeper). Unpack: a new GPU tensor copied
     back for the backward, from the backward of the layer after its last keeper (prefetched
-    one layer ahead) until its earliest keeper's backward has run."""
+    one layer ahead; :func:`offload_last_keepers`: a checkpointed unit's input is read by the
+    unit's last layer, which recomputes it) until its earliest keeper's backward has run."""
 
     release_after: dict[int, list[int]]  # forward layer -> ids whose GPU tensor is freed after
     at_backward: list[int]  # ids still on the GPU at the end of forward (copy in flight)
@@ -116,13 +117,13 @@ class _Offload(NamedTuple):
     keeper: dict[int, int]  # id -> its earliest keeper (the copy back is freed after it)
 
 
-def _offload_schedule(plan: StoragePlan, layers: int) -> _Offload:
-    """:class:`_Offload` of ``plan`` over ``layers`` layers: every kept tensor but the model's
-    inputs and output (the caller holds them), as :func:`offload_peaks` offloads them."""
-    last_keeper: dict[int, int] = {}
-    for index, keys in enumerate(kept_storages(plan)):
-        for key in keys:
-            last_keeper[key] = index
+def _offload_schedule(
+    analysis: GraphAnalysis, plan: StoragePlan, recompute: Mapping[str, int]
+) -> _Offload:
+    """:class:`_Offload` of ``plan``: every kept tensor but the model's inputs and output (the
+    caller holds them), as :func:`offload_peaks` offloads them."""
+    layers = len(analysis.layers)
+    last_keeper = offload_last_keepers(analysis, plan, recompute)
     release_after: dict[int, list[int]] = {}
     at_backward: list[int] = []
     back_at: dict[int, list[int]] = {}
@@ -316,7 +317,7 @@ def step_allocator_events(
         else [[] for _ in layers]
     )
     offload = (
-        _offload_schedule(plan, len(layers))
+        _offload_schedule(analysis, plan, e.recompute)
         if request.training_options.activation_offload
         else None
     )

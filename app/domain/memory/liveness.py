@@ -497,13 +497,9 @@ def offload_peaks(
     """
     layers = analysis.layers
     n = len(layers)
-    saved = kept_storages(plan)
     timeline = build_timeline(plan)
     sizes, pinned = plan.sizes, plan.pinned
-    last_keeper: dict[int, int] = {}
-    for index, keys in enumerate(saved):
-        for key in keys:
-            last_keeper[key] = index
+    last_keeper = offload_last_keepers(analysis, plan, recompute)
     offloaded = {k: i for k, i in plan.first_saver.items() if k not in pinned and sizes.get(k)}
     released = [0] * n
     for key, keeper in offloaded.items():
@@ -562,11 +558,35 @@ def offload_peaks(
             terms["backward"] = [
                 (resident, "B: the model's inputs and output, held by the caller"),
                 (window, f"B: kept tensors of '{layers[i].name}' and of the layer before, back "
-                 "from the host (prefetched one layer ahead)"),
+                 "from the host (prefetched one layer ahead; a checkpointed unit's input from "
+                 "the backward of its last layer, which recomputes the unit)"),
                 (extra, "B: the block being recomputed"),
             ]  # fmt: skip
     host = sum(sizes[k] for k in offloaded)
     return OffloadPeaks(forward, end, backward, host, len(offloaded), terms)
+
+
+def offload_last_keepers(
+    analysis: GraphAnalysis, plan: StoragePlan, recompute: Mapping[str, int]
+) -> dict[int, int]:
+    """Kept tensor -> the last layer whose backward reads it: its last keeper, or for the
+    input a checkpointed unit keeps (full checkpointing), the unit's last layer, whose
+    backward recomputes the unit from it (``torch.utils.checkpoint``: the unit's forward runs
+    again when backward first reaches it)."""
+    last_keeper: dict[int, int] = {}
+    kept = kept_storages(plan)
+    for index, keys in enumerate(kept):
+        for key in keys:
+            last_keeper[key] = index
+    if recompute:
+        units = [checkpoint_unit(layer.name) for layer in analysis.layers]
+        unit_last = {unit: index for index, unit in enumerate(units) if unit is not None}
+        for index, keys in enumerate(kept):
+            unit = units[index]
+            if unit is not None and unit in recompute:
+                for key in keys:
+                    last_keeper[key] = max(last_keeper[key], unit_last[unit])
+    return last_keeper
 
 
 def released_at(plan: StoragePlan, key: int, keeper: int) -> int:
