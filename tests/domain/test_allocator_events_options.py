@@ -13,6 +13,7 @@ import app.domain.memory.cuda_runtime as engine
 from app.domain.graph.analysis import GraphAnalysis, InputDecl, analyze
 from app.domain.memory.cuda_allocator import AllocatorPeaks
 from app.domain.memory.estimate import MemoryEstimate, MemoryRequest, estimate_memory
+from app.domain.peft.lora import LoraConfig
 from app.domain.precision import Precision
 from app.domain.workload import (
     Checkpointing,
@@ -217,3 +218,24 @@ def test_offloaded_checkpoint_input_is_back_for_the_units_recompute(
     # loss's tensor and the logits' gradient (4 MiB each), the head's weight gradient
     expected = UNIT_WEIGHTS + LABELS + WORKSPACES + 4 * WIDE + 3 * VALUE + 4096 * 256 * 4
     assert steady.requested_bytes == expected == 373_850_112  # before: 323,780,608 B
+
+
+# --- LoRA -------------------------------------------------------------------------------------
+
+
+def test_lora_adapters_and_their_saved_tensors_are_replayed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """LoRA r=8 on fc1 of the chain (fp32, no dropout): the adapters' weights (lora_A 8 x 256
+    and lora_B 256 x 8 fp32: 16 KiB, the adapter_weights line) are allocated with the weights,
+    and what lora_B keeps, lora_A's output (4096 x 8 x 4 B = 128 KiB, the
+    adapter_activations line), from fc1's forward to its backward."""
+    request = _chain_request(optimizer=Optimizer.SGD, lora=LoraConfig(r=8, target_modules=("fc1",)))
+    estimate, (_, steady) = _replayed(monkeypatch, _chain(), request)
+    lines = {line.key: line.bytes for line in estimate.lines}
+    adapters, saved = 2 * 8 * 256 * 4, 4096 * 8 * 4
+    assert (lines["adapter_weights"], lines["adapter_activations"]) == (adapters, saved)
+    # fc3's backward (the frozen base: no weight gradient there): x, out0..out2, the logits,
+    # the loss's tensor, the logits' gradient, fc3's input gradient, and the adapters' tensors
+    expected = 4 * WEIGHT + adapters + LABELS + WORKSPACES + 8 * VALUE + saved
+    assert steady.requested_bytes == expected == 101_892_096  # before: 101,744,640 B

@@ -149,6 +149,7 @@ def _forward_events(
     training: bool,
     recompute: Mapping[str, int] | None = None,
     offload: _Offload | None = None,
+    adapter_saved: Mapping[int, int] | None = None,
 ) -> _ForwardEvents:
     """Per layer: autocast's weight copies (``cache``), its output and the tensors it creates
     to keep (training), its forward transient (allocated and freed), and the values whose last
@@ -161,7 +162,10 @@ def _forward_events(
     their last reader and the unit's backward recomputes them (``recompute``'s bytes).
 
     ``offload``: activation offloading's schedule; a kept tensor's GPU copy is freed after
-    the layer its schedule names, or stays to the end of forward (``on_gpu``)."""
+    the layer its schedule names, or stays to the end of forward (``on_gpu``).
+    ``adapter_saved``: LoRA, per layer, what its adapters keep for backward (one tensor, freed
+    after the layer's backward; a checkpointed unit's come with its recompute), on the GPU as
+    the breakdown's adapter_activations line has them."""
     inputs = {bound.storage for bound in analysis.inputs}
     freed_after: dict[int, list[int]] = {}
     for storage, index in plan.last_use.items():
@@ -188,6 +192,9 @@ def _forward_events(
                 on_gpu[layer.output_storage] = ~layer.output_storage
         kept: list[int] = []
         if training and not (recompute and checkpoint_unit(layer.name) in recompute):
+            if adapter_saved and adapter_saved.get(index):
+                kept.append(_FORWARD_KEYS + len(events))
+                add(("alloc", kept[-1], adapter_saved[index]))
             for slot, size in op.new_kept:
                 key = _FORWARD_KEYS + len(events)
                 add(("alloc", key, size))
@@ -281,6 +288,8 @@ def step_allocator_events(
         flat = [size for sizes in e.grad_tensors for size in sizes]
     step = e.step
     kept: list[int] = []  # allocations never freed, in order (one "keep" event)
+    if e.adapter_tensors is not None:  # LoRA: the adapters (and modules_to_save copies)
+        kept += [size for sizes in e.adapter_tensors for size in sizes]
     if step is not None and step.master_total and not on_host:
         kept += _spread(step.master_total, flat)
     kv_layers = layer_totals(e.plans, analysis).kv_layers
@@ -322,7 +331,7 @@ def step_allocator_events(
         else None
     )
     forward, cache_keys, new_keys, forward_live, on_gpu = _forward_events(
-        analysis, plan, cache, True, e.recompute, offload
+        analysis, plan, cache, True, e.recompute, offload, e.adapter_saved
     )
     forward_from = len(events)
     events += forward
@@ -336,6 +345,11 @@ def step_allocator_events(
     grad_keys: list[list[int]] = [[] for _ in layers]  # per layer, as zero_grad frees them
     out_grad = plan.sizes.get(analysis.output_storage, 0)
     units = [checkpoint_unit(layer.name) if e.recompute else None for layer in layers]
+    recomputed = dict(e.recompute)  # a unit's recompute, with its adapters' saved tensors
+    for index, size in e.adapter_saved.items():
+        unit = units[index]
+        if unit is not None and unit in recomputed:
+            recomputed[unit] += size
     temporaries: list[int] = []
     # in backward: stepped in the hooks; on the host: no step on the GPU
     if step.temporaries_total and not step.in_backward and not on_host:
@@ -344,7 +358,7 @@ def step_allocator_events(
         else:
             temporaries = _spread(step.temporaries_total, flat)
     steady_from = 0
-    recompute, grad_in_bytes, in_backward = e.recompute, plan.grad_in, step.in_backward
+    recompute, grad_in_bytes, in_backward = recomputed, plan.grad_in, step.in_backward
     buffers_of = [2 * op.backward_internal + op.backward_extra for op in plan.op_sizes]
     for iteration in range(2):
         if iteration == 1:

@@ -66,6 +66,8 @@ class Estimation:
     cast_tensors: list[list[int]] | None = None  # LoRA: per layer, autocast's copies of them
     qlora: QuantizedBase | None = None  # QLoRA: the 4-bit base's modules and bytes
     weight_tensors: list[list[int]] | None = None  # QLoRA: per layer, the base's tensors' bytes
+    adapter_tensors: list[list[int]] | None = None  # LoRA: per layer, its adapters' weights [B]
+    adapter_saved: dict[int, int] = field(default_factory=dict)  # LoRA: layer -> kept bytes
     # Training options (app.domain.workload.TrainingOptions):
     held_words: str = "held across micro-batches"  # why held_grads are live
     # optimizer in backward: the largest parameter's gradient and step temporaries [B], its words

@@ -414,17 +414,22 @@ def _lora_static(
     trainable = [
         (module.layer, numel) for module in lora.modules for numel in lora.module_params(module, r)
     ]
+    weights: list[list[int]] = [[] for _ in e.analysis.layers]
+    adapters = len(trainable)
     trainable += [
         (index, math.prod(shape))
         for index, layer_shapes in zip(lora.saved_layers, lora.saved_shapes, strict=True)
         for shape in layer_shapes
     ]
-    for index, numel in trainable:
+    for position, (index, numel) in enumerate(trainable):
         tensors[index].append(-(-numel * num // den))
         if cast:
             casts[index].append(numel * cast // model_shard)
+        element = Fraction(4) if position < adapters else e.plan.weight  # as the line's
+        weights[index].append(ceil_fraction(numel * element / model_shard))
     e.cast_tensors = casts
     e.grad_tensors = tensors
+    e.adapter_tensors = weights
     words = f"{adapter:,} [adapter params: r x (in + out) per adapted layer"
     words += ", + out per layer for DoRA's magnitude" if lora.magnitude_params else ""
     words += ", trainable biases" if lora.bias_params else ""
@@ -476,6 +481,7 @@ def _lora_saved(e: Estimation, lora: LoraPlan, recompute: dict[str, int]) -> int
         if not module.embedding:
             kept += module.rows * module.in_features * (copy + mask)
         per_layer[module.layer] = per_layer.get(module.layer, 0) + kept
+    e.adapter_saved = per_layer  # the replay's: one tensor per layer (DoRA's not replayed)
     layers = e.analysis.layers
     if recompute:
         units: dict[str, int] = {}
