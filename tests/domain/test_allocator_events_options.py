@@ -239,3 +239,22 @@ def test_lora_adapters_and_their_saved_tensors_are_replayed(
     # the loss's tensor, the logits' gradient, fc3's input gradient, and the adapters' tensors
     expected = 4 * WEIGHT + adapters + LABELS + WORKSPACES + 8 * VALUE + saved
     assert steady.requested_bytes == expected == 101_892_096  # before: 101,744,640 B
+
+
+def test_zero3_replays_each_ranks_shard_of_the_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ZeRO-3 over 2 data ranks (no offload), AdamW fp32: the replay's weights are the rank's
+    half, as the weights line (it replayed every rank's whole weights)."""
+    estimate, (_, steady) = _replayed(
+        monkeypatch,
+        _chain(),
+        _chain_request(optimizer=Optimizer.ADAMW, parallelism=Parallelism(data=2, zero_stage=3)),
+    )
+    lines = {line.key: line.bytes for line in estimate.lines}
+    assert lines["weights"] == 4 * WEIGHT // 2
+    state = 2 * 4 * 4 * 256 * 256 // 2  # AdamW's two fp32 moments, the rank's half
+    assert lines["optimizer_state"] == state
+    # fc3's backward: the weights' and AdamW's halves, FSDP's 3 MiB, 8 values, fc3's weight
+    # gradient (its half, reduce-scattered), labels and workspaces
+    expected = 4 * WEIGHT // 2 + state + 3 * 4 * WEIGHT + 8 * VALUE + WEIGHT // 2
+    assert steady.requested_bytes == expected + LABELS + WORKSPACES == 105_545_728
+    # before: 106,070,016 B (the whole 4 x 256 KiB of weights)

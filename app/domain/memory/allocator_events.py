@@ -270,13 +270,18 @@ def step_allocator_events(
     # buffers, the gathered unit's parameters and its unsharded gradients (FSDP's buffers,
     # e.comm_buffers, kept for the step), the activations and the backward's transients.
     on_host = request.parallelism.cpu_offload
+    # ZeRO-3 / FSDP: a rank stores 1 / data of every parameter (the weights line's divisor;
+    # the gathered units are FSDP's buffers)
+    weight_shard = model_shard
+    if request.parallelism.zero_stage >= 3:
+        weight_shard *= request.parallelism.data
     weights = memoised(
         e.plans,
         analysis,
-        ("buffers",) if on_host else ("weights", weight, model_shard),
+        ("buffers",) if on_host else ("weights", weight, weight_shard),
         (lambda: _buffer_events(analysis))
         if on_host
-        else lambda: _weight_events(analysis, weight, model_shard),
+        else lambda: _weight_events(analysis, weight, weight_shard),
     )
     if e.weight_tensors is not None and not on_host:  # QLoRA: the 4-bit base's own tensors
         replayed = _kept([size for sizes in e.weight_tensors for size in sizes])
