@@ -258,3 +258,38 @@ def test_zero3_replays_each_ranks_shard_of_the_weights(monkeypatch: pytest.Monke
     expected = 4 * WEIGHT // 2 + state + 3 * 4 * WEIGHT + 8 * VALUE + WEIGHT // 2
     assert steady.requested_bytes == expected + LABELS + WORKSPACES == 105_545_728
     # before: 106,070,016 B (the whole 4 x 256 KiB of weights)
+
+
+def test_fsdp_buffers_are_freed_before_the_optimizer_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """FSDP reshards after backward: the gather buffers (3 MiB) are freed before the optimizer
+    step (the breakdown's optimizer_step moment has no fsdp_buffers line), so the step ends
+    with the weights', gradients' and AdamW state's halves, x, the labels and the workspaces."""
+    import app.domain.memory.allocator_events as allocator_events
+
+    built: list[Any] = []
+    original = allocator_events.step_allocator_events
+
+    def capture(*args: Any, **kwargs: Any) -> Any:
+        built.append(original(*args, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr(engine, "step_allocator_events", capture)
+    request = _chain_request(
+        optimizer=Optimizer.ADAMW, parallelism=Parallelism(data=2, zero_stage=3)
+    )
+    estimate_memory(_chain(), request)
+    live: dict[object, int] = {}
+    kept = 0
+    for kind, key, size in built[0][0]:
+        if kind == "alloc":
+            live[key] = size
+        elif kind == "free":
+            del live[key]
+        elif kind == "keep":
+            kept += sum(key)
+    state = 2 * 4 * 4 * 256 * 256 // 2  # AdamW's two fp32 moments, the rank's half
+    # weights' half, gradients' half (the last step's, kept), state, x, labels, workspaces
+    expected = 4 * WEIGHT // 2 + 4 * WEIGHT // 2 + state + VALUE + LABELS + WORKSPACES
+    assert kept + sum(live.values()) == expected == 73_433_088  # before: + 3 MiB held

@@ -236,7 +236,8 @@ def step_allocator_events(
     and where the forward's events start.
 
     Persistent first (weights, buffers, master weights, KV cache, inputs and labels, the
-    cuBLAS workspaces, DDP's buckets or FSDP's gather buffers), then per layer in forward: its
+    cuBLAS workspaces, DDP's buckets; FSDP's gather buffers from the forward to the end of the
+    backward), then per layer in forward: its
     output and the tensors it creates to keep, its forward transient (allocated and freed), and
     the values whose last reader it is. Training
     adds the loss, the backward (per layer, last first: the gradient of its inputs, its kernel
@@ -268,7 +269,7 @@ def step_allocator_events(
     # (app.domain.memory.moments): the weights', gradients', optimizer state's and master
     # weights' shards are host lines and the optimizer steps on the host; the GPU holds the
     # buffers, the gathered unit's parameters and its unsharded gradients (FSDP's buffers,
-    # e.comm_buffers, kept for the step), the activations and the backward's transients.
+    # e.comm_buffers, through forward and backward), the activations and the transients.
     on_host = request.parallelism.cpu_offload
     # ZeRO-3 / FSDP: a rank stores 1 / data of every parameter (the weights line's divisor;
     # the gathered units are FSDP's buffers)
@@ -305,7 +306,13 @@ def step_allocator_events(
         add(("alloc", ~bound.storage, plan.sizes[bound.storage]))
     kept = [step.labels_bytes] if step is not None and step.labels_bytes else []
     kept += [overhead.workspace_bytes] * (handles if overhead.workspace_bytes else 0)
-    kept += e.comm_buffers  # held for the whole step (FSDP's: reused unit after unit)
+    # DDP's buckets: allocated when DDP wraps the model, held. FSDP's gather buffers (ZeRO-3,
+    # training): reused unit after unit through forward and backward, freed once the last
+    # unit's gradients are reduce-scattered (FSDP reshards after backward), so not held by
+    # the optimizer step (the breakdown's optimizer_step moment has no fsdp_buffers line).
+    gathered = e.comm_buffers if step is not None and request.parallelism.zero_stage >= 3 else []
+    if not gathered:
+        kept += e.comm_buffers
     events += _kept(kept)
     if step is None:
         shared = memoised(
@@ -338,6 +345,9 @@ def step_allocator_events(
     forward, cache_keys, new_keys, forward_live, on_gpu = _forward_events(
         analysis, plan, cache, True, e.recompute, offload, e.adapter_saved
     )
+    gathered_from = len(events)
+    for size in gathered:
+        add(("alloc", len(events), size))
     forward_from = len(events)
     events += forward
     grads = (
@@ -367,7 +377,9 @@ def step_allocator_events(
     buffers_of = [2 * op.backward_internal + op.backward_extra for op in plan.op_sizes]
     for iteration in range(2):
         if iteration == 1:
-            steady_from = len(events)
+            steady_from = gathered_from = len(events)
+            for size in gathered:
+                add(("alloc", len(events), size))
             events.extend(forward)
         live = set(forward_live)
         if step.loss_bytes:
@@ -432,6 +444,8 @@ def step_allocator_events(
         add(("free", grad_in, 0))
         if step.loss_bytes:
             add(("free", loss, 0))
+        for key in range(gathered_from, gathered_from + len(gathered)):
+            add(("free", key, 0))  # FSDP resharded after backward
         if iteration == 0 and step.state_total and not on_host:  # lazy: by the first step()
             events += _kept(_spread(step.state_total, flat))
         first = len(events)
