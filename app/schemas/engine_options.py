@@ -4,12 +4,12 @@ second model here and a second profile in app.domain.engines, not a fork."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
 from app.schemas.base import Schema
-from app.schemas.engines import EngineDtype, KvCacheDtype
+from app.schemas.engines import EngineDtype, EngineQuantizationMethod, KvCacheDtype
 
 
 class VllmEngineOptions(Schema):
@@ -89,6 +89,22 @@ class VllmEngineOptions(Schema):
     enforce_eager: bool = Field(
         default=False, description="vLLM `--enforce-eager`.", examples=[False]
     )
+    quantization: EngineQuantizationMethod | None = Field(
+        default=None,
+        description="vLLM `-q/--quantization`, as POST /v1/engines/vllm/memory takes it: `fp8` "
+        "without a `quantization_config` quantizes the 16-bit checkpoint at load time; the "
+        "other methods load a pre-quantized checkpoint and need its `quantization_config`. "
+        "Omitted: the config's `quant_method` decides. A method the config contradicts is a "
+        "422 naming `/engine/quantization`.",
+        examples=[None],
+    )
+    quantization_config: dict[str, Any] | None = Field(
+        default=None,
+        description="The checkpoint's `quantization_config` from its config.json (stored models "
+        "keep only their unquantized graph), read as POST /v1/engines/vllm/memory reads it; "
+        "a missing or contradictory key is a 422 naming `/engine/quantization_config/<key>`.",
+        examples=[None],
+    )
     min_concurrency: int | None = Field(
         default=None,
         ge=1,
@@ -154,6 +170,12 @@ class EngineFitRead(Schema):
         default=None,
         description="Why it does not fit: the engine's own message when it does not start, else "
         "the concurrency it falls short by.",
+        examples=[None],
+    )
+    quantization: str | None = Field(
+        default=None,
+        description="The quantization vLLM runs (after its gptq/awq -> Marlin override; None: "
+        "unquantized).",
         examples=[None],
     )
     options: dict[str, int | float | bool] = Field(

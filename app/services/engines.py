@@ -29,6 +29,7 @@ from app.domain.engines.quantization import (
 from app.domain.engines.vllm import (
     VLLM_0_19,
     EngineInputError,
+    EngineProfile,
     ResolvedOptions,
     ServingModel,
     VllmOptions,
@@ -155,16 +156,59 @@ def prepare_vllm_memory(
             pointer="/hardware",
         )
     visible, source = visible_memory(gpu, payload.cuda_visible_bytes)
-    # vLLM's kernels by compute capability (app.domain.engines.quantization): Machete on 9.0
-    # only, FP8 Marlin (weight-only fp8) below 8.9
-    capability = compute_capability(gpu)
-    kernels = {
-        "hopper": capability == ComputeCapability(9, 0),
-        "fp8_marlin": capability is not None and capability < ComputeCapability(8, 9),
-    }
+    kernels = engine_kernels(compute_capability(gpu))
     return lambda: _answer(
         payload, model, visible, source, label, quantization_config, kernels, graph
     )
+
+
+@dataclass(frozen=True, slots=True)
+class EngineKernels:
+    """Which of vLLM's quantized GEMM kernels a GPU takes, by compute capability
+    (app.domain.engines.quantization): Machete on 9.0 only, FP8 Marlin (weight-only fp8)
+    below 8.9."""
+
+    hopper: bool = False
+    fp8_marlin: bool = False
+
+
+def engine_kernels(capability: ComputeCapability | None) -> EngineKernels:
+    """The kernels of a GPU of ``capability`` (None: unknown, neither)."""
+    return EngineKernels(
+        hopper=capability == ComputeCapability(9, 0),
+        fp8_marlin=capability is not None and capability < ComputeCapability(8, 9),
+    )
+
+
+def engine_weights(
+    model: ServingModel,
+    resolved: ResolvedOptions,
+    quantization: str | None,
+    quantization_config: Mapping[str, Any] | None,
+    kernels: EngineKernels,
+    profile: EngineProfile = VLLM_0_19,
+) -> tuple[tuple[int, ...], QuantizedWeights | None]:
+    """Weights on one GPU of each pipeline stage [B] and, with a quantization scheme
+    (app.domain.engines.quant_schemes.resolve_scheme of ``--quantization`` and the checkpoint's
+    ``quantization_config``), what its quantized linears store: the one computation behind the
+    endpoint and a workload's engine. Raises EngineInputError (a method the config
+    contradicts names ``quantization``; a config key ``quantization_config/<key>``)."""
+    tp, pp = resolved.tensor_parallel_size, resolved.pipeline_parallel_size
+    scheme = resolve_scheme(quantization, quantization_config)
+    weights = decoder_stage_weights_bytes(model, tp, pp, resolved.dtype_bytes, profile)
+    if scheme is None:
+        return weights, None
+    quantized = quantized_stage_weights(
+        model,
+        scheme,
+        tp,
+        pp,
+        resolved.dtype_bytes,
+        weights,
+        hopper=kernels.hopper,
+        fp8_marlin=kernels.fp8_marlin,
+    )
+    return quantized.stage_weights_bytes, quantized
 
 
 # vLLM 0.19 `--dtype auto` on a CUDA GPU (vllm/config/model.py _resolve_auto_dtype): the config's
@@ -310,7 +354,7 @@ def _answer(
     source: str,
     label: str,
     quantization_config: dict[str, Any] | None,
-    kernels: dict[str, bool],
+    kernels: EngineKernels,
     graph: ServedGraph | None = None,
 ) -> VllmMemoryResponse:
     options = VllmOptions(
@@ -333,26 +377,9 @@ def _answer(
                 f"{model.layers} decoder layers",
                 field="pipeline_parallel_size",
             )
-        scheme = resolve_scheme(payload.quantization, quantization_config)
-        weights = decoder_stage_weights_bytes(
-            model,
-            resolved.tensor_parallel_size,
-            resolved.pipeline_parallel_size,
-            resolved.dtype_bytes,
+        weights, quantized = engine_weights(
+            model, resolved, payload.quantization, quantization_config, kernels
         )
-        quantized = None
-        if scheme is not None:
-            quantized = quantized_stage_weights(
-                model,
-                scheme,
-                resolved.tensor_parallel_size,
-                resolved.pipeline_parallel_size,
-                resolved.dtype_bytes,
-                weights,
-                hopper=kernels["hopper"],
-                fp8_marlin=kernels["fp8_marlin"],
-            )
-            weights = quantized.stage_weights_bytes
         forward = profile_forward(model, resolved, graph)
         memory = engine_memory(
             model, options, visible, weights, forward_peak=forward.forward_peak_bytes

@@ -252,3 +252,76 @@ def test_recommendation_eligibility_follows_the_engine(client: ApiClient, db_url
         e.get("pointer") for e in problem.get("errors", [])
     ]
     assert table_counts(db_url) == before
+
+
+def _endpoint(client: ApiClient, hardware: str, **options: Any) -> dict[str, Any]:
+    body = {"model": "llama-3-8b", "hardware": hardware, **options}
+    response = client.post("/v1/engines/vllm/memory", json=body)
+    assert response.status_code == 200, response.text
+    answer: dict[str, Any] = response.json()
+    return answer
+
+
+GPTQ_W4 = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}
+
+
+def test_runtime_fp8_sizes_the_workloads_engine(client: ApiClient) -> None:
+    """`quantization: fp8` on a bf16 checkpoint: decoder linears in fp8, embedding, head and
+    norms in bf16 (hand-derived from Llama-3-8B's config), as the endpoint answers."""
+    fit = _estimate(client, H100, quantization="fp8")
+    lines = {line["key"]: line["bytes"] for line in fit["required"]}
+    linears = 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336)  # 1 B each
+    kept = (2 * 128_256 * 4096 + 65 * 4096) * 2  # embedding, head, 65 norms in bf16
+    assert linears == 6_979_321_856
+    assert kept == 2_101_878_784
+    scales = lines["engine_weights"] - linears - kept  # fp32 per-tensor scales only
+    assert 0 < scales <= 32 * 7 * 4
+    endpoint = _endpoint(client, H100, quantization="fp8")
+    assert lines["engine_weights"] == endpoint["weights_bytes"]
+    assert fit["engine"]["kv_tokens"] == endpoint["kv_tokens"]
+    assert fit["engine"]["kv_tokens"] > _estimate(client, H100)["engine"]["kv_tokens"]
+
+
+def test_a_gptq_checkpoint_config_sizes_the_workloads_engine(client: ApiClient) -> None:
+    fit = _estimate(client, H100, quantization_config=GPTQ_W4)
+    endpoint = _endpoint(client, H100, quantization_config=GPTQ_W4)
+    assert endpoint["options"]["quantization"] == "gptq_marlin"
+    lines = {line["key"]: line["bytes"] for line in fit["required"]}
+    assert lines["engine_weights"] == endpoint["weights_bytes"] < 6 * GIB
+    assert fit["engine"]["kv_tokens"] == endpoint["kv_tokens"]
+
+
+@pytest.mark.parametrize(
+    ("engine", "pointer"),
+    [
+        ({"quantization": "int3"}, "/engine/quantization"),
+        ({"quantization": "awq", "quantization_config": GPTQ_W4}, "/engine/quantization"),
+        ({"quantization": "gptq_marlin"}, "/engine/quantization_config"),
+        (
+            {"quantization": "gptq_marlin", "quantization_config": {**GPTQ_W4, "bits": 3}},
+            "/engine/quantization_config/bits",
+        ),
+        ({"quantization_config": {"bits": 4}}, "/engine/quantization_config/quant_method"),
+    ],
+)
+def test_a_quantization_the_config_contradicts_is_a_422_naming_the_field(
+    client: ApiClient, db_url: str, engine: dict[str, Any], pointer: str
+) -> None:
+    test_bad_engine_options_are_a_422_naming_the_field(client, db_url, engine, pointer)
+
+
+def test_recommendations_size_the_engine_with_its_quantization(client: ApiClient) -> None:
+    """20 sequences of 4,096 tokens: bf16 Llama-3-8B leaves an L4 about 12 of them, fp8
+    linears about 25, so the L4 is excluded without quantization and kept with it."""
+    body = {"model": "llama-3-8b", "precisions": ["bf16"], "batch_sizes": [1],
+            "prompt_tokens": 512, "generated_tokens": 64, "devices": ["nvidia-l4", H100],
+            "engine": {"name": "vllm", "max_model_len": 4096, "min_concurrency": 20}}  # fmt: skip
+    plain = client.post("/v1/recommendations/inference", json=body)
+    assert plain.status_code == 200, plain.text
+    excluded = {e["device"]: e["reason"] for e in plain.json()["excluded"]}
+    assert "below the 20 sequences asked" in excluded["nvidia-l4"]
+    body["engine"] = {**body["engine"], "quantization": "fp8"}  # type: ignore[dict-item]
+    fp8 = client.post("/v1/recommendations/inference", json=body)
+    assert fp8.status_code == 200, fp8.text
+    assert "nvidia-l4" not in {e["device"] for e in fp8.json()["excluded"]}
+    assert "nvidia-l4" in {c["device"] for c in fp8.json()["candidates"]}
