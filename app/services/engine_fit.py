@@ -21,7 +21,6 @@ from app.domain.engines.vllm import (
     EngineMemory,
     ResolvedOptions,
     ServingModel,
-    engine_memory,
     resolve_options,
 )
 from app.domain.fit import EngineStageNeed, Requirement, engine_requirement, fits
@@ -31,6 +30,7 @@ from app.domain.performance.candidates import Candidate, Runnable
 from app.domain.precision import ComputeCapability, Precision
 from app.domain.workload import Runtime
 from app.schemas.engine_options import EngineFitRead, EngineOptions
+from app.schemas.engines import ProfileForward
 from app.schemas.estimates import WorkloadInput
 from app.services.cache import LruCache
 from app.services.convert import (
@@ -38,8 +38,9 @@ from app.services.convert import (
     compute_capability,
     domain_engine,
     engine_choice_of,
+    input_decls,
 )
-from app.services.engines import engine_kernels, engine_weights, visible_memory
+from app.services.engines import ServedGraph, engine_kernels, engine_start, visible_memory
 from app.services.errors import InvalidInput
 from app.services.serving_geometry import serving_model
 
@@ -49,6 +50,12 @@ _GEOMETRY: LruCache[str, ServingModel] = LruCache(size=128, name="serving_geomet
 def engine_choice(spec: WorkloadInput) -> EngineChoice | None:
     """The workload's engine as the domain takes it (None: no engine)."""
     return domain_engine(spec)
+
+
+def served_graph(graph: GraphSource) -> ServedGraph:
+    """The graph the engine's profile forward is replayed on (app.services.engines)."""
+    inputs, layers, defaults, _, key = graph
+    return ServedGraph(input_decls(inputs), layers, defaults, key)
 
 
 def serving_geometry(graph: GraphSource) -> ServingModel:
@@ -87,6 +94,7 @@ class EngineFit:
     memory: EngineMemory
     resolved: ResolvedOptions
     quantized: QuantizedWeights | None
+    forward: ProfileForward
     requirement: Requirement
     min_concurrency: int
     fits: bool
@@ -132,7 +140,7 @@ def device_memory(row: Hardware, profile: MigProfileSpec | None = None) -> Engin
 
 
 def engine_fit(
-    model: ServingModel,
+    graph: GraphSource,
     choice: EngineChoice,
     device: EngineDevice,
     *,
@@ -149,23 +157,18 @@ def engine_fit(
     if max_model_len is not None:
         options = replace(options, max_model_len=max_model_len)
     profile = choice.profile
+    model = serving_geometry(graph)
     try:
-        resolved = resolve_options(options, model, visible, profile)
-        pp = resolved.pipeline_parallel_size
-        if pp > model.layers:
-            raise EngineInputError(
-                f"pipeline_parallel_size {pp} exceeds the model's {model.layers} decoder layers",
-                field="pipeline_parallel_size",
-            )
-        weights, quantized = engine_weights(
+        start = engine_start(
             model,
-            resolved,
-            choice.quantization,
-            choice.quantization_config,
-            engine_kernels(device.capability),
-            profile,
+            options,
+            visible,
+            graph=served_graph(graph),
+            quantization=choice.quantization,
+            quantization_config=choice.quantization_config,
+            kernels=engine_kernels(device.capability),
+            profile=profile,
         )
-        memory = engine_memory(model, options, visible, weights, profile=profile)
     except EngineInputError as exc:
         where = (
             "/max_model_len"
@@ -173,6 +176,7 @@ def engine_fit(
             else f"{pointer}/{exc.field}"
         )
         raise InvalidInput(str(exc), pointer=where) from None
+    resolved, memory = start.resolved, start.memory
     wanted = sequences if sequences is not None else choice.min_concurrency
     graphs = memory.cuda_graph_pool_bytes if profile.graphs_before_kv else 0
     requirement = engine_requirement(
@@ -208,7 +212,8 @@ def engine_fit(
         visible_source=source,
         memory=memory,
         resolved=resolved,
-        quantized=quantized,
+        quantized=start.quantized,
+        forward=start.forward,
         requirement=requirement,
         min_concurrency=wanted,
         fits=verdict,
@@ -288,14 +293,13 @@ def engine_gate(
     of the candidate's compute capability), whatever the candidate's precision."""
     if engine is None:
         return runnable, []
-    model = serving_geometry(graph)
     verdicts: dict[str, str | None] = {}
     kept: list[Runnable] = []
     left: list[tuple[str, Precision, str]] = []
     for candidate, scheme in runnable:
         device = candidate.device
         if device.slug not in verdicts:
-            verdicts[device.slug] = _gate(model, engine, candidate)
+            verdicts[device.slug] = _gate(graph, engine, candidate)
         reason = verdicts[device.slug]
         if reason is None:
             kept.append((candidate, scheme))
@@ -304,7 +308,7 @@ def engine_gate(
     return kept, left
 
 
-def _gate(model: ServingModel, engine: EngineOptions, candidate: Candidate) -> str | None:
+def _gate(graph: GraphSource, engine: EngineOptions, candidate: Candidate) -> str | None:
     device = candidate.device
     if candidate.runtime is not Runtime.CUDA:
         return f"{engine.name} runs on GPUs (the engine's memory model is per GPU)"
@@ -336,7 +340,7 @@ def _gate(model: ServingModel, engine: EngineOptions, candidate: Candidate) -> s
         shown = EngineDevice(device.slug, visible, source, device.compute_capability)
     choice = engine_choice_of(engine, candidate.tensor_parallel, candidate.pipeline_parallel)
     try:
-        fit = engine_fit(model, choice, shown)
+        fit = engine_fit(graph, choice, shown)
     except InvalidInput as exc:  # options this model refuses on this group (a TP degree)
         return exc.detail
     if fit.fits:

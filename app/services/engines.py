@@ -29,6 +29,7 @@ from app.domain.engines.quantization import (
 from app.domain.engines.vllm import (
     VLLM_0_19,
     EngineInputError,
+    EngineMemory,
     EngineProfile,
     ResolvedOptions,
     ServingModel,
@@ -78,6 +79,7 @@ class ServedGraph:
     inputs: Sequence[InputDecl]
     layers: Sequence[Mapping[str, Any]]
     default_bindings: Mapping[str, int]
+    key: str = ""  # a stored graph's version key (app.services.convert.model_graph); "": hash it
 
 
 class ShowsMemory(Protocol):
@@ -267,12 +269,15 @@ _PEAK_LOCK = threading.Lock()
 
 
 def _graph_peak(graph: ServedGraph, tokens: int, tp: int, dtype: str) -> GraphForwardPeak:
-    content = json.dumps(
-        [[(d.name, d.shape, str(d.kind)) for d in graph.inputs], graph.layers],
-        sort_keys=True,
-        default=str,
-    )
-    digest = hashlib.blake2b(content.encode(), digest_size=16).hexdigest()
+    if graph.key:
+        digest = "stored:" + graph.key
+    else:
+        content = json.dumps(
+            [[(d.name, d.shape, str(d.kind)) for d in graph.inputs], graph.layers],
+            sort_keys=True,
+            default=str,
+        )
+        digest = hashlib.blake2b(content.encode(), digest_size=16).hexdigest()
     key = (digest + json.dumps(dict(graph.default_bindings), sort_keys=True), tokens, tp, dtype)
     with _PEAK_LOCK:
         cached = _PEAK_CACHE.get(key)
@@ -295,7 +300,10 @@ def _graph_peak(graph: ServedGraph, tokens: int, tp: int, dtype: str) -> GraphFo
 
 
 def profile_forward(
-    model: ServingModel, resolved: ResolvedOptions, graph: ServedGraph | None
+    model: ServingModel,
+    resolved: ResolvedOptions,
+    graph: ServedGraph | None,
+    profile: EngineProfile = VLLM_0_19,
 ) -> ProfileForward:
     """The profile forward's peak per GPU: the graph's (app.domain.engines.profile_forward) at
     ``max_num_batched_tokens`` tokens on one tensor-parallel rank in the engine's dtype, times
@@ -303,7 +311,7 @@ def profile_forward(
     be laid out (the reason is returned)."""
     tokens, tp = resolved.max_num_batched_tokens, resolved.tensor_parallel_size
     dtype = {4: "float32", 2: "bfloat16"}.get(resolved.dtype_bytes, "bfloat16")
-    sampler = sampler_peak_bytes(model.vocab_size, resolved.max_num_seqs)
+    sampler = sampler_peak_bytes(model.vocab_size, resolved.max_num_seqs, profile)
     peak: GraphForwardPeak | None = None
     reason = "no graph"
     if graph is not None:
@@ -312,8 +320,8 @@ def profile_forward(
         except (ProfileGraphError, WorkloadInputError) as exc:
             reason = str(exc)
     if peak is not None:
-        factor = VLLM_0_19.graph_forward_factor
-        forward = graph_forward_peak_bytes(peak.peak_bytes)
+        factor = profile.graph_forward_factor
+        forward = graph_forward_peak_bytes(peak.peak_bytes, profile)
         return ProfileForward(
             source="graph",
             tokens=tokens,
@@ -329,8 +337,8 @@ def profile_forward(
             f"of {tokens:,} tokens on one of {tp} tensor-parallel ranks, {peak.attention} "
             f"attention]) = {forward:,} B",
         )
-    factor = VLLM_0_19.forward_activation_factor
-    forward = forward_peak_bytes(model, tokens, tp, resolved.dtype_bytes)
+    factor = profile.forward_activation_factor
+    forward = forward_peak_bytes(model, tokens, tp, resolved.dtype_bytes, profile)
     per_token = f"{model.experts_per_token} x 3 x {model.intermediate_size} / {tp} + 2 x " + str(
         model.hidden_size
     )
@@ -345,6 +353,58 @@ def profile_forward(
         f"{resolved.dtype_bytes} [B] x ({per_token})) = {forward:,} B",
         fallback_reason=reason,
     )
+
+
+@dataclass(frozen=True)
+class EngineStart:
+    """The engine's start-up on one device: options resolved, weights per stage (and what the
+    quantized linears store), the profile forward's peak and where it comes from, and the
+    start-up memory. One computation for POST /v1/engines/vllm/memory and a workload's engine
+    (app.services.engine_fit), so both answer the same bytes."""
+
+    resolved: ResolvedOptions
+    weights: tuple[int, ...]
+    quantized: QuantizedWeights | None
+    forward: ProfileForward
+    memory: EngineMemory
+
+
+def engine_start(
+    model: ServingModel,
+    options: VllmOptions,
+    visible_bytes: int,
+    *,
+    graph: ServedGraph | None,
+    quantization: str | None,
+    quantization_config: Mapping[str, Any] | None,
+    kernels: EngineKernels,
+    profile: EngineProfile = VLLM_0_19,
+) -> EngineStart:
+    """The engine's start-up memory on a device showing ``visible_bytes`` to CUDA: weights
+    (:func:`engine_weights`), the profile forward's peak from the model's graph
+    (:func:`profile_forward`; the formula only when the graph cannot be laid out), then
+    app.domain.engines.vllm.engine_memory. Raises EngineInputError for an option the engine
+    refuses (``field`` names it)."""
+    resolved = resolve_options(options, model, visible_bytes, profile)
+    if resolved.pipeline_parallel_size > model.layers:
+        raise EngineInputError(
+            f"pipeline_parallel_size {resolved.pipeline_parallel_size} exceeds the model's "
+            f"{model.layers} decoder layers",
+            field="pipeline_parallel_size",
+        )
+    weights, quantized = engine_weights(
+        model, resolved, quantization, quantization_config, kernels, profile
+    )
+    forward = profile_forward(model, resolved, graph, profile)
+    memory = engine_memory(
+        model,
+        options,
+        visible_bytes,
+        weights,
+        profile=profile,
+        forward_peak=forward.forward_peak_bytes,
+    )
+    return EngineStart(resolved, weights, quantized, forward, memory)
 
 
 def _answer(
@@ -370,22 +430,23 @@ def _answer(
         enforce_eager=payload.enforce_eager,
     )
     try:
-        resolved = resolve_options(options, model, visible)
-        if resolved.pipeline_parallel_size > model.layers:
-            raise EngineInputError(
-                f"pipeline_parallel_size {resolved.pipeline_parallel_size} exceeds the model's "
-                f"{model.layers} decoder layers",
-                field="pipeline_parallel_size",
-            )
-        weights, quantized = engine_weights(
-            model, resolved, payload.quantization, quantization_config, kernels
-        )
-        forward = profile_forward(model, resolved, graph)
-        memory = engine_memory(
-            model, options, visible, weights, forward_peak=forward.forward_peak_bytes
+        start = engine_start(
+            model,
+            options,
+            visible,
+            graph=graph,
+            quantization=payload.quantization,
+            quantization_config=quantization_config,
+            kernels=kernels,
         )
     except EngineInputError as exc:
         raise InvalidInput(str(exc), pointer=f"/{exc.field}") from None
+    resolved, quantized, forward, memory = (
+        start.resolved,
+        start.quantized,
+        start.forward,
+        start.memory,
+    )
     defaults = [name for name in _DEFAULTED if getattr(payload, name) is None]
     defaults += [name for name in ("dtype", "kv_cache_dtype") if getattr(payload, name) == "auto"]
     dtype = model.dtype if payload.dtype == "auto" else payload.dtype

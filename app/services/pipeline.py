@@ -92,7 +92,6 @@ from app.services.engine_fit import (
     engine_choice,
     engine_fit,
     engine_read,
-    serving_geometry,
 )
 from app.services.errors import InvalidInput, NotFound
 from app.services.model_store import invalid_graph
@@ -479,7 +478,7 @@ def engine_on(
     if choice is None:
         return None
     return engine_fit(
-        serving_geometry(graph),
+        graph,
         choice,
         device_memory(row, profile),
         sequences=sequences,
