@@ -9,7 +9,13 @@ from typing import Any, Literal
 from pydantic import Field
 
 from app.schemas.base import Schema
-from app.schemas.engines import EngineDtype, EngineQuantizationMethod, KvCacheDtype
+from app.schemas.engines import (
+    EngineDtype,
+    EngineQuantizationMethod,
+    EngineStage,
+    KvCacheDtype,
+    ProfileForward,
+)
 
 
 class VllmEngineOptions(Schema):
@@ -122,8 +128,9 @@ EngineOptions = VllmEngineOptions
 
 
 class EngineFitRead(Schema):
-    """The serving engine on the device: its start-up figures next to the requirement they give
-    (the same figures as POST /v1/engines/vllm/memory)."""
+    """The serving engine on the device, per GPU: its start-up figures next to the requirement
+    they give, every number the fit uses (the same figures as POST /v1/engines/vllm/memory,
+    byte for byte: one computation, app.services.engines.engine_start)."""
 
     engine: str = Field(description="Engine and version modelled.", examples=["vllm 0.19.0"])
     device: str = Field(description="`slug` or `slug/profile`.", examples=["nvidia-h100-sxm"])
@@ -144,6 +151,12 @@ class EngineFitRead(Schema):
     )
     non_torch_bytes: int = Field(
         description="Memory outside the allocator per GPU [B].", examples=[268_435_456]
+    )
+    cuda_graph_pool_bytes: int = Field(
+        description="CUDA-graph pool [B] (0 with enforce_eager); vLLM 0.19 captures it after "
+        "sizing the KV pool, in the 1 - gpu_memory_utilization it leaves, so the fit does not "
+        "subtract it.",
+        examples=[977_105_633],
     )
     kv_pool_bytes: int = Field(description="Smallest KV pool of any GPU [B].", examples=[1])
     kv_bytes_per_token: int = Field(
@@ -181,4 +194,13 @@ class EngineFitRead(Schema):
     options: dict[str, int | float | bool] = Field(
         description="The engine options used, its defaults for this device filled in.",
         examples=[{"max_model_len": 8192, "gpu_memory_utilization": 0.9}],
+    )
+    stages: list[EngineStage] = Field(
+        description="Per pipeline stage, first to last, per GPU: weights, profile-run peak, "
+        "memory outside the allocator, KV pool, KV bytes a token and KV tokens (the fit's "
+        "lines are the stage that needs most)."
+    )
+    profile_forward: ProfileForward = Field(
+        description="Where the profile run's forward peak comes from (the model's graph; the "
+        "per-architecture formula only as a named fallback) and the dummy sampler run's peak."
     )

@@ -40,7 +40,13 @@ from app.services.convert import (
     engine_choice_of,
     input_decls,
 )
-from app.services.engines import ServedGraph, engine_kernels, engine_start, visible_memory
+from app.services.engines import (
+    ServedGraph,
+    engine_kernels,
+    engine_stages,
+    engine_start,
+    visible_memory,
+)
 from app.services.errors import InvalidInput
 from app.services.serving_geometry import serving_model
 
@@ -234,6 +240,7 @@ def engine_read(fit: EngineFit) -> EngineFitRead:
         weights_bytes=max(s.weights_bytes for s in memory.stages),
         profile_peak_bytes=max(s.peak_bytes for s in memory.stages),
         non_torch_bytes=memory.stages[0].non_torch_bytes,
+        cuda_graph_pool_bytes=memory.cuda_graph_pool_bytes,
         kv_pool_bytes=smallest.kv_pool_bytes,
         kv_bytes_per_token=smallest.kv_bytes_per_token,
         kv_tokens=memory.kv_tokens,
@@ -256,6 +263,8 @@ def engine_read(fit: EngineFit) -> EngineFitRead:
             "kv_cache_dtype_bytes": resolved.kv_cache_dtype_bytes,
             "enforce_eager": resolved.enforce_eager,
         },
+        stages=engine_stages(memory),
+        profile_forward=fit.forward,
     )
 
 

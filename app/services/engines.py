@@ -355,6 +355,23 @@ def profile_forward(
     )
 
 
+def engine_stages(memory: EngineMemory) -> list[EngineStage]:
+    """The engine's figures per pipeline stage as the API shows them."""
+    return [
+        EngineStage(
+            stage=i,
+            layers=s.layers,
+            weights_bytes=s.weights_bytes,
+            profile_peak_bytes=s.peak_bytes,
+            non_torch_bytes=s.non_torch_bytes,
+            kv_pool_bytes=s.kv_pool_bytes,
+            kv_bytes_per_token=s.kv_bytes_per_token,
+            kv_tokens=s.kv_tokens,
+        )
+        for i, s in enumerate(memory.stages)
+    ]
+
+
 @dataclass(frozen=True)
 class EngineStart:
     """The engine's start-up on one device: options resolved, weights per stage (and what the
@@ -451,19 +468,7 @@ def _answer(
     defaults += [name for name in ("dtype", "kv_cache_dtype") if getattr(payload, name) == "auto"]
     dtype = model.dtype if payload.dtype == "auto" else payload.dtype
     kv_dtype = dtype if payload.kv_cache_dtype == "auto" else payload.kv_cache_dtype
-    stages = [
-        EngineStage(
-            stage=i,
-            layers=s.layers,
-            weights_bytes=s.weights_bytes,
-            profile_peak_bytes=s.peak_bytes,
-            non_torch_bytes=s.non_torch_bytes,
-            kv_pool_bytes=s.kv_pool_bytes,
-            kv_bytes_per_token=s.kv_bytes_per_token,
-            kv_tokens=s.kv_tokens,
-        )
-        for i, s in enumerate(memory.stages)
-    ]
+    stages = engine_stages(memory)
     context = model.max_position_embeddings
     assumptions = [
         f"GPU memory visible to CUDA {visible / GIB:.2f} GiB: {source}",

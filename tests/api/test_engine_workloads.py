@@ -325,3 +325,32 @@ def test_recommendations_size_the_engine_with_its_quantization(client: ApiClient
     assert fp8.status_code == 200, fp8.text
     assert "nvidia-l4" not in {e["device"] for e in fp8.json()["excluded"]}
     assert "nvidia-l4" in {c["device"] for c in fp8.json()["candidates"]}
+
+
+def test_the_estimate_shows_every_figure_the_engines_fit_uses(client: ApiClient) -> None:
+    """Beside the PyTorch breakdown, `engine` carries the per-GPU figures, and the fit's lines
+    are read from them: weights, profile peak, non-torch (+ graphs sized before KV: none in
+    0.19), KV bytes a token x whole blocks of one max_model_len sequence."""
+    body = {**_workload(pipeline_parallel_size=2, max_num_seqs=64), "hardware": H100}
+    answer = client.post("/v1/estimates/memory", json=body).json()
+    engine = answer["engine"]
+    assert engine == answer["fit"]["engine"]
+    assert engine["cuda_graph_pool_bytes"] == round(0.91 * GIB)
+    assert engine["profile_forward"]["source"] == "graph"
+    assert [s["layers"] for s in engine["stages"]] == [16, 16]
+    lines = {line["key"]: line["bytes"] for line in answer["fit"]["required"]}
+    needs = [
+        s["weights_bytes"] + s["profile_peak_bytes"] + s["non_torch_bytes"]
+        + 8192 * s["kv_bytes_per_token"]
+        for s in engine["stages"]
+    ]  # fmt: skip
+    worst = engine["stages"][needs.index(max(needs))]
+    assert lines["engine_weights"] == worst["weights_bytes"]
+    assert lines["engine_profile_peak"] == worst["profile_peak_bytes"]
+    assert lines["engine_non_torch"] == worst["non_torch_bytes"]
+    assert lines["engine_kv_cache"] == 8192 * worst["kv_bytes_per_token"]
+    assert engine["kv_tokens"] == min(s["kv_tokens"] for s in engine["stages"])
+    assert any("decide the fit, not the breakdown" in a for a in answer["assumptions"])
+    bare = client.post("/v1/estimates/memory", json=_workload()).json()
+    assert "engine" not in bare
+    assert any("give `hardware`" in a for a in bare["assumptions"])

@@ -37,6 +37,9 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
 }
 SAME = (
     "requested_bytes",
+    "cuda_graph_pool_bytes",
+    "stages",
+    "profile_forward",
     "weights_bytes",
     "profile_peak_bytes",
     "non_torch_bytes",
@@ -67,6 +70,7 @@ def test_the_endpoint_and_the_workloads_engine_agree_byte_for_byte(
         )
     )
     fit = estimate["fit"]["engine"]
+    assert estimate["engine"] == fit  # the estimate shows the engine's figures beside the fit
     gpu = hardware.split("/", 1)[0]
     endpoint = _ok(
         client.post(
