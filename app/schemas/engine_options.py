@@ -4,39 +4,25 @@ second model here and a second profile in app.domain.engines, not a fork."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field
 
 from app.schemas.base import Schema
-from app.schemas.engines import (
-    EngineDtype,
-    EngineQuantizationMethod,
-    EngineStage,
-    KvCacheDtype,
-    ProfileForward,
-)
+from app.schemas.engines import EngineStage, ProfileForward, VllmOptionFields
 
 
-class VllmEngineOptions(Schema):
+class VllmEngineOptions(VllmOptionFields):
     """vLLM 0.19 serving the workload's model: its options, with vLLM's names and defaults (an
     omitted option takes vLLM's default, resolved for the GPU or MIG slice the workload is
-    placed on). The requirement on a device is then the engine's start-up memory: the least
-    memory the device must show to CUDA for vLLM to start with a KV pool of at least
-    `min_concurrency` sequences of `max_model_len` tokens (POST /v1/engines/vllm/memory gives
-    the same figures for one GPU)."""
+    placed on; the fields shared with POST /v1/engines/vllm/memory are written once, in
+    app.schemas.engines.VllmOptionFields). The requirement on a device is then the engine's
+    start-up memory: the least memory the device must show to CUDA for vLLM to start with a KV
+    pool of at least `min_concurrency` sequences of `max_model_len` tokens (POST
+    /v1/engines/vllm/memory gives the same figures for one GPU)."""
 
     name: Literal["vllm"] = Field(description="The engine: `vllm` (0.19).", examples=["vllm"])
-    dtype: EngineDtype = Field(
-        default="auto",
-        description="vLLM `--dtype`; `auto` is the model's dtype (bfloat16 for stored graphs).",
-        examples=["auto"],
-    )
-    kv_cache_dtype: KvCacheDtype = Field(
-        default="auto",
-        description="vLLM `--kv-cache-dtype`; `auto` is the model dtype, fp8 variants 1 byte.",
-        examples=["auto"],
-    )
+    # Declared here, not in VllmOptionFields: a workload's default is its own parallelism.
     tensor_parallel_size: int | None = Field(
         default=None,
         ge=1,
@@ -52,63 +38,6 @@ class VllmEngineOptions(Schema):
         le=1024,
         description="vLLM `--pipeline-parallel-size`. Default: the workload's "
         "`parallelism.pipeline`; both given must agree.",
-        examples=[None],
-    )
-    max_model_len: int | None = Field(
-        default=None,
-        ge=1,
-        le=16_777_216,
-        description="vLLM `--max-model-len`; default and upper bound: the model's context (its "
-        "default `seq` binding; 422 naming this field above it).",
-        examples=[8192],
-    )
-    max_num_batched_tokens: int | None = Field(
-        default=None,
-        ge=1,
-        le=16_777_216,
-        description="vLLM `--max-num-batched-tokens`. Default 8192 on a device showing >= 70 "
-        "GiB, else 2048.",
-        examples=[None],
-    )
-    max_num_seqs: int | None = Field(
-        default=None,
-        ge=1,
-        le=1_048_576,
-        description="vLLM `--max-num-seqs`. Default 1024 on a device showing >= 70 GiB, else 256.",
-        examples=[None],
-    )
-    gpu_memory_utilization: float | None = Field(
-        default=None,
-        gt=0,
-        le=1,
-        description="vLLM `--gpu-memory-utilization`, in (0, 1] (422 naming this field "
-        "otherwise). Default 0.9.",
-        examples=[0.9],
-    )
-    block_size: int | None = Field(
-        default=None,
-        ge=1,
-        le=4096,
-        description="vLLM `--block-size` [tokens]. Default 16.",
-        examples=[None],
-    )
-    enforce_eager: bool = Field(
-        default=False, description="vLLM `--enforce-eager`.", examples=[False]
-    )
-    quantization: EngineQuantizationMethod | None = Field(
-        default=None,
-        description="vLLM `-q/--quantization`, as POST /v1/engines/vllm/memory takes it: `fp8` "
-        "without a `quantization_config` quantizes the 16-bit checkpoint at load time; the "
-        "other methods load a pre-quantized checkpoint and need its `quantization_config`. "
-        "Omitted: the config's `quant_method` decides. A method the config contradicts is a "
-        "422 naming `/engine/quantization`.",
-        examples=[None],
-    )
-    quantization_config: dict[str, Any] | None = Field(
-        default=None,
-        description="The checkpoint's `quantization_config` from its config.json (stored models "
-        "keep only their unquantized graph), read as POST /v1/engines/vllm/memory reads it; "
-        "a missing or contradictory key is a 422 naming `/engine/quantization_config/<key>`.",
         examples=[None],
     )
     min_concurrency: int | None = Field(
