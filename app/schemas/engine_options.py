@@ -75,6 +75,11 @@ class EngineFitRead(Schema):
         description="gpu_memory_utilization x cuda_visible_bytes [B].", examples=[76_527_019_745]
     )
     weights_bytes: int = Field(description="Weights on the GPU that holds most [B].", examples=[1])
+    rotary_cache_bytes: int = Field(
+        description="The rotary cos/sin cache on each GPU [B] "
+        "(vllm/model_executor/layers/rotary_embedding/base.py).",
+        examples=[2_097_152],
+    )
     profile_peak_bytes: int = Field(
         description="Largest profile-run peak of any GPU [B].", examples=[2_023_000_000]
     )
@@ -92,12 +97,12 @@ class EngineFitRead(Schema):
         description="KV bytes a token on the GPU with the smallest pool [B].", examples=[131_072]
     )
     kv_tokens: int = Field(
-        description="KV tokens the engine holds (0 when it does not start).", examples=[443_808]
+        description="KV tokens the engine holds (0 when it does not start).", examples=[443_792]
     )
     max_model_len: int = Field(description="max_model_len used [tokens].", examples=[8192])
     max_concurrency: float = Field(
         description="kv_tokens / max_model_len: sequences of max_model_len held at once.",
-        examples=[54.18],
+        examples=[54.17],
     )
     min_concurrency: int = Field(
         description="Sequences of max_model_len the fit asks for (1: it starts).", examples=[1]

@@ -196,6 +196,14 @@ class EngineStage(Schema):
     weights_bytes: int = Field(
         description="Weights on one GPU of this stage [B].", examples=[16060522496]
     )
+    rotary_cache_bytes: int = Field(
+        default=0,
+        description="The rotary cos/sin cache vLLM builds with the model on this GPU [B]: "
+        "positions x rotary_dim x dtype bytes, one per GPU "
+        "(vllm/model_executor/layers/rotary_embedding/base.py; not a weight, but in vLLM's "
+        "'Model loading took').",
+        examples=[2097152],
+    )
     profile_peak_bytes: int = Field(
         description="Torch peak increase of vLLM's profile run on this GPU [B]: max(profile "
         "forward, dummy sampler run) on the last stage, plus received intermediate tensors on "
@@ -208,7 +216,8 @@ class EngineStage(Schema):
         examples=[268435456],
     )
     kv_pool_bytes: int = Field(
-        description="KV cache pool = requested - weights - peak - non-torch [B] (<= 0: no pool).",
+        description="KV cache pool = requested - weights - rotary cache - peak - non-torch [B] "
+        "(<= 0: no pool).",
         examples=[49000000000],
     )
     kv_bytes_per_token: int = Field(
@@ -390,6 +399,12 @@ class VllmMemoryResponse(Schema):
     )
     weights_bytes: int = Field(
         description="Weights on the GPU that holds the most [B].", examples=[16060522496]
+    )
+    rotary_cache_bytes: int = Field(
+        description="The rotary cos/sin cache on each GPU [B] (max_position_embeddings x "
+        "rotary_dim x dtype bytes: vllm/model_executor/layers/rotary_embedding/base.py); "
+        "vLLM's logged model loading is weights_bytes + this.",
+        examples=[2097152],
     )
     profile_peak_bytes: int = Field(
         description="Largest profile-run peak of any GPU [B].", examples=[2023000000]

@@ -193,6 +193,7 @@ def engine_fit(
                 non_torch_bytes=s.non_torch_bytes,
                 graphs_bytes=graphs,
                 kv_bytes_per_token=s.kv_bytes_per_token,
+                rotary_cache_bytes=s.rotary_cache_bytes,
             )
             for s in memory.stages
         ],
@@ -238,6 +239,7 @@ def engine_read(fit: EngineFit) -> EngineFitRead:
         cuda_visible_source=fit.visible_source,
         requested_bytes=memory.requested_bytes,
         weights_bytes=max(s.weights_bytes for s in memory.stages),
+        rotary_cache_bytes=memory.stages[0].rotary_cache_bytes,
         profile_peak_bytes=max(s.peak_bytes for s in memory.stages),
         non_torch_bytes=memory.stages[0].non_torch_bytes,
         cuda_graph_pool_bytes=memory.cuda_graph_pool_bytes,

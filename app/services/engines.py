@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -226,6 +227,33 @@ def hf_serving_model(raw: dict[str, Any]) -> tuple[str, ServingModel, dict[str, 
     return label, model, quantization
 
 
+def _with_rotary(raw: Mapping[str, Any], model: ServingModel) -> ServingModel:
+    """The rotary cos/sin cache's width and rows as vLLM 0.19's get_rope reads the config
+    (vllm/model_executor/layers/rotary_embedding/__init__.py): ``rotary_dim = int(head_size x
+    partial_rotary_factor)``; YaRN (``yarn``, ``deepseek_yarn``) builds
+    ``ceil(original_max_position_embeddings x factor)`` rows (yarn_scaling_rope.py,
+    deepseek_scaling_rope.py: ``torch.arange(max_position_embeddings * scaling_factor)``). Other
+    scalings keep ``max_position_embeddings`` rows (the model's defaults)."""
+    if model.rotary_dim == 0:
+        return model
+    rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    if not isinstance(rope, Mapping):
+        rope = {}
+    partial = raw.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0))
+    if isinstance(partial, int | float) and 0 < partial < 1:
+        head = model.mla.qk_rope_head_dim if model.mla is not None else model.head_dim
+        model = replace(model, rotary_dim=int(head * partial))
+    kind = rope.get("rope_type") or rope.get("type")
+    factor, original = rope.get("factor"), rope.get("original_max_position_embeddings")
+    if (
+        kind in ("yarn", "deepseek_yarn")
+        and isinstance(factor, int | float)
+        and isinstance(original, int)
+    ):
+        model = replace(model, rotary_positions=math.ceil(original * factor))
+    return model
+
+
 def _hf_import(
     raw: dict[str, Any],
 ) -> tuple[str, ServingModel, dict[str, Any] | None, ServedGraph]:
@@ -246,7 +274,7 @@ def _hf_import(
     except InvalidInput as exc:
         raise InvalidInput(exc.detail, pointer="/hf_config") from None
     dtype = raw.get("torch_dtype") or raw.get("dtype") or "float32"
-    model = replace(model, dtype=_AUTO_DTYPE.get(str(dtype), "bfloat16"))
+    model = _with_rotary(raw, replace(model, dtype=_AUTO_DTYPE.get(str(dtype), "bfloat16")))
     quantization = raw.get("quantization_config")
     if quantization is not None and not isinstance(quantization, dict):
         raise InvalidInput(
@@ -362,6 +390,7 @@ def engine_stages(memory: EngineMemory) -> list[EngineStage]:
             stage=i,
             layers=s.layers,
             weights_bytes=s.weights_bytes,
+            rotary_cache_bytes=s.rotary_cache_bytes,
             profile_peak_bytes=s.peak_bytes,
             non_torch_bytes=s.non_torch_bytes,
             kv_pool_bytes=s.kv_pool_bytes,
@@ -510,6 +539,11 @@ def _answer(
         if context is not None
         else "the model has no default `seq` binding, so max_model_len is not bounded by a "
         "context and must be given",
+        f"rotary cos/sin cache {memory.stages[0].rotary_cache_bytes:,} B on each GPU: "
+        "vllm/model_executor/layers/rotary_embedding/base.py (0.19) RotaryEmbedding builds "
+        "max_position_embeddings x rotary_dim in the model dtype with the model, one instance "
+        "shared by every layer (get_rope's _ROPE_DICT); not a weight, but part of vLLM's "
+        "'Model loading took' and of what the KV pool is left after",
         "the CUDA-graph pool is captured after KV sizing in vLLM 0.19 and is not subtracted",
     ]
     if model.experts > 1:
@@ -525,6 +559,7 @@ def _answer(
         cuda_visible_source=source,
         requested_bytes=memory.requested_bytes,
         weights_bytes=max(s.weights_bytes for s in memory.stages),
+        rotary_cache_bytes=memory.stages[0].rotary_cache_bytes,
         profile_peak_bytes=max(s.peak_bytes for s in memory.stages),
         non_torch_bytes=memory.stages[0].non_torch_bytes,
         cuda_graph_pool_bytes=memory.cuda_graph_pool_bytes,

@@ -100,7 +100,7 @@ def test_min_concurrency_policy_annotation_denies_below_it(client: ApiClient) ->
     answer = _answer(client, review(pod, annotations=notes))
     assert answer["allowed"] is False
     assert (
-        "concurrency 54.18 at max_model_len 8,192, below the 60 sequences asked"
+        "concurrency 54.17 at max_model_len 8,192, below the 60 sequences asked"
         in (answer["status"]["message"])
     )
     notes["capacity-planner.io/min-concurrency"] = "50"
