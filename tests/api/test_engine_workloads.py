@@ -354,3 +354,20 @@ def test_the_estimate_shows_every_figure_the_engines_fit_uses(client: ApiClient)
     bare = client.post("/v1/estimates/memory", json=_workload()).json()
     assert "engine" not in bare
     assert any("give `hardware`" in a for a in bare["assumptions"])
+
+
+def test_a_stored_workload_keeps_its_quantization(client: ApiClient) -> None:
+    engine = {"name": "vllm", "max_model_len": 4096, "quantization_config": GPTQ_W4}
+    body = {"slug": "llama-gptq", "name": "Llama GPTQ on vLLM", "model": "llama-3-8b",
+            "mode": "inference", "batch_size": 1, "precision": "bf16",
+            "options": {"engine": engine}}  # fmt: skip
+    created = client.post("/v1/workloads", json=body)
+    assert created.status_code == 201, created.text
+    assert created.json()["options"]["engine"]["quantization_config"] == GPTQ_W4
+    fit = client.post("/v1/mig/fit", json={"workload": "llama-gptq", "gpu": H100}).json()
+    endpoint = _endpoint(client, H100, max_model_len=4096, quantization_config=GPTQ_W4)
+    assert fit["engine"]["quantization"] == "gptq_marlin"
+    assert fit["engine"]["kv_tokens"] == endpoint["kv_tokens"]
+    assert fit["engine"]["weights_bytes"] == endpoint["weights_bytes"]
+    # 4-bit weights (about 5 GiB) start on the 10 GB slice, where bf16 (15 GiB) cannot
+    assert fit["smallest_fitting_profile"] == "1g.10gb"
