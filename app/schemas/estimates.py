@@ -759,6 +759,16 @@ class MemoryEstimateResponse(Schema):
         "(paged_adamw_*: unified memory evicted to the host under pressure).",
     )
     fit: FitSummary | None = Field(default=None, description="Fit against `hardware`.")
+    engine: EngineFitRead | None = Field(
+        default=None,
+        description="With a workload `engine` and a `hardware`: the engine's start-up figures "
+        "per GPU on that device, every number its fit uses: weights, profile-run peak (and "
+        "where it comes from), memory outside the allocator, CUDA-graph pool, KV pool, KV "
+        "bytes a token, KV tokens, maximum concurrency at max_model_len, whether it starts "
+        "and, if not, vLLM's reason, per pipeline stage; the same object as `fit.engine`. "
+        "`breakdown` and `peak_bytes` stay the model's PyTorch forward at the workload's batch "
+        "and sequence: with an engine they do not decide the fit.",
+    )
     layers: list[LayerRow] | None = Field(
         default=None, description="Per-layer view when `per_layer` is true."
     )

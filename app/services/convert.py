@@ -525,6 +525,8 @@ def engine_choice_of(engine: EngineOptions, tensor: int, pipeline: int) -> Engin
             enforce_eager=engine.enforce_eager,
         ),
         min_concurrency=engine.min_concurrency or 1,
+        quantization=engine.quantization,
+        quantization_config=engine.quantization_config,
     )
 
 
