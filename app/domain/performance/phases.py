@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from fractions import Fraction
 from itertools import accumulate
 from operator import attrgetter
 from typing import overload
@@ -222,6 +223,14 @@ class Phase:
         object.__setattr__(self, "bytes_moved", moved)
         object.__setattr__(self, "launches", launches)
 
+    def share_profiles(self, other: Phase) -> None:
+        """Read and keep profiles in ``other``'s tables: for a phase whose kernels have the
+        same figures as ``other``'s, kernel by kernel (the same shape at a precision of the
+        same bytes), so each profile is built once for both."""
+        object.__setattr__(self, "_profiles", other._profiles)
+        object.__setattr__(self, "_groups", other._groups)
+        object.__setattr__(self, "_bases", other._bases)
+
     def dram_bytes(self, cache_share: float) -> float:
         """DRAM bytes of one repetition at an activation cache share [B]."""
         return self.profile(cache_share).bytes_prefix[-1]
@@ -289,7 +298,10 @@ class PhaseShape:
     d2h_index: int
     repeats: int = 1
     _runs: list[Runs] = field(init=False, repr=False, compare=False, default_factory=list)
-    _bases: dict[float, tuple[_Base, ...]] = field(
+    # The first phase built at each byte signature (bytes per weight, activation and KV-cache
+    # element: all a kernel's figures take from a precision, KernelCount.at); a later phase at
+    # the same signature (fp16 and bf16) shares its profiles, which are the same numbers
+    _alike: dict[tuple[Fraction, int, int], Phase] = field(
         init=False, repr=False, compare=False, default_factory=dict
     )
     _notes: list[tuple[str, ...]] = field(
@@ -333,6 +345,9 @@ class PhaseShape:
             repeats=self.repeats,
         )
         phase._runs.append(runs)
+        first = self._alike.setdefault((scheme.weight_bytes, act, scheme.kv_cache_bytes), phase)
+        if first is not phase:
+            phase.share_profiles(first)
         return phase
 
 
