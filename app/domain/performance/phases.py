@@ -266,6 +266,8 @@ class PhasedRequest:
     attention: tuple[tuple[Attention, str], ...] = ()  # implementations the graph runs, and why
     assumptions: tuple[str, ...] = ()  # the precision, attention and MoE routing, in words
     tensor_parallel: int = 1  # GPUs the request is split across (each runs 1/t of it)
+    # flops and bytes_moved, summed once (a search predicts the request on every device)
+    _totals: tuple[int, int] = field(init=False, repr=False, compare=False, default=(0, 0))
 
     def __post_init__(self) -> None:
         if self.batch < 1:
@@ -274,16 +276,19 @@ class PhasedRequest:
             raise RooflineInputError("tensor_parallel must be >= 1")
         if not self.phases:
             raise RooflineInputError("a request needs at least one phase")
+        flops = sum(p.flops * p.repeats for p in self.phases)
+        moved = sum(p.bytes_moved * p.repeats for p in self.phases)
+        object.__setattr__(self, "_totals", (flops, moved))
 
     @property
     def flops(self) -> int:
         """FLOPs per request (all phases and repeats)."""
-        return sum(p.flops * p.repeats for p in self.phases)
+        return self._totals[0]
 
     @property
     def bytes_moved(self) -> int:
         """Device-memory bytes moved per request [B]."""
-        return sum(p.bytes_moved * p.repeats for p in self.phases)
+        return self._totals[1]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
