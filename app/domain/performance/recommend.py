@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from app.domain.errors import DomainError
@@ -100,6 +100,8 @@ class Requirements:
     tpot_p99_s: float | None = None
     max_batched_tokens: int | None = None  # tokens per engine iteration (None: vLLM's default)
     max_num_seqs: int | None = None  # sequences in flight at most (None: vLLM's default)
+    # latency_budget_s, computed once (every assessment of a search reads it)
+    _budget_s: float | None = field(init=False, repr=False, compare=False, default=None)
 
     def __post_init__(self) -> None:
         if self.latency_slo_s is not None:
@@ -124,6 +126,9 @@ class Requirements:
             )
         if not isinstance(self.price_kind, PriceKind):
             raise RecommendationInputError(f"unknown price kind {self.price_kind!r}")
+        if self.latency_slo_s is not None:
+            budget = latency_budget_s(self.latency_slo_s, self.slo_margin_fraction)
+            object.__setattr__(self, "_budget_s", budget)
 
     @property
     def token_bounds(self) -> bool:
@@ -133,9 +138,7 @@ class Requirements:
     @property
     def latency_budget_s(self) -> float | None:
         """The latency a candidate must stay at or under: SLO x (1 - margin) [s]."""
-        if self.latency_slo_s is None:
-            return None
-        return latency_budget_s(self.latency_slo_s, self.slo_margin_fraction)
+        return self._budget_s
 
 
 def latency_budget_s(latency_slo_s: float, slo_margin_fraction: float) -> float:
