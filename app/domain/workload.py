@@ -77,6 +77,12 @@ class TrainingOptionError(WorkloadInputError):
         self.field = field
 
 
+COMPILE_WITH_ENGINE = (
+    "compile describes a PyTorch model run under torch.compile; a serving engine compiles by "
+    "its own configuration (vLLM compilation_config), which the engine's figures already hold"
+)
+
+
 class Mode(StrEnum):
     """What the model is doing."""
 
@@ -412,6 +418,8 @@ DEFAULTS: tuple[DefaultRule, ...] = (
     DefaultRule("keep_gradients", "false: zero_grad(set_to_none=True)", "PyTorch 2.x default"),
     DefaultRule("activation_offload", "false", "training on CUDA"),
     DefaultRule("parallelism.cpu_offload", "false", "ZeRO-3 / FSDP on CUDA"),
+    DefaultRule("compile", "false: eager mode", "torch.compile (Inductor, mode default) when "
+                "true: pointwise chains recomputed in backward (torch/_functorch/partitioners.py)"),
     DefaultRule("cuda_context_bytes", "the CUDA context table's figure for the GPU's compute "
                 "capability, CUDA 12 with lazy module loading (400 MiB for a GPU with no own "
                 "figure); a hardware profile's figure first",
@@ -449,6 +457,9 @@ class TrainingOptions:
     one row of that many tokens per micro-batch (flash varlen, no padding). ``keep_gradients``:
     ``zero_grad(set_to_none=False)``, gradients live between steps. ``activation_offload``:
     tensors saved for backward kept in pinned host memory (torchtune ``OffloadActivations``).
+    ``compile``: the model runs under ``torch.compile`` (Inductor, mode "default"): what each
+    layer keeps for backward follows Inductor's partitioner (app.domain.memory.compiled);
+    accepted at inference too, where it changes no line (nothing is kept for backward).
     """
 
     optimizer_in_backward: bool = False
@@ -456,9 +467,10 @@ class TrainingOptions:
     tokens_per_batch: int | None = None
     keep_gradients: bool = False
     activation_offload: bool = False
+    compile: bool = False  # not in used(): an inference option as well
 
     def used(self) -> list[str]:
-        """The options set away from their defaults."""
+        """The training-only options set away from their defaults."""
         return [
             name
             for name, value in (
@@ -563,6 +575,8 @@ class WorkloadSpec:
                 f"{options.used()[0]} is a training option: the mode must be training",
                 field=options.used()[0],
             )
+        if options.compile and self.engine is not None:
+            raise TrainingOptionError(COMPILE_WITH_ENGINE, field="compile")
         if options.optimizer_in_backward and micro is not None and micro < batch:
             raise TrainingOptionError(
                 "optimizer_in_backward steps each parameter as its gradient is computed: it "

@@ -13,6 +13,7 @@ from app.domain.peft.lora import INFERENCE_NEEDS_MERGED
 from app.domain.peft.qlora import QuantType
 from app.domain.precision import Precision
 from app.domain.workload import (
+    COMPILE_WITH_ENGINE,
     DEFAULT_SAFETY_MARGIN_FRACTION,
     Attention,
     Checkpointing,
@@ -431,9 +432,28 @@ class WorkloadInput(Schema):
         examples=[False],
     )
 
+    compile: bool = Field(
+        default=False,
+        description='The model runs under `torch.compile` (TorchInductor, mode "default"). '
+        "Training: what each layer keeps for backward follows Inductor's partitioner "
+        "(torch/_functorch/partitioners.py `min_cut_rematerialization_partition`: pointwise "
+        "ops are recomputed in backward; matmuls, SDPA, random ops and row reductions are "
+        "not): a gated MLP keeps gate, up and their product but not act(gate), a composite "
+        "activation's intermediates are recomputed, RMSNorm keeps its 16-bit input and the "
+        "fp32 per-row statistic instead of an fp32 copy and the normalized tensor; dropout "
+        "masks, norm statistics, matmul inputs and attention's tensors stay as in eager mode. "
+        "Approximated: the cut is taken per layer (the partitioner's cross-layer heuristics, "
+        "attention patterns Inductor rewrites into SDPA and the CUDA graphs of mode "
+        "reduce-overhead are not modelled). Inference: accepted, changes no line. A 422 with "
+        "`engine` (the engine compiles by its own configuration).",
+        examples=[False],
+    )
+
     @model_validator(mode="after")
     def _one_model(self) -> Self:
         one_model_rule(type(self).__name__, self.model, self.architecture)
+        if self.compile and self.engine is not None:
+            raise located_error(type(self).__name__, ("compile",), COMPILE_WITH_ENGINE)
         if self.engine is not None:
             engine_rule(type(self).__name__, self.mode, self.engine, self.parallelism)
         if self.lora is not None and self.mode is not Mode.TRAINING and self.lora.merged is None:

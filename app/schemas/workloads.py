@@ -75,6 +75,13 @@ class WorkloadOptions(Schema):
         "`POST /v1/estimates/memory` (a 422 on a CPU runtime).",
         examples=[False],
     )
+    compile: bool = Field(
+        default=False,
+        description="The model runs under `torch.compile` (Inductor, mode default), as for "
+        "`POST /v1/estimates/memory`: training keeps what Inductor's partitioner keeps for "
+        "backward; at inference no line changes (a 422 with an engine).",
+        examples=[False],
+    )
     engine: EngineOptions | None = Field(
         default=None,
         description="Inference only: the serving engine, as for `POST /v1/estimates/memory` "

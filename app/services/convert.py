@@ -485,6 +485,7 @@ def domain_workload(spec: WorkloadInput, runtime: Runtime | None = None) -> Doma
                 tokens_per_batch=spec.tokens_per_batch,
                 keep_gradients=spec.keep_gradients,
                 activation_offload=spec.activation_offload,
+                compile=spec.compile,
             ),
         )
     except LoraError as exc:

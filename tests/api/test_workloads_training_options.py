@@ -27,6 +27,7 @@ OPTION_SETS: list[dict[str, Any]] = [
     {"keep_gradients": True, "tokens_per_batch": 512},
     {"activation_offload": True, "checkpointing": "none"},
     {"parallelism": {"data": 2, "zero_stage": 3, "cpu_offload": True}},
+    {"compile": True},
 ]
 
 
