@@ -11,8 +11,9 @@ from app.domain.precision import Precision
 from app.domain.workload import Checkpointing, Mode, Optimizer, OptimizerImpl
 from app.schemas.base import Page, Schema, Slug, located_error
 from app.schemas.engine_options import EngineOptions
-from app.schemas.estimates import BatchSize, Length, LoraSpec, ParallelismSpec
+from app.schemas.estimates import BatchSize, Length, LoraSpec
 from app.schemas.hardware import DeviceName
+from app.schemas.parallelism import ParallelismSpec
 
 
 class WorkloadOptions(Schema):

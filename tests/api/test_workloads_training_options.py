@@ -109,7 +109,7 @@ def test_stored_decisions_follow_the_options(client: ApiClient, db_url: str) -> 
         ),
         (
             {},
-            {"parallelism": {"data": 2, "zero_stage": 2, "cpu_offload": True}},
+            {"parallelism": {"data": 2, "zero_stage": 1, "cpu_offload": True}},
             "/options/parallelism/cpu_offload",
         ),
     ],
