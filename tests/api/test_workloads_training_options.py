@@ -28,6 +28,18 @@ OPTION_SETS: list[dict[str, Any]] = [
     {"activation_offload": True, "checkpointing": "none"},
     {"parallelism": {"data": 2, "zero_stage": 3, "cpu_offload": True}},
     {"compile": True},
+    # DeepSpeed ZeRO-3 offload on one GPU, its reduce bucket resized
+    {
+        "parallelism": {
+            "zero_stage": 3,
+            "cpu_offload": True,
+            "deepspeed": {
+                "reduce_bucket_size": 100_000_000,
+                "stage3_prefetch_bucket_size": 50_000_000,
+                "stage3_max_live_parameters": 1_000_000_000,
+            },
+        }
+    },
 ]
 
 
