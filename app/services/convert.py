@@ -37,6 +37,7 @@ from app.domain.performance.recommend import Requirements
 from app.domain.performance.runtimes import RUNTIME_PROFILES
 from app.domain.precision import ComputeCapability, DType, Precision, cannot_run
 from app.domain.workload import (
+    DeepSpeedBuffers,
     GpuTraits,
     Parallelism,
     Runtime,
@@ -475,6 +476,9 @@ def domain_workload(spec: WorkloadInput, runtime: Runtime | None = None) -> Doma
                 zero_stage=par.zero_stage,
                 gradient_as_bucket_view=par.gradient_as_bucket_view,
                 cpu_offload=par.cpu_offload,
+                deepspeed=None
+                if par.deepspeed is None
+                else DeepSpeedBuffers(**par.deepspeed.model_dump()),
             ),
             fp32_grad_buffer=spec.fp32_grad_buffer,
             kv_cache=spec.kv_cache,
@@ -489,6 +493,7 @@ def domain_workload(spec: WorkloadInput, runtime: Runtime | None = None) -> Doma
                 tokens_per_batch=spec.tokens_per_batch,
                 keep_gradients=spec.keep_gradients,
                 activation_offload=spec.activation_offload,
+                compile=spec.compile,
             ),
         )
     except LoraError as exc:
