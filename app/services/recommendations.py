@@ -131,6 +131,8 @@ DECODER_OPTIONS = (
     "max_num_seqs",
     "prompt_tokens_mean",
     "generated_tokens_mean",
+    "prompt_length_distribution",
+    "generated_length_distribution",
     "batching",
     "beam_width",
     "kv_block_tokens",
