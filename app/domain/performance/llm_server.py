@@ -47,9 +47,9 @@ import math
 import random
 from bisect import bisect_right
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 from heapq import heappop, heappush
 from typing import Any
 
@@ -347,7 +347,14 @@ def _run(  # noqa: C901 - one scheduler loop; splitting it would hide the state 
     prefill_memo: dict[int, float] = {}
     # Decoding sequences by the iteration that produces their last token: (that index, the
     # request, the index of the iteration that produced its first token, that iteration's end).
-    decoding: list[tuple[int, int, int, float]] = []
+    # All alike, they finish in the order they started (a queue); else a heap.
+    decoding: Any = deque() if drawn is None else []
+    push: Callable[[tuple[int, int, int, float]], None]
+    pop: Callable[[], tuple[int, int, int, float]]
+    if drawn is None:
+        push, pop = decoding.append, decoding.popleft
+    else:
+        push, pop = partial(heappush, decoding), partial(heappop, decoding)
     prefilling: deque[list[int]] = deque()  # [request, prompt tokens left]
     ttft: list[float] = []
     tpot: list[float] = []
@@ -358,12 +365,6 @@ def _run(  # noqa: C901 - one scheduler loop; splitting it would hide the state 
     reserved = 0  # KV token slots held by the requests in flight (with a pool)
     seq_time = 0.0  # integral of sequences in flight over time
 
-    def admissible(in_flight: int, tokens_left: int) -> bool:
-        """Whether the next arrival may join now (FCFS: it blocks those behind it)."""
-        if in_flight >= seqs_cap or tokens_left < 1:
-            return False
-        return pool is None or reserved + slots[admitted] <= pool
-
     while finished < n:
         checkpoint()
         in_flight = len(decoding) + len(prefilling)
@@ -372,12 +373,18 @@ def _run(  # noqa: C901 - one scheduler loop; splitting it would hide the state 
         waiting = bisect_right(arrivals, t, admitted) - admitted
         d = len(decoding)
         tokens_left = budget_tokens - d
-        if not prefilling and (waiting == 0 or not admissible(in_flight, tokens_left)):
+        # Whether the next arrival may join now (FCFS: it blocks those behind it).
+        head_fits = (
+            in_flight < seqs_cap
+            and tokens_left >= 1
+            and (pool is None or (admitted < n and reserved + slots[admitted] <= pool))
+        )
+        if not prefilling and (waiting == 0 or not head_fits):
             # Pure decode iterations until something changes: the next finish, or the next
             # arrival that could be admitted.
             dt = decode_table[d]
             steps = decoding[0][0] - k
-            if waiting == 0 and admitted < n and admissible(in_flight, tokens_left):
+            if waiting == 0 and admitted < n and head_fits:
                 steps = min(steps, max(1, math.ceil((arrivals[admitted] - t) / dt)))
             steps = max(1, steps)
             t0, k0 = t, k
@@ -394,7 +401,12 @@ def _run(  # noqa: C901 - one scheduler loop; splitting it would hide the state 
                 item[1] -= take
                 tokens_left -= take
                 prompt_tokens += take
-            while waiting and admissible(in_flight, tokens_left):
+            while (
+                waiting
+                and tokens_left >= 1
+                and in_flight < seqs_cap
+                and (pool is None or reserved + slots[admitted] <= pool)
+            ):
                 prompt = prompts[admitted]
                 take = min(prompt, tokens_left)
                 prefilling.append([admitted, prompt - take])
@@ -422,11 +434,11 @@ def _run(  # noqa: C901 - one scheduler loop; splitting it would hide the state 
                     if pool is not None:
                         reserved -= slots[request]
                 else:
-                    heappush(decoding, (k + outputs[request] - 1, request, k, t))
+                    push((k + outputs[request] - 1, request, k, t))
         # Sequences whose last token came out in the iterations just run (all of equal time
         # dt, the last one ending at t).
         while decoding and decoding[0][0] <= k:
-            last_k, request, first_k, first_t = heappop(decoding)
+            last_k, request, first_k, first_t = pop()
             if request >= warmup:
                 done_t = t0 + (last_k - k0) * dt
                 tpot.append((done_t - first_t) / (last_k - first_k))
