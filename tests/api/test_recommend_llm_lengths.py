@@ -4,12 +4,14 @@ the answer echoes the distributions and the lengths drawn, a spread of lengths m
 and the rate, the same request gives the same answer, and bad distributions are a 422 naming
 the field (against the real app and database)."""
 
+import re
 from typing import Any
 
 import pytest
 
+from app.services.recommendations import LLM_SERVER_LENGTHS_FACTOR, LLM_SERVER_UNITS
 from tests.api.helpers import assert_problem
-from tests.support import ApiClient, table_counts
+from tests.support import ApiClient, ClientFactory, table_counts
 
 URL = "/v1/recommendations/inference"
 BASE: dict[str, Any] = {
@@ -115,6 +117,27 @@ def test_the_same_request_gives_the_same_answer(client: ApiClient) -> None:
     prompt = first["lengths"]["prompt"]
     assert prompt["mean_tokens"] == pytest.approx((3 * 64 + 700) / 4)
     assert prompt["p99_tokens"] == 700
+
+
+def test_the_work_budget_counts_a_simulation_of_spread_lengths_as_twice_the_work(
+    make_client: ClientFactory,
+) -> None:
+    spread = {**BASE, "prompt_length_distribution": LOGNORMAL_PROMPTS}
+
+    def units(client: ApiClient, body: dict[str, Any]) -> int:
+        response = client.post(URL, json=body)
+        assert_problem(response, 422)
+        found = re.search(r"asks for ([0-9,]+) work units", response.json()["detail"])
+        assert found is not None, response.json()
+        return int(found.group(1).replace(",", ""))
+
+    nothing = make_client(max_work_units=1)
+    fixed_units, spread_units = units(nothing, BASE), units(nothing, spread)
+    # one candidate (nvidia-a10, fp16): one simulated server, counted twice with lengths
+    assert spread_units - fixed_units == LLM_SERVER_UNITS * (LLM_SERVER_LENGTHS_FACTOR - 1)
+    just = make_client(max_work_units=fixed_units)
+    assert just.post(URL, json=BASE).status_code == 200
+    assert units(just, spread) == spread_units
 
 
 @pytest.mark.parametrize(
