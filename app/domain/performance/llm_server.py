@@ -13,17 +13,28 @@ TPOT p99 stay within their bounds" by a discrete-event simulation of that schedu
 
 * arrivals: one fixed stream of exponential inter-arrival times (unit rate, scaled to the rate
   under test, so the answer is reproducible and monotone in the rate up to the stream's noise);
-* each request has the mean prompt and the mean output length (the length distribution's
-  spread is not simulated; the maxima bound the KV cache each request reserves, which decides
-  ``max_seqs`` before this module is called);
+* lengths: without a distribution every request has the mean prompt and the mean output
+  length, and at most ``max_seqs`` (the KV pool's concurrency of mean requests, decided before
+  this module is called) are in flight. With one (:class:`LlmServerShape` ``lengths``, module
+  :mod:`app.domain.performance.request_lengths`) each arrival draws its own prompt and output
+  (stratified samples from a fixed seed) and is admitted while fewer than ``max_num_seqs`` are
+  in flight and its own KV blocks (prompt + output, rounded up to ``kv_block_tokens``, reserved
+  at admission as TensorRT-LLM's GUARANTEED_NO_EVICT scheduler does; vLLM allocates blocks as
+  tokens come and preempts on exhaustion, which this does not model) fit in the pool beside
+  those of the requests in flight; a request that does not fit blocks the ones behind it
+  (FCFS, as vLLM's ``schedule`` stops at the first waiting request it cannot allocate);
 * every iteration (vLLM V1's scheduler, ``vllm/v1/core/sched/scheduler.py`` ``schedule``:
   running requests first, then waiting ones, FCFS, within ``max_num_batched_tokens`` and
   ``max_num_seqs``): one decode token per sequence past its prefill, then prompt tokens of the
-  sequences still in prefill (chunked prefill), then new sequences admitted while fewer than
-  ``max_seqs`` are in flight and tokens are left;
+  sequences still in prefill (chunked prefill), then new sequences admitted while they fit and
+  tokens are left;
 * an iteration costs :meth:`IterationCost.iteration_s`: the decode step of ``d`` sequences at
-  the mean context plus the prefill of the iteration's prompt tokens, both from the roofline's
-  timings (conservative: a mixed iteration reads the weights once, not twice);
+  the mean context plus the prefill of the iteration's prompt tokens (each request's own),
+  both from the roofline's timings (conservative: a mixed iteration reads the weights once,
+  not twice). The decode step does not follow the contexts actually in flight: with spread
+  lengths the long requests stay longer, so the contexts in flight are longer than the mean
+  request's and the decode steps are priced low (the timings do not separate the KV cache's
+  reads from the weights');
 * iterations between events (an arrival, a finish) that change nothing are skipped in bulk, so
   a run costs O(requests), not O(tokens).
 
