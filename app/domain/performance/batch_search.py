@@ -265,6 +265,9 @@ def llm_server_assessments(
             prompt_tokens=plan_of.prompt_tokens_mean,
             generated_tokens=plan_of.generated_tokens_mean,
             max_batched_tokens=max_batched_tokens(found[0], requirements),
+            lengths=requirements.request_lengths,
+            kv_block_tokens=plan_of.kv_block_tokens,
+            max_num_seqs=max_num_seqs(found[0].prediction.device.memory_bytes, requirements),
         )
         if plan is None:
             shown.append(best_batch(found, requirements.objective))
