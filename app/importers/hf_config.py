@@ -186,6 +186,8 @@ def _gpt_neox(config: _Config, model_type: str) -> Built:
         bias=config.flag("attention_bias", True),
         activation=config.activation("hidden_act", "gelu", gated=False),
         eps=config.number("layer_norm_eps", 1e-5),
+        positions=config.size("max_position_embeddings", 2048),
+        rotary_pct=config.number("rotary_pct", 0.25),
     )
     notes = [
         f"{'parallel' if parallel else 'sequential'} residual; rotary embeddings "
