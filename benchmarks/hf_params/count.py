@@ -38,11 +38,18 @@ def reference_class(config: dict[str, object]) -> str:
     return REFERENCE_CLASSES[model_type][0]
 
 
+# model_types that transformers does not register but whose config.json names a registered
+# config class through auto_map: Kimi-K2's names configuration_deepseek.DeepseekV3Config.
+CONFIG_TYPE = {"kimi_k2": "deepseek_v3"}
+
+
 def transformers_count(config: dict[str, object]) -> tuple[str, int]:
     """Build the reference class from the config on the meta device and count parameters."""
     name = reference_class(config)
-    fields = {k: v for k, v in config.items() if k not in ("model_type", "_name_or_path")}
-    hf_config = transformers.AutoConfig.for_model(str(config["model_type"]), **fields)
+    skip = ("model_type", "_name_or_path", "auto_map")
+    fields = {k: v for k, v in config.items() if k not in skip}
+    model_type = str(config["model_type"])
+    hf_config = transformers.AutoConfig.for_model(CONFIG_TYPE.get(model_type, model_type), **fields)
     cls = getattr(transformers, name)
     with torch.device("meta"):
         if name in ("BertModel", "RobertaModel", "ViTModel"):
