@@ -18,6 +18,7 @@ from app.domain.graph.format import BLOCK_INPUT
 from app.domain.zoo import transformers as builders
 from app.importers.hf_common import Built, _Config, _heads, _kv_heads
 from app.importers.hf_families import FAMILY_BUILDERS, FAMILY_CLASSES
+from app.importers.hf_t5 import t5_conditional_generation
 from app.importers.result import (
     ImportedGraph,
     ImportRejected,
@@ -43,6 +44,7 @@ REFERENCE_CLASSES: Mapping[str, tuple[str, str]] = {
     "bloom": ("BloomForCausalLM", "transformer-decoder"),
     "bert": ("BertModel", "transformer-encoder"),
     "roberta": ("RobertaModel", "transformer-encoder"),
+    # T5ForConditionalGeneration unless architectures names T5EncoderModel (see _t5)
     "t5": ("T5EncoderModel", "transformer-encoder"),
     "vit": ("ViTModel", "vision-transformer"),
     # sliding-window, MLA and MoE families: app.importers.hf_families
@@ -529,6 +531,10 @@ def _bert(config: _Config, model_type: str) -> Built:
 
 
 def _t5(config: _Config, model_type: str) -> Built:
+    """``T5ForConditionalGeneration`` (:mod:`app.importers.hf_t5`), or the encoder stack alone
+    (``T5EncoderModel``) when ``architectures`` names that class."""
+    if "T5EncoderModel" not in config.architectures():
+        return t5_conditional_generation(config)
     projection = config.text("feed_forward_proj", "relu")
     if projection not in ("relu", "gated-gelu", "gated-silu"):
         raise ImportRejected(
@@ -552,7 +558,7 @@ def _t5(config: _Config, model_type: str) -> Built:
     )
     if projection == "gated-silu":
         _swap_activation(graph, "geglu", "swiglu")
-    notes = ["only the encoder stack (T5EncoderModel); the decoder is not imported",
+    notes = ["the encoder stack alone (architectures names T5EncoderModel)",
              "relative position bias: a learned table in the first block"]  # fmt: skip
     return graph, "T5EncoderModel", notes, 512
 
@@ -663,6 +669,8 @@ def import_hf_config(
     name_or_path = raw.get("_name_or_path")
     label = name_or_path if isinstance(name_or_path, str) and name_or_path else model_type
     class_name, family = REFERENCE_CLASSES[model_type]
+    if reference.startswith("T5ForConditionalGeneration"):
+        class_name, family = "T5ForConditionalGeneration", "transformer-encoder-decoder"
     return ImportedGraph(
         name=f"{label} ({class_name})"[:200],
         family=family,

@@ -46,7 +46,8 @@ internally; they are named as the model family's transformers modeling file name
   and ``pooler.dense`` - ``models/bert/modeling_bert.py``;
 * T5 (``shared`` and ``block.<i>``): ``SelfAttention.q`` / ``k`` / ``v`` / ``o``,
   ``DenseReluDense.wi`` / ``wo`` (gated: ``wi_0``, ``wi_1``, ``wo``) -
-  ``models/t5/modeling_t5.py``.
+  ``models/t5/modeling_t5.py``; the encoder-decoder's cross-attention is Linear layers named
+  ``EncDecAttention.q`` ... ``.o`` (attention projections).
 
 A module's qualified name is ``<graph layer>.<name>`` (``h.0.attn.c_attn``,
 ``encoder.0.attn.self.query``, ``block.0.attn.q``): a list ``target_modules`` matches on the
@@ -285,7 +286,11 @@ def linear_modules(layers: Sequence[LayerAnalysis]) -> list[LoraModule]:
             has_bias = any(len(s) == 1 for s in shapes)
             leaf = standalone.get(layer.name)
             name = f"{layer.name}.{leaf}" if leaf else layer.name
-            modules.append(LoraModule(name, index, features, out, has_bias, rows))
+            # T5's cross-attention is written out as ops: its q / k / v / o Linear layers
+            # (``EncDecAttention.q`` ...) are attention projections (app/importers/hf_t5.py)
+            cross = naming.family == "t5" and ".EncDecAttention." in f".{layer.name}"
+            kind = "attention" if cross else "linear"
+            modules.append(LoraModule(name, index, features, out, has_bias, rows, kind=kind))
         elif layer.op in ("embedding", "embedding_add") and shapes:
             num, dim = shapes[0]
             modules.append(
