@@ -189,12 +189,26 @@ def _gpt_neox(config: _Config, model_type: str) -> Built:
         activation=config.activation("hidden_act", "gelu", gated=False),
         eps=config.number("layer_norm_eps", 1e-5),
     )
+    # GPTNeoXLayer.attention (models/gpt_neox/modeling_gpt_neox.py): PEFT targets it as
+    # layers.<i>.attention.query_key_value / .dense
+    _rename(graph, "attn", "attention")
     notes = [
         f"{'parallel' if parallel else 'sequential'} residual; rotary embeddings "
         f"(rotary_pct {config.number('rotary_pct', 0.25)}) have no parameters"
     ]
     reference = f"GPTNeoXForCausalLM (embed_out {'tied' if tied else 'untied'})"
     return graph, reference, notes, config.size("max_position_embeddings", 2048)
+
+
+def _rename(graph: builders.Graph, old: str, new: str) -> None:
+    """Rename the repeated block's layer ``old`` (and the inputs that name it) to ``new``, the
+    module name of the family's modeling file."""
+    for layer in graph[1]:
+        for inner in layer.get("layers", []):
+            if inner["name"] == old:
+                inner["name"] = new
+            if "inputs" in inner:
+                inner["inputs"] = [new if name == old else name for name in inner["inputs"]]
 
 
 def _gpt_bigcode(config: _Config, model_type: str) -> Built:

@@ -1,8 +1,9 @@
 """Check LoRA trainable-parameter counts against the ``peft`` library itself.
 
-For Llama-named decoders (Llama, Mistral, Qwen2/3, Gemma), GPT-2, BERT and T5 (encoder)
-configs in ``tests/fixtures/hf_configs/``, this builds the importer's reference class from
-the config alone on the meta device (nothing downloaded or allocated), applies
+For Llama-named decoders (Llama, Mistral, Qwen2/3, Gemma), GPT-2, BERT, T5 (encoder and
+encoder-decoder), BLOOM and GPT-NeoX (Pythia) configs in ``tests/fixtures/hf_configs/``, this
+builds the importer's reference class from the config alone on the meta device (nothing
+downloaded or allocated), applies
 ``peft.get_peft_model`` with each LoRA configuration below and reads
 ``PeftModel.get_nb_trainable_parameters()``; beside it, the service's count
 (``app.domain.peft.lora_trainable_params`` over the imported graph). It writes
@@ -210,12 +211,71 @@ T5_CASES: tuple[Case, ...] = (
     ),
 )
 
+# T5ForConditionalGeneration: the decoder's cross-attention (EncDecAttention) is adapted too
+T5_FULL_CASES: tuple[Case, ...] = (
+    *(case for case in T5_CASES if case[0] != "r=32 attention kind"),
+    (
+        "r=32 attention kind",
+        {"r": 32, "target_modules": r".*(SelfAttention|EncDecAttention)\.(q|k|v|o)"},
+        LoraConfig(r=32, target_kind=LoraKind.ATTENTION),
+    ),
+)
+
+# BLOOM and GPT-NeoX (Pythia) name their fused attention input query_key_value
+# (models/bloom/modeling_bloom.py, models/gpt_neox/modeling_gpt_neox.py)
+FUSED_QKV_CASES: tuple[Case, ...] = (
+    (
+        "r=8 query_key_value",
+        {"r": 8, "target_modules": ["query_key_value"]},
+        LoraConfig(r=8, target_modules=("query_key_value",)),
+    ),
+    (
+        "r=16 query_key_value",
+        {"r": 16, "target_modules": ["query_key_value"]},
+        LoraConfig(r=16, target_modules=("query_key_value",)),
+    ),
+    (
+        "r=16 qkv,dense,dense_h_to_4h,dense_4h_to_h",
+        {
+            "r": 16,
+            "target_modules": ["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"],
+        },
+        LoraConfig(
+            r=16, target_modules=("query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h")
+        ),
+    ),
+    (
+        "r=64 all-linear",
+        {"r": 64, "target_modules": "all-linear"},
+        LoraConfig(r=64, target_kind=LoraKind.ALL_LINEAR),
+    ),
+    (
+        "r=8 attention kind",
+        {"r": 8, "target_modules": r".*\.(self_attention|attention)\.(query_key_value|dense)"},
+        LoraConfig(r=8, target_kind=LoraKind.ATTENTION),
+    ),
+    (
+        "r=8 mlp kind",
+        {"r": 8, "target_modules": r".*\.mlp\.(dense_h_to_4h|dense_4h_to_h)"},
+        LoraConfig(r=8, target_kind=LoraKind.MLP),
+    ),
+    (
+        "r=8 query_key_value bias=lora_only",
+        {"r": 8, "target_modules": ["query_key_value"], "bias": "lora_only"},
+        LoraConfig(r=8, target_modules=("query_key_value",), bias=LoraBias.LORA_ONLY),
+    ),
+)
+
 MODELS: tuple[tuple[str, tuple[Case, ...]], ...] = (
     *((slug, LLAMA_CASES) for slug in LLAMA_NAMED),
     ("gpt2", GPT2_CASES),
     ("bert-base-uncased", BERT_CASES),
     ("t5-small-encoder", T5_CASES),
     ("flan-t5-base-encoder", T5_CASES),
+    ("t5-small", T5_FULL_CASES),
+    ("flan-t5-base", T5_FULL_CASES),
+    ("bloomz-560m", FUSED_QKV_CASES),
+    ("pythia-160m", FUSED_QKV_CASES),
 )
 
 
@@ -225,10 +285,16 @@ def reference_model(config: dict[str, Any]) -> torch.nn.Module:
     fields = {k: v for k, v in config.items() if k not in ("model_type", "_name_or_path")}
     hf_config = transformers.AutoConfig.for_model(str(config["model_type"]), **fields)
     name = REFERENCE_CLASSES[str(config["model_type"])][0]
+    if name == "T5EncoderModel" and "T5EncoderModel" not in config.get("architectures", []):
+        name = "T5ForConditionalGeneration"
     with torch.device("meta"):
         if name == "BertModel":
             return transformers.BertModel(hf_config, add_pooling_layer=True)
-        return getattr(transformers, name)(hf_config)
+        model = getattr(transformers, name)(hf_config)
+        if name == "T5ForConditionalGeneration" and config.get("tie_word_embeddings") is False:
+            # as from_pretrained loads Flan-T5: its own lm_head (benchmarks/hf_params/count.py)
+            model.lm_head.weight = torch.nn.Parameter(torch.empty_like(model.lm_head.weight))
+        return model
 
 
 def peft_count(config: dict[str, Any], kwargs: dict[str, Any]) -> int | str:
@@ -267,7 +333,8 @@ def main() -> int:
         "",
         f"peft {peft.__version__}, transformers {transformers.__version__}, torch "
         f"{torch.__version__}; the importer's reference class (CausalLM; BertModel with pooler; "
-        "T5EncoderModel) built from `tests/fixtures/hf_configs/*.json` on the meta device, "
+        "T5EncoderModel or T5ForConditionalGeneration, Flan-T5's lm_head untied as loaded) "
+        "built from `tests/fixtures/hf_configs/*.json` on the meta device, "
         "`peft.get_peft_model(model, LoraConfig(task_type='CAUSAL_LM' for decoders, ...))"
         ".get_nb_trainable_parameters()`. Target kinds are compared with the regex that "
         "names the same modules in transformers.",

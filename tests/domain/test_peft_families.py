@@ -1,6 +1,6 @@
-"""LoRA and DoRA on GPT-2, BERT and T5 graphs as PEFT counts them (golden figures; the same
-configurations are checked against peft 0.21.2 itself by benchmarks/peft_params/count.py and
-its results.md)."""
+"""LoRA and DoRA on GPT-2, BERT, T5, BLOOM and GPT-NeoX graphs as PEFT counts them (golden
+figures; the same configurations are checked against peft 0.21.2 itself by
+benchmarks/peft_params/count.py and its results.md)."""
 
 from __future__ import annotations
 
@@ -90,6 +90,30 @@ def test_gpt2_c_attn_is_one_fused_linear() -> None:
         ("t5-small-encoder", LoraConfig(r=8, target_modules=("q", "v"), use_dora=True), 104_448),
         ("flan-t5-base-encoder", LoraConfig(r=8, target_kind=LoraKind.MLP), 811_008),
         ("flan-t5-base-encoder", LoraConfig(r=32, target_kind=LoraKind.ATTENTION), 2_359_296),
+        # T5ForConditionalGeneration: the decoder's self- and cross-attention are adapted too
+        ("t5-small", LoraConfig(r=8, target_modules=("q", "v")), 294_912),
+        ("t5-small", LoraConfig(r=16, target_kind=LoraKind.ALL_LINEAR), 2_162_688),
+        ("flan-t5-base", LoraConfig(r=32, target_kind=LoraKind.ATTENTION), 7_077_888),
+        ("flan-t5-base", LoraConfig(r=8, target_kind=LoraKind.MLP), 1_622_016),
+        # BLOOM and GPT-NeoX: PEFT's query_key_value (one fused Linear) at two ranks
+        ("bloomz-560m", LoraConfig(r=8, target_modules=("query_key_value",)), 786_432),
+        ("bloomz-560m", LoraConfig(r=16, target_modules=("query_key_value",)), 1_572_864),
+        (
+            "bloomz-560m",
+            LoraConfig(
+                r=16, target_modules=("query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h")
+            ),
+            6_291_456,
+        ),
+        ("bloomz-560m", LoraConfig(r=64, target_kind=LoraKind.ALL_LINEAR), 25_165_824),
+        ("pythia-160m", LoraConfig(r=8, target_modules=("query_key_value",)), 294_912),
+        ("pythia-160m", LoraConfig(r=16, target_modules=("query_key_value",)), 589_824),
+        ("pythia-160m", LoraConfig(r=8, target_kind=LoraKind.ATTENTION), 442_368),
+        (
+            "pythia-160m",
+            LoraConfig(r=8, target_modules=("query_key_value",), bias=LoraBias.LORA_ONLY),
+            322_560,
+        ),
     ],
 )
 def test_family_counts_are_peft_figures(slug: str, config: LoraConfig, expected: int) -> None:
@@ -117,3 +141,32 @@ def test_llama_names_match_nothing_on_gpt2() -> None:
         lora_trainable_params(_hf("gpt2").layers, LoraConfig(target_modules=("q_proj",)))
     assert caught.value.field == "target_modules"
     assert "c_attn" in str(caught.value)
+
+
+def test_bloom_and_neox_get_their_modeling_files_names() -> None:
+    """query_key_value / dense / dense_h_to_4h / dense_4h_to_h, as modeling_bloom.py and
+    modeling_gpt_neox.py name them (Llama's q_proj was given before and matched nothing)."""
+    assert module_naming(_hf("bloomz-560m").layers).family == "bloom"
+    assert module_naming(_hf("pythia-160m").layers).family == "gpt_neox"
+    names = {m.name for m in linear_modules(_hf("bloomz-560m").layers)}
+    assert {"h.0.self_attention.query_key_value", "h.0.self_attention.dense"} <= names
+    assert {"h.0.mlp.dense_h_to_4h", "h.0.mlp.dense_4h_to_h"} <= names
+    names = {m.name for m in linear_modules(_hf("pythia-160m").layers)}
+    assert {"layers.0.attention.query_key_value", "layers.0.attention.dense"} <= names
+    modules = {m.name: m for m in linear_modules(_hf("bloomz-560m").layers)}
+    qkv = modules["h.0.self_attention.query_key_value"]
+    assert (qkv.in_features, qkv.out_features, qkv.bias) == (1024, 3072, True)
+    # 24 blocks x r x (1024 + 3072)
+    config = LoraConfig(r=8, target_modules=("query_key_value",))
+    assert lora_trainable_params(_hf("bloomz-560m").layers, config) == 24 * 8 * 4096
+    with pytest.raises(LoraError) as caught:
+        lora_trainable_params(_hf("bloomz-560m").layers, LoraConfig(target_modules=("q_proj",)))
+    assert "query_key_value" in str(caught.value)
+
+
+def test_t5_cross_attention_is_adapted_and_counted_as_attention() -> None:
+    names = {m.name for m in linear_modules(_hf("t5-small").layers)}
+    assert {"decoder_block.0.EncDecAttention.q", "decoder_block.0.EncDecAttention.o"} <= names
+    # q, v in 6 encoder self-, 6 decoder self- and 6 cross-attentions: 18 x 2 x 8 x (512 + 512)
+    config = LoraConfig(r=8, target_modules=("q", "v"))
+    assert lora_trainable_params(_hf("t5-small").layers, config) == 18 * 2 * 8 * 1024

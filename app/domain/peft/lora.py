@@ -47,7 +47,11 @@ internally; they are named as the model family's transformers modeling file name
 * T5 (``shared`` and ``block.<i>``): ``SelfAttention.q`` / ``k`` / ``v`` / ``o``,
   ``DenseReluDense.wi`` / ``wo`` (gated: ``wi_0``, ``wi_1``, ``wo``) -
   ``models/t5/modeling_t5.py``; the encoder-decoder's cross-attention is Linear layers named
-  ``EncDecAttention.q`` ... ``.o`` (attention projections).
+  ``EncDecAttention.q`` ... ``.o`` (attention projections);
+* BLOOM (``word_embeddings``, ``word_embeddings_layernorm``) and GPT-NeoX / Pythia
+  (``embed_in``): one fused ``query_key_value`` (out q + k + v) and ``dense`` in the
+  attention, ``dense_h_to_4h`` / ``dense_4h_to_h`` in the MLP -
+  ``models/bloom/modeling_bloom.py``, ``models/gpt_neox/modeling_gpt_neox.py``.
 
 A module's qualified name is ``<graph layer>.<name>`` (``h.0.attn.c_attn``,
 ``encoder.0.attn.self.query``, ``block.0.attn.q``): a list ``target_modules`` matches on the
@@ -144,6 +148,24 @@ NAMINGS: dict[str, ModuleNaming] = {
         ("intermediate.dense", "output.dense"),
         standalone=(("pooler", "dense"),),
     ),
+    # models/bloom/modeling_bloom.py: BloomAttention.query_key_value (one Linear, out 3 x
+    # hidden) and .dense, BloomMLP.dense_h_to_4h / .dense_4h_to_h
+    "bloom": ModuleNaming(
+        "bloom",
+        ("query_key_value", "", "", "dense"),
+        ("dense_h_to_4h_gate", "dense_h_to_4h", "dense_4h_to_h"),  # ungated; never matched
+        ("dense_h_to_4h", "dense_4h_to_h"),
+        fused_qkv=True,
+    ),
+    # models/gpt_neox/modeling_gpt_neox.py: GPTNeoXAttention.query_key_value and .dense,
+    # GPTNeoXMLP.dense_h_to_4h / .dense_4h_to_h (the same names as BLOOM's)
+    "gpt_neox": ModuleNaming(
+        "gpt_neox",
+        ("query_key_value", "", "", "dense"),
+        ("dense_h_to_4h_gate", "dense_h_to_4h", "dense_4h_to_h"),  # ungated; never matched
+        ("dense_h_to_4h", "dense_4h_to_h"),
+        fused_qkv=True,
+    ),
     "t5": ModuleNaming(
         "t5",
         ("q", "k", "v", "o"),
@@ -158,11 +180,17 @@ def module_naming(layers: Sequence[LayerAnalysis]) -> ModuleNaming:
     """The family naming of a graph, read from the importer's layer names
     (:mod:`app.importers.hf_config`): the first layer ``wte`` is GPT-2's (and GPTBigCode's)
     token embedding, ``word_embeddings`` with ``encoder.<i>`` blocks BERT's / RoBERTa's,
-    ``shared`` with ``block.<i>`` T5's; any other graph uses Llama's names."""
+    ``shared`` with ``block.<i>`` T5's, ``word_embeddings`` then
+    ``word_embeddings_layernorm`` BLOOM's, ``embed_in`` GPT-NeoX's (Pythia); any other graph
+    uses Llama's names."""
     names = [layer.name for layer in layers]
     first = names[0] if names else ""
     if first == "wte":
         return NAMINGS["gpt2"]
+    if first == "word_embeddings" and "word_embeddings_layernorm" in names:
+        return NAMINGS["bloom"]
+    if first == "embed_in":
+        return NAMINGS["gpt_neox"]
     if first == "word_embeddings" and any(n.startswith("encoder.") for n in names):
         return NAMINGS["bert"]
     if first == "shared" and any(n.startswith("block.") for n in names):
