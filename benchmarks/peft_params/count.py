@@ -1,9 +1,9 @@
 """Check LoRA trainable-parameter counts against the ``peft`` library itself.
 
 For Llama-named decoders (Llama, Mistral, Qwen2/3, Gemma), GPT-2, BERT, T5 (encoder and
-encoder-decoder), BLOOM and GPT-NeoX (Pythia) configs in ``tests/fixtures/hf_configs/``, this
-builds the importer's reference class from the config alone on the meta device (nothing
-downloaded or allocated), applies
+encoder-decoder), BLOOM, GPT-NeoX (Pythia), OPT and Phi-2 configs in
+``tests/fixtures/hf_configs/``, this builds the importer's reference class from the config
+alone on the meta device (nothing downloaded or allocated), applies
 ``peft.get_peft_model`` with each LoRA configuration below and reads
 ``PeftModel.get_nb_trainable_parameters()``; beside it, the service's count
 (``app.domain.peft.lora_trainable_params`` over the imported graph). It writes
@@ -266,6 +266,44 @@ FUSED_QKV_CASES: tuple[Case, ...] = (
     ),
 )
 
+
+# OPT (out_proj, fc1, fc2: models/opt/modeling_opt.py) and Phi-2 (dense, fc1, fc2:
+# models/phi/modeling_phi.py)
+def _fc_cases(out: str) -> tuple[Case, ...]:
+    return (
+        (
+            "r=8 q_proj,v_proj",
+            {"r": 8, "target_modules": ["q_proj", "v_proj"]},
+            LoraConfig(r=8, target_modules=("q_proj", "v_proj")),
+        ),
+        (
+            "r=16 q_proj,v_proj",
+            {"r": 16, "target_modules": ["q_proj", "v_proj"]},
+            LoraConfig(r=16, target_modules=("q_proj", "v_proj")),
+        ),
+        (
+            f"r=16 {out},fc1,fc2",
+            {"r": 16, "target_modules": [out, "fc1", "fc2"]},
+            LoraConfig(r=16, target_modules=(out, "fc1", "fc2")),
+        ),
+        (
+            "r=16 all-linear",
+            {"r": 16, "target_modules": "all-linear"},
+            LoraConfig(r=16, target_kind=LoraKind.ALL_LINEAR),
+        ),
+        (
+            "r=8 attention kind",
+            {"r": 8, "target_modules": rf".*self_attn\.(q_proj|k_proj|v_proj|{out})"},
+            LoraConfig(r=8, target_kind=LoraKind.ATTENTION),
+        ),
+        (
+            "r=8 mlp kind",
+            {"r": 8, "target_modules": r".*\.(fc1|fc2)"},
+            LoraConfig(r=8, target_kind=LoraKind.MLP),
+        ),
+    )
+
+
 MODELS: tuple[tuple[str, tuple[Case, ...]], ...] = (
     *((slug, LLAMA_CASES) for slug in LLAMA_NAMED),
     ("gpt2", GPT2_CASES),
@@ -276,6 +314,9 @@ MODELS: tuple[tuple[str, tuple[Case, ...]], ...] = (
     ("flan-t5-base", T5_FULL_CASES),
     ("bloomz-560m", FUSED_QKV_CASES),
     ("pythia-160m", FUSED_QKV_CASES),
+    ("opt-125m", _fc_cases("out_proj")),
+    ("opt-350m", _fc_cases("out_proj")),
+    ("phi-2", _fc_cases("dense")),
 )
 
 

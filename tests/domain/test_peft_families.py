@@ -114,6 +114,11 @@ def test_gpt2_c_attn_is_one_fused_linear() -> None:
             LoraConfig(r=8, target_modules=("query_key_value",), bias=LoraBias.LORA_ONLY),
             322_560,
         ),
+        # OPT (out_proj, fc1, fc2) and Phi-2 (dense, fc1, fc2)
+        ("opt-125m", LoraConfig(r=16, target_modules=("out_proj", "fc1", "fc2")), 1_769_472),
+        ("opt-350m", LoraConfig(r=16, target_kind=LoraKind.ALL_LINEAR), 7_127_040),
+        ("phi-2", LoraConfig(r=8, target_modules=("q_proj", "v_proj")), 2_621_440),
+        ("phi-2", LoraConfig(r=16, target_modules=("dense", "fc1", "fc2")), 15_728_640),
     ],
 )
 def test_family_counts_are_peft_figures(slug: str, config: LoraConfig, expected: int) -> None:
@@ -170,3 +175,16 @@ def test_t5_cross_attention_is_adapted_and_counted_as_attention() -> None:
     # q, v in 6 encoder self-, 6 decoder self- and 6 cross-attentions: 18 x 2 x 8 x (512 + 512)
     config = LoraConfig(r=8, target_modules=("q", "v"))
     assert lora_trainable_params(_hf("t5-small").layers, config) == 18 * 2 * 8 * 1024
+
+
+def test_opt_and_phi2_get_their_modeling_files_names() -> None:
+    assert module_naming(_hf("opt-125m").layers).family == "opt"
+    assert module_naming(_hf("phi-2").layers).family == "phi"
+    assert module_naming(_hf("phi-3-mini-4k-instruct").layers).family == "llama"
+    names = {m.name for m in linear_modules(_hf("opt-350m").layers)}
+    assert {"layers.0.self_attn.out_proj", "layers.0.mlp.fc1", "layers.0.mlp.fc2"} <= names
+    assert {"project_in", "project_out"} <= names
+    names = {m.name for m in linear_modules(_hf("phi-2").layers)}
+    assert {"layers.0.self_attn.dense", "layers.0.mlp.fc1", "layers.0.mlp.fc2"} <= names
+    with pytest.raises(LoraError):
+        lora_trainable_params(_hf("opt-125m").layers, LoraConfig(target_modules=("o_proj",)))

@@ -51,7 +51,10 @@ internally; they are named as the model family's transformers modeling file name
 * BLOOM (``word_embeddings``, ``word_embeddings_layernorm``) and GPT-NeoX / Pythia
   (``embed_in``): one fused ``query_key_value`` (out q + k + v) and ``dense`` in the
   attention, ``dense_h_to_4h`` / ``dense_4h_to_h`` in the MLP -
-  ``models/bloom/modeling_bloom.py``, ``models/gpt_neox/modeling_gpt_neox.py``.
+  ``models/bloom/modeling_bloom.py``, ``models/gpt_neox/modeling_gpt_neox.py``;
+* OPT (``embed_tokens`` and ``embed_positions``): ``q_proj`` ... ``out_proj``, ``fc1`` /
+  ``fc2`` - ``models/opt/modeling_opt.py``; Phi-2 (``final_layernorm``): ``q_proj`` ...
+  ``dense``, ``fc1`` / ``fc2`` - ``models/phi/modeling_phi.py``.
 
 A module's qualified name is ``<graph layer>.<name>`` (``h.0.attn.c_attn``,
 ``encoder.0.attn.self.query``, ``block.0.attn.q``): a list ``target_modules`` matches on the
@@ -166,6 +169,22 @@ NAMINGS: dict[str, ModuleNaming] = {
         ("dense_h_to_4h", "dense_4h_to_h"),
         fused_qkv=True,
     ),
+    # models/opt/modeling_opt.py: OPTAttention.q_proj / k_proj / v_proj / out_proj,
+    # OPTDecoderLayer.fc1 / fc2
+    "opt": ModuleNaming(
+        "opt",
+        ("q_proj", "k_proj", "v_proj", "out_proj"),
+        ("fc1_gate", "fc1", "fc2"),  # ungated; never matched
+        ("fc1", "fc2"),
+    ),
+    # models/phi/modeling_phi.py (Phi-2): PhiAttention.q_proj / k_proj / v_proj / dense,
+    # PhiMLP.fc1 / fc2
+    "phi": ModuleNaming(
+        "phi",
+        ("q_proj", "k_proj", "v_proj", "dense"),
+        ("fc1_gate", "fc1", "fc2"),  # ungated; never matched
+        ("fc1", "fc2"),
+    ),
     "t5": ModuleNaming(
         "t5",
         ("q", "k", "v", "o"),
@@ -181,8 +200,9 @@ def module_naming(layers: Sequence[LayerAnalysis]) -> ModuleNaming:
     (:mod:`app.importers.hf_config`): the first layer ``wte`` is GPT-2's (and GPTBigCode's)
     token embedding, ``word_embeddings`` with ``encoder.<i>`` blocks BERT's / RoBERTa's,
     ``shared`` with ``block.<i>`` T5's, ``word_embeddings`` then
-    ``word_embeddings_layernorm`` BLOOM's, ``embed_in`` GPT-NeoX's (Pythia); any other graph
-    uses Llama's names."""
+    ``word_embeddings_layernorm`` BLOOM's, ``embed_in`` GPT-NeoX's (Pythia), ``embed_tokens``
+    with ``embed_positions`` OPT's, ``embed_tokens`` with ``final_layernorm`` Phi-2's; any other
+    graph uses Llama's names."""
     names = [layer.name for layer in layers]
     first = names[0] if names else ""
     if first == "wte":
@@ -191,6 +211,10 @@ def module_naming(layers: Sequence[LayerAnalysis]) -> ModuleNaming:
         return NAMINGS["bloom"]
     if first == "embed_in":
         return NAMINGS["gpt_neox"]
+    if first == "embed_tokens" and "embed_positions" in names:
+        return NAMINGS["opt"]
+    if first == "embed_tokens" and "final_layernorm" in names:
+        return NAMINGS["phi"]
     if first == "word_embeddings" and any(n.startswith("encoder.") for n in names):
         return NAMINGS["bert"]
     if first == "shared" and any(n.startswith("block.") for n in names):
