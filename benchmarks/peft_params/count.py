@@ -1,8 +1,8 @@
 """Check LoRA trainable-parameter counts against the ``peft`` library itself.
 
 For Llama-named decoders (Llama, Mistral, Qwen2/3, Gemma), GPT-2, BERT, T5 (encoder and
-encoder-decoder), BLOOM, GPT-NeoX (Pythia), OPT and Phi-2 configs in
-``tests/fixtures/hf_configs/``, this builds the importer's reference class from the config
+encoder-decoder), BLOOM, GPT-NeoX (Pythia), OPT, Phi-2, DeepSeek (MLA) and gpt-oss configs
+in ``tests/fixtures/hf_configs/``, this builds the importer's reference class from the config
 alone on the meta device (nothing downloaded or allocated), applies
 ``peft.get_peft_model`` with each LoRA configuration below and reads
 ``PeftModel.get_nb_trainable_parameters()``; beside it, the service's count
@@ -304,6 +304,53 @@ def _fc_cases(out: str) -> tuple[Case, ...]:
     )
 
 
+# Multi-head latent attention (models/deepseek_v2, deepseek_v3/modeling_*.py): q_proj, or
+# q_a_proj and q_b_proj; kv_a_proj_with_mqa, kv_b_proj, o_proj. MoE experts are 3-d
+# parameters in transformers 5.23, not Linear modules: only the attention is compared.
+_MLA_REGEX = r".*self_attn\.(q_proj|q_a_proj|q_b_proj|kv_a_proj_with_mqa|kv_b_proj|o_proj)"
+
+
+def _mla_cases(q: tuple[str, ...]) -> tuple[Case, ...]:
+    names = (*q, "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")
+    return (
+        (
+            f"r=8 {','.join(names)}",
+            {"r": 8, "target_modules": list(names)},
+            LoraConfig(r=8, target_modules=names),
+        ),
+        (
+            "r=16 kv_b_proj",
+            {"r": 16, "target_modules": ["kv_b_proj"]},
+            LoraConfig(r=16, target_modules=("kv_b_proj",)),
+        ),
+        (
+            "r=16 attention kind",
+            {"r": 16, "target_modules": _MLA_REGEX},
+            LoraConfig(r=16, target_kind=LoraKind.ATTENTION),
+        ),
+    )
+
+
+# gpt-oss: biased q/k/v/o and per-head sinks (a parameter, not a Linear)
+GPT_OSS_CASES: tuple[Case, ...] = (
+    (
+        "r=8 q,k,v,o",
+        {"r": 8, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]},
+        LoraConfig(r=8, target_modules=("q_proj", "k_proj", "v_proj", "o_proj")),
+    ),
+    (
+        "r=16 q_proj,v_proj",
+        {"r": 16, "target_modules": ["q_proj", "v_proj"]},
+        LoraConfig(r=16, target_modules=("q_proj", "v_proj")),
+    ),
+    (
+        "r=8 q,v bias=lora_only",
+        {"r": 8, "target_modules": ["q_proj", "v_proj"], "bias": "lora_only"},
+        LoraConfig(r=8, target_modules=("q_proj", "v_proj"), bias=LoraBias.LORA_ONLY),
+    ),
+)
+
+
 MODELS: tuple[tuple[str, tuple[Case, ...]], ...] = (
     *((slug, LLAMA_CASES) for slug in LLAMA_NAMED),
     ("gpt2", GPT2_CASES),
@@ -317,6 +364,9 @@ MODELS: tuple[tuple[str, tuple[Case, ...]], ...] = (
     ("opt-125m", _fc_cases("out_proj")),
     ("opt-350m", _fc_cases("out_proj")),
     ("phi-2", _fc_cases("dense")),
+    ("deepseek-v2-lite-chat", _mla_cases(("q_proj",))),
+    ("deepseek-v3", _mla_cases(("q_a_proj", "q_b_proj"))),
+    ("gpt-oss-20b", GPT_OSS_CASES),
 )
 
 

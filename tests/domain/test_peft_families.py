@@ -119,6 +119,25 @@ def test_gpt2_c_attn_is_one_fused_linear() -> None:
         ("opt-350m", LoraConfig(r=16, target_kind=LoraKind.ALL_LINEAR), 7_127_040),
         ("phi-2", LoraConfig(r=8, target_modules=("q_proj", "v_proj")), 2_621_440),
         ("phi-2", LoraConfig(r=16, target_modules=("dense", "fc1", "fc2")), 15_728_640),
+        # multi-head latent attention (DeepSeek) and gpt-oss' biased attention with sinks
+        (
+            "deepseek-v2-lite-chat",
+            LoraConfig(r=8, target_modules=("q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")),
+            3_552_768,
+        ),
+        ("deepseek-v2-lite-chat", LoraConfig(r=16, target_kind=LoraKind.ATTENTION), 7_105_536),
+        ("deepseek-v3", LoraConfig(r=16, target_modules=("kv_b_proj",)), 32_481_280),
+        ("deepseek-v3", LoraConfig(r=16, target_kind=LoraKind.ATTENTION), 97_006_592),
+        (
+            "gpt-oss-20b",
+            LoraConfig(r=8, target_modules=("q_proj", "k_proj", "v_proj", "o_proj")),
+            3_981_312,
+        ),
+        (
+            "gpt-oss-20b",
+            LoraConfig(r=8, target_modules=("q_proj", "v_proj"), bias=LoraBias.LORA_ONLY),
+            2_101_248,
+        ),
     ],
 )
 def test_family_counts_are_peft_figures(slug: str, config: LoraConfig, expected: int) -> None:
@@ -188,3 +207,23 @@ def test_opt_and_phi2_get_their_modeling_files_names() -> None:
     assert {"layers.0.self_attn.dense", "layers.0.mlp.fc1", "layers.0.mlp.fc2"} <= names
     with pytest.raises(LoraError):
         lora_trainable_params(_hf("opt-125m").layers, LoraConfig(target_modules=("o_proj",)))
+
+
+def test_latent_attention_gets_deepseeks_module_names() -> None:
+    """DeepseekV2/V3Attention's Linear modules; its norm weights are neither Linear nor biases
+    (LoRA on DeepSeek-V3 and gpt-oss raised KeyError before, V2-Lite got q/k/v/o names)."""
+    modules = {m.name.rsplit(".", 1)[-1]: m for m in linear_modules(_hf("deepseek-v3").layers)}
+    assert {"q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"} <= set(modules)
+    assert not {"k_proj", "v_proj"} & set(modules)
+    q_a, kv_b = modules["q_a_proj"], modules["kv_b_proj"]
+    assert (q_a.in_features, q_a.out_features, q_a.bias) == (7168, 1536, False)
+    assert (kv_b.in_features, kv_b.out_features) == (512, 128 * (128 + 128))
+    lite = {
+        m.name.rsplit(".", 1)[-1]: m for m in linear_modules(_hf("deepseek-v2-lite-chat").layers)
+    }
+    assert lite["o_proj"].bias is False
+    assert "q_a_proj" not in lite
+    assert "q_proj" in lite
+    oss = [m for m in linear_modules(_hf("gpt-oss-20b").layers) if m.kind == "attention"]
+    assert len(oss) == 24 * 4
+    assert all(m.bias for m in oss)

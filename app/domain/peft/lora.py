@@ -366,27 +366,61 @@ def linear_modules(layers: Sequence[LayerAnalysis]) -> list[LoraModule]:
 def _attention_modules(
     layer: LayerAnalysis, index: int, rows: int, naming: ModuleNaming
 ) -> list[LoraModule]:
-    """The q, k, v, o Linear modules of an attention op (q, k, v fused into one under
-    ``naming.fused_qkv``, its out_features theirs summed)."""
+    """The Linear modules of an attention op: q, k, v, o (q, k, v fused into one under
+    ``naming.fused_qkv``, its out_features theirs summed), or multi-head latent attention's
+    (:func:`_mla_parts`). Its other vectors are biases in the op's order (q, k, v when
+    ``qkv_bias``, then o) and, after them, parameters that are not a Linear's (gpt-oss'
+    ``sinks``, one logit a head)."""
     shapes = layer.result.param_shapes
     matrices = [s for s in shapes if len(s) == 2]
-    biases = [s for s in shapes if len(s) == 1]
-    # biases: q, k, v (qkv_bias), then o (out_bias)
-    with_bias: tuple[bool, ...] = {
-        0: (False,) * 4,
-        1: (False, False, False, True),
-        3: (True, True, True, False),
-        4: (True,) * 4,
-    }[len(biases)]
-    parts = list(zip(naming.attention, matrices, with_bias, strict=True))
-    if naming.fused_qkv:
-        qkv_out = sum(out for _, (out, _), _ in parts[:3])
-        features = parts[0][1][1]
-        parts = [(naming.attention[0], (qkv_out, features), with_bias[0]), parts[3]]
+    vectors = [s for s in shapes if len(s) == 1]
+    mla = _mla_parts(matrices, vectors)
+    if mla is not None:
+        parts = mla
+    else:
+        (q_out, _), (kv_out, _), _, (o_out, _) = matrices
+        qkv_bias = vectors[:3] == [(q_out,), (kv_out,), (kv_out,)]
+        rest = vectors[3:] if qkv_bias else vectors
+        out_bias = bool(rest) and rest[0] == (o_out,)
+        with_bias = (qkv_bias, qkv_bias, qkv_bias, out_bias)
+        parts = list(zip(naming.attention, matrices, with_bias, strict=True))
+        if naming.fused_qkv:
+            qkv_out = sum(out for _, (out, _), _ in parts[:3])
+            features = parts[0][1][1]
+            parts = [(naming.attention[0], (qkv_out, features), with_bias[0]), parts[3]]
     return [
         LoraModule(f"{layer.name}.{name}", index, features, out, has_bias, rows, False, "attention")
         for name, (out, features), has_bias in parts
     ]
+
+
+def _mla_parts(
+    matrices: Sequence[tuple[int, ...]], vectors: Sequence[tuple[int, ...]]
+) -> list[tuple[str, tuple[int, ...], bool]] | None:
+    """Multi-head latent attention's Linear modules as ``DeepseekV2Attention`` /
+    ``DeepseekV3Attention`` (transformers 5.23) name them, from the op's parameter shapes
+    (:func:`app.domain.graph.llm_variants.mla_param_shapes`: ``q_proj``, or ``q_b_proj`` and
+    ``q_a_proj``; ``kv_a_proj_with_mqa``, ``kv_b_proj``, ``o_proj``); None for q/k/v/o
+    attention, whose k and v matrices have one shape. The ``q_a_layernorm`` and
+    ``kv_a_layernorm`` weights are not Linear; ``q_a_proj``, ``kv_a_proj_with_mqa`` and
+    ``o_proj`` carry a bias with ``attention_bias``."""
+    if len(matrices) == 4 and matrices[1] == matrices[2]:
+        return None
+    if len(matrices) not in (4, 5):
+        return None
+    latent, o_out = matrices[-3][0], matrices[-1][0]
+    kv_a_bias = (latent,) in vectors
+    o_bias = (o_out,) in vectors
+    tail = [
+        ("kv_a_proj_with_mqa", matrices[-3], kv_a_bias),
+        ("kv_b_proj", matrices[-2], False),
+        ("o_proj", matrices[-1], o_bias),
+    ]
+    if len(matrices) == 4:
+        return [("q_proj", matrices[0], False), *tail]
+    q_rank = matrices[1][0]
+    q_a_bias = vectors.count((q_rank,)) >= 2  # q_a_layernorm's weight, then q_a_proj's bias
+    return [("q_b_proj", matrices[0], False), ("q_a_proj", matrices[1], q_a_bias), *tail]
 
 
 def output_head(layers: Sequence[LayerAnalysis], modules: Sequence[LoraModule]) -> str | None:
