@@ -351,6 +351,26 @@ GPT_OSS_CASES: tuple[Case, ...] = (
 )
 
 
+# MoE shared experts (Linear gate_proj / up_proj / down_proj; routed experts are 3-d
+# parameters in transformers 5.23). Qwen2-MoE's shared_expert_gate and Llama-4's router are
+# left out by the service, so all-linear is not compared. DeepSeek is not compared either:
+# there peft 0.21.2 also adapts the fused routed experts (experts.gate_up_proj / down_proj as
+# parameters) when gate_proj / up_proj / down_proj are targeted, which the service does not model.
+_SHARED_MLP = ("gate_proj", "up_proj", "down_proj")
+MOE_CASES: tuple[Case, ...] = (
+    (
+        "r=8 gate,up,down",
+        {"r": 8, "target_modules": list(_SHARED_MLP)},
+        LoraConfig(r=8, target_modules=_SHARED_MLP),
+    ),
+    (
+        "r=16 gate,up,down",
+        {"r": 16, "target_modules": list(_SHARED_MLP)},
+        LoraConfig(r=16, target_modules=_SHARED_MLP),
+    ),
+)
+
+
 MODELS: tuple[tuple[str, tuple[Case, ...]], ...] = (
     *((slug, LLAMA_CASES) for slug in LLAMA_NAMED),
     ("gpt2", GPT2_CASES),
@@ -367,6 +387,8 @@ MODELS: tuple[tuple[str, tuple[Case, ...]], ...] = (
     ("deepseek-v2-lite-chat", _mla_cases(("q_proj",))),
     ("deepseek-v3", _mla_cases(("q_a_proj", "q_b_proj"))),
     ("gpt-oss-20b", GPT_OSS_CASES),
+    ("qwen1.5-moe-a2.7b", MOE_CASES),
+    ("llama-4-scout-17b-16e-text", MOE_CASES),
 )
 
 

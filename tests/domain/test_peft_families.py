@@ -138,6 +138,17 @@ def test_gpt2_c_attn_is_one_fused_linear() -> None:
             LoraConfig(r=8, target_modules=("q_proj", "v_proj"), bias=LoraBias.LORA_ONLY),
             2_101_248,
         ),
+        # MoE: the shared expert's Linear gate/up/down (routed experts are 3-d parameters)
+        (
+            "qwen1.5-moe-a2.7b",
+            LoraConfig(r=8, target_modules=("gate_proj", "up_proj", "down_proj")),
+            4_423_680,
+        ),
+        (
+            "llama-4-scout-17b-16e-text",
+            LoraConfig(r=16, target_modules=("gate_proj", "up_proj", "down_proj")),
+            30_670_848,
+        ),
     ],
 )
 def test_family_counts_are_peft_figures(slug: str, config: LoraConfig, expected: int) -> None:
@@ -227,3 +238,19 @@ def test_latent_attention_gets_deepseeks_module_names() -> None:
     oss = [m for m in linear_modules(_hf("gpt-oss-20b").layers) if m.kind == "attention"]
     assert len(oss) == 24 * 4
     assert all(m.bias for m in oss)
+
+
+def test_moe_shared_experts_are_the_moe_blocks_linear_modules() -> None:
+    """Qwen2-MoE / Llama-4 ``shared_expert``, DeepSeek ``shared_experts``; no routed expert
+    (3-d parameters in transformers 5.23) and no MoE module in Qwen3-MoE or Mixtral."""
+    names = {m.name for m in linear_modules(_hf("qwen1.5-moe-a2.7b").layers)}
+    assert "layers.0.mlp.shared_expert.gate_proj" in names
+    assert not any("shared_expert_gate" in n for n in names)
+    names = {m.name for m in linear_modules(_hf("deepseek-v2-lite-chat").layers)}
+    assert "layers_1.0.mlp.shared_experts.down_proj" in names
+    names = {m.name for m in linear_modules(_hf("llama-4-scout-17b-16e-text").layers)}
+    assert "layers.0.feed_forward.shared_expert.up_proj" in names
+    assert not any(m.kind == "mlp" for m in linear_modules(_hf("qwen3-30b-a3b").layers))
+    # 24 layers x 3 shared-expert projections: r x (2048 + 5632) each
+    config = LoraConfig(r=8, target_modules=("gate_proj", "up_proj", "down_proj"))
+    assert lora_trainable_params(_hf("qwen1.5-moe-a2.7b").layers, config) == 24 * 3 * 8 * 7680

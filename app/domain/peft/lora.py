@@ -350,6 +350,8 @@ def linear_modules(layers: Sequence[LayerAnalysis]) -> list[LoraModule]:
             )
         elif layer.op == "attention":
             modules += _attention_modules(layer, index, rows, naming)
+        elif layer.op == "moe":
+            modules += _moe_modules(layer, index, rows)
         elif layer.op == "mlp":
             matrices = [s for s in shapes if len(s) == 2]
             biased = any(len(s) == 1 for s in shapes)
@@ -361,6 +363,37 @@ def linear_modules(layers: Sequence[LayerAnalysis]) -> list[LoraModule]:
                     )
                 )
     return modules
+
+
+def _moe_modules(layer: LayerAnalysis, index: int, rows: int) -> list[LoraModule]:
+    """The shared expert's Linear modules of a MoE op, as transformers 5.23 names them:
+    ``gate_proj`` / ``up_proj`` / ``down_proj`` of ``shared_expert`` (Qwen2-MoE, Llama-4) or
+    ``shared_experts`` (DeepSeek). Routed experts are 3-d parameters there (``*Experts``), not
+    Linear modules, and so are most routers (``*TopKRouter``). Llama-4's ``router``
+    (``Llama4Router(nn.Linear)``, out = experts) and Qwen2-MoE's ``shared_expert_gate`` (out 1)
+    are Linear in PEFT's eyes but are not offered here: :func:`lora_plan` refuses a rank above a
+    module's width, which would refuse ``all-linear`` at any useful rank; PEFT's all-linear
+    adapts them too (r x (hidden + out) each more). With transformers 5.23, peft 0.21.2 also
+    adapts DeepSeek-V2/V3's fused routed experts (as parameters) when ``gate_proj`` /
+    ``up_proj`` / ``down_proj`` are targeted; that is not modelled (the count is lower there).
+    The op's matrices are the router, every
+    expert's projections, then the shared expert's and its gate
+    (:func:`app.domain.graph.llm_variants.moe_extra_param_shapes`)."""
+    matrices = [s for s in layer.result.param_shapes if len(s) == 2]
+    experts, hidden = matrices[0]
+    gate = matrices[-1] == (1, hidden)
+    rest = len(matrices) - 1 - gate
+    projections = rest // (experts + 1) if rest % (experts + 1) == 0 else 0
+    if projections not in (2, 3) or rest == experts * projections:
+        return []  # no shared expert
+    shared = matrices[len(matrices) - gate - projections : len(matrices) - gate]
+    llama4 = layer.name.endswith("feed_forward")  # Llama4TextDecoderLayer.feed_forward
+    owner = "shared_expert" if gate or llama4 else "shared_experts"
+    names = ("gate_proj", "up_proj", "down_proj")[3 - projections :]
+    return [
+        LoraModule(f"{layer.name}.{owner}.{name}", index, features, out, False, rows, False, "mlp")
+        for name, (out, features) in zip(names, shared, strict=True)
+    ]
 
 
 def _attention_modules(
