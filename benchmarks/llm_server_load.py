@@ -11,6 +11,12 @@ caches cleared), how many candidates were simulated and how many the objective f
 the best answers with their replicas and fleet cost, and for each simulated answer how far the
 p99s move when the simulated arrivals are doubled (the issue's stability criterion: < 5 %).
 A default recommendation (offline, no bounds) is timed beside it: it must stay < 0.5 s.
+
+Then the same question with the requests' lengths spread: fixed lengths (every request at the
+mean prompt 512 / output 128) against lognormal prompts (mean 512, p99 2048) and outputs
+(mean 128, p99 512), the same maxima (3072 + 1024 tokens: llama-2-7b's 4096 context), on the
+devices the fixed answer ranks first: rate per replica, TTFT / TPOT p99, sequences in flight,
+replicas and fleet cost side by side, the drawn p99 lengths and the CPU time of each request.
 """
 
 from __future__ import annotations
@@ -41,6 +47,19 @@ LLM: dict[str, Any] = {
     "scenario": "server",
     "throughput_target_per_s": 100,
     "limit": 2000,
+}
+SPREAD_BASE: dict[str, Any] = {
+    **LLM,
+    "prompt_tokens": 3072,
+    "generated_tokens": 1024,
+    "ttft_p99_ms": 2000,
+    "tpot_p99_ms": 200,
+}
+FIXED = {**SPREAD_BASE, "prompt_tokens_mean": 512, "generated_tokens_mean": 128}
+LOGNORMAL = {
+    **{k: v for k, v in SPREAD_BASE.items() if not k.endswith("_mean")},
+    "prompt_length_distribution": {"kind": "lognormal", "mean_tokens": 512, "p99_tokens": 2048},
+    "generated_length_distribution": {"kind": "lognormal", "mean_tokens": 128, "p99_tokens": 512},
 }
 CASES: list[tuple[str, dict[str, Any]]] = [
     ("llama-2-7b, TTFT 2 s / TPOT 200 ms", {**LLM, "ttft_p99_ms": 2000, "tpot_p99_ms": 200}),
@@ -105,8 +124,66 @@ def main() -> int:
                     f"{load.tpot_p99_ms:.1f} | {load.mean_sequences_in_flight:.1f} of "
                     f"{load.max_num_seqs} | {load.limited_by} | {c.devices_needed} | {fleet} |"
                 )
+        for bounds in ((2000, 200), (500, 30)):
+            ok &= _compare(sessions, *bounds)
         engine.dispose()
     return 0 if ok else 1
+
+
+def _timed(sessions: Any, case: dict[str, Any]) -> tuple[Any, float]:
+    payload = InferenceRecommendationRequest.model_validate(case)
+    with sessions() as session:
+        clear_caches()
+        cpu = time.process_time()
+        result = recommend(session, payload=payload)
+        return result, (time.process_time() - cpu) * 1000
+
+
+def _compare(sessions: Any, ttft_ms: float, tpot_ms: float) -> bool:
+    """Fixed vs lognormal lengths, the same means and maxima: print both answers' figures on
+    the fixed answer's first devices; True when every simulated answer is stable."""
+    bounds = {"ttft_p99_ms": ttft_ms, "tpot_p99_ms": tpot_ms}
+    fixed, fixed_ms = _timed(sessions, {**FIXED, **bounds})
+    spread, spread_ms = _timed(sessions, {**LOGNORMAL, **bounds})
+    print(
+        f"\n## fixed vs lognormal lengths (llama-2-7b, TTFT {ttft_ms:g} ms / TPOT {tpot_ms:g} ms, "
+        "100 requests/s)"
+    )
+    print(f"cold CPU: fixed {fixed_ms:.0f} ms, lognormal {spread_ms:.0f} ms")
+    by_device = {c.device: c for c in spread.candidates if c.llm_server is not None}
+    sample = next(iter(by_device.values()), None)
+    if sample is not None and sample.llm_server is not None and sample.llm_server.lengths:
+        drawn = sample.llm_server.lengths
+        print(
+            f"drawn: prompts mean {drawn.prompt.mean_tokens:.0f}, p99 {drawn.prompt.p99_tokens}; "
+            f"outputs mean {drawn.generated.mean_tokens:.0f}, p99 {drawn.generated.p99_tokens} "
+            f"(sigma {drawn.prompt.sigma:.3f} / {drawn.generated.sigma:.3f})"
+        )
+    print("| device | lengths | rate/s per replica | TTFT p99 ms | TPOT p99 ms | in flight | "
+          "limited by | drift | replicas | fleet USD/h |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    stable = True
+    for c in [c for c in fixed.candidates if c.eligible][:5]:
+        for label, row in (("fixed", c), ("lognormal", by_device.get(c.device))):
+            load = None if row is None else row.llm_server
+            if row is None or load is None:
+                print(f"| {c.device} | {label} | - | - | - | - | - | - | - | - |")
+                continue
+            stable &= load.stable
+            fleet = "-" if row.fleet_cost_usd_per_hour is None else (
+                f"{row.fleet_cost_usd_per_hour:.2f}")  # fmt: skip
+            print(
+                f"| {c.device} | {label} | {load.arrival_rate_per_s:.3g} | "
+                f"{load.ttft_p99_ms:.0f} | {load.tpot_p99_ms:.1f} | "
+                f"{load.mean_sequences_in_flight:.1f} of {load.max_num_seqs} | "
+                f"{load.limited_by} | {load.p99_drift:.1%} | {row.devices_needed} | {fleet} |"
+            )
+    worst = max(
+        (c.llm_server.p99_drift for c in spread.candidates if c.llm_server is not None),
+        default=0.0,
+    )
+    print(f"lognormal: largest p99 move when the arrivals are doubled {worst:.1%} (< 5 %)")
+    return stable
 
 
 if __name__ == "__main__":

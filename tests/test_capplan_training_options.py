@@ -16,7 +16,7 @@ from tests.test_capplan import http, recorded, run  # noqa: F401 - the fixture
 
 FLAGS = ("--mode", "training", "--optimizer-in-backward", "--loss-chunks", "8",
          "--tokens-per-batch", "4096", "--keep-gradients", "--activation-offload",
-         "--zero", "3", "--dp", "2", "--cpu-offload")  # fmt: skip
+         "--zero", "3", "--dp", "2", "--cpu-offload", "--compile")  # fmt: skip
 
 
 def test_every_training_option_flag_reaches_the_body() -> None:
@@ -29,10 +29,11 @@ def test_every_training_option_flag_reaches_the_body() -> None:
     } == {"optimizer_in_backward": True, "loss_chunks": 8, "tokens_per_batch": 4096,
           "keep_gradients": True, "activation_offload": True}  # fmt: skip
     assert body["parallelism"] == {"data": 2, "zero_stage": 3, "cpu_offload": True}
+    assert body["compile"] is True
     _, bodies = recorded("estimate", "gpt-2", "--mode", "training")
     plain = bodies["/v1/estimates/memory"]
     for key in ("optimizer_in_backward", "loss_chunks", "tokens_per_batch", "keep_gradients",
-                "activation_offload", "parallelism"):  # fmt: skip
+                "activation_offload", "parallelism", "compile"):  # fmt: skip
         assert key not in plain
 
 

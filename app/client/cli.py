@@ -180,6 +180,7 @@ def _workload_args(parser: argparse.ArgumentParser, *, model: bool = True) -> No
         ("--keep-gradients", "zero_grad(set_to_none=False): gradients kept between steps"),
         ("--activation-offload", "saved activations offloaded to pinned host memory (CUDA)"),
         ("--cpu-offload", "ZeRO-3 / FSDP (--zero 3): shards and optimizer on the host"),
+        ("--compile", "torch.compile (Inductor): pointwise chains recomputed in backward"),
     ):
         tuning.add_argument(flag, action="store_true", help=text)
     tuning.add_argument("--loss-chunks", type=IntIn(1, MAX_LOSS_CHUNKS), metavar="N",

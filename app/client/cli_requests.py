@@ -87,7 +87,7 @@ def _workload(args: argparse.Namespace) -> Json:
             spec[key] = value
     if args.fp32_grad_buffer:
         spec["fp32_grad_buffer"] = True
-    for key in ("optimizer_in_backward", "keep_gradients", "activation_offload"):
+    for key in ("optimizer_in_backward", "keep_gradients", "activation_offload", "compile"):
         if getattr(args, key, False):
             spec[key] = True
     for key in ("loss_chunks", "tokens_per_batch"):

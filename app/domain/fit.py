@@ -141,13 +141,15 @@ def fit(required: Requirement, usable_bytes: int) -> Fit:
 class EngineStageNeed:
     """What one GPU of a serving engine's pipeline stage spends before its KV cache, and the
     KV cache it must hold [B] (app.domain.engines: weights, profile-run peak, memory outside
-    the allocator, a CUDA-graph pool the engine sizes before its KV cache, KV bytes a token)."""
+    the allocator, a CUDA-graph pool the engine sizes before its KV cache, KV bytes a token,
+    buffers built with the weights such as vLLM's rotary cos/sin cache)."""
 
     weights_bytes: int
     peak_bytes: int
     non_torch_bytes: int
     graphs_bytes: int  # 0 where the engine captures its graphs after sizing the KV cache
     kv_bytes_per_token: int
+    rotary_cache_bytes: int = 0
 
 
 def engine_kv_bytes_needed(
@@ -196,7 +198,8 @@ def engine_requirement(
     The engine claims ``gpu_memory_utilization`` of what the GPU shows and sizes its KV pool
     as the claim less weights, profile peak and memory outside the allocator, so it starts
     (with that concurrency) on a GPU showing ``V`` bytes exactly when ``floor(utilization x V)
-    >= weights + peak + non-torch + graphs + KV needed`` on the stage that needs most; the
+    >= weights + rotary cache + peak + non-torch + graphs + KV needed`` on the stage that
+    needs most; the
     requirement is the least such ``V`` (:func:`smallest_claiming`), and :func:`fits` against
     the memory the GPU shows is the engine's own verdict. Lines: the stage's parts, then the
     ``1 - utilization`` the engine leaves unclaimed (its own margin: no safety margin is
@@ -212,7 +215,12 @@ def engine_requirement(
             max_model_len=max_model_len,
             block_size=block_size,
         )
-        spent = stage.weights_bytes + stage.peak_bytes + stage.non_torch_bytes
+        spent = (
+            stage.weights_bytes
+            + stage.rotary_cache_bytes
+            + stage.peak_bytes
+            + stage.non_torch_bytes
+        )
         # vLLM refuses a pool of zero bytes even without KV layers (NO_MEMORY_MESSAGE)
         totals.append((spent + stage.graphs_bytes + max(kv, 1), kv, stage))
     total, kv, worst = max(totals, key=lambda item: item[0])
@@ -226,6 +234,12 @@ def engine_requirement(
             bytes=worst.weights_bytes,
             formula=f"{worst.weights_bytes:,} [B weights on one GPU{where}] "
             f"= {worst.weights_bytes:,} B",
+        ),
+        RequirementLine(
+            key="engine_rotary_cache",
+            bytes=worst.rotary_cache_bytes,
+            formula=f"{worst.rotary_cache_bytes:,} [B rotary cos/sin cache built with the "
+            f"weights{where}] = {worst.rotary_cache_bytes:,} B",
         ),
         RequirementLine(
             key="engine_profile_peak",
@@ -243,6 +257,7 @@ def engine_requirement(
             key="engine_kv_cache",
             bytes=total
             - worst.weights_bytes
+            - worst.rotary_cache_bytes
             - worst.peak_bytes
             - worst.non_torch_bytes
             - worst.graphs_bytes,

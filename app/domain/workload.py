@@ -77,6 +77,12 @@ class TrainingOptionError(WorkloadInputError):
         self.field = field
 
 
+COMPILE_WITH_ENGINE = (
+    "compile describes a PyTorch model run under torch.compile; a serving engine compiles by "
+    "its own configuration (vLLM compilation_config), which the engine's figures already hold"
+)
+
+
 class Mode(StrEnum):
     """What the model is doing."""
 
@@ -132,6 +138,40 @@ class Runtime(StrEnum):
     CPU = "pytorch_cpu"
 
 
+# DeepSpeed's defaults, deepspeed/runtime/zero/config.py DeepSpeedZeroConfig (DeepSpeed 0.16+):
+# reduce_bucket_size pp_int(5e8), stage3_prefetch_bucket_size pp_int(5e7),
+# stage3_max_live_parameters pp_int(1e9) [elements].
+DEEPSPEED_REDUCE_BUCKET_SIZE = 500_000_000
+DEEPSPEED_PREFETCH_BUCKET_SIZE = 50_000_000
+DEEPSPEED_MAX_LIVE_PARAMETERS = 1_000_000_000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeepSpeedBuffers:
+    """DeepSpeed ZeRO's GPU working set knobs [elements], DeepSpeed's defaults when not given.
+
+    ``reduce_bucket_size``: the contiguous gradient (IPG) bucket, ``torch.empty(
+    reduce_bucket_size)`` in the model's dtype on the GPU (stage_1_and_2.py ``backward``,
+    stage3.py ``_setup_for_real_optimizer``, contiguous_gradients=True by default).
+    ``stage3_prefetch_bucket_size``: parameter elements fetched ahead of use (ZeRO-3).
+    ``stage3_max_live_parameters``: at most this many gathered parameter elements resident.
+    """
+
+    reduce_bucket_size: int = DEEPSPEED_REDUCE_BUCKET_SIZE
+    stage3_prefetch_bucket_size: int = DEEPSPEED_PREFETCH_BUCKET_SIZE
+    stage3_max_live_parameters: int = DEEPSPEED_MAX_LIVE_PARAMETERS
+
+    def __post_init__(self) -> None:
+        for name in ("reduce_bucket_size", "stage3_prefetch_bucket_size",
+                     "stage3_max_live_parameters"):  # fmt: skip
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise TrainingOptionError(
+                    f"parallelism.deepspeed.{name} must be an integer >= 0, got {value!r}",
+                    field=f"parallelism/deepspeed/{name}",
+                )
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Parallelism:
     """Parallel degrees; the estimate is per device."""
@@ -145,7 +185,26 @@ class Parallelism:
     gradient_as_bucket_view: bool = False
     # FSDP CPUOffload(offload_params=True) / DeepSpeed ZeRO-3 offload_param + offload_optimizer:
     # parameters, gradients and optimizer state live on the host; the GPU gathers one unit.
+    # ZeRO-2: DeepSpeed offload_optimizer (gradients, optimizer state, master weights on the
+    # host; the 16-bit weights stay on the GPU).
     cpu_offload: bool = False
+    # DeepSpeed's ZeRO buffers (None: DeepSpeed's defaults where DeepSpeed is implied: ZeRO on
+    # one data rank, or ZeRO-2 with cpu_offload; FSDP's rules otherwise)
+    deepspeed: DeepSpeedBuffers | None = None
+
+    @property
+    def uses_deepspeed(self) -> bool:
+        """Whether the ZeRO lines are DeepSpeed's: asked for, or implied (ZeRO on one data
+        rank: FSDP shards nothing there; ZeRO-2 offload is DeepSpeed's offload_optimizer)."""
+        if not self.zero_stage:
+            return False
+        implied = self.data == 1 or (self.zero_stage == 2 and self.cpu_offload)
+        return self.deepspeed is not None or implied
+
+    @property
+    def deepspeed_buffers(self) -> DeepSpeedBuffers:
+        """The DeepSpeed knobs in force (DeepSpeed's defaults for those not given)."""
+        return self.deepspeed or DeepSpeedBuffers()
 
     def __post_init__(self) -> None:
         # The estimate divides by these degrees.
@@ -157,10 +216,17 @@ class Parallelism:
                 )
         if self.zero_stage not in (0, 1, 2, 3):
             raise WorkloadInputError(f"parallelism.zero_stage must be 0-3, got {self.zero_stage!r}")
-        if self.cpu_offload and self.zero_stage != 3:
+        if self.cpu_offload and self.zero_stage < 2:
             raise TrainingOptionError(
-                "parallelism.cpu_offload offloads a sharded model: it needs zero_stage 3 (FSDP)",
+                "parallelism.cpu_offload offloads ZeRO's partitions: it needs zero_stage 3 "
+                "(FSDP / DeepSpeed offload_param + offload_optimizer) or 2 (DeepSpeed "
+                "offload_optimizer); ZeRO-1 keeps every gradient on the GPU",
                 field="parallelism/cpu_offload",
+            )
+        if self.deepspeed is not None and not self.zero_stage:
+            raise TrainingOptionError(
+                "parallelism.deepspeed sizes DeepSpeed ZeRO's buffers: it needs zero_stage 1-3",
+                field="parallelism/deepspeed",
             )
 
 
@@ -412,6 +478,8 @@ DEFAULTS: tuple[DefaultRule, ...] = (
     DefaultRule("keep_gradients", "false: zero_grad(set_to_none=True)", "PyTorch 2.x default"),
     DefaultRule("activation_offload", "false", "training on CUDA"),
     DefaultRule("parallelism.cpu_offload", "false", "ZeRO-3 / FSDP on CUDA"),
+    DefaultRule("compile", "false: eager mode", "torch.compile (Inductor, mode default) when "
+                "true: pointwise chains recomputed in backward (torch/_functorch/partitioners.py)"),
     DefaultRule("cuda_context_bytes", "the CUDA context table's figure for the GPU's compute "
                 "capability, CUDA 12 with lazy module loading (400 MiB for a GPU with no own "
                 "figure); a hardware profile's figure first",
@@ -449,6 +517,9 @@ class TrainingOptions:
     one row of that many tokens per micro-batch (flash varlen, no padding). ``keep_gradients``:
     ``zero_grad(set_to_none=False)``, gradients live between steps. ``activation_offload``:
     tensors saved for backward kept in pinned host memory (torchtune ``OffloadActivations``).
+    ``compile``: the model runs under ``torch.compile`` (Inductor, mode "default"): what each
+    layer keeps for backward follows Inductor's partitioner (app.domain.memory.compiled);
+    accepted at inference too, where it changes no line (nothing is kept for backward).
     """
 
     optimizer_in_backward: bool = False
@@ -456,9 +527,10 @@ class TrainingOptions:
     tokens_per_batch: int | None = None
     keep_gradients: bool = False
     activation_offload: bool = False
+    compile: bool = False  # not in used(): an inference option as well
 
     def used(self) -> list[str]:
-        """The options set away from their defaults."""
+        """The training-only options set away from their defaults."""
         return [
             name
             for name, value in (
@@ -563,6 +635,8 @@ class WorkloadSpec:
                 f"{options.used()[0]} is a training option: the mode must be training",
                 field=options.used()[0],
             )
+        if options.compile and self.engine is not None:
+            raise TrainingOptionError(COMPILE_WITH_ENGINE, field="compile")
         if options.optimizer_in_backward and micro is not None and micro < batch:
             raise TrainingOptionError(
                 "optimizer_in_backward steps each parameter as its gradient is computed: it "

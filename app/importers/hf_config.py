@@ -18,6 +18,7 @@ from app.domain.graph.format import BLOCK_INPUT
 from app.domain.zoo import transformers as builders
 from app.importers.hf_common import Built, _Config, _heads, _kv_heads
 from app.importers.hf_families import FAMILY_BUILDERS, FAMILY_CLASSES
+from app.importers.hf_t5 import t5_conditional_generation
 from app.importers.result import (
     ImportedGraph,
     ImportRejected,
@@ -43,6 +44,7 @@ REFERENCE_CLASSES: Mapping[str, tuple[str, str]] = {
     "bloom": ("BloomForCausalLM", "transformer-decoder"),
     "bert": ("BertModel", "transformer-encoder"),
     "roberta": ("RobertaModel", "transformer-encoder"),
+    # T5ForConditionalGeneration unless architectures names T5EncoderModel (see _t5)
     "t5": ("T5EncoderModel", "transformer-encoder"),
     "vit": ("ViTModel", "vision-transformer"),
     # sliding-window, MLA and MoE families: app.importers.hf_families
@@ -186,13 +188,29 @@ def _gpt_neox(config: _Config, model_type: str) -> Built:
         bias=config.flag("attention_bias", True),
         activation=config.activation("hidden_act", "gelu", gated=False),
         eps=config.number("layer_norm_eps", 1e-5),
+        positions=config.size("max_position_embeddings", 2048),
+        rotary_pct=config.number("rotary_pct", 0.25),
     )
+    # GPTNeoXLayer.attention (models/gpt_neox/modeling_gpt_neox.py): PEFT targets it as
+    # layers.<i>.attention.query_key_value / .dense
+    _rename(graph, "attn", "attention")
     notes = [
         f"{'parallel' if parallel else 'sequential'} residual; rotary embeddings "
         f"(rotary_pct {config.number('rotary_pct', 0.25)}) have no parameters"
     ]
     reference = f"GPTNeoXForCausalLM (embed_out {'tied' if tied else 'untied'})"
     return graph, reference, notes, config.size("max_position_embeddings", 2048)
+
+
+def _rename(graph: builders.Graph, old: str, new: str) -> None:
+    """Rename the repeated block's layer ``old`` (and the inputs that name it) to ``new``, the
+    module name of the family's modeling file."""
+    for layer in graph[1]:
+        for inner in layer.get("layers", []):
+            if inner["name"] == old:
+                inner["name"] = new
+            if "inputs" in inner:
+                inner["inputs"] = [new if name == old else name for name in inner["inputs"]]
 
 
 def _gpt_bigcode(config: _Config, model_type: str) -> Built:
@@ -529,6 +547,10 @@ def _bert(config: _Config, model_type: str) -> Built:
 
 
 def _t5(config: _Config, model_type: str) -> Built:
+    """``T5ForConditionalGeneration`` (:mod:`app.importers.hf_t5`), or the encoder stack alone
+    (``T5EncoderModel``) when ``architectures`` names that class."""
+    if "T5EncoderModel" not in config.architectures():
+        return t5_conditional_generation(config)
     projection = config.text("feed_forward_proj", "relu")
     if projection not in ("relu", "gated-gelu", "gated-silu"):
         raise ImportRejected(
@@ -552,7 +574,7 @@ def _t5(config: _Config, model_type: str) -> Built:
     )
     if projection == "gated-silu":
         _swap_activation(graph, "geglu", "swiglu")
-    notes = ["only the encoder stack (T5EncoderModel); the decoder is not imported",
+    notes = ["the encoder stack alone (architectures names T5EncoderModel)",
              "relative position bias: a learned table in the first block"]  # fmt: skip
     return graph, "T5EncoderModel", notes, 512
 
@@ -663,6 +685,8 @@ def import_hf_config(
     name_or_path = raw.get("_name_or_path")
     label = name_or_path if isinstance(name_or_path, str) and name_or_path else model_type
     class_name, family = REFERENCE_CLASSES[model_type]
+    if reference.startswith("T5ForConditionalGeneration"):
+        class_name, family = "T5ForConditionalGeneration", "transformer-encoder-decoder"
     return ImportedGraph(
         name=f"{label} ({class_name})"[:200],
         family=family,

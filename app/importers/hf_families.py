@@ -4,7 +4,9 @@
   gpt-oss (``gpt_oss``): per-layer ``layer_types``; a sliding layer's attention carries
   ``sliding_window`` (its KV cache holds at most that many tokens);
 * multi-head latent attention (MLA) with DeepSeek MoE: DeepSeek-V2 / V2-Lite (``deepseek_v2``),
-  DeepSeek-V3 and Kimi-K2 (``deepseek_v3``): the attention carries ``kv_lora_rank``,
+  DeepSeek-V3 (``deepseek_v3``) and Kimi-K2 (``kimi_k2``: its config.json names that model_type
+  but DeepseekV3ForCausalLM and DeepseekV3Config through auto_map, so it is built as
+  ``deepseek_v3``): the attention carries ``kv_lora_rank``,
   ``q_lora_rank``, ``qk_nope_head_dim``, ``qk_rope_head_dim`` and ``v_head_dim`` (the cache holds
   one latent of ``kv_lora_rank + qk_rope_head_dim`` a token and layer); the first
   ``first_k_dense_replace`` layers have a dense MLP, the others routed plus shared experts;
@@ -38,6 +40,9 @@ FAMILY_CLASSES: Mapping[str, tuple[str, str]] = {
     "gpt_oss": ("GptOssForCausalLM", "transformer-decoder"),
     "deepseek_v2": ("DeepseekV2ForCausalLM", "transformer-decoder"),
     "deepseek_v3": ("DeepseekV3ForCausalLM", "transformer-decoder"),
+    # moonshotai/Kimi-K2-Instruct's config.json: model_type kimi_k2, architectures
+    # DeepseekV3ForCausalLM, auto_map AutoConfig configuration_deepseek.DeepseekV3Config
+    "kimi_k2": ("DeepseekV3ForCausalLM", "transformer-decoder"),
     "qwen2_moe": ("Qwen2MoeForCausalLM", "transformer-decoder"),
     "qwen3_moe": ("Qwen3MoeForCausalLM", "transformer-decoder"),
     "llama4_text": ("Llama4ForCausalLM", "transformer-decoder"),
@@ -420,7 +425,7 @@ def _deepseek(config: _Config, model_type: str) -> Built:
             f"and {shared} shared expert(s) of {moe_inner} on {layers - dense_count} "
             f"layers; {dense_count} dense layer(s) of {dense['intermediate_size']}"
         )
-    if model_type == "deepseek_v3":
+    if model_type in ("deepseek_v3", "kimi_k2"):
         notes.append(
             "the router's e_score_correction_bias is a buffer, not a parameter; "
             "multi-token-prediction layers (num_nextn_predict_layers) are not built "
@@ -571,6 +576,7 @@ FAMILY_BUILDERS: Mapping[str, Callable[[_Config, str], Built]] = {
     "gpt_oss": _gpt_oss,
     "deepseek_v2": _deepseek,
     "deepseek_v3": _deepseek,
+    "kimi_k2": _deepseek,
     "qwen2_moe": _qwen_moe,
     "qwen3_moe": _qwen_moe,
     "llama4_text": _llama4,

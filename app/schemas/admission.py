@@ -49,7 +49,7 @@ class AdmissionEngineRead(Schema):
         description="Memory one resource shows to CUDA [B].", examples=[85_030_021_939]
     )
     kv_tokens: int = Field(description="KV tokens the engine holds (0: no start).", examples=[1])
-    max_concurrency: float = Field(description="kv_tokens / max_model_len.", examples=[54.18])
+    max_concurrency: float = Field(description="kv_tokens / max_model_len.", examples=[54.17])
     max_model_len: int = Field(description="max_model_len [tokens].", examples=[8192])
     reason: str | None = Field(
         default=None,
@@ -120,7 +120,7 @@ class AdmissionResponse(Schema):
         description="Admitted engine pods (vLLM): the expected figures, recorded in the audit "
         "log under the webhook's name: `engine`, `engine-kv-tokens`, "
         "`engine-max-concurrency`, `engine-max-model-len`; omitted otherwise.",
-        examples=[{"engine": "vllm 0.19.0", "engine-kv-tokens": "443808"}],
+        examples=[{"engine": "vllm 0.19.0", "engine-kv-tokens": "443792"}],
     )
 
 

@@ -9,28 +9,20 @@ from typing import Literal
 from pydantic import Field
 
 from app.schemas.base import Schema
-from app.schemas.engines import EngineDtype, KvCacheDtype
+from app.schemas.engines import EngineStage, ProfileForward, VllmOptionFields
 
 
-class VllmEngineOptions(Schema):
+class VllmEngineOptions(VllmOptionFields):
     """vLLM 0.19 serving the workload's model: its options, with vLLM's names and defaults (an
     omitted option takes vLLM's default, resolved for the GPU or MIG slice the workload is
-    placed on). The requirement on a device is then the engine's start-up memory: the least
-    memory the device must show to CUDA for vLLM to start with a KV pool of at least
-    `min_concurrency` sequences of `max_model_len` tokens (POST /v1/engines/vllm/memory gives
-    the same figures for one GPU)."""
+    placed on; the fields shared with POST /v1/engines/vllm/memory are written once, in
+    app.schemas.engines.VllmOptionFields). The requirement on a device is then the engine's
+    start-up memory: the least memory the device must show to CUDA for vLLM to start with a KV
+    pool of at least `min_concurrency` sequences of `max_model_len` tokens (POST
+    /v1/engines/vllm/memory gives the same figures for one GPU)."""
 
     name: Literal["vllm"] = Field(description="The engine: `vllm` (0.19).", examples=["vllm"])
-    dtype: EngineDtype = Field(
-        default="auto",
-        description="vLLM `--dtype`; `auto` is the model's dtype (bfloat16 for stored graphs).",
-        examples=["auto"],
-    )
-    kv_cache_dtype: KvCacheDtype = Field(
-        default="auto",
-        description="vLLM `--kv-cache-dtype`; `auto` is the model dtype, fp8 variants 1 byte.",
-        examples=["auto"],
-    )
+    # Declared here, not in VllmOptionFields: a workload's default is its own parallelism.
     tensor_parallel_size: int | None = Field(
         default=None,
         ge=1,
@@ -47,47 +39,6 @@ class VllmEngineOptions(Schema):
         description="vLLM `--pipeline-parallel-size`. Default: the workload's "
         "`parallelism.pipeline`; both given must agree.",
         examples=[None],
-    )
-    max_model_len: int | None = Field(
-        default=None,
-        ge=1,
-        le=16_777_216,
-        description="vLLM `--max-model-len`; default and upper bound: the model's context (its "
-        "default `seq` binding; 422 naming this field above it).",
-        examples=[8192],
-    )
-    max_num_batched_tokens: int | None = Field(
-        default=None,
-        ge=1,
-        le=16_777_216,
-        description="vLLM `--max-num-batched-tokens`. Default 8192 on a device showing >= 70 "
-        "GiB, else 2048.",
-        examples=[None],
-    )
-    max_num_seqs: int | None = Field(
-        default=None,
-        ge=1,
-        le=1_048_576,
-        description="vLLM `--max-num-seqs`. Default 1024 on a device showing >= 70 GiB, else 256.",
-        examples=[None],
-    )
-    gpu_memory_utilization: float | None = Field(
-        default=None,
-        gt=0,
-        le=1,
-        description="vLLM `--gpu-memory-utilization`, in (0, 1] (422 naming this field "
-        "otherwise). Default 0.9.",
-        examples=[0.9],
-    )
-    block_size: int | None = Field(
-        default=None,
-        ge=1,
-        le=4096,
-        description="vLLM `--block-size` [tokens]. Default 16.",
-        examples=[None],
-    )
-    enforce_eager: bool = Field(
-        default=False, description="vLLM `--enforce-eager`.", examples=[False]
     )
     min_concurrency: int | None = Field(
         default=None,
@@ -106,8 +57,9 @@ EngineOptions = VllmEngineOptions
 
 
 class EngineFitRead(Schema):
-    """The serving engine on the device: its start-up figures next to the requirement they give
-    (the same figures as POST /v1/engines/vllm/memory)."""
+    """The serving engine on the device, per GPU: its start-up figures next to the requirement
+    they give, every number the fit uses (the same figures as POST /v1/engines/vllm/memory,
+    byte for byte: one computation, app.services.engines.engine_start)."""
 
     engine: str = Field(description="Engine and version modelled.", examples=["vllm 0.19.0"])
     device: str = Field(description="`slug` or `slug/profile`.", examples=["nvidia-h100-sxm"])
@@ -123,23 +75,34 @@ class EngineFitRead(Schema):
         description="gpu_memory_utilization x cuda_visible_bytes [B].", examples=[76_527_019_745]
     )
     weights_bytes: int = Field(description="Weights on the GPU that holds most [B].", examples=[1])
+    rotary_cache_bytes: int = Field(
+        description="The rotary cos/sin cache on each GPU [B] "
+        "(vllm/model_executor/layers/rotary_embedding/base.py).",
+        examples=[2_097_152],
+    )
     profile_peak_bytes: int = Field(
         description="Largest profile-run peak of any GPU [B].", examples=[2_023_000_000]
     )
     non_torch_bytes: int = Field(
         description="Memory outside the allocator per GPU [B].", examples=[268_435_456]
     )
+    cuda_graph_pool_bytes: int = Field(
+        description="CUDA-graph pool [B] (0 with enforce_eager); vLLM 0.19 captures it after "
+        "sizing the KV pool, in the 1 - gpu_memory_utilization it leaves, so the fit does not "
+        "subtract it.",
+        examples=[977_105_633],
+    )
     kv_pool_bytes: int = Field(description="Smallest KV pool of any GPU [B].", examples=[1])
     kv_bytes_per_token: int = Field(
         description="KV bytes a token on the GPU with the smallest pool [B].", examples=[131_072]
     )
     kv_tokens: int = Field(
-        description="KV tokens the engine holds (0 when it does not start).", examples=[443_808]
+        description="KV tokens the engine holds (0 when it does not start).", examples=[443_792]
     )
     max_model_len: int = Field(description="max_model_len used [tokens].", examples=[8192])
     max_concurrency: float = Field(
         description="kv_tokens / max_model_len: sequences of max_model_len held at once.",
-        examples=[54.18],
+        examples=[54.17],
     )
     min_concurrency: int = Field(
         description="Sequences of max_model_len the fit asks for (1: it starts).", examples=[1]
@@ -156,7 +119,22 @@ class EngineFitRead(Schema):
         "the concurrency it falls short by.",
         examples=[None],
     )
+    quantization: str | None = Field(
+        default=None,
+        description="The quantization vLLM runs (after its gptq/awq -> Marlin override; None: "
+        "unquantized).",
+        examples=[None],
+    )
     options: dict[str, int | float | bool] = Field(
         description="The engine options used, its defaults for this device filled in.",
         examples=[{"max_model_len": 8192, "gpu_memory_utilization": 0.9}],
+    )
+    stages: list[EngineStage] = Field(
+        description="Per pipeline stage, first to last, per GPU: weights, profile-run peak, "
+        "memory outside the allocator, KV pool, KV bytes a token and KV tokens (the fit's "
+        "lines are the stage that needs most)."
+    )
+    profile_forward: ProfileForward = Field(
+        description="Where the profile run's forward peak comes from (the model's graph; the "
+        "per-architecture formula only as a named fallback) and the dummy sampler run's peak."
     )

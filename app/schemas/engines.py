@@ -23,7 +23,94 @@ GPTQ_W4A16_CONFIG_EXAMPLE: dict[str, Any] = {
 }
 
 
-class VllmMemoryRequest(Schema):
+class VllmOptionFields(Schema):
+    """vLLM 0.19's options with its names and defaults, written once for both requests that
+    take them: POST /v1/engines/vllm/memory (:class:`VllmMemoryRequest`) and a workload's
+    ``engine`` (app.schemas.engine_options.VllmEngineOptions). An omitted option takes vLLM's
+    default, resolved for the GPU or MIG slice (the answer lists which). The tensor and
+    pipeline degrees are declared by each request: their defaults differ (1 for the endpoint,
+    the workload's ``parallelism`` for a workload)."""
+
+    dtype: EngineDtype = Field(
+        default="auto",
+        description="vLLM `--dtype` of weights and activations; `auto` is the model's dtype "
+        "(bfloat16 for stored graphs, which state none).",
+        examples=["auto"],
+    )
+    kv_cache_dtype: KvCacheDtype = Field(
+        default="auto",
+        description="vLLM `--kv-cache-dtype`; `auto` is the model dtype, fp8 variants 1 byte.",
+        examples=["auto"],
+    )
+    max_model_len: int | None = Field(
+        default=None,
+        ge=1,
+        le=16_777_216,
+        description="vLLM `--max-model-len`; default and upper bound: the model's context, "
+        "taken from its default `seq` binding (422 naming this field above it).",
+        examples=[8192],
+    )
+    max_num_batched_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        le=16_777_216,
+        description="vLLM `--max-num-batched-tokens`: tokens of the profile forward. Default "
+        "8192 on a GPU (or slice) showing >= 70 GiB, else 2048 (`vllm serve`).",
+        examples=[None],
+    )
+    max_num_seqs: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_048_576,
+        description="vLLM `--max-num-seqs`: rows of the profile's dummy sampler run. Default "
+        "1024 on a GPU (or slice) showing >= 70 GiB, else 256.",
+        examples=[None],
+    )
+    gpu_memory_utilization: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="vLLM `--gpu-memory-utilization`, in (0, 1] (422 naming this field "
+        "otherwise). Default 0.9.",
+        examples=[0.9],
+    )
+    block_size: int | None = Field(
+        default=None,
+        ge=1,
+        le=4096,
+        description="vLLM `--block-size` of the paged KV cache [tokens]. Default 16.",
+        examples=[None],
+    )
+    enforce_eager: bool = Field(
+        default=False,
+        description="vLLM `--enforce-eager`: no CUDA graphs (no CUDA-graph pool).",
+        examples=[False],
+    )
+    quantization: EngineQuantizationMethod | None = Field(
+        default=None,
+        description="vLLM `-q/--quantization`. `fp8` without a `quantization_config` quantizes "
+        "a 16-bit checkpoint at load time (fp8 linears with one fp32 scale each; embedding, "
+        "head and norms stay in `dtype`); the other methods load a pre-quantized checkpoint "
+        "and need its `quantization_config`. Omitted: the config's `quant_method` decides (a "
+        "GPTQ/AWQ config runs as gptq_marlin/awq_marlin where Marlin takes it, as vLLM does). "
+        "A method the config contradicts is a 422 naming the field.",
+        examples=["gptq_marlin"],
+    )
+    quantization_config: dict[str, Any] | None = Field(
+        default=None,
+        description="The checkpoint's `quantization_config` object from its HF config.json "
+        "(stored models keep only their unquantized graph, so it comes with the options): "
+        "`quant_method` (gptq, awq, fp8, compressed-tensors, mxfp4) and its keys - gptq: bits, "
+        "group_size, desc_act, sym; awq: bits (w_bit), group_size (q_group_size), zero_point, "
+        "modules_to_not_convert; fp8: activation_scheme, weight_block_size, ignored_layers; "
+        "compressed-tensors: config_groups (one group targeting Linear), ignore; mxfp4: "
+        "modules_to_not_convert. A missing or contradictory key is a 422 naming it "
+        "(`quantization_config/<key>`).",
+        examples=[GPTQ_W4A16_CONFIG_EXAMPLE],
+    )
+
+
+class VllmMemoryRequest(VllmOptionFields):
     """A stored decoder served by vLLM on a catalog GPU, with vLLM's option names and defaults
     (an omitted option takes vLLM's default; the answer lists which)."""
 
@@ -55,17 +142,7 @@ class VllmMemoryRequest(Schema):
         "Default: 79.19 GiB for an H100 80GB (what vLLM 0.19 logged), else the catalog memory.",
         examples=[None],
     )
-    dtype: EngineDtype = Field(
-        default="auto",
-        description="vLLM `--dtype` of weights and activations; `auto` is the model's dtype "
-        "(bfloat16 for stored graphs, which state none).",
-        examples=["auto"],
-    )
-    kv_cache_dtype: KvCacheDtype = Field(
-        default="auto",
-        description="vLLM `--kv-cache-dtype`; `auto` is the model dtype, fp8 variants 1 byte.",
-        examples=["auto"],
-    )
+    # Declared here, not in VllmOptionFields: the endpoint's default is vLLM's own 1.
     tensor_parallel_size: int = Field(
         default=1,
         ge=1,
@@ -80,69 +157,6 @@ class VllmMemoryRequest(Schema):
         le=1024,
         description="vLLM `--pipeline-parallel-size`; layers split as vLLM's get_pp_indices.",
         examples=[1],
-    )
-    max_model_len: int | None = Field(
-        default=None,
-        ge=1,
-        le=16_777_216,
-        description="vLLM `--max-model-len`; default and upper bound: the model's context, "
-        "taken from its default `seq` binding (422 naming this field above it).",
-        examples=[8192],
-    )
-    max_num_batched_tokens: int | None = Field(
-        default=None,
-        ge=1,
-        le=16_777_216,
-        description="vLLM `--max-num-batched-tokens`: tokens of the profile forward. Default "
-        "8192 on a GPU of >= 70 GiB, else 2048 (`vllm serve`).",
-        examples=[None],
-    )
-    max_num_seqs: int | None = Field(
-        default=None,
-        ge=1,
-        le=1_048_576,
-        description="vLLM `--max-num-seqs`: rows of the profile's dummy sampler run. Default "
-        "1024 on a GPU of >= 70 GiB, else 256.",
-        examples=[None],
-    )
-    gpu_memory_utilization: float | None = Field(
-        default=None,
-        description="vLLM `--gpu-memory-utilization`, in (0, 1] (422 naming this field "
-        "otherwise). Default 0.9.",
-        examples=[0.9],
-    )
-    block_size: int | None = Field(
-        default=None,
-        ge=1,
-        le=4096,
-        description="vLLM `--block-size` of the paged KV cache [tokens]. Default 16.",
-        examples=[None],
-    )
-    enforce_eager: bool = Field(
-        default=False,
-        description="vLLM `--enforce-eager`: no CUDA graphs (no CUDA-graph pool).",
-        examples=[False],
-    )
-    quantization: EngineQuantizationMethod | None = Field(
-        default=None,
-        description="vLLM `--quantization`. `fp8` without a `quantization_config` quantizes a "
-        "16-bit checkpoint at load time (fp8 linears with one fp32 scale each; embedding, head "
-        "and norms stay in `dtype`); the other methods load a pre-quantized checkpoint and need "
-        "its `quantization_config`. Omitted: the config's `quant_method` decides (a GPTQ/AWQ "
-        "config runs as gptq_marlin/awq_marlin where Marlin takes it, as vLLM does). A method "
-        "the config contradicts is a 422 naming the field.",
-        examples=["gptq_marlin"],
-    )
-    quantization_config: dict[str, Any] | None = Field(
-        default=None,
-        description="The checkpoint's `quantization_config` object from its HF config.json: "
-        "`quant_method` (gptq, awq, fp8, compressed-tensors, mxfp4) and its keys - gptq: bits, "
-        "group_size, desc_act, sym; awq: bits (w_bit), group_size (q_group_size), zero_point, "
-        "modules_to_not_convert; fp8: activation_scheme, weight_block_size, ignored_layers; "
-        "compressed-tensors: config_groups (one group targeting Linear), ignore; mxfp4: "
-        "modules_to_not_convert. A missing or contradictory key is a 422 naming it "
-        "(`/quantization_config/<key>`).",
-        examples=[GPTQ_W4A16_CONFIG_EXAMPLE],
     )
 
 
@@ -182,6 +196,14 @@ class EngineStage(Schema):
     weights_bytes: int = Field(
         description="Weights on one GPU of this stage [B].", examples=[16060522496]
     )
+    rotary_cache_bytes: int = Field(
+        default=0,
+        description="The rotary cos/sin cache vLLM builds with the model on this GPU [B]: "
+        "positions x rotary_dim x dtype bytes, one per GPU "
+        "(vllm/model_executor/layers/rotary_embedding/base.py; not a weight, but in vLLM's "
+        "'Model loading took').",
+        examples=[2097152],
+    )
     profile_peak_bytes: int = Field(
         description="Torch peak increase of vLLM's profile run on this GPU [B]: max(profile "
         "forward, dummy sampler run) on the last stage, plus received intermediate tensors on "
@@ -194,7 +216,8 @@ class EngineStage(Schema):
         examples=[268435456],
     )
     kv_pool_bytes: int = Field(
-        description="KV cache pool = requested - weights - peak - non-torch [B] (<= 0: no pool).",
+        description="KV cache pool = requested - weights - rotary cache - peak - non-torch [B] "
+        "(<= 0: no pool).",
         examples=[49000000000],
     )
     kv_bytes_per_token: int = Field(
@@ -376,6 +399,12 @@ class VllmMemoryResponse(Schema):
     )
     weights_bytes: int = Field(
         description="Weights on the GPU that holds the most [B].", examples=[16060522496]
+    )
+    rotary_cache_bytes: int = Field(
+        description="The rotary cos/sin cache on each GPU [B] (max_position_embeddings x "
+        "rotary_dim x dtype bytes: vllm/model_executor/layers/rotary_embedding/base.py); "
+        "vLLM's logged model loading is weights_bytes + this.",
+        examples=[2097152],
     )
     profile_peak_bytes: int = Field(
         description="Largest profile-run peak of any GPU [B].", examples=[2023000000]

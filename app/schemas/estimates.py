@@ -13,6 +13,7 @@ from app.domain.peft.lora import INFERENCE_NEEDS_MERGED
 from app.domain.peft.qlora import QuantType
 from app.domain.precision import Precision
 from app.domain.workload import (
+    COMPILE_WITH_ENGINE,
     DEFAULT_SAFETY_MARGIN_FRACTION,
     Attention,
     Checkpointing,
@@ -26,6 +27,7 @@ from app.schemas.base import MAX_BYTES, Schema, Slug, located_error
 from app.schemas.engine_options import EngineFitRead, EngineOptions
 from app.schemas.hardware import DeviceName
 from app.schemas.models import InputSpec
+from app.schemas.parallelism import ParallelismSpec
 
 BatchSize = Annotated[int, Field(ge=1, le=1_048_576)]
 Length = Annotated[int, Field(ge=1, le=16_777_216)]
@@ -45,58 +47,6 @@ class InlineArchitecture(Schema):
         default_factory=dict,
         description="Values for symbolic dims other than `batch` when the request gives none.",
         examples=[{"seq": 2048}],
-    )
-
-
-class ParallelismSpec(Schema):
-    """Parallel degrees; the estimate is per device."""
-
-    data: int = Field(default=1, ge=1, le=65_536, description="Data-parallel degree.", examples=[8])
-    tensor: int = Field(
-        default=1,
-        ge=1,
-        le=1024,
-        description="Tensor-parallel degree (Megatron-style, as vLLM runs it). It must divide "
-        "every attention layer's heads, and split or evenly replicate its KV heads (a 422 "
-        "naming this field otherwise, as vLLM refuses to start). Each GPU holds "
-        "`max(1, kv_heads // tensor)` KV heads a layer and its share of the column-parallel "
-        "activations.",
-        examples=[1],
-    )
-    pipeline: int = Field(
-        default=1,
-        ge=1,
-        le=1024,
-        description="Pipeline-parallel degree: the repeated blocks are split over the stages "
-        "as vLLM's `get_pp_indices` splits decoder layers, the embeddings on the first stage, "
-        "the final norm and output head on the last; the estimate is the stage that holds "
-        "the most (the weights line's notes list every stage).",
-        examples=[1],
-    )
-    zero_stage: int = Field(
-        default=0,
-        ge=0,
-        le=3,
-        description="ZeRO stage (1: optimizer state, 2: + gradients, 3/FSDP: + parameters "
-        "sharded over the data-parallel group).",
-        examples=[0],
-    )
-    gradient_as_bucket_view: bool = Field(
-        default=False,
-        description="DistributedDataParallel (data > 1, ZeRO 0): gradients are views into its "
-        "25 MiB communication buckets; false (PyTorch's default): the buckets are a second copy "
-        "of every gradient.",
-        examples=[False],
-    )
-    cpu_offload: bool = Field(
-        default=False,
-        description="ZeRO-3 / FSDP only (zero_stage 3, CUDA): the parameter, gradient and "
-        "optimizer-state shards (and fp32 master weights) live in host memory and the "
-        "optimizer steps there (FSDP `CPUOffload(offload_params=True)`, DeepSpeed "
-        "`offload_param` + `offload_optimizer`); the GPU holds the gathered unit's full "
-        "parameters and its gradients transiently (`fsdp_buffers`). The host's share is "
-        "reported in `host_memory`, not in the GPU peak.",
-        examples=[False],
     )
 
 
@@ -431,9 +381,28 @@ class WorkloadInput(Schema):
         examples=[False],
     )
 
+    compile: bool = Field(
+        default=False,
+        description='The model runs under `torch.compile` (TorchInductor, mode "default"). '
+        "Training: what each layer keeps for backward follows Inductor's partitioner "
+        "(torch/_functorch/partitioners.py `min_cut_rematerialization_partition`: pointwise "
+        "ops are recomputed in backward; matmuls, SDPA, random ops and row reductions are "
+        "not): a gated MLP keeps gate, up and their product but not act(gate), a composite "
+        "activation's intermediates are recomputed, RMSNorm keeps its 16-bit input and the "
+        "fp32 per-row statistic instead of an fp32 copy and the normalized tensor; dropout "
+        "masks, norm statistics, matmul inputs and attention's tensors stay as in eager mode. "
+        "Approximated: the cut is taken per layer (the partitioner's cross-layer heuristics, "
+        "attention patterns Inductor rewrites into SDPA and the CUDA graphs of mode "
+        "reduce-overhead are not modelled). Inference: accepted, changes no line. A 422 with "
+        "`engine` (the engine compiles by its own configuration).",
+        examples=[False],
+    )
+
     @model_validator(mode="after")
     def _one_model(self) -> Self:
         one_model_rule(type(self).__name__, self.model, self.architecture)
+        if self.compile and self.engine is not None:
+            raise located_error(type(self).__name__, ("compile",), COMPILE_WITH_ENGINE)
         if self.engine is not None:
             engine_rule(type(self).__name__, self.mode, self.engine, self.parallelism)
         if self.lora is not None and self.mode is not Mode.TRAINING and self.lora.merged is None:
@@ -759,6 +728,16 @@ class MemoryEstimateResponse(Schema):
         "(paged_adamw_*: unified memory evicted to the host under pressure).",
     )
     fit: FitSummary | None = Field(default=None, description="Fit against `hardware`.")
+    engine: EngineFitRead | None = Field(
+        default=None,
+        description="With a workload `engine` and a `hardware`: the engine's start-up figures "
+        "per GPU on that device, every number its fit uses: weights, profile-run peak (and "
+        "where it comes from), memory outside the allocator, CUDA-graph pool, KV pool, KV "
+        "bytes a token, KV tokens, maximum concurrency at max_model_len, whether it starts "
+        "and, if not, vLLM's reason, per pipeline stage; the same object as `fit.engine`. "
+        "`breakdown` and `peak_bytes` stay the model's PyTorch forward at the workload's batch "
+        "and sequence: with an engine they do not decide the fit.",
+    )
     layers: list[LayerRow] | None = Field(
         default=None, description="Per-layer view when `per_layer` is true."
     )

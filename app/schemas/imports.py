@@ -65,7 +65,10 @@ class HfConfigImport(ImportFields):
     config: dict[str, Any] = Field(
         description="The contents of the model's `config.json`. `model_type` picks the family: "
         "llama, mistral, mixtral, qwen2, qwen3, gemma, granite, phi3, phi, gpt2, gpt_bigcode, "
-        "gpt_neox, opt, bloom, bert, roberta, t5 (encoder), vit.",
+        "gpt_neox, opt, bloom, bert, roberta, t5 (encoder-decoder; `architectures: "
+        '["T5EncoderModel"]`: the encoder alone), vit, and the served families gemma2, '
+        "gemma3_text, gpt_oss, deepseek_v2, deepseek_v3, kimi_k2, qwen2_moe, qwen3_moe, "
+        "llama4_text.",
         examples=[LLAMA_CONFIG_EXAMPLE],
     )
 

@@ -11,8 +11,9 @@ from app.domain.precision import Precision
 from app.domain.workload import Checkpointing, Mode, Optimizer, OptimizerImpl
 from app.schemas.base import Page, Schema, Slug, located_error
 from app.schemas.engine_options import EngineOptions
-from app.schemas.estimates import BatchSize, Length, LoraSpec, ParallelismSpec
+from app.schemas.estimates import BatchSize, Length, LoraSpec
 from app.schemas.hardware import DeviceName
+from app.schemas.parallelism import ParallelismSpec
 
 
 class WorkloadOptions(Schema):
@@ -73,6 +74,13 @@ class WorkloadOptions(Schema):
         default=False,
         description="Training on CUDA: saved tensors offloaded to pinned host memory, as for "
         "`POST /v1/estimates/memory` (a 422 on a CPU runtime).",
+        examples=[False],
+    )
+    compile: bool = Field(
+        default=False,
+        description="The model runs under `torch.compile` (Inductor, mode default), as for "
+        "`POST /v1/estimates/memory`: training keeps what Inductor's partitioner keeps for "
+        "backward; at inference no line changes (a 422 with an engine).",
         examples=[False],
     )
     engine: EngineOptions | None = Field(

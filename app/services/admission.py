@@ -283,6 +283,7 @@ def question(pod: dict[str, Any]) -> Question | None:
             "engine",
             notes.get("model"),
             notes.get("min-concurrency"),
+            notes.get(QUANTIZATION_CONFIG_NOTE),
             denial,
             None if engine is None else engine.model,
             None if engine is None else tuple(sorted(engine.options.items())),
@@ -304,6 +305,10 @@ def question(pod: dict[str, Any]) -> Question | None:
 ENGINE_NOTE = "engine"  # capacity-planner.io/engine: vllm (a launcher the webhook cannot read)
 ENGINE_ARGS_NOTE = "engine-args"  # capacity-planner.io/engine-args: "--max-model-len 8192 ..."
 MIN_CONCURRENCY_NOTE = "min-concurrency"  # policy: deny below this concurrency
+# capacity-planner.io/quantization-config: the served checkpoint's quantization_config (JSON,
+# from its config.json), which a pre-quantized `-q gptq|awq|...` checkpoint needs: the webhook
+# cannot read the checkpoint, and stored models keep only their unquantized graph
+QUANTIZATION_CONFIG_NOTE = "quantization-config"
 
 
 def pod_engine(
@@ -356,6 +361,7 @@ _FLAG_OF = {
     "max_num_seqs": "--max-num-seqs",
     "max_num_batched_tokens": "--max-num-batched-tokens",
     "kv_cache_dtype": "--kv-cache-dtype",
+    "quantization": "--quantization",
     "dtype": "--dtype",
     "block_size": "--block-size",
     "enforce_eager": "--enforce-eager",
@@ -377,14 +383,15 @@ def _engine_spec(asked: Question) -> tuple[WorkloadInput, str]:
             "which stored model does vLLM serve? annotate capacity-planner.io/model with its "
             f"slug (served name: {str(command.model)[:64]!r})"
         )
-    options = {k: v for k, v in command.options.items() if k != "quantization"}
-    quantization = command.options.get("quantization")
-    if quantization is not None and str(quantization).lower() != "none":
-        raise ReviewError(
-            f"--quantization {str(quantization)[:40]!r}: quantized serving is not modelled by "
-            "the vllm engine profile"
-        )
+    options = dict(command.options)
+    if str(options.get("quantization", "")).lower() == "none":  # vLLM's `-q None`: unquantized
+        del options["quantization"]
     fields: dict[str, Any] = {"name": "vllm", **options}
+    if QUANTIZATION_CONFIG_NOTE in notes:
+        try:
+            fields["quantization_config"] = json.loads(notes[QUANTIZATION_CONFIG_NOTE])
+        except ValueError as exc:
+            raise ReviewError(f"capacity-planner.io/{QUANTIZATION_CONFIG_NOTE}: {exc}") from exc
     if MIN_CONCURRENCY_NOTE in notes:
         fields["min_concurrency"] = notes[MIN_CONCURRENCY_NOTE]
     try:
@@ -394,6 +401,10 @@ def _engine_spec(asked: Question) -> tuple[WorkloadInput, str]:
         option = str(first["loc"][0]) if first["loc"] else ""
         if option == "min_concurrency":
             raise ReviewError(f"capacity-planner.io/min-concurrency: {first['msg']}") from exc
+        if option == "quantization_config":
+            raise ReviewError(
+                f"capacity-planner.io/{QUANTIZATION_CONFIG_NOTE}: {first['msg']}"
+            ) from exc
         flag = command.flags.get(option, _FLAG_OF.get(option, option))
         shown = command.options.get(option)
         raise EngineDenied(f"vLLM would refuse {flag} {shown!r}: {first['msg']}") from exc
@@ -482,6 +493,17 @@ def _engine_evaluation(session: Session, asked: Question, token: CancelToken | N
             return engine_evaluation(graph, spec, label=label, hardware=hardware)
     except InvalidInput as exc:
         pointer = exc.pointer or ""
+        if pointer.startswith("/engine/quantization_config"):  # the annotation, not a flag
+            hint = ""
+            if QUANTIZATION_CONFIG_NOTE not in asked.notes:
+                hint = (
+                    f"; annotate capacity-planner.io/{QUANTIZATION_CONFIG_NOTE} with the "
+                    "checkpoint's quantization_config (JSON from its config.json)"
+                )
+            raise ReviewError(
+                f"capacity-planner.io/{QUANTIZATION_CONFIG_NOTE}"
+                f"{pointer.removeprefix('/engine/quantization_config')}: {exc.detail}{hint}"
+            ) from exc
         if pointer.startswith("/engine/"):
             option = pointer.removeprefix("/engine/")
             assert asked.engine is not None

@@ -34,9 +34,17 @@ from app.domain.peft.qlora import QloraConfig
 from app.domain.performance.calibration import CalibrationClass
 from app.domain.performance.decoding import DecoderServing, DecodingInputError
 from app.domain.performance.recommend import Requirements
+from app.domain.performance.request_lengths import (
+    LengthDistribution,
+    LengthDistributionError,
+    LengthKind,
+    RequestLengths,
+    lognormal_sigma,
+)
 from app.domain.performance.runtimes import RUNTIME_PROFILES
 from app.domain.precision import ComputeCapability, DType, Precision, cannot_run
 from app.domain.workload import (
+    DeepSpeedBuffers,
     GpuTraits,
     Parallelism,
     Runtime,
@@ -55,6 +63,7 @@ from app.schemas.estimates import (
 )
 from app.schemas.hardware import HardwareBase
 from app.schemas.recommendations import CalibrationOverride, InferenceRecommendationRequest
+from app.schemas.recommendations.lengths import LengthDistributionSpec
 from app.schemas.workloads import (
     WorkloadBase,
     WorkloadOptions,
@@ -475,6 +484,9 @@ def domain_workload(spec: WorkloadInput, runtime: Runtime | None = None) -> Doma
                 zero_stage=par.zero_stage,
                 gradient_as_bucket_view=par.gradient_as_bucket_view,
                 cpu_offload=par.cpu_offload,
+                deepspeed=None
+                if par.deepspeed is None
+                else DeepSpeedBuffers(**par.deepspeed.model_dump()),
             ),
             fp32_grad_buffer=spec.fp32_grad_buffer,
             kv_cache=spec.kv_cache,
@@ -489,6 +501,7 @@ def domain_workload(spec: WorkloadInput, runtime: Runtime | None = None) -> Doma
                 tokens_per_batch=spec.tokens_per_batch,
                 keep_gradients=spec.keep_gradients,
                 activation_offload=spec.activation_offload,
+                compile=spec.compile,
             ),
         )
     except LoraError as exc:
@@ -525,6 +538,8 @@ def engine_choice_of(engine: EngineOptions, tensor: int, pipeline: int) -> Engin
             enforce_eager=engine.enforce_eager,
         ),
         min_concurrency=engine.min_concurrency or 1,
+        quantization=engine.quantization,
+        quantization_config=engine.quantization_config,
     )
 
 
@@ -696,12 +711,21 @@ def calibration_overrides(
 
 def decoder_serving(payload: InferenceRecommendationRequest) -> DecoderServing:
     """The request's decoder lengths, batching and beams (means default to the maxima)."""
+    lengths = request_lengths(payload)
     try:
         return DecoderServing(
             prompt_tokens_max=payload.prompt_tokens,
-            prompt_tokens_mean=payload.prompt_tokens_mean or payload.prompt_tokens,
+            prompt_tokens_mean=(
+                lengths.prompt.mean_tokens_rounded()
+                if lengths is not None
+                else payload.prompt_tokens_mean or payload.prompt_tokens
+            ),
             generated_tokens_max=payload.generated_tokens,
-            generated_tokens_mean=payload.generated_tokens_mean or payload.generated_tokens,
+            generated_tokens_mean=(
+                lengths.generated.mean_tokens_rounded()
+                if lengths is not None
+                else payload.generated_tokens_mean or payload.generated_tokens
+            ),
             batching=payload.batching,
             beam_width=payload.beam_width,
             kv_block_tokens=payload.kv_block_tokens,
@@ -724,7 +748,64 @@ def recommendation_requirements(payload: InferenceRecommendationRequest) -> Requ
         tpot_p99_s=None if payload.tpot_p99_ms is None else payload.tpot_p99_ms / 1e3,
         max_batched_tokens=payload.max_num_batched_tokens,
         max_num_seqs=payload.max_num_seqs,
+        request_lengths=request_lengths(payload),
     )
+
+
+def request_lengths(payload: InferenceRecommendationRequest) -> RequestLengths | None:
+    """The request's length distributions in the domain's terms (None when neither side is
+    given: every simulated request at the mean lengths, as before distributions). A side left
+    out, or of kind fixed, is every request at its mean (else its maximum)."""
+    if payload.prompt_length_distribution is None and payload.generated_length_distribution is None:
+        return None
+    try:
+        return RequestLengths(
+            prompt=_length_distribution(
+                payload.prompt_length_distribution,
+                limit_tokens=payload.prompt_tokens,
+                mean_tokens=payload.prompt_tokens_mean or payload.prompt_tokens,
+            ),
+            generated=_length_distribution(
+                payload.generated_length_distribution,
+                limit_tokens=payload.generated_tokens,
+                mean_tokens=payload.generated_tokens_mean or payload.generated_tokens,
+            ),
+        )
+    except LengthDistributionError as exc:
+        raise InvalidInput(str(exc), pointer="/prompt_length_distribution") from exc
+
+
+def _length_distribution(
+    spec: LengthDistributionSpec | None, *, limit_tokens: int, mean_tokens: int
+) -> LengthDistribution:
+    """One side's distribution (the schema has checked its parameters and bounds)."""
+    if spec is None or spec.kind is LengthKind.FIXED:
+        return LengthDistribution(
+            kind=LengthKind.FIXED, tokens=mean_tokens, limit_tokens=limit_tokens
+        )
+    if spec.kind is LengthKind.LOGNORMAL:
+        assert spec.mean_tokens is not None
+        sigma = (
+            spec.sigma
+            if spec.p99_tokens is None
+            else lognormal_sigma(spec.mean_tokens, spec.p99_tokens)
+        )
+        return LengthDistribution(
+            kind=spec.kind,
+            mean_tokens=spec.mean_tokens,
+            sigma=sigma,
+            p99_tokens=spec.p99_tokens,
+            limit_tokens=limit_tokens,
+        )
+    if spec.kind is LengthKind.UNIFORM:
+        return LengthDistribution(
+            kind=spec.kind,
+            min_tokens=spec.min_tokens,
+            max_tokens=spec.max_tokens,
+            limit_tokens=limit_tokens,
+        )
+    bins = tuple(sorted((item.tokens, item.weight) for item in spec.bins or []))
+    return LengthDistribution(kind=spec.kind, bins=bins, limit_tokens=limit_tokens)
 
 
 def fuse_elementwise(payload: InferenceRecommendationRequest) -> bool:

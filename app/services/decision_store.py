@@ -85,6 +85,7 @@ def _fingerprint() -> str:
                     "decision_store.py",
                     "engine_fit.py",
                     "engines.py",
+                    "serving_geometry.py",
                 )
             ),
         ]

@@ -14,26 +14,39 @@ from dataclasses import dataclass, replace
 
 from app.db.models import Hardware
 from app.domain.engines.choice import EngineChoice
+from app.domain.engines.quant_schemes import resolve_scheme
+from app.domain.engines.quantization import QuantizedWeights
 from app.domain.engines.vllm import (
     EngineInputError,
     EngineMemory,
     ResolvedOptions,
     ServingModel,
-    decoder_stage_weights_bytes,
-    engine_memory,
     resolve_options,
 )
 from app.domain.fit import EngineStageNeed, Requirement, engine_requirement, fits
 from app.domain.hardware import slice_cuda_visible_bytes
 from app.domain.mig.layout import MigProfileSpec
 from app.domain.performance.candidates import Candidate, Runnable
-from app.domain.precision import Precision
+from app.domain.precision import ComputeCapability, Precision
 from app.domain.workload import Runtime
 from app.schemas.engine_options import EngineFitRead, EngineOptions
+from app.schemas.engines import ProfileForward
 from app.schemas.estimates import WorkloadInput
 from app.services.cache import LruCache
-from app.services.convert import GraphSource, domain_engine, engine_choice_of
-from app.services.engines import visible_memory
+from app.services.convert import (
+    GraphSource,
+    compute_capability,
+    domain_engine,
+    engine_choice_of,
+    input_decls,
+)
+from app.services.engines import (
+    ServedGraph,
+    engine_kernels,
+    engine_stages,
+    engine_start,
+    visible_memory,
+)
 from app.services.errors import InvalidInput
 from app.services.serving_geometry import serving_model
 
@@ -43,6 +56,12 @@ _GEOMETRY: LruCache[str, ServingModel] = LruCache(size=128, name="serving_geomet
 def engine_choice(spec: WorkloadInput) -> EngineChoice | None:
     """The workload's engine as the domain takes it (None: no engine)."""
     return domain_engine(spec)
+
+
+def served_graph(graph: GraphSource) -> ServedGraph:
+    """The graph the engine's profile forward is replayed on (app.services.engines)."""
+    inputs, layers, defaults, _, key = graph
+    return ServedGraph(input_decls(inputs), layers, defaults, key)
 
 
 def serving_geometry(graph: GraphSource) -> ServingModel:
@@ -60,6 +79,18 @@ def serving_geometry(graph: GraphSource) -> ServingModel:
 
 
 @dataclass(frozen=True, slots=True)
+class EngineDevice:
+    """A GPU or MIG slice as the engine sees it: its name (`slug` or `slug/profile`), the
+    memory it shows to CUDA [B] and where that comes from, and its compute capability (which
+    quantized kernels vLLM picks; None: unknown)."""
+
+    name: str
+    visible_bytes: int
+    visible_source: str
+    capability: ComputeCapability | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class EngineFit:
     """The engine on one device: its start-up memory, the requirement it gives, the verdict."""
 
@@ -68,6 +99,8 @@ class EngineFit:
     visible_source: str
     memory: EngineMemory
     resolved: ResolvedOptions
+    quantized: QuantizedWeights | None
+    forward: ProfileForward
     requirement: Requirement
     min_concurrency: int
     fits: bool
@@ -89,28 +122,33 @@ class EngineFit:
         return f"{self.engine} does not start: {self.memory.reason}"
 
 
-def device_memory(row: Hardware, profile: MigProfileSpec | None = None) -> tuple[str, int, str]:
-    """A GPU's or MIG slice's name, the memory it shows to CUDA [B], and where that comes from
-    (a whole H100 80GB: 79.19 GiB measured; else the catalog's memory, a slice's usable)."""
+def device_memory(row: Hardware, profile: MigProfileSpec | None = None) -> EngineDevice:
+    """A GPU or MIG slice as the engine sees it: the memory it shows to CUDA (a whole H100
+    80GB: 79.19 GiB measured; else the catalog's memory, a slice's usable) and its compute
+    capability."""
+    capability = compute_capability(row)
     if profile is None:
         visible, source = visible_memory(row)
-        return row.slug, visible, source
+        return EngineDevice(row.slug, visible, source, capability)
     capped, why = slice_cuda_visible_bytes(
         row.cuda_visible_memory_bytes, row.cuda_visible_memory_source, profile.memory_bytes
     )
     if capped is not None:
-        return f"{row.slug}/{profile.name}", capped, f"MIG profile {profile.name}: {why}"
-    return (
+        return EngineDevice(
+            f"{row.slug}/{profile.name}", capped, f"MIG profile {profile.name}: {why}", capability
+        )
+    return EngineDevice(
         f"{row.slug}/{profile.name}",
         profile.memory_bytes,
         f"MIG profile {profile.name}'s usable memory in the hardware catalog",
+        capability,
     )
 
 
 def engine_fit(
-    model: ServingModel,
+    graph: GraphSource,
     choice: EngineChoice,
-    device: tuple[str, int, str],
+    device: EngineDevice,
     *,
     sequences: int | None = None,
     max_model_len: int | None = None,
@@ -120,21 +158,23 @@ def engine_fit(
     ``sequences`` x ``max_model_len`` when given (else the choice's ``min_concurrency`` and
     option). An option the engine refuses is a 422 naming ``{pointer}/<option>``; a
     ``max_model_len`` given here that it refuses names ``/max_model_len``."""
-    name, visible, source = device
+    name, visible, source = device.name, device.visible_bytes, device.visible_source
     options = choice.options
     if max_model_len is not None:
         options = replace(options, max_model_len=max_model_len)
     profile = choice.profile
+    model = serving_geometry(graph)
     try:
-        resolved = resolve_options(options, model, visible, profile)
-        tp, pp = resolved.tensor_parallel_size, resolved.pipeline_parallel_size
-        if pp > model.layers:
-            raise EngineInputError(
-                f"pipeline_parallel_size {pp} exceeds the model's {model.layers} decoder layers",
-                field="pipeline_parallel_size",
-            )
-        weights = decoder_stage_weights_bytes(model, tp, pp, resolved.dtype_bytes, profile)
-        memory = engine_memory(model, options, visible, weights, profile=profile)
+        start = engine_start(
+            model,
+            options,
+            visible,
+            graph=served_graph(graph),
+            quantization=choice.quantization,
+            quantization_config=choice.quantization_config,
+            kernels=engine_kernels(device.capability),
+            profile=profile,
+        )
     except EngineInputError as exc:
         where = (
             "/max_model_len"
@@ -142,6 +182,7 @@ def engine_fit(
             else f"{pointer}/{exc.field}"
         )
         raise InvalidInput(str(exc), pointer=where) from None
+    resolved, memory = start.resolved, start.memory
     wanted = sequences if sequences is not None else choice.min_concurrency
     graphs = memory.cuda_graph_pool_bytes if profile.graphs_before_kv else 0
     requirement = engine_requirement(
@@ -152,6 +193,7 @@ def engine_fit(
                 non_torch_bytes=s.non_torch_bytes,
                 graphs_bytes=graphs,
                 kv_bytes_per_token=s.kv_bytes_per_token,
+                rotary_cache_bytes=s.rotary_cache_bytes,
             )
             for s in memory.stages
         ],
@@ -177,6 +219,8 @@ def engine_fit(
         visible_source=source,
         memory=memory,
         resolved=resolved,
+        quantized=start.quantized,
+        forward=start.forward,
         requirement=requirement,
         min_concurrency=wanted,
         fits=verdict,
@@ -195,8 +239,10 @@ def engine_read(fit: EngineFit) -> EngineFitRead:
         cuda_visible_source=fit.visible_source,
         requested_bytes=memory.requested_bytes,
         weights_bytes=max(s.weights_bytes for s in memory.stages),
+        rotary_cache_bytes=memory.stages[0].rotary_cache_bytes,
         profile_peak_bytes=max(s.peak_bytes for s in memory.stages),
         non_torch_bytes=memory.stages[0].non_torch_bytes,
+        cuda_graph_pool_bytes=memory.cuda_graph_pool_bytes,
         kv_pool_bytes=smallest.kv_pool_bytes,
         kv_bytes_per_token=smallest.kv_bytes_per_token,
         kv_tokens=memory.kv_tokens,
@@ -206,6 +252,7 @@ def engine_read(fit: EngineFit) -> EngineFitRead:
         starts=memory.starts,
         fits=fit.fits,
         reason=fit.reason,
+        quantization=None if fit.quantized is None else fit.quantized.scheme.method,
         options={
             "tensor_parallel_size": resolved.tensor_parallel_size,
             "pipeline_parallel_size": resolved.pipeline_parallel_size,
@@ -218,6 +265,8 @@ def engine_read(fit: EngineFit) -> EngineFitRead:
             "kv_cache_dtype_bytes": resolved.kv_cache_dtype_bytes,
             "enforce_eager": resolved.enforce_eager,
         },
+        stages=engine_stages(memory),
+        profile_forward=fit.forward,
     )
 
 
@@ -225,13 +274,15 @@ def check_engine(graph: GraphSource, spec: WorkloadInput) -> None:
     """Refuse, before any device is known, an engine the workload's model cannot be served by
     (422 naming ``/model``) or options the engine refuses for this model whatever the device
     (``/engine/<option>``: a tensor degree that does not divide the heads, a max_model_len above
-    the context, more pipeline stages than layers, gpu_memory_utilization outside (0, 1])."""
+    the context, more pipeline stages than layers, gpu_memory_utilization outside (0, 1], a
+    quantization the checkpoint's quantization_config contradicts)."""
     choice = domain_engine(spec)
     if choice is None:
         return
     model = serving_geometry(graph)
     try:
         resolved = resolve_options(choice.options, model, 1, choice.profile)
+        resolve_scheme(choice.quantization, choice.quantization_config)
     except EngineInputError as exc:
         raise InvalidInput(str(exc), pointer=f"/engine/{exc.field}") from None
     if resolved.pipeline_parallel_size > model.layers:
@@ -249,18 +300,17 @@ def engine_gate(
     pipeline group) on which the engine starts with its ``min_concurrency``, and the others as
     (device, precision, reason) exclusions with the engine's reason. The engine's degrees are the
     candidate's unless the engine names them (then other groups are excluded). Its memory
-    follows its ``dtype``, whatever the candidate's precision (vLLM's quantization is not
-    modelled by the engine profile)."""
+    follows its ``dtype``, ``quantization`` and ``quantization_config`` (the quantized kernels
+    of the candidate's compute capability), whatever the candidate's precision."""
     if engine is None:
         return runnable, []
-    model = serving_geometry(graph)
     verdicts: dict[str, str | None] = {}
     kept: list[Runnable] = []
     left: list[tuple[str, Precision, str]] = []
     for candidate, scheme in runnable:
         device = candidate.device
         if device.slug not in verdicts:
-            verdicts[device.slug] = _gate(model, engine, candidate)
+            verdicts[device.slug] = _gate(graph, engine, candidate)
         reason = verdicts[device.slug]
         if reason is None:
             kept.append((candidate, scheme))
@@ -269,7 +319,7 @@ def engine_gate(
     return kept, left
 
 
-def _gate(model: ServingModel, engine: EngineOptions, candidate: Candidate) -> str | None:
+def _gate(graph: GraphSource, engine: EngineOptions, candidate: Candidate) -> str | None:
     device = candidate.device
     if candidate.runtime is not Runtime.CUDA:
         return f"{engine.name} runs on GPUs (the engine's memory model is per GPU)"
@@ -283,19 +333,25 @@ def _gate(model: ServingModel, engine: EngineOptions, candidate: Candidate) -> s
         if candidate.gpus > 1:
             return "a tensor x pipeline group cannot span MIG slices"
         if device.cuda_visible_memory_bytes is not None:  # capped by the whole GPU's figure
-            shown = (
+            shown = EngineDevice(
                 device.slug,
                 device.cuda_visible_memory_bytes,
                 f"MIG profile {device.mig_profile}: {device.cuda_visible_memory_source}",
+                device.compute_capability,
             )
         else:
-            shown = (device.slug, device.memory_bytes, "MIG profile usable memory (catalog)")
+            shown = EngineDevice(
+                device.slug,
+                device.memory_bytes,
+                "MIG profile usable memory (catalog)",
+                device.compute_capability,
+            )
     else:
         visible, source = visible_memory(device)
-        shown = (device.slug, visible, source)
+        shown = EngineDevice(device.slug, visible, source, device.compute_capability)
     choice = engine_choice_of(engine, candidate.tensor_parallel, candidate.pipeline_parallel)
     try:
-        fit = engine_fit(model, choice, shown)
+        fit = engine_fit(graph, choice, shown)
     except InvalidInput as exc:  # options this model refuses on this group (a TP degree)
         return exc.detail
     if fit.fits:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -29,6 +30,8 @@ from app.domain.engines.quantization import (
 from app.domain.engines.vllm import (
     VLLM_0_19,
     EngineInputError,
+    EngineMemory,
+    EngineProfile,
     ResolvedOptions,
     ServingModel,
     VllmOptions,
@@ -77,6 +80,7 @@ class ServedGraph:
     inputs: Sequence[InputDecl]
     layers: Sequence[Mapping[str, Any]]
     default_bindings: Mapping[str, int]
+    key: str = ""  # a stored graph's version key (app.services.convert.model_graph); "": hash it
 
 
 class ShowsMemory(Protocol):
@@ -155,16 +159,59 @@ def prepare_vllm_memory(
             pointer="/hardware",
         )
     visible, source = visible_memory(gpu, payload.cuda_visible_bytes)
-    # vLLM's kernels by compute capability (app.domain.engines.quantization): Machete on 9.0
-    # only, FP8 Marlin (weight-only fp8) below 8.9
-    capability = compute_capability(gpu)
-    kernels = {
-        "hopper": capability == ComputeCapability(9, 0),
-        "fp8_marlin": capability is not None and capability < ComputeCapability(8, 9),
-    }
+    kernels = engine_kernels(compute_capability(gpu))
     return lambda: _answer(
         payload, model, visible, source, label, quantization_config, kernels, graph
     )
+
+
+@dataclass(frozen=True, slots=True)
+class EngineKernels:
+    """Which of vLLM's quantized GEMM kernels a GPU takes, by compute capability
+    (app.domain.engines.quantization): Machete on 9.0 only, FP8 Marlin (weight-only fp8)
+    below 8.9."""
+
+    hopper: bool = False
+    fp8_marlin: bool = False
+
+
+def engine_kernels(capability: ComputeCapability | None) -> EngineKernels:
+    """The kernels of a GPU of ``capability`` (None: unknown, neither)."""
+    return EngineKernels(
+        hopper=capability == ComputeCapability(9, 0),
+        fp8_marlin=capability is not None and capability < ComputeCapability(8, 9),
+    )
+
+
+def engine_weights(
+    model: ServingModel,
+    resolved: ResolvedOptions,
+    quantization: str | None,
+    quantization_config: Mapping[str, Any] | None,
+    kernels: EngineKernels,
+    profile: EngineProfile = VLLM_0_19,
+) -> tuple[tuple[int, ...], QuantizedWeights | None]:
+    """Weights on one GPU of each pipeline stage [B] and, with a quantization scheme
+    (app.domain.engines.quant_schemes.resolve_scheme of ``--quantization`` and the checkpoint's
+    ``quantization_config``), what its quantized linears store: the one computation behind the
+    endpoint and a workload's engine. Raises EngineInputError (a method the config
+    contradicts names ``quantization``; a config key ``quantization_config/<key>``)."""
+    tp, pp = resolved.tensor_parallel_size, resolved.pipeline_parallel_size
+    scheme = resolve_scheme(quantization, quantization_config)
+    weights = decoder_stage_weights_bytes(model, tp, pp, resolved.dtype_bytes, profile)
+    if scheme is None:
+        return weights, None
+    quantized = quantized_stage_weights(
+        model,
+        scheme,
+        tp,
+        pp,
+        resolved.dtype_bytes,
+        weights,
+        hopper=kernels.hopper,
+        fp8_marlin=kernels.fp8_marlin,
+    )
+    return quantized.stage_weights_bytes, quantized
 
 
 # vLLM 0.19 `--dtype auto` on a CUDA GPU (vllm/config/model.py _resolve_auto_dtype): the config's
@@ -178,6 +225,33 @@ def hf_serving_model(raw: dict[str, Any]) -> tuple[str, ServingModel, dict[str, 
     and its ``quantization_config`` (``None`` when it has none). 422s name ``/hf_config/...``."""
     label, model, quantization, _ = _hf_import(raw)
     return label, model, quantization
+
+
+def _with_rotary(raw: Mapping[str, Any], model: ServingModel) -> ServingModel:
+    """The rotary cos/sin cache's width and rows as vLLM 0.19's get_rope reads the config
+    (vllm/model_executor/layers/rotary_embedding/__init__.py): ``rotary_dim = int(head_size x
+    partial_rotary_factor)``; YaRN (``yarn``, ``deepseek_yarn``) builds
+    ``ceil(original_max_position_embeddings x factor)`` rows (yarn_scaling_rope.py,
+    deepseek_scaling_rope.py: ``torch.arange(max_position_embeddings * scaling_factor)``). Other
+    scalings keep ``max_position_embeddings`` rows (the model's defaults)."""
+    if model.rotary_dim == 0:
+        return model
+    rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    if not isinstance(rope, Mapping):
+        rope = {}
+    partial = raw.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0))
+    if isinstance(partial, int | float) and 0 < partial < 1:
+        head = model.mla.qk_rope_head_dim if model.mla is not None else model.head_dim
+        model = replace(model, rotary_dim=int(head * partial))
+    kind = rope.get("rope_type") or rope.get("type")
+    factor, original = rope.get("factor"), rope.get("original_max_position_embeddings")
+    if (
+        kind in ("yarn", "deepseek_yarn")
+        and isinstance(factor, int | float)
+        and isinstance(original, int)
+    ):
+        model = replace(model, rotary_positions=math.ceil(original * factor))
+    return model
 
 
 def _hf_import(
@@ -200,7 +274,7 @@ def _hf_import(
     except InvalidInput as exc:
         raise InvalidInput(exc.detail, pointer="/hf_config") from None
     dtype = raw.get("torch_dtype") or raw.get("dtype") or "float32"
-    model = replace(model, dtype=_AUTO_DTYPE.get(str(dtype), "bfloat16"))
+    model = _with_rotary(raw, replace(model, dtype=_AUTO_DTYPE.get(str(dtype), "bfloat16")))
     quantization = raw.get("quantization_config")
     if quantization is not None and not isinstance(quantization, dict):
         raise InvalidInput(
@@ -223,12 +297,15 @@ _PEAK_LOCK = threading.Lock()
 
 
 def _graph_peak(graph: ServedGraph, tokens: int, tp: int, dtype: str) -> GraphForwardPeak:
-    content = json.dumps(
-        [[(d.name, d.shape, str(d.kind)) for d in graph.inputs], graph.layers],
-        sort_keys=True,
-        default=str,
-    )
-    digest = hashlib.blake2b(content.encode(), digest_size=16).hexdigest()
+    if graph.key:
+        digest = "stored:" + graph.key
+    else:
+        content = json.dumps(
+            [[(d.name, d.shape, str(d.kind)) for d in graph.inputs], graph.layers],
+            sort_keys=True,
+            default=str,
+        )
+        digest = hashlib.blake2b(content.encode(), digest_size=16).hexdigest()
     key = (digest + json.dumps(dict(graph.default_bindings), sort_keys=True), tokens, tp, dtype)
     with _PEAK_LOCK:
         cached = _PEAK_CACHE.get(key)
@@ -251,7 +328,10 @@ def _graph_peak(graph: ServedGraph, tokens: int, tp: int, dtype: str) -> GraphFo
 
 
 def profile_forward(
-    model: ServingModel, resolved: ResolvedOptions, graph: ServedGraph | None
+    model: ServingModel,
+    resolved: ResolvedOptions,
+    graph: ServedGraph | None,
+    profile: EngineProfile = VLLM_0_19,
 ) -> ProfileForward:
     """The profile forward's peak per GPU: the graph's (app.domain.engines.profile_forward) at
     ``max_num_batched_tokens`` tokens on one tensor-parallel rank in the engine's dtype, times
@@ -259,7 +339,7 @@ def profile_forward(
     be laid out (the reason is returned)."""
     tokens, tp = resolved.max_num_batched_tokens, resolved.tensor_parallel_size
     dtype = {4: "float32", 2: "bfloat16"}.get(resolved.dtype_bytes, "bfloat16")
-    sampler = sampler_peak_bytes(model.vocab_size, resolved.max_num_seqs)
+    sampler = sampler_peak_bytes(model.vocab_size, resolved.max_num_seqs, profile)
     peak: GraphForwardPeak | None = None
     reason = "no graph"
     if graph is not None:
@@ -268,8 +348,8 @@ def profile_forward(
         except (ProfileGraphError, WorkloadInputError) as exc:
             reason = str(exc)
     if peak is not None:
-        factor = VLLM_0_19.graph_forward_factor
-        forward = graph_forward_peak_bytes(peak.peak_bytes)
+        factor = profile.graph_forward_factor
+        forward = graph_forward_peak_bytes(peak.peak_bytes, profile)
         return ProfileForward(
             source="graph",
             tokens=tokens,
@@ -285,8 +365,8 @@ def profile_forward(
             f"of {tokens:,} tokens on one of {tp} tensor-parallel ranks, {peak.attention} "
             f"attention]) = {forward:,} B",
         )
-    factor = VLLM_0_19.forward_activation_factor
-    forward = forward_peak_bytes(model, tokens, tp, resolved.dtype_bytes)
+    factor = profile.forward_activation_factor
+    forward = forward_peak_bytes(model, tokens, tp, resolved.dtype_bytes, profile)
     per_token = f"{model.experts_per_token} x 3 x {model.intermediate_size} / {tp} + 2 x " + str(
         model.hidden_size
     )
@@ -303,6 +383,76 @@ def profile_forward(
     )
 
 
+def engine_stages(memory: EngineMemory) -> list[EngineStage]:
+    """The engine's figures per pipeline stage as the API shows them."""
+    return [
+        EngineStage(
+            stage=i,
+            layers=s.layers,
+            weights_bytes=s.weights_bytes,
+            rotary_cache_bytes=s.rotary_cache_bytes,
+            profile_peak_bytes=s.peak_bytes,
+            non_torch_bytes=s.non_torch_bytes,
+            kv_pool_bytes=s.kv_pool_bytes,
+            kv_bytes_per_token=s.kv_bytes_per_token,
+            kv_tokens=s.kv_tokens,
+        )
+        for i, s in enumerate(memory.stages)
+    ]
+
+
+@dataclass(frozen=True)
+class EngineStart:
+    """The engine's start-up on one device: options resolved, weights per stage (and what the
+    quantized linears store), the profile forward's peak and where it comes from, and the
+    start-up memory. One computation for POST /v1/engines/vllm/memory and a workload's engine
+    (app.services.engine_fit), so both answer the same bytes."""
+
+    resolved: ResolvedOptions
+    weights: tuple[int, ...]
+    quantized: QuantizedWeights | None
+    forward: ProfileForward
+    memory: EngineMemory
+
+
+def engine_start(
+    model: ServingModel,
+    options: VllmOptions,
+    visible_bytes: int,
+    *,
+    graph: ServedGraph | None,
+    quantization: str | None,
+    quantization_config: Mapping[str, Any] | None,
+    kernels: EngineKernels,
+    profile: EngineProfile = VLLM_0_19,
+) -> EngineStart:
+    """The engine's start-up memory on a device showing ``visible_bytes`` to CUDA: weights
+    (:func:`engine_weights`), the profile forward's peak from the model's graph
+    (:func:`profile_forward`; the formula only when the graph cannot be laid out), then
+    app.domain.engines.vllm.engine_memory. Raises EngineInputError for an option the engine
+    refuses (``field`` names it)."""
+    resolved = resolve_options(options, model, visible_bytes, profile)
+    if resolved.pipeline_parallel_size > model.layers:
+        raise EngineInputError(
+            f"pipeline_parallel_size {resolved.pipeline_parallel_size} exceeds the model's "
+            f"{model.layers} decoder layers",
+            field="pipeline_parallel_size",
+        )
+    weights, quantized = engine_weights(
+        model, resolved, quantization, quantization_config, kernels, profile
+    )
+    forward = profile_forward(model, resolved, graph, profile)
+    memory = engine_memory(
+        model,
+        options,
+        visible_bytes,
+        weights,
+        profile=profile,
+        forward_peak=forward.forward_peak_bytes,
+    )
+    return EngineStart(resolved, weights, quantized, forward, memory)
+
+
 def _answer(
     payload: VllmMemoryRequest,
     model: ServingModel,
@@ -310,7 +460,7 @@ def _answer(
     source: str,
     label: str,
     quantization_config: dict[str, Any] | None,
-    kernels: dict[str, bool],
+    kernels: EngineKernels,
     graph: ServedGraph | None = None,
 ) -> VllmMemoryResponse:
     options = VllmOptions(
@@ -326,56 +476,28 @@ def _answer(
         enforce_eager=payload.enforce_eager,
     )
     try:
-        resolved = resolve_options(options, model, visible)
-        if resolved.pipeline_parallel_size > model.layers:
-            raise EngineInputError(
-                f"pipeline_parallel_size {resolved.pipeline_parallel_size} exceeds the model's "
-                f"{model.layers} decoder layers",
-                field="pipeline_parallel_size",
-            )
-        scheme = resolve_scheme(payload.quantization, quantization_config)
-        weights = decoder_stage_weights_bytes(
+        start = engine_start(
             model,
-            resolved.tensor_parallel_size,
-            resolved.pipeline_parallel_size,
-            resolved.dtype_bytes,
-        )
-        quantized = None
-        if scheme is not None:
-            quantized = quantized_stage_weights(
-                model,
-                scheme,
-                resolved.tensor_parallel_size,
-                resolved.pipeline_parallel_size,
-                resolved.dtype_bytes,
-                weights,
-                hopper=kernels["hopper"],
-                fp8_marlin=kernels["fp8_marlin"],
-            )
-            weights = quantized.stage_weights_bytes
-        forward = profile_forward(model, resolved, graph)
-        memory = engine_memory(
-            model, options, visible, weights, forward_peak=forward.forward_peak_bytes
+            options,
+            visible,
+            graph=graph,
+            quantization=payload.quantization,
+            quantization_config=quantization_config,
+            kernels=kernels,
         )
     except EngineInputError as exc:
         raise InvalidInput(str(exc), pointer=f"/{exc.field}") from None
+    resolved, quantized, forward, memory = (
+        start.resolved,
+        start.quantized,
+        start.forward,
+        start.memory,
+    )
     defaults = [name for name in _DEFAULTED if getattr(payload, name) is None]
     defaults += [name for name in ("dtype", "kv_cache_dtype") if getattr(payload, name) == "auto"]
     dtype = model.dtype if payload.dtype == "auto" else payload.dtype
     kv_dtype = dtype if payload.kv_cache_dtype == "auto" else payload.kv_cache_dtype
-    stages = [
-        EngineStage(
-            stage=i,
-            layers=s.layers,
-            weights_bytes=s.weights_bytes,
-            profile_peak_bytes=s.peak_bytes,
-            non_torch_bytes=s.non_torch_bytes,
-            kv_pool_bytes=s.kv_pool_bytes,
-            kv_bytes_per_token=s.kv_bytes_per_token,
-            kv_tokens=s.kv_tokens,
-        )
-        for i, s in enumerate(memory.stages)
-    ]
+    stages = engine_stages(memory)
     context = model.max_position_embeddings
     assumptions = [
         f"GPU memory visible to CUDA {visible / GIB:.2f} GiB: {source}",
@@ -417,6 +539,11 @@ def _answer(
         if context is not None
         else "the model has no default `seq` binding, so max_model_len is not bounded by a "
         "context and must be given",
+        f"rotary cos/sin cache {memory.stages[0].rotary_cache_bytes:,} B on each GPU: "
+        "vllm/model_executor/layers/rotary_embedding/base.py (0.19) RotaryEmbedding builds "
+        "max_position_embeddings x rotary_dim in the model dtype with the model, one instance "
+        "shared by every layer (get_rope's _ROPE_DICT); not a weight, but part of vLLM's "
+        "'Model loading took' and of what the KV pool is left after",
         "the CUDA-graph pool is captured after KV sizing in vLLM 0.19 and is not subtracted",
     ]
     if model.experts > 1:
@@ -432,6 +559,7 @@ def _answer(
         cuda_visible_source=source,
         requested_bytes=memory.requested_bytes,
         weights_bytes=max(s.weights_bytes for s in memory.stages),
+        rotary_cache_bytes=memory.stages[0].rotary_cache_bytes,
         profile_peak_bytes=max(s.peak_bytes for s in memory.stages),
         non_torch_bytes=memory.stages[0].non_torch_bytes,
         cuda_graph_pool_bytes=memory.cuda_graph_pool_bytes,

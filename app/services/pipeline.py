@@ -92,7 +92,6 @@ from app.services.engine_fit import (
     engine_choice,
     engine_fit,
     engine_read,
-    serving_geometry,
 )
 from app.services.errors import InvalidInput, NotFound
 from app.services.model_store import invalid_graph
@@ -479,7 +478,7 @@ def engine_on(
     if choice is None:
         return None
     return engine_fit(
-        serving_geometry(graph),
+        graph,
         choice,
         device_memory(row, profile),
         sequences=sequences,
@@ -594,7 +593,19 @@ def _response(
 ) -> MemoryEstimateResponse:
     label, micro, bindings = run.label, run.micro_batch, run.bindings
     analysis, result = run.analysis, run.result
+    assumptions = list(result.assumptions)
     fit = None
+    engine_figures = None if engine is None else engine_read(engine)
+    if engine is not None:
+        assumptions.append(
+            f"engine: {engine.engine} serves the model; its figures on {engine.device} "
+            "(`engine`) decide the fit, not the breakdown above, which is the PyTorch forward "
+            "at the workload's batch and sequence"
+        )
+    elif payload.engine is not None:
+        assumptions.append(
+            "engine: its start-up figures are per GPU; give `hardware` for them and its fit"
+        )
     if target is not None and engine is not None:  # the engine's requirement, on what CUDA shows
         verdict = fit_verdict(engine.requirement, engine.visible_bytes)
         fit = FitSummary(
@@ -606,7 +617,7 @@ def _response(
             safety_margin_fraction=engine.requirement.safety_margin_fraction,
             fits=verdict.fits,
             headroom_bytes=verdict.headroom_bytes,
-            engine=engine_read(engine),
+            engine=engine_figures,
         )
     elif target is not None:
         required = required_of(
@@ -677,7 +688,7 @@ def _response(
         first_iteration_peak_bytes=result.first_iteration_peak_bytes,
         first_iteration_peak_phase=result.first_iteration_peak_phase,
         seed_rule_bytes=result.seed_rule_bytes,
-        assumptions=list(result.assumptions),
+        assumptions=assumptions,
         attention=run.attention,
         defaults_used=run.defaults_used(),
         cuda=None
@@ -694,5 +705,6 @@ def _response(
             for line in result.host_lines or ()
         ],
         fit=fit,
+        engine=engine_figures,
         layers=layers,
     )

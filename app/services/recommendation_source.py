@@ -340,7 +340,7 @@ class ModelSource:
         estimate: where only whether it fits matters (a multi-GPU group that does not fit is
         not offered), the estimate is skipped when the floor alone does not fit."""
         # Remembered per request on what the floor depends on (as in memory_fit)
-        key = ("floor", *self._fit_key(batch, scheme, candidate))
+        key = ("floor", batch, self._fit_base(scheme, candidate))
         required: int | None = self.memo.get(key)
         if required is None:
             bindings, attention, request, paged = self._memory_request(batch, scheme, candidate)
@@ -399,14 +399,20 @@ class ModelSource:
             and self.memory_fit(batch, scheme, candidate).fits
         )
 
-    @staticmethod
-    def _fit_key(batch: int, scheme: PrecisionScheme, candidate: Candidate) -> tuple[Any, ...]:
-        """What a candidate's memory requirement depends on (:meth:`_memory_request`): all
-        but the device's memory, and of the GPU only whether there is one and its compute
-        capability (the attention default; its name only enters the default's reason)."""
+    def _fit_base(self, scheme: PrecisionScheme, candidate: Candidate) -> int:
+        """What a candidate's memory requirement depends on besides the batch
+        (:meth:`_memory_request`): all but the device's memory, and of the GPU only whether
+        there is one and its compute capability (the attention default; its name only enters
+        the default's reason). As a number, one per distinct tuple of those in this request,
+        found once per candidate and scheme object: a search asks for every candidate at every
+        batch, and hashing the tuple's dataclasses each time cost more than the lookup."""
+        by_object = ("fit base of", id(candidate), id(scheme))
+        known: tuple[Candidate, PrecisionScheme, int] | None = self.memo.get(by_object)
+        # The memo holds the objects, so their ids are not reused while it lives
+        if known is not None and known[0] is candidate and known[1] is scheme:
+            return known[2]
         gpu = candidate.device.gpu
-        return (
-            batch,
+        base = (
             scheme,
             candidate.runtime,
             candidate.overhead,
@@ -415,20 +421,32 @@ class ModelSource:
             gpu is not None,
             None if gpu is None else gpu.compute_capability,
         )
+        numbers: dict[tuple[Any, ...], int] = self.memo.setdefault(("fit bases",), {})
+        number = numbers.setdefault(base, len(numbers))
+        self.memo[by_object] = (candidate, scheme, number)
+        return number
 
     def memory_fit(self, batch: int, scheme: PrecisionScheme, candidate: Candidate) -> MemoryFit:
         """The fit of the workload on the candidate's memory. The requirement and its detail
         do not depend on the device but through its runtime, overheads, parallelism and (the
-        attention default) compute capability: remembered per request on those, so devices
-        alike in them share one (a search asks for every device at every batch)."""
-        key = ("fit", *self._fit_key(batch, scheme, candidate))
-        found: tuple[int, str] | None = self.memo.get(key)
+        attention default) compute capability (:meth:`_fit_base`): remembered per request on
+        those, so devices alike in them share one (a search asks for every device at every
+        batch), and the fit per device memory too (it is immutable)."""
+        base = self._fit_base(scheme, candidate)
+        available = candidate.device.memory_bytes
+        key = ("fit", batch, base, available)
+        fit: MemoryFit | None = self.memo.get(key)
+        if fit is not None:
+            return fit
+        figures = ("fit figures", batch, base)
+        found: tuple[int, str] | None = self.memo.get(figures)
         if found is None:
-            found = self.memo[key] = self._fit_figures(batch, scheme, candidate)
+            found = self.memo[figures] = self._fit_figures(batch, scheme, candidate)
         required, detail = found
-        return MemoryFit(
-            required_bytes=required, available_bytes=candidate.device.memory_bytes, detail=detail
+        fit = self.memo[key] = MemoryFit(
+            required_bytes=required, available_bytes=available, detail=detail
         )
+        return fit
 
     def _fit_figures(
         self, batch: int, scheme: PrecisionScheme, candidate: Candidate

@@ -14,7 +14,6 @@ from app.domain.performance.calibration import (
 )
 from app.domain.performance.candidates import Candidate
 from app.domain.performance.decoding import Batching, kv_bytes_per_request
-from app.domain.performance.llm_server import LlmServerLoad
 from app.domain.performance.pipeline import ParallelStrategy
 from app.domain.performance.precision_schemes import PRECISION_SCHEMES, PrecisionScheme
 from app.domain.performance.prediction import Bound, PipelineTiming, Prediction
@@ -25,6 +24,7 @@ from app.domain.performance.recommend import (
     explain,
     price_of_kind,
 )
+from app.domain.performance.request_lengths import LENGTH_SAMPLING
 from app.domain.performance.runtimes import DEFAULT_RUNTIME, RUNTIME_PROFILES, ServingRuntime
 from app.domain.performance.serving import ServerLoad
 from app.domain.precision import Precision
@@ -36,7 +36,6 @@ from app.schemas.recommendations import (
     Exclusion,
     InferenceRecommendationRequest,
     InferenceRecommendationResponse,
-    LlmServerRead,
     PhaseRead,
     PipelinePhaseRead,
     PipelineRead,
@@ -48,6 +47,7 @@ from app.schemas.recommendations import (
     WorkloadSummary,
 )
 from app.services.convert import fuse_elementwise
+from app.services.recommendation_llm import llm_server_read
 from app.services.recommendation_source import ModelSource
 
 FORMULAS = [
@@ -278,8 +278,15 @@ def _scenario_note(
             "decode step of each sequence in flight and the prompt tokens of newly admitted "
             "ones, within max_num_batched_tokens, FCFS, as vLLM's scheduler; a finished "
             "sequence leaves at once); at most as many sequences in flight as the KV pool "
-            "holds at the request's maximum lengths (the largest fitting concurrency); every "
-            "request at the mean prompt and output lengths. Per candidate, the largest arrival "
+            "holds at the request's maximum lengths (the largest fitting concurrency); "
+            + (
+                "every request at the mean prompt and output lengths"
+                if requirements.request_lengths is None
+                else "each request draws its own prompt and output lengths "
+                f"({requirements.request_lengths.describe()}; {LENGTH_SAMPLING}) and is "
+                "admitted while its own KV blocks fit in the pool beside those in flight"
+            )
+            + ". Per candidate, the largest arrival "
             "rate whose simulated TTFT p99 and TPOT p99 stay within "
             f"{(requirements.ttft_p99_s or 0) * 1e3:.4g} ms and "
             f"{(requirements.tpot_p99_s or 0) * 1e3:.4g} ms over a run of twice the arrivals "
@@ -718,7 +725,7 @@ def ranked_candidate(
         inputs=_inputs(p),
         phases=[PhaseRead.model_validate(t) for t in p.phases],
         server=None if item.server is None else _server_read(item.server),
-        llm_server=None if item.llm_server is None else _llm_server_read(item.llm_server),
+        llm_server=None if item.llm_server is None else llm_server_read(item.llm_server),
         decoder_serving=serving,
         pipeline=None if p.pipeline is None else _pipeline_read(p.pipeline),
     )
@@ -756,27 +763,6 @@ def _pipeline_read(timing: PipelineTiming) -> PipelineRead:
             )
             for phase in timing.phases
         ],
-    )
-
-
-def _llm_server_read(load: LlmServerLoad) -> LlmServerRead:
-    return LlmServerRead(
-        arrival_rate_per_s=load.arrival_rate_per_s,
-        ttft_p99_ms=load.ttft_p99_s * 1e3,
-        tpot_p99_ms=load.tpot_p99_s * 1e3,
-        ttft_p99_bound_ms=load.ttft_bound_s * 1e3,
-        tpot_p99_bound_ms=load.tpot_bound_s * 1e3,
-        max_num_seqs=load.max_seqs,
-        max_num_batched_tokens=load.max_batched_tokens,
-        mean_sequences_in_flight=load.mean_sequences,
-        capacity_per_s=load.capacity_per_s,
-        requests_simulated=load.requests,
-        ttft_p99_doubled_ms=load.ttft_p99_doubled_s * 1e3,
-        tpot_p99_doubled_ms=load.tpot_p99_doubled_s * 1e3,
-        p99_drift=load.drift,
-        stable=load.stable,
-        limited_by=load.binding,
-        note=load.note(),
     )
 
 

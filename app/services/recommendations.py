@@ -131,6 +131,8 @@ DECODER_OPTIONS = (
     "max_num_seqs",
     "prompt_tokens_mean",
     "generated_tokens_mean",
+    "prompt_length_distribution",
+    "generated_length_distribution",
     "batching",
     "beam_width",
     "kv_block_tokens",
@@ -209,6 +211,10 @@ def prepare_recommend(
 # arrivals, a check over 4,000): about 0.1 s of CPU on the loaded 2-core reference machine
 # (benchmarks/llm_server_load.py), 200,000 units of ~0.5 us.
 LLM_SERVER_UNITS = 200_000
+# With request length distributions a simulation takes about twice as long (more back-offs
+# before the doubled run is stable: benchmarks/llm_server_load.py, lognormal vs fixed lengths,
+# 2.1 s vs 1.0 s of CPU for the catalog under 2 s / 200 ms, ~0.1 s more per simulated server).
+LLM_SERVER_LENGTHS_FACTOR = 2
 
 
 def recommendation_work(
@@ -241,9 +247,13 @@ def recommendation_work(
     # Under TTFT / TPOT bounds about LLM_TOP servers are simulated in full (the rest are
     # pruned by their objective floor or fail fast): LLM_SERVER_UNITS each.
     servers = min(devices * len(payload.precisions), LLM_TOP)
+    varied = (
+        payload.prompt_length_distribution is not None
+        or payload.generated_length_distribution is not None
+    )
     return work + work_units(
         WorkFactor(name="simulated LLM servers", value=servers, field="/devices"),
-        weight=LLM_SERVER_UNITS,
+        weight=LLM_SERVER_UNITS * (LLM_SERVER_LENGTHS_FACTOR if varied else 1),
     )
 
 

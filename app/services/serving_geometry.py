@@ -154,4 +154,6 @@ def serving_model(
         shared_expert_gate=gate,
         dense_layers=tuple(dense) if moes else (),
         dense_intermediate_size=dense_inner,
+        # no rotary embedding: no cos/sin cache (app.domain.engines.vllm.rotary_cache_bytes)
+        rotary_dim=None if attn.get("rotary", False) else 0,
     )

@@ -19,12 +19,26 @@ latency rows in ms, a Server run its scheduled samples/s at the run's own latenc
 (``target_latency (ns)``) and its p99 latency, an Offline run its samples/s;
 ``value_per_accelerator`` (GPUs, more than one) or ``value_per_socket`` (CPUs) = value / count.
 
-Usage (this file's rows: round v2.0 at 425a0d3; ``--project`` is this repository, whose
-committed files are searched with ``git grep`` for the systems they already cite)::
+Usage (``--project`` is this repository, whose committed files at ``--project-commit`` are
+searched with ``git grep`` for the systems they already cite). The rows of the file, round by
+round, in the order they were added::
 
     python benchmarks/calibration/collect_test_split.py --project . --project-commit cf14ff9 \\
         --repo <inference_results_v2.0 clone> --round v2.0 \\
         --commit 425a0d30c6e0cb9b65595881572cbba5f18572eb --added 2026-11-27 --report
+    python benchmarks/calibration/collect_test_split.py --project . --project-commit 17d7b15 \\
+        --repo <inference_results_v2.1 clone> --round v2.1 \\
+        --commit 91f7859b8b5847b7c5fdf95ce65699ad6477093b --added 2026-11-28 --report
+    python benchmarks/calibration/collect_test_split.py --project . --project-commit 17d7b15 \\
+        --repo <inference_results_v3.0 clone> --round v3.0 \\
+        --commit 1948f9b5b93c5b4dcafe15de0faa08cdf1439fca --added 2026-11-28 --report
+    python benchmarks/calibration/collect_test_split.py --project . --project-commit 17d7b15 \\
+        --repo <inference_results_v1.1 clone> --round v1.1 \\
+        --commit 7fc43356c4d71ed6ec97af9d035a34ed146587b8 --added 2026-11-28 --report
+
+The device table gained the T4's "Tesla T4" names, the 500 W A100 SXM4 80GB ("CTS", "-500W")
+and the vGPU test before rounds v2.1, v3.0 and v1.1 were collected; round v2.0's output is
+unchanged by them (the round names none of these).
 """
 
 from __future__ import annotations
@@ -51,18 +65,30 @@ DEVICES = {
     "nvidia a100 pcie 80gb": "nvidia_a100_80gb_pcie",
     "nvidia a100 sxm 80gb": "nvidia_a100_80gb_sxm",
     "nvidia a100 sxm4 80gb": "nvidia_a100_80gb_sxm",
+    # The same A100 SXM4 80GB at a 500 W TDP instead of 400 W ("CTS", custom thermal solution:
+    # v2.1 Dell XE8545 hw_notes "NVIDIA A100-SXM-80GB (TDP: 500W)"): same part, peaks and
+    # memory; a power setting, as the power-capped MaxQ systems are (in, v2.0 0eb9f8a).
+    "nvidia a100 sxm 80gb cts": "nvidia_a100_80gb_sxm",
+    "nvidia a100 sxm4 80gb cts": "nvidia_a100_80gb_sxm",
+    "nvidia a100 sxm 80gb 500w": "nvidia_a100_80gb_sxm",  # v1.1 Lenovo SD650v2-N
     "nvidia a100 sxm 40gb": "nvidia_a100_40gb_sxm",
     "nvidia a100 sxm4 40gb": "nvidia_a100_40gb_sxm",
     "nvidia a30": "nvidia_a30",
     "nvidia a30 pcie 24gb": "nvidia_a30",
     "nvidia a10": "nvidia_a10",
     "nvidia t4": "nvidia_t4",
+    "tesla t4": "nvidia_t4",  # v3.0 cTuning aws_g4dn.xlarge (AWS g4dn: one T4)
+    "nvidia tesla t4": "nvidia_t4",  # v1.1 Alibaba T4x1_TRT
     "nvidia l4": "nvidia_l4",
     "nvidia l40s": "nvidia_l40s",
     "nvidia h100 pcie 80gb": "nvidia_h100_pcie",
     "nvidia h100 sxm 80gb": "nvidia_h100_sxm",
     "nvidia h200 sxm 141gb": "nvidia_h200_sxm",
 }
+# NVIDIA vGPU profiles (accelerator_model_name "<GPU>-<frame buffer GB><series letter>", e.g.
+# "NVIDIA A10-24Q", "NVIDIA H100-80C": NVIDIA Virtual GPU Software's profile names): a GPU seen
+# through a hypervisor's virtual device, as a MIG slice is a partition: no catalog device.
+VGPU = re.compile(r" \d+[abcq]$")
 # host_processor_model_name patterns of CPU-only systems -> calibration device id
 CPUS = {
     r"platinum 8380 cpu": "intel_xeon_platinum_8380",
@@ -143,6 +169,8 @@ def classify(
         why = "cited by this repository (rule (C))"
     elif "mig" in _normalise(accelerator) or "MIG" in name:
         why = f"MIG slice {accelerator!r}: not a catalog device (rule (C))"
+    elif VGPU.search(_normalise(accelerator)):
+        why = f"vGPU profile {accelerator!r}: a virtual GPU, not a catalog device (rule (C))"
     elif device is None:
         what = spec.get("host_processor_model_name") if cpu else accelerator
         why = f"{what!r} not in the catalog (rule (C))"

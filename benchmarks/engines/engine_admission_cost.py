@@ -3,7 +3,8 @@
 What the webhook computes for a pod running ``vllm serve`` on a GPU the catalog lists (after it
 has read the model and hardware rows): parse the pod's command line
 (app.domain.engines.cli), the decoder geometry of the stored graph (remembered per graph
-version: measured both cold and warm), and vLLM's start-up memory, requirement and verdict on
+version: measured both cold and warm; the profile forward's graph peak is remembered per graph
+version, tokens, TP and dtype in both), and vLLM's start-up memory, requirement and verdict on
 the whole GPU and each of its MIG profiles (app.services.engine_fit, as
 app.services.decision_store.engine_evaluation runs it). Figures are ``time.process_time`` per
 decision, the minimum of ``--repeat`` rounds of ``--n`` decisions (the machine may be shared).
@@ -24,6 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from app.domain.engines.cli import engine_command  # noqa: E402
+from app.domain.precision import ComputeCapability  # noqa: E402
 from app.domain.zoo import ZOO  # noqa: E402
 from app.schemas.engine_options import VllmEngineOptions  # noqa: E402
 from app.schemas.estimates import WorkloadInput  # noqa: E402
@@ -49,13 +51,14 @@ def _decision(graph: tuple, cold: bool) -> bool:  # type: ignore[type-arg]
     )  # fmt: skip
     if cold:
         engine_fit._GEOMETRY.clear()
-    model = engine_fit.serving_geometry(graph)
     choice = domain_engine(spec)
     assert choice is not None
-    whole = engine_fit.engine_fit(model, choice, ("h100", round(79.19 * GIB), "logs"))
+    h100 = engine_fit.EngineDevice("h100", round(79.19 * GIB), "logs", ComputeCapability(9, 0))
+    whole = engine_fit.engine_fit(graph, choice, h100)
     starts = whole.fits
     for mib in PROFILES_MIB:
-        fit = engine_fit.engine_fit(model, choice, ("slice", mib * 2**20, "catalog"))
+        device = engine_fit.EngineDevice("slice", mib * 2**20, "catalog", ComputeCapability(9, 0))
+        fit = engine_fit.engine_fit(graph, choice, device)
         starts = starts or fit.fits
     return starts
 

@@ -49,6 +49,7 @@ from app.domain.engines.vllm import (  # noqa: E402
     decoder_stage_weights_bytes,
     engine_memory,
     graph_forward_peak_bytes,
+    rotary_cache_bytes,
 )
 from app.domain.units import GIB  # noqa: E402
 from app.importers.hf_config import import_hf_config  # noqa: E402
@@ -355,6 +356,11 @@ def predicted_weights(run: Run, profile: EngineProfile) -> tuple[int, ...]:
     return decoder_stage_weights_bytes(model, run["tp"], run["pp"], nbytes, profile)
 
 
+def _rotary(run: Run) -> int:
+    """The run's rotary cos/sin cache on one GPU [B] (app.domain.engines.vllm)."""
+    return rotary_cache_bytes(MODELS[run["model"]], 4 if run["dtype"] == "float32" else 2)
+
+
 def _unit(run: Run) -> float:
     m = MODELS[run["model"]]
     nbytes = 4 if run["dtype"] == "float32" else 2
@@ -442,9 +448,11 @@ def predict(
     # The PP 4 row's 3.28 GiB (notes: "first-stage values") is the weights of an 8-layer stage
     # without the embedding (3.25 GiB); issue 31 quotes vLLM's stage 0 at 4.26 GiB. The row is
     # compared with a middle stage, stage 0 with the issue's figure (printed below the table).
+    # vLLM's "Model loading took" is the weights plus the rotary cos/sin cache built with them
+    # (rotary_cache_bytes: one per GPU, in the model dtype), compared as one figure.
     w = em.stages[1].weights_bytes if run["pp"] == 4 else s0.weights_bytes
     return {
-        "weights": w,
+        "weights": w + s0.rotary_cache_bytes,
         "peak": s0.peak_bytes,
         "non_torch": s0.non_torch_bytes,
         "kv": em.kv_tokens,
@@ -525,8 +533,9 @@ def main() -> None:
             weights = predicted_weights(run, prof)
             source = "predicted"
         else:
-            # Not expressible: the engine steps are still checked with the logged weights (PP 1).
-            weights = (round(run["weights"]),)
+            # Not expressible: the engine steps are still checked with the logged weights (PP 1),
+            # which hold the rotary cache the engine model adds on its own line.
+            weights = (round(run["weights"]) - _rotary(run),)
             source = "logged (not expressible)"
             not_expr.append((run["id"], why))
         p = predict(run, prof, weights)
@@ -562,7 +571,7 @@ def main() -> None:
             f"{source} | {alt} |"
         )
     pp4 = next(r for r in runs if r["id"].endswith("pp4"))
-    stage0 = predicted_weights(pp4, full)[0] / GIB
+    stage0 = (predicted_weights(pp4, full)[0] + _rotary(pp4)) / GIB
     print(
         f"\nPP 4 weights: the row's 3.28 GiB is compared with a middle stage (8 layers, no "
         f"embedding); stage 0 predicted {stage0:.2f} GiB vs 4.26 GiB logged by vLLM (issue 31): "
@@ -579,13 +588,14 @@ def main() -> None:
         if q is None:
             continue
         st = q.stages[0]
+        loaded = st.weights_bytes + _rotary(run)
         print(
             f"| {run['id']} | {run['quantization']} | {q.scheme.describe()} "
             f"({', '.join(q.kernels)}) | "
             f"{st.stored.packed_bytes / GIB:.4f} | {st.stored.scale_bytes / GIB:.4f} | "
             f"{st.stored.zero_point_bytes / GIB:.4f} | {st.stored.g_idx_bytes / GIB:.4f} | "
-            f"{st.unquantized_bytes / GIB:.4f} | {st.weights_bytes / GIB:.4f} / "
-            f"{run['weights'] / GIB:.2f} ({pct(st.weights_bytes, run['weights']):+.2f} %) |"
+            f"{st.unquantized_bytes / GIB:.4f} | {loaded / GIB:.4f} / "
+            f"{run['weights'] / GIB:.2f} ({pct(loaded, run['weights']):+.2f} %) |"
         )
     for rid, config in QUANTIZATION_CONFIGS.items():
         print(
@@ -593,10 +603,12 @@ def main() -> None:
             f"documented scheme, see QUANTIZATION_CONFIGS in this script): `{config}`."
         )
     print(
-        "\nNot in the prediction (vLLM allocates them during the load): the rotary cos/sin "
-        "cache (`vllm/model_executor/layers/rotary_embedding/base.py`: max_position_embeddings "
-        "x rotary_dim in the model dtype, one per process: 131072 x 128 x 2 B = 0.03125 GiB for "
-        "Llama-3.1) and Marlin's per-layer workspace (one int32 per SM)."
+        "\nPredicted weights are compared with vLLM's 'Model loading took' as weights + the "
+        "rotary cos/sin cache (app.domain.engines.vllm.rotary_cache_bytes, "
+        "`vllm/model_executor/layers/rotary_embedding/base.py`: max_position_embeddings x "
+        "rotary_dim in the model dtype, one per GPU: 131072 x 128 x 2 B = 0.03125 GiB for "
+        "Llama-3.1). Still not in the prediction: Marlin's per-layer workspace (one int32 per "
+        "SM) and the quantized runs' packed-zero / g_idx kernels' side buffers."
     )
     print("\n## Not expressible yet (listed, not dropped)\n")
     for rid, why in not_expr:

@@ -35,20 +35,36 @@ def reference_class(config: dict[str, object]) -> str:
     architectures = config.get("architectures") or []
     if model_type == "vit" and "ViTForImageClassification" in architectures:  # type: ignore[operator]
         return "ViTForImageClassification"
+    if model_type == "t5" and "T5EncoderModel" not in architectures:  # type: ignore[operator]
+        return "T5ForConditionalGeneration"
     return REFERENCE_CLASSES[model_type][0]
+
+
+# model_types that transformers does not register but whose config.json names a registered
+# config class through auto_map: Kimi-K2's names configuration_deepseek.DeepseekV3Config.
+CONFIG_TYPE = {"kimi_k2": "deepseek_v3"}
 
 
 def transformers_count(config: dict[str, object]) -> tuple[str, int]:
     """Build the reference class from the config on the meta device and count parameters."""
     name = reference_class(config)
-    fields = {k: v for k, v in config.items() if k not in ("model_type", "_name_or_path")}
-    hf_config = transformers.AutoConfig.for_model(str(config["model_type"]), **fields)
+    skip = ("model_type", "_name_or_path", "auto_map")
+    fields = {k: v for k, v in config.items() if k not in skip}
+    model_type = str(config["model_type"])
+    hf_config = transformers.AutoConfig.for_model(CONFIG_TYPE.get(model_type, model_type), **fields)
     cls = getattr(transformers, name)
     with torch.device("meta"):
         if name in ("BertModel", "RobertaModel", "ViTModel"):
             model = cls(hf_config, add_pooling_layer=True)
         else:
             model = cls(hf_config)
+        if name == "T5ForConditionalGeneration" and config.get("tie_word_embeddings") is False:
+            # transformers 5.23's T5Config forces tie_word_embeddings True (it only keeps the
+            # flag to turn off the decoder-output scaling, configuration_t5.py __post_init__),
+            # so the model built from a config ties lm_head to shared; from_pretrained unties
+            # them when the checkpoint's lm_head.weight differs (T5 v1.1 / Flan-T5:
+            # modeling_utils.PreTrainedModel.tie_weights). Count the model as loaded.
+            model.lm_head.weight = torch.nn.Parameter(torch.empty_like(model.lm_head.weight))
     return name, sum(p.numel() for p in model.parameters())
 
 
@@ -72,7 +88,10 @@ def main() -> int:
         "",
         f"transformers {transformers.__version__}, torch {torch.__version__}; models built from "
         "`tests/fixtures/hf_configs/*.json` on the meta device, counted as "
-        "`sum(p.numel() for p in model.parameters())`.",
+        "`sum(p.numel() for p in model.parameters())`. T5ForConditionalGeneration with "
+        "`tie_word_embeddings: false` (Flan-T5, T5 v1.1): transformers 5.23 builds it tied "
+        "from a config but from_pretrained unties the checkpoint's own lm_head, so its "
+        "lm_head is counted apart, as loaded.",
         "",
         "| config | model_type | reference class | transformers | importer | equal |",
         "|---|---|---|---:|---:|---|",

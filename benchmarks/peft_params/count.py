@@ -1,8 +1,9 @@
 """Check LoRA trainable-parameter counts against the ``peft`` library itself.
 
-For Llama-named decoders (Llama, Mistral, Qwen2/3, Gemma), GPT-2, BERT and T5 (encoder)
-configs in ``tests/fixtures/hf_configs/``, this builds the importer's reference class from
-the config alone on the meta device (nothing downloaded or allocated), applies
+For Llama-named decoders (Llama, Mistral, Qwen2/3, Gemma), GPT-2, BERT, T5 (encoder and
+encoder-decoder), BLOOM, GPT-NeoX (Pythia), OPT, Phi-2, DeepSeek (MLA) and gpt-oss configs
+in ``tests/fixtures/hf_configs/``, this builds the importer's reference class from the config
+alone on the meta device (nothing downloaded or allocated), applies
 ``peft.get_peft_model`` with each LoRA configuration below and reads
 ``PeftModel.get_nb_trainable_parameters()``; beside it, the service's count
 (``app.domain.peft.lora_trainable_params`` over the imported graph). It writes
@@ -210,12 +211,184 @@ T5_CASES: tuple[Case, ...] = (
     ),
 )
 
+# T5ForConditionalGeneration: the decoder's cross-attention (EncDecAttention) is adapted too
+T5_FULL_CASES: tuple[Case, ...] = (
+    *(case for case in T5_CASES if case[0] != "r=32 attention kind"),
+    (
+        "r=32 attention kind",
+        {"r": 32, "target_modules": r".*(SelfAttention|EncDecAttention)\.(q|k|v|o)"},
+        LoraConfig(r=32, target_kind=LoraKind.ATTENTION),
+    ),
+)
+
+# BLOOM and GPT-NeoX (Pythia) name their fused attention input query_key_value
+# (models/bloom/modeling_bloom.py, models/gpt_neox/modeling_gpt_neox.py)
+FUSED_QKV_CASES: tuple[Case, ...] = (
+    (
+        "r=8 query_key_value",
+        {"r": 8, "target_modules": ["query_key_value"]},
+        LoraConfig(r=8, target_modules=("query_key_value",)),
+    ),
+    (
+        "r=16 query_key_value",
+        {"r": 16, "target_modules": ["query_key_value"]},
+        LoraConfig(r=16, target_modules=("query_key_value",)),
+    ),
+    (
+        "r=16 qkv,dense,dense_h_to_4h,dense_4h_to_h",
+        {
+            "r": 16,
+            "target_modules": ["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"],
+        },
+        LoraConfig(
+            r=16, target_modules=("query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h")
+        ),
+    ),
+    (
+        "r=64 all-linear",
+        {"r": 64, "target_modules": "all-linear"},
+        LoraConfig(r=64, target_kind=LoraKind.ALL_LINEAR),
+    ),
+    (
+        "r=8 attention kind",
+        {"r": 8, "target_modules": r".*\.(self_attention|attention)\.(query_key_value|dense)"},
+        LoraConfig(r=8, target_kind=LoraKind.ATTENTION),
+    ),
+    (
+        "r=8 mlp kind",
+        {"r": 8, "target_modules": r".*\.mlp\.(dense_h_to_4h|dense_4h_to_h)"},
+        LoraConfig(r=8, target_kind=LoraKind.MLP),
+    ),
+    (
+        "r=8 query_key_value bias=lora_only",
+        {"r": 8, "target_modules": ["query_key_value"], "bias": "lora_only"},
+        LoraConfig(r=8, target_modules=("query_key_value",), bias=LoraBias.LORA_ONLY),
+    ),
+)
+
+
+# OPT (out_proj, fc1, fc2: models/opt/modeling_opt.py) and Phi-2 (dense, fc1, fc2:
+# models/phi/modeling_phi.py)
+def _fc_cases(out: str) -> tuple[Case, ...]:
+    return (
+        (
+            "r=8 q_proj,v_proj",
+            {"r": 8, "target_modules": ["q_proj", "v_proj"]},
+            LoraConfig(r=8, target_modules=("q_proj", "v_proj")),
+        ),
+        (
+            "r=16 q_proj,v_proj",
+            {"r": 16, "target_modules": ["q_proj", "v_proj"]},
+            LoraConfig(r=16, target_modules=("q_proj", "v_proj")),
+        ),
+        (
+            f"r=16 {out},fc1,fc2",
+            {"r": 16, "target_modules": [out, "fc1", "fc2"]},
+            LoraConfig(r=16, target_modules=(out, "fc1", "fc2")),
+        ),
+        (
+            "r=16 all-linear",
+            {"r": 16, "target_modules": "all-linear"},
+            LoraConfig(r=16, target_kind=LoraKind.ALL_LINEAR),
+        ),
+        (
+            "r=8 attention kind",
+            {"r": 8, "target_modules": rf".*self_attn\.(q_proj|k_proj|v_proj|{out})"},
+            LoraConfig(r=8, target_kind=LoraKind.ATTENTION),
+        ),
+        (
+            "r=8 mlp kind",
+            {"r": 8, "target_modules": r".*\.(fc1|fc2)"},
+            LoraConfig(r=8, target_kind=LoraKind.MLP),
+        ),
+    )
+
+
+# Multi-head latent attention (models/deepseek_v2, deepseek_v3/modeling_*.py): q_proj, or
+# q_a_proj and q_b_proj; kv_a_proj_with_mqa, kv_b_proj, o_proj. MoE experts are 3-d
+# parameters in transformers 5.23, not Linear modules: only the attention is compared.
+_MLA_REGEX = r".*self_attn\.(q_proj|q_a_proj|q_b_proj|kv_a_proj_with_mqa|kv_b_proj|o_proj)"
+
+
+def _mla_cases(q: tuple[str, ...]) -> tuple[Case, ...]:
+    names = (*q, "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")
+    return (
+        (
+            f"r=8 {','.join(names)}",
+            {"r": 8, "target_modules": list(names)},
+            LoraConfig(r=8, target_modules=names),
+        ),
+        (
+            "r=16 kv_b_proj",
+            {"r": 16, "target_modules": ["kv_b_proj"]},
+            LoraConfig(r=16, target_modules=("kv_b_proj",)),
+        ),
+        (
+            "r=16 attention kind",
+            {"r": 16, "target_modules": _MLA_REGEX},
+            LoraConfig(r=16, target_kind=LoraKind.ATTENTION),
+        ),
+    )
+
+
+# gpt-oss: biased q/k/v/o and per-head sinks (a parameter, not a Linear)
+GPT_OSS_CASES: tuple[Case, ...] = (
+    (
+        "r=8 q,k,v,o",
+        {"r": 8, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]},
+        LoraConfig(r=8, target_modules=("q_proj", "k_proj", "v_proj", "o_proj")),
+    ),
+    (
+        "r=16 q_proj,v_proj",
+        {"r": 16, "target_modules": ["q_proj", "v_proj"]},
+        LoraConfig(r=16, target_modules=("q_proj", "v_proj")),
+    ),
+    (
+        "r=8 q,v bias=lora_only",
+        {"r": 8, "target_modules": ["q_proj", "v_proj"], "bias": "lora_only"},
+        LoraConfig(r=8, target_modules=("q_proj", "v_proj"), bias=LoraBias.LORA_ONLY),
+    ),
+)
+
+
+# MoE shared experts (Linear gate_proj / up_proj / down_proj; routed experts are 3-d
+# parameters in transformers 5.23). Qwen2-MoE's shared_expert_gate and Llama-4's router are
+# left out by the service, so all-linear is not compared. DeepSeek is not compared either:
+# there peft 0.21.2 also adapts the fused routed experts (experts.gate_up_proj / down_proj as
+# parameters) when gate_proj / up_proj / down_proj are targeted, which the service does not model.
+_SHARED_MLP = ("gate_proj", "up_proj", "down_proj")
+MOE_CASES: tuple[Case, ...] = (
+    (
+        "r=8 gate,up,down",
+        {"r": 8, "target_modules": list(_SHARED_MLP)},
+        LoraConfig(r=8, target_modules=_SHARED_MLP),
+    ),
+    (
+        "r=16 gate,up,down",
+        {"r": 16, "target_modules": list(_SHARED_MLP)},
+        LoraConfig(r=16, target_modules=_SHARED_MLP),
+    ),
+)
+
+
 MODELS: tuple[tuple[str, tuple[Case, ...]], ...] = (
     *((slug, LLAMA_CASES) for slug in LLAMA_NAMED),
     ("gpt2", GPT2_CASES),
     ("bert-base-uncased", BERT_CASES),
     ("t5-small-encoder", T5_CASES),
     ("flan-t5-base-encoder", T5_CASES),
+    ("t5-small", T5_FULL_CASES),
+    ("flan-t5-base", T5_FULL_CASES),
+    ("bloomz-560m", FUSED_QKV_CASES),
+    ("pythia-160m", FUSED_QKV_CASES),
+    ("opt-125m", _fc_cases("out_proj")),
+    ("opt-350m", _fc_cases("out_proj")),
+    ("phi-2", _fc_cases("dense")),
+    ("deepseek-v2-lite-chat", _mla_cases(("q_proj",))),
+    ("deepseek-v3", _mla_cases(("q_a_proj", "q_b_proj"))),
+    ("gpt-oss-20b", GPT_OSS_CASES),
+    ("qwen1.5-moe-a2.7b", MOE_CASES),
+    ("llama-4-scout-17b-16e-text", MOE_CASES),
 )
 
 
@@ -225,10 +398,16 @@ def reference_model(config: dict[str, Any]) -> torch.nn.Module:
     fields = {k: v for k, v in config.items() if k not in ("model_type", "_name_or_path")}
     hf_config = transformers.AutoConfig.for_model(str(config["model_type"]), **fields)
     name = REFERENCE_CLASSES[str(config["model_type"])][0]
+    if name == "T5EncoderModel" and "T5EncoderModel" not in config.get("architectures", []):
+        name = "T5ForConditionalGeneration"
     with torch.device("meta"):
         if name == "BertModel":
             return transformers.BertModel(hf_config, add_pooling_layer=True)
-        return getattr(transformers, name)(hf_config)
+        model = getattr(transformers, name)(hf_config)
+        if name == "T5ForConditionalGeneration" and config.get("tie_word_embeddings") is False:
+            # as from_pretrained loads Flan-T5: its own lm_head (benchmarks/hf_params/count.py)
+            model.lm_head.weight = torch.nn.Parameter(torch.empty_like(model.lm_head.weight))
+        return model
 
 
 def peft_count(config: dict[str, Any], kwargs: dict[str, Any]) -> int | str:
@@ -267,7 +446,8 @@ def main() -> int:
         "",
         f"peft {peft.__version__}, transformers {transformers.__version__}, torch "
         f"{torch.__version__}; the importer's reference class (CausalLM; BertModel with pooler; "
-        "T5EncoderModel) built from `tests/fixtures/hf_configs/*.json` on the meta device, "
+        "T5EncoderModel or T5ForConditionalGeneration, Flan-T5's lm_head untied as loaded) "
+        "built from `tests/fixtures/hf_configs/*.json` on the meta device, "
         "`peft.get_peft_model(model, LoraConfig(task_type='CAUSAL_LM' for decoders, ...))"
         ".get_nb_trainable_parameters()`. Target kinds are compared with the regex that "
         "names the same modules in transformers.",

@@ -4,6 +4,7 @@ against vLLM's start-up memory on the GPU or MIG resource it asks for."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -99,7 +100,7 @@ def test_min_concurrency_policy_annotation_denies_below_it(client: ApiClient) ->
     answer = _answer(client, review(pod, annotations=notes))
     assert answer["allowed"] is False
     assert (
-        "concurrency 54.18 at max_model_len 8,192, below the 60 sequences asked"
+        "concurrency 54.17 at max_model_len 8,192, below the 60 sequences asked"
         in (answer["status"]["message"])
     )
     notes["capacity-planner.io/min-concurrency"] = "50"
@@ -161,14 +162,55 @@ def test_another_launcher_annotated(client: ApiClient) -> None:
     assert "not a modelled engine" in other["status"]["message"]
 
 
-def test_quantized_serving_is_not_evaluated(client: ApiClient, make_client: ClientFactory) -> None:
-    pod = _vllm("nvidia.com/gpu", "1", "/models/llama-3-8b", "-q", "awq")
+def _endpoint_kv_tokens(client: ApiClient, **options: Any) -> int:
+    body = {"model": "llama-3-8b", "hardware": H100, **options}
+    response = client.post("/v1/engines/vllm/memory", json=body)
+    assert response.status_code == 200, response.text
+    tokens: int = response.json()["kv_tokens"]
+    return tokens
+
+
+def test_runtime_fp8_is_read_from_q_and_sized_as_the_endpoint(client: ApiClient) -> None:
+    pod = _vllm("nvidia.com/gpu", "1", "/models/llama-3-8b", "--max-model-len", "4096",
+                "-q", "fp8")  # fmt: skip
+    answer = _answer(client, review(pod, annotations=GPU))
+    assert answer["allowed"] is True, answer
+    tokens = int(answer["auditAnnotations"]["engine-kv-tokens"])
+    assert tokens == _endpoint_kv_tokens(client, max_model_len=4096, quantization="fp8")
+    # fp8 linears free about half of the decoder's 13.0 GiB of bf16 linears for KV blocks
+    unquantized = _endpoint_kv_tokens(client, max_model_len=4096)
+    assert (tokens - unquantized) * 131_072 > 6 * 2**30
+
+
+GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}
+
+
+def test_a_prequantized_checkpoint_takes_its_config_from_an_annotation(
+    client: ApiClient, make_client: ClientFactory
+) -> None:
+    pod = _vllm("nvidia.com/gpu", "1", "/models/llama-3-8b", "--quantization", "gptq_marlin")
     body = review(pod, annotations=GPU)
-    denied = _answer(client, body)
+    denied = _answer(client, body)  # the webhook cannot read the checkpoint's config
     assert denied["allowed"] is False
-    assert "--quantization 'awq'" in denied["status"]["message"]
+    assert "annotate capacity-planner.io/quantization-config" in denied["status"]["message"]
     lenient = make_client(admission_failure_policy="allow", admission_timeout_s=GENEROUS_S)
     assert _answer(lenient, body)["allowed"] is True
+    notes = {**GPU, "capacity-planner.io/quantization-config": json.dumps(GPTQ)}
+    answer = _answer(client, review(pod, annotations=notes))
+    assert answer["allowed"] is True, answer
+    assert int(answer["auditAnnotations"]["engine-kv-tokens"]) == _endpoint_kv_tokens(
+        client, quantization="gptq_marlin", quantization_config=GPTQ
+    )
+
+
+def test_a_quantization_the_config_contradicts_is_denied_naming_the_flag(
+    client: ApiClient,
+) -> None:
+    pod = _vllm("nvidia.com/gpu", "1", "/models/llama-3-8b", "-q", "awq")
+    notes = {**GPU, "capacity-planner.io/quantization-config": json.dumps(GPTQ)}
+    answer = _answer(client, review(pod, annotations=notes))
+    assert answer["allowed"] is False
+    assert answer["status"]["message"].startswith("vLLM would refuse -q:"), answer
 
 
 def test_a_stored_engine_workload_is_decided_from_its_stored_decision(

@@ -63,8 +63,8 @@ def test_the_estimates_fit_is_the_engines_on_an_h100(client: ApiClient) -> None:
     fit = _estimate(client, H100)
     expected = _memory(H100_80GB_CUDA_VISIBLE_BYTES, VllmOptions())
     engine = fit["engine"]
-    assert engine["kv_tokens"] == expected.kv_tokens == 443_808
-    assert engine["max_concurrency"] == pytest.approx(443_808 / 8192)
+    assert engine["kv_tokens"] == expected.kv_tokens == 443_792
+    assert engine["max_concurrency"] == pytest.approx(443_792 / 8192)
     assert engine["starts"] is engine["fits"] is fit["fits"] is True
     assert fit["usable_bytes"] == engine["cuda_visible_bytes"] == H100_80GB_CUDA_VISIBLE_BYTES
     lines = {line["key"]: line["bytes"] for line in fit["required"]}
@@ -91,7 +91,7 @@ def test_min_concurrency_decides_the_fit(client: ApiClient) -> None:
     assert ok["fits"] is True
     assert short["fits"] is False
     assert short["engine"]["starts"] is True
-    assert "concurrency 54.18" in short["engine"]["reason"]
+    assert "concurrency 54.17" in short["engine"]["reason"]
     assert "55 sequences" in short["engine"]["reason"]
     assert short["required_bytes"] > short["usable_bytes"] >= ok["required_bytes"]
 
@@ -252,3 +252,122 @@ def test_recommendation_eligibility_follows_the_engine(client: ApiClient, db_url
         e.get("pointer") for e in problem.get("errors", [])
     ]
     assert table_counts(db_url) == before
+
+
+def _endpoint(client: ApiClient, hardware: str, **options: Any) -> dict[str, Any]:
+    body = {"model": "llama-3-8b", "hardware": hardware, **options}
+    response = client.post("/v1/engines/vllm/memory", json=body)
+    assert response.status_code == 200, response.text
+    answer: dict[str, Any] = response.json()
+    return answer
+
+
+GPTQ_W4 = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}
+
+
+def test_runtime_fp8_sizes_the_workloads_engine(client: ApiClient) -> None:
+    """`quantization: fp8` on a bf16 checkpoint: decoder linears in fp8, embedding, head and
+    norms in bf16 (hand-derived from Llama-3-8B's config), as the endpoint answers."""
+    fit = _estimate(client, H100, quantization="fp8")
+    lines = {line["key"]: line["bytes"] for line in fit["required"]}
+    linears = 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336)  # 1 B each
+    kept = (2 * 128_256 * 4096 + 65 * 4096) * 2  # embedding, head, 65 norms in bf16
+    assert linears == 6_979_321_856
+    assert kept == 2_101_878_784
+    scales = lines["engine_weights"] - linears - kept  # fp32 per-tensor scales only
+    assert 0 < scales <= 32 * 7 * 4
+    endpoint = _endpoint(client, H100, quantization="fp8")
+    assert lines["engine_weights"] == endpoint["weights_bytes"]
+    assert fit["engine"]["kv_tokens"] == endpoint["kv_tokens"]
+    assert fit["engine"]["kv_tokens"] > _estimate(client, H100)["engine"]["kv_tokens"]
+
+
+def test_a_gptq_checkpoint_config_sizes_the_workloads_engine(client: ApiClient) -> None:
+    fit = _estimate(client, H100, quantization_config=GPTQ_W4)
+    endpoint = _endpoint(client, H100, quantization_config=GPTQ_W4)
+    assert endpoint["options"]["quantization"] == "gptq_marlin"
+    lines = {line["key"]: line["bytes"] for line in fit["required"]}
+    assert lines["engine_weights"] == endpoint["weights_bytes"] < 6 * GIB
+    assert fit["engine"]["kv_tokens"] == endpoint["kv_tokens"]
+
+
+@pytest.mark.parametrize(
+    ("engine", "pointer"),
+    [
+        ({"quantization": "int3"}, "/engine/quantization"),
+        ({"quantization": "awq", "quantization_config": GPTQ_W4}, "/engine/quantization"),
+        ({"quantization": "gptq_marlin"}, "/engine/quantization_config"),
+        (
+            {"quantization": "gptq_marlin", "quantization_config": {**GPTQ_W4, "bits": 3}},
+            "/engine/quantization_config/bits",
+        ),
+        ({"quantization_config": {"bits": 4}}, "/engine/quantization_config/quant_method"),
+    ],
+)
+def test_a_quantization_the_config_contradicts_is_a_422_naming_the_field(
+    client: ApiClient, db_url: str, engine: dict[str, Any], pointer: str
+) -> None:
+    test_bad_engine_options_are_a_422_naming_the_field(client, db_url, engine, pointer)
+
+
+def test_recommendations_size_the_engine_with_its_quantization(client: ApiClient) -> None:
+    """20 sequences of 4,096 tokens: bf16 Llama-3-8B leaves an L4 about 12 of them, fp8
+    linears about 25, so the L4 is excluded without quantization and kept with it."""
+    body = {"model": "llama-3-8b", "precisions": ["bf16"], "batch_sizes": [1],
+            "prompt_tokens": 512, "generated_tokens": 64, "devices": ["nvidia-l4", H100],
+            "engine": {"name": "vllm", "max_model_len": 4096, "min_concurrency": 20}}  # fmt: skip
+    plain = client.post("/v1/recommendations/inference", json=body)
+    assert plain.status_code == 200, plain.text
+    excluded = {e["device"]: e["reason"] for e in plain.json()["excluded"]}
+    assert "below the 20 sequences asked" in excluded["nvidia-l4"]
+    body["engine"] = {**body["engine"], "quantization": "fp8"}  # type: ignore[dict-item]
+    fp8 = client.post("/v1/recommendations/inference", json=body)
+    assert fp8.status_code == 200, fp8.text
+    assert "nvidia-l4" not in {e["device"] for e in fp8.json()["excluded"]}
+    assert "nvidia-l4" in {c["device"] for c in fp8.json()["candidates"]}
+
+
+def test_the_estimate_shows_every_figure_the_engines_fit_uses(client: ApiClient) -> None:
+    """Beside the PyTorch breakdown, `engine` carries the per-GPU figures, and the fit's lines
+    are read from them: weights, profile peak, non-torch (+ graphs sized before KV: none in
+    0.19), KV bytes a token x whole blocks of one max_model_len sequence."""
+    body = {**_workload(pipeline_parallel_size=2, max_num_seqs=64), "hardware": H100}
+    answer = client.post("/v1/estimates/memory", json=body).json()
+    engine = answer["engine"]
+    assert engine == answer["fit"]["engine"]
+    assert engine["cuda_graph_pool_bytes"] == round(0.91 * GIB)
+    assert engine["profile_forward"]["source"] == "graph"
+    assert [s["layers"] for s in engine["stages"]] == [16, 16]
+    lines = {line["key"]: line["bytes"] for line in answer["fit"]["required"]}
+    needs = [
+        s["weights_bytes"] + s["profile_peak_bytes"] + s["non_torch_bytes"]
+        + 8192 * s["kv_bytes_per_token"]
+        for s in engine["stages"]
+    ]  # fmt: skip
+    worst = engine["stages"][needs.index(max(needs))]
+    assert lines["engine_weights"] == worst["weights_bytes"]
+    assert lines["engine_profile_peak"] == worst["profile_peak_bytes"]
+    assert lines["engine_non_torch"] == worst["non_torch_bytes"]
+    assert lines["engine_kv_cache"] == 8192 * worst["kv_bytes_per_token"]
+    assert engine["kv_tokens"] == min(s["kv_tokens"] for s in engine["stages"])
+    assert any("decide the fit, not the breakdown" in a for a in answer["assumptions"])
+    bare = client.post("/v1/estimates/memory", json=_workload()).json()
+    assert "engine" not in bare
+    assert any("give `hardware`" in a for a in bare["assumptions"])
+
+
+def test_a_stored_workload_keeps_its_quantization(client: ApiClient) -> None:
+    engine = {"name": "vllm", "max_model_len": 4096, "quantization_config": GPTQ_W4}
+    body = {"slug": "llama-gptq", "name": "Llama GPTQ on vLLM", "model": "llama-3-8b",
+            "mode": "inference", "batch_size": 1, "precision": "bf16",
+            "options": {"engine": engine}}  # fmt: skip
+    created = client.post("/v1/workloads", json=body)
+    assert created.status_code == 201, created.text
+    assert created.json()["options"]["engine"]["quantization_config"] == GPTQ_W4
+    fit = client.post("/v1/mig/fit", json={"workload": "llama-gptq", "gpu": H100}).json()
+    endpoint = _endpoint(client, H100, max_model_len=4096, quantization_config=GPTQ_W4)
+    assert fit["engine"]["quantization"] == "gptq_marlin"
+    assert fit["engine"]["kv_tokens"] == endpoint["kv_tokens"]
+    assert fit["engine"]["weights_bytes"] == endpoint["weights_bytes"]
+    # 4-bit weights (about 5 GiB) start on the 10 GB slice, where bf16 (15 GiB) cannot
+    assert fit["smallest_fitting_profile"] == "1g.10gb"

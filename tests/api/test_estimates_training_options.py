@@ -186,7 +186,12 @@ def test_zero3_cpu_offload_reports_the_host_shards(client: ApiClient) -> None:
         ({**FC, "tokens_per_batch": 512}, "/tokens_per_batch", "seq"),
         ({**FC, "activation_offload": True}, "/activation_offload", "pytorch_cpu"),
         (
-            {**CHAIN, "parallelism": {"data": 2, "zero_stage": 2, "cpu_offload": True}},
+            {**FC, "mode": "inference", "compile": True, "engine": {"name": "vllm"}},
+            "/compile",
+            "compilation_config",
+        ),
+        (
+            {**CHAIN, "parallelism": {"data": 2, "zero_stage": 1, "cpu_offload": True}},
             "/parallelism/cpu_offload",
             "zero_stage 3",
         ),
@@ -200,3 +205,39 @@ def test_contradictory_training_options_are_422(
     assert fragment in problem["detail"]
     assert pointer in [error["pointer"] for error in problem["errors"]]
     assert table_counts(db_url) == before
+
+
+def test_compile_keeps_less_for_backward(client: ApiClient) -> None:
+    gpt2 = {"model": "gpt-2", "mode": "training", "batch_size": 2, "sequence_length": 256,
+            "precision": "amp_bf16", "runtime": "pytorch_cuda"}  # fmt: skip
+    eager = _post(client, gpt2)
+    compiled = _post(client, {**gpt2, "compile": True})
+    # GPT-2's gelu_new intermediates are recomputed: fewer saved activations, a lower peak
+    assert compiled["peak_bytes"] < eager["peak_bytes"]
+    assert any(a.startswith("compile: torch.compile") for a in compiled["assumptions"])
+    inference = {**gpt2, "mode": "inference"}
+    assert (
+        _post(client, {**inference, "compile": True})["peak_bytes"]
+        == _post(client, inference)["peak_bytes"]
+    )
+
+
+def test_zero3_offload_on_one_gpu_is_deepspeeds(client: ApiClient) -> None:
+    body = {**CHAIN, "precision": "mixed_bf16", "runtime": "pytorch_cuda",
+            "parallelism": {"zero_stage": 3, "cpu_offload": True}}  # fmt: skip
+    lines = _lines(_post(client, body))
+    # DeepSpeed's defaults: 5e8 x 2 B bucket; min(1e9, 4,194,304 + 5e7) x 2 B gathered
+    assert lines["zero_reduce_bucket"] == 1_000_000_000
+    assert lines["zero_gathered_params"] == (4_194_304 + 50_000_000) * 2
+    assert lines["weights"] == 0
+    tuned = {**body, "parallelism": {**body["parallelism"],
+             "deepspeed": {"reduce_bucket_size": 1_000_000}}}  # fmt: skip
+    assert _lines(_post(client, tuned))["zero_reduce_bucket"] == 2_000_000
+    problem = assert_problem(
+        client.post(
+            "/v1/estimates/memory",
+            json={**CHAIN, "parallelism": {"deepspeed": {"reduce_bucket_size": 1}}},
+        ),
+        422,
+    )
+    assert "/parallelism/deepspeed" in [error["pointer"] for error in problem["errors"]]

@@ -498,3 +498,25 @@ def test_served_families_price_decoder_serving(
     assert response.status_code == 200, response.text
     (candidate,) = response.json()["candidates"]
     assert candidate["decoder_serving"]["kv_bytes_per_token"] == kv_bytes_per_token
+
+
+def test_t5_imports_the_encoder_decoder_and_trains_on_both(client: ApiClient) -> None:
+    """T5ForConditionalGeneration imports whole (transformers' 60,506,624 for t5-small); its
+    training estimate holds the decoder's activations too, so it exceeds the encoder alone's."""
+    peaks = {}
+    for slug, name, params in (
+        ("t5-full", "t5-small", 60_506_624),
+        ("t5-encoder", "t5-small-encoder", 35_330_816),
+    ):
+        response = client.post(
+            "/v1/models/import/hf-config",
+            json={"slug": slug, "sequence_length": 128, "config": _config(name)},
+        )
+        assert response.status_code == 201, response.text
+        assert response.json()["report"]["parameter_count"] == params
+        estimate = client.post("/v1/estimates/memory", json={
+            "model": slug, "mode": "training", "batch_size": 4, "precision": "fp32"})  # fmt: skip
+        assert estimate.status_code == 200, estimate.text
+        peaks[slug] = estimate.json()["peak_bytes"]
+    # weights, gradients and AdamW state alone differ by 4 x 4 B x 25,175,808 parameters
+    assert peaks["t5-full"] - peaks["t5-encoder"] > 16 * (60_506_624 - 35_330_816)

@@ -27,6 +27,19 @@ OPTION_SETS: list[dict[str, Any]] = [
     {"keep_gradients": True, "tokens_per_batch": 512},
     {"activation_offload": True, "checkpointing": "none"},
     {"parallelism": {"data": 2, "zero_stage": 3, "cpu_offload": True}},
+    {"compile": True},
+    # DeepSpeed ZeRO-3 offload on one GPU, its reduce bucket resized
+    {
+        "parallelism": {
+            "zero_stage": 3,
+            "cpu_offload": True,
+            "deepspeed": {
+                "reduce_bucket_size": 100_000_000,
+                "stage3_prefetch_bucket_size": 50_000_000,
+                "stage3_max_live_parameters": 1_000_000_000,
+            },
+        }
+    },
 ]
 
 
@@ -108,7 +121,7 @@ def test_stored_decisions_follow_the_options(client: ApiClient, db_url: str) -> 
         ),
         (
             {},
-            {"parallelism": {"data": 2, "zero_stage": 2, "cpu_offload": True}},
+            {"parallelism": {"data": 2, "zero_stage": 1, "cpu_offload": True}},
             "/options/parallelism/cpu_offload",
         ),
     ],

@@ -52,6 +52,7 @@ def _requirement(options: VllmOptions, visible: int, sequences: int = 1) -> int:
                 non_torch_bytes=s.non_torch_bytes,
                 graphs_bytes=0,
                 kv_bytes_per_token=s.kv_bytes_per_token,
+                rotary_cache_bytes=s.rotary_cache_bytes,
             )
             for s in memory.stages
         ],
@@ -100,15 +101,18 @@ def test_llama_3_8b_on_an_h100_golden_lines() -> None:
     req = engine_requirement(
         [EngineStageNeed(weights_bytes=stage.weights_bytes, peak_bytes=stage.peak_bytes,
                          non_torch_bytes=stage.non_torch_bytes, graphs_bytes=0,
-                         kv_bytes_per_token=stage.kv_bytes_per_token)],
+                         kv_bytes_per_token=stage.kv_bytes_per_token,
+                         rotary_cache_bytes=stage.rotary_cache_bytes)],
         gpu_memory_utilization=0.9, sequences=1, max_model_len=8192, block_size=16,
         engine="vllm 0.19.0",
     )  # fmt: skip
     lines = {line.key: line.bytes for line in req.lines}
     assert lines["engine_weights"] == 8_030_261_248 * 2
+    # rotary cos/sin cache: 8,192 positions x 128 x 2 B (vLLM's RotaryEmbedding.cos_sin_cache)
+    assert lines["engine_rotary_cache"] == 8192 * 128 * 2 == 2_097_152
     assert lines["engine_non_torch"] == round(0.25 * GIB)
     assert lines["engine_kv_cache"] == GIB
-    spent = 8_030_261_248 * 2 + stage.peak_bytes + round(0.25 * GIB) + GIB
+    spent = 8_030_261_248 * 2 + 2_097_152 + stage.peak_bytes + round(0.25 * GIB) + GIB
     assert req.required_bytes == smallest_claiming(spent, 0.9)
     assert sum(lines.values()) == req.required_bytes
     assert req.safety_margin_fraction == 0.0

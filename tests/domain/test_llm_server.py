@@ -4,6 +4,7 @@ derived by hand from the scheduler's rules, and the stability the answer claims)
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 
@@ -133,7 +134,7 @@ def test_fewer_sequences_in_flight_serve_fewer_requests() -> None:
         {"prompt_tokens": 1, "generated_tokens": 1, "max_seqs": 1, "max_batched_tokens": 0},
     ],
 )
-def test_shapes_it_cannot_simulate_are_refused(bad: dict[str, int]) -> None:
+def test_shapes_it_cannot_simulate_are_refused(bad: dict[str, Any]) -> None:
     with pytest.raises(LlmServingInputError):
         LlmServerShape(**bad)
 

@@ -34,6 +34,10 @@ norm, so it stays linear, gelu, linear), no other entry did. Adding GRU and RNN'
 changed the CPU runtime's assumption text: every ``pytorch_cpu`` digest changed, no peak moved
 (no pinned graph has a GRU or an RNN).
 
+Issue 32 named GPT-NeoX's attention layer ``attention``, as ``modeling_gpt_neox.py`` (and so
+PEFT's ``layers.<i>.attention.query_key_value``) does, in place of ``attn``: the 24 first-variant
+``hf:pythia-160m`` digests changed (the per-layer view's names), no peak moved.
+
 The snapshot was generated before the timeline became array-based (running sums instead of a
 per-layer replay of live sets): the zoo entries by that older engine, the imported ones by the
 older engine extended with the importers' ops. An intended change to the model regenerates it:

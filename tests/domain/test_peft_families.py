@@ -1,6 +1,6 @@
-"""LoRA and DoRA on GPT-2, BERT and T5 graphs as PEFT counts them (golden figures; the same
-configurations are checked against peft 0.21.2 itself by benchmarks/peft_params/count.py and
-its results.md)."""
+"""LoRA and DoRA on GPT-2, BERT, T5, BLOOM and GPT-NeoX graphs as PEFT counts them (golden
+figures; the same configurations are checked against peft 0.21.2 itself by
+benchmarks/peft_params/count.py and its results.md)."""
 
 from __future__ import annotations
 
@@ -90,6 +90,65 @@ def test_gpt2_c_attn_is_one_fused_linear() -> None:
         ("t5-small-encoder", LoraConfig(r=8, target_modules=("q", "v"), use_dora=True), 104_448),
         ("flan-t5-base-encoder", LoraConfig(r=8, target_kind=LoraKind.MLP), 811_008),
         ("flan-t5-base-encoder", LoraConfig(r=32, target_kind=LoraKind.ATTENTION), 2_359_296),
+        # T5ForConditionalGeneration: the decoder's self- and cross-attention are adapted too
+        ("t5-small", LoraConfig(r=8, target_modules=("q", "v")), 294_912),
+        ("t5-small", LoraConfig(r=16, target_kind=LoraKind.ALL_LINEAR), 2_162_688),
+        ("flan-t5-base", LoraConfig(r=32, target_kind=LoraKind.ATTENTION), 7_077_888),
+        ("flan-t5-base", LoraConfig(r=8, target_kind=LoraKind.MLP), 1_622_016),
+        # BLOOM and GPT-NeoX: PEFT's query_key_value (one fused Linear) at two ranks
+        ("bloomz-560m", LoraConfig(r=8, target_modules=("query_key_value",)), 786_432),
+        ("bloomz-560m", LoraConfig(r=16, target_modules=("query_key_value",)), 1_572_864),
+        (
+            "bloomz-560m",
+            LoraConfig(
+                r=16, target_modules=("query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h")
+            ),
+            6_291_456,
+        ),
+        ("bloomz-560m", LoraConfig(r=64, target_kind=LoraKind.ALL_LINEAR), 25_165_824),
+        ("pythia-160m", LoraConfig(r=8, target_modules=("query_key_value",)), 294_912),
+        ("pythia-160m", LoraConfig(r=16, target_modules=("query_key_value",)), 589_824),
+        ("pythia-160m", LoraConfig(r=8, target_kind=LoraKind.ATTENTION), 442_368),
+        (
+            "pythia-160m",
+            LoraConfig(r=8, target_modules=("query_key_value",), bias=LoraBias.LORA_ONLY),
+            322_560,
+        ),
+        # OPT (out_proj, fc1, fc2) and Phi-2 (dense, fc1, fc2)
+        ("opt-125m", LoraConfig(r=16, target_modules=("out_proj", "fc1", "fc2")), 1_769_472),
+        ("opt-350m", LoraConfig(r=16, target_kind=LoraKind.ALL_LINEAR), 7_127_040),
+        ("phi-2", LoraConfig(r=8, target_modules=("q_proj", "v_proj")), 2_621_440),
+        ("phi-2", LoraConfig(r=16, target_modules=("dense", "fc1", "fc2")), 15_728_640),
+        # multi-head latent attention (DeepSeek) and gpt-oss' biased attention with sinks
+        (
+            "deepseek-v2-lite-chat",
+            LoraConfig(r=8, target_modules=("q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")),
+            3_552_768,
+        ),
+        ("deepseek-v2-lite-chat", LoraConfig(r=16, target_kind=LoraKind.ATTENTION), 7_105_536),
+        ("deepseek-v3", LoraConfig(r=16, target_modules=("kv_b_proj",)), 32_481_280),
+        ("deepseek-v3", LoraConfig(r=16, target_kind=LoraKind.ATTENTION), 97_006_592),
+        (
+            "gpt-oss-20b",
+            LoraConfig(r=8, target_modules=("q_proj", "k_proj", "v_proj", "o_proj")),
+            3_981_312,
+        ),
+        (
+            "gpt-oss-20b",
+            LoraConfig(r=8, target_modules=("q_proj", "v_proj"), bias=LoraBias.LORA_ONLY),
+            2_101_248,
+        ),
+        # MoE: the shared expert's Linear gate/up/down (routed experts are 3-d parameters)
+        (
+            "qwen1.5-moe-a2.7b",
+            LoraConfig(r=8, target_modules=("gate_proj", "up_proj", "down_proj")),
+            4_423_680,
+        ),
+        (
+            "llama-4-scout-17b-16e-text",
+            LoraConfig(r=16, target_modules=("gate_proj", "up_proj", "down_proj")),
+            30_670_848,
+        ),
     ],
 )
 def test_family_counts_are_peft_figures(slug: str, config: LoraConfig, expected: int) -> None:
@@ -117,3 +176,81 @@ def test_llama_names_match_nothing_on_gpt2() -> None:
         lora_trainable_params(_hf("gpt2").layers, LoraConfig(target_modules=("q_proj",)))
     assert caught.value.field == "target_modules"
     assert "c_attn" in str(caught.value)
+
+
+def test_bloom_and_neox_get_their_modeling_files_names() -> None:
+    """query_key_value / dense / dense_h_to_4h / dense_4h_to_h, as modeling_bloom.py and
+    modeling_gpt_neox.py name them (Llama's q_proj was given before and matched nothing)."""
+    assert module_naming(_hf("bloomz-560m").layers).family == "bloom"
+    assert module_naming(_hf("pythia-160m").layers).family == "gpt_neox"
+    names = {m.name for m in linear_modules(_hf("bloomz-560m").layers)}
+    assert {"h.0.self_attention.query_key_value", "h.0.self_attention.dense"} <= names
+    assert {"h.0.mlp.dense_h_to_4h", "h.0.mlp.dense_4h_to_h"} <= names
+    names = {m.name for m in linear_modules(_hf("pythia-160m").layers)}
+    assert {"layers.0.attention.query_key_value", "layers.0.attention.dense"} <= names
+    modules = {m.name: m for m in linear_modules(_hf("bloomz-560m").layers)}
+    qkv = modules["h.0.self_attention.query_key_value"]
+    assert (qkv.in_features, qkv.out_features, qkv.bias) == (1024, 3072, True)
+    # 24 blocks x r x (1024 + 3072)
+    config = LoraConfig(r=8, target_modules=("query_key_value",))
+    assert lora_trainable_params(_hf("bloomz-560m").layers, config) == 24 * 8 * 4096
+    with pytest.raises(LoraError) as caught:
+        lora_trainable_params(_hf("bloomz-560m").layers, LoraConfig(target_modules=("q_proj",)))
+    assert "query_key_value" in str(caught.value)
+
+
+def test_t5_cross_attention_is_adapted_and_counted_as_attention() -> None:
+    names = {m.name for m in linear_modules(_hf("t5-small").layers)}
+    assert {"decoder_block.0.EncDecAttention.q", "decoder_block.0.EncDecAttention.o"} <= names
+    # q, v in 6 encoder self-, 6 decoder self- and 6 cross-attentions: 18 x 2 x 8 x (512 + 512)
+    config = LoraConfig(r=8, target_modules=("q", "v"))
+    assert lora_trainable_params(_hf("t5-small").layers, config) == 18 * 2 * 8 * 1024
+
+
+def test_opt_and_phi2_get_their_modeling_files_names() -> None:
+    assert module_naming(_hf("opt-125m").layers).family == "opt"
+    assert module_naming(_hf("phi-2").layers).family == "phi"
+    assert module_naming(_hf("phi-3-mini-4k-instruct").layers).family == "llama"
+    names = {m.name for m in linear_modules(_hf("opt-350m").layers)}
+    assert {"layers.0.self_attn.out_proj", "layers.0.mlp.fc1", "layers.0.mlp.fc2"} <= names
+    assert {"project_in", "project_out"} <= names
+    names = {m.name for m in linear_modules(_hf("phi-2").layers)}
+    assert {"layers.0.self_attn.dense", "layers.0.mlp.fc1", "layers.0.mlp.fc2"} <= names
+    with pytest.raises(LoraError):
+        lora_trainable_params(_hf("opt-125m").layers, LoraConfig(target_modules=("o_proj",)))
+
+
+def test_latent_attention_gets_deepseeks_module_names() -> None:
+    """DeepseekV2/V3Attention's Linear modules; its norm weights are neither Linear nor biases
+    (LoRA on DeepSeek-V3 and gpt-oss raised KeyError before, V2-Lite got q/k/v/o names)."""
+    modules = {m.name.rsplit(".", 1)[-1]: m for m in linear_modules(_hf("deepseek-v3").layers)}
+    assert {"q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"} <= set(modules)
+    assert not {"k_proj", "v_proj"} & set(modules)
+    q_a, kv_b = modules["q_a_proj"], modules["kv_b_proj"]
+    assert (q_a.in_features, q_a.out_features, q_a.bias) == (7168, 1536, False)
+    assert (kv_b.in_features, kv_b.out_features) == (512, 128 * (128 + 128))
+    lite = {
+        m.name.rsplit(".", 1)[-1]: m for m in linear_modules(_hf("deepseek-v2-lite-chat").layers)
+    }
+    assert lite["o_proj"].bias is False
+    assert "q_a_proj" not in lite
+    assert "q_proj" in lite
+    oss = [m for m in linear_modules(_hf("gpt-oss-20b").layers) if m.kind == "attention"]
+    assert len(oss) == 24 * 4
+    assert all(m.bias for m in oss)
+
+
+def test_moe_shared_experts_are_the_moe_blocks_linear_modules() -> None:
+    """Qwen2-MoE / Llama-4 ``shared_expert``, DeepSeek ``shared_experts``; no routed expert
+    (3-d parameters in transformers 5.23) and no MoE module in Qwen3-MoE or Mixtral."""
+    names = {m.name for m in linear_modules(_hf("qwen1.5-moe-a2.7b").layers)}
+    assert "layers.0.mlp.shared_expert.gate_proj" in names
+    assert not any("shared_expert_gate" in n for n in names)
+    names = {m.name for m in linear_modules(_hf("deepseek-v2-lite-chat").layers)}
+    assert "layers_1.0.mlp.shared_experts.down_proj" in names
+    names = {m.name for m in linear_modules(_hf("llama-4-scout-17b-16e-text").layers)}
+    assert "layers.0.feed_forward.shared_expert.up_proj" in names
+    assert not any(m.kind == "mlp" for m in linear_modules(_hf("qwen3-30b-a3b").layers))
+    # 24 layers x 3 shared-expert projections: r x (2048 + 5632) each
+    config = LoraConfig(r=8, target_modules=("gate_proj", "up_proj", "down_proj"))
+    assert lora_trainable_params(_hf("qwen1.5-moe-a2.7b").layers, config) == 24 * 3 * 8 * 7680

@@ -19,6 +19,7 @@ from app.domain.engines.vllm import (
     engine_memory,
     kv_cache_bytes_per_token,
     resolve_options,
+    rotary_cache_bytes,
     start_verdict,
 )
 from app.domain.units import GIB, MIB
@@ -34,6 +35,10 @@ LLAMA3_8B = ServingModel(
     vocab_size=128256,
     max_position_embeddings=8192,
 )
+
+# vLLM's rotary cos/sin cache for it: 8,192 positions x 128 (rotary_dim = head_dim) x 2 B (bf16)
+# = 2 MiB on every GPU (vllm/model_executor/layers/rotary_embedding/base.py).
+ROTARY = 8192 * 128 * 2
 
 # Round constants so that every figure below is derived by hand.
 ROUND = replace(
@@ -83,18 +88,40 @@ def _answer(weights: int, **options: Any) -> EngineMemory:
     return engine_memory(LLAMA3_8B, opts, 80 * GIB, [weights], profile=ROUND, forward_peak=GIB)
 
 
+def test_rotary_cache_by_hand() -> None:
+    assert rotary_cache_bytes(LLAMA3_8B, 2) == ROTARY == 2_097_152
+    # Llama-3.1-8B: 131,072 positions x 128 x 2 B = 0.03125 GiB; in fp32 twice that
+    llama31 = replace(LLAMA3_8B, max_position_embeddings=131_072)
+    assert rotary_cache_bytes(llama31, 2) == 33_554_432 == GIB // 32
+    assert rotary_cache_bytes(llama31, 4) == 2 * 33_554_432
+    # DeepSeek-V2-Lite (MLA): qk_rope_head_dim 64 x 163,840 positions (4,096 x YaRN factor 40)
+    from app.domain.engines.families import MlaGeometry
+
+    mla = MlaGeometry(kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128)
+    deepseek = replace(LLAMA3_8B, mla=mla, mla_latent_dim=576, max_position_embeddings=163_840)
+    assert rotary_cache_bytes(deepseek, 2) == 163_840 * 64 * 2 == 20_971_520
+    # partial rotary (rotary_dim 96 of 128) and explicit rows; none without rotary embeddings
+    assert rotary_cache_bytes(replace(LLAMA3_8B, rotary_dim=96, rotary_positions=1000), 2) == (
+        1000 * 96 * 2
+    )
+    assert rotary_cache_bytes(replace(LLAMA3_8B, rotary_dim=0), 2) == 0
+
+
 def test_pool_tokens_and_concurrency_by_hand() -> None:
     # requested 0.5 x 80 GiB = 40 GiB; sampler 16 x 256 x 128,256 = 525,336,576 B < forward 1 GiB,
-    # so the peak is 1 GiB; non-torch 256 MiB; pool 40 - 16 - 1 - 0.25 = 22.75 GiB;
-    # 22.75 GiB / 131,072 B = 186,368 tokens (11,648 blocks of 16); 186,368 / 8,192 = 22.75.
+    # so the peak is 1 GiB; non-torch 256 MiB; rotary cache 2 MiB;
+    # pool 40 GiB - 16 GiB - 2 MiB - 1 GiB - 256 MiB = 24,425,529,344 B;
+    # / 131,072 B = 186,352 tokens (11,647 blocks of 16: the 2 MiB is one block);
+    # 186,352 / 8,192 = 22.748046875.
     ans = _answer(16 * GIB)
     stage = ans.stages[0]
     assert ans.requested_bytes == 40 * GIB
     assert stage.peak_bytes == GIB
     assert stage.non_torch_bytes == 256 * MIB
-    assert stage.kv_pool_bytes == 40 * GIB - 16 * GIB - GIB - 256 * MIB == 24_427_626_496
-    assert ans.kv_tokens == 186_368
-    assert ans.max_concurrency == pytest.approx(22.75)
+    assert stage.rotary_cache_bytes == ROTARY
+    assert stage.kv_pool_bytes == 40 * GIB - 16 * GIB - ROTARY - GIB - 256 * MIB == 24_425_529_344
+    assert ans.kv_tokens == 186_352
+    assert ans.max_concurrency == pytest.approx(22.748046875)
     assert ans.starts
     assert ans.reason is None
     assert ans.cuda_graph_pool_bytes == VLLM_0_19.cuda_graph_pool_bytes
@@ -106,17 +133,19 @@ def test_kv_tokens_round_down_to_whole_blocks() -> None:
     # (160 tokens), 175 blocks of 1 (175 tokens).
     per_token = 131_072
     pool = 175 * per_token
-    ans16 = _answer(40 * GIB - GIB - 256 * MIB - pool)
+    weights = 40 * GIB - GIB - 256 * MIB - ROTARY - pool
+    ans16 = _answer(weights)
     assert ans16.stages[0].kv_pool_bytes == pool
     assert ans16.stages[0].kv_tokens == 160
-    assert _answer(40 * GIB - GIB - 256 * MIB - pool, block_size=32).stages[0].kv_tokens == 160
-    assert _answer(40 * GIB - GIB - 256 * MIB - pool, block_size=1).stages[0].kv_tokens == 175
+    assert _answer(weights, block_size=32).stages[0].kv_tokens == 160
+    assert _answer(weights, block_size=1).stages[0].kv_tokens == 175
 
 
 def test_start_verdict_quotes_vllm_when_one_sequence_does_not_fit() -> None:
-    # pool 40 - 38.5 - 1 - 0.25 = 0.25 GiB; one 8,192-token sequence needs 1 GiB;
-    # 0.25 GiB / 131,072 B = 2,048 tokens is vLLM's estimated maximum model length.
-    ans = _answer(38 * GIB + 512 * MIB)
+    # pool 40 GiB - (38.5 GiB - 2 MiB) - 2 MiB rotary - 1 GiB - 0.25 GiB = 0.25 GiB; one
+    # 8,192-token sequence needs 1 GiB; 0.25 GiB / 131,072 B = 2,048 tokens is vLLM's estimated
+    # maximum model length.
+    ans = _answer(38 * GIB + 512 * MIB - ROTARY)
     assert not ans.starts
     assert ans.kv_tokens == 0
     assert ans.max_concurrency == 0.0
@@ -126,7 +155,7 @@ def test_start_verdict_quotes_vllm_when_one_sequence_does_not_fit() -> None:
         "available memory, the estimated maximum model length is 2048. Try increasing "
         "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine."
     )
-    assert _answer(40 * GIB).reason == NO_MEMORY_MESSAGE
+    assert _answer(40 * GIB - ROTARY).reason == NO_MEMORY_MESSAGE
     # Exactly one sequence fits: it starts.
     assert start_verdict(GIB, 131_072, 8192, 16) is None
 

@@ -28,6 +28,10 @@ GOLDEN = {
     "roberta-base": (124_645_632, "RobertaModel (with pooler)"),
     "t5-small-encoder": (35_330_816, "T5EncoderModel"),
     "flan-t5-base-encoder": (109_628_544, "T5EncoderModel"),
+    # the full encoder-decoder: pins of what transformers 5.23 counted on the meta device
+    # (Flan-T5's lm_head untied, as from_pretrained loads it: benchmarks/hf_params/count.py)
+    "t5-small": (60_506_624, "T5ForConditionalGeneration (LM head tied)"),
+    "flan-t5-base": (247_577_856, "T5ForConditionalGeneration (LM head untied)"),
     "vit-base-patch16-224-in21k": (86_389_248, "ViTModel (with pooler)"),
     "vit-base-patch16-224": (86_567_656, "ViTForImageClassification (1000 labels, no pooler)"),
     # Issue 31: families people serve. Pins of what transformers 5.23 counted on the meta device
@@ -124,7 +128,10 @@ def test_imports_say_where_attention_is_not_how(name: str) -> None:
     for layer in attention:
         assert "fused" not in layer
     decoder = "ForCausalLM" in GOLDEN[name][1] or "LMHead" in GOLDEN[name][1]
-    assert {bool(layer.get("causal")) for layer in attention} == {decoder}
+    expected = {decoder}
+    if "ForConditionalGeneration" in GOLDEN[name][1]:
+        expected = {False, True}  # the encoder's self-attention, then the decoder's (causal)
+    assert {bool(layer.get("causal")) for layer in attention} == expected
 
 
 def _block(imported: Any) -> list[dict[str, Any]]:
@@ -247,3 +254,60 @@ def test_contradicting_fields_are_named(name: str, change: dict[str, Any], point
         import_hf_config({**_load(name), **change})
     assert caught.value.pointer == pointer
     assert pointer.rsplit("/", 1)[1] in caught.value.detail
+
+
+def test_t5_builds_the_encoder_decoder_unless_the_architecture_is_the_encoder() -> None:
+    """T5ForConditionalGeneration: shared embedding, encoder, decoder with cross-attention,
+    a relative position bias in the first block of each stack; T5EncoderModel: the encoder."""
+    full = import_hf_config(_load("t5-small"))
+    encoder = import_hf_config({**_load("t5-small"), "architectures": ["T5EncoderModel"]})
+    assert encoder.parameter_count == GOLDEN["t5-small-encoder"][0]
+    assert full.family == "transformer-encoder-decoder"
+    assert encoder.family == "transformer-encoder"
+    # t5-small: 6 decoder blocks of self-attention (4 x 512 x 512), cross-attention (the same),
+    # 3 RMSNorm weights, a ReLU MLP (2 x 512 x 2048); a decoder bias table (32 x 8) and its
+    # final norm; the LM head is the shared embedding (tied)
+    block = 4 * 512 * 512 * 2 + 3 * 512 + 2 * 512 * 2048
+    assert full.parameter_count - encoder.parameter_count == 6 * block + 32 * 8 + 512
+    names = [layer["name"] for layer in full.layers]
+    assert names.count("relative_attention_bias") == 1
+    assert "decoder_relative_attention_bias" in names
+    decoder = next(layer for layer in full.layers if layer["name"] == "decoder_block")
+    assert decoder["times"] == 6
+    inner = {layer["name"]: layer for layer in decoder["layers"]}
+    assert inner["attn"]["causal"] is True
+    # k and v of the cross-attention read the encoder's output, q the decoder's stream
+    assert inner["EncDecAttention.k"]["inputs"] == inner["EncDecAttention.v"]["inputs"]
+    assert inner["EncDecAttention.k"]["inputs"] == ["final_drop"]
+    assert "inputs" not in inner["EncDecAttention.q"]
+    assert full.layers[-1]["tied_to"] == "shared"
+    untied = import_hf_config({**_load("t5-small"), "tie_word_embeddings": False})
+    assert untied.parameter_count - full.parameter_count == 32128 * 512
+    fewer = import_hf_config({**_load("t5-small"), "num_decoder_layers": 2})
+    assert full.parameter_count - fewer.parameter_count == 4 * block
+
+
+def test_t5_reads_encoder_and_decoder_tokens_of_the_input_length() -> None:
+    """One [batch, 2, seq] input: the encoder's and the decoder's token ids; the decoder's
+    activations scale with the same seq binding."""
+    from app.domain.graph.analysis import analyze
+
+    full = import_hf_config(_load("flan-t5-base"), sequence_length=64)
+    (tokens,) = full.inputs
+    assert tokens.name == "input_ids"
+    assert tokens.shape == ("batch", 2, "seq")
+    assert full.default_bindings == {"seq": 64}
+    analysis = analyze(full.inputs, full.layers, {"batch": 2, "seq": 64}, training=True)
+    by_name = {layer.name: layer for layer in analysis.layers}
+    assert by_name["shared"].output_shape == (2, 2, 64, 768)
+    assert by_name["decoder_embeds"].output_shape == (2, 64, 768)
+    assert by_name["lm_head"].output_shape == (2, 64, 32128)
+    scores = [layer for layer in analysis.layers if layer.name.endswith("EncDecAttention.scores")]
+    assert len(scores) == 12
+    assert scores[0].output_shape == (2, 12, 64, 64)
+    longer = analyze(full.inputs, full.layers, {"batch": 2, "seq": 128}, training=True)
+    assert {layer.name: layer for layer in longer.layers}["decoder_embeds"].output_shape == (
+        2,
+        128,
+        768,
+    )

@@ -346,3 +346,35 @@ def test_catalog_specs_without_rows_equal_the_stored_ones() -> None:
         row = Hardware(slug=entry.slug)
         apply_hardware_fields(row, entry)
         assert hardware_spec(hardware_record(entry.slug, entry)) == hardware_spec(row), entry.slug
+
+
+def _declared_fields(path: str, name: str) -> set[str]:
+    """The fields a schema class declares in its own body (annotated assignments)."""
+    tree = ast.parse((PROJECT_ROOT / path).read_text())
+    (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name]
+    return {
+        n.target.id
+        for n in cls.body
+        if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
+    }
+
+
+def test_the_vllm_options_are_declared_once() -> None:
+    """The endpoint's request and a workload's engine share vLLM's option fields (one field,
+    default and description each, in app.schemas.engines.VllmOptionFields); each declares only
+    what differs: the endpoint's model/GPU and a workload's engine name and min_concurrency, and
+    the tensor/pipeline degrees, whose defaults differ on purpose (1 vs the workload's)."""
+    from app.schemas.engine_options import VllmEngineOptions
+    from app.schemas.engines import VllmMemoryRequest, VllmOptionFields
+
+    shared = _declared_fields("app/schemas/engines.py", "VllmOptionFields")
+    assert {"dtype", "kv_cache_dtype", "quantization", "quantization_config"} <= shared
+    endpoint = _declared_fields("app/schemas/engines.py", "VllmMemoryRequest")
+    workload = _declared_fields("app/schemas/engine_options.py", "VllmEngineOptions")
+    degrees = {"tensor_parallel_size", "pipeline_parallel_size"}
+    assert endpoint & workload == degrees
+    assert not (endpoint | workload) & shared
+    for cls in (VllmMemoryRequest, VllmEngineOptions):
+        assert issubclass(cls, VllmOptionFields)
+    assert VllmMemoryRequest.model_fields["tensor_parallel_size"].default == 1
+    assert VllmEngineOptions.model_fields["tensor_parallel_size"].default is None

@@ -7,7 +7,8 @@ The steps follow vLLM 0.19 (V1 engine) as its start-up logs print them:
    ``vllm/v1/worker/gpu_worker.py`` (``Worker.determine_available_memory``, ``requested_memory``).
 2. weights: torch memory allocated after the model load (sharded by tensor rank; by pipeline stage,
    the embedding on the first, the final norm and head on the last): ``Worker.load_model``
-   ("Model loading took ... GiB").
+   ("Model loading took ... GiB"), which also counts the rotary cos/sin cache built with the
+   model (:func:`rotary_cache_bytes`, a line of its own here).
 3. the profile run: one forward of ``max_num_batched_tokens`` dummy tokens, then on the last
    pipeline stage a dummy sampler run over ``max_num_seqs`` requests whose logits the sampler
    holds in fp32 (``vllm/v1/worker/gpu_model_runner.py``: ``GPUModelRunner.profile_run``,
@@ -17,7 +18,9 @@ The steps follow vLLM 0.19 (V1 engine) as its start-up logs print them:
 4. memory outside the allocator that grew during the profile ("non-torch forward increase
    memory"): cuBLAS/attention workspaces on one GPU, NCCL and custom all-reduce buffers under
    tensor parallelism (``vllm/utils/mem_utils.py``: ``memory_profiling``).
-5. KV pool = requested - weights - peak - non-torch (``Worker.determine_available_memory``). The
+5. KV pool = requested - weights - rotary cos/sin cache - peak - non-torch
+   (``Worker.determine_available_memory``; the rotary cache is a buffer allocated with the
+   weights, :func:`rotary_cache_bytes`). The
    CUDA-graph pool is captured AFTER the KV cache is allocated in 0.19 ("CUDA graph pool ...
    allocated after KV sizing") and is not subtracted: it lives in the ``1 - utilization`` margin.
 6. KV tokens = whole blocks of ``block_size`` tokens that the pool holds, the same on every
@@ -207,6 +210,10 @@ class ServingModel:
     sliding-window layers as full layers in its KV token figure (cluster F gemma-2-9b run).
     ``experts``/``experts_per_token``: a Mixtral-style MoE MLP (1/1 for a dense model).
     ``mla``: the MLA projections' sizes (:mod:`app.domain.engines.families`);
+    ``rotary_dim``: the rotary embedding's width (``None``: ``head_dim``, or
+    ``qk_rope_head_dim`` under MLA; 0: no rotary embedding); ``rotary_positions``: the rows of
+    its cos/sin cache (``None``: ``max_position_embeddings``; YaRN scaling: original x factor);
+    see :func:`rotary_cache_bytes`.
     ``shared_expert_intermediate_size``: the shared expert(s) of a MoE layer as one MLP (0:
     none), with Qwen2-MoE's one-output ``shared_expert_gate``; ``dense_layers``: indices of the
     layers of a MoE model with a dense MLP of ``dense_intermediate_size`` (DeepSeek's first
@@ -234,6 +241,8 @@ class ServingModel:
     shared_expert_gate: bool = False
     dense_layers: tuple[int, ...] = ()
     dense_intermediate_size: int | None = None
+    rotary_dim: int | None = None
+    rotary_positions: int | None = None
 
 
 @dataclass(frozen=True)
@@ -406,6 +415,33 @@ def graph_forward_peak_bytes(graph_peak_bytes: int, profile: EngineProfile = VLL
     return math.ceil(profile.graph_forward_factor * graph_peak_bytes)
 
 
+def rotary_cache_bytes(model: ServingModel, dtype_bytes: int) -> int:
+    """vLLM's rotary cos/sin cache on one GPU [B]:
+    ``rotary_positions x rotary_dim x dtype_bytes`` (0 without a rotary embedding or a
+    context).
+
+    Notes
+    -----
+    ``vllm/model_executor/layers/rotary_embedding/base.py`` (0.19): ``RotaryEmbedding``
+    computes cos and sin (``rotary_dim / 2`` columns each) for ``max_position_embeddings``
+    positions, concatenates them, casts the cache to the model dtype and registers it as the
+    non-persistent buffer ``cos_sin_cache`` while the model is built on the GPU, so vLLM's
+    "Model loading took" counts it although no checkpoint holds it. ``get_rope``
+    (``rotary_embedding/__init__.py``) keeps one instance per distinct (head size, rotary_dim,
+    max_position, rope parameters, dtype) in ``_ROPE_DICT``: every decoder layer of a process
+    shares one cache, so each GPU of each pipeline stage holds exactly one, unsplit by tensor
+    parallelism. YaRN (``yarn_scaling_rope.py``, ``deepseek_scaling_rope.py``) builds
+    ``original_max_position_embeddings x factor`` rows.
+    """
+    width = model.rotary_dim
+    if width is None:
+        width = model.mla.qk_rope_head_dim if model.mla is not None else model.head_dim
+    rows = model.rotary_positions
+    if rows is None:
+        rows = model.max_position_embeddings or 0
+    return rows * width * dtype_bytes
+
+
 def non_torch_bytes(tp: int, pp: int, profile: EngineProfile = VLLM_0_19) -> int:
     """Memory outside the allocator that grows during the profile, per GPU [B]."""
     if tp >= 2:
@@ -455,7 +491,8 @@ def decoder_stage_weights_bytes(
 
 @dataclass(frozen=True)
 class StageMemory:
-    """One pipeline stage's GPU (every TP rank of a stage holds the same) [B]."""
+    """One pipeline stage's GPU (every TP rank of a stage holds the same) [B]. The KV pool is
+    what is left of the request after weights, the rotary cache, the peak and non-torch."""
 
     layers: int
     weights_bytes: int
@@ -464,6 +501,7 @@ class StageMemory:
     kv_pool_bytes: int
     kv_bytes_per_token: int
     kv_tokens: int  # whole blocks this stage's pool holds
+    rotary_cache_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -543,17 +581,19 @@ def engine_memory(
     received *= opts.dtype_bytes
     graphs = 0 if opts.enforce_eager else profile.cuda_graph_pool_bytes
     other = non_torch_bytes(tp, pp, profile)
+    rotary = rotary_cache_bytes(model, opts.dtype_bytes)
     stages = []
     for i, (n, weights) in enumerate(zip(layers, stage_weights_bytes, strict=True)):
         peak = max(fwd, sampler) if i == pp - 1 else fwd
         if i > 0:
             peak += received
-        pool = requested - weights - peak - other - (graphs if profile.graphs_before_kv else 0)
+        pool = requested - weights - rotary - peak - other
+        pool -= graphs if profile.graphs_before_kv else 0
         per_token = kv_cache_bytes_per_token(model, n, tp, opts.kv_cache_dtype_bytes)
         tokens = 0
         if pool > 0 and per_token > 0:
             tokens = (pool // (per_token * opts.block_size)) * opts.block_size
-        stages.append(StageMemory(n, weights, peak, other, pool, per_token, tokens))
+        stages.append(StageMemory(n, weights, peak, other, pool, per_token, tokens, rotary))
     reason = None
     for stage in stages:
         if stage.kv_bytes_per_token == 0:
@@ -597,6 +637,7 @@ __all__ = [
     "kv_cache_bytes_per_token",
     "non_torch_bytes",
     "resolve_options",
+    "rotary_cache_bytes",
     "sampler_peak_bytes",
     "start_verdict",
 ]

@@ -276,6 +276,12 @@ OP_SPECS: Mapping[str, OpSpec] = {
             # gpt-oss sliding layers): its KV cache holds at most that many tokens a sequence
             "sliding_window": positive_int,
             "sinks": boolean,  # one learned attention-sink logit a head (gpt-oss)
+            # GPT-NeoX as transformers wrote it in mid-2024 (app/domain/graph/ops/transformer.py):
+            # q/k/v views of one fused output, fp32 rotary, registered mask and rotary buffers
+            "fused_qkv": boolean,
+            "rotary_fp32": boolean,
+            "buffer_positions": positive_int,
+            "rotary_dims": positive_int,
             # multi-head latent attention (DeepSeek-V2/V3): present with kv_lora_rank
             "kv_lora_rank": positive_int,
             "q_lora_rank": positive_int,

@@ -265,12 +265,13 @@ def step_allocator_events(
     layers = analysis.layers
     model_shard = request.parallelism.tensor * request.parallelism.pipeline
     weight = e.plan.weight
-    # ZeRO-3 CPU offload (parallelism.cpu_offload), as the breakdown has it
-    # (app.domain.memory.moments): the weights', gradients', optimizer state's and master
-    # weights' shards are host lines and the optimizer steps on the host; the GPU holds the
-    # buffers, the gathered unit's parameters and its unsharded gradients (FSDP's buffers,
-    # e.comm_buffers, through forward and backward), the activations and the transients.
+    # CPU offload (parallelism.cpu_offload), as the breakdown has it (app.domain.memory
+    # .moments): the gradients', optimizer state's and master weights' partitions are host
+    # lines and the optimizer steps on the host; from ZeRO-3 the weights' shards too, the GPU
+    # holding the buffers and what is gathered (FSDP's or DeepSpeed's buffers, e.comm_buffers,
+    # through forward and backward); ZeRO-2 (DeepSpeed offload_optimizer) keeps the weights.
     on_host = request.parallelism.cpu_offload
+    weights_on_host = on_host and request.parallelism.zero_stage >= 3
     # ZeRO-3 / FSDP: a rank stores 1 / data of every parameter (the weights line's divisor;
     # the gathered units are FSDP's buffers)
     weight_shard = model_shard
@@ -279,12 +280,12 @@ def step_allocator_events(
     weights = memoised(
         e.plans,
         analysis,
-        ("buffers",) if on_host else ("weights", weight, weight_shard),
+        ("buffers",) if weights_on_host else ("weights", weight, weight_shard),
         (lambda: _buffer_events(analysis))
-        if on_host
+        if weights_on_host
         else lambda: _weight_events(analysis, weight, weight_shard),
     )
-    if e.weight_tensors is not None and not on_host:  # QLoRA: the 4-bit base's own tensors
+    if e.weight_tensors is not None and not weights_on_host:  # QLoRA: the 4-bit base's own
         replayed = _kept([size for sizes in e.weight_tensors for size in sizes])
         weights = _WeightEvents(list(e.weight_tensors), replayed, EventsKey(replayed))
     events: list[Event] = list(weights.events)
@@ -306,11 +307,12 @@ def step_allocator_events(
         add(("alloc", ~bound.storage, plan.sizes[bound.storage]))
     kept = [step.labels_bytes] if step is not None and step.labels_bytes else []
     kept += [overhead.workspace_bytes] * (handles if overhead.workspace_bytes else 0)
-    # DDP's buckets: allocated when DDP wraps the model, held. FSDP's gather buffers (ZeRO-3,
-    # training): reused unit after unit through forward and backward, freed once the last
-    # unit's gradients are reduce-scattered (FSDP reshards after backward), so not held by
-    # the optimizer step (the breakdown's optimizer_step moment has no fsdp_buffers line).
-    gathered = e.comm_buffers if step is not None and request.parallelism.zero_stage >= 3 else []
+    # DDP's buckets: allocated when DDP wraps the model, held. ZeRO's buffers (training: FSDP's
+    # gather buffers, DeepSpeed's gathered parameters and reduce bucket): reused through
+    # forward and backward, freed once the last gradients are reduced (FSDP reshards after
+    # backward), so not held by the optimizer step (the breakdown's optimizer_step moment has
+    # no fsdp_buffers / zero_* line).
+    gathered = e.comm_buffers if step is not None and request.parallelism.zero_stage else []
     if not gathered:
         kept += e.comm_buffers
     events += _kept(kept)

@@ -276,8 +276,9 @@ def estimate_memory(
 
 
 def _check_request(analysis: GraphAnalysis, request: MemoryRequest) -> None:
-    """The request can be estimated: a trainable precision for training, ZeRO over data ranks,
-    and the analysis made for it (:func:`_check_analysis`)."""
+    """The request can be estimated: a trainable precision for training and the analysis made
+    for it (:func:`_check_analysis`). ZeRO on one data rank is DeepSpeed's (ZeRO-Offload /
+    ZeRO-Infinity on one GPU): nothing is sharded, DeepSpeed's buffers are charged."""
     precision = request.precision
     if request.mode is Mode.TRAINING and not convention(precision).trainable:
         trainable = ", ".join(p.value for p, row in CONVENTIONS.items() if row.trainable)
@@ -285,9 +286,6 @@ def _check_request(analysis: GraphAnalysis, request: MemoryRequest) -> None:
             f"precision '{precision.value}' is for inference (quantized weights); train in "
             f"{trainable}"
         )
-    par = request.parallelism
-    if par.zero_stage and par.data < 2:
-        raise MemoryInputError("ZeRO sharding needs a data-parallel degree of at least 2")
     _check_analysis(analysis, request)
 
 

@@ -9,12 +9,14 @@ from collections.abc import Mapping, Sequence
 from app.domain.graph.analysis import GraphAnalysis, LayerAnalysis
 from app.domain.graph.ops import Storage
 from app.domain.graph.traits import INTERNAL_TENSOR_OPS
+from app.domain.memory.compiled import COMPILE_SOURCE
 from app.domain.memory.context import Estimation, Moment
 from app.domain.memory.formulas import PrecisionPlan, Sizer
 from app.domain.memory.liveness import (
     ATTENTION_MATRICES,
     checkpoint_unit,
     kept_storages,
+    saved_for_backward,
     transient_numel,
 )
 from app.domain.memory.request import MemoryRequest
@@ -61,6 +63,8 @@ def request_assumptions(
         assumptions.append(logits_note(analysis))
     elif training and request.logits is Logits.LAST:
         assumptions.append("logits: every position (training: the loss reads every position)")
+    if request.training_options.compile:
+        assumptions.append(compile_note(training=training))
     if training and analysis.batchnorm_folded:
         assumptions.append(
             f"cannot see batch norm: {analysis.batchnorm_folded} convolution(s) of this graph "
@@ -70,6 +74,26 @@ def request_assumptions(
             "whose provenance lets the importer restore the batch norm)"
         )
     return assumptions
+
+
+def compile_note(*, training: bool) -> str:
+    """What ``compile`` changes, as the estimate's assumption."""
+    if not training:
+        return (
+            "compile: torch.compile at inference changes no line: nothing is kept for backward, "
+            "and the transients this graph charges are matmul and attention outputs Inductor "
+            "materialises as eager mode does (CUDA graphs of mode reduce-overhead not modelled)"
+        )
+    return (
+        f"compile: torch.compile (Inductor, mode default; {COMPILE_SOURCE}): a gated MLP keeps "
+        "gate, up and their product, not act(gate); a composite activation's intermediates are "
+        "recomputed; RMSNorm keeps its input in the activation dtype and the fp32 per-row "
+        "statistic, not the fp32 copy and the normalized tensor. Dropout masks, norms' "
+        "statistics, matmul inputs and attention's tensors are kept as in eager mode (random "
+        "ops, reductions and compute-intensive ops are never recomputed). Approximated: the "
+        "cut is taken per layer; cross-layer heuristics, attention patterns rewritten into SDPA "
+        "and CUDA graphs are not modelled"
+    )
 
 
 def _term(size: int, words: str, times: int = 1) -> tuple[int, str]:
@@ -328,7 +352,7 @@ def _kept_tensors(
     """What a layer keeps for backward, with storage dtypes for this precision and runtime."""
     act = convention(request.precision).activation_dtype.value
     kept = []
-    for item in layer.result.saved:
+    for item in saved_for_backward(layer, request):
         if request.checkpointing is Checkpointing.SELECTIVE and item.label in ATTENTION_MATRICES:
             continue
         source = _SOURCES.get(item.source, "new")

@@ -17,8 +17,9 @@ from operator import add, sub
 from typing import NamedTuple
 
 from app.domain.graph.analysis import GraphAnalysis, LayerAnalysis
-from app.domain.graph.ops import TensorKind, Transient
+from app.domain.graph.ops import Saved, TensorKind, Transient
 from app.domain.graph.traits import CONV_OPS, INTERNAL_TENSOR_OPS
+from app.domain.memory.compiled import compiled_kept
 from app.domain.memory.formulas import Sizer, repeated_block
 from app.domain.memory.request import MemoryRequest
 from app.domain.workload import Checkpointing, Runtime
@@ -70,13 +71,21 @@ def _transient_bytes(layer: LayerAnalysis, sizer: Sizer, tp: int) -> int:
     )
 
 
+def saved_for_backward(layer: LayerAnalysis, request: MemoryRequest) -> tuple[Saved, ...]:
+    """What ``layer`` keeps for backward: eager mode's, or under ``torch.compile`` what
+    Inductor's partitioner keeps (:func:`app.domain.memory.compiled.compiled_kept`)."""
+    if request.training_options.compile:
+        return compiled_kept(layer.op, layer.result.saved)
+    return layer.result.saved
+
+
 def _op_sizes(layer: LayerAnalysis, sizer: Sizer, request: MemoryRequest) -> OpSizes:
     tp = request.parallelism.tensor
     selective = request.checkpointing is Checkpointing.SELECTIVE
     fp32_acts = sizer.plan.activation == 4
     kept: list[tuple[int, int]] = []  # (_IN0 | _OUT | _NEW, bytes) in saved order
     internal = 0
-    for item in layer.result.saved:
+    for item in saved_for_backward(layer, request):
         numel = item.numel
         if tp > 1 and layer.op in INTERNAL_TENSOR_OPS and item.source == "new":
             numel = -(-numel // tp)

@@ -10,6 +10,7 @@ from fractions import Fraction
 
 from app.domain.memory.adapters import adapter_transient, dora_saved, inference_adapters
 from app.domain.memory.context import Estimation, Moment, StepTensors, moment_at
+from app.domain.memory.deepspeed import deepspeed_buffers
 from app.domain.memory.formulas import (
     PrecisionPlan,
     TemporariesLayout,
@@ -100,16 +101,18 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
         recompute = apply_full_checkpointing(analysis, storage_plan)
         if not recompute:
             assumptions.append("full checkpointing: the graph has no repeated blocks; no effect")
-    offloaded = par.cpu_offload  # ZeRO-3 / FSDP CPU offload: the shards live on the host
+    offloaded = par.cpu_offload  # ZeRO-2/3 CPU offload: the partitions live on the host
     host_master = master
-    if offloaded:
+    if offloaded and par.zero_stage >= 3:
         e.host["offloaded_weights"] = lines_static["weights"]
         formulas["offloaded_weights"] = formulas["weights"]
         lines_static = {**lines_static, "weights": 0}
+        gathers = "zero_gathered_params" if par.uses_deepspeed else "fsdp_buffers"
         formulas["weights"] = (
             "0 [B: the ZeRO-3 shard lives in host memory (parallelism.cpu_offload); the GPU "
-            "gathers one unit at a time: fsdp_buffers] = 0 B"
+            f"gathers what runs: {gathers}] = 0 B"
         )
+    if offloaded:
         master = 0
     base = {**lines_static, "inputs": inputs_bytes + labels_bytes}
     if master:
@@ -122,6 +125,7 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
     gathered = _fsdp_buffers(e, grad_element)
     if gathered:
         base["fsdp_buffers"] = gathered
+    base.update(deepspeed_buffers(e))
     loss = loss_bytes(analysis, sizer)
     options = request.training_options
     in_backward = options.optimizer_in_backward
@@ -282,13 +286,29 @@ def _host_state(e: Estimation, grad_bytes: int, state_bytes: int, master: int) -
         if size:
             e.host[key] = size
             formulas[key] = formulas[formula_key]
+    par = e.request.parallelism
+    if par.zero_stage == 2:
+        e.assumptions.append(
+            "parallelism.cpu_offload with ZeRO-2: DeepSpeed offload_optimizer: the gradient, "
+            "optimizer-state and master-weight partitions live in host memory and the "
+            "optimizer steps there; the 16-bit weights stay on the GPU, each gradient passes "
+            "through the reduce bucket (zero_reduce_bucket); no optimizer_step phase on the "
+            "GPU; the allocator replay (rounding, cached segments) allocates no gradient, "
+            "state or master weight on the GPU either"
+        )
+        return
+    holds = (
+        "the gathered parameters (zero_gathered_params) and the reduce bucket (zero_reduce_bucket)"
+        if par.uses_deepspeed
+        else "each unit's gathered parameters and unsharded gradients (fsdp_buffers)"
+    )
     e.assumptions.append(
         "parallelism.cpu_offload: the ZeRO-3 shards of the weights, gradients, optimizer state "
         "and master weights live in host memory and the optimizer steps there (FSDP "
-        "CPUOffload(offload_params=True)); the GPU holds each unit's gathered parameters and "
-        "unsharded gradients (fsdp_buffers) while it runs, so no optimizer_step phase on the "
-        "GPU; the allocator replay (rounding, cached segments) allocates on the GPU only "
-        "those (and the buffers, activations and transients)"
+        "CPUOffload(offload_params=True), DeepSpeed offload_param + offload_optimizer); the "
+        f"GPU holds {holds} while it runs, so no optimizer_step phase on the GPU; the "
+        "allocator replay (rounding, cached segments) allocates on the GPU only those (and "
+        "the buffers, activations and transients)"
     )
 
 
@@ -534,7 +554,7 @@ def _fsdp_buffers(e: Estimation, grad_element: Fraction) -> int:
     gradients unsharded before their reduce-scatter (torch/distributed/fsdp). Units are the
     repeated blocks; the rest of the model is one unit."""
     par = e.request.parallelism
-    if par.zero_stage < 3 or par.data < 2:
+    if par.zero_stage < 3 or par.data < 2 or par.uses_deepspeed:
         return 0
     units: dict[str, int] = {}
     for layer in e.analysis.layers:

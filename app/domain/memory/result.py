@@ -94,7 +94,8 @@ class CudaMemory:
 # The breakdown's order: persistent state, then what the step holds, then the runtime's lines.
 LINE_ORDER = (
     "weights", "adapter_weights", "master_weights", "weight_cast_cache", "gradients",
-    "ddp_buckets", "fsdp_buffers", "optimizer_state", "buffers", "inputs", "outputs",
+    "ddp_buckets", "fsdp_buffers", "zero_gathered_params", "zero_reduce_bucket",
+    "optimizer_state", "buffers", "inputs", "outputs",
     "activations", "adapter_activations", "adapter_transient", "loss", "transient", "kv_cache",
     "workspace",
     "allocator_rounding", "fragmentation_reserve", "cuda_context",

@@ -46,7 +46,15 @@ internally; they are named as the model family's transformers modeling file name
   and ``pooler.dense`` - ``models/bert/modeling_bert.py``;
 * T5 (``shared`` and ``block.<i>``): ``SelfAttention.q`` / ``k`` / ``v`` / ``o``,
   ``DenseReluDense.wi`` / ``wo`` (gated: ``wi_0``, ``wi_1``, ``wo``) -
-  ``models/t5/modeling_t5.py``.
+  ``models/t5/modeling_t5.py``; the encoder-decoder's cross-attention is Linear layers named
+  ``EncDecAttention.q`` ... ``.o`` (attention projections);
+* BLOOM (``word_embeddings``, ``word_embeddings_layernorm``) and GPT-NeoX / Pythia
+  (``embed_in``): one fused ``query_key_value`` (out q + k + v) and ``dense`` in the
+  attention, ``dense_h_to_4h`` / ``dense_4h_to_h`` in the MLP -
+  ``models/bloom/modeling_bloom.py``, ``models/gpt_neox/modeling_gpt_neox.py``;
+* OPT (``embed_tokens`` and ``embed_positions``): ``q_proj`` ... ``out_proj``, ``fc1`` /
+  ``fc2`` - ``models/opt/modeling_opt.py``; Phi-2 (``final_layernorm``): ``q_proj`` ...
+  ``dense``, ``fc1`` / ``fc2`` - ``models/phi/modeling_phi.py``.
 
 A module's qualified name is ``<graph layer>.<name>`` (``h.0.attn.c_attn``,
 ``encoder.0.attn.self.query``, ``block.0.attn.q``): a list ``target_modules`` matches on the
@@ -143,6 +151,40 @@ NAMINGS: dict[str, ModuleNaming] = {
         ("intermediate.dense", "output.dense"),
         standalone=(("pooler", "dense"),),
     ),
+    # models/bloom/modeling_bloom.py: BloomAttention.query_key_value (one Linear, out 3 x
+    # hidden) and .dense, BloomMLP.dense_h_to_4h / .dense_4h_to_h
+    "bloom": ModuleNaming(
+        "bloom",
+        ("query_key_value", "", "", "dense"),
+        ("dense_h_to_4h_gate", "dense_h_to_4h", "dense_4h_to_h"),  # ungated; never matched
+        ("dense_h_to_4h", "dense_4h_to_h"),
+        fused_qkv=True,
+    ),
+    # models/gpt_neox/modeling_gpt_neox.py: GPTNeoXAttention.query_key_value and .dense,
+    # GPTNeoXMLP.dense_h_to_4h / .dense_4h_to_h (the same names as BLOOM's)
+    "gpt_neox": ModuleNaming(
+        "gpt_neox",
+        ("query_key_value", "", "", "dense"),
+        ("dense_h_to_4h_gate", "dense_h_to_4h", "dense_4h_to_h"),  # ungated; never matched
+        ("dense_h_to_4h", "dense_4h_to_h"),
+        fused_qkv=True,
+    ),
+    # models/opt/modeling_opt.py: OPTAttention.q_proj / k_proj / v_proj / out_proj,
+    # OPTDecoderLayer.fc1 / fc2
+    "opt": ModuleNaming(
+        "opt",
+        ("q_proj", "k_proj", "v_proj", "out_proj"),
+        ("fc1_gate", "fc1", "fc2"),  # ungated; never matched
+        ("fc1", "fc2"),
+    ),
+    # models/phi/modeling_phi.py (Phi-2): PhiAttention.q_proj / k_proj / v_proj / dense,
+    # PhiMLP.fc1 / fc2
+    "phi": ModuleNaming(
+        "phi",
+        ("q_proj", "k_proj", "v_proj", "dense"),
+        ("fc1_gate", "fc1", "fc2"),  # ungated; never matched
+        ("fc1", "fc2"),
+    ),
     "t5": ModuleNaming(
         "t5",
         ("q", "k", "v", "o"),
@@ -157,11 +199,22 @@ def module_naming(layers: Sequence[LayerAnalysis]) -> ModuleNaming:
     """The family naming of a graph, read from the importer's layer names
     (:mod:`app.importers.hf_config`): the first layer ``wte`` is GPT-2's (and GPTBigCode's)
     token embedding, ``word_embeddings`` with ``encoder.<i>`` blocks BERT's / RoBERTa's,
-    ``shared`` with ``block.<i>`` T5's; any other graph uses Llama's names."""
+    ``shared`` with ``block.<i>`` T5's, ``word_embeddings`` then
+    ``word_embeddings_layernorm`` BLOOM's, ``embed_in`` GPT-NeoX's (Pythia), ``embed_tokens``
+    with ``embed_positions`` OPT's, ``embed_tokens`` with ``final_layernorm`` Phi-2's; any other
+    graph uses Llama's names."""
     names = [layer.name for layer in layers]
     first = names[0] if names else ""
     if first == "wte":
         return NAMINGS["gpt2"]
+    if first == "word_embeddings" and "word_embeddings_layernorm" in names:
+        return NAMINGS["bloom"]
+    if first == "embed_in":
+        return NAMINGS["gpt_neox"]
+    if first == "embed_tokens" and "embed_positions" in names:
+        return NAMINGS["opt"]
+    if first == "embed_tokens" and "final_layernorm" in names:
+        return NAMINGS["phi"]
     if first == "word_embeddings" and any(n.startswith("encoder.") for n in names):
         return NAMINGS["bert"]
     if first == "shared" and any(n.startswith("block.") for n in names):
@@ -285,7 +338,11 @@ def linear_modules(layers: Sequence[LayerAnalysis]) -> list[LoraModule]:
             has_bias = any(len(s) == 1 for s in shapes)
             leaf = standalone.get(layer.name)
             name = f"{layer.name}.{leaf}" if leaf else layer.name
-            modules.append(LoraModule(name, index, features, out, has_bias, rows))
+            # T5's cross-attention is written out as ops: its q / k / v / o Linear layers
+            # (``EncDecAttention.q`` ...) are attention projections (app/importers/hf_t5.py)
+            cross = naming.family == "t5" and ".EncDecAttention." in f".{layer.name}"
+            kind = "attention" if cross else "linear"
+            modules.append(LoraModule(name, index, features, out, has_bias, rows, kind=kind))
         elif layer.op in ("embedding", "embedding_add") and shapes:
             num, dim = shapes[0]
             modules.append(
@@ -293,6 +350,8 @@ def linear_modules(layers: Sequence[LayerAnalysis]) -> list[LoraModule]:
             )
         elif layer.op == "attention":
             modules += _attention_modules(layer, index, rows, naming)
+        elif layer.op == "moe":
+            modules += _moe_modules(layer, index, rows)
         elif layer.op == "mlp":
             matrices = [s for s in shapes if len(s) == 2]
             biased = any(len(s) == 1 for s in shapes)
@@ -306,30 +365,95 @@ def linear_modules(layers: Sequence[LayerAnalysis]) -> list[LoraModule]:
     return modules
 
 
+def _moe_modules(layer: LayerAnalysis, index: int, rows: int) -> list[LoraModule]:
+    """The shared expert's Linear modules of a MoE op, as transformers 5.23 names them:
+    ``gate_proj`` / ``up_proj`` / ``down_proj`` of ``shared_expert`` (Qwen2-MoE, Llama-4) or
+    ``shared_experts`` (DeepSeek). Routed experts are 3-d parameters there (``*Experts``), not
+    Linear modules, and so are most routers (``*TopKRouter``). Llama-4's ``router``
+    (``Llama4Router(nn.Linear)``, out = experts) and Qwen2-MoE's ``shared_expert_gate`` (out 1)
+    are Linear in PEFT's eyes but are not offered here: :func:`lora_plan` refuses a rank above a
+    module's width, which would refuse ``all-linear`` at any useful rank; PEFT's all-linear
+    adapts them too (r x (hidden + out) each more). With transformers 5.23, peft 0.21.2 also
+    adapts DeepSeek-V2/V3's fused routed experts (as parameters) when ``gate_proj`` /
+    ``up_proj`` / ``down_proj`` are targeted; that is not modelled (the count is lower there).
+    The op's matrices are the router, every
+    expert's projections, then the shared expert's and its gate
+    (:func:`app.domain.graph.llm_variants.moe_extra_param_shapes`)."""
+    matrices = [s for s in layer.result.param_shapes if len(s) == 2]
+    experts, hidden = matrices[0]
+    gate = matrices[-1] == (1, hidden)
+    rest = len(matrices) - 1 - gate
+    projections = rest // (experts + 1) if rest % (experts + 1) == 0 else 0
+    if projections not in (2, 3) or rest == experts * projections:
+        return []  # no shared expert
+    shared = matrices[len(matrices) - gate - projections : len(matrices) - gate]
+    llama4 = layer.name.endswith("feed_forward")  # Llama4TextDecoderLayer.feed_forward
+    owner = "shared_expert" if gate or llama4 else "shared_experts"
+    names = ("gate_proj", "up_proj", "down_proj")[3 - projections :]
+    return [
+        LoraModule(f"{layer.name}.{owner}.{name}", index, features, out, False, rows, False, "mlp")
+        for name, (out, features) in zip(names, shared, strict=True)
+    ]
+
+
 def _attention_modules(
     layer: LayerAnalysis, index: int, rows: int, naming: ModuleNaming
 ) -> list[LoraModule]:
-    """The q, k, v, o Linear modules of an attention op (q, k, v fused into one under
-    ``naming.fused_qkv``, its out_features theirs summed)."""
+    """The Linear modules of an attention op: q, k, v, o (q, k, v fused into one under
+    ``naming.fused_qkv``, its out_features theirs summed), or multi-head latent attention's
+    (:func:`_mla_parts`). Its other vectors are biases in the op's order (q, k, v when
+    ``qkv_bias``, then o) and, after them, parameters that are not a Linear's (gpt-oss'
+    ``sinks``, one logit a head)."""
     shapes = layer.result.param_shapes
     matrices = [s for s in shapes if len(s) == 2]
-    biases = [s for s in shapes if len(s) == 1]
-    # biases: q, k, v (qkv_bias), then o (out_bias)
-    with_bias: tuple[bool, ...] = {
-        0: (False,) * 4,
-        1: (False, False, False, True),
-        3: (True, True, True, False),
-        4: (True,) * 4,
-    }[len(biases)]
-    parts = list(zip(naming.attention, matrices, with_bias, strict=True))
-    if naming.fused_qkv:
-        qkv_out = sum(out for _, (out, _), _ in parts[:3])
-        features = parts[0][1][1]
-        parts = [(naming.attention[0], (qkv_out, features), with_bias[0]), parts[3]]
+    vectors = [s for s in shapes if len(s) == 1]
+    mla = _mla_parts(matrices, vectors)
+    if mla is not None:
+        parts = mla
+    else:
+        (q_out, _), (kv_out, _), _, (o_out, _) = matrices
+        qkv_bias = vectors[:3] == [(q_out,), (kv_out,), (kv_out,)]
+        rest = vectors[3:] if qkv_bias else vectors
+        out_bias = bool(rest) and rest[0] == (o_out,)
+        with_bias = (qkv_bias, qkv_bias, qkv_bias, out_bias)
+        parts = list(zip(naming.attention, matrices, with_bias, strict=True))
+        if naming.fused_qkv:
+            qkv_out = sum(out for _, (out, _), _ in parts[:3])
+            features = parts[0][1][1]
+            parts = [(naming.attention[0], (qkv_out, features), with_bias[0]), parts[3]]
     return [
         LoraModule(f"{layer.name}.{name}", index, features, out, has_bias, rows, False, "attention")
         for name, (out, features), has_bias in parts
     ]
+
+
+def _mla_parts(
+    matrices: Sequence[tuple[int, ...]], vectors: Sequence[tuple[int, ...]]
+) -> list[tuple[str, tuple[int, ...], bool]] | None:
+    """Multi-head latent attention's Linear modules as ``DeepseekV2Attention`` /
+    ``DeepseekV3Attention`` (transformers 5.23) name them, from the op's parameter shapes
+    (:func:`app.domain.graph.llm_variants.mla_param_shapes`: ``q_proj``, or ``q_b_proj`` and
+    ``q_a_proj``; ``kv_a_proj_with_mqa``, ``kv_b_proj``, ``o_proj``); None for q/k/v/o
+    attention, whose k and v matrices have one shape. The ``q_a_layernorm`` and
+    ``kv_a_layernorm`` weights are not Linear; ``q_a_proj``, ``kv_a_proj_with_mqa`` and
+    ``o_proj`` carry a bias with ``attention_bias``."""
+    if len(matrices) == 4 and matrices[1] == matrices[2]:
+        return None
+    if len(matrices) not in (4, 5):
+        return None
+    latent, o_out = matrices[-3][0], matrices[-1][0]
+    kv_a_bias = (latent,) in vectors
+    o_bias = (o_out,) in vectors
+    tail = [
+        ("kv_a_proj_with_mqa", matrices[-3], kv_a_bias),
+        ("kv_b_proj", matrices[-2], False),
+        ("o_proj", matrices[-1], o_bias),
+    ]
+    if len(matrices) == 4:
+        return [("q_proj", matrices[0], False), *tail]
+    q_rank = matrices[1][0]
+    q_a_bias = vectors.count((q_rank,)) >= 2  # q_a_layernorm's weight, then q_a_proj's bias
+    return [("q_b_proj", matrices[0], False), ("q_a_proj", matrices[1], q_a_bias), *tail]
 
 
 def output_head(layers: Sequence[LayerAnalysis], modules: Sequence[LoraModule]) -> str | None:

@@ -17,6 +17,7 @@ from app.domain.budget import checkpoint
 from app.domain.engines.vllm import VLLM_0_19
 from app.domain.performance.calibration import Calibration, CalibrationClass, calibration_class
 from app.domain.performance.candidates import Runnable, WorkloadSource
+from app.domain.performance.phases import PhasedRequest
 from app.domain.performance.pipeline import micro_batching, predict_pipeline
 from app.domain.performance.prediction import Prediction
 from app.domain.performance.recommend import (
@@ -134,8 +135,8 @@ def search(
     # fits shows its smallest batch). Multi-GPU groups keep no option that does not fit.
     outgrown: set[tuple[str, str]] = set()
     plans = [
-        (batch, candidate, scheme)
-        for candidate, scheme in runnable
+        (batch, index)
+        for index, (candidate, scheme) in enumerate(runnable)
         for batch in decoder_batch_sizes(
             source,
             batches,
@@ -150,10 +151,16 @@ def search(
         )
     ]
     plans.sort(key=lambda item: item[0])  # stable: candidates keep their order per batch
-    for batch, candidate, scheme in plans:
+    # What does not depend on the batch, found once per candidate: its key and calibration
+    keys = [(c.device.slug, s.precision.value) for c, s in runnable]
+    cals = [calibrations[calibration_class(c.device, s)] for c, s in runnable]
+    # The request at each batch and precision (tensor-parallel: and degree), looked up once
+    workloads: dict[tuple[int, str, int], PhasedRequest] = {}
+    for batch, index in plans:
         checkpoint()  # each plan predicts every layer: stop here past the deadline
+        candidate, scheme = runnable[index]
         device = candidate.device
-        key = (device.slug, scheme.precision.value)
+        key = keys[index]
         if key in outgrown:
             continue
         if candidate.gpus > 1 and source.overfills(batch, scheme, candidate):
@@ -172,18 +179,22 @@ def search(
             prediction = predict_pipeline(
                 stages,
                 device,
-                calibrations[calibration_class(device, scheme)],
+                cals[index],
                 batch=batch,
                 micro_batches=micro,
             )
             prediction = in_scenario(with_decode_host_overhead(prediction, host_step_s), scenario)
             options.setdefault(key, []).append(assess(prediction, fit, requirements))
             continue
-        if candidate.tensor_parallel > 1:
-            workload = source.sharded(batch, scheme, candidate.tensor_parallel)
-        else:
-            workload = source.workload(batch, scheme)
-        prediction = predict(workload, device, calibrations[calibration_class(device, scheme)])
+        which = (batch, scheme.precision.value, candidate.tensor_parallel)
+        workload = workloads.get(which)
+        if workload is None:
+            if candidate.tensor_parallel > 1:
+                workload = source.sharded(batch, scheme, candidate.tensor_parallel)
+            else:
+                workload = source.workload(batch, scheme)
+            workloads[which] = workload
+        prediction = predict(workload, device, cals[index])
         prediction = in_scenario(with_decode_host_overhead(prediction, host_step_s), scenario)
         options.setdefault(key, []).append(assess(prediction, fit, requirements))
     if scenario is Scenario.SERVER and requirements.token_bounds:
@@ -254,6 +265,9 @@ def llm_server_assessments(
             prompt_tokens=plan_of.prompt_tokens_mean,
             generated_tokens=plan_of.generated_tokens_mean,
             max_batched_tokens=max_batched_tokens(found[0], requirements),
+            lengths=requirements.request_lengths,
+            kv_block_tokens=plan_of.kv_block_tokens,
+            max_num_seqs=max_num_seqs(found[0].prediction.device.memory_bytes, requirements),
         )
         if plan is None:
             shown.append(best_batch(found, requirements.objective))

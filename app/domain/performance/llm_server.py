@@ -13,17 +13,28 @@ TPOT p99 stay within their bounds" by a discrete-event simulation of that schedu
 
 * arrivals: one fixed stream of exponential inter-arrival times (unit rate, scaled to the rate
   under test, so the answer is reproducible and monotone in the rate up to the stream's noise);
-* each request has the mean prompt and the mean output length (the length distribution's
-  spread is not simulated; the maxima bound the KV cache each request reserves, which decides
-  ``max_seqs`` before this module is called);
+* lengths: without a distribution every request has the mean prompt and the mean output
+  length, and at most ``max_seqs`` (the KV pool's concurrency of mean requests, decided before
+  this module is called) are in flight. With one (:class:`LlmServerShape` ``lengths``, module
+  :mod:`app.domain.performance.request_lengths`) each arrival draws its own prompt and output
+  (stratified samples from a fixed seed) and is admitted while fewer than ``max_num_seqs`` are
+  in flight and its own KV blocks (prompt + output, rounded up to ``kv_block_tokens``, reserved
+  at admission as TensorRT-LLM's GUARANTEED_NO_EVICT scheduler does; vLLM allocates blocks as
+  tokens come and preempts on exhaustion, which this does not model) fit in the pool beside
+  those of the requests in flight; a request that does not fit blocks the ones behind it
+  (FCFS, as vLLM's ``schedule`` stops at the first waiting request it cannot allocate);
 * every iteration (vLLM V1's scheduler, ``vllm/v1/core/sched/scheduler.py`` ``schedule``:
   running requests first, then waiting ones, FCFS, within ``max_num_batched_tokens`` and
   ``max_num_seqs``): one decode token per sequence past its prefill, then prompt tokens of the
-  sequences still in prefill (chunked prefill), then new sequences admitted while fewer than
-  ``max_seqs`` are in flight and tokens are left;
+  sequences still in prefill (chunked prefill), then new sequences admitted while they fit and
+  tokens are left;
 * an iteration costs :meth:`IterationCost.iteration_s`: the decode step of ``d`` sequences at
-  the mean context plus the prefill of the iteration's prompt tokens, both from the roofline's
-  timings (conservative: a mixed iteration reads the weights once, not twice);
+  the mean context plus the prefill of the iteration's prompt tokens (each request's own),
+  both from the roofline's timings (conservative: a mixed iteration reads the weights once,
+  not twice). The decode step does not follow the contexts actually in flight: with spread
+  lengths the long requests stay longer, so the contexts in flight are longer than the mean
+  request's and the decode steps are priced low (the timings do not separate the KV cache's
+  reads from the weights');
 * iterations between events (an arrival, a finish) that change nothing are skipped in bulk, so
   a run costs O(requests), not O(tokens).
 
@@ -47,12 +58,21 @@ import math
 import random
 from bisect import bisect_right
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
+from heapq import heappop, heappush
+from typing import Any
 
 from app.domain.budget import checkpoint
 from app.domain.errors import DomainError
+from app.domain.performance.decoding import paged_kv_tokens
+from app.domain.performance.request_lengths import (
+    LengthSummary,
+    RequestLengths,
+    sample_lengths,
+    summarise,
+)
 
 PERCENTILE = 0.99
 WARMUP_SHARE = 0.1  # the first arrivals meet an empty server: left out of the percentiles
@@ -144,16 +164,63 @@ class IterationCost:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LlmServerShape:
-    """The requests and the engine's limits."""
+    """The requests and the engine's limits.
+
+    Without ``lengths`` every request has the mean lengths and at most ``max_seqs`` are in
+    flight. With ``lengths`` each arrival draws its own prompt and output
+    (:func:`app.domain.performance.request_lengths.sample_lengths`) and is admitted while
+    fewer than ``max_num_seqs`` are in flight and its own KV blocks (prompt + output, rounded
+    up to ``kv_block_tokens``) fit in the pool beside those of the requests in flight; the
+    pool is :attr:`kv_pool_tokens`.
+    """
 
     prompt_tokens: int  # mean prompt [tokens]
     generated_tokens: int  # mean output, the first token included [tokens]
-    max_seqs: int  # sequences in flight at most (the KV pool's and max_num_seqs' limit)
+    max_seqs: int  # mean requests the KV pool holds (and max_num_seqs allows) at once
     max_batched_tokens: int  # tokens per iteration (vLLM max_num_batched_tokens)
+    lengths: RequestLengths | None = None  # None: every request at the means
+    kv_block_tokens: int = 1  # a request's KV cache is reserved in blocks of this many tokens
+    max_num_seqs: int | None = None  # with lengths: sequences in flight at most (the engine's)
 
     def __post_init__(self) -> None:
-        for name in ("prompt_tokens", "generated_tokens", "max_seqs", "max_batched_tokens"):
+        for name in ("prompt_tokens", "generated_tokens", "max_seqs", "max_batched_tokens",
+                     "kv_block_tokens"):  # fmt: skip
             _positive_int(name, getattr(self, name))
+        if self.lengths is None:
+            if self.max_num_seqs is not None:
+                raise LlmServingInputError("max_num_seqs caps the sequences of varied lengths")
+            return
+        if self.max_num_seqs is None:
+            raise LlmServingInputError("sequences of varied lengths need max_num_seqs")
+        _positive_int("max_num_seqs", self.max_num_seqs)
+        if self.max_num_seqs < self.max_seqs:
+            raise LlmServingInputError(
+                f"max_num_seqs {self.max_num_seqs} is below max_seqs {self.max_seqs}"
+            )
+
+    @property
+    def seqs_cap(self) -> int:
+        """Sequences in flight at most, whatever their lengths."""
+        return self.max_seqs if self.max_num_seqs is None else self.max_num_seqs
+
+    def kv_slots(self, prompt_tokens: int, generated_tokens: int) -> int:
+        """KV token slots a request of these lengths reserves at admission: its whole
+        context rounded up to whole blocks (one sequence per request) [tokens]."""
+        return paged_kv_tokens(
+            prompt_tokens, generated_tokens, beam_width=1, block_tokens=self.kv_block_tokens
+        )
+
+    @property
+    def kv_pool_tokens(self) -> int:
+        """The KV pool's token slots: ``max_seqs`` mean requests' blocks, or the longest
+        request's when larger (the memory fit holds one request at the maximum lengths)."""
+        pool = self.max_seqs * self.kv_slots(self.prompt_tokens, self.generated_tokens)
+        if self.lengths is None:
+            return pool
+        longest = self.kv_slots(
+            self.lengths.prompt.longest_tokens(), self.lengths.generated.longest_tokens()
+        )
+        return max(pool, longest)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -199,29 +266,106 @@ def simulate(
     Parameters
     ----------
     cost : iteration times from the roofline's timings
-    shape : mean lengths and the engine's limits
+    shape : lengths (means, or a distribution each arrival draws from) and the engine's limits
     rate_per_s : Poisson arrival rate [1/s]
     requests : simulated arrivals, the first ``WARMUP_SHARE`` left out of the percentiles [-]
-    seed : of the exponential inter-arrival stream
+    seed : of the exponential inter-arrival stream (the lengths use ``seed + 1``, ``seed + 2``)
     """
     _positive_time("rate_per_s", rate_per_s)
     if isinstance(requests, bool) or not isinstance(requests, int) or requests < 100:
         raise LlmServingInputError(f"requests must be an integer >= 100, got {requests!r}")
     arrivals = [a / rate_per_s for a in _arrival_stream(requests, seed)]
-    return _run(cost, shape, arrivals, int(requests * WARMUP_SHARE))
+    drawn = request_lengths(shape, requests, seed)
+    return _run(cost, shape, arrivals, int(requests * WARMUP_SHARE), drawn)
+
+
+def run_arrivals(
+    cost: IterationCost,
+    shape: LlmServerShape,
+    arrivals_s: Sequence[float],
+    *,
+    prompts: Sequence[int] | None = None,
+    outputs: Sequence[int] | None = None,
+    warmup: int = 0,
+) -> LlmRun:
+    """One run of the scheduler over given arrivals (a trace), each request with its own
+    lengths when ``prompts`` and ``outputs`` are given (else the shape's means).
+
+    Parameters
+    ----------
+    cost : iteration times
+    shape : the engine's limits (with ``lengths``: the KV pool and ``max_num_seqs``)
+    arrivals_s : arrival instants, ascending [s]
+    prompts, outputs : each request's prompt and output tokens (both or neither) [tokens]
+    warmup : first requests left out of the percentiles [-]
+    """
+    times = [float(a) for a in arrivals_s]
+    if not times or any(b < a for a, b in zip(times, times[1:], strict=False)):
+        raise LlmServingInputError("arrivals must be a non-empty ascending sequence")
+    if (prompts is None) != (outputs is None):
+        raise LlmServingInputError("prompts and outputs go together")
+    drawn = None
+    if prompts is not None and outputs is not None:
+        if shape.lengths is None:
+            raise LlmServingInputError("per-request lengths need a shape with lengths")
+        if not (len(prompts) == len(outputs) == len(times)):
+            raise LlmServingInputError("one prompt and one output length per arrival")
+        for length in (*prompts, *outputs):
+            _positive_int("a request's length", length)
+        drawn = (tuple(prompts), tuple(outputs))
+    if isinstance(warmup, bool) or not 0 <= warmup < len(times):
+        raise LlmServingInputError(f"warmup must be in [0, {len(times)}), got {warmup!r}")
+    return _run(cost, shape, times, warmup, drawn)
+
+
+def request_lengths(
+    shape: LlmServerShape, requests: int, seed: int = SEED
+) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """Each simulated request's prompt and output lengths (None: all at the means) [tokens]:
+    stratified samples (:func:`app.domain.performance.request_lengths.sample_lengths`) of the
+    shape's distributions, the prompts from ``seed + 1``, the outputs from ``seed + 2``."""
+    if shape.lengths is None:
+        return None
+    return (
+        sample_lengths(shape.lengths.prompt, requests, seed + 1),
+        sample_lengths(shape.lengths.generated, requests, seed + 2),
+    )
 
 
 def _run(  # noqa: C901 - one scheduler loop; splitting it would hide the state it shares
-    cost: IterationCost, shape: LlmServerShape, arrivals: list[float], warmup: int
+    cost: IterationCost,
+    shape: LlmServerShape,
+    arrivals: list[float],
+    warmup: int,
+    drawn: tuple[tuple[int, ...], tuple[int, ...]] | None = None,
 ) -> LlmRun:
     n = len(arrivals)
-    prompt, generated = shape.prompt_tokens, shape.generated_tokens
-    budget_tokens, max_seqs = shape.max_batched_tokens, shape.max_seqs
-    decode_table = [cost.decode_s(d) for d in range(max_seqs + 1)]
+    budget_tokens, seqs_cap = shape.max_batched_tokens, shape.seqs_cap
+    if drawn is None:
+        prompts: Sequence[int] = (shape.prompt_tokens,) * n
+        outputs: Sequence[int] = (shape.generated_tokens,) * n
+        pool = None  # max_seqs alone limits the requests in flight (all alike)
+        slots: list[int] = []
+    else:
+        prompts, outputs = drawn[0][:n], drawn[1][:n]
+        pool = shape.kv_pool_tokens
+        slots = [shape.kv_slots(p, g) for p, g in zip(prompts, outputs, strict=True)]
+        if max(slots) > pool:
+            raise LlmServingInputError(
+                f"a request needs {max(slots)} KV token slots, the pool holds {pool}"
+            )
+    decode_table = [cost.decode_s(d) for d in range(seqs_cap + 1)]
     prefill_memo: dict[int, float] = {}
-    # Decoding sequences leave in the order they entered (equal lengths): (request, index of
-    # the iteration that produced its first token, that iteration's end time).
-    decoding: deque[tuple[int, int, float]] = deque()
+    # Decoding sequences by the iteration that produces their last token: (that index, the
+    # request, the index of the iteration that produced its first token, that iteration's end).
+    # All alike, they finish in the order they started (a queue); else a heap.
+    decoding: Any = deque() if drawn is None else []
+    push: Callable[[tuple[int, int, int, float]], None]
+    pop: Callable[[], tuple[int, int, int, float]]
+    if drawn is None:
+        push, pop = decoding.append, decoding.popleft
+    else:
+        push, pop = partial(heappush, decoding), partial(heappop, decoding)
     prefilling: deque[list[int]] = deque()  # [request, prompt tokens left]
     ttft: list[float] = []
     tpot: list[float] = []
@@ -229,8 +373,9 @@ def _run(  # noqa: C901 - one scheduler loop; splitting it would hide the state 
     k = 0  # iterations done
     admitted = 0  # next arrival to admit
     finished = 0
+    reserved = 0  # KV token slots held by the requests in flight (with a pool)
     seq_time = 0.0  # integral of sequences in flight over time
-    last_steps = generated - 1
+
     while finished < n:
         checkpoint()
         in_flight = len(decoding) + len(prefilling)
@@ -239,13 +384,19 @@ def _run(  # noqa: C901 - one scheduler loop; splitting it would hide the state 
         waiting = bisect_right(arrivals, t, admitted) - admitted
         d = len(decoding)
         tokens_left = budget_tokens - d
-        if not prefilling and (waiting == 0 or in_flight >= max_seqs or tokens_left < 1):
+        # Whether the next arrival may join now (FCFS: it blocks those behind it).
+        head_fits = (
+            in_flight < seqs_cap
+            and tokens_left >= 1
+            and (pool is None or (admitted < n and reserved + slots[admitted] <= pool))
+        )
+        if not prefilling and (waiting == 0 or not head_fits):
             # Pure decode iterations until something changes: the next finish, or the next
             # arrival that could be admitted.
             dt = decode_table[d]
-            steps = decoding[0][1] + last_steps - k
-            if admitted + waiting < n and in_flight < max_seqs and tokens_left >= 1:
-                steps = min(steps, max(1, math.ceil((arrivals[admitted + waiting] - t) / dt)))
+            steps = decoding[0][0] - k
+            if waiting == 0 and admitted < n and head_fits:
+                steps = min(steps, max(1, math.ceil((arrivals[admitted] - t) / dt)))
             steps = max(1, steps)
             t0, k0 = t, k
             t += steps * dt
@@ -261,9 +412,17 @@ def _run(  # noqa: C901 - one scheduler loop; splitting it would hide the state 
                 item[1] -= take
                 tokens_left -= take
                 prompt_tokens += take
-            while waiting and tokens_left >= 1 and in_flight < max_seqs:
+            while (
+                waiting
+                and tokens_left >= 1
+                and in_flight < seqs_cap
+                and (pool is None or reserved + slots[admitted] <= pool)
+            ):
+                prompt = prompts[admitted]
                 take = min(prompt, tokens_left)
                 prefilling.append([admitted, prompt - take])
+                if pool is not None:
+                    reserved += slots[admitted]
                 tokens_left -= take
                 prompt_tokens += take
                 admitted += 1
@@ -281,19 +440,23 @@ def _run(  # noqa: C901 - one scheduler loop; splitting it would hide the state 
                 request = prefilling.popleft()[0]
                 if request >= warmup:
                     ttft.append(t - arrivals[request])
-                if last_steps == 0:
+                if outputs[request] == 1:
                     finished += 1
+                    if pool is not None:
+                        reserved -= slots[request]
                 else:
-                    decoding.append((request, k, t))
+                    push((k + outputs[request] - 1, request, k, t))
         # Sequences whose last token came out in the iterations just run (all of equal time
         # dt, the last one ending at t).
-        while decoding and decoding[0][1] + last_steps <= k:
-            request, first_k, first_t = decoding.popleft()
+        while decoding and decoding[0][0] <= k:
+            last_k, request, first_k, first_t = pop()
             if request >= warmup:
-                done_t = t0 + (first_k + last_steps - k0) * dt
-                tpot.append((done_t - first_t) / last_steps)
+                done_t = t0 + (last_k - k0) * dt
+                tpot.append((done_t - first_t) / (last_k - first_k))
             finished += 1
-    if not ttft or (last_steps and not tpot):
+            if pool is not None:
+                reserved -= slots[request]
+    if not ttft or (any(g > 1 for g in outputs[warmup:]) and not tpot):
         raise LlmServingInputError("too few requests after the warm-up to take percentiles")
     return LlmRun(
         ttft_p99_s=_percentile(ttft),
@@ -324,6 +487,13 @@ class LlmServerLoad:
     tpot_p99_doubled_s: float
     stable: bool  # the doubled run met both bounds and moved the p99s by < STABLE_RELATIVE
     binding: str  # "ttft", "tpot", "capacity" or "stability": what stops a higher rate
+    # With a length distribution (None without): what was drawn, the answer's run's lengths,
+    # the KV pool each request's own blocks were admitted into and the engine's sequence cap.
+    lengths: RequestLengths | None = None
+    prompt_drawn: LengthSummary | None = None
+    generated_drawn: LengthSummary | None = None
+    kv_pool_tokens: int | None = None
+    max_num_seqs: int | None = None
 
     @property
     def drift(self) -> float:
@@ -344,6 +514,19 @@ class LlmServerLoad:
             f"flight on average; limited by {self.binding}; {self.requests} simulated arrivals, "
             f"doubling them moves the p99s by {self.drift:.1%}"
             + ("" if self.stable else " (NOT stable within 5 %: treat the rate as optimistic)")
+            + self._lengths_note()
+        )
+
+    def _lengths_note(self) -> str:
+        if self.lengths is None or self.prompt_drawn is None or self.generated_drawn is None:
+            return ""
+        prompt, generated = self.prompt_drawn, self.generated_drawn
+        return (
+            f"; lengths drawn per request ({self.lengths.describe()}): prompts mean "
+            f"{prompt.mean_tokens:.4g}, p99 {prompt.p99_tokens}, outputs mean "
+            f"{generated.mean_tokens:.4g}, p99 {generated.p99_tokens} tokens; each admitted "
+            f"with its own KV blocks into a pool of {self.kv_pool_tokens} token slots, at most "
+            f"{self.max_num_seqs} sequences in flight"
         )
 
 
@@ -414,9 +597,17 @@ def _search(
     ceiling = capacity_per_s(cost, shape)
     short = _arrival_stream(MIN_REQUESTS, seed)
     long = _arrival_stream(2 * MIN_REQUESTS, seed)
+    drawn = {len(short): request_lengths(shape, len(short), seed)}
+    drawn[len(long)] = request_lengths(shape, len(long), seed)
 
     def run(rate: float, stream: tuple[float, ...]) -> LlmRun:
-        return _run(cost, shape, [a / rate for a in stream], int(len(stream) * WARMUP_SHARE))
+        return _run(
+            cost,
+            shape,
+            [a / rate for a in stream],
+            int(len(stream) * WARMUP_SHARE),
+            drawn[len(stream)],
+        )
 
     def meets(found: LlmRun) -> bool:
         return found.ttft_p99_s <= ttft_bound_s and found.tpot_p99_s <= tpot_bound_s
@@ -470,7 +661,23 @@ def _search(
         tpot_p99_doubled_s=check.tpot_p99_s,
         stable=meets(check) and _drift(lo_run, check) < STABLE_RELATIVE,
         binding=binding,
+        **_lengths_fields(shape, drawn[len(short)]),
     )
+
+
+def _lengths_fields(
+    shape: LlmServerShape, drawn: tuple[tuple[int, ...], tuple[int, ...]] | None
+) -> dict[str, Any]:
+    """The answer's length fields: what was drawn over its run, the pool and the cap."""
+    if shape.lengths is None or drawn is None:
+        return {}
+    return {
+        "lengths": shape.lengths,
+        "prompt_drawn": summarise(drawn[0]),
+        "generated_drawn": summarise(drawn[1]),
+        "kv_pool_tokens": shape.kv_pool_tokens,
+        "max_num_seqs": shape.seqs_cap,
+    }
 
 
 def _drift(first: LlmRun, second: LlmRun) -> float:
@@ -510,5 +717,7 @@ __all__ = [
     "clear_llm_server_cache",
     "llm_server_throughput",
     "rate_ceiling_per_s",
+    "request_lengths",
+    "run_arrivals",
     "simulate",
 ]

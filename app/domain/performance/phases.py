@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from fractions import Fraction
 from itertools import accumulate
 from operator import attrgetter
 from typing import overload
@@ -222,6 +223,14 @@ class Phase:
         object.__setattr__(self, "bytes_moved", moved)
         object.__setattr__(self, "launches", launches)
 
+    def share_profiles(self, other: Phase) -> None:
+        """Read and keep profiles in ``other``'s tables: for a phase whose kernels have the
+        same figures as ``other``'s, kernel by kernel (the same shape at a precision of the
+        same bytes), so each profile is built once for both."""
+        object.__setattr__(self, "_profiles", other._profiles)
+        object.__setattr__(self, "_groups", other._groups)
+        object.__setattr__(self, "_bases", other._bases)
+
     def dram_bytes(self, cache_share: float) -> float:
         """DRAM bytes of one repetition at an activation cache share [B]."""
         return self.profile(cache_share).bytes_prefix[-1]
@@ -257,6 +266,8 @@ class PhasedRequest:
     attention: tuple[tuple[Attention, str], ...] = ()  # implementations the graph runs, and why
     assumptions: tuple[str, ...] = ()  # the precision, attention and MoE routing, in words
     tensor_parallel: int = 1  # GPUs the request is split across (each runs 1/t of it)
+    # flops and bytes_moved, summed once (a search predicts the request on every device)
+    _totals: tuple[int, int] = field(init=False, repr=False, compare=False, default=(0, 0))
 
     def __post_init__(self) -> None:
         if self.batch < 1:
@@ -265,16 +276,19 @@ class PhasedRequest:
             raise RooflineInputError("tensor_parallel must be >= 1")
         if not self.phases:
             raise RooflineInputError("a request needs at least one phase")
+        flops = sum(p.flops * p.repeats for p in self.phases)
+        moved = sum(p.bytes_moved * p.repeats for p in self.phases)
+        object.__setattr__(self, "_totals", (flops, moved))
 
     @property
     def flops(self) -> int:
         """FLOPs per request (all phases and repeats)."""
-        return sum(p.flops * p.repeats for p in self.phases)
+        return self._totals[0]
 
     @property
     def bytes_moved(self) -> int:
         """Device-memory bytes moved per request [B]."""
-        return sum(p.bytes_moved * p.repeats for p in self.phases)
+        return self._totals[1]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -289,7 +303,10 @@ class PhaseShape:
     d2h_index: int
     repeats: int = 1
     _runs: list[Runs] = field(init=False, repr=False, compare=False, default_factory=list)
-    _bases: dict[float, tuple[_Base, ...]] = field(
+    # The first phase built at each byte signature (bytes per weight, activation and KV-cache
+    # element: all a kernel's figures take from a precision, KernelCount.at); a later phase at
+    # the same signature (fp16 and bf16) shares its profiles, which are the same numbers
+    _alike: dict[tuple[Fraction, int, int], Phase] = field(
         init=False, repr=False, compare=False, default_factory=dict
     )
     _notes: list[tuple[str, ...]] = field(
@@ -333,6 +350,9 @@ class PhaseShape:
             repeats=self.repeats,
         )
         phase._runs.append(runs)
+        first = self._alike.setdefault((scheme.weight_bytes, act, scheme.kv_cache_bytes), phase)
+        if first is not phase:
+            phase.share_profiles(first)
         return phase
 
 

@@ -158,6 +158,21 @@ class Prediction:
 
     def __post_init__(self) -> None:
         # Every property below divides by one of these: a prediction only exists with them sane.
+        # The common case first (a recommendation builds thousands): four floats in
+        # [smallest normal, inf), which passes every check below.
+        low = sys.float_info.min
+        if (
+            self.batch >= 1
+            and type(self.effective_flops_per_s) is float
+            and type(self.effective_bandwidth_bytes_per_s) is float
+            and type(self.latency_s) is float
+            and type(self.interval_s) is float
+            and low <= self.effective_flops_per_s < math.inf
+            and low <= self.effective_bandwidth_bytes_per_s < math.inf
+            and low <= self.latency_s < math.inf
+            and low <= self.interval_s < math.inf
+        ):
+            return
         if self.batch < 1:
             raise RooflineInputError(f"batch must be >= 1, got {self.batch}")
         for name in ("effective_flops_per_s", "effective_bandwidth_bytes_per_s"):

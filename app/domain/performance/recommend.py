@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from app.domain.errors import DomainError
@@ -33,6 +33,7 @@ from app.domain.performance.llm_server import (
 )
 from app.domain.performance.precision_schemes import PRECISION_SCHEMES
 from app.domain.performance.prediction import Bound, Prediction
+from app.domain.performance.request_lengths import RequestLengths
 from app.domain.performance.serving import BatchTiming, ServerLoad, server_throughput
 from app.domain.precision import Quantization
 
@@ -100,6 +101,10 @@ class Requirements:
     tpot_p99_s: float | None = None
     max_batched_tokens: int | None = None  # tokens per engine iteration (None: vLLM's default)
     max_num_seqs: int | None = None  # sequences in flight at most (None: vLLM's default)
+    # The simulated requests' lengths when they vary (None: every request at the means).
+    request_lengths: RequestLengths | None = None
+    # latency_budget_s, computed once (every assessment of a search reads it)
+    _budget_s: float | None = field(init=False, repr=False, compare=False, default=None)
 
     def __post_init__(self) -> None:
         if self.latency_slo_s is not None:
@@ -124,6 +129,9 @@ class Requirements:
             )
         if not isinstance(self.price_kind, PriceKind):
             raise RecommendationInputError(f"unknown price kind {self.price_kind!r}")
+        if self.latency_slo_s is not None:
+            budget = latency_budget_s(self.latency_slo_s, self.slo_margin_fraction)
+            object.__setattr__(self, "_budget_s", budget)
 
     @property
     def token_bounds(self) -> bool:
@@ -133,9 +141,7 @@ class Requirements:
     @property
     def latency_budget_s(self) -> float | None:
         """The latency a candidate must stay at or under: SLO x (1 - margin) [s]."""
-        if self.latency_slo_s is None:
-            return None
-        return latency_budget_s(self.latency_slo_s, self.slo_margin_fraction)
+        return self._budget_s
 
 
 def latency_budget_s(latency_slo_s: float, slo_margin_fraction: float) -> float:
@@ -402,11 +408,16 @@ def llm_plan(
     prompt_tokens: int,
     generated_tokens: int,
     max_batched_tokens: int,
+    lengths: RequestLengths | None = None,
+    kv_block_tokens: int = 1,
+    max_num_seqs: int | None = None,
 ) -> LlmPlan | None:
     """The options that fit memory as continuous batching at that many sequences in flight:
     their prefill (``first_token_s``) and decode step (``per_token_s``) times, with the largest
     fitting concurrency as ``max_seqs`` (the KV pool's limit: every request holds its whole
-    context's blocks); None when none fits."""
+    context's blocks); None when none fits. With ``lengths`` each simulated request draws its
+    own and is admitted into the pool (``max_seqs`` mean requests' blocks of
+    ``kv_block_tokens``) with its own blocks, at most ``max_num_seqs`` in flight."""
     fitting = tuple(
         sorted(
             (
@@ -434,6 +445,11 @@ def llm_plan(
         generated_tokens=generated_tokens,
         max_seqs=fitting[-1].prediction.batch,
         max_batched_tokens=max_batched_tokens,
+        lengths=lengths,
+        kv_block_tokens=kv_block_tokens if lengths is not None else 1,
+        max_num_seqs=(
+            None if lengths is None else max(max_num_seqs or 0, fitting[-1].prediction.batch)
+        ),
     )
     return LlmPlan(fitting=fitting, timings=timings, shape=shape)
 

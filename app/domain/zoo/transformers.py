@@ -321,14 +321,30 @@ def gpt_neox(
     bias: bool = True,
     activation: str = "gelu",
     eps: float = 1e-5,
+    positions: int | None = None,
+    rotary_pct: float = 0.25,
 ) -> Graph:
     """``transformers.GPTNeoXForCausalLM`` (Pythia): pre-LN blocks with rotary attention.
 
     With ``parallel_residual`` (the default) attention and MLP both read the block input and
-    are added to it together: ``x + attn(ln1(x)) + mlp(ln2(x))``.
+    are added to it together: ``x + attn(ln1(x)) + mlp(ln2(x))``. Given ``positions``
+    (max_position_embeddings, as the importer passes it), the attention is the one transformers
+    wrote in mid-2024: ``fused_qkv``, ``rotary_fp32`` over ``rotary_pct`` of each head, and the
+    mask and rotary buffers of ``positions`` (app/domain/graph/ops/transformer.py); None: a
+    plain rotary attention (benchmarks/calibration's GPT-J stand-in).
     """
     attention = _attention(heads, dropout=0.0, causal=True)
     attention["rotary"] = True
+    if positions is not None:
+        attention.update(
+            {
+                "fused_qkv": True,
+                "rotary_fp32": True,
+                "buffer_positions": positions,
+                # GPTNeoXAttention.rotary_ndims = int(head_size * rotary_pct)
+                "rotary_dims": max(1, int(hidden // heads * rotary_pct)),
+            }
+        )
     if not bias:
         attention["qkv_bias"] = attention["out_bias"] = False
     feed_forward = _mlp(intermediate, activation)

@@ -14,6 +14,7 @@ from app.domain.performance.calibration import (
 )
 from app.domain.performance.decoding import Batching
 from app.schemas.base import Schema
+from app.schemas.recommendations.lengths import LengthsSimulatedRead
 
 
 class RooflineInputs(Schema):
@@ -465,5 +466,12 @@ class LlmServerRead(Schema):
         description="What stops a higher rate: ttft, tpot, capacity (the rate ceiling) or "
         "stability (the doubled run moved a p99 by 5 % or more, or missed a bound).",
         examples=["tpot"],
+    )
+    lengths: LengthsSimulatedRead | None = Field(
+        default=None,
+        description="With prompt_length_distribution / generated_length_distribution: the "
+        "distributions, the lengths the simulated requests drew (mean, p99, longest), the KV "
+        "pool they were admitted into with their own blocks and the sequence cap. Absent: "
+        "every request at the mean lengths.",
     )
     note: str = Field(description="The same in one line.", examples=["LLM server ..."])

@@ -22,6 +22,7 @@ from app.domain.performance.recommend import (
     Objective,
     Scenario,
 )
+from app.domain.performance.request_lengths import LengthKind
 from app.domain.performance.runtimes import DEFAULT_RUNTIME, ServingRuntime
 from app.domain.precision import Precision
 from app.schemas.base import Schema, Slug, located_error
@@ -32,6 +33,7 @@ from app.schemas.estimates import (
     Length,
     one_model_rule,
 )
+from app.schemas.recommendations.lengths import LengthDistributionSpec
 
 MAX_BATCH_SIZES = 16
 MAX_DEVICES = 200
@@ -315,6 +317,28 @@ class InferenceRecommendationRequest(Schema):
         "maximum). At most generated_tokens. Default: generated_tokens.",
         examples=[None],
     )
+    prompt_length_distribution: LengthDistributionSpec | None = Field(
+        default=None,
+        description="Decoder serving under ttft_p99_ms / tpot_p99_ms: how prompt lengths are "
+        "spread. Each simulated request draws its own prompt (fixed, uniform, lognormal or a "
+        "histogram: see its kind), is prefilled for that many tokens and is admitted into the "
+        "KV pool with its own blocks (prompt + output, rounded up to kv_block_tokens), so the "
+        "long prompts set the TTFT p99 and the mix of lengths the concurrency. "
+        "prompt_tokens stays the longest prompt (every length at most that; memory is sized "
+        "for it); the mean request the roofline times and the memory fit counts is the "
+        "distribution's mean (leave prompt_tokens_mean out). Drawn by stratified sampling "
+        "from a fixed seed: the same request gives the same answer. Default: fixed (every "
+        "prompt at prompt_tokens_mean, else prompt_tokens).",
+        examples=[{"kind": "lognormal", "mean_tokens": 512, "p99_tokens": 2048}],
+    )
+    generated_length_distribution: LengthDistributionSpec | None = Field(
+        default=None,
+        description="Decoder serving under ttft_p99_ms / tpot_p99_ms: how output lengths "
+        "(the first token included) are spread, drawn independently of the prompt's; as "
+        "prompt_length_distribution, with generated_tokens the longest output "
+        "(max_tokens) and generated_tokens_mean left out. Default: fixed.",
+        examples=[{"kind": "uniform", "min_tokens": 16, "max_tokens": 256}],
+    )
     batching: Batching = Field(
         default=Batching.STATIC,
         description="Decoder LLMs: static (default, the behaviour before this option): a "
@@ -574,6 +598,7 @@ class InferenceRecommendationRequest(Schema):
                     (mean,),
                     f"{mean} {value} exceeds {longest} {getattr(self, longest)}, the maximum",
                 )
+        self._length_distributions(name, given_bounds)
         if self.serving_runtime is ServingRuntime.VLLM:
             if "batching" not in self.model_fields_set:
                 # vLLM serves in flight: its default, not the request's (the field stays unset,
@@ -611,3 +636,51 @@ class InferenceRecommendationRequest(Schema):
                     raise located_error(name, (field, index), f"{field} must not repeat: {value}")
                 seen.add(value)
         return self
+
+    def _length_distributions(self, name: str, given_bounds: list[str]) -> None:
+        """Length distributions: simulated under TTFT / TPOT bounds only, instead of a mean,
+        every length within the maxima (and max_model_len)."""
+        sides = (
+            ("prompt_length_distribution", "prompt_tokens_mean", "prompt_tokens"),
+            ("generated_length_distribution", "generated_tokens_mean", "generated_tokens"),
+        )
+        longest = 0
+        for field, mean, maximum in sides:
+            spec: LengthDistributionSpec | None = getattr(self, field)
+            if spec is None:
+                longest += getattr(self, maximum)
+                continue
+            if not given_bounds:
+                raise located_error(
+                    name,
+                    (field,),
+                    f"{field} is drawn by the LLM server simulated under ttft_p99_ms / "
+                    "tpot_p99_ms: set those too",
+                )
+            if spec.kind is not LengthKind.FIXED and getattr(self, mean) is not None:
+                raise located_error(
+                    name,
+                    (mean,),
+                    f"{field} ({spec.kind.value}) gives the mean length: leave {mean} out",
+                )
+            limit = getattr(self, maximum)
+            found = spec.beyond(limit)
+            if found is not None:
+                where, what = found
+                raise located_error(
+                    name,
+                    (field, *where),
+                    f"{what} exceeds {maximum} {limit}, the longest request served (raise "
+                    f"{maximum}: memory is sized for it)",
+                )
+            longest += spec.longest_tokens(limit)
+        engine = self.engine
+        if engine is not None and engine.max_model_len is not None:
+            for field, _, _ in sides:
+                if getattr(self, field) is not None and longest > engine.max_model_len:
+                    raise located_error(
+                        name,
+                        (field,),
+                        f"the longest request drawn ({longest} tokens, prompt + output) "
+                        f"exceeds engine.max_model_len {engine.max_model_len}",
+                    )

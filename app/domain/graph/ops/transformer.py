@@ -153,6 +153,62 @@ def cls_token(ctx: OpContext) -> OpResult:
 _FP32_COMPUTE = frozenset({Precision.FP32, Precision.TF32})
 
 
+# GPT-NeoX as Hugging Face transformers wrote it in mid-2024 (4.40-4.47, modeling_gpt_neox.py,
+# the version of the published pythia-410m SDPA rows: transformers PR #31031, PyTorch 2.2.1):
+# * fused_qkv: q, k and v are views of one ``query_key_value`` output (``qkv[..., 2 * head_size:]
+#   .permute(0, 2, 1, 3)`` is the value); SDPA (and eager's P x V matmul) keeps that value view, so
+#   the whole fused output, q + k + v wide, stays alive to the backward instead of v alone.
+#   transformers 5.x still slices v out of the fused output (``qkv.chunk(3, dim=-1)``).
+# * rotary_fp32: the rotary cos/sin caches are fp32 buffers (``GPTNeoXRotaryEmbedding``:
+#   ``emb.cos()`` of an fp32 ``inv_freq``), so the rotated q and k come out fp32 at a 16-bit
+#   compute dtype: eager's ``baddbmm`` keeps them fp32; the SDPA path casts them back
+#   (``query.to(value.dtype)``) and SDPA keeps those 16-bit copies, as any new q and k. In
+#   training with use_cache (pythia's config.json: true) every layer returns ``present = (key,
+#   value)`` with the model's output, which the caller holds through the backward (the
+#   ``outputs`` line's assumption): the fp32 key is one more storage there (eager's baddbmm
+#   keeps that same fp32 key; the value is the fused view above). Counted as the layer's saved
+#   tensor, so freed at its backward: after that layer's backward it is under-counted.
+# * buffer_positions / rotary_dims: every attention layer registers a bool causal-mask buffer
+#   ``bias`` [1, 1, P, P] (``_init_bias(config.max_position_embeddings)``) and the fp32 cos/sin
+#   caches [P, rotary_ndims] with ``inv_freq`` [rotary_ndims / 2]: device memory beside the
+#   weights (24 x 4 MiB + 24 x 256 KiB for pythia-410m, P 2,048).
+# Measured (benchmarks/fidelity venv, transformers 4.43.4, PyTorch 2.13 CPU, pythia-410m's
+# shapes, 2 layers, fp16, SDPA, 256 tokens, saved_tensors_hooks): per layer the block input,
+# the layer-norm outputs, the 16-bit q and k copies, the fused qkv storage (3 x hidden), SDPA's
+# output, its contiguous copy, the MLP's 4h-wide input and output: 18 hidden vectors a token.
+
+
+def _qkv_saved(
+    ctx: OpContext, q_numel: int, kv_numel: int, *, fused_qkv: int, fused_kernel: bool
+) -> list[Saved]:
+    """q, k and v as the attention keeps them for backward (see the GPT-NeoX note above):
+    ``fused_qkv`` is the element count of the fused projection output."""
+    promoted = ctx.attr("rotary_fp32", False) and ctx.precision not in _FP32_COMPUTE
+    qk_storage = Storage.FP32 if promoted and not fused_kernel else Storage.ACT
+    saved = [
+        Saved(label="q", source="new", numel=q_numel, storage=qk_storage),
+        Saved(label="k", source="new", numel=kv_numel, storage=qk_storage),
+    ]
+    if ctx.attr("fused_qkv", False):
+        saved.append(Saved(label="qkv_fused", source="new", numel=fused_qkv))
+    else:
+        saved.append(Saved(label="v", source="new", numel=kv_numel))
+    if promoted and fused_kernel and ctx.training and ctx.attr("causal", False):
+        # the fp32 key returned as the layer's KV cache (use_cache) with the model's output
+        saved.append(Saved(label="key_cache_fp32", source="new", numel=kv_numel,
+                           storage=Storage.FP32))  # fmt: skip
+    return saved
+
+
+def _attention_buffers(ctx: OpContext) -> int:
+    """Bytes of the layer's registered buffers (GPT-NeoX mid-2024, see the note above): the
+    bool P x P causal mask, and fp32 cos and sin caches P x rotary_dims with ``inv_freq``."""
+    if ctx.attrs.get("buffer_positions") is None:
+        return 0
+    positions, rotary = int(ctx.attrs["buffer_positions"]), int(ctx.attr("rotary_dims", 0))
+    return positions * positions + 4 * (2 * positions * rotary + rotary // 2)
+
+
 def attention(ctx: OpContext) -> OpResult:
     """Multi-head self-attention with q/k/v/o projections (MHA, GQA, MQA).
 
@@ -222,13 +278,6 @@ def attention(ctx: OpContext) -> OpResult:
     q_numel = tokens * q_dim
     expanded_kv = tokens * q_dim  # k/v repeated to every query head before the matmuls
     dropout_p = ctx.attr("dropout", 0.0) if ctx.training else 0.0
-    saved = [
-        Saved(label="input", source="in0", numel=ctx.x.numel),
-        Saved(label="q", source="new", numel=q_numel),
-        Saved(label="k", source="new", numel=expanded_kv),
-        Saved(label="v", source="new", numel=expanded_kv),
-        Saved(label="context", source="new", numel=q_numel),
-    ]
     transients = [Transient(label="qkv", numel=q_numel + 2 * expanded_kv)]
     if ctx.attention is None:
         impl, reason = default_attention(
@@ -249,7 +298,19 @@ def attention(ctx: OpContext) -> OpResult:
             f"{impl.value} asked for, but PyTorch's fused CPU kernel has no dropout: SDPA runs "
             "the math kernel in training with attention dropout",
         )
-    if impl in FUSED_ATTENTION:
+    fused_kernel = impl in FUSED_ATTENTION
+    saved = [
+        Saved(label="input", source="in0", numel=ctx.x.numel),
+        *_qkv_saved(
+            ctx,
+            q_numel,
+            expanded_kv,
+            fused_qkv=tokens * (q_dim + 2 * kv_dim),
+            fused_kernel=fused_kernel,
+        ),  # fmt: skip
+        Saved(label="context", source="new", numel=q_numel),
+    ]
+    if fused_kernel:
         # The fp32 log-sum-exp is [N, heads, S] for flash; the CUDA memory-efficient kernel pads
         # S to a multiple of 32 (kAlignLSE in aten/src/ATen/native/transformers/cuda/
         # attention.cu, _efficient_attention_forward).
@@ -284,6 +345,7 @@ def attention(ctx: OpContext) -> OpResult:
         flops=flops,
         saved=tuple(saved),
         transients=tuple(transients),
+        buffers_bytes=_attention_buffers(ctx),
         kv_cache_numel=cached if causal else 0,
         attention=impl,
         attention_reason=reason,

@@ -1,0 +1,112 @@
+"""DeepSpeed ZeRO's GPU buffers: the contiguous gradient (IPG) reduce bucket and, from stage 3,
+the gathered-parameter working set, sized by DeepSpeed's knobs
+(:class:`app.domain.workload.DeepSpeedBuffers`, DeepSpeed's defaults when not given).
+
+Sources (DeepSpeed 0.16+):
+
+* deepspeed/runtime/zero/config.py ``DeepSpeedZeroConfig``: ``reduce_bucket_size`` 5e8,
+  ``stage3_prefetch_bucket_size`` 5e7, ``stage3_max_live_parameters`` 1e9 elements,
+  ``contiguous_gradients`` True, ``overlap_comm`` None -> True at stage 3 only
+  (``overlap_comm_valid``);
+* deepspeed/runtime/zero/stage_1_and_2.py ``backward``: with contiguous_gradients,
+  ``ipg_buffer = [torch.empty(reduce_bucket_size, dtype=self.dtype, device=GPU)]`` (a second
+  one when overlap_comm);
+* deepspeed/runtime/zero/stage3.py ``_setup_for_real_optimizer``: with contiguous_gradients, one
+  ``torch.empty(reduce_bucket_size, dtype)`` bucket per communication dtype on the GPU; the
+  gradient partitions (``grad_partitions_flat_buffer``) on ``self.device``, the CPU under
+  offload_optimizer;
+* deepspeed/runtime/zero/partitioned_param_coordinator.py: a submodule's parameters are
+  gathered before it runs and parameters up to ``prefetch_bucket_size`` elements ahead are
+  fetched, at most ``max_live_parameters`` resident.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+from app.domain.memory.context import Estimation
+from app.domain.memory.formulas import ceil_fraction
+
+
+def reduce_bucket_bytes(reduce_bucket_size: int, element_bytes: Fraction, buckets: int) -> int:
+    """The IPG reduce bucket(s) [B].
+
+    Parameters
+    ----------
+    reduce_bucket_size : int
+        DeepSpeed ``reduce_bucket_size`` [elements].
+    element_bytes : Fraction
+        Bytes per element of the model's parameters (the bucket's dtype) [B].
+    buckets : int
+        Buckets allocated: 2 with overlap_comm at stage 1-2, else 1.
+
+    Notes
+    -----
+    ``buckets x reduce_bucket_size x element_bytes``, whatever the model's size.
+    """
+    return ceil_fraction(buckets * reduce_bucket_size * element_bytes)
+
+
+def gathered_params_elements(largest_module: int, prefetch: int, max_live: int) -> int:
+    """Parameter elements a ZeRO-3 GPU holds gathered at once [elements]: the largest
+    submodule's running and ``prefetch`` elements fetched ahead, at most ``max_live``.
+
+    Notes
+    -----
+    ``min(max_live, largest_module + prefetch)``; approximated: DeepSpeed fetches by
+    submodule, so the prefetched elements round to whole submodules.
+    """
+    return min(max_live, largest_module + prefetch)
+
+
+def deepspeed_buffers(e: Estimation) -> dict[str, int]:
+    """DeepSpeed's GPU lines for this request (empty when the ZeRO lines are FSDP's)."""
+    par = e.request.parallelism
+    if not par.uses_deepspeed:
+        return {}
+    knobs = par.deepspeed_buffers
+    given = par.deepspeed is not None
+    element = e.plan.weight
+    buckets = 1  # overlap_comm's default is True at stage 3 only, which keeps one bucket
+    lines: dict[str, int] = {}
+    bucket = reduce_bucket_bytes(knobs.reduce_bucket_size, element, buckets)
+    if bucket:
+        lines["zero_reduce_bucket"] = bucket
+        e.formulas["zero_reduce_bucket"] = (
+            f"ceil({buckets} [bucket] x {knobs.reduce_bucket_size:,} [elements: "
+            f"reduce_bucket_size] x {element} [B, the parameters' dtype]) = {bucket:,} B"
+        )
+        e.notes["zero_reduce_bucket"] = [
+            "DeepSpeed's contiguous gradient (IPG) bucket, torch.empty(reduce_bucket_size) on "
+            "the GPU whatever the model's size (contiguous_gradients=True, DeepSpeed's default)"
+        ]
+    if par.zero_stage >= 3:
+        model_shard = par.tensor * par.pipeline
+        largest = max((layer.result.params for layer in e.analysis.layers), default=0)
+        elements = gathered_params_elements(
+            largest, knobs.stage3_prefetch_bucket_size, knobs.stage3_max_live_parameters
+        )
+        gathered = ceil_fraction(elements * element / model_shard)
+        if gathered:
+            lines["zero_gathered_params"] = gathered
+            e.formulas["zero_gathered_params"] = (
+                f"ceil({elements:,} [elements: min(stage3_max_live_parameters "
+                f"{knobs.stage3_max_live_parameters:,}, {largest:,} params of the largest "
+                f"layer + stage3_prefetch_bucket_size {knobs.stage3_prefetch_bucket_size:,})]"
+                f" x {element} [B] / {model_shard} [tensor x pipeline]) = {gathered:,} B"
+            )
+            e.notes["zero_gathered_params"] = [
+                "ZeRO-3 gathers a submodule's parameters before it runs and prefetches up to "
+                "stage3_prefetch_bucket_size elements ahead, at most stage3_max_live_parameters "
+                "resident (deepspeed/runtime/zero/partitioned_param_coordinator.py)"
+            ]
+    e.comm_buffers += list(lines.values())
+    where = "as given" if given else "DeepSpeed's defaults (deepspeed/runtime/zero/config.py)"
+    e.assumptions.append(
+        f"DeepSpeed ZeRO-{par.zero_stage} on {par.data} data rank(s): reduce_bucket_size "
+        f"{knobs.reduce_bucket_size:,}, stage3_prefetch_bucket_size "
+        f"{knobs.stage3_prefetch_bucket_size:,}, stage3_max_live_parameters "
+        f"{knobs.stage3_max_live_parameters:,} elements ({where})"
+        + ("; one data rank: nothing is sharded" if par.data == 1 else "")
+    )
+    return lines

@@ -1,0 +1,138 @@
+"""DeepSpeed ZeRO on one GPU (ZeRO-Offload / ZeRO-Infinity) and DeepSpeed's buffers
+(app.domain.memory.deepspeed): exact bytes derived by hand from DeepSpeed's defaults
+(deepspeed/runtime/zero/config.py: reduce_bucket_size 5e8, stage3_prefetch_bucket_size 5e7,
+stage3_max_live_parameters 1e9 elements)."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import pytest
+
+from app.domain.graph.analysis import GraphAnalysis, InputDecl, analyze
+from app.domain.memory.deepspeed import gathered_params_elements, reduce_bucket_bytes
+from app.domain.memory.estimate import MemoryEstimate, MemoryRequest, estimate_memory
+from app.domain.precision import Precision
+from app.domain.workload import (
+    DeepSpeedBuffers,
+    Mode,
+    Optimizer,
+    Parallelism,
+    Runtime,
+    TrainingOptionError,
+)
+from tests.domain.test_formulas import evaluate
+
+# four Linear(4096, 4096) without bias: 4 x 16,777,216 = 67,108,864 parameters
+LAYER = 4096 * 4096
+PARAMS = 4 * LAYER
+CHAIN = [
+    {"name": f"layers.{i}.fc", "op": "linear", "out_features": 4096, "bias": False}
+    for i in range(4)
+]
+
+
+def _graph() -> GraphAnalysis:
+    return analyze([InputDecl(name="x", shape=(8, 4096))], CHAIN, {}, training=True)
+
+
+def _estimate(par: Parallelism) -> MemoryEstimate:
+    request = MemoryRequest(
+        mode=Mode.TRAINING,
+        precision=Precision.MIXED_BF16,  # bf16 weights and gradients, fp32 master and AdamW
+        optimizer=Optimizer.ADAMW,
+        runtime=Runtime.CUDA,
+        parallelism=par,
+    )
+    estimate = estimate_memory(_graph(), request)
+    for line in (*estimate.lines, *(estimate.host_lines or ())):
+        assert evaluate(line.formula) == (line.bytes, line.bytes), (line.key, line.formula)
+    return estimate
+
+
+def _gpu(estimate: MemoryEstimate) -> dict[str, int]:
+    return {line.key: line.bytes for line in estimate.lines}
+
+
+def _host(estimate: MemoryEstimate) -> dict[str, int]:
+    return {line.key: line.bytes for line in estimate.host_lines or ()}
+
+
+def test_deepspeed_rules() -> None:
+    assert reduce_bucket_bytes(500_000_000, Fraction(2), 1) == 1_000_000_000
+    assert gathered_params_elements(LAYER, 50_000_000, 1_000_000_000) == LAYER + 50_000_000
+    assert gathered_params_elements(LAYER, 50_000_000, 10_000_000) == 10_000_000
+
+
+def test_zero3_offload_on_one_gpu_golden() -> None:
+    estimate = _estimate(Parallelism(zero_stage=3, cpu_offload=True))
+    gpu, host = _gpu(estimate), _host(estimate)
+    # the GPU: no weights, no master, no optimizer state, no gradients held
+    assert gpu["weights"] == 0
+    assert gpu["gradients"] == 0
+    assert "master_weights" not in gpu
+    assert "optimizer_state" not in gpu
+    # gathered: min(1e9, 16,777,216 + 5e7) x 2 B = 133,554,432 B
+    assert gpu["zero_gathered_params"] == (LAYER + 50_000_000) * 2 == 133_554_432
+    # the IPG bucket: 5e8 elements x 2 B, whatever the model's size
+    assert gpu["zero_reduce_bucket"] == 1_000_000_000
+    # the host: bf16 weights and gradients, fp32 AdamW moments and master weights
+    assert host == {
+        "offloaded_weights": PARAMS * 2,
+        "offloaded_gradients": PARAMS * 2,
+        "offloaded_optimizer_state": PARAMS * 8,
+        "offloaded_master_weights": PARAMS * 4,
+    }
+    assert "optimizer_step" not in estimate.phase_peaks
+    assert any("DeepSpeed ZeRO-3 on 1 data rank(s)" in a for a in estimate.assumptions)
+
+
+def test_the_request_overrides_deepspeeds_defaults() -> None:
+    knobs = DeepSpeedBuffers(
+        reduce_bucket_size=100_000_000,
+        stage3_prefetch_bucket_size=0,
+        stage3_max_live_parameters=10_000_000,
+    )
+    gpu = _gpu(_estimate(Parallelism(zero_stage=3, cpu_offload=True, deepspeed=knobs)))
+    assert gpu["zero_reduce_bucket"] == 200_000_000  # 1e8 x 2 B
+    assert gpu["zero_gathered_params"] == 20_000_000  # min(1e7, 16,777,216 + 0) x 2 B
+
+
+def test_zero2_offload_on_one_gpu_keeps_the_weights() -> None:
+    gpu = _gpu(_estimate(Parallelism(zero_stage=2, cpu_offload=True)))
+    assert gpu["weights"] == PARAMS * 2 == 134_217_728
+    assert gpu["zero_reduce_bucket"] == 1_000_000_000
+    assert "zero_gathered_params" not in gpu
+    assert "master_weights" not in gpu
+    host = _host(_estimate(Parallelism(zero_stage=2, cpu_offload=True)))
+    assert set(host) == {
+        "offloaded_gradients",
+        "offloaded_optimizer_state",
+        "offloaded_master_weights",
+    }
+
+
+def test_fsdp_rules_stay_on_several_data_ranks() -> None:
+    gpu = _gpu(_estimate(Parallelism(data=2, zero_stage=3)))
+    assert "fsdp_buffers" in gpu
+    assert "zero_reduce_bucket" not in gpu
+    asked = _gpu(_estimate(Parallelism(data=2, zero_stage=3, deepspeed=DeepSpeedBuffers())))
+    assert "fsdp_buffers" not in asked
+    assert asked["zero_reduce_bucket"] == 1_000_000_000
+
+
+@pytest.mark.parametrize(
+    ("build", "field"),
+    [
+        (lambda: Parallelism(zero_stage=1, cpu_offload=True), "parallelism/cpu_offload"),
+        (lambda: Parallelism(deepspeed=DeepSpeedBuffers()), "parallelism/deepspeed"),
+        (
+            lambda: DeepSpeedBuffers(reduce_bucket_size=-1),
+            "parallelism/deepspeed/reduce_bucket_size",
+        ),
+    ],
+)
+def test_what_is_still_impossible_names_the_field(build: object, field: str) -> None:
+    with pytest.raises(TrainingOptionError) as raised:
+        build()  # type: ignore[operator]
+    assert raised.value.field == field
