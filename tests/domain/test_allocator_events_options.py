@@ -293,3 +293,30 @@ def test_fsdp_buffers_are_freed_before_the_optimizer_step(
     # weights' half, gradients' half (the last step's, kept), state, x, labels, workspaces
     expected = 4 * WEIGHT // 2 + 4 * WEIGHT // 2 + state + VALUE + LABELS + WORKSPACES
     assert kept + sum(live.values()) == expected == 73_433_088  # before: + 3 MiB held
+
+
+def test_zero2_cpu_offload_keeps_the_weights_and_no_gradient(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """ZeRO-2 with CPU offload (DeepSpeed offload_optimizer) over 2 ranks, AdamW fp32: the
+    weights stay on the GPU, each gradient passes through DeepSpeed's reduce bucket
+    (5e8 elements x 4 B, its default) to the host; no gradient, state or step temporary is
+    replayed on the GPU."""
+    estimate, (_, steady) = _replayed(
+        monkeypatch,
+        _chain(),
+        _chain_request(
+            optimizer=Optimizer.ADAMW,
+            parallelism=Parallelism(data=2, zero_stage=2, cpu_offload=True),
+        ),
+    )
+    lines = {line.key: line.bytes for line in estimate.lines}
+    bucket = 500_000_000 * 4
+    assert (lines["weights"], lines["zero_reduce_bucket"], lines["gradients"]) == (
+        4 * WEIGHT,
+        bucket,
+        0,
+    )
+    # fc3's backward: the weights, the bucket, 8 values, labels and workspaces
+    expected = 4 * WEIGHT + bucket + 8 * VALUE + LABELS + WORKSPACES
+    assert steady.requested_bytes == expected == 2_101_744_640  # before: 2,102,924,288 B
