@@ -531,7 +531,7 @@ def source_of(
     serving: DecoderServing | None = None,
 ) -> ModelSource:
     """:func:`model_source` of a graph already loaded (``model_graph``)."""
-    inputs, layers, defaults, label, key = graph
+    inputs, layers, defaults, label, key, _ = graph
     has_seq = any("seq" in spec.get("shape", ()) for spec in inputs)
     decoder = has_seq and is_decoder(layers)
     source = ModelSource(
