@@ -153,3 +153,32 @@ def test_the_engine_reads_a_stored_checkpoint(client: ApiClient) -> None:
         json={"model": "small-gptq", **engine, "quantization_config": {**GPTQ, "group_size": 64}},
     )
     assert "/quantization_config" in _pointers(assert_problem(other, 422))
+
+
+def test_a_recommendation_prices_the_checkpoint_and_leaves_out_what_it_contradicts(
+    client: ApiClient,
+) -> None:
+    _import(client, "small-gptq", GPTQ, "float16")
+    plain = client.post(IMPORT, json={"slug": "small-fp16", "config": SMALL_LLAMA})
+    assert plain.status_code == 201, plain.text
+    body = {"devices": ["nvidia-a10"], "batch_sizes": [1], "prompt_tokens": 64,
+            "generated_tokens": 8, "precisions": ["fp32", "fp16"]}  # fmt: skip
+    response = client.post("/v1/recommendations/inference", json={"model": "small-gptq", **body})
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert {c["precision"] for c in answer["candidates"]} == {"fp16"}
+    (excluded,) = [e for e in answer["excluded"] if e["precision"] == "fp32"]
+    assert "pre-quantized gptq checkpoint" in excluded["reason"]
+    unquantized = client.post(
+        "/v1/recommendations/inference", json={"model": "small-fp16", **body}
+    ).json()
+    (fp16,) = [c for c in unquantized["candidates"] if c["precision"] == "fp16"]
+    (gptq,) = answer["candidates"]
+    # the requirement (peak + the default safety margin) shrinks with the stored weights:
+    # 3,385,856 B of fp16 weights against 1,655,808 B as the checkpoint stores them
+    assert gptq["memory_required_bytes"] < fp16["memory_required_bytes"] - 1_600_000
+    only_fp32 = client.post(
+        "/v1/recommendations/inference",
+        json={"model": "small-gptq", **body, "precisions": ["fp32"]},
+    )
+    assert "/precisions" in _pointers(assert_problem(only_fp32, 422))
