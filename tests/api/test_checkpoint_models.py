@@ -182,3 +182,21 @@ def test_a_recommendation_prices_the_checkpoint_and_leaves_out_what_it_contradic
         json={"model": "small-gptq", **body, "precisions": ["fp32"]},
     )
     assert "/precisions" in _pointers(assert_problem(only_fp32, 422))
+
+
+def test_a_workload_engine_reads_the_stored_checkpoint(client: ApiClient) -> None:
+    _import(client, "small-gptq", GPTQ, "float16")
+    engine = {"hardware": "nvidia-h100-sxm", "max_model_len": 512}
+    endpoint = client.post("/v1/engines/vllm/memory", json={"model": "small-gptq", **engine})
+    assert endpoint.status_code == 200, endpoint.text
+    workload = {"model": "small-gptq", "mode": "inference", "batch_size": 1,
+                "hardware": "nvidia-h100-sxm",
+                "engine": {"name": "vllm", "max_model_len": 512}}  # fmt: skip
+    response = client.post(ESTIMATE, json=workload)
+    assert response.status_code == 200, response.text
+    fit = response.json()["fit"]["engine"]
+    # the workload's engine runs the stored GPTQ config (no quantization_config repeated)
+    assert fit["weights_bytes"] == endpoint.json()["weights_bytes"]
+    contradicted = {**workload, "engine": {"name": "vllm", "quantization": "awq"}}
+    problem = assert_problem(client.post(ESTIMATE, json=contradicted), 422)
+    assert "/engine/quantization" in _pointers(problem)
