@@ -198,9 +198,9 @@ def checkpoint_weights_bytes(
         "quantization_config, read as vLLM 0.19.0 reads it): weights priced as stored, not at "
         "the request's precision",
         f"{linears:,} linear weights quantized ({numel:,} of {analysis.params:,} parameters: "
-        f"attention, MLP{' experts' if layout.experts_only else ''} and MoE expert "
-        f"projections): {values:,} B of values + {scales:,} B of scales, zero points and g_idx "
-        f"= {per_element} B per element",
+        + ("MoE expert" if layout.experts_only else "attention, MLP and MoE expert")
+        + f" projections): {values:,} B of values + {scales:,} B of scales (and zero points, "
+        f"g_idx where the format stores them) = {per_element} B per element",
         f"not quantized, at {dtype_bytes} B per element: embeddings, the output head, norms, "
         "biases and MoE routers"
         + (
