@@ -1,9 +1,11 @@
 """Golden tests: a pre-quantized checkpoint's weights as it stores them (hand-derived bytes)."""
 
+import json
 from typing import Any
 
 import pytest
 
+from app.config import PROJECT_ROOT
 from app.domain.engines.quant_schemes import checkpoint_layout
 from app.domain.memory.checkpoint import CheckpointError, check_checkpoint
 from app.domain.memory.estimate import MemoryRequest, analyze_for, estimate_memory
@@ -89,3 +91,22 @@ def test_a_contradicting_request_names_its_field(
     with pytest.raises(CheckpointError) as raised:
         check_checkpoint(checkpoint_layout(config), precision, mode)
     assert raised.value.field == field
+
+
+def test_llama_3_8b_gptq_agrees_with_the_engines_tensors() -> None:
+    """Meta-Llama-3-8B as a GPTQ W4A16 checkpoint (groups of 128, act order): the tensors the
+    engine test (tests/api/test_engines.py) derives for vLLM's Machete kernel, except that a
+    checkpoint holds one g_idx (K int32) a linear, not the sorted copy and permutation."""
+    config = json.loads((PROJECT_ROOT / "tests/fixtures/hf_configs/llama-3-8b.json").read_text())
+    imported = import_hf_config(config, sequence_length=16)
+    layout = checkpoint_layout({**GPTQ, "desc_act": True})
+    request = MemoryRequest(mode=Mode.INFERENCE, precision=Precision.FP16, checkpoint=layout)
+    analysis = analyze_for(imported.inputs, imported.layers, {"batch": 1, "seq": 16}, request)
+    unquantized = 2 * 128256 * 4096 * 2 + 65 * 4096 * 2  # embedding, head, 65 norms
+    packed = 32 * (4096 * 10240 + 3 * 4096 * 14336) // 2
+    scales = 32 * (32 * 6144 + 32 * 4096 + 32 * 28672 + 112 * 4096) * 2
+    g_idx = 32 * (6 * 4096 + 14336) * 4
+    expected = unquantized + packed + scales + scales // 4 + g_idx
+    assert expected == 5_732_835_328  # 5.34 GiB
+    weights = estimate_memory(analysis, request).lines[0]
+    assert (weights.key, weights.bytes) == ("weights", expected)
