@@ -83,9 +83,11 @@ class CheckpointLayout:
     outputs (its ``quantization_config`` read by
     :func:`app.domain.engines.quant_schemes.checkpoint_layout`).
 
-    ``layout``: ``packed`` (GPTQ/AWQ/WNA16 integers in int32 words), ``fp8``, ``int8`` or
-    ``mxfp4``; ``scales``: ``tensor``, ``channel``, ``group`` or ``block`` (``block``:
-    ``(block_n, block_k)`` values per scale); ``scale_bytes`` None: the checkpoint's params dtype
+    ``layout``: ``packed`` (GPTQ/AWQ/WNA16 integers in int32 words), ``fp8``, ``int8``,
+    ``mxfp4`` or ``bnb4`` (bitsandbytes ``Linear4bit``, priced by
+    :func:`app.domain.peft.qlora.linear4bit_tensors`; ``double_quant`` its nested absmax);
+    ``scales``: ``tensor``, ``channel``, ``group`` or ``block`` (``block``: ``(block_n,
+    block_k)`` values per scale); ``scale_bytes`` None: the checkpoint's params dtype
     (GPTQ/AWQ scales); ``zero_points``/``g_idx``: the packed zero points and the K int32
     act-order indices it stores; ``ignore``: the modules the config keeps unquantized;
     ``static_input_scale``: one fp32 input scale per linear;
@@ -103,6 +105,7 @@ class CheckpointLayout:
     g_idx: bool = False
     static_input_scale: bool = False
     experts_only: bool = False
+    double_quant: bool = False
     ignore: tuple[str, ...] = ()
     description: str = ""
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from tests.api.helpers import assert_problem
-from tests.domain.test_checkpoint_weights import FP8, GPTQ, SMALL_LLAMA
+from tests.domain.test_checkpoint_weights import BNB_NF4, FP8, GPTQ, SMALL_LLAMA
 from tests.support import ApiClient, table_counts
 
 IMPORT = "/v1/models/import/hf-config"
@@ -200,3 +200,28 @@ def test_a_workload_engine_reads_the_stored_checkpoint(client: ApiClient) -> Non
     contradicted = {**workload, "engine": {"name": "vllm", "quantization": "awq"}}
     problem = assert_problem(client.post(ESTIMATE, json=contradicted), 422)
     assert "/engine/quantization" in _pointers(problem)
+
+
+def test_a_saved_bitsandbytes_checkpoint_is_priced_and_takes_qlora_only(client: ApiClient) -> None:
+    _import(client, "small-nf4", BNB_NF4, "bfloat16")
+    answer = client.post(
+        ESTIMATE, json={"model": "small-nf4", "mode": "inference", "batch_size": 1}
+    )
+    assert answer.status_code == 200, answer.text
+    assert _weights(answer.json()) == 1_650_392  # tests/domain/test_checkpoint_weights.py
+    training = {"model": "small-nf4", "mode": "training", "batch_size": 1, "precision": "bf16"}
+    qlora = {"r": 8, "target_modules": ["q_proj", "v_proj"],
+             "qlora": {"bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True,
+                       "bnb_4bit_compute_dtype": "bf16"}}  # fmt: skip
+    adapters = client.post(ESTIMATE, json={**training, "lora": qlora})
+    assert adapters.status_code == 200, adapters.text
+    assert "Linear4bit" in next(
+        line["formula"] for line in adapters.json()["breakdown"] if line["key"] == "weights"
+    )
+    full = client.post(ESTIMATE, json=training)
+    assert "/mode" in _pointers(assert_problem(full, 422))
+    # vLLM's bitsandbytes loader is not modelled by the engine: the stored config is refused
+    engine = client.post(
+        "/v1/engines/vllm/memory", json={"model": "small-nf4", "hardware": "nvidia-h100-sxm"}
+    )
+    assert "/quantization_config/quant_method" in _pointers(assert_problem(engine, 422))

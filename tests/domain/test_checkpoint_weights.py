@@ -7,6 +7,7 @@ import pytest
 
 from app.config import PROJECT_ROOT
 from app.domain.engines.quant_schemes import checkpoint_layout
+from app.domain.engines.vllm import EngineInputError
 from app.domain.memory.checkpoint import CheckpointError, check_checkpoint
 from app.domain.memory.estimate import MemoryRequest, analyze_for, estimate_memory
 from app.domain.precision import Precision
@@ -110,3 +111,30 @@ def test_llama_3_8b_gptq_agrees_with_the_engines_tensors() -> None:
     assert expected == 5_732_835_328  # 5.34 GiB
     weights = estimate_memory(analysis, request).lines[0]
     assert (weights.key, weights.bytes) == ("weights", expected)
+
+
+BNB_NF4 = {
+    "quant_method": "bitsandbytes",
+    "load_in_4bit": True,
+    "bnb_4bit_quant_type": "nf4",
+    "bnb_4bit_use_double_quant": True,
+    "bnb_4bit_compute_dtype": "bfloat16",
+}
+
+
+def test_a_saved_bitsandbytes_4bit_checkpoint_is_priced_as_linear4bit() -> None:
+    # bnb.nn.Linear4bit per K x N weight: ceil(KN / 2) packed, a uint8 absmax per 64 values,
+    # an fp32 absmax per 256 of those blocks, a 4 B offset, the 1,024 B 8-bit and 64 B 4-bit
+    # code books
+    def linear4bit(n: int, k: int) -> int:
+        blocks = n * k // 64
+        return n * k // 2 + blocks + -(-blocks // 256) * 4 + 4 + 1024 + 64
+
+    expected = 2 * sum(linear4bit(n, k) for n, k in LINEARS) + OTHER_PARAMS * 2
+    # packed 589,824 + absmax codes 18,432 + nested absmax 2 x (16+8+8+16+32+32+32) + 14 x
+    # 1,092 + the rest at 2 B
+    assert expected == 589_824 + 18_432 + 288 + 15_288 + OTHER_PARAMS * 2 == 1_650_392
+    assert _weights_line(BNB_NF4, Precision.BF16)[0] == expected
+    with pytest.raises(EngineInputError) as raised:
+        checkpoint_layout({**BNB_NF4, "load_in_4bit": False, "load_in_8bit": True})
+    assert raised.value.field == "quantization_config/load_in_8bit"

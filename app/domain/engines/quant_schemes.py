@@ -491,13 +491,18 @@ def checkpoint_layout(quantization_config: Mapping[str, Any]) -> CheckpointLayou
       points when asymmetric, ``weight_g_idx`` with ``actorder: group``;
     - FP8 / int8 (``fp8.py``, ``compressed_tensors_w8a8_*.py``): one-byte weights with fp32
       scales per tensor, channel or block, and a static fp32 input scale;
-    - MXFP4 (``mxfp4.py``): experts only, E2M1 pairs with one E8M0 byte per 32 values.
+    - MXFP4 (``mxfp4.py``): experts only, E2M1 pairs with one E8M0 byte per 32 values;
+    - bitsandbytes 4-bit (transformers ``BitsAndBytesConfig(load_in_4bit=True)``, saved
+      pre-quantized): every Linear but the head and ``llm_int8_skip_modules`` as
+      ``bnb.nn.Linear4bit`` stores it (not a ``--quantization`` this engine model runs).
 
     Raises
     ------
     EngineInputError
         What :func:`resolve_scheme` refuses (``field`` ``quantization_config/<key>``).
     """
+    if str(quantization_config.get("quant_method", "")).lower() == "bitsandbytes":
+        return _bitsandbytes(quantization_config)
     scheme = resolve_scheme(None, quantization_config)
     assert scheme is not None  # a config always gives a scheme
     method = str(quantization_config.get("quant_method", scheme.method)).lower()
@@ -535,4 +540,38 @@ def checkpoint_layout(quantization_config: Mapping[str, Any]) -> CheckpointLayou
         experts_only=scheme.experts_only,
         ignore=scheme.ignore,
         description=f"{method} checkpoint: {what}",
+    )
+
+
+def _bitsandbytes(config: Mapping[str, Any]) -> CheckpointLayout:
+    """A saved bitsandbytes 4-bit checkpoint (transformers' ``BitsAndBytesConfig`` keys)."""
+    if config.get("load_in_8bit") is True:
+        raise EngineInputError(
+            "8-bit bitsandbytes (LLM.int8) checkpoints are not expressed; 4-bit ones are",
+            field="quantization_config/load_in_8bit",
+        )
+    if not _bool(config, "load_in_4bit", default=False):
+        raise EngineInputError(
+            "a bitsandbytes quantization_config stores 4-bit weights with load_in_4bit: true",
+            field="quantization_config/load_in_4bit",
+        )
+    double = _bool(config, "bnb_4bit_use_double_quant", default=False)
+    kind = config.get("bnb_4bit_quant_type", "fp4")
+    if kind not in ("fp4", "nf4"):
+        raise EngineInputError(
+            f"bnb_4bit_quant_type must be 'fp4' or 'nf4', got {kind!r}",
+            field="quantization_config/bnb_4bit_quant_type",
+        )
+    skip = config.get("llm_int8_skip_modules")
+    return CheckpointLayout(
+        method="bitsandbytes",
+        layout="bnb4",
+        weight_bits=4,
+        scales="block",
+        double_quant=double,
+        ignore=_names(config, ["llm_int8_skip_modules"]) if skip else (),
+        description=(
+            f"bitsandbytes checkpoint: {kind} 4-bit pairs (bnb.nn.Linear4bit), an absmax per "
+            f"64 values{', double-quantized' if double else ' in fp32'}"
+        ),
     )

@@ -21,6 +21,7 @@ import math
 from collections.abc import Collection
 
 from app.domain.graph.analysis import GraphAnalysis, LayerAnalysis
+from app.domain.peft.qlora import linear4bit_tensors
 from app.domain.precision import Precision, bytes_per_element, convention
 from app.domain.quantization import CheckpointLayout, stored_matrix_bytes
 from app.domain.workload import Mode, WorkloadInputError
@@ -85,7 +86,9 @@ def checkpoint_precision(
     )
 
 
-def check_checkpoint(layout: CheckpointLayout, precision: Precision, mode: Mode) -> None:
+def check_checkpoint(
+    layout: CheckpointLayout, precision: Precision, mode: Mode, *, qlora: bool = False
+) -> None:
     """Refuse what a pre-quantized checkpoint contradicts.
 
     Raises
@@ -95,8 +98,12 @@ def check_checkpoint(layout: CheckpointLayout, precision: Precision, mode: Mode)
         autocast / master-weight training precision of a GPTQ one: field ``precision``), or
         ``mode`` is training: quantized weights have no gradients, and the service models
         fine-tuning a quantized base only as QLoRA (``lora.qlora``: bitsandbytes 4-bit from the
-        16-bit checkpoint), not adapters on a GPTQ/AWQ/FP8 checkpoint (field ``mode``).
+        16-bit checkpoint), not adapters on a GPTQ/AWQ/FP8 checkpoint (field ``mode``). QLoRA
+        training (``qlora``) of a saved bitsandbytes 4-bit checkpoint is allowed: the QLoRA
+        rules price its base.
     """
+    if mode is Mode.TRAINING and qlora and layout.layout == "bnb4":
+        return  # QLoRA on a saved bitsandbytes 4-bit base: the QLoRA rules price it
     allowed = allowed_precisions(layout)
     if precision not in allowed:
         raise CheckpointError(
@@ -109,8 +116,8 @@ def check_checkpoint(layout: CheckpointLayout, precision: Precision, mode: Mode)
         raise CheckpointError(
             f"the model is a pre-quantized {layout.method} checkpoint: its quantized weights "
             "have no gradients, so it cannot be trained; fine-tuning a quantized base is "
-            "modelled as QLoRA (lora.qlora, a bitsandbytes 4-bit base quantized from the 16-bit "
-            "checkpoint): import the unquantized config for that",
+            "modelled as QLoRA only (lora.qlora: a bitsandbytes 4-bit base, from a saved "
+            "bitsandbytes checkpoint or quantized from the 16-bit one)",
             field="mode",
         )
 
@@ -125,11 +132,23 @@ def _quantized_indices(layer: LayerAnalysis, layout: CheckpointLayout, head: boo
         return []
     if layout.experts_only and layer.op != "moe":
         return []
+    # the router stays (vLLM's ReplicatedLinear(quant_config=None)); bitsandbytes converts
+    # every nn.Linear but the head, the router too (transformers replace_with_bnb_linear)
+    router = layer.op == "moe" and layout.layout != "bnb4"
     return [
         index
         for index, shape in enumerate(layer.result.param_shapes)
-        if len(shape) == 2 and not (layer.op == "moe" and index == 0)  # the router stays
+        if len(shape) == 2 and not (router and index == 0)
     ]
+
+
+def _matrix_tensors(layout: CheckpointLayout, k: int, n: int, dtype_bytes: int) -> list[int]:
+    """The tensors one quantized ``K x N`` linear stores, its values first [B each]."""
+    if layout.layout == "bnb4":
+        return linear4bit_tensors(k, n, double_quant=layout.double_quant)
+    stored = stored_matrix_bytes(layout, k, n, dtype_bytes)
+    rest = (stored.scale_bytes, stored.zero_point_bytes, stored.g_idx_bytes)
+    return [stored.packed_bytes, *(size for size in rest if size)]
 
 
 def _quantized_shapes(
@@ -174,10 +193,10 @@ def checkpoint_weights_bytes(
         key = id(layer.result) * 2 + (index == head)
         if key not in memo:
             shapes, rest = _quantized_shapes(layer, layout, index == head)
-            parts = [stored_matrix_bytes(layout, k, n, dtype_bytes) for n, k in shapes]
+            parts = [_matrix_tensors(layout, k, n, dtype_bytes) for n, k in shapes]
             memo[key] = (
-                sum(p.total_bytes for p in parts),
-                sum(p.packed_bytes for p in parts),
+                sum(sum(p) for p in parts),
+                sum(p[0] for p in parts),
                 sum(n * k for n, k in shapes),
                 rest,
                 len(shapes),
@@ -232,7 +251,7 @@ def checkpoint_weight_tensors(
         sizes: list[int] = []
         for i, shape in enumerate(layer.result.param_shapes):
             if i in picked:
-                sizes += stored_matrix_bytes(layout, shape[1], shape[0], dtype_bytes).tensors
+                sizes += _matrix_tensors(layout, shape[1], shape[0], dtype_bytes)
             else:
                 sizes.append(math.prod(shape) * dtype_bytes)
         if layer.result.buffers_bytes:

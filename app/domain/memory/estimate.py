@@ -183,7 +183,8 @@ def estimate_memory(
     KV cache (inference): 2 x layers x kv_heads x head_dim x seq x batch x bytes.
     """
     if request.checkpoint is not None:  # before the precision's own check
-        check_checkpoint(request.checkpoint, request.precision, request.mode)
+        qlora = request.lora is not None and request.lora.qlora is not None
+        check_checkpoint(request.checkpoint, request.precision, request.mode, qlora=qlora)
     if request.lora is not None and request.lora.qlora is not None:
         check_qlora(request.lora.qlora, request.precision)  # before the precision's own check
     _check_request(analysis, request)
