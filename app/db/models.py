@@ -176,6 +176,10 @@ class ModelArchitecture(Timestamped, Base):
     layers: Mapped[list[dict[str, Any]]] = mapped_column(JSON, nullable=False)
     default_bindings: Mapped[dict[str, int]] = mapped_column(JSON, nullable=False)
     catalog_digest: Mapped[str | None] = mapped_column(String(64))
+    # A pre-quantized checkpoint's quantization_config (its config.json object, as given) and
+    # the config's torch_dtype (revision 0012); NULL: unquantized / not stated
+    quantization_config: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    torch_dtype: Mapped[str | None] = mapped_column(String(16))
 
 
 class Workload(Timestamped, Base):

@@ -23,6 +23,8 @@ Pure stdlib; bytes are integers [B].
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 INT32_BITS = 32  # GPTQ/AWQ pack their integers into int32 words (pack_factor = 32 // bits)
 
 
@@ -75,11 +77,105 @@ def block_scale_bytes(num_elements: int, block: int, scale_bytes: int) -> int:
     return -(-num_elements // block) * scale_bytes
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointLayout:
+    """How a pre-quantized checkpoint stores each quantized linear of ``K`` inputs x ``N``
+    outputs (its ``quantization_config`` read by
+    :func:`app.domain.engines.quant_schemes.checkpoint_layout`).
+
+    ``layout``: ``packed`` (GPTQ/AWQ/WNA16 integers in int32 words), ``fp8``, ``int8``,
+    ``mxfp4`` or ``bnb4`` (bitsandbytes ``Linear4bit``, priced by
+    :func:`app.domain.peft.qlora.linear4bit_tensors`; ``double_quant`` its nested absmax);
+    ``scales``: ``tensor``, ``channel``, ``group`` or ``block`` (``block``: ``(block_n,
+    block_k)`` values per scale); ``scale_bytes`` None: the checkpoint's params dtype
+    (GPTQ/AWQ scales); ``zero_points``/``g_idx``: the packed zero points and the K int32
+    act-order indices it stores; ``ignore``: the modules the config keeps unquantized;
+    ``static_input_scale``: one fp32 input scale per linear;
+    ``experts_only``: only MoE experts are quantized (MXFP4). ``description`` names the format.
+    """
+
+    method: str
+    layout: str
+    weight_bits: int
+    scales: str
+    group_size: int = -1
+    block: tuple[int, int] | None = None
+    scale_bytes: int | None = None
+    zero_points: bool = False
+    g_idx: bool = False
+    static_input_scale: bool = False
+    experts_only: bool = False
+    double_quant: bool = False
+    ignore: tuple[str, ...] = ()
+    description: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMatrix:
+    """The tensors a checkpoint stores for one quantized linear [B]."""
+
+    packed_bytes: int
+    scale_bytes: int
+    zero_point_bytes: int = 0
+    g_idx_bytes: int = 0
+
+    @property
+    def tensors(self) -> tuple[int, ...]:
+        """Each stored tensor's bytes (empty ones left out) [B]."""
+        sizes = (self.packed_bytes, self.scale_bytes, self.zero_point_bytes, self.g_idx_bytes)
+        return tuple(size for size in sizes if size)
+
+    @property
+    def total_bytes(self) -> int:
+        return self.packed_bytes + self.scale_bytes + self.zero_point_bytes + self.g_idx_bytes
+
+
+def stored_matrix_bytes(
+    layout: CheckpointLayout, in_features: int, out_features: int, dtype_bytes: int
+) -> StoredMatrix:
+    """What a checkpoint of ``layout`` stores for one ``K x N`` linear [B]; ``dtype_bytes``:
+    the params dtype (of scales whose ``layout.scale_bytes`` is None).
+
+    - packed: :func:`packed_weight_bytes` + :func:`group_scale_bytes` (+ :func:`group_zero_bytes`
+      with zero points, + ``K x 4`` B of int32 ``g_idx``);
+    - fp8 / int8: ``K x N`` one-byte values + one scale per tensor, per output channel
+      (:func:`channel_scale_bytes`) or per ``block_n x block_k`` block (+ one static input scale);
+    - mxfp4: ``N x ceil(K / 2)`` bytes of E2M1 pairs + :func:`block_scale_bytes` per row.
+    """
+    k, n = in_features, out_features
+    scale = dtype_bytes if layout.scale_bytes is None else layout.scale_bytes
+    if layout.layout == "packed":
+        return StoredMatrix(
+            packed_weight_bytes(k, n, layout.weight_bits),
+            group_scale_bytes(k, n, layout.group_size, scale),
+            group_zero_bytes(k, n, layout.group_size, layout.weight_bits)
+            if layout.zero_points
+            else 0,
+            k * INT32_BITS // 8 if layout.g_idx else 0,
+        )
+    if layout.layout == "mxfp4":
+        assert layout.block is not None
+        return StoredMatrix(n * -(-k // 2), n * block_scale_bytes(k, layout.block[1], scale))
+    if layout.scales == "block":
+        assert layout.block is not None
+        scales = -(-n // layout.block[0]) * -(-k // layout.block[1]) * scale
+    elif layout.scales == "channel":
+        scales = channel_scale_bytes(n, scale)
+    else:
+        scales = scale
+    if layout.static_input_scale:
+        scales += scale
+    return StoredMatrix(k * n, scales)
+
+
 __all__ = [
     "INT32_BITS",
+    "CheckpointLayout",
+    "StoredMatrix",
     "block_scale_bytes",
     "channel_scale_bytes",
     "group_scale_bytes",
     "group_zero_bytes",
     "packed_weight_bytes",
+    "stored_matrix_bytes",
 ]

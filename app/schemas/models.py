@@ -91,6 +91,24 @@ class ModelBase(Schema):
         "when an estimate does not give them.",
         examples=[{"image": 32}],
     )
+    quantization_config: dict[str, Any] | None = Field(
+        default=None,
+        description="A pre-quantized checkpoint's `quantization_config` (its HF config.json "
+        "object, kept as given; the hf-config import copies it): GPTQ / AWQ (W4A16), "
+        "compressed-tensors (W8A8 int8 / FP8, WNA16), FP8, MXFP4, checked as vLLM 0.19 reads "
+        "it, or a saved bitsandbytes 4-bit one (422 naming `quantization_config/<key>`). The "
+        "memory estimate then prices the quantized linears as the checkpoint stores them "
+        "(packed values, scales, zero points, g_idx) and the rest in the unquantized dtype; "
+        "the vLLM endpoint reads it from here. Null: an unquantized model.",
+        examples=[None],
+    )
+    torch_dtype: Literal["bfloat16", "float16", "float32"] | None = Field(
+        default=None,
+        description="The checkpoint's `torch_dtype` (the hf-config import copies it): with a "
+        "`quantization_config`, the dtype of its unquantized weights and activations when an "
+        "estimate gives no precision. Null: not stated.",
+        examples=[None],
+    )
 
 
 class ModelCreate(ModelBase):

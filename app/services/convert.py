@@ -69,6 +69,7 @@ from app.schemas.workloads import (
     WorkloadOptions,
 )
 from app.services.errors import InvalidInput, NotFound
+from app.services.model_store import StoredCheckpoint, stored_checkpoint
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -442,8 +443,9 @@ def hardware_runtime(hardware: Hardware | None) -> Runtime | None:
     return Runtime.CPU if hardware.kind == "cpu" else Runtime.CUDA
 
 
-# inputs, layers, default bindings, label, and a key that changes whenever the graph does
-GraphSource = tuple[list[Any], list[Any], dict[str, int], str, str]
+# inputs, layers, default bindings, label, a key that changes whenever the graph does, and the
+# stored model's pre-quantized checkpoint (None: unquantized, or an inline architecture)
+GraphSource = tuple[list[Any], list[Any], dict[str, int], str, str, StoredCheckpoint | None]
 
 
 def model_graph(
@@ -456,10 +458,11 @@ def model_graph(
             raise NotFound(f"model '{model}' does not exist; GET /v1/models lists them")
         # id + version + update time: a row deleted and re-created under the same slug differs
         key = f"{row.slug}:{row.id}:{row.version}:{row.updated_at.isoformat()}"
-        return row.inputs, row.layers, row.default_bindings, row.slug, key
+        checkpoint = stored_checkpoint(row)
+        return row.inputs, row.layers, row.default_bindings, row.slug, key, checkpoint
     assert architecture is not None  # enforced by the schemas
     inputs = [item.model_dump() for item in architecture.inputs]
-    return inputs, architecture.layers, dict(architecture.default_bindings), "inline", ""
+    return inputs, architecture.layers, dict(architecture.default_bindings), "inline", "", None
 
 
 def domain_workload(spec: WorkloadInput, runtime: Runtime | None = None) -> DomainWorkloadSpec:

@@ -11,6 +11,7 @@ start verdict. An engine option the engine refuses is a 422 naming ``/engine/<op
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from app.db.models import Hardware
 from app.domain.engines.choice import EngineChoice
@@ -42,6 +43,8 @@ from app.services.convert import (
 )
 from app.services.engines import (
     ServedGraph,
+    auto_dtype,
+    checkpoint_config,
     engine_kernels,
     engine_stages,
     engine_start,
@@ -60,19 +63,21 @@ def engine_choice(spec: WorkloadInput) -> EngineChoice | None:
 
 def served_graph(graph: GraphSource) -> ServedGraph:
     """The graph the engine's profile forward is replayed on (app.services.engines)."""
-    inputs, layers, defaults, _, key = graph
+    inputs, layers, defaults, _, key, _ = graph
     return ServedGraph(input_decls(inputs), layers, defaults, key)
 
 
 def serving_geometry(graph: GraphSource) -> ServingModel:
     """The decoder geometry an engine serves, from a loaded graph (422 naming ``/model`` when it
     is no Llama-style decoder); remembered per stored graph version."""
-    inputs, layers, defaults, label, key = graph
+    inputs, layers, defaults, label, key, checkpoint = graph
     if key:
         found = _GEOMETRY.get(key)
         if found is not None:
             return found
     model = serving_model(label, layers, defaults)
+    if checkpoint is not None and checkpoint.torch_dtype is not None:  # `--dtype auto`
+        model = replace(model, dtype=auto_dtype(checkpoint.torch_dtype))
     if key:
         _GEOMETRY.put(key, model)
     return model
@@ -171,7 +176,7 @@ def engine_fit(
             visible,
             graph=served_graph(graph),
             quantization=choice.quantization,
-            quantization_config=choice.quantization_config,
+            quantization_config=engine_quantization(graph, choice, pointer),
             kernels=engine_kernels(device.capability),
             profile=profile,
         )
@@ -270,6 +275,21 @@ def engine_read(fit: EngineFit) -> EngineFitRead:
     )
 
 
+def engine_quantization(
+    graph: GraphSource, choice: EngineChoice, pointer: str
+) -> dict[str, Any] | None:
+    """The checkpoint's ``quantization_config`` the engine runs: the workload's engine option,
+    else the stored model's (422 at ``{pointer}/quantization_config`` when both differ)."""
+    stored = graph[5]
+    given = None if choice.quantization_config is None else dict(choice.quantization_config)
+    return checkpoint_config(
+        given,
+        None if stored is None else stored.config,
+        "the stored model's",
+        f"{pointer}/quantization_config",
+    )
+
+
 def check_engine(graph: GraphSource, spec: WorkloadInput) -> None:
     """Refuse, before any device is known, an engine the workload's model cannot be served by
     (422 naming ``/model``) or options the engine refuses for this model whatever the device
@@ -282,7 +302,7 @@ def check_engine(graph: GraphSource, spec: WorkloadInput) -> None:
     model = serving_geometry(graph)
     try:
         resolved = resolve_options(choice.options, model, 1, choice.profile)
-        resolve_scheme(choice.quantization, choice.quantization_config)
+        resolve_scheme(choice.quantization, engine_quantization(graph, choice, "/engine"))
     except EngineInputError as exc:
         raise InvalidInput(str(exc), pointer=f"/engine/{exc.field}") from None
     if resolved.pipeline_parallel_size > model.layers:

@@ -137,17 +137,17 @@ def prepare_vllm_memory(
         row = ModelRepository(session).get(payload.model)
         if row is None:
             raise NotFound(f"model '{payload.model}' does not exist; GET /v1/models lists them")
-        label, config_quantization = row.slug, None
+        label, config_quantization = row.slug, row.quantization_config
         model = serving_model(row.slug, row.layers, row.default_bindings)
+        if row.torch_dtype is not None:  # a stored checkpoint's torch_dtype, as `--dtype auto`
+            model = replace(model, dtype=auto_dtype(row.torch_dtype))
         graph = ServedGraph(input_decls(row.inputs), row.layers, row.default_bindings)
-    quantization_config = payload.quantization_config
-    if quantization_config is None:
-        quantization_config = config_quantization
-    elif config_quantization is not None and config_quantization != quantization_config:
-        raise InvalidInput(
-            "quantization_config differs from hf_config's quantization_config; give one",
-            pointer="/quantization_config",
-        )
+    quantization_config = checkpoint_config(
+        payload.quantization_config,
+        config_quantization,
+        "hf_config's" if payload.hf_config is not None else "the stored model's",
+        "/quantization_config",
+    )
     gpu = HardwareRepository(session).get(payload.hardware)
     if gpu is None:
         raise NotFound(
@@ -219,6 +219,27 @@ def engine_weights(
 _AUTO_DTYPE = {"bfloat16": "bfloat16", "float16": "float16", "float32": "bfloat16"}
 
 
+def auto_dtype(torch_dtype: object) -> str:
+    """vLLM's ``--dtype auto`` for a config's ``torch_dtype`` (:data:`_AUTO_DTYPE`)."""
+    return _AUTO_DTYPE.get(str(torch_dtype), "bfloat16")
+
+
+def checkpoint_config(
+    given: dict[str, Any] | None, model: dict[str, Any] | None, whose: str, pointer: str
+) -> dict[str, Any] | None:
+    """The ``quantization_config`` an engine runs: the request's, else the model's (an
+    hf_config's or a stored model's); both given and different is a 422 at ``pointer``."""
+    if given is None:
+        return model
+    if model is not None and model != given:
+        raise InvalidInput(
+            f"quantization_config differs from {whose} quantization_config; give one (none: "
+            "the model's is used)",
+            pointer=pointer,
+        )
+    return given
+
+
 def hf_serving_model(raw: dict[str, Any]) -> tuple[str, ServingModel, dict[str, Any] | None]:
     """A config.json as the engine's model: its label, geometry (imported with
     app.importers.hf_config at its full ``max_position_embeddings`` context; nothing stored),
@@ -274,7 +295,7 @@ def _hf_import(
     except InvalidInput as exc:
         raise InvalidInput(exc.detail, pointer="/hf_config") from None
     dtype = raw.get("torch_dtype") or raw.get("dtype") or "float32"
-    model = _with_rotary(raw, replace(model, dtype=_AUTO_DTYPE.get(str(dtype), "bfloat16")))
+    model = _with_rotary(raw, replace(model, dtype=auto_dtype(dtype)))
     quantization = raw.get("quantization_config")
     if quantization is not None and not isinstance(quantization, dict):
         raise InvalidInput(

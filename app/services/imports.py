@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import BinaryIO
+from collections.abc import Mapping
+from typing import Any, BinaryIO
 
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
@@ -25,8 +26,9 @@ from app.schemas.models import (
 from app.services.errors import (
     AlreadyExists,
     ImportFailed,
+    InvalidInput,
 )
-from app.services.model_store import create_model
+from app.services.model_store import check_quantization, create_model
 
 
 def _failed(exc: ImportRejected) -> ImportFailed:
@@ -43,7 +45,11 @@ def require_free_slug(session: Session, slug: str) -> None:
 
 
 def _store(
-    session: Session, fields: ImportFields, imported: ImportedGraph, provenance: Provenance
+    session: Session,
+    fields: ImportFields,
+    imported: ImportedGraph,
+    provenance: Provenance,
+    checkpoint: dict[str, Any] | None = None,
 ) -> ModelImportResponse:
     try:
         payload = ModelCreate.model_validate(
@@ -62,6 +68,7 @@ def _store(
                 ],
                 "layers": imported.layers,
                 "default_bindings": imported.default_bindings,
+                **(checkpoint or {}),
             }
         )
     except ValidationError as exc:
@@ -94,11 +101,35 @@ def _store(
 def import_hf(session: Session, *, payload: HfConfigImport) -> ModelImportResponse:
     """Build the graph a config.json describes and store it (provenance ``hf_config``)."""
     require_free_slug(session, payload.slug)
+    checkpoint = _checkpoint_fields(payload.config)
     try:
         imported = import_hf_config(payload.config, sequence_length=payload.sequence_length)
     except ImportRejected as exc:
         raise _failed(exc) from exc
-    return _store(session, payload, imported, Provenance.HF_CONFIG)
+    return _store(session, payload, imported, Provenance.HF_CONFIG, checkpoint)
+
+
+# The torch_dtype values a stored model keeps (app.schemas.models.ModelBase.torch_dtype)
+_TORCH_DTYPES = ("bfloat16", "float16", "float32")
+
+
+def _checkpoint_fields(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A config.json's ``quantization_config`` (checked as vLLM 0.19 reads it: 422 naming
+    ``/config/quantization_config/<key>``) and ``torch_dtype`` (``dtype`` in newer configs), as
+    the stored model keeps them; nothing without a ``quantization_config``."""
+    quantization = config.get("quantization_config")
+    if quantization is None:
+        return {}
+    if not isinstance(quantization, dict):
+        raise InvalidInput(
+            "quantization_config must be an object", pointer="/config/quantization_config"
+        )
+    check_quantization(quantization, "/config/quantization_config")
+    dtype = config.get("torch_dtype", config.get("dtype"))
+    return {
+        "quantization_config": quantization,
+        "torch_dtype": dtype if dtype in _TORCH_DTYPES else None,
+    }
 
 
 def map_onnx(data: bytes, *, fields: ImportFields, lenient: bool) -> ImportedGraph:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.exc import IntegrityError
@@ -10,8 +11,11 @@ from sqlalchemy.orm import Session
 
 from app.db.models import ModelArchitecture, utcnow
 from app.db.repositories import ModelRepository
+from app.domain.engines.quant_schemes import checkpoint_layout
+from app.domain.engines.vllm import EngineInputError
 from app.domain.errors import GraphError
 from app.domain.graph.format import validate_graph
+from app.domain.quantization import CheckpointLayout
 from app.schemas.models import (
     ModelBase,
     ModelCreate,
@@ -57,14 +61,29 @@ def invalid_graph(exc: GraphError, layers: Sequence[Any] = ()) -> InvalidInput:
     return InvalidInput(str(exc), pointer=pointer)
 
 
+def check_quantization(config: Mapping[str, Any] | None, pointer: str) -> None:
+    """A checkpoint's ``quantization_config`` as vLLM 0.19 reads it (422 naming
+    ``<pointer>/<key>`` when it refuses it; app.domain.engines.quant_schemes)."""
+    if config is None:
+        return
+    try:
+        checkpoint_layout(config)
+    except EngineInputError as exc:
+        where = exc.field.removeprefix("quantization_config").lstrip("/")
+        raise InvalidInput(str(exc), pointer=f"{pointer}/{where}" if where else pointer) from exc
+
+
 def apply_model_fields(target: ModelArchitecture, fields: ModelBase) -> None:
     """Copy every client-supplied field onto the ORM row."""
+    check_quantization(fields.quantization_config, "/quantization_config")
     target.name = fields.name
     target.family = fields.family
     target.description = fields.description
     target.inputs = [spec.model_dump() for spec in fields.inputs]
     target.layers = fields.layers
     target.default_bindings = dict(fields.default_bindings)
+    target.quantization_config = fields.quantization_config
+    target.torch_dtype = fields.torch_dtype
     target.updated_at = utcnow()
 
 
@@ -80,6 +99,8 @@ def model_read(row: ModelArchitecture) -> ModelRead:
             "inputs": row.inputs,
             "layers": row.layers,
             "default_bindings": row.default_bindings,
+            "quantization_config": row.quantization_config,
+            "torch_dtype": row.torch_dtype,
             "provenance": row.provenance,
             "layer_count": validate_graph(row.layers, names).layer_count,
             "version": row.version,
@@ -87,6 +108,33 @@ def model_read(row: ModelArchitecture) -> ModelRead:
             "updated_at": row.updated_at,
         }
     )
+
+
+@dataclass(frozen=True, slots=True)
+class StoredCheckpoint:
+    """A stored model's pre-quantized checkpoint: its ``quantization_config`` as given, how it
+    stores its linears (app.domain.engines.quant_schemes.checkpoint_layout) and its
+    ``torch_dtype`` (None: not stated)."""
+
+    config: dict[str, Any]
+    layout: CheckpointLayout
+    torch_dtype: str | None
+
+
+def stored_checkpoint(row: ModelArchitecture) -> StoredCheckpoint | None:
+    """The row's checkpoint quantization (checked when written; a row a client wrote past the
+    API that vLLM's reading refuses is a 422 naming ``/model``)."""
+    config = row.quantization_config
+    if config is None:
+        return None
+    try:
+        layout = checkpoint_layout(config)
+    except EngineInputError as exc:
+        raise InvalidInput(
+            f"model '{row.slug}' stores a quantization_config vLLM refuses: {exc}",
+            pointer="/model",
+        ) from exc
+    return StoredCheckpoint(config, layout, row.torch_dtype)
 
 
 def create_model(

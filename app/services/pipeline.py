@@ -28,6 +28,7 @@ from app.domain.graph.analysis import GraphAnalysis, analyze
 from app.domain.hardware import (
     FrameworkOverhead,
 )
+from app.domain.memory.checkpoint import CheckpointError, checkpoint_precision
 from app.domain.memory.estimate import (
     MAX_REPLAYED_LAYERS,
     MemoryEstimate,
@@ -139,6 +140,7 @@ class EstimateRun:
     result: MemoryEstimate
     resolved: ResolvedWorkload
     context_default: str = ""  # CUDA: what the CUDA context table's default assumed
+    checkpoint_default: DefaultUsedRow | None = None  # precision from a checkpoint's dtype
 
     @property
     def attention(self) -> list[str]:
@@ -151,6 +153,8 @@ class EstimateRun:
             DefaultUsedRow(option=d.option, value=d.value, reason=d.reason)
             for d in self.resolved.defaults_used
         ]
+        if self.checkpoint_default is not None:
+            rows.append(self.checkpoint_default)
         if self.resolved.attention is None and self.analysis.attention_used:
             value = ", ".join(impl.value for impl, _ in self.analysis.attention_used)
             why = "; ".join(why for _, why in self.analysis.attention_used)
@@ -208,7 +212,12 @@ def estimate_graph(
 ) -> EstimateRun:
     """:func:`run_estimate` of a graph already loaded (``model_graph``): no database needed, so
     it runs outside the database slots (app.api.compute)."""
-    inputs, layers, defaults, label, graph_key = graph
+    inputs, layers, defaults, label, graph_key, checkpoint = graph
+    checkpoint_default: DefaultUsedRow | None = None
+    if checkpoint is not None and spec.precision is None:  # the checkpoint's own dtype
+        precision, why = checkpoint_precision(checkpoint.layout, checkpoint.torch_dtype)
+        spec = spec.model_copy(update={"precision": precision})
+        checkpoint_default = DefaultUsedRow(option="precision", value=precision.value, reason=why)
     cache_key = None
     if graph_key:  # stored models only: inline graphs are not worth hashing
         cache_key = (
@@ -257,6 +266,7 @@ def estimate_graph(
         logits=resolved.logits,
         lora=resolved.lora,
         training_options=resolved.training_options,
+        checkpoint=None if checkpoint is None else checkpoint.layout,
     )
     try:
         check_tensor_parallel_heads(analysis, request.parallelism.tensor)
@@ -270,6 +280,8 @@ def estimate_graph(
     except LoraError as exc:  # the option the LoRA configuration names
         raise InvalidInput(str(exc), pointer=exc.pointer) from exc
     except TrainingOptionError as exc:  # the training option that contradicts another
+        raise InvalidInput(str(exc), pointer=f"/{exc.field}") from exc
+    except CheckpointError as exc:  # the option a pre-quantized checkpoint contradicts
         raise InvalidInput(str(exc), pointer=f"/{exc.field}") from exc
     except MemoryInputError as exc:
         raise InvalidInput(str(exc)) from exc
@@ -287,6 +299,7 @@ def estimate_graph(
         result=result,
         resolved=resolved,
         context_default=overhead.context_default,
+        checkpoint_default=checkpoint_default,
     )
     if cache_key is not None:
         _CACHE.put(cache_key, run)

@@ -5,7 +5,7 @@ models) across requests. :class:`ModelSource` is what the domain's search asks o
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from app.domain.fit import fits, requirement
 from app.domain.graph.analysis import GraphAnalysis, effective_options
+from app.domain.memory.checkpoint import allowed_precisions
 from app.domain.memory.cuda_allocator import AllocatorSnapshot
 from app.domain.memory.estimate import (
     MemoryInputError,
@@ -40,6 +41,7 @@ from app.domain.performance.recommend import MemoryFit
 from app.domain.performance.serving import clear_server_cache
 from app.domain.performance.tensor_parallel import shard
 from app.domain.precision import Precision
+from app.domain.quantization import CheckpointLayout
 from app.domain.workload import (
     DEFAULT_SAFETY_MARGIN_FRACTION,
     Attention,
@@ -109,6 +111,7 @@ class ModelSource:
     tokens_mean: int | None = None  # encoders without padding: the length compute is priced at
     serving: DecoderServing | None = None  # decoders: lengths, batching, beams (None: static,
     # every request at prompt_tokens + generated_tokens, one beam)
+    checkpoint: CheckpointLayout | None = None  # a stored pre-quantized checkpoint's layout
 
     @property
     def plan(self) -> DecoderServing:
@@ -326,6 +329,7 @@ class ModelSource:
             parallelism=Parallelism(
                 tensor=candidate.tensor_parallel, pipeline=candidate.pipeline_parallel
             ),
+            checkpoint=self.checkpoint,
         )
         paged = 0
         if self.decoder and self.plan.continuous:
@@ -518,6 +522,24 @@ def model_source(
     )
 
 
+def checkpoint_precisions(
+    source: ModelSource, precisions: Sequence[Precision], pool: Sequence[Candidate]
+) -> tuple[list[Precision], list[tuple[str, Precision, str]]]:
+    """The requested precisions a stored pre-quantized checkpoint runs at
+    (app.domain.memory.checkpoint.allowed_precisions), and the others on every candidate with
+    why (exclusions: the checkpoint's weights are stored quantized)."""
+    layout = source.checkpoint
+    if layout is None:
+        return list(precisions), []
+    allowed = allowed_precisions(layout)
+    reason = (
+        f"the model is a pre-quantized {layout.method} checkpoint ({layout.description}): it "
+        f"runs at {', '.join(p.value for p in allowed)}"
+    )
+    out = [(c.device.slug, p, reason) for p in precisions if p not in allowed for c in pool]
+    return [p for p in precisions if p in allowed], out
+
+
 def source_of(
     graph: GraphSource,
     *,
@@ -531,7 +553,7 @@ def source_of(
     serving: DecoderServing | None = None,
 ) -> ModelSource:
     """:func:`model_source` of a graph already loaded (``model_graph``)."""
-    inputs, layers, defaults, label, key = graph
+    inputs, layers, defaults, label, key, checkpoint = graph
     has_seq = any("seq" in spec.get("shape", ()) for spec in inputs)
     decoder = has_seq and is_decoder(layers)
     source = ModelSource(
@@ -550,6 +572,7 @@ def source_of(
         fuse_elementwise=fuse_elementwise,
         memo={},
         serving=serving if decoder else None,
+        checkpoint=None if checkpoint is None else checkpoint.layout,
     )
     if tokens_mean is not None:
         _check_tokens_mean(source, tokens_mean, has_seq=has_seq)

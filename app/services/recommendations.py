@@ -53,7 +53,7 @@ from app.services.convert import (
 from app.services.engine_fit import engine_gate
 from app.services.errors import InvalidInput, NotFound
 from app.services.pipeline import BUDGET_SETTING, require_profile, workload_pointers
-from app.services.recommendation_source import ModelSource, source_of
+from app.services.recommendation_source import ModelSource, checkpoint_precisions, source_of
 from app.services.recommendation_source import clear_caches as clear_caches  # benchmarks use it
 from app.services.recommendation_views import recommendation_response
 
@@ -273,10 +273,11 @@ def _recommend(
     )
     _check_decoder_options(payload, source)
     cals = calibrations_for(payload.serving_runtime, calibration_overrides(payload.calibration))
+    precisions, contradicted = checkpoint_precisions(source, payload.precisions, pool)
     runnable, left_out = runnable_candidates(
         source,
         pool,
-        [PRECISION_SCHEMES[p] for p in payload.precisions],
+        [PRECISION_SCHEMES[p] for p in precisions],
         payload.parallelism,
         tensor_parallel_max=payload.tensor_parallel_max,
         pipeline_parallel_max=payload.pipeline_parallel_max,
@@ -285,7 +286,7 @@ def _recommend(
     runnable, engine_out = engine_gate(graph, payload.engine, runnable)  # eligibility
     excluded = [
         Exclusion(device=e.device, precision=e.precision, reason=e.reason) for e in left_out
-    ] + [Exclusion(device=d, precision=p, reason=r) for d, p, r in engine_out]
+    ] + [Exclusion(device=d, precision=p, reason=r) for d, p, r in engine_out + contradicted]
     if engine_out and not runnable:
         raise InvalidInput(
             "the engine starts on no candidate: "

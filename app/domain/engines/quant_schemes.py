@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.domain.engines.vllm import EngineInputError
+from app.domain.quantization import CheckpointLayout
 
 # vLLM's `--quantization` values this model expresses (vllm/model_executor/layers/quantization/
 # __init__.py QUANTIZATION_METHODS holds these among others).
@@ -475,4 +476,102 @@ def resolve_scheme(
         block=(1, MXFP4_BLOCK),
         experts_only=True,
         ignore=_names(quantization_config, ["modules_to_not_convert"]),
+    )
+
+
+def checkpoint_layout(quantization_config: Mapping[str, Any]) -> CheckpointLayout:
+    """What a pre-quantized checkpoint stores for its quantized linears, read from its
+    ``quantization_config`` with vLLM's own checks (:func:`resolve_scheme`): the tensors vLLM's
+    ``create_weights`` loads from it, before any kernel repacks them (vLLM 0.19.0):
+
+    - GPTQ (``gptq.py`` / ``gptq_marlin.py`` ``create_weights``): ``qweight``, ``scales`` (params
+      dtype), packed ``qzeros`` and a K-long int32 ``g_idx``, all four always stored;
+    - AWQ (``awq.py``): ``qweight``, ``scales``, packed ``qzeros`` when ``zero_point``;
+    - compressed-tensors WNA16 (``compressed_tensors_wNa16.py``): packed weight, scales, zero
+      points when asymmetric, ``weight_g_idx`` with ``actorder: group``;
+    - FP8 / int8 (``fp8.py``, ``compressed_tensors_w8a8_*.py``): one-byte weights with fp32
+      scales per tensor, channel or block, and a static fp32 input scale;
+    - MXFP4 (``mxfp4.py``): experts only, E2M1 pairs with one E8M0 byte per 32 values;
+    - bitsandbytes 4-bit (transformers ``BitsAndBytesConfig(load_in_4bit=True)``, saved
+      pre-quantized): every Linear but the head and ``llm_int8_skip_modules`` as
+      ``bnb.nn.Linear4bit`` stores it (not a ``--quantization`` this engine model runs).
+
+    Raises
+    ------
+    EngineInputError
+        What :func:`resolve_scheme` refuses (``field`` ``quantization_config/<key>``).
+    """
+    if str(quantization_config.get("quant_method", "")).lower() == "bitsandbytes":
+        return _bitsandbytes(quantization_config)
+    scheme = resolve_scheme(None, quantization_config)
+    assert scheme is not None  # a config always gives a scheme
+    method = str(quantization_config.get("quant_method", scheme.method)).lower()
+    packed = scheme.layout == "packed"
+    zeros = packed and (method == "gptq" or scheme.zero_points)
+    g_idx = packed and (method == "gptq" or scheme.desc_act)
+    if packed:
+        group = "per channel" if scheme.group_size == -1 else f"per group of {scheme.group_size}"
+        what = (
+            f"int{scheme.weight_bits} packed in int32 words, params-dtype scales {group}"
+            + (", packed zero points" if zeros else "")
+            + (", a K-long int32 g_idx" if g_idx else "")
+        )
+    elif scheme.layout == "mxfp4":
+        what = "MoE experts only: E2M1 4-bit pairs, one E8M0 byte per 32 values"
+    else:
+        per = (
+            f"{scheme.block[0]}x{scheme.block[1]} block"
+            if scheme.scales == "block" and scheme.block
+            else scheme.scales
+        )
+        what = f"{'fp8 e4m3' if scheme.layout == 'fp8' else 'int8'} weights, fp32 scale per {per}"
+        what += ", a static fp32 input scale" if scheme.static_input_scale else ""
+    return CheckpointLayout(
+        method=method,
+        layout=scheme.layout,
+        weight_bits=scheme.weight_bits,
+        scales=scheme.scales,
+        group_size=scheme.group_size,
+        block=scheme.block,
+        scale_bytes=None if packed else (1 if scheme.layout == "mxfp4" else FP32_BYTES),
+        zero_points=zeros,
+        g_idx=g_idx,
+        static_input_scale=scheme.static_input_scale,
+        experts_only=scheme.experts_only,
+        ignore=scheme.ignore,
+        description=f"{method} checkpoint: {what}",
+    )
+
+
+def _bitsandbytes(config: Mapping[str, Any]) -> CheckpointLayout:
+    """A saved bitsandbytes 4-bit checkpoint (transformers' ``BitsAndBytesConfig`` keys)."""
+    if config.get("load_in_8bit") is True:
+        raise EngineInputError(
+            "8-bit bitsandbytes (LLM.int8) checkpoints are not expressed; 4-bit ones are",
+            field="quantization_config/load_in_8bit",
+        )
+    if not _bool(config, "load_in_4bit", default=False):
+        raise EngineInputError(
+            "a bitsandbytes quantization_config stores 4-bit weights with load_in_4bit: true",
+            field="quantization_config/load_in_4bit",
+        )
+    double = _bool(config, "bnb_4bit_use_double_quant", default=False)
+    kind = config.get("bnb_4bit_quant_type", "fp4")
+    if kind not in ("fp4", "nf4"):
+        raise EngineInputError(
+            f"bnb_4bit_quant_type must be 'fp4' or 'nf4', got {kind!r}",
+            field="quantization_config/bnb_4bit_quant_type",
+        )
+    skip = config.get("llm_int8_skip_modules")
+    return CheckpointLayout(
+        method="bitsandbytes",
+        layout="bnb4",
+        weight_bits=4,
+        scales="block",
+        double_quant=double,
+        ignore=_names(config, ["llm_int8_skip_modules"]) if skip else (),
+        description=(
+            f"bitsandbytes checkpoint: {kind} 4-bit pairs (bnb.nn.Linear4bit), an absmax per "
+            f"64 values{', double-quantized' if double else ' in fp32'}"
+        ),
     )

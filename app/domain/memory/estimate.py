@@ -35,6 +35,11 @@ from typing import Any
 
 from app.domain.graph.analysis import GraphAnalysis, InputDecl, analyze
 from app.domain.memory.adapters import qlora_weights
+from app.domain.memory.checkpoint import (
+    check_checkpoint,
+    checkpoint_weight_tensors,
+    unquantized_dtype_bytes,
+)
 from app.domain.memory.context import Estimation
 from app.domain.memory.cuda_allocator import ReplayMemo
 from app.domain.memory.cuda_runtime import (
@@ -177,6 +182,9 @@ def estimate_memory(
     dtype; 8-bit Adam 2 B; Adafactor rows + cols), sharded by ZeRO-1+.
     KV cache (inference): 2 x layers x kv_heads x head_dim x seq x batch x bytes.
     """
+    if request.checkpoint is not None:  # before the precision's own check
+        qlora = request.lora is not None and request.lora.qlora is not None
+        check_checkpoint(request.checkpoint, request.precision, request.mode, qlora=qlora)
     if request.lora is not None and request.lora.qlora is not None:
         check_qlora(request.lora.qlora, request.precision)  # before the precision's own check
     _check_request(analysis, request)
@@ -186,6 +194,8 @@ def estimate_memory(
     assumptions = request_assumptions(analysis, request, plan)
     params = layer_totals(plans, analysis).params
     weights, weights_formula, weight_notes = _weights_line(analysis, request, plan, plans, params)
+    if request.checkpoint is not None:  # the weights' own notes say what is quantized
+        assumptions += [note for note in weight_notes if "checkpoint" in note or "B per" in note]
     lines_static: dict[str, int] = {"weights": weights}
     buffers = layer_totals(plans, analysis).buffers_bytes
     if buffers:
@@ -207,6 +217,13 @@ def estimate_memory(
         plans=plans,
         plan_key=plan_key,
     )
+    par = request.parallelism
+    if request.checkpoint is not None and par.tensor * par.pipeline == 1 and par.zero_stage < 3:
+        # the allocator replays the checkpoint's own tensors (unsharded: a rank's share of a
+        # packed tensor is not modelled; sharded requests replay the 16-bit shapes)
+        e.weight_tensors = checkpoint_weight_tensors(
+            analysis, request.checkpoint, unquantized_dtype_bytes(request.precision)
+        )
     if request.lora is not None:
         e.lora = lora_plan(analysis.layers, request.lora)
         if request.lora.qlora is not None:  # a 4-bit base: the weights line is its bytes
@@ -314,7 +331,13 @@ def _weights_line(
     weights, weights_full, weight_notes = _stored_weights_bytes(analysis, request, plan, plans)
     par = request.parallelism
     model_shard = par.tensor * par.pipeline
-    if convention(request.precision).quantized:
+    if request.checkpoint is not None:
+        expression = (
+            f"{weights_full:,} [B: the {request.checkpoint.method} checkpoint's quantized "
+            f"weights as stored, their scales, zero points and g_idx, and the rest at "
+            f"{unquantized_dtype_bytes(request.precision)} B]"
+        )
+    elif convention(request.precision).quantized:
         expression = f"{weights_full:,} [B: quantized weights, scales and 16-bit rest]"
     else:
         expression = f"{params:,} [params] x {plan.weight} [B]"

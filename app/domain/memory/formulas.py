@@ -23,6 +23,7 @@ from typing import NamedTuple
 from app.domain.graph.analysis import GraphAnalysis, LayerAnalysis
 from app.domain.graph.ops import Storage, TensorKind
 from app.domain.graph.traits import QUANTIZABLE_OPS
+from app.domain.memory.checkpoint import checkpoint_weights_bytes, unquantized_dtype_bytes
 from app.domain.memory.memo import PlanMemo, memoised
 from app.domain.memory.request import MemoryRequest
 from app.domain.parallel import (
@@ -39,6 +40,7 @@ from app.domain.precision import (
     convention,
     scale_bytes,
 )
+from app.domain.quantization import CheckpointLayout
 from app.domain.units import MIB
 from app.domain.workload import BNB_OPTIMIZERS, Mode, Optimizer, OptimizerImpl, Runtime
 
@@ -212,6 +214,7 @@ def weights_bytes(
     plan: PrecisionPlan,
     precision: Precision,
     only: Collection[int] | None = None,
+    checkpoint: CheckpointLayout | None = None,
 ) -> tuple[int, tuple[str, ...]]:
     """Bytes of the stored weights, with the quantization scales of weight-only formats.
 
@@ -225,6 +228,8 @@ def weights_bytes(
         The convention; a quantized one stores matmul/conv weights in its weight dtype.
     only : collection of int, optional
         The indices of the layers to count (a pipeline stage's); None: every layer.
+    checkpoint : CheckpointLayout, optional
+        A pre-quantized checkpoint: priced as stored (:mod:`app.domain.memory.checkpoint`).
 
     Returns
     -------
@@ -245,6 +250,10 @@ def weights_bytes(
     Lin et al., "AWQ: Activation-aware Weight Quantization for LLM Compression", 2024.
     """
     row = convention(precision)
+    if checkpoint is not None:
+        return checkpoint_weights_bytes(
+            analysis, checkpoint, unquantized_dtype_bytes(precision), only
+        )
     if not row.quantized:
         if only is not None:
             params = sum(analysis.layers[i].result.params for i in only)
@@ -737,6 +746,7 @@ def rank_share(
     tp: int,
     pp: int,
     kv_bytes: int,
+    checkpoint: CheckpointLayout | None = None,
 ) -> RankShare:
     """The weights and KV cache one rank holds under tensor ``tp`` x pipeline ``pp``.
 
@@ -790,7 +800,7 @@ def rank_share(
                 tied = embedding_of.get(_tied_weight_numel(analysis.layers[index]))
                 if tied is not None:
                     held.add(tied)  # the tied head's weight: a copy on the last stage
-        stored = weights_bytes(analysis, plan, precision, held)[0] if held else 0
+        stored = weights_bytes(analysis, plan, precision, held, checkpoint)[0] if held else 0
         extra, kv = _layers_share([analysis.layers[i] for i in indices], tp)
         stages.append(
             StageShare(
@@ -813,12 +823,12 @@ def request_rank_share(
 ) -> tuple[RankShare, int, tuple[str, ...]]:
     """:func:`rank_share` for ``request`` (memoised per analysis, precision, degrees and KV
     cache), with the unsharded weight bytes and their notes."""
-    precision, par = request.precision, request.parallelism
+    precision, par, checkpoint = request.precision, request.parallelism, request.checkpoint
     weights_full, notes = memoised(
         plans,
         analysis,
-        ("weights bytes", precision),
-        lambda: weights_bytes(analysis, plan, precision),
+        ("weights bytes", precision, checkpoint),
+        lambda: weights_bytes(analysis, plan, precision, None, checkpoint),
     )
     kv_bytes = 0
     if request.mode is Mode.INFERENCE and analysis.is_decoder and request.kv_cache is not False:
@@ -826,9 +836,9 @@ def request_rank_share(
     share = memoised(
         plans,
         analysis,
-        ("rank share", precision, par.tensor, par.pipeline, kv_bytes),
+        ("rank share", precision, par.tensor, par.pipeline, kv_bytes, checkpoint),
         lambda: rank_share(
-            analysis, plan, precision, weights_full, par.tensor, par.pipeline, kv_bytes
+            analysis, plan, precision, weights_full, par.tensor, par.pipeline, kv_bytes, checkpoint
         ),
     )
     return share, weights_full, notes

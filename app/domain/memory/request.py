@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from app.domain.hardware import FrameworkOverhead
 from app.domain.peft import LoraConfig, check_lora_mode
 from app.domain.precision import Precision
+from app.domain.quantization import CheckpointLayout
 from app.domain.workload import (
     Attention,
     Checkpointing,
@@ -46,6 +47,8 @@ class MemoryRequest:
     logits: Logits = Logits.ALL  # LAST: decoder inference computes the last position's logits
     lora: LoraConfig | None = None  # training: a frozen base with LoRA adapters (PEFT)
     training_options: TrainingOptions = field(default_factory=TrainingOptions)
+    # a pre-quantized checkpoint: its weights as stored (app.domain.memory.checkpoint)
+    checkpoint: CheckpointLayout | None = None
 
     def __post_init__(self) -> None:
         steps = self.accumulation_steps
