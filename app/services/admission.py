@@ -67,6 +67,12 @@ class ReviewError(Exception):
     """A review that cannot be evaluated; the message says why."""
 
 
+class DecisionPending(ReviewError):
+    """A stored workload whose stored decision is missing or stale and whose estimate is more
+    than a review computes within its deadline: answered by the failure policy while the
+    refresher (which the route pokes) computes and stores it."""
+
+
 def _verdict(evaluation: Evaluation, *, resource: str, count: int, label: str) -> Verdict:
     try:
         return verdict(evaluation, resource=resource, count=count, label=label)
@@ -458,6 +464,13 @@ def _evaluation(
             graph = model_graph(session, spec.model, spec.architecture)
             return engine_evaluation(graph, spec, label=label, hardware=hardware), label, missing
     work = work_of(session, spec)
+    if work.units > REVIEW_MAX_WORK_UNITS and missing:
+        raise DecisionPending(
+            f"workload '{label}': its decision on '{asked.gpu}' is not stored yet and its "
+            f"estimate is {work.units:,} work units ({work.describe()}), more than a review "
+            f"estimates within its deadline ({REVIEW_MAX_WORK_UNITS:,}); it is being computed "
+            "in the background: retry later"
+        )
     if work.units > REVIEW_MAX_WORK_UNITS:
         raise ReviewError(
             f"model '{spec.model}': its estimate is {work.units:,} work units "

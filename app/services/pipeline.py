@@ -171,6 +171,13 @@ class EstimateRun:
 
 
 _CACHE: LruCache[tuple[Any, ...], EstimateRun] = LruCache(size=256, name="estimate_runs")
+# A run keeps its graph analysis, so an entry's memory grows with the executed layers: measured
+# ~13 MiB for the 90,001-layer model of benchmarks/webhook_throughput.py, whose decisions on the
+# 44 catalog GPUs (one key each: the GPU's traits) took a served process to 880 MiB (200 MiB
+# with 2 entries), over the deploy kit's 512 Mi. Runs of larger graphs are not kept: at this
+# bound an entry is ~0.7 MiB, the full cache ~185 MiB; the largest seeded model (gpt-3-175b)
+# executes 774.
+CACHED_RUN_MAX_LAYERS = 5_000
 
 
 def run_estimate(
@@ -301,7 +308,7 @@ def estimate_graph(
         context_default=overhead.context_default,
         checkpoint_default=checkpoint_default,
     )
-    if cache_key is not None:
+    if cache_key is not None and len(analysis.layers) <= CACHED_RUN_MAX_LAYERS:
         _CACHE.put(cache_key, run)
     return run
 

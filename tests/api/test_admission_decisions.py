@@ -368,6 +368,45 @@ def test_a_graph_too_large_to_estimate_in_a_review_is_answered_by_policy(
     assert tried == []
 
 
+def test_a_missing_decision_too_large_for_a_review_pokes_the_refresher(
+    client: ApiClient, db_url: str, pokes: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stored workload whose decision a write's budget left missing, with an estimate larger
+    than a review may compute: the policy answers at once (nothing estimated), saying the
+    decision is being computed, and the refresher is poked; once its sweep has stored the
+    decision, the review is decided on its merits. (Before: the answer said "name a stored
+    workload" and nothing poked the refresher, so the decision never came.)"""
+    assert client.post("/v1/workloads", json=CHAT).status_code == 201
+    with db_session(db_url) as session:  # as if the write's budget ran out before any pair
+        session.execute(delete(AdmissionDecision))
+        session.commit()
+    admission_service.DECISIONS.clear()
+    admission_service.TABLES.clear()
+    monkeypatch.setattr(admission_service, "REVIEW_MAX_WORK_UNITS", 1)
+    tried: list[str] = []
+    body = review(_container("s", FITS), annotations=NOTES)
+    with pytest.MonkeyPatch.context() as patch:  # the review estimates nothing
+        patch.setattr(
+            admission_service, "evaluation_of", lambda *_, label, **__: tried.append(label)
+        )
+        pending = _answer(client, body)
+    assert pending["allowed"] is False
+    message = pending["status"]["message"]
+    assert f"workload 'chat': its decision on '{NOTES['capacity-planner.io/gpu']}'" in message
+    assert "is not stored yet" in message
+    assert "name a stored workload" not in message
+    assert tried == []
+    assert pokes == [1]
+    with db_session(db_url) as session:
+        assert decision_store.refresh_stale(session) == len(_decisions(db_url, "chat")) > 0
+    admission_service.DECISIONS.clear()
+    admission_service.TABLES.clear()
+    decided = _answer(client, body)
+    assert decided["allowed"] is True
+    assert "chat inference bs 1 bf16 needs " in decided["status"]["message"]
+    assert pokes == [1]
+
+
 def test_other_releases_old_decisions_are_pruned(client: ApiClient, db_url: str) -> None:
     assert client.post("/v1/workloads", json=CHAT).status_code == 201
     fresh = len(_decisions(db_url, "chat"))

@@ -186,6 +186,9 @@ async def _decide(
                     asked, request, watch, db, timeout_s, deadline, generation
                 )
             )
+    except service.DecisionPending as exc:  # a stored workload's decision the refresher makes
+        refresher_for(request.app.state.session_factory).poke()
+        return service.on_failure(policy, str(exc)), "timeout"
     except (service.ReviewError, PodSpecError, ServiceError) as exc:
         return service.on_failure(policy, service.failure_reason(exc)), "invalid_review"
     except DatabaseUnavailable as exc:
