@@ -689,13 +689,26 @@ def test_the_server_scenario_prices_the_rate_a_p99_budget_sustains(client: ApiCl
         # the offline answer's batch is one of those timed: the queue's offline figure is the best
         assert queue["offline_throughput_per_s"] >= offline[key]["throughput_per_s"] * (1 - 1e-9)
         assert "greedy dynamic batching" in queue["note"]
+        # stable (issue 31 point 4): the doubled run meets the bound, moves the p99 < 5 %
+        assert queue["stable"] is True
+        assert queue["p99_doubled_ms"] <= 13.5
+        assert queue["p99_drift"] < 0.05
+        assert queue["p99_drift"] == pytest.approx(
+            abs(queue["p99_doubled_ms"] - queue["p99_latency_ms"])
+            / max(queue["p99_doubled_ms"], queue["p99_latency_ms"]),
+            rel=1e-9,
+        )
     a10 = server[("nvidia-a10", "int8")]
     price = a10["inputs"]["price_usd_per_hour"]  # the catalog's on-demand price
     expected = price / 3600 / a10["throughput_per_s"] * 1e6
     assert a10["cost_usd_per_million"] == pytest.approx(expected, rel=1e-9)
     gpu = server[("nvidia-a10", "int8")]["server"]
     cpu = server[("intel-xeon-platinum-8480plus", "int8")]["server"]
-    assert 0.9 < gpu["offline_share"] < 0.97  # the queue's smaller batches fill fewer SMs
+    # the queue's smaller batches fill fewer SMs, and the rate is the highest whose p99 holds
+    # over twice the arrivals (pin: A10 0.89, Xeon 8480+ 0.95; 0.93 and 0.98 before the
+    # stability rule lowered both)
+    assert 0.85 < gpu["offline_share"] < 0.95
+    assert gpu["lowered_for_stability"] is True
     assert 0.9 < cpu["offline_share"] <= 1
     assert "server" not in offline[("nvidia-a10", "int8")]  # offline has no queue
     # a bound under the lone request's latency: no rate sustains it

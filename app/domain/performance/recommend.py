@@ -364,8 +364,9 @@ def assess_server(options: Sequence[Assessment], requirements: Requirements) -> 
     The options that fit memory time the dynamic batcher's batches
     (:func:`app.domain.performance.serving.server_throughput` at the latency budget as the
     p99 bound); the answer is the option at the chosen batch cap, assessed at the sustained
-    rate and its p99. When nothing fits, or a lone request already misses the budget, the
-    offline answer of :func:`best_batch` (its reasons say why).
+    rate and its p99 (a rate whose p99 is stable over twice the arrivals; ineligible, with the
+    reason, when none settles). When nothing fits, or a lone request already misses the
+    budget, the offline answer of :func:`best_batch` (its reasons say why).
     """
     budget = requirements.latency_budget_s
     if budget is None:
@@ -385,7 +386,15 @@ def assess_server(options: Sequence[Assessment], requirements: Requirements) -> 
     if load is None:
         return best_batch(fitting, requirements.objective)
     chosen = next(o for o in fitting if o.prediction.batch == load.batch_cap)
-    return assess(chosen.prediction, chosen.memory, requirements, server=load)
+    answer = assess(chosen.prediction, chosen.memory, requirements, server=load)
+    if not load.stable:
+        return with_reason(
+            answer,
+            f"no rate down to a thousandth of the first found keeps the simulated p99 within "
+            f"{_ms(budget)} over twice the arrivals, moving by less than 5 % "
+            f"({load.drift:.1%} at {_rate(load.arrival_rate_per_s)}/s)",
+        )
+    return answer
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
