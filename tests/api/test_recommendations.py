@@ -705,11 +705,12 @@ def test_the_server_scenario_prices_the_rate_a_p99_budget_sustains(client: ApiCl
     gpu = server[("nvidia-a10", "int8")]["server"]
     cpu = server[("intel-xeon-platinum-8480plus", "int8")]["server"]
     # the queue's smaller batches fill fewer SMs, and the rate is the highest whose p99 holds
-    # over 16,384 arrivals and twice as many (pin: A10 0.90, Xeon 8480+ 0.96, cap 64; 0.93 and
-    # 0.98 at cap 128 over 5,120 arrivals before the stability rule)
+    # over 16,384 arrivals and twice as many (pin: A10 0.89; Xeon 8480+ 0.84, lowered until its
+    # p99 settled over 32,768 arrivals; 0.93 and 0.98 over 5,120 before the stability rule)
     assert 0.85 < gpu["offline_share"] < 0.95
     assert gpu["requests_simulated"] >= 16_384
-    assert 0.9 < cpu["offline_share"] <= 1
+    assert 0.8 < cpu["offline_share"] < 0.9
+    assert cpu["lowered_for_stability"] is True
     assert "server" not in offline[("nvidia-a10", "int8")]  # offline has no queue
     # a bound under the lone request's latency: no rate sustains it
     tight = _by_device(_recommend(client, **common, latency_slo_ms=0.3, scenario="server"))
