@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from app.domain.hardware import DeviceKind, PriceKind
+from app.domain.performance.batch_search import SERVER_TOP
 from app.domain.performance.calibration import (
     GPU_HALF_PRECISION_SCALE,
     Calibration,
@@ -307,7 +308,10 @@ def _scenario_note(
         f"sizes tried, "
         f"the cap chosen among them (each candidate's server.note says what came out); a "
         f"candidate whose lone request misses the budget is shown at its offline figures "
-        f"with the reason"
+        f"with the reason. The queue is simulated for the candidates whose "
+        f"{requirements.objective.value} at their rate ceiling can still rank among the "
+        f"{SERVER_TOP} best; the others are listed ineligible at their offline figures "
+        f"('not simulated', with that floor)"
     ]
 
 
