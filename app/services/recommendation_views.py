@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from app.domain.hardware import DeviceKind, PriceKind
+from app.domain.performance.batch_search import SERVER_TOP
 from app.domain.performance.calibration import (
     GPU_HALF_PRECISION_SCALE,
     Calibration,
@@ -26,7 +27,7 @@ from app.domain.performance.recommend import (
 )
 from app.domain.performance.request_lengths import LENGTH_SAMPLING
 from app.domain.performance.runtimes import DEFAULT_RUNTIME, RUNTIME_PROFILES, ServingRuntime
-from app.domain.performance.serving import ServerLoad
+from app.domain.performance.serving import MAX_STABLE_REQUESTS, ServerLoad
 from app.domain.precision import Precision
 from app.domain.workload import default_attention
 from app.schemas.estimates import DefaultUsedRow
@@ -300,11 +301,17 @@ def _scenario_note(
         f"scenario server: requests arrive one at a time as a Poisson process; when the device "
         f"frees up it takes everything waiting up to a batch cap (greedy dynamic batching); "
         f"per candidate, the largest arrival rate whose simulated p99 latency stays within "
-        f"{budget * 1e3:.4g} ms (the SLO less its margin) is its throughput and that p99 its "
-        f"latency, batch latency and interval interpolated between the batch sizes tried, "
+        f"{budget * 1e3:.4g} ms (the SLO less its margin) over a run and over a run of twice "
+        f"the arrivals, and moves by less than 5 % between the two (the run doubled up to "
+        f"{2 * MAX_STABLE_REQUESTS:,} arrivals before the rate is lowered), is its throughput "
+        f"and that p99 its latency, batch latency and interval interpolated between the batch "
+        f"sizes tried, "
         f"the cap chosen among them (each candidate's server.note says what came out); a "
         f"candidate whose lone request misses the budget is shown at its offline figures "
-        f"with the reason"
+        f"with the reason. The queue is simulated for the candidates whose "
+        f"{requirements.objective.value} at their rate ceiling can still rank among the "
+        f"{SERVER_TOP} best; the others are listed ineligible at their offline figures "
+        f"('not simulated', with that floor)"
     ]
 
 
@@ -777,5 +784,9 @@ def _server_read(load: ServerLoad) -> ServerScenarioRead:
         offline_throughput_per_s=load.offline_throughput_per_s,
         offline_share=load.offline_share,
         requests_simulated=load.requests,
+        p99_doubled_ms=load.p99_doubled_s * 1e3,
+        p99_drift=load.drift,
+        stable=load.stable,
+        lowered_for_stability=load.lowered,
         note=load.note(),
     )

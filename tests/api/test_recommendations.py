@@ -689,14 +689,28 @@ def test_the_server_scenario_prices_the_rate_a_p99_budget_sustains(client: ApiCl
         # the offline answer's batch is one of those timed: the queue's offline figure is the best
         assert queue["offline_throughput_per_s"] >= offline[key]["throughput_per_s"] * (1 - 1e-9)
         assert "greedy dynamic batching" in queue["note"]
+        # stable (issue 31 point 4): the doubled run meets the bound, moves the p99 < 5 %
+        assert queue["stable"] is True
+        assert queue["p99_doubled_ms"] <= 13.5
+        assert queue["p99_drift"] < 0.05
+        assert queue["p99_drift"] == pytest.approx(
+            abs(queue["p99_doubled_ms"] - queue["p99_latency_ms"])
+            / max(queue["p99_doubled_ms"], queue["p99_latency_ms"]),
+            rel=1e-9,
+        )
     a10 = server[("nvidia-a10", "int8")]
     price = a10["inputs"]["price_usd_per_hour"]  # the catalog's on-demand price
     expected = price / 3600 / a10["throughput_per_s"] * 1e6
     assert a10["cost_usd_per_million"] == pytest.approx(expected, rel=1e-9)
     gpu = server[("nvidia-a10", "int8")]["server"]
     cpu = server[("intel-xeon-platinum-8480plus", "int8")]["server"]
-    assert 0.9 < gpu["offline_share"] < 0.97  # the queue's smaller batches fill fewer SMs
-    assert 0.9 < cpu["offline_share"] <= 1
+    # the queue's smaller batches fill fewer SMs, and the rate is the highest whose p99 holds
+    # over 16,384 arrivals and twice as many (pin: A10 0.89; Xeon 8480+ 0.84, lowered until its
+    # p99 settled over 32,768 arrivals; 0.93 and 0.98 over 5,120 before the stability rule)
+    assert 0.85 < gpu["offline_share"] < 0.95
+    assert gpu["requests_simulated"] >= 16_384
+    assert 0.8 < cpu["offline_share"] < 0.9
+    assert cpu["lowered_for_stability"] is True
     assert "server" not in offline[("nvidia-a10", "int8")]  # offline has no queue
     # a bound under the lone request's latency: no rate sustains it
     tight = _by_device(_recommend(client, **common, latency_slo_ms=0.3, scenario="server"))
@@ -704,6 +718,26 @@ def test_the_server_scenario_prices_the_rate_a_p99_budget_sustains(client: ApiCl
         assert "server" not in candidate  # null fields are left out
         assert not candidate["eligible"]
         assert any("SLO" in reason for reason in candidate["reasons"])
+
+
+def test_the_server_scenario_simulates_the_candidates_that_can_rank(client: ApiClient) -> None:
+    """A whole-catalog server request: the queue is simulated (to a stable p99) for the
+    candidates whose cost at their rate ceiling can still rank among the SERVER_TOP best; the
+    others are listed ineligible at their offline figures, with the floor that ruled them out,
+    and none of them would cost less than the last simulated eligible candidate."""
+    body = _recommend(client, model="resnet-50", latency_slo_ms=15, scenario="server", limit=2000)
+    candidates = body["candidates"]
+    simulated = [c for c in candidates if "server" in c and c["eligible"]]
+    pruned = [c for c in candidates if any(r.startswith("not simulated") for r in c["reasons"])]
+    assert len(simulated) >= 10
+    assert len(pruned) > 100  # most of the ~500 device / precision pairs
+    assert candidates[: len(simulated)] == simulated  # the simulated eligible ones rank first
+    tenth = sorted(c["cost_usd_per_million"] for c in simulated)[9]
+    for candidate in pruned:
+        assert not candidate["eligible"]
+        assert "server" not in candidate  # offline figures, no queue
+        floor = float(candidate["reasons"][-1].split("its cost (")[1].split(")")[0])
+        assert floor > tenth
 
 
 def test_a_serving_runtime_profile_changes_gpus_and_cpus(client: ApiClient) -> None:

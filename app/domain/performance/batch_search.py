@@ -35,6 +35,7 @@ from app.domain.performance.recommend import (
     llm_plan,
     objective_key,
     rank,
+    server_objective_floor,
     with_reason,
 )
 from app.domain.performance.roofline import predict
@@ -200,10 +201,7 @@ def search(
     if scenario is Scenario.SERVER and requirements.token_bounds:
         shown = llm_server_assessments(source, list(options.values()), requirements)
     elif scenario is Scenario.SERVER:
-        shown = []
-        for found in options.values():
-            checkpoint()  # a simulated queue per device and precision
-            shown.append(assess_server(found, requirements))
+        shown = server_assessments(list(options.values()), requirements)
     else:
         shown = [best_batch(found, objective) for found in options.values()]
     return rank(shown, objective)
@@ -290,5 +288,56 @@ def llm_server_assessments(
         shown.append(answer)
         if answer.eligible:
             best.append(objective_key(answer, requirements.objective)[0])
+            best.sort()
+    return shown
+
+
+# Candidates whose queue is simulated in full under a p99 bound before the rest may be pruned:
+# a candidate whose objective floor is above the SERVER_TOP-th best simulated one cannot rank
+# above it. A policy: a stable queue costs ~30 ms of CPU (~270 in a whole catalog: 8-19 s,
+# benchmarks/server_stability.py), and a response lists 10 candidates unless asked for more.
+SERVER_TOP = 10
+
+
+def server_assessments(
+    groups: list[list[Assessment]], requirements: Requirements
+) -> list[Assessment]:
+    """The server scenario (dynamic batching under a p99 bound) for every device and precision.
+
+    Candidates are simulated in the order of their objective floor
+    (:func:`app.domain.performance.recommend.server_objective_floor`: the objective at the
+    queue's rate ceiling); once ``SERVER_TOP`` eligible answers are in and the next floor is
+    above the ``SERVER_TOP``-th best answer, the rest are shown at their offline figures,
+    ineligible, with the floor that ruled them out (they cannot rank above those answers).
+    Candidates the queue answers no rate for (nothing fits, a lone request misses the bound)
+    are shown as :func:`assess_server` shows them.
+    """
+    shown: list[Assessment] = []
+    queued: list[tuple[float, int, float, list[Assessment]]] = []
+    for found in groups:
+        at_ceiling = server_objective_floor(found, requirements)
+        if at_ceiling is None:
+            shown.append(assess_server(found, requirements))
+        else:
+            queued.append((at_ceiling[0], len(queued), at_ceiling[1], found))
+    queued.sort(key=lambda item: (item[0], item[1]))
+    best: list[float] = []  # first objective keys of the eligible answers, ascending
+    objective = requirements.objective
+    for floor, _, ceiling, found in queued:
+        if len(best) >= SERVER_TOP and floor > best[SERVER_TOP - 1]:
+            shown.append(
+                with_reason(
+                    best_batch(found, objective),
+                    f"not simulated: even at its rate ceiling ({ceiling:.4g}/s) its "
+                    f"{objective.value} ({floor:.4g}) is above the {SERVER_TOP} best simulated "
+                    "candidates'; shown at its offline figures",
+                )
+            )
+            continue
+        checkpoint()  # a simulated queue per device and precision
+        answer = assess_server(found, requirements)
+        shown.append(answer)
+        if answer.eligible:
+            best.append(objective_key(answer, objective)[0])
             best.sort()
     return shown

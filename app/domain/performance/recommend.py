@@ -35,6 +35,7 @@ from app.domain.performance.precision_schemes import PRECISION_SCHEMES
 from app.domain.performance.prediction import Bound, Prediction
 from app.domain.performance.request_lengths import RequestLengths
 from app.domain.performance.serving import BatchTiming, ServerLoad, server_throughput
+from app.domain.performance.serving import rate_ceiling_per_s as server_rate_ceiling_per_s
 from app.domain.precision import Quantization
 
 SECONDS_PER_HOUR = 3600.0
@@ -364,8 +365,9 @@ def assess_server(options: Sequence[Assessment], requirements: Requirements) -> 
     The options that fit memory time the dynamic batcher's batches
     (:func:`app.domain.performance.serving.server_throughput` at the latency budget as the
     p99 bound); the answer is the option at the chosen batch cap, assessed at the sustained
-    rate and its p99. When nothing fits, or a lone request already misses the budget, the
-    offline answer of :func:`best_batch` (its reasons say why).
+    rate and its p99 (a rate whose p99 is stable over twice the arrivals; ineligible, with the
+    reason, when none settles). When nothing fits, or a lone request already misses the
+    budget, the offline answer of :func:`best_batch` (its reasons say why).
     """
     budget = requirements.latency_budget_s
     if budget is None:
@@ -373,19 +375,19 @@ def assess_server(options: Sequence[Assessment], requirements: Requirements) -> 
     fitting = sorted((o for o in options if o.memory.fits), key=lambda o: o.prediction.batch)
     if not fitting:
         return best_batch(options, requirements.objective)
-    timings = [
-        BatchTiming(
-            batch=o.prediction.batch,
-            latency_s=o.prediction.latency_s,
-            interval_s=min(o.prediction.interval_s, o.prediction.latency_s),
-        )
-        for o in fitting
-    ]
-    load = server_throughput(timings, budget)
+    load = server_throughput(server_timings(fitting), budget)
     if load is None:
         return best_batch(fitting, requirements.objective)
     chosen = next(o for o in fitting if o.prediction.batch == load.batch_cap)
-    return assess(chosen.prediction, chosen.memory, requirements, server=load)
+    answer = assess(chosen.prediction, chosen.memory, requirements, server=load)
+    if not load.stable:
+        return with_reason(
+            answer,
+            f"no rate down to a thousandth of the first found keeps the simulated p99 within "
+            f"{_ms(budget)} over twice the arrivals, moving by less than 5 % "
+            f"({load.drift:.1%} at {_rate(load.arrival_rate_per_s)}/s)",
+        )
+    return answer
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -461,18 +463,56 @@ def llm_objective_floor(plan: LlmPlan, requirements: Requirements) -> float:
     cost = IterationCost(plan.timings, plan.shape.prompt_tokens)
     rate = rate_ceiling_per_s(cost, plan.shape)
     device = plan.widest.prediction.device
+    return _floor_at(device, rate, cost.prefill_s(plan.shape.prompt_tokens), requirements)
+
+
+def _floor_at(
+    device: HardwareSpec, rate_per_s: float, latency_floor_s: float, requirements: Requirements
+) -> float:
+    """The objective's first key at ``rate_per_s`` (cost, energy) or ``latency_floor_s``."""
     objective = requirements.objective
     if objective is Objective.LATENCY:
-        return cost.prefill_s(plan.shape.prompt_tokens)
+        return latency_floor_s
     if objective is Objective.ENERGY:
-        return math.inf if device.tdp_watts is None else device.tdp_watts / rate
+        return math.inf if device.tdp_watts is None else device.tdp_watts / rate_per_s
     price, _ = price_of_kind(device, requirements.price_kind)
     if price is None:
         return math.inf
     target = requirements.throughput_target_per_s
     if target is not None:
-        return devices_needed(target, rate) * price
-    return cost_per_million_usd(price, rate)
+        return devices_needed(target, rate_per_s) * price
+    return cost_per_million_usd(price, rate_per_s)
+
+
+def server_timings(options: Sequence[Assessment]) -> list[BatchTiming]:
+    """The dynamic batcher's timings: the options that fit memory, by batch."""
+    fitting = sorted((o for o in options if o.memory.fits), key=lambda o: o.prediction.batch)
+    return [
+        BatchTiming(
+            batch=o.prediction.batch,
+            latency_s=o.prediction.latency_s,
+            interval_s=min(o.prediction.interval_s, o.prediction.latency_s),
+        )
+        for o in fitting
+    ]
+
+
+def server_objective_floor(
+    options: Sequence[Assessment], requirements: Requirements
+) -> tuple[float, float] | None:
+    """A lower bound of the objective's first key :func:`assess_server` can give, and the rate
+    it is taken at: at the queue's rate ceiling
+    (:func:`app.domain.performance.serving.rate_ceiling_per_s`) for cost and energy, the
+    smallest timed batch's latency for latency; ``None`` when the queue answers no rate."""
+    budget = requirements.latency_budget_s
+    timings = server_timings(options)
+    if budget is None or not timings:
+        return None
+    rate = server_rate_ceiling_per_s(timings, budget)
+    if rate is None:
+        return None
+    device = options[0].prediction.device
+    return _floor_at(device, rate, min(t.latency_s for t in timings), requirements), rate
 
 
 def assess_llm_server(plan: LlmPlan, requirements: Requirements) -> Assessment:
