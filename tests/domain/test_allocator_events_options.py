@@ -8,11 +8,13 @@ from typing import Any
 
 import pytest
 
+import app.domain.memory.allocator_events as allocator_events
 import app.domain.memory.cuda_allocator as cuda_allocator
 import app.domain.memory.cuda_runtime as engine
 from app.domain.graph.analysis import GraphAnalysis, InputDecl, analyze
 from app.domain.memory.cuda_allocator import AllocatorPeaks
-from app.domain.memory.estimate import MemoryEstimate, MemoryRequest, estimate_memory
+from app.domain.memory.estimate import MemoryEstimate, MemoryRequest, analyze_for, estimate_memory
+from app.domain.memory.liveness import checkpoint_unit
 from app.domain.peft.lora import LoraConfig
 from app.domain.precision import Precision
 from app.domain.workload import (
@@ -23,6 +25,7 @@ from app.domain.workload import (
     Runtime,
     TrainingOptions,
 )
+from app.domain.zoo import ZOO
 
 MIB = 1 << 20
 WORKSPACES = 2 * 32 * MIB  # training: two cuBLAS handles, 32 MiB each (the default)
@@ -79,8 +82,9 @@ def test_full_checkpointing_keeps_no_dropout_mask_in_forward(
         runtime=Runtime.CUDA,
     )
     _, (_, steady) = _replayed(monkeypatch, _blocks(), request)
-    # The steady step's peak: the head's backward, as its weight's gradient is allocated.
-    expected = (
+    # The head's backward, as its weight's gradient is allocated (the peak until the recompute
+    # was replayed tensor by tensor).
+    head_backward = (
         5 * WEIGHT  # four blocks' and the head's weights
         + VALUE  # x (the caller's input)
         + 4096 * 8  # int64 labels
@@ -93,9 +97,100 @@ def test_full_checkpointing_keeps_no_dropout_mask_in_forward(
         + VALUE  # the gradient of the head's input
         + WEIGHT  # the head's weight gradient
     )
-    assert expected == 106_463_232
-    # Before: the forward allocated every block's mask (kept to its backward): + 4 x 1 MiB.
+    assert head_backward == 106_463_232
+    # The steady step's peak: block 3's recompute (torch.utils.checkpoint runs its forward
+    # again), as dropout allocates its output and its mask while fc's recomputed output is
+    # still live. The head's backward has freed the gradient of the logits and the head's
+    # input (kept only by the head); early stop frees dropout's output (block 3's output again,
+    # saved by no layer of the block) right after.
+    expected = (
+        head_backward
+        - VALUE  # the gradient of the logits, freed after the head's backward
+        - VALUE  # the head's input, freed after the head's backward
+        + VALUE  # fc's recomputed output (dropout reads it)
+        + VALUE  # dropout's recomputed output
+        + MASK  # dropout's recomputed mask, kept to dropout's backward
+    )
+    assert expected == 107_511_808
+    # Before: the forward allocated every block's mask (kept to its backward): + 4 x 1 MiB;
+    # then the recompute was one 1 MiB block (the mask) and the head's backward was the peak.
     assert steady.requested_bytes == expected
+
+
+def _recipes(
+    monkeypatch: pytest.MonkeyPatch, analysis: GraphAnalysis, request: MemoryRequest
+) -> tuple[dict[str, int], dict[str, allocator_events._Recompute]]:
+    """The breakdown's recompute per unit and the replay's recompute events, per unit."""
+    captured: list[Any] = []
+    original = allocator_events.step_allocator_events
+
+    def capture(e: Any, *args: Any) -> Any:
+        captured.append(e)
+        return original(e, *args)
+
+    monkeypatch.setattr(engine, "step_allocator_events", capture)
+    estimate_memory(analysis, request)
+    e = captured[0]
+    units = [checkpoint_unit(layer.name) for layer in e.analysis.layers]
+    recipes = allocator_events._recompute_events(
+        e.analysis, e.storage_plan, units, e.recompute, e.adapter_saved
+    )
+    return e.recompute, recipes
+
+
+def test_full_checkpointing_recomputes_a_block_tensor_by_tensor(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Block 3's recompute is its forward again: fc's output, dropout's output and mask;
+    fc's output dies after dropout reads it, dropout's output (block 3's output, saved by no
+    layer of the block) when the recompute stops; the mask after dropout's backward."""
+    request = MemoryRequest(
+        mode=Mode.TRAINING,
+        precision=Precision.FP32,
+        optimizer=Optimizer.SGD,
+        checkpointing=Checkpointing.FULL,
+        runtime=Runtime.CUDA,
+    )
+    recompute, recipes = _recipes(monkeypatch, _blocks(), request)
+    assert recompute == {f"layers.{i}": MASK for i in range(4)}
+    recipe = recipes["layers.3"]
+    assert recipe.events == [
+        ("alloc", 0, VALUE),  # fc's output
+        ("alloc", 1, VALUE),  # dropout's output
+        ("alloc", 2, MASK),  # dropout's mask
+        ("free", 0, 0),  # fc's output: dropout was its last reader
+        ("free", 1, 0),  # dropout's output: the recompute stops here
+    ]
+    assert recipe.released_after == {7: [2]}  # layers.3.drop: its mask after its backward
+
+
+def test_recomputed_saved_tensors_add_up_to_the_recompute_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Llama-2-7B (bf16, b2 x 512): the tensors each block's recompute keeps to a layer's
+    backward are the breakdown's recompute bytes, each freed by a layer of the block."""
+    model = ZOO["llama-2-7b"]
+    request = MemoryRequest(
+        mode=Mode.TRAINING,
+        precision=Precision.BF16,
+        optimizer=Optimizer.SGD,
+        checkpointing=Checkpointing.FULL,
+        runtime=Runtime.CUDA,
+    )
+    bindings = {**model.default_bindings, "batch": 2, "seq": 512}
+    analysis = analyze_for(model.inputs, model.layers, bindings, request)
+    recompute, recipes = _recipes(monkeypatch, analysis, request)
+    assert len(recipes) == len(recompute) == 32
+    for unit, recipe in recipes.items():
+        released = {slot for slots in recipe.released_after.values() for slot in slots}
+        kept = sum(
+            size for kind, slot, size in recipe.events if kind == "alloc" and slot in released
+        )
+        assert kept == recompute[unit]
+        freed = {slot for kind, slot, _ in recipe.events if kind == "free"}
+        allocated = {slot for kind, slot, _ in recipe.events if kind == "alloc"}
+        assert allocated == released | freed
+        assert not released & freed
 
 
 # --- activation offloading and ZeRO-3 CPU offload ---------------------------------------------

@@ -217,6 +217,111 @@ def _forward_events(
     return _ForwardEvents(events, cache_keys, new_keys, forward_live, on_gpu)
 
 
+class _Recompute(NamedTuple):
+    """A checkpointed unit's recompute, tensor by tensor: its events with slots for keys
+    (``("alloc", slot, bytes)``, ``("scratch", 0, bytes)``, ``("free", slot, 0)``), emitted
+    with fresh keys each time, and per layer the slots its backward releases."""
+
+    events: list[tuple[str, int, int]]
+    released_after: dict[int, list[int]]  # layer -> slots freed after its backward
+
+
+def _recompute_events(
+    analysis: GraphAnalysis,
+    plan: StoragePlan,
+    layer_units: Sequence[str | None],
+    recompute: Mapping[str, int],
+    adapter_saved: Mapping[int, int],
+) -> dict[str, _Recompute]:
+    """Per checkpointed unit, the forward ``torch.utils.checkpoint`` runs again in backward
+    (non-reentrant: at the first unpack of one of the unit's saved tensors), as
+    :func:`_forward_events` emits a layer: its output, the tensors it creates to keep (and its
+    adapters' saved tensor), its forward transient (allocated and freed), and the values whose
+    last reader it is, freed unless a layer of the unit keeps them. The recomputed saved
+    tensors are the breakdown's (:func:`apply_full_checkpointing`: what the unit's layers kept
+    before checkpointing, less what is still kept, e.g. the unit's input), so their bytes sum
+    to ``recompute[unit]`` plus the adapters'; each is freed after the backward of the
+    earliest layer keeping it (the autograd node drops the unpacked tensor, and the
+    checkpoint's frame holds it by a weak handle). A kept storage no layer of the unit
+    produces is allocated first. Early stop (``torch.utils.checkpoint``'s default): the
+    recompute ends with the last layer whose output or new tensors are kept, so the unit's
+    output (the next unit's input, still held) is not made again; what is left of the
+    recomputed forward's other values is freed when it stops. Autocast's weight copies are not
+    replayed (not in the breakdown's recompute line)."""
+    units: dict[str, list[int]] = {}
+    for index, unit in enumerate(layer_units):  # each layer's checkpoint_unit
+        if unit is not None and recompute.get(unit):
+            units.setdefault(unit, []).append(index)
+    return {
+        unit: _unit_recompute(analysis, plan, indices, adapter_saved)
+        for unit, indices in units.items()
+    }
+
+
+def _unit_recompute(
+    analysis: GraphAnalysis,
+    plan: StoragePlan,
+    indices: Sequence[int],
+    adapter_saved: Mapping[int, int],
+) -> _Recompute:
+    """:func:`_recompute_events` of the unit of layers ``indices``."""
+    keeper: dict[int, int] = {}  # recomputed storage -> earliest layer of the unit keeping it
+    for index in indices:
+        saved = [*plan.reused[index]]
+        saved += [new_tensor_id(index, slot) for slot, _ in plan.op_sizes[index].new_kept]
+        for key in saved:
+            if key not in plan.first_saver and key not in keeper:  # not still kept
+                keeper[key] = index
+    produced = {analysis.layers[index].output_storage for index in indices if plan.out_alloc[index]}
+    stop = max(
+        (
+            index
+            for index in indices
+            if adapter_saved.get(index)
+            or plan.op_sizes[index].new_kept
+            or analysis.layers[index].output_storage in keeper
+        ),
+        default=indices[-1],
+    )
+    events: list[tuple[str, int, int]] = []
+    released_after: dict[int, list[int]] = {}
+    slot_of: dict[int, int] = {}  # recomputed value no layer of the unit keeps -> its slot
+
+    def alloc(size: int, keeper_index: int | None) -> int:
+        slot = len(events)  # unique: one alloc per slot
+        events.append(("alloc", slot, size))
+        if keeper_index is not None:
+            released_after.setdefault(keeper_index, []).append(slot)
+        return slot
+
+    for key, index in keeper.items():  # kept, made by no layer of the unit: at the start
+        if key >= 0 and key not in produced:
+            alloc(plan.sizes[key], index)
+    freed_at: dict[int, list[int]] = {}  # layer -> recomputed values it reads last
+    for index in indices:
+        if index > stop:
+            break
+        layer, op = analysis.layers[index], plan.op_sizes[index]
+        storage = layer.output_storage
+        if plan.out_alloc[index]:
+            if storage in keeper:
+                alloc(plan.sizes[storage], keeper[storage])
+            else:
+                slot_of[storage] = alloc(plan.out_alloc[index], None)
+                last = max(index, min(plan.last_use.get(storage, index), stop))
+                freed_at.setdefault(last, []).append(storage)
+        if adapter_saved.get(index):
+            alloc(adapter_saved[index], index)
+        for slot, size in op.new_kept:
+            alloc(size, keeper.get(new_tensor_id(index, slot), index))
+        if op.forward_transient:
+            events.append(("scratch", 0, op.forward_transient))
+        # the rest of the recomputed forward never runs (early stop): freed at ``stop``
+        for value in freed_at.pop(index, ()):
+            events.append(("free", slot_of[value], 0))
+    return _Recompute(events, released_after)
+
+
 def forward_events_key(e: Estimation) -> tuple[object, ...]:
     """What an inference forward's events depend on besides the analysis: the bytes of the
     activation dtype and the runtime (dropout masks, oneDNN buffers), and the tensor-parallel
@@ -251,7 +356,9 @@ def step_allocator_events(
     left and copied back for backward (:class:`_Offload`); with ``parallelism.cpu_offload``
     no weight, gradient, master weight, optimizer state or step temporary is allocated (the
     host's), FSDP's buffers stand for the unit in flight. A checkpointed unit's layers keep
-    nothing in forward (:func:`_forward_events`).
+    nothing in forward (:func:`_forward_events`); at its backward the unit's forward runs
+    again, tensor by tensor, and its layers' backward free what it recomputed
+    (:func:`_recompute_events`).
 
     Keys are ints: a storage's is ``~storage`` (negative), a forward tensor's its position in
     the forward plus ``_FORWARD_KEYS``, any other tensor's the index of the event that
@@ -376,6 +483,9 @@ def step_allocator_events(
             temporaries = _spread(step.temporaries_total, flat)
     steady_from = 0
     recompute, grad_in_bytes, in_backward = recomputed, plan.grad_in, step.in_backward
+    recipes = (
+        _recompute_events(analysis, plan, units, recompute, e.adapter_saved) if recompute else {}
+    )
     buffers_of = [2 * op.backward_internal + op.backward_extra for op in plan.op_sizes]
     for iteration in range(2):
         if iteration == 1:
@@ -398,7 +508,8 @@ def step_allocator_events(
         grad_in = len(events)  # the gradient of the output of the layer after
         add(("alloc", grad_in, out_grad))
         recomputing: str | None = None
-        recompute_key = 0
+        recipe: _Recompute | None = None
+        recomputed_keys: dict[int, int] = {}  # the recompute's slot -> its key, while live
         with_grads = iteration == 0 or not step.accumulate
         for index in reversed(range(len(layers))):
             if not index & CHECK_EVERY_MASK:
@@ -406,12 +517,19 @@ def step_allocator_events(
             if recompute:  # without, every unit is None
                 unit = units[index]
                 if unit != recomputing:
-                    if recomputing is not None:
-                        add(("free", recompute_key, 0))
-                    if unit is not None and recompute.get(unit):
-                        recompute_key = len(events)
-                        add(("alloc", recompute_key, recompute[unit]))
-                    recomputing = unit if unit is not None and recompute.get(unit) else None
+                    for key in recomputed_keys.values():  # none left: each has its keeper
+                        add(("free", key, 0))
+                    recomputed_keys = {}
+                    recipe = recipes.get(unit) if unit is not None else None
+                    if recipe is not None:  # the unit's forward again, tensor by tensor
+                        for kind, slot, size in recipe.events:
+                            if kind == "free":
+                                add(("free", recomputed_keys.pop(slot), 0))
+                            else:
+                                if kind == "alloc":
+                                    recomputed_keys[slot] = len(events)
+                                add((kind, len(events), size))
+                    recomputing = unit if recipe is not None else None
             if offload is not None:  # unpacked: copied back from the host (prefetched)
                 for kept_id in offload.back_at.get(index, ()):
                     back[kept_id] = len(events)
@@ -441,8 +559,11 @@ def step_allocator_events(
                     add(("free", ~storage, 0))
             for key in new_keys[index]:
                 add(("free", key, 0))
-        if recomputing is not None:
-            add(("free", recompute_key, 0))
+            if recipe is not None:  # the recomputed tensors only this layer still keeps
+                for slot in recipe.released_after.get(index, ()):
+                    add(("free", recomputed_keys.pop(slot), 0))
+        for key in recomputed_keys.values():
+            add(("free", key, 0))
         add(("free", grad_in, 0))
         if step.loss_bytes:
             add(("free", loss, 0))
