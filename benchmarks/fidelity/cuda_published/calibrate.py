@@ -168,7 +168,7 @@ def api_estimate(
         }
         for decl in imported.inputs
     ]  # as POST /v1/models/import stores them
-    graph = (inputs, imported.layers, dict(imported.default_bindings), "imported", "")
+    graph = (inputs, imported.layers, dict(imported.default_bindings), "imported", "", None)
     context = cuda_context(capability)
     workspace, workspace_source = cublas_workspace(architecture)
     overhead = FrameworkOverhead(
