@@ -25,8 +25,9 @@ the ResNet-50 Offline rows of ``calibration_cpu.yaml`` (Xeons without AMX, colle
    the shipped defaults, and whether the targets hold: predicted throughput within 1.5x of
    measured for at least 80 % of the throughput rows and within 2x for every one.
 
-3. evaluates every row of ``calibration_benchmarks.yaml``, ``calibration_more.yaml`` and
-   ``calibration_cpu.yaml``
+3. evaluates every row of ``calibration_benchmarks.yaml``, ``calibration_more.yaml``,
+   ``calibration_cpu.yaml`` and ``calibration_validation_test_v2_0.yaml`` (former test rows,
+   now validation rows by the test split's rule (D); never fitted on)
    (MLPerf ResNet-50, BERT, GPT-J and 3D-UNet rows in the Offline, Server and SingleStream
    scenarios) out of the fit: leave-one-device-out (the constants of 1. derived without the
    row's device) and leave-one-model-out (:func:`leave_family_out`: derived without the
@@ -748,17 +749,24 @@ def render(results: list[RowResult], derivation: Derivation) -> tuple[str, bool]
 
 
 # --------------------------------------------------------------------------------------------
-# Out of the fit (validation): every row of the three files, with constants fitted without the
+# Out of the fit (validation): every row of the four files, with constants fitted without the
 # row's device or its model family; the test split apart
 # --------------------------------------------------------------------------------------------
 
 MORE = HERE / "calibration_more.yaml"
 CPU_ROWS = HERE / "calibration_cpu.yaml"  # CPU-only rows without AMX, collected here
 TEST_ROWS = HERE / "calibration_test.yaml"  # the frozen test split (rule in its header)
+# Validation rows that were test rows: the 506 MLPerf v2.0 rows, scored as test rows on
+# 2026-11-27 and moved out of the test split by its rule (D) after the Server queue change of
+# 2026-11-28 (header of the file). Scored with the validation rows; no fit reads them:
+# fit_rows reads calibration_benchmarks.yaml and calibration_cpu.yaml only, latency_rows is
+# given calibration_more.yaml's rows only.
+FORMER_TEST_ROWS = HERE / "calibration_validation_test_v2_0.yaml"
 BENCHMARKS_FILE = "benchmarks"  # calibration_benchmarks.yaml
 MORE_FILE = "more"  # calibration_more.yaml
 CPU_FILE = "cpu"  # calibration_cpu.yaml
 TEST_FILE = "test"  # calibration_test.yaml
+FORMER_TEST_FILE = "v2.0"  # calibration_validation_test_v2_0.yaml
 # What a scored row is to the accuracy figures (issue 30): FIT rows feed a fitted constant
 # (their in-sample ratio is a fit, their leave-one-device-out ratio a cross-validation);
 # VALIDATION rows feed no fit but were scored while modelling choices were made (the README's
@@ -1006,6 +1014,7 @@ def cases(
     devices: Mapping[str, HardwareSpec],
     cpu_rows: list[dict[str, Any]] | None = None,
     test_rows: list[dict[str, Any]] | None = None,
+    former_test_rows: list[dict[str, Any]] | None = None,
 ) -> list[Case]:
     """Every row of the files, mapped to a device, a model, a precision and a comparison."""
     found = []
@@ -1013,6 +1022,7 @@ def cases(
         (BENCHMARKS_FILE, bench_rows),
         (MORE_FILE, more_rows),
         (CPU_FILE, cpu_rows or []),
+        (FORMER_TEST_FILE, former_test_rows or []),
         (TEST_FILE, test_rows or []),
     )
     for file, rows in files:
@@ -1024,9 +1034,12 @@ def cases(
 def row_role(file: str, row: Mapping[str, Any], devices: Mapping[str, HardwareSpec]) -> str:
     """:data:`FIT`, :data:`VALIDATION` or :data:`TEST` for a row of ``file``: the fit rows are
     the throughput rows :func:`fit_rows` reads and the SingleStream rows :func:`latency_rows`
-    reads (the request overhead); a test row is one of ``calibration_test.yaml``."""
+    reads (the request overhead); a test row is one of ``calibration_test.yaml``; a row of
+    ``calibration_validation_test_v2_0.yaml`` is validation, whatever it holds."""
     if file == TEST_FILE:
         return TEST
+    if file == FORMER_TEST_FILE:
+        return VALIDATION
     if file == BENCHMARKS_FILE and row.get("metric") in (
         "throughput",
         "h2d_bandwidth",
@@ -1416,6 +1429,7 @@ def out_of_sample(
     devices: Mapping[str, HardwareSpec],
     cpu_rows: list[dict[str, Any]] | None = None,
     test_rows: list[dict[str, Any]] | None = None,
+    former_test_rows: list[dict[str, Any]] | None = None,
 ) -> list[OutOfSample]:
     """Every case predicted in sample, leaving its device out of the fit, and leaving its
     model family out of the fit.
@@ -1428,8 +1442,9 @@ def out_of_sample(
     class (a CPU class the device leaves without rows takes the pooled CPU fit).
     Leave-one-model-out: :func:`leave_family_out`, each family's rows predicted with it (no
     prediction where it is None: today ResNet-50, whose rows alone fit the compute
-    efficiencies and the request overhead). ``test_rows`` (``calibration_test.yaml``) are
-    predicted the same way and never fitted on.
+    efficiencies and the request overhead). ``test_rows`` (``calibration_test.yaml``) and
+    ``former_test_rows`` (``calibration_validation_test_v2_0.yaml``, validation rows) are
+    predicted the same way and never fitted on: no refit here reads either.
     """
     cpu_rows = cpu_rows or []
     fitted_rows = fit_rows(bench_rows, cpu_rows)
@@ -1445,7 +1460,7 @@ def out_of_sample(
         str, tuple[dict[CalibrationClass, Calibration], int, Mapping[CalibrationClass, str]]
     ] = {}
     results = []
-    for case in cases(bench_rows, more_rows, devices, cpu_rows, test_rows):
+    for case in cases(bench_rows, more_rows, devices, cpu_rows, test_rows, former_test_rows):
         if case.family not in predictor.sources or case.slug is None:
             results.append(OutOfSample(case, None, None, None, 0, ""))
             continue
@@ -1581,10 +1596,14 @@ def render_out_of_sample(results: list[OutOfSample]) -> str:
     fit_scored = [r for r in scored if r.case.role == FIT]
     lines = [
         "",
-        "## Validation, not test: every row of the three files, out of the fit",
+        "## Validation, not test: every row of the four files, out of the fit",
         "",
         "Every row of `calibration_benchmarks.yaml` (*benchmarks*), `calibration_more.yaml` "
-        "(*more*) and `calibration_cpu.yaml` (*cpu*)",
+        "(*more*), `calibration_cpu.yaml` (*cpu*)",
+        "and `calibration_validation_test_v2_0.yaml` (*v2.0*: the 506 MLPerf v2.0 rows that were "
+        "test rows until the Server",
+        "queue change of 2026-11-28 moved them out by the test split's rule (D); no fit reads "
+        "them)",
         "against the current model. **What each score is** (issue 30): a *fit* row feeds a "
         "fitted constant (the",
         "ResNet-50 Offline throughput rows: compute efficiency and cache share; the ResNet-50 "
@@ -1874,11 +1893,12 @@ def main(argv: list[str] | None = None) -> int:
     more = load_rows(args.more)
     cpu = load_rows(CPU_ROWS)
     test = load_rows(TEST_ROWS)
+    former_test = load_rows(FORMER_TEST_ROWS)
     fitted = fit_rows(rows, cpu)
     derivation = derive(fitted, devices, latency_rows(more, devices))
     report, ok = render(evaluate(fitted, devices), derivation)
     report += render_bandwidth(devices)
-    report += render_out_of_sample(out_of_sample(rows, more, devices, cpu, test))
+    report += render_out_of_sample(out_of_sample(rows, more, devices, cpu, test, former_test))
     print(report)
     if args.write_results:
         RESULTS.write_text(report, encoding="utf-8")

@@ -39,6 +39,7 @@ def test_every_row_of_the_files_is_evaluated_or_says_why_not(
         *(("benchmarks", i) for i in range(33)),
         *(("more", i) for i in range(98)),
         *(("cpu", i) for i in range(60)),
+        *(("v2.0", i) for i in range(506)),  # calibration_validation_test_v2_0.yaml
     ]
     for r in calibration_out_of_sample:
         assert bool(r.case.target) != bool(r.case.skip), r.case.label
@@ -124,8 +125,9 @@ def test_server_rows_are_answered_by_the_queue(calibration_out_of_sample: list[A
         if r.case.scenario == "Offline" and r.case.metric == "throughput" and r.device_out
     }
     server = [r for r in calibration_out_of_sample if r.case.target and r.case.scenario == "Server"]
-    # 6 ResNet-50, 5 BERT, 3 GPT-J (the Xeon's is not scored); cpu: 23 ResNet-50, 7 BERT
-    assert len(server) == 14 + 30
+    # 6 ResNet-50, 5 BERT, 3 GPT-J (the Xeon's is not scored); cpu: 23 ResNet-50, 7 BERT;
+    # v2.0 (former test rows): 55 ResNet-50, 43 BERT
+    assert len(server) == 14 + 30 + 98
     compared = 0
     for r in server:
         assert r.case.bound_ms in (15.0, 130.0, 20000.0)
@@ -391,6 +393,41 @@ def test_every_scored_row_says_what_its_score_is(
     assert "| validation rows only |" in report
 
 
+TEST_ROUNDS = {  # pin: the rounds of the test split and the commit each row's source is read at
+    "MLPerf Inference v2.1 closed": (
+        "https://github.com/mlcommons/inference_results_v2.1/blob/"
+        "91f7859b8b5847b7c5fdf95ce65699ad6477093b/closed/"
+    ),
+    "MLPerf Inference v3.0 closed": (
+        "https://github.com/mlcommons/inference_results_v3.0/blob/"
+        "1948f9b5b93c5b4dcafe15de0faa08cdf1439fca/closed/"
+    ),
+    "MLPerf Inference v1.1 closed": (
+        "https://github.com/mlcommons/inference_results_v1.1/blob/"
+        "7fc43356c4d71ed6ec97af9d035a34ed146587b8/closed/"
+    ),
+}
+FORMER_TEST_SOURCE = (  # the v2.0 rows, moved to calibration_validation_test_v2_0.yaml
+    "https://github.com/mlcommons/inference_results_v2.0/blob/"
+    "425a0d30c6e0cb9b65595881572cbba5f18572eb/closed/"
+)
+
+
+def _rule_b_row(calibrate: ModuleType, row: dict[str, Any], devices: dict[str, Any]) -> None:
+    """Rule (B) of calibration_test.yaml: a valid closed-division MLPerf run, pinned source."""
+    assert calibrate.CATALOG_SLUGS[row["device"]] in devices
+    assert row["result_valid"] == "VALID"
+    assert row["source"].endswith("/performance/run_1/mlperf_log_summary.txt")
+    assert row["model"] in ("resnet50", "bert-99", "gptj-99", "3d-unet-99")
+    assert row["scenario"] in ("Offline", "Server", "SingleStream")
+    if row["accelerators"] > 1 and row["unit"] != "ms":
+        assert row["value_per_accelerator"] == pytest.approx(
+            row["value"] / row["accelerators"], abs=1e-3
+        )
+    if row["accelerators"] == 0 and row["unit"] != "ms":  # CPU-only: per socket
+        assert row["value_per_socket"] == pytest.approx(row["value"] / row["sockets"], abs=1e-3)
+
+
 def test_the_test_split_is_frozen_and_scored_apart(
     calibrate: ModuleType,
     calibration_more_rows: list[dict[str, Any]],
@@ -409,37 +446,38 @@ def test_the_test_split_is_frozen_and_scored_apart(
     assert "made before calibrate.py has predicted any of them" in rule
     rows = calibrate.load_rows(calibrate.TEST_ROWS)
     assert rows == document["results"]
-    # pin: the 506 rows of MLPerf Inference v2.0 closed added 2026-11-27 by a rows-only commit
-    # (collect_test_split.py); a later addition moves it, in a commit of rows alone
-    assert len(rows) == 506
-    for row in rows:  # rule (B): valid closed-division MLPerf runs, each with a pinned source
-        assert calibrate.CATALOG_SLUGS[row["device"]] in calibration_devices
-        assert row["result_valid"] == "VALID"
-        assert row["benchmark"] == "MLPerf Inference v2.0 closed"
-        assert row["source"].startswith(
-            "https://github.com/mlcommons/inference_results_v2.0/blob/"
-            "425a0d30c6e0cb9b65595881572cbba5f18572eb/closed/"
-        )
-        assert row["source"].endswith("/performance/run_1/mlperf_log_summary.txt")
-        assert row["model"] in ("resnet50", "bert-99", "gptj-99", "3d-unet-99")
-        assert row["scenario"] in ("Offline", "Server", "SingleStream")
-        assert row["added"] == "2026-11-27"
-        if row["accelerators"] > 1 and row["unit"] != "ms":
-            assert row["value_per_accelerator"] == pytest.approx(
-                row["value"] / row["accelerators"], abs=1e-3
-            )
+    # pin: 410 rows of MLPerf Inference v2.1, 361 of v3.0 and 353 of v1.1 closed, added
+    # 2026-11-28 by rows-only commits (collect_test_split.py); the 506 v2.0 rows added
+    # 2026-11-27 left for calibration_validation_test_v2_0.yaml by rule (D). A later addition
+    # moves it, in a commit of rows alone
+    assert len(rows) == 1124
+    assert [row["benchmark"] for row in rows] == (
+        ["MLPerf Inference v2.1 closed"] * 410
+        + ["MLPerf Inference v3.0 closed"] * 361
+        + ["MLPerf Inference v1.1 closed"] * 353
+    )
+    for row in rows:
+        _rule_b_row(calibrate, row, calibration_devices)
+        assert row["source"].startswith(TEST_ROUNDS[row["benchmark"]])
+        assert row["added"] == "2026-11-28"
     tests = [r for r in calibration_every_row if r.case.file == "test"]
-    assert [r.case.index for r in tests] == list(range(506))
+    assert [r.case.index for r in tests] == list(range(1124))
     assert {r.case.role for r in tests} == {calibrate.TEST}
     # scored: every Offline and Server throughput and SingleStream p90 row (p50, p99 listed)
-    assert sum(1 for r in tests if r.case.target) == 349
+    scored = sum(1 for r in tests if r.case.target)
+    assert scored == sum(
+        1
+        for row in rows
+        if row["metric"] in ("throughput", "server_throughput_at_latency_bound")
+        or (row["metric"] == "p90_latency" and row["scenario"] == "SingleStream")
+    )
     report = calibrate.render_out_of_sample(calibration_every_row)
     validation, test_section = report.split(
         "## Test rows (`calibration_test.yaml`, split frozen 2026-11-27)"
     )
     assert "test#" not in validation
-    assert "| all | | 349 |" in test_section
-    assert "| test#506 |" in test_section
+    assert f"| all | | {scored} |" in test_section
+    assert "| test#1124 |" in test_section
     status = " ".join(str(document["meta"]["status"]).split())
     assert status in calibrate.render_test_rows([])  # no row: the file's status is printed
     single_stream = next(
@@ -454,6 +492,66 @@ def test_the_test_split_is_frozen_and_scored_apart(
     assert "test#1" not in validation
     assert "| test#1 |" in test
     assert "| all | | 1 |" in test
+
+
+def test_the_former_test_rows_are_validation_rows_never_fitted(
+    calibrate: ModuleType,
+    calibration_more_rows: list[dict[str, Any]],
+    calibration_cpu_rows: list[dict[str, Any]],
+    calibration_rows: list[dict[str, Any]],
+    calibration_devices: dict[str, Any],
+    calibration_former_test_rows: list[dict[str, Any]],
+    calibration_out_of_sample: list[Any],
+) -> None:
+    """Rule (D): the 506 MLPerf v2.0 rows scored as test rows on 2026-11-27, before the Server
+    queue change of 2026-11-28, are validation rows in calibration_validation_test_v2_0.yaml:
+    scored in the validation section, never read by a fit (even the ones a fit would read
+    from calibration_more.yaml), never in the test section."""
+    import yaml
+
+    document = yaml.safe_load(calibrate.FORMER_TEST_ROWS.read_text(encoding="utf-8"))
+    assert document["meta"]["role"] == "validation"
+    assert document["meta"]["moved"] == "2026-11-28"
+    why = " ".join(document["meta"]["why"].split())
+    assert "Rule (D)" in why
+    assert "297 of the 349 scored rows (85 %) within 1.5x" in why  # pin: the first test score
+    rows = calibration_former_test_rows
+    assert rows == document["results"]
+    assert len(rows) == 506  # pin: every v2.0 row, not only the Server rows
+    for row in rows:
+        _rule_b_row(calibrate, row, calibration_devices)
+        assert row["benchmark"] == "MLPerf Inference v2.0 closed"
+        assert row["source"].startswith(FORMER_TEST_SOURCE)
+        assert row["added"] == "2026-11-27"
+    former = [r for r in calibration_out_of_sample if r.case.file == "v2.0"]
+    assert [r.case.index for r in former] == list(range(506))
+    assert {r.case.role for r in former} == {calibrate.VALIDATION}
+    assert sum(1 for r in former if r.case.target) == 349  # pin: as scored on 2026-11-27
+    # the fits read calibration_benchmarks.yaml, calibration_cpu.yaml and calibration_more.yaml
+    # alone: the former test rows' ResNet-50 SingleStream rows, which would move the
+    # request-overhead fit were they read, are predicted with the fit without them
+    devices = calibration_devices
+    bandwidth = calibrate.bandwidth_rows(devices)
+    fitted = calibrate.fit_rows(calibration_rows, calibration_cpu_rows)
+    latency = calibrate.latency_rows(calibration_more_rows, devices)
+    single_stream = [row for row in rows if calibrate.latency_rows([row], devices)]
+    assert single_stream
+    without = calibrate._full(calibrate.derive(fitted, devices, latency, bandwidth).calibrations)
+    with_them = calibrate._full(
+        calibrate.derive(
+            fitted, devices, latency + calibrate.latency_rows(single_stream, devices), bandwidth
+        ).calibrations
+    )
+    assert with_them != without
+    predictor = calibrate.Predictor(devices)
+    checked = [r for r in former if r.case.target and r.case.scenario == "SingleStream"][:6]
+    assert checked
+    for r in checked:
+        assert r.in_sample == pytest.approx(predictor.predict(r.case, without)[0], rel=1e-12)
+    report = calibrate.render_out_of_sample(calibration_out_of_sample)
+    validation = report.split("## Test rows")[0]
+    assert "| v2.0#506 |" in validation
+    assert "`calibration_validation_test_v2_0.yaml` (*v2.0*" in validation
 
 
 def test_the_mapped_graphs(calibrate: ModuleType) -> None:
@@ -479,7 +577,7 @@ def test_targets_are_printed_not_asserted(
     calibrate: ModuleType, calibration_out_of_sample: list[Any]
 ) -> None:
     report: str = calibrate.render_out_of_sample(calibration_out_of_sample)
-    assert "## Validation, not test: every row of the three files" in report
+    assert "## Validation, not test: every row of the four files" in report
     for family in ("ResNet-50", "BERT-large", "GPT-J 6B"):
         assert f"| {family} | throughput |" in report
     assert "NOT met" in report or "| met |" in report
