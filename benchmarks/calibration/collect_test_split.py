@@ -38,7 +38,10 @@ round, in the order they were added::
 
 The device table gained the T4's "Tesla T4" names, the 500 W A100 SXM4 80GB ("CTS", "-500W")
 and the vGPU test before rounds v2.1, v3.0 and v1.1 were collected; round v2.0's output is
-unchanged by them (the round names none of these).
+unchanged by them (the round names none of these). Since 2026-11-28 a round before v2.0 has no
+eligible 3d-unet-99 (:data:`KITS19_3D_UNET_FROM_ROUND`: that round's 3D-UNet is the BraTS 2019
+model, not the KiTS19 model the service prices); ``--report`` lists each such run as left out,
+and round v1.1's output is its 288 rows in the file (its 65 3d-unet-99 rows removed, rule (D)).
 """
 
 from __future__ import annotations
@@ -57,6 +60,13 @@ import yaml
 
 MODELS = ("resnet50", "bert-99", "gptj-99", "3d-unet-99")  # rule (B)
 SCENARIOS = ("Offline", "Server", "SingleStream")  # rule (B)
+# 3d-unet-99 is the KiTS19 model (the service's 3d-unet) only from MLPerf Inference v2.0 on.
+# Before it the benchmark of that name is the BraTS 2019 model (inference_results_v1.1 @
+# 912dcdb9163736beca40a1f86e25d1305deab549, closed/NVIDIA/code/3d-unet/tensorrt/README.md:
+# "The dataset used for this benchmark is BraTS 2019 ... The ONNX model 3dUNetBraTS.onnx ...
+# vision/medical_imaging/3d-unet-brats19"), another network whose rates are ~17x those of
+# later rounds on the same GPU: a round before this one has no eligible 3d-unet-99 run.
+KITS19_3D_UNET_FROM_ROUND = (2, 0)
 
 # accelerator_model_name (system JSON, normalised: lower case, "_" and "-" as spaces) ->
 # calibration device id (calibrate.CATALOG_SLUGS). Only devices the catalog holds; a name
@@ -129,6 +139,11 @@ def summary_fields(text: str) -> dict[str, str]:
         if sep and key.strip() and key.strip() not in fields:
             fields[key.strip()] = value.strip()
     return fields
+
+
+def _round_number(round_: str) -> tuple[int, ...]:
+    """``"v1.1"`` -> ``(1, 1)``."""
+    return tuple(int(part) for part in round_.lstrip("vV").split("."))
 
 
 def _ms(ns: str) -> float:
@@ -257,6 +272,12 @@ def rows_of(
         if scenario not in SCENARIOS:
             continue
         where = f"{system.submitter}/{system.name}/{model}/{scenario}/{parts[7]}"
+        if model == "3d-unet-99" and _round_number(round_) < KITS19_3D_UNET_FROM_ROUND:
+            left.append(
+                f"{where}: round {round_}'s 3d-unet-99 is the BraTS 2019 model, not the"
+                " KiTS19 model the service prices (no eligible 3d-unet-99 before v2.0)"
+            )
+            continue
         if fields.get("Result is") != "VALID":
             left.append(f"{where}: Result is {fields.get('Result is')!r}")
             continue
