@@ -36,8 +36,9 @@ class DeepSpeedZeroSpec(Schema):
         default=DEEPSPEED_MAX_LIVE_PARAMETERS,
         ge=0,
         le=1 << 40,
-        description="`stage3_max_live_parameters` [elements] (default 1e9): at most this many "
-        "gathered ZeRO-3 parameters resident (line `zero_gathered_params`).",
+        description="`stage3_max_live_parameters` [elements] (default 1e9): ZeRO-3 prefetches "
+        "only while fewer than this many gathered parameters are resident; the running "
+        "submodule is gathered whole regardless (line `zero_gathered_params`).",
         examples=[DEEPSPEED_MAX_LIVE_PARAMETERS],
     )
 

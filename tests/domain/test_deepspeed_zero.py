@@ -61,7 +61,12 @@ def _host(estimate: MemoryEstimate) -> dict[str, int]:
 def test_deepspeed_rules() -> None:
     assert reduce_bucket_bytes(500_000_000, Fraction(2), 1) == 1_000_000_000
     assert gathered_params_elements(LAYER, 50_000_000, 1_000_000_000) == LAYER + 50_000_000
-    assert gathered_params_elements(LAYER, 50_000_000, 10_000_000) == 10_000_000
+    # stage3_max_live_parameters bounds the prefetch, not the running submodule, gathered whole
+    # (partitioned_param_coordinator.py fetch_sub_module): 16,777,216 > 1e7 leaves no prefetch
+    assert gathered_params_elements(LAYER, 50_000_000, 10_000_000) == LAYER == 16_777_216
+    # 2e7 live: 16,777,216 running + 3,222,784 prefetched
+    assert gathered_params_elements(LAYER, 50_000_000, 20_000_000) == 20_000_000
+    assert gathered_params_elements(LAYER, 0, 1_000_000_000) == LAYER
 
 
 def test_zero3_offload_on_one_gpu_golden() -> None:
@@ -72,7 +77,7 @@ def test_zero3_offload_on_one_gpu_golden() -> None:
     assert gpu["gradients"] == 0
     assert "master_weights" not in gpu
     assert "optimizer_state" not in gpu
-    # gathered: min(1e9, 16,777,216 + 5e7) x 2 B = 133,554,432 B
+    # gathered: (16,777,216 + min(5e7, 1e9 - 16,777,216)) x 2 B = 133,554,432 B
     assert gpu["zero_gathered_params"] == (LAYER + 50_000_000) * 2 == 133_554_432
     # the IPG bucket: 5e8 elements x 2 B, whatever the model's size
     assert gpu["zero_reduce_bucket"] == 1_000_000_000
@@ -95,7 +100,8 @@ def test_the_request_overrides_deepspeeds_defaults() -> None:
     )
     gpu = _gpu(_estimate(Parallelism(zero_stage=3, cpu_offload=True, deepspeed=knobs)))
     assert gpu["zero_reduce_bucket"] == 200_000_000  # 1e8 x 2 B
-    assert gpu["zero_gathered_params"] == 20_000_000  # min(1e7, 16,777,216 + 0) x 2 B
+    # the running layer whole, no prefetch (0): 16,777,216 x 2 B
+    assert gpu["zero_gathered_params"] == LAYER * 2 == 33_554_432
 
 
 def test_zero2_offload_on_one_gpu_keeps_the_weights() -> None:

@@ -16,8 +16,9 @@ Sources (DeepSpeed 0.16+):
   gradient partitions (``grad_partitions_flat_buffer``) on ``self.device``, the CPU under
   offload_optimizer;
 * deepspeed/runtime/zero/partitioned_param_coordinator.py: a submodule's parameters are
-  gathered before it runs and parameters up to ``prefetch_bucket_size`` elements ahead are
-  fetched, at most ``max_live_parameters`` resident.
+  gathered whole before it runs; parameters up to ``prefetch_bucket_size`` elements ahead are
+  prefetched while fewer than ``max_live_parameters`` are resident (the bound is on the
+  prefetch: ``min(max_n_available_params - n_available_params, prefetch_bucket_sz)``).
 """
 
 from __future__ import annotations
@@ -49,14 +50,19 @@ def reduce_bucket_bytes(reduce_bucket_size: int, element_bytes: Fraction, bucket
 
 def gathered_params_elements(largest_module: int, prefetch: int, max_live: int) -> int:
     """Parameter elements a ZeRO-3 GPU holds gathered at once [elements]: the largest
-    submodule's running and ``prefetch`` elements fetched ahead, at most ``max_live``.
+    submodule's, gathered whole to run, and the elements prefetched ahead of it.
 
     Notes
     -----
-    ``min(max_live, largest_module + prefetch)``; approximated: DeepSpeed fetches by
-    submodule, so the prefetched elements round to whole submodules.
+    ``largest_module + max(0, min(prefetch, max_live - largest_module))``:
+    deepspeed/runtime/zero/partitioned_param_coordinator.py ``fetch_sub_module`` all-gathers
+    the running submodule's parameters unconditionally, then prefetches while
+    ``numel_prefetching < min(max_n_available_params - n_available_params,
+    prefetch_bucket_sz)``: ``stage3_max_live_parameters`` bounds the prefetch, not the
+    running submodule. Approximated: DeepSpeed fetches by parameter, so the prefetched
+    elements round to whole parameters.
     """
-    return min(max_live, largest_module + prefetch)
+    return largest_module + max(0, min(prefetch, max_live - largest_module))
 
 
 def deepspeed_buffers(e: Estimation) -> dict[str, int]:
@@ -90,15 +96,17 @@ def deepspeed_buffers(e: Estimation) -> dict[str, int]:
         if gathered:
             lines["zero_gathered_params"] = gathered
             e.formulas["zero_gathered_params"] = (
-                f"ceil({elements:,} [elements: min(stage3_max_live_parameters "
-                f"{knobs.stage3_max_live_parameters:,}, {largest:,} params of the largest "
-                f"layer + stage3_prefetch_bucket_size {knobs.stage3_prefetch_bucket_size:,})]"
+                f"ceil({elements:,} [elements: {largest:,} params of the largest layer, "
+                f"gathered whole to run, + max(0, min(stage3_prefetch_bucket_size "
+                f"{knobs.stage3_prefetch_bucket_size:,}, stage3_max_live_parameters "
+                f"{knobs.stage3_max_live_parameters:,} - {largest:,})) prefetched]"
                 f" x {element} [B] / {model_shard} [tensor x pipeline]) = {gathered:,} B"
             )
             e.notes["zero_gathered_params"] = [
-                "ZeRO-3 gathers a submodule's parameters before it runs and prefetches up to "
-                "stage3_prefetch_bucket_size elements ahead, at most stage3_max_live_parameters "
-                "resident (deepspeed/runtime/zero/partitioned_param_coordinator.py)"
+                "ZeRO-3 gathers a submodule's parameters whole before it runs and prefetches "
+                "up to stage3_prefetch_bucket_size elements ahead while fewer than "
+                "stage3_max_live_parameters are resident "
+                "(deepspeed/runtime/zero/partitioned_param_coordinator.py fetch_sub_module)"
             ]
     e.comm_buffers += list(lines.values())
     where = "as given" if given else "DeepSpeed's defaults (deepspeed/runtime/zero/config.py)"
