@@ -109,6 +109,14 @@ CONTEXT_TABLE: tuple[ContextFigure, ...] = (
         source="invoke-ai/InvokeAI#9413 (torch 2.7.1+cu128: a bare context holds 256 MiB)",
     ),
     ContextFigure(
+        loading=ModuleLoading.LAZY, cuda_major=13, capability=(9, 0), context_bytes=767 * MIB,
+        gpu="H100 80GB HBM3",
+        source="measured here, benchmarks/fidelity/cuda/cuda_measurements_3.json (2026-11-28, "
+        "torch 2.11.0+cu130, driver 580.159.04: a fresh process training Llama-3-8B-2L holds "
+        "767-783 MiB beyond its reservation; cuda_probes.json: 527 MiB after init, 619 after "
+        "the first kernel, 685 after cuBLAS, 693 after cuDNN, 695 after SDPA)",
+    ),
+    ContextFigure(
         loading=ModuleLoading.LAZY, cuda_major=12, capability=None, context_bytes=400 * MIB,
         gpu="unnamed",
         source="ptrblck, pytorch/pytorch#109888 (2023: 'around 400MB if CUDA >= 11.7 is used "
@@ -147,9 +155,10 @@ def cuda_context(
     """The CUDA context of a PyTorch process on a GPU of compute ``capability`` (None: not
     known), CUDA ``cuda_major`` and ``loading`` [B].
 
-    Lookup: the row of the exact compute capability, then of its generation (the major), then
-    the row for any GPU of that loading and CUDA major; a CUDA major with no row takes the
-    nearest one below (above when none is below). Lazy CUDA 10 does not exist (lazy loading
+    Lookup: the row of the exact compute capability, then of its generation (the major), at
+    that CUDA major, then at the older CUDA majors (newest first), then the row for any GPU of
+    that loading and CUDA major; a CUDA major with no row takes the nearest one below (above
+    when none is below). Lazy CUDA 10 does not exist (lazy loading
     starts at 11.7): it is read as eager.
     """
     if loading is ModuleLoading.LAZY and cuda_major < LAZY_FROM[0]:
@@ -161,6 +170,12 @@ def cuda_context(
     cap = (capability.major, capability.minor) if capability is not None else None
     exact = [f for f in rows if cap is not None and f.capability == cap]
     generation = [f for f in rows if cap is not None and f.generation == cap[0]]
+    for older in reversed([m for m in majors if m < major]):  # the GPU's own row of an older
+        if exact or generation or cap is None:  # CUDA before the any-GPU one of this major
+            break
+        earlier = [f for f in CONTEXT_TABLE if f.loading is loading and f.cuda_major == older]
+        exact = [f for f in earlier if f.capability == cap]
+        generation = [f for f in earlier if f.generation == cap[0]]
     anyone = [f for f in rows if f.capability is None and f.generation is None] or sorted(
         (
             f

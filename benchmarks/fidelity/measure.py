@@ -41,6 +41,7 @@ HF_FAMILIES = {
     "bert_base": "bert",
     "gpt2_small": "causal_lm",
     "llama2_7b": "causal_lm",
+    "llama3_8b": "causal_lm",
 }
 IMAGE_MODELS = {"alexnet", "vgg16", "googlenet", "resnet50", "mobilenet_v2", "vit_b16"}
 # Headroom kept free when deciding whether a full-size model fits in this machine's memory.

@@ -29,6 +29,9 @@ from app.domain.zoo import gpt2
         (ComputeCapability(9, 0), 12, ModuleLoading.LAZY, 400, "unnamed"),  # no H100 figure
         (ComputeCapability(8, 6), 12, ModuleLoading.LAZY, 256, "RTX 3090"),
         (ComputeCapability(8, 6), 13, ModuleLoading.LAZY, 256, "RTX 3090"),  # CUDA 12's row
+        # measured here (benchmarks/fidelity/cuda/cuda_measurements_3.json, torch 2.11+cu130)
+        (ComputeCapability(9, 0), 13, ModuleLoading.LAZY, 767, "H100 80GB HBM3"),
+        (ComputeCapability(8, 0), 13, ModuleLoading.LAZY, 400, "unnamed"),  # any GPU, CUDA 12
         (ComputeCapability(7, 0), 11, ModuleLoading.EAGER, 1343, "V100 16 GB"),  # issue 32
         (ComputeCapability(7, 5), 10, ModuleLoading.EAGER, 1005, "Titan V (sm70)"),  # sm7x
         (ComputeCapability(8, 0), 11, ModuleLoading.LAZY, 274, "unnamed"),  # PR #86509

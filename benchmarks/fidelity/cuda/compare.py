@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from compare import _model_for  # noqa: E402  (benchmarks/fidelity/compare.py: the same models)
 
+from app.domain.cuda_context import cuda_context  # noqa: E402
 from app.domain.hardware import FrameworkOverhead, cublas_workspace  # noqa: E402
 from app.domain.memory.estimate import (  # noqa: E402
     MemoryEstimate,
@@ -41,7 +42,7 @@ from app.domain.memory.estimate import (  # noqa: E402
     analyze_for,
     estimate_memory,
 )
-from app.domain.precision import Precision  # noqa: E402
+from app.domain.precision import ComputeCapability, Precision  # noqa: E402
 from app.domain.workload import (  # noqa: E402
     DEFAULT_SAFETY_MARGIN_FRACTION,
     Attention,
@@ -139,7 +140,14 @@ def _overhead(record: dict[str, Any]) -> FrameworkOverhead:
     architecture = {9: "Hopper", 10: "Blackwell", 12: "Blackwell"}.get(major, "Ampere")
     workspace, source = cublas_workspace(architecture)
     alloc_conf = str(env.get("PYTORCH_CUDA_ALLOC_CONF") or "")
+    # the context of the run's own stack: the service's table (app.domain.cuda_context) at the
+    # run's compute capability and CUDA major, as an API request naming them would get
+    capability = ComputeCapability.parse(str(env.get("capability", "9.0")))
+    cuda_major = int(str(env.get("cuda", "12.0")).split(".")[0] or 12)
+    context = cuda_context(capability, cuda_major=cuda_major)
     return FrameworkOverhead(
+        cuda_context_bytes=context.context_bytes,
+        context_source=context.source,
         workspace_bytes=workspace,
         workspace_source=source,
         expandable_segments="expandable_segments:True" in alloc_conf,
