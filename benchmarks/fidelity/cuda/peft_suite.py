@@ -14,6 +14,8 @@ downloaded.
 
 from __future__ import annotations
 
+import atexit
+import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -378,6 +380,7 @@ def _saved_checkpoint(name: str, layers: int | None, build_base: Callable[..., n
     if key not in _SAVED:
         model = build_base(torch.bfloat16)
         folder = Path(tempfile.mkdtemp(prefix=f"capplan_{name}_"))
+        atexit.register(shutil.rmtree, folder, True)  # a few GB of /tmp
         model.save_pretrained(folder)
         del model
         _SAVED[key] = folder
@@ -638,5 +641,8 @@ def checkpoint_function(model: nn.Module) -> str | None:
         if func is not None and getattr(module, "gradient_checkpointing", False):
             keywords = getattr(func, "keywords", {})
             name = getattr(getattr(func, "func", func), "__qualname__", repr(func))
-            return f"{name}({', '.join(f'{k}={v!r}' for k, v in keywords.items())})"
+            text = f"{name}({', '.join(f'{k}={v!r}' for k, v in keywords.items())})"
+            if "use_reentrant" not in keywords:  # torch/utils/checkpoint.py: None -> True
+                text += " [use_reentrant unset: torch's checkpoint then takes True]"
+            return text
     return None

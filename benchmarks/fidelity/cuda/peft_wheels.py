@@ -11,7 +11,9 @@ transformers decides at import whether accelerate and bitsandbytes are installed
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
+import shutil
 import sys
 import tempfile
 import zipfile
@@ -35,6 +37,7 @@ def install_wheels(folder: Path) -> dict[str, str]:
             "carry benchmarks/fidelity/cuda/wheels to the device"
         )
     target = Path(tempfile.mkdtemp(prefix="capplan_wheels_"))
+    atexit.register(shutil.rmtree, target, True)
     for wheel in wheels:
         with zipfile.ZipFile(wheel) as archive:
             archive.extractall(target)
