@@ -360,7 +360,7 @@ def reference_key(record: dict[str, Any]) -> str | None:
         return "|".join(p for p in parts if p != tag)
 
     if options.get("activation_offload"):
-        return drop("offload_save_on_cpu")
+        return drop(next(p for p in parts if p.startswith("offload_")))
     if options.get("loss_chunks"):
         return drop(f"loss_chunks{options['loss_chunks']}")
     if options.get("optimizer_in_backward"):

@@ -519,9 +519,16 @@ def one_step(
         assert labels is not None
         options = cfg.options or Options()
         optimizer.zero_grad(set_to_none=not options.keep_gradients)
-        offload = peft_suite.offload_context() if options.activation_offload else nullcontext()
+        torchtune = options.activation_offload and options.offload_impl == "torchtune"
+        save_on_cpu = options.activation_offload and not torchtune
+        offload = peft_suite.offload_context() if save_on_cpu else nullcontext()
         with _autocast(cfg), offload:
-            if options.loss_chunks:
+            if torchtune:  # the forward under OffloadActivations, the loss outside it
+                with model.capplan_offload:  # type: ignore[union-attr]
+                    logits = model(**inputs, use_cache=False).logits
+                loss = peft_suite.causal_lm_loss(logits, labels)
+                del logits
+            elif options.loss_chunks:
                 ids = inputs["input_ids"]
                 loss = peft_suite.chunked_loss(model, ids, labels, options.loss_chunks)
             else:
@@ -651,6 +658,8 @@ def run_config(cfg: CudaConfig, record: dict[str, Any]) -> None:
                 return peft_suite.make_bnb_optimizer(name, params)
             return make_optimizer(name, params)
 
+        if options.activation_offload and options.offload_impl == "torchtune":
+            model.capplan_offload = peft_suite.torchtune_context(model, HERE / "wheels")  # type: ignore[assignment]
         if options.optimizer_in_backward:
             optimizer = peft_suite.InBackward.build(trainable, make)
         else:

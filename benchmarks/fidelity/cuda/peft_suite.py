@@ -143,7 +143,11 @@ class Options:
     """What a ``--suite peft`` configuration adds to the harness's ``Config``."""
 
     lora: Lora | None = None
-    activation_offload: bool = False  # torch.autograd.graph.save_on_cpu(pin_memory=True)
+    activation_offload: bool = False
+    # save_on_cpu: torch.autograd.graph.save_on_cpu(pin_memory=True) around forward and loss;
+    # torchtune: torchtune 0.6.1's OffloadActivations around the forward, its output head
+    # excluded (NoOpManager), the loss outside, as torchtune's recipes run it
+    offload_impl: str = "save_on_cpu"
     optimizer_in_backward: bool = False  # one optimizer per parameter, stepped in its hook
     loss_chunks: int | None = None  # torchtune CEWithChunkedOutputLoss
     keep_gradients: bool = False  # zero_grad(set_to_none=False)
@@ -151,7 +155,7 @@ class Options:
     def tags(self) -> list[str]:
         """The key's fragments."""
         tags = [self.lora.tag] if self.lora is not None else []
-        tags += ["offload_save_on_cpu"] if self.activation_offload else []
+        tags += [f"offload_{self.offload_impl}"] if self.activation_offload else []
         tags += ["opt_in_bwd"] if self.optimizer_in_backward else []
         tags += [f"loss_chunks{self.loss_chunks}"] if self.loss_chunks else []
         tags += ["keep_grads"] if self.keep_gradients else []
@@ -209,6 +213,9 @@ def peft_specs(smoke: bool) -> Iterator[tuple[str, str, int, dict[str, Any], Opt
     yield m, "training", 1, {**bf16, "seq_len": 2048}, Options(lora=R16_ALL)
     yield m, "training", 1, {**bf16, "seq_len": 2048}, Options()  # its full fine-tune
     yield m, "training", 4, bf16, Options(lora=R16_ALL, activation_offload=True)
+    tt = {"activation_offload": True, "offload_impl": "torchtune"}
+    yield m, "training", 4, bf16, Options(lora=R16_ALL, **tt)
+    yield m, "training", 4, bf16, Options(**tt)
     yield m, "training", 4, bf16, Options(lora=R16_ALL, loss_chunks=8)
     yield m, "training", 4, {**bf16, "optimizer": "adamw_8bit"}, Options(lora=R16_ALL)
     # QLoRA: a bf16 checkpoint loaded in 4 bits, prepare_model_for_kbit_training (fp32 rest,
@@ -249,6 +256,7 @@ def peft_specs(smoke: bool) -> Iterator[tuple[str, str, int, dict[str, Any], Opt
         Options(lora=R16_ALL),
         Options(optimizer_in_backward=True),
         Options(activation_offload=True),
+        Options(activation_offload=True, offload_impl="torchtune"),
         Options(loss_chunks=8),
     ):
         yield "gpt2_small", "training", 4, gpt2, options
@@ -545,6 +553,68 @@ def shifted_labels(input_ids: Tensor) -> Tensor:
     """``input_ids`` shifted left by one, -100 in the last position (a new int64 tensor)."""
     ignore = torch.full_like(input_ids[:, :1], -100)
     return torch.cat([input_ids[:, 1:], ignore], dim=1)
+
+
+TORCHTUNE_OFFLOADING = "torchtune/training/_activation_offloading.py"
+# The imports of torchtune's _activation_offloading.py that need torchao or the rest of
+# torchtune, and what stands in for them (NF4Tensor and TiedLinear only meet isinstance checks
+# there; torchao.__version__ only NF4 tensors' check).
+TORCHTUNE_STUBS = {
+    "import torchao\n": "torchao = _stub_torchao\n",
+    "from torchao.dtypes.nf4tensor import NF4Tensor\n": "NF4Tensor = _StubNF4Tensor\n",
+    "from torchtune.modules import TiedLinear\n": "TiedLinear = _StubTiedLinear\n",
+    "from torchtune.utils import get_logger\n": "get_logger = _stub_get_logger\n",
+}
+
+
+def torchtune_offloading(wheels: Path) -> Any:
+    """torchtune 0.6.1's ``training/_activation_offloading.py``, read from its wheel in
+    ``wheels`` and run as a module of its own: torchtune itself needs torchao, which the image
+    lacks, so its four imports of torchao and torchtune are replaced by stand-ins
+    (``TORCHTUNE_STUBS``); the offloading code runs unchanged."""
+    import logging
+    import types
+    import zipfile
+
+    wheel = next(iter(sorted(wheels.glob("torchtune-*.whl"))), None)
+    if wheel is None:
+        raise FileNotFoundError(f"no torchtune wheel in {wheels}: run fetch_wheels.sh")
+    with zipfile.ZipFile(wheel) as archive:
+        source = archive.read(TORCHTUNE_OFFLOADING).decode()
+    for line, replacement in TORCHTUNE_STUBS.items():
+        if line not in source:
+            raise ValueError(f"{wheel.name}: {line.strip()!r} not found; update TORCHTUNE_STUBS")
+        source = source.replace(line, replacement)
+    module = types.ModuleType("capplan_torchtune_activation_offloading")
+    module.__dict__.update(
+        _stub_torchao=types.SimpleNamespace(__version__="0.0.0"),
+        _StubNF4Tensor=type("NF4Tensor", (), {}),
+        _StubTiedLinear=type("TiedLinear", (), {}),
+        _stub_get_logger=lambda level="INFO": logging.getLogger("torchtune"),
+    )
+    exec(compile(source, f"{wheel.name}/{TORCHTUNE_OFFLOADING}", "exec"), module.__dict__)  # noqa: S102
+    return module
+
+
+def torchtune_context(model: nn.Module, wheels: Path) -> Any:
+    """``OffloadActivations()`` (pinned memory, a copy stream, its defaults) with the output
+    head excluded by a ``NoOpManager`` as ``get_act_offloading_ctx_manager`` does for a
+    torchtune model's ``output`` (here the HF ``lm_head``)."""
+    offloading = torchtune_offloading(wheels)
+    context = offloading.OffloadActivations()
+    noop = offloading.NoOpManager()
+    _, head = _decoder_parts(model)
+    head.register_forward_pre_hook(lambda *args: noop.__enter__())
+    head.register_forward_hook(lambda *args: noop.__exit__(), always_call=True)
+    return context
+
+
+def causal_lm_loss(logits: Tensor, labels: Tensor) -> Tensor:
+    """transformers' ``ForCausalLMLoss`` (shift, fp32 upcast, cross-entropy) of the logits."""
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    loss: Tensor = ForCausalLMLoss(logits, labels, vocab_size=logits.size(-1))
+    return loss
 
 
 def offload_context() -> Any:

@@ -30,7 +30,8 @@ def missing() -> list[str]:
 def install_wheels(folder: Path) -> dict[str, str]:
     """Unpack every ``*.whl`` in ``folder`` into a temporary folder appended to ``sys.path``;
     returns the distribution name -> wheel file."""
-    wheels = sorted(folder.glob("*.whl"))
+    # torchtune's package needs torchao: peft_suite reads its offloading module from the wheel
+    wheels = sorted(w for w in folder.glob("*.whl") if not w.name.startswith("torchtune-"))
     if not wheels:
         raise FileNotFoundError(
             f"no wheels in {folder}: run benchmarks/fidelity/cuda/fetch_wheels.sh here and "
