@@ -53,6 +53,9 @@ from app.domain.workload import (  # noqa: E402
     Runtime,
 )
 from app.domain.zoo import ZooModel, bert, gpt2, llama, vit  # noqa: E402
+from app.schemas.estimates import MemoryEstimateRequest  # noqa: E402
+from app.services.pipeline import estimate_graph  # noqa: E402
+from app.services.zoo import zoo_fields  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 TARGETS = {"device_median": 5.0, "device_p90": 15.0, "under_at_margin": 5.0, "allocated": 3.0}
@@ -75,6 +78,17 @@ class Row:
     estimated: dict[str, int]
     params_measured: int
     params_estimated: int
+    trainable_measured: int | None = None  # the peft suite: PEFT's trainable count
+    trainable_estimated: int | None = None
+    error: str | None = None  # the service rejected the request (the peft suite)
+
+    @property
+    def counts_exact(self) -> bool:
+        """Parameters (and trainable parameters, where measured) as the service counts them."""
+        trainable = self.trainable_measured is None or (
+            self.trainable_measured == self.trainable_estimated
+        )
+        return self.error is None and self.params_measured == self.params_estimated and trainable
 
     def error_pct(self, figure: str) -> float | None:
         """Signed error of the estimate for one figure [%] (None: not measured)."""
@@ -86,6 +100,8 @@ class Row:
 
 def _model(record: dict[str, Any]) -> ZooModel:
     """The zoo model measure.py built (Llama-3-8B widths with GQA besides the CPU harness's)."""
+    if record["model"] == "llama_tiny":  # peft_suite.LLAMA_TINY (the peft suite's --smoke)
+        return llama(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128, vocab=1000)
     if record["model"] == "llama3_8b":
         return llama(
             layers=record.get("layers") or 32,
@@ -136,14 +152,14 @@ def _attention(record: dict[str, Any]) -> Attention | None:
 
 def _overhead(record: dict[str, Any]) -> FrameworkOverhead:
     env = record.get("environment") or {}
-    major = int(str(env.get("capability", "9.0")).split(".")[0] or 9)
+    major = int(str(env.get("capability") or "9.0").split(".")[0] or 9)
     architecture = {9: "Hopper", 10: "Blackwell", 12: "Blackwell"}.get(major, "Ampere")
     workspace, source = cublas_workspace(architecture)
     alloc_conf = str(env.get("PYTORCH_CUDA_ALLOC_CONF") or "")
     # the context of the run's own stack: the service's table (app.domain.cuda_context) at the
     # run's compute capability and CUDA major, as an API request naming them would get
-    capability = ComputeCapability.parse(str(env.get("capability", "9.0")))
-    cuda_major = int(str(env.get("cuda", "12.0")).split(".")[0] or 12)
+    capability = ComputeCapability.parse(str(env.get("capability") or "9.0"))
+    cuda_major = int(str(env.get("cuda") or "12.0").split(".")[0] or 12)
     context = cuda_context(capability, cuda_major=cuda_major)
     return FrameworkOverhead(
         cuda_context_bytes=context.context_bytes,
@@ -178,12 +194,59 @@ def estimate(record: dict[str, Any]) -> MemoryEstimate:
     return estimate_memory(analysis, request)
 
 
+def request_body(record: dict[str, Any]) -> dict[str, Any]:
+    """The peft suite's request as a client sends it to ``POST /v1/estimates/memory``: the
+    record's ``request`` fields (peft_suite.service_request), the model's graph inline, the
+    CUDA runtime, the attention kernel measure.py saw, and the run's context and workspace as
+    ``framework_overhead``."""
+    fields = zoo_fields(_model(record))
+    overhead = _overhead(record)
+    body: dict[str, Any] = {
+        "architecture": {
+            "inputs": fields["inputs"],
+            "layers": fields["layers"],
+            "default_bindings": fields["default_bindings"],
+        },
+        **record["request"],
+        "runtime": Runtime.CUDA.value,
+        "framework_overhead": {
+            "cuda_context_bytes": overhead.cuda_context_bytes,
+            "workspace_bytes": overhead.workspace_bytes,
+            "expandable_segments": overhead.expandable_segments,
+        },
+    }
+    attention = _attention(record)
+    if attention is not None:
+        body["attention"] = attention.value
+    return body
+
+
+def estimate_request(record: dict[str, Any]) -> MemoryEstimate:
+    """The service's estimate of a peft-suite record through its own request path: the body
+    validated by the API schema, then app.services.pipeline.estimate_graph (what the memory
+    endpoint runs; the overhead as the body's framework_overhead resolves it)."""
+    body = request_body(record)
+    spec = MemoryEstimateRequest.model_validate(body)
+    graph = (body["architecture"]["inputs"], body["architecture"]["layers"],
+             body["architecture"]["default_bindings"], "inline", "", None)  # fmt: skip
+    run = estimate_graph(
+        graph, spec, runtime=Runtime.CUDA, hardware_runtime=None, overhead=_overhead(record)
+    )
+    return run.result
+
+
 def row(record: dict[str, Any]) -> Row:
     """Measured (the largest steady step; the warm-up step) against the estimate."""
     steps = record.get("steps") or []
     steady = [s for s in steps if not s.get("warmup")]
     warmup = [s for s in steps if s.get("warmup")]
-    result = estimate(record)
+    if "request" in record:
+        try:
+            result = estimate_request(record)
+        except Exception as exc:  # noqa: BLE001  (a 422: reported as the row's error)
+            return Row(record["key"], {}, {}, 0, 0, error=f"{type(exc).__name__}: {exc}"[:400])
+    else:
+        result = estimate(record)
     cuda = result.cuda
     assert cuda is not None  # runtime pytorch_cuda
     measured: dict[str, int] = {}
@@ -203,12 +266,15 @@ def row(record: dict[str, Any]) -> Row:
         "first_allocated": cuda.first_iteration_allocated_bytes or 0,
         "first_reserved": cuda.first_iteration_reserved_bytes or 0,
     }
+    peft = "request" in record
     return Row(
         key=record["key"],
         measured=measured,
         estimated=estimated,
-        params_measured=record.get("params", 0),
+        params_measured=record.get("base_params", 0) if peft else record.get("params", 0),
         params_estimated=result.params,
+        trainable_measured=record.get("trainable_params") if peft else None,
+        trainable_estimated=result.trainable_params if peft else None,
     )
 
 
@@ -276,6 +342,149 @@ def render(rows: list[Row]) -> tuple[str, bool]:
     ), ok
 
 
+# The peft suite's option tags in a key (peft_suite.Options.tags), peeled in this order to find
+# the configuration an option is measured against: offload, chunked loss, optimizer in
+# backward, kept gradients, a bitsandbytes optimizer (vs AdamW foreach), QLoRA (vs LoRA with
+# the checkpointing prepare_model_for_kbit_training turns on), checkpointing with LoRA, LoRA
+# (vs full fine-tuning).
+BNB_NAMES = ("adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit")
+
+
+def reference_key(record: dict[str, Any]) -> str | None:
+    """The key of the configuration without the record's last option (None: no option)."""
+    options = record.get("options") or {}
+    parts = str(record["key"]).split("|")
+    lora = options.get("lora")
+
+    def drop(tag: str) -> str:
+        return "|".join(p for p in parts if p != tag)
+
+    if options.get("activation_offload"):
+        return drop(next(p for p in parts if p.startswith("offload_")))
+    if options.get("loss_chunks"):
+        return drop(f"loss_chunks{options['loss_chunks']}")
+    if options.get("optimizer_in_backward"):
+        return drop("opt_in_bwd")
+    if options.get("keep_gradients"):
+        return drop("keep_grads")
+    if record.get("optimizer") in BNB_NAMES:
+        return "|".join("adamw_foreach" if p == record["optimizer"] else p for p in parts)
+    tag = next((p for p in parts if p.startswith(("lora-", "dora-"))), None)
+    if lora is None or tag is None:
+        return None
+    if lora.get("qlora"):
+        unquantized = tag.split("-qlora-")[0]
+        rest = [unquantized if p == tag else p for p in parts]
+        if lora["qlora"].get("use_gradient_checkpointing") and "ckpt" not in rest:
+            rest.insert(rest.index(unquantized), "ckpt")
+        return "|".join(rest)
+    if "ckpt" in parts:
+        return drop("ckpt")
+    return drop(tag)
+
+
+def render_peft(rows: list[Row], records: list[dict[str, Any]], by_key: dict[str, Row]) -> str:
+    """The peft suite (issue 32): counts, allocated / reserved / device total, and each
+    option's saving against its reference configuration, measured vs estimated."""
+    lines = [
+        "| configuration | trainable (meas / est) | allocated MiB (meas / est / err %) | "
+        "reserved MiB | device total MiB | vs | allocated ratio (meas / est) | "
+        "saving MiB (meas / est / err %) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+
+    def cell(r: Row, figure: str) -> str:
+        error = r.error_pct(figure)
+        if error is None:
+            return "-"
+        return (
+            f"{r.measured[figure] / 2**20:,.1f} / {r.estimated[figure] / 2**20:,.1f} / {error:+.1f}"
+        )
+
+    ratio_errors: list[float] = []
+    for r, record in zip(rows, records, strict=True):
+        if r.error is not None:
+            lines.append(f"| {r.key} | rejected: {r.error} | | | | | | |")
+            continue
+        ref_key = reference_key(record)
+        ref = by_key.get(ref_key or "")
+        ratio = saving = "-"
+        if ref is not None and ref.error is None and "allocated" in ref.measured:
+            meas_ratio = r.measured["allocated"] / ref.measured["allocated"]
+            est_ratio = r.estimated["allocated"] / ref.estimated["allocated"]
+            ratio = f"{meas_ratio:.3f} / {est_ratio:.3f}"
+            meas_saving = ref.measured["allocated"] - r.measured["allocated"]
+            est_saving = ref.estimated["allocated"] - r.estimated["allocated"]
+            saving = f"{meas_saving / 2**20:,.1f} / {est_saving / 2**20:,.1f}"
+            if meas_saving:
+                error = 100.0 * (est_saving - meas_saving) / abs(meas_saving)
+                ratio_errors.append(error)
+                saving += f" / {error:+.1f}"
+        lines.append(
+            f"| {r.key} | {r.trainable_measured:,} / {r.trainable_estimated:,} | "
+            f"{cell(r, 'allocated')} | {cell(r, 'reserved')} | {cell(r, 'device_total')} | "
+            f"{ref_key if ref is not None else '-'} | {ratio} | {saving} |"
+        )
+    estimated = [r for r in rows if r.error is None]
+    rejected = [r.key for r in rows if r.error is not None]
+    wrong = [r.key for r in estimated if not r.counts_exact]
+    allocated = [e for r in estimated if (e := r.error_pct("allocated")) is not None]
+    device = [e for r in estimated if (e := r.error_pct("device_total")) is not None]
+    summary = [
+        f"- configurations: {len(rows)}, rejected by the service: {len(rejected)}"
+        + (f" ({', '.join(rejected[:5])})" if rejected else ""),
+        f"- parameter and trainable-parameter counts: {len(estimated) - len(wrong)} of "
+        f"{len(estimated)} exact" + (f" (differ: {', '.join(wrong[:5])})" if wrong else ""),
+    ]
+    if allocated:
+        summary.append(
+            f"- max_memory_allocated: median |error| {statistics.median(map(abs, allocated)):.1f} "
+            f"%, worst under-estimate {max(0.0, -min(allocated)):.1f} %"
+        )
+    if device:
+        summary.append(
+            f"- device total: median |error| {statistics.median(map(abs, device)):.1f} %"
+        )
+    if ratio_errors:
+        within = sum(1 for e in ratio_errors if abs(e) <= 15.0)
+        summary.append(
+            f"- each option's saving vs its reference (allocated): {within} of "
+            f"{len(ratio_errors)} within 15 %, median |error| "
+            f"{statistics.median(map(abs, ratio_errors)):.1f} %"
+        )
+    return "\n".join(
+        ["## peft suite (issue 32): LoRA, QLoRA, bitsandbytes optimizers, training options",
+         "", *summary, "", *lines]
+    )  # fmt: skip
+
+
+def check_requests(records: list[dict[str, Any]]) -> int:
+    """Every peft-suite record (measured or not, e.g. ``measure.py --suite peft --list-json``)
+    through the service's request path: the estimate's counts and allocated bytes, or why the
+    service rejected it. Non-zero when any is rejected or a measured count differs."""
+    failed = 0
+    for record in records:
+        if "request" not in record:
+            continue
+        try:
+            result = estimate_request(record)
+        except Exception as exc:  # noqa: BLE001
+            failed += 1
+            print(f"REJECTED {record['key']}: {type(exc).__name__}: {exc}"[:600])
+            continue
+        assert result.cuda is not None
+        counts = (record.get("base_params"), record.get("trainable_params"))
+        estimated = (result.params, result.trainable_params)
+        same = counts == (None, None) or counts == estimated
+        failed += not same
+        print(
+            f"{'ok' if same else 'COUNTS DIFFER'} {record['key']}: params {estimated[0]:,} "
+            f"trainable {estimated[1]:,} (measured {counts[0]}, {counts[1]}), allocated "
+            f"{result.cuda.allocated_bytes / 2**20:,.1f} MiB"
+        )
+    return 1 if failed else 0
+
+
 def load(paths: list[Path]) -> list[dict[str, Any]]:
     """The measured records of one or more measure.py outputs, each with its environment."""
     measured: list[dict[str, Any]] = []
@@ -299,9 +508,31 @@ def main() -> int:
         "--measurements", type=Path, nargs="+", default=sorted(HERE.glob("cuda_measurements*.json"))
     )
     parser.add_argument("--out", type=Path, default=None, help="write the table here")
+    parser.add_argument(
+        "--check-requests",
+        action="store_true",
+        help="only send every peft-suite record of --measurements (measured or not) through "
+        "the service's request path and print the counts or the rejection",
+    )
     args = parser.parse_args()
-    rows = [row(r) for r in load(args.measurements)]
+    if args.check_requests:
+        every: list[dict[str, Any]] = []
+        for path in args.measurements:
+            loaded = json.loads(path.read_text())
+            env = loaded.get("environment", {}) if isinstance(loaded, dict) else {}
+            records = loaded["records"] if isinstance(loaded, dict) else loaded
+            every += [{**r, "environment": r.get("environment") or env} for r in records]
+        return check_requests(every)
+    records = load(args.measurements)
+    base = [r for r in records if "request" not in r]
+    peft = [r for r in records if "request" in r]
+    rows = [row(r) for r in base]
     text, ok = render(rows)
+    if peft:
+        peft_rows = [row(r) for r in peft]
+        by_key = {r.key: r for r in (*rows, *peft_rows)}
+        text += "\n\n" + render_peft(peft_rows, peft, by_key)
+        ok &= all(r.counts_exact for r in peft_rows)
     print(text)
     if args.out is not None:
         args.out.write_text(text + "\n")

@@ -43,6 +43,25 @@ from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
+
+
+def _load_peft_wheels() -> Any:
+    """This folder's peft_wheels.py (torch-free), loaded by path: ``measure`` must stay the
+    CPU harness's module below."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("peft_wheels", HERE / "peft_wheels.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# --suite peft: peft, accelerate and bitsandbytes unpacked from wheels/ before transformers is
+# imported (it decides at import whether they are installed)
+PEFT_WHEELS = _load_peft_wheels().early(sys.argv, HERE / "wheels")
+
 # benchmarks/fidelity: the CPU harness's models and helpers. Inserted first, so ``measure``
 # below is the CPU harness's module, not this file.
 sys.path.insert(0, str(HERE.parent))
@@ -50,6 +69,7 @@ sys.path.insert(0, str(HERE.parent))
 import torch  # noqa: E402
 import transformers  # noqa: E402
 from measure import (  # noqa: E402
+    HF_FAMILIES,
     LOSS_DESCRIPTION,
     Config,
     forward,
@@ -59,6 +79,12 @@ from measure import (  # noqa: E402
 )
 from models import build_model, count_params  # noqa: E402
 from torch import Tensor, nn  # noqa: E402
+
+sys.path.insert(0, str(HERE))  # this folder's peft_suite (after the CPU harness's modules)
+import peft_suite  # noqa: E402
+from peft_suite import BNB_OPTIMIZERS, Options  # noqa: E402
+
+HF_FAMILIES.setdefault("llama_tiny", "causal_lm")  # the peft suite's --smoke decoder
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 STAT_KEYS = (
@@ -90,12 +116,20 @@ class CudaConfig:
     base: Config
     amp: bool = False  # fp32 weights, forward + loss under autocast(cuda, bfloat16)
     checkpointing: bool = False  # HF gradient_checkpointing_enable(); CNNs: checkpoint per block
+    options: Options | None = None  # --suite peft: LoRA / QLoRA and the training options
 
     @property
     def key(self) -> str:
-        """The CPU key plus ``amp_bf16`` and ``ckpt`` where they apply."""
+        """The CPU key plus ``amp_bf16``, ``ckpt`` and the peft suite's tags where they apply."""
         extra = (["amp_bf16"] if self.amp else []) + (["ckpt"] if self.checkpointing else [])
+        extra += self.options.tags() if self.options is not None else []
         return "|".join([self.base.key, *extra])
+
+    @property
+    def qlora(self) -> peft_suite.Qlora | None:
+        """The 4-bit base, if the configuration has one."""
+        lora = self.options.lora if self.options is not None else None
+        return lora.qlora if lora is not None else None
 
 
 # ----------------------------------------------------------------------------- configurations
@@ -104,11 +138,14 @@ class CudaConfig:
 def _cfg(model: str, mode: str, batch: int, **kw: Any) -> CudaConfig:
     amp = kw.pop("amp", False)
     ckpt = kw.pop("checkpointing", False)
-    if model in TRANSFORMERS:
+    options = kw.pop("options", None)
+    if model in (*TRANSFORMERS, "llama_tiny"):
         kw.setdefault("attn", "sdpa")
     if model in ("resnet50", "mobilenet_v2", "alexnet", "vgg16", "vit_b16"):
         kw.setdefault("image_size", 224)
-    return CudaConfig(Config(model, mode, batch, **kw), amp=amp, checkpointing=ckpt)
+    return CudaConfig(
+        Config(model, mode, batch, **kw), amp=amp, checkpointing=ckpt, options=options
+    )
 
 
 def _smoke_configs() -> list[CudaConfig]:
@@ -202,6 +239,8 @@ def _decoder_configs() -> Iterator[CudaConfig]:
 @functools.cache
 def _params(model: str, layers: int | None) -> int:
     """Parameter count from a meta-device build (cheap; for the cost order)."""
+    if model == "llama_tiny":
+        return 300_000
     return count_params(build_model(model, layers=layers, device="meta"))
 
 
@@ -222,11 +261,22 @@ def estimated_seconds(cfg: CudaConfig) -> float:
     if base.mode == "training" and cfg.checkpointing:
         flops *= 4 / 3
     rate = 1.5e14 if (cfg.amp or base.dtype == "bf16") else 2.5e13
-    return build + (STEADY_STEPS + 2) * flops / rate + 0.2
+    return (
+        build
+        + (STEADY_STEPS + 2) * flops / rate
+        + 0.2
+        + peft_suite.extra_seconds(cfg.options, params, base.optimizer)
+    )
 
 
-def configs(smoke: bool = False) -> list[CudaConfig]:
-    """Every configuration, cheapest first, so a budget cut keeps a useful set."""
+def configs(smoke: bool = False, suite: str = "base") -> list[CudaConfig]:
+    """Every configuration of the suite, cheapest first, so a budget cut keeps a useful set."""
+    if suite == "peft":
+        specs = peft_suite.peft_specs(smoke)
+        chosen = [_cfg(m, mode, b, options=o, **dict(kw)) for m, mode, b, kw, o in specs]
+        unique = {c.key: c for c in chosen}
+        assert len(unique) == len(chosen), "duplicate keys in the peft suite"
+        return chosen if smoke else sorted(unique.values(), key=estimated_seconds)
     if smoke:
         return _smoke_configs()
     found: dict[str, CudaConfig] = {}
@@ -375,7 +425,7 @@ class Checkpointed(nn.Module):
 
 def enable_checkpointing(name: str, model: nn.Module) -> str:
     """HF ``gradient_checkpointing_enable()``, or a checkpoint around every CNN block."""
-    if name in TRANSFORMERS:
+    if name in (*TRANSFORMERS, "llama_tiny"):
         # transformers 5 renamed it (the old name warns); both run the same HF checkpointing
         for method in ("activation_checkpointing_enable", "gradient_checkpointing_enable"):
             enable = getattr(model, method, None)
@@ -397,18 +447,41 @@ def enable_checkpointing(name: str, model: nn.Module) -> str:
 
 
 def build(cfg: CudaConfig) -> nn.Module:
-    """The model on the device, in the config's weight dtype (fp32 for autocast)."""
+    """The model on the device, in the config's weight dtype (fp32 for autocast); with LoRA
+    PEFT's model (QLoRA: loaded in 4 bits onto the device, prepare_model_for_kbit_training)."""
     base = cfg.base
     dtype = DTYPES["fp32" if cfg.amp else base.dtype]
+
+    def build_base(weights: torch.dtype) -> nn.Module:
+        if base.model == "llama_tiny":
+            return peft_suite.tiny_llama(weights)
+        attn = base.attn or "sdpa"
+        return build_model(base.model, attn=attn, layers=base.layers, dtype=weights)
+
+    lora = cfg.options.lora if cfg.options is not None else None
+    if cfg.qlora is not None:
+        assert lora is not None
+        model = peft_suite.load_4bit(
+            base.model, base.layers, base.attn or "sdpa", cfg.qlora, build_base
+        )
+        model = peft_suite.apply_lora(model, lora)
+        if cfg.qlora.use_gradient_checkpointing:
+            model.checkpointing_impl = "peft prepare_model_for_kbit_training"  # type: ignore[assignment]
+        if cfg.checkpointing:
+            model.checkpointing_impl = enable_checkpointing(base.model, model)  # type: ignore[assignment]
+        return model  # on the device already (device_map)
     # Built (and converted) on the CPU, then moved: the parameters reach the device one by one,
     # as a model loaded on the CPU and moved with .to("cuda") does.
-    model = build_model(base.model, attn=base.attn or "sdpa", layers=base.layers, dtype=dtype)
+    model = build_base(dtype)
     if base.attn is not None:
         impl = getattr(getattr(model, "config", None), "_attn_implementation", base.attn)
         if impl != base.attn:
             model.set_attn_implementation(base.attn)  # type: ignore[operator]
-    if cfg.checkpointing:
-        model.checkpointing_impl = enable_checkpointing(base.model, model)  # type: ignore[assignment]
+    ckpt_impl = enable_checkpointing(base.model, model) if cfg.checkpointing else None
+    if lora is not None:  # after checkpointing: PEFT then makes the embeddings' output need grad
+        model = peft_suite.apply_lora(model, lora)
+    if ckpt_impl is not None:
+        model.checkpointing_impl = ckpt_impl  # type: ignore[assignment]
     return model.to(_device())
 
 
@@ -444,9 +517,22 @@ def one_step(
     if base.mode == "training":
         assert optimizer is not None
         assert labels is not None
-        optimizer.zero_grad(set_to_none=True)
-        with _autocast(cfg):
-            loss = training_loss(base, model, inputs, labels)
+        options = cfg.options or Options()
+        optimizer.zero_grad(set_to_none=not options.keep_gradients)
+        torchtune = options.activation_offload and options.offload_impl == "torchtune"
+        save_on_cpu = options.activation_offload and not torchtune
+        offload = peft_suite.offload_context() if save_on_cpu else nullcontext()
+        with _autocast(cfg), offload:
+            if torchtune:  # the forward under OffloadActivations, the loss outside it
+                with model.capplan_offload:  # type: ignore[union-attr]
+                    logits = model(**inputs, use_cache=False).logits
+                loss = peft_suite.causal_lm_loss(logits, labels)
+                del logits
+            elif options.loss_chunks:
+                ids = inputs["input_ids"]
+                loss = peft_suite.chunked_loss(model, ids, labels, options.loss_chunks)
+            else:
+                loss = training_loss(base, model, inputs, labels)
         loss.backward()
         del loss
         optimizer.step()
@@ -549,14 +635,39 @@ def run_config(cfg: CudaConfig, record: dict[str, Any]) -> None:
     record["param_bytes"] = _tensor_bytes(list(model.parameters()))
     record["buffer_bytes"] = _tensor_bytes(list(model.buffers()))
     record["checkpointing_impl"] = getattr(model, "checkpointing_impl", None)
+    options = cfg.options
+    if options is not None:
+        record |= peft_suite.peft_counts(model)
+        record["checkpoint_function"] = peft_suite.checkpoint_function(model)
     cpu_inputs, cpu_labels = make_batch(base, model)
     inputs, labels = _to_device(cpu_inputs, cpu_labels)
     del cpu_inputs, cpu_labels
+    if options is not None and options.loss_chunks and labels is not None:
+        labels = peft_suite.shifted_labels(inputs["input_ids"])  # torchtune's shifted labels
     record["input_bytes"] = _tensor_bytes(
         [*inputs.values(), *([labels] if labels is not None else [])]
     )
-    optimizer = None
-    if base.mode == "training":
+    optimizer: Any = None
+    if base.mode == "training" and options is not None:
+        model.train()
+        name = base.optimizer or "sgd"
+        trainable = [p for p in model.parameters() if p.requires_grad]
+
+        def make(params: list[nn.Parameter]) -> torch.optim.Optimizer:
+            if name in BNB_OPTIMIZERS:
+                return peft_suite.make_bnb_optimizer(name, params)
+            return make_optimizer(name, params)
+
+        if options.activation_offload and options.offload_impl == "torchtune":
+            model.capplan_offload = peft_suite.torchtune_context(model, HERE / "wheels")  # type: ignore[assignment]
+        if options.optimizer_in_backward:
+            optimizer = peft_suite.InBackward.build(trainable, make)
+        else:
+            optimizer = make(trainable)
+        record["optimizer_impl"] = (
+            "bitsandbytes" if name in BNB_OPTIMIZERS else optimizer_impl(optimizer)
+        )
+    elif base.mode == "training":
         model.train()
         assert base.optimizer is not None
         optimizer = make_optimizer(base.optimizer, list(model.parameters()))
@@ -570,10 +681,14 @@ def run_config(cfg: CudaConfig, record: dict[str, Any]) -> None:
     for index in range(1 + STEADY_STEPS):
         if _cuda():
             torch.cuda.reset_peak_memory_stats()
+            if options is not None:
+                peft_suite.reset_host_peak()
         began = time.perf_counter()
         one_step(cfg, model, inputs, labels, optimizer)
         steps.append({"warmup": index == 0, **read_step()})
         steps[-1]["step_s"] = round(time.perf_counter() - began, 3)
+        if options is not None:
+            steps[-1]["host_memory"] = peft_suite.host_memory_peak()
     params = list(model.parameters())
     record["grad_bytes"] = _tensor_bytes([p.grad for p in params if p.grad is not None])
     record["optimizer_state_bytes"] = (
@@ -583,6 +698,11 @@ def run_config(cfg: CudaConfig, record: dict[str, Any]) -> None:
         if optimizer is not None
         else 0
     )
+    if options is not None and optimizer is not None:
+        record["paged_state_bytes"] = peft_suite.paged_bytes(optimizer)
+        if not options.optimizer_in_backward:  # every trainable parameter got its gradient
+            missing = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+            record["trainable_without_grad"] = missing[:20]
     if optimizer is not None:
         optimizer.zero_grad(set_to_none=True)  # room for the kernel check's forward
     try:
@@ -610,7 +730,24 @@ def new_record(cfg: CudaConfig) -> dict[str, Any]:
         "torch_version": torch.__version__,
         "transformers_version": transformers.__version__,
         "estimated_s": round(estimated_seconds(cfg), 2),
+        **(_peft_fields(cfg) if cfg.options is not None else {}),
     }
+
+
+def _peft_fields(cfg: CudaConfig) -> dict[str, Any]:
+    """The peft suite's options and the service request they stand for."""
+    base = cfg.base
+    request = peft_suite.service_request(
+        mode=base.mode,
+        batch=base.batch,
+        seq_len=base.seq_len,
+        dtype=base.dtype,
+        amp=cfg.amp,
+        optimizer=base.optimizer,
+        checkpointing=cfg.checkpointing,
+        options=cfg.options,
+    )
+    return {"options": asdict(cfg.options) if cfg.options else None, "request": request}
 
 
 def measure_one(cfg: CudaConfig) -> dict[str, Any]:
@@ -641,13 +778,14 @@ def _write(path: Path, output: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def _run_isolated(cfg: CudaConfig, smoke: bool, timeout: float) -> dict[str, Any]:
+def _run_isolated(cfg: CudaConfig, smoke: bool, timeout: float, suite: str) -> dict[str, Any]:
     """``cfg`` in a subprocess (a fresh CUDA context); its record, or why there is none."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "one.json"
         command = [sys.executable, str(Path(__file__).resolve()), "--key", cfg.key]
         command += ["--out", str(out), "--budget-s", "1e9", "--quiet"]
         command += ["--smoke"] if smoke else []
+        command += ["--suite", suite]
         try:
             done = subprocess.run(
                 command, capture_output=True, text=True, timeout=max(timeout, 5), check=False
@@ -693,6 +831,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--key", help="run only the config with exactly this key")
     parser.add_argument("--budget-s", type=float, default=540.0, help="stop starting configs")
     parser.add_argument("--list", action="store_true", help="print the config keys and exit")
+    parser.add_argument(
+        "--list-json",
+        type=Path,
+        help="write the chosen configurations' records (nothing measured) here and exit: "
+        "compare.py --check-requests reads them",
+    )
     parser.add_argument("--smoke", action="store_true", help="tiny configs (CPU check)")
     parser.add_argument("--part", default="1/1", help="K/N: every N-th config from the K-th")
     parser.add_argument("--isolate", action="store_true", help="each config in a subprocess")
@@ -705,15 +849,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=[],
         help="skip configs measured without error in these earlier outputs",
     )
+    parser.add_argument(
+        "--suite",
+        choices=("base", "peft"),
+        default="base",
+        help="base: the 277 configurations; peft: LoRA / QLoRA / 8-bit and paged optimizers / "
+        "offload / optimizer in backward / chunked loss (peft_suite.py)",
+    )
+    parser.add_argument(
+        "--wheels",
+        type=Path,
+        default=HERE / "wheels",
+        help="--suite peft: wheels of peft, accelerate, bitsandbytes, psutil (fetch_wheels.sh), "
+        "unpacked when the image lacks one of them",
+    )
     parser.add_argument("--quiet", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     part, parts = (int(x) for x in args.part.split("/"))
-    every = configs(args.smoke)
+    every = configs(args.smoke, args.suite)
     if args.key is not None:
         chosen = [c for c in every if c.key == args.key]
     else:
         done = measured_keys(args.exclude_measured)
         chosen = [c for c in every if args.only in c.key and c.key not in done][part - 1 :: parts]
+    if args.list_json is not None:
+        _write(args.list_json, {"schema": "cuda_measurements/1", "dry": True,
+                                "records": [new_record(c) for c in chosen]})  # fmt: skip
+        print(f"{len(chosen)} configurations -> {args.list_json}")
+        return 0
     if args.list:
         total = 0.0
         for c in chosen:
@@ -728,10 +891,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.probes:
         probes_out = args.probes_out or args.out.with_name("cuda_probes.json")
         _run_probes(probes_out, args.smoke, args.budget_s / 2)
+    libraries: dict[str, Any] = {}
+    if args.suite == "peft":  # unpacked at import (PEFT_WHEELS) unless main got other argv
+        found = PEFT_WHEELS if PEFT_WHEELS is not None else {"peft_suite_missing_on_image": []}
+        libraries = {**found, "peft_suite_libraries": peft_suite.library_versions()}
     output: dict[str, Any] = {
         "schema": "cuda_measurements/1",
         "command": sys.argv,
-        "environment": environment(),
+        "environment": {**environment(), **libraries},
         "context_at_start": read_step(),
         "gpu_processes_at_start": gpu_processes(),
         "records": [],
@@ -746,9 +913,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             output["records"].append({**new_record(cfg), "skipped": "time budget"})
             continue
         began = time.perf_counter()
-        if args.isolate:
+        # bitsandbytes never frees a paged optimizer's unified memory: such a config runs in
+        # its own process, so the memory goes with it
+        paged = cfg.options is not None and peft_suite.paged(cfg.base.optimizer)
+        if args.isolate or (paged and args.key is None):
             timeout = args.budget_s - (time.monotonic() - STARTED)
-            record = _run_isolated(cfg, args.smoke, timeout)
+            record = _run_isolated(cfg, args.smoke, timeout, args.suite)
         else:
             record = measure_one(cfg)
         longest = max(longest, time.perf_counter() - began)
