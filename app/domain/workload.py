@@ -602,6 +602,8 @@ class WorkloadSpec:
     batch_size: int
     micro_batch_size: int | None = None
     sequence_length: int | None = None
+    # an encoder-decoder's decoder length (the ``decoder_seq`` dim; None: sequence_length)
+    decoder_sequence_length: int | None = None
     image_size: int | None = None
     bindings: Mapping[str, int] = field(default_factory=dict)
     precision: Precision | None = None
@@ -740,6 +742,8 @@ def resolve(
             bound[symbol] = given
         elif symbol in bound and symbol not in spec.bindings:
             default(option, str(bound[symbol]), f"the model's default `{symbol}`")
+    if spec.decoder_sequence_length is not None:  # else decoder_seq follows seq (DERIVED_DIMS)
+        bound["decoder_seq"] = spec.decoder_sequence_length
     training = spec.mode is Mode.TRAINING
     optimizer = spec.optimizer or Optimizer.ADAMW
     impl = spec.optimizer_impl or OptimizerImpl.AUTO
