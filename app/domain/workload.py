@@ -144,6 +144,8 @@ class Runtime(StrEnum):
 DEEPSPEED_REDUCE_BUCKET_SIZE = 500_000_000
 DEEPSPEED_PREFETCH_BUCKET_SIZE = 50_000_000
 DEEPSPEED_MAX_LIVE_PARAMETERS = 1_000_000_000
+# stage3_max_reuse_distance pp_int(1e9) [elements] (the same config.py)
+DEEPSPEED_MAX_REUSE_DISTANCE = 1_000_000_000
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -155,15 +157,18 @@ class DeepSpeedBuffers:
     stage3.py ``_setup_for_real_optimizer``, contiguous_gradients=True by default).
     ``stage3_prefetch_bucket_size``: parameter elements fetched ahead of use (ZeRO-3).
     ``stage3_max_live_parameters``: at most this many gathered parameter elements resident.
+    ``stage3_max_reuse_distance``: a submodule's gathered parameters are not released when
+    they are used again within this many parameter elements of the trace (ZeRO-3).
     """
 
     reduce_bucket_size: int = DEEPSPEED_REDUCE_BUCKET_SIZE
     stage3_prefetch_bucket_size: int = DEEPSPEED_PREFETCH_BUCKET_SIZE
     stage3_max_live_parameters: int = DEEPSPEED_MAX_LIVE_PARAMETERS
+    stage3_max_reuse_distance: int = DEEPSPEED_MAX_REUSE_DISTANCE
 
     def __post_init__(self) -> None:
         for name in ("reduce_bucket_size", "stage3_prefetch_bucket_size",
-                     "stage3_max_live_parameters"):  # fmt: skip
+                     "stage3_max_live_parameters", "stage3_max_reuse_distance"):  # fmt: skip
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise TrainingOptionError(
@@ -602,6 +607,8 @@ class WorkloadSpec:
     batch_size: int
     micro_batch_size: int | None = None
     sequence_length: int | None = None
+    # an encoder-decoder's decoder length (the ``decoder_seq`` dim; None: sequence_length)
+    decoder_sequence_length: int | None = None
     image_size: int | None = None
     bindings: Mapping[str, int] = field(default_factory=dict)
     precision: Precision | None = None
@@ -740,6 +747,8 @@ def resolve(
             bound[symbol] = given
         elif symbol in bound and symbol not in spec.bindings:
             default(option, str(bound[symbol]), f"the model's default `{symbol}`")
+    if spec.decoder_sequence_length is not None:  # else decoder_seq follows seq (DERIVED_DIMS)
+        bound["decoder_seq"] = spec.decoder_sequence_length
     training = spec.mode is Mode.TRAINING
     optimizer = spec.optimizer or Optimizer.ADAMW
     impl = spec.optimizer_impl or OptimizerImpl.AUTO

@@ -12,14 +12,18 @@ default true; Flan-T5 and T5 v1.1 set false). The feed-forward is ``DenseReluDen
 ``wo``) for ``feed_forward_proj: relu`` and ``DenseGatedActDense`` (``wi_0``, ``wi_1``, ``wo``)
 for ``gated-gelu`` / ``gated-silu``.
 
-The graph reads one int64 input ``input_ids`` of ``[batch, 2, seq]``: the encoder's token ids
-and the decoder's (``decoder_input_ids``, in training the right-shifted labels) stacked, so the
-one ``shared`` lookup embeds both (as the module does, called twice) and the parameter count is
-transformers'. The decoder length is therefore the input length: the ``seq`` binding sets both
-(a decoder of another length would need an embedding op that shares a weight, which the graph
-format lacks). Cross-attention is written out as ops (linear k / v on the encoder output,
-q @ k^T, softmax, dropout, @ v, the output linear), so training memory keeps what autograd
-keeps for each. Standard library and :mod:`app.domain` only.
+The graph reads two int64 inputs: ``input_ids`` of ``[batch, seq]`` (the encoder's tokens) and
+``decoder_input_ids`` of ``[batch, decoder_seq]`` (in training the right-shifted labels). The
+one ``shared`` embedding embeds both, as the module does (called twice): the decoder's lookup
+is an ``embedding`` tied to it (no parameter of its own), so the parameter count is
+transformers'. ``decoder_seq`` follows ``seq`` unless a request binds it
+(``decoder_sequence_length``; :data:`app.domain.graph.analysis.DERIVED_DIMS`): a seq2seq
+fine-tune's decoder runs on its labels (PEFT's seq2seq examples pad them to
+``target_max_length``, a few tokens), not on the input's length. The decoder's self-attention
+and cross-attention queries run over ``decoder_seq`` positions, cross-attention's keys and
+values over the encoder's ``seq``. Cross-attention is written out as ops (linear k / v on the
+encoder output, q @ k^T, softmax, dropout, @ v, the output linear), so training memory keeps
+what autograd keeps for each. Standard library and :mod:`app.domain` only.
 """
 
 from __future__ import annotations
@@ -33,7 +37,10 @@ from app.importers.result import ImportRejected
 
 Layer = builders.Layer
 
-STACKED_TOKENS = InputDecl(name="input_ids", shape=("batch", 2, "seq"), kind=TensorKind.INDEX)
+ENCODER_TOKENS = InputDecl(name="input_ids", shape=("batch", "seq"), kind=TensorKind.INDEX)
+DECODER_TOKENS = InputDecl(
+    name="decoder_input_ids", shape=("batch", "decoder_seq"), kind=TensorKind.INDEX
+)
 ENCODER_OUTPUT = "final_drop"  # the encoder stack's last layer, which every cross-attention reads
 
 
@@ -70,30 +77,30 @@ def _cross_attention(hidden: int, heads: int, head_dim: int, dropout: float) -> 
     inner = heads * head_dim
     a = "EncDecAttention"
 
-    def heads_of(name: str, source: str) -> list[Layer]:
+    def heads_of(name: str, source: str, positions: str) -> list[Layer]:
         return [
             {"name": f"{a}.{name}_split", "op": "reshape", "inputs": [source],
-             "shape": ["batch", "seq", heads, head_dim]},
+             "shape": ["batch", positions, heads, head_dim]},
             {"name": f"{a}.{name}_heads", "op": "transpose", "dim0": 1, "dim1": 2},
         ]  # fmt: skip
 
     return [
         {"name": f"{a}.q", "op": "linear", "out_features": inner, "bias": False},
-        *heads_of("q", f"{a}.q"),
+        *heads_of("q", f"{a}.q", "decoder_seq"),
         {"name": f"{a}.k", "op": "linear", "out_features": inner, "bias": False,
          "inputs": [ENCODER_OUTPUT]},
-        *heads_of("k", f"{a}.k"),
+        *heads_of("k", f"{a}.k", "seq"),
         {"name": f"{a}.k_t", "op": "transpose", "dim0": 2, "dim1": 3},
         {"name": f"{a}.v", "op": "linear", "out_features": inner, "bias": False,
          "inputs": [ENCODER_OUTPUT]},
-        *heads_of("v", f"{a}.v"),
+        *heads_of("v", f"{a}.v", "seq"),
         {"name": f"{a}.scores", "op": "matmul", "inputs": [f"{a}.q_heads", f"{a}.k_t"]},
         {"name": f"{a}.probs", "op": "softmax", "dim": -1},
         *([_drop(f"{a}.probs_drop", dropout)] if dropout else []),
         {"name": f"{a}.context", "op": "matmul",
          "inputs": [f"{a}.probs_drop" if dropout else f"{a}.probs", f"{a}.v_heads"]},
         {"name": f"{a}.merge", "op": "transpose", "dim0": 1, "dim1": 2},
-        {"name": f"{a}.merged", "op": "reshape", "shape": ["batch", "seq", inner]},
+        {"name": f"{a}.merged", "op": "reshape", "shape": ["batch", "decoder_seq", inner]},
         {"name": f"{a}.o", "op": "linear", "out_features": hidden, "bias": False},
     ]  # fmt: skip
 
@@ -154,16 +161,17 @@ def t5_conditional_generation(config: _Config) -> Built:
     if tied:
         head["tied_to"] = "shared"
     layers: list[Layer] = [
-        # one lookup of [batch, 2, seq] ids: the encoder's and the decoder's tokens
-        {"name": "shared", "op": "embedding", "num_embeddings": vocab, "embedding_dim": hidden},
+        {"name": "shared", "op": "embedding", "num_embeddings": vocab, "embedding_dim": hidden,
+         "inputs": [ENCODER_TOKENS.name]},
         {"name": "relative_attention_bias", "op": "tensor", "shape": [buckets, heads]},
-        {"name": "encoder_embeds", "op": "select", "dim": 1, "index": 0, "inputs": ["shared"]},
-        _drop("embed_drop", dropout),
+        _drop("embed_drop", dropout, ["shared"]),
         {"name": "block", "op": "repeat", "times": encoder_layers, "layers": encoder_block},
         {"name": "final_layer_norm", "op": "rmsnorm", "eps": eps},
         _drop(ENCODER_OUTPUT, dropout),
         {"name": "decoder_relative_attention_bias", "op": "tensor", "shape": [buckets, heads]},
-        {"name": "decoder_embeds", "op": "select", "dim": 1, "index": 1, "inputs": ["shared"]},
+        # the shared embedding called again, on the decoder's tokens
+        {"name": "decoder_embeds", "op": "embedding", "num_embeddings": vocab,
+         "embedding_dim": hidden, "tied_to": "shared", "inputs": [DECODER_TOKENS.name]},
         _drop("decoder_embed_drop", dropout),
         {"name": "decoder_block", "op": "repeat", "times": decoder_layers,
          "layers": decoder_block},
@@ -175,12 +183,13 @@ def t5_conditional_generation(config: _Config) -> Built:
         f"encoder-decoder (T5ForConditionalGeneration): {encoder_layers} encoder and "
         f"{decoder_layers} decoder blocks; one shared embedding; LM head "
         f"{'tied to it' if tied else 'untied'}",
-        "input_ids is [batch, 2, seq]: the encoder's and the decoder's token ids; the decoder "
-        "length is the input length (the seq binding sets both)",
+        "input_ids is [batch, seq] (the encoder's tokens), decoder_input_ids [batch, "
+        "decoder_seq]; the decoder length is the input length unless decoder_sequence_length "
+        "is given",
         "relative position bias: a learned table in the first block of each stack; "
         "cross-attention has none",
     ]
     if tied:
         notes.append("tied LM head: the decoder output is scaled by d_model^-0.5 (no parameters)")
     reference = f"T5ForConditionalGeneration (LM head {'tied' if tied else 'untied'})"
-    return ((STACKED_TOKENS,), layers), reference, notes, 512
+    return ((ENCODER_TOKENS, DECODER_TOKENS), layers), reference, notes, 512

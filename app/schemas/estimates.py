@@ -256,6 +256,16 @@ class WorkloadInput(Schema):
     sequence_length: Length | None = Field(
         default=None, description="Binds the `seq` dim (tokens).", examples=[2048]
     )
+    decoder_sequence_length: Length | None = Field(
+        default=None,
+        description="Encoder-decoder models (T5): binds the decoder's `decoder_seq` dim "
+        "(tokens of decoder_input_ids; in training the right-shifted labels), which the "
+        "decoder's self-attention, its cross-attention queries and the LM head run over. "
+        "Default: sequence_length (the decoder as long as the encoder's input). A seq2seq "
+        "fine-tune's labels are often far shorter (PEFT's seq2seq examples pad them to the "
+        "longest class label). A 422 naming this field for a model without a decoder input.",
+        examples=[None],
+    )
     image_size: Length | None = Field(
         default=None, description="Binds the `image` dim (pixels per side).", examples=[None]
     )

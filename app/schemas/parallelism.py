@@ -6,6 +6,7 @@ from pydantic import Field
 
 from app.domain.workload import (
     DEEPSPEED_MAX_LIVE_PARAMETERS,
+    DEEPSPEED_MAX_REUSE_DISTANCE,
     DEEPSPEED_PREFETCH_BUCKET_SIZE,
     DEEPSPEED_REDUCE_BUCKET_SIZE,
 )
@@ -40,6 +41,18 @@ class DeepSpeedZeroSpec(Schema):
         "only while fewer than this many gathered parameters are resident; the running "
         "submodule is gathered whole regardless (line `zero_gathered_params`).",
         examples=[DEEPSPEED_MAX_LIVE_PARAMETERS],
+    )
+    stage3_max_reuse_distance: int = Field(
+        default=DEEPSPEED_MAX_REUSE_DISTANCE,
+        ge=0,
+        le=1 << 40,
+        description="`stage3_max_reuse_distance` [elements] (default 1e9): ZeRO-3 keeps a "
+        "submodule's gathered parameters when they are used again within this many parameter "
+        "elements of the forward + backward trace, so the last layers of the forward stay "
+        "gathered into the backward: those whose parameters after them, counted twice "
+        "(forward, then backward), are under it; a model under 5e8 parameters stays gathered "
+        "whole. 0 releases every submodule after use (line `zero_gathered_params`).",
+        examples=[DEEPSPEED_MAX_REUSE_DISTANCE],
     )
 
 

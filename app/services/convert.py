@@ -474,6 +474,7 @@ def domain_workload(spec: WorkloadInput, runtime: Runtime | None = None) -> Doma
             batch_size=spec.batch_size,
             micro_batch_size=spec.micro_batch_size,
             sequence_length=spec.sequence_length,
+            decoder_sequence_length=spec.decoder_sequence_length,
             image_size=spec.image_size,
             bindings=dict(spec.bindings),
             precision=spec.precision,

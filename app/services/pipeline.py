@@ -206,6 +206,19 @@ def run_estimate(
     )
 
 
+def check_decoder_length(inputs: Sequence[Mapping[str, Any]], spec: WorkloadInput) -> None:
+    """A 422 naming ``decoder_sequence_length`` for a model with no ``decoder_seq`` dim (no
+    decoder input: an encoder or a decoder-only model)."""
+    if spec.decoder_sequence_length is None:
+        return
+    if not any("decoder_seq" in item.get("shape", ()) for item in inputs):
+        raise InvalidInput(
+            "decoder_sequence_length binds an encoder-decoder's decoder_seq dim; this model "
+            "has no decoder input (no input shape names decoder_seq): use sequence_length",
+            pointer="/decoder_sequence_length",
+        )
+
+
 def estimate_graph(
     graph: GraphSource,
     spec: WorkloadInput,
@@ -241,6 +254,7 @@ def estimate_graph(
         if cached is not None:
             return cached
     check_engine(graph, spec)  # an engine's options this model refuses: 422 before estimating
+    check_decoder_length(inputs, spec)
     workload = domain_workload(spec, runtime)
     try:
         resolved = resolve(

@@ -37,6 +37,7 @@ OPTION_SETS: list[dict[str, Any]] = [
                 "reduce_bucket_size": 100_000_000,
                 "stage3_prefetch_bucket_size": 50_000_000,
                 "stage3_max_live_parameters": 1_000_000_000,
+                "stage3_max_reuse_distance": 0,
             },
         }
     },

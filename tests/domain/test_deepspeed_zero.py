@@ -1,7 +1,7 @@
 """DeepSpeed ZeRO on one GPU (ZeRO-Offload / ZeRO-Infinity) and DeepSpeed's buffers
 (app.domain.memory.deepspeed): exact bytes derived by hand from DeepSpeed's defaults
 (deepspeed/runtime/zero/config.py: reduce_bucket_size 5e8, stage3_prefetch_bucket_size 5e7,
-stage3_max_live_parameters 1e9 elements)."""
+stage3_max_live_parameters 1e9, stage3_max_reuse_distance 1e9 elements)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,11 @@ from fractions import Fraction
 import pytest
 
 from app.domain.graph.analysis import GraphAnalysis, InputDecl, analyze
-from app.domain.memory.deepspeed import gathered_params_elements, reduce_bucket_bytes
+from app.domain.memory.deepspeed import (
+    gathered_params_elements,
+    reduce_bucket_bytes,
+    reuse_kept_elements,
+)
 from app.domain.memory.estimate import MemoryEstimate, MemoryRequest, estimate_memory
 from app.domain.precision import Precision
 from app.domain.workload import (
@@ -69,6 +73,25 @@ def test_deepspeed_rules() -> None:
     assert gathered_params_elements(LAYER, 0, 1_000_000_000) == LAYER
 
 
+def test_reuse_distance_keeps_the_last_layers_of_the_forward() -> None:
+    """partitioned_param_coordinator.py __params_to_release: layer i stays gathered when the
+    walk from the next submodule (the S_i elements after it in the forward, then again in the
+    backward) meets it again before 2 x S_i reaches stage3_max_reuse_distance."""
+    # 10 layers of 1e8: S_i = 0, 1e8, 2e8, ... from the last; 2 x S_i < 1e9 for S_i <= 4e8:
+    # the last 5 layers, 5e8 elements
+    assert reuse_kept_elements([100_000_000] * 10, 1_000_000_000) == 500_000_000
+    # a model whose parameters stay under 5e8 is kept whole (4 x 16,777,216)
+    assert reuse_kept_elements([LAYER] * 4, 1_000_000_000) == PARAMS
+    # a last layer at the distance or over it (an output head of 1.03e9) keeps only itself
+    assert reuse_kept_elements([LAYER, LAYER, 1_030_000_000], 1_000_000_000) == 1_030_000_000
+    # 2 x S_i must stay below the distance: S_i = 5e8 exactly is released
+    assert reuse_kept_elements([500_000_000, 500_000_000], 1_000_000_000) == 500_000_000
+    # 0: every submodule is released after use (the last one's backward follows at once, but the
+    # walk stops before it)
+    assert reuse_kept_elements([LAYER] * 4, 0) == 0
+    assert reuse_kept_elements([], 1_000_000_000) == 0
+
+
 def test_zero3_offload_on_one_gpu_golden() -> None:
     estimate = _estimate(Parallelism(zero_stage=3, cpu_offload=True))
     gpu, host = _gpu(estimate), _host(estimate)
@@ -77,8 +100,10 @@ def test_zero3_offload_on_one_gpu_golden() -> None:
     assert gpu["gradients"] == 0
     assert "master_weights" not in gpu
     assert "optimizer_state" not in gpu
-    # gathered: (16,777,216 + min(5e7, 1e9 - 16,777,216)) x 2 B = 133,554,432 B
-    assert gpu["zero_gathered_params"] == (LAYER + 50_000_000) * 2 == 133_554_432
+    # gathered: the 67,108,864 parameters (under 5e8: every layer is reused within
+    # stage3_max_reuse_distance, kept gathered into the backward) + min(5e7, 1e9 - 67,108,864)
+    # prefetched, x 2 B = 234,217,728 B
+    assert gpu["zero_gathered_params"] == (PARAMS + 50_000_000) * 2 == 234_217_728
     # the IPG bucket: 5e8 elements x 2 B, whatever the model's size
     assert gpu["zero_reduce_bucket"] == 1_000_000_000
     # the host: bf16 weights and gradients, fp32 AdamW moments and master weights
@@ -97,11 +122,19 @@ def test_the_request_overrides_deepspeeds_defaults() -> None:
         reduce_bucket_size=100_000_000,
         stage3_prefetch_bucket_size=0,
         stage3_max_live_parameters=10_000_000,
+        stage3_max_reuse_distance=0,
     )
-    gpu = _gpu(_estimate(Parallelism(zero_stage=3, cpu_offload=True, deepspeed=knobs)))
+    estimate = _estimate(Parallelism(zero_stage=3, cpu_offload=True, deepspeed=knobs))
+    gpu = _gpu(estimate)
     assert gpu["zero_reduce_bucket"] == 200_000_000  # 1e8 x 2 B
-    # the running layer whole, no prefetch (0): 16,777,216 x 2 B
+    # nothing kept for reuse (0), the running layer whole, no prefetch (0): 16,777,216 x 2 B
     assert gpu["zero_gathered_params"] == LAYER * 2 == 33_554_432
+    assert any("stage3_max_reuse_distance 0 " in a for a in estimate.assumptions)
+    # the reuse distance alone: 2 x S_i < 1e8 keeps the last 3 layers (S_i 0, 16.8M, 33.6M;
+    # the first layer's 2 x 50,331,648 is over), no prefetch: 3 x 16,777,216 x 2 B
+    reuse = DeepSpeedBuffers(stage3_prefetch_bucket_size=0, stage3_max_reuse_distance=100_000_000)
+    gpu = _gpu(_estimate(Parallelism(zero_stage=3, cpu_offload=True, deepspeed=reuse)))
+    assert gpu["zero_gathered_params"] == 3 * LAYER * 2 == 100_663_296
 
 
 def test_zero2_offload_on_one_gpu_keeps_the_weights() -> None:
@@ -135,6 +168,10 @@ def test_fsdp_rules_stay_on_several_data_ranks() -> None:
         (
             lambda: DeepSpeedBuffers(reduce_bucket_size=-1),
             "parallelism/deepspeed/reduce_bucket_size",
+        ),
+        (
+            lambda: DeepSpeedBuffers(stage3_max_reuse_distance=-1),
+            "parallelism/deepspeed/stage3_max_reuse_distance",
         ),
     ],
 )

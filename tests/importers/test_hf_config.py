@@ -288,19 +288,25 @@ def test_t5_builds_the_encoder_decoder_unless_the_architecture_is_the_encoder() 
 
 
 def test_t5_reads_encoder_and_decoder_tokens_of_the_input_length() -> None:
-    """One [batch, 2, seq] input: the encoder's and the decoder's token ids; the decoder's
-    activations scale with the same seq binding."""
+    """Two inputs: input_ids [batch, seq] and decoder_input_ids [batch, decoder_seq], both
+    embedded by the one shared table; decoder_seq follows seq unless bound."""
     from app.domain.graph.analysis import analyze
 
     full = import_hf_config(_load("flan-t5-base"), sequence_length=64)
-    (tokens,) = full.inputs
-    assert tokens.name == "input_ids"
-    assert tokens.shape == ("batch", 2, "seq")
+    tokens, decoder_tokens = full.inputs
+    assert (tokens.name, tokens.shape) == ("input_ids", ("batch", "seq"))
+    assert (decoder_tokens.name, decoder_tokens.shape) == (
+        "decoder_input_ids",
+        ("batch", "decoder_seq"),
+    )
     assert full.default_bindings == {"seq": 64}
     analysis = analyze(full.inputs, full.layers, {"batch": 2, "seq": 64}, training=True)
     by_name = {layer.name: layer for layer in analysis.layers}
-    assert by_name["shared"].output_shape == (2, 2, 64, 768)
+    assert by_name["shared"].output_shape == (2, 64, 768)
+    assert by_name["shared"].result.params == 32128 * 768
+    # the decoder's lookup is the shared table called again: no parameter of its own
     assert by_name["decoder_embeds"].output_shape == (2, 64, 768)
+    assert by_name["decoder_embeds"].result.params == 0
     assert by_name["lm_head"].output_shape == (2, 64, 32128)
     scores = [layer for layer in analysis.layers if layer.name.endswith("EncDecAttention.scores")]
     assert len(scores) == 12
@@ -311,3 +317,47 @@ def test_t5_reads_encoder_and_decoder_tokens_of_the_input_length() -> None:
         128,
         768,
     )
+
+
+def test_t5_decoder_length_binds_the_decoder_and_cross_attention_queries() -> None:
+    """decoder_seq 4 with seq 64 (a seq2seq fine-tune's labels): the decoder's stream, its
+    self-attention and the LM head run over 4 positions, cross-attention's keys and values over
+    the encoder's 64; the encoder and the parameter count do not change."""
+    from app.domain.graph.analysis import analyze
+
+    full = import_hf_config(_load("flan-t5-base"), sequence_length=64)
+    bindings = {"batch": 2, "seq": 64, "decoder_seq": 4}
+    analysis = analyze(full.inputs, full.layers, bindings, training=True)
+    same = analyze(full.inputs, full.layers, {"batch": 2, "seq": 64}, training=True)
+    by_name = {layer.name: layer for layer in analysis.layers}
+    assert by_name["decoder_embeds"].output_shape == (2, 4, 768)
+    assert by_name["lm_head"].output_shape == (2, 4, 32128)
+    scores = [layer for layer in analysis.layers if layer.name.endswith("EncDecAttention.scores")]
+    assert scores[0].output_shape == (2, 12, 4, 64)  # [batch, heads, decoder, encoder]
+    keys = [layer for layer in analysis.layers if layer.name.endswith("EncDecAttention.k")]
+    assert keys[0].output_shape == (2, 64, 768)
+    encoder = [layer for layer in analysis.layers if layer.name == "final_layer_norm"]
+    assert encoder[0].output_shape == (2, 64, 768)
+    assert sum(layer.result.params for layer in analysis.layers) == sum(
+        layer.result.params for layer in same.layers
+    )
+    # the decoder's activations: every decoder-side tensor shrinks 16-fold, the encoder's stay
+    lm_head = by_name["lm_head"].output_numel
+    assert lm_head * 16 == {layer.name: layer for layer in same.layers}["lm_head"].output_numel
+
+
+def test_an_embedding_tied_to_a_missing_or_mismatched_table_is_rejected() -> None:
+    from app.domain.errors import GraphError
+    from app.domain.graph.analysis import InputDecl, analyze
+    from app.domain.graph.ops import TensorKind
+
+    ids = InputDecl(name="ids", shape=("batch", 8), kind=TensorKind.INDEX)
+    table = {"name": "table", "op": "embedding", "num_embeddings": 100, "embedding_dim": 16}
+    again = {"name": "again", "op": "embedding", "num_embeddings": 100, "embedding_dim": 16,
+             "tied_to": "table", "inputs": ["ids"]}  # fmt: skip
+    ok = analyze([ids], [table, again], {"batch": 2}, training=False)
+    assert [layer.result.params for layer in ok.layers] == [1600, 0]
+    with pytest.raises(GraphError) as caught:
+        analyze([ids], [table, {**again, "num_embeddings": 99}], {"batch": 2}, training=False)
+    assert caught.value.field == "tied_to"
+    assert caught.value.layer == "again"

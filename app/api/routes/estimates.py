@@ -54,6 +54,16 @@ async def memory_query(
     mode: Annotated[Mode, Query(description="training or inference.", examples=["inference"])],
     batch_size: Annotated[int, Query(ge=1, le=1_048_576, description="Batch size.", examples=[1])],
     sequence_length: SequenceLengthQuery = None,
+    decoder_sequence_length: Annotated[
+        int | None,
+        Query(
+            ge=1,
+            le=16_777_216,
+            description="Encoder-decoder models (T5): binds the decoder's `decoder_seq` "
+            "(tokens of decoder_input_ids). Default: sequence_length. A 422 for a model "
+            "without a decoder input.",
+        ),
+    ] = None,
     image_size: ImageSizeQuery = None,
     micro_batch_size: Annotated[
         int | None, Query(ge=1, le=1_048_576, description="Batch per forward pass.")
@@ -103,6 +113,7 @@ async def memory_query(
                 "mode": mode,
                 "batch_size": batch_size,
                 "sequence_length": sequence_length,
+                "decoder_sequence_length": decoder_sequence_length,
                 "image_size": image_size,
                 "micro_batch_size": micro_batch_size,
                 "precision": precision,

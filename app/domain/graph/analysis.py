@@ -171,6 +171,23 @@ class _State:
         return self.next_storage
 
 
+# Symbolic dims that take another dim's value unless bound themselves: an encoder-decoder's
+# decoder length (``decoder_seq``: T5's decoder_input_ids, in training the right-shifted labels)
+# is its encoder's (``seq``) unless a request binds it (``decoder_sequence_length``).
+DERIVED_DIMS: Mapping[str, str] = {"decoder_seq": "seq"}
+
+
+def with_derived_dims(bindings: Mapping[str, int]) -> dict[str, int]:
+    """``bindings`` plus each :data:`DERIVED_DIMS` symbol it leaves unbound, at the value of the
+    symbol it follows (when that one is bound)."""
+    derived = {
+        dim: bindings[source]
+        for dim, source in DERIVED_DIMS.items()
+        if dim not in bindings and source in bindings
+    }
+    return {**bindings, **derived}
+
+
 def _bind_dims(dims: Sequence[Any], bindings: Mapping[str, int], where: str) -> tuple[int, ...]:
     shape: list[int] = []
     for dim in dims:
@@ -214,6 +231,7 @@ def analyze(
         Naming the layer and field of the first shape mismatch, unbound symbol or bad size.
     """
     validate_graph(layers, [decl.name for decl in inputs])
+    bindings = with_derived_dims(bindings)
     decoder = _has_causal_attention(layers)
     head = None
     if decoder and not training and logits is Logits.LAST:
@@ -641,7 +659,7 @@ def _evaluate(
             layer=name,
             field="params",
         )
-    has_weight = raw["op"] == "embedding" or (raw["op"] == "linear" and not tied)
+    has_weight = raw["op"] in ("embedding", "linear") and not tied
     return _Computed(
         result=result,
         value=Value(shape=result.shape, kind=result.kind),

@@ -255,7 +255,7 @@ OP_SPECS: Mapping[str, OpSpec] = {
     "concat": OpSpec(optional={"dim": any_int}, min_inputs=2, max_inputs=None),
     "embedding": OpSpec(
         required={"num_embeddings": positive_int, "embedding_dim": positive_int},
-        optional={"padding_idx": non_negative_int},
+        optional={"padding_idx": non_negative_int, "tied_to": layer_name},
     ),
     "embedding_add": OpSpec(
         required={"num_embeddings": positive_int}, optional={"positional": boolean}

@@ -18,15 +18,21 @@ Sources (DeepSpeed 0.16+):
 * deepspeed/runtime/zero/partitioned_param_coordinator.py: a submodule's parameters are
   gathered whole before it runs; parameters up to ``prefetch_bucket_size`` elements ahead are
   prefetched while fewer than ``max_live_parameters`` are resident (the bound is on the
-  prefetch: ``min(max_n_available_params - n_available_params, prefetch_bucket_sz)``).
+  prefetch: ``min(max_n_available_params - n_available_params, prefetch_bucket_sz)``);
+  ``release_sub_module`` releases only ``__params_to_release``: once the trace is complete
+  (from the third step), a submodule's parameters are kept when they occur again among the
+  submodules run within ``max_reuse_distance_in_numel`` parameter elements after it
+  (``stage3_max_reuse_distance``, default 1e9): the forward + backward trace reuses the last
+  layers of the forward at the start of the backward (the same rule since DeepSpeed 0.8.0).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from fractions import Fraction
 
 from app.domain.memory.context import Estimation
-from app.domain.memory.formulas import ceil_fraction
+from app.domain.memory.formulas import _tied_weight_numel, ceil_fraction
 
 
 def reduce_bucket_bytes(reduce_bucket_size: int, element_bytes: Fraction, buckets: int) -> int:
@@ -48,9 +54,48 @@ def reduce_bucket_bytes(reduce_bucket_size: int, element_bytes: Fraction, bucket
     return ceil_fraction(buckets * reduce_bucket_size * element_bytes)
 
 
+def reuse_kept_elements(module_elements: Sequence[int], max_reuse_distance: int) -> int:
+    """Parameter elements ZeRO-3 keeps gathered from the end of the forward into the backward
+    because they are reused within ``stage3_max_reuse_distance`` [elements].
+
+    Parameters
+    ----------
+    module_elements : Sequence[int]
+        Parameter elements of each submodule in forward order [elements].
+    max_reuse_distance : int
+        DeepSpeed ``stage3_max_reuse_distance`` [elements].
+
+    Notes
+    -----
+    The trace is the forward, then the backward in reverse order. After submodule ``i`` runs
+    forward, ``__params_to_release`` walks the trace from the next submodule, adding up the
+    parameter elements it passes, and keeps ``i``'s parameters when it meets ``i`` again before
+    the sum reaches the distance: the walk passes the ``S_i`` elements of the submodules after
+    ``i`` in the forward and again in the backward, so ``i`` is kept when
+    ``2 x S_i < max_reuse_distance``; the sum of those ``i`` (the last submodule always among
+    them) is gathered at the start of the backward. Every submodule after ``i`` is assumed to
+    run a backward (its output requires grad).
+
+    References
+    ----------
+    deepspeed/runtime/zero/partitioned_param_coordinator.py ``__params_to_release`` (v0.8.0 to
+    v0.16+): ``for module in self.__submodule_order[step_id:]: if params_traversed >=
+    self.__max_reuse_dist_in_numel: break; for param in iter_params(module):
+    params_to_release.discard(param.ds_id); params_traversed += param.ds_numel``.
+    """
+    kept = 0
+    after = 0  # S_i: elements of the submodules after i
+    for elements in reversed(module_elements):
+        if 2 * after < max_reuse_distance:
+            kept += elements
+        after += elements
+    return kept
+
+
 def gathered_params_elements(largest_module: int, prefetch: int, max_live: int) -> int:
     """Parameter elements a ZeRO-3 GPU holds gathered at once [elements]: the largest
-    submodule's, gathered whole to run, and the elements prefetched ahead of it.
+    submodule's, gathered whole to run (or the submodules kept for reuse,
+    :func:`reuse_kept_elements`, when more), and the elements prefetched ahead of it.
 
     Notes
     -----
@@ -88,25 +133,38 @@ def deepspeed_buffers(e: Estimation) -> dict[str, int]:
         ]
     if par.zero_stage >= 3:
         model_shard = par.tensor * par.pipeline
-        largest = max((layer.result.params for layer in e.analysis.layers), default=0)
+        # a layer is a submodule; a tied output head gathers the weight it reads
+        modules = [layer.result.params + _tied_weight_numel(layer) for layer in e.analysis.layers]
+        largest = max(modules, default=0)
+        kept = reuse_kept_elements(modules, knobs.stage3_max_reuse_distance)
+        resident = max(largest, kept)
         elements = gathered_params_elements(
-            largest, knobs.stage3_prefetch_bucket_size, knobs.stage3_max_live_parameters
+            resident, knobs.stage3_prefetch_bucket_size, knobs.stage3_max_live_parameters
         )
         gathered = ceil_fraction(elements * element / model_shard)
         if gathered:
             lines["zero_gathered_params"] = gathered
+            what = (
+                f"{resident:,} params kept gathered for reuse at the start of the backward "
+                f"(the last layers', 2 x the params after each < stage3_max_reuse_distance "
+                f"{knobs.stage3_max_reuse_distance:,})"
+                if kept > largest
+                else f"{resident:,} params of the largest layer, gathered whole to run"
+            )
             e.formulas["zero_gathered_params"] = (
-                f"ceil({elements:,} [elements: {largest:,} params of the largest layer, "
-                f"gathered whole to run, + max(0, min(stage3_prefetch_bucket_size "
+                f"ceil({elements:,} [elements: {what}, + max(0, min(stage3_prefetch_bucket_size "
                 f"{knobs.stage3_prefetch_bucket_size:,}, stage3_max_live_parameters "
-                f"{knobs.stage3_max_live_parameters:,} - {largest:,})) prefetched]"
+                f"{knobs.stage3_max_live_parameters:,} - {resident:,})) prefetched]"
                 f" x {element} [B] / {model_shard} [tensor x pipeline]) = {gathered:,} B"
             )
             e.notes["zero_gathered_params"] = [
                 "ZeRO-3 gathers a submodule's parameters whole before it runs and prefetches "
                 "up to stage3_prefetch_bucket_size elements ahead while fewer than "
                 "stage3_max_live_parameters are resident "
-                "(deepspeed/runtime/zero/partitioned_param_coordinator.py fetch_sub_module)"
+                "(deepspeed/runtime/zero/partitioned_param_coordinator.py fetch_sub_module); "
+                "it releases them after use unless the trace uses them again within "
+                "stage3_max_reuse_distance elements (__params_to_release), which keeps the "
+                f"last layers of the forward, {kept:,} params here, gathered into the backward"
             ]
     e.comm_buffers += list(lines.values())
     where = "as given" if given else "DeepSpeed's defaults (deepspeed/runtime/zero/config.py)"
@@ -114,7 +172,8 @@ def deepspeed_buffers(e: Estimation) -> dict[str, int]:
         f"DeepSpeed ZeRO-{par.zero_stage} on {par.data} data rank(s): reduce_bucket_size "
         f"{knobs.reduce_bucket_size:,}, stage3_prefetch_bucket_size "
         f"{knobs.stage3_prefetch_bucket_size:,}, stage3_max_live_parameters "
-        f"{knobs.stage3_max_live_parameters:,} elements ({where})"
+        f"{knobs.stage3_max_live_parameters:,}, stage3_max_reuse_distance "
+        f"{knobs.stage3_max_reuse_distance:,} elements ({where})"
         + ("; one data rank: nothing is sharded" if par.data == 1 else "")
     )
     return lines

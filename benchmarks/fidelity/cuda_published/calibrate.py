@@ -85,6 +85,7 @@ MT0_XXL = {  # bigscience/mt0-xxl (mT5-XXL: T5 v1.1's architecture; "model_type"
 }  # fmt: skip
 
 CARD_BYTES = 16 * GIB  # the doc's "16GB" card
+SEQ2SEQ_LABEL_TOKENS = 4  # cluster C's seq2seq decoder length (see ratios())
 SM86 = ComputeCapability(8, 6)  # an RTX 30-series card; PyTorch 2.2.1 wheels: CUDA 12.1, lazy
 
 
@@ -279,9 +280,10 @@ def ratios(rows: list[dict[str, Any]]) -> int:
 
     Cluster C's rows are the requests a user sends (:func:`api_estimate`): PEFT's README
     LoRA config (r 8, alpha 32, dropout 0.1, PEFT's default targets: q and v for T5,
-    query_key_value for BLOOM), the example scripts' batch 8, fp32 and AdamW, 64 tokens (the
-    causal-LM example's max_length; the seq2seq example pads each batch to its longest tweet and
-    the labels to target_max_length, a few tokens: 64 for both of T5's stacks), an A100
+    query_key_value for BLOOM), the example scripts' batch 8, fp32 and AdamW (PyTorch 1.13's
+    for-loop step), 64 tokens (the causal-LM example's max_length; the seq2seq example pads each
+    batch to its longest tweet, 64 here, and the labels to target_max_length, a few tokens:
+    ``decoder_sequence_length``), an A100
     (sm80, Ampere GA100's cuBLAS workspace); DeepSpeed ZeRO-3 with ``offload_param`` and
     ``offload_optimizer`` on one process is ``parallelism: {zero_stage: 3, cpu_offload: true}``.
     The figure compared is the estimate's allocated bytes (the scripts print
@@ -294,20 +296,31 @@ def ratios(rows: list[dict[str, Any]]) -> int:
     print("|---|---:|---:|---:|---:|---:|")
     missed = 0
     lora = {"r": 8, "alpha": 32, "dropout": 0.1, "target_modules": ["q", "v"]}
-    common: dict[str, Any] = {
+    base: dict[str, Any] = {
         "mode": "training",
         "batch_size": 8,
         "sequence_length": 64,
         "precision": "fp32",
         "optimizer": "adamw",
+        # PyTorch 1.13's AdamW steps parameter by parameter (foreach=None -> False): the README
+        # (DeepSpeed v0.8.0, Feb 2023) predates PyTorch 2.0, which made foreach the default on
+        # CUDA (pytorch/pytorch#92306; #97712: "One major difference between 1.13 and 2.0 is
+        # that we now default to the faster foreach implementation"); the table is in PEFT's
+        # README from 2022-12-30 (commit 73d7224)
+        "optimizer_impl": "for_loop",
     }
     offload = {"parallelism": {"zero_stage": 3, "cpu_offload": True}}
     a100: dict[str, Any] = {"capability": ComputeCapability(8, 0), "architecture": "Ampere GA100"}
-    for name, config, prefix, full_key, targets in (
-        ("T0_3B", T0_3B, "peft-t0_3b", "peft-t0_3b-full", ["q", "v"]),
-        ("mt0-xxl", MT0_XXL, "peft-mt0xxl", None, ["q", "v"]),
-        ("bloomz-7b1", BLOOMZ_7B1, "peft-bloomz7b1", None, ["query_key_value"]),
+    # the seq2seq example's decoder runs on the labels, padded to target_max_length: the longest
+    # class label's tokens with </s> ("Unlabeled", "complaint", "no complaint": about 4 with
+    # T5's and mT5's SentencePiece vocabularies; not tokenized here)
+    seq2seq = {"decoder_sequence_length": SEQ2SEQ_LABEL_TOKENS}
+    for name, config, prefix, full_key, targets, decoder in (
+        ("T0_3B", T0_3B, "peft-t0_3b", "peft-t0_3b-full", ["q", "v"], seq2seq),
+        ("mt0-xxl", MT0_XXL, "peft-mt0xxl", None, ["q", "v"], seq2seq),
+        ("bloomz-7b1", BLOOMZ_7B1, "peft-bloomz7b1", None, ["query_key_value"], {}),
     ):
+        common = {**base, **decoder}
         lora = {**lora, "target_modules": targets}
         with_lora = api_estimate(config, {**common, "lora": lora}, **a100)
         lora_gb = _value_gb(by_id[f"{prefix}-lora"]["value"])
@@ -371,10 +384,9 @@ def ratios(rows: list[dict[str, Any]]) -> int:
         print(f"\n{name}: {count / 1e9:.2f} B parameters imported (the README's {published})")
     print(
         "\nT0_3B and mt0-xxl are imported as the full encoder-decoder "
-        "(T5ForConditionalGeneration) with one sequence_length for both stacks: the seq2seq "
-        "examples' decoder runs on the label (padded to target_max_length, the longest class "
-        "label's tokens, a few), not on 64 tokens, so the decoder's activations are over-counted "
-        "here (the service has no separate decoder length)"
+        "(T5ForConditionalGeneration): the encoder on 64 tokens, the decoder on the labels "
+        f"(decoder_sequence_length {SEQ2SEQ_LABEL_TOKENS}: the seq2seq example pads them to "
+        "target_max_length, the longest class label's tokens)"
     )
     return missed
 

@@ -107,9 +107,20 @@ def embedding(ctx: OpContext) -> OpResult:
     if ctx.x.kind is not TensorKind.INDEX:
         raise ctx.fail("expects int64 token ids as input", "inputs")
     vocab, dim = ctx.attrs["num_embeddings"], ctx.attrs["embedding_dim"]
+    tied = ctx.attrs.get("tied_to")
+    if tied is not None:  # the same module called again (T5's shared embedding, the decoder's)
+        shared = ctx.tied_params.get(tied)
+        if shared is None:
+            raise ctx.fail(f"'{tied}' is not an earlier layer with a weight", "tied_to")
+        if shared != vocab * dim:
+            raise ctx.fail(
+                f"cannot tie to '{tied}': its weight has {shared} elements, this layer needs "
+                f"{vocab * dim} ({vocab} x {dim})",
+                "tied_to",
+            )
     return OpResult(
         shape=(*ctx.x.shape, dim),
-        param_shapes=((vocab, dim),),
+        param_shapes=() if tied is not None else ((vocab, dim),),
         saved=(Saved(label="indices", source="in0", numel=ctx.x.numel, storage=Storage.INT64),),
     )
 

@@ -1,0 +1,93 @@
+"""decoder_sequence_length: an encoder-decoder's decoder length (the ``decoder_seq`` dim of an
+imported T5), through the real app: it defaults to sequence_length, a shorter decoder needs
+less memory, and a model without a decoder input or a bad value is a 422 naming the field."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from app.config import PROJECT_ROOT
+from tests.api.helpers import assert_problem
+from tests.support import ApiClient
+
+HF_CONFIGS = PROJECT_ROOT / "tests" / "fixtures" / "hf_configs"
+TRAINING = {"mode": "training", "batch_size": 4, "sequence_length": 64, "precision": "fp32"}
+# LoRA: the step's peak is in the backward, where the activations are (not the optimizer step)
+LORA = {**TRAINING, "lora": {"r": 8, "target_modules": ["q", "v"]}}
+
+
+def _import(client: ApiClient, slug: str, name: str) -> None:
+    config = json.loads((HF_CONFIGS / f"{name}.json").read_text())
+    response = client.post("/v1/models/import/hf-config", json={"slug": slug, "config": config})
+    assert response.status_code == 201, response.text
+
+
+def _estimate(client: ApiClient, body: dict[str, Any]) -> dict[str, Any]:
+    response = client.post("/v1/estimates/memory", json=body)
+    assert response.status_code == 200, response.text
+    result: dict[str, Any] = response.json()
+    return result
+
+
+def _lines(body: dict[str, Any]) -> dict[str, int]:
+    return {line["key"]: line["bytes"] for line in body["breakdown"]}
+
+
+def test_the_decoder_length_defaults_to_the_sequence_length(client: ApiClient) -> None:
+    _import(client, "t5", "t5-small")
+    default = _estimate(client, {"model": "t5", **TRAINING})
+    same = _estimate(client, {"model": "t5", **TRAINING, "decoder_sequence_length": 64})
+    assert default["peak_bytes"] == same["peak_bytes"]
+    assert _lines(default) == _lines(same)
+
+
+def test_a_shorter_decoder_keeps_fewer_activations(client: ApiClient) -> None:
+    _import(client, "t5", "t5-small")
+    default = _lines(_estimate(client, {"model": "t5", **LORA}))
+    short = _lines(_estimate(client, {"model": "t5", **LORA, "decoder_sequence_length": 4}))
+    assert short["weights"] == default["weights"]
+    assert short["activations"] < default["activations"]
+    # the LM head's logits: 4 x 4 x 32,128 fp32 values instead of 4 x 64 x 32,128
+    assert short["outputs"] * 16 == default["outputs"] == 4 * 64 * 32128 * 4
+
+
+def test_decoder_length_on_a_model_without_a_decoder_is_a_422(client: ApiClient) -> None:
+    _import(client, "t5-encoder", "t5-small-encoder")
+    response = client.post(
+        "/v1/estimates/memory",
+        json={"model": "t5-encoder", **TRAINING, "decoder_sequence_length": 4},
+    )
+    body = assert_problem(response, 422)
+    assert "decoder_sequence_length" in body["detail"]
+    assert "/decoder_sequence_length" in [error["pointer"] for error in body["errors"]]
+    decoder_only = client.post(
+        "/v1/estimates/memory",
+        json={"model": "gpt-2", **TRAINING, "decoder_sequence_length": 4},
+    )
+    assert "/decoder_sequence_length" in [
+        error["pointer"] for error in assert_problem(decoder_only, 422)["errors"]
+    ]
+
+
+def test_a_decoder_length_below_one_is_a_422(client: ApiClient) -> None:
+    _import(client, "t5", "t5-small")
+    for bad in (0, -3, "long"):
+        response = client.post(
+            "/v1/estimates/memory",
+            json={"model": "t5", **TRAINING, "decoder_sequence_length": bad},
+        )
+        body = assert_problem(response, 422)
+        assert any("decoder_sequence_length" in error["pointer"] for error in body["errors"])
+
+
+def test_the_query_form_takes_the_decoder_length(client: ApiClient) -> None:
+    _import(client, "t5", "t5-small")
+    query = {"model": "t5", "mode": "inference", "batch_size": 1, "sequence_length": 64}
+    default = client.get("/v1/estimates/memory", params=query)
+    short = client.get("/v1/estimates/memory", params={**query, "decoder_sequence_length": 1})
+    assert default.status_code == short.status_code == 200, short.text
+    assert short.json()["peak_bytes"] < default.json()["peak_bytes"]
+    bad = client.get("/v1/estimates/memory", params={**query, "decoder_sequence_length": 0})
+    body = assert_problem(bad, 422)
+    assert any("decoder_sequence_length" in error["pointer"] for error in body["errors"])
