@@ -24,23 +24,17 @@ collector's generations, so full collections do not scan them.
 from __future__ import annotations
 
 import argparse
-import gc
 import statistics
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
-from app.config import PROJECT_ROOT
-from app.db.migrations import upgrade_to_head
-from app.db.session import make_engine, make_session_factory
+from server_process import synced_sessions
+
 from app.domain.graph.analysis import TensorKind
 from app.domain.zoo import bert
 from app.schemas.recommendations import InferenceRecommendationRequest
-from app.services.catalog import load_catalog, sync_catalog
 from app.services.recommendations import clear_caches, recommend
-from app.services.zoo import sync_zoo
 
 TARGET_MS = 500.0  # issue 15: a default recommendation over every device under 0.5 s
 SERVER_TARGET_MS = 3000.0  # opt-in: a simulated queue per device and precision on top
@@ -83,16 +77,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=5, help="warm runs per case")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as folder:
-        url = f"sqlite:///{Path(folder) / 'bench.db'}"
-        upgrade_to_head(url)
-        engine = make_engine(url)
-        sessions = make_session_factory(engine)
-        with sessions() as session:
-            sync_catalog(session, load_catalog(PROJECT_ROOT / "hardware_catalog"))
-            sync_zoo(session)
-        gc.collect()
-        gc.freeze()  # as app.main's lifespan does before serving
+    with synced_sessions() as sessions:
         print(
             f"{'model':<19} {'candidates':>10} {'cold ms':>8} {'cold CPU ms':>11} "
             f"{'warm median ms':>15}  target"
@@ -119,7 +104,6 @@ def main() -> int:
                 f"{label:<19} {result.total_candidates:>10} {cold:8.0f} {cold_cpu:11.0f} "
                 f"{statistics.median(warm):15.0f}  cold CPU < {target_ms:.0f} ms {verdict}"
             )
-        engine.dispose()
     return 0 if ok else 1
 
 
