@@ -3,18 +3,20 @@
     .venv/bin/python benchmarks/recommendation_speed.py [--runs 5]
 
 Builds a temporary SQLite database (migrated, catalog and zoo synced), then calls the
-recommendation service for the default request (every catalog device and MIG slice, fp32 /
-bf16 / fp16 / int8, batch sizes 1 to 256) of several zoo models, and of BERT-large, which the
-zoo does not hold, sent inline as an architecture built from its Hugging Face config: once
-with empty caches (cold: every graph analysis and memory estimate computed) and ``--runs``
-times warm (the analysis and memory-peak caches filled; the roofline still evaluated for every
+recommendation service for the default request (every catalog device and MIG slice, fp32 / bf16
+/ fp16 / int8, batch sizes 1 to 256) of several zoo models, and of BERT-large, which the zoo
+does not hold, sent inline as an architecture built from its Hugging Face config: once with
+empty caches (cold: every graph analysis and memory estimate computed) and ``--runs`` times
+warm (the analysis and memory-peak caches filled; the roofline still evaluated for every
 candidate; an inline model keeps only what is cached by its memory events). Prints the cold
-time (wall, and the process's CPU time, which a loaded machine disturbs less) and the warm
-median. Target (issue 15, issue 30 point 4): a cold default recommendation over every device
-under 0.5 s of CPU for ResNet-50, BERT-large, Llama-2-7B and GPT-3 175B (issue 6 asked for
-1 s); the opt-in server scenario (a simulated queue per device and precision) under 3 s; exit 1
-when a cold request takes more CPU than its target (the 2-core machine is shared, so its wall
-times say more about the other processes than about this one).
+time (wall, and the process's CPU time, which a loaded machine disturbs less), the warm median,
+and how many entries the cold request stored in the memory engine's memo (``plans``:
+``recommendation_source._PLANS``, whose size is chosen by it). Target (issue 15, issue 30
+point 4): a cold default recommendation over every device under 0.5 s of CPU for ResNet-50,
+BERT-large, Llama-2-7B and GPT-3 175B (issue 6 asked for 1 s); the opt-in server scenario (a
+simulated queue per device and precision) under 3 s; exit 1 when a cold request takes more CPU
+than its target (the 2-core machine is shared, so its wall times say more about the other
+processes than about this one).
 
 As the app's start-up does (``app.main``: ``gc.collect(); gc.freeze()`` in the lifespan), the
 objects built before the first request (modules, catalog, zoo) are frozen out of the garbage
@@ -34,6 +36,7 @@ from server_process import synced_sessions
 from app.domain.graph.analysis import TensorKind
 from app.domain.zoo import bert
 from app.schemas.recommendations import InferenceRecommendationRequest
+from app.services import recommendation_source
 from app.services.recommendations import clear_caches, recommend
 
 TARGET_MS = 500.0  # issue 15: a default recommendation over every device under 0.5 s
@@ -80,7 +83,7 @@ def main() -> int:
     with synced_sessions() as sessions:
         print(
             f"{'model':<19} {'candidates':>10} {'cold ms':>8} {'cold CPU ms':>11} "
-            f"{'warm median ms':>15}  target"
+            f"{'warm median ms':>15} {'plans':>5}  target"
         )
         ok = True
         for case, target_ms in CASES:
@@ -91,6 +94,7 @@ def main() -> int:
                 result = recommend(session, payload=payload)
                 cold = (time.perf_counter() - start) * 1000
                 cold_cpu = (time.process_time() - start_cpu) * 1000
+                plans = len(recommendation_source._PLANS)
                 warm = []
                 for _ in range(args.runs):
                     start = time.perf_counter()
@@ -102,7 +106,8 @@ def main() -> int:
             label += " (server)" if case.get("scenario") == "server" else ""
             print(
                 f"{label:<19} {result.total_candidates:>10} {cold:8.0f} {cold_cpu:11.0f} "
-                f"{statistics.median(warm):15.0f}  cold CPU < {target_ms:.0f} ms {verdict}"
+                f"{statistics.median(warm):15.0f} {plans:5d}  "
+                f"cold CPU < {target_ms:.0f} ms {verdict}"
             )
     return 0 if ok else 1
 
