@@ -1,6 +1,7 @@
-"""The README's figures and examples are the service's: the catalog and zoo sizes, every request
-of the API tour (sent to the real app), the CLI example's quoted output; and every relative link
-and anchor of the README, the docs/ pages and the pages beside the code resolves."""
+"""The README's figures and examples are the service's: the catalog and zoo sizes, the VGG-16
+walk-through, every request of the API tour (sent to the real app), the CLI example's quoted
+output and exit codes (tests/test_capplan.py); and every relative link and anchor of the README,
+the docs/ pages and the pages beside the code resolves."""
 
 from __future__ import annotations
 
@@ -60,6 +61,22 @@ def test_the_zoo_list_is_the_built_in_zoo() -> None:
     slugs = re.findall(r"`([a-z0-9.-]+)`", bullet.split(":", 1)[1])
     assert slugs == list(ZOO)  # every model, in the order catalog-sync seeds them
     assert len(ZOO) == 13
+
+
+def test_the_vgg16_walk_through_is_the_summary_endpoints(client: ApiClient) -> None:
+    match = re.search(
+        r"VGG-16 walk-through: ([\d,]+) and ([\d,]+) parameters in\s+the first two convs, "
+        r"([\d,]+) values after flattening",
+        README,
+    )
+    assert match, "README's tour no longer quotes the VGG-16 walk-through"
+    first, second, flattened = (int(g.replace(",", "")) for g in match.groups())
+    response = client.get("/v1/models/vgg-16/summary", params={"batch_size": 1})
+    assert response.status_code == 200, response.text
+    layers = response.json()["layers"]
+    convs = [row["params"] for row in layers if row["op"] == "conv2d"]
+    flatten = next(row for row in layers if row["op"] == "flatten")
+    assert (first, second, flattened) == (convs[0], convs[1], flatten["activation_elements"])
 
 
 # -- the API tour ------------------------------------------------------------------------------
