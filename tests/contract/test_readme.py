@@ -1,7 +1,7 @@
-"""The README's figures and examples are the service's: the catalog and zoo sizes, the VGG-16
-walk-through, every request of the API tour (sent to the real app), the CLI example's quoted
-output and exit codes (tests/test_capplan.py); and every relative link and anchor of the README,
-the docs/ pages and the pages beside the code resolves."""
+"""The README's figures and examples are the service's: the catalog and zoo sizes, the MIG profiles
+scaled from the 2g profile, the VGG-16 walk-through, every request of the API tour (sent to the
+real app), the CLI example's quoted output and exit codes (tests/test_capplan.py); and every
+relative link and anchor of the README, the docs/ pages and the pages beside the code resolves."""
 
 from __future__ import annotations
 
@@ -54,6 +54,25 @@ def test_the_catalog_size_is_the_number_of_catalog_devices() -> None:
     cpu_rows = (PROJECT_ROOT / "benchmarks" / "calibration" / "calibration_cpu.yaml").read_text()
     named = {m.replace("_", "-") for m in re.findall(r"^- device: (\S+)$", cpu_rows, re.M)}
     assert len(named & {e.slug for e in entries}) >= xeons
+
+
+def test_the_scaled_mig_profiles_are_the_catalogs() -> None:
+    match = re.search(r"no observed driver value in the reference \(([^)]*)\);", README)
+    assert match, "README's Notes no longer name the MIG profiles scaled from the 2g profile"
+    named = {  # "B200 3g/4g/7g" -> nvidia-b200: {"3g", "4g", "7g"}
+        "nvidia-" + gpu.lower().replace(" ", "-"): set(sizes.split("/"))
+        for gpu, sizes in re.findall(r"(\w+(?: \w+)?) ((?:\dg/?)+)", " ".join(match[1].split()))
+    }
+    assert len(named) == 2  # the README names two GPUs: both parsed
+    entries = {entry.slug: entry for entry in load_catalog(PROJECT_ROOT / "hardware_catalog")}
+    for slug, sizes in named.items():
+        mig = entries[slug].mig
+        assert mig is not None, slug
+        (two,) = (p for p in mig.profiles if p.name.startswith("2g.") and "+" not in p.name)
+        scaled = [p for p in mig.profiles if "memory_mib" in p.unconfirmed]
+        assert {p.name.split(".")[0] for p in scaled} == sizes, slug
+        for profile in scaled:
+            assert profile.memory_mib * two.memory_slices == two.memory_mib * profile.memory_slices
 
 
 def test_the_zoo_list_is_the_built_in_zoo() -> None:
