@@ -21,20 +21,14 @@ replicas and fleet cost side by side, the drawn p99 lengths and the CPU time of 
 
 from __future__ import annotations
 
-import gc
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
-from app.config import PROJECT_ROOT
-from app.db.migrations import upgrade_to_head
-from app.db.session import make_engine, make_session_factory
+from server_process import synced_sessions
+
 from app.schemas.recommendations import InferenceRecommendationRequest
-from app.services.catalog import load_catalog, sync_catalog
 from app.services.recommendations import clear_caches, recommend
-from app.services.zoo import sync_zoo
 
 LLM: dict[str, Any] = {
     "model": "llama-2-7b",
@@ -72,16 +66,7 @@ def main() -> int:
     """Print each case's figures; exit 1 when an answer is not stable or a default
     recommendation takes 0.5 s or more."""
     ok = True
-    with tempfile.TemporaryDirectory() as folder:
-        url = f"sqlite:///{Path(folder) / 'bench.db'}"
-        upgrade_to_head(url)
-        engine = make_engine(url)
-        sessions = make_session_factory(engine)
-        with sessions() as session:
-            sync_catalog(session, load_catalog(PROJECT_ROOT / "hardware_catalog"))
-            sync_zoo(session)
-        gc.collect()
-        gc.freeze()  # as app.main's lifespan does before serving
+    with synced_sessions() as sessions:
         for label, case in CASES:
             payload = InferenceRecommendationRequest.model_validate(case)
             with sessions() as session:
@@ -126,7 +111,6 @@ def main() -> int:
                 )
         for bounds in ((2000, 200), (500, 30)):
             ok &= _compare(sessions, *bounds)
-        engine.dispose()
     return 0 if ok else 1
 
 

@@ -3,18 +3,20 @@
     .venv/bin/python benchmarks/recommendation_speed.py [--runs 5]
 
 Builds a temporary SQLite database (migrated, catalog and zoo synced), then calls the
-recommendation service for the default request (every catalog device and MIG slice, fp32 /
-bf16 / fp16 / int8, batch sizes 1 to 256) of several zoo models, and of BERT-large, which the
-zoo does not hold, sent inline as an architecture built from its Hugging Face config: once
-with empty caches (cold: every graph analysis and memory estimate computed) and ``--runs``
-times warm (the analysis and memory-peak caches filled; the roofline still evaluated for every
+recommendation service for the default request (every catalog device and MIG slice, fp32 / bf16
+/ fp16 / int8, batch sizes 1 to 256) of several zoo models, and of BERT-large, which the zoo
+does not hold, sent inline as an architecture built from its Hugging Face config: once with
+empty caches (cold: every graph analysis and memory estimate computed) and ``--runs`` times
+warm (the analysis and memory-peak caches filled; the roofline still evaluated for every
 candidate; an inline model keeps only what is cached by its memory events). Prints the cold
-time (wall, and the process's CPU time, which a loaded machine disturbs less) and the warm
-median. Target (issue 15, issue 30 point 4): a cold default recommendation over every device
-under 0.5 s of CPU for ResNet-50, BERT-large, Llama-2-7B and GPT-3 175B (issue 6 asked for
-1 s); the opt-in server scenario (a simulated queue per device and precision) under 3 s; exit 1
-when a cold request takes more CPU than its target (the 2-core machine is shared, so its wall
-times say more about the other processes than about this one).
+time (wall, and the process's CPU time, which a loaded machine disturbs less), the warm median,
+and how many entries the cold request stored in the memory engine's memo (``plans``:
+``recommendation_source._PLANS``, whose size is chosen by it). Target (issue 15, issue 30
+point 4): a cold default recommendation over every device under 0.5 s of CPU for ResNet-50,
+BERT-large, Llama-2-7B and GPT-3 175B (issue 6 asked for 1 s); the opt-in server scenario (a
+simulated queue per device and precision) under 3 s; exit 1 when a cold request takes more CPU
+than its target (the 2-core machine is shared, so its wall times say more about the other
+processes than about this one).
 
 As the app's start-up does (``app.main``: ``gc.collect(); gc.freeze()`` in the lifespan), the
 objects built before the first request (modules, catalog, zoo) are frozen out of the garbage
@@ -24,23 +26,18 @@ collector's generations, so full collections do not scan them.
 from __future__ import annotations
 
 import argparse
-import gc
 import statistics
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
-from app.config import PROJECT_ROOT
-from app.db.migrations import upgrade_to_head
-from app.db.session import make_engine, make_session_factory
+from server_process import synced_sessions
+
 from app.domain.graph.analysis import TensorKind
 from app.domain.zoo import bert
 from app.schemas.recommendations import InferenceRecommendationRequest
-from app.services.catalog import load_catalog, sync_catalog
+from app.services import recommendation_source
 from app.services.recommendations import clear_caches, recommend
-from app.services.zoo import sync_zoo
 
 TARGET_MS = 500.0  # issue 15: a default recommendation over every device under 0.5 s
 SERVER_TARGET_MS = 3000.0  # opt-in: a simulated queue per device and precision on top
@@ -83,19 +80,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=5, help="warm runs per case")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as folder:
-        url = f"sqlite:///{Path(folder) / 'bench.db'}"
-        upgrade_to_head(url)
-        engine = make_engine(url)
-        sessions = make_session_factory(engine)
-        with sessions() as session:
-            sync_catalog(session, load_catalog(PROJECT_ROOT / "hardware_catalog"))
-            sync_zoo(session)
-        gc.collect()
-        gc.freeze()  # as app.main's lifespan does before serving
+    with synced_sessions() as sessions:
         print(
             f"{'model':<19} {'candidates':>10} {'cold ms':>8} {'cold CPU ms':>11} "
-            f"{'warm median ms':>15}  target"
+            f"{'warm median ms':>15} {'plans':>5}  target"
         )
         ok = True
         for case, target_ms in CASES:
@@ -106,6 +94,7 @@ def main() -> int:
                 result = recommend(session, payload=payload)
                 cold = (time.perf_counter() - start) * 1000
                 cold_cpu = (time.process_time() - start_cpu) * 1000
+                plans = len(recommendation_source._PLANS)
                 warm = []
                 for _ in range(args.runs):
                     start = time.perf_counter()
@@ -117,9 +106,9 @@ def main() -> int:
             label += " (server)" if case.get("scenario") == "server" else ""
             print(
                 f"{label:<19} {result.total_candidates:>10} {cold:8.0f} {cold_cpu:11.0f} "
-                f"{statistics.median(warm):15.0f}  cold CPU < {target_ms:.0f} ms {verdict}"
+                f"{statistics.median(warm):15.0f} {plans:5d}  "
+                f"cold CPU < {target_ms:.0f} ms {verdict}"
             )
-        engine.dispose()
     return 0 if ok else 1
 
 

@@ -1,8 +1,11 @@
-"""Start and stop a `capplan-server serve` process for a benchmark, on a fresh database.
+"""Start and stop a `capplan-server serve` process for a benchmark, on a fresh database; or
+give an in-process benchmark a fresh, synced database (:func:`synced_sessions`).
 
 Shared by the benchmarks that measure a running server (admission_load, burst, db_outage,
-http_limits, import_memory, over_budget, webhook_throughput); ``benchmarks/`` is not a
-package, and a script run as ``python benchmarks/<name>.py`` finds this module beside it.
+http_limits, import_memory, over_budget, webhook_throughput) and by those that call the
+recommendation service in process (llm_server_load, recommendation_speed, server_stability);
+``benchmarks/`` is not a package, and a script run as ``python benchmarks/<name>.py`` finds
+this module beside it.
 
 The server runs with the service's default settings: every ``CAPPLAN_*`` variable of the
 calling shell is removed, API keys are off, and only the settings a benchmark names are set.
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import os
 import socket
 import subprocess
@@ -20,8 +24,12 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session, sessionmaker
 
 ROOT = Path(__file__).resolve().parent.parent
 PREPARE = ("migrate", "catalog-sync")  # what a fresh database needs before `serve`
@@ -149,6 +157,35 @@ def sqlite_served(root: Path = ROOT, **settings: str) -> Iterator[tuple[int, int
         port = free_port()
         with serving(env, port, cwd=root, ready_path="/healthz") as process:
             yield process.pid, port
+
+
+@contextlib.contextmanager
+def synced_sessions() -> Iterator[sessionmaker[Session]]:
+    """Sessions on a fresh SQLite database in a temporary folder: migrated, the hardware catalog
+    and the model zoo synced; then ``gc.collect(); gc.freeze()``, as ``app.main``'s lifespan does
+    before serving, so full collections do not scan the modules, catalog and zoo. The engine is
+    disposed and the folder removed on leaving. (The app is imported here, not at the top, so
+    that the server benchmarks do not load it.)"""
+    from app.config import PROJECT_ROOT
+    from app.db.migrations import upgrade_to_head
+    from app.db.session import make_engine, make_session_factory
+    from app.services.catalog import load_catalog, sync_catalog
+    from app.services.zoo import sync_zoo
+
+    with tempfile.TemporaryDirectory(prefix="capplan-bench-") as folder:
+        url = f"sqlite:///{Path(folder) / 'bench.db'}"
+        upgrade_to_head(url)
+        engine = make_engine(url)
+        try:
+            sessions = make_session_factory(engine)
+            with sessions() as session:
+                sync_catalog(session, load_catalog(PROJECT_ROOT / "hardware_catalog"))
+                sync_zoo(session)
+            gc.collect()
+            gc.freeze()
+            yield sessions
+        finally:
+            engine.dispose()
 
 
 def add_backend_arguments(parser: argparse.ArgumentParser) -> None:

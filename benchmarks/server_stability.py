@@ -24,19 +24,15 @@ over; Llama-2-7B 108 of 219 (max 27.4 %), 69 over.
 from __future__ import annotations
 
 import argparse
-import gc
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
+
+from server_process import synced_sessions
 
 import app.domain.performance.batch_search as batch_search_module
 import app.domain.performance.recommend as recommend_module
-from app.config import PROJECT_ROOT
-from app.db.migrations import upgrade_to_head
-from app.db.session import make_engine, make_session_factory
 from app.domain.performance.serving import (
     STABLE_RELATIVE,
     BatchTiming,
@@ -45,9 +41,7 @@ from app.domain.performance.serving import (
     simulate,
 )
 from app.schemas.recommendations import InferenceRecommendationRequest
-from app.services.catalog import load_catalog, sync_catalog
 from app.services.recommendations import clear_caches, recommend
-from app.services.zoo import sync_zoo
 
 CASES: list[tuple[str, dict[str, Any]]] = [
     ("resnet-50 15 ms", {"model": "resnet-50", "latency_slo_ms": 15, "scenario": "server"}),
@@ -100,16 +94,7 @@ def main() -> int:
         return load
 
     ok = True
-    with tempfile.TemporaryDirectory() as folder:
-        url = f"sqlite:///{Path(folder) / 'bench.db'}"
-        upgrade_to_head(url)
-        engine = make_engine(url)
-        sessions = make_session_factory(engine)
-        with sessions() as session:
-            sync_catalog(session, load_catalog(PROJECT_ROOT / "hardware_catalog"))
-            sync_zoo(session)
-        gc.collect()
-        gc.freeze()  # as app.main's lifespan does before serving
+    with synced_sessions() as sessions:
         print(
             f"{'request':<17} {'CPU s':>5} {'not pruned':>10} {'pruned':>6} | every candidate "
             f"simulated: {'answers':>7} {'lowered':>7} {'unstable':>8} | x2: moved >= 5 %, "
@@ -147,7 +132,6 @@ def main() -> int:
                 f"x2: {moved}, {largest:.1%}, {over} | x8: {moved8}, {largest8:.1%}, {over8}, "
                 f"{far8}"
             )
-        engine.dispose()
     return 0 if ok else 1
 
 

@@ -1,6 +1,7 @@
-"""The README's figures and examples are the service's: the catalog and zoo sizes, every request
-of the API tour (sent to the real app), the CLI example's quoted output; and every relative link
-and anchor of the README, the docs/ pages and the pages beside the code resolves."""
+"""The README's figures and examples are the service's: the catalog and zoo sizes, the MIG profiles
+scaled from the 2g profile, the VGG-16 walk-through, every request of the API tour (sent to the
+real app), the CLI example's quoted output and exit codes (tests/test_capplan.py); and every
+relative link and anchor of the README, the docs/ pages and the pages beside the code resolves."""
 
 from __future__ import annotations
 
@@ -55,11 +56,46 @@ def test_the_catalog_size_is_the_number_of_catalog_devices() -> None:
     assert len(named & {e.slug for e in entries}) >= xeons
 
 
+def test_the_scaled_mig_profiles_are_the_catalogs() -> None:
+    match = re.search(r"no observed driver value in the reference \(([^)]*)\);", README)
+    assert match, "README's Notes no longer name the MIG profiles scaled from the 2g profile"
+    named = {  # "B200 3g/4g/7g" -> nvidia-b200: {"3g", "4g", "7g"}
+        "nvidia-" + gpu.lower().replace(" ", "-"): set(sizes.split("/"))
+        for gpu, sizes in re.findall(r"(\w+(?: \w+)?) ((?:\dg/?)+)", " ".join(match[1].split()))
+    }
+    assert len(named) == 2  # the README names two GPUs: both parsed
+    entries = {entry.slug: entry for entry in load_catalog(PROJECT_ROOT / "hardware_catalog")}
+    for slug, sizes in named.items():
+        mig = entries[slug].mig
+        assert mig is not None, slug
+        (two,) = (p for p in mig.profiles if p.name.startswith("2g.") and "+" not in p.name)
+        scaled = [p for p in mig.profiles if "memory_mib" in p.unconfirmed]
+        assert {p.name.split(".")[0] for p in scaled} == sizes, slug
+        for profile in scaled:
+            assert profile.memory_mib * two.memory_slices == two.memory_mib * profile.memory_slices
+
+
 def test_the_zoo_list_is_the_built_in_zoo() -> None:
     (bullet,) = re.findall(r"\* The built-in zoo \(.*?\n(?=\* )", README, re.S)
     slugs = re.findall(r"`([a-z0-9.-]+)`", bullet.split(":", 1)[1])
     assert slugs == list(ZOO)  # every model, in the order catalog-sync seeds them
     assert len(ZOO) == 13
+
+
+def test_the_vgg16_walk_through_is_the_summary_endpoints(client: ApiClient) -> None:
+    match = re.search(
+        r"VGG-16 walk-through: ([\d,]+) and ([\d,]+) parameters in\s+the first two convs, "
+        r"([\d,]+) values after flattening",
+        README,
+    )
+    assert match, "README's tour no longer quotes the VGG-16 walk-through"
+    first, second, flattened = (int(g.replace(",", "")) for g in match.groups())
+    response = client.get("/v1/models/vgg-16/summary", params={"batch_size": 1})
+    assert response.status_code == 200, response.text
+    layers = response.json()["layers"]
+    convs = [row["params"] for row in layers if row["op"] == "conv2d"]
+    flatten = next(row for row in layers if row["op"] == "flatten")
+    assert (first, second, flattened) == (convs[0], convs[1], flatten["activation_elements"])
 
 
 # -- the API tour ------------------------------------------------------------------------------
