@@ -31,7 +31,13 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from app.domain.graph.analysis import analyze  # noqa: E402
-from app.domain.peft import LoraBias, LoraConfig, LoraKind, lora_trainable_params  # noqa: E402
+from app.domain.peft import (  # noqa: E402
+    LoraBias,
+    LoraConfig,
+    LoraKind,
+    linear_modules,
+    lora_trainable_params,
+)
 from app.importers.hf_config import REFERENCE_CLASSES, import_hf_config  # noqa: E402
 
 CONFIGS = ROOT / "tests" / "fixtures" / "hf_configs"
@@ -371,8 +377,69 @@ MOE_CASES: tuple[Case, ...] = (
 )
 
 
+# transformers' own qualified names (model.layers.<i>...): anchored regexes select the same
+# modules only when the service numbers the layers as named_modules() does (Gemma-2/3's
+# alternating layers, DeepSeek's dense-then-MoE runs) and names Phi-3's fused projections
+ANCHORED_CASES: tuple[Case, ...] = (
+    (
+        "r=8 regex model.layers.1 q_proj",
+        {"r": 8, "target_modules": r"model\.layers\.1\.self_attn\.q_proj"},
+        LoraConfig(r=8, target_regex=r"model\.layers\.1\.self_attn\.q_proj"),
+    ),
+    (
+        "r=8 regex model.layers.[0-4] o_proj,down_proj",
+        {"r": 8, "target_modules": r"model\.layers\.[0-4]\.(self_attn\.o_proj|mlp\.down_proj)"},
+        LoraConfig(r=8, target_regex=r"model\.layers\.[0-4]\.(self_attn\.o_proj|mlp\.down_proj)"),
+    ),
+)
+PHI3_CASES: tuple[Case, ...] = (
+    (
+        "r=8 qkv_proj",
+        {"r": 8, "target_modules": ["qkv_proj"]},
+        LoraConfig(r=8, target_modules=("qkv_proj",)),
+    ),
+    (
+        "r=16 qkv_proj,o_proj,gate_up_proj,down_proj",
+        {"r": 16, "target_modules": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]},
+        LoraConfig(r=16, target_modules=("qkv_proj", "o_proj", "gate_up_proj", "down_proj")),
+    ),
+    (
+        "r=16 all-linear",
+        {"r": 16, "target_modules": "all-linear"},
+        LoraConfig(r=16, target_kind=LoraKind.ALL_LINEAR),
+    ),
+    (
+        "r=8 attention kind",
+        {"r": 8, "target_modules": r".*self_attn\.(qkv_proj|o_proj)"},
+        LoraConfig(r=8, target_kind=LoraKind.ATTENTION),
+    ),
+    (
+        "r=8 mlp kind",
+        {"r": 8, "target_modules": r".*mlp\.(gate_up_proj|down_proj)"},
+        LoraConfig(r=8, target_kind=LoraKind.MLP),
+    ),
+    (
+        "r=8 regex model.layers.1 qkv_proj",
+        {"r": 8, "target_modules": r"model\.layers\.1\.self_attn\.qkv_proj"},
+        LoraConfig(r=8, target_regex=r"model\.layers\.1\.self_attn\.qkv_proj"),
+    ),
+    (
+        "r=8 qkv_proj DoRA",
+        {"r": 8, "target_modules": ["qkv_proj"], "use_dora": True},
+        LoraConfig(r=8, target_modules=("qkv_proj",), use_dora=True),
+    ),
+)
+GEMMA2_CASES: tuple[Case, ...] = (
+    *(case for case in LLAMA_CASES if "lm_head" not in case[0]),
+    *ANCHORED_CASES,
+)
+
 MODELS: tuple[tuple[str, tuple[Case, ...]], ...] = (
     *((slug, LLAMA_CASES) for slug in LLAMA_NAMED),
+    ("llama-2-7b", ANCHORED_CASES),
+    ("phi-3-mini-4k-instruct", PHI3_CASES),
+    ("gemma-2-9b-it", GEMMA2_CASES),
+    ("gemma-3-1b-it", GEMMA2_CASES),
     ("gpt2", GPT2_CASES),
     ("bert-base-uncased", BERT_CASES),
     ("t5-small-encoder", T5_CASES),
@@ -423,10 +490,46 @@ def peft_count(config: dict[str, Any], kwargs: dict[str, Any]) -> int | str:
     return int(trainable)
 
 
+NAMED_SLUGS = (
+    "llama-2-7b",
+    "phi-3-mini-4k-instruct",
+    "gemma-2-9b-it",
+    "gemma-3-1b-it",
+    "deepseek-v2-lite-chat",
+    "deepseek-v3",
+)
+
+
+def name_rows() -> tuple[list[str], bool]:
+    """The service's Linear module names (``LoraModule.full_name``) against the
+    ``torch.nn.Linear`` modules of ``model.named_modules()``."""
+    rows, ok = [], True
+    for slug in NAMED_SLUGS:
+        config = json.loads((CONFIGS / f"{slug}.json").read_text())
+        graph = import_hf_config(config)
+        bindings = {**graph.default_bindings, "batch": 1, "seq": 8}
+        layers = analyze(graph.inputs, graph.layers, bindings, training=True).layers
+        ours = {m.full_name for m in linear_modules(layers) if not m.embedding and not m.experts}
+        theirs = {
+            name
+            for name, module in reference_model(config).named_modules()
+            if isinstance(module, torch.nn.Linear)
+        }
+        equal = ours == theirs
+        ok &= equal
+        verdict = "yes" if equal else f"**NO** {sorted(ours ^ theirs)[:3]}"
+        rows.append(f"| {slug} | {len(theirs):,} | {len(ours):,} | {verdict} |")
+        print(rows[-1], flush=True)
+    return rows, ok
+
+
 def main() -> int:
     rows = []
     ok = True
+    only = set(sys.argv[1:])
     for slug, cases in MODELS:
+        if only and slug not in only:
+            continue
         config = json.loads((CONFIGS / f"{slug}.json").read_text())
         graph = import_hf_config(config)
         bindings = {**graph.default_bindings, "batch": 1, "seq": 8}
@@ -455,7 +558,17 @@ def main() -> int:
         "| config | LoRA | peft | service | equal |",
         "|---|---|---:|---:|---|",
     ]
-    (HERE / "results.md").write_text("\n".join(header + rows) + "\n")
+    names, names_ok = name_rows()
+    ok &= names_ok
+    header_names = [
+        "",
+        "## Linear module names: the service (`full_name`) vs `model.named_modules()`",
+        "",
+        "| config | transformers Linear modules | service | equal |",
+        "|---|---:|---:|---|",
+    ]
+    if not only:
+        (HERE / "results.md").write_text("\n".join(header + rows + header_names + names) + "\n")
     return 0 if ok else 1
 
 

@@ -56,10 +56,18 @@ internally; they are named as the model family's transformers modeling file name
   ``fc2`` - ``models/opt/modeling_opt.py``; Phi-2 (``final_layernorm``): ``q_proj`` ...
   ``dense``, ``fc1`` / ``fc2`` - ``models/phi/modeling_phi.py``.
 
+* Phi-3 (the graph's ``resid_attn_dropout``): ``self_attn.qkv_proj`` (q, k, v fused) and
+  ``o_proj``, ``mlp.gate_up_proj`` (gate and up fused, out 2 x intermediate) and ``down_proj``
+  - ``models/phi3/modeling_phi3.py``.
+
 A module's qualified name is ``<graph layer>.<name>`` (``h.0.attn.c_attn``,
-``encoder.0.attn.self.query``, ``block.0.attn.q``): a list ``target_modules`` matches on the
-last components as PEFT's rule does; ``target_regex`` sees these names. Target kinds follow
-the op a module belongs to (attention or MLP), whatever the family calls it.
+``encoder.0.attn.self.query``, ``block.0.attn.q``), the decoder layers numbered as
+transformers numbers them (:func:`decoder_layer_names`): a list ``target_modules`` matches on
+the last components as PEFT's rule does. ``target_regex`` sees ``LoraModule.full_name``: for
+the Llama-named families and Phi-3 the name ``model.named_modules()`` gives
+(``model.layers.1.self_attn.q_proj``; the head ``lm_head``), checked name for name by
+benchmarks/peft_params/count.py. Target kinds follow the op a module belongs to (attention or
+MLP), whatever the family calls it.
 """
 
 from __future__ import annotations
@@ -67,7 +75,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
@@ -128,6 +136,8 @@ class ModuleNaming:
     fused_qkv: bool = False
     standalone: tuple[tuple[str, str], ...] = ()  # (graph layer, module leaf) of Linear layers
     keep_in_fp32: tuple[str, ...] = ()  # the model class's _keep_in_fp32_modules
+    fused_gate_up: bool = False  # gate and up are one Linear (Phi-3's gate_up_proj), out summed
+    body: str = ""  # the base model's attribute in the CausalLM (``model.``), for regexes
 
 
 NAMINGS: dict[str, ModuleNaming] = {
@@ -136,6 +146,19 @@ NAMINGS: dict[str, ModuleNaming] = {
         ("q_proj", "k_proj", "v_proj", "o_proj"),
         ("gate_proj", "up_proj", "down_proj"),
         ("up_proj", "down_proj"),
+        body="model.",
+    ),
+    # models/phi3/modeling_phi3.py: Phi3Attention.qkv_proj (one Linear, out (heads + 2 x
+    # kv_heads) x head_dim) and .o_proj, Phi3MLP.gate_up_proj (out 2 x intermediate) and
+    # .down_proj
+    "phi3": ModuleNaming(
+        "phi3",
+        ("qkv_proj", "", "", "o_proj"),
+        ("gate_up_proj", "", "down_proj"),
+        ("gate_up_proj", "down_proj"),  # Phi-3 is always gated; never used
+        fused_qkv=True,
+        fused_gate_up=True,
+        body="model.",
     ),
     "gpt2": ModuleNaming(
         "gpt2",
@@ -215,6 +238,8 @@ def module_naming(layers: Sequence[LayerAnalysis]) -> ModuleNaming:
         return NAMINGS["opt"]
     if first == "embed_tokens" and "final_layernorm" in names:
         return NAMINGS["phi"]
+    if any(n.endswith(".resid_attn_dropout") for n in names):
+        return NAMINGS["phi3"]
     if first == "word_embeddings" and any(n.startswith("encoder.") for n in names):
         return NAMINGS["bert"]
     if first == "shared" and any(n.startswith("block.") for n in names):
@@ -278,6 +303,15 @@ class LoraModule:
     rows: int
     embedding: bool = False
     kind: str = "linear"  # the op it belongs to: attention, mlp, linear, embedding
+    qualified: str = ""  # the name in the transformers model (``model.`` + name); "" = name
+    experts: int = 0  # > 0: a 3-d parameter of this many experts (PEFT's ParamWrapper)
+    rank_factor: int = 1  # PEFT's rank_pattern for a fused target: r x this
+
+    @property
+    def full_name(self) -> str:
+        """The name ``model.named_modules()`` gives it in transformers, which PEFT matches a
+        regex ``target_modules`` against."""
+        return self.qualified or self.name
 
 
 @dataclass(frozen=True, slots=True)
@@ -323,13 +357,58 @@ def _is_bias(layer: LayerAnalysis, index: int, shape: tuple[int, ...]) -> bool:
     return True
 
 
+_STACKED = re.compile(r"(layers)(?:_(\d+))?\.(\d+)\.(?:l(\d+)_)?(.+)")
+
+
+def decoder_layer_names(layers: Sequence[LayerAnalysis]) -> list[str]:
+    """Each graph layer's name with transformers' decoder-layer index.
+
+    The HF importer lays out decoders whose layers differ (Gemma-2/3's sliding and global
+    attention, DeepSeek's dense then MoE layers, gpt-oss) as runs
+    (``app.importers.hf_families._stack``): ``layers_<first>.<repeat>.l<j>_<module>`` is layer
+    ``first + repeat x period + j`` of ``model.layers`` (``period``: the run's ``l<j>_``
+    count, 1 without them), so ``layers.0.l1_self_attn`` is ``layers.1.self_attn``, as
+    ``model.named_modules()`` names it; any other name is kept."""
+    period: dict[str, int] = {}
+    parsed = [_STACKED.fullmatch(layer.name) for layer in layers]
+    for match in parsed:
+        if match is not None:
+            run = match.group(2) or ""
+            period[run] = max(period.get(run, 1), int(match.group(4) or 0) + 1)
+    names = []
+    for layer, match in zip(layers, parsed, strict=True):
+        if match is None:
+            names.append(layer.name)
+            continue
+        run = match.group(2) or ""
+        index = int(run or 0) + int(match.group(3)) * period[run] + int(match.group(4) or 0)
+        names.append(f"layers.{index}.{match.group(5)}")
+    return names
+
+
 def linear_modules(layers: Sequence[LayerAnalysis]) -> list[LoraModule]:
     """Every Linear (and embedding) module of the graph, by qualified name, in order, named
-    as the family's modeling file names them (:func:`module_naming`)."""
+    as the family's modeling file names them (:func:`module_naming`, the decoder layers
+    numbered as in transformers by :func:`decoder_layer_names`); ``full_name`` adds the base
+    model's attribute (``model.``) where the family has one, the head excepted."""
+    modules = _linear_modules(layers)
+    body = module_naming(layers).body
+    if not body:
+        return modules
+    head = output_head(layers, modules)
+    return [
+        m if m.name == head or m.name == "lm_head" else replace(m, qualified=body + m.name)
+        for m in modules
+    ]
+
+
+def _linear_modules(layers: Sequence[LayerAnalysis]) -> list[LoraModule]:
     naming = module_naming(layers)
     standalone = dict(naming.standalone)
+    hf_names = decoder_layer_names(layers)
     modules: list[LoraModule] = []
-    for index, layer in enumerate(layers):
+    for index, graph_layer in enumerate(layers):
+        layer = graph_layer._replace(name=hf_names[index])
         shapes = layer.result.param_shapes
         rows = _rows(layer)
         if layer.op == "linear":
@@ -356,6 +435,10 @@ def linear_modules(layers: Sequence[LayerAnalysis]) -> list[LoraModule]:
             matrices = [s for s in shapes if len(s) == 2]
             biased = any(len(s) == 1 for s in shapes)
             names: Sequence[str] = naming.gated_mlp if len(matrices) == 3 else naming.plain_mlp
+            if naming.fused_gate_up and len(matrices) == 3:
+                (gate_out, features), (up_out, _), down = matrices
+                matrices = [(gate_out + up_out, features), down]
+                names = (naming.gated_mlp[0], naming.gated_mlp[2])
             for name, (out, features) in zip(names, matrices, strict=True):
                 modules.append(
                     LoraModule(
@@ -482,7 +565,7 @@ def _kind_matches(config: LoraConfig, module: LoraModule, head: str | None) -> b
 
 def _targeted(config: LoraConfig, module: LoraModule, head: str | None) -> bool:
     if config.target_regex is not None:
-        return re.fullmatch(config.target_regex, module.name) is not None
+        return re.fullmatch(config.target_regex, module.full_name) is not None
     if config.target_kind is not None:
         return _kind_matches(config, module, head)
     name = module.name
