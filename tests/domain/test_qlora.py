@@ -128,10 +128,12 @@ def test_dora_lines_on_llama() -> None:
     magnitude = 32 * 2 * 4096
     assert with_dora["adapter_weights"] - without["adapter_weights"] == magnitude * 4
     # full checkpointing: one block's adapted layers keep base_result (bf16) and lora_result
-    # (bf16 under autocast), 1024 rows x 4096 each, for q_proj and v_proj
+    # (bf16 under autocast), 1024 rows x 4096 each, for q_proj and v_proj, and the fp32
+    # vectors weight_norm, mag_norm_scale and mag_norm_scale - 1 (4096 each)
     assert with_dora["adapter_activations"] - without["adapter_activations"] == 2 * (
-        1024 * 4096 * (2 + 2)
+        1024 * 4096 * (2 + 2) + 3 * 4096 * 4
     )
+    assert 2 * (1024 * 4096 * 4 + 3 * 4096 * 4) == 33_652_736
     # the weight norm of q_proj: x_eye 4096^2 + lora_weight and weight + scaled update
     # (2 x 4096^2), fp32; the amp_bf16 base is fp32 already: no cast copy
     assert with_dora["adapter_transient"] == 3 * 4096 * 4096 * 4

@@ -501,7 +501,7 @@ def _lora_saved(e: Estimation, lora: LoraPlan, recompute: dict[str, int]) -> int
         if not module.embedding:
             kept += module.rows * module.in_features * (copy + mask)
         per_layer[module.layer] = per_layer.get(module.layer, 0) + kept
-    e.adapter_saved = per_layer  # the replay's: one tensor per layer (DoRA's not replayed)
+    e.adapter_saved = per_layer  # the replay's: one tensor per layer (DoRA's added below)
     layers = e.analysis.layers
     if recompute:
         units: dict[str, int] = {}
@@ -523,9 +523,11 @@ def _lora_saved(e: Estimation, lora: LoraPlan, recompute: dict[str, int]) -> int
     if mask:
         terms.append(f"rows x in x 1 [B: dropout mask, lora_dropout={config.dropout}]")
     if config.use_dora:
-        dora, dora_terms = dora_saved(e, lora, recompute)
+        dora, dora_terms, dora_layers = dora_saved(e, lora, recompute)
         total += dora
         terms.append(dora_terms)
+        for index, kept in dora_layers.items():  # replayed with LoRA's, same layer and life
+            per_layer[index] = per_layer.get(index, 0) + kept
     e.formulas["adapter_activations"] = f"sum over {where} of ({' + '.join(terms)}) = {total:,} B"
     return total
 
