@@ -10,6 +10,7 @@ from fractions import Fraction
 
 from app.domain.memory.adapters import adapter_transient, dora_saved, inference_adapters
 from app.domain.memory.context import Estimation, Moment, StepTensors, moment_at
+from app.domain.memory.cross_kv import cross_attention_kv_numel
 from app.domain.memory.deepspeed import deepspeed_buffers
 from app.domain.memory.formulas import (
     PrecisionPlan,
@@ -630,6 +631,20 @@ def inference_moments(e: Estimation) -> list[Moment]:
                 f"{share.kv_numel:,} [elements: 2 x layers{where} x KV heads per GPU, "
                 f"max(1, kv_heads // {par.tensor}), x head_dim x seq x batch{divisor}] x "
                 f"{kv_bytes} [B]"
+            )
+        cross = cross_attention_kv_numel(analysis)
+        if cross:  # an encoder-decoder's cross-attention keys and values (cross_kv.py)
+            cross_bytes = kv_cache_bytes(cross, kv_bytes, kv_shard)
+            kv += cross_bytes
+            expression += (
+                f" + ceil({cross:,} [elements: cross-attention, 2 x decoder layers x batch x "
+                f"encoder length x heads x d_kv] x {kv_bytes} [B] / {kv_shard} "
+                "[tensor x pipeline])"
+            )
+            assumptions.append(
+                "encoder-decoder generation caches each decoder layer's cross-attention keys "
+                "and values of the encoder's tokens beside the self-attention's "
+                "(EncoderDecoderCache)"
             )
         if kv:
             static["kv_cache"] = kv
