@@ -312,7 +312,7 @@ def _fc_cases(out: str) -> tuple[Case, ...]:
 
 # Multi-head latent attention (models/deepseek_v2, deepseek_v3/modeling_*.py): q_proj, or
 # q_a_proj and q_b_proj; kv_a_proj_with_mqa, kv_b_proj, o_proj. MoE experts are 3-d
-# parameters in transformers 5.23, not Linear modules: only the attention is compared.
+# parameters in transformers 5, not Linear modules (DEEPSEEK_MOE_CASES below).
 _MLA_REGEX = r".*self_attn\.(q_proj|q_a_proj|q_b_proj|kv_a_proj_with_mqa|kv_b_proj|o_proj)"
 
 
@@ -358,10 +358,9 @@ GPT_OSS_CASES: tuple[Case, ...] = (
 
 
 # MoE shared experts (Linear gate_proj / up_proj / down_proj; routed experts are 3-d
-# parameters in transformers 5.23). Qwen2-MoE's shared_expert_gate and Llama-4's router are
-# left out by the service, so all-linear is not compared. DeepSeek is not compared either:
-# there peft 0.21.2 also adapts the fused routed experts (experts.gate_up_proj / down_proj as
-# parameters) when gate_proj / up_proj / down_proj are targeted, which the service does not model.
+# parameters in transformers 5). Qwen2-MoE's shared_expert_gate and Llama-4's router are
+# left out by the service, so all-linear is not compared. DeepSeek has its own cases below:
+# there peft converts gate_proj / up_proj / down_proj to the routed experts' parameters.
 _SHARED_MLP = ("gate_proj", "up_proj", "down_proj")
 MOE_CASES: tuple[Case, ...] = (
     (
@@ -434,6 +433,41 @@ GEMMA2_CASES: tuple[Case, ...] = (
     *ANCHORED_CASES,
 )
 
+# DeepSeek-V2/V3 under transformers 5: peft converts gate_proj / up_proj / down_proj (and the
+# router's gate) to the routed experts' fused parameters (app.domain.peft.lora._expert_targets)
+DEEPSEEK_MOE_CASES: tuple[Case, ...] = (
+    (
+        "r=8 gate,up,down",
+        {"r": 8, "target_modules": list(_SHARED_MLP)},
+        LoraConfig(r=8, target_modules=_SHARED_MLP),
+    ),
+    (
+        "r=16 q/kv + down_proj",
+        {"r": 16, "target_modules": ["kv_b_proj", "o_proj", "down_proj"]},
+        LoraConfig(r=16, target_modules=("kv_b_proj", "o_proj", "down_proj")),
+    ),
+    (
+        "r=8 all-linear",
+        {"r": 8, "target_modules": "all-linear"},
+        LoraConfig(r=8, target_kind=LoraKind.ALL_LINEAR),
+    ),
+    (
+        "r=8 mlp kind",
+        {"r": 8, "target_modules": list(_SHARED_MLP)},
+        LoraConfig(r=8, target_kind=LoraKind.MLP),
+    ),
+    (
+        "r=8 regex layer 1 kv_b_proj + experts.down_proj",
+        {
+            "r": 8,
+            "target_modules": r"model\.layers\.1\.(self_attn\.kv_b_proj|mlp\.experts\.down_proj)",
+        },
+        LoraConfig(
+            r=8, target_regex=r"model\.layers\.1\.(self_attn\.kv_b_proj|mlp\.experts\.down_proj)"
+        ),
+    ),
+)
+
 MODELS: tuple[tuple[str, tuple[Case, ...]], ...] = (
     *((slug, LLAMA_CASES) for slug in LLAMA_NAMED),
     ("llama-2-7b", ANCHORED_CASES),
@@ -453,6 +487,8 @@ MODELS: tuple[tuple[str, tuple[Case, ...]], ...] = (
     ("phi-2", _fc_cases("dense")),
     ("deepseek-v2-lite-chat", _mla_cases(("q_proj",))),
     ("deepseek-v3", _mla_cases(("q_a_proj", "q_b_proj"))),
+    ("deepseek-v2-lite-chat", DEEPSEEK_MOE_CASES),
+    ("deepseek-v3", DEEPSEEK_MOE_CASES),
     ("gpt-oss-20b", GPT_OSS_CASES),
     ("qwen1.5-moe-a2.7b", MOE_CASES),
     ("llama-4-scout-17b-16e-text", MOE_CASES),

@@ -1,5 +1,5 @@
 """LoRA and DoRA on GPT-2, BERT, T5, BLOOM and GPT-NeoX graphs as PEFT counts them (golden
-figures; the same configurations are checked against peft 0.21.2 itself by
+figures; the same configurations are checked against peft (0.21.0; earlier rows also 0.21.2) by
 benchmarks/peft_params/count.py and its results.md)."""
 
 from __future__ import annotations
@@ -17,12 +17,14 @@ from app.domain.peft import (
     LoraError,
     LoraKind,
     linear_modules,
+    lora_plan,
     lora_trainable_params,
     module_naming,
 )
 from app.importers.hf_config import import_hf_config
 
 HF_CONFIGS = PROJECT_ROOT / "tests" / "fixtures" / "hf_configs"
+MOE_MLP = ("gate_proj", "up_proj", "down_proj")
 
 
 @cache
@@ -152,7 +154,7 @@ def test_gpt2_c_attn_is_one_fused_linear() -> None:
     ],
 )
 def test_family_counts_are_peft_figures(slug: str, config: LoraConfig, expected: int) -> None:
-    # pinned from peft 0.21.2 (benchmarks/peft_params/results.md)
+    # pinned from peft 0.21.2 and 0.21.0 (benchmarks/peft_params/results.md)
     assert lora_trainable_params(_hf(slug).layers, config) == expected
 
 
@@ -307,3 +309,61 @@ def test_stacked_decoder_layers_are_numbered_as_in_transformers() -> None:
     assert "model.layers.1.mlp.shared_experts.gate_proj" in names
     assert "model.layers.26.self_attn.kv_b_proj" in names
     assert "lm_head" in names
+
+
+@pytest.mark.parametrize(
+    ("slug", "config", "expected"),
+    [
+        # pinned from peft 0.21.0 + transformers 5.18.0 (benchmarks/peft_params/results.md)
+        ("deepseek-v2-lite-chat", LoraConfig(r=8, target_modules=MOE_MLP), 175_505_408),
+        (
+            "deepseek-v2-lite-chat",
+            LoraConfig(r=16, target_modules=("kv_b_proj", "o_proj", "down_proj")),
+            95_772_672,
+        ),
+        ("deepseek-v2-lite-chat", LoraConfig(r=8, target_kind=LoraKind.ALL_LINEAR), 179_497_472),
+        ("deepseek-v2-lite-chat", LoraConfig(r=8, target_kind=LoraKind.MLP), 175_505_408),
+        (
+            "deepseek-v2-lite-chat",
+            LoraConfig(
+                r=8,
+                target_regex=r"model\.layers\.1\.(self_attn\.kv_b_proj|mlp\.experts\.down_proj)",
+            ),
+            47_001_600,
+        ),
+        ("deepseek-v3", LoraConfig(r=8, target_modules=MOE_MLP), 3_770_679_296),
+        ("deepseek-v3", LoraConfig(r=8, target_kind=LoraKind.ALL_LINEAR), 3_822_627_328),
+    ],
+)
+def test_deepseek_routed_experts_count_as_peft_converts_them(
+    slug: str, config: LoraConfig, expected: int
+) -> None:
+    assert lora_trainable_params(_hf(slug).layers, config) == expected
+
+
+def test_deepseek_expert_targets_are_the_fused_parameters() -> None:
+    """peft 0.21.0 converts gate_proj/up_proj to experts.gate_up_proj at rank 2r and
+    down_proj to experts.down_proj, and drops them from target_modules: V2-Lite's 26 MoE
+    layers of 64 experts (hidden 2048, expert intermediate 1408), no shared expert or dense
+    MLP adapted."""
+    layers = _hf("deepseek-v2-lite-chat").layers
+    plan = lora_plan(layers, LoraConfig(r=8, target_modules=MOE_MLP))
+    assert {m.name.split(".", 2)[2] for m in plan.modules} == {
+        "mlp.experts.gate_up_proj",
+        "mlp.experts.down_proj",
+    }
+    per_layer = 16 * 64 * (2048 + 2 * 1408) + 8 * 64 * (1408 + 2048)
+    assert plan.trainable_params == 26 * per_layer == 175_505_408
+    with pytest.raises(LoraError) as caught:
+        lora_plan(layers, LoraConfig(r=8, target_modules=("gate_proj", "down_proj")))
+    assert caught.value.field == "target_modules"
+    assert "up_proj" in str(caught.value)
+    with pytest.raises(LoraError) as caught:
+        lora_plan(layers, LoraConfig(r=8, target_modules=MOE_MLP, dropout=0.1))
+    assert caught.value.field == "dropout"
+    with pytest.raises(LoraError) as caught:
+        lora_plan(layers, LoraConfig(r=8, target_modules=MOE_MLP, use_dora=True))
+    assert caught.value.field == "use_dora"
+    # attention targets are untouched by the conversion
+    attention = lora_plan(layers, LoraConfig(r=16, target_kind=LoraKind.ATTENTION))
+    assert attention.trainable_params == 7_105_536

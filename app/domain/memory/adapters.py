@@ -258,7 +258,8 @@ def inference_adapters(e: Estimation, lora: LoraPlan) -> dict[str, int]:
       ``lora_A``'s rows x r output, ``lora_B``'s rows x out output, its product by the
       scaling, and ``result`` promoted to fp32 by the sum: rows x (4 in + 4 r + 3 x 4 out));
       a 4-bit base's dequantized weight or DoRA's weight norm (:func:`adapter_transient`)
-      when larger.
+      when larger; a ParamWrapper (DeepSeek's routed experts) materializes its parametrized
+      weight ``W + B @ A`` (experts x out x in at the weight's bytes) every forward.
     """
     config = e.request.lora
     assert config is not None
@@ -279,16 +280,19 @@ def inference_adapters(e: Estimation, lora: LoraPlan) -> dict[str, int]:
         f"LoRA r={r} on {len(lora.modules):,} modules, not merged: the adapters run beside "
         "the base in fp32 (PEFT autocast_adapter_dtype=True)"
     ]
-    largest, name = 0, ""
+    largest, name, wrapped = 0, "", False
     for module in lora.modules:
-        if module.embedding:
+        if module.experts:  # a ParamWrapper: W + B @ A materialized whole, W's dtype
+            size = module.experts * module.in_features * module.out_features * int(e.plan.weight)
+        elif module.embedding:
             size = module.rows * (r + module.out_features) * 4
         else:
             size = module.rows * (module.in_features + r + 3 * module.out_features) * 4
         if size > largest:
-            largest, name = size, module.name
+            largest, name, wrapped = size, module.name, bool(module.experts)
     lines = {"adapter_weights": weights}
-    words = f"{largest:,} [B: {name}: rows x (4 in + 4 r + 3 x 4 out), fp32 adapter path]"
+    path = "experts x out x in, W + B @ A" if wrapped else "rows x (4 in + 4 r + 3 x 4 out)"
+    words = f"{largest:,} [B: {name}: {path}, the adapter path]"
     other = adapter_transient(e, lora)  # a 4-bit base's dequantized weight, DoRA's norm
     if other:
         words += f", {e.formulas['adapter_transient']}"

@@ -496,9 +496,20 @@ def _lora_saved(e: Estimation, lora: LoraPlan, recompute: dict[str, int]) -> int
     else:
         copy, rule = 0, ""
     mask = 1 if config.dropout > 0 else 0
+    # a ParamWrapper (DeepSeek's routed experts, the router): the parametrized weight W +
+    # scaling x B @ A (peft/tuners/lora/layer.py _LoraFactorsProxy: baddbmm in W's dtype, the
+    # whole E x out x in) replaces W in the forward and the experts' matmul keeps it for the
+    # input's gradient; under autocast also its 16-bit cast (not a leaf: autocast's weight
+    # cache skips it)
+    wrapped = int(plan.weight) + (plan.weight_cache if autocast else 0)
     per_layer: dict[int, int] = {}
+    experts = False
     for module in lora.modules:
-        kept = module.rows * config.r * compute
+        if module.experts:
+            kept = module.experts * module.in_features * module.out_features * wrapped
+            experts = True
+        else:
+            kept = module.rows * config.r * compute
         if not module.embedding:
             kept += module.rows * module.in_features * (copy + mask)
         per_layer[module.layer] = per_layer.get(module.layer, 0) + kept
@@ -523,6 +534,11 @@ def _lora_saved(e: Estimation, lora: LoraPlan, recompute: dict[str, int]) -> int
         terms.append(f"rows x in x {copy} [B: lora_A keeps {rule}]")
     if mask:
         terms.append(f"rows x in x 1 [B: dropout mask, lora_dropout={config.dropout}]")
+    if experts:
+        terms.append(
+            f"experts x in x out x {wrapped} [B: each ParamWrapper's parametrized weight W + "
+            "B @ A, kept by the experts' matmul]"
+        )
     if config.use_dora:
         dora, dora_terms, dora_layers = dora_saved(e, lora, recompute)
         total += dora

@@ -93,6 +93,7 @@ __all__ = [
     "NAMINGS",
     "ModuleNaming",
     "module_naming",
+    "module_rank",
     "output_head",
     "check_lora_mode",
     "LoraBias",
@@ -335,8 +336,16 @@ class LoraPlan:
     def module_params(self, module: LoraModule, r: int) -> tuple[int, ...]:
         """The trainable tensors' elements of one adapted module: lora_A, lora_B and (DoRA)
         its magnitude vector."""
-        pair = (r * module.in_features, r * module.out_features)
+        width = module_rank(module, r)
+        pair = (width * module.in_features, width * module.out_features)
         return (*pair, module.out_features) if self.magnitude_params else pair
+
+
+def module_rank(module: LoraModule, r: int) -> int:
+    """The rows of ``lora_A`` (columns of ``lora_B``): ``r``, or for a ParamWrapper of E
+    experts ``r x rank_factor x E`` (peft/tuners/lora/layer.py ``ParamWrapper.update_layer``:
+    ``lora_A`` of ``r * num_experts`` x in; the fused gate_up_proj at rank 2r)."""
+    return r * module.rank_factor * max(module.experts, 1)
 
 
 def _rows(layer: LayerAnalysis) -> int:
@@ -449,19 +458,21 @@ def _linear_modules(layers: Sequence[LayerAnalysis]) -> list[LoraModule]:
 
 
 def _moe_modules(layer: LayerAnalysis, index: int, rows: int) -> list[LoraModule]:
-    """The shared expert's Linear modules of a MoE op, as transformers 5.23 names them:
+    """The Linear modules of a MoE op's shared expert, as transformers 5.18 names them:
     ``gate_proj`` / ``up_proj`` / ``down_proj`` of ``shared_expert`` (Qwen2-MoE, Llama-4) or
     ``shared_experts`` (DeepSeek). Routed experts are 3-d parameters there (``*Experts``), not
     Linear modules, and so are most routers (``*TopKRouter``). Llama-4's ``router``
     (``Llama4Router(nn.Linear)``, out = experts) and Qwen2-MoE's ``shared_expert_gate`` (out 1)
     are Linear in PEFT's eyes but are not offered here: :func:`lora_plan` refuses a rank above a
     module's width, which would refuse ``all-linear`` at any useful rank; PEFT's all-linear
-    adapts them too (r x (hidden + out) each more). With transformers 5.23, peft 0.21.2 also
-    adapts DeepSeek-V2/V3's fused routed experts (as parameters) when ``gate_proj`` /
-    ``up_proj`` / ``down_proj`` are targeted; that is not modelled (the count is lower there).
-    The op's matrices are the router, every
-    expert's projections, then the shared expert's and its gate
-    (:func:`app.domain.graph.llm_variants.moe_extra_param_shapes`)."""
+    adapts them too (r x (hidden + out) each more).
+
+    DeepSeek-V2/V3 (the ``shared_experts`` owner) also gets what PEFT adapts as parameters
+    there (:func:`_expert_targets`): ``experts.gate_up_proj`` (E x 2 intermediate x hidden),
+    ``experts.down_proj`` (E x hidden x intermediate) and the router's ``gate`` (its weight,
+    E x hidden), with ``experts`` set and no rows (a ParamWrapper never runs lora_A on x).
+    The op's matrices are the router, every expert's projections, then the shared expert's
+    and its gate (:func:`app.domain.graph.llm_variants.moe_extra_param_shapes`)."""
     matrices = [s for s in layer.result.param_shapes if len(s) == 2]
     experts, hidden = matrices[0]
     gate = matrices[-1] == (1, hidden)
@@ -473,10 +484,23 @@ def _moe_modules(layer: LayerAnalysis, index: int, rows: int) -> list[LoraModule
     llama4 = layer.name.endswith("feed_forward")  # Llama4TextDecoderLayer.feed_forward
     owner = "shared_expert" if gate or llama4 else "shared_experts"
     names = ("gate_proj", "up_proj", "down_proj")[3 - projections :]
-    return [
+    modules = [
         LoraModule(f"{layer.name}.{owner}.{name}", index, features, out, False, rows, False, "mlp")
         for name, (out, features) in zip(names, shared, strict=True)
     ]
+    if owner == "shared_experts" and projections == 3:
+        inner = matrices[1][0]  # the first routed expert's gate_proj: inner x hidden
+        routed = [
+            ("experts.gate_up_proj", hidden, 2 * inner, experts, 2),
+            ("experts.down_proj", inner, hidden, experts, 1),
+            ("gate", hidden, experts, 1, 1),
+        ]
+        modules += [
+            LoraModule(f"{layer.name}.{name}", index, features, out, False, 0, False, "experts",
+                       experts=count, rank_factor=factor)
+            for name, features, out, count, factor in routed
+        ]  # fmt: skip
+    return modules
 
 
 def _attention_modules(
@@ -572,6 +596,98 @@ def _targeted(config: LoraConfig, module: LoraModule, head: str | None) -> bool:
     return any(name == t or name.endswith("." + t) for t in config.target_modules)
 
 
+# peft/utils/transformers_weight_conversion.py (peft 0.21.0) _MOE_TARGET_MODULE_MAPPING
+# ["qwen2_moe"], which _MODEL_TO_CONVERSION_PATTERN applies to deepseek_v2 / deepseek_v3: the
+# v4 names a target_modules entry is converted from (to a target_parameters entry)
+_EXPERT_TARGETS = {
+    "gate": "gate",
+    "gate_proj": "experts.gate_up_proj",
+    "up_proj": "experts.gate_up_proj",
+    "down_proj": "experts.down_proj",
+}
+
+
+def _expert_targets(
+    config: LoraConfig, modules: Sequence[LoraModule], head: str | None, field: str
+) -> tuple[LoraModule, ...]:
+    """The modules PEFT adapts on a graph with DeepSeek's routed experts.
+
+    peft 0.21.0 ``_convert_peft_config_moe`` (``utils/transformers_weight_conversion.py``, run
+    by ``get_peft_model`` for deepseek_v2 / deepseek_v3 under transformers 5): a
+    ``target_modules`` entry equal to or ending in ``.gate_proj`` / ``.up_proj`` becomes the
+    target parameter ``gate_up_proj`` (the fused experts, at rank 2r and alpha 2 alpha:
+    ``rank_pattern``), ``down_proj`` the parameter ``down_proj``, ``gate`` the router's
+    ``gate.weight``, and the entry leaves ``target_modules`` - so the shared experts' and the
+    dense layers' Linear gate/up/down are no longer adapted; gate_proj without up_proj (or
+    the reverse) is an error. A regex or ``"all-linear"`` is first resolved to the leaf names
+    it selects (``_resolve_string_target_modules``: every module whose name the regex
+    fullmatches, plus ``experts.gate_proj`` / ``up_proj`` / ``down_proj`` probed as the v4
+    names; all-linear: every Linear but the head, plus gate, gate_proj, up_proj, down_proj),
+    then handled as that list - a regex naming one layer's q_proj thus adapts every layer's.
+    The kind ``mlp`` is the list gate_proj, up_proj, down_proj; ``attention`` is unchanged.
+    A ParamWrapper refuses lora_dropout and use_dora (``peft/tuners/lora/layer.py``)."""
+    plain = [m for m in modules if not m.experts]
+    if config.target_kind is LoraKind.ATTENTION:
+        return tuple(m for m in plain if m.kind == "attention")
+    leaf = {m.name: m.name.rsplit(".", 1)[-1] for m in modules}
+    if config.target_regex is not None:
+        pattern = config.target_regex
+        # module keys (the router's ``gate`` too) and the experts' parameter keys
+        targets = {leaf[m.name] for m in modules if re.fullmatch(pattern, m.full_name)}
+        for m in modules:
+            if m.experts and m.name.endswith("experts.gate_up_proj"):
+                stem = m.full_name.removesuffix("gate_up_proj")
+                targets |= {
+                    old
+                    for old in ("gate_proj", "up_proj", "down_proj")
+                    if re.fullmatch(pattern, stem + old)
+                }
+    elif config.target_kind is LoraKind.ALL_LINEAR:
+        targets = {leaf[m.name] for m in plain if not m.embedding and m.name != head}
+        targets |= set(_EXPERT_TARGETS)
+    elif config.target_kind is LoraKind.MLP:
+        targets = {"gate_proj", "up_proj", "down_proj"}
+    else:
+        targets = set(config.target_modules)
+    converted: set[str] = set()
+    remaining: set[str] = set()
+    for target in targets:
+        old = next((o for o in _EXPERT_TARGETS if target == o or target.endswith("." + o)), None)
+        if old is None:
+            remaining.add(target)
+        else:
+            converted.add(old)
+    if len(converted & {"gate_proj", "up_proj"}) == 1:
+        given = sorted(converted & {"gate_proj", "up_proj"})[0]
+        missing = "up_proj" if given == "gate_proj" else "gate_proj"
+        raise LoraError(
+            f"{given} without {missing}: PEFT adapts DeepSeek's routed experts through their "
+            f"fused gate_up_proj parameter and needs both",
+            field,
+        )
+    params = {_EXPERT_TARGETS[old] for old in converted}
+    chosen = [
+        m
+        for m in modules
+        if (m.experts and any(m.name.endswith("." + p) for p in params))
+        or (not m.experts and any(m.name == t or m.name.endswith("." + t) for t in remaining))
+    ]
+    if any(m.experts for m in chosen):
+        if config.dropout > 0:
+            raise LoraError(
+                "PEFT's ParamWrapper (DeepSeek's routed experts, the router) does not work "
+                "with lora_dropout != 0",
+                "dropout",
+            )
+        if config.use_dora:
+            raise LoraError(
+                "PEFT's ParamWrapper (DeepSeek's routed experts, the router) does not work "
+                "with use_dora",
+                "use_dora",
+            )
+    return tuple(chosen)
+
+
 def lora_plan(layers: Sequence[LayerAnalysis], config: LoraConfig) -> LoraPlan:
     """The modules ``config`` adapts on the graph ``layers`` and what trains.
 
@@ -584,7 +700,6 @@ def lora_plan(layers: Sequence[LayerAnalysis], config: LoraConfig) -> LoraPlan:
     """
     modules = linear_modules(layers)
     head = output_head(layers, modules)
-    chosen = tuple(m for m in modules if _targeted(config, m, head))
     field = (
         "target_regex"
         if config.target_regex is not None
@@ -592,6 +707,10 @@ def lora_plan(layers: Sequence[LayerAnalysis], config: LoraConfig) -> LoraPlan:
         if config.target_kind is not None
         else "target_modules"
     )
+    if any(m.experts for m in modules):
+        chosen = _expert_targets(config, modules, head, field)
+    else:
+        chosen = tuple(m for m in modules if _targeted(config, m, head))
     if not chosen:
         known = sorted({m.name.rsplit(".", 1)[-1] for m in modules})
         raise LoraError(
@@ -618,8 +737,10 @@ def lora_plan(layers: Sequence[LayerAnalysis], config: LoraConfig) -> LoraPlan:
     r = config.r
     shapes: list[tuple[int, ...]] = []
     for module in chosen:
-        # lora_A: r x in, lora_B: out x r (embeddings: A r x num, B dim x r)
-        shapes += [(r, module.in_features), (module.out_features, r)]
+        # lora_A: r x in, lora_B: out x r (embeddings: A r x num, B dim x r); a ParamWrapper
+        # of E experts: A (r' x E) x in, B out x (r' x E), r' = r x rank_factor
+        width = module_rank(module, r)
+        shapes += [(width, module.in_features), (module.out_features, width)]
     adapter = sum(math.prod(s) for s in shapes)
     magnitude = 0
     if config.use_dora:  # src/peft/tuners/lora/dora.py DoraLinearLayer: weight of (out,)
