@@ -188,7 +188,9 @@ def dora_saved(
       out-element vectors ``mag_norm_scale - 1`` and ``mag_norm_scale``; the division keeps
       its divisor ``weight_norm`` (out elements; the dividend is the parameter). All three
       vectors are fp32: x is cast to the fp32 adapters' dtype (``_cast_input_dtype``), so
-      ``weight.to(x.dtype)`` and its norm are, and the division by the fp32 magnitude is;
+      ``weight.to(x.dtype)`` and its norm are, and the division by the fp32 magnitude is
+      (measured: benchmarks/peft_params/saved_results.md; the first adapted layer's
+      ``mag_norm_scale - 1`` is not kept when its input needs no grad, out x 4 B less);
     * the magnitude-scaled LoRA output ``mag_norm_scale * lora_result`` is not kept: its
       product by ``scaling`` (a Python float) keeps only the scalar, the sum keeps nothing;
       ``lora_weight`` (``lora_B(lora_A(x_eye))``) enters only detached, so its graph is freed

@@ -500,7 +500,8 @@ def _lora_saved(e: Estimation, lora: LoraPlan, recompute: dict[str, int]) -> int
     # scaling x B @ A (peft/tuners/lora/layer.py _LoraFactorsProxy: baddbmm in W's dtype, the
     # whole E x out x in) replaces W in the forward and the experts' matmul keeps it for the
     # input's gradient; under autocast also its 16-bit cast (not a leaf: autocast's weight
-    # cache skips it)
+    # cache skips it). An upper bound by one gate_up W': the first adapted MoE layer's input
+    # needs no grad when nothing trains upstream (benchmarks/peft_params/saved_results.md)
     wrapped = int(plan.weight) + (plan.weight_cache if autocast else 0)
     per_layer: dict[int, int] = {}
     experts = False
