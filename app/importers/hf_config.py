@@ -138,8 +138,30 @@ def _decoder(config: _Config, model_type: str) -> Built:
                 {"name": "k_norm", "op": "tensor", "shape": [head_dim]},
             ],
         )
+    if model_type == "phi3":
+        _phi3_residual_dropouts(graph, config.dropout("resid_pdrop"))
     reference = f"{REFERENCE_CLASSES[model_type][0]} (LM head {'tied' if tied else 'untied'})"
     return graph, reference, notes, config.size("max_position_embeddings", 4096)
+
+
+def _phi3_residual_dropouts(graph: builders.Graph, p: float) -> None:
+    """``Phi3DecoderLayer.resid_attn_dropout`` / ``resid_mlp_dropout`` (``nn.Dropout(resid_pdrop)``,
+    models/phi3/modeling_phi3.py) between the attention / MLP output and its residual add: at
+    ``p = 0`` (Phi-3's configs) an identity that keeps nothing. They also mark the graph as
+    Phi-3's, whose fused ``qkv_proj`` / ``gate_up_proj`` PEFT targets by those names
+    (:func:`app.domain.peft.module_naming`)."""
+    for layer in graph[1]:
+        block = layer.get("layers")
+        if layer.get("op") != "repeat" or not block:
+            continue
+        for branch, add in (("self_attn", "attn_add"), ("mlp", "mlp_add")):
+            dropout = f"resid_{'attn' if branch == 'self_attn' else 'mlp'}_dropout"
+            at = next(i for i, inner in enumerate(block) if inner["name"] == add)
+            block[at] = {
+                **block[at],
+                "inputs": [dropout if n == branch else n for n in block[at]["inputs"]],
+            }
+            block.insert(at, {"name": dropout, "op": "dropout", "p": p, "inputs": [branch]})
 
 
 def _insert_before_attention(graph: builders.Graph, tensors: list[builders.Layer]) -> None:

@@ -168,7 +168,8 @@ class LoraSpec(Schema):
         description="Module names: a module is adapted when its qualified name equals an entry "
         "or ends with '.' + entry (PEFT's rule). The graph's attention and MLP layers hold "
         "the modules of the family's transformers modeling file: q_proj, k_proj, v_proj, "
-        "o_proj, gate_proj, up_proj, down_proj (Llama, Mistral, Qwen2 ...); c_attn, c_proj, "
+        "o_proj, gate_proj, up_proj, down_proj (Llama, Mistral, Qwen2 ...); qkv_proj, o_proj, "
+        "gate_up_proj, down_proj (Phi-3, fused); c_attn, c_proj, "
         "c_fc (GPT-2: c_attn fused q/k/v); query, key, value, dense (BERT, RoBERTa; and "
         "pooler's dense); q, k, v, o, wi (wi_0, wi_1 gated), wo (T5). Linear and embedding "
         "layers are named as in the graph (lm_head, embed_tokens). Give exactly one of "
@@ -180,8 +181,10 @@ class LoraSpec(Schema):
         max_length=500,
         description="A regular expression matched against the whole qualified name "
         "(re.fullmatch, PEFT's rule for a string target_modules), e.g. "
-        "`.*\\.(q_proj|v_proj)`. Names are the graph's (`layers.0.self_attn.q_proj`, no "
-        "`model.` prefix).",
+        "`.*\\.(q_proj|v_proj)`. Llama-style decoders (Llama, Mistral, Qwen, Gemma, Phi-3, "
+        "DeepSeek ...) use transformers' `model.named_modules()` names "
+        "(`model.layers.1.self_attn.q_proj`, `lm_head`); other families the graph's "
+        "(`h.0.attn.c_attn`).",
         examples=[None],
     )
     target_kind: LoraKind | None = Field(

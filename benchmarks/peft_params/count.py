@@ -31,7 +31,13 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from app.domain.graph.analysis import analyze  # noqa: E402
-from app.domain.peft import LoraBias, LoraConfig, LoraKind, lora_trainable_params  # noqa: E402
+from app.domain.peft import (  # noqa: E402
+    LoraBias,
+    LoraConfig,
+    LoraKind,
+    linear_modules,
+    lora_trainable_params,
+)
 from app.importers.hf_config import REFERENCE_CLASSES, import_hf_config  # noqa: E402
 
 CONFIGS = ROOT / "tests" / "fixtures" / "hf_configs"
@@ -306,7 +312,7 @@ def _fc_cases(out: str) -> tuple[Case, ...]:
 
 # Multi-head latent attention (models/deepseek_v2, deepseek_v3/modeling_*.py): q_proj, or
 # q_a_proj and q_b_proj; kv_a_proj_with_mqa, kv_b_proj, o_proj. MoE experts are 3-d
-# parameters in transformers 5.23, not Linear modules: only the attention is compared.
+# parameters in transformers 5, not Linear modules (DEEPSEEK_MOE_CASES below).
 _MLA_REGEX = r".*self_attn\.(q_proj|q_a_proj|q_b_proj|kv_a_proj_with_mqa|kv_b_proj|o_proj)"
 
 
@@ -352,10 +358,9 @@ GPT_OSS_CASES: tuple[Case, ...] = (
 
 
 # MoE shared experts (Linear gate_proj / up_proj / down_proj; routed experts are 3-d
-# parameters in transformers 5.23). Qwen2-MoE's shared_expert_gate and Llama-4's router are
-# left out by the service, so all-linear is not compared. DeepSeek is not compared either:
-# there peft 0.21.2 also adapts the fused routed experts (experts.gate_up_proj / down_proj as
-# parameters) when gate_proj / up_proj / down_proj are targeted, which the service does not model.
+# parameters in transformers 5). Qwen2-MoE's shared_expert_gate and Llama-4's router are
+# left out by the service, so all-linear is not compared. DeepSeek has its own cases below:
+# there peft converts gate_proj / up_proj / down_proj to the routed experts' parameters.
 _SHARED_MLP = ("gate_proj", "up_proj", "down_proj")
 MOE_CASES: tuple[Case, ...] = (
     (
@@ -371,8 +376,104 @@ MOE_CASES: tuple[Case, ...] = (
 )
 
 
+# transformers' own qualified names (model.layers.<i>...): anchored regexes select the same
+# modules only when the service numbers the layers as named_modules() does (Gemma-2/3's
+# alternating layers, DeepSeek's dense-then-MoE runs) and names Phi-3's fused projections
+ANCHORED_CASES: tuple[Case, ...] = (
+    (
+        "r=8 regex model.layers.1 q_proj",
+        {"r": 8, "target_modules": r"model\.layers\.1\.self_attn\.q_proj"},
+        LoraConfig(r=8, target_regex=r"model\.layers\.1\.self_attn\.q_proj"),
+    ),
+    (
+        "r=8 regex model.layers.[0-4] o_proj,down_proj",
+        {"r": 8, "target_modules": r"model\.layers\.[0-4]\.(self_attn\.o_proj|mlp\.down_proj)"},
+        LoraConfig(r=8, target_regex=r"model\.layers\.[0-4]\.(self_attn\.o_proj|mlp\.down_proj)"),
+    ),
+)
+PHI3_CASES: tuple[Case, ...] = (
+    (
+        "r=8 qkv_proj",
+        {"r": 8, "target_modules": ["qkv_proj"]},
+        LoraConfig(r=8, target_modules=("qkv_proj",)),
+    ),
+    (
+        "r=16 qkv_proj,o_proj,gate_up_proj,down_proj",
+        {"r": 16, "target_modules": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]},
+        LoraConfig(r=16, target_modules=("qkv_proj", "o_proj", "gate_up_proj", "down_proj")),
+    ),
+    (
+        "r=16 all-linear",
+        {"r": 16, "target_modules": "all-linear"},
+        LoraConfig(r=16, target_kind=LoraKind.ALL_LINEAR),
+    ),
+    (
+        "r=8 attention kind",
+        {"r": 8, "target_modules": r".*self_attn\.(qkv_proj|o_proj)"},
+        LoraConfig(r=8, target_kind=LoraKind.ATTENTION),
+    ),
+    (
+        "r=8 mlp kind",
+        {"r": 8, "target_modules": r".*mlp\.(gate_up_proj|down_proj)"},
+        LoraConfig(r=8, target_kind=LoraKind.MLP),
+    ),
+    (
+        "r=8 regex model.layers.1 qkv_proj",
+        {"r": 8, "target_modules": r"model\.layers\.1\.self_attn\.qkv_proj"},
+        LoraConfig(r=8, target_regex=r"model\.layers\.1\.self_attn\.qkv_proj"),
+    ),
+    (
+        "r=8 qkv_proj DoRA",
+        {"r": 8, "target_modules": ["qkv_proj"], "use_dora": True},
+        LoraConfig(r=8, target_modules=("qkv_proj",), use_dora=True),
+    ),
+)
+GEMMA2_CASES: tuple[Case, ...] = (
+    *(case for case in LLAMA_CASES if "lm_head" not in case[0]),
+    *ANCHORED_CASES,
+)
+
+# DeepSeek-V2/V3 under transformers 5: peft converts gate_proj / up_proj / down_proj (and the
+# router's gate) to the routed experts' fused parameters (app.domain.peft.lora._expert_targets)
+DEEPSEEK_MOE_CASES: tuple[Case, ...] = (
+    (
+        "r=8 gate,up,down",
+        {"r": 8, "target_modules": list(_SHARED_MLP)},
+        LoraConfig(r=8, target_modules=_SHARED_MLP),
+    ),
+    (
+        "r=16 q/kv + down_proj",
+        {"r": 16, "target_modules": ["kv_b_proj", "o_proj", "down_proj"]},
+        LoraConfig(r=16, target_modules=("kv_b_proj", "o_proj", "down_proj")),
+    ),
+    (
+        "r=8 all-linear",
+        {"r": 8, "target_modules": "all-linear"},
+        LoraConfig(r=8, target_kind=LoraKind.ALL_LINEAR),
+    ),
+    (
+        "r=8 mlp kind",
+        {"r": 8, "target_modules": list(_SHARED_MLP)},
+        LoraConfig(r=8, target_kind=LoraKind.MLP),
+    ),
+    (
+        "r=8 regex layer 1 kv_b_proj + experts.down_proj",
+        {
+            "r": 8,
+            "target_modules": r"model\.layers\.1\.(self_attn\.kv_b_proj|mlp\.experts\.down_proj)",
+        },
+        LoraConfig(
+            r=8, target_regex=r"model\.layers\.1\.(self_attn\.kv_b_proj|mlp\.experts\.down_proj)"
+        ),
+    ),
+)
+
 MODELS: tuple[tuple[str, tuple[Case, ...]], ...] = (
     *((slug, LLAMA_CASES) for slug in LLAMA_NAMED),
+    ("llama-2-7b", ANCHORED_CASES),
+    ("phi-3-mini-4k-instruct", PHI3_CASES),
+    ("gemma-2-9b-it", GEMMA2_CASES),
+    ("gemma-3-1b-it", GEMMA2_CASES),
     ("gpt2", GPT2_CASES),
     ("bert-base-uncased", BERT_CASES),
     ("t5-small-encoder", T5_CASES),
@@ -386,6 +487,8 @@ MODELS: tuple[tuple[str, tuple[Case, ...]], ...] = (
     ("phi-2", _fc_cases("dense")),
     ("deepseek-v2-lite-chat", _mla_cases(("q_proj",))),
     ("deepseek-v3", _mla_cases(("q_a_proj", "q_b_proj"))),
+    ("deepseek-v2-lite-chat", DEEPSEEK_MOE_CASES),
+    ("deepseek-v3", DEEPSEEK_MOE_CASES),
     ("gpt-oss-20b", GPT_OSS_CASES),
     ("qwen1.5-moe-a2.7b", MOE_CASES),
     ("llama-4-scout-17b-16e-text", MOE_CASES),
@@ -423,10 +526,46 @@ def peft_count(config: dict[str, Any], kwargs: dict[str, Any]) -> int | str:
     return int(trainable)
 
 
+NAMED_SLUGS = (
+    "llama-2-7b",
+    "phi-3-mini-4k-instruct",
+    "gemma-2-9b-it",
+    "gemma-3-1b-it",
+    "deepseek-v2-lite-chat",
+    "deepseek-v3",
+)
+
+
+def name_rows() -> tuple[list[str], bool]:
+    """The service's Linear module names (``LoraModule.full_name``) against the
+    ``torch.nn.Linear`` modules of ``model.named_modules()``."""
+    rows, ok = [], True
+    for slug in NAMED_SLUGS:
+        config = json.loads((CONFIGS / f"{slug}.json").read_text())
+        graph = import_hf_config(config)
+        bindings = {**graph.default_bindings, "batch": 1, "seq": 8}
+        layers = analyze(graph.inputs, graph.layers, bindings, training=True).layers
+        ours = {m.full_name for m in linear_modules(layers) if not m.embedding and not m.experts}
+        theirs = {
+            name
+            for name, module in reference_model(config).named_modules()
+            if isinstance(module, torch.nn.Linear)
+        }
+        equal = ours == theirs
+        ok &= equal
+        verdict = "yes" if equal else f"**NO** {sorted(ours ^ theirs)[:3]}"
+        rows.append(f"| {slug} | {len(theirs):,} | {len(ours):,} | {verdict} |")
+        print(rows[-1], flush=True)
+    return rows, ok
+
+
 def main() -> int:
     rows = []
     ok = True
+    only = set(sys.argv[1:])
     for slug, cases in MODELS:
+        if only and slug not in only:
+            continue
         config = json.loads((CONFIGS / f"{slug}.json").read_text())
         graph = import_hf_config(config)
         bindings = {**graph.default_bindings, "batch": 1, "seq": 8}
@@ -455,7 +594,17 @@ def main() -> int:
         "| config | LoRA | peft | service | equal |",
         "|---|---|---:|---:|---|",
     ]
-    (HERE / "results.md").write_text("\n".join(header + rows) + "\n")
+    names, names_ok = name_rows()
+    ok &= names_ok
+    header_names = [
+        "",
+        "## Linear module names: the service (`full_name`) vs `model.named_modules()`",
+        "",
+        "| config | transformers Linear modules | service | equal |",
+        "|---|---:|---:|---|",
+    ]
+    if not only:
+        (HERE / "results.md").write_text("\n".join(header + rows + header_names + names) + "\n")
     return 0 if ok else 1
 
 

@@ -3,10 +3,12 @@ adapters' lines, and LoRA configurations that do not apply (422 naming the field
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
+from app.config import PROJECT_ROOT
 from tests.api.helpers import assert_problem
 from tests.support import ApiClient, table_counts
 
@@ -81,4 +83,30 @@ def test_bad_lora_is_422_naming_the_field(
     body = assert_problem(response, 422)
     assert fragment in body["detail"]
     assert pointer in [error["pointer"] for error in body["errors"]]
+    assert table_counts(db_url) == before
+
+
+def test_deepseek_routed_experts_through_the_api(client: ApiClient, db_url: str) -> None:
+    """peft 0.21.0 adapts DeepSeek's routed experts (fused parameters) for gate/up/down; what
+    its ParamWrapper refuses is a 422 naming the field, nothing written."""
+    config = json.loads(
+        (PROJECT_ROOT / "tests/fixtures/hf_configs/deepseek-v2-lite-chat.json").read_text()
+    )
+    created = client.post("/v1/models/import/hf-config", json={"slug": "dsv2", "config": config})
+    assert created.status_code == 201, created.text
+    body = {**BODY, "model": "dsv2", "sequence_length": 64, "precision": "bf16"}
+    moe = ["gate_proj", "up_proj", "down_proj"]
+    response = client.post("/v1/estimates/memory", json={**body, "lora": {"target_modules": moe}})
+    assert response.status_code == 200, response.text
+    assert response.json()["trainable_params"] == 175_505_408
+    before = table_counts(db_url)
+    for lora, pointer, fragment in (
+        ({"target_modules": ["gate_proj", "down_proj"]}, "/lora/target_modules", "up_proj"),
+        ({"target_modules": moe, "dropout": 0.1}, "/lora/dropout", "lora_dropout"),
+        ({"target_modules": moe, "use_dora": True}, "/lora/use_dora", "use_dora"),
+    ):
+        response = client.post("/v1/estimates/memory", json={**body, "lora": lora})
+        problem = assert_problem(response, 422)
+        assert fragment in problem["detail"]
+        assert pointer in [error["pointer"] for error in problem["errors"]]
     assert table_counts(db_url) == before

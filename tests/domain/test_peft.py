@@ -80,12 +80,17 @@ def test_kinds_and_regex_select_the_same_modules_as_names() -> None:
     assert by_kind.trainable_params == 32 * 4 * (2 * (4096 + 11008) + 11008 + 4096)
     attention = lora_plan(layers, LoraConfig(r=4, target_kind=LoraKind.ATTENTION))
     assert attention.trainable_params == 32 * 4 * 4 * 8192
-    regex = lora_plan(layers, LoraConfig(r=8, target_regex=r"layers\.(0|1)\.self_attn\.q_proj"))
-    assert [m.name for m in regex.modules] == [
-        "layers.0.self_attn.q_proj",
-        "layers.1.self_attn.q_proj",
+    regex = lora_plan(
+        layers, LoraConfig(r=8, target_regex=r"model\.layers\.(0|1)\.self_attn\.q_proj")
+    )
+    assert [m.full_name for m in regex.modules] == [
+        "model.layers.0.self_attn.q_proj",
+        "model.layers.1.self_attn.q_proj",
     ]
     assert regex.trainable_params == 2 * 8 * 8192
+    # PEFT fullmatches a regex against named_modules()' names, which start with "model."
+    with pytest.raises(LoraError):
+        lora_plan(layers, LoraConfig(r=8, target_regex=r"layers\.(0|1)\.self_attn\.q_proj"))
     # a list entry matches a suffix at a dot, never a partial name
     with pytest.raises(LoraError):
         lora_plan(layers, LoraConfig(r=8, target_modules=("proj",)))

@@ -1,5 +1,5 @@
 """LoRA and DoRA on GPT-2, BERT, T5, BLOOM and GPT-NeoX graphs as PEFT counts them (golden
-figures; the same configurations are checked against peft 0.21.2 itself by
+figures; the same configurations are checked against peft (0.21.0; earlier rows also 0.21.2) by
 benchmarks/peft_params/count.py and its results.md)."""
 
 from __future__ import annotations
@@ -17,12 +17,14 @@ from app.domain.peft import (
     LoraError,
     LoraKind,
     linear_modules,
+    lora_plan,
     lora_trainable_params,
     module_naming,
 )
 from app.importers.hf_config import import_hf_config
 
 HF_CONFIGS = PROJECT_ROOT / "tests" / "fixtures" / "hf_configs"
+MOE_MLP = ("gate_proj", "up_proj", "down_proj")
 
 
 @cache
@@ -152,7 +154,7 @@ def test_gpt2_c_attn_is_one_fused_linear() -> None:
     ],
 )
 def test_family_counts_are_peft_figures(slug: str, config: LoraConfig, expected: int) -> None:
-    # pinned from peft 0.21.2 (benchmarks/peft_params/results.md)
+    # pinned from peft 0.21.2 and 0.21.0 (benchmarks/peft_params/results.md)
     assert lora_trainable_params(_hf(slug).layers, config) == expected
 
 
@@ -210,7 +212,7 @@ def test_t5_cross_attention_is_adapted_and_counted_as_attention() -> None:
 def test_opt_and_phi2_get_their_modeling_files_names() -> None:
     assert module_naming(_hf("opt-125m").layers).family == "opt"
     assert module_naming(_hf("phi-2").layers).family == "phi"
-    assert module_naming(_hf("phi-3-mini-4k-instruct").layers).family == "llama"
+    assert module_naming(_hf("phi-3-mini-4k-instruct").layers).family == "phi3"
     names = {m.name for m in linear_modules(_hf("opt-350m").layers)}
     assert {"layers.0.self_attn.out_proj", "layers.0.mlp.fc1", "layers.0.mlp.fc2"} <= names
     assert {"project_in", "project_out"} <= names
@@ -247,10 +249,121 @@ def test_moe_shared_experts_are_the_moe_blocks_linear_modules() -> None:
     assert "layers.0.mlp.shared_expert.gate_proj" in names
     assert not any("shared_expert_gate" in n for n in names)
     names = {m.name for m in linear_modules(_hf("deepseek-v2-lite-chat").layers)}
-    assert "layers_1.0.mlp.shared_experts.down_proj" in names
+    assert "layers.1.mlp.shared_experts.down_proj" in names
     names = {m.name for m in linear_modules(_hf("llama-4-scout-17b-16e-text").layers)}
     assert "layers.0.feed_forward.shared_expert.up_proj" in names
     assert not any(m.kind == "mlp" for m in linear_modules(_hf("qwen3-30b-a3b").layers))
     # 24 layers x 3 shared-expert projections: r x (2048 + 5632) each
     config = LoraConfig(r=8, target_modules=("gate_proj", "up_proj", "down_proj"))
     assert lora_trainable_params(_hf("qwen1.5-moe-a2.7b").layers, config) == 24 * 3 * 8 * 7680
+
+
+def test_phi3_fused_projections_are_its_modeling_files_modules() -> None:
+    """Phi3Attention.qkv_proj (out (32 + 2 x 32) x 96 = 9,216) and Phi3MLP.gate_up_proj (out
+    2 x 8,192): q_proj / gate_proj named before match nothing in transformers (peft refuses)."""
+    layers = _hf("phi-3-mini-4k-instruct").layers
+    modules = {m.full_name: m for m in linear_modules(layers)}
+    qkv = modules["model.layers.0.self_attn.qkv_proj"]
+    gate_up = modules["model.layers.0.mlp.gate_up_proj"]
+    assert (qkv.in_features, qkv.out_features) == (3072, 9216)
+    assert (gate_up.in_features, gate_up.out_features) == (3072, 16384)
+    assert not any(name.endswith(("q_proj", "gate_proj")) for name in modules if "qkv" not in name)
+    with pytest.raises(LoraError):
+        lora_trainable_params(layers, LoraConfig(target_modules=("q_proj",)))
+    # pinned from peft 0.21.0 (benchmarks/peft_params/results.md): 32 x 8 x (3072 + 9216)
+    config = LoraConfig(r=8, target_modules=("qkv_proj",))
+    assert lora_trainable_params(layers, config) == 32 * 8 * 12288 == 3_145_728
+    everything = LoraConfig(r=16, target_kind=LoraKind.ALL_LINEAR)
+    assert lora_trainable_params(layers, everything) == 25_165_824
+
+
+@pytest.mark.parametrize(
+    ("slug", "regex", "expected"),
+    [
+        # pinned from peft 0.21.0 on transformers' own names (benchmarks/peft_params/results.md)
+        ("llama-2-7b", r"model\.layers\.1\.self_attn\.q_proj", 65_536),
+        ("gemma-2-9b-it", r"model\.layers\.1\.self_attn\.q_proj", 61_440),
+        ("gemma-3-1b-it", r"model\.layers\.1\.self_attn\.q_proj", 17_408),
+        ("gemma-2-9b-it", r"model\.layers\.[0-4]\.(self_attn\.o_proj|mlp\.down_proj)", 1_024_000),
+        ("gemma-3-1b-it", r"model\.layers\.[0-4]\.(self_attn\.o_proj|mlp\.down_proj)", 409_600),
+        ("gemma-2-9b-it", r".*layers\.(0|1)\.self_attn\.q_proj", 122_880),
+        ("phi-3-mini-4k-instruct", r"model\.layers\.1\.self_attn\.qkv_proj", 98_304),
+    ],
+)
+def test_regex_targets_see_transformers_module_names(slug: str, regex: str, expected: int) -> None:
+    assert lora_trainable_params(_hf(slug).layers, LoraConfig(r=8, target_regex=regex)) == expected
+
+
+def test_stacked_decoder_layers_are_numbered_as_in_transformers() -> None:
+    """Gemma-2's alternating layers (``layers.<j>.l<k>_``, period 2), Gemma-3's runs
+    (``layers_<first>.<j>.l<k>_``) and DeepSeek's dense-then-MoE runs: layer first + j x period
+    + k of model.layers."""
+    names = [m.full_name for m in linear_modules(_hf("gemma-2-9b-it").layers)]
+    assert "model.layers.41.mlp.down_proj" in names
+    assert sum(n.endswith(".q_proj") for n in names) == 42
+    assert len({n.split(".")[2] for n in names if n.startswith("model.layers.")}) == 42
+    names = [m.full_name for m in linear_modules(_hf("gemma-3-1b-it").layers)]
+    assert {f"model.layers.{i}.self_attn.q_proj" for i in range(26)} <= set(names)
+    names = [m.full_name for m in linear_modules(_hf("deepseek-v2-lite-chat").layers)]
+    assert "model.layers.0.mlp.gate_proj" in names
+    assert "model.layers.1.mlp.shared_experts.gate_proj" in names
+    assert "model.layers.26.self_attn.kv_b_proj" in names
+    assert "lm_head" in names
+
+
+@pytest.mark.parametrize(
+    ("slug", "config", "expected"),
+    [
+        # pinned from peft 0.21.0 + transformers 5.18.0 (benchmarks/peft_params/results.md)
+        ("deepseek-v2-lite-chat", LoraConfig(r=8, target_modules=MOE_MLP), 175_505_408),
+        (
+            "deepseek-v2-lite-chat",
+            LoraConfig(r=16, target_modules=("kv_b_proj", "o_proj", "down_proj")),
+            95_772_672,
+        ),
+        ("deepseek-v2-lite-chat", LoraConfig(r=8, target_kind=LoraKind.ALL_LINEAR), 179_497_472),
+        ("deepseek-v2-lite-chat", LoraConfig(r=8, target_kind=LoraKind.MLP), 175_505_408),
+        (
+            "deepseek-v2-lite-chat",
+            LoraConfig(
+                r=8,
+                target_regex=r"model\.layers\.1\.(self_attn\.kv_b_proj|mlp\.experts\.down_proj)",
+            ),
+            47_001_600,
+        ),
+        ("deepseek-v3", LoraConfig(r=8, target_modules=MOE_MLP), 3_770_679_296),
+        ("deepseek-v3", LoraConfig(r=8, target_kind=LoraKind.ALL_LINEAR), 3_822_627_328),
+    ],
+)
+def test_deepseek_routed_experts_count_as_peft_converts_them(
+    slug: str, config: LoraConfig, expected: int
+) -> None:
+    assert lora_trainable_params(_hf(slug).layers, config) == expected
+
+
+def test_deepseek_expert_targets_are_the_fused_parameters() -> None:
+    """peft 0.21.0 converts gate_proj/up_proj to experts.gate_up_proj at rank 2r and
+    down_proj to experts.down_proj, and drops them from target_modules: V2-Lite's 26 MoE
+    layers of 64 experts (hidden 2048, expert intermediate 1408), no shared expert or dense
+    MLP adapted."""
+    layers = _hf("deepseek-v2-lite-chat").layers
+    plan = lora_plan(layers, LoraConfig(r=8, target_modules=MOE_MLP))
+    assert {m.name.split(".", 2)[2] for m in plan.modules} == {
+        "mlp.experts.gate_up_proj",
+        "mlp.experts.down_proj",
+    }
+    per_layer = 16 * 64 * (2048 + 2 * 1408) + 8 * 64 * (1408 + 2048)
+    assert plan.trainable_params == 26 * per_layer == 175_505_408
+    with pytest.raises(LoraError) as caught:
+        lora_plan(layers, LoraConfig(r=8, target_modules=("gate_proj", "down_proj")))
+    assert caught.value.field == "target_modules"
+    assert "up_proj" in str(caught.value)
+    with pytest.raises(LoraError) as caught:
+        lora_plan(layers, LoraConfig(r=8, target_modules=MOE_MLP, dropout=0.1))
+    assert caught.value.field == "dropout"
+    with pytest.raises(LoraError) as caught:
+        lora_plan(layers, LoraConfig(r=8, target_modules=MOE_MLP, use_dora=True))
+    assert caught.value.field == "use_dora"
+    # attention targets are untouched by the conversion
+    attention = lora_plan(layers, LoraConfig(r=16, target_kind=LoraKind.ATTENTION))
+    assert attention.trainable_params == 7_105_536

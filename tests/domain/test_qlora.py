@@ -12,7 +12,7 @@ import pytest
 from app.config import PROJECT_ROOT
 from app.domain.graph.analysis import GraphAnalysis, analyze
 from app.domain.memory.estimate import MemoryRequest, analyze_for, estimate_memory
-from app.domain.peft import LoraConfig, LoraError
+from app.domain.peft import LoraConfig, LoraError, LoraKind
 from app.domain.peft.qlora import (
     QloraConfig,
     QuantType,
@@ -128,10 +128,12 @@ def test_dora_lines_on_llama() -> None:
     magnitude = 32 * 2 * 4096
     assert with_dora["adapter_weights"] - without["adapter_weights"] == magnitude * 4
     # full checkpointing: one block's adapted layers keep base_result (bf16) and lora_result
-    # (bf16 under autocast), 1024 rows x 4096 each, for q_proj and v_proj
+    # (bf16 under autocast), 1024 rows x 4096 each, for q_proj and v_proj, and the fp32
+    # vectors weight_norm, mag_norm_scale and mag_norm_scale - 1 (4096 each)
     assert with_dora["adapter_activations"] - without["adapter_activations"] == 2 * (
-        1024 * 4096 * (2 + 2)
+        1024 * 4096 * (2 + 2) + 3 * 4096 * 4
     )
+    assert 2 * (1024 * 4096 * 4 + 3 * 4096 * 4) == 33_652_736
     # the weight norm of q_proj: x_eye 4096^2 + lora_weight and weight + scaled update
     # (2 x 4096^2), fp32; the amp_bf16 base is fp32 already: no cast copy
     assert with_dora["adapter_transient"] == 3 * 4096 * 4096 * 4
@@ -290,3 +292,26 @@ def test_prepare_model_for_kbit_training_checkpoints_the_model() -> None:
     assert resolve(spec, model_bindings={"seq": 8}).checkpointing is Checkpointing.NONE
     plain = WorkloadSpec(mode=Mode.TRAINING, batch_size=1, lora=LoraConfig(target_modules=QV))
     assert resolve(plain, model_bindings={"seq": 8}).checkpointing is Checkpointing.NONE
+
+
+def test_deepseek_expert_adapters_keep_the_parametrized_weight() -> None:
+    """A ParamWrapper replaces the experts' weight by W + B @ A (E x out x in at the weight's
+    bytes) which the experts' matmul keeps for backward; under amp_bf16 also its bf16 cast.
+    Without checkpointing every MoE layer keeps its own (26 in V2-Lite)."""
+    config = json.loads(
+        (PROJECT_ROOT / "tests/fixtures/hf_configs/deepseek-v2-lite-chat.json").read_text()
+    )
+    graph = import_hf_config(config)
+    experts = LoraConfig(r=8, target_modules=("gate_proj", "up_proj", "down_proj"))
+    attention = LoraConfig(r=8, target_kind=LoraKind.ATTENTION)
+    lines = {}
+    for name, lora in (("experts", experts), ("attention", attention)):
+        request = _request(lora, checkpointing=Checkpointing.NONE)
+        analysis = analyze_for(graph.inputs, graph.layers, {"batch": 1, "seq": 64}, request)
+        lines[name] = {line.key: line for line in estimate_memory(analysis, request).lines}
+    kept = lines["experts"]["adapter_activations"]
+    # 64 experts x (2048 x 2816 + 1408 x 2048) elements x (4 B fp32 W' + 2 B bf16 cast)
+    per_layer = 64 * (2048 * 2816 + 1408 * 2048) * (4 + 2)
+    assert kept.bytes == 26 * per_layer == 26 * 3_321_888_768
+    assert "parametrized weight" in kept.formula
+    assert "parametrized weight" not in lines["attention"]["adapter_activations"].formula

@@ -171,17 +171,37 @@ def adapter_transient(e: Estimation, lora: LoraPlan) -> int:
     return largest
 
 
-def dora_saved(e: Estimation, lora: LoraPlan, recompute: dict[str, int]) -> tuple[int, str]:
+DORA_VECTORS = 3  # weight_norm, mag_norm_scale, mag_norm_scale - 1: out elements each, fp32
+
+
+def dora_saved(
+    e: Estimation, lora: LoraPlan, recompute: dict[str, int]
+) -> tuple[int, str, dict[int, int]]:
     """What DoRA keeps for backward beyond LoRA's tensors, per adapted Linear of ``rows``
-    tokens (src/peft/tuners/lora/dora.py ``DoraLinearLayer.forward``: ``result_dora =
-    (mag_norm_scale - 1) * base_result + mag_norm_scale * lora_result * scaling``, the
-    magnitude trainable): each product keeps its other operand, ``base_result`` (rows x out
-    at the activation dtype) and ``lora_result`` (rows x out at the adapters' compute dtype);
-    with lora_dropout > 0 the base is recomputed as ``F.linear(x, weight)`` on the dropped
-    input, which keeps ``weight`` - a new out x in tensor when the base weight is dequantized
-    or cast (a 4-bit base, autocast, a 16-bit base under fp32 adapters). Under full
-    checkpointing only the largest recomputed block's, beside those outside repeated blocks.
-    Returns the bytes and the formula's terms."""
+    tokens (src/peft/tuners/lora/dora.py ``DoraLinearLayer.forward``, peft 0.21.0:
+    ``weight_norm = get_weight_norm(...).detach()``, ``mag_norm_scale = (magnitude /
+    weight_norm).view(1, -1)``, ``result_dora = (mag_norm_scale - 1) * base_result +
+    mag_norm_scale * lora_result * scaling``, the magnitude trainable):
+
+    * each product keeps its other operand: ``base_result`` (rows x out at the activation
+      dtype) and ``lora_result`` (rows x out at the adapters' compute dtype), and the
+      out-element vectors ``mag_norm_scale - 1`` and ``mag_norm_scale``; the division keeps
+      its divisor ``weight_norm`` (out elements; the dividend is the parameter). All three
+      vectors are fp32: x is cast to the fp32 adapters' dtype (``_cast_input_dtype``), so
+      ``weight.to(x.dtype)`` and its norm are, and the division by the fp32 magnitude is
+      (measured: benchmarks/peft_params/saved_results.md; the first adapted layer's
+      ``mag_norm_scale - 1`` is not kept when its input needs no grad, out x 4 B less);
+    * the magnitude-scaled LoRA output ``mag_norm_scale * lora_result`` is not kept: its
+      product by ``scaling`` (a Python float) keeps only the scalar, the sum keeps nothing;
+      ``lora_weight`` (``lora_B(lora_A(x_eye))``) enters only detached, so its graph is freed
+      at the end of the forward (a transient: :func:`adapter_transient`);
+    * with lora_dropout > 0 the base is recomputed as ``F.linear(x, weight)`` on the dropped
+      input, which keeps ``weight`` - a new out x in tensor when the base weight is
+      dequantized or cast (a 4-bit base, autocast, a 16-bit base under fp32 adapters).
+
+    Under full checkpointing only the largest recomputed block's, beside those outside
+    repeated blocks. Returns the bytes, the formula's terms and the bytes per layer (the
+    allocator replay's ``adapter_saved``)."""
     config = e.request.lora
     assert config is not None
     compute = _adapter_compute_bytes(e)
@@ -190,6 +210,7 @@ def dora_saved(e: Estimation, lora: LoraPlan, recompute: dict[str, int]) -> tupl
     per_layer: dict[int, int] = {}
     for module in lora.modules:
         kept = module.rows * module.out_features * (activation + compute)
+        kept += DORA_VECTORS * module.out_features * 4
         if weight_kept:
             kept += module.out_features * module.in_features * compute
         per_layer[module.layer] = per_layer.get(module.layer, 0) + kept
@@ -205,10 +226,13 @@ def dora_saved(e: Estimation, lora: LoraPlan, recompute: dict[str, int]) -> tupl
         total = outside + max(units.values(), default=0)
     else:
         total = sum(per_layer.values())
-    terms = f"rows x out x ({activation} [B: base_result] + {compute} [B: lora_result]) [DoRA]"
+    terms = (
+        f"rows x out x ({activation} [B: base_result] + {compute} [B: lora_result]) + out x "
+        f"{DORA_VECTORS} x 4 [B: weight_norm, mag_norm_scale, mag_norm_scale - 1] [DoRA]"
+    )
     if weight_kept:
         terms += f" + out x in x {compute} [B: DoRA's F.linear keeps the cast base weight]"
-    return total, terms
+    return total, terms, per_layer
 
 
 def _adapter_compute_bytes(e: Estimation) -> int:
@@ -236,7 +260,8 @@ def inference_adapters(e: Estimation, lora: LoraPlan) -> dict[str, int]:
       ``lora_A``'s rows x r output, ``lora_B``'s rows x out output, its product by the
       scaling, and ``result`` promoted to fp32 by the sum: rows x (4 in + 4 r + 3 x 4 out));
       a 4-bit base's dequantized weight or DoRA's weight norm (:func:`adapter_transient`)
-      when larger.
+      when larger; a ParamWrapper (DeepSeek's routed experts) materializes its parametrized
+      weight ``W + B @ A`` (experts x out x in at the weight's bytes) every forward.
     """
     config = e.request.lora
     assert config is not None
@@ -257,16 +282,19 @@ def inference_adapters(e: Estimation, lora: LoraPlan) -> dict[str, int]:
         f"LoRA r={r} on {len(lora.modules):,} modules, not merged: the adapters run beside "
         "the base in fp32 (PEFT autocast_adapter_dtype=True)"
     ]
-    largest, name = 0, ""
+    largest, name, wrapped = 0, "", False
     for module in lora.modules:
-        if module.embedding:
+        if module.experts:  # a ParamWrapper: W + B @ A materialized whole, W's dtype
+            size = module.experts * module.in_features * module.out_features * int(e.plan.weight)
+        elif module.embedding:
             size = module.rows * (r + module.out_features) * 4
         else:
             size = module.rows * (module.in_features + r + 3 * module.out_features) * 4
         if size > largest:
-            largest, name = size, module.name
+            largest, name, wrapped = size, module.name, bool(module.experts)
     lines = {"adapter_weights": weights}
-    words = f"{largest:,} [B: {name}: rows x (4 in + 4 r + 3 x 4 out), fp32 adapter path]"
+    path = "experts x out x in, W + B @ A" if wrapped else "rows x (4 in + 4 r + 3 x 4 out)"
+    words = f"{largest:,} [B: {name}: {path}, the adapter path]"
     other = adapter_transient(e, lora)  # a 4-bit base's dequantized weight, DoRA's norm
     if other:
         words += f", {e.formulas['adapter_transient']}"

@@ -10,6 +10,7 @@ from fractions import Fraction
 
 from app.domain.memory.adapters import adapter_transient, dora_saved, inference_adapters
 from app.domain.memory.context import Estimation, Moment, StepTensors, moment_at
+from app.domain.memory.cross_kv import cross_attention_kv_numel
 from app.domain.memory.deepspeed import deepspeed_buffers
 from app.domain.memory.formulas import (
     PrecisionPlan,
@@ -495,13 +496,25 @@ def _lora_saved(e: Estimation, lora: LoraPlan, recompute: dict[str, int]) -> int
     else:
         copy, rule = 0, ""
     mask = 1 if config.dropout > 0 else 0
+    # a ParamWrapper (DeepSeek's routed experts, the router): the parametrized weight W +
+    # scaling x B @ A (peft/tuners/lora/layer.py _LoraFactorsProxy: baddbmm in W's dtype, the
+    # whole E x out x in) replaces W in the forward and the experts' matmul keeps it for the
+    # input's gradient; under autocast also its 16-bit cast (not a leaf: autocast's weight
+    # cache skips it). An upper bound by one gate_up W': the first adapted MoE layer's input
+    # needs no grad when nothing trains upstream (benchmarks/peft_params/saved_results.md)
+    wrapped = int(plan.weight) + (plan.weight_cache if autocast else 0)
     per_layer: dict[int, int] = {}
+    experts = False
     for module in lora.modules:
-        kept = module.rows * config.r * compute
+        if module.experts:
+            kept = module.experts * module.in_features * module.out_features * wrapped
+            experts = True
+        else:
+            kept = module.rows * config.r * compute
         if not module.embedding:
             kept += module.rows * module.in_features * (copy + mask)
         per_layer[module.layer] = per_layer.get(module.layer, 0) + kept
-    e.adapter_saved = per_layer  # the replay's: one tensor per layer (DoRA's not replayed)
+    e.adapter_saved = per_layer  # the replay's: one tensor per layer (DoRA's added below)
     layers = e.analysis.layers
     if recompute:
         units: dict[str, int] = {}
@@ -522,10 +535,17 @@ def _lora_saved(e: Estimation, lora: LoraPlan, recompute: dict[str, int]) -> int
         terms.append(f"rows x in x {copy} [B: lora_A keeps {rule}]")
     if mask:
         terms.append(f"rows x in x 1 [B: dropout mask, lora_dropout={config.dropout}]")
+    if experts:
+        terms.append(
+            f"experts x in x out x {wrapped} [B: each ParamWrapper's parametrized weight W + "
+            "B @ A, kept by the experts' matmul]"
+        )
     if config.use_dora:
-        dora, dora_terms = dora_saved(e, lora, recompute)
+        dora, dora_terms, dora_layers = dora_saved(e, lora, recompute)
         total += dora
         terms.append(dora_terms)
+        for index, kept in dora_layers.items():  # replayed with LoRA's, same layer and life
+            per_layer[index] = per_layer.get(index, 0) + kept
     e.formulas["adapter_activations"] = f"sum over {where} of ({' + '.join(terms)}) = {total:,} B"
     return total
 
@@ -628,6 +648,20 @@ def inference_moments(e: Estimation) -> list[Moment]:
                 f"{share.kv_numel:,} [elements: 2 x layers{where} x KV heads per GPU, "
                 f"max(1, kv_heads // {par.tensor}), x head_dim x seq x batch{divisor}] x "
                 f"{kv_bytes} [B]"
+            )
+        cross = cross_attention_kv_numel(analysis)
+        if cross:  # an encoder-decoder's cross-attention keys and values (cross_kv.py)
+            cross_bytes = kv_cache_bytes(cross, kv_bytes, kv_shard)
+            kv += cross_bytes
+            expression += (
+                f" + ceil({cross:,} [elements: cross-attention, 2 x decoder layers x batch x "
+                f"encoder length x heads x d_kv] x {kv_bytes} [B] / {kv_shard} "
+                "[tensor x pipeline])"
+            )
+            assumptions.append(
+                "encoder-decoder generation caches each decoder layer's cross-attention keys "
+                "and values of the encoder's tokens beside the self-attention's "
+                "(EncoderDecoderCache)"
             )
         if kv:
             static["kv_cache"] = kv

@@ -16,6 +16,7 @@ from app.domain.peft.lora import (
     lora_plan,
     lora_trainable_params,
     module_naming,
+    module_rank,
 )
 
 __all__ = [
@@ -32,4 +33,5 @@ __all__ = [
     "lora_plan",
     "lora_trainable_params",
     "module_naming",
+    "module_rank",
 ]

@@ -56,10 +56,18 @@ internally; they are named as the model family's transformers modeling file name
   ``fc2`` - ``models/opt/modeling_opt.py``; Phi-2 (``final_layernorm``): ``q_proj`` ...
   ``dense``, ``fc1`` / ``fc2`` - ``models/phi/modeling_phi.py``.
 
+* Phi-3 (the graph's ``resid_attn_dropout``): ``self_attn.qkv_proj`` (q, k, v fused) and
+  ``o_proj``, ``mlp.gate_up_proj`` (gate and up fused, out 2 x intermediate) and ``down_proj``
+  - ``models/phi3/modeling_phi3.py``.
+
 A module's qualified name is ``<graph layer>.<name>`` (``h.0.attn.c_attn``,
-``encoder.0.attn.self.query``, ``block.0.attn.q``): a list ``target_modules`` matches on the
-last components as PEFT's rule does; ``target_regex`` sees these names. Target kinds follow
-the op a module belongs to (attention or MLP), whatever the family calls it.
+``encoder.0.attn.self.query``, ``block.0.attn.q``), the decoder layers numbered as
+transformers numbers them (:func:`decoder_layer_names`): a list ``target_modules`` matches on
+the last components as PEFT's rule does. ``target_regex`` sees ``LoraModule.full_name``: for
+the Llama-named families and Phi-3 the name ``model.named_modules()`` gives
+(``model.layers.1.self_attn.q_proj``; the head ``lm_head``), checked name for name by
+benchmarks/peft_params/count.py. Target kinds follow the op a module belongs to (attention or
+MLP), whatever the family calls it.
 """
 
 from __future__ import annotations
@@ -67,7 +75,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
@@ -85,6 +93,7 @@ __all__ = [
     "NAMINGS",
     "ModuleNaming",
     "module_naming",
+    "module_rank",
     "output_head",
     "check_lora_mode",
     "LoraBias",
@@ -128,6 +137,8 @@ class ModuleNaming:
     fused_qkv: bool = False
     standalone: tuple[tuple[str, str], ...] = ()  # (graph layer, module leaf) of Linear layers
     keep_in_fp32: tuple[str, ...] = ()  # the model class's _keep_in_fp32_modules
+    fused_gate_up: bool = False  # gate and up are one Linear (Phi-3's gate_up_proj), out summed
+    body: str = ""  # the base model's attribute in the CausalLM (``model.``), for regexes
 
 
 NAMINGS: dict[str, ModuleNaming] = {
@@ -136,6 +147,19 @@ NAMINGS: dict[str, ModuleNaming] = {
         ("q_proj", "k_proj", "v_proj", "o_proj"),
         ("gate_proj", "up_proj", "down_proj"),
         ("up_proj", "down_proj"),
+        body="model.",
+    ),
+    # models/phi3/modeling_phi3.py: Phi3Attention.qkv_proj (one Linear, out (heads + 2 x
+    # kv_heads) x head_dim) and .o_proj, Phi3MLP.gate_up_proj (out 2 x intermediate) and
+    # .down_proj
+    "phi3": ModuleNaming(
+        "phi3",
+        ("qkv_proj", "", "", "o_proj"),
+        ("gate_up_proj", "", "down_proj"),
+        ("gate_up_proj", "down_proj"),  # Phi-3 is always gated; never used
+        fused_qkv=True,
+        fused_gate_up=True,
+        body="model.",
     ),
     "gpt2": ModuleNaming(
         "gpt2",
@@ -215,6 +239,8 @@ def module_naming(layers: Sequence[LayerAnalysis]) -> ModuleNaming:
         return NAMINGS["opt"]
     if first == "embed_tokens" and "final_layernorm" in names:
         return NAMINGS["phi"]
+    if any(n.endswith(".resid_attn_dropout") for n in names):
+        return NAMINGS["phi3"]
     if first == "word_embeddings" and any(n.startswith("encoder.") for n in names):
         return NAMINGS["bert"]
     if first == "shared" and any(n.startswith("block.") for n in names):
@@ -278,6 +304,15 @@ class LoraModule:
     rows: int
     embedding: bool = False
     kind: str = "linear"  # the op it belongs to: attention, mlp, linear, embedding
+    qualified: str = ""  # the name in the transformers model (``model.`` + name); "" = name
+    experts: int = 0  # > 0: a 3-d parameter of this many experts (PEFT's ParamWrapper)
+    rank_factor: int = 1  # PEFT's rank_pattern for a fused target: r x this
+
+    @property
+    def full_name(self) -> str:
+        """The name ``model.named_modules()`` gives it in transformers, which PEFT matches a
+        regex ``target_modules`` against."""
+        return self.qualified or self.name
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,8 +336,16 @@ class LoraPlan:
     def module_params(self, module: LoraModule, r: int) -> tuple[int, ...]:
         """The trainable tensors' elements of one adapted module: lora_A, lora_B and (DoRA)
         its magnitude vector."""
-        pair = (r * module.in_features, r * module.out_features)
+        width = module_rank(module, r)
+        pair = (width * module.in_features, width * module.out_features)
         return (*pair, module.out_features) if self.magnitude_params else pair
+
+
+def module_rank(module: LoraModule, r: int) -> int:
+    """The rows of ``lora_A`` (columns of ``lora_B``): ``r``, or for a ParamWrapper of E
+    experts ``r x rank_factor x E`` (peft/tuners/lora/layer.py ``ParamWrapper.update_layer``:
+    ``lora_A`` of ``r * num_experts`` x in; the fused gate_up_proj at rank 2r)."""
+    return r * module.rank_factor * max(module.experts, 1)
 
 
 def _rows(layer: LayerAnalysis) -> int:
@@ -323,13 +366,58 @@ def _is_bias(layer: LayerAnalysis, index: int, shape: tuple[int, ...]) -> bool:
     return True
 
 
+_STACKED = re.compile(r"(layers)(?:_(\d+))?\.(\d+)\.(?:l(\d+)_)?(.+)")
+
+
+def decoder_layer_names(layers: Sequence[LayerAnalysis]) -> list[str]:
+    """Each graph layer's name with transformers' decoder-layer index.
+
+    The HF importer lays out decoders whose layers differ (Gemma-2/3's sliding and global
+    attention, DeepSeek's dense then MoE layers, gpt-oss) as runs
+    (``app.importers.hf_families._stack``): ``layers_<first>.<repeat>.l<j>_<module>`` is layer
+    ``first + repeat x period + j`` of ``model.layers`` (``period``: the run's ``l<j>_``
+    count, 1 without them), so ``layers.0.l1_self_attn`` is ``layers.1.self_attn``, as
+    ``model.named_modules()`` names it; any other name is kept."""
+    period: dict[str, int] = {}
+    parsed = [_STACKED.fullmatch(layer.name) for layer in layers]
+    for match in parsed:
+        if match is not None:
+            run = match.group(2) or ""
+            period[run] = max(period.get(run, 1), int(match.group(4) or 0) + 1)
+    names = []
+    for layer, match in zip(layers, parsed, strict=True):
+        if match is None:
+            names.append(layer.name)
+            continue
+        run = match.group(2) or ""
+        index = int(run or 0) + int(match.group(3)) * period[run] + int(match.group(4) or 0)
+        names.append(f"layers.{index}.{match.group(5)}")
+    return names
+
+
 def linear_modules(layers: Sequence[LayerAnalysis]) -> list[LoraModule]:
     """Every Linear (and embedding) module of the graph, by qualified name, in order, named
-    as the family's modeling file names them (:func:`module_naming`)."""
+    as the family's modeling file names them (:func:`module_naming`, the decoder layers
+    numbered as in transformers by :func:`decoder_layer_names`); ``full_name`` adds the base
+    model's attribute (``model.``) where the family has one, the head excepted."""
+    modules = _linear_modules(layers)
+    body = module_naming(layers).body
+    if not body:
+        return modules
+    head = output_head(layers, modules)
+    return [
+        m if m.name == head or m.name == "lm_head" else replace(m, qualified=body + m.name)
+        for m in modules
+    ]
+
+
+def _linear_modules(layers: Sequence[LayerAnalysis]) -> list[LoraModule]:
     naming = module_naming(layers)
     standalone = dict(naming.standalone)
+    hf_names = decoder_layer_names(layers)
     modules: list[LoraModule] = []
-    for index, layer in enumerate(layers):
+    for index, graph_layer in enumerate(layers):
+        layer = graph_layer._replace(name=hf_names[index])
         shapes = layer.result.param_shapes
         rows = _rows(layer)
         if layer.op == "linear":
@@ -356,6 +444,10 @@ def linear_modules(layers: Sequence[LayerAnalysis]) -> list[LoraModule]:
             matrices = [s for s in shapes if len(s) == 2]
             biased = any(len(s) == 1 for s in shapes)
             names: Sequence[str] = naming.gated_mlp if len(matrices) == 3 else naming.plain_mlp
+            if naming.fused_gate_up and len(matrices) == 3:
+                (gate_out, features), (up_out, _), down = matrices
+                matrices = [(gate_out + up_out, features), down]
+                names = (naming.gated_mlp[0], naming.gated_mlp[2])
             for name, (out, features) in zip(names, matrices, strict=True):
                 modules.append(
                     LoraModule(
@@ -366,19 +458,21 @@ def linear_modules(layers: Sequence[LayerAnalysis]) -> list[LoraModule]:
 
 
 def _moe_modules(layer: LayerAnalysis, index: int, rows: int) -> list[LoraModule]:
-    """The shared expert's Linear modules of a MoE op, as transformers 5.23 names them:
+    """The Linear modules of a MoE op's shared expert, as transformers 5.18 names them:
     ``gate_proj`` / ``up_proj`` / ``down_proj`` of ``shared_expert`` (Qwen2-MoE, Llama-4) or
     ``shared_experts`` (DeepSeek). Routed experts are 3-d parameters there (``*Experts``), not
     Linear modules, and so are most routers (``*TopKRouter``). Llama-4's ``router``
     (``Llama4Router(nn.Linear)``, out = experts) and Qwen2-MoE's ``shared_expert_gate`` (out 1)
     are Linear in PEFT's eyes but are not offered here: :func:`lora_plan` refuses a rank above a
     module's width, which would refuse ``all-linear`` at any useful rank; PEFT's all-linear
-    adapts them too (r x (hidden + out) each more). With transformers 5.23, peft 0.21.2 also
-    adapts DeepSeek-V2/V3's fused routed experts (as parameters) when ``gate_proj`` /
-    ``up_proj`` / ``down_proj`` are targeted; that is not modelled (the count is lower there).
-    The op's matrices are the router, every
-    expert's projections, then the shared expert's and its gate
-    (:func:`app.domain.graph.llm_variants.moe_extra_param_shapes`)."""
+    adapts them too (r x (hidden + out) each more).
+
+    DeepSeek-V2/V3 (the ``shared_experts`` owner) also gets what PEFT adapts as parameters
+    there (:func:`_expert_targets`): ``experts.gate_up_proj`` (E x 2 intermediate x hidden),
+    ``experts.down_proj`` (E x hidden x intermediate) and the router's ``gate`` (its weight,
+    E x hidden), with ``experts`` set and no rows (a ParamWrapper never runs lora_A on x).
+    The op's matrices are the router, every expert's projections, then the shared expert's
+    and its gate (:func:`app.domain.graph.llm_variants.moe_extra_param_shapes`)."""
     matrices = [s for s in layer.result.param_shapes if len(s) == 2]
     experts, hidden = matrices[0]
     gate = matrices[-1] == (1, hidden)
@@ -390,10 +484,23 @@ def _moe_modules(layer: LayerAnalysis, index: int, rows: int) -> list[LoraModule
     llama4 = layer.name.endswith("feed_forward")  # Llama4TextDecoderLayer.feed_forward
     owner = "shared_expert" if gate or llama4 else "shared_experts"
     names = ("gate_proj", "up_proj", "down_proj")[3 - projections :]
-    return [
+    modules = [
         LoraModule(f"{layer.name}.{owner}.{name}", index, features, out, False, rows, False, "mlp")
         for name, (out, features) in zip(names, shared, strict=True)
     ]
+    if owner == "shared_experts" and projections == 3:
+        inner = matrices[1][0]  # the first routed expert's gate_proj: inner x hidden
+        routed = [
+            ("experts.gate_up_proj", hidden, 2 * inner, experts, 2),
+            ("experts.down_proj", inner, hidden, experts, 1),
+            ("gate", hidden, experts, 1, 1),
+        ]
+        modules += [
+            LoraModule(f"{layer.name}.{name}", index, features, out, False, 0, False, "experts",
+                       experts=count, rank_factor=factor)
+            for name, features, out, count, factor in routed
+        ]  # fmt: skip
+    return modules
 
 
 def _attention_modules(
@@ -482,11 +589,103 @@ def _kind_matches(config: LoraConfig, module: LoraModule, head: str | None) -> b
 
 def _targeted(config: LoraConfig, module: LoraModule, head: str | None) -> bool:
     if config.target_regex is not None:
-        return re.fullmatch(config.target_regex, module.name) is not None
+        return re.fullmatch(config.target_regex, module.full_name) is not None
     if config.target_kind is not None:
         return _kind_matches(config, module, head)
     name = module.name
     return any(name == t or name.endswith("." + t) for t in config.target_modules)
+
+
+# peft/utils/transformers_weight_conversion.py (peft 0.21.0) _MOE_TARGET_MODULE_MAPPING
+# ["qwen2_moe"], which _MODEL_TO_CONVERSION_PATTERN applies to deepseek_v2 / deepseek_v3: the
+# v4 names a target_modules entry is converted from (to a target_parameters entry)
+_EXPERT_TARGETS = {
+    "gate": "gate",
+    "gate_proj": "experts.gate_up_proj",
+    "up_proj": "experts.gate_up_proj",
+    "down_proj": "experts.down_proj",
+}
+
+
+def _expert_targets(
+    config: LoraConfig, modules: Sequence[LoraModule], head: str | None, field: str
+) -> tuple[LoraModule, ...]:
+    """The modules PEFT adapts on a graph with DeepSeek's routed experts.
+
+    peft 0.21.0 ``_convert_peft_config_moe`` (``utils/transformers_weight_conversion.py``, run
+    by ``get_peft_model`` for deepseek_v2 / deepseek_v3 under transformers 5): a
+    ``target_modules`` entry equal to or ending in ``.gate_proj`` / ``.up_proj`` becomes the
+    target parameter ``gate_up_proj`` (the fused experts, at rank 2r and alpha 2 alpha:
+    ``rank_pattern``), ``down_proj`` the parameter ``down_proj``, ``gate`` the router's
+    ``gate.weight``, and the entry leaves ``target_modules`` - so the shared experts' and the
+    dense layers' Linear gate/up/down are no longer adapted; gate_proj without up_proj (or
+    the reverse) is an error. A regex or ``"all-linear"`` is first resolved to the leaf names
+    it selects (``_resolve_string_target_modules``: every module whose name the regex
+    fullmatches, plus ``experts.gate_proj`` / ``up_proj`` / ``down_proj`` probed as the v4
+    names; all-linear: every Linear but the head, plus gate, gate_proj, up_proj, down_proj),
+    then handled as that list - a regex naming one layer's q_proj thus adapts every layer's.
+    The kind ``mlp`` is the list gate_proj, up_proj, down_proj; ``attention`` is unchanged.
+    A ParamWrapper refuses lora_dropout and use_dora (``peft/tuners/lora/layer.py``)."""
+    plain = [m for m in modules if not m.experts]
+    if config.target_kind is LoraKind.ATTENTION:
+        return tuple(m for m in plain if m.kind == "attention")
+    leaf = {m.name: m.name.rsplit(".", 1)[-1] for m in modules}
+    if config.target_regex is not None:
+        pattern = config.target_regex
+        # module keys (the router's ``gate`` too) and the experts' parameter keys
+        targets = {leaf[m.name] for m in modules if re.fullmatch(pattern, m.full_name)}
+        for m in modules:
+            if m.experts and m.name.endswith("experts.gate_up_proj"):
+                stem = m.full_name.removesuffix("gate_up_proj")
+                targets |= {
+                    old
+                    for old in ("gate_proj", "up_proj", "down_proj")
+                    if re.fullmatch(pattern, stem + old)
+                }
+    elif config.target_kind is LoraKind.ALL_LINEAR:
+        targets = {leaf[m.name] for m in plain if not m.embedding and m.name != head}
+        targets |= set(_EXPERT_TARGETS)
+    elif config.target_kind is LoraKind.MLP:
+        targets = {"gate_proj", "up_proj", "down_proj"}
+    else:
+        targets = set(config.target_modules)
+    converted: set[str] = set()
+    remaining: set[str] = set()
+    for target in targets:
+        old = next((o for o in _EXPERT_TARGETS if target == o or target.endswith("." + o)), None)
+        if old is None:
+            remaining.add(target)
+        else:
+            converted.add(old)
+    if len(converted & {"gate_proj", "up_proj"}) == 1:
+        given = sorted(converted & {"gate_proj", "up_proj"})[0]
+        missing = "up_proj" if given == "gate_proj" else "gate_proj"
+        raise LoraError(
+            f"{given} without {missing}: PEFT adapts DeepSeek's routed experts through their "
+            f"fused gate_up_proj parameter and needs both",
+            field,
+        )
+    params = {_EXPERT_TARGETS[old] for old in converted}
+    chosen = [
+        m
+        for m in modules
+        if (m.experts and any(m.name.endswith("." + p) for p in params))
+        or (not m.experts and any(m.name == t or m.name.endswith("." + t) for t in remaining))
+    ]
+    if any(m.experts for m in chosen):
+        if config.dropout > 0:
+            raise LoraError(
+                "PEFT's ParamWrapper (DeepSeek's routed experts, the router) does not work "
+                "with lora_dropout != 0",
+                "dropout",
+            )
+        if config.use_dora:
+            raise LoraError(
+                "PEFT's ParamWrapper (DeepSeek's routed experts, the router) does not work "
+                "with use_dora",
+                "use_dora",
+            )
+    return tuple(chosen)
 
 
 def lora_plan(layers: Sequence[LayerAnalysis], config: LoraConfig) -> LoraPlan:
@@ -501,7 +700,6 @@ def lora_plan(layers: Sequence[LayerAnalysis], config: LoraConfig) -> LoraPlan:
     """
     modules = linear_modules(layers)
     head = output_head(layers, modules)
-    chosen = tuple(m for m in modules if _targeted(config, m, head))
     field = (
         "target_regex"
         if config.target_regex is not None
@@ -509,6 +707,10 @@ def lora_plan(layers: Sequence[LayerAnalysis], config: LoraConfig) -> LoraPlan:
         if config.target_kind is not None
         else "target_modules"
     )
+    if any(m.experts for m in modules):
+        chosen = _expert_targets(config, modules, head, field)
+    else:
+        chosen = tuple(m for m in modules if _targeted(config, m, head))
     if not chosen:
         known = sorted({m.name.rsplit(".", 1)[-1] for m in modules})
         raise LoraError(
@@ -535,8 +737,10 @@ def lora_plan(layers: Sequence[LayerAnalysis], config: LoraConfig) -> LoraPlan:
     r = config.r
     shapes: list[tuple[int, ...]] = []
     for module in chosen:
-        # lora_A: r x in, lora_B: out x r (embeddings: A r x num, B dim x r)
-        shapes += [(r, module.in_features), (module.out_features, r)]
+        # lora_A: r x in, lora_B: out x r (embeddings: A r x num, B dim x r); a ParamWrapper
+        # of E experts: A (r' x E) x in, B out x (r' x E), r' = r x rank_factor
+        width = module_rank(module, r)
+        shapes += [(width, module.in_features), (module.out_features, width)]
     adapter = sum(math.prod(s) for s in shapes)
     magnitude = 0
     if config.use_dora:  # src/peft/tuners/lora/dora.py DoraLinearLayer: weight of (out,)

@@ -151,7 +151,8 @@ def quantized_base(
     """Which Linear modules of the graph ``layers`` (``params`` parameters in all) are 4-bit
     and what the base stores, the unquantized parameters at ``torch_dtype_bytes`` (fp32
     after ``prepare_model_for_kbit_training``)."""
-    modules = [m for m in linear_modules(layers) if not m.embedding]
+    # routed experts and routers are parameters, not Linear: bitsandbytes leaves them as stored
+    modules = [m for m in linear_modules(layers) if not m.embedding and not m.experts]
     # llm_int8_skip_modules replaces transformers' default skips (the output head)
     head = None if config.skip_modules else output_head(layers, linear_modules(layers))
     skipped = set(config.skip_modules)
