@@ -53,6 +53,14 @@ class WorkloadOptions(Schema):
         "keep_gradients or parallelism.cpu_offload: a 422 naming the field).",
         examples=[False],
     )
+    decoder_sequence_length: Length | None = Field(
+        default=None,
+        description="An encoder-decoder model (an imported T5): binds its `decoder_seq` (the "
+        "decoder's tokens, e.g. the labels' length of a seq2seq fine-tune), as for `POST "
+        "/v1/estimates/memory`; unset, the decoder is as long as `sequence_length`. A model "
+        "without a decoder input is a 422.",
+        examples=[None],
+    )
     loss_chunks: Annotated[int, Field(ge=1, le=65_536)] | None = Field(
         default=None,
         description="Training, token-level loss: chunked cross-entropy with this many chunks, "

@@ -9,7 +9,7 @@ from typing import Any
 
 from app.config import PROJECT_ROOT
 from tests.api.helpers import assert_problem
-from tests.support import ApiClient
+from tests.support import ApiClient, table_counts
 
 HF_CONFIGS = PROJECT_ROOT / "tests" / "fixtures" / "hf_configs"
 TRAINING = {"mode": "training", "batch_size": 4, "sequence_length": 64, "precision": "fp32"}
@@ -91,3 +91,36 @@ def test_the_query_form_takes_the_decoder_length(client: ApiClient) -> None:
     bad = client.get("/v1/estimates/memory", params={**query, "decoder_sequence_length": 0})
     body = assert_problem(bad, 422)
     assert any("decoder_sequence_length" in error["pointer"] for error in body["errors"])
+
+
+def test_a_stored_workload_keeps_its_decoder_length(client: ApiClient) -> None:
+    """``options.decoder_sequence_length`` of a stored workload: its memory is the estimate
+    endpoint's with the same decoder length (and not the default's)."""
+    _import(client, "t5", "t5-small")
+    workload = {"slug": "t0-lora", "name": "T0 LoRA", "model": "t5", **TRAINING}
+    created = client.post(
+        "/v1/workloads", json={**workload, "options": {"decoder_sequence_length": 4}}
+    )
+    assert created.status_code == 201, created.text
+    assert created.json()["options"]["decoder_sequence_length"] == 4
+    stored = client.get("/v1/workloads/t0-lora/memory")
+    assert stored.status_code == 200, stored.text
+    direct = _estimate(client, {"model": "t5", **TRAINING, "decoder_sequence_length": 4})
+    default = _estimate(client, {"model": "t5", **TRAINING})
+    assert stored.json()["peak_bytes"] == direct["peak_bytes"] != default["peak_bytes"]
+
+
+def test_a_stored_decoder_length_without_a_decoder_is_a_422(client: ApiClient, db_url: str) -> None:
+    before = table_counts(db_url)
+    for bad in ({"model": "gpt-2"}, {"model": "gpt-2", "options": {"decoder_sequence_length": 0}}):
+        body = {
+            "slug": "bad",
+            "name": "bad",
+            **TRAINING,
+            "options": {"decoder_sequence_length": 4},
+            **bad,
+        }
+        problem = assert_problem(client.post("/v1/workloads", json=body), 422)
+        pointers = [error["pointer"] for error in problem["errors"]]
+        assert "/options/decoder_sequence_length" in pointers, problem
+    assert table_counts(db_url) == before
