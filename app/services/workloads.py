@@ -115,7 +115,10 @@ def _apply(session: Session, row: Workload, fields: WorkloadBase) -> None:
     row.hardware_id = hardware.id if hardware else None
     row.hardware = hardware
     row.hardware_slice = target.name if target is not None and target.profile else None
-    row.options = fields.options.model_dump(mode="json")
+    # Only the options set away from their defaults: a row that uses none of the options a
+    # later release added stays readable by the release before it (rollback, rolling upgrade:
+    # its schemas forbid unknown keys); reading fills the defaults back in.
+    row.options = fields.options.model_dump(mode="json", exclude_defaults=True)
     row.updated_at = utcnow()
 
 

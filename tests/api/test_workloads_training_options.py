@@ -139,3 +139,19 @@ def test_contradictory_stored_options_are_422(
     problem = assert_problem(response, 422)
     assert pointer in [error["pointer"] for error in problem["errors"]], problem
     assert table_counts(db_url) == before
+
+
+def test_only_options_away_from_their_defaults_are_stored(client: ApiClient, db_url: str) -> None:
+    """A row stores the options a client set, not every default: the release before this one
+    (its WorkloadOptions forbids unknown keys) can still read a workload that uses none of the
+    options added since (rollback, rolling upgrade); reading fills the defaults back in."""
+    assert client.post("/v1/workloads", json=_stored("plain", {})).status_code == 201
+    tuned = client.post("/v1/workloads", json=_stored("tuned", {"compile": True}))
+    assert tuned.status_code == 201, tuned.text
+    with db_session(db_url) as session:
+        rows = {row.slug: row.options for row in session.scalars(select(Workload))}
+    assert rows == {"plain": {}, "tuned": {"compile": True}}
+    read = client.get("/v1/workloads/plain")
+    assert read.status_code == 200, read.text
+    assert read.json()["options"]["compile"] is False
+    assert read.json()["options"]["optimizer_impl"] == "auto"
