@@ -14,6 +14,7 @@ from app.domain.memory.context import Estimation, Moment
 from app.domain.memory.formulas import PrecisionPlan, Sizer
 from app.domain.memory.liveness import (
     ATTENTION_MATRICES,
+    TRANSPOSED_CONV_OPS,
     checkpoint_unit,
     kept_storages,
     saved_for_backward,
@@ -28,9 +29,10 @@ RUNTIME_NOTES: Mapping[Runtime, str] = {
     Runtime.CPU: (
         "runtime pytorch_cpu, calibrated on PyTorch 2.13 CPU measurements "
         "(benchmarks/fidelity): dropout masks in the activation dtype; oneDNN convolutions "
-        "hold an output-sized buffer in forward; backward kernel buffers in outputs: conv 2, "
+        "hold a buffer the size of the larger of their input and output in forward (transposed "
+        "ones: two of their output); backward kernel buffers in outputs: conv 2, "
         "batch norm 1, ReLU/ReLU6 1, RMSNorm 3, LSTM 5; GRU and RNN run PyTorch's native "
-        "cell step by step (input gates, per-step tensors, a seq-first input copy); in-place "
+        "cell step by step (input gates, per-step tensors, h_n, a seq-first input copy); in-place "
         "ReLU6 keeps an input clone; SDPA with dropout runs the math kernel; default optimizer "
         "step: for-loop"
     ),
@@ -184,8 +186,13 @@ def _transient_terms(e: Estimation, at: str, index: int) -> list[tuple[int, str]
         if extra and tp > 1 and layer.op in INTERNAL_TENSOR_OPS:
             # the row-parallel partial sum and the all-reduced output coexist
             terms.append(_term(extra, f"B: '{name}' tensor-parallel all-reduce output"))
-        elif extra:  # oneDNN convolutions compute into their own buffer (CPU)
-            terms.append(_term(extra, f"B: '{name}' oneDNN output buffer"))
+        elif extra:  # oneDNN convolutions hold a buffer while they run (CPU)
+            kind = (
+                "2 x its output"
+                if layer.op in TRANSPOSED_CONV_OPS
+                else "the larger of its input and output"
+            )
+            terms.append(_term(extra, f"B: '{name}' oneDNN buffer, {kind}"))
         return terms
     step = []
     if e.in_backward_step is not None and e.in_backward_step[1]:

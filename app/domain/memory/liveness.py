@@ -79,6 +79,34 @@ def saved_for_backward(layer: LayerAnalysis, request: MemoryRequest) -> tuple[Sa
     return layer.result.saved
 
 
+# oneDNN holds two output-sized buffers in these (_onednn_buffer)
+TRANSPOSED_CONV_OPS = frozenset({"conv_transpose3d"})
+
+
+def _onednn_buffer(layer: LayerAnalysis, sizer: Sizer, output: int) -> int:
+    """The buffers a oneDNN convolution holds while it runs on CPU, beyond its input and output:
+    one of the larger of its input and output (a convolution), two of its output (a transposed
+    convolution).
+
+    Measured on PyTorch 2.13 CPU (``torch.profiler``'s allocator timeline of one forward under
+    ``torch.no_grad()``, fp32; benchmarks/fidelity/README.md, "oneDNN convolution"): the peak
+    beyond the output is 1.000 x the input for a stride-2 3x3 depthwise conv (96 channels,
+    112 -> 56: input 4 x output), a 96 -> 16 1x1 conv and a stride-2 3x3x3 Conv3d (32 -> 64,
+    64^3 -> 32^3); 1.000 x the output for a 16 -> 96 1x1 conv, a 7x7 stride-2 3 -> 64 conv and
+    a 1 -> 32 Conv3d; 1.00-1.08 x the larger of the two for stride-1 3x3 and stride-2 3x3 / 1x1
+    convs and 1.4 x the input for a 32 -> 3 1x1x1 Conv3d (the rest: weight reorders, not
+    counted); 2.00-2.04 x the output for ConvTranspose3d 2x2x2 stride 2 (64 -> 32 and
+    256 -> 32). The rule was "1 x the output" (probed with equal input and output), which
+    missed 3 / 4 of the input of a stride-2 convolution.
+    """
+    if layer.op not in CONV_OPS:
+        return 0
+    if layer.op in TRANSPOSED_CONV_OPS:
+        return 2 * output
+    inputs = max((item.numel for item in layer.result.saved if item.source == "in0"), default=0)
+    return max(output, sizer.value_bytes(inputs, TensorKind.FLOAT))
+
+
 def _op_sizes(layer: LayerAnalysis, sizer: Sizer, request: MemoryRequest) -> OpSizes:
     tp = request.parallelism.tensor
     selective = request.checkpointing is Checkpointing.SELECTIVE
@@ -125,8 +153,7 @@ def _op_sizes(layer: LayerAnalysis, sizer: Sizer, request: MemoryRequest) -> OpS
         new_kept=tuple((slot, size) for slot, (source, size) in enumerate(kept) if source == _NEW),
         new_total=sum(size for source, size in kept if source == _NEW),
         forward_transient=_transient_bytes(layer, sizer, tp)
-        # oneDNN computes into its own output buffer and copies out (2x output, measured)
-        + (output if sizer.runtime is Runtime.CPU and layer.op in CONV_OPS else 0)
+        + (_onednn_buffer(layer, sizer, output) if sizer.runtime is Runtime.CPU else 0)
         # tensor parallel: the row-parallel partial sum and the all-reduced output coexist
         + (output if tp > 1 and layer.op in INTERNAL_TENSOR_OPS else 0),
         backward_internal=internal,
