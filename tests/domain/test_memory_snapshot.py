@@ -48,6 +48,14 @@ input's bytes (+256 MiB at fp32: the peak moves from ``upsample.4.cat`` to ``ups
 whose buffer is its 512 MiB input, where the transposed conv's and the ReLU's outputs were);
 the runtime's assumption text changed (every other ``pytorch_cpu`` digest); no CUDA entry moved.
 
+Issue 32 then counted each model input once: the forward's replay started from the inputs'
+bytes, so every moment's activations held them beside the ``inputs`` line. 2,894 of the 3,800
+peaks moved, each down by exactly its inputs' bytes (CPU 1,487, CUDA 1,407; -512 B to
+-8,388,608 B, median -8,192 B; -0.00 % to -7.8 %, the CUDA ones' allocator lines unchanged: the
+replay allocated the inputs once already); the other 906 peak in the optimizer step, which
+never held activations: peak unchanged, digest changed (the forward and backward phase peaks
+fall by the input bytes); no error entry changed.
+
 The snapshot was generated before the timeline became array-based (running sums instead of a
 per-layer replay of live sets): the zoo entries by that older engine, the imported ones by the
 older engine extended with the importers' ops. An intended change to the model regenerates it:

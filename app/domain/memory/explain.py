@@ -114,13 +114,13 @@ def _live_groups(e: Estimation, at: str, index: int, exclude: int | None) -> lis
 
     ``at``: "forward" (during layer ``index``: what earlier layers allocated and that is still
     read or kept, and what the layer allocates), "end" (of forward) or "backward" (during the
-    backward of layer ``index``: tensors kept by layers up to it, the caller's inputs and output,
-    and the block being recomputed). The same storages the timeline adds and frees, so the sum
-    is the activations of the moment.
+    backward of layer ``index``: tensors kept by layers up to it, the caller's output, and the
+    block being recomputed). The same storages the timeline adds and frees, so the sum is the
+    activations of the moment; the model's inputs are the ``inputs`` line, not among them.
     """
     analysis, plan = e.analysis, e.storage_plan
     layers = analysis.layers
-    sites = {bound.storage: -1 for bound in analysis.inputs}
+    sites: dict[int, int] = {}
     for position, layer in enumerate(layers):
         if layer.allocates_output:
             sites[layer.output_storage] = position
@@ -130,7 +130,7 @@ def _live_groups(e: Estimation, at: str, index: int, exclude: int | None) -> lis
     groups: dict[str, list[int]] = {}
 
     def put(site: int, size: int, count: int = 1) -> None:
-        label = "the model inputs" if site < 0 else f"{layers[site].op} layers"
+        label = f"{layers[site].op} layers"
         group = groups.setdefault(label, [0, 0])
         group[0] += size
         group[1] += count
@@ -255,8 +255,8 @@ def explain_peak(e: Estimation, peak: Moment, parts: Mapping[str, int]) -> None:
     offload = e.offload_terms.get("end" if peak.at == "loss" else peak.at)
     if "activations" in parts and offload is not None:
         held = list(offload)
-        if "outputs" in parts:  # the output is its own line at a backward peak
-            held[0] = (held[0][0] - parts["outputs"], "B: the model's inputs, held by the caller")
+        if "outputs" in parts:  # the output is its own line at a backward peak (0 B remain)
+            held[0] = (held[0][0] - parts["outputs"], "B: held by the caller besides the output")
         formulas["activations"] = f"[{where}, activation_offload] " + _sum(
             [_term(size, words) for size, words in held], parts["activations"], "B: none"
         )

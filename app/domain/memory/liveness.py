@@ -412,17 +412,19 @@ class Peak:
         return self.activations + self.transient + self.gradients
 
 
-def forward_peak(plan: StoragePlan, timeline: Timeline, inputs_bytes: int) -> tuple[Peak, int]:
+def forward_peak(plan: StoragePlan, timeline: Timeline) -> tuple[Peak, int]:
     """Replay the forward; return its peak and the bytes live at its end.
 
-    Before layer ``i`` the live bytes are the inputs plus everything allocated by layers
-    ``< i`` minus what died after them; at layer ``i`` its allocations and its forward
-    transient join them. Running sums, so the walk is C loops over per-layer figures.
+    Before layer ``i`` the live bytes are everything allocated by layers ``< i`` minus what
+    died after them; at layer ``i`` its allocations and its forward transient join them.
+    Running sums, so the walk is C loops over per-layer figures. The model's inputs are not
+    among them: they are live from the start to the end of the step (the caller holds them)
+    and are the estimate's own ``inputs`` line, so a moment's activations leave them out.
     """
     alloc = timeline.alloc
     if not alloc:
-        return Peak(), inputs_bytes
-    before = list(accumulate(map(sub, alloc, timeline.free_forward), initial=inputs_bytes))
+        return Peak(), 0
+    before = list(accumulate(map(sub, alloc, timeline.free_forward), initial=0))
     during = list(map(add, before, alloc))  # zip-like: stops after the last layer
     transients = [op.forward_transient for op in plan.op_sizes]
     totals = list(map(add, during, transients))
@@ -479,11 +481,6 @@ def storage_size_counts(plan: StoragePlan) -> Counter[int]:
     return counts
 
 
-def input_bytes(analysis: GraphAnalysis, plan: StoragePlan) -> int:
-    """Bytes of the model inputs' storages (live from the start)."""
-    return sum(plan.sizes[storage] for storage in {bound.storage for bound in analysis.inputs})
-
-
 def layer_gradient_bytes(analysis: GraphAnalysis, plan_bytes: Fraction, shard: int) -> list[int]:
     num, den = plan_bytes.numerator, plan_bytes.denominator * shard
     return [-(-layer.result.params * num // den) for layer in analysis.layers]
@@ -516,7 +513,6 @@ class OffloadPeaks(NamedTuple):
 def offload_peaks(
     analysis: GraphAnalysis,
     plan: StoragePlan,
-    inputs_bytes: int,
     grad_bytes_per_layer: list[int],
     recompute: dict[str, int],
 ) -> OffloadPeaks:
@@ -530,6 +526,7 @@ def offload_peaks(
     in backward it is back on the GPU from the backward of the layer after its last keeper
     (prefetched one layer ahead) until the backward of its earliest keeper. The model's inputs
     and output stay (the caller holds them); every other kept tensor has a pinned host copy.
+    The inputs are the estimate's own ``inputs`` line, not among the activations here.
     """
     layers = analysis.layers
     n = len(layers)
@@ -541,7 +538,7 @@ def offload_peaks(
     for key, keeper in offloaded.items():
         if (at := released_at(plan, key, keeper)) < n:
             released[at] += sizes[key]
-    live = inputs_bytes
+    live = 0
     forward = Peak()
     best = -1
     for i in range(n):
@@ -553,7 +550,7 @@ def offload_peaks(
             forward = Peak(activations=during, transient=transient, at="forward", index=i)
         live = during - timeline.free_forward[i]
     still = sum(sizes[k] for k, keeper in offloaded.items() if released_at(plan, k, keeper) >= n)
-    resident = live - still  # held by the caller (inputs, output) and not offloaded
+    resident = live - still  # the output: held by the caller and not offloaded
     end = Peak(activations=live, at="end")
     backward = Peak()
     best = -1
@@ -562,12 +559,12 @@ def offload_peaks(
         "forward": [
             (
                 forward.activations,
-                "B: on the GPU: values the forward still reads, the inputs, and kept tensors "
-                "whose copy to the host is in flight",
+                "B: on the GPU: values the forward still reads and kept tensors whose copy to "
+                "the host is in flight",
             )
         ],
         "end": [
-            (resident, "B: the model's inputs and output, held by the caller"),
+            (resident, "B: the model's output, held by the caller"),
             (still, "B: kept tensors of the last layers, their copy to the host in flight"),
         ],
     }
@@ -592,7 +589,7 @@ def offload_peaks(
                 index=i,
             )
             terms["backward"] = [
-                (resident, "B: the model's inputs and output, held by the caller"),
+                (resident, "B: the model's output, held by the caller"),
                 (window, f"B: kept tensors of '{layers[i].name}' and of the layer before, back "
                  "from the host (prefetched one layer ahead; a checkpointed unit's input from "
                  "the backward of its last layer, which recomputes the unit)"),
