@@ -238,9 +238,11 @@ def test_activation_offload_frees_kept_tensors_and_copies_them_back(
     # host, fc3's input gradient (fc2's output gradient), fc2's input gradient, fc3's and
     # fc2's weight gradients.
     assert steady.requested_bytes == persistent + 7 * VALUE + 2 * WEIGHT == 98_074_624
-    # The breakdown's moment is the same one (its activations repeat x, also in inputs).
+    # The breakdown's moment is the same one (x is the inputs line; until issue 32 the
+    # activations repeated it).
     lines = {line.key: line.bytes for line in estimate.lines}
-    assert lines["activations"] == VALUE + 2 * VALUE  # x + out1, out0 back from the host
+    assert lines["inputs"] == VALUE + LABELS
+    assert lines["activations"] == 2 * VALUE  # out1, out0 back from the host
     assert lines["gradients"] == 2 * WEIGHT
     assert not any("does not model the offload" in a for a in estimate.assumptions)
     assert estimate.cuda is not None
@@ -306,9 +308,11 @@ def test_offloaded_checkpoint_input_is_back_for_the_units_recompute(
     estimate, (_, steady) = _replayed(monkeypatch, analysis, request)
     lines = {line.key: line.bytes for line in estimate.lines}
     assert UNIT_WEIGHTS == lines["weights"] == 21_495_808
-    # The head's backward: x, block 1's input and the head's input back from the host
-    # (activations: 3 x 64 MiB; the breakdown before: 142,606,336 B at layers.1.fc0)
-    assert lines["activations"] == 3 * WIDE
+    # The head's backward: x (the inputs line), block 1's input and the head's input back from
+    # the host (activations: 2 x 64 MiB; 3 x 64 MiB until issue 32 counted x once; the
+    # breakdown before the recompute rule: 142,606,336 B at layers.1.fc0)
+    assert lines["inputs"] == WIDE + LABELS
+    assert lines["activations"] == 2 * WIDE
     # the replay there: those three, the head's input gradient (64 MiB), the logits, the
     # loss's tensor and the logits' gradient (4 MiB each), the head's weight gradient
     expected = UNIT_WEIGHTS + LABELS + WORKSPACES + 4 * WIDE + 3 * VALUE + 4096 * 256 * 4

@@ -196,15 +196,24 @@ def test_unet3d_inference_activations_on_cpu_against_pytorch() -> None:
     Measured (the profiler's allocator timeline, ``benchmarks/fidelity/memtrack.py``; the
     reference ``Unet3D`` from code, ``eval()``, ``torch.no_grad()``, input 1x1x128^3 allocated
     beforehand): 1,766,678,528 B beyond the input at the forward's peak. The engine says
-    1,073,741,824 B (activations without the input): 0.61x. Known causes it does not model:
-    the reference forward keeps every skip in a Python list until it returns (the graph frees
-    a tensor after its last consumer), and oneDNN's strided and transposed 3-d convolutions hold
-    more than the one output-sized buffer (probed: 5.1x and 3.0x their output in forward).
-    This pins the engine's figure; the ratio is the recorded gap."""
+    1,342,177,280 B beyond the input (activations and transient; the input is its own line,
+    counted once since issue 32): 0.76x, during 'upsample.4.conv1', 512 MiB of its input (the
+    concat), 256 MiB of its output and a 512 MiB oneDNN buffer the size of its input (the larger
+    of input and output). Before issue 32 the engine said 1,073,741,824 B (0.61x): the oneDNN
+    buffer was output-sized, which missed most of a strided 3-d convolution's (probed: 5.1x its
+    output in forward, the output and an input-sized buffer) and half of a transposed one's
+    (3.0x: the output and two output-sized buffers). Known cause it does not model: the
+    reference forward keeps every skip in a Python list until it returns (the graph frees a
+    tensor after its last consumer). This pins the engine's figure; the ratio is the recorded
+    gap."""
     analysis = unet(runtime=Runtime.CPU)
     estimate = estimate_memory(analysis, MemoryRequest(mode=Mode.INFERENCE, runtime=Runtime.CPU))
     lines = {line.key: line.bytes for line in estimate.lines}
     assert lines["weights"] == 31_190_243 * 4
-    assert lines["activations"] - lines["inputs"] == 1_073_741_824
+    assert lines["inputs"] == 128**3 * 4
+    beyond_input = lines["activations"] + lines["transient"]
+    assert lines["activations"] == 512 * 2**20 + 256 * 2**20  # the concat and the output
+    assert lines["transient"] == 512 * 2**20  # oneDNN: a buffer the size of the 64-channel input
+    assert beyond_input == 1_342_177_280
     measured = 1_766_678_528
-    assert (lines["activations"] - lines["inputs"]) / measured == pytest.approx(0.61, abs=0.01)
+    assert beyond_input / measured == pytest.approx(0.76, abs=0.01)

@@ -6,6 +6,7 @@ import pytest
 
 from app.domain.errors import GraphError
 from app.domain.graph.analysis import InputDecl, analyze
+from app.domain.graph.ops import Transient
 from app.domain.memory.estimate import MemoryRequest, estimate_memory
 from app.domain.workload import Mode, Runtime
 
@@ -117,7 +118,8 @@ def test_native_cpu_cells_keep_what_pytorchs_step_loop_keeps(
     GRU and Elman RNN step by step (not oneDNN): training keeps a seq-first copy of the input
     (64) and the per-step tensors (RNN: the states, 128; GRU: 7 x 128), with the input gates
     (gates x 128) alive while the loop runs; inference holds the gates and the steps' states
-    (RNN 128; GRU 1.5 x 128, between torch.no_grad's 2 and inference_mode's 1)."""
+    (RNN 128; GRU 1.5 x 128, between torch.no_grad's 2 and inference_mode's 1). Both modes hold
+    h_n, the final state [layers x directions, N, H] = 1 x 2 x 16 = 32 elements."""
     layer = {"name": op, "op": op, "hidden_size": 16}
     trained = analyze([X], [layer], {"batch": 2}, training=True, runtime=Runtime.CPU)
     (cell,) = trained.layers
@@ -125,11 +127,17 @@ def test_native_cpu_cells_keep_what_pytorchs_step_loop_keeps(
     assert [(s.label, s.source, s.numel) for s in cell.result.saved] == [
         ("input_seq_first", "new", 64), ("step_tensors", "new", saved_steps * 128),
     ]  # fmt: skip
-    assert [(t.label, t.numel) for t in cell.result.transients] == [("input_gates", gates * 128)]
+    assert [(t.label, t.numel) for t in cell.result.transients] == [
+        ("input_gates", gates * 128), ("final_state", 32),
+    ]  # fmt: skip
     served = analyze([X], [layer], {"batch": 2}, training=False, runtime=Runtime.CPU)
     assert [(t.label, t.numel) for t in served.layers[0].result.transients] == [
         ("input_gates", gates * 128), ("step_states", 128 * inference_steps // 16),
+        ("final_state", 32),
     ]  # fmt: skip
+    two = analyze([X], [{**layer, "num_layers": 2}], {"batch": 2}, training=False,
+                  runtime=Runtime.CPU)  # fmt: skip
+    assert two.layers[0].result.transients[-1] == Transient(label="final_state", numel=2 * 32)
     # On CUDA (cuDNN, not measured) every cell keeps input, output and a reserve space.
     cuda = analyze([X], [layer], {"batch": 2}, training=True, runtime=Runtime.CUDA)
     assert [s.label for s in cuda.layers[0].result.saved] == ["input", "output", "workspace"]

@@ -38,6 +38,24 @@ Issue 32 named GPT-NeoX's attention layer ``attention``, as ``modeling_gpt_neox.
 PEFT's ``layers.<i>.attention.query_key_value``) does, in place of ``attn``: the 24 first-variant
 ``hf:pythia-160m`` digests changed (the per-layer view's names), no peak moved.
 
+Issue 32, CPU rules re-derived before the inputs were counted once: a oneDNN convolution's
+forward buffer became the larger of its input and output (a transposed one's two outputs, was
+one output). 38 ``pytorch_cpu`` inference peaks moved, all up: the 19 ``mobilenet-v2`` ones by
+2 / 3 of the image's bytes (+401,408 B at fp32: the peak moves from ``stage2.0.expand`` to the
+stride-2 depthwise conv after it, whose output, 1,204,224 B, replaces the expand's input,
+802,816 B, beside the same two 4,816,896 B tensors), the 19 ``3d-unet-kits19`` ones by 32 x the
+input's bytes (+256 MiB at fp32: the peak moves from ``upsample.4.cat`` to ``upsample.4.conv1``,
+whose buffer is its 512 MiB input, where the transposed conv's and the ReLU's outputs were);
+the runtime's assumption text changed (every other ``pytorch_cpu`` digest); no CUDA entry moved.
+
+Issue 32 then counted each model input once: the forward's replay started from the inputs'
+bytes, so every moment's activations held them beside the ``inputs`` line. 2,894 of the 3,800
+peaks moved, each down by exactly its inputs' bytes (CPU 1,487, CUDA 1,407; -512 B to
+-8,388,608 B, median -8,192 B; -0.00 % to -7.8 %, the CUDA ones' allocator lines unchanged: the
+replay allocated the inputs once already); the other 906 peak in the optimizer step, which
+never held activations: peak unchanged, digest changed (the forward and backward phase peaks
+fall by the input bytes); no error entry changed.
+
 The snapshot was generated before the timeline became array-based (running sums instead of a
 per-layer replay of live sets): the zoo entries by that older engine, the imported ones by the
 older engine extended with the importers' ops. An intended change to the model regenerates it:

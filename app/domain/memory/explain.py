@@ -14,6 +14,7 @@ from app.domain.memory.context import Estimation, Moment
 from app.domain.memory.formulas import PrecisionPlan, Sizer
 from app.domain.memory.liveness import (
     ATTENTION_MATRICES,
+    TRANSPOSED_CONV_OPS,
     checkpoint_unit,
     kept_storages,
     saved_for_backward,
@@ -28,9 +29,10 @@ RUNTIME_NOTES: Mapping[Runtime, str] = {
     Runtime.CPU: (
         "runtime pytorch_cpu, calibrated on PyTorch 2.13 CPU measurements "
         "(benchmarks/fidelity): dropout masks in the activation dtype; oneDNN convolutions "
-        "hold an output-sized buffer in forward; backward kernel buffers in outputs: conv 2, "
+        "hold a buffer the size of the larger of their input and output in forward (transposed "
+        "ones: two of their output); backward kernel buffers in outputs: conv 2, "
         "batch norm 1, ReLU/ReLU6 1, RMSNorm 3, LSTM 5; GRU and RNN run PyTorch's native "
-        "cell step by step (input gates, per-step tensors, a seq-first input copy); in-place "
+        "cell step by step (input gates, per-step tensors, h_n, a seq-first input copy); in-place "
         "ReLU6 keeps an input clone; SDPA with dropout runs the math kernel; default optimizer "
         "step: for-loop"
     ),
@@ -112,13 +114,13 @@ def _live_groups(e: Estimation, at: str, index: int, exclude: int | None) -> lis
 
     ``at``: "forward" (during layer ``index``: what earlier layers allocated and that is still
     read or kept, and what the layer allocates), "end" (of forward) or "backward" (during the
-    backward of layer ``index``: tensors kept by layers up to it, the caller's inputs and output,
-    and the block being recomputed). The same storages the timeline adds and frees, so the sum
-    is the activations of the moment.
+    backward of layer ``index``: tensors kept by layers up to it, the caller's output, and the
+    block being recomputed). The same storages the timeline adds and frees, so the sum is the
+    activations of the moment; the model's inputs are the ``inputs`` line, not among them.
     """
     analysis, plan = e.analysis, e.storage_plan
     layers = analysis.layers
-    sites = {bound.storage: -1 for bound in analysis.inputs}
+    sites: dict[int, int] = {}
     for position, layer in enumerate(layers):
         if layer.allocates_output:
             sites[layer.output_storage] = position
@@ -128,7 +130,7 @@ def _live_groups(e: Estimation, at: str, index: int, exclude: int | None) -> lis
     groups: dict[str, list[int]] = {}
 
     def put(site: int, size: int, count: int = 1) -> None:
-        label = "the model inputs" if site < 0 else f"{layers[site].op} layers"
+        label = f"{layers[site].op} layers"
         group = groups.setdefault(label, [0, 0])
         group[0] += size
         group[1] += count
@@ -184,8 +186,13 @@ def _transient_terms(e: Estimation, at: str, index: int) -> list[tuple[int, str]
         if extra and tp > 1 and layer.op in INTERNAL_TENSOR_OPS:
             # the row-parallel partial sum and the all-reduced output coexist
             terms.append(_term(extra, f"B: '{name}' tensor-parallel all-reduce output"))
-        elif extra:  # oneDNN convolutions compute into their own buffer (CPU)
-            terms.append(_term(extra, f"B: '{name}' oneDNN output buffer"))
+        elif extra:  # oneDNN convolutions hold a buffer while they run (CPU)
+            kind = (
+                "2 x its output"
+                if layer.op in TRANSPOSED_CONV_OPS
+                else "the larger of its input and output"
+            )
+            terms.append(_term(extra, f"B: '{name}' oneDNN buffer, {kind}"))
         return terms
     step = []
     if e.in_backward_step is not None and e.in_backward_step[1]:
@@ -248,8 +255,8 @@ def explain_peak(e: Estimation, peak: Moment, parts: Mapping[str, int]) -> None:
     offload = e.offload_terms.get("end" if peak.at == "loss" else peak.at)
     if "activations" in parts and offload is not None:
         held = list(offload)
-        if "outputs" in parts:  # the output is its own line at a backward peak
-            held[0] = (held[0][0] - parts["outputs"], "B: the model's inputs, held by the caller")
+        if "outputs" in parts:  # the output is its own line at a backward peak (0 B remain)
+            held[0] = (held[0][0] - parts["outputs"], "B: held by the caller besides the output")
         formulas["activations"] = f"[{where}, activation_offload] " + _sum(
             [_term(size, words) for size, words in held], parts["activations"], "B: none"
         )

@@ -81,6 +81,34 @@ def saved_for_backward(layer: LayerAnalysis, request: MemoryRequest) -> tuple[Sa
     return layer.result.saved
 
 
+# oneDNN holds two output-sized buffers in these (_onednn_buffer)
+TRANSPOSED_CONV_OPS = frozenset({"conv_transpose3d"})
+
+
+def _onednn_buffer(layer: LayerAnalysis, sizer: Sizer, output: int) -> int:
+    """The buffers a oneDNN convolution holds while it runs on CPU, beyond its input and output:
+    one of the larger of its input and output (a convolution), two of its output (a transposed
+    convolution).
+
+    Measured on PyTorch 2.13 CPU (``torch.profiler``'s allocator timeline of one forward under
+    ``torch.no_grad()``, fp32; benchmarks/fidelity/README.md, "oneDNN convolution"): the peak
+    beyond the output is 1.000 x the input for a stride-2 3x3 depthwise conv (96 channels,
+    112 -> 56: input 4 x output), a 96 -> 16 1x1 conv and a stride-2 3x3x3 Conv3d (32 -> 64,
+    64^3 -> 32^3); 1.000 x the output for a 16 -> 96 1x1 conv, a 7x7 stride-2 3 -> 64 conv and
+    a 1 -> 32 Conv3d; 1.00-1.08 x the larger of the two for stride-1 3x3 and stride-2 3x3 / 1x1
+    convs and 1.4 x the input for a 32 -> 3 1x1x1 Conv3d (the rest: weight reorders, not
+    counted); 2.00-2.04 x the output for ConvTranspose3d 2x2x2 stride 2 (64 -> 32 and
+    256 -> 32). The rule was "1 x the output" (probed with equal input and output), which
+    missed 3 / 4 of the input of a stride-2 convolution.
+    """
+    if layer.op not in CONV_OPS:
+        return 0
+    if layer.op in TRANSPOSED_CONV_OPS:
+        return 2 * output
+    inputs = max((item.numel for item in layer.result.saved if item.source == "in0"), default=0)
+    return max(output, sizer.value_bytes(inputs, TensorKind.FLOAT))
+
+
 def _op_sizes(layer: LayerAnalysis, sizer: Sizer, request: MemoryRequest) -> OpSizes:
     tp = request.parallelism.tensor
     selective = request.checkpointing is Checkpointing.SELECTIVE
@@ -127,8 +155,7 @@ def _op_sizes(layer: LayerAnalysis, sizer: Sizer, request: MemoryRequest) -> OpS
         new_kept=tuple((slot, size) for slot, (source, size) in enumerate(kept) if source == _NEW),
         new_total=sum(size for source, size in kept if source == _NEW),
         forward_transient=_transient_bytes(layer, sizer, tp)
-        # oneDNN computes into its own output buffer and copies out (2x output, measured)
-        + (output if sizer.runtime is Runtime.CPU and layer.op in CONV_OPS else 0)
+        + (_onednn_buffer(layer, sizer, output) if sizer.runtime is Runtime.CPU else 0)
         # tensor parallel: the row-parallel partial sum and the all-reduced output coexist
         + (output if tp > 1 and layer.op in INTERNAL_TENSOR_OPS else 0),
         backward_internal=internal,
@@ -405,17 +432,19 @@ class Peak:
         return self.activations + self.transient + self.gradients
 
 
-def forward_peak(plan: StoragePlan, timeline: Timeline, inputs_bytes: int) -> tuple[Peak, int]:
+def forward_peak(plan: StoragePlan, timeline: Timeline) -> tuple[Peak, int]:
     """Replay the forward; return its peak and the bytes live at its end.
 
-    Before layer ``i`` the live bytes are the inputs plus everything allocated by layers
-    ``< i`` minus what died after them; at layer ``i`` its allocations and its forward
-    transient join them. Running sums, so the walk is C loops over per-layer figures.
+    Before layer ``i`` the live bytes are everything allocated by layers ``< i`` minus what
+    died after them; at layer ``i`` its allocations and its forward transient join them.
+    Running sums, so the walk is C loops over per-layer figures. The model's inputs are not
+    among them: they are live from the start to the end of the step (the caller holds them)
+    and are the estimate's own ``inputs`` line, so a moment's activations leave them out.
     """
     alloc = timeline.alloc
     if not alloc:
-        return Peak(), inputs_bytes
-    before = list(accumulate(map(sub, alloc, timeline.free_forward), initial=inputs_bytes))
+        return Peak(), 0
+    before = list(accumulate(map(sub, alloc, timeline.free_forward), initial=0))
     during = list(map(add, before, alloc))  # zip-like: stops after the last layer
     transients = [op.forward_transient for op in plan.op_sizes]
     totals = list(map(add, during, transients))
@@ -472,11 +501,6 @@ def storage_size_counts(plan: StoragePlan) -> Counter[int]:
     return counts
 
 
-def input_bytes(analysis: GraphAnalysis, plan: StoragePlan) -> int:
-    """Bytes of the model inputs' storages (live from the start)."""
-    return sum(plan.sizes[storage] for storage in {bound.storage for bound in analysis.inputs})
-
-
 def layer_gradient_bytes(analysis: GraphAnalysis, plan_bytes: Fraction, shard: int) -> list[int]:
     num, den = plan_bytes.numerator, plan_bytes.denominator * shard
     return [-(-layer.result.params * num // den) for layer in analysis.layers]
@@ -509,7 +533,6 @@ class OffloadPeaks(NamedTuple):
 def offload_peaks(
     analysis: GraphAnalysis,
     plan: StoragePlan,
-    inputs_bytes: int,
     grad_bytes_per_layer: list[int],
     recompute: dict[str, int],
 ) -> OffloadPeaks:
@@ -523,6 +546,7 @@ def offload_peaks(
     in backward it is back on the GPU from the backward of the layer after its last keeper
     (prefetched one layer ahead) until the backward of its earliest keeper. The model's inputs
     and output stay (the caller holds them); every other kept tensor has a pinned host copy.
+    The inputs are the estimate's own ``inputs`` line, not among the activations here.
     """
     layers = analysis.layers
     n = len(layers)
@@ -534,7 +558,7 @@ def offload_peaks(
     for key, keeper in offloaded.items():
         if (at := released_at(plan, key, keeper)) < n:
             released[at] += sizes[key]
-    live = inputs_bytes
+    live = 0
     forward = Peak()
     best = -1
     for i in range(n):
@@ -546,7 +570,7 @@ def offload_peaks(
             forward = Peak(activations=during, transient=transient, at="forward", index=i)
         live = during - timeline.free_forward[i]
     still = sum(sizes[k] for k, keeper in offloaded.items() if released_at(plan, k, keeper) >= n)
-    resident = live - still  # held by the caller (inputs, output) and not offloaded
+    resident = live - still  # the output: held by the caller and not offloaded
     end = Peak(activations=live, at="end")
     backward = Peak()
     best = -1
@@ -555,12 +579,12 @@ def offload_peaks(
         "forward": [
             (
                 forward.activations,
-                "B: on the GPU: values the forward still reads, the inputs, and kept tensors "
-                "whose copy to the host is in flight",
+                "B: on the GPU: values the forward still reads and kept tensors whose copy to "
+                "the host is in flight",
             )
         ],
         "end": [
-            (resident, "B: the model's inputs and output, held by the caller"),
+            (resident, "B: the model's output, held by the caller"),
             (still, "B: kept tensors of the last layers, their copy to the host in flight"),
         ],
     }
@@ -585,7 +609,7 @@ def offload_peaks(
                 index=i,
             )
             terms["backward"] = [
-                (resident, "B: the model's inputs and output, held by the caller"),
+                (resident, "B: the model's output, held by the caller"),
                 (window, f"B: kept tensors of '{layers[i].name}' and of the layer before, back "
                  "from the host (prefetched one layer ahead; a checkpointed unit's input from "
                  "the backward of its last layer, which recomputes the unit)"),

@@ -34,7 +34,6 @@ from app.domain.memory.liveness import (
     build_timeline,
     checkpoint_unit,
     forward_peak,
-    input_bytes,
     layer_gradient_bytes,
     offload_peaks,
 )
@@ -147,13 +146,11 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
         adapter_saved = _lora_saved(e, lora, recompute)
         adapter_temp = adapter_transient(e, lora)  # QLoRA dequantization, DoRA weight norm
     timeline = build_timeline(storage_plan)
-    fwd_peak, end_bytes = forward_peak(storage_plan, timeline, input_bytes(analysis, storage_plan))
+    fwd_peak, end_bytes = forward_peak(storage_plan, timeline)
     fwd_end = Peak(activations=end_bytes)
     bwd_peak = backward_peak(analysis, storage_plan, timeline, end_bytes, grad_layers, recompute)
     if options.activation_offload:
-        off = offload_peaks(
-            analysis, storage_plan, input_bytes(analysis, storage_plan), grad_layers, recompute
-        )
+        off = offload_peaks(analysis, storage_plan, grad_layers, recompute)
         fwd_peak, fwd_end, bwd_peak = off.forward, off.end, off.backward
         end_bytes = off.end.activations
         e.offload_terms = off.terms
@@ -671,9 +668,7 @@ def inference_moments(e: Estimation) -> list[Moment]:
         e.plans,
         analysis,
         ("forward peak", *e.plan_key[1:]),
-        lambda: forward_peak(
-            storage_plan, build_timeline(storage_plan), input_bytes(analysis, storage_plan)
-        )[0],
+        lambda: forward_peak(storage_plan, build_timeline(storage_plan))[0],
     )
     assumptions.append("activations live from their producer to their last consumer")
 
