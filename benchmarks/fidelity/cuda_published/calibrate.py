@@ -45,7 +45,15 @@ from app.domain.memory.estimate import MemoryRequest, estimate_memory  # noqa: E
 from app.domain.memory.reserve import ReservePoint, monotone_report  # noqa: E402
 from app.domain.precision import ComputeCapability, Precision  # noqa: E402
 from app.domain.units import GIB, MIB  # noqa: E402
-from app.domain.workload import Attention, Logits, Mode, Optimizer, Runtime  # noqa: E402
+from app.domain.workload import (  # noqa: E402
+    Attention,
+    Logits,
+    LossKind,
+    Mode,
+    Optimizer,
+    Runtime,
+    TrainingOptions,
+)
 from app.importers.hf_config import import_hf_config  # noqa: E402
 from app.schemas.estimates import MemoryEstimateRequest  # noqa: E402
 from app.services.pipeline import estimate_graph  # noqa: E402
@@ -107,6 +115,7 @@ def estimate(
     optimizer: Optimizer = Optimizer.ADAMW,
     capability: ComputeCapability | None = None,
     architecture: str | None = None,
+    loss: LossKind = LossKind.CROSS_ENTROPY,
 ) -> Estimate:
     """The service's CUDA estimate of one request."""
     graph = import_hf_config(config, sequence_length=seq)
@@ -138,6 +147,7 @@ def estimate(
         overhead=overhead,
         attention=attention,
         logits=logits,
+        training_options=TrainingOptions(loss=loss),
     )
     result = estimate_memory(analysis, request, explain=False)
     cuda = result.cuda
@@ -226,6 +236,7 @@ def cluster_b(rows: list[dict[str, Any]]) -> int:
             optimizer=Optimizer.SGD,  # the doc states none; its peaks leave no room for state
             capability=SM86,
             architecture="Ampere GA102",
+            loss=LossKind.LOGITS_SUM,  # the benchmark's loop: outputs.logits.sum().backward()
         )
         published = _value_mib(row["value"])
         by_key[(b, s, impl)] = (published, est)
