@@ -38,6 +38,12 @@ Issue 32 named GPT-NeoX's attention layer ``attention``, as ``modeling_gpt_neox.
 PEFT's ``layers.<i>.attention.query_key_value``) does, in place of ``attn``: the 24 first-variant
 ``hf:pythia-160m`` digests changed (the per-layer view's names), no peak moved.
 
+Issue 32 charged Hugging Face's loss as PyTorch runs it (app/domain/memory/loss.py: the
+``logits.float()`` copy, the two fp32 loss gradients, the logits dropped before backward): 2,029
+training peaks moved (median -0.004 %, -19.6 % to +16.5 %; no inference entry), 1,049 more
+training digests changed. Then the reserve's explanation gained the reason it has no upper
+bound: the 1,900 ``pytorch_cuda`` digests changed, no peak moved.
+
 The snapshot was generated before the timeline became array-based (running sums instead of a
 per-layer replay of live sets): the zoo entries by that older engine, the imported ones by the
 older engine extended with the importers' ops. An intended change to the model regenerates it:
