@@ -78,6 +78,7 @@ def test_hf_loss_upcast_and_gradients_in_the_breakdown() -> None:
     lines = _lines(estimate)
     assert (lines["loss"], lines["transient"]) == (FP32, 2 * FP32)
     assert "outputs" not in lines
+    assert any("the logits are freed before backward" in a for a in estimate.assumptions)
     for line in estimate.lines:
         assert evaluate(line.formula) == (line.bytes, line.bytes), (line.key, line.formula)
     # before the rule: the backward held the logits, the log-probabilities and the logits'

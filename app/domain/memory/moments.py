@@ -417,6 +417,18 @@ def _hf_loss(
     e.loss_transient = {
         "loss": (2 * parts.grad_bytes, f"2 x {parts.grad_words} [{LOSS_SOURCE}]"),
     }
+    e.assumptions.append(
+        "loss: Hugging Face's cross-entropy (token logits: ForCausalLMLoss, logits.float() "
+        "then F.cross_entropy); its fp32 gradients live in the loss's backward, the "
+        "log-probabilities until LogSoftmaxBackward"
+        + (
+            "; the loop keeps the loss, not the output: the logits are freed before backward "
+            "(Trainer.compute_loss, torchtune's del logits; loss=logits_sum for a loop that "
+            "sums the logits and holds them)"
+            if dropped
+            else ""
+        )
+    )
     end = fwd_end
     if parts.upcast_bytes:
         e.loss_transient["end"] = (parts.upcast_bytes, f"{parts.upcast_words} [{LOSS_SOURCE}]")
