@@ -478,6 +478,8 @@ DEFAULTS: tuple[DefaultRule, ...] = (
     DefaultRule("optimizer_in_backward", "false", "training: optimizer.step() after backward"),
     DefaultRule("loss_chunks", "none: Hugging Face's whole-sequence fp32 loss",
                 "training; torchtune's CEWithChunkedOutputLoss when set"),
+    DefaultRule("loss", "cross_entropy: Hugging Face's loss (ForCausalLMLoss: logits.float(), "
+                "then F.cross_entropy)", "training; logits_sum: the loop sums the logits"),
     DefaultRule("tokens_per_batch", "none: batch x sequence_length, padded",
                 "training; packed documents when set"),
     DefaultRule("keep_gradients", "false: zero_grad(set_to_none=True)", "PyTorch 2.x default"),
@@ -510,6 +512,13 @@ class DefaultUsed:
     reason: str
 
 
+class LossKind(StrEnum):
+    """What the training loop computes from the model's output."""
+
+    CROSS_ENTROPY = "cross_entropy"  # Hugging Face's loss: ForCausalLMLoss for token logits
+    LOGITS_SUM = "logits_sum"  # ``outputs.logits.sum().backward()``: no cross-entropy
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrainingOptions:
     """The training options practitioners set (docs/memory-model.md, "Training options").
@@ -522,6 +531,8 @@ class TrainingOptions:
     one row of that many tokens per micro-batch (flash varlen, no padding). ``keep_gradients``:
     ``zero_grad(set_to_none=False)``, gradients live between steps. ``activation_offload``:
     tensors saved for backward kept in pinned host memory (torchtune ``OffloadActivations``).
+    ``loss``: ``cross_entropy`` (Hugging Face's, app.domain.memory.loss) or ``logits_sum``
+    (``outputs.logits.sum().backward()``: no log-probabilities, no upcast).
     ``compile``: the model runs under ``torch.compile`` (Inductor, mode "default"): what each
     layer keeps for backward follows Inductor's partitioner (app.domain.memory.compiled);
     accepted at inference too, where it changes no line (nothing is kept for backward).
@@ -533,6 +544,7 @@ class TrainingOptions:
     keep_gradients: bool = False
     activation_offload: bool = False
     compile: bool = False  # not in used(): an inference option as well
+    loss: LossKind = LossKind.CROSS_ENTROPY
 
     def used(self) -> list[str]:
         """The training-only options set away from their defaults."""
@@ -544,6 +556,7 @@ class TrainingOptions:
                 ("tokens_per_batch", self.tokens_per_batch is not None),
                 ("keep_gradients", self.keep_gradients),
                 ("activation_offload", self.activation_offload),
+                ("loss", self.loss is not LossKind.CROSS_ENTROPY),
             )
             if value
         ]
@@ -560,6 +573,11 @@ class TrainingOptions:
                 raise TrainingOptionError(
                     f"{name} must be an integer >= 1, got {value!r}", field=name
                 )
+        if self.loss is LossKind.LOGITS_SUM and self.loss_chunks is not None:
+            raise TrainingOptionError(
+                "loss logits_sum computes no cross-entropy: loss_chunks has nothing to chunk",
+                field="loss",
+            )
         tokens = self.tokens_per_batch
         if tokens is not None and sequence_length is not None and sequence_length > tokens:
             raise TrainingOptionError(

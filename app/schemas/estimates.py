@@ -18,6 +18,7 @@ from app.domain.workload import (
     Attention,
     Checkpointing,
     Logits,
+    LossKind,
     Mode,
     Optimizer,
     OptimizerImpl,
@@ -367,6 +368,17 @@ class WorkloadInput(Schema):
         "Hugging Face's whole-sequence loss.",
         examples=[None],
     )
+    loss: LossKind = Field(
+        default=LossKind.CROSS_ENTROPY,
+        description="Training: what the loop computes from the model's output. "
+        "`cross_entropy` (default): Hugging Face's loss; for token logits `ForCausalLMLoss` "
+        "(the logits upcast to fp32, then `F.cross_entropy`: the fp32 copy at the end of "
+        "forward, the fp32 log-probabilities kept, their two fp32 gradients in the loss's "
+        "backward), the output dropped before backward (the loop keeps the loss alone). "
+        "`logits_sum`: `outputs.logits.sum().backward()` (benchmark loops): no cross-entropy, "
+        "the output held through backward. Not with loss_chunks (422 naming this field).",
+        examples=["cross_entropy"],
+    )
     tokens_per_batch: Annotated[int, Field(ge=1, le=16_777_216)] | None = Field(
         default=None,
         description="Training with packed sequences: the tokens of one micro-batch, its "
@@ -488,6 +500,14 @@ def _training_options_rule(spec: WorkloadInput) -> None:
             raise located_error(
                 name, (option,), f"{option} is a training option: set mode to training"
             )
+    if spec.loss is not LossKind.CROSS_ENTROPY and spec.mode is not Mode.TRAINING:
+        raise located_error(name, ("loss",), "loss is a training option: set mode to training")
+    if spec.loss is LossKind.LOGITS_SUM and spec.loss_chunks is not None:
+        raise located_error(
+            name,
+            ("loss",),
+            "loss logits_sum computes no cross-entropy: loss_chunks has nothing to chunk",
+        )
     micro = spec.micro_batch_size
     if spec.optimizer_in_backward and micro is not None and micro < spec.batch_size:
         raise located_error(

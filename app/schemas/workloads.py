@@ -8,7 +8,7 @@ from typing import Annotated, ClassVar, Self
 from pydantic import Field, model_validator
 
 from app.domain.precision import Precision
-from app.domain.workload import Checkpointing, Mode, Optimizer, OptimizerImpl
+from app.domain.workload import Checkpointing, LossKind, Mode, Optimizer, OptimizerImpl
 from app.schemas.base import Page, Schema, Slug, located_error
 from app.schemas.engine_options import EngineOptions
 from app.schemas.estimates import BatchSize, Length, LoraSpec
@@ -66,6 +66,12 @@ class WorkloadOptions(Schema):
         description="Training, token-level loss: chunked cross-entropy with this many chunks, "
         "as for `POST /v1/estimates/memory`.",
         examples=[None],
+    )
+    loss: LossKind = Field(
+        default=LossKind.CROSS_ENTROPY,
+        description="Training: Hugging Face's cross-entropy or `logits_sum`, as for "
+        "`POST /v1/estimates/memory`.",
+        examples=["cross_entropy"],
     )
     tokens_per_batch: Annotated[int, Field(ge=1, le=16_777_216)] | None = Field(
         default=None,

@@ -502,6 +502,7 @@ def domain_workload(spec: WorkloadInput, runtime: Runtime | None = None) -> Doma
             training_options=TrainingOptions(
                 optimizer_in_backward=spec.optimizer_in_backward,
                 loss_chunks=spec.loss_chunks,
+                loss=spec.loss,
                 tokens_per_batch=spec.tokens_per_batch,
                 keep_gradients=spec.keep_gradients,
                 activation_offload=spec.activation_offload,

@@ -94,6 +94,16 @@ def test_loss_chunks(client: ApiClient) -> None:
     assert any("CEWithChunkedOutputLoss" in a for a in eight["assumptions"])
 
 
+def test_loss_logits_sum(client: ApiClient) -> None:
+    # HF's loss (tests/domain/test_loss_rule.py, fp32 here): no upcast copy; the loss's
+    # backward holds the fp32 log-probabilities and their two gradients, 3 x 4,096,000 B
+    hf = _post(client, LM)
+    assert _lines(hf)["loss"] == _lines(hf)["transient"] // 2 == 4_096_000
+    summed = _post(client, {**LM, "loss": "logits_sum"})
+    assert "loss" not in _lines(summed)
+    assert summed["peak_bytes"] < hf["peak_bytes"]
+
+
 def test_packed_tokens_per_batch(client: ApiClient) -> None:
     body = _post(client, {**LM, "batch_size": 4, "tokens_per_batch": 3000})
     assert body["bindings"]["batch"] == 1
@@ -162,6 +172,9 @@ def test_zero3_cpu_offload_reports_the_host_shards(client: ApiClient) -> None:
         ({**LM, "loss_chunks": 0}, "/loss_chunks", "greater"),
         ({**FC, "loss_chunks": 2}, "/loss_chunks", "token-level"),
         ({**LM, "mode": "inference", "loss_chunks": 2}, "/loss_chunks", "training"),
+        ({**LM, "loss": "mse"}, "/loss", "cross_entropy"),
+        ({**LM, "mode": "inference", "loss": "logits_sum"}, "/loss", "training"),
+        ({**LM, "loss": "logits_sum", "loss_chunks": 2}, "/loss", "nothing to chunk"),
         (
             {**CHAIN, "batch_size": 2, "micro_batch_size": 1, "optimizer_in_backward": True},
             "/optimizer_in_backward",

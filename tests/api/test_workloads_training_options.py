@@ -28,6 +28,7 @@ OPTION_SETS: list[dict[str, Any]] = [
     {"activation_offload": True, "checkpointing": "none"},
     {"parallelism": {"data": 2, "zero_stage": 3, "cpu_offload": True}},
     {"compile": True},
+    {"loss": "logits_sum"},
     # DeepSpeed ZeRO-3 offload on one GPU, its reduce bucket resized
     {
         "parallelism": {
@@ -102,6 +103,8 @@ def test_stored_decisions_follow_the_options(client: ApiClient, db_url: str) -> 
     ("changes", "options", "pointer"),
     [
         ({}, {"loss_chunks": 0}, "/options/loss_chunks"),
+        ({}, {"loss": "logits_sum", "loss_chunks": 2}, "/options/loss"),
+        ({"mode": "inference", "precision": "bf16"}, {"loss": "logits_sum"}, "/options/loss"),
         ({"mode": "inference", "precision": "bf16"}, {"loss_chunks": 2}, "/options/loss_chunks"),
         (
             {},

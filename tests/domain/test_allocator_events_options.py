@@ -82,28 +82,38 @@ def test_full_checkpointing_keeps_no_dropout_mask_in_forward(
         runtime=Runtime.CUDA,
     )
     _, (_, steady) = _replayed(monkeypatch, _blocks(), request)
-    # The head's backward, as its weight's gradient is allocated (the peak until the recompute
-    # was replayed tensor by tensor).
-    head_backward = (
+    held = (
         5 * WEIGHT  # four blocks' and the head's weights
         + VALUE  # x (the caller's input)
         + 4096 * 8  # int64 labels
         + WORKSPACES
         + 3 * VALUE  # the inputs of blocks 1..3 (the outputs of blocks 0..2), kept
         + VALUE  # the head's input (block 3's output), kept by the head
-        + VALUE  # the logits, held by the caller
-        + VALUE  # the loss's saved tensor (loss_bytes: one logits-sized value)
+    )
+    # The steady step's peak: the loss's backward (app.domain.memory.loss), as log_softmax's
+    # backward allocates the gradient of its input. The caller dropped the logits after the
+    # loss (it keeps the loss alone); the log-probabilities (one logits-sized value, fp32
+    # logits: no upcast) are still saved, nll_loss's gradient of them is still live.
+    loss_backward = (
+        held
+        + VALUE  # the log-probabilities log_softmax saved (loss_bytes)
+        + VALUE  # nll_loss's gradient of the log-probabilities
+        + VALUE  # log_softmax's gradient of its input: the gradient of the logits
+    )
+    assert loss_backward == 102_006_784
+    # The head's backward, as its weight's gradient is allocated: the log-probabilities died
+    # with LogSoftmaxBackward.
+    head_backward = (
+        held
         + VALUE  # the gradient of the logits
         + VALUE  # the gradient of the head's input
         + WEIGHT  # the head's weight gradient
     )
-    assert head_backward == 106_463_232
-    # The steady step's peak: block 3's recompute (torch.utils.checkpoint runs its forward
-    # again), as dropout allocates its output and its mask while fc's recomputed output is
-    # still live. The head's backward has freed the gradient of the logits and the head's
-    # input (kept only by the head); early stop frees dropout's output (block 3's output again,
-    # saved by no layer of the block) right after.
-    expected = (
+    assert head_backward == 98_074_624
+    # Block 3's recompute (torch.utils.checkpoint runs its forward again), as dropout allocates
+    # its output and its mask while fc's recomputed output is still live. The head's backward
+    # has freed the gradient of the logits and the head's input (kept only by the head).
+    recompute = (
         head_backward
         - VALUE  # the gradient of the logits, freed after the head's backward
         - VALUE  # the head's input, freed after the head's backward
@@ -111,10 +121,10 @@ def test_full_checkpointing_keeps_no_dropout_mask_in_forward(
         + VALUE  # dropout's recomputed output
         + MASK  # dropout's recomputed mask, kept to dropout's backward
     )
-    assert expected == 107_511_808
-    # Before: the forward allocated every block's mask (kept to its backward): + 4 x 1 MiB;
-    # then the recompute was one 1 MiB block (the mask) and the head's backward was the peak.
-    assert steady.requested_bytes == expected
+    assert recompute == 99_123_200 < loss_backward
+    # Were every block's mask allocated in forward and kept to its backward, the loss's
+    # backward would hold 4 x 1 MiB more.
+    assert steady.requested_bytes == loss_backward
 
 
 def _recipes(
@@ -231,13 +241,16 @@ def test_activation_offload_frees_kept_tensors_and_copies_them_back(
         ),
     )
     persistent = 4 * WEIGHT + LABELS + WORKSPACES  # weights, labels, workspaces
-    # Without offload, fc3's backward: x, out0..out2 kept, the logits, the loss's tensor, the
-    # logits' gradient, fc3's input gradient, fc3's weight gradient (kept: SGD, last step).
-    assert plain.requested_bytes == persistent + 8 * VALUE + WEIGHT == 102_006_784
-    # With it, fc2's backward: x, the logits, the loss's tensor, out1 and out0 back from the
-    # host, fc3's input gradient (fc2's output gradient), fc2's input gradient, fc3's and
-    # fc2's weight gradients.
-    assert steady.requested_bytes == persistent + 7 * VALUE + 2 * WEIGHT == 98_074_624
+    # Without offload, the loss's backward (app.domain.memory.loss): x, out0..out2 kept, the
+    # log-probabilities, nll_loss's gradient of them and log_softmax's gradient of the logits
+    # (the caller dropped the logits after the loss). Before the loss's tensors: fc3's
+    # backward with the logits and the log-probabilities held, 8 x 4 MiB + 256 KiB.
+    assert plain.requested_bytes == persistent + 7 * VALUE == 97_550_336
+    # With it, fc2's backward: x, the logits (held to the end: offloading's schedule), out1
+    # and out0 back from the host, fc3's input gradient (fc2's output gradient), fc2's input
+    # gradient, fc3's and fc2's weight gradients; the log-probabilities died with
+    # LogSoftmaxBackward (before: held too, + 4 MiB).
+    assert steady.requested_bytes == persistent + 6 * VALUE + 2 * WEIGHT == 93_880_320
     # The breakdown's moment is the same one (x is the inputs line; until issue 32 the
     # activations repeated it).
     lines = {line.key: line.bytes for line in estimate.lines}
@@ -247,8 +260,10 @@ def test_activation_offload_frees_kept_tensors_and_copies_them_back(
     assert not any("does not model the offload" in a for a in estimate.assumptions)
     assert estimate.cuda is not None
     assert plain_estimate.cuda is not None
-    # allocated falls by the breakdown's 4 MiB - 256 KiB; reserved stays (the same segments)
-    assert plain_estimate.cuda.allocated_bytes - estimate.cuda.allocated_bytes == VALUE - WEIGHT
+    # allocated falls by the breakdown's 4 MiB - 2 x 256 KiB (without offload the peak is the
+    # loss's backward, no weight gradient yet; before the loss's tensors it was fc3's backward
+    # and the fall 4 MiB - 256 KiB); reserved stays (the same segments)
+    assert plain_estimate.cuda.allocated_bytes - estimate.cuda.allocated_bytes == VALUE - 2 * WEIGHT
 
 
 def test_cpu_offload_replays_no_weights_gradients_or_state_on_the_gpu(
@@ -267,10 +282,11 @@ def test_cpu_offload_replays_no_weights_gradients_or_state_on_the_gpu(
     )
     lines = {line.key: line.bytes for line in estimate.lines}
     assert lines["fsdp_buffers"] == 3 * 4 * WEIGHT
-    # fc3's backward: x, out0..out2 kept, the logits, the loss's tensor, the logits' gradient
-    # and fc3's input gradient, beside FSDP's buffers, the labels and the workspaces.
-    expected = 3 * 4 * WEIGHT + LABELS + WORKSPACES + 8 * VALUE
-    assert steady.requested_bytes == first.requested_bytes == expected == 103_841_792
+    # The loss's backward: x, out0..out2 kept, the log-probabilities and their two gradients
+    # (the caller dropped the logits; app.domain.memory.loss), beside FSDP's buffers, the
+    # labels and the workspaces. Before the loss's tensors: fc3's backward, 8 x 4 MiB.
+    expected = 3 * 4 * WEIGHT + LABELS + WORKSPACES + 7 * VALUE
+    assert steady.requested_bytes == first.requested_bytes == expected == 99_647_488
     # Before: the step without offload, 106,070,016 B steady (the unsharded weights, the
     # gradients, AdamW's state and its step temporaries on the GPU).
     assert not any("without offload" in a for a in estimate.assumptions)
@@ -313,10 +329,12 @@ def test_offloaded_checkpoint_input_is_back_for_the_units_recompute(
     # breakdown before the recompute rule: 142,606,336 B at layers.1.fc0)
     assert lines["inputs"] == WIDE + LABELS
     assert lines["activations"] == 2 * WIDE
-    # the replay there: those three, the head's input gradient (64 MiB), the logits, the
-    # loss's tensor and the logits' gradient (4 MiB each), the head's weight gradient
-    expected = UNIT_WEIGHTS + LABELS + WORKSPACES + 4 * WIDE + 3 * VALUE + 4096 * 256 * 4
-    assert steady.requested_bytes == expected == 373_850_112  # before: 323,780,608 B
+    # the replay there: those three, the head's input gradient (64 MiB), the logits (held:
+    # offloading's schedule) and the logits' gradient (4 MiB each), the head's weight gradient;
+    # the log-probabilities died with LogSoftmaxBackward (app.domain.memory.loss; before it,
+    # + 4 MiB: 373,850,112 B; before the prefetch rule, 323,780,608 B)
+    expected = UNIT_WEIGHTS + LABELS + WORKSPACES + 4 * WIDE + 2 * VALUE + 4096 * 256 * 4
+    assert steady.requested_bytes == expected == 369_655_808
 
 
 # --- LoRA -------------------------------------------------------------------------------------
@@ -334,10 +352,12 @@ def test_lora_adapters_and_their_saved_tensors_are_replayed(
     lines = {line.key: line.bytes for line in estimate.lines}
     adapters, saved = 2 * 8 * 256 * 4, 4096 * 8 * 4
     assert (lines["adapter_weights"], lines["adapter_activations"]) == (adapters, saved)
-    # fc3's backward (the frozen base: no weight gradient there): x, out0..out2, the logits,
-    # the loss's tensor, the logits' gradient, fc3's input gradient, and the adapters' tensors
-    expected = 4 * WEIGHT + adapters + LABELS + WORKSPACES + 8 * VALUE + saved
-    assert steady.requested_bytes == expected == 101_892_096  # before: 101,744,640 B
+    # the loss's backward (app.domain.memory.loss): x, out0..out2, the log-probabilities and
+    # their two gradients (the caller dropped the logits), and the adapters' tensors (before
+    # the loss's tensors: fc3's backward, 8 values + saved, 101,892,096 B; before the
+    # adapters: 101,744,640 B)
+    expected = 4 * WEIGHT + adapters + LABELS + WORKSPACES + 7 * VALUE + saved
+    assert steady.requested_bytes == expected == 97_697_792
 
 
 def test_zero3_replays_each_ranks_shard_of_the_weights(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -352,11 +372,13 @@ def test_zero3_replays_each_ranks_shard_of_the_weights(monkeypatch: pytest.Monke
     assert lines["weights"] == 4 * WEIGHT // 2
     state = 2 * 4 * 4 * 256 * 256 // 2  # AdamW's two fp32 moments, the rank's half
     assert lines["optimizer_state"] == state
-    # fc3's backward: the weights' and AdamW's halves, FSDP's 3 MiB, 8 values, fc3's weight
-    # gradient (its half, reduce-scattered), labels and workspaces
-    expected = 4 * WEIGHT // 2 + state + 3 * 4 * WEIGHT + 8 * VALUE + WEIGHT // 2
-    assert steady.requested_bytes == expected + LABELS + WORKSPACES == 105_545_728
-    # before: 106,070,016 B (the whole 4 x 256 KiB of weights)
+    # the loss's backward: the weights' and AdamW's halves, FSDP's 3 MiB, 7 values (x,
+    # out0..out2, the log-probabilities and their two gradients: app.domain.memory.loss),
+    # labels and workspaces
+    expected = 4 * WEIGHT // 2 + state + 3 * 4 * WEIGHT + 7 * VALUE
+    assert steady.requested_bytes == expected + LABELS + WORKSPACES == 101_220_352
+    # before the loss's tensors: fc3's backward, 8 values + fc3's half weight gradient,
+    # 105,545,728 B; before that: 106,070,016 B (the whole 4 x 256 KiB of weights)
 
 
 def test_fsdp_buffers_are_freed_before_the_optimizer_step(
@@ -416,6 +438,9 @@ def test_zero2_cpu_offload_keeps_the_weights_and_no_gradient(
         bucket,
         0,
     )
-    # fc3's backward: the weights, the bucket, 8 values, labels and workspaces
-    expected = 4 * WEIGHT + bucket + 8 * VALUE + LABELS + WORKSPACES
-    assert steady.requested_bytes == expected == 2_101_744_640  # before: 2,102,924,288 B
+    # the loss's backward: the weights, the bucket, 7 values (x, out0..out2, the
+    # log-probabilities and their two gradients: app.domain.memory.loss), labels, workspaces
+    expected = 4 * WEIGHT + bucket + 7 * VALUE + LABELS + WORKSPACES
+    assert steady.requested_bytes == expected == 2_097_550_336
+    # before the loss's tensors: fc3's backward with 8 values, 2,101,744,640 B; before that
+    # 2,102,924,288 B

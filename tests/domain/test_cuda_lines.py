@@ -148,6 +148,7 @@ def test_the_reserve_is_explained_step_by_step_with_its_floor() -> None:
     assert "CUDACachingAllocator.cpp" in lines[0]
     assert "20 MiB segments (kLargeBuffer)" in lines[1]
     assert f"{180 * MIB:,} B reserved = {151 * MIB:,} B allocated + {29 * MIB:,} B" in lines[2]
+    assert "No upper bound: a request no cached block holds maps a new segment" in lines[4]
 
 
 def test_a_fall_in_reserved_while_allocated_grows_is_reported_with_its_reason() -> None:

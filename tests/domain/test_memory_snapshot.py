@@ -56,6 +56,14 @@ replay allocated the inputs once already); the other 906 peak in the optimizer s
 never held activations: peak unchanged, digest changed (the forward and backward phase peaks
 fall by the input bytes); no error entry changed.
 
+Issue 32 charged Hugging Face's loss as PyTorch runs it (app/domain/memory/loss.py: the
+``logits.float()`` copy, the two fp32 loss gradients, the logits dropped before backward): 2,029
+training peaks moved (median -0.004 %, -19.6 % to +16.5 %; no inference entry), 1,049 more
+training digests changed. Then the reserve's explanation gained the reason it has no upper
+bound: the 1,900 ``pytorch_cuda`` digests changed, no peak moved; and the loss's assumption
+(the logits freed before backward) was stated: the 3,078 training digests with a cross-entropy
+changed, no peak moved.
+
 The snapshot was generated before the timeline became array-based (running sums instead of a
 per-layer replay of live sets): the zoo entries by that older engine, the imported ones by the
 older engine extended with the importers' ops. An intended change to the model regenerates it:

@@ -11,7 +11,7 @@ from typing import NamedTuple
 from app.domain.budget import CHECK_EVERY_MASK, checkpoint
 from app.domain.graph.analysis import GraphAnalysis
 from app.domain.hardware import FrameworkOverhead
-from app.domain.memory.context import Estimation
+from app.domain.memory.context import Estimation, StepTensors
 from app.domain.memory.cuda_allocator import Event, EventsKey
 from app.domain.memory.liveness import (
     StoragePlan,
@@ -322,6 +322,34 @@ def _unit_recompute(
     return _Recompute(events, released_after)
 
 
+def _loss_backward(events: list[Event], step: StepTensors, loss: int, out_grad: int) -> int:
+    """The loss's backward (:mod:`app.domain.memory.loss`), appended to ``events``; returns the
+    key of the gradient of the model's output. Without a cross-entropy (``loss`` < 0) that
+    gradient alone. Else ``NllLossBackward``'s gradient of the log-probabilities, then
+    ``LogSoftmaxBackward``'s of its input, after which the nll gradient and the kept
+    log-probabilities (key ``loss``) are freed; with an upcast, ``ToCopyBackward`` casts the
+    fp32 gradient to the logits' dtype and the fp32 one is freed."""
+    add = events.append
+    if loss < 0 or not step.loss_grad_bytes:  # chunked: its log-probs stay to the end
+        return _alloc(events, out_grad)
+    nll = _alloc(events, step.loss_grad_bytes)
+    grad = _alloc(events, step.loss_grad_bytes if step.loss_upcast_bytes else out_grad)
+    add(("free", nll, 0))
+    add(("free", loss, 0))
+    if not step.loss_upcast_bytes:
+        return grad
+    cast = _alloc(events, out_grad)
+    add(("free", grad, 0))
+    return cast
+
+
+def _alloc(events: list[Event], size: int) -> int:
+    """Append an allocation keyed by its index; return the key."""
+    key = len(events)
+    events.append(("alloc", key, size))
+    return key
+
+
 def forward_events_key(e: Estimation) -> tuple[object, ...]:
     """What an inference forward's events depend on besides the analysis: the bytes of the
     activation dtype and the runtime (dropout masks, oneDNN buffers), and the tensor-parallel
@@ -494,9 +522,17 @@ def step_allocator_events(
                 add(("alloc", len(events), size))
             events.extend(forward)
         live = set(forward_live)
-        if step.loss_bytes:
+        if step.loss_bytes:  # HF ForCausalLMLoss: logits.float(), then log_softmax keeps its
+            upcast = len(events)  # output; the fp32 copy dies when the loss function returns
+            if step.loss_upcast_bytes:
+                add(("alloc", upcast, step.loss_upcast_bytes))
             loss = len(events)
             add(("alloc", loss, step.loss_bytes))
+            if step.loss_upcast_bytes:
+                add(("free", upcast, 0))
+            if e.output_dropped and analysis.output_storage in live:  # the caller drops it
+                live.discard(analysis.output_storage)
+                add(("free", ~analysis.output_storage, 0))
         for key in cache_keys:  # autocast's cache ends with the forward
             add(("free", key, 0))
         back: dict[int, int] = {}  # offloaded: kept tensor -> its copy back on the GPU
@@ -505,8 +541,7 @@ def step_allocator_events(
                 if kept_id in on_gpu:
                     live.discard(kept_id)
                     add(("free", on_gpu[kept_id], 0))
-        grad_in = len(events)  # the gradient of the output of the layer after
-        add(("alloc", grad_in, out_grad))
+        grad_in = _loss_backward(events, step, loss if step.loss_bytes else -1, out_grad)
         recomputing: str | None = None
         recipe: _Recompute | None = None
         recomputed_keys: dict[int, int] = {}  # the recompute's slot -> its key, while live
@@ -565,7 +600,7 @@ def step_allocator_events(
         for key in recomputed_keys.values():
             add(("free", key, 0))
         add(("free", grad_in, 0))
-        if step.loss_bytes:
+        if step.loss_bytes and not step.loss_grad_bytes:  # chunked: freed after backward
             add(("free", loss, 0))
         for key in range(gathered_from, gathered_from + len(gathered)):
             add(("free", key, 0))  # FSDP resharded after backward

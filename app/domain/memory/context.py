@@ -73,6 +73,7 @@ class Estimation:
     # optimizer in backward: the largest parameter's gradient and step temporaries [B], its words
     in_backward_step: tuple[int, int, str] | None = None
     loss_transient: dict[str, tuple[int, str]] = field(default_factory=dict)  # at -> bytes, words
+    output_dropped: bool = False  # training: the caller drops the logits before backward
     host: dict[str, int] = field(default_factory=dict)  # host (or unified) memory lines [B]
     offload_terms: dict[str, list[tuple[int, str]]] = field(default_factory=dict)  # at -> terms
 
@@ -92,6 +93,8 @@ class StepTensors:
     temporaries_largest: bool  # for-loop step: two temporaries of the largest parameter
     accumulate: bool  # gradients held across micro-batches (never freed in the step)
     in_backward: bool = False  # optimizer in backward: each gradient stepped and freed at once
+    loss_upcast_bytes: int = 0  # HF ForCausalLMLoss: logits.float(), freed when it returns
+    loss_grad_bytes: int = 0  # each of nll_loss's and log_softmax's gradients in backward
 
 
 def moment_at(phase: str, static: Mapping[str, int], peak: Peak, loss: int) -> Moment:

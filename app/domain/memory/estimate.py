@@ -452,7 +452,7 @@ def _storage_plan(
 def _split_output(e: Estimation, parts: dict[str, int]) -> None:
     """At a backward peak, the model's output (the logits) is alive because the caller holds
     it, not because a layer kept it: its own line, out of the activations."""
-    if not parts.get("activations", 0):
+    if not parts.get("activations", 0) or e.output_dropped:
         return
     analysis = e.analysis
     out_bytes = e.storage_plan.sizes.get(analysis.output_storage, 0)

@@ -224,7 +224,8 @@ def explain_peak(e: Estimation, peak: Moment, parts: Mapping[str, int]) -> None:
         if peak.index >= 0
         else {
             "end": "at the end of forward",
-            "loss": "in the loss's backward (its first chunk)",
+            "loss": "in the loss's backward"
+            + (" (its first chunk)" if e.request.training_options.loss_chunks else ""),
             "step": "in the optimizer step",
         }[peak.at]
     )
@@ -252,7 +253,9 @@ def explain_peak(e: Estimation, peak: Moment, parts: Mapping[str, int]) -> None:
             parts["buffers"],
             "B",
         )
-    offload = e.offload_terms.get("end" if peak.at == "loss" else peak.at)
+    offload = e.offload_terms.get(peak.at) or e.offload_terms.get(
+        "end" if peak.at == "loss" else ""
+    )
     if "activations" in parts and offload is not None:
         held = list(offload)
         if "outputs" in parts:  # the output is its own line at a backward peak (0 B remain)
@@ -261,7 +264,8 @@ def explain_peak(e: Estimation, peak: Moment, parts: Mapping[str, int]) -> None:
             [_term(size, words) for size, words in held], parts["activations"], "B: none"
         )
     elif "activations" in parts:
-        exclude = analysis.output_storage if "outputs" in parts else None
+        dropped = e.output_dropped and peak.at in ("backward", "loss")
+        exclude = analysis.output_storage if "outputs" in parts or dropped else None
         formulas["activations"] = f"[{where}] " + _sum(
             _live_groups(e, "end" if peak.at == "loss" else peak.at, peak.index, exclude),
             parts["activations"],

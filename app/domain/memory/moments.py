@@ -37,11 +37,14 @@ from app.domain.memory.liveness import (
     layer_gradient_bytes,
     offload_peaks,
 )
+from app.domain.memory.loss import NO_LOSS, LossTensors, loss_tensors
+from app.domain.memory.loss import SOURCE as LOSS_SOURCE
 from app.domain.memory.memo import layer_totals, memoised
 from app.domain.peft import LoraPlan
 from app.domain.precision import bytes_per_element, convention
 from app.domain.workload import (
     Checkpointing,
+    LossKind,
     Optimizer,
     Parallelism,
     TrainingOptionError,
@@ -79,6 +82,10 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
     temporaries_full, temp_note = step_temporaries.bytes, step_temporaries.note
     shard_words = _shard_words(par)
     temporaries = ceil_fraction(Fraction(temporaries_full, state_shard))
+    options = request.training_options
+    loss = 0 if options.loss is LossKind.LOGITS_SUM else loss_bytes(analysis, sizer)
+    logits_bytes = storage_plan.sizes.get(analysis.output_storage, 0)
+    loss_parts = NO_LOSS if options.loss_chunks else loss_tensors(analysis, logits_bytes, loss)
     e.step = StepTensors(
         grad_element=grad_element,
         grad_shard=grad_shard,
@@ -86,7 +93,9 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
         master_total=master,
         cache_total=params * plan.weight_cache // model_shard if plan.weight_cache else 0,
         labels_bytes=labels_bytes,
-        loss_bytes=loss_bytes(analysis, sizer),
+        loss_bytes=loss,
+        loss_upcast_bytes=loss_parts.upcast_bytes,
+        loss_grad_bytes=loss_parts.grad_bytes,
         temporaries_total=ceil_fraction(Fraction(temporaries_full, state_shard)),
         temporaries_largest=step_temporaries.layout is TemporariesLayout.LARGEST_TWICE,
         accumulate=request.accumulation_steps > 1 or request.training_options.keep_gradients,
@@ -126,8 +135,6 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
     if gathered:
         base["fsdp_buffers"] = gathered
     base.update(deepspeed_buffers(e))
-    loss = loss_bytes(analysis, sizer)
-    options = request.training_options
     in_backward = options.optimizer_in_backward
     accumulate = (
         request.accumulation_steps > 1 or lora is not None or options.keep_gradients
@@ -148,7 +155,13 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
     timeline = build_timeline(storage_plan)
     fwd_peak, end_bytes = forward_peak(storage_plan, timeline)
     fwd_end = Peak(activations=end_bytes)
-    bwd_peak = backward_peak(analysis, storage_plan, timeline, end_bytes, grad_layers, recompute)
+    # the loop keeps the loss, not the output: the logits die once the loss is computed
+    # (Trainer.compute_loss returns the loss alone, torchtune's recipes ``del logits``)
+    e.output_dropped = bool(loss_parts.grad_bytes) and _output_droppable(e)
+    dropped = storage_plan.sizes.get(analysis.output_storage, 0) if e.output_dropped else 0
+    bwd_peak = backward_peak(
+        analysis, storage_plan, timeline, end_bytes - dropped, grad_layers, recompute
+    )
     if options.activation_offload:
         off = offload_peaks(analysis, storage_plan, grad_layers, recompute)
         fwd_peak, fwd_end, bwd_peak = off.forward, off.end, off.backward
@@ -176,6 +189,8 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
     loss_moments: list[Peak] = []
     if options.loss_chunks is not None:
         fwd_end, loss_moments = _chunked_loss(e, end_bytes, loss, options.loss_chunks)
+    elif loss_parts.grad_bytes:
+        fwd_end, loss_moments = _hf_loss(e, fwd_end, loss_parts, dropped)
     if in_backward:
         bwd_peak = _in_backward(e, bwd_peak, shapes, grad_element, grad_shard, state_shard)
     held_grads = {"gradients": grad_bytes} if accumulate and not offloaded else {}
@@ -201,7 +216,9 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
             moment_at("forward", kept, fwd_peak, 0),
             moment_at("forward", kept, fwd_end, loss),
             *(moment_at("backward", kept, peak, loss) for peak in loss_moments),
-            moment_at("backward", kept, bwd_peak, loss),
+            # the log-probabilities die with LogSoftmaxBackward (the loss moment's) unless
+            # chunked: then each chunk's stay until its own backward
+            moment_at("backward", kept, bwd_peak, loss if options.loss_chunks else 0),
         ]
         if not in_backward and not offloaded:  # in backward / on the host: no GPU step
             moments.append(Moment(phase="optimizer_step", parts=dict(step_parts)))
@@ -373,6 +390,53 @@ def _in_backward(
         gradients=bwd_peak.gradients + grad,
         transient=bwd_peak.transient + temporaries,
     )
+
+
+def _output_droppable(e: Estimation) -> bool:
+    """Whether the caller's drop frees the output (pinned: held by the caller until then): no
+    layer keeps it, it is no model input, and no activation offloading (whose schedule holds
+    the output to the end)."""
+    plan, storage = e.storage_plan, e.analysis.output_storage
+    return (
+        not e.request.training_options.activation_offload
+        and storage not in plan.first_saver
+        and storage not in {bound.storage for bound in e.analysis.inputs}
+    )
+
+
+def _hf_loss(
+    e: Estimation, fwd_end: Peak, parts: LossTensors, dropped: int
+) -> tuple[Peak, list[Peak]]:
+    """Hugging Face's whole-sequence loss (:mod:`app.domain.memory.loss`): the fp32 upcast of
+    the logits is a transient at the forward's end; the loss's backward holds the gradients
+    of the log-probabilities (``nll_loss``) and of the upcast logits (``log_softmax``) beside
+    the kept log-probabilities, which ``LogSoftmaxBackward`` then releases: the later backward
+    moments hold no loss line. ``dropped``: the output's bytes, no longer held in backward."""
+    e.loss_transient = {
+        "loss": (2 * parts.grad_bytes, f"2 x {parts.grad_words} [{LOSS_SOURCE}]"),
+    }
+    e.assumptions.append(
+        "loss: Hugging Face's cross-entropy (token logits: ForCausalLMLoss, logits.float() "
+        "then F.cross_entropy); its fp32 gradients live in the loss's backward, the "
+        "log-probabilities until LogSoftmaxBackward"
+        + (
+            "; the loop keeps the loss, not the output: the logits are freed before backward "
+            "(Trainer.compute_loss, torchtune's del logits; loss=logits_sum for a loop that "
+            "sums the logits and holds them)"
+            if dropped
+            else ""
+        )
+    )
+    end = fwd_end
+    if parts.upcast_bytes:
+        e.loss_transient["end"] = (parts.upcast_bytes, f"{parts.upcast_words} [{LOSS_SOURCE}]")
+        end = replace(fwd_end, transient=fwd_end.transient + parts.upcast_bytes, at="end")
+    activations = fwd_end.activations - dropped
+    if "end" in e.offload_terms:  # offloaded: the last layers' copies have left as backward starts
+        e.offload_terms["loss"] = e.offload_terms["end"][:1]
+        activations = e.offload_terms["loss"][0][0]
+    at_loss = Peak(activations=activations, transient=2 * parts.grad_bytes)
+    return end, [replace(at_loss, at="loss")]
 
 
 def _chunked_loss(e: Estimation, end_bytes: int, loss: int, chunks: int) -> tuple[Peak, list[Peak]]:
