@@ -164,15 +164,20 @@ def _cases() -> Iterator[tuple[str, GraphAnalysis, M.MemoryRequest, bool]]:
     for slug, inputs, layers, bindings in _models():
         for mode in W.Mode:
             # Pinned to eager attention and every position's logits: the behaviour the
-            # snapshot was taken with.
-            analysis = analyze(
-                inputs,
-                layers,
-                bindings,
-                training=mode is W.Mode.TRAINING,
-                attention=W.Attention.EAGER,
-                logits=W.Logits.ALL,
-            )
+            # snapshot was taken with; analysed per runtime, as a request is (cuDNN's work
+            # spaces are CUDA's).
+            analyses = {
+                runtime: analyze(
+                    inputs,
+                    layers,
+                    bindings,
+                    training=mode is W.Mode.TRAINING,
+                    attention=W.Attention.EAGER,
+                    logits=W.Logits.ALL,
+                    runtime=runtime,
+                )
+                for runtime in W.Runtime
+            }
             precisions = [
                 Precision.FP32,
                 Precision.BF16,
@@ -187,7 +192,7 @@ def _cases() -> Iterator[tuple[str, GraphAnalysis, M.MemoryRequest, bool]]:
                         mode=mode, precision=precision, runtime=runtime, **variant
                     )
                     label = f"{slug}|{mode.value}|{precision.value}|{runtime.value}|{index}"
-                    yield label, analysis, request, index == 0
+                    yield label, analyses[runtime], request, index == 0
     yield from _default_cases()
 
 

@@ -24,6 +24,9 @@ QUANTIZABLE_OPS = frozenset(
 # Layers whose new saved tensors are internal (S x S scores, MLP intermediates): tensor
 # parallelism splits them, and their gradients are live inside the layer's backward.
 INTERNAL_TENSOR_OPS = frozenset({"attention", "mlp", "moe"})
+# Layers that run a cuBLAS GEMM on CUDA (their projections, not cuDNN): the first one of a
+# process allocates the cuBLAS workspaces (aten/src/ATen/cuda/CublasHandlePool.cpp).
+CUBLAS_GEMM_OPS = frozenset({"linear", "matmul", "attention", "mlp", "moe"})
 # Convolutions (oneDNN holds an output-sized buffer in their CPU forward; PyTorch 2.13 CPU
 # measured 2.03x the output for a stride-1 conv3d, more for strided (5.1x) and transposed
 # (3.0x) 3-d ones, which this one buffer understates).

@@ -111,16 +111,17 @@ def cuda_lines(e: Estimation, parts: dict[str, int]) -> None:
                 prefix_key=weights.key,
             )
 
-        if steady_from or e.plans is None:
+        if e.step is not None or e.plans is None:
             e.allocator = replayed()
         else:  # inference: the weights, the head, then the forward of (analysis, dtype, runtime)
             head = tuple(events[len(weights.events) : forward_from])
             e.allocator = memoised(
                 e.plans,
                 e.analysis,
-                ("replayed", *forward_events_key(e)[1:], weights.key, head, expandable),
+                ("replayed", *forward_events_key(e)[1:], weights.key, head, expandable,
+                 handles, overhead.workspace_bytes),
                 replayed,
-            )
+            )  # fmt: skip
         steady = e.allocator[1]
         rounding = max(0, steady.allocated_bytes - steady.requested_bytes)
         parts["allocator_rounding"] = rounding

@@ -20,6 +20,7 @@ from typing import NamedTuple
 
 from app.domain.graph.analysis import GraphAnalysis, LayerAnalysis
 from app.domain.graph.ops import Saved, TensorKind, Transient
+from app.domain.graph.ops.core import CUDNN_WORKSPACE
 from app.domain.graph.traits import CONV_OPS, INTERNAL_TENSOR_OPS
 from app.domain.memory.compiled import compiled_kept
 from app.domain.memory.formulas import Sizer
@@ -70,6 +71,24 @@ def _transient_bytes(layer: LayerAnalysis, sizer: Sizer, tp: int) -> int:
     return sum(
         sizer.storage_bytes(transient_numel(layer, t, tp), t.storage)
         for t in layer.result.transients
+    )
+
+
+def _cudnn_backward_workspace(layer: LayerAnalysis, sizer: Sizer, tp: int) -> int:
+    """Bytes of the work space a cuDNN convolution's or RNN's backward takes on CUDA: the
+    forward's. A convolution's (:func:`app.domain.graph.ops.convolution.
+    cudnn_conv_workspace_numel`) stands for the larger of the backward-data and backward-filter
+    calls, which run one after the other in ``cudnn_convolution_backward`` and each allocate
+    ``plan.getWorkspaceSize()`` through the caching allocator
+    (aten/src/ATen/native/cudnn/Conv_v8.cpp ``run_conv_plan``); the probe
+    (benchmarks/fidelity/cuda, ``cudnn_conv_transient``: a 3x3 64->64 conv at 56 px, batch 32,
+    H100) measured input + output + 3.0 MiB (fp32) and + 1.9 MiB (bf16) beyond the gradients.
+    An RNN's backward (RNN.cpp ``_cudnn_rnn_backward_input``) allocates the training work
+    space again (:mod:`app.domain.graph.ops.recurrent`)."""
+    return sum(
+        sizer.storage_bytes(transient_numel(layer, t, tp), t.storage)
+        for t in layer.result.transients
+        if t.label == CUDNN_WORKSPACE
     )
 
 
@@ -139,7 +158,9 @@ def _op_sizes(layer: LayerAnalysis, sizer: Sizer, request: MemoryRequest) -> OpS
         sizer.value_bytes(layer.output_numel, TensorKind.FLOAT) if layer.result.materialized else 0
     )
     backward_extra = (
-        _CPU_BACKWARD_EXTRA.get(layer.op, 0) * output if sizer.runtime is Runtime.CPU else 0
+        _CPU_BACKWARD_EXTRA.get(layer.op, 0) * output
+        if sizer.runtime is Runtime.CPU
+        else _cudnn_backward_workspace(layer, sizer, tp)
     )
     kept_inputs = tuple(
         dict.fromkeys(

@@ -8,14 +8,17 @@ import math
 from typing import Any
 
 from app.domain.graph.ops.core import (
+    CUDNN_WORKSPACE,
     OpContext,
     OpResult,
     Saved,
     Storage,
+    Transient,
     pair,
     require_float,
     require_rank,
 )
+from app.domain.workload import Runtime
 
 
 def _conv_out(size: int, kernel: int, stride: int, pad: int, dilation: int, ctx: OpContext) -> int:
@@ -52,6 +55,33 @@ def _check_channels(ctx: OpContext, in_channels: int, out_channels: int, groups:
         )
 
 
+def cudnn_conv_workspace_numel(
+    input_numel: int, output_numel: int, weight_numel: int, kernel_numel: int
+) -> int:
+    """Elements of the workspace one cuDNN 2-d convolution forward takes from PyTorch's
+    caching allocator on CUDA: the input and the output, plus the weight unless its kernel is
+    1x1 [elements of the compute dtype].
+
+    Source: aten/src/ATen/native/cudnn/Conv_v8.cpp (PyTorch 2.x, cuDNN >= 8): ``run_conv_plan``
+    allocates the chosen engine's ``plan.getWorkspaceSize()`` bytes through
+    ``c10::cuda::CUDACachingAllocator`` for the call and frees them after it, so they count in
+    ``max_memory_allocated``; without ``cudnn.benchmark`` the plan is the first heuristic
+    (``CUDNN_HEUR_MODE_INSTANT``) engine that runs. cuDNN does not document the sizes; on an
+    H100 (torch 2.11, cuDNN 9.19, benchmarks/fidelity/cuda) they are those of NHWC copies of
+    the NCHW tensors (our reading; a 1x1 weight is the same in both layouts):
+    VGG-16 inference peaks in conv1_2 (64->64, 3x3, 224 px) at input + output + this work space
+    to the byte (+512 B of rounding) at batch 8 and 32 in fp32 and at batch 1 and 32 in bf16
+    (batch 8 bf16: 1 MiB more); ResNet-50 fp32 at batch 32 peaks at 3.5 x its 256x56x56
+    activation, a layer1 1x1 conv's input + output + a work space of both. Engines differ by
+    shape, so the rule is an upper bound where a leaner engine wins: VGG-16 fp32 at batch 1
+    and the probe's 3x3 64->64 conv at 56 px in fp32 took input + weight only, MobileNetV2's
+    16->96 1x1 expansion at most its output (3 MiB more). ``cudnn.benchmark`` chose engines of
+    the same work space in the probe (``cudnn_conv_transient``).
+    """
+    weight = weight_numel if kernel_numel > 1 else 0
+    return input_numel + output_numel + weight
+
+
 def _conv(
     ctx: OpContext,
     out_channels: int,
@@ -59,6 +89,7 @@ def _conv(
     groups: int,
     bias: bool,
     spatial_dims: int = 2,
+    cudnn: bool = True,
 ) -> OpResult:
     require_rank(ctx, spatial_dims + 2, _CONV_LAYOUTS[spatial_dims])
     require_float(ctx)
@@ -83,11 +114,19 @@ def _conv(
     weight = (out_channels, c // groups, *kernels)
     params = (weight, (out_channels,)) if bias else (weight,)
     macs = n * out_channels * math.prod(out_sizes) * (c // groups) * math.prod(kernels)
+    transients: tuple[Transient, ...] = ()
+    if cudnn and spatial_dims == 2 and ctx.runtime is Runtime.CUDA:
+        workspace = cudnn_conv_workspace_numel(
+            ctx.x.numel, n * out_channels * math.prod(out_sizes), math.prod(weight),
+            math.prod(kernels),
+        )  # fmt: skip
+        transients = (Transient(label=CUDNN_WORKSPACE, numel=workspace),)
     return OpResult(
         shape=(n, out_channels, *out_sizes),
         param_shapes=params,
         flops=2 * macs,
         saved=(Saved(label="input", source="in0", numel=ctx.x.numel),),
+        transients=transients,
     )
 
 
@@ -109,11 +148,17 @@ def conv2d(ctx: OpContext) -> OpResult:
 
 
 def depthwise_conv2d(ctx: OpContext) -> OpResult:
-    """Depthwise convolution: groups = in_channels."""
+    """Depthwise convolution: groups = in_channels.
+
+    On CUDA PyTorch runs it with its own kernel (``conv_depthwise2d``), not cuDNN, for fp32
+    and bf16 (aten/src/ATen/native/Convolution.cpp ``use_cudnn_depthwise``: cuDNN only for
+    fp16 inputs of some shapes, or channels-last), so no cuDNN workspace is charged; the fp16
+    cuDNN case is not modelled.
+    """
     require_rank(ctx, 4, "N, C, H, W")
     channels = ctx.x.shape[1]
     out = channels * ctx.attr("channel_multiplier", 1)
-    return _conv(ctx, out, ctx.attrs["kernel_size"], channels, ctx.attr("bias", True))
+    return _conv(ctx, out, ctx.attrs["kernel_size"], channels, ctx.attr("bias", True), cudnn=False)
 
 
 def pointwise_conv2d(ctx: OpContext) -> OpResult:

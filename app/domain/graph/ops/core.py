@@ -51,6 +51,11 @@ class Saved:
     storage: Storage = Storage.ACT
 
 
+# The label of a cuDNN work space transient (convolutions, RNNs on CUDA): taken from the caching
+# allocator per call, in the forward and again in the backward (app.domain.memory.liveness).
+CUDNN_WORKSPACE = "cudnn_workspace"
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Transient:
     """A tensor that exists only inside the op's forward (its internal peak)."""

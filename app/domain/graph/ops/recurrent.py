@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from app.domain.graph.ops.core import (
+    CUDNN_WORKSPACE,
     OpContext,
     OpResult,
     Saved,
@@ -19,6 +20,25 @@ from app.domain.workload import (
 )
 
 _RNN_WORKSPACE_PER_GATE = 15.585 / 4  # workspace floats per output element per gate
+
+# cuDNN's RNN on CUDA (aten/src/ATen/native/cudnn/RNN.cpp ``_cudnn_rnn``): a batch-first input
+# is transposed and copied (``input.transpose(0, 1)`` then ``x = input.contiguous()``, freed
+# after the call); the work space of ``cudnnGetRNNTempSpaceSizes`` is an ``at::empty`` from
+# the caching allocator for the call; in training (``fn_train``: the module in train mode) the
+# reserve space too, which autograd keeps for the backward. cuDNN documents no formula ("RNN
+# temporary buffer sizes are not monotonic"), so the sizes are fitted on the LSTM classifier
+# (128 -> 256, sequence 128, fp32) measured on an H100 (torch 2.11, cuDNN 9.19,
+# benchmarks/fidelity/cuda): the work space has a part independent of the batch, the same in
+# inference and training, and a part per output element. Inference (batch 8 and 32, both
+# fitted: 16,777,216 and 34,316,288 B work space): 10,930,859 B + 5.5755 floats per output
+# element. Training: the fixed work space (again in the backward, whose ``_cudnn_rnn_backward_*``
+# allocate it too) and a reserve of 11.93 floats per output element kept for the backward,
+# fitted on the batch-32 training rows (max_memory_allocated to 0.0 %); held out, the batch-8
+# training rows come out -0.1 %. Scaled by gates / 4 for GRU and Elman RNNs and per layer: not
+# measured.
+CUDNN_RNN_FIXED_WORKSPACE_FLOATS = 2_732_715  # 10,930,860 B per layer
+_CUDNN_RNN_WORKSPACE_PER_GATE = 5.5755 / 4  # inference work space floats / output elem / gate
+_CUDNN_RNN_RESERVE_PER_GATE = 11.93 / 4  # training reserve floats per output element per gate
 
 
 # PyTorch's CPU GRU and vanilla RNN run its native cell step by step (only LSTM goes to oneDNN):
@@ -62,6 +82,31 @@ def _native_cell(ctx: OpContext, gates: int, result: OpResult) -> OpResult:
     return replace(result, saved=saved, transients=(input_gates, final_state))
 
 
+def _cudnn(ctx: OpContext, gates: int, result: OpResult) -> OpResult:
+    """``result`` (the oneDNN form) with cuDNN's tensors on CUDA instead: the seq-first input
+    copy and the work space for the call, and in training the reserve space kept for the
+    backward besides the input and output (``_cudnn_rnn``'s autograd node saves them)."""
+    out_numel = math.prod(result.shape)
+    layers = ctx.attr("num_layers", 1)
+    fixed = Transient(
+        label=CUDNN_WORKSPACE,
+        numel=CUDNN_RNN_FIXED_WORKSPACE_FLOATS * layers,
+        storage=Storage.FP32,
+    )
+    input_copy = Transient(label="input_seq_first", numel=ctx.x.numel)
+    if not ctx.training:
+        per_element = math.ceil(out_numel * layers * _CUDNN_RNN_WORKSPACE_PER_GATE * gates)
+        workspace = replace(fixed, numel=fixed.numel + per_element)
+        return replace(result, saved=(), transients=(input_copy, workspace))
+    reserve = math.ceil(out_numel * layers * _CUDNN_RNN_RESERVE_PER_GATE * gates)
+    saved = (
+        Saved(label="input", source="in0", numel=ctx.x.numel),
+        Saved(label="output", source="out", numel=out_numel),
+        Saved(label="reserve", source="new", numel=reserve, storage=Storage.FP32),
+    )
+    return replace(result, saved=saved, transients=(input_copy, fixed))
+
+
 def _recurrent(gates: int) -> Callable[[OpContext], OpResult]:
     def run(ctx: OpContext) -> OpResult:
         require_float(ctx)
@@ -84,9 +129,8 @@ def _recurrent(gates: int) -> Callable[[OpContext], OpResult]:
         out_numel = n * seq * size * directions
         # oneDNN's RNN layer keeps its input, output and a byte workspace of ~15.6 floats per
         # output element per layer (gates and states of every step; measured for LSTM on
-        # PyTorch 2.13 CPU), and briefly ~4.5 outputs more; on CUDA, cuDNN's reserve space for
-        # every cell is assumed alike, scaled by gates (not measured). GRU and RNN on CPU run
-        # PyTorch's native cell instead (_native_cell).
+        # PyTorch 2.13 CPU), and briefly ~4.5 outputs more. GRU and RNN on CPU run PyTorch's
+        # native cell instead (_native_cell); on CUDA, cuDNN's tensors (_cudnn).
         workspace = math.ceil(out_numel * layers * _RNN_WORKSPACE_PER_GATE * gates)
         result = OpResult(
             shape=(n, seq, size * directions),
@@ -101,7 +145,9 @@ def _recurrent(gates: int) -> Callable[[OpContext], OpResult]:
                 Transient(label="layer_buffers", numel=math.ceil(4.5 * out_numel * layers)),
             ),
         )
-        if gates in _NATIVE_CELL_SAVED and ctx.runtime is Runtime.CPU:
+        if ctx.runtime is Runtime.CUDA:
+            return _cudnn(ctx, gates, result)
+        if gates in _NATIVE_CELL_SAVED:
             return _native_cell(ctx, gates, result)
         return result
 
