@@ -483,6 +483,8 @@ DEFAULTS: tuple[DefaultRule, ...] = (
     DefaultRule("tokens_per_batch", "none: batch x sequence_length, padded",
                 "training; packed documents when set"),
     DefaultRule("keep_gradients", "false: zero_grad(set_to_none=True)", "PyTorch 2.x default"),
+    DefaultRule("keep_outputs", "false: the loop keeps the loss, not the model's outputs",
+                "training; Trainer.compute_loss, torchtune's del logits"),
     DefaultRule("activation_offload", "false", "training on CUDA"),
     DefaultRule("parallelism.cpu_offload", "false", "ZeRO-3 / FSDP on CUDA"),
     DefaultRule("compile", "false: eager mode", "torch.compile (Inductor, mode default) when "
@@ -533,6 +535,9 @@ class TrainingOptions:
     tensors saved for backward kept in pinned host memory (torchtune ``OffloadActivations``).
     ``loss``: ``cross_entropy`` (Hugging Face's, app.domain.memory.loss) or ``logits_sum``
     (``outputs.logits.sum().backward()``: no log-probabilities, no upcast).
+    ``keep_outputs``: the loop holds the model's outputs (``outputs = model(**batch)``): the
+    logits (and the key/value cache a decoder returns) live through the backward and until the
+    next step's forward returns, when ``outputs`` is rebound.
     ``compile``: the model runs under ``torch.compile`` (Inductor, mode "default"): what each
     layer keeps for backward follows Inductor's partitioner (app.domain.memory.compiled);
     accepted at inference too, where it changes no line (nothing is kept for backward).
@@ -545,6 +550,7 @@ class TrainingOptions:
     activation_offload: bool = False
     compile: bool = False  # not in used(): an inference option as well
     loss: LossKind = LossKind.CROSS_ENTROPY
+    keep_outputs: bool = False
 
     def used(self) -> list[str]:
         """The training-only options set away from their defaults."""
@@ -557,6 +563,7 @@ class TrainingOptions:
                 ("keep_gradients", self.keep_gradients),
                 ("activation_offload", self.activation_offload),
                 ("loss", self.loss is not LossKind.CROSS_ENTROPY),
+                ("keep_outputs", self.keep_outputs),
             )
             if value
         ]

@@ -395,6 +395,15 @@ class WorkloadInput(Schema):
         examples=[False],
     )
 
+    keep_outputs: bool = Field(
+        default=False,
+        description="Training: the loop holds the model's outputs (`outputs = model(**batch)`; "
+        "`loss = outputs.loss`): the logits (and the key/value cache a decoder returns, "
+        "`use_cache` without checkpointing) stay through the backward and until the next "
+        "step's forward returns, when `outputs` is rebound. Default: the loop keeps the loss "
+        "alone (Trainer.compute_loss, torchtune's `del logits`).",
+        examples=[False],
+    )
     activation_offload: bool = Field(
         default=False,
         description="Training on CUDA: tensors saved for backward are copied to pinned host "
@@ -486,6 +495,7 @@ _TRAINING_OPTIONS = (
     "loss_chunks",
     "tokens_per_batch",
     "keep_gradients",
+    "keep_outputs",
     "activation_offload",
 )
 

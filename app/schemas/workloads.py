@@ -84,6 +84,12 @@ class WorkloadOptions(Schema):
         description="Training: `zero_grad(set_to_none=False)`, as for `POST /v1/estimates/memory`.",
         examples=[False],
     )
+    keep_outputs: bool = Field(
+        default=False,
+        description="Training: the loop holds the model's outputs until the next step's "
+        "forward returns, as for `POST /v1/estimates/memory`.",
+        examples=[False],
+    )
     activation_offload: bool = Field(
         default=False,
         description="Training on CUDA: saved tensors offloaded to pinned host memory, as for "

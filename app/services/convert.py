@@ -505,6 +505,7 @@ def domain_workload(spec: WorkloadInput, runtime: Runtime | None = None) -> Doma
                 loss=spec.loss,
                 tokens_per_batch=spec.tokens_per_batch,
                 keep_gradients=spec.keep_gradients,
+                keep_outputs=spec.keep_outputs,
                 activation_offload=spec.activation_offload,
                 compile=spec.compile,
             ),

@@ -112,6 +112,21 @@ def test_packed_tokens_per_batch(client: ApiClient) -> None:
     assert any("packed sequences" in a for a in body["assumptions"])
 
 
+def test_keep_outputs(client: ApiClient) -> None:
+    """The loop holds ``outputs``: the previous step's logits (1,024 tokens x 1,000 fp32
+    values; the toy model returns no key/value cache) join the steady forward."""
+    plain = _post(client, {**LM, "loss": "logits_sum"})
+    held = _post(client, {**LM, "loss": "logits_sum", "keep_outputs": True})
+    logits = 1024 * 1000 * 4
+    assert held["phase_peaks"]["forward"] == plain["phase_peaks"]["forward"] + logits
+    assert held["phase_peaks"]["backward"] == plain["phase_peaks"]["backward"]
+    assert any("keep_outputs" in text for text in held["assumptions"])
+    # with Hugging Face's loss the loop no longer drops the logits before the backward
+    dropped = _post(client, LM)
+    kept = _post(client, {**LM, "keep_outputs": True})
+    assert kept["phase_peaks"]["backward"] == dropped["phase_peaks"]["backward"] + logits
+
+
 def test_keep_gradients(client: ApiClient) -> None:
     kept = _post(client, {**CHAIN, "keep_gradients": True})
     freed = _post(client, CHAIN)
@@ -174,6 +189,8 @@ def test_zero3_cpu_offload_reports_the_host_shards(client: ApiClient) -> None:
         ({**LM, "mode": "inference", "loss_chunks": 2}, "/loss_chunks", "training"),
         ({**LM, "loss": "mse"}, "/loss", "cross_entropy"),
         ({**LM, "mode": "inference", "loss": "logits_sum"}, "/loss", "training"),
+        ({**LM, "mode": "inference", "keep_outputs": True}, "/keep_outputs", "training"),
+        ({**LM, "keep_outputs": "maybe"}, "/keep_outputs", "bool"),
         ({**LM, "loss": "logits_sum", "loss_chunks": 2}, "/loss", "nothing to chunk"),
         (
             {**CHAIN, "batch_size": 2, "micro_batch_size": 1, "optimizer_in_backward": True},

@@ -28,6 +28,7 @@ OPTION_SETS: list[dict[str, Any]] = [
     {"activation_offload": True, "checkpointing": "none"},
     {"parallelism": {"data": 2, "zero_stage": 3, "cpu_offload": True}},
     {"compile": True},
+    {"keep_outputs": True, "loss": "logits_sum"},
     {"loss": "logits_sum"},
     # DeepSpeed ZeRO-3 offload on one GPU, its reduce bucket resized
     {

@@ -562,7 +562,13 @@ def step_allocator_events(
             steady_from = gathered_from = len(events)
             for size in gathered:
                 add(("alloc", len(events), size))
+            # keep_outputs: the previous step's outputs, freed once this forward returns
+            previous = []
+            for size in e.previous_outputs:
+                previous.append(len(events))
+                add(("alloc", previous[-1], size))
             events.extend(forward)
+            events.extend(("free", key, 0) for key in previous)
         live = set(forward_live)
         if step.loss_bytes:  # HF ForCausalLMLoss: logits.float(), then log_softmax keeps its
             upcast = len(events)  # output; the fp32 copy dies when the loss function returns

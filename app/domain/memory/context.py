@@ -57,6 +57,8 @@ class Estimation:
     step: StepTensors | None = None  # training: the step's tensors, for the allocator replay
     allocator: tuple[AllocatorPeaks, AllocatorPeaks] | None = None  # first, steady iteration
     kv_bytes: int = 0  # inference: the KV cache
+    # keep_outputs: the previous step's outputs held through the forward (logits, K/V tensors)
+    previous_outputs: list[int] = field(default_factory=list)
     comm_buffers: list[int] = field(default_factory=list)  # DDP buckets / FSDP gather buffers
     replays: ReplayMemo | None = None  # the caller's memo of allocator states after the weights
     plans: PlanMemo | None = None  # the caller's memo of what one analysis derives

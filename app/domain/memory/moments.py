@@ -157,7 +157,9 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
     fwd_end = Peak(activations=end_bytes)
     # the loop keeps the loss, not the output: the logits die once the loss is computed
     # (Trainer.compute_loss returns the loss alone, torchtune's recipes ``del logits``)
-    e.output_dropped = bool(loss_parts.grad_bytes) and _output_droppable(e)
+    e.output_dropped = (
+        bool(loss_parts.grad_bytes) and _output_droppable(e) and not options.keep_outputs
+    )
     dropped = storage_plan.sizes.get(analysis.output_storage, 0) if e.output_dropped else 0
     bwd_peak = backward_peak(
         analysis, storage_plan, timeline, end_bytes - dropped, grad_layers, recompute
@@ -194,6 +196,7 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
     if in_backward:
         bwd_peak = _in_backward(e, bwd_peak, shapes, grad_element, grad_shard, state_shard)
     held_grads = {"gradients": grad_bytes} if accumulate and not offloaded else {}
+    previous = _previous_outputs(e, logits_bytes) if options.keep_outputs else 0
     step_parts = {
         **lines_static,
         **({"ddp_buckets": buckets} if buckets else {}),
@@ -212,9 +215,11 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
             static["optimizer_state"] = state_bytes
             kept = {**static, "adapter_activations": adapter_saved} if adapter_saved else static
         kept = {**kept, "adapter_transient": adapter_temp} if adapter_temp else kept
+        # keep_outputs: the previous step's outputs live until this forward returns
+        forward_kept = {**kept, "previous_outputs": previous} if steady and previous else kept
         moments = [
-            moment_at("forward", kept, fwd_peak, 0),
-            moment_at("forward", kept, fwd_end, loss),
+            moment_at("forward", forward_kept, fwd_peak, 0),
+            moment_at("forward", forward_kept, fwd_end, loss),
             *(moment_at("backward", kept, peak, loss) for peak in loss_moments),
             # the log-probabilities die with LogSoftmaxBackward (the loss moment's) unless
             # chunked: then each chunk's stay until its own backward
@@ -390,6 +395,46 @@ def _in_backward(
         gradients=bwd_peak.gradients + grad,
         transient=bwd_peak.transient + temporaries,
     )
+
+
+def _previous_outputs(e: Estimation, logits_bytes: int) -> int:
+    """keep_outputs: what the previous step's ``outputs`` holds through this step's forward
+    (Python rebinds ``outputs = model(**batch)`` once the call returns): the logits, and a
+    decoder's returned key/value cache (transformers returns one in training when
+    ``use_cache`` is on, which its models turn off under gradient checkpointing), one K and one
+    V per layer over the batch's tokens in the activations' dtype, split like the KV cache.
+    Stated approximation: in the step that made them the cached keys and values are charged
+    with the tensors the attention saves, freed at that layer's backward (the cache keeps them
+    to the step's end)."""
+    request, analysis = e.request, e.analysis
+    words = [f"{logits_bytes:,} [B: the previous step's logits]"]
+    total = logits_bytes
+    tensors = [logits_bytes]
+    if analysis.is_decoder and request.checkpointing is Checkpointing.NONE:
+        numel = layer_totals(e.plans, analysis).kv_cache_numel
+        element = int(bytes_per_element(convention(request.precision).kv_cache_dtype))
+        shard = request.parallelism.tensor * request.parallelism.pipeline
+        cache = kv_cache_bytes(numel, element, shard)
+        count = 2 * layer_totals(e.plans, analysis).kv_layers  # a K and a V per layer
+        if count:
+            tensors += [cache // count] * (count - 1) + [cache - cache // count * (count - 1)]
+        total = logits_bytes + cache
+        words.append(
+            f"ceil({numel:,} [elements: its returned key/value cache, 2 x layers x kv_heads x "
+            f"head_dim x tokens] x {element} [B] / {shard} [tensor x pipeline])"
+        )
+    e.previous_outputs = tensors
+    e.formulas["previous_outputs"] = f"{' + '.join(words)} = {total:,} B"
+    e.notes["previous_outputs"] = [
+        "keep_outputs: `outputs = model(**batch)` is rebound only when the next forward "
+        "returns, so the previous step's outputs are alive through this step's forward"
+    ]
+    e.assumptions.append(
+        "keep_outputs: the loop holds the model's outputs; the logits stay through the "
+        "backward, and the previous step's outputs (logits, a decoder's returned key/value "
+        "cache) through the next step's forward (steady state)"
+    )
+    return total
 
 
 def _output_droppable(e: Estimation) -> bool:

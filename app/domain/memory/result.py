@@ -95,7 +95,7 @@ class CudaMemory:
 LINE_ORDER = (
     "weights", "adapter_weights", "master_weights", "weight_cast_cache", "gradients",
     "ddp_buckets", "fsdp_buffers", "zero_gathered_params", "zero_reduce_bucket",
-    "optimizer_state", "buffers", "inputs", "outputs",
+    "optimizer_state", "buffers", "inputs", "outputs", "previous_outputs",
     "activations", "adapter_activations", "adapter_transient", "loss", "transient", "kv_cache",
     "workspace",
     "allocator_rounding", "fragmentation_reserve", "cuda_context",
