@@ -283,20 +283,20 @@ def _percentile(values: list[float], share: float) -> float:
     return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
 
 
+def cell(r: Row, figure: str) -> str:
+    """One figure's cell: measured / estimated MiB / error %, or "-" with no measurement."""
+    error = r.error_pct(figure)
+    if error is None:
+        return "-"
+    return f"{r.measured[figure] / 2**20:,.1f} / {r.estimated[figure] / 2**20:,.1f} / {error:+.1f}"
+
+
 def render(rows: list[Row]) -> tuple[str, bool]:
     """The results table and summary, and whether every target is met."""
     lines = [
         "| configuration | allocated MiB (meas / est / err %) | reserved MiB | device total MiB |",
         "|---|---|---|---|",
     ]
-
-    def cell(r: Row, figure: str) -> str:
-        error = r.error_pct(figure)
-        if error is None:
-            return "-"
-        return (
-            f"{r.measured[figure] / 2**20:,.1f} / {r.estimated[figure] / 2**20:,.1f} / {error:+.1f}"
-        )
 
     for r in rows:
         lines.append(
@@ -392,14 +392,6 @@ def render_peft(rows: list[Row], records: list[dict[str, Any]], by_key: dict[str
         "saving MiB (meas / est / err %) |",
         "|---|---|---|---|---|---|---|---|",
     ]
-
-    def cell(r: Row, figure: str) -> str:
-        error = r.error_pct(figure)
-        if error is None:
-            return "-"
-        return (
-            f"{r.measured[figure] / 2**20:,.1f} / {r.estimated[figure] / 2**20:,.1f} / {error:+.1f}"
-        )
 
     ratio_errors: list[float] = []
     for r, record in zip(rows, records, strict=True):
