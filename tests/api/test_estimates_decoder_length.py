@@ -48,8 +48,9 @@ def test_a_shorter_decoder_keeps_fewer_activations(client: ApiClient) -> None:
     short = _lines(_estimate(client, {"model": "t5", **LORA, "decoder_sequence_length": 4}))
     assert short["weights"] == default["weights"]
     assert short["activations"] < default["activations"]
-    # the LM head's logits: 4 x 4 x 32,128 fp32 values instead of 4 x 64 x 32,128
-    assert short["outputs"] * 16 == default["outputs"] == 4 * 64 * 32128 * 4
+    # the loss's fp32 log-probabilities over the LM head's logits: 4 x 4 x 32,128 values
+    # instead of 4 x 64 x 32,128 (the logits themselves are dropped before the backward)
+    assert short["loss"] * 16 == default["loss"] == 4 * 64 * 32128 * 4
 
 
 def test_decoder_length_on_a_model_without_a_decoder_is_a_422(client: ApiClient) -> None:

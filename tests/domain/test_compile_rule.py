@@ -95,15 +95,16 @@ def test_compile_moves_the_peak_by_the_dropped_tensors() -> None:
     eager, compiled = (_estimate(compile=flag, runtime=Runtime.CPU) for flag in (False, True))
     x, wide = ROWS * D, ROWS * INNER
     assert eager.peak_phase == compiled.peak_phase == "backward"
-    # the peak is the MLP's backward: live are the MLP's kept tensors, what `norm` keeps, its
-    # output (the MLP's input, 256 x 2 B) and the caller's x (256 x 2 B); norm2 and the
-    # dropout have run their backward. Eager: 4 x 512 x 2 + (256 x 4 + 256 x 2 + 16 x 4) +
-    # 512 + 512 = 6,720 B. Compiled: 3 x 512 x 2 + 16 x 4 (norm's input is x itself) + 512 +
-    # 512 = 4,160 B
+    # the peak is the MLP's backward: live are the MLP's kept tensors, what `norm` keeps and
+    # its output (the MLP's input, 256 x 2 B); the caller's x (256 x 2 B) is the inputs line
+    # (until issue 32 counted each input once, the activations held it too: 512 B more each);
+    # norm2 and the dropout have run their backward. Eager: 4 x 512 x 2 + (256 x 4 + 256 x 2
+    # + 16 x 4) + 512 = 6,208 B. Compiled: 3 x 512 x 2 + 16 x 4 (norm's input is x itself) +
+    # 512 = 3,648 B
     lines = [{line.key: line.bytes for line in e.lines} for e in (eager, compiled)]
-    assert lines[0]["activations"] == 4 * wide * 2 + (x * 4 + x * 2 + ROWS * 4) + 2 * x * 2
-    assert lines[0]["activations"] == 6_720
-    assert lines[1]["activations"] == 3 * wide * 2 + ROWS * 4 + 2 * x * 2 == 4_160
+    assert lines[0]["activations"] == 4 * wide * 2 + (x * 4 + x * 2 + ROWS * 4) + x * 2
+    assert lines[0]["activations"] == 6_208
+    assert lines[1]["activations"] == 3 * wide * 2 + ROWS * 4 + x * 2 == 3_648
     assert {k: v for k, v in lines[0].items() if k != "activations"} == {
         k: v for k, v in lines[1].items() if k != "activations"
     }

@@ -177,13 +177,16 @@ class _State:
 DERIVED_DIMS: Mapping[str, str] = {"decoder_seq": "seq"}
 
 
-def with_derived_dims(bindings: Mapping[str, int]) -> dict[str, int]:
-    """``bindings`` plus each :data:`DERIVED_DIMS` symbol it leaves unbound, at the value of the
-    symbol it follows (when that one is bound)."""
+def with_derived_dims(bindings: Mapping[str, int], inputs: Sequence[InputDecl]) -> dict[str, int]:
+    """``bindings`` plus each :data:`DERIVED_DIMS` symbol the ``inputs`` declare and
+    ``bindings`` leave unbound, at the value of the symbol it follows (when that one is bound).
+    A graph whose inputs name no derived symbol gets none (its errors list only what the caller
+    bound)."""
+    declared = {dim for decl in inputs for dim in decl.shape if isinstance(dim, str)}
     derived = {
         dim: bindings[source]
         for dim, source in DERIVED_DIMS.items()
-        if dim not in bindings and source in bindings
+        if dim in declared and dim not in bindings and source in bindings
     }
     return {**bindings, **derived}
 
@@ -231,7 +234,7 @@ def analyze(
         Naming the layer and field of the first shape mismatch, unbound symbol or bad size.
     """
     validate_graph(layers, [decl.name for decl in inputs])
-    bindings = with_derived_dims(bindings)
+    bindings = with_derived_dims(bindings, inputs)
     decoder = _has_causal_attention(layers)
     head = None
     if decoder and not training and logits is Logits.LAST:
