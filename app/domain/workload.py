@@ -457,6 +457,8 @@ DEFAULTS: tuple[DefaultRule, ...] = (
                 "what serving and training stacks run on GPUs"),
     DefaultRule("sequence_length", "the model's `seq` default binding",
                 "echoed in defaults_used: never silent"),
+    DefaultRule("decoder_sequence_length", "sequence_length: the decoder as long as the input",
+                "encoder-decoder models (decoder_seq follows seq); echoed in defaults_used"),
     DefaultRule("image_size", "the model's `image` default binding",
                 "echoed in defaults_used: never silent"),
     DefaultRule("micro_batch_size", "batch_size", "no gradient accumulation"),

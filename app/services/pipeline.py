@@ -141,6 +141,7 @@ class EstimateRun:
     resolved: ResolvedWorkload
     context_default: str = ""  # CUDA: what the CUDA context table's default assumed
     checkpoint_default: DefaultUsedRow | None = None  # precision from a checkpoint's dtype
+    decoder_default: DefaultUsedRow | None = None  # an encoder-decoder's decoder length
 
     @property
     def attention(self) -> list[str]:
@@ -155,6 +156,8 @@ class EstimateRun:
         ]
         if self.checkpoint_default is not None:
             rows.append(self.checkpoint_default)
+        if self.decoder_default is not None:
+            rows.append(self.decoder_default)
         if self.resolved.attention is None and self.analysis.attention_used:
             value = ", ".join(impl.value for impl, _ in self.analysis.attention_used)
             why = "; ".join(why for _, why in self.analysis.attention_used)
@@ -206,12 +209,17 @@ def run_estimate(
     )
 
 
+def _declares(inputs: Sequence[Mapping[str, Any]], symbol: str) -> bool:
+    """Whether an input's shape names ``symbol``."""
+    return any(symbol in item.get("shape", ()) for item in inputs)
+
+
 def check_decoder_length(inputs: Sequence[Mapping[str, Any]], spec: WorkloadInput) -> None:
     """A 422 naming ``decoder_sequence_length`` for a model with no ``decoder_seq`` dim (no
     decoder input: an encoder or a decoder-only model)."""
     if spec.decoder_sequence_length is None:
         return
-    if not any("decoder_seq" in item.get("shape", ()) for item in inputs):
+    if not _declares(inputs, "decoder_seq"):
         raise InvalidInput(
             "decoder_sequence_length binds an encoder-decoder's decoder_seq dim; this model "
             "has no decoder input (no input shape names decoder_seq): use sequence_length",
@@ -268,6 +276,13 @@ def estimate_graph(
         raise InvalidInput(str(exc), pointer=f"/{exc.field}") from exc
     batch, micro = resolved.batch_size, resolved.micro_batch_size
     bindings = dict(resolved.bindings)
+    decoder_default = None
+    if "seq" in bindings and "decoder_seq" not in bindings and _declares(inputs, "decoder_seq"):
+        decoder_default = DefaultUsedRow(
+            option="decoder_sequence_length",
+            value=str(bindings["seq"]),
+            reason="the decoder as long as the input: decoder_seq follows seq",
+        )
     analysis = analyze_graph(
         inputs, layers, bindings, training=spec.mode is Mode.TRAINING, resolved=resolved
     )
@@ -321,6 +336,7 @@ def estimate_graph(
         resolved=resolved,
         context_default=overhead.context_default,
         checkpoint_default=checkpoint_default,
+        decoder_default=decoder_default,
     )
     if cache_key is not None and len(analysis.layers) <= CACHED_RUN_MAX_LAYERS:
         _CACHE.put(cache_key, run)

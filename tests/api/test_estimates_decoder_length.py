@@ -40,6 +40,9 @@ def test_the_decoder_length_defaults_to_the_sequence_length(client: ApiClient) -
     same = _estimate(client, {"model": "t5", **TRAINING, "decoder_sequence_length": 64})
     assert default["peak_bytes"] == same["peak_bytes"]
     assert _lines(default) == _lines(same)
+    echoed = {row["option"]: row["value"] for row in default["defaults_used"]}
+    assert echoed["decoder_sequence_length"] == "64"
+    assert "decoder_sequence_length" not in {row["option"] for row in same["defaults_used"]}
 
 
 def test_a_shorter_decoder_keeps_fewer_activations(client: ApiClient) -> None:
