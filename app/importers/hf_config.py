@@ -18,7 +18,7 @@ from app.domain.graph.format import BLOCK_INPUT
 from app.domain.zoo import transformers as builders
 from app.importers.hf_common import Built, _Config, _heads, _kv_heads
 from app.importers.hf_families import FAMILY_BUILDERS, FAMILY_CLASSES
-from app.importers.hf_t5 import t5_conditional_generation
+from app.importers.hf_t5 import t5_conditional_generation, t5_feed_forward
 from app.importers.result import (
     ImportedGraph,
     ImportRejected,
@@ -573,13 +573,7 @@ def _t5(config: _Config, model_type: str) -> Built:
     (``T5EncoderModel``) when ``architectures`` names that class."""
     if "T5EncoderModel" not in config.architectures():
         return t5_conditional_generation(config)
-    projection = config.text("feed_forward_proj", "relu")
-    if projection not in ("relu", "gated-gelu", "gated-silu"):
-        raise ImportRejected(
-            f"feed_forward_proj {projection!r} is not supported; use relu, gated-gelu or "
-            "gated-silu",
-            pointer="/config/feed_forward_proj",
-        )
+    projection = t5_feed_forward(config)
     hidden = config.size("d_model")
     heads = config.size("num_heads")
     graph = builders.t5_encoder(

@@ -105,8 +105,9 @@ def _cross_attention(hidden: int, heads: int, head_dim: int, dropout: float) -> 
     ]  # fmt: skip
 
 
-def t5_conditional_generation(config: _Config) -> Built:
-    """``T5ForConditionalGeneration`` from a ``t5`` config (see the module docstring)."""
+def t5_feed_forward(config: _Config) -> str:
+    """The config's ``feed_forward_proj`` (T5's MLP: relu, or a gated gelu / silu), rejected
+    with a 422 naming it when the importer has no such block."""
     projection = config.text("feed_forward_proj", "relu")
     if projection not in ("relu", "gated-gelu", "gated-silu"):
         raise ImportRejected(
@@ -114,6 +115,12 @@ def t5_conditional_generation(config: _Config) -> Built:
             "gated-silu",
             pointer="/config/feed_forward_proj",
         )
+    return projection
+
+
+def t5_conditional_generation(config: _Config) -> Built:
+    """``T5ForConditionalGeneration`` from a ``t5`` config (see the module docstring)."""
+    projection = t5_feed_forward(config)
     hidden = config.size("d_model")
     heads = config.size("num_heads")
     head_dim = config.size("d_kv", hidden // heads if hidden % heads == 0 else None)
