@@ -71,3 +71,29 @@ def test_no_measurements_is_a_failure_not_a_pass(compare: ModuleType) -> None:
     text, ok = compare.render([])
     assert not ok
     assert "no CUDA measurements yet" in text
+
+
+def test_memory_an_earlier_configuration_left_allocated_is_subtracted(compare: ModuleType) -> None:
+    """measure.py's H200 run of 2026-11-28 began 37 configurations with an earlier one's model
+    still allocated (the optimizer-in-backward hooks): the peaks count it, the row must not."""
+    record = _record(compare, 1.0)
+    leaked = 1_498_808_320
+    record["before"] = {"allocated": leaked, "reserved": leaked + 2**21}
+    for step in record["steps"]:
+        step["max_memory_allocated"] += leaked
+        step["max_memory_reserved"] += leaked + 2**21
+    row = compare.row(record)
+    assert row.leaked == leaked
+    assert row.error_pct("allocated") == pytest.approx(0.0, abs=1e-6)
+    assert row.error_pct("reserved") == pytest.approx(0.0, abs=1e-6)
+
+
+def test_a_second_gpu_is_compared_configuration_by_configuration(compare: ModuleType) -> None:
+    h100 = compare.row(_record(compare, 1.0))
+    record = _record(compare, 1.0)
+    record["steps"][1]["max_memory_allocated"] += 2**20  # the second GPU allocates 1 MiB more
+    h200 = compare.row(record)
+    text = compare.cross_gpu({"A": {h100.key: h100}, "B": {h200.key: h200}}, "A", "B")
+    assert "identical to the byte in 0 of 1" in text
+    share = 100.0 * 2**20 / h100.measured["allocated"]
+    assert f"median {share:+.2f} %" in text

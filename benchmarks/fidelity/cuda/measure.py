@@ -710,6 +710,8 @@ def run_config(cfg: CudaConfig, record: dict[str, Any]) -> None:
         record["attention_kernel"], record["attention_ops"] = kernel, ops
     except Exception as exc:  # noqa: BLE001  (the measurement is done; keep it)
         record["attention_kernel"] = f"error: {type(exc).__name__}: {exc}"[:300]
+    if isinstance(optimizer, peft_suite.InBackward):
+        optimizer.close()  # its hooks would keep the model allocated (InBackward.close)
     record["elapsed_s"] = round(time.perf_counter() - started, 2)
 
 

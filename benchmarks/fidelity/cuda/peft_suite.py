@@ -504,6 +504,17 @@ class InBackward:
         """Every optimizer's groups."""
         return [g for o in self.optimizers.values() for g in o.param_groups]
 
+    def close(self) -> None:
+        """Remove the hooks. The hook closes over this object, which holds the parameters and
+        their optimizer state, and autograd holds the hook: a cycle through C++ that the
+        garbage collector cannot see. Left in place, the whole model stayed allocated after
+        the configuration (1,429 MiB after GPT-2's, 9,939 MiB after Llama-3-8B-2L's on the
+        H200 run of 2026-11-28, subtracted by compare.py)."""
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+        self.optimizers.clear()
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Nothing: the hooks freed every gradient."""
 
