@@ -40,6 +40,7 @@ from app.domain.memory.liveness import (
 from app.domain.memory.loss import NO_LOSS, LossTensors, loss_tensors
 from app.domain.memory.loss import SOURCE as LOSS_SOURCE
 from app.domain.memory.memo import layer_totals, memoised
+from app.domain.memory.returned_cache import returned_cache
 from app.domain.peft import LoraPlan
 from app.domain.precision import bytes_per_element, convention
 from app.domain.workload import (
@@ -411,18 +412,15 @@ def _previous_outputs(e: Estimation, logits_bytes: int) -> int:
     total = logits_bytes
     tensors = [logits_bytes]
     if analysis.is_decoder and request.checkpointing is Checkpointing.NONE:
-        numel = layer_totals(e.plans, analysis).kv_cache_numel
+        totals = layer_totals(e.plans, analysis)
         element = int(bytes_per_element(convention(request.precision).kv_cache_dtype))
         shard = request.parallelism.tensor * request.parallelism.pipeline
-        cache = kv_cache_bytes(numel, element, shard)
-        count = 2 * layer_totals(e.plans, analysis).kv_layers  # a K and a V per layer
-        if count:
-            tensors += [cache // count] * (count - 1) + [cache - cache // count * (count - 1)]
-        total = logits_bytes + cache
-        words.append(
-            f"ceil({numel:,} [elements: its returned key/value cache, 2 x layers x kv_heads x "
-            f"head_dim x tokens] x {element} [B] / {shard} [tensor x pipeline])"
+        cache = returned_cache(
+            analysis, e.sizer, totals.kv_cache_numel, element, totals.kv_layers, shard
         )
+        tensors += cache.tensors
+        total = logits_bytes + sum(cache.tensors)
+        words.append(cache.words)
     e.previous_outputs = tensors
     e.formulas["previous_outputs"] = f"{' + '.join(words)} = {total:,} B"
     e.notes["previous_outputs"] = [

@@ -78,6 +78,10 @@ class OpResult:
     transients: tuple[Transient, ...] = ()
     buffers_bytes: int = 0  # non-trainable state (batchnorm running statistics)
     kv_cache_numel: int = 0  # keys + values cached per forward for decoding
+    # Training with use_cache: the storages the layer's returned cache (``present``) keeps,
+    # where they are not one K and one V in the activations' dtype (GPT-NeoX mid-2024: an fp32
+    # rotated key, a value viewing the fused q/k/v output). Empty: K and V.
+    returned_cache: tuple[Saved, ...] = ()
     materialized: bool = True  # False: the output is a weight (or a view of one), no activation
     attention: Attention | None = None  # attention layers: the implementation that ran
     attention_reason: str = ""

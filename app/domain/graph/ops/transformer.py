@@ -211,6 +211,23 @@ def _qkv_saved(
     return saved
 
 
+def _returned_cache(ctx: OpContext, kv_numel: int, fused_qkv: int) -> tuple[Saved, ...]:
+    """What the layer's ``present = (key, value)`` keeps when that is not one K and one V in
+    the activations' dtype (GPT-NeoX mid-2024, the note above): the rotated key is fp32 at a
+    16-bit compute dtype (``rotary_fp32``), and the value, a view of the fused q/k/v output,
+    keeps that whole storage (``fused_qkv``). Read by ``keep_outputs`` for the previous step's
+    outputs (app.domain.memory.returned_cache)."""
+    promoted = ctx.attr("rotary_fp32", False) and ctx.precision not in _FP32_COMPUTE
+    fused = ctx.attr("fused_qkv", False)
+    if not (promoted or fused):
+        return ()
+    key_storage = Storage.FP32 if promoted else Storage.ACT
+    return (
+        Saved(label="present_key", source="new", numel=kv_numel, storage=key_storage),
+        Saved(label="present_value", source="new", numel=fused_qkv if fused else kv_numel),
+    )
+
+
 def _attention_buffers(ctx: OpContext) -> int:
     """Bytes of the layer's registered buffers (GPT-NeoX mid-2024, see the note above): the
     bool P x P causal mask, and fp32 cos and sin caches P x rotary_dims with ``inv_freq``."""
@@ -358,6 +375,9 @@ def attention(ctx: OpContext) -> OpResult:
         transients=tuple(transients),
         buffers_bytes=_attention_buffers(ctx),
         kv_cache_numel=cached if causal else 0,
+        returned_cache=_returned_cache(ctx, cached // 2, tokens * (q_dim + 2 * kv_dim))
+        if causal and mla is None
+        else (),
         attention=impl,
         attention_reason=reason,
         num_heads=heads,
