@@ -114,7 +114,9 @@ CONTEXT_TABLE: tuple[ContextFigure, ...] = (
         source="measured here, benchmarks/fidelity/cuda/cuda_measurements_3.json (2026-11-28, "
         "torch 2.11.0+cu130, driver 580.159.04: a fresh process training Llama-3-8B-2L holds "
         "767-783 MiB beyond its reservation; cuda_probes.json: 527 MiB after init, 619 after "
-        "the first kernel, 685 after cuBLAS, 693 after cuDNN, 695 after SDPA)",
+        "the first kernel, 685 after cuBLAS, 693 after cuDNN, 695 after SDPA); the same stack "
+        "on an H200 (sm90, 141 GB; cuda_measurements_h200_1.json): 552,402,944 B at start as "
+        "on the H100, 687-765 MiB in the same 277 runs",
     ),
     ContextFigure(
         loading=ModuleLoading.LAZY, cuda_major=12, capability=None, context_bytes=400 * MIB,
