@@ -24,7 +24,7 @@ from app.domain.memory.liveness import build_plan, kept_storages
 from app.domain.peft import lora_plan
 from app.domain.peft.lora import LoraConfig
 from app.domain.precision import Precision
-from app.domain.workload import Mode, Optimizer, Runtime
+from app.domain.workload import Checkpointing, Mode, Optimizer, Runtime
 
 MIB = 1 << 20
 ROWS, WIDTH = 4096, 256
@@ -165,3 +165,44 @@ def test_frozen_base_rules_need_a_trainable_tensor() -> None:
         ("frozen", frozenset(), 0),
         ("frozen", frozenset(), 0),
     ]
+
+
+VOCAB = 8192
+BLOCKS = [
+    {"name": f"layers.{i}.fc", "op": "linear", "out_features": WIDTH, "bias": False}
+    for i in range(4)
+] + [{"name": "head", "op": "linear", "out_features": VOCAB, "bias": False}]
+
+
+def test_checkpointed_units_adapters_and_transients_exist_only_while_a_layer_runs() -> None:
+    """DoRA r=8 on every block's fc (fp32, CUDA), a 4096 x 8192 head whose loss is the peak.
+    Under full checkpointing no unit has been recomputed at the loss's backward: no adapter
+    tensor is kept there (all are inside units); no layer runs: DoRA's weight norm (a layer's
+    temporary, 3 x 256 x 256 x 4 B) is not there either. Without checkpointing the four units'
+    adapter tensors are kept from the forward: lora_A's output (4096 x 8 x 4 B), lora_A's input
+    (the graph's, fp32), DoRA's base_result and lora_result (4096 x 256 x 4 B each) and three
+    fp32 out-vectors, the first unit's input needing no gradient aside (its mag_norm_scale - 1
+    is still counted: an upper bound by 1 KiB)."""
+    analysis = analyze([InputDecl(name="x", shape=(ROWS, WIDTH))], BLOCKS, {}, training=True)
+    config = LoraConfig(r=8, target_modules=("fc",), use_dora=True)
+    lines = {}
+    for policy in (Checkpointing.FULL, Checkpointing.NONE):
+        request = MemoryRequest(
+            mode=Mode.TRAINING,
+            precision=Precision.FP32,
+            optimizer=Optimizer.SGD,
+            runtime=Runtime.CUDA,
+            checkpointing=policy,
+            lora=config,
+        )
+        estimate = estimate_memory(analysis, request)
+        assert estimate.peak_phase == "backward"
+        assert "the log-probabilities" in next(
+            line.formula for line in estimate.lines if line.key == "transient"
+        )
+        lines[policy] = {line.key: line.bytes for line in estimate.lines}
+    assert "adapter_activations" not in lines[Checkpointing.FULL]
+    assert "adapter_transient" not in lines[Checkpointing.FULL]
+    assert "adapter_transient" not in lines[Checkpointing.NONE]
+    unit = ROWS * 8 * 4 + ROWS * WIDTH * (4 + 4) + 3 * WIDTH * 4
+    assert lines[Checkpointing.NONE]["adapter_activations"] == 4 * unit == 34_091_008

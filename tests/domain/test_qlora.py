@@ -18,6 +18,7 @@ from app.domain.peft.qlora import (
     QuantType,
     check_qlora,
     check_qlora_device,
+    dequant_transient_bytes,
     linear4bit_bytes,
     linear4bit_tensors,
     quantized_base,
@@ -97,8 +98,13 @@ def test_qlora_estimate_lines() -> None:
     assert lines["weights"].bytes == 4_390_656_896
     assert "Linear4bit" in lines["weights"].formula
     assert result.trainable_params == 32 * 2 * 16 * 8192
-    # one layer's weight dequantized to bf16 at a time: the widest, gate_proj (11008 x 4096)
-    assert lines["adapter_transient"].bytes == 11008 * 4096 * 2 == 90_177_536
+    # one layer's weight dequantized to bf16 at a time: the widest, gate_proj (11008 x 4096),
+    # while a layer runs; the peak is the loss's backward, where none does (issue 32's
+    # frozen-base rules: it was counted there until then)
+    assert result.peak_phase == "backward"
+    assert "adapter_transient" not in lines
+    base = quantized_base(_llama().layers, NF4_DQ_BF16, params=LLAMA_PARAMS, torch_dtype_bytes=4)
+    assert dequant_transient_bytes(base, DType.BF16) == 11008 * 4096 * 2 == 90_177_536
     plain = estimate_memory(_llama(), _request(LoraConfig(r=16, target_modules=QV)))
     plain_lines = {line.key: line.bytes for line in plain.lines}
     assert plain_lines["weights"] == LLAMA_PARAMS * 4  # amp_bf16: an fp32 base
@@ -145,8 +151,17 @@ def test_dora_lines_on_llama() -> None:
     )
     assert 32 * 2 * (1024 * 4096 * 4 + 3 * 4096 * 4) == 1_076_887_552
     # the weight norm of q_proj: x_eye 4096^2 + lora_weight and weight + scaled update
-    # (2 x 4096^2), fp32; the amp_bf16 base is fp32 already: no cast copy
-    assert with_dora["adapter_transient"] == 3 * 4096 * 4096 * 4
+    # (2 x 4096^2), fp32; an fp32 base: no cast copy. It exists while q_proj runs, not at the
+    # training peak (the loss's backward): read at an unmerged inference forward's
+    assert "adapter_transient" not in with_dora
+    unmerged = LoraConfig(r=16, target_modules=QV, use_dora=True, merged=False)
+    infer = MemoryRequest(
+        mode=Mode.INFERENCE, precision=Precision.FP32, runtime=Runtime.CUDA, lora=unmerged
+    )
+    model = ZOO["llama-2-7b"]
+    analysis = analyze_for(model.inputs, model.layers, {"batch": 1, "seq": 1024}, infer)
+    served = {line.key: line.bytes for line in estimate_memory(analysis, infer).lines}
+    assert served["adapter_transient"] == 3 * 4096 * 4096 * 4
 
 
 def test_dora_with_dropout_keeps_the_cast_weight() -> None:

@@ -221,30 +221,26 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
         "optimizer_state": state_bytes,
         "transient": temporaries,
     }
+    saved = {"adapter_activations": adapter_saved} if adapter_saved else {}
+    early = {"adapter_activations": adapter_early} if adapter_early else {}
+    # a layer's temporary (DoRA's weight norm, a 4-bit weight dequantized) exists while a
+    # layer runs, not at the end of the forward nor in the loss's backward
+    temp = {"adapter_transient": adapter_temp} if adapter_temp else {}
     for steady in (False, True):
         static = {**base, **held_grads}
         if steady and not offloaded:
             static["optimizer_state"] = state_bytes
         if in_backward:  # the state is created in the first backward's hooks: as steady state
             static["optimizer_state"] = state_bytes
-        temp = {"adapter_transient": adapter_temp} if adapter_temp else {}
-        kept = {
-            **static,
-            **({"adapter_activations": adapter_saved} if adapter_saved else {}),
-            **temp,
-        }
+        kept = {**static, **saved, **temp}
         # before the backward recomputes a checkpointed unit, only the adapters outside keep
-        early = {
-            **static,
-            **({"adapter_activations": adapter_early} if adapter_early else {}),
-            **temp,
-        }
+        between = {**static, **early}
         # keep_outputs: the previous step's outputs live until this forward returns
-        forward_kept = {**early, "previous_outputs": previous} if steady and previous else early
+        previous_parts = {"previous_outputs": previous} if steady and previous else {}
         moments = [
-            moment_at("forward", forward_kept, fwd_peak, 0),
-            moment_at("forward", forward_kept, fwd_end, loss),
-            *(moment_at("backward", early, peak, loss) for peak in loss_moments),
+            moment_at("forward", {**between, **temp, **previous_parts}, fwd_peak, 0),
+            moment_at("forward", {**between, **previous_parts}, fwd_end, loss),
+            *(moment_at("backward", between, peak, loss) for peak in loss_moments),
             # the log-probabilities die with LogSoftmaxBackward (the loss moment's) unless
             # chunked: then each chunk's stay until its own backward
             moment_at("backward", kept, bwd_peak, loss if options.loss_chunks else 0),
