@@ -39,7 +39,9 @@ def test_qlora_llama_2_7b(client: ApiClient, db_url: str) -> None:
     # 224 Linear4bit (nf4, double quant) + 262,410,240 unquantized params in fp32
     assert lines["weights"]["bytes"] == 4_390_656_896
     assert "Linear4bit" in lines["weights"]["formula"]
-    assert lines["adapter_transient"]["bytes"] == 11008 * 4096 * 2
+    # the dequantized gate_proj (11008 x 4096 x 2 B) exists while a layer runs; the peak is the
+    # loss's backward, where none does
+    assert "adapter_transient" not in lines
     assert sum(line["bytes"] for line in body["breakdown"]) == body["peak_bytes"]
     used = {d["option"]: d for d in body["defaults_used"]}
     assert used["checkpointing"]["value"] == "full"

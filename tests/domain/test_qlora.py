@@ -18,6 +18,7 @@ from app.domain.peft.qlora import (
     QuantType,
     check_qlora,
     check_qlora_device,
+    dequant_transient_bytes,
     linear4bit_bytes,
     linear4bit_tensors,
     quantized_base,
@@ -97,8 +98,13 @@ def test_qlora_estimate_lines() -> None:
     assert lines["weights"].bytes == 4_390_656_896
     assert "Linear4bit" in lines["weights"].formula
     assert result.trainable_params == 32 * 2 * 16 * 8192
-    # one layer's weight dequantized to bf16 at a time: the widest, gate_proj (11008 x 4096)
-    assert lines["adapter_transient"].bytes == 11008 * 4096 * 2 == 90_177_536
+    # one layer's weight dequantized to bf16 at a time: the widest, gate_proj (11008 x 4096),
+    # while a layer runs; the peak is the loss's backward, where none does (issue 32's
+    # frozen-base rules: it was counted there until then)
+    assert result.peak_phase == "backward"
+    assert "adapter_transient" not in lines
+    base = quantized_base(_llama().layers, NF4_DQ_BF16, params=LLAMA_PARAMS, torch_dtype_bytes=4)
+    assert dequant_transient_bytes(base, DType.BF16) == 11008 * 4096 * 2 == 90_177_536
     plain = estimate_memory(_llama(), _request(LoraConfig(r=16, target_modules=QV)))
     plain_lines = {line.key: line.bytes for line in plain.lines}
     assert plain_lines["weights"] == LLAMA_PARAMS * 4  # amp_bf16: an fp32 base
@@ -123,32 +129,58 @@ def test_fp32_compute_dtype_dequantizes_to_4_bytes() -> None:
 def test_dora_lines_on_llama() -> None:
     dora = LoraConfig(r=16, target_modules=QV, use_dora=True)
     plain = LoraConfig(r=16, target_modules=QV)
-    with_dora = {line.key: line.bytes for line in estimate_memory(_llama(), _request(dora)).lines}
-    without = {line.key: line.bytes for line in estimate_memory(_llama(), _request(plain)).lines}
+    # no checkpointing: the adapters' tensors are kept from the forward (under full
+    # checkpointing a unit's exist only while its backward recomputes it, after the loss's
+    # backward where the peak is: app.domain.memory.adapters.adapters_outside_units)
+    none = Checkpointing.NONE
+    with_dora = {
+        line.key: line.bytes
+        for line in estimate_memory(_llama(), _request(dora, checkpointing=none)).lines
+    }
+    without = {
+        line.key: line.bytes
+        for line in estimate_memory(_llama(), _request(plain, checkpointing=none)).lines
+    }
     magnitude = 32 * 2 * 4096
     assert with_dora["adapter_weights"] - without["adapter_weights"] == magnitude * 4
-    # full checkpointing: one block's adapted layers keep base_result (bf16) and lora_result
-    # (bf16 under autocast), 1024 rows x 4096 each, for q_proj and v_proj, and the fp32
-    # vectors weight_norm, mag_norm_scale and mag_norm_scale - 1 (4096 each)
-    assert with_dora["adapter_activations"] - without["adapter_activations"] == 2 * (
+    # every block's adapted layers keep base_result (bf16) and lora_result (bf16 under
+    # autocast), 1024 rows x 4096 each, for q_proj and v_proj, and the fp32 vectors
+    # weight_norm, mag_norm_scale and mag_norm_scale - 1 (4096 each)
+    assert with_dora["adapter_activations"] - without["adapter_activations"] == 32 * 2 * (
         1024 * 4096 * (2 + 2) + 3 * 4096 * 4
     )
-    assert 2 * (1024 * 4096 * 4 + 3 * 4096 * 4) == 33_652_736
+    assert 32 * 2 * (1024 * 4096 * 4 + 3 * 4096 * 4) == 1_076_887_552
     # the weight norm of q_proj: x_eye 4096^2 + lora_weight and weight + scaled update
-    # (2 x 4096^2), fp32; the amp_bf16 base is fp32 already: no cast copy
-    assert with_dora["adapter_transient"] == 3 * 4096 * 4096 * 4
+    # (2 x 4096^2), fp32; an fp32 base: no cast copy. It exists while q_proj runs, not at the
+    # training peak (the loss's backward): read at an unmerged inference forward's
+    assert "adapter_transient" not in with_dora
+    unmerged = LoraConfig(r=16, target_modules=QV, use_dora=True, merged=False)
+    infer = MemoryRequest(
+        mode=Mode.INFERENCE, precision=Precision.FP32, runtime=Runtime.CUDA, lora=unmerged
+    )
+    model = ZOO["llama-2-7b"]
+    analysis = analyze_for(model.inputs, model.layers, {"batch": 1, "seq": 1024}, infer)
+    served = {line.key: line.bytes for line in estimate_memory(analysis, infer).lines}
+    assert served["adapter_transient"] == 3 * 4096 * 4096 * 4
 
 
 def test_dora_with_dropout_keeps_the_cast_weight() -> None:
     dora = LoraConfig(r=16, target_modules=QV, use_dora=True, dropout=0.1)
     no_dropout = LoraConfig(r=16, target_modules=QV, use_dora=True)
-    kept = {line.key: line.bytes for line in estimate_memory(_llama(), _request(dora)).lines}
-    base = {line.key: line.bytes for line in estimate_memory(_llama(), _request(no_dropout)).lines}
+    none = Checkpointing.NONE  # every block's adapters keep theirs from the forward
+    kept = {
+        line.key: line.bytes
+        for line in estimate_memory(_llama(), _request(dora, checkpointing=none)).lines
+    }
+    base = {
+        line.key: line.bytes
+        for line in estimate_memory(_llama(), _request(no_dropout, checkpointing=none)).lines
+    }
     # lora_dropout: the dropout mask and the dropped input (LoRA's) and, for DoRA, the base
-    # weight autocast casts for F.linear (4096 x 4096 x 2 B) per adapted layer of one block
+    # weight autocast casts for F.linear (4096 x 4096 x 2 B) per adapted layer, 32 blocks
     lora_dropout = 2 * 1024 * 4096 * 1
-    assert kept["adapter_activations"] - base["adapter_activations"] == lora_dropout + 2 * (
-        4096 * 4096 * 2
+    assert kept["adapter_activations"] - base["adapter_activations"] == 32 * (
+        lora_dropout + 2 * 4096 * 4096 * 2
     )
 
 

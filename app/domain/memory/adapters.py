@@ -302,3 +302,23 @@ def inference_adapters(e: Estimation, lora: LoraPlan) -> dict[str, int]:
     e.formulas["adapter_transient"] = f"max({words}) = {largest:,} B"
     lines["adapter_transient"] = largest
     return lines
+
+
+def adapters_outside_units(e: Estimation, adapter_saved: int) -> int:
+    """Under full checkpointing, what the adapters outside checkpointed units keep: a unit's
+    adapter tensors exist only while the backward recomputes it (the forward keeps none,
+    app.domain.memory.allocator_events), so the forward and the loss's backward hold these
+    alone; the formula for them replaces the line's when the peak is there."""
+    layers = e.analysis.layers
+    outside = sum(
+        kept
+        for index, kept in e.adapter_saved.items()
+        if checkpoint_unit(layers[index].name) is None
+    )
+    if outside != adapter_saved:
+        e.adapter_early = (
+            outside,
+            f"{outside:,} [B: the adapters outside checkpointed units; a unit's are recomputed "
+            f"in its backward] = {outside:,} B",
+        )
+    return outside

@@ -70,6 +70,9 @@ class Estimation:
     weight_tensors: list[list[int]] | None = None  # QLoRA: per layer, the base's tensors' bytes
     adapter_tensors: list[list[int]] | None = None  # LoRA: per layer, its adapters' weights [B]
     adapter_saved: dict[int, int] = field(default_factory=dict)  # LoRA: layer -> kept bytes
+    # LoRA under full checkpointing: (bytes, formula) of the adapter tensors kept before the
+    # backward recomputes a unit (those outside checkpointed units)
+    adapter_early: tuple[int, str] | None = None
     # Training options (app.domain.workload.TrainingOptions):
     held_words: str = "held across micro-batches"  # why held_grads are live
     # optimizer in backward: the largest parameter's gradient and step temporaries [B], its words

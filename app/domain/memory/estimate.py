@@ -60,6 +60,7 @@ from app.domain.memory.formulas import (
     precision_plan,
     request_rank_share,
 )
+from app.domain.memory.frozen import FrozenBase, frozen_base
 from app.domain.memory.liveness import StoragePlan, build_plan, last_reads, seed_rule
 from app.domain.memory.memo import PlanMemo, layer_totals, memoised
 from app.domain.memory.moments import inference_moments, training_moments
@@ -73,8 +74,8 @@ from app.domain.memory.result import (
     MemoryLine,
     breakdown,
 )
-from app.domain.peft import lora_plan
-from app.domain.peft.qlora import check_qlora
+from app.domain.peft import LoraPlan, lora_plan
+from app.domain.peft.qlora import check_qlora, quantized_base
 from app.domain.precision import CONVENTIONS, bytes_per_element, convention
 from app.domain.workload import Logits, Mode, Parallelism, Runtime
 
@@ -200,7 +201,13 @@ def estimate_memory(
     buffers = layer_totals(plans, analysis).buffers_bytes
     if buffers:
         lines_static["buffers"] = buffers
-    storage_plan, plan_key = _storage_plan(analysis, request, sizer, plans)
+    lora = lora_plan(analysis.layers, request.lora) if request.lora is not None else None
+    frozen = (
+        request_frozen_base(analysis, request, plan, lora, params)
+        if lora is not None and training
+        else None
+    )
+    storage_plan, plan_key = _storage_plan(analysis, request, sizer, plans, frozen)
     e = Estimation(
         analysis=analysis,
         request=request,
@@ -225,7 +232,7 @@ def estimate_memory(
             analysis, request.checkpoint, unquantized_dtype_bytes(request.precision)
         )
     if request.lora is not None:
-        e.lora = lora_plan(analysis.layers, request.lora)
+        e.lora = lora
         if request.lora.qlora is not None:  # a 4-bit base: the weights line is its bytes
             qlora_weights(e)
     if training:
@@ -236,6 +243,8 @@ def estimate_memory(
     peak = max(steady_moments, key=lambda m: m.total)
     first_peak = max(first_moments, key=lambda m: m.total) if first_moments else None
     parts = dict(peak.parts)
+    if e.adapter_early is not None and parts.get("adapter_activations") == e.adapter_early[0]:
+        e.formulas["adapter_activations"] = e.adapter_early[1]  # a peak before any recompute
     if training and peak.phase == "backward":
         _split_output(e, parts)
     if request.runtime is Runtime.CUDA:
@@ -413,8 +422,46 @@ def _share_words(
     return expression, tuple(notes)
 
 
+def request_frozen_base(
+    analysis: GraphAnalysis,
+    request: MemoryRequest,
+    plan: PrecisionPlan,
+    lora: LoraPlan,
+    params: int,
+) -> FrozenBase:
+    """The frozen base of a LoRA training request (:mod:`app.domain.memory.frozen`): lora_A
+    keeps the base layer's own input with an fp32 base, no autocast and no dropout (PEFT's
+    ``_cast_input_dtype`` is then a no-op); under autocast every frozen weight matrix is cast
+    per use: with a 4-bit base only the Linear layers bitsandbytes leaves unquantized (the output
+    head, fp32 after prepare_model_for_kbit_training), whose dequantized weights are the QLoRA
+    rules' (:func:`app.domain.memory.adapters.adapter_transient`)."""
+    config = request.lora
+    assert config is not None
+    cast_layers = None
+    if config.qlora is not None and plan.weight_cache:  # only the Linear layers kept unquantized
+        quantized = quantized_base(
+            analysis.layers, config.qlora, params=params, torch_dtype_bytes=int(plan.weight)
+        )
+        four_bit = {m.layer for m in quantized.modules}
+        cast_layers = (
+            frozenset(i for i, layer in enumerate(analysis.layers) if layer.op == "linear")
+            - four_bit
+        )
+    return frozen_base(
+        analysis.layers,
+        lora,
+        adapter_shares_input=plan.activation == 4 and not plan.weight_cache and not config.dropout,
+        cast_bytes=plan.weight_cache,
+        cast_layers=cast_layers,
+    )
+
+
 def _storage_plan(
-    analysis: GraphAnalysis, request: MemoryRequest, sizer: Sizer, plans: PlanMemo | None
+    analysis: GraphAnalysis,
+    request: MemoryRequest,
+    sizer: Sizer,
+    plans: PlanMemo | None,
+    frozen: FrozenBase | None = None,
 ) -> tuple[StoragePlan, tuple[object, ...]]:
     """The step's storage plan, and what an inference plan depends on (its memo key).
 
@@ -427,7 +474,7 @@ def _storage_plan(
     training = request.mode is Mode.TRAINING
     plan_key: tuple[object, ...] = ("plan", sizer.plan.activation, request.runtime)
     if training:  # full checkpointing and the per-layer view edit a training plan
-        return build_plan(analysis, sizer, request, training), plan_key
+        return build_plan(analysis, sizer, request, training, frozen=frozen), plan_key
     tp = request.parallelism.tensor
     plan_request = _INFERENCE_PLAN_REQUEST
     if tp > 1:  # a tensor-parallel rank holds its share of the column-parallel activations

@@ -24,6 +24,7 @@ from app.domain.graph.ops.core import CUDNN_WORKSPACE
 from app.domain.graph.traits import CONV_OPS, INTERNAL_TENSOR_OPS
 from app.domain.memory.compiled import compiled_kept
 from app.domain.memory.formulas import Sizer
+from app.domain.memory.frozen import WEIGHT_GRAD_LABELS, FrozenBase
 from app.domain.memory.request import MemoryRequest
 from app.domain.workload import Checkpointing, Runtime
 
@@ -128,13 +129,23 @@ def _onednn_buffer(layer: LayerAnalysis, sizer: Sizer, output: int) -> int:
     return max(output, sizer.value_bytes(inputs, TensorKind.FLOAT))
 
 
-def _op_sizes(layer: LayerAnalysis, sizer: Sizer, request: MemoryRequest) -> OpSizes:
+def _op_sizes(
+    layer: LayerAnalysis,
+    sizer: Sizer,
+    request: MemoryRequest,
+    frozen: tuple[object, ...] | None = None,
+) -> OpSizes:
+    """``frozen``: :meth:`app.domain.memory.frozen.FrozenBase.variant` of the layer (None: its
+    weights train, or nothing is frozen)."""
     tp = request.parallelism.tensor
     selective = request.checkpointing is Checkpointing.SELECTIVE
     fp32_acts = sizer.plan.activation == 4
     kept: list[tuple[int, int]] = []  # (_IN0 | _OUT | _NEW, bytes) in saved order
     internal = 0
-    for item in saved_for_backward(layer, request):
+    saved = saved_for_backward(layer, request)
+    if frozen is not None:
+        saved = _frozen_saved(layer, saved, frozen)
+    for item in saved:
         numel = item.numel
         if tp > 1 and layer.op in INTERNAL_TENSOR_OPS and item.source == "new":
             numel = -(-numel // tp)
@@ -162,6 +173,11 @@ def _op_sizes(layer: LayerAnalysis, sizer: Sizer, request: MemoryRequest) -> OpS
         if sizer.runtime is Runtime.CPU
         else _cudnn_backward_workspace(layer, sizer, tp)
     )
+    cast_numel = frozen[2] if frozen is not None and frozen[0] == "frozen" else 0
+    if cast_numel:  # autocast's 16-bit casts of frozen weights, kept by their mm (frozen.py)
+        assert isinstance(cast_numel, int)
+        cast = -(-cast_numel // tp) if layer.op in INTERNAL_TENSOR_OPS else cast_numel
+        kept.append((_NEW, cast * sizer.plan.weight_cache))
     kept_inputs = tuple(
         dict.fromkeys(
             source - _INPUT if source >= _INPUT else 0
@@ -187,6 +203,20 @@ def _op_sizes(layer: LayerAnalysis, sizer: Sizer, request: MemoryRequest) -> OpS
         else 0,
         backward_static=output + 2 * internal + backward_extra,
     )
+
+
+def _frozen_saved(
+    layer: LayerAnalysis, saved: tuple[Saved, ...], frozen: tuple[object, ...]
+) -> tuple[Saved, ...]:
+    """What a layer of a frozen base keeps (:mod:`app.domain.memory.frozen`): nothing before
+    the first trainable tensor; else its saved tensors less those kept only for its weights'
+    gradients, but for those an adapter keeps as they are."""
+    if frozen[0] == "nothing":
+        return ()
+    kept = frozen[1]
+    assert isinstance(kept, frozenset)
+    dropped = WEIGHT_GRAD_LABELS.get(layer.op, frozenset()) - kept
+    return tuple(item for item in saved if item.label not in dropped)
 
 
 @dataclass(slots=True)
@@ -281,14 +311,31 @@ def build_plan(
     request: MemoryRequest,
     training: bool,
     last_use: dict[int, int] | None = None,
+    frozen: FrozenBase | None = None,
 ) -> StoragePlan:
     """The storage plan; ``last_use``: :func:`last_reads` of the analysis, if known. Inference
-    leaves out the gradients of the layers' inputs (``grad_in``: only backward reads them)."""
+    leaves out the gradients of the layers' inputs (``grad_in``: only backward reads them).
+    ``frozen``: a frozen base's rules (LoRA training, :mod:`app.domain.memory.frozen`)."""
     layers = analysis.layers
     # Byte figures once per distinct op result: the iterations of a repeat share theirs.
-    distinct = {id(layer.result): layer for layer in layers}
-    derived = {key: _op_sizes(layer, sizer, request) for key, layer in distinct.items()}
-    op_sizes = [derived[id(layer.result)] for layer in layers]
+    if frozen is None or not training:
+        distinct = {id(layer.result): layer for layer in layers}
+        derived = {key: _op_sizes(layer, sizer, request) for key, layer in distinct.items()}
+        op_sizes = [derived[id(layer.result)] for layer in layers]
+    else:
+        variants = [frozen.variant(index) for index in range(len(layers))]
+        keyed = {
+            (id(layer.result), variant): (layer, variant)
+            for layer, variant in zip(layers, variants, strict=True)
+        }
+        by_key = {
+            key: _op_sizes(layer, sizer, request, variant)
+            for key, (layer, variant) in keyed.items()
+        }
+        op_sizes = [
+            by_key[(id(layer.result), variant)]
+            for layer, variant in zip(layers, variants, strict=True)
+        ]
     sizes = {bound.storage: sizer.value_bytes(bound.numel, bound.kind) for bound in analysis.inputs}
     out_alloc = [
         op.output_storage if layer.allocates_output else 0

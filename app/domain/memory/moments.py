@@ -8,7 +8,12 @@ from collections.abc import Callable
 from dataclasses import replace
 from fractions import Fraction
 
-from app.domain.memory.adapters import adapter_transient, dora_saved, inference_adapters
+from app.domain.memory.adapters import (
+    adapter_transient,
+    adapters_outside_units,
+    dora_saved,
+    inference_adapters,
+)
 from app.domain.memory.context import Estimation, Moment, StepTensors, moment_at
 from app.domain.memory.cross_kv import cross_attention_kv_numel
 from app.domain.memory.deepspeed import deepspeed_buffers
@@ -27,6 +32,7 @@ from app.domain.memory.formulas import (
     optimizer_step_temporaries,
     request_rank_share,
 )
+from app.domain.memory.frozen import trainable_lines
 from app.domain.memory.liveness import (
     Peak,
     apply_full_checkpointing,
@@ -80,6 +86,15 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
     labels_rows = math.prod(analysis.output_shape[:-1]) if analysis.output_shape else 1
     labels_bytes = labels_rows * 8
     step_temporaries = optimizer_step_temporaries(shapes, params, request, plan)
+    copies = trainable_lines(lora, request, plan, e.plan, grad_shard) if lora else None
+    if copies is not None and lora is not None and lora.saved_params:  # at the base's dtype
+        grad_bytes, state_full, state_note = (
+            copies.grad_bytes,
+            copies.state_bytes,
+            copies.state_note,
+        )
+        state_bytes = ceil_fraction(Fraction(state_full, state_shard))
+        step_temporaries = copies.temporaries
     temporaries_full, temp_note = step_temporaries.bytes, step_temporaries.note
     shard_words = _shard_words(par)
     temporaries = ceil_fraction(Fraction(temporaries_full, state_shard))
@@ -137,14 +152,7 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
         base["fsdp_buffers"] = gathered
     base.update(deepspeed_buffers(e))
     in_backward = options.optimizer_in_backward
-    accumulate = (
-        request.accumulation_steps > 1 or lora is not None or options.keep_gradients
-    ) and not in_backward
-    grad_layers = (
-        [0] * len(analysis.layers)
-        if accumulate or in_backward or offloaded
-        else layer_gradient_bytes(analysis, grad_element, grad_shard)
-    )
+    accumulate = (request.accumulation_steps > 1 or options.keep_gradients) and not in_backward
     _paged_state(e, shapes, state_shard, shard_words(1))
     adapter_saved = adapter_temp = 0
     if lora is not None:
@@ -153,6 +161,13 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
         lines_static = {**lines_static, "adapter_weights": adapter_weights}
         adapter_saved = _lora_saved(e, lora, recompute)
         adapter_temp = adapter_transient(e, lora)  # QLoRA dequantization, DoRA weight norm
+    adapter_early = adapters_outside_units(e, adapter_saved) if recompute else adapter_saved
+    if accumulate or in_backward or offloaded:
+        grad_layers = [0] * len(analysis.layers)
+    elif e.grad_tensors is not None:  # LoRA: each layer's trainable tensors (set_to_none)
+        grad_layers = [sum(tensors) for tensors in e.grad_tensors]
+    else:
+        grad_layers = layer_gradient_bytes(analysis, grad_element, grad_shard)
     timeline = build_timeline(storage_plan)
     fwd_peak, end_bytes = forward_peak(storage_plan, timeline)
     fwd_end = Peak(activations=end_bytes)
@@ -207,21 +222,26 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
         "optimizer_state": state_bytes,
         "transient": temporaries,
     }
+    saved = {"adapter_activations": adapter_saved} if adapter_saved else {}
+    early = {"adapter_activations": adapter_early} if adapter_early else {}
+    # a layer's temporary (DoRA's weight norm, a 4-bit weight dequantized) exists while a
+    # layer runs, not at the end of the forward nor in the loss's backward
+    temp = {"adapter_transient": adapter_temp} if adapter_temp else {}
     for steady in (False, True):
         static = {**base, **held_grads}
         if steady and not offloaded:
             static["optimizer_state"] = state_bytes
-        kept = {**static, "adapter_activations": adapter_saved} if adapter_saved else static
         if in_backward:  # the state is created in the first backward's hooks: as steady state
             static["optimizer_state"] = state_bytes
-            kept = {**static, "adapter_activations": adapter_saved} if adapter_saved else static
-        kept = {**kept, "adapter_transient": adapter_temp} if adapter_temp else kept
+        kept = {**static, **saved, **temp}
+        # before the backward recomputes a checkpointed unit, only the adapters outside keep
+        between = {**static, **early}
         # keep_outputs: the previous step's outputs live until this forward returns
-        forward_kept = {**kept, "previous_outputs": previous} if steady and previous else kept
+        previous_parts = {"previous_outputs": previous} if steady and previous else {}
         moments = [
-            moment_at("forward", forward_kept, fwd_peak, 0),
-            moment_at("forward", forward_kept, fwd_end, loss),
-            *(moment_at("backward", kept, peak, loss) for peak in loss_moments),
+            moment_at("forward", {**between, **temp, **previous_parts}, fwd_peak, 0),
+            moment_at("forward", {**between, **previous_parts}, fwd_end, loss),
+            *(moment_at("backward", between, peak, loss) for peak in loss_moments),
             # the log-probabilities die with LogSoftmaxBackward (the loss moment's) unless
             # chunked: then each chunk's stay until its own backward
             moment_at("backward", kept, bwd_peak, loss if options.loss_chunks else 0),
@@ -233,12 +253,14 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
         f"ceil({params:,} [trainable params] x {grad_element} [B] / {grad_shard} "
         f"[{shard_words(2)}])"
     )
+    if copies is not None and lora is not None and lora.saved_params:
+        grad_expression = copies.grad_words
     e.grad_layers = grad_layers
     e.grad_term = (
         f"ceil({{params:,}} [params] x {grad_element} [B] / {grad_shard} [{shard_words(2)}])"
     )
     e.held_grads = grad_expression if accumulate else ""
-    if options.keep_gradients and request.accumulation_steps == 1 and lora is None:
+    if options.keep_gradients and request.accumulation_steps == 1:
         e.held_words = "kept between steps: zero_grad(set_to_none=False)"
     e.recompute = recompute
     e.labels_rows = labels_rows
@@ -547,7 +569,10 @@ def _lora_static(
         for shape in layer_shapes
     ]
     for position, (index, numel) in enumerate(trainable):
-        tensors[index].append(-(-numel * num // den))
+        if position < adapters:
+            tensors[index].append(-(-numel * num // den))
+        else:  # a modules_to_save copy: the base's gradient dtype (frozen.trainable_lines)
+            tensors[index].append(ceil_fraction(numel * e.plan.grad / grad_shard))
         if cast:
             casts[index].append(numel * cast // model_shard)
         element = Fraction(4) if position < adapters else e.plan.weight  # as the line's

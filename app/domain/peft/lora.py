@@ -327,6 +327,7 @@ class LoraPlan:
     saved_shapes: tuple[tuple[tuple[int, ...], ...], ...]  # their parameters' shapes
     adapter_shapes: tuple[tuple[int, ...], ...]  # every trainable tensor's shape
     magnitude_params: int = 0  # DoRA: out_features per adapted Linear (lora_magnitude_vector)
+    bias_layers: tuple[int, ...] = ()  # layers with a bias unfrozen by ``bias``
 
     @property
     def trainable_params(self) -> int:
@@ -767,6 +768,7 @@ def lora_plan(layers: Sequence[LayerAnalysis], config: LoraConfig) -> LoraPlan:
             )
     saved = set(saved_layers)
     bias = 0
+    bias_layers: list[int] = []
     if config.bias is LoraBias.ALL:
         for i, layer in enumerate(layers):
             if i in saved:
@@ -775,11 +777,13 @@ def lora_plan(layers: Sequence[LayerAnalysis], config: LoraConfig) -> LoraPlan:
                 if _is_bias(layer, j, s):
                     bias += math.prod(s)
                     shapes.append(s)
+                    bias_layers.append(i)
     elif config.bias is LoraBias.LORA_ONLY:
         for module in chosen:
             if module.bias and module.layer not in saved:
                 bias += module.out_features
                 shapes.append((module.out_features,))
+                bias_layers.append(module.layer)
     saved_params = 0
     for layer_shapes in saved_shapes.values():
         saved_params += sum(math.prod(s) for s in layer_shapes)
@@ -793,6 +797,7 @@ def lora_plan(layers: Sequence[LayerAnalysis], config: LoraConfig) -> LoraPlan:
         saved_shapes=tuple(saved_shapes.values()),
         adapter_shapes=tuple(shapes),
         magnitude_params=magnitude,
+        bias_layers=tuple(dict.fromkeys(bias_layers)),
     )
 
 
