@@ -343,10 +343,14 @@ def test_llama3_8b_every_position_logits_cost_the_full_vocabulary_tensor() -> No
 
 
 def test_gpt2_amp_bf16_training_activations_with_flash() -> None:
-    """Issue 12's target: GPT-2 AMP-bf16 training at 8 x 1,024 with SDPA's CUDA default
-    (flash): activations within 1.6-5.0 GiB (eager kept 11.98 GiB). The peak is the loss's
-    backward (app.domain.memory.loss): the caller has dropped the bf16 logits, the fp32
-    log-probabilities and their two fp32 gradients are live."""
+    """GPT-2 AMP-bf16 training at 8 x 1,024 with SDPA's CUDA default (flash); eager kept 11.98
+    GiB. Issue 12's target read the activations within 1.6-5.0 GiB; the H100 measurement of
+    the same 8,192 tokens (benchmarks/fidelity/cuda, gpt2_small bs16 x 512 AMP: 12,694 MiB
+    allocated, the estimate -1.4 %) has them at 5.94 GiB: under autocast gelu_new keeps fp32
+    tensors (``pow`` is on autocast's fp32 list), 6 B x 3,072 x 8,192 x 12 = 1,811,939,328 B
+    more than at a 16-bit dtype. The peak is the loss's backward (app.domain.memory.loss): the
+    caller has dropped the bf16 logits, the fp32 log-probabilities and their two fp32
+    gradients are live."""
     model = ZOO["gpt-2"]
     request = MemoryRequest(
         mode=Mode.TRAINING, precision=Precision.AMP_BF16, overhead=FrameworkOverhead()
@@ -362,7 +366,8 @@ def test_gpt2_amp_bf16_training_activations_with_flash() -> None:
         "gradients": 0,  # the peak is the loss's backward: no layer's backward has run
         "optimizer_state": 124_439_808 * 8,
         "inputs": 2 * 8 * 1024 * 8,  # ids + labels, int64
-        "activations": 4_567_662_592,  # 4.254 GiB (was 65,536 B more: the ids, counted twice)
+        # 5.941 GiB: 4,567,662,592 before autocast's fp32 gelu_new tensors (+1,811,939,328)
+        "activations": 4_567_662_592 + 1_811_939_328,
         "loss": 8 * 1024 * 50257 * 4,
         "transient": 2 * 8 * 1024 * 50257 * 4,  # nll_loss's and log_softmax's fp32 gradients
         "workspace": 2 * 32 * 2**20,  # two cuBLAS handles: forward and autograd threads
@@ -371,11 +376,11 @@ def test_gpt2_amp_bf16_training_activations_with_flash() -> None:
         "fragmentation_reserve": 1_848_487_936,
         "cuda_context": 512 * 2**20,
     }
-    assert 1.6 * 2**30 <= lines["activations"] <= 5.0 * 2**30
+    assert 1.6 * 2**30 <= lines["activations"] < 11.98 * 2**30  # flash keeps no S x S matrix
     # before the loss's tensors: 11,231,730,176 B at the head's backward (the bf16 logits and
     # their gradient held, 835,993,600 B of transients, 1,010,184,192 B cached); the ids
-    # counted once since: 65,536 B less
-    assert result.peak_bytes == 13_704_206_848
+    # counted once since: 65,536 B less; autocast's fp32 gelu_new tensors: +1,811,939,328 B
+    assert result.peak_bytes == 13_704_206_848 + 1_811_939_328
     for line in result.lines:
         assert evaluate(line.formula) == (line.bytes, line.bytes), line.key
 
