@@ -15,6 +15,7 @@ from app.domain.fit import fits, requirement
 from app.domain.graph.analysis import GraphAnalysis, effective_options
 from app.domain.memory.checkpoint import allowed_precisions
 from app.domain.memory.cuda_allocator import AllocatorSnapshot
+from app.domain.memory.cuda_runtime import context_bytes, context_free
 from app.domain.memory.estimate import (
     MemoryInputError,
     MemoryRequest,
@@ -368,23 +369,28 @@ class ModelSource:
         bindings, attention, request, paged = self._memory_request(batch, scheme, candidate)
 
         def estimate() -> int:
-            base = ("estimate", tuple(bindings.items()), request)
-            result = self.memo.get(base)
-            if result is None:
+            # Devices that differ only in their CUDA context share one estimate (it is a line
+            # of its own, added to the peak: app.domain.memory.cuda_runtime.context_free)
+            free = context_free(request)
+            base = ("estimate", tuple(bindings.items()), free)
+            peak: int | None = self.memo.get(base)
+            if peak is None:
                 try:
-                    result = estimate_memory(
+                    peak = estimate_memory(
                         self.analysis(bindings, Logits.LAST, attention),
-                        request,
+                        free,
                         replays=_REPLAYS,  # keyed by the events: inline graphs too
                         plans=_PLANS,
                         explain=False,  # the fit reads the bytes only
-                    )
+                    ).peak_bytes
                 except MemoryInputError as exc:
                     raise InvalidInput(str(exc)) from exc
-                self.memo[base] = result
+                self.memo[base] = peak
+            # app.domain.fit.requirement's total: the peak (context and workspace lines
+            # included) with the safety margin on top
             return requirement(
-                result.peak_bytes + paged,
-                result.lines,
+                peak + context_bytes(request) + paged,
+                (),
                 safety_margin_fraction=DEFAULT_SAFETY_MARGIN_FRACTION,
             ).required_bytes
 
