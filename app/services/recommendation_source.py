@@ -349,18 +349,42 @@ class ModelSource:
         under the memory engine's peak (weights, KV cache, workspace, context) without the
         estimate: where only whether it fits matters (a multi-GPU group that does not fit is
         not offered), the estimate is skipped when the floor alone does not fit."""
+        return not fits(self._floor_bytes(batch, scheme, candidate), candidate.device.memory_bytes)
+
+    def floor_fit(
+        self, batch: int, scheme: PrecisionScheme, candidate: Candidate
+    ) -> MemoryFit | None:
+        """The fit judged from the floor of :meth:`overfills` when that floor alone overfills
+        (``exact`` False: its required bytes are the floor's), else None."""
+        floor = self._floor_bytes(batch, scheme, candidate)
+        available = candidate.device.memory_bytes
+        if fits(floor, available):
+            return None
+        return MemoryFit(
+            required_bytes=floor, available_bytes=available, detail=FLOOR_DETAIL, exact=False
+        )
+
+    def _floor_bytes(self, batch: int, scheme: PrecisionScheme, candidate: Candidate) -> int:
+        """The requirement of the floor under the memory engine's peak [B]."""
         # Remembered per request on what the floor depends on (as in memory_fit)
         key = ("floor", batch, self._fit_base(scheme, candidate))
         required: int | None = self.memo.get(key)
         if required is None:
             bindings, attention, request, paged = self._memory_request(batch, scheme, candidate)
-            floor = inference_floor_bytes(
-                self.analysis(bindings, Logits.LAST, attention), request, plans=_PLANS
-            )
+            # shared by devices that differ only in their CUDA context, as the estimates are
+            free = context_free(request)
+            base = ("floor of", tuple(bindings.items()), free)
+            floor: int | None = self.memo.get(base)
+            if floor is None:
+                floor = self.memo[base] = inference_floor_bytes(
+                    self.analysis(bindings, Logits.LAST, attention), free, plans=_PLANS
+                )
             required = self.memo[key] = requirement(
-                floor + paged, (), safety_margin_fraction=DEFAULT_SAFETY_MARGIN_FRACTION
+                floor + context_bytes(request) + paged,
+                (),
+                safety_margin_fraction=DEFAULT_SAFETY_MARGIN_FRACTION,
             ).required_bytes  # grows with the peak: the requirement is at least this
-        return not fits(required, candidate.device.memory_bytes)
+        return required
 
     def required_bytes(self, batch: int, scheme: PrecisionScheme, candidate: Candidate) -> int:
         """The one requirement (app.domain.fit: the memory engine's inference peak with the
@@ -503,6 +527,13 @@ class ModelSource:
             f"{DEFAULT_SAFETY_MARGIN_FRACTION:.0%} safety margin; POST /v1/estimates/memory "
             "with the same options for the breakdown and the same fit",
         )
+
+
+FLOOR_DETAIL = (
+    "at least: a floor under the memory engine's inference peak (weights, KV cache, cuBLAS "
+    f"workspace and CUDA context) + {DEFAULT_SAFETY_MARGIN_FRACTION:.0%} safety margin, which "
+    "already overfills the device (the estimate was not needed for the verdict)"
+)
 
 
 def model_source(

@@ -19,8 +19,8 @@ def test_the_context_only_adds_to_the_peak() -> None:
     """Configurations of the memory snapshot (every model, runtime and allocator option; every
     7th inference and every 23rd training one, to keep the test short: both prime to the 20
     variants per precision and runtime), estimated with their
-    own CUDA context and with 256 MiB, have the peak of their context-free request plus that
-    context."""
+    own CUDA context and with 256 MiB, have the peak (and at inference the floor,
+    inference_floor_bytes) of their context-free request plus that context."""
     plans, replays = _Memo(), _Memo()
     checked = dict.fromkeys(Runtime, 0)
     for index, (_, analysis, request, _) in enumerate(_cases()):
@@ -39,6 +39,10 @@ def test_the_context_only_adds_to_the_peak() -> None:
             assert context_free(asked) == context_free(request)
             peak = M.estimate_memory(analysis, asked, plans=plans, replays=replays).peak_bytes
             assert peak == free.peak_bytes + context_bytes(asked)
+            if request.mode is Mode.INFERENCE:  # and so is its floor
+                floor = M.inference_floor_bytes(analysis, asked, plans=plans)
+                free_floor = M.inference_floor_bytes(analysis, context_free(asked), plans=plans)
+                assert floor == free_floor + context_bytes(asked)
         checked[request.runtime] += 1
     assert all(count > 100 for count in checked.values()), checked
 
