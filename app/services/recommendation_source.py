@@ -67,9 +67,10 @@ _REPLAYS: LruCache[tuple[Any, ...], AllocatorSnapshot] = LruCache(size=32, name=
 # what the memory engine derives from one analysis object (storage plans, forward and weight
 # allocator events, inference replays; keyed by the object, which each entry holds). A cold
 # default recommendation stores (benchmarks/recommendation_speed.py, "plans" column) 405 for
-# ResNet-50, BERT-base and BERT-large, 457 for Llama-2-7B, 535 for GPT-3 175B, and 877 for GPT-3
-# 175B with parallelism "both" (at size 512 its warm repeat recomputed 148 of them: 428 ms of
-# CPU against 242). An entry holds 4.5-27 KiB (tracemalloc; GPT-3 175B's the largest), so 1024
+# ResNet-50, BERT-base and BERT-large, 457 for Llama-2-7B, 517 for GPT-3 175B, and 877 for GPT-3
+# 175B with parallelism "both" (measured before single GPUs that overfill were judged on the
+# floor; at size 512 its warm repeat recomputed 148 of them: 428 ms of CPU against 242). An
+# entry holds 4.5-27 KiB (tracemalloc; GPT-3 175B's the largest), so 1024
 # hold at most ~28 MiB: RSS 183 MiB against 172 at size 512 after all those requests in one
 # process, within the deploy kit's 512Mi (deploy/kubernetes/deployment.yaml).
 _PLANS: LruCache[tuple[Any, ...], Any] = LruCache(size=1024, name="memory_plans")
