@@ -15,6 +15,7 @@ from app.domain.fit import fits, requirement
 from app.domain.graph.analysis import GraphAnalysis, effective_options
 from app.domain.memory.checkpoint import allowed_precisions
 from app.domain.memory.cuda_allocator import AllocatorSnapshot
+from app.domain.memory.cuda_runtime import context_bytes, context_free
 from app.domain.memory.estimate import (
     MemoryInputError,
     MemoryRequest,
@@ -66,9 +67,10 @@ _REPLAYS: LruCache[tuple[Any, ...], AllocatorSnapshot] = LruCache(size=32, name=
 # what the memory engine derives from one analysis object (storage plans, forward and weight
 # allocator events, inference replays; keyed by the object, which each entry holds). A cold
 # default recommendation stores (benchmarks/recommendation_speed.py, "plans" column) 405 for
-# ResNet-50, BERT-base and BERT-large, 457 for Llama-2-7B, 535 for GPT-3 175B, and 877 for GPT-3
-# 175B with parallelism "both" (at size 512 its warm repeat recomputed 148 of them: 428 ms of
-# CPU against 242). An entry holds 4.5-27 KiB (tracemalloc; GPT-3 175B's the largest), so 1024
+# ResNet-50, BERT-base and BERT-large, 457 for Llama-2-7B, 517 for GPT-3 175B, and 877 for GPT-3
+# 175B with parallelism "both" (measured before single GPUs that overfill were judged on the
+# floor; at size 512 its warm repeat recomputed 148 of them: 428 ms of CPU against 242). An
+# entry holds 4.5-27 KiB (tracemalloc; GPT-3 175B's the largest), so 1024
 # hold at most ~28 MiB: RSS 183 MiB against 172 at size 512 after all those requests in one
 # process, within the deploy kit's 512Mi (deploy/kubernetes/deployment.yaml).
 _PLANS: LruCache[tuple[Any, ...], Any] = LruCache(size=1024, name="memory_plans")
@@ -348,18 +350,42 @@ class ModelSource:
         under the memory engine's peak (weights, KV cache, workspace, context) without the
         estimate: where only whether it fits matters (a multi-GPU group that does not fit is
         not offered), the estimate is skipped when the floor alone does not fit."""
+        return not fits(self._floor_bytes(batch, scheme, candidate), candidate.device.memory_bytes)
+
+    def floor_fit(
+        self, batch: int, scheme: PrecisionScheme, candidate: Candidate
+    ) -> MemoryFit | None:
+        """The fit judged from the floor of :meth:`overfills` when that floor alone overfills
+        (``exact`` False: its required bytes are the floor's), else None."""
+        floor = self._floor_bytes(batch, scheme, candidate)
+        available = candidate.device.memory_bytes
+        if fits(floor, available):
+            return None
+        return MemoryFit(
+            required_bytes=floor, available_bytes=available, detail=FLOOR_DETAIL, exact=False
+        )
+
+    def _floor_bytes(self, batch: int, scheme: PrecisionScheme, candidate: Candidate) -> int:
+        """The requirement of the floor under the memory engine's peak [B]."""
         # Remembered per request on what the floor depends on (as in memory_fit)
         key = ("floor", batch, self._fit_base(scheme, candidate))
         required: int | None = self.memo.get(key)
         if required is None:
             bindings, attention, request, paged = self._memory_request(batch, scheme, candidate)
-            floor = inference_floor_bytes(
-                self.analysis(bindings, Logits.LAST, attention), request, plans=_PLANS
-            )
+            # shared by devices that differ only in their CUDA context, as the estimates are
+            free = context_free(request)
+            base = ("floor of", tuple(bindings.items()), free)
+            floor: int | None = self.memo.get(base)
+            if floor is None:
+                floor = self.memo[base] = inference_floor_bytes(
+                    self.analysis(bindings, Logits.LAST, attention), free, plans=_PLANS
+                )
             required = self.memo[key] = requirement(
-                floor + paged, (), safety_margin_fraction=DEFAULT_SAFETY_MARGIN_FRACTION
+                floor + context_bytes(request) + paged,
+                (),
+                safety_margin_fraction=DEFAULT_SAFETY_MARGIN_FRACTION,
             ).required_bytes  # grows with the peak: the requirement is at least this
-        return not fits(required, candidate.device.memory_bytes)
+        return required
 
     def required_bytes(self, batch: int, scheme: PrecisionScheme, candidate: Candidate) -> int:
         """The one requirement (app.domain.fit: the memory engine's inference peak with the
@@ -368,23 +394,28 @@ class ModelSource:
         bindings, attention, request, paged = self._memory_request(batch, scheme, candidate)
 
         def estimate() -> int:
-            base = ("estimate", tuple(bindings.items()), request)
-            result = self.memo.get(base)
-            if result is None:
+            # Devices that differ only in their CUDA context share one estimate (it is a line
+            # of its own, added to the peak: app.domain.memory.cuda_runtime.context_free)
+            free = context_free(request)
+            base = ("estimate", tuple(bindings.items()), free)
+            peak: int | None = self.memo.get(base)
+            if peak is None:
                 try:
-                    result = estimate_memory(
+                    peak = estimate_memory(
                         self.analysis(bindings, Logits.LAST, attention),
-                        request,
+                        free,
                         replays=_REPLAYS,  # keyed by the events: inline graphs too
                         plans=_PLANS,
                         explain=False,  # the fit reads the bytes only
-                    )
+                    ).peak_bytes
                 except MemoryInputError as exc:
                     raise InvalidInput(str(exc)) from exc
-                self.memo[base] = result
+                self.memo[base] = peak
+            # app.domain.fit.requirement's total: the peak (context and workspace lines
+            # included) with the safety margin on top
             return requirement(
-                result.peak_bytes + paged,
-                result.lines,
+                peak + context_bytes(request) + paged,
+                (),
                 safety_margin_fraction=DEFAULT_SAFETY_MARGIN_FRACTION,
             ).required_bytes
 
@@ -497,6 +528,13 @@ class ModelSource:
             f"{DEFAULT_SAFETY_MARGIN_FRACTION:.0%} safety margin; POST /v1/estimates/memory "
             "with the same options for the breakdown and the same fit",
         )
+
+
+FLOOR_DETAIL = (
+    "at least: a floor under the memory engine's inference peak (weights, KV cache, cuBLAS "
+    f"workspace and CUDA context) + {DEFAULT_SAFETY_MARGIN_FRACTION:.0%} safety margin, which "
+    "already overfills the device (the estimate was not needed for the verdict)"
+)
 
 
 def model_source(

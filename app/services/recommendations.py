@@ -312,6 +312,7 @@ def _recommend(
         host_step_s=RUNTIME_PROFILES[payload.serving_runtime].host_overhead_per_sequence_step_s,
         sizes_given=payload.batch_sizes is not None,
         max_batch_size=payload.max_batch_size,
+        shown=payload.limit,
     )
     return recommendation_response(
         payload,

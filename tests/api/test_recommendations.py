@@ -968,3 +968,46 @@ def test_a_model_no_gpu_holds_gets_tensor_parallel_groups(client: ApiClient) -> 
     assert [c["gpus"] for c in none["candidates"]] == [1]
     small = _recommend(client, model="gpt-2", devices=["nvidia-h100-sxm"], batch_sizes=[1])
     assert {c["gpus"] for c in small["candidates"]} == {1}
+
+
+def test_a_short_list_is_the_head_of_the_whole_list(
+    client: ApiClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With limit k the response is the whole list's first k candidates, with the same
+    paragraph and totals: candidates past k whose floor (weights, KV cache, workspace, context)
+    already overfills keep that verdict without a memory estimate, those shown get the
+    estimate's figures (Llama-2-7B at fp32 fits no 24 GB GPU, and no
+    other device shares those GPUs' estimates: the H100's cuBLAS workspace differs)."""
+    from app.domain.memory import estimate as memory
+    from app.services import recommendation_source as source
+
+    estimates: list[object] = []
+    real = memory.estimate_memory
+
+    def counted(*args: Any, **kwargs: Any) -> memory.MemoryEstimate:
+        estimates.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(source, "estimate_memory", counted)
+    asked = {
+        "model": "llama-2-7b",
+        "latency_slo_ms": 10_000,
+        "precisions": ["fp32", "fp16"],
+        "devices": ["nvidia-a10", "nvidia-l4", "nvidia-t4", "nvidia-h100-sxm"],
+    }
+    source.clear_caches()
+    whole = _recommend(client, **asked, limit=2000)
+    whole_estimates = len(estimates)
+    overfilled = [c for c in whole["candidates"] if not c["fits_in_memory"]]
+    assert overfilled
+    assert all("does not fit: needs " in " ".join(c["reasons"]) for c in overfilled)
+    assert all("at least" not in c["memory_detail"] for c in whole["candidates"])
+    for limit in (1, 3):
+        source.clear_caches()
+        estimates.clear()
+        short = _recommend(client, **asked, limit=limit)
+        assert short["candidates"] == whole["candidates"][:limit]
+        assert {k: v for k, v in short.items() if k != "candidates"} == {
+            k: v for k, v in whole.items() if k != "candidates"
+        }
+        assert 0 < len(estimates) < whole_estimates  # the overfilled ones were not estimated

@@ -7,13 +7,16 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Mapping
+from dataclasses import replace
 from operator import attrgetter
 
+from app.domain.hardware import FrameworkOverhead
 from app.domain.memory.allocator_events import forward_events_key, step_allocator_events
 from app.domain.memory.context import Estimation
 from app.domain.memory.cuda_allocator import AllocatorPeaks, replay_steady
 from app.domain.memory.liveness import storage_size_counts
 from app.domain.memory.memo import memoised
+from app.domain.memory.request import MemoryRequest
 from app.domain.memory.result import CudaMemory
 from app.domain.units import MIB
 from app.domain.workload import Runtime
@@ -192,3 +195,26 @@ def cuda_memory(
         first_iteration_reserved_bytes=first_reserved,
         expandable_segments=e.request.overhead.expandable_segments,
     )
+
+
+def context_free(request: MemoryRequest) -> MemoryRequest:
+    """``request`` without what only adds to an estimate's peak, for a caller that memoises
+    estimates of many devices: the CUDA context (:func:`cuda_lines` adds it as a line of its
+    own, after the allocator's figures and the fragmentation reserve; nothing else reads it),
+    and on a runtime other than CUDA the whole framework overhead (only :func:`cuda_lines` and
+    :func:`cuda_memory`, both CUDA only, read it). ``estimate_memory(a, request).peak_bytes ==
+    estimate_memory(a, context_free(request)).peak_bytes + context_bytes(request)``."""
+    overhead = request.overhead
+    if request.runtime is not Runtime.CUDA:
+        free = _NO_OVERHEAD
+    else:
+        free = replace(overhead, cuda_context_bytes=0, context_source="", context_default="")
+    return request if free == overhead else replace(request, overhead=free)
+
+
+def context_bytes(request: MemoryRequest) -> int:
+    """The CUDA context an estimate of ``request`` adds to its peak [B] (0 off CUDA)."""
+    return request.overhead.cuda_context_bytes if request.runtime is Runtime.CUDA else 0
+
+
+_NO_OVERHEAD = FrameworkOverhead()

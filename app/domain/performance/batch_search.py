@@ -31,6 +31,7 @@ from app.domain.performance.recommend import (
     assess_llm_server,
     assess_server,
     best_batch,
+    compared_index,
     llm_objective_floor,
     llm_plan,
     objective_key,
@@ -113,9 +114,16 @@ def search(
     host_step_s: float,
     sizes_given: bool,
     max_batch_size: int,
+    shown: int | None = None,
 ) -> list[Assessment]:
     """Every candidate assessed at each batch size that fits it, its best batch (server: the
     rate its simulated p99 allows) shown, ranked by ``objective``.
+
+    With ``shown`` (offline and single stream), only the first ``shown`` ranked answers and the
+    one :func:`~app.domain.performance.recommend.explain` compares the best with carry the
+    memory engine's requirement when they do not fit; the others' ``memory`` may be the floor
+    of ``source.floor_fit`` (``exact`` False) where that floor alone overfills: whether an
+    answer fits is all its rank depends on, and the estimate is the costly part.
 
     Parameters
     ----------
@@ -129,6 +137,7 @@ def search(
     host_step_s : the runtime's host work per sequence per decode step [s]
     sizes_given : the request listed its batch sizes (no concurrency search)
     max_batch_size : the largest batch the concurrency search may try [-]
+    shown : answers the caller shows with their memory figures (None: every one) [-]
     """
     options: dict[tuple[str, str], list[Assessment]] = {}
     # Candidates a smaller batch already overfilled: memory grows with the batch, so larger
@@ -157,6 +166,8 @@ def search(
     cals = [calibrations[calibration_class(c.device, s)] for c, s in runnable]
     # The request at each batch and precision (tensor-parallel: and degree), looked up once
     workloads: dict[tuple[int, str, int], PhasedRequest] = {}
+    floor_only = shown is not None and scenario is not Scenario.SERVER
+    judged: dict[int, tuple[int, int]] = {}  # id(assessment on a floor) -> (index, batch)
     for batch, index in plans:
         checkpoint()  # each plan predicts every layer: stop here past the deadline
         candidate, scheme = runnable[index]
@@ -167,7 +178,14 @@ def search(
         if candidate.gpus > 1 and source.overfills(batch, scheme, candidate):
             outgrown.add(key)  # a group that does not fit is not offered: no estimate needed
             continue
-        fit = source.memory_fit(batch, scheme, candidate)
+        # A floor is worth its cost where a device's first batch may overfill it
+        fit = (
+            source.floor_fit(batch, scheme, candidate)
+            if floor_only and key not in options
+            else None
+        )
+        if fit is None:
+            fit = source.memory_fit(batch, scheme, candidate)
         if not fit.fits:
             outgrown.add(key)
             if candidate.gpus > 1:
@@ -197,14 +215,43 @@ def search(
             workloads[which] = workload
         prediction = predict(workload, device, cals[index])
         prediction = in_scenario(with_decode_host_overhead(prediction, host_step_s), scenario)
-        options.setdefault(key, []).append(assess(prediction, fit, requirements))
+        answer = assess(prediction, fit, requirements)
+        options.setdefault(key, []).append(answer)
+        if not fit.exact:
+            judged[id(answer)] = (index, batch)
     if scenario is Scenario.SERVER and requirements.token_bounds:
-        shown = llm_server_assessments(source, list(options.values()), requirements)
+        shown_answers = llm_server_assessments(source, list(options.values()), requirements)
     elif scenario is Scenario.SERVER:
-        shown = server_assessments(list(options.values()), requirements)
+        shown_answers = server_assessments(list(options.values()), requirements)
     else:
-        shown = [best_batch(found, objective) for found in options.values()]
-    return rank(shown, objective)
+        ranked = rank([best_batch(found, objective) for found in options.values()], objective)
+        if shown is None:
+            return ranked
+        return _with_estimates(source, runnable, ranked, judged, shown, requirements)
+    return rank(shown_answers, objective)
+
+
+def _with_estimates(
+    source: WorkloadSource,
+    runnable: Sequence[Runnable],
+    ranked: list[Assessment],
+    judged: Mapping[int, tuple[int, int]],
+    shown: int,
+    requirements: Requirements,
+) -> list[Assessment]:
+    """``ranked`` with the answers a response shows (the first ``shown`` and the one the
+    paragraph compares the best with) assessed again on the memory engine's requirement where
+    they were judged on a floor: the verdict, and so the rank, stay."""
+    compared = compared_index(ranked)
+    for position in {*range(min(shown, len(ranked))), *([] if compared is None else [compared])}:
+        answer = ranked[position]
+        where = judged.get(id(answer))
+        if where is None:
+            continue
+        candidate, scheme = runnable[where[0]]
+        fit = source.memory_fit(where[1], scheme, candidate)
+        ranked[position] = assess(answer.prediction, fit, requirements)
+    return ranked
 
 
 def max_num_seqs(gpu_memory_bytes: int, requirements: Requirements) -> int:

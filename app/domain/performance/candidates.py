@@ -84,6 +84,12 @@ class WorkloadSource(Protocol):
         """Whether a floor under the requirement already exceeds the candidate's memory."""
         ...
 
+    def floor_fit(
+        self, batch: int, scheme: PrecisionScheme, candidate: Candidate
+    ) -> MemoryFit | None:
+        """The fit judged from that floor when it overfills (``exact`` False), else None."""
+        ...
+
     def max_concurrent_requests(
         self, scheme: PrecisionScheme, candidate: Candidate, limit: int
     ) -> int:
@@ -188,7 +194,7 @@ def tensor_parallel_groups(
         device = candidate.device
         if device.kind is not DeviceKind.GPU or device.parent is not None or most < 2:
             continue
-        if source.memory_fit(1, scheme, candidate).fits:
+        if source.fits(1, scheme, candidate):
             continue
         for degree in (d for d in TENSOR_PARALLEL_DEGREES if d <= most):
             group = tensor_parallel_group(candidate, degree)
@@ -282,7 +288,7 @@ def pipeline_groups(
         device = candidate.device
         if device.kind is not DeviceKind.GPU or device.parent is not None:
             continue
-        if candidate.gpus > 1 or source.memory_fit(1, scheme, candidate).fits:
+        if candidate.gpus > 1 or source.fits(1, scheme, candidate):
             continue
         for want_hybrid in (False, True) if strategy is ParallelStrategy.BOTH else (False,):
             for tensor, stages in shapes:

@@ -192,6 +192,7 @@ class MemoryFit:
     required_bytes: int
     available_bytes: int
     detail: str
+    exact: bool = True  # False: required_bytes is a floor under the requirement, which overfills
 
     def __post_init__(self) -> None:
         for name in ("required_bytes", "available_bytes"):
@@ -311,7 +312,8 @@ def assess(
     reasons: list[str] = []
     if not memory.fits:
         reasons.append(
-            f"does not fit: needs {memory.required_bytes / 2**30:.2f} GiB, has "
+            f"does not fit: needs {'' if memory.exact else 'at least '}"
+            f"{memory.required_bytes / 2**30:.2f} GiB, has "
             f"{memory.available_bytes / 2**30:.2f} GiB"
         )
     slo = requirements.latency_slo_s
@@ -827,7 +829,13 @@ def explain(
     )
     if quantized := quantization_sentence(p):
         text += " " + quantized
-    others = [o for o in ranked[1:] if _is_cpu(o) != _is_cpu(best)]
-    if others:
-        text += " " + _comparison(best, others[0], objective, requirements)
+    if (other := compared_index(ranked)) is not None:
+        text += " " + _comparison(best, ranked[other], objective, requirements)
     return text + tail
+
+
+def compared_index(ranked: Sequence[Assessment]) -> int | None:
+    """Where the assessment is that :func:`explain` compares the best one with: the best of
+    the other device kind (CPU or accelerator), if any."""
+    cpu = bool(ranked) and _is_cpu(ranked[0])
+    return next((i for i in range(1, len(ranked)) if _is_cpu(ranked[i]) != cpu), None)
