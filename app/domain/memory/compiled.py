@@ -65,8 +65,14 @@ _MLP_RECOMPUTED_PREFIXES = ("activated_gate", "activation_part")
 
 def mlp_kept(saved: tuple[Saved, ...]) -> tuple[Saved, ...]:
     """An ``mlp`` layer's kept tensors under compile: eager's minus act(gate) (gated) and a
-    composite activation's intermediates, recomputed in backward from the matmul outputs."""
-    return tuple(item for item in saved if not item.label.startswith(_MLP_RECOMPUTED_PREFIXES))
+    composite activation's intermediates, recomputed in backward from the matmul outputs.
+    Under autocast eager keeps no 16-bit pre-activation (``gelu_new``'s ``pow`` keeps its fp32
+    cast instead); the partitioner saves the up projection's 16-bit output to recompute from."""
+    kept = tuple(item for item in saved if not item.label.startswith(_MLP_RECOMPUTED_PREFIXES))
+    parts = [item for item in saved if item.label.startswith("activation_part")]
+    if parts and not any(item.label == "pre_activation" for item in kept):
+        kept += (Saved(label="pre_activation", source="new", numel=parts[0].numel),)
+    return kept
 
 
 def rmsnorm_kept(saved: tuple[Saved, ...]) -> tuple[Saved, ...]:

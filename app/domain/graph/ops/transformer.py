@@ -414,12 +414,13 @@ def _ffn_saved(activation: str, wide: int, *, autocast: bool = False) -> list[Sa
     which keeps the 16-bit cast. 16 B an intermediate value against 10 B at a 16-bit dtype (GPT-2
     small AMP on an H100: the gap was 20,053 B a token and layer, these 6 B x 3,072 are 18,432)."""
     if activation == "gelu_new" and autocast:
+        fp32 = Storage.FP32
         return [
-            Saved(label="pow_input_fp32", source="new", numel=wide, storage=Storage.FP32),
+            Saved(label="activation_part_pow_input", source="new", numel=wide, storage=fp32),
             Saved(label="activated", source="new", numel=wide),
-            Saved(label="tanh_fp32", source="new", numel=wide, storage=Storage.FP32),
-            Saved(label="one_plus_tanh_fp32", source="new", numel=wide, storage=Storage.FP32),
-            Saved(label="half_input", source="new", numel=wide),
+            Saved(label="activation_part_tanh", source="new", numel=wide, storage=fp32),
+            Saved(label="activation_part_one_plus_tanh", source="new", numel=wide, storage=fp32),
+            Saved(label="activation_part_half_input", source="new", numel=wide),
         ]
     if activation in _GATED:
         return [
