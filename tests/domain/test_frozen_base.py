@@ -24,7 +24,7 @@ from app.domain.memory.liveness import build_plan, kept_storages
 from app.domain.peft import lora_plan
 from app.domain.peft.lora import LoraConfig
 from app.domain.precision import Precision
-from app.domain.workload import Checkpointing, Mode, Optimizer, Runtime
+from app.domain.workload import Checkpointing, Mode, Optimizer, Parallelism, Runtime
 
 MIB = 1 << 20
 ROWS, WIDTH = 4096, 256
@@ -206,3 +206,18 @@ def test_checkpointed_units_adapters_and_transients_exist_only_while_a_layer_run
     assert "adapter_transient" not in lines[Checkpointing.NONE]
     unit = ROWS * 8 * 4 + ROWS * WIDTH * (4 + 4) + 3 * WIDTH * 4
     assert lines[Checkpointing.NONE]["adapter_activations"] == 4 * unit == 34_091_008
+
+
+def test_deepspeed_zero3_linear_keeps_every_frozen_input_after_the_first_adapter() -> None:
+    """The same chain, LoRA on fc2, under DeepSpeed ZeRO-3: zero.Init's
+    ``LinearFunctionForZeroStage3`` saves (input, weight, bias) whatever needs a gradient, so
+    fc3 keeps its input (the 4 MiB out2) as in full training; fc0 and fc1 still keep nothing
+    (their autograd Function records no graph: no input needs a gradient)."""
+    lora = LoraConfig(r=8, target_modules=("fc2",))
+    zero3 = _request(Precision.FP32, lora, parallelism=Parallelism(zero_stage=3))
+    assert zero3.parallelism.uses_deepspeed  # one data rank: ZeRO-3 is DeepSpeed's
+    frozen = _frozen(_chain(), zero3)
+    assert frozen.kept == {2: frozenset({"input"}), 3: frozenset({"input"})}
+    assert _kept_by_graph(_chain(), zero3) == [0, 0, 4 * MIB, 4 * MIB]
+    plain = _request(Precision.FP32, lora)
+    assert _kept_by_graph(_chain(), plain) == [0, 0, 4 * MIB, 0]

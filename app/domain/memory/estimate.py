@@ -453,6 +453,9 @@ def request_frozen_base(
         adapter_shares_input=plan.activation == 4 and not plan.weight_cache and not config.dropout,
         cast_bytes=plan.weight_cache,
         cast_layers=cast_layers,
+        # DeepSpeed ZeRO-3: its Linear keeps the input whatever needs a gradient
+        linear_keeps_input=request.parallelism.zero_stage == 3
+        and request.parallelism.uses_deepspeed,
     )
 
 

@@ -58,6 +58,8 @@ from app.domain.peft import LoraModule, LoraPlan, linear_modules
 # projection's input (the gated product, the activation's output: GELU / SiLU keep their own
 # input, ``pre_activation`` / ``gate``), RMSNorm's normalized hidden states (the weight's
 # ``mul``), an embedding's indices.
+# Of those, the inputs of Linear layers (``F.linear``), as opposed to RMSNorm's and embeddings'
+_LINEAR_INPUT_LABELS = frozenset({"input", "context", "product", "activated"})
 WEIGHT_GRAD_LABELS: Mapping[str, frozenset[str]] = {
     "linear": frozenset({"input"}),
     "attention": frozenset({"input", "context"}),
@@ -115,6 +117,7 @@ def frozen_base(
     adapter_shares_input: bool,
     cast_bytes: int,
     cast_layers: frozenset[int] | None = None,
+    linear_keeps_input: bool = False,
 ) -> FrozenBase:
     """The frozen base of ``lora`` on ``layers``.
 
@@ -128,6 +131,13 @@ def frozen_base(
     cast_layers : frozenset of int, optional
         The layers whose frozen weights autocast casts (None: every Linear-like layer; a
         4-bit base: only those kept unquantized).
+    linear_keeps_input : bool
+        Whether every Linear keeps its input whatever needs a gradient: DeepSpeed ZeRO-3's
+        ``LinearFunctionForZeroStage3`` (``deepspeed/runtime/zero/linear.py``:
+        ``ctx.save_for_backward(input, weight, bias)``), which ``zero.Init`` installs as
+        ``torch.nn.functional.linear`` ("This will persist unless manually reset",
+        ``partition_parameters.py``; transformers' ``from_pretrained`` builds a model under
+        ``zero.Init`` when ZeRO-3 is on). Rule 1 then holds for RMSNorm and embeddings only.
     """
     trainable = set(lora.saved_layers)
     starts = [m.layer for m in lora.modules] + list(trainable) + list(lora.bias_layers)
@@ -143,6 +153,11 @@ def frozen_base(
             label = adapter_input_label(module, by_layer.get(module.layer, [module]))
             labels = {"product", "activated"} if label == "down_input" else {label}
             kept[module.layer] = kept.get(module.layer, frozenset()) | labels
+    if linear_keeps_input:
+        for index, layer in enumerate(layers):
+            inputs = WEIGHT_GRAD_LABELS.get(layer.op, frozenset()) & _LINEAR_INPUT_LABELS
+            if index >= first and index not in trainable and inputs:
+                kept[index] = kept.get(index, frozenset()) | inputs
     casts: dict[int, int] = {}
     if cast_bytes:
         for index, layer in enumerate(layers):
