@@ -16,6 +16,7 @@ from app.domain.memory.context import Estimation, StepTensors
 from app.domain.memory.cuda_allocator import Event, EventsKey
 from app.domain.memory.liveness import (
     StoragePlan,
+    adapter_tensor_id,
     checkpoint_unit,
     new_tensor_id,
     offload_last_keepers,
@@ -116,31 +117,45 @@ class _Offload(NamedTuple):
     at_backward: list[int]  # ids still on the GPU at the end of forward (copy in flight)
     back_at: dict[int, list[int]]  # backward layer -> ids copied back before it
     keeper: dict[int, int]  # id -> its earliest keeper (the copy back is freed after it)
+    sizes: dict[int, int]  # id -> bytes
+    adapters: dict[int, int]  # layer -> the id of its LoRA adapters' kept tensors, offloaded
 
 
 def _offload_schedule(
-    analysis: GraphAnalysis, plan: StoragePlan, recompute: Mapping[str, int]
+    analysis: GraphAnalysis,
+    plan: StoragePlan,
+    recompute: Mapping[str, int],
+    adapters: Mapping[int, int],
 ) -> _Offload:
     """:class:`_Offload` of ``plan``: every kept tensor but the model's inputs and output (the
-    caller holds them), as :func:`offload_peaks` offloads them."""
+    caller holds them), and the LoRA adapters' kept tensors of ``adapters`` (layer -> bytes),
+    as :func:`offload_peaks` offloads them."""
     layers = len(analysis.layers)
     last_keeper = offload_last_keepers(analysis, plan, recompute)
     release_after: dict[int, list[int]] = {}
     at_backward: list[int] = []
     back_at: dict[int, list[int]] = {}
     keeper: dict[int, int] = {}
-    for key, first in plan.first_saver.items():
-        if key in plan.pinned or not plan.sizes.get(key):
-            continue
+    sizes: dict[int, int] = {}
+    # id -> (earliest keeper, released before this forward layer, last keeper)
+    schedule = {
+        key: (first, released_at(plan, key, first), last_keeper.get(key, first))
+        for key, first in plan.first_saver.items()
+        if key not in plan.pinned and plan.sizes.get(key)
+    }
+    ids = {index: adapter_tensor_id(index) for index, size in adapters.items() if size}
+    for index, key in ids.items():
+        schedule[key] = (index, index + 2, index)
+        sizes[key] = adapters[index]
+    for key, (first, released, last) in schedule.items():
         keeper[key] = first
-        released = released_at(plan, key, first)  # freed before this forward layer
+        sizes.setdefault(key, plan.sizes.get(key, 0))
         if released < layers:
             release_after.setdefault(released - 1, []).append(key)
         else:
             at_backward.append(key)
-        back = min(layers - 1, last_keeper.get(key, first) + 1)
-        back_at.setdefault(back, []).append(key)
-    return _Offload(release_after, at_backward, back_at, keeper)
+        back_at.setdefault(min(layers - 1, last + 1), []).append(key)
+    return _Offload(release_after, at_backward, back_at, keeper, sizes, ids)
 
 
 def _forward_events(
@@ -194,8 +209,12 @@ def _forward_events(
         kept: list[int] = []
         if training and not (recompute and checkpoint_unit(layer.name) in recompute):
             if adapter_saved and adapter_saved.get(index):
-                kept.append(_FORWARD_KEYS + len(events))
-                add(("alloc", kept[-1], adapter_saved[index]))
+                key = _FORWARD_KEYS + len(events)
+                add(("alloc", key, adapter_saved[index]))
+                if offload is not None and index in offload.adapters:  # packed to the host
+                    on_gpu[offload.adapters[index]] = key
+                else:
+                    kept.append(key)
             for slot, size in op.new_kept:
                 key = _FORWARD_KEYS + len(events)
                 add(("alloc", key, size))
@@ -517,7 +536,7 @@ def step_allocator_events(
         else [[] for _ in layers]
     )
     offload = (
-        _offload_schedule(analysis, plan, e.recompute)
+        _offload_schedule(analysis, plan, e.recompute, e.offloaded_adapters)
         if request.training_options.activation_offload
         else None
     )
@@ -616,7 +635,7 @@ def step_allocator_events(
             if offload is not None:  # unpacked: copied back from the host (prefetched)
                 for kept_id in offload.back_at.get(index, ()):
                     back[kept_id] = len(events)
-                    add(("alloc", len(events), plan.sizes[kept_id]))
+                    add(("alloc", len(events), offload.sizes[kept_id]))
             key = len(events)
             add(("alloc", key, grad_in_bytes[index]))
             buffers = buffers_of[index]
@@ -640,6 +659,8 @@ def step_allocator_events(
                 elif storage in live:
                     live.discard(storage)
                     add(("free", ~storage, 0))
+            if offload is not None and offload.adapters.get(index) in back:  # LoRA's, back
+                add(("free", back.pop(offload.adapters[index]), 0))
             for key in new_keys[index]:
                 add(("free", key, 0))
             if recipe is not None:  # the recomputed tensors only this layer still keeps

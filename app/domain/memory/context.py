@@ -73,6 +73,7 @@ class Estimation:
     # LoRA under full checkpointing: (bytes, formula) of the adapter tensors kept before the
     # backward recomputes a unit (those outside checkpointed units)
     adapter_early: tuple[int, str] | None = None
+    offloaded_adapters: dict[int, int] = field(default_factory=dict)  # of those, on the host
     # Training options (app.domain.workload.TrainingOptions):
     held_words: str = "held across micro-batches"  # why held_grads are live
     # optimizer in backward: the largest parameter's gradient and step temporaries [B], its words
