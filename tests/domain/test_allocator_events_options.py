@@ -12,6 +12,7 @@ import app.domain.memory.allocator_events as allocator_events
 import app.domain.memory.cuda_allocator as cuda_allocator
 import app.domain.memory.cuda_runtime as engine
 from app.domain.graph.analysis import GraphAnalysis, InputDecl, analyze
+from app.domain.graph.ops import TensorKind
 from app.domain.memory.cuda_allocator import AllocatorPeaks
 from app.domain.memory.estimate import MemoryEstimate, MemoryRequest, analyze_for, estimate_memory
 from app.domain.memory.liveness import checkpoint_unit
@@ -488,3 +489,43 @@ def test_offload_packs_the_lora_adapters_saved_tensors(monkeypatch: pytest.Monke
         monkeypatch, _chain(), _chain_request(optimizer=Optimizer.SGD, lora=request.lora)
     )
     assert {line.key: line.bytes for line in plain.lines}["adapter_activations"] == saved
+
+
+def test_chunked_loss_replays_the_forward_end_and_frees_the_log_probs_in_backward(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """loss_chunks=8 on a bf16 embedding + head LM (1,024 tokens, vocab 1,000), CUDA: the
+    replay's peak is the breakdown's, the forward's end: weights 256,000, ids and labels
+    16,384, the embedding's output 131,072 and the logits 2,048,000 (the activations line),
+    every chunk's fp32 log-probabilities 4,096,000, one chunk's logits.float() copy 128 x
+    1,000 x 4 = 512,000, the two cuBLAS workspaces. In backward every chunk's loss runs
+    first (two fp32 chunk gradients), then the log-probabilities are freed and the head's
+    backward reads the logits' whole gradient (2,048,000 bf16), the logits dropped."""
+    ids = InputDecl(name="ids", shape=(1, 1024), kind=TensorKind.INDEX)
+    lm = [
+        {"name": "embed", "op": "embedding", "num_embeddings": 1000, "embedding_dim": 64},
+        {"name": "lm_head", "op": "linear", "out_features": 1000, "bias": False},
+    ]
+    analysis = analyze([ids], lm, {}, training=True)
+    request = MemoryRequest(
+        mode=Mode.TRAINING,
+        precision=Precision.BF16,
+        runtime=Runtime.CUDA,
+        optimizer=Optimizer.SGD,
+        training_options=TrainingOptions(loss_chunks=8),
+    )
+    estimate, (first, steady) = _replayed(monkeypatch, analysis, request)
+    lines = {line.key: line.bytes for line in estimate.lines}
+    assert estimate.peak_phase == "forward"
+    assert (lines["activations"], lines["loss"], lines["transient"]) == (
+        131_072 + 2_048_000,
+        4_096_000,
+        512_000,
+    )
+    expected = 256_000 + 16_384 + 131_072 + 2_048_000 + 4_096_000 + 512_000 + WORKSPACES
+    assert steady.requested_bytes == first.requested_bytes == expected == 74_168_320
+    # the loss's backward: the logits dropped, two fp32 chunk gradients (2 x 512,000)
+    backward = estimate.phase_peaks["backward"] - (
+        lines["allocator_rounding"] + lines["fragmentation_reserve"] + lines["cuda_context"]
+    )
+    assert backward == expected - 2_048_000 - 512_000 + 2 * 512_000

@@ -348,9 +348,19 @@ def _loss_backward(events: list[Event], step: StepTensors, loss: int, out_grad: 
     gradient alone. Else ``NllLossBackward``'s gradient of the log-probabilities, then
     ``LogSoftmaxBackward``'s of its input, after which the nll gradient and the kept
     log-probabilities (key ``loss``) are freed; with an upcast, ``ToCopyBackward`` casts the
-    fp32 gradient to the logits' dtype and the fp32 one is freed."""
+    fp32 gradient to the logits' dtype and the fp32 one is freed. Chunked
+    (``loss_chunk_bytes``): every chunk's loss backward runs before the head's, each with two
+    fp32 chunk gradients; the first's, then the log-probabilities freed and the logits' whole
+    gradient (the chunks' together) allocated."""
     add = events.append
-    if loss < 0 or not step.loss_grad_bytes:  # chunked: its log-probs stay to the end
+    if loss >= 0 and step.loss_chunk_bytes:
+        nll = _alloc(events, step.loss_chunk_bytes)
+        grad = _alloc(events, step.loss_chunk_bytes)
+        add(("free", nll, 0))
+        add(("free", grad, 0))
+        add(("free", loss, 0))
+        return _alloc(events, out_grad)
+    if loss < 0 or not step.loss_grad_bytes:
         return _alloc(events, out_grad)
     nll = _alloc(events, step.loss_grad_bytes)
     grad = _alloc(events, step.loss_grad_bytes if step.loss_upcast_bytes else out_grad)
@@ -669,8 +679,6 @@ def step_allocator_events(
         for key in recomputed_keys.values():
             add(("free", key, 0))
         add(("free", grad_in, 0))
-        if step.loss_bytes and not step.loss_grad_bytes:  # chunked: freed after backward
-            add(("free", loss, 0))
         for key in range(gathered_from, gathered_from + len(gathered)):
             add(("free", key, 0))  # FSDP resharded after backward
         if iteration == 0 and step.state_total and not on_host:  # lazy: by the first step()

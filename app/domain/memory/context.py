@@ -101,6 +101,7 @@ class StepTensors:
     in_backward: bool = False  # optimizer in backward: each gradient stepped and freed at once
     loss_upcast_bytes: int = 0  # HF ForCausalLMLoss: logits.float(), freed when it returns
     loss_grad_bytes: int = 0  # each of nll_loss's and log_softmax's gradients in backward
+    loss_chunk_bytes: int = 0  # loss_chunks: one chunk's fp32 gradient (nll_loss's, log_softmax's)
 
 
 def moment_at(phase: str, static: Mapping[str, int], peak: Peak, loss: int) -> Moment:

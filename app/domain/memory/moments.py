@@ -104,6 +104,9 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
     loss = 0 if options.loss is LossKind.LOGITS_SUM else loss_bytes(analysis, sizer)
     logits_bytes = storage_plan.sizes.get(analysis.output_storage, 0)
     loss_parts = NO_LOSS if options.loss_chunks else loss_tensors(analysis, logits_bytes, loss)
+    chunk_grad = chunk_upcast = 0
+    if options.loss_chunks is not None:
+        chunk_grad, chunk_upcast = _chunk_sizes(e, loss, options.loss_chunks, logits_bytes)
     e.step = StepTensors(
         grad_element=grad_element,
         grad_shard=grad_shard,
@@ -112,8 +115,9 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
         cache_total=params * plan.weight_cache // model_shard if plan.weight_cache else 0,
         labels_bytes=labels_bytes,
         loss_bytes=loss,
-        loss_upcast_bytes=loss_parts.upcast_bytes,
+        loss_upcast_bytes=loss_parts.upcast_bytes or chunk_upcast,
         loss_grad_bytes=loss_parts.grad_bytes,
+        loss_chunk_bytes=chunk_grad,
         temporaries_total=ceil_fraction(Fraction(temporaries_full, state_shard)),
         temporaries_largest=step_temporaries.layout is TemporariesLayout.LARGEST_TWICE,
         accumulate=request.accumulation_steps > 1 or request.training_options.keep_gradients,
@@ -176,7 +180,9 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
     # the loop keeps the loss, not the output: the logits die once the loss is computed
     # (Trainer.compute_loss returns the loss alone, torchtune's recipes ``del logits``)
     e.output_dropped = (
-        bool(loss_parts.grad_bytes) and _output_droppable(e) and not options.keep_outputs
+        bool(loss_parts.grad_bytes or chunk_grad)
+        and _output_droppable(e)
+        and not options.keep_outputs
     )
     dropped = storage_plan.sizes.get(analysis.output_storage, 0) if e.output_dropped else 0
     bwd_peak = backward_peak(
@@ -216,7 +222,7 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
         )
     loss_moments: list[Peak] = []
     if options.loss_chunks is not None:
-        fwd_end, loss_moments = _chunked_loss(e, end_bytes, loss, options.loss_chunks)
+        fwd_end, loss_moments = _chunked_loss(e, end_bytes, dropped, chunk_grad, chunk_upcast)
     elif loss_parts.grad_bytes:
         fwd_end, loss_moments = _hf_loss(e, fwd_end, loss_parts, dropped)
     if in_backward:
@@ -252,9 +258,9 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
             moment_at("forward", {**between, **temp, **previous_parts}, fwd_peak, 0),
             moment_at("forward", {**between, **previous_parts}, fwd_end, loss),
             *(moment_at("backward", between, peak, loss) for peak in loss_moments),
-            # the log-probabilities die with LogSoftmaxBackward (the loss moment's) unless
-            # chunked: then each chunk's stay until its own backward
-            moment_at("backward", kept, bwd_peak, loss if options.loss_chunks else 0),
+            # the log-probabilities die with LogSoftmaxBackward (the loss moment's), chunked
+            # too: every chunk's loss backward runs before the output head's
+            moment_at("backward", kept, bwd_peak, 0),
         ]
         if not in_backward and not offloaded:  # in backward / on the host: no GPU step
             moments.append(Moment(phase="optimizer_step", parts=dict(step_parts)))
@@ -514,16 +520,19 @@ def _hf_loss(
     return end, [replace(at_loss, at="loss")]
 
 
-def _chunked_loss(e: Estimation, end_bytes: int, loss: int, chunks: int) -> tuple[Peak, list[Peak]]:
-    """torchtune's CEWithChunkedOutputLoss (torchtune/modules/loss/ce_chunked_output_loss.py,
-    torchtune 0.6: the output head runs per chunk of tokens, ``logits.float()`` and
-    ``F.cross_entropy`` per chunk): the fp32 upcast of one chunk at a time is a transient at
-    the end of forward; in eager autograd ``log_softmax`` keeps its fp32 output for every chunk
-    (the loss line, as unchunked), and backward runs chunk by chunk (the last created first),
-    each holding the fp32 gradients of its log-probabilities and of its upcast input.
-    Forward end: ``ceil(rows / chunks) x vocab x 4``; the loss's backward: twice that."""
-    analysis = e.analysis
-    shape = analysis.output_shape
+def _chunk_sizes(e: Estimation, loss: int, chunks: int, logits_bytes: int) -> tuple[int, int]:
+    """torchtune's CEWithChunkedOutputLoss (torchtune 0.6 torchtune/modules/loss/
+    ce_chunked_output_loss.py: ``compute_cross_entropy`` = ``F.cross_entropy(logits.float(),
+    labels, reduction="sum")`` per chunk of the output head's chunked logits): (one chunk's
+    fp32 size, its ``logits.float()`` copy: 0 when the logits are fp32, since
+    ``Tensor.float()`` returns the tensor itself) [B]: ``ceil(rows / chunks) x vocab x 4``.
+
+    Raises
+    ------
+    TrainingOptionError
+        The output is not token-level logits with a loss outside the graph (``loss_chunks``).
+    """
+    shape = e.analysis.output_shape
     if len(shape) < 3 or not loss:
         raise TrainingOptionError(
             "loss_chunks chunks a token-level loss: the model's output is not [batch, seq, "
@@ -531,20 +540,43 @@ def _chunked_loss(e: Estimation, end_bytes: int, loss: int, chunks: int) -> tupl
             field="loss_chunks",
         )
     rows, vocab = math.prod(shape[:-1]), shape[-1]
-    chunk_rows = -(-rows // chunks)
-    upcast = chunk_rows * vocab * 4
+    chunk = -(-rows // chunks) * vocab * 4
     words = f"ceil({rows:,} [tokens] / {chunks} [loss_chunks]) x {vocab:,} [vocab] x 4 [B fp32]"
-    e.loss_transient = {
-        "end": (upcast, f"{words} [one chunk's logits.float() upcast]"),
-        "loss": (2 * upcast, f"2 x {words} [one chunk's fp32 gradients: log-probs, upcast]"),
-    }
-    e.assumptions.append(
-        f"loss_chunks={chunks}: torchtune's CEWithChunkedOutputLoss: the fp32 upcast and the "
-        "loss's fp32 gradients exist one chunk at a time; the fp32 log-probabilities "
-        "log_softmax keeps for backward stay for every chunk (eager autograd)"
+    upcast = 0 if logits_bytes == math.prod(shape) * 4 else chunk
+    if upcast:
+        e.loss_transient["end"] = (upcast, f"{words} [one chunk's logits.float() upcast]")
+    e.loss_transient["loss"] = (
+        2 * chunk,
+        f"2 x {words} [one chunk's fp32 gradients: nll_loss's of its log-probs, log_softmax's "
+        "of its input]",
     )
+    e.assumptions.append(
+        f"loss_chunks={chunks}: torchtune's CEWithChunkedOutputLoss: the output head's chunks "
+        "(the whole logits) live until the loss returns, with every chunk's fp32 "
+        "log-probabilities (log_softmax keeps them) and one chunk's fp32 upcast; the loop then "
+        "drops the logits (torchtune's del logits). In backward every chunk's loss runs "
+        "before the output head's (autograd runs the later-created node first): each holds "
+        "two fp32 chunk gradients and frees its log-probabilities, so the head's backward "
+        "holds the logits' whole gradient and no log-probabilities"
+    )
+    return chunk, upcast
+
+
+def _chunked_loss(
+    e: Estimation, end_bytes: int, dropped: int, chunk: int, upcast: int
+) -> tuple[Peak, list[Peak]]:
+    """The forward's end and the loss's backward with ``loss_chunks``
+    (:func:`_chunk_sizes`; measured on an H200, benchmarks/fidelity/cuda/
+    cuda_measurements_peft.json: GPT-2 fp32 AdamW batch 4 x 512 with 8 chunks, allocated
+    4,370 MiB, at the forward's end; the rule before held the logits and every chunk's
+    log-probabilities through backward: 4,813). The end: the activations with the output and
+    the upcast of one chunk; the loss's backward (its first chunk, the largest moment): the
+    activations without the dropped output, two fp32 chunk gradients."""
+    activations = end_bytes - dropped
+    if "loss" in e.offload_terms:  # offloaded: the last layers' copies have left
+        activations = e.offload_terms["loss"][0][0]
     return Peak(activations=end_bytes, transient=upcast, at="end"), [
-        Peak(activations=end_bytes, transient=2 * upcast, at="loss")
+        Peak(activations=activations, transient=2 * chunk, at="loss")
     ]
 
 
