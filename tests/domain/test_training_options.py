@@ -13,6 +13,7 @@ from app.domain.memory.estimate import MemoryEstimate, MemoryRequest, estimate_m
 from app.domain.memory.formulas import bnb_adamw_state
 from app.domain.precision import Precision
 from app.domain.workload import (
+    LossKind,
     Mode,
     Optimizer,
     Parallelism,
@@ -394,3 +395,42 @@ def test_cpu_offload_needs_zero2_or_3() -> None:
     with pytest.raises(TrainingOptionError) as raised:
         Parallelism(data=2, zero_stage=1, cpu_offload=True)
     assert raised.value.field == "parallelism/cpu_offload"
+
+
+def test_autocast_copies_are_freed_by_their_gemm_backward() -> None:
+    """AMP bf16: autocast caches a 16-bit copy of each GEMM weight for the forward and the
+    GEMM keeps it for its input's gradient (MmBackward's mat2), so it lives until that
+    layer's backward; an embedding's weight is never cast (checked on the CPU, torch 2.13:
+    under autocast the embedding's output is fp32 and only the Linear's bf16 weight is
+    saved). Embedding(1000, 1024) + three Linear(1024, 1024) on 64 ids, SGD, logits summed."""
+    layers = [{"name": "embed", "op": "embedding", "num_embeddings": 1000, "embedding_dim": 1024}]
+    layers += [
+        {"name": f"fc{i}", "op": "linear", "out_features": 1024, "bias": False} for i in range(3)
+    ]
+    ids = InputDecl(name="ids", shape=(64,), kind=TensorKind.INDEX)
+    estimate = estimate_memory(
+        analyze([ids], layers, {}, training=True),
+        _train(
+            optimizer=Optimizer.SGD,
+            precision=Precision.AMP_BF16,
+            training_options=TrainingOptions(loss=LossKind.LOGITS_SUM),
+        ),
+    )
+    lines = _lines(estimate)
+    # the line: 3 x 1,048,576 weights x 2 B (the embedding's 1,024,000 not cast; the rule
+    # before charged all 4,169,728 params: 8,339,456 B); the peak, the embedding's backward
+    # (every gradient allocated), holds none: the three copies went with fc2..fc0's backward
+    assert estimate.peak_phase == "backward"
+    assert lines["weight_cast_cache"] == 0
+    assert "3,145,728 [params autocast casts" in _formula(estimate, "weight_cast_cache")
+    assert "- 6,291,456 [B: copies of the layers whose backward ran" in _formula(
+        estimate, "weight_cast_cache"
+    )
+    # weights 4,169,728 x 4 and their gradients, ids + labels, the output and its gradient,
+    # the ids' gradient slot
+    assert estimate.peak_bytes == 2 * 16_678_912 + 1_024 + 131_072 + 131_584 == 33_621_504
+    _formulas_hold(estimate)
+
+
+def _formula(estimate: MemoryEstimate, key: str) -> str:
+    return next(line.formula for line in estimate.lines if line.key == key)

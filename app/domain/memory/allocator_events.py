@@ -95,7 +95,7 @@ class _ForwardEvents(NamedTuple):
     """The forward's events, as :func:`step_allocator_events` describes them."""
 
     events: list[Event]
-    cache_keys: list[int]  # autocast's 16-bit weight copies
+    cache_keys: list[list[int]]  # per layer, autocast's 16-bit weight copies
     new_keys: list[list[int]]  # per layer, the tensors it creates to keep (still on the GPU)
     live: set[int]  # storages it allocated that are still live at its end
     on_gpu: dict[int, int]  # offloaded: kept tensor (plan id) -> its key, still on the GPU
@@ -189,7 +189,7 @@ def _forward_events(
             freed_after.setdefault(index, []).append(storage)
     events: list[Event] = []
     add = events.append
-    cache_keys: list[int] = []
+    cache_keys: list[list[int]] = []
     new_keys: list[list[int]] = []
     forward_live: set[int] = set()
     on_gpu: dict[int, int] = {}  # offloaded kept tensors allocated and not yet released
@@ -198,9 +198,10 @@ def _forward_events(
         if not index & CHECK_EVERY_MASK:
             checkpoint()  # app.domain.budget: stop here past the request's deadline
         op = plan.op_sizes[index]
+        cache_keys.append([])
         for size in cache[index]:
-            cache_keys.append(_FORWARD_KEYS + len(events))
-            add(("alloc", cache_keys[-1], size))
+            cache_keys[-1].append(_FORWARD_KEYS + len(events))
+            add(("alloc", cache_keys[-1][-1], size))
         if plan.out_alloc[index]:
             add(("alloc", ~layer.output_storage, plan.out_alloc[index]))
             forward_live.add(layer.output_storage)
@@ -610,8 +611,11 @@ def step_allocator_events(
             if e.output_dropped and analysis.output_storage in live:  # the caller drops it
                 live.discard(analysis.output_storage)
                 add(("free", ~analysis.output_storage, 0))
-        for key in cache_keys:  # autocast's cache ends with the forward
-            add(("free", key, 0))
+        # autocast's cache ends with the forward; a GEMM's copy stays saved until its backward
+        saved_casts = e.released_casts or [0] * len(layers)
+        for index, keys in enumerate(cache_keys):
+            if not saved_casts[index]:
+                events.extend(("free", key, 0) for key in keys)
         back: dict[int, int] = {}  # offloaded: kept tensor -> its copy back on the GPU
         if offload is not None:  # the last layers' kept tensors: their copies have left
             for kept_id in offload.at_backward:
@@ -673,6 +677,8 @@ def step_allocator_events(
                 add(("free", back.pop(offload.adapters[index]), 0))
             for key in new_keys[index]:
                 add(("free", key, 0))
+            if saved_casts[index]:  # its autocast copies: the GEMM's saved mat2, released
+                events.extend(("free", key, 0) for key in cache_keys[index])
             if recipe is not None:  # the recomputed tensors only this layer still keeps
                 for slot in recipe.released_after.get(index, ()):
                     add(("free", recomputed_keys.pop(slot), 0))

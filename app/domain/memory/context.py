@@ -66,6 +66,8 @@ class Estimation:
     lora: LoraPlan | None = None  # training with LoRA: what the adapters adapt and train
     grad_tensors: list[list[int]] | None = None  # LoRA: per layer, its trainable tensors' bytes
     cast_tensors: list[list[int]] | None = None  # LoRA: per layer, autocast's copies of them
+    released_casts: list[int] | None = None  # autocast: per layer, copies its backward frees
+    cast_cache_bytes: int = 0  # autocast: the weight_cast_cache line before any release
     qlora: QuantizedBase | None = None  # QLoRA: the 4-bit base's modules and bytes
     weight_tensors: list[list[int]] | None = None  # QLoRA: per layer, the base's tensors' bytes
     adapter_tensors: list[list[int]] | None = None  # LoRA: per layer, its adapters' weights [B]
@@ -109,6 +111,8 @@ def moment_at(phase: str, static: Mapping[str, int], peak: Peak, loss: int) -> M
     parts["gradients"] = parts.get("gradients", 0) + peak.gradients
     parts["activations"] = peak.activations
     parts["transient"] = peak.transient
+    if peak.cache_released and "weight_cast_cache" in parts:  # freed by their GEMM's backward
+        parts["weight_cast_cache"] -= min(peak.cache_released, parts["weight_cast_cache"])
     if loss:
         parts["loss"] = loss
     return Moment(phase=phase, parts=parts, at=peak.at, index=peak.index)

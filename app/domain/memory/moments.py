@@ -36,16 +36,18 @@ from app.domain.memory.formulas import (
 )
 from app.domain.memory.frozen import trainable_lines
 from app.domain.memory.liveness import (
+    UNCAST_OPS,
     Peak,
     apply_full_checkpointing,
     backward_peak,
     build_timeline,
+    cast_params,
     checkpoint_unit,
     forward_peak,
     layer_gradient_bytes,
     offload_peaks,
 )
-from app.domain.memory.loss import NO_LOSS, LossTensors, loss_tensors
+from app.domain.memory.loss import NO_LOSS, LossTensors, chunk_sizes, chunked_loss, loss_tensors
 from app.domain.memory.loss import SOURCE as LOSS_SOURCE
 from app.domain.memory.memo import layer_totals, memoised
 from app.domain.memory.returned_cache import returned_cache
@@ -56,7 +58,6 @@ from app.domain.workload import (
     LossKind,
     Optimizer,
     Parallelism,
-    TrainingOptionError,
 )
 
 
@@ -106,7 +107,7 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
     loss_parts = NO_LOSS if options.loss_chunks else loss_tensors(analysis, logits_bytes, loss)
     chunk_grad = chunk_upcast = 0
     if options.loss_chunks is not None:
-        chunk_grad, chunk_upcast = _chunk_sizes(e, loss, options.loss_chunks, logits_bytes)
+        chunk_grad, chunk_upcast = chunk_sizes(e, loss, options.loss_chunks, logits_bytes)
     e.step = StepTensors(
         grad_element=grad_element,
         grad_shard=grad_shard,
@@ -127,6 +128,17 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
         f"ceil({temporaries_full:,} [B: {temp_note}] / {state_shard} [{shard_words(1)}])"
     )
     cache = params * plan.weight_cache // model_shard if plan.weight_cache else 0
+    cast_words = f"{params:,} [params]"
+    if cache and lora is None:  # the layers autocast casts a weight for (cast_params)
+        casting = sum(cast_params(analysis))
+        cache = casting * plan.weight_cache // model_shard
+        cast_words = f"{casting:,} [params autocast casts: all but embeddings and norms]"
+    elif cache and lora is not None and (uncast := _uncast_copies(e, lora)):
+        cache = (params - uncast) * plan.weight_cache // model_shard
+        cast_words = (
+            f"({params:,} [params] - {uncast:,} [modules_to_save copies of embeddings and "
+            "norms: autocast casts none])"
+        )
     recompute: dict[str, int] = {}
     if request.checkpointing is Checkpointing.FULL:
         recompute = apply_full_checkpointing(analysis, storage_plan)
@@ -185,8 +197,10 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
         and not options.keep_outputs
     )
     dropped = storage_plan.sizes.get(analysis.output_storage, 0) if e.output_dropped else 0
+    casts = e.released_casts = _released_casts(e, cache, model_shard)
+    e.cast_cache_bytes = cache
     bwd_peak = backward_peak(
-        analysis, storage_plan, timeline, end_bytes - dropped, grad_layers, recompute
+        analysis, storage_plan, timeline, end_bytes - dropped, grad_layers, recompute, casts
     )
     if options.activation_offload:
         offloaded_adapters = offloaded_adapters_of(e, recompute) if lora is not None else {}
@@ -222,7 +236,7 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
         )
     loss_moments: list[Peak] = []
     if options.loss_chunks is not None:
-        fwd_end, loss_moments = _chunked_loss(e, end_bytes, dropped, chunk_grad, chunk_upcast)
+        fwd_end, loss_moments = chunked_loss(e, end_bytes, dropped, chunk_grad, chunk_upcast)
     elif loss_parts.grad_bytes:
         fwd_end, loss_moments = _hf_loss(e, fwd_end, loss_parts, dropped)
     if in_backward:
@@ -292,7 +306,7 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
         f"[{shard_words(1)}]) = {state_bytes:,} B",
         master_weights=f"ceil({params:,} [params] x {plan.master} [B fp32 master copy] / "
         f"{state_shard} [{shard_words(1)}]) = {host_master:,} B",
-        weight_cast_cache=f"floor({params:,} [params] x {plan.weight_cache} [B autocast weight "
+        weight_cast_cache=f"floor({cast_words} x {plan.weight_cache} [B autocast weight "
         f"copy] / {model_shard} [tensor x pipeline]) = {cache:,} B",
     )
     notes["transient"] = [temp_note]
@@ -520,71 +534,40 @@ def _hf_loss(
     return end, [replace(at_loss, at="loss")]
 
 
-def _chunk_sizes(e: Estimation, loss: int, chunks: int, logits_bytes: int) -> tuple[int, int]:
-    """torchtune's CEWithChunkedOutputLoss (torchtune 0.6 torchtune/modules/loss/
-    ce_chunked_output_loss.py: ``compute_cross_entropy`` = ``F.cross_entropy(logits.float(),
-    labels, reduction="sum")`` per chunk of the output head's chunked logits): (one chunk's
-    fp32 size, its ``logits.float()`` copy: 0 when the logits are fp32, since
-    ``Tensor.float()`` returns the tensor itself) [B]: ``ceil(rows / chunks) x vocab x 4``.
-
-    Raises
-    ------
-    TrainingOptionError
-        The output is not token-level logits with a loss outside the graph (``loss_chunks``).
-    """
-    shape = e.analysis.output_shape
-    if len(shape) < 3 or not loss:
-        raise TrainingOptionError(
-            "loss_chunks chunks a token-level loss: the model's output is not [batch, seq, "
-            "vocab] logits with a loss outside the graph",
-            field="loss_chunks",
-        )
-    rows, vocab = math.prod(shape[:-1]), shape[-1]
-    chunk = -(-rows // chunks) * vocab * 4
-    words = f"ceil({rows:,} [tokens] / {chunks} [loss_chunks]) x {vocab:,} [vocab] x 4 [B fp32]"
-    upcast = 0 if logits_bytes == math.prod(shape) * 4 else chunk
-    if upcast:
-        e.loss_transient["end"] = (upcast, f"{words} [one chunk's logits.float() upcast]")
-    e.loss_transient["loss"] = (
-        2 * chunk,
-        f"2 x {words} [one chunk's fp32 gradients: nll_loss's of its log-probs, log_softmax's "
-        "of its input]",
-    )
-    e.assumptions.append(
-        f"loss_chunks={chunks}: torchtune's CEWithChunkedOutputLoss: the output head's chunks "
-        "(the whole logits) live until the loss returns, with every chunk's fp32 "
-        "log-probabilities (log_softmax keeps them) and one chunk's fp32 upcast; the loop then "
-        "drops the logits (torchtune's del logits). In backward every chunk's loss runs "
-        "before the output head's (autograd runs the later-created node first): each holds "
-        "two fp32 chunk gradients and frees its log-probabilities, so the head's backward "
-        "holds the logits' whole gradient and no log-probabilities"
-    )
-    return chunk, upcast
-
-
-def _chunked_loss(
-    e: Estimation, end_bytes: int, dropped: int, chunk: int, upcast: int
-) -> tuple[Peak, list[Peak]]:
-    """The forward's end and the loss's backward with ``loss_chunks``
-    (:func:`_chunk_sizes`; measured on an H200, benchmarks/fidelity/cuda/
-    cuda_measurements_peft.json: GPT-2 fp32 AdamW batch 4 x 512 with 8 chunks, allocated
-    4,370 MiB, at the forward's end; the rule before held the logits and every chunk's
-    log-probabilities through backward: 4,813). The end: the activations with the output and
-    the upcast of one chunk; the loss's backward (its first chunk, the largest moment): the
-    activations without the dropped output, two fp32 chunk gradients."""
-    activations = end_bytes - dropped
-    if "loss" in e.offload_terms:  # offloaded: the last layers' copies have left
-        activations = e.offload_terms["loss"][0][0]
-    return Peak(activations=end_bytes, transient=upcast, at="end"), [
-        Peak(activations=activations, transient=2 * chunk, at="loss")
-    ]
-
-
 def _lora_plan(plan: PrecisionPlan) -> PrecisionPlan:
     """The precision plan of LoRA's trainable tensors: PEFT keeps adapters in fp32
     (``autocast_adapter_dtype=True``), so their gradients and optimizer state are fp32 and
     need no master copy; autocast caches a cast of them (leaf tensors that require grad)."""
     return replace(plan, grad=Fraction(4), master=0, state_slot=4)
+
+
+def _uncast_copies(e: Estimation, lora: LoraPlan) -> int:
+    """The params of modules_to_save copies autocast never casts (:data:`UNCAST_OPS`: an
+    embedding's or a norm's trainable copy runs on its own weight), out of the cache line."""
+    layers = e.analysis.layers
+    return sum(
+        math.prod(shape)
+        for index, shapes in zip(lora.saved_layers, lora.saved_shapes, strict=True)
+        if layers[index].op in UNCAST_OPS
+        for shape in shapes
+    )
+
+
+def _released_casts(e: Estimation, cache: int, model_shard: int) -> list[int] | None:
+    """Per layer, the weight_cast_cache bytes its backward frees (:func:`cast_params`): a
+    LoRA model's are its adapters' copies (the frozen base is not cached). Sets the
+    replay's per-layer copies (``cast_tensors``) for a model without LoRA."""
+    if not cache:
+        return None
+    if e.cast_tensors is None:  # each cast parameter tensor, a tied weight as one more
+        cast = int(e.plan.weight_cache)
+        e.cast_tensors = []
+        for layer, numel in zip(e.analysis.layers, cast_params(e.analysis), strict=True):
+            sizes = [math.prod(shape) for shape in layer.result.param_shapes] if numel else []
+            if numel > sum(sizes):
+                sizes.append(numel - sum(sizes))
+            e.cast_tensors.append([-(-size * cast // model_shard) for size in sizes])
+    return [sum(sizes) for sizes in e.cast_tensors]
 
 
 def _lora_static(
@@ -615,7 +598,7 @@ def _lora_static(
             tensors[index].append(-(-numel * num // den))
         else:  # a modules_to_save copy: the base's gradient dtype (frozen.trainable_lines)
             tensors[index].append(ceil_fraction(numel * e.plan.grad / grad_shard))
-        if cast:
+        if cast and (position < adapters or e.analysis.layers[index].op not in UNCAST_OPS):
             casts[index].append(numel * cast // model_shard)
         element = Fraction(4) if position < adapters else e.plan.weight  # as the line's
         weights[index].append(ceil_fraction(numel * element / model_shard))
