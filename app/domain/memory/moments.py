@@ -16,6 +16,7 @@ from app.domain.memory.adapters import (
     inference_adapters,
 )
 from app.domain.memory.adapters import offloaded_adapters as offloaded_adapters_of
+from app.domain.memory.casts import released_casts, uncast_copies
 from app.domain.memory.context import Estimation, Moment, StepTensors, moment_at
 from app.domain.memory.cross_kv import cross_attention_kv_numel
 from app.domain.memory.deepspeed import deepspeed_buffers
@@ -133,7 +134,7 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
         casting = sum(cast_params(analysis))
         cache = casting * plan.weight_cache // model_shard
         cast_words = f"{casting:,} [params autocast casts: all but embeddings and norms]"
-    elif cache and lora is not None and (uncast := _uncast_copies(e, lora)):
+    elif cache and lora is not None and (uncast := uncast_copies(e, lora)):
         cache = (params - uncast) * plan.weight_cache // model_shard
         cast_words = (
             f"({params:,} [params] - {uncast:,} [modules_to_save copies of embeddings and "
@@ -197,7 +198,7 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
         and not options.keep_outputs
     )
     dropped = storage_plan.sizes.get(analysis.output_storage, 0) if e.output_dropped else 0
-    casts = e.released_casts = _released_casts(e, cache, model_shard)
+    casts = e.released_casts = released_casts(e, cache, model_shard)
     e.cast_cache_bytes = cache
     bwd_peak = backward_peak(
         analysis, storage_plan, timeline, end_bytes - dropped, grad_layers, recompute, casts
@@ -539,35 +540,6 @@ def _lora_plan(plan: PrecisionPlan) -> PrecisionPlan:
     (``autocast_adapter_dtype=True``), so their gradients and optimizer state are fp32 and
     need no master copy; autocast caches a cast of them (leaf tensors that require grad)."""
     return replace(plan, grad=Fraction(4), master=0, state_slot=4)
-
-
-def _uncast_copies(e: Estimation, lora: LoraPlan) -> int:
-    """The params of modules_to_save copies autocast never casts (:data:`UNCAST_OPS`: an
-    embedding's or a norm's trainable copy runs on its own weight), out of the cache line."""
-    layers = e.analysis.layers
-    return sum(
-        math.prod(shape)
-        for index, shapes in zip(lora.saved_layers, lora.saved_shapes, strict=True)
-        if layers[index].op in UNCAST_OPS
-        for shape in shapes
-    )
-
-
-def _released_casts(e: Estimation, cache: int, model_shard: int) -> list[int] | None:
-    """Per layer, the weight_cast_cache bytes its backward frees (:func:`cast_params`): a
-    LoRA model's are its adapters' copies (the frozen base is not cached). Sets the
-    replay's per-layer copies (``cast_tensors``) for a model without LoRA."""
-    if not cache:
-        return None
-    if e.cast_tensors is None:  # each cast parameter tensor, a tied weight as one more
-        cast = int(e.plan.weight_cache)
-        e.cast_tensors = []
-        for layer, numel in zip(e.analysis.layers, cast_params(e.analysis), strict=True):
-            sizes = [math.prod(shape) for shape in layer.result.param_shapes] if numel else []
-            if numel > sum(sizes):
-                sizes.append(numel - sum(sizes))
-            e.cast_tensors.append([-(-size * cast // model_shard) for size in sizes])
-    return [sum(sizes) for sizes in e.cast_tensors]
 
 
 def _lora_static(
