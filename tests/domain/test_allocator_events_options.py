@@ -12,6 +12,7 @@ import app.domain.memory.allocator_events as allocator_events
 import app.domain.memory.cuda_allocator as cuda_allocator
 import app.domain.memory.cuda_runtime as engine
 from app.domain.graph.analysis import GraphAnalysis, InputDecl, analyze
+from app.domain.graph.ops import TensorKind
 from app.domain.memory.cuda_allocator import AllocatorPeaks
 from app.domain.memory.estimate import MemoryEstimate, MemoryRequest, analyze_for, estimate_memory
 from app.domain.memory.liveness import checkpoint_unit
@@ -246,11 +247,12 @@ def test_activation_offload_frees_kept_tensors_and_copies_them_back(
     # (the caller dropped the logits after the loss). Before the loss's tensors: fc3's
     # backward with the logits and the log-probabilities held, 8 x 4 MiB + 256 KiB.
     assert plain.requested_bytes == persistent + 7 * VALUE == 97_550_336
-    # With it, fc2's backward: x, the logits (held to the end: offloading's schedule), out1
-    # and out0 back from the host, fc3's input gradient (fc2's output gradient), fc2's input
-    # gradient, fc3's and fc2's weight gradients; the log-probabilities died with
-    # LogSoftmaxBackward (before: held too, + 4 MiB).
-    assert steady.requested_bytes == persistent + 6 * VALUE + 2 * WEIGHT == 93_880_320
+    # With it, fc2's backward: x, out1 and out0 back from the host, fc3's input gradient
+    # (fc2's output gradient), fc2's input gradient, fc3's and fc2's weight gradients; the
+    # log-probabilities died with LogSoftmaxBackward, and the caller dropped the logits after
+    # the loss as without offload (the output is not packed; until the H200 peft measurements
+    # of 2026-11-28 the schedule held it to the end: + 4 MiB, 93,880,320 B)
+    assert steady.requested_bytes == persistent + 5 * VALUE + 2 * WEIGHT == 89_686_016
     # The breakdown's moment is the same one (x is the inputs line; until issue 32 the
     # activations repeated it).
     lines = {line.key: line.bytes for line in estimate.lines}
@@ -260,10 +262,12 @@ def test_activation_offload_frees_kept_tensors_and_copies_them_back(
     assert not any("does not model the offload" in a for a in estimate.assumptions)
     assert estimate.cuda is not None
     assert plain_estimate.cuda is not None
-    # allocated falls by the breakdown's 4 MiB - 2 x 256 KiB (without offload the peak is the
-    # loss's backward, no weight gradient yet; before the loss's tensors it was fc3's backward
-    # and the fall 4 MiB - 256 KiB); reserved stays (the same segments)
-    assert plain_estimate.cuda.allocated_bytes - estimate.cuda.allocated_bytes == VALUE - 2 * WEIGHT
+    # allocated falls by the breakdown's 2 x 4 MiB - 2 x 256 KiB (without offload the peak is
+    # the loss's backward, no weight gradient yet; 4 MiB - 2 x 256 KiB while the offloaded step
+    # held the logits; before the loss's tensors it was fc3's backward and the fall 4 MiB -
+    # 256 KiB)
+    fall = plain_estimate.cuda.allocated_bytes - estimate.cuda.allocated_bytes
+    assert fall == 2 * VALUE - 2 * WEIGHT
 
 
 def test_cpu_offload_replays_no_weights_gradients_or_state_on_the_gpu(
@@ -329,12 +333,13 @@ def test_offloaded_checkpoint_input_is_back_for_the_units_recompute(
     # breakdown before the recompute rule: 142,606,336 B at layers.1.fc0)
     assert lines["inputs"] == WIDE + LABELS
     assert lines["activations"] == 2 * WIDE
-    # the replay there: those three, the head's input gradient (64 MiB), the logits (held:
-    # offloading's schedule) and the logits' gradient (4 MiB each), the head's weight gradient;
-    # the log-probabilities died with LogSoftmaxBackward (app.domain.memory.loss; before it,
-    # + 4 MiB: 373,850,112 B; before the prefetch rule, 323,780,608 B)
-    expected = UNIT_WEIGHTS + LABELS + WORKSPACES + 4 * WIDE + 2 * VALUE + 4096 * 256 * 4
-    assert steady.requested_bytes == expected == 369_655_808
+    # the replay there: those three, the head's input gradient (64 MiB), the logits' gradient
+    # (4 MiB), the head's weight gradient; the log-probabilities died with LogSoftmaxBackward
+    # (app.domain.memory.loss; before it, + 4 MiB: 373,850,112 B; before the prefetch rule,
+    # 323,780,608 B) and the caller dropped the logits after the loss (until the H200 peft
+    # measurements of 2026-11-28 offloading's schedule held them: + 4 MiB, 369,655,808 B)
+    expected = UNIT_WEIGHTS + LABELS + WORKSPACES + 4 * WIDE + VALUE + 4096 * 256 * 4
+    assert steady.requested_bytes == expected == 365_461_504
 
 
 # --- LoRA -------------------------------------------------------------------------------------
@@ -447,3 +452,80 @@ def test_zero2_cpu_offload_keeps_the_weights_and_no_gradient(
     assert steady.requested_bytes == expected == 2_097_550_336
     # before the loss's tensors: fc3's backward with 8 values, 2,101,744,640 B; before that
     # 2,102,924,288 B
+
+
+def test_offload_packs_the_lora_adapters_saved_tensors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """activation_offload with LoRA r=8 on fc1 of the chain: save_on_cpu and torchtune's
+    OffloadActivations pack every saved tensor that is no nn.Parameter, so lora_A's output
+    (4096 x 8 x 4 B = 128 KiB, kept by lora_B) goes to the host with out0 (the H200 run
+    of 2026-11-28: Llama-3-8B-2L LoRA offloaded, allocated 5,936 / 5,968 MiB, the estimate
+    7,059 while it kept the adapters' 610 MiB and the logits on the GPU). The frozen base
+    (app.domain.memory.frozen): fc0 keeps nothing (before the first trainable tensor), fc1's
+    input out0 is kept by lora_A (the same storage: fp32, no dropout), fc2 and fc3 keep no
+    input (only their weights' gradients would read it). Both are back for fc1's backward."""
+    request = _chain_request(
+        optimizer=Optimizer.SGD,
+        lora=LoraConfig(r=8, target_modules=("fc1",)),
+        training_options=TrainingOptions(activation_offload=True),
+    )
+    estimate, (first, steady) = _replayed(monkeypatch, _chain(), request)
+    lines = {line.key: line.bytes for line in estimate.lines}
+    host = {line.key: line.bytes for line in estimate.host_lines or ()}
+    adapters, saved = 2 * 8 * 256 * 4, 4096 * 8 * 4
+    assert VALUE + saved == 4_325_376
+    assert host == {"offloaded_activations": 4_325_376}
+    assert "adapter_activations" not in lines  # none left on the GPU (no checkpointing)
+    # fc1's backward: out0 + lora_A's output back from the host, fc1's output and input
+    # gradients; the frozen weights have no gradient, the adapters' 16 KiB exist (LoRA: the
+    # gradients line, from fc1's backward on)
+    assert (estimate.peak_phase, lines["activations"]) == ("backward", VALUE + saved)
+    assert (lines["transient"], lines["gradients"]) == (2 * VALUE, adapters)
+    # the replay: the same tensors (x held by the caller)
+    persistent = 4 * WEIGHT + adapters + LABELS + WORKSPACES
+    expected = persistent + VALUE + VALUE + saved + 2 * VALUE + adapters
+    assert steady.requested_bytes == first.requested_bytes == expected == 85_131_264
+    # without offload the adapters' tensor was a line of its own at every moment
+    plain, _ = _replayed(
+        monkeypatch, _chain(), _chain_request(optimizer=Optimizer.SGD, lora=request.lora)
+    )
+    assert {line.key: line.bytes for line in plain.lines}["adapter_activations"] == saved
+
+
+def test_chunked_loss_replays_the_forward_end_and_frees_the_log_probs_in_backward(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """loss_chunks=8 on a bf16 embedding + head LM (1,024 tokens, vocab 1,000), CUDA: the
+    replay's peak is the breakdown's, the forward's end: weights 256,000, ids and labels
+    16,384, the embedding's output 131,072 and the logits 2,048,000 (the activations line),
+    every chunk's fp32 log-probabilities 4,096,000, one chunk's logits.float() copy 128 x
+    1,000 x 4 = 512,000, the two cuBLAS workspaces. In backward every chunk's loss runs
+    first (two fp32 chunk gradients), then the log-probabilities are freed and the head's
+    backward reads the logits' whole gradient (2,048,000 bf16), the logits dropped."""
+    ids = InputDecl(name="ids", shape=(1, 1024), kind=TensorKind.INDEX)
+    lm = [
+        {"name": "embed", "op": "embedding", "num_embeddings": 1000, "embedding_dim": 64},
+        {"name": "lm_head", "op": "linear", "out_features": 1000, "bias": False},
+    ]
+    analysis = analyze([ids], lm, {}, training=True)
+    request = MemoryRequest(
+        mode=Mode.TRAINING,
+        precision=Precision.BF16,
+        runtime=Runtime.CUDA,
+        optimizer=Optimizer.SGD,
+        training_options=TrainingOptions(loss_chunks=8),
+    )
+    estimate, (first, steady) = _replayed(monkeypatch, analysis, request)
+    lines = {line.key: line.bytes for line in estimate.lines}
+    assert estimate.peak_phase == "forward"
+    assert (lines["activations"], lines["loss"], lines["transient"]) == (
+        131_072 + 2_048_000,
+        4_096_000,
+        512_000,
+    )
+    expected = 256_000 + 16_384 + 131_072 + 2_048_000 + 4_096_000 + 512_000 + WORKSPACES
+    assert steady.requested_bytes == first.requested_bytes == expected == 74_168_320
+    # the loss's backward: the logits dropped, two fp32 chunk gradients (2 x 512,000)
+    backward = estimate.phase_peaks["backward"] - (
+        lines["allocator_rounding"] + lines["fragmentation_reserve"] + lines["cuda_context"]
+    )
+    assert backward == expected - 2_048_000 - 512_000 + 2 * 512_000

@@ -221,3 +221,28 @@ def test_deepspeed_zero3_linear_keeps_every_frozen_input_after_the_first_adapter
     assert _kept_by_graph(_chain(), zero3) == [0, 0, 4 * MIB, 4 * MIB]
     plain = _request(Precision.FP32, lora)
     assert _kept_by_graph(_chain(), plain) == [0, 0, 4 * MIB, 0]
+
+
+def test_autocast_casts_a_trainable_linear_copy_but_no_norm_copy() -> None:
+    """Under autocast a modules_to_save copy is a leaf that requires grad: a Linear's copy is
+    cached once (weight_cast_cache, no per-use cast in the graph), a LayerNorm's copy is never
+    cast (norms run in fp32: liveness.UNCAST_OPS), so it adds nothing to the line. LoRA r=8 on
+    fc1 of a LayerNorm + four-Linear chain: the adapters' casts 2 x 8 x 256 x 2 B = 8,192 B."""
+    norm: list[dict[str, object]] = [{"name": "ln", "op": "layernorm"}]
+    analysis = analyze([InputDecl(name="x", shape=(ROWS, WIDTH))], norm + CHAIN, {}, training=True)
+    casts = {}
+    for saved in ("ln", "fc3"):
+        config = LoraConfig(r=8, target_modules=("fc1",), modules_to_save=(saved,))
+        request = _request(Precision.AMP_BF16, config)
+        assert lora_plan(analysis.layers, config).saved_params > 0
+        estimate = estimate_memory(analysis, request)
+        casts[saved] = {line.key: line.bytes for line in estimate.lines}["weight_cast_cache"]
+    adapters = 2 * 8 * WIDTH * 2
+    assert (
+        casts
+        == {"ln": adapters, "fc3": adapters + WIDTH * WIDTH * 2}
+        == {
+            "ln": 8_192,
+            "fc3": 139_264,
+        }
+    )

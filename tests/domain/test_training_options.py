@@ -13,6 +13,7 @@ from app.domain.memory.estimate import MemoryEstimate, MemoryRequest, estimate_m
 from app.domain.memory.formulas import bnb_adamw_state
 from app.domain.precision import Precision
 from app.domain.workload import (
+    LossKind,
     Mode,
     Optimizer,
     Parallelism,
@@ -174,38 +175,65 @@ def _lm(seq: int = 8) -> GraphAnalysis:
 
 
 def test_loss_chunks_divide_the_fp32_upcast() -> None:
-    # 1,024 tokens x 1,000 vocab, SGD (no state). Held at the end of forward: weights 128,000 x
-    # 4 = 512,000; ids + labels 2 x 1,024 x 8 = 16,384 (the ids the embedding keeps are these:
-    # counted once since issue 32, which took 8,192 B off); the embedding's output 1,024 x 64 x
-    # 4 = 262,144; the logits 1,024,000 x 4 = 4,096,000; the fp32 log-probabilities of every
-    # chunk 4,096,000. Together 8,982,528.
-    held = 512_000 + 16_384 + 262_144 + 4_096_000 + 4_096_000
-    for chunks, upcast in ((1, 4_096_000), (4, 1_024_000), (3, 1_368_000)):
-        # one chunk's upcast: ceil(1,024 / chunks) x 1,000 x 4 B
-        assert upcast == -(-1024 // chunks) * 1000 * 4
+    # 1,024 tokens x 1,000 vocab, bf16, SGD (no state). Held at the end of forward: weights
+    # 128,000 x 2 = 256,000; ids + labels 2 x 1,024 x 8 = 16,384; the embedding's output
+    # 1,024 x 64 x 2 = 131,072; the logits (every chunk of the head's output) 1,024,000 x 2 =
+    # 2,048,000; the fp32 log-probabilities of every chunk 4,096,000. Together 6,547,456.
+    held = 256_000 + 16_384 + 131_072 + 2_048_000 + 4_096_000
+    for chunks, chunk in ((1, 4_096_000), (4, 1_024_000), (3, 1_368_000), (8, 512_000)):
+        # one chunk's fp32 size: ceil(1,024 / chunks) x 1,000 x 4 B
+        assert chunk == -(-1024 // chunks) * 1000 * 4
         options = TrainingOptions(loss_chunks=chunks)
         estimate = estimate_memory(
-            _lm(1024), _train(optimizer=Optimizer.SGD, training_options=options)
+            _lm(1024),
+            _train(optimizer=Optimizer.SGD, precision=Precision.BF16, training_options=options),
         )
-        assert estimate.phase_peaks["forward"] == held + upcast
-        if chunks == 1:  # the loss's backward: two fp32 chunk gradients beside what is held
-            assert estimate.peak_bytes == held + 2 * upcast == 17_174_528
-            assert _lines(estimate)["loss"] == 4_096_000
+        # the forward's end: what is held and one chunk's logits.float() copy
+        assert estimate.phase_peaks["forward"] == held + chunk
+        # the loss's backward (its first chunk): the logits dropped (torchtune's del logits),
+        # two fp32 chunk gradients; the head's backward after every chunk's holds no
+        # log-probabilities (autograd runs the later-created loss nodes first)
+        assert estimate.phase_peaks["backward"] == held - 2_048_000 + 2 * chunk
         _formulas_hold(estimate)
-    whole = estimate_memory(_lm(1024), _train(optimizer=Optimizer.SGD))
-    assert whole.phase_peaks["forward"] == held == 8_982_528  # Hugging Face's: no upcast term
+    assert held == 6_547_456
+    # one chunk is Hugging Face's whole-sequence loss, to the byte
+    whole = estimate_memory(_lm(1024), _train(optimizer=Optimizer.SGD, precision=Precision.BF16))
+    one = estimate_memory(
+        _lm(1024),
+        _train(
+            optimizer=Optimizer.SGD,
+            precision=Precision.BF16,
+            training_options=TrainingOptions(loss_chunks=1),
+        ),
+    )
+    assert whole.phase_peaks == one.phase_peaks
+    assert whole.peak_bytes == one.peak_bytes == 12_691_456
 
 
-def test_loss_chunks_peak_falls_with_the_chunk_count() -> None:
-    peaks = [
-        estimate_memory(
+def test_loss_chunks_of_fp32_logits_copy_nothing() -> None:
+    """fp32 logits: ``Tensor.float()`` returns the tensor itself, no chunk is copied; the
+    peak is the forward's end once the chunks' two gradients are smaller than the logits
+    (measured on an H200: GPT-2 fp32 batch 4 x 512, 8 chunks, allocated 4,370 MiB at the
+    forward's end; the rule before, 4,813, held the logits and every log-probability through
+    the backward of the head)."""
+    # weights 512,000 + ids and labels 16,384 + the embedding's output 262,144 + the fp32
+    # logits 4,096,000 + the log-probabilities 4,096,000
+    held = 512_000 + 16_384 + 262_144 + 4_096_000 + 4_096_000
+    peaks = {}
+    for k in (1, 2, 8):
+        estimate = estimate_memory(
             _lm(1024),
             _train(optimizer=Optimizer.SGD, training_options=TrainingOptions(loss_chunks=k)),
-        ).phase_peaks["forward"]
-        for k in (1, 2, 8)
-    ]
-    assert peaks[0] - peaks[1] == 2_048_000  # 4,096,000 - 2,048,000
-    assert peaks[1] - peaks[2] == 2_048_000 - 512_000
+        )
+        assert estimate.phase_peaks["forward"] == held == 8_982_528
+        peaks[k] = estimate.phase_peaks["backward"]
+        _formulas_hold(estimate)
+    # the loss's backward: held less the logits, two fp32 chunk gradients
+    assert peaks == {
+        1: held - 4_096_000 + 2 * 4_096_000,
+        2: held - 4_096_000 + 2 * 2_048_000,
+        8: held - 4_096_000 + 2 * 512_000,
+    }
 
 
 def test_loss_chunks_need_token_logits() -> None:
@@ -367,3 +395,42 @@ def test_cpu_offload_needs_zero2_or_3() -> None:
     with pytest.raises(TrainingOptionError) as raised:
         Parallelism(data=2, zero_stage=1, cpu_offload=True)
     assert raised.value.field == "parallelism/cpu_offload"
+
+
+def test_autocast_copies_are_freed_by_their_gemm_backward() -> None:
+    """AMP bf16: autocast caches a 16-bit copy of each GEMM weight for the forward and the
+    GEMM keeps it for its input's gradient (MmBackward's mat2), so it lives until that
+    layer's backward; an embedding's weight is never cast (checked on the CPU, torch 2.13:
+    under autocast the embedding's output is fp32 and only the Linear's bf16 weight is
+    saved). Embedding(1000, 1024) + three Linear(1024, 1024) on 64 ids, SGD, logits summed."""
+    layers = [{"name": "embed", "op": "embedding", "num_embeddings": 1000, "embedding_dim": 1024}]
+    layers += [
+        {"name": f"fc{i}", "op": "linear", "out_features": 1024, "bias": False} for i in range(3)
+    ]
+    ids = InputDecl(name="ids", shape=(64,), kind=TensorKind.INDEX)
+    estimate = estimate_memory(
+        analyze([ids], layers, {}, training=True),
+        _train(
+            optimizer=Optimizer.SGD,
+            precision=Precision.AMP_BF16,
+            training_options=TrainingOptions(loss=LossKind.LOGITS_SUM),
+        ),
+    )
+    lines = _lines(estimate)
+    # the line: 3 x 1,048,576 weights x 2 B (the embedding's 1,024,000 not cast; the rule
+    # before charged all 4,169,728 params: 8,339,456 B); the peak, the embedding's backward
+    # (every gradient allocated), holds none: the three copies went with fc2..fc0's backward
+    assert estimate.peak_phase == "backward"
+    assert lines["weight_cast_cache"] == 0
+    assert "3,145,728 [params autocast casts" in _formula(estimate, "weight_cast_cache")
+    assert "- 6,291,456 [B: copies of the layers whose backward ran" in _formula(
+        estimate, "weight_cast_cache"
+    )
+    # weights 4,169,728 x 4 and their gradients, ids + labels, the output and its gradient,
+    # the ids' gradient slot
+    assert estimate.peak_bytes == 2 * 16_678_912 + 1_024 + 131_072 + 131_584 == 33_621_504
+    _formulas_hold(estimate)
+
+
+def _formula(estimate: MemoryEstimate, key: str) -> str:
+    return next(line.formula for line in estimate.lines if line.key == key)

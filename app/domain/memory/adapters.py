@@ -322,3 +322,34 @@ def adapters_outside_units(e: Estimation, adapter_saved: int) -> int:
             f"in its backward] = {outside:,} B",
         )
     return outside
+
+
+def offloaded_adapters(e: Estimation, recompute: dict[str, int]) -> dict[int, int]:
+    """With ``activation_offload``, what the LoRA adapters keep for backward per layer that
+    goes to pinned host memory with the layers' own kept tensors (torch.autograd.graph
+    ``save_on_cpu`` and torchtune 0.6 ``OffloadActivations`` pack every saved tensor that is
+    not an ``nn.Parameter``: lora_A's output, its input copy, the dropout mask, DoRA's
+    vectors): every adapted layer outside a checkpointed unit (inside one, its tensors are
+    recomputed in backward and stay on the GPU, as without offload)."""
+    if not recompute:
+        return {index: kept for index, kept in e.adapter_saved.items() if kept}
+    layers = e.analysis.layers
+    return {
+        index: kept
+        for index, kept in e.adapter_saved.items()
+        if kept and checkpoint_unit(layers[index].name) not in recompute
+    }
+
+
+def adapters_on_gpu(e: Estimation, total: int, offloaded: dict[int, int]) -> int:
+    """The adapter_activations line once ``offloaded`` (:func:`offloaded_adapters`) is on the
+    host: the recomputed block's only (0 without checkpointing); its formula says so."""
+    moved = sum(offloaded.values())
+    left = total - moved
+    before = e.formulas["adapter_activations"].rsplit(" = ", 1)[0]
+    e.formulas["adapter_activations"] = (
+        f"{total:,} [B: {before.replace('[', '(').replace(']', ')')}] - {moved:,} [B: the "
+        f"adapters' tensors outside checkpointed units, offloaded to pinned host memory "
+        f"(activation_offload)] = {left:,} B"
+    )
+    return left

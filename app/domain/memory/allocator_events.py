@@ -16,6 +16,7 @@ from app.domain.memory.context import Estimation, StepTensors
 from app.domain.memory.cuda_allocator import Event, EventsKey
 from app.domain.memory.liveness import (
     StoragePlan,
+    adapter_tensor_id,
     checkpoint_unit,
     new_tensor_id,
     offload_last_keepers,
@@ -94,7 +95,7 @@ class _ForwardEvents(NamedTuple):
     """The forward's events, as :func:`step_allocator_events` describes them."""
 
     events: list[Event]
-    cache_keys: list[int]  # autocast's 16-bit weight copies
+    cache_keys: list[list[int]]  # per layer, autocast's 16-bit weight copies
     new_keys: list[list[int]]  # per layer, the tensors it creates to keep (still on the GPU)
     live: set[int]  # storages it allocated that are still live at its end
     on_gpu: dict[int, int]  # offloaded: kept tensor (plan id) -> its key, still on the GPU
@@ -116,31 +117,45 @@ class _Offload(NamedTuple):
     at_backward: list[int]  # ids still on the GPU at the end of forward (copy in flight)
     back_at: dict[int, list[int]]  # backward layer -> ids copied back before it
     keeper: dict[int, int]  # id -> its earliest keeper (the copy back is freed after it)
+    sizes: dict[int, int]  # id -> bytes
+    adapters: dict[int, int]  # layer -> the id of its LoRA adapters' kept tensors, offloaded
 
 
 def _offload_schedule(
-    analysis: GraphAnalysis, plan: StoragePlan, recompute: Mapping[str, int]
+    analysis: GraphAnalysis,
+    plan: StoragePlan,
+    recompute: Mapping[str, int],
+    adapters: Mapping[int, int],
 ) -> _Offload:
     """:class:`_Offload` of ``plan``: every kept tensor but the model's inputs and output (the
-    caller holds them), as :func:`offload_peaks` offloads them."""
+    caller holds them), and the LoRA adapters' kept tensors of ``adapters`` (layer -> bytes),
+    as :func:`offload_peaks` offloads them."""
     layers = len(analysis.layers)
     last_keeper = offload_last_keepers(analysis, plan, recompute)
     release_after: dict[int, list[int]] = {}
     at_backward: list[int] = []
     back_at: dict[int, list[int]] = {}
     keeper: dict[int, int] = {}
-    for key, first in plan.first_saver.items():
-        if key in plan.pinned or not plan.sizes.get(key):
-            continue
+    sizes: dict[int, int] = {}
+    # id -> (earliest keeper, released before this forward layer, last keeper)
+    schedule = {
+        key: (first, released_at(plan, key, first), last_keeper.get(key, first))
+        for key, first in plan.first_saver.items()
+        if key not in plan.pinned and plan.sizes.get(key)
+    }
+    ids = {index: adapter_tensor_id(index) for index, size in adapters.items() if size}
+    for index, key in ids.items():
+        schedule[key] = (index, index + 2, index)
+        sizes[key] = adapters[index]
+    for key, (first, released, last) in schedule.items():
         keeper[key] = first
-        released = released_at(plan, key, first)  # freed before this forward layer
+        sizes.setdefault(key, plan.sizes.get(key, 0))
         if released < layers:
             release_after.setdefault(released - 1, []).append(key)
         else:
             at_backward.append(key)
-        back = min(layers - 1, last_keeper.get(key, first) + 1)
-        back_at.setdefault(back, []).append(key)
-    return _Offload(release_after, at_backward, back_at, keeper)
+        back_at.setdefault(min(layers - 1, last + 1), []).append(key)
+    return _Offload(release_after, at_backward, back_at, keeper, sizes, ids)
 
 
 def _forward_events(
@@ -174,7 +189,7 @@ def _forward_events(
             freed_after.setdefault(index, []).append(storage)
     events: list[Event] = []
     add = events.append
-    cache_keys: list[int] = []
+    cache_keys: list[list[int]] = []
     new_keys: list[list[int]] = []
     forward_live: set[int] = set()
     on_gpu: dict[int, int] = {}  # offloaded kept tensors allocated and not yet released
@@ -183,9 +198,10 @@ def _forward_events(
         if not index & CHECK_EVERY_MASK:
             checkpoint()  # app.domain.budget: stop here past the request's deadline
         op = plan.op_sizes[index]
+        cache_keys.append([])
         for size in cache[index]:
-            cache_keys.append(_FORWARD_KEYS + len(events))
-            add(("alloc", cache_keys[-1], size))
+            cache_keys[-1].append(_FORWARD_KEYS + len(events))
+            add(("alloc", cache_keys[-1][-1], size))
         if plan.out_alloc[index]:
             add(("alloc", ~layer.output_storage, plan.out_alloc[index]))
             forward_live.add(layer.output_storage)
@@ -194,8 +210,12 @@ def _forward_events(
         kept: list[int] = []
         if training and not (recompute and checkpoint_unit(layer.name) in recompute):
             if adapter_saved and adapter_saved.get(index):
-                kept.append(_FORWARD_KEYS + len(events))
-                add(("alloc", kept[-1], adapter_saved[index]))
+                key = _FORWARD_KEYS + len(events)
+                add(("alloc", key, adapter_saved[index]))
+                if offload is not None and index in offload.adapters:  # packed to the host
+                    on_gpu[offload.adapters[index]] = key
+                else:
+                    kept.append(key)
             for slot, size in op.new_kept:
                 key = _FORWARD_KEYS + len(events)
                 add(("alloc", key, size))
@@ -329,9 +349,19 @@ def _loss_backward(events: list[Event], step: StepTensors, loss: int, out_grad: 
     gradient alone. Else ``NllLossBackward``'s gradient of the log-probabilities, then
     ``LogSoftmaxBackward``'s of its input, after which the nll gradient and the kept
     log-probabilities (key ``loss``) are freed; with an upcast, ``ToCopyBackward`` casts the
-    fp32 gradient to the logits' dtype and the fp32 one is freed."""
+    fp32 gradient to the logits' dtype and the fp32 one is freed. Chunked
+    (``loss_chunk_bytes``): every chunk's loss backward runs before the head's, each with two
+    fp32 chunk gradients; the first's, then the log-probabilities freed and the logits' whole
+    gradient (the chunks' together) allocated."""
     add = events.append
-    if loss < 0 or not step.loss_grad_bytes:  # chunked: its log-probs stay to the end
+    if loss >= 0 and step.loss_chunk_bytes:
+        nll = _alloc(events, step.loss_chunk_bytes)
+        grad = _alloc(events, step.loss_chunk_bytes)
+        add(("free", nll, 0))
+        add(("free", grad, 0))
+        add(("free", loss, 0))
+        return _alloc(events, out_grad)
+    if loss < 0 or not step.loss_grad_bytes:
         return _alloc(events, out_grad)
     nll = _alloc(events, step.loss_grad_bytes)
     grad = _alloc(events, step.loss_grad_bytes if step.loss_upcast_bytes else out_grad)
@@ -517,7 +547,7 @@ def step_allocator_events(
         else [[] for _ in layers]
     )
     offload = (
-        _offload_schedule(analysis, plan, e.recompute)
+        _offload_schedule(analysis, plan, e.recompute, e.offloaded_adapters)
         if request.training_options.activation_offload
         else None
     )
@@ -581,8 +611,11 @@ def step_allocator_events(
             if e.output_dropped and analysis.output_storage in live:  # the caller drops it
                 live.discard(analysis.output_storage)
                 add(("free", ~analysis.output_storage, 0))
-        for key in cache_keys:  # autocast's cache ends with the forward
-            add(("free", key, 0))
+        # autocast's cache ends with the forward; a GEMM's copy stays saved until its backward
+        saved_casts = e.released_casts or [0] * len(layers)
+        for index, keys in enumerate(cache_keys):
+            if not saved_casts[index]:
+                events.extend(("free", key, 0) for key in keys)
         back: dict[int, int] = {}  # offloaded: kept tensor -> its copy back on the GPU
         if offload is not None:  # the last layers' kept tensors: their copies have left
             for kept_id in offload.at_backward:
@@ -616,7 +649,7 @@ def step_allocator_events(
             if offload is not None:  # unpacked: copied back from the host (prefetched)
                 for kept_id in offload.back_at.get(index, ()):
                     back[kept_id] = len(events)
-                    add(("alloc", len(events), plan.sizes[kept_id]))
+                    add(("alloc", len(events), offload.sizes[kept_id]))
             key = len(events)
             add(("alloc", key, grad_in_bytes[index]))
             buffers = buffers_of[index]
@@ -640,16 +673,18 @@ def step_allocator_events(
                 elif storage in live:
                     live.discard(storage)
                     add(("free", ~storage, 0))
+            if offload is not None and offload.adapters.get(index) in back:  # LoRA's, back
+                add(("free", back.pop(offload.adapters[index]), 0))
             for key in new_keys[index]:
                 add(("free", key, 0))
+            if saved_casts[index]:  # its autocast copies: the GEMM's saved mat2, released
+                events.extend(("free", key, 0) for key in cache_keys[index])
             if recipe is not None:  # the recomputed tensors only this layer still keeps
                 for slot in recipe.released_after.get(index, ()):
                     add(("free", recomputed_keys.pop(slot), 0))
         for key in recomputed_keys.values():
             add(("free", key, 0))
         add(("free", grad_in, 0))
-        if step.loss_bytes and not step.loss_grad_bytes:  # chunked: freed after backward
-            add(("free", loss, 0))
         for key in range(gathered_from, gathered_from + len(gathered)):
             add(("free", key, 0))  # FSDP resharded after backward
         if iteration == 0 and step.state_total and not on_host:  # lazy: by the first step()

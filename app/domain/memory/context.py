@@ -66,6 +66,8 @@ class Estimation:
     lora: LoraPlan | None = None  # training with LoRA: what the adapters adapt and train
     grad_tensors: list[list[int]] | None = None  # LoRA: per layer, its trainable tensors' bytes
     cast_tensors: list[list[int]] | None = None  # LoRA: per layer, autocast's copies of them
+    released_casts: list[int] | None = None  # autocast: per layer, copies its backward frees
+    cast_cache_bytes: int = 0  # autocast: the weight_cast_cache line before any release
     qlora: QuantizedBase | None = None  # QLoRA: the 4-bit base's modules and bytes
     weight_tensors: list[list[int]] | None = None  # QLoRA: per layer, the base's tensors' bytes
     adapter_tensors: list[list[int]] | None = None  # LoRA: per layer, its adapters' weights [B]
@@ -73,6 +75,7 @@ class Estimation:
     # LoRA under full checkpointing: (bytes, formula) of the adapter tensors kept before the
     # backward recomputes a unit (those outside checkpointed units)
     adapter_early: tuple[int, str] | None = None
+    offloaded_adapters: dict[int, int] = field(default_factory=dict)  # of those, on the host
     # Training options (app.domain.workload.TrainingOptions):
     held_words: str = "held across micro-batches"  # why held_grads are live
     # optimizer in backward: the largest parameter's gradient and step temporaries [B], its words
@@ -100,6 +103,7 @@ class StepTensors:
     in_backward: bool = False  # optimizer in backward: each gradient stepped and freed at once
     loss_upcast_bytes: int = 0  # HF ForCausalLMLoss: logits.float(), freed when it returns
     loss_grad_bytes: int = 0  # each of nll_loss's and log_softmax's gradients in backward
+    loss_chunk_bytes: int = 0  # loss_chunks: one chunk's fp32 gradient (nll_loss's, log_softmax's)
 
 
 def moment_at(phase: str, static: Mapping[str, int], peak: Peak, loss: int) -> Moment:
@@ -107,6 +111,8 @@ def moment_at(phase: str, static: Mapping[str, int], peak: Peak, loss: int) -> M
     parts["gradients"] = parts.get("gradients", 0) + peak.gradients
     parts["activations"] = peak.activations
     parts["transient"] = peak.transient
+    if peak.cache_released and "weight_cast_cache" in parts:  # freed by their GEMM's backward
+        parts["weight_cast_cache"] -= min(peak.cache_released, parts["weight_cast_cache"])
     if loss:
         parts["loss"] = loss
     return Moment(phase=phase, parts=parts, at=peak.at, index=peak.index)

@@ -261,6 +261,14 @@ def explain_peak(e: Estimation, peak: Moment, parts: Mapping[str, int]) -> None:
             parts["buffers"],
             "B",
         )
+    cached = parts.get("weight_cast_cache", 0)
+    if e.cast_cache_bytes > cached and "weight_cast_cache" in parts:  # some GEMMs' backward ran
+        base = formulas["weight_cast_cache"].rsplit(" = ", 1)[0]
+        formulas["weight_cast_cache"] = (
+            f"{base} - {e.cast_cache_bytes - cached:,} [B: copies of the layers whose backward "
+            f"ran before this moment ({where}): their GEMM's saved 16-bit weight released] "
+            f"= {cached:,} B"
+        )
     offload = e.offload_terms.get(peak.at) or e.offload_terms.get(
         "end" if peak.at == "loss" else ""
     )

@@ -8,6 +8,7 @@ Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Mode
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from collections.abc import Mapping
@@ -21,7 +22,7 @@ from typing import NamedTuple
 from app.domain.graph.analysis import GraphAnalysis, LayerAnalysis
 from app.domain.graph.ops import Saved, TensorKind, Transient
 from app.domain.graph.ops.core import CUDNN_WORKSPACE
-from app.domain.graph.traits import CONV_OPS, INTERNAL_TENSOR_OPS
+from app.domain.graph.traits import CONV_OPS, INTERNAL_TENSOR_OPS, LOOKUP_OPS
 from app.domain.memory.compiled import compiled_kept
 from app.domain.memory.formulas import Sizer
 from app.domain.memory.frozen import WEIGHT_GRAD_LABELS, FrozenBase
@@ -494,6 +495,7 @@ class Peak:
     gradients: int = 0
     at: str = "end"  # "forward" (during layer ``index``), "end" (of forward) or "backward"
     index: int = -1
+    cache_released: int = 0  # autocast's weight copies freed by then (their GEMM's backward ran)
 
     @property
     def total(self) -> int:
@@ -528,13 +530,15 @@ def backward_peak(
     live_bytes: int,
     grad_bytes_per_layer: list[int],
     recompute: dict[str, int],
+    cast_bytes_per_layer: list[int] | None = None,
 ) -> Peak:
     """Replay the backward in reverse layer order; return its peak.
 
     At layer ``i`` (walking from the last): the kept tensors of layers ``<= i`` (all live
     bytes at the end of forward minus those released after the backward of layers ``> i``),
     the block being recomputed, the output/input gradients and kernel buffers of ``i``, and
-    the parameter gradients of layers ``>= i``.
+    the parameter gradients of layers ``>= i``; less ``cast_bytes_per_layer`` of layers
+    ``> i`` (:func:`cast_params`: autocast's weight copies their backward freed).
     """
     n = len(analysis.layers)
     if not n:
@@ -547,7 +551,10 @@ def backward_peak(
     transients = list(
         map(add, [op.backward_static for op in reversed(plan.op_sizes)], reversed(plan.grad_in))
     )
-    totals = list(map(add, map(add, live, transients), grads))
+    released = [0] * n
+    if cast_bytes_per_layer is not None:  # walking from the last: the layers after i
+        released = list(accumulate(reversed(cast_bytes_per_layer), initial=0))[:n]
+    totals = list(map(sub, map(add, map(add, live, transients), grads), released))
     k = max(range(n), key=totals.__getitem__)  # the first largest, walking backwards
     return Peak(
         activations=live[k],
@@ -555,7 +562,46 @@ def backward_peak(
         gradients=grads[k],
         at="backward",
         index=n - 1 - k,
+        cache_released=released[k],
     )
+
+
+# The ops whose weights autocast does not cast (PyTorch 2.13 aten/src/ATen/autocast_mode.cpp:
+# embedding is in no list, the norms run in fp32, the class token is concatenated (cat
+# promotes)): their parameters have no 16-bit copy. Every other op with parameters (GEMMs,
+# convolutions, recurrent cells: the lower_precision_fp list) casts them.
+UNCAST_OPS = LOOKUP_OPS | frozenset(
+    {"layernorm", "rmsnorm", "batchnorm2d", "instancenorm3d", "groupnorm", "cls_token"}
+)
+
+
+def cast_params(analysis: GraphAnalysis) -> list[int]:
+    """Per layer, the parameters autocast casts to 16 bits and caches [elements].
+
+    Autocast caches the cast of a leaf weight that requires grad for the whole forward
+    (PyTorch 2.13 aten/src/ATen/autocast_mode.cpp ``cached_cast``) and clears the cache at
+    the context's exit; the GEMM that read the copy saved it for its input's gradient
+    (``MmBackward`` / ``AddmmBackward`` keep ``mat2``), so it lives until that layer's
+    backward releases its saved variables. The ops of :data:`UNCAST_OPS` cast nothing
+    (embedding and the norms run on the fp32 weight); a linear tied to an earlier weight
+    (``tied_to``: GPT-2's head reads wte) casts that weight, ``flops / (2 x rows)``
+    elements. Measured on an H200 (benchmarks/fidelity/cuda/cuda_measurements_peft.json):
+    Llama-3-8B-2L fp32 AMP with bitsandbytes AdamW8bit, allocated 14,482 MiB; with every
+    parameter's copy held through the backward the estimate was 17,142 (the embedding's
+    1,002 MiB was never cast).
+    """
+    params: list[int] = []
+    for layer in analysis.layers:
+        if layer.op in UNCAST_OPS:
+            params.append(0)
+            continue
+        own = layer.result.params
+        shapes = layer.result.param_shapes
+        if layer.op == "linear" and not any(len(shape) == 2 for shape in shapes):
+            rows = math.prod(layer.output_shape[:-1]) if layer.output_shape else 1
+            own += layer.result.flops // (2 * rows) if rows else 0  # the tied weight
+        params.append(own)
+    return params
 
 
 def storage_size_counts(plan: StoragePlan) -> Counter[int]:
@@ -603,6 +649,8 @@ def offload_peaks(
     plan: StoragePlan,
     grad_bytes_per_layer: list[int],
     recompute: dict[str, int],
+    adapters: Mapping[int, int] | None = None,
+    dropped: int = 0,
 ) -> OffloadPeaks:
     """Forward and backward with the tensors kept for backward offloaded to pinned host memory
     (torchtune 0.6 torchtune/training/_activation_offloading.py ``OffloadActivations``, its
@@ -615,34 +663,55 @@ def offload_peaks(
     (prefetched one layer ahead) until the backward of its earliest keeper. The model's inputs
     and output stay (the caller holds them); every other kept tensor has a pinned host copy.
     The inputs are the estimate's own ``inputs`` line, not among the activations here.
+
+    Both pack every saved tensor that is not an ``nn.Parameter`` (torchtune: of at least
+    1,024 B), whoever saves it: ``adapters`` (layer -> bytes) are the LoRA adapters' saved
+    tensors outside checkpointed units (lora_A's output, its input copy, the dropout mask),
+    offloaded like the layer's own (measured on an H200, benchmarks/fidelity/cuda/
+    cuda_measurements_peft.json: Llama-3-8B-2L bf16 LoRA r16 all-linear, allocated 5,936 MiB
+    with save_on_cpu and 5,968 with torchtune, without the adapters' 610 MiB kept on the GPU).
+    ``dropped``: the output's bytes when the caller drops it after the loss (``del logits``
+    in torchtune's recipes, Trainer.compute_loss keeping the loss only): not held in backward.
     """
     layers = analysis.layers
     n = len(layers)
     timeline = build_timeline(plan)
     sizes, pinned = plan.sizes, plan.pinned
     last_keeper = offload_last_keepers(analysis, plan, recompute)
-    offloaded = {k: i for k, i in plan.first_saver.items() if k not in pinned and sizes.get(k)}
+    # id -> (earliest keeper, bytes, released before forward layer, last keeper)
+    offloaded: dict[int, tuple[int, int, int, int]] = {
+        k: (i, sizes[k], released_at(plan, k, i), last_keeper.get(k, i))
+        for k, i in plan.first_saver.items()
+        if k not in pinned and sizes.get(k)
+    }
+    allocated = [0] * n  # the adapters' tensors, created in their layer's forward
+    for index, size in (adapters or {}).items():
+        if size:
+            offloaded[adapter_tensor_id(index)] = (index, size, index + 2, index)
+            allocated[index] += size
     released = [0] * n
-    for key, keeper in offloaded.items():
-        if (at := released_at(plan, key, keeper)) < n:
-            released[at] += sizes[key]
+    for _, size, at, _ in offloaded.values():
+        if at < n:
+            released[at] += size
     live = 0
     forward = Peak()
     best = -1
     for i in range(n):
         live -= released[i]
-        during = live + timeline.alloc[i]
+        during = live + timeline.alloc[i] + allocated[i]
         transient = plan.op_sizes[i].forward_transient
         if during + transient > best:
             best = during + transient
             forward = Peak(activations=during, transient=transient, at="forward", index=i)
         live = during - timeline.free_forward[i]
-    still = sum(sizes[k] for k, keeper in offloaded.items() if released_at(plan, k, keeper) >= n)
+    still = sum(size for _, size, at, _ in offloaded.values() if at >= n)
     resident = live - still  # the output: held by the caller and not offloaded
+    held = resident - dropped  # in backward: the output unless the caller dropped it
     end = Peak(activations=live, at="end")
     backward = Peak()
     best = -1
     grads = 0
+    output_words = "B: the model's output, held by the caller"
     terms: dict[str, list[tuple[int, str]]] = {
         "forward": [
             (
@@ -652,21 +721,20 @@ def offload_peaks(
             )
         ],
         "end": [
-            (resident, "B: the model's output, held by the caller"),
+            (resident, output_words),
             (still, "B: kept tensors of the last layers, their copy to the host in flight"),
         ],
+        "loss": [(held, output_words)],
     }
     for i in range(n - 1, -1, -1):
         window = sum(
-            sizes[k]
-            for k, keeper in offloaded.items()
-            if keeper <= i and last_keeper.get(k, keeper) >= i - 1
+            size for keeper, size, _, last in offloaded.values() if keeper <= i and last >= i - 1
         )
         extra = recompute.get(checkpoint_unit(layers[i].name) or "", 0) if recompute else 0
         grads += grad_bytes_per_layer[i]
         op = plan.op_sizes[i]
         transient = op.backward_static + plan.grad_in[i]
-        activations = resident + window + extra
+        activations = held + window + extra
         if activations + transient + grads > best:
             best = activations + transient + grads
             backward = Peak(
@@ -677,14 +745,20 @@ def offload_peaks(
                 index=i,
             )
             terms["backward"] = [
-                (resident, "B: the model's output, held by the caller"),
+                (held, output_words),
                 (window, f"B: kept tensors of '{layers[i].name}' and of the layer before, back "
                  "from the host (prefetched one layer ahead; a checkpointed unit's input from "
                  "the backward of its last layer, which recomputes the unit)"),
                 (extra, "B: the block being recomputed"),
             ]  # fmt: skip
-    host = sum(sizes[k] for k in offloaded)
+    host = sum(size for _, size, _, _ in offloaded.values())
     return OffloadPeaks(forward, end, backward, host, len(offloaded), terms)
+
+
+def adapter_tensor_id(index: int) -> int:
+    """The id of what layer ``index``'s LoRA adapters keep for backward, as one tensor (apart
+    from the storage ids, positive, and :func:`new_tensor_id`'s, down to ``-64 x layers``)."""
+    return -(1 << 40) - index
 
 
 def offload_last_keepers(

@@ -29,6 +29,9 @@ import math
 from dataclasses import dataclass
 
 from app.domain.graph.analysis import GraphAnalysis
+from app.domain.memory.context import Estimation
+from app.domain.memory.liveness import Peak
+from app.domain.workload import TrainingOptionError
 
 SOURCE = (
     "transformers loss/loss_utils.py ForCausalLMLoss (logits.float(), F.cross_entropy); "
@@ -79,3 +82,63 @@ def loss_tensors(analysis: GraphAnalysis, logits_bytes: int, log_probs_bytes: in
         upcast_words=upcast_words,
         grad_words=grad_words,
     )
+
+
+def chunk_sizes(e: Estimation, loss: int, chunks: int, logits_bytes: int) -> tuple[int, int]:
+    """torchtune's CEWithChunkedOutputLoss (torchtune 0.6 torchtune/modules/loss/
+    ce_chunked_output_loss.py: ``compute_cross_entropy`` = ``F.cross_entropy(logits.float(),
+    labels, reduction="sum")`` per chunk of the output head's chunked logits): (one chunk's
+    fp32 size, its ``logits.float()`` copy: 0 when the logits are fp32, since
+    ``Tensor.float()`` returns the tensor itself) [B]: ``ceil(rows / chunks) x vocab x 4``.
+
+    Raises
+    ------
+    TrainingOptionError
+        The output is not token-level logits with a loss outside the graph (``loss_chunks``).
+    """
+    shape = e.analysis.output_shape
+    if len(shape) < 3 or not loss:
+        raise TrainingOptionError(
+            "loss_chunks chunks a token-level loss: the model's output is not [batch, seq, "
+            "vocab] logits with a loss outside the graph",
+            field="loss_chunks",
+        )
+    rows, vocab = math.prod(shape[:-1]), shape[-1]
+    chunk = -(-rows // chunks) * vocab * 4
+    words = f"ceil({rows:,} [tokens] / {chunks} [loss_chunks]) x {vocab:,} [vocab] x 4 [B fp32]"
+    upcast = 0 if logits_bytes == math.prod(shape) * 4 else chunk
+    if upcast:
+        e.loss_transient["end"] = (upcast, f"{words} [one chunk's logits.float() upcast]")
+    e.loss_transient["loss"] = (
+        2 * chunk,
+        f"2 x {words} [one chunk's fp32 gradients: nll_loss's of its log-probs, log_softmax's "
+        "of its input]",
+    )
+    e.assumptions.append(
+        f"loss_chunks={chunks}: torchtune's CEWithChunkedOutputLoss: the output head's chunks "
+        "(the whole logits) live until the loss returns, with every chunk's fp32 "
+        "log-probabilities (log_softmax keeps them) and one chunk's fp32 upcast; the loop then "
+        "drops the logits (torchtune's del logits). In backward every chunk's loss runs "
+        "before the output head's (autograd runs the later-created node first): each holds "
+        "two fp32 chunk gradients and frees its log-probabilities, so the head's backward "
+        "holds the logits' whole gradient and no log-probabilities"
+    )
+    return chunk, upcast
+
+
+def chunked_loss(
+    e: Estimation, end_bytes: int, dropped: int, chunk: int, upcast: int
+) -> tuple[Peak, list[Peak]]:
+    """The forward's end and the loss's backward with ``loss_chunks``
+    (:func:`chunk_sizes`; measured on an H200, benchmarks/fidelity/cuda/
+    cuda_measurements_peft.json: GPT-2 fp32 AdamW batch 4 x 512 with 8 chunks, allocated
+    4,370 MiB, at the forward's end; the rule before held the logits and every chunk's
+    log-probabilities through backward: 4,813). The end: the activations with the output and
+    the upcast of one chunk; the loss's backward (its first chunk, the largest moment): the
+    activations without the dropped output, two fp32 chunk gradients."""
+    activations = end_bytes - dropped
+    if "loss" in e.offload_terms:  # offloaded: the last layers' copies have left
+        activations = e.offload_terms["loss"][0][0]
+    return Peak(activations=end_bytes, transient=upcast, at="end"), [
+        Peak(activations=activations, transient=2 * chunk, at="loss")
+    ]

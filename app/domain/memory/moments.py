@@ -10,10 +10,13 @@ from fractions import Fraction
 
 from app.domain.memory.adapters import (
     adapter_transient,
+    adapters_on_gpu,
     adapters_outside_units,
     dora_saved,
     inference_adapters,
 )
+from app.domain.memory.adapters import offloaded_adapters as offloaded_adapters_of
+from app.domain.memory.casts import released_casts, uncast_copies
 from app.domain.memory.context import Estimation, Moment, StepTensors, moment_at
 from app.domain.memory.cross_kv import cross_attention_kv_numel
 from app.domain.memory.deepspeed import deepspeed_buffers
@@ -34,16 +37,18 @@ from app.domain.memory.formulas import (
 )
 from app.domain.memory.frozen import trainable_lines
 from app.domain.memory.liveness import (
+    UNCAST_OPS,
     Peak,
     apply_full_checkpointing,
     backward_peak,
     build_timeline,
+    cast_params,
     checkpoint_unit,
     forward_peak,
     layer_gradient_bytes,
     offload_peaks,
 )
-from app.domain.memory.loss import NO_LOSS, LossTensors, loss_tensors
+from app.domain.memory.loss import NO_LOSS, LossTensors, chunk_sizes, chunked_loss, loss_tensors
 from app.domain.memory.loss import SOURCE as LOSS_SOURCE
 from app.domain.memory.memo import layer_totals, memoised
 from app.domain.memory.returned_cache import returned_cache
@@ -54,7 +59,6 @@ from app.domain.workload import (
     LossKind,
     Optimizer,
     Parallelism,
-    TrainingOptionError,
 )
 
 
@@ -102,6 +106,9 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
     loss = 0 if options.loss is LossKind.LOGITS_SUM else loss_bytes(analysis, sizer)
     logits_bytes = storage_plan.sizes.get(analysis.output_storage, 0)
     loss_parts = NO_LOSS if options.loss_chunks else loss_tensors(analysis, logits_bytes, loss)
+    chunk_grad = chunk_upcast = 0
+    if options.loss_chunks is not None:
+        chunk_grad, chunk_upcast = chunk_sizes(e, loss, options.loss_chunks, logits_bytes)
     e.step = StepTensors(
         grad_element=grad_element,
         grad_shard=grad_shard,
@@ -110,8 +117,9 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
         cache_total=params * plan.weight_cache // model_shard if plan.weight_cache else 0,
         labels_bytes=labels_bytes,
         loss_bytes=loss,
-        loss_upcast_bytes=loss_parts.upcast_bytes,
+        loss_upcast_bytes=loss_parts.upcast_bytes or chunk_upcast,
         loss_grad_bytes=loss_parts.grad_bytes,
+        loss_chunk_bytes=chunk_grad,
         temporaries_total=ceil_fraction(Fraction(temporaries_full, state_shard)),
         temporaries_largest=step_temporaries.layout is TemporariesLayout.LARGEST_TWICE,
         accumulate=request.accumulation_steps > 1 or request.training_options.keep_gradients,
@@ -121,6 +129,17 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
         f"ceil({temporaries_full:,} [B: {temp_note}] / {state_shard} [{shard_words(1)}])"
     )
     cache = params * plan.weight_cache // model_shard if plan.weight_cache else 0
+    cast_words = f"{params:,} [params]"
+    if cache and lora is None:  # the layers autocast casts a weight for (cast_params)
+        casting = sum(cast_params(analysis))
+        cache = casting * plan.weight_cache // model_shard
+        cast_words = f"{casting:,} [params autocast casts: all but embeddings and norms]"
+    elif cache and lora is not None and (uncast := uncast_copies(e, lora)):
+        cache = (params - uncast) * plan.weight_cache // model_shard
+        cast_words = (
+            f"({params:,} [params] - {uncast:,} [modules_to_save copies of embeddings and "
+            "norms: autocast casts none])"
+        )
     recompute: dict[str, int] = {}
     if request.checkpointing is Checkpointing.FULL:
         recompute = apply_full_checkpointing(analysis, storage_plan)
@@ -174,14 +193,25 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
     # the loop keeps the loss, not the output: the logits die once the loss is computed
     # (Trainer.compute_loss returns the loss alone, torchtune's recipes ``del logits``)
     e.output_dropped = (
-        bool(loss_parts.grad_bytes) and _output_droppable(e) and not options.keep_outputs
+        bool(loss_parts.grad_bytes or chunk_grad)
+        and _output_droppable(e)
+        and not options.keep_outputs
     )
     dropped = storage_plan.sizes.get(analysis.output_storage, 0) if e.output_dropped else 0
+    casts = e.released_casts = released_casts(e, cache, model_shard)
+    e.cast_cache_bytes = cache
     bwd_peak = backward_peak(
-        analysis, storage_plan, timeline, end_bytes - dropped, grad_layers, recompute
+        analysis, storage_plan, timeline, end_bytes - dropped, grad_layers, recompute, casts
     )
     if options.activation_offload:
-        off = offload_peaks(analysis, storage_plan, grad_layers, recompute)
+        offloaded_adapters = offloaded_adapters_of(e, recompute) if lora is not None else {}
+        if offloaded_adapters:  # on the host: what stays is the recomputed block's only
+            adapter_saved = adapters_on_gpu(e, adapter_saved, offloaded_adapters)
+            adapter_early = max(0, adapter_early - sum(offloaded_adapters.values()))
+            e.offloaded_adapters, e.adapter_early = offloaded_adapters, None
+        off = offload_peaks(
+            analysis, storage_plan, grad_layers, recompute, offloaded_adapters, dropped
+        )
         fwd_peak, fwd_end, bwd_peak = off.forward, off.end, off.backward
         end_bytes = off.end.activations
         e.offload_terms = off.terms
@@ -197,7 +227,8 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
             ]
         assumptions.append(
             "activation_offload: tensors kept for backward are copied to pinned host memory "
-            "(torchtune OffloadActivations / torch.autograd.graph.save_on_cpu); on the GPU a "
+            "(torchtune OffloadActivations / torch.autograd.graph.save_on_cpu), the LoRA "
+            "adapters' too; on the GPU a "
             "kept tensor stays while the forward reads it and one layer more (the copy in "
             "flight), and comes back for the backward of the layer after its last keeper "
             "(prefetch) until its earliest keeper's backward; the allocator replay "
@@ -206,7 +237,7 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
         )
     loss_moments: list[Peak] = []
     if options.loss_chunks is not None:
-        fwd_end, loss_moments = _chunked_loss(e, end_bytes, loss, options.loss_chunks)
+        fwd_end, loss_moments = chunked_loss(e, end_bytes, dropped, chunk_grad, chunk_upcast)
     elif loss_parts.grad_bytes:
         fwd_end, loss_moments = _hf_loss(e, fwd_end, loss_parts, dropped)
     if in_backward:
@@ -242,9 +273,9 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
             moment_at("forward", {**between, **temp, **previous_parts}, fwd_peak, 0),
             moment_at("forward", {**between, **previous_parts}, fwd_end, loss),
             *(moment_at("backward", between, peak, loss) for peak in loss_moments),
-            # the log-probabilities die with LogSoftmaxBackward (the loss moment's) unless
-            # chunked: then each chunk's stay until its own backward
-            moment_at("backward", kept, bwd_peak, loss if options.loss_chunks else 0),
+            # the log-probabilities die with LogSoftmaxBackward (the loss moment's), chunked
+            # too: every chunk's loss backward runs before the output head's
+            moment_at("backward", kept, bwd_peak, 0),
         ]
         if not in_backward and not offloaded:  # in backward / on the host: no GPU step
             moments.append(Moment(phase="optimizer_step", parts=dict(step_parts)))
@@ -276,7 +307,7 @@ def training_moments(e: Estimation) -> tuple[list[Moment], list[Moment]]:
         f"[{shard_words(1)}]) = {state_bytes:,} B",
         master_weights=f"ceil({params:,} [params] x {plan.master} [B fp32 master copy] / "
         f"{state_shard} [{shard_words(1)}]) = {host_master:,} B",
-        weight_cast_cache=f"floor({params:,} [params] x {plan.weight_cache} [B autocast weight "
+        weight_cast_cache=f"floor({cast_words} x {plan.weight_cache} [B autocast weight "
         f"copy] / {model_shard} [tensor x pipeline]) = {cache:,} B",
     )
     notes["transient"] = [temp_note]
@@ -459,14 +490,15 @@ def _previous_outputs(e: Estimation, logits_bytes: int) -> int:
 
 def _output_droppable(e: Estimation) -> bool:
     """Whether the caller's drop frees the output (pinned: held by the caller until then): no
-    layer keeps it, it is no model input, and no activation offloading (whose schedule holds
-    the output to the end)."""
+    layer keeps it and it is no model input. With activation offloading too: the output is
+    not packed (the loss keeps its log-probabilities, not the logits), and the caller's
+    ``del logits`` frees it (measured on an H200, benchmarks/fidelity/cuda/
+    cuda_measurements_peft.json: GPT-2 fp32 AdamW batch 4 x 512 offloaded, allocated 2,671 MiB
+    with save_on_cpu and 2,683 with torchtune, the fp32 logits' 393 MiB not held)."""
     plan, storage = e.storage_plan, e.analysis.output_storage
-    return (
-        not e.request.training_options.activation_offload
-        and storage not in plan.first_saver
-        and storage not in {bound.storage for bound in e.analysis.inputs}
-    )
+    return storage not in plan.first_saver and storage not in {
+        bound.storage for bound in e.analysis.inputs
+    }
 
 
 def _hf_loss(
@@ -497,45 +529,10 @@ def _hf_loss(
         e.loss_transient["end"] = (parts.upcast_bytes, f"{parts.upcast_words} [{LOSS_SOURCE}]")
         end = replace(fwd_end, transient=fwd_end.transient + parts.upcast_bytes, at="end")
     activations = fwd_end.activations - dropped
-    if "end" in e.offload_terms:  # offloaded: the last layers' copies have left as backward starts
-        e.offload_terms["loss"] = e.offload_terms["end"][:1]
+    if "loss" in e.offload_terms:  # offloaded: the last layers' copies have left as backward starts
         activations = e.offload_terms["loss"][0][0]
     at_loss = Peak(activations=activations, transient=2 * parts.grad_bytes)
     return end, [replace(at_loss, at="loss")]
-
-
-def _chunked_loss(e: Estimation, end_bytes: int, loss: int, chunks: int) -> tuple[Peak, list[Peak]]:
-    """torchtune's CEWithChunkedOutputLoss (torchtune/modules/loss/ce_chunked_output_loss.py,
-    torchtune 0.6: the output head runs per chunk of tokens, ``logits.float()`` and
-    ``F.cross_entropy`` per chunk): the fp32 upcast of one chunk at a time is a transient at
-    the end of forward; in eager autograd ``log_softmax`` keeps its fp32 output for every chunk
-    (the loss line, as unchunked), and backward runs chunk by chunk (the last created first),
-    each holding the fp32 gradients of its log-probabilities and of its upcast input.
-    Forward end: ``ceil(rows / chunks) x vocab x 4``; the loss's backward: twice that."""
-    analysis = e.analysis
-    shape = analysis.output_shape
-    if len(shape) < 3 or not loss:
-        raise TrainingOptionError(
-            "loss_chunks chunks a token-level loss: the model's output is not [batch, seq, "
-            "vocab] logits with a loss outside the graph",
-            field="loss_chunks",
-        )
-    rows, vocab = math.prod(shape[:-1]), shape[-1]
-    chunk_rows = -(-rows // chunks)
-    upcast = chunk_rows * vocab * 4
-    words = f"ceil({rows:,} [tokens] / {chunks} [loss_chunks]) x {vocab:,} [vocab] x 4 [B fp32]"
-    e.loss_transient = {
-        "end": (upcast, f"{words} [one chunk's logits.float() upcast]"),
-        "loss": (2 * upcast, f"2 x {words} [one chunk's fp32 gradients: log-probs, upcast]"),
-    }
-    e.assumptions.append(
-        f"loss_chunks={chunks}: torchtune's CEWithChunkedOutputLoss: the fp32 upcast and the "
-        "loss's fp32 gradients exist one chunk at a time; the fp32 log-probabilities "
-        "log_softmax keeps for backward stay for every chunk (eager autograd)"
-    )
-    return Peak(activations=end_bytes, transient=upcast, at="end"), [
-        Peak(activations=end_bytes, transient=2 * upcast, at="loss")
-    ]
 
 
 def _lora_plan(plan: PrecisionPlan) -> PrecisionPlan:
@@ -573,7 +570,7 @@ def _lora_static(
             tensors[index].append(-(-numel * num // den))
         else:  # a modules_to_save copy: the base's gradient dtype (frozen.trainable_lines)
             tensors[index].append(ceil_fraction(numel * e.plan.grad / grad_shard))
-        if cast:
+        if cast and (position < adapters or e.analysis.layers[index].op not in UNCAST_OPS):
             casts[index].append(numel * cast // model_shard)
         element = Fraction(4) if position < adapters else e.plan.weight  # as the line's
         weights[index].append(ceil_fraction(numel * element / model_shard))
