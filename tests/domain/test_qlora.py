@@ -52,6 +52,13 @@ def _llama(seq: int = 1024) -> GraphAnalysis:
     return analyze_for(model.inputs, model.layers, {"batch": 1, "seq": seq}, request)
 
 
+def _llama_lines(lora: LoraConfig) -> dict[str, int]:
+    """The lines of a Llama-2-7B LoRA estimate without checkpointing (every block's adapters
+    keep their tensors from the forward)."""
+    request = _request(lora, checkpointing=Checkpointing.NONE)
+    return {line.key: line.bytes for line in estimate_memory(_llama(), request).lines}
+
+
 def test_linear4bit_bytes_follow_quantize_4bit() -> None:
     # 4096 x 4096: 8,388,608 packed bytes, 262,144 blocks of 64
     assert linear4bit_tensors(4096, 4096, double_quant=False) == [8_388_608, 262_144 * 4, 64]
@@ -132,15 +139,8 @@ def test_dora_lines_on_llama() -> None:
     # no checkpointing: the adapters' tensors are kept from the forward (under full
     # checkpointing a unit's exist only while its backward recomputes it, after the loss's
     # backward where the peak is: app.domain.memory.adapters.adapters_outside_units)
-    none = Checkpointing.NONE
-    with_dora = {
-        line.key: line.bytes
-        for line in estimate_memory(_llama(), _request(dora, checkpointing=none)).lines
-    }
-    without = {
-        line.key: line.bytes
-        for line in estimate_memory(_llama(), _request(plain, checkpointing=none)).lines
-    }
+    with_dora = _llama_lines(dora)
+    without = _llama_lines(plain)
     magnitude = 32 * 2 * 4096
     assert with_dora["adapter_weights"] - without["adapter_weights"] == magnitude * 4
     # every block's adapted layers keep base_result (bf16) and lora_result (bf16 under
@@ -167,15 +167,9 @@ def test_dora_lines_on_llama() -> None:
 def test_dora_with_dropout_keeps_the_cast_weight() -> None:
     dora = LoraConfig(r=16, target_modules=QV, use_dora=True, dropout=0.1)
     no_dropout = LoraConfig(r=16, target_modules=QV, use_dora=True)
-    none = Checkpointing.NONE  # every block's adapters keep theirs from the forward
-    kept = {
-        line.key: line.bytes
-        for line in estimate_memory(_llama(), _request(dora, checkpointing=none)).lines
-    }
-    base = {
-        line.key: line.bytes
-        for line in estimate_memory(_llama(), _request(no_dropout, checkpointing=none)).lines
-    }
+    # no checkpointing: every block's adapters keep theirs from the forward (_llama_lines)
+    kept = _llama_lines(dora)
+    base = _llama_lines(no_dropout)
     # lora_dropout: the dropout mask and the dropped input (LoRA's) and, for DoRA, the base
     # weight autocast casts for F.linear (4096 x 4096 x 2 B) per adapted layer, 32 blocks
     lora_dropout = 2 * 1024 * 4096 * 1
