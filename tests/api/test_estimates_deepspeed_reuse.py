@@ -39,13 +39,15 @@ def _gathered(client: ApiClient, deepspeed: dict[str, Any] | None) -> tuple[int,
 
 
 def test_the_reuse_distance_keeps_a_small_model_gathered(client: ApiClient) -> None:
-    # default: the 4,194,304 parameters kept + min(5e7, 1e9 - 4,194,304) prefetched, x 4 B
+    # default: the 4,194,304 parameters kept + min(5e7, 1e9 - 4,194,304) prefetched + the
+    # prefetch's GPU copy of its host partitions (offload_param), x 4 B
     kept, formula = _gathered(client, None)
-    assert kept == (4 * 1_048_576 + 50_000_000) * 4 == 216_777_216
+    assert kept == (4 * 1_048_576 + 2 * 50_000_000) * 4 == 416_777_216
     assert "kept gathered for reuse" in formula
-    # 0: the largest layer, gathered whole to run, + the prefetch
+    assert "GPU copy of the host partition" in formula
+    # 0: the largest layer, gathered whole to run, + the prefetch and its copy
     released, formula = _gathered(client, {"stage3_max_reuse_distance": 0})
-    assert released == (1_048_576 + 50_000_000) * 4 == 204_194_304
+    assert released == (1_048_576 + 2 * 50_000_000) * 4 == 404_194_304
     assert "largest layer" in formula
 
 

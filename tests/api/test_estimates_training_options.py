@@ -260,9 +260,10 @@ def test_zero3_offload_on_one_gpu_is_deepspeeds(client: ApiClient) -> None:
             "parallelism": {"zero_stage": 3, "cpu_offload": True}}  # fmt: skip
     lines = _lines(_post(client, body))
     # DeepSpeed's defaults: 5e8 x 2 B bucket; gathered: both layers (2 x 4,194,304, reused
-    # within stage3_max_reuse_distance 1e9: kept into the backward) + 5e7 prefetched, x 2 B
+    # within stage3_max_reuse_distance 1e9: kept into the backward) + 5e7 prefetched + the
+    # prefetch's GPU copy of its host partitions (offload_param), x 2 B
     assert lines["zero_reduce_bucket"] == 1_000_000_000
-    assert lines["zero_gathered_params"] == (2 * 4_194_304 + 50_000_000) * 2
+    assert lines["zero_gathered_params"] == (2 * 4_194_304 + 2 * 50_000_000) * 2
     assert lines["weights"] == 0
     tuned = {**body, "parallelism": {**body["parallelism"],
              "deepspeed": {"reduce_bucket_size": 1_000_000}}}  # fmt: skip

@@ -12,6 +12,7 @@ import pytest
 from app.domain.graph.analysis import GraphAnalysis, InputDecl, analyze
 from app.domain.memory.deepspeed import (
     gathered_params_elements,
+    offload_gather_copy_elements,
     reduce_bucket_bytes,
     reuse_kept_elements,
 )
@@ -92,6 +93,24 @@ def test_reuse_distance_keeps_the_last_layers_of_the_forward() -> None:
     assert reuse_kept_elements([], 1_000_000_000) == 0
 
 
+def test_offload_gather_copies_the_host_partition() -> None:
+    """partition_parameters.py all_gather_coalesced: under offload_param the all-gather copies
+    the host partition to the GPU (``ds_tensor.to(device)``) next to the full buffer; the larger
+    of the running layer's gather and a prefetch's counts, divided over the data ranks."""
+    assert offload_gather_copy_elements(LAYER, 50_000_000, 1) == 50_000_000
+    assert offload_gather_copy_elements(LAYER, 0, 1) == LAYER == 16_777_216
+    # 4 data ranks: each holds and copies a quarter of the partitioned parameter
+    assert offload_gather_copy_elements(LAYER, 0, 4) == 4_194_304
+    assert offload_gather_copy_elements(LAYER + 1, 0, 4) == 4_194_305  # rounded up
+
+
+def test_zero3_without_offload_copies_nothing() -> None:
+    """Without offload_param the partition already lives on the GPU (``.to`` returns it): the
+    gathered line is the resident layers and the prefetch only, (67,108,864 + 5e7) x 2 B."""
+    gpu = _gpu(_estimate(Parallelism(zero_stage=3)))
+    assert gpu["zero_gathered_params"] == (PARAMS + 50_000_000) * 2 == 234_217_728
+
+
 def test_zero3_offload_on_one_gpu_golden() -> None:
     estimate = _estimate(Parallelism(zero_stage=3, cpu_offload=True))
     gpu, host = _gpu(estimate), _host(estimate)
@@ -102,8 +121,9 @@ def test_zero3_offload_on_one_gpu_golden() -> None:
     assert "optimizer_state" not in gpu
     # gathered: the 67,108,864 parameters (under 5e8: every layer is reused within
     # stage3_max_reuse_distance, kept gathered into the backward) + min(5e7, 1e9 - 67,108,864)
-    # prefetched, x 2 B = 234,217,728 B
-    assert gpu["zero_gathered_params"] == (PARAMS + 50_000_000) * 2 == 234_217_728
+    # prefetched + the prefetch's GPU copy of its host partitions (offload_param: 5e7 > the
+    # 16,777,216 of the largest layer), x 2 B = 334,217,728 B
+    assert gpu["zero_gathered_params"] == (PARAMS + 2 * 50_000_000) * 2 == 334_217_728
     # the IPG bucket: 5e8 elements x 2 B, whatever the model's size
     assert gpu["zero_reduce_bucket"] == 1_000_000_000
     # the host: bf16 weights and gradients, fp32 AdamW moments and master weights
@@ -127,14 +147,16 @@ def test_the_request_overrides_deepspeeds_defaults() -> None:
     estimate = _estimate(Parallelism(zero_stage=3, cpu_offload=True, deepspeed=knobs))
     gpu = _gpu(estimate)
     assert gpu["zero_reduce_bucket"] == 200_000_000  # 1e8 x 2 B
-    # nothing kept for reuse (0), the running layer whole, no prefetch (0): 16,777,216 x 2 B
-    assert gpu["zero_gathered_params"] == LAYER * 2 == 33_554_432
+    # nothing kept for reuse (0), the running layer whole, no prefetch (0), and the GPU copy of
+    # its host partition (offload_param): 2 x 16,777,216 x 2 B
+    assert gpu["zero_gathered_params"] == 2 * LAYER * 2 == 67_108_864
     assert any("stage3_max_reuse_distance 0 " in a for a in estimate.assumptions)
     # the reuse distance alone: 2 x S_i < 1e8 keeps the last 3 layers (S_i 0, 16.8M, 33.6M;
-    # the first layer's 2 x 50,331,648 is over), no prefetch: 3 x 16,777,216 x 2 B
+    # the first layer's 2 x 50,331,648 is over), no prefetch, + one layer's partition copied
+    # from the host: (3 + 1) x 16,777,216 x 2 B
     reuse = DeepSpeedBuffers(stage3_prefetch_bucket_size=0, stage3_max_reuse_distance=100_000_000)
     gpu = _gpu(_estimate(Parallelism(zero_stage=3, cpu_offload=True, deepspeed=reuse)))
-    assert gpu["zero_gathered_params"] == 3 * LAYER * 2 == 100_663_296
+    assert gpu["zero_gathered_params"] == 4 * LAYER * 2 == 134_217_728
 
 
 def test_zero2_offload_on_one_gpu_keeps_the_weights() -> None:

@@ -23,7 +23,10 @@ Sources (DeepSpeed 0.16+):
   (from the third step), a submodule's parameters are kept when they occur again among the
   submodules run within ``max_reuse_distance_in_numel`` parameter elements after it
   (``stage3_max_reuse_distance``, default 1e9): the forward + backward trace reuses the last
-  layers of the forward at the start of the backward (the same rule since DeepSpeed 0.8.0).
+  layers of the forward at the start of the backward (the same rule since DeepSpeed 0.8.0);
+* deepspeed/runtime/zero/partition_parameters.py ``all_gather_coalesced``: under
+  ``offload_param`` the gather copies each host partition to the GPU (``ds_tensor.to(device)``)
+  next to the full gathered buffer (v0.8.0 to 2025).
 """
 
 from __future__ import annotations
@@ -110,6 +113,35 @@ def gathered_params_elements(largest_module: int, prefetch: int, max_live: int) 
     return largest_module + max(0, min(prefetch, max_live - largest_module))
 
 
+def offload_gather_copy_elements(largest_module: int, prefetch: int, data: int) -> int:
+    """The GPU copy of host partitions a ZeRO-3 all-gather makes under ``offload_param``
+    [elements], held with the gathered buffer while the gather runs.
+
+    Parameters
+    ----------
+    largest_module : int
+        Parameter elements of the largest submodule [elements].
+    prefetch : int
+        Parameter elements prefetched in one coalesced gather [elements].
+    data : int
+        Data-parallel ranks the parameters are partitioned over.
+
+    Notes
+    -----
+    ``ceil(max(largest_module, prefetch) / data)``: with ``offload_param`` a parameter's
+    partition (``ds_tensor``) lives in host memory, and the all-gather first copies it to the
+    GPU. deepspeed/runtime/zero/partition_parameters.py ``all_gather_coalesced`` (v0.8.0
+    lines 836-853, unchanged in 2025): one parameter: ``param_buffer = torch.empty(ceil(ds_numel
+    / world_size) * world_size, device=GPU)``, then ``_dist_allgather_fn(param.ds_tensor.to(
+    GPU), param_buffer, ...)``: the full buffer and the GPU copy of the partition are allocated
+    together; several (a prefetch, lines 855-870): ``torch.cat([p.ds_tensor.to(GPU) for p in
+    params], out=partitions[rank])`` next to the flat buffer. The copies are dropped once the
+    collective is launched, so the larger of the two gathers counts, not their sum. Without
+    offload the partition already lives on the GPU (``.to`` returns it): no copy.
+    """
+    return -(-max(largest_module, prefetch) // data)
+
+
 def deepspeed_buffers(e: Estimation) -> dict[str, int]:
     """DeepSpeed's GPU lines for this request (empty when the ZeRO lines are FSDP's)."""
     par = e.request.parallelism
@@ -141,6 +173,12 @@ def deepspeed_buffers(e: Estimation) -> dict[str, int]:
         elements = gathered_params_elements(
             resident, knobs.stage3_prefetch_bucket_size, knobs.stage3_max_live_parameters
         )
+        prefetched = elements - resident
+        # offload_param: the gather's GPU copy of the host partition (offload_gather_copy_elements)
+        copied = (
+            offload_gather_copy_elements(largest, prefetched, par.data) if par.cpu_offload else 0
+        )
+        elements += copied
         gathered = ceil_fraction(elements * element / model_shard)
         if gathered:
             lines["zero_gathered_params"] = gathered
@@ -154,8 +192,15 @@ def deepspeed_buffers(e: Estimation) -> dict[str, int]:
             e.formulas["zero_gathered_params"] = (
                 f"ceil({elements:,} [elements: {what}, + max(0, min(stage3_prefetch_bucket_size "
                 f"{knobs.stage3_prefetch_bucket_size:,}, stage3_max_live_parameters "
-                f"{knobs.stage3_max_live_parameters:,} - {resident:,})) prefetched]"
-                f" x {element} [B] / {model_shard} [tensor x pipeline]) = {gathered:,} B"
+                f"{knobs.stage3_max_live_parameters:,} - {resident:,})) prefetched"
+                + (
+                    f" + {copied:,} [elements: offload_param: the all-gather's GPU copy of the "
+                    f"host partition, ceil(max({largest:,} largest layer, {prefetched:,} "
+                    f"prefetched) / {par.data} data rank(s))]"
+                    if copied
+                    else "]"
+                )
+                + f" x {element} [B] / {model_shard} [tensor x pipeline]) = {gathered:,} B"
             )
             e.notes["zero_gathered_params"] = [
                 "ZeRO-3 gathers a submodule's parameters whole before it runs and prefetches "
@@ -166,6 +211,12 @@ def deepspeed_buffers(e: Estimation) -> dict[str, int]:
                 "stage3_max_reuse_distance elements (__params_to_release), which keeps the "
                 f"last layers of the forward, {kept:,} params here, gathered into the backward"
             ]
+            if copied:
+                e.notes["zero_gathered_params"].append(
+                    "offload_param: the all-gather copies the host partition to the GPU "
+                    "(ds_tensor.to(device)) next to the full gathered buffer "
+                    "(deepspeed/runtime/zero/partition_parameters.py all_gather_coalesced)"
+                )
     e.comm_buffers += list(lines.values())
     where = "as given" if given else "DeepSpeed's defaults (deepspeed/runtime/zero/config.py)"
     e.assumptions.append(
