@@ -481,7 +481,7 @@ def _bloom(config: _Config, model_type: str) -> Built:
     eps = config.number("layer_norm_epsilon", 1e-5)
     dropout = config.dropout("hidden_dropout")
     attention: builders.Layer = {"name": "self_attention", "op": "attention", "num_heads": heads,
-                                 "causal": True}  # fmt: skip
+                                 "causal": True, "fused_qkv_projection": True}  # fmt: skip
     if config.dropout("attention_dropout"):
         attention["dropout"] = config.dropout("attention_dropout")
     # apply_residual_connection_post_layernorm: the residual is the normalized input
