@@ -13,11 +13,15 @@ the two LayerNorms (and the embeddings') keep the fp32 residual sum they normali
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from app.domain.graph.analysis import GraphAnalysis, analyze
 from app.domain.memory.formulas import Sizer, precision_plan
 from app.domain.precision import Precision
 from app.domain.workload import Runtime
 from app.domain.zoo import ZooModel, bert, gpt2
+from app.importers.hf_config import import_hf_config
 
 HIDDEN, HEADS, LAYERS, BATCH, SEQ = 64, 4, 2, 2, 16
 TOKENS = BATCH * SEQ
@@ -76,3 +80,16 @@ def test_no_rule_outside_cuda_autocast() -> None:
         assert _input_bytes(_bert(), "layernorm", precision, runtime) == [4096] * 5
     fp32 = _input_bytes(_bert(), "layernorm", Precision.FP32, Runtime.CUDA)
     assert fp32 == [8192] * 5  # fp32 activations: the input itself, 4 B
+
+
+def test_importers_mark_one_projection_models() -> None:
+    """Phi-3's qkv_proj and BLOOM's query_key_value are one projection: one cast each."""
+    fixture = Path(__file__).parents[1] / "fixtures" / "hf_configs" / "phi-3-mini-4k-instruct.json"
+    bloom = {"model_type": "bloom", "hidden_size": 64, "n_head": 4, "n_layer": 2,
+             "vocab_size": 100}  # fmt: skip
+    for config in (json.loads(fixture.read_text()), bloom):
+        graph = import_hf_config(config, sequence_length=SEQ)
+        attention = [inner for layer in graph.layers for inner in layer.get("layers") or []
+                     if inner["op"] == "attention"]  # fmt: skip
+        assert attention
+        assert all(inner["fused_qkv_projection"] is True for inner in attention)
