@@ -140,6 +140,7 @@ def _decoder(config: _Config, model_type: str) -> Built:
         )
     if model_type == "phi3":
         _phi3_residual_dropouts(graph, config.dropout("resid_pdrop"))
+        _mark_fused_qkv_projection(graph)
     reference = f"{REFERENCE_CLASSES[model_type][0]} (LM head {'tied' if tied else 'untied'})"
     return graph, reference, notes, config.size("max_position_embeddings", 4096)
 
@@ -162,6 +163,15 @@ def _phi3_residual_dropouts(graph: builders.Graph, p: float) -> None:
                 "inputs": [dropout if n == branch else n for n in block[at]["inputs"]],
             }
             block.insert(at, {"name": dropout, "op": "dropout", "p": p, "inputs": [branch]})
+
+
+def _mark_fused_qkv_projection(graph: builders.Graph) -> None:
+    """Phi-3's ``qkv_proj`` is one projection: under CUDA autocast it keeps one 16-bit cast of
+    its input, not one a projection (the attention's ``fused_qkv_projection``)."""
+    for layer in graph[1]:
+        for inner in layer.get("layers") or []:
+            if inner.get("op") == "attention":
+                inner["fused_qkv_projection"] = True
 
 
 def _insert_before_attention(graph: builders.Graph, tensors: list[builders.Layer]) -> None:
@@ -481,7 +491,7 @@ def _bloom(config: _Config, model_type: str) -> Built:
     eps = config.number("layer_norm_epsilon", 1e-5)
     dropout = config.dropout("hidden_dropout")
     attention: builders.Layer = {"name": "self_attention", "op": "attention", "num_heads": heads,
-                                 "causal": True}  # fmt: skip
+                                 "causal": True, "fused_qkv_projection": True}  # fmt: skip
     if config.dropout("attention_dropout"):
         attention["dropout"] = config.dropout("attention_dropout")
     # apply_residual_connection_post_layernorm: the residual is the normalized input

@@ -280,6 +280,9 @@ OP_SPECS: Mapping[str, OpSpec] = {
             # q/k/v views of one fused output, fp32 rotary, registered mask and rotary buffers
             "fused_qkv": boolean,
             "rotary_fp32": boolean,
+            # q, k and v from one projection (GPT-2's c_attn, BLOOM's query_key_value): under
+            # CUDA autocast one 16-bit cast of the input is kept, not three (ops/transformer.py)
+            "fused_qkv_projection": boolean,
             "buffer_positions": positive_int,
             "rotary_dims": positive_int,
             # multi-head latent attention (DeepSeek-V2/V3): present with kv_lora_rank

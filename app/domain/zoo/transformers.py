@@ -36,10 +36,14 @@ def _layernorm(name: str, eps: float | None = None) -> Layer:
     return layer
 
 
-def _attention(heads: int, *, dropout: float, causal: bool = False) -> Layer:
+def _attention(
+    heads: int, *, dropout: float, causal: bool = False, fused_projection: bool = False
+) -> Layer:
     layer: Layer = {"name": "attn", "op": "attention", "num_heads": heads}
     if causal:
         layer["causal"] = True
+    if fused_projection:
+        layer["fused_qkv_projection"] = True
     if dropout:
         layer["dropout"] = dropout
     return layer
@@ -61,7 +65,7 @@ def gpt2(
     """``transformers.GPT2LMHeadModel``: pre-LN blocks, GELU (tanh) MLP, head tied to ``wte``."""
     block = [
         _layernorm("ln_1", eps),
-        _attention(heads, dropout=dropout, causal=True),
+        _attention(heads, dropout=dropout, causal=True, fused_projection=True),  # c_attn
         _dropout("attn_drop", dropout),  # resid_dropout
         _add("attn_add", BLOCK_INPUT, "attn_drop"),
         _layernorm("ln_2", eps),

@@ -27,8 +27,28 @@ from app.domain.workload import (
 )
 
 
+def _cuda_autocast(ctx: OpContext) -> bool:
+    """Whether the layer runs under CUDA autocast (fp32 weights, 16-bit matmuls)."""
+    return ctx.runtime is Runtime.CUDA and ctx.precision in _AUTOCAST
+
+
+def _layernorm_input(ctx: OpContext) -> Saved:
+    """The input a layer norm keeps: in fp32 under CUDA autocast.
+
+    ``layer_norm`` and ``native_layer_norm`` are on CUDA autocast's fp32 list (PyTorch
+    aten/src/ATen/autocast_mode.h, ``AT_FORALL_FP32``): a 16-bit input is cast to fp32 and
+    ``NativeLayerNormBackward0`` keeps that cast; an fp32 input (the residual stream of a
+    transformer under autocast: fp32 embeddings plus 16-bit sublayer outputs promote to fp32)
+    is kept as it is. Either way 4 B an element where the activations are 16-bit.
+    """
+    if _cuda_autocast(ctx):
+        return Saved(label="input", source="in0_fp32", numel=ctx.x.numel, storage=Storage.FP32)
+    return Saved(label="input", source="in0", numel=ctx.x.numel)
+
+
 def layernorm(ctx: OpContext) -> OpResult:
-    """Layer norm over the last dim; keeps input and fp32 per-row mean and rstd."""
+    """Layer norm over the last dim; keeps input (fp32 under CUDA autocast:
+    :func:`_layernorm_input`) and fp32 per-row mean and rstd."""
     require_float(ctx)
     dim = ctx.x.shape[-1]
     affine = ctx.attr("elementwise_affine", True)
@@ -41,7 +61,7 @@ def layernorm(ctx: OpContext) -> OpResult:
         param_shapes=params,
         flops=5 * ctx.x.numel,
         saved=(
-            Saved(label="input", source="in0", numel=ctx.x.numel),
+            _layernorm_input(ctx),
             Saved(label="mean", source="new", numel=rows, storage=Storage.FP32),
             Saved(label="rstd", source="new", numel=rows, storage=Storage.FP32),
         ),
@@ -228,6 +248,31 @@ def _returned_cache(ctx: OpContext, kv_numel: int, fused_qkv: int) -> tuple[Save
     )
 
 
+def _qkv_input_casts(ctx: OpContext, *, mla: bool) -> list[Saved]:
+    """The extra 16-bit copies of the input that separate q, k and v projections keep under
+    CUDA autocast.
+
+    Under autocast the attention's input is fp32: a norm's output (``layer_norm`` is on CUDA
+    autocast's fp32 list, aten/src/ATen/autocast_mode.h ``AT_FORALL_FP32``; Hugging Face's
+    RMSNorm returns the fp32 residual's dtype) or the fp32 residual stream itself. Each
+    ``linear`` (``lower_precision_fp``) casts it to 16 bits on its own (autocast's cast cache
+    holds only leaf tensors that require grad: weights, not activations, ``cached_cast`` in
+    aten/src/ATen/autocast_mode.cpp) and its ``addmm`` keeps that cast for the weight's
+    gradient: three 16-bit copies where q, k and v are three Linear calls (BERT, ViT, Llama),
+    one where they are one projection (GPT-2's ``c_attn``: ``fused_qkv_projection``; GPT-NeoX:
+    ``fused_qkv``). The first copy is the layer's ``input`` (the 16-bit activation the
+    service sizes it as); these are the other two, labelled ``input`` too: a frozen base drops
+    them with it (app.domain.memory.frozen). Measured: PyTorch 2.13 CPU autocast bf16,
+    transformers BertModel, ``saved_tensors_hooks``: query, key and value each keep their own
+    bf16 ``[tokens, hidden]`` cast of the fp32 LayerNorm output (``linear`` and ``layer_norm``
+    have the same policy on CPU for an fp32 input). Not modelled for latent attention (MLA).
+    """
+    one_projection = ctx.attr("fused_qkv", False) or ctx.attr("fused_qkv_projection", False)
+    if mla or one_projection or not _cuda_autocast(ctx):
+        return []
+    return [Saved(label="input", source="new", numel=ctx.x.numel) for _ in range(2)]
+
+
 def _attention_buffers(ctx: OpContext) -> int:
     """Bytes of the layer's registered buffers (GPT-NeoX mid-2024, see the note above): the
     bool P x P causal mask, and fp32 cos and sin caches P x rotary_dims with ``inv_freq``."""
@@ -253,7 +298,8 @@ def attention(ctx: OpContext) -> OpResult:
     attention dropout runs SDPA's math kernel
     (sdpa_math, measured on PyTorch 2.13 CPU; the reason says so). Only causal (decoder)
     attention fills a KV cache at inference; an encoder attends over its whole input once and
-    caches nothing.
+    caches nothing. Under CUDA autocast separate q, k and v projections keep three 16-bit casts
+    of the fp32 input (:func:`_qkv_input_casts`).
     """
     require_float(ctx)
     if len(ctx.x.shape) != 3:
@@ -329,6 +375,7 @@ def attention(ctx: OpContext) -> OpResult:
     fused_kernel = impl in FUSED_ATTENTION
     saved = [
         Saved(label="input", source="in0", numel=ctx.x.numel),
+        *_qkv_input_casts(ctx, mla=mla is not None),
         *_qkv_saved(
             ctx,
             q_numel,
@@ -454,7 +501,7 @@ def mlp(ctx: OpContext) -> OpResult:
     gated = activation in _GATED
     projections = 3 if gated else 2
     params = _ffn_params(hidden, inner, gated=gated, bias=ctx.attr("bias", True))
-    autocast = ctx.runtime is Runtime.CUDA and ctx.precision in _AUTOCAST
+    autocast = _cuda_autocast(ctx)
     saved = [
         Saved(label="input", source="in0", numel=ctx.x.numel),
         *_ffn_saved(activation, wide, autocast=autocast),
