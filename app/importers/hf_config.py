@@ -166,12 +166,15 @@ def _phi3_residual_dropouts(graph: builders.Graph, p: float) -> None:
 
 
 def _mark_fused_qkv_projection(graph: builders.Graph) -> None:
-    """Phi-3's ``qkv_proj`` is one projection: under CUDA autocast it keeps one 16-bit cast of
-    its input, not one a projection (the attention's ``fused_qkv_projection``)."""
+    """Phi-3's ``qkv_proj`` and ``gate_up_proj`` are one projection each: under CUDA autocast
+    each keeps one 16-bit cast of its input, not one a projection (the attention's
+    ``fused_qkv_projection``, the MLP's ``fused_gate_up_projection``)."""
     for layer in graph[1]:
         for inner in layer.get("layers") or []:
             if inner.get("op") == "attention":
                 inner["fused_qkv_projection"] = True
+            if inner.get("op") == "mlp":
+                inner["fused_gate_up_projection"] = True
 
 
 def _insert_before_attention(graph: builders.Graph, tensors: list[builders.Layer]) -> None:

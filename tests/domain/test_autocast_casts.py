@@ -20,7 +20,7 @@ from app.domain.graph.analysis import GraphAnalysis, analyze
 from app.domain.memory.formulas import Sizer, precision_plan
 from app.domain.precision import Precision
 from app.domain.workload import Runtime
-from app.domain.zoo import ZooModel, bert, gpt2
+from app.domain.zoo import ZooModel, bert, gpt2, llama
 from app.importers.hf_config import import_hf_config
 
 HIDDEN, HEADS, LAYERS, BATCH, SEQ = 64, 4, 2, 2, 16
@@ -93,3 +93,20 @@ def test_importers_mark_one_projection_models() -> None:
                      if inner["op"] == "attention"]  # fmt: skip
         assert attention
         assert all(inner["fused_qkv_projection"] is True for inner in attention)
+
+
+def test_gated_mlp_gate_and_up_keep_two_16_bit_casts_under_cuda_autocast() -> None:
+    """Llama's gate_proj and up_proj are two Linear calls on the fp32 input: each keeps its own
+    bf16 cast (2 x 2,048 elements x 2 B); without autocast the input is kept once. Phi-3's one
+    gate_up_proj keeps one (its importer marks the MLP)."""
+    model = llama(layers=LAYERS, hidden=HIDDEN, heads=HEADS, kv_heads=HEADS, intermediate=128,
+                  vocab=100, positions=64)  # fmt: skip
+    assert _input_bytes(model, "mlp", Precision.AMP_BF16, Runtime.CUDA) == [8192] * LAYERS
+    assert _input_bytes(model, "mlp", Precision.BF16, Runtime.CUDA) == [4096] * LAYERS
+    assert _input_bytes(model, "mlp", Precision.AMP_BF16, Runtime.CPU) == [4096] * LAYERS
+    fixture = Path(__file__).parents[1] / "fixtures" / "hf_configs" / "phi-3-mini-4k-instruct.json"
+    graph = import_hf_config(json.loads(fixture.read_text()), sequence_length=SEQ)
+    mlps = [inner for layer in graph.layers for inner in layer.get("layers") or []
+            if inner["op"] == "mlp"]  # fmt: skip
+    assert mlps
+    assert all(inner["fused_gate_up_projection"] is True for inner in mlps)

@@ -298,6 +298,9 @@ OP_SPECS: Mapping[str, OpSpec] = {
         optional={
             "activation": one_of(*_MLP_ACTIVATIONS),
             "bias": boolean,
+            # gate and up from one projection (Phi-3's gate_up_proj): under CUDA autocast one
+            # 16-bit cast of the input is kept, not two (ops/transformer.py)
+            "fused_gate_up_projection": boolean,
         },
     ),
     "moe": OpSpec(

@@ -485,6 +485,19 @@ def _ffn_saved(activation: str, wide: int, *, autocast: bool = False) -> list[Sa
     ]
 
 
+def _gate_up_input_cast(ctx: OpContext, *, gated: bool) -> list[Saved]:
+    """The second 16-bit copy of the input a gated MLP keeps under CUDA autocast: ``gate_proj``
+    and ``up_proj`` are two Linear calls on the same fp32 input (Llama, Mistral, Qwen:
+    ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``), each casting it to 16 bits itself and
+    keeping its cast for its weight's gradient, as separate q / k / v projections do
+    (:func:`_qkv_input_casts`, the sources there). One fused projection (Phi-3's
+    ``gate_up_proj``: ``fused_gate_up_projection``) keeps one. Labelled ``input``: a frozen
+    base drops it with the first (app.domain.memory.frozen)."""
+    if not gated or ctx.attr("fused_gate_up_projection", False) or not _cuda_autocast(ctx):
+        return []
+    return [Saved(label="input", source="new", numel=ctx.x.numel)]
+
+
 def mlp(ctx: OpContext) -> OpResult:
     """Transformer feed-forward: up projection, activation (or gated), down projection.
 
@@ -504,6 +517,7 @@ def mlp(ctx: OpContext) -> OpResult:
     autocast = _cuda_autocast(ctx)
     saved = [
         Saved(label="input", source="in0", numel=ctx.x.numel),
+        *_gate_up_input_cast(ctx, gated=gated),
         *_ffn_saved(activation, wide, autocast=autocast),
     ]
     return OpResult(
