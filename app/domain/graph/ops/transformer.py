@@ -18,7 +18,7 @@ from app.domain.graph.ops.core import (
     require_float,
     row_count,
 )
-from app.domain.precision import Precision
+from app.domain.precision import Precision, convention
 from app.domain.workload import (
     FUSED_ATTENTION,
     Attention,
@@ -28,8 +28,9 @@ from app.domain.workload import (
 
 
 def _cuda_autocast(ctx: OpContext) -> bool:
-    """Whether the layer runs under CUDA autocast (fp32 weights, 16-bit matmuls)."""
-    return ctx.runtime is Runtime.CUDA and ctx.precision in _AUTOCAST
+    """Whether the layer runs under CUDA autocast (fp32 weights, 16-bit matmuls): the
+    precision conventions with autocast's weight cache (amp_bf16, amp_fp16)."""
+    return ctx.runtime is Runtime.CUDA and convention(ctx.precision).weight_cache_dtype is not None
 
 
 def _layernorm_input(ctx: OpContext) -> Saved:
@@ -436,7 +437,6 @@ _GATED = {"swiglu": "silu", "geglu": "gelu"}
 # Hugging Face NewGELUActivation (GPT-2's gelu_new) is a composite of pow/mul/add/tanh: autograd
 # keeps three intermediate-sized tensors besides its input (measured, PyTorch 2.13 CPU).
 _COMPOSITE_EXTRA = {"gelu_new": 3}
-_AUTOCAST = frozenset({Precision.AMP_BF16, Precision.AMP_FP16})  # torch.autocast over fp32
 
 
 def _ffn_params(hidden: int, inner: int, *, gated: bool, bias: bool) -> list[tuple[int, ...]]:
