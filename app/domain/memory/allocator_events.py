@@ -604,9 +604,10 @@ def step_allocator_events(
     buffers_of = [2 * op.backward_internal + op.backward_extra for op in plan.op_sizes]
     # autocast's cache ends with the forward; a GEMM's copy stays saved until its backward
     saved_casts = e.released_casts or [0] * len(layers)
-    # without offloading, what a layer's backward frees of the storages it kept first is the
-    # same in both iterations (those live at the backward's start): built once
-    stored_frees: list[list[Event]] = []
+    # without offloading, what a layer's backward frees after its gradients is the same in
+    # both iterations (of the storages it kept first, those live at the backward's start; the
+    # tensors it created to keep; its saved autocast copies): built once
+    layer_frees: list[list[Event]] = []
     for iteration in range(2):
         if iteration == 1:
             steady_from = gathered_from = len(events)
@@ -640,10 +641,12 @@ def step_allocator_events(
                 if kept_id in on_gpu:
                     live.discard(kept_id)
                     add(("free", on_gpu[kept_id], 0))
-        elif not stored_frees:
-            stored_frees = [
+        elif not layer_frees:
+            layer_frees = [
                 [("free", ~storage, 0) for storage in storages if storage in live]
-                for storages in kept_after
+                + new_frees[index]
+                + (cache_frees[index] if saved_casts[index] else [])
+                for index, storages in enumerate(kept_after)
             ]
         grad_in = _loss_backward(events, step, loss if step.loss_bytes else -1, out_grad)
         recomputing: str | None = None
@@ -696,7 +699,7 @@ def step_allocator_events(
             add(("free", grad_in, 0))
             grad_in = key
             if offload is None:
-                events += stored_frees[index]
+                events += layer_frees[index]
             else:
                 for storage in kept_after[index]:
                     if storage in back:  # offloaded: its copy back, after its earliest keeper
@@ -706,9 +709,9 @@ def step_allocator_events(
                         add(("free", ~storage, 0))
                 if offload.adapters.get(index) in back:  # LoRA's, back
                     add(("free", back.pop(offload.adapters[index]), 0))
-            events += new_frees[index]
-            if saved_casts[index]:  # its autocast copies: the GEMM's saved mat2, released
-                events += cache_frees[index]
+                events += new_frees[index]
+                if saved_casts[index]:  # its autocast copies: the GEMM's saved mat2, released
+                    events += cache_frees[index]
             if recipe is not None:  # the recomputed tensors only this layer still keeps
                 for slot in recipe.released_after.get(index, ()):
                     add(("free", recomputed_keys.pop(slot), 0))
