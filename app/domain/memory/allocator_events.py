@@ -583,7 +583,9 @@ def step_allocator_events(
     )
     grad_frees: list[list[Event]] = [[] for _ in layers]  # per layer, as zero_grad frees them
     out_grad = plan.sizes.get(analysis.output_storage, 0)
-    units = [checkpoint_unit(layer.name) if e.recompute else None for layer in layers]
+    units: list[str | None] = (
+        [checkpoint_unit(layer.name) for layer in layers] if e.recompute else [None] * len(layers)
+    )
     recomputed = dict(e.recompute)  # a unit's recompute, with its adapters' saved tensors
     for index, size in e.adapter_saved.items():
         unit = units[index]
