@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
+from operator import attrgetter
 from typing import NamedTuple
 
 from app.domain.budget import CHECK_EVERY_MASK, checkpoint
@@ -41,6 +42,9 @@ def _param_tensor_bytes(
     return tensors
 
 
+_RESULT = attrgetter("result")
+
+
 def _spread(total: int, sizes: Sequence[int]) -> list[int]:
     """``total`` bytes split over tensors in proportion to ``sizes`` (state per parameter)."""
     whole = sum(sizes)
@@ -64,14 +68,16 @@ def _weight_events(analysis: GraphAnalysis, weight: Fraction, model_shard: int) 
     num, den = weight.numerator, weight.denominator * model_shard
     # once per distinct op result (the repeats of a block share theirs), as _param_tensor_bytes
     per_result: dict[int, tuple[list[int], list[int]]] = {}
-    for layer in analysis.layers:
-        result = layer.result
-        if id(result) not in per_result:
+    sizes: list[list[int]] = []
+    allocated: list[int] = []
+    for result in map(_RESULT, analysis.layers):
+        found = per_result.get(id(result))
+        if found is None:
             tensors = [-(-math.prod(shape) * num // den) for shape in result.param_shapes]
             with_buffers = tensors + [result.buffers_bytes] if result.buffers_bytes else tensors
-            per_result[id(result)] = (tensors, with_buffers)
-    sizes = [per_result[id(layer.result)][0] for layer in analysis.layers]
-    allocated = [size for layer in analysis.layers for size in per_result[id(layer.result)][1]]
+            found = per_result[id(result)] = (tensors, with_buffers)
+        sizes.append(found[0])
+        allocated += found[1]
     events = _kept(allocated)
     return _WeightEvents(sizes=sizes, events=events, key=EventsKey(events))
 
