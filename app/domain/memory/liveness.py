@@ -298,6 +298,7 @@ _CPU_BACKWARD_EXTRA: Mapping[str, int] = {
 
 
 _INPUT_STORAGES = attrgetter("input_storages")
+_RESULT = attrgetter("result")
 
 
 def last_reads(analysis: GraphAnalysis) -> dict[int, int]:
@@ -323,9 +324,10 @@ def build_plan(
     layers = analysis.layers
     # Byte figures once per distinct op result: the iterations of a repeat share theirs.
     if frozen is None or not training:
-        distinct = {id(layer.result): layer for layer in layers}
+        ids = list(map(id, map(_RESULT, layers)))
+        distinct = dict(zip(ids, layers, strict=True))  # the last layer of each result
         derived = {key: _op_sizes(layer, sizer, request) for key, layer in distinct.items()}
-        op_sizes = [derived[id(layer.result)] for layer in layers]
+        op_sizes = list(map(derived.__getitem__, ids))
     else:
         variants = [frozen.variant(index) for index in range(len(layers))]
         keyed = {
