@@ -115,7 +115,7 @@ class GraphAnalysis:
     @property
     def params(self) -> int:
         """Trainable parameters of the whole model."""
-        return sum(layer.result.params for layer in self.layers)
+        return sum([layer.result.params for layer in self.layers])
 
     @property
     def flops(self) -> int:

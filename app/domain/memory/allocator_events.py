@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
+from operator import attrgetter
 from typing import NamedTuple
 
 from app.domain.budget import CHECK_EVERY_MASK, checkpoint
@@ -22,7 +23,7 @@ from app.domain.memory.liveness import (
     offload_last_keepers,
     released_at,
 )
-from app.domain.memory.memo import layer_totals, memoised
+from app.domain.memory.memo import memoised
 
 
 def _param_tensor_bytes(
@@ -41,10 +42,17 @@ def _param_tensor_bytes(
     return tensors
 
 
+_RESULT = attrgetter("result")
+
+
 def _spread(total: int, sizes: Sequence[int]) -> list[int]:
     """``total`` bytes split over tensors in proportion to ``sizes`` (state per parameter)."""
     whole = sum(sizes)
-    return [total * size // whole for size in sizes] if whole and total else []
+    if not whole or not total:
+        return []
+    # once per distinct size: a model's parameters come in a few sizes (its repeated blocks')
+    share = {size: total * size // whole for size in set(sizes)}
+    return list(map(share.__getitem__, sizes))
 
 
 class _WeightEvents(NamedTuple):
@@ -60,14 +68,16 @@ def _weight_events(analysis: GraphAnalysis, weight: Fraction, model_shard: int) 
     num, den = weight.numerator, weight.denominator * model_shard
     # once per distinct op result (the repeats of a block share theirs), as _param_tensor_bytes
     per_result: dict[int, tuple[list[int], list[int]]] = {}
-    for layer in analysis.layers:
-        result = layer.result
-        if id(result) not in per_result:
+    sizes: list[list[int]] = []
+    allocated: list[int] = []
+    for result in map(_RESULT, analysis.layers):
+        found = per_result.get(id(result))
+        if found is None:
             tensors = [-(-math.prod(shape) * num // den) for shape in result.param_shapes]
             with_buffers = tensors + [result.buffers_bytes] if result.buffers_bytes else tensors
-            per_result[id(result)] = (tensors, with_buffers)
-    sizes = [per_result[id(layer.result)][0] for layer in analysis.layers]
-    allocated = [size for layer in analysis.layers for size in per_result[id(layer.result)][1]]
+            found = per_result[id(result)] = (tensors, with_buffers)
+        sizes.append(found[0])
+        allocated += found[1]
     events = _kept(allocated)
     return _WeightEvents(sizes=sizes, events=events, key=EventsKey(events))
 
@@ -95,8 +105,11 @@ class _ForwardEvents(NamedTuple):
     """The forward's events, as :func:`step_allocator_events` describes them."""
 
     events: list[Event]
-    cache_keys: list[list[int]]  # per layer, autocast's 16-bit weight copies
-    new_keys: list[list[int]]  # per layer, the tensors it creates to keep (still on the GPU)
+    # per layer, the frees of autocast's 16-bit weight copies it made (built once, replayed in
+    # both iterations' backward)
+    cache_frees: list[list[Event]]
+    # per layer, the frees of the tensors it creates to keep (still on the GPU)
+    new_frees: list[list[Event]]
     live: set[int]  # storages it allocated that are still live at its end
     on_gpu: dict[int, int]  # offloaded: kept tensor (plan id) -> its key, still on the GPU
 
@@ -183,59 +196,67 @@ def _forward_events(
     after the layer's backward; a checkpointed unit's come with its recompute), on the GPU as
     the breakdown's adapter_activations line has them."""
     inputs = {bound.storage for bound in analysis.inputs}
+    first_saver, pinned = plan.first_saver, plan.pinned
     freed_after: dict[int, list[int]] = {}
     for storage, index in plan.last_use.items():
-        if storage not in plan.first_saver and storage not in plan.pinned:
+        if storage not in first_saver and storage not in pinned and storage not in inputs:
             freed_after.setdefault(index, []).append(storage)
     events: list[Event] = []
     add = events.append
-    cache_keys: list[list[int]] = []
-    new_keys: list[list[int]] = []
+    cache_frees: list[list[Event]] = []
+    new_frees: list[list[Event]] = []
     forward_live: set[int] = set()
     on_gpu: dict[int, int] = {}  # offloaded kept tensors allocated and not yet released
     offloaded = offload.keeper if offload is not None else {}
-    for index, layer in enumerate(analysis.layers):
+    units = recompute or {}
+    adapters = adapter_saved or {}
+    for index, (layer, op, out_bytes, copies) in enumerate(
+        zip(analysis.layers, plan.op_sizes, plan.out_alloc, cache, strict=True)
+    ):
         if not index & CHECK_EVERY_MASK:
             checkpoint()  # app.domain.budget: stop here past the request's deadline
-        op = plan.op_sizes[index]
-        cache_keys.append([])
-        for size in cache[index]:
-            cache_keys[-1].append(_FORWARD_KEYS + len(events))
-            add(("alloc", cache_keys[-1][-1], size))
-        if plan.out_alloc[index]:
-            add(("alloc", ~layer.output_storage, plan.out_alloc[index]))
-            forward_live.add(layer.output_storage)
-            if layer.output_storage in offloaded:
-                on_gpu[layer.output_storage] = ~layer.output_storage
-        kept: list[int] = []
-        if training and not (recompute and checkpoint_unit(layer.name) in recompute):
-            if adapter_saved and adapter_saved.get(index):
+        frees: list[Event] = []
+        for size in copies:
+            key = _FORWARD_KEYS + len(events)
+            add(("alloc", key, size))
+            frees.append(("free", key, 0))
+        cache_frees.append(frees)
+        if out_bytes:
+            storage = layer.output_storage
+            add(("alloc", ~storage, out_bytes))
+            forward_live.add(storage)
+            if storage in offloaded:
+                on_gpu[storage] = ~storage
+        frees = []
+        if training and not (units and checkpoint_unit(layer.name) in units):
+            if adapters.get(index):
                 key = _FORWARD_KEYS + len(events)
-                add(("alloc", key, adapter_saved[index]))
+                add(("alloc", key, adapters[index]))
                 if offload is not None and index in offload.adapters:  # packed to the host
                     on_gpu[offload.adapters[index]] = key
                 else:
-                    kept.append(key)
+                    frees.append(("free", key, 0))
             for slot, size in op.new_kept:
                 key = _FORWARD_KEYS + len(events)
                 add(("alloc", key, size))
-                if new_tensor_id(index, slot) in offloaded:
+                if offloaded and new_tensor_id(index, slot) in offloaded:
                     on_gpu[new_tensor_id(index, slot)] = key
                 else:
-                    kept.append(key)
-        new_keys.append(kept)
+                    frees.append(("free", key, 0))
+        new_frees.append(frees)
         if op.forward_transient:  # allocated and freed at once
             add(("scratch", _FORWARD_KEYS + len(events), op.forward_transient))
-        for storage in freed_after.get(index, ()):
-            if storage in forward_live and storage not in inputs:
-                forward_live.discard(storage)
-                add(("free", ~storage, 0))
+        if index in freed_after:
+            for storage in freed_after[index]:
+                if storage in forward_live:
+                    forward_live.discard(storage)
+                    add(("free", ~storage, 0))
         if offload is not None:
             for released in offload.release_after.get(index, ()):
                 if released in on_gpu:  # its copy to the host is done: the GPU tensor goes
                     forward_live.discard(released)
                     add(("free", on_gpu.pop(released), 0))
-    return _ForwardEvents(events, cache_keys, new_keys, forward_live, on_gpu)
+    return _ForwardEvents(events, cache_frees, new_frees, forward_live, on_gpu)
 
 
 class _Recompute(NamedTuple):
@@ -498,7 +519,7 @@ def step_allocator_events(
         kept += [size for sizes in e.adapter_tensors for size in sizes]
     if step is not None and step.master_total and not on_host:
         kept += _spread(step.master_total, flat)
-    kv_layers = layer_totals(e.plans, analysis).kv_layers
+    kv_layers = e.totals.kv_layers
     kept += _spread(e.kv_bytes, [1] * (2 * kv_layers))  # K and V
     events += _kept(kept)
     inputs = {bound.storage for bound in analysis.inputs}
@@ -533,10 +554,10 @@ def step_allocator_events(
         steady_from = len(events)
         events += shared.events
         return events, steady_from, weights, forward_from
-    kept_after: dict[int, list[int]] = {}
+    kept_after: list[list[int]] = [[] for _ in layers]  # per layer, the storages it keeps first
     for storage, index in plan.first_saver.items():
         if storage not in plan.pinned:
-            kept_after.setdefault(index, []).append(storage)
+            kept_after[index].append(storage)
     cache = (
         (
             e.cast_tensors
@@ -551,7 +572,7 @@ def step_allocator_events(
         if request.training_options.activation_offload
         else None
     )
-    forward, cache_keys, new_keys, forward_live, on_gpu = _forward_events(
+    forward, cache_frees, new_frees, forward_live, on_gpu = _forward_events(
         analysis, plan, cache, True, e.recompute, offload, e.adapter_saved
     )
     gathered_from = len(events)
@@ -566,9 +587,11 @@ def step_allocator_events(
         if e.grad_tensors is not None
         else _param_tensor_bytes(analysis, step.grad_element, step.grad_shard)
     )
-    grad_keys: list[list[int]] = [[] for _ in layers]  # per layer, as zero_grad frees them
+    grad_frees: list[list[Event]] = [[] for _ in layers]  # per layer, as zero_grad frees them
     out_grad = plan.sizes.get(analysis.output_storage, 0)
-    units = [checkpoint_unit(layer.name) if e.recompute else None for layer in layers]
+    units: list[str | None] = (
+        [checkpoint_unit(layer.name) for layer in layers] if e.recompute else [None] * len(layers)
+    )
     recomputed = dict(e.recompute)  # a unit's recompute, with its adapters' saved tensors
     for index, size in e.adapter_saved.items():
         unit = units[index]
@@ -587,6 +610,12 @@ def step_allocator_events(
         _recompute_events(analysis, plan, units, recompute, e.adapter_saved) if recompute else {}
     )
     buffers_of = [2 * op.backward_internal + op.backward_extra for op in plan.op_sizes]
+    # autocast's cache ends with the forward; a GEMM's copy stays saved until its backward
+    saved_casts = e.released_casts or [0] * len(layers)
+    # without offloading, what a layer's backward frees after its gradients is the same in
+    # both iterations (of the storages it kept first, those live at the backward's start; the
+    # tensors it created to keep; its saved autocast copies): built once
+    layer_frees: list[list[Event]] = []
     for iteration in range(2):
         if iteration == 1:
             steady_from = gathered_from = len(events)
@@ -611,22 +640,30 @@ def step_allocator_events(
             if e.output_dropped and analysis.output_storage in live:  # the caller drops it
                 live.discard(analysis.output_storage)
                 add(("free", ~analysis.output_storage, 0))
-        # autocast's cache ends with the forward; a GEMM's copy stays saved until its backward
-        saved_casts = e.released_casts or [0] * len(layers)
-        for index, keys in enumerate(cache_keys):
+        for index, frees in enumerate(cache_frees):
             if not saved_casts[index]:
-                events.extend(("free", key, 0) for key in keys)
+                events += frees
         back: dict[int, int] = {}  # offloaded: kept tensor -> its copy back on the GPU
         if offload is not None:  # the last layers' kept tensors: their copies have left
             for kept_id in offload.at_backward:
                 if kept_id in on_gpu:
                     live.discard(kept_id)
                     add(("free", on_gpu[kept_id], 0))
+        elif not layer_frees:
+            layer_frees = [
+                [("free", ~storage, 0) for storage in storages if storage in live]
+                + new_frees[index]
+                + (cache_frees[index] if saved_casts[index] else [])
+                for index, storages in enumerate(kept_after)
+            ]
         grad_in = _loss_backward(events, step, loss if step.loss_bytes else -1, out_grad)
         recomputing: str | None = None
         recipe: _Recompute | None = None
         recomputed_keys: dict[int, int] = {}  # the recompute's slot -> its key, while live
         with_grads = iteration == 0 or not step.accumulate
+        # freed by its hook at once (optimizer in backward), or by zero_grad; else kept to the
+        # end of the step (accumulated, or the last iteration's)
+        fresh_grads = in_backward or (iteration == 0 and not step.accumulate)
         for index in reversed(range(len(layers))):
             if not index & CHECK_EVERY_MASK:
                 checkpoint()
@@ -656,29 +693,33 @@ def step_allocator_events(
             if buffers:  # allocated and freed at once
                 add(("scratch", key + 1, buffers))
             if with_grads and grads[index]:
-                if in_backward or (iteration == 0 and not step.accumulate):
-                    keys = grad_keys[index]  # freed: by its hook at once, or by zero_grad
-                    for size in grads[index]:
-                        keys.append(len(events))
-                        add(("alloc", len(events), size))
-                        if in_backward:  # optimizer_in_backward: freed by its hook at once
-                            add(("free", keys.pop(), 0))
-                else:  # kept to the end of the step (accumulated, or the last iteration's)
+                if not fresh_grads:
                     events += _kept(grads[index])
+                elif in_backward:  # optimizer_in_backward: freed by its hook at once
+                    for size in grads[index]:
+                        add(("alloc", len(events), size))
+                        add(("free", len(events) - 1, 0))
+                else:
+                    frees = grad_frees[index]
+                    for size in grads[index]:
+                        frees.append(("free", len(events), 0))
+                        add(("alloc", len(events), size))
             add(("free", grad_in, 0))
             grad_in = key
-            for storage in kept_after.get(index, ()):
-                if storage in back:  # offloaded: its copy back, after its earliest keeper
-                    add(("free", back.pop(storage), 0))
-                elif storage in live:
-                    live.discard(storage)
-                    add(("free", ~storage, 0))
-            if offload is not None and offload.adapters.get(index) in back:  # LoRA's, back
-                add(("free", back.pop(offload.adapters[index]), 0))
-            for key in new_keys[index]:
-                add(("free", key, 0))
-            if saved_casts[index]:  # its autocast copies: the GEMM's saved mat2, released
-                events.extend(("free", key, 0) for key in cache_keys[index])
+            if offload is None:
+                events += layer_frees[index]
+            else:
+                for storage in kept_after[index]:
+                    if storage in back:  # offloaded: its copy back, after its earliest keeper
+                        add(("free", back.pop(storage), 0))
+                    elif storage in live:
+                        live.discard(storage)
+                        add(("free", ~storage, 0))
+                if offload.adapters.get(index) in back:  # LoRA's, back
+                    add(("free", back.pop(offload.adapters[index]), 0))
+                events += new_frees[index]
+                if saved_casts[index]:  # its autocast copies: the GEMM's saved mat2, released
+                    events += cache_frees[index]
             if recipe is not None:  # the recomputed tensors only this layer still keeps
                 for slot in recipe.released_after.get(index, ()):
                     add(("free", recomputed_keys.pop(slot), 0))
@@ -689,15 +730,14 @@ def step_allocator_events(
             add(("free", key, 0))  # FSDP resharded after backward
         if iteration == 0 and step.state_total and not on_host:  # lazy: by the first step()
             events += _kept(_spread(step.state_total, flat))
-        first = len(events)
-        for size in temporaries:
-            add(("alloc", len(events), size))
-        for key in range(first, len(events)):
-            add(("free", key, 0))
+        first = len(events)  # the step's temporaries, freed as it ends
+        events += [("alloc", key, size) for key, size in enumerate(temporaries, first)]
+        events += [("free", key, 0) for key in range(first, len(events))]
+        if offload is None:  # the backward freed every storage it kept
+            live.difference_update(*kept_after)
         for storage in sorted(live - inputs):  # the caller drops the output
             add(("free", ~storage, 0))
         if iteration == 0 and not step.accumulate:  # zero_grad(set_to_none=True)
-            for keys in grad_keys:
-                for key in keys:
-                    add(("free", key, 0))
+            for frees in grad_frees:
+                events += frees
     return events, steady_from, weights, forward_from

@@ -11,7 +11,7 @@ from app.domain.graph.analysis import GraphAnalysis
 from app.domain.memory.cuda_allocator import AllocatorPeaks, ReplayMemo
 from app.domain.memory.formulas import PrecisionPlan, Sizer
 from app.domain.memory.liveness import Peak, StoragePlan
-from app.domain.memory.memo import PlanMemo
+from app.domain.memory.memo import LayerTotals, PlanMemo
 from app.domain.memory.request import MemoryRequest
 from app.domain.peft import LoraPlan
 from app.domain.peft.qlora import QuantizedBase
@@ -41,6 +41,7 @@ class Estimation:
     sizer: Sizer
     storage_plan: StoragePlan
     params: int
+    totals: LayerTotals  # sums over the analysis's layers (app.domain.memory.memo)
     static: dict[str, int]  # lines present in every phase (weights, buffers)
     inputs_bytes: int
     formulas: dict[str, str]

@@ -193,12 +193,13 @@ def estimate_memory(
     plan = precision_plan(request.precision)
     sizer = Sizer(plan, request.runtime)
     assumptions = request_assumptions(analysis, request, plan)
-    params = layer_totals(plans, analysis).params
+    totals = layer_totals(plans, analysis)  # summed once per estimate (per analysis with plans)
+    params = totals.params
     weights, weights_formula, weight_notes = _weights_line(analysis, request, plan, plans, params)
     if request.checkpoint is not None:  # the weights' own notes say what is quantized
         assumptions += [note for note in weight_notes if "checkpoint" in note or "B per" in note]
     lines_static: dict[str, int] = {"weights": weights}
-    buffers = layer_totals(plans, analysis).buffers_bytes
+    buffers = totals.buffers_bytes
     if buffers:
         lines_static["buffers"] = buffers
     lora = lora_plan(analysis.layers, request.lora) if request.lora is not None else None
@@ -215,6 +216,7 @@ def estimate_memory(
         sizer=sizer,
         storage_plan=storage_plan,
         params=params,
+        totals=totals,
         static=lines_static,
         inputs_bytes=sum(sizer.value_bytes(b.numel, b.kind) for b in analysis.inputs),
         formulas={"weights": weights_formula},

@@ -129,22 +129,13 @@ def _live_groups(e: Estimation, at: str, index: int, exclude: int | None) -> lis
             sites[layer.output_storage] = position
     for position, keys in (plan.adds or {}).items():
         sites.update(dict.fromkeys(keys, position))
-    kept, pinned = plan.first_saver, plan.pinned
-    groups: dict[str, list[int]] = {}
-
-    def put(site: int, size: int, count: int = 1) -> None:
-        label = f"{layers[site].op} layers"
-        group = groups.setdefault(label, [0, 0])
-        group[0] += size
-        group[1] += count
-
+    kept, pinned, sizes, last_use = plan.first_saver, plan.pinned, plan.sizes, plan.last_use
+    groups: dict[str, list[int]] = {}  # producing op -> [bytes, tensors]
     for storage, site in sites.items():
-        size = plan.sizes[storage]
+        size = sizes[storage]
         if not size or storage == exclude:
             continue
-        freed = (
-            plan.last_use.get(storage) if storage not in kept and storage not in pinned else None
-        )
+        freed = last_use.get(storage) if storage not in kept and storage not in pinned else None
         if at == "forward":
             if site > index or (freed is not None and freed < index):
                 continue
@@ -152,14 +143,20 @@ def _live_groups(e: Estimation, at: str, index: int, exclude: int | None) -> lis
             continue
         elif at == "backward" and storage not in pinned and kept.get(storage, -1) > index:
             continue
-        put(site, size)
+        group = groups.get(layers[site].op)
+        if group is None:
+            group = groups[layers[site].op] = [0, 0]
+        group[0] += size
+        group[1] += 1
     if plan.adds is None:  # each layer's new kept tensors, freed after its own backward
         for position, op in enumerate(plan.op_sizes):
             if op.new_total and (at == "end" or position <= index):
-                put(position, op.new_total, len(op.new_kept))
+                group = groups.setdefault(layers[position].op, [0, 0])
+                group[0] += op.new_total
+                group[1] += len(op.new_kept)
     terms = [
-        _term(size, f"B: {count:,} tensor{'s' if count > 1 else ''} from {label}")
-        for label, (size, count) in sorted(groups.items(), key=lambda item: -item[1][0])
+        _term(size, f"B: {count:,} tensor{'s' if count > 1 else ''} from {op} layers")
+        for op, (size, count) in sorted(groups.items(), key=lambda item: -item[1][0])
     ]
     if at == "backward" and e.recompute:
         unit = checkpoint_unit(layers[index].name) or ""

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
 from itertools import accumulate
-from operator import add, sub
+from operator import add, attrgetter, sub
 from typing import NamedTuple
 
 from app.domain.graph.analysis import GraphAnalysis, LayerAnalysis
@@ -297,12 +297,16 @@ _CPU_BACKWARD_EXTRA: Mapping[str, int] = {
 }
 
 
+_INPUT_STORAGES = attrgetter("input_storages")
+_RESULT = attrgetter("result")
+
+
 def last_reads(analysis: GraphAnalysis) -> dict[int, int]:
     """Storage -> the last layer reading it in forward."""
     return {
         storage: index
-        for index, layer in enumerate(analysis.layers)
-        for storage in layer.input_storages
+        for index, storages in enumerate(map(_INPUT_STORAGES, analysis.layers))
+        for storage in storages
     }
 
 
@@ -320,9 +324,10 @@ def build_plan(
     layers = analysis.layers
     # Byte figures once per distinct op result: the iterations of a repeat share theirs.
     if frozen is None or not training:
-        distinct = {id(layer.result): layer for layer in layers}
+        ids = list(map(id, map(_RESULT, layers)))
+        distinct = dict(zip(ids, layers, strict=True))  # the last layer of each result
         derived = {key: _op_sizes(layer, sizer, request) for key, layer in distinct.items()}
-        op_sizes = [derived[id(layer.result)] for layer in layers]
+        op_sizes = list(map(derived.__getitem__, ids))
     else:
         variants = [frozen.variant(index) for index in range(len(layers))]
         keyed = {
@@ -350,8 +355,9 @@ def build_plan(
         }
     )
     # Every storage a layer reads is a model input or an earlier layer's (allocated) output.
+    size_of = sizes.__getitem__
     grad_in = (
-        [sum([sizes[storage] for storage in layer.input_storages]) for layer in layers]
+        [sum(map(size_of, storages)) for storages in map(_INPUT_STORAGES, layers)]
         if training
         else []
     )

@@ -50,7 +50,7 @@ from app.domain.memory.liveness import (
 )
 from app.domain.memory.loss import NO_LOSS, LossTensors, chunk_sizes, chunked_loss, loss_tensors
 from app.domain.memory.loss import SOURCE as LOSS_SOURCE
-from app.domain.memory.memo import layer_totals, memoised
+from app.domain.memory.memo import memoised
 from app.domain.memory.returned_cache import returned_cache
 from app.domain.peft import LoraPlan
 from app.domain.precision import bytes_per_element, convention
@@ -465,7 +465,7 @@ def _previous_outputs(e: Estimation, logits_bytes: int) -> int:
     total = logits_bytes
     tensors = [logits_bytes]
     if analysis.is_decoder and request.checkpointing is Checkpointing.NONE:
-        totals = layer_totals(e.plans, analysis)
+        totals = e.totals
         element = int(bytes_per_element(convention(request.precision).kv_cache_dtype))
         shard = request.parallelism.tensor * request.parallelism.pipeline
         cache = returned_cache(
@@ -753,7 +753,7 @@ def inference_moments(e: Estimation) -> list[Moment]:
         kv_bytes = int(bytes_per_element(convention(request.precision).kv_cache_dtype))
         kv_shard = par.tensor * par.pipeline
         if kv_shard == 1:
-            kv_numel = layer_totals(e.plans, analysis).kv_cache_numel
+            kv_numel = e.totals.kv_cache_numel
             kv = kv_cache_bytes(kv_numel, kv_bytes, kv_shard)
             expression = (
                 f"ceil({kv_numel:,} [elements: 2 x layers x kv_heads x head_dim x seq x batch] "
