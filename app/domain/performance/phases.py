@@ -131,7 +131,7 @@ def _kernel_groups(
 
 
 @dataclass(frozen=True, slots=True)
-class _Profile:
+class KernelProfile:
     """Kernels sorted by operational intensity, with prefix sums: a device's kernel time is then
     two sums split at its ridge point (one bisection) instead of a loop over kernels."""
 
@@ -146,12 +146,12 @@ class _Profile:
         groups: Sequence[tuple[Kernel, int]],
         cache_share: float,
         tiling: Tiling | None = None,
-    ) -> _Profile:
+    ) -> KernelProfile:
         """The profile of ``groups`` at an activation cache share and a device's tiling."""
         return cls.priced(_bases(groups, cache_share), tiling)
 
     @classmethod
-    def priced(cls, bases: Sequence[_Base], tiling: Tiling | None) -> _Profile:
+    def priced(cls, bases: Sequence[_Base], tiling: Tiling | None) -> KernelProfile:
         """The profile of kernels whose tiling-independent figures are ``bases``."""
         # (intensity, DRAM bytes, quantized FLOPs, count), each computed once per distinct kernel
         rows = []
@@ -198,7 +198,7 @@ class Phase:
     flops: int = field(init=False)
     bytes_moved: int = field(init=False)
     launches: int = field(init=False)
-    _profiles: dict[tuple[float, Tiling | None], _Profile] = field(
+    _profiles: dict[tuple[float, Tiling | None], KernelProfile] = field(
         init=False, repr=False, compare=False, default_factory=dict
     )
     _groups: list[tuple[tuple[Kernel, int], ...]] = field(
@@ -235,7 +235,7 @@ class Phase:
         """DRAM bytes of one repetition at an activation cache share [B]."""
         return self.profile(cache_share).bytes_prefix[-1]
 
-    def profile(self, cache_share: float, tiling: Tiling | None = None) -> _Profile:
+    def profile(self, cache_share: float, tiling: Tiling | None = None) -> KernelProfile:
         """The sorted kernels at an activation cache share and a device's tiling (built once
         per pair)."""
         key = (cache_share, tiling)
@@ -247,7 +247,7 @@ class Phase:
             bases = self._bases.get(cache_share)
             if bases is None:
                 bases = self._bases[cache_share] = _bases(self._groups[0], cache_share)
-            found = self._profiles[key] = _Profile.priced(bases, tiling)
+            found = self._profiles[key] = KernelProfile.priced(bases, tiling)
         return found
 
 
