@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from fractions import Fraction
 from itertools import accumulate
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import overload
 
 from app.domain.graph.analysis import GraphAnalysis
@@ -151,8 +151,15 @@ class KernelProfile:
         return cls.priced(_bases(groups, cache_share), tiling)
 
     @classmethod
-    def priced(cls, bases: Sequence[_Base], tiling: Tiling | None) -> KernelProfile:
-        """The profile of kernels whose tiling-independent figures are ``bases``."""
+    def priced(
+        cls,
+        bases: Sequence[_Base],
+        tiling: Tiling | None,
+        paid_gemms: dict[tuple[Gemm, ...], float] | None = None,
+    ) -> KernelProfile:
+        """The profile of kernels whose tiling-independent figures are ``bases``
+        (``paid_gemms``: :func:`paid_gemm_flops` at ``tiling`` by GEMMs, read and filled)."""
+        paid_of = {} if paid_gemms is None else paid_gemms
         # (intensity, DRAM bytes, quantized FLOPs, count), each computed once per distinct kernel
         rows = []
         for dram, count, gemms, flops, unpaid in bases:
@@ -160,14 +167,20 @@ class KernelProfile:
             if tiling is None or not gemms:
                 paid = float(flops)
             else:
-                paid = paid_gemm_flops(gemms, tiling) + unpaid
+                gemm_flops = paid_of.get(gemms)
+                if gemm_flops is None:
+                    gemm_flops = paid_of[gemms] = paid_gemm_flops(gemms, tiling)
+                paid = gemm_flops + unpaid
             rows.append((paid / dram if dram else math.inf, dram * count, paid * count, count))
-        rows.sort(key=lambda row: row[0])  # stable: ties keep the kernels' order
+        if not rows:
+            return cls(intensities=(), bytes_prefix=(0.0,), flops_suffix=(0,), kernels_suffix=(0,))
+        rows.sort(key=itemgetter(0))  # stable: ties keep the kernels' order
+        intensities, drams, paids, counts = zip(*rows, strict=True)
         return cls(
-            intensities=tuple(row[0] for row in rows),
-            bytes_prefix=(0.0, *accumulate(row[1] for row in rows)),
-            flops_suffix=(*reversed(tuple(accumulate(row[2] for row in reversed(rows)))), 0),
-            kernels_suffix=(*reversed(tuple(accumulate(row[3] for row in reversed(rows)))), 0),
+            intensities=intensities,
+            bytes_prefix=(0.0, *accumulate(drams)),
+            flops_suffix=(*reversed(tuple(accumulate(reversed(paids)))), 0),
+            kernels_suffix=(*reversed(tuple(accumulate(reversed(counts)))), 0),
         )
 
 
@@ -206,6 +219,11 @@ class Phase:
     )
     _runs: list[Runs] = field(init=False, repr=False, compare=False, default_factory=list)
     _bases: dict[float, tuple[_Base, ...]] = field(
+        init=False, repr=False, compare=False, default_factory=dict
+    )
+    # paid_gemm_flops per tiling and GEMMs, shared by the phases of one PhaseShape at every
+    # precision (the GEMMs' shapes do not depend on it)
+    _paid: dict[Tiling, dict[tuple[Gemm, ...], float]] = field(
         init=False, repr=False, compare=False, default_factory=dict
     )
 
@@ -247,7 +265,8 @@ class Phase:
             bases = self._bases.get(cache_share)
             if bases is None:
                 bases = self._bases[cache_share] = _bases(self._groups[0], cache_share)
-            found = self._profiles[key] = KernelProfile.priced(bases, tiling)
+            paid = None if tiling is None else self._paid.setdefault(tiling, {})
+            found = self._profiles[key] = KernelProfile.priced(bases, tiling, paid)
         return found
 
 
@@ -312,6 +331,10 @@ class PhaseShape:
     _notes: list[tuple[str, ...]] = field(
         init=False, repr=False, compare=False, default_factory=list
     )
+    # Phase._paid of the phases built from it
+    _paid: dict[Tiling, dict[tuple[Gemm, ...], float]] = field(
+        init=False, repr=False, compare=False, default_factory=dict
+    )
 
     @property
     def notes(self) -> tuple[str, ...]:
@@ -350,6 +373,7 @@ class PhaseShape:
             repeats=self.repeats,
         )
         phase._runs.append(runs)
+        object.__setattr__(phase, "_paid", self._paid)
         first = self._alike.setdefault((scheme.weight_bytes, act, scheme.kv_cache_bytes), phase)
         if first is not phase:
             phase.share_profiles(first)
