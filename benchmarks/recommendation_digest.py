@@ -56,8 +56,15 @@ def requests() -> list[tuple[str, dict[str, Any]]]:
         ("resnet-50 throughput", resnet | {"throughput_target_per_s": 20_000}),
         ("resnet-50 batches", resnet | {"batch_sizes": [1, 3, 8, 100]}),
         ("resnet-50 no slo", {"model": "resnet-50"}),
-        ("bert-base tokens_mean", {"model": "bert-base", "sequence_length": 384,
-                                   "tokens_mean": 170, "latency_slo_ms": 50}),  # fmt: skip
+        (
+            "bert-base tokens_mean",
+            {
+                "model": "bert-base",
+                "sequence_length": 384,
+                "tokens_mean": 170,
+                "latency_slo_ms": 50,
+            },
+        ),
         ("bert-large fp16 server", bert_large | {"precisions": ["fp16"], "scenario": "server"}),
         ("llama-2-7b bf16", llama | {"precisions": ["bf16"]}),
         ("llama-2-7b mig", llama | {"devices": MIG_SLICES}),
@@ -66,23 +73,45 @@ def requests() -> list[tuple[str, dict[str, Any]]]:
         ("llama-2-7b energy", llama | {"objective": "energy"}),
         ("llama-2-7b throughput", llama | {"throughput_target_per_s": 50}),
         ("gpt-3-175b latency", {"model": "gpt-3-175b", "objective": "latency"}),
-        ("gpt-3-175b both", {"model": "gpt-3-175b", "latency_slo_ms": 60_000,
-                             "parallelism": "both", "limit": 40}),  # fmt: skip
+        (
+            "gpt-3-175b both",
+            {"model": "gpt-3-175b", "latency_slo_ms": 60_000, "parallelism": "both", "limit": 40},
+        ),
         ("gpt-3-175b tp8", {"model": "gpt-3-175b", "tensor_parallel_size": 8}),
         ("resnet-50 single_stream", resnet | {"scenario": "single_stream"}),
-        ("resnet-50 eager cpu", resnet | {"serving_runtime": "pytorch_eager",
-                                          "devices": CPUS, "limit": 50}),  # fmt: skip
-        ("bert-base eager energy", {"model": "bert-base", "sequence_length": 128,
-                                    "serving_runtime": "pytorch_eager", "objective": "energy",
-                                    "throughput_target_per_s": 500}),  # fmt: skip
+        (
+            "resnet-50 eager cpu",
+            resnet | {"serving_runtime": "pytorch_eager", "devices": CPUS, "limit": 50},
+        ),
+        (
+            "bert-base eager energy",
+            {
+                "model": "bert-base",
+                "sequence_length": 128,
+                "serving_runtime": "pytorch_eager",
+                "objective": "energy",
+                "throughput_target_per_s": 500,
+            },
+        ),
         ("llama-2-7b vllm", llama | {"serving_runtime": "vllm"}),
-        ("llama-2-7b vllm single_stream", llama | {"serving_runtime": "vllm",
-                                                   "scenario": "single_stream"}),  # fmt: skip
-        ("llama-2-7b beams", llama | {"beam_width": 4, "batching": "continuous",
-                                      "prompt_tokens_mean": 300}),  # fmt: skip
+        (
+            "llama-2-7b vllm single_stream",
+            llama | {"serving_runtime": "vllm", "scenario": "single_stream"},
+        ),
+        (
+            "llama-2-7b beams",
+            llama | {"beam_width": 4, "batching": "continuous", "prompt_tokens_mean": 300},
+        ),
         ("llama-2-7b spot", llama | {"price_kind": "spot", "limit": 100}),
-        ("gpt-3-175b fp16 server", {"model": "gpt-3-175b", "precisions": ["fp16"],
-                                    "latency_slo_ms": 60_000, "scenario": "server"}),  # fmt: skip
+        (
+            "gpt-3-175b fp16 server",
+            {
+                "model": "gpt-3-175b",
+                "precisions": ["fp16"],
+                "latency_slo_ms": 60_000,
+                "scenario": "server",
+            },
+        ),
     ]
     return found
 

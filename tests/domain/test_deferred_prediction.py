@@ -12,11 +12,18 @@ import pytest
 
 from app.domain.graph.analysis import GraphAnalysis, InputDecl, analyze
 from app.domain.hardware import DeviceKind, FrameworkOverhead, HardwareSpec, PriceKind
-from app.domain.performance.batch_search import _option_row, in_scenario, row_of, search
+from app.domain.performance.batch_search import (
+    _option_row,
+    in_scenario,
+    largest_fitting,
+    row_of,
+    search,
+)
 from app.domain.performance.calibration import DEFAULT_CALIBRATIONS, calibration_class
 from app.domain.performance.candidates import Candidate, Runnable
 from app.domain.performance.decoding import DecoderServing
 from app.domain.performance.phases import PhasedRequest, decoder_request, forward_request
+from app.domain.performance.pipeline import PipelinePlan
 from app.domain.performance.precision_schemes import PRECISION_SCHEMES, PrecisionScheme
 from app.domain.performance.recommend import (
     MemoryFit,
@@ -34,6 +41,7 @@ from app.domain.performance.runtimes import (
     calibrations_for,
     with_decode_host_overhead,
 )
+from app.domain.performance.tensor_parallel import shard
 from app.domain.precision import DType, Precision
 from app.domain.workload import Runtime
 from app.domain.zoo.transformers import llama as llama_graph
@@ -55,7 +63,7 @@ def _device(slug: str, kind: DeviceKind, **changes: Any) -> HardwareSpec:
             DType.FP16: 300e12,
             DType.BF16: 300e12,
             DType.INT8: 600e12,
-        },  # fmt: skip
+        },
         memory_bandwidth_bytes_per_s=2e12,
         memory_bytes=40 * 2**20,
         host_link_bytes_per_s=None if kind is DeviceKind.CPU else 30e9,
@@ -78,7 +86,7 @@ DEVICES = [
         sm_count=20,
         compute_fraction=0.25,
         bandwidth_fraction=0.25,
-    ),  # fmt: skip
+    ),
     _device("unpriced-gpu", DeviceKind.GPU, price_usd_per_hour=None, price_kind=None),
     _device("spot-gpu", DeviceKind.GPU, price_kind=PriceKind.SPOT),
     _device("no-tdp-gpu", DeviceKind.GPU, tdp_watts=None, sm_count=None),
@@ -103,10 +111,12 @@ class _Source:
 
     def _analysis(self, batch: int, seq: int = 1) -> GraphAnalysis:
         if not self.decoder:
-            return analyze((InputDecl(name="x", shape=("batch", 256)),), MLP, {"batch": batch},
-                           training=False)  # fmt: skip
-        inputs, layers = llama_graph(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128,
-                                     vocab=100)  # fmt: skip
+            return analyze(
+                (InputDecl(name="x", shape=("batch", 256)),), MLP, {"batch": batch}, training=False
+            )
+        inputs, layers = llama_graph(
+            layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128, vocab=100
+        )
         return analyze(inputs, layers, {"batch": batch, "seq": seq}, training=False)
 
     def memory_fit(self, batch: int, scheme: PrecisionScheme, candidate: Candidate) -> MemoryFit:
@@ -118,8 +128,11 @@ class _Source:
         self, batch: int, scheme: PrecisionScheme, candidate: Candidate
     ) -> MemoryFit | None:
         fit = self.memory_fit(batch, scheme, candidate)
-        return None if fit.fits else replace(fit, required_bytes=fit.required_bytes // 2 + 1,
-                                             exact=False)  # fmt: skip
+        return (
+            None
+            if fit.fits
+            else replace(fit, required_bytes=fit.required_bytes // 2 + 1, exact=False)
+        )
 
     def overfills(self, batch: int, scheme: PrecisionScheme, candidate: Candidate) -> bool:
         return not self.memory_fit(batch, scheme, candidate).fits
@@ -127,11 +140,30 @@ class _Source:
     def fits(self, batch: int, scheme: PrecisionScheme, candidate: Candidate) -> bool:
         return self.memory_fit(batch, scheme, candidate).fits
 
+    def max_concurrent_requests(
+        self, scheme: PrecisionScheme, candidate: Candidate, limit: int
+    ) -> int:
+        return largest_fitting(limit, lambda n: self.fits(n, scheme, candidate))
+
+    def sharded(self, batch: int, scheme: PrecisionScheme, degree: int) -> PhasedRequest:
+        return shard(self.workload(batch, scheme), degree)
+
+    def staged(
+        self, batch: int, scheme: PrecisionScheme, stages: int, tensor: int = 1
+    ) -> PipelinePlan:
+        raise NotImplementedError("no pipeline candidates here")
+
     def workload(self, batch: int, scheme: PrecisionScheme) -> PhasedRequest:
         if not self.decoder:
             return forward_request(self._analysis(batch), scheme, batch=batch)
-        return decoder_request(self._analysis(batch, 32), self._analysis(batch), scheme,
-                               batch=batch, prompt_tokens=32, generated_tokens=8)  # fmt: skip
+        return decoder_request(
+            self._analysis(batch, 32),
+            self._analysis(batch),
+            scheme,
+            batch=batch,
+            prompt_tokens=32,
+            generated_tokens=8,
+        )
 
 
 def _reference(
@@ -164,15 +196,14 @@ REQUIREMENTS = [
     Requirements(objective=Objective.COST, latency_slo_s=1e-9),  # nothing meets it
     Requirements(objective=Objective.ENERGY, throughput_target_per_s=1e6),
     Requirements(objective=Objective.LATENCY, latency_slo_s=1e-3, slo_margin_fraction=0.5),
-    Requirements(
-        objective=Objective.COST, throughput_target_per_s=5e5, price_kind=PriceKind.SPOT
-    ),  # fmt: skip
+    Requirements(objective=Objective.COST, throughput_target_per_s=5e5, price_kind=PriceKind.SPOT),
 ]
 
 
 @pytest.mark.parametrize("decoder", [False, True])
-@pytest.mark.parametrize("runtime", [ServingRuntime.TENSORRT, ServingRuntime.PYTORCH_EAGER,
-                                     ServingRuntime.VLLM])  # fmt: skip
+@pytest.mark.parametrize(
+    "runtime", [ServingRuntime.TENSORRT, ServingRuntime.PYTORCH_EAGER, ServingRuntime.VLLM]
+)
 @pytest.mark.parametrize("scenario", [Scenario.OFFLINE, Scenario.SINGLE_STREAM])
 @pytest.mark.parametrize("requirements", REQUIREMENTS)
 def test_the_search_shows_what_the_whole_evaluation_shows(
@@ -228,10 +259,18 @@ def test_an_options_row_is_its_assessments_row(decoder: bool) -> None:
                     for scenario in (Scenario.OFFLINE, Scenario.SINGLE_STREAM):
                         shown = in_scenario(with_decode_host_overhead(full, host_step_s), scenario)
                         for requirements in REQUIREMENTS:
-                            expected = row_of(assess(shown, fit, requirements),
-                                              requirements.objective)  # fmt: skip
-                            row = _option_row(workload, (candidate, scheme), cal, fit,
-                                              host_step_s, scenario, requirements)  # fmt: skip
+                            expected = row_of(
+                                assess(shown, fit, requirements), requirements.objective
+                            )
+                            row = _option_row(
+                                workload,
+                                (candidate, scheme),
+                                cal,
+                                fit,
+                                host_step_s,
+                                scenario,
+                                requirements,
+                            )
                             assert row == expected
                             checked += 1
     assert checked == 3 * len(DEVICES) * len(SCHEMES) * 3 * 2 * len(REQUIREMENTS)
