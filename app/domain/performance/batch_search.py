@@ -217,7 +217,7 @@ def search(
             if deferred:
                 rows.setdefault(key, []).append((row_of(answer, objective), answer))
             continue
-        which = (batch, scheme.precision.value, candidate.tensor_parallel)
+        which = (batch, key[1], candidate.tensor_parallel)
         workload = workloads.get(which)
         if workload is None:
             if candidate.tensor_parallel > 1:
@@ -281,22 +281,22 @@ def _option_row(
     search's assessment of one option) from the prediction's times alone
     (:func:`~app.domain.performance.roofline.predict_seconds`): the same figures."""
     candidate, scheme = runnable
+    precision = scheme.precision.value
     device = candidate.device
     latency, interval, _, _ = predict_seconds(workload, device, calibration)
-    added = decode_host_seconds(
-        workload.decoder,
-        device.kind,
-        workload.batch,
-        sum(phase.repeats for phase in workload.phases),
-        host_step_s,
-    )
-    if added is not None:  # with_decode_host_overhead
-        latency, interval = latency + added[1], interval + added[1]
+    if workload.decoder and host_step_s > 0.0:  # with_decode_host_overhead
+        added = decode_host_seconds(
+            workload.decoder,
+            device.kind,
+            workload.batch,
+            sum(phase.repeats for phase in workload.phases),
+            host_step_s,
+        )
+        if added is not None:
+            latency, interval = latency + added[1], interval + added[1]
     if scenario is Scenario.SINGLE_STREAM:  # in_scenario
         interval = latency
-    return option_row(
-        device, scheme.precision, workload.batch, latency, interval, fit.fits, requirements
-    )
+    return option_row(device, precision, workload.batch, latency, interval, fit.fits, requirements)
 
 
 def row_of(item: Assessment, objective: Objective) -> OptionRow:

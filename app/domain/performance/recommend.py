@@ -35,7 +35,6 @@ from app.domain.performance.prediction import Prediction
 from app.domain.performance.request_lengths import RequestLengths
 from app.domain.performance.serving import BatchTiming, ServerLoad, server_throughput
 from app.domain.performance.serving import rate_ceiling_per_s as server_rate_ceiling_per_s
-from app.domain.precision import Precision
 
 SECONDS_PER_HOUR = 3600.0
 # Headroom kept under the latency SLO: a prediction within this fraction of the SLO is not a
@@ -49,8 +48,14 @@ class RecommendationInputError(DomainError):
     """A requirement or figure a recommendation cannot be computed from."""
 
 
+_MAX_FLOAT = sys.float_info.max
+_MIN_NORMAL = sys.float_info.min
+
+
 def _positive(name: str, value: float) -> None:
     """``value`` is a finite number at least the smallest normal float (dividing by it is safe)."""
+    if type(value) is float and _MIN_NORMAL <= value <= _MAX_FLOAT:
+        return  # the common case, which passes every check below (a search checks thousands)
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise RecommendationInputError(f"{name} must be a number, got {value!r}")
     if not (math.isfinite(value) and value >= sys.float_info.min):
@@ -58,6 +63,8 @@ def _positive(name: str, value: float) -> None:
 
 
 def _non_negative(name: str, value: float) -> None:
+    if type(value) is float and 0.0 <= value <= _MAX_FLOAT:
+        return  # the common case, which passes every check below
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise RecommendationInputError(f"{name} must be a number, got {value!r}")
     if not (math.isfinite(value) and value >= 0):
@@ -398,7 +405,7 @@ OptionRow = tuple[tuple[object, ...], bool, bool, float, int]
 
 def option_row(
     device: HardwareSpec,
-    precision: Precision,
+    precision: str,
     batch: int,
     latency_s: float,
     interval_s: float,
@@ -408,7 +415,7 @@ def option_row(
     """The row of ``assess(prediction, memory, requirements)`` for an offline prediction with
     these figures and a memory verdict of ``fits``, without building either (a search judges
     every batch of a candidate by it and builds the assessment of the batch it shows): the
-    same figures, checks and errors as :func:`assess`."""
+    same figures, checks and errors as :func:`assess`. ``precision``: its value (``fp16``)."""
     throughput = batch / interval_s  # Prediction.throughput_per_s
     budget = requirements.latency_budget_s
     meets = budget is None or latency_s <= budget
@@ -423,7 +430,7 @@ def option_row(
         not meets,
         *_objective_key(objective, cost, fleet, energy, latency_s, throughput),
         device.slug,
-        precision.value,
+        precision,
         batch,
     )
     return key, eligible, fits, latency_s, batch
