@@ -18,6 +18,9 @@ simulated queue per device and precision) under 3 s; exit 1 when a cold request 
 than its target (the 2-core machine is shared, so its wall times say more about the other
 processes than about this one).
 
+Measured figures, what changed and where the time goes: benchmarks/recommendation_speed.md;
+benchmarks/recommendation_digest.py checks that a speed-up leaves the responses byte-identical.
+
 As the app's start-up does (``app.main``: ``gc.collect(); gc.freeze()`` in the lifespan), the
 objects built before the first request (modules, catalog, zoo) are frozen out of the garbage
 collector's generations, so full collections do not scan them.

@@ -321,6 +321,24 @@ class ModelSource:
         the last position, attention as PyTorch's SDPA picks it for the candidate's runtime
         and the precision."""
         bindings = self.memory_bindings(batch)
+        attention, request, _ = self._request_of(scheme, candidate)
+        paged = 0
+        if self.decoder and self.plan.continuous:
+            paged = batch * self.kv_bytes_per_request(
+                scheme, candidate.tensor_parallel, candidate.pipeline_parallel
+            )
+        return bindings, attention, request, paged
+
+    def _request_of(
+        self, scheme: PrecisionScheme, candidate: Candidate
+    ) -> tuple[Attention, MemoryRequest, MemoryRequest]:
+        """The attention default, the memory request and its form without the CUDA context
+        (``context_free``) of :meth:`_memory_request`, which depend on the batch through none
+        of them: remembered per request on :meth:`_fit_base` (what they are made of)."""
+        key = ("memory request of", self._fit_base(scheme, candidate))
+        found: tuple[Attention, MemoryRequest, MemoryRequest] | None = self.memo.get(key)
+        if found is not None:
+            return found
         precision = Precision(scheme.precision.value)
         attention, _ = default_attention(
             candidate.runtime, precision, training=False, dropout=False, gpu=candidate.device.gpu
@@ -338,12 +356,8 @@ class ModelSource:
             ),
             checkpoint=self.checkpoint,
         )
-        paged = 0
-        if self.decoder and self.plan.continuous:
-            paged = batch * self.kv_bytes_per_request(
-                scheme, candidate.tensor_parallel, candidate.pipeline_parallel
-            )
-        return bindings, attention, request, paged
+        found = self.memo[key] = (attention, request, context_free(request))
+        return found
 
     def overfills(self, batch: int, scheme: PrecisionScheme, candidate: Candidate) -> bool:
         """Whether the requirement surely exceeds the candidate's memory, judged from a floor
@@ -373,7 +387,7 @@ class ModelSource:
         if required is None:
             bindings, attention, request, paged = self._memory_request(batch, scheme, candidate)
             # shared by devices that differ only in their CUDA context, as the estimates are
-            free = context_free(request)
+            free = self._request_of(scheme, candidate)[2]
             base = ("floor of", tuple(bindings.items()), free)
             floor: int | None = self.memo.get(base)
             if floor is None:
@@ -396,7 +410,7 @@ class ModelSource:
         def estimate() -> int:
             # Devices that differ only in their CUDA context share one estimate (it is a line
             # of its own, added to the peak: app.domain.memory.cuda_runtime.context_free)
-            free = context_free(request)
+            free = self._request_of(scheme, candidate)[2]
             base = ("estimate", tuple(bindings.items()), free)
             peak: int | None = self.memo.get(base)
             if peak is None:

@@ -15,6 +15,7 @@ from app.domain.performance.calibration import (
 )
 from app.domain.performance.candidates import Candidate
 from app.domain.performance.decoding import Batching, kv_bytes_per_request
+from app.domain.performance.explanation import explain
 from app.domain.performance.pipeline import ParallelStrategy
 from app.domain.performance.precision_schemes import PRECISION_SCHEMES, PrecisionScheme
 from app.domain.performance.prediction import Bound, PipelineTiming, Prediction
@@ -22,7 +23,6 @@ from app.domain.performance.recommend import (
     Assessment,
     Requirements,
     Scenario,
-    explain,
     price_of_kind,
 )
 from app.domain.performance.request_lengths import LENGTH_SAMPLING

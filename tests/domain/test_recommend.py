@@ -11,6 +11,7 @@ from app.domain.performance.calibration import (
     CalibrationClass,
     calibration_class,
 )
+from app.domain.performance.explanation import explain, quantization_sentence
 from app.domain.performance.phases import PhasedRequest, forward_request
 from app.domain.performance.precision_schemes import PRECISION_SCHEMES
 from app.domain.performance.prediction import Bound
@@ -27,9 +28,7 @@ from app.domain.performance.recommend import (
     cost_per_million_usd,
     devices_needed,
     energy_per_inference_j,
-    explain,
     latency_budget_s,
-    quantization_sentence,
     rank,
 )
 from app.domain.performance.roofline import predict

@@ -17,13 +17,16 @@ from app.domain.budget import checkpoint
 from app.domain.engines.vllm import VLLM_0_19
 from app.domain.performance.calibration import Calibration, CalibrationClass, calibration_class
 from app.domain.performance.candidates import Runnable, WorkloadSource
+from app.domain.performance.explanation import compared_index
 from app.domain.performance.phases import PhasedRequest
 from app.domain.performance.pipeline import micro_batching, predict_pipeline
 from app.domain.performance.prediction import Prediction
 from app.domain.performance.recommend import (
     Assessment,
     LlmPlan,
+    MemoryFit,
     Objective,
+    OptionRow,
     RecommendationInputError,
     Requirements,
     Scenario,
@@ -31,16 +34,18 @@ from app.domain.performance.recommend import (
     assess_llm_server,
     assess_server,
     best_batch,
-    compared_index,
+    best_option,
     llm_objective_floor,
     llm_plan,
     objective_key,
+    option_row,
     rank,
     server_objective_floor,
+    sort_key,
     with_reason,
 )
-from app.domain.performance.roofline import predict
-from app.domain.performance.runtimes import with_decode_host_overhead
+from app.domain.performance.roofline import predict, predict_seconds
+from app.domain.performance.runtimes import decode_host_seconds, with_decode_host_overhead
 
 
 def batch_sizes(scenario: Scenario, given: Sequence[int] | None, max_batch_size: int) -> list[int]:
@@ -120,7 +125,7 @@ def search(
     rate its simulated p99 allows) shown, ranked by ``objective``.
 
     With ``shown`` (offline and single stream), only the first ``shown`` ranked answers and the
-    one :func:`~app.domain.performance.recommend.explain` compares the best with carry the
+    one :func:`~app.domain.performance.explanation.explain` compares the best with carry the
     memory engine's requirement when they do not fit; the others' ``memory`` may be the floor
     of ``source.floor_fit`` (``exact`` False) where that floor alone overfills: whether an
     answer fits is all its rank depends on, and the estimate is the costly part.
@@ -168,6 +173,10 @@ def search(
     workloads: dict[tuple[int, str, int], PhasedRequest] = {}
     floor_only = shown is not None and scenario is not Scenario.SERVER
     judged: dict[int, tuple[int, int]] = {}  # id(assessment on a floor) -> (index, batch)
+    # Offline and single stream show each candidate's best batch only: the others are judged
+    # on their figures (option_row) and the shown one's prediction is built after the loop
+    rows: dict[tuple[str, str], list[tuple[OptionRow, _Deferred | Assessment]]] = {}
+    deferred = scenario is not Scenario.SERVER
     for batch, index in plans:
         checkpoint()  # each plan predicts every layer: stop here past the deadline
         candidate, scheme = runnable[index]
@@ -203,9 +212,12 @@ def search(
                 micro_batches=micro,
             )
             prediction = in_scenario(with_decode_host_overhead(prediction, host_step_s), scenario)
-            options.setdefault(key, []).append(assess(prediction, fit, requirements))
+            answer = assess(prediction, fit, requirements)
+            options.setdefault(key, []).append(answer)
+            if deferred:
+                rows.setdefault(key, []).append((row_of(answer, objective), answer))
             continue
-        which = (batch, scheme.precision.value, candidate.tensor_parallel)
+        which = (batch, key[1], candidate.tensor_parallel)
         workload = workloads.get(which)
         if workload is None:
             if candidate.tensor_parallel > 1:
@@ -213,6 +225,13 @@ def search(
             else:
                 workload = source.workload(batch, scheme)
             workloads[which] = workload
+        if deferred:
+            options.setdefault(key, [])
+            row = _option_row(
+                workload, runnable[index], cals[index], fit, host_step_s, scenario, requirements
+            )
+            rows.setdefault(key, []).append((row, (index, batch, workload, fit)))
+            continue
         prediction = predict(workload, device, cals[index])
         prediction = in_scenario(with_decode_host_overhead(prediction, host_step_s), scenario)
         answer = assess(prediction, fit, requirements)
@@ -224,11 +243,66 @@ def search(
     elif scenario is Scenario.SERVER:
         shown_answers = server_assessments(list(options.values()), requirements)
     else:
-        ranked = rank([best_batch(found, objective) for found in options.values()], objective)
+        chosen = []
+        for quoted in rows.values():
+            _, option = quoted[best_option([row for row, _ in quoted])]
+            if isinstance(option, Assessment):
+                chosen.append(option)
+                continue
+            index, batch, workload, fit = option
+            prediction = predict(workload, runnable[index][0].device, cals[index])
+            prediction = in_scenario(with_decode_host_overhead(prediction, host_step_s), scenario)
+            answer = assess(prediction, fit, requirements)
+            if not fit.exact:
+                judged[id(answer)] = (index, batch)
+            chosen.append(answer)
+        ranked = rank(chosen, objective)
         if shown is None:
             return ranked
         return _with_estimates(source, runnable, ranked, judged, shown, requirements)
     return rank(shown_answers, objective)
+
+
+# A candidate's option whose prediction is built only if it is the one shown: (index in
+# runnable, batch, its phased request, its memory fit)
+_Deferred = tuple[int, int, PhasedRequest, MemoryFit]
+
+
+def _option_row(
+    workload: PhasedRequest,
+    runnable: Runnable,
+    calibration: Calibration,
+    fit: MemoryFit,
+    host_step_s: float,
+    scenario: Scenario,
+    requirements: Requirements,
+) -> OptionRow:
+    """The row of ``assess(in_scenario(with_decode_host_overhead(predict(...))))`` (the
+    search's assessment of one option) from the prediction's times alone
+    (:func:`~app.domain.performance.roofline.predict_seconds`): the same figures."""
+    candidate, scheme = runnable
+    precision = scheme.precision.value
+    device = candidate.device
+    latency, interval, _, _ = predict_seconds(workload, device, calibration)
+    if workload.decoder and host_step_s > 0.0:  # with_decode_host_overhead
+        added = decode_host_seconds(
+            workload.decoder,
+            device.kind,
+            workload.batch,
+            sum(phase.repeats for phase in workload.phases),
+            host_step_s,
+        )
+        if added is not None:
+            latency, interval = latency + added[1], interval + added[1]
+    if scenario is Scenario.SINGLE_STREAM:  # in_scenario
+        interval = latency
+    return option_row(device, precision, workload.batch, latency, interval, fit.fits, requirements)
+
+
+def row_of(item: Assessment, objective: Objective) -> OptionRow:
+    """An assessment's row (:func:`~app.domain.performance.recommend.best_option`)."""
+    p = item.prediction
+    return (sort_key(item, objective), item.eligible, item.memory.fits, p.latency_s, p.batch)
 
 
 def _with_estimates(

@@ -451,14 +451,20 @@ def count_kernels(
             gemms = gemms_of.get((id(layer.result), context))
             if gemms is None:  # the repeats of a block share their op results
                 gemms = gemms_of[id(layer.result), context] = layer_gemms(layer, context)
+            float_in = index_in = 0
+            for elements, kind in inputs:
+                if kind is index_kind:
+                    index_in += elements
+                else:
+                    float_in += elements
             rows.append(
                 _Row(
                     name=layer.name,
                     ops=(layer.op,),
                     flops=flops,
                     weights=known[0],
-                    float_in=sum(e for e, kind in inputs if kind is not index_kind),
-                    index_in=sum(e for e, kind in inputs if kind is index_kind),
+                    float_in=float_in,
+                    index_in=index_in,
                     float_out=out_float,
                     index_out=out_idx,
                     kv=kv,

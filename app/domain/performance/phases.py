@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from fractions import Fraction
 from itertools import accumulate
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import overload
 
 from app.domain.graph.analysis import GraphAnalysis
@@ -131,7 +131,7 @@ def _kernel_groups(
 
 
 @dataclass(frozen=True, slots=True)
-class _Profile:
+class KernelProfile:
     """Kernels sorted by operational intensity, with prefix sums: a device's kernel time is then
     two sums split at its ridge point (one bisection) instead of a loop over kernels."""
 
@@ -146,13 +146,20 @@ class _Profile:
         groups: Sequence[tuple[Kernel, int]],
         cache_share: float,
         tiling: Tiling | None = None,
-    ) -> _Profile:
+    ) -> KernelProfile:
         """The profile of ``groups`` at an activation cache share and a device's tiling."""
         return cls.priced(_bases(groups, cache_share), tiling)
 
     @classmethod
-    def priced(cls, bases: Sequence[_Base], tiling: Tiling | None) -> _Profile:
-        """The profile of kernels whose tiling-independent figures are ``bases``."""
+    def priced(
+        cls,
+        bases: Sequence[_Base],
+        tiling: Tiling | None,
+        paid_gemms: dict[tuple[Gemm, ...], float] | None = None,
+    ) -> KernelProfile:
+        """The profile of kernels whose tiling-independent figures are ``bases``
+        (``paid_gemms``: :func:`paid_gemm_flops` at ``tiling`` by GEMMs, read and filled)."""
+        paid_of = {} if paid_gemms is None else paid_gemms
         # (intensity, DRAM bytes, quantized FLOPs, count), each computed once per distinct kernel
         rows = []
         for dram, count, gemms, flops, unpaid in bases:
@@ -160,14 +167,20 @@ class _Profile:
             if tiling is None or not gemms:
                 paid = float(flops)
             else:
-                paid = paid_gemm_flops(gemms, tiling) + unpaid
+                gemm_flops = paid_of.get(gemms)
+                if gemm_flops is None:
+                    gemm_flops = paid_of[gemms] = paid_gemm_flops(gemms, tiling)
+                paid = gemm_flops + unpaid
             rows.append((paid / dram if dram else math.inf, dram * count, paid * count, count))
-        rows.sort(key=lambda row: row[0])  # stable: ties keep the kernels' order
+        if not rows:
+            return cls(intensities=(), bytes_prefix=(0.0,), flops_suffix=(0,), kernels_suffix=(0,))
+        rows.sort(key=itemgetter(0))  # stable: ties keep the kernels' order
+        intensities, drams, paids, counts = zip(*rows, strict=True)
         return cls(
-            intensities=tuple(row[0] for row in rows),
-            bytes_prefix=(0.0, *accumulate(row[1] for row in rows)),
-            flops_suffix=(*reversed(tuple(accumulate(row[2] for row in reversed(rows)))), 0),
-            kernels_suffix=(*reversed(tuple(accumulate(row[3] for row in reversed(rows)))), 0),
+            intensities=intensities,
+            bytes_prefix=(0.0, *accumulate(drams)),
+            flops_suffix=(*reversed(tuple(accumulate(reversed(paids)))), 0),
+            kernels_suffix=(*reversed(tuple(accumulate(reversed(counts)))), 0),
         )
 
 
@@ -198,7 +211,7 @@ class Phase:
     flops: int = field(init=False)
     bytes_moved: int = field(init=False)
     launches: int = field(init=False)
-    _profiles: dict[tuple[float, Tiling | None], _Profile] = field(
+    _profiles: dict[tuple[float, Tiling | None], KernelProfile] = field(
         init=False, repr=False, compare=False, default_factory=dict
     )
     _groups: list[tuple[tuple[Kernel, int], ...]] = field(
@@ -206,6 +219,11 @@ class Phase:
     )
     _runs: list[Runs] = field(init=False, repr=False, compare=False, default_factory=list)
     _bases: dict[float, tuple[_Base, ...]] = field(
+        init=False, repr=False, compare=False, default_factory=dict
+    )
+    # paid_gemm_flops per tiling and GEMMs, shared by the phases of one PhaseShape at every
+    # precision (the GEMMs' shapes do not depend on it)
+    _paid: dict[Tiling, dict[tuple[Gemm, ...], float]] = field(
         init=False, repr=False, compare=False, default_factory=dict
     )
 
@@ -235,7 +253,7 @@ class Phase:
         """DRAM bytes of one repetition at an activation cache share [B]."""
         return self.profile(cache_share).bytes_prefix[-1]
 
-    def profile(self, cache_share: float, tiling: Tiling | None = None) -> _Profile:
+    def profile(self, cache_share: float, tiling: Tiling | None = None) -> KernelProfile:
         """The sorted kernels at an activation cache share and a device's tiling (built once
         per pair)."""
         key = (cache_share, tiling)
@@ -247,7 +265,8 @@ class Phase:
             bases = self._bases.get(cache_share)
             if bases is None:
                 bases = self._bases[cache_share] = _bases(self._groups[0], cache_share)
-            found = self._profiles[key] = _Profile.priced(bases, tiling)
+            paid = None if tiling is None else self._paid.setdefault(tiling, {})
+            found = self._profiles[key] = KernelProfile.priced(bases, tiling, paid)
         return found
 
 
@@ -312,6 +331,10 @@ class PhaseShape:
     _notes: list[tuple[str, ...]] = field(
         init=False, repr=False, compare=False, default_factory=list
     )
+    # Phase._paid of the phases built from it
+    _paid: dict[Tiling, dict[tuple[Gemm, ...], float]] = field(
+        init=False, repr=False, compare=False, default_factory=dict
+    )
 
     @property
     def notes(self) -> tuple[str, ...]:
@@ -350,6 +373,7 @@ class PhaseShape:
             repeats=self.repeats,
         )
         phase._runs.append(runs)
+        object.__setattr__(phase, "_paid", self._paid)
         first = self._alike.setdefault((scheme.weight_bytes, act, scheme.kv_cache_bytes), phase)
         if first is not phase:
             phase.share_profiles(first)

@@ -65,6 +65,28 @@ class Bound(StrEnum):
     OVERHEAD = "overhead"
 
 
+def kernel_seconds(
+    compute_s: float,
+    memory_s: float,
+    launch_s: float,
+    allreduce_s: float,
+    host_wait_s: float,
+    pipeline_transfer_s: float = 0.0,
+    pipeline_wait_s: float = 0.0,
+) -> float:
+    """A phase's kernel time per repetition, summed in this order (:attr:`PhaseTiming.kernel_s`)
+    [s]."""
+    return (
+        compute_s
+        + memory_s
+        + launch_s
+        + allreduce_s
+        + host_wait_s
+        + pipeline_transfer_s
+        + pipeline_wait_s
+    )
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PhaseTiming:
     """One phase on one device, per repetition."""
@@ -100,14 +122,14 @@ class PhaseTiming:
         """Time the device runs kernels (and the all-reduces between them, and waits for the
         host to issue them; pipeline parallel: every stage's kernels, the sends between stages
         and the wait for the other micro-batches) [s]."""
-        return (
-            self.compute_s
-            + self.memory_s
-            + self.launch_s
-            + self.allreduce_s
-            + self.host_wait_s
-            + self.pipeline_transfer_s
-            + self.pipeline_wait_s
+        return kernel_seconds(
+            self.compute_s,
+            self.memory_s,
+            self.launch_s,
+            self.allreduce_s,
+            self.host_wait_s,
+            self.pipeline_transfer_s,
+            self.pipeline_wait_s,
         )
 
     @property

@@ -1,4 +1,4 @@
-"""CPU vs GPU (vs MIG slice) inference recommendations: assess, rank and explain (pure).
+"""CPU vs GPU (vs MIG slice) inference recommendations: assess and rank (pure).
 
 Every candidate is a prediction (:mod:`app.domain.performance.roofline`) at one device,
 precision and batch size, with the memory engine's verdict on whether it fits. It is eligible
@@ -8,7 +8,8 @@ compare like with like: only prices of one kind (on-demand, reserved or spot) ar
 together; a device whose price is of another kind has no cost figure, with the reason.
 Per device and precision the batch that serves the objective best among the eligible ones is
 kept; the survivors are ranked by the objective, and the first is explained in plain words
-against the best candidate of the other kind (a CPU against an accelerator, and back).
+against the best candidate of the other kind (a CPU against an accelerator, and back:
+:mod:`app.domain.performance.explanation`).
 """
 
 from __future__ import annotations
@@ -21,8 +22,7 @@ from enum import StrEnum
 
 from app.domain.errors import DomainError
 from app.domain.fit import fits
-from app.domain.hardware import DeviceKind, HardwareSpec, PriceKind
-from app.domain.performance.calibration import cpu_compute_unit
+from app.domain.hardware import HardwareSpec, PriceKind
 from app.domain.performance.llm_server import (
     IterationCost,
     IterationTiming,
@@ -31,12 +31,10 @@ from app.domain.performance.llm_server import (
     llm_server_throughput,
     rate_ceiling_per_s,
 )
-from app.domain.performance.precision_schemes import PRECISION_SCHEMES
-from app.domain.performance.prediction import Bound, Prediction
+from app.domain.performance.prediction import Prediction
 from app.domain.performance.request_lengths import RequestLengths
 from app.domain.performance.serving import BatchTiming, ServerLoad, server_throughput
 from app.domain.performance.serving import rate_ceiling_per_s as server_rate_ceiling_per_s
-from app.domain.precision import Quantization
 
 SECONDS_PER_HOUR = 3600.0
 # Headroom kept under the latency SLO: a prediction within this fraction of the SLO is not a
@@ -50,8 +48,14 @@ class RecommendationInputError(DomainError):
     """A requirement or figure a recommendation cannot be computed from."""
 
 
+_MAX_FLOAT = sys.float_info.max
+_MIN_NORMAL = sys.float_info.min
+
+
 def _positive(name: str, value: float) -> None:
     """``value`` is a finite number at least the smallest normal float (dividing by it is safe)."""
+    if type(value) is float and _MIN_NORMAL <= value <= _MAX_FLOAT:
+        return  # the common case, which passes every check below (a search checks thousands)
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise RecommendationInputError(f"{name} must be a number, got {value!r}")
     if not (math.isfinite(value) and value >= sys.float_info.min):
@@ -59,6 +63,8 @@ def _positive(name: str, value: float) -> None:
 
 
 def _non_negative(name: str, value: float) -> None:
+    if type(value) is float and 0.0 <= value <= _MAX_FLOAT:
+        return  # the common case, which passes every check below
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise RecommendationInputError(f"{name} must be a number, got {value!r}")
     if not (math.isfinite(value) and value >= 0):
@@ -320,32 +326,25 @@ def assess(
     budget = requirements.latency_budget_s
     meets = budget is None or judged_s <= budget
     if not meets:
-        latency = f"latency {_ms(judged_s)}"
+        latency = f"latency {in_ms(judged_s)}"
         if slo is None or budget is None:
             reasons.append("latency over the SLO")
         elif judged_s > slo:
-            reasons.append(f"{latency} exceeds the {_ms(slo)} SLO")
+            reasons.append(f"{latency} exceeds the {in_ms(slo)} SLO")
         else:
             reasons.append(
                 f"{latency} is within the {requirements.slo_margin_fraction:.0%} margin of the "
-                f"{_ms(slo)} SLO (the budget is {_ms(budget)})"
+                f"{in_ms(slo)} SLO (the budget is {in_ms(budget)})"
             )
-    target = requirements.throughput_target_per_s
-    needed = None if target is None else devices_needed(target, throughput)
-    price, unpriced = price_of_kind(device, requirements.price_kind)
-    cost = fleet = None
-    if price is not None:
-        cost = cost_per_million_usd(price, throughput)
-        fleet = None if needed is None else _finite("fleet_cost_usd_per_hour", needed * price)
-    elif requirements.objective is Objective.COST and unpriced is not None:
-        reasons.append(unpriced)
-    energy = None
-    if device.tdp_watts is not None and (server is not None or llm_server is not None):
-        energy = energy_per_inference_j(device.tdp_watts, 1 / throughput, 1)
-    elif device.tdp_watts is not None:
-        energy = energy_per_inference_j(device.tdp_watts, prediction.latency_s, prediction.batch)
-    elif requirements.objective is Objective.ENERGY:
-        reasons.append("no TDP in the hardware profile: energy unknown")
+    needed, unpriced, cost, fleet, energy = _figures(
+        device,
+        throughput,
+        prediction.latency_s,
+        prediction.batch,
+        requirements,
+        at_rate=server is not None or llm_server is not None,
+    )
+    reasons += _objective_reasons(device, cost, unpriced, requirements.objective)
     return Assessment(
         prediction=prediction,
         memory=memory,
@@ -359,6 +358,82 @@ def assess(
         server=server,
         llm_server=llm_server,
     )
+
+
+def _figures(
+    device: HardwareSpec,
+    throughput_per_s: float,
+    latency_s: float,
+    batch: int,
+    requirements: Requirements,
+    *,
+    at_rate: bool,
+) -> tuple[int | None, str | None, float | None, float | None, float | None]:
+    """:func:`assess`'s devices needed, reason for no price, cost per million, fleet cost
+    and energy per inference (``at_rate``: TDP / rate, else TDP x latency / batch)."""
+    target = requirements.throughput_target_per_s
+    needed = None if target is None else devices_needed(target, throughput_per_s)
+    price, unpriced = price_of_kind(device, requirements.price_kind)
+    cost = fleet = None
+    if price is not None:
+        cost = cost_per_million_usd(price, throughput_per_s)
+        fleet = None if needed is None else _finite("fleet_cost_usd_per_hour", needed * price)
+    energy = None
+    if device.tdp_watts is not None and at_rate:
+        energy = energy_per_inference_j(device.tdp_watts, 1 / throughput_per_s, 1)
+    elif device.tdp_watts is not None:
+        energy = energy_per_inference_j(device.tdp_watts, latency_s, batch)
+    return needed, unpriced, cost, fleet, energy
+
+
+def _objective_reasons(
+    device: HardwareSpec, cost: float | None, unpriced: str | None, objective: Objective
+) -> list[str]:
+    """Why the objective has no figure: no price of the requested kind for cost, no TDP for
+    energy (empty when it has one)."""
+    if cost is None and objective is Objective.COST and unpriced is not None:
+        return [unpriced]
+    if device.tdp_watts is None and objective is Objective.ENERGY:
+        return ["no TDP in the hardware profile: energy unknown"]
+    return []
+
+
+# An option as :func:`best_option` reads it: its sort key (:func:`sort_key`), whether it is
+# eligible, whether it fits, its latency [s] and its batch
+OptionRow = tuple[tuple[object, ...], bool, bool, float, int]
+
+
+def option_row(
+    device: HardwareSpec,
+    precision: str,
+    batch: int,
+    latency_s: float,
+    interval_s: float,
+    fits: bool,
+    requirements: Requirements,
+) -> OptionRow:
+    """The row of ``assess(prediction, memory, requirements)`` for an offline prediction with
+    these figures and a memory verdict of ``fits``, without building either (a search judges
+    every batch of a candidate by it and builds the assessment of the batch it shows): the
+    same figures, checks and errors as :func:`assess`. ``precision``: its value (``fp16``)."""
+    throughput = batch / interval_s  # Prediction.throughput_per_s
+    budget = requirements.latency_budget_s
+    meets = budget is None or latency_s <= budget
+    _, unpriced, cost, fleet, energy = _figures(
+        device, throughput, latency_s, batch, requirements, at_rate=False
+    )
+    objective = requirements.objective
+    eligible = fits and meets and not _objective_reasons(device, cost, unpriced, objective)
+    key = (
+        not eligible,
+        not fits,
+        not meets,
+        *_objective_key(objective, cost, fleet, energy, latency_s, throughput),
+        device.slug,
+        precision,
+        batch,
+    )
+    return key, eligible, fits, latency_s, batch
 
 
 def assess_server(options: Sequence[Assessment], requirements: Requirements) -> Assessment:
@@ -386,8 +461,8 @@ def assess_server(options: Sequence[Assessment], requirements: Requirements) -> 
         return with_reason(
             answer,
             f"no rate down to a thousandth of the first found keeps the simulated p99 within "
-            f"{_ms(budget)} over twice the arrivals, moving by less than 5 % "
-            f"({load.drift:.1%} at {_rate(load.arrival_rate_per_s)}/s)",
+            f"{in_ms(budget)} over twice the arrivals, moving by less than 5 % "
+            f"({load.drift:.1%} at {rate_text(load.arrival_rate_per_s)}/s)",
         )
     return answer
 
@@ -533,9 +608,9 @@ def assess_llm_server(plan: LlmPlan, requirements: Requirements) -> Assessment:
         first = plan.fitting[0].prediction
         return with_reason(
             plan.fitting[0],
-            f"a lone request misses the bounds: {_ms(first.first_token_s or 0)} to the first "
-            f"token (bound {_ms(ttft)}), {_ms(first.per_token_s or 0)} per token (bound "
-            f"{_ms(tpot)})",
+            f"a lone request misses the bounds: {in_ms(first.first_token_s or 0)} to the first "
+            f"token (bound {in_ms(ttft)}), {in_ms(first.per_token_s or 0)} per token (bound "
+            f"{in_ms(tpot)})",
         )
     widest = plan.widest
     return assess(widest.prediction, widest.memory, requirements, llm_server=load)
@@ -549,16 +624,35 @@ def with_reason(item: Assessment, reason: str) -> Assessment:
 def objective_key(item: Assessment, objective: Objective) -> tuple[float, ...]:
     """What the objective ranks by, smallest first (cost or energy, then latency; or latency,
     then the negated throughput)."""
+    return _objective_key(
+        objective,
+        item.cost_usd_per_million,
+        item.fleet_cost_usd_per_hour,
+        item.energy_j_per_inference,
+        item.latency_s,
+        item.throughput_per_s,
+    )
+
+
+def _objective_key(
+    objective: Objective,
+    cost_usd_per_million: float | None,
+    fleet_cost_usd_per_hour: float | None,
+    energy_j_per_inference: float | None,
+    latency_s: float,
+    throughput_per_s: float,
+) -> tuple[float, float]:
+    """:func:`objective_key` of an assessment with these figures."""
     inf = math.inf
     if objective is Objective.COST:
-        cost = item.fleet_cost_usd_per_hour
+        cost = fleet_cost_usd_per_hour
         if cost is None:
-            cost = item.cost_usd_per_million
-        return (inf if cost is None else cost, item.latency_s)
+            cost = cost_usd_per_million
+        return (inf if cost is None else cost, latency_s)
     if objective is Objective.ENERGY:
-        energy = item.energy_j_per_inference
-        return (inf if energy is None else energy, item.latency_s)
-    return (item.latency_s, -item.throughput_per_s)
+        energy = energy_j_per_inference
+        return (inf if energy is None else energy, latency_s)
+    return (latency_s, -throughput_per_s)
 
 
 def sort_key(item: Assessment, objective: Objective) -> tuple[object, ...]:
@@ -581,15 +675,32 @@ def best_batch(options: Sequence[Assessment], objective: Objective) -> Assessmen
     The eligible option that serves the objective best; when none is eligible, one that fits
     with the lowest latency (the closest miss), else the smallest batch.
     """
-    if not options:
+    rows = [
+        (
+            sort_key(o, objective),
+            o.eligible,
+            o.memory.fits,
+            o.prediction.latency_s,
+            o.prediction.batch,
+        )
+        for o in options
+    ]
+    return options[best_option(rows)]
+
+
+def best_option(rows: Sequence[OptionRow]) -> int:
+    """Which of one device's options at one precision :func:`best_batch` shows (its index),
+    from their rows (:data:`OptionRow`)."""
+    if not rows:
         raise ValueError("no options")
-    eligible = [o for o in options if o.eligible]
+    indices = range(len(rows))
+    eligible = [i for i in indices if rows[i][1]]
     if eligible:
-        return min(eligible, key=lambda o: sort_key(o, objective))
-    fitting = [o for o in options if o.memory.fits]
+        return min(eligible, key=lambda i: rows[i][0])
+    fitting = [i for i in indices if rows[i][2]]
     if fitting:
-        return min(fitting, key=lambda o: (o.prediction.latency_s, o.prediction.batch))
-    return min(options, key=lambda o: o.prediction.batch)
+        return min(fitting, key=lambda i: (rows[i][3], rows[i][4]))
+    return min(indices, key=lambda i: rows[i][4])
 
 
 def rank(assessments: Iterable[Assessment], objective: Objective) -> list[Assessment]:
@@ -597,245 +708,12 @@ def rank(assessments: Iterable[Assessment], objective: Objective) -> list[Assess
     return sorted(assessments, key=lambda o: sort_key(o, objective))
 
 
-# --------------------------------------------------------------------------------------------
-# Explanation
-# --------------------------------------------------------------------------------------------
-
-
-def _ms(seconds: float) -> str:
+def in_ms(seconds: float) -> str:
+    """A time in milliseconds, in words: 3 significant digits below a second."""
     value = seconds * 1e3
     return f"{value:.3g} ms" if value < 1000 else f"{value:,.0f} ms"
 
 
-def _rate(value: float) -> str:
+def rate_text(value: float) -> str:
+    """A rate in words: whole numbers from 100, else 3 significant digits."""
     return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
-
-
-def _ratio_words(ratio: float) -> str:
-    """'a third of', 'half', '2.5x' - how one cost compares with another."""
-    for fraction, words in ((1 / 4, "a quarter of"), (1 / 3, "a third of"), (1 / 2, "half")):
-        if abs(ratio - fraction) <= 0.03:
-            return words
-    if ratio < 1:
-        return f"{ratio:.0%} of"
-    return f"{ratio:.1f}x"
-
-
-def _is_cpu(item: Assessment) -> bool:
-    return item.prediction.device.kind is DeviceKind.CPU
-
-
-def _bound_sentence(item: Assessment) -> str:
-    p = item.prediction
-    split = p.time_split_s
-    latency = p.latency_s
-    intensity = p.arithmetic_intensity_flops_per_byte
-    ridge = p.ridge_point_flops_per_byte
-    side = "above" if intensity > ridge else "below"
-    if p.bound is Bound.COMPUTE:
-        why = (
-            f"compute-bound: {split[Bound.COMPUTE] / latency:.0%} of the time runs kernels "
-            f"limited by its {p.effective_flops_per_s / 1e12:.3g} TFLOP/s effective peak"
-        )
-    elif p.bound is Bound.MEMORY:
-        why = (
-            f"memory-bound: {split[Bound.MEMORY] / latency:.0%} of the time waits on memory "
-            f"at {p.effective_bandwidth_bytes_per_s / 1e9:.3g} GB/s effective"
-        )
-    elif p.bound is Bound.TRANSFER:
-        why = (
-            f"transfer-bound: {split[Bound.TRANSFER] / latency:.0%} of the time copies "
-            "inputs and outputs over the host link"
-        )
-    else:
-        dispatch = (
-            ", the wait for the framework to dispatch kernels from the host"
-            if any(t.host_wait_s > 0 for t in p.phases)
-            else ""
-        )
-        why = (
-            f"overhead-bound: {split[Bound.OVERHEAD] / latency:.0%} of the time goes to "
-            f"kernel launches{dispatch} and the per-request serving overhead"
-        )
-    return (
-        f"It is {why} (arithmetic intensity {intensity:.3g} FLOP/B, {side} its ridge point of "
-        f"{ridge:.3g} FLOP/B)."
-    )
-
-
-def quantization_sentence(p: Prediction) -> str:
-    """What a quantized precision means in the figures (weight-only or W8A8), or "" when the
-    precision is not quantized (the full convention is in ``Prediction.assumptions``)."""
-    scheme = PRECISION_SCHEMES[p.precision]
-    weight_bits = int(scheme.weight_bytes * 8)
-    activation_bits = scheme.activation_bytes * 8
-    label = f"W{weight_bits}A{activation_bits}"
-    if scheme.quantization is Quantization.WEIGHT_ONLY:
-        return (
-            f"{p.precision.value} is weight-only {label}: {weight_bits}-bit weights "
-            f"dequantized to {scheme.activation_dtype.value}, math at the "
-            f"{p.compute_dtype.value} peak."
-        )
-    if scheme.quantization is Quantization.W8A8:
-        return (
-            f"{p.precision.value} is {label}: {weight_bits}-bit weights and activations, math "
-            f"at the {p.compute_dtype.value} peak."
-        )
-    if scheme.quantization is Quantization.W4A4:
-        return (
-            f"{p.precision.value} is W4A4: 4-bit weights and GEMM inputs (activations between "
-            f"kernels {scheme.activation_dtype.value}), math at the {p.compute_dtype.value} "
-            "peak."
-        )
-    return ""
-
-
-def _headline(item: Assessment, requirements: Requirements) -> str:
-    p = item.prediction
-    if item.llm_server is not None:
-        load = item.llm_server
-        parts = [
-            f"TTFT p99 {_ms(load.ttft_p99_s)} (bound {_ms(load.ttft_bound_s)}) and TPOT p99 "
-            f"{_ms(load.tpot_p99_s)} (bound {_ms(load.tpot_bound_s)}) under Poisson arrivals "
-            f"(continuous batching, up to {load.max_seqs} sequences in flight)"
-        ]
-    elif item.server is None:
-        parts = [f"{_ms(p.latency_s)} per request"]
-    else:
-        parts = [
-            f"p99 {_ms(item.latency_s)} per request under Poisson arrivals (batches of up to "
-            f"{item.server.batch_cap})"
-        ]
-    slo, budget = requirements.latency_slo_s, requirements.latency_budget_s
-    if slo is not None and budget is not None:
-        parts[0] += f" against the {_ms(slo)} SLO"
-        if requirements.slo_margin_fraction > 0:
-            parts[0] += (
-                f" ({_ms(budget)} budget with its {requirements.slo_margin_fraction:.0%} margin)"
-            )
-    if p.first_token_s is not None and p.per_token_s is not None:
-        parts.append(
-            f"{_ms(p.first_token_s)} to the first token then {_ms(p.per_token_s)} per token"
-        )
-    unit = "sequences" if p.first_token_s is not None else "inferences"
-    if item.llm_server is not None:
-        unit = "requests"
-    parts.append(f"{_rate(item.throughput_per_s)} {unit}/s per device")
-    if item.devices_needed is not None and requirements.throughput_target_per_s is not None:
-        count = item.devices_needed
-        parts.append(
-            f"{count} device{'s' if count != 1 else ''} for "
-            f"{_rate(requirements.throughput_target_per_s)}/s"
-        )
-    if item.cost_usd_per_million is not None:
-        parts.append(f"${item.cost_usd_per_million:.3g} per million inferences")
-    if item.energy_j_per_inference is not None:
-        parts.append(f"at most {item.energy_j_per_inference:.3g} J per inference")
-    return ", ".join(parts)
-
-
-def _overhead_share(item: Assessment) -> float:
-    split = item.prediction.time_split_s
-    return (split[Bound.TRANSFER] + split[Bound.OVERHEAD]) / item.prediction.latency_s
-
-
-def _objective_text(item: Assessment, objective: Objective, requirements: Requirements) -> str:
-    if objective is Objective.COST:
-        target = requirements.throughput_target_per_s
-        if item.fleet_cost_usd_per_hour is not None and target is not None:
-            return f"${item.fleet_cost_usd_per_hour:.3g}/h for {_rate(target)}/s"
-        return f"${item.cost_usd_per_million or 0:.3g} per million inferences"
-    if objective is Objective.ENERGY:
-        return f"{item.energy_j_per_inference or 0:.3g} J per inference"
-    return _ms(item.latency_s)
-
-
-def _device_label(p: Prediction) -> str:
-    if p.device.kind is DeviceKind.CPU and p.device.simd:
-        return f"{p.device.name} with {cpu_compute_unit(p.device.simd, p.compute_dtype)}"
-    return p.device.name
-
-
-def _comparison(
-    best: Assessment, other: Assessment, objective: Objective, requirements: Requirements
-) -> str:
-    p = other.prediction
-    label = "CPU" if _is_cpu(other) else "accelerator"
-    head = f"The best {label} option, {_device_label(p)} at {p.precision.value} batch {p.batch}"
-    if not other.eligible:
-        return f"{head}, is not eligible: {'; '.join(other.reasons)}."
-    mine, theirs = objective_key(best, objective)[0], objective_key(other, objective)[0]
-    measure = {
-        Objective.COST: "the cost",
-        Objective.ENERGY: "the energy",
-        Objective.LATENCY: "the latency",
-    }[objective]
-    sentence = head
-    if mine > 0:
-        theirs_text = _objective_text(other, objective, requirements)
-        mine_text = _objective_text(best, objective, requirements)
-        shared = " for "
-        if shared in mine_text and theirs_text.endswith(mine_text[mine_text.index(shared) :]):
-            theirs_text = theirs_text[: theirs_text.index(shared)]
-        sentence += (
-            f", needs {_ratio_words(theirs / mine)} {measure} ({theirs_text} against {mine_text})"
-        )
-    share = _overhead_share(other)
-    if share >= 0.3:
-        sentence += (
-            f": at batch {p.batch} it spends {share:.0%} of its {_ms(p.latency_s)} on "
-            "host-link transfer and launch/serving overhead"
-        )
-    return sentence + "."
-
-
-def explain(
-    ranked: Sequence[Assessment],
-    requirements: Requirements,
-    *,
-    model: str,
-    unpriced: int = 0,
-    excluded: int = 0,
-) -> str:
-    """A paragraph in plain words: what to run, why, and what the alternative costs."""
-    objective = requirements.objective
-    notes = []
-    kind = requirements.price_kind.value
-    if objective is Objective.COST:
-        notes.append(f"costs compare {kind} prices only")
-    if unpriced and objective is Objective.COST:
-        notes.append(
-            f"{unpriced} device(s) have no {kind} price and are not ranked by cost (their "
-            "reasons say why; give prices_usd_per_hour to price them)"
-        )
-    if excluded:
-        notes.append(
-            f"{excluded} device/precision pair(s) were excluded (see 'excluded' for the reasons)"
-        )
-    tail = (" " + "; ".join(notes) + ".") if notes else ""
-    if not ranked:
-        return f"No candidate could be evaluated for {model}.{tail}"
-    best = ranked[0]
-    p = best.prediction
-    if not best.eligible:
-        return (
-            f"No candidate meets every requirement for {model}. The closest is "
-            f"{p.device.name} at {p.precision.value} batch {p.batch} "
-            f"({_headline(best, requirements)}), which fails: {'; '.join(best.reasons)}.{tail}"
-        )
-    text = (
-        f"Run {model} on {_device_label(p)} at {p.precision.value}, batch {p.batch}: "
-        f"{_headline(best, requirements)}. {_bound_sentence(best)}"
-    )
-    if quantized := quantization_sentence(p):
-        text += " " + quantized
-    if (other := compared_index(ranked)) is not None:
-        text += " " + _comparison(best, ranked[other], objective, requirements)
-    return text + tail
-
-
-def compared_index(ranked: Sequence[Assessment]) -> int | None:
-    """Where the assessment is that :func:`explain` compares the best one with: the best of
-    the other device kind (CPU or accelerator), if any."""
-    cpu = bool(ranked) and _is_cpu(ranked[0])
-    return next((i for i in range(1, len(ranked)) if _is_cpu(ranked[i]) != cpu), None)

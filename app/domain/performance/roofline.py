@@ -65,7 +65,9 @@ multicore architectures", Communications of the ACM 52(4), 2009.
 from __future__ import annotations
 
 import math
+import sys
 from bisect import bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from app.domain.hardware import (
@@ -82,9 +84,9 @@ from app.domain.hardware import (
 )
 from app.domain.performance.calibration import Calibration, cpu_compute_unit
 from app.domain.performance.errors import RooflineInputError
-from app.domain.performance.phases import Phase, PhasedRequest
+from app.domain.performance.phases import KernelProfile, Phase, PhasedRequest
 from app.domain.performance.precision_schemes import PrecisionScheme, compute_dtype_for
-from app.domain.performance.prediction import Bound, PhaseTiming, Prediction
+from app.domain.performance.prediction import Bound, PhaseTiming, Prediction, kernel_seconds
 from app.domain.performance.tensor_parallel import AllReduce
 from app.domain.performance.tiling import Tiling, tiling_for
 from app.domain.precision import DType
@@ -140,6 +142,36 @@ def _peak_source(device: HardwareSpec, dtype: DType) -> str:
     return f"{base} ({cpu_compute_unit(device.simd, dtype)}; the CPU has {device.simd})"
 
 
+# One phase's seconds per repetition on a device: compute, memory, launch, all-reduce, host
+# wait, copy in, copy out (see :func:`_phase_seconds`)
+_Seconds = tuple[float, float, float, float, float, float, float]
+
+
+def _phase_seconds(
+    phase: Phase,
+    prof: KernelProfile,
+    split: int,
+    *,
+    flops_per_s: float,
+    bytes_per_s: float,
+    link: float | None,
+    cal: Calibration,
+    allreduce: AllReduce | None = None,
+) -> _Seconds:
+    """A phase's times per repetition from its profile split at the device's ridge point."""
+    allreduce_s = 0.0
+    if allreduce is not None and phase.allreduces:
+        allreduce_s = allreduce.seconds(phase.allreduces, phase.allreduce_bytes)
+    compute_s = prof.flops_suffix[split] / flops_per_s
+    memory_s = prof.bytes_prefix[split] / bytes_per_s
+    launch_s = phase.launches * cal.kernel_launch_overhead_s
+    device_s = compute_s + memory_s + launch_s + allreduce_s
+    host_wait_s = max(0.0, phase.launches * cal.host_dispatch_s - device_s)
+    h2d_s = phase.h2d_bytes / link if link else 0.0
+    d2h_s = phase.d2h_bytes / link if link else 0.0
+    return compute_s, memory_s, launch_s, allreduce_s, host_wait_s, h2d_s, d2h_s
+
+
 def _phase_timing(
     phase: Phase,
     *,
@@ -152,13 +184,16 @@ def _phase_timing(
 ) -> PhaseTiming:
     prof = phase.profile(cal.activation_cache_share, tiling)
     split = bisect_right(prof.intensities, flops_per_s / bytes_per_s)
-    allreduce_s = 0.0
-    if allreduce is not None and phase.allreduces:
-        allreduce_s = allreduce.seconds(phase.allreduces, phase.allreduce_bytes)
-    compute_s = prof.flops_suffix[split] / flops_per_s
-    memory_s = prof.bytes_prefix[split] / bytes_per_s
-    launch_s = phase.launches * cal.kernel_launch_overhead_s
-    device_s = compute_s + memory_s + launch_s + allreduce_s
+    compute_s, memory_s, launch_s, allreduce_s, host_wait_s, h2d_s, d2h_s = _phase_seconds(
+        phase,
+        prof,
+        split,
+        flops_per_s=flops_per_s,
+        bytes_per_s=bytes_per_s,
+        link=link,
+        cal=cal,
+        allreduce=allreduce,
+    )
     return PhaseTiming(
         name=phase.name,
         repeats=phase.repeats,
@@ -171,11 +206,11 @@ def _phase_timing(
         compute_s=compute_s,
         memory_s=memory_s,
         launch_s=launch_s,
-        host_wait_s=max(0.0, phase.launches * cal.host_dispatch_s - device_s),
+        host_wait_s=host_wait_s,
         h2d_bytes=phase.h2d_bytes if link else 0,
-        h2d_s=phase.h2d_bytes / link if link else 0.0,
+        h2d_s=h2d_s,
         d2h_bytes=phase.d2h_bytes if link else 0,
-        d2h_s=phase.d2h_bytes / link if link else 0.0,
+        d2h_s=d2h_s,
         allreduces=phase.allreduces if allreduce else 0,
         allreduce_bytes=phase.allreduce_bytes if allreduce else 0,
         allreduce_s=allreduce_s,
@@ -286,20 +321,12 @@ def predict(request: PhasedRequest, device: HardwareSpec, calibration: Calibrati
         for p in request.phases
     )
     overhead = cal.request_overhead_s
-    latency = overhead + sum(t.latency_s * t.repeats for t in timings)
-    if device.kind is DeviceKind.CPU:
-        interval = latency
-    else:
-        interval = max(
-            sum(t.kernel_s * t.repeats for t in timings),
-            sum(t.h2d_s * t.repeats for t in timings),
-            sum(t.d2h_s * t.repeats for t in timings),
-            overhead,
-        )
-    first_token = per_token = None
-    if request.decoder:
-        first_token = overhead + timings[0].latency_s
-        per_token = timings[1].latency_s if len(timings) > 1 else None
+    latency, interval, first_token, per_token = _request_seconds(
+        [(t.latency_s, t.kernel_s, t.h2d_s, t.d2h_s, t.repeats) for t in timings],
+        overhead,
+        cpu=device.kind is DeviceKind.CPU,
+        decoder=request.decoder,
+    )
     return Prediction(
         device=device,
         precision=request.scheme.precision,
@@ -326,6 +353,82 @@ def predict(request: PhasedRequest, device: HardwareSpec, calibration: Calibrati
         allreduce_link_source="" if allreduce is None else allreduce.source,
         tiling=tiling,
     )
+
+
+# A phase's figures a request's times add up, per repetition: latency, kernel time, copy in,
+# copy out; and its repetitions
+_PhaseTotals = tuple[float, float, float, float, int]
+
+
+def _request_seconds(
+    phases: Sequence[_PhaseTotals], overhead_s: float, *, cpu: bool, decoder: bool
+) -> tuple[float, float, float | None, float | None]:
+    """A request's latency, steady-state interval, first-token and per-token times [s] from
+    its phases (:func:`predict`'s Notes: the serial sum; the overlapped interval on
+    accelerators, the latency on CPUs)."""
+    latency = overhead_s + sum(t[0] * t[4] for t in phases)
+    if cpu:
+        interval = latency
+    else:
+        interval = max(
+            sum(t[1] * t[4] for t in phases),
+            sum(t[2] * t[4] for t in phases),
+            sum(t[3] * t[4] for t in phases),
+            overhead_s,
+        )
+    first_token = per_token = None
+    if decoder:
+        first_token = overhead_s + phases[0][0]
+        per_token = phases[1][0] if len(phases) > 1 else None
+    return latency, interval, first_token, per_token
+
+
+def predict_seconds(
+    request: PhasedRequest, device: HardwareSpec, calibration: Calibration
+) -> tuple[float, float, float | None, float | None]:
+    """The latency, steady-state interval, first-token and per-token times of
+    :func:`predict` [s], the same figures without building the prediction: a recommendation
+    ranks every batch of a candidate by them and builds the prediction of the batch it shows.
+    Raises as :func:`predict` does."""
+    cal = calibration
+    _, _, flops_per_s, bytes_per_s, link, tiling, _, _ = _device_rates(device, request.scheme, cal)
+    allreduce = None
+    if request.tensor_parallel > 1:
+        allreduce = AllReduce.between(device, request.tensor_parallel, cal)
+    share = cal.activation_cache_share
+    ridge = flops_per_s / bytes_per_s
+    phases = []
+    for phase in request.phases:
+        prof = phase.profile(share, tiling)
+        compute_s, memory_s, launch_s, allreduce_s, host_wait_s, h2d_s, d2h_s = _phase_seconds(
+            phase,
+            prof,
+            bisect_right(prof.intensities, ridge),
+            flops_per_s=flops_per_s,
+            bytes_per_s=bytes_per_s,
+            link=link,
+            cal=cal,
+            allreduce=allreduce,
+        )
+        kernel_s = kernel_seconds(compute_s, memory_s, launch_s, allreduce_s, host_wait_s)
+        # PhaseTiming.latency_s
+        phases.append((h2d_s + kernel_s + d2h_s, kernel_s, h2d_s, d2h_s, phase.repeats))
+    seconds = _request_seconds(
+        phases,
+        cal.request_overhead_s,
+        cpu=device.kind is DeviceKind.CPU,
+        decoder=request.decoder,
+    )
+    latency, interval = seconds[0], seconds[1]
+    low = sys.float_info.min
+    if not (low <= flops_per_s < math.inf and low <= bytes_per_s < math.inf) or not (
+        type(latency) is float
+        and type(interval) is float
+        and low <= latency < math.inf
+        and low <= interval < math.inf
+    ):
+        predict(request, device, calibration)  # raises: Prediction checks its figures
+    return seconds
 
 
 def _precision_scale_note(cal: Calibration, dtype: DType) -> tuple[str, ...]:

@@ -124,6 +124,22 @@ class RuntimeProfile:
         )
 
 
+def decode_host_seconds(
+    decoder: bool,
+    kind: DeviceKind,
+    batch: int,
+    steps: int,
+    host_overhead_per_sequence_step_s: float,
+) -> tuple[float, float] | None:
+    """The host time :func:`with_decode_host_overhead` adds per step and per request of
+    ``batch`` sequences over ``steps`` steps (prefill and decode repetitions) [s], or None
+    where it adds none (not a decoder, no host term, not an accelerator)."""
+    if not decoder or host_overhead_per_sequence_step_s <= 0.0 or kind not in PROFILED_KINDS:
+        return None
+    per_step_s = host_overhead_per_sequence_step_s * batch
+    return per_step_s, per_step_s * steps
+
+
 def with_decode_host_overhead(
     prediction: Prediction, host_overhead_per_sequence_step_s: float
 ) -> Prediction:
@@ -148,15 +164,17 @@ def with_decode_host_overhead(
     ``h * b * g`` and each decode step by ``h * b`` (serial, not overlapped with the kernels).
     Beams are not counted apart: ``b`` is the requests in the batch.
     """
-    if (
-        prediction.first_token_s is None
-        or host_overhead_per_sequence_step_s <= 0.0
-        or prediction.device.kind not in PROFILED_KINDS
-    ):
-        return prediction
-    per_step_s = host_overhead_per_sequence_step_s * prediction.batch
     steps = sum(t.repeats for t in prediction.phases)
-    total_s = per_step_s * steps
+    added = decode_host_seconds(
+        prediction.first_token_s is not None,
+        prediction.device.kind,
+        prediction.batch,
+        steps,
+        host_overhead_per_sequence_step_s,
+    )
+    if added is None or prediction.first_token_s is None:
+        return prediction
+    per_step_s, total_s = added
     per_token = prediction.per_token_s
     said = (
         f"serving engine host work between steps: {host_overhead_per_sequence_step_s * 1e6:g} "

@@ -70,6 +70,14 @@ class Tiling:
     split_k: bool  # GPUs split the reduction when the tiles do not fill the units
     # Where ``units`` comes from when it is not the device's own figure (a MIG slice's SMs)
     units_source: str | None = field(default=None, compare=False)
+    # Hashed once: a device's profiles and wave costs are looked up by it for every kernel
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.units, self.tile, self.split_k)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     @property
     def assumption(self) -> str:
