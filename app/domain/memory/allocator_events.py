@@ -14,7 +14,7 @@ from app.domain.graph.analysis import GraphAnalysis
 from app.domain.graph.traits import CUBLAS_GEMM_OPS
 from app.domain.hardware import FrameworkOverhead
 from app.domain.memory.context import Estimation, StepTensors
-from app.domain.memory.cuda_allocator import Event, EventsKey
+from app.domain.memory.cuda_allocator import Blocks, Event, EventsKey
 from app.domain.memory.liveness import (
     StoragePlan,
     adapter_tensor_id,
@@ -24,6 +24,7 @@ from app.domain.memory.liveness import (
     released_at,
 )
 from app.domain.memory.memo import memoised
+from app.domain.memory.repeated_blocks import find_blocks, shifted
 
 
 def _param_tensor_bytes(
@@ -413,14 +414,15 @@ def _first_gemm(analysis: GraphAnalysis) -> int | None:
 
 def _warm_up_forward(
     forward: Sequence[Event], first_gemm: int, workspaces: Sequence[int]
-) -> list[Event]:
+) -> tuple[list[Event], int]:
     """Inference's warm-up forward: PyTorch allocates a cuBLAS workspace at the first GEMM of
     the process (``getCurrentCUDABlasHandle`` / ``getCUDABlasLtWorkspace``,
     aten/src/ATen/cuda/CublasHandlePool.cpp), inside blocks the forward has cached by then,
     and keeps it; the caller then drops what the forward returned. The steady forward that
     follows can find a cached block split by it (measured on an H100, benchmarks/fidelity/cuda:
     22 of the 28 CNN inferences add a segment in their first steady step, VGG-16 fp32 at batch
-    32 786 MiB, conv1_2's work space)."""
+    32 786 MiB, conv1_2's work space). Also returns the index of the forward's event before
+    which the workspaces' "keep" is inserted."""
     allocs = (i for i, (kind, key, _) in enumerate(forward) if (kind, key) == ("alloc", first_gemm))
     at = next(allocs, -1) + 1
     live: dict[object, None] = {}
@@ -429,7 +431,8 @@ def _warm_up_forward(
             live[key] = None
         elif kind == "free":
             live.pop(key, None)
-    return [*forward[:at], *_kept(workspaces), *forward[at:], *(("free", key, 0) for key in live)]
+    events = [*forward[:at], *_kept(workspaces), *forward[at:], *(("free", key, 0) for key in live)]
+    return events, at
 
 
 def forward_events_key(e: Estimation) -> tuple[object, ...]:
@@ -444,12 +447,13 @@ def forward_events_key(e: Estimation) -> tuple[object, ...]:
 
 def step_allocator_events(
     e: Estimation, overhead: FrameworkOverhead, handles: int
-) -> tuple[list[Event], int, _WeightEvents, int]:
+) -> tuple[list[Event], int, _WeightEvents, int, list[Blocks]]:
     """The step as the caching allocator sees it, tensor by tensor, where steady state starts
     (the event index of the second iteration, or of inference's steady forward; 0 at inference
     without a GEMM layer or a workspace), the weights' events, the
     first ones (they depend only on the model's parameters, the precision and the sharding),
-    and where the forward's events start.
+    where the forward's events start, and at inference the runs of identical blocks in the
+    forwards (:func:`~app.domain.memory.repeated_blocks.find_blocks`, for the replay to skip).
 
     Persistent first (weights, buffers, master weights, KV cache, inputs and labels, the
     cuBLAS workspaces, DDP's buckets; FSDP's gather buffers from the forward to the end of the
@@ -546,14 +550,22 @@ def step_allocator_events(
             forward_events_key(e),
             lambda: _forward_events(analysis, plan, [[] for _ in layers], False),
         )
+        repeated = memoised(
+            e.plans,
+            analysis,
+            ("forward blocks", *forward_events_key(e)[1:]),
+            lambda: find_blocks(shared.events),
+        )
         forward_from = len(events)
         if first_gemm is None:
             events += shared.events
-            return events, 0, weights, forward_from
-        events += _warm_up_forward(shared.events, first_gemm, workspaces)
+            return events, 0, weights, forward_from, shifted(repeated, forward_from)
+        warm_up, workspace_at = _warm_up_forward(shared.events, first_gemm, workspaces)
+        events += warm_up
         steady_from = len(events)
         events += shared.events
-        return events, steady_from, weights, forward_from
+        blocks = shifted(repeated, forward_from, workspace_at) + shifted(repeated, steady_from)
+        return events, steady_from, weights, forward_from, blocks
     kept_after: list[list[int]] = [[] for _ in layers]  # per layer, the storages it keeps first
     for storage, index in plan.first_saver.items():
         if storage not in plan.pinned:
@@ -740,4 +752,4 @@ def step_allocator_events(
         if iteration == 0 and not step.accumulate:  # zero_grad(set_to_none=True)
             for frees in grad_frees:
                 events += frees
-    return events, steady_from, weights, forward_from
+    return events, steady_from, weights, forward_from, []

@@ -34,7 +34,7 @@ from bisect import bisect_left, insort
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import islice
-from typing import Protocol, cast
+from typing import NamedTuple, Protocol, cast
 
 from app.domain.budget import CHECK_EVERY, checkpoint
 from app.domain.units import MIB
@@ -413,6 +413,52 @@ class CachingAllocator:
         if not expandable:
             self._next_base, self.segments = next_base, segments
 
+    def _state(self) -> tuple[object, ...]:
+        """The state without the handles' keys or the peaks: the free blocks by address (they
+        fix the by-size lists, and with the segments unchanged each one's pool), the totals,
+        the segments and the expandable pools' ends."""
+        return (
+            dict(self._free_at),
+            self.requested,
+            self.allocated,
+            self.reserved,
+            self._next_base,
+            self.segments,
+            tuple(self._tail),
+            tuple(self._mapped),
+        )
+
+    def run_blocks(
+        self, events: Sequence[Event], handles: dict[object, Handle], blocks: Blocks
+    ) -> int:
+        """Replay the identical ``blocks`` of ``events`` (:func:`~app.domain.memory
+        .repeated_blocks.find_blocks`'s) and return the index of the event after them.
+
+        Once the state before a block equals the state before the previous one (:meth:`_state`)
+        and the blocks that the block frees from its predecessor have the handles that the
+        predecessor freed from its own, the block does what its predecessor did, decision for
+        decision, and so does every block after it: the state and the peaks stay as they are
+        (the totals retrace a path the peaks already cover), and the blocks are skipped. The
+        allocations of the last replayed block still live then (the next block frees them, the
+        totals being unchanged) are renamed to their copies in the last block. Speed only."""
+        start, period, count, refs = blocks
+        previous: tuple[object, ...] | None = None
+        for index in range(start, start + count * period, period):
+            state = (self._state(), [handles[events[index + ref][1]] for ref in refs])
+            if state == previous:
+                shift = start + count * period - index
+                first = index - period
+                moved = {
+                    events[at + shift][1]: handles.pop(key)
+                    for at, (kind, key, _) in enumerate(events[first:index], first)
+                    if kind == "alloc" and key in handles
+                }
+                handles.update(moved)
+                return start + count * period
+            previous = state
+            self.run(events[index : index + period], handles)
+        return start + count * period
+
     def snapshot(self, handles: dict[object, Handle]) -> AllocatorSnapshot:
         """The whole state, and the handles of the blocks allocated so far, as a value."""
         return AllocatorSnapshot(
@@ -485,6 +531,16 @@ class CachingAllocator:
 Event = tuple[str, object, int]
 
 
+class Blocks(NamedTuple):
+    """``repeats`` identical blocks of ``period`` events from event ``start``
+    (:func:`~app.domain.memory.repeated_blocks.find_blocks`)."""
+
+    start: int
+    period: int
+    repeats: int
+    refs: tuple[int, ...]  # offsets (negative) of the predecessor's allocations a block frees
+
+
 @dataclass(frozen=True, slots=True)
 class AllocatorSnapshot:
     """A :class:`CachingAllocator`'s state after some events (:meth:`CachingAllocator.snapshot`)."""
@@ -544,6 +600,18 @@ def replay(events: Iterable[Event], *, expandable: bool = False) -> AllocatorPea
     return allocator.peaks()
 
 
+def _kept_from(events: Sequence[Event], start: int) -> tuple[int, int]:
+    """Where :func:`last_run` cuts ``events[start:]``: the start of the allocations before the
+    trailing frees, and the start of those frees."""
+    end = len(events)
+    while end > start and events[end - 1][0] == "free":
+        end -= 1
+    run = end
+    while run > start and events[run - 1][0] == "alloc":
+        run -= 1
+    return run, end
+
+
 def last_run(events: Sequence[Event], start: int) -> list[Event]:
     """``events[start:]`` for a replay that ends with them (speed only: the peaks are the same).
 
@@ -552,15 +620,28 @@ def last_run(events: Sequence[Event], start: int) -> list[Event]:
     temporaries, which a step frees at its end) are then never freed in what is replayed: one
     "keep" event, replayed without handles and with one peak check (the totals only grow in a
     run of allocations)."""
-    end = len(events)
-    while end > start and events[end - 1][0] == "free":
-        end -= 1
-    run = end
-    while run > start and events[run - 1][0] == "alloc":
-        run -= 1
+    run, end = _kept_from(events, start)
     if end - run < 2:
         return list(events[start:end])
     return [*events[start:run], ("keep", tuple(size for _, _, size in events[run:end]), 0)]
+
+
+def _run(
+    allocator: CachingAllocator,
+    events: Sequence[Event],
+    handles: dict[object, Handle],
+    span: tuple[int, int | None],
+    blocks: Sequence[Blocks],
+) -> None:
+    """Replay ``events[start:end]`` (``end`` None: :func:`last_run` from ``start``), the
+    ``blocks`` inside it through :meth:`CachingAllocator.run_blocks`."""
+    start, end = span
+    limit = _kept_from(events, start)[0] if end is None else end
+    for found in blocks:
+        if start <= found.start and found.start + found.repeats * found.period <= limit:
+            allocator.run(events[start : found.start], handles)
+            start = allocator.run_blocks(events, handles, found)
+    allocator.run(last_run(events, start) if end is None else events[start:end], handles)
 
 
 def replay_steady(
@@ -571,6 +652,7 @@ def replay_steady(
     shared_prefix: int = 0,
     memo: ReplayMemo | None = None,
     prefix_key: EventsKey | None = None,
+    blocks: Sequence[Blocks] = (),
 ) -> tuple[AllocatorPeaks, AllocatorPeaks]:
     """The peaks of the first iteration (events before ``steady_from``) and of the steady one
     after it, as ``torch.cuda.reset_peak_memory_stats()`` between them would report: the
@@ -582,7 +664,9 @@ def replay_steady(
     begin alike (the weights of one model at every batch size) replay that part once. The
     replay is deterministic: the state after the same events is the same. ``prefix_key``: those
     events as a key the caller keeps (its ``events`` must be the first ``shared_prefix``
-    events), so they are not copied and hashed again."""
+    events), so they are not copied and hashed again. ``blocks``: runs of identical blocks
+    after the prefix, in order (:func:`~app.domain.memory.repeated_blocks.find_blocks`),
+    replayed by :meth:`CachingAllocator.run_blocks` (speed only: the same peaks)."""
     allocator = CachingAllocator(expandable=expandable)
     handles: dict[object, Handle] = {}
     start = 0
@@ -602,11 +686,11 @@ def replay_steady(
             allocator, handles = CachingAllocator.restore(found)
         start = shared_prefix
     if not 0 < steady_from < len(events):
-        allocator.run(last_run(events, start), handles)
+        _run(allocator, events, handles, (start, None), blocks)
         steady = allocator.peaks()
         return steady, steady
-    allocator.run(events[start:steady_from], handles)
+    _run(allocator, events, handles, (start, steady_from), blocks)
     first = allocator.peaks()
     allocator.reset_peaks()
-    allocator.run(last_run(events, steady_from), handles)
+    _run(allocator, events, handles, (steady_from, None), blocks)
     return first, allocator.peaks()

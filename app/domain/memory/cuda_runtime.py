@@ -101,7 +101,9 @@ def cuda_lines(e: Estimation, parts: dict[str, int]) -> None:
             f"sizes rounded up to 512 B, to 2 MiB over 1 MiB] = {tensors + parameters:,} B"
         )
     elif replay:
-        events, steady_from, weights, forward_from = step_allocator_events(e, overhead, handles)
+        events, steady_from, weights, forward_from, blocks = step_allocator_events(
+            e, overhead, handles
+        )
         expandable = overhead.expandable_segments
 
         def replayed() -> tuple[AllocatorPeaks, AllocatorPeaks]:
@@ -112,6 +114,7 @@ def cuda_lines(e: Estimation, parts: dict[str, int]) -> None:
                 shared_prefix=len(weights.events),
                 memo=e.replays,
                 prefix_key=weights.key,
+                blocks=blocks,
             )
 
         if e.step is not None or e.plans is None:
