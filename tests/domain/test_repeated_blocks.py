@@ -13,12 +13,13 @@ from typing import Any
 
 import pytest
 
+import app.domain.memory.allocator_events as allocator_events
 import app.domain.memory.cuda_allocator as cuda_allocator
 import app.domain.memory.cuda_runtime as engine
 from app.domain.hardware import FrameworkOverhead
 from app.domain.memory.cuda_allocator import Blocks, CachingAllocator, Event, Handle
 from app.domain.memory.estimate import MemoryRequest, analyze_for, estimate_memory
-from app.domain.memory.repeated_blocks import find_blocks, shifted
+from app.domain.memory.repeated_blocks import find_blocks, find_blocks_like, shifted
 from app.domain.precision import Precision
 from app.domain.workload import Mode
 from app.domain.zoo import ZOO
@@ -30,8 +31,9 @@ BATCHES = (1, 3, 16)
 Step = tuple[list[Event], int, list[Blocks]]
 
 
-def _steps() -> list[Step]:
-    """The events, steady start and blocks of every inference replay of the grid above."""
+def _steps(forwards: list[list[Event]] | None = None) -> list[Step]:
+    """The events, steady start and blocks of every inference replay of the grid above (and
+    into ``forwards`` the forwards whose blocks are looked for)."""
     captured: list[Step] = []
     original = cuda_allocator.replay_steady
 
@@ -39,8 +41,14 @@ def _steps() -> list[Step]:
         captured.append((list(events), steady_from, list(kwargs.get("blocks", ()))))
         return original(events, steady_from, **kwargs)
 
+    def forward(events: Any, memo: Any) -> list[Blocks]:
+        if forwards is not None:
+            forwards.append(list(events))
+        return find_blocks_like(events, memo)
+
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(engine, "replay_steady", capture)
+        patch.setattr(allocator_events, "find_blocks_like", forward)
         for slug in MODELS:
             model = ZOO[slug]
             for batch in BATCHES:
@@ -229,3 +237,47 @@ def test_blocks_are_found_on_the_events_alone() -> None:
     # one event inserted before event 2 or 13: the blocks it or their predecessor spans go
     assert shifted(found, 10, 2) == [Blocks(18, 3, 5, (-3,))]
     assert shifted(found, 10, 13) == [Blocks(14, 3, 3, (-3,))]
+
+
+class _Memo(dict[tuple[object, ...], object]):
+    """A :class:`~app.domain.memory.memo.PlanMemo` without a bound."""
+
+    def put(self, key: tuple[object, ...], value: object) -> None:
+        self[key] = value
+
+
+def test_blocks_found_once_per_shape_are_those_the_search_finds() -> None:
+    """Over the grid's forwards (every model at every batch and precision, one memo for all,
+    in two orders), the blocks reused for a forward of the same shape are its own search's."""
+    forwards: list[list[Event]] = []
+    _steps(forwards)
+    assert len(forwards) >= len(MODELS) * len(BATCHES)
+    searched = [find_blocks(events) for events in forwards]
+    for order in (forwards, forwards[::-1]):
+        memo = _Memo()
+        reused = 0
+        for events in order:
+            before = dict(memo)
+            assert find_blocks_like(events, memo) == find_blocks(events)
+            reused += memo == before  # nothing stored again: the blocks were reused
+        assert reused >= len(forwards) // 2  # precondition: most forwards share a shape
+    assert any(searched)
+
+
+def test_bytes_not_renamed_one_to_one_are_searched_again() -> None:
+    """A forward with the shape of one searched but bytes that break a run (one layer's
+    output larger) or merge two sizes (a transient as large as the outputs) is searched, and
+    gets other blocks than the stored ones."""
+    memo = _Memo()
+    events: list[Event] = [("alloc", 0, 4096)]
+    for layer in range(1, 9):
+        events += [("alloc", layer, 4096), ("scratch", None, 9000), ("free", layer - 1, 0)]
+    stored = find_blocks_like(events, memo)
+    assert stored == find_blocks(events) == [Blocks(4, 3, 7, (-3,))]
+    renamed = [(kind, key, {4096: 8192, 9000: 4096}.get(size, size)) for kind, key, size in events]
+    assert find_blocks_like(renamed, memo) == stored  # one-to-one: the same blocks
+    broken = list(events)
+    broken[13] = ("alloc", 4, 5000)  # layer 4's output: the run stops before it
+    assert find_blocks_like(broken, memo) == find_blocks(broken) != stored
+    merged = [(kind, key, 4096 if kind == "scratch" else size) for kind, key, size in events]
+    assert find_blocks_like(merged, memo) == find_blocks(merged)

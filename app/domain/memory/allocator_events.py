@@ -24,7 +24,7 @@ from app.domain.memory.liveness import (
     released_at,
 )
 from app.domain.memory.memo import memoised
-from app.domain.memory.repeated_blocks import find_blocks, shifted
+from app.domain.memory.repeated_blocks import find_blocks_like, shifted
 
 
 def _param_tensor_bytes(
@@ -554,7 +554,7 @@ def step_allocator_events(
             e.plans,
             analysis,
             ("forward blocks", *forward_events_key(e)[1:]),
-            lambda: find_blocks(shared.events),
+            lambda: find_blocks_like(shared.events, e.plans),
         )
         forward_from = len(events)
         if first_gemm is None:

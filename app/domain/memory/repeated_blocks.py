@@ -9,9 +9,11 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Sequence
-from operator import eq
+from operator import eq, itemgetter
+from typing import NamedTuple
 
 from app.domain.memory.cuda_allocator import Blocks, Event
+from app.domain.memory.memo import PlanMemo
 
 MIN_BLOCKS = 3  # a run needs a block to learn from, one to compare, one to skip
 CANDIDATES = 2  # periods tried, the most common distances first
@@ -82,6 +84,48 @@ def find_blocks(events: Sequence[Event]) -> list[Blocks]:
         if sum(block.repeats for block in found) * period > covered:
             best, covered = found, sum(block.repeats for block in found) * period
     return best
+
+
+class _Searched(NamedTuple):
+    """A forward :func:`find_blocks` searched, by its events' kinds, keys and bytes."""
+
+    kinds: list[str]
+    keys: list[object]
+    sizes: list[int]
+    distinct: list[int]  # its distinct sizes, in order of first occurrence
+    first_at: list[int]  # where each of them first occurs
+    blocks: list[Blocks]
+
+
+_KIND, _KEY, _SIZE = itemgetter(0), itemgetter(1), itemgetter(2)
+
+
+def find_blocks_like(events: Sequence[Event], memo: PlanMemo | None) -> list[Blocks]:
+    """:func:`find_blocks`, searched once per shape of forward: the forwards of one model at
+    other batch sizes and precisions have the same events but for their bytes. A forward with
+    the kinds and keys of the one searched last (``memo``), whose bytes are that one's renamed
+    one-to-one (equal where and only where that one's are equal), has the same signatures
+    renamed one-to-one (:func:`_signatures`: a free's distance and a keep depend on kinds and
+    keys only, an allocation's and a transient's on their kind and bytes), so the same counts,
+    periods and runs, and gets that one's blocks without a search: per event a list
+    comparison and a dict lookup instead of the search's signature, counting and matching."""
+    if memo is None:
+        return find_blocks(events)
+    kinds, keys, sizes = list(map(_KIND, events)), list(map(_KEY, events)), list(map(_SIZE, events))
+    slot = ("forward blocks by shape", len(events), *keys[:1], *keys[-1:])
+    found = memo.get(slot)
+    if isinstance(found, _Searched) and found.kinds == kinds and found.keys == keys:
+        renamed = {size: sizes[at] for size, at in zip(found.distinct, found.first_at, strict=True)}
+        if len(set(renamed.values())) == len(renamed) and (
+            list(map(renamed.__getitem__, found.sizes)) == sizes
+        ):
+            return found.blocks
+    blocks = find_blocks(events)
+    first: dict[int, int] = {}
+    for at, size in enumerate(sizes):
+        first.setdefault(size, at)
+    memo.put(slot, _Searched(kinds, keys, sizes, list(first), list(first.values()), blocks))
+    return blocks
 
 
 def _runs(signatures: Sequence[object], period: int) -> list[Blocks]:
