@@ -17,6 +17,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from app.domain.errors import DomainError
@@ -77,16 +78,13 @@ def requirement(
     """
     sources = sources or {}
     fraction = safety_margin_fraction
-    if isinstance(fraction, bool) or not isinstance(fraction, int | float):
-        raise FitInputError(f"safety_margin_fraction must be a number, got {fraction!r}")
-    if not (math.isfinite(fraction) and 0 <= fraction < 1):
-        raise FitInputError(f"safety_margin_fraction must be in [0, 1), got {fraction!r}")
+    exact = _margin_fraction(fraction)
     by_key = {line.key: line.bytes for line in lines}
     context = by_key.get("cuda_context", 0)
     workspace = by_key.get("workspace", 0)
     estimate = peak_bytes - context - workspace
     total = estimate + context + workspace
-    margin = math.ceil(total * Fraction(repr(float(fraction))))
+    margin = math.ceil(total * exact)
     parts = (
         RequirementLine(
             key="memory_estimate",
@@ -118,6 +116,30 @@ def requirement(
         required_bytes=sum(line.bytes for line in parts),
         safety_margin_fraction=float(fraction),
     )
+
+
+def required_bytes(peak_bytes: int, *, safety_margin_fraction: float) -> int:
+    """:func:`requirement`'s ``required_bytes`` alone, without its lines and formulas (a
+    caller that reads only the number: the recommendation search asks for hundreds) [B].
+
+    The context and workspace lines are parts of the peak, so the sum of the lines is the
+    peak plus ``ceil(peak x safety_margin_fraction)`` whatever the breakdown says."""
+    return peak_bytes + math.ceil(peak_bytes * _margin_fraction(safety_margin_fraction))
+
+
+@lru_cache(maxsize=64)
+def _exact_fraction(fraction: float) -> Fraction:
+    """``fraction`` as the decimal it prints as (0.1 is 1/10, not the binary double)."""
+    return Fraction(repr(float(fraction)))
+
+
+def _margin_fraction(fraction: float) -> Fraction:
+    """A validated safety margin fraction as an exact :class:`~fractions.Fraction`."""
+    if isinstance(fraction, bool) or not isinstance(fraction, int | float):
+        raise FitInputError(f"safety_margin_fraction must be a number, got {fraction!r}")
+    if not (math.isfinite(fraction) and 0 <= fraction < 1):
+        raise FitInputError(f"safety_margin_fraction must be in [0, 1), got {fraction!r}")
+    return _exact_fraction(float(fraction))
 
 
 def fits(required_bytes: int, usable_bytes: int) -> bool:

@@ -11,7 +11,8 @@ from typing import Any, TypeVar
 
 from sqlalchemy.orm import Session
 
-from app.domain.fit import fits, requirement
+from app.domain.fit import fits
+from app.domain.fit import required_bytes as fit_required_bytes
 from app.domain.graph.analysis import GraphAnalysis, effective_options
 from app.domain.memory.checkpoint import allowed_precisions
 from app.domain.memory.cuda_allocator import AllocatorSnapshot
@@ -394,11 +395,11 @@ class ModelSource:
                 floor = self.memo[base] = inference_floor_bytes(
                     self.analysis(bindings, Logits.LAST, attention), free, plans=_PLANS
                 )
-            required = self.memo[key] = requirement(
+            # grows with the peak: the requirement is at least this
+            required = self.memo[key] = fit_required_bytes(
                 floor + context_bytes(request) + paged,
-                (),
                 safety_margin_fraction=DEFAULT_SAFETY_MARGIN_FRACTION,
-            ).required_bytes  # grows with the peak: the requirement is at least this
+            )
         return required
 
     def required_bytes(self, batch: int, scheme: PrecisionScheme, candidate: Candidate) -> int:
@@ -427,11 +428,10 @@ class ModelSource:
                 self.memo[base] = peak
             # app.domain.fit.requirement's total: the peak (context and workspace lines
             # included) with the safety margin on top
-            return requirement(
+            return fit_required_bytes(
                 peak + context_bytes(request) + paged,
-                (),
                 safety_margin_fraction=DEFAULT_SAFETY_MARGIN_FRACTION,
-            ).required_bytes
+            )
 
         return self._remember(
             (self.key, "peak", tuple(bindings.items()), request, paged), _PEAKS, estimate

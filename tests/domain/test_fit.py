@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.domain.fit import FitInputError, fit, requirement
+from app.domain.fit import FitInputError, fit, required_bytes, requirement
 from app.domain.memory.estimate import MemoryLine
 from tests.domain.test_formulas import evaluate
 
@@ -53,6 +53,19 @@ def test_the_verdict_is_required_against_usable() -> None:
 def test_a_margin_outside_zero_to_one_is_refused(fraction: float) -> None:
     with pytest.raises(FitInputError):
         requirement(PEAK, LINES, safety_margin_fraction=fraction)
+    with pytest.raises(FitInputError):
+        required_bytes(PEAK, safety_margin_fraction=fraction)
+
+
+def test_the_number_alone_is_the_requirements_total() -> None:
+    # golden: ceil(1,570,425,344 x 0.05) = 78,521,268, as in the lines above
+    assert required_bytes(PEAK, safety_margin_fraction=0.05) == PEAK + 78_521_268
+    # 0.1 is the decimal 1/10, not the double just above it: ceil(10 x 0.1) is 1, not 2
+    assert required_bytes(10, safety_margin_fraction=0.1) == 11
+    for peak in (0, 1, 4096, 999_999_937, PEAK):
+        for fraction in (0.0, 0.05, 0.1, 0.15, 0.333, 0.9):
+            whole = requirement(peak, LINES, safety_margin_fraction=fraction)
+            assert required_bytes(peak, safety_margin_fraction=fraction) == whole.required_bytes
 
 
 def test_sources_are_named_in_the_formulas() -> None:

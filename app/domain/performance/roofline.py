@@ -95,6 +95,8 @@ from app.domain.precision import DType
 def implausible_figures(device: HardwareSpec, dtype: DType) -> str | None:
     """Why the figures of ``device`` that a prediction at ``dtype`` divides by are not physical
     (zero, subnormal, negative, non-finite or absurdly large), or None when they are sane."""
+    if _sane(device, dtype):  # the common case, without naming every figure
+        return None
     problems = []
     ranges: list[tuple[str, object, float, float, str]] = [
         (f"peak_flops_per_s[{dtype.value}]", device.peak_flops_per_s.get(dtype),
@@ -120,6 +122,29 @@ def implausible_figures(device: HardwareSpec, dtype: DType) -> str | None:
     if not problems:
         return None
     return "non-physical figures in the hardware profile: " + "; ".join(problems)
+
+
+def _sane(device: HardwareSpec, dtype: DType) -> bool:
+    """Whether every figure :func:`implausible_figures` checks is in its range (the same
+    checks, no messages: a recommendation asks this of every candidate and precision)."""
+    host = device.host_link_bytes_per_s if device.needs_host_copy else None
+    return (
+        in_range(device.peak_flops_per_s.get(dtype), MIN_PEAK_FLOPS_PER_S, MAX_PEAK_FLOPS_PER_S)
+        and in_range(
+            device.memory_bandwidth_bytes_per_s,
+            MIN_BANDWIDTH_BYTES_PER_S,
+            MAX_BANDWIDTH_BYTES_PER_S,
+        )
+        and in_range(device.compute_fraction, MIN_FRACTION, 1.0)
+        and in_range(device.bandwidth_fraction, MIN_FRACTION, 1.0)
+        and (host is None or in_range(host, MIN_BANDWIDTH_BYTES_PER_S, MAX_BANDWIDTH_BYTES_PER_S))
+        and (device.tdp_watts is None or in_range(device.tdp_watts, 0.0, MAX_TDP_WATTS))
+        and (
+            device.price_usd_per_hour is None
+            or in_range(device.price_usd_per_hour, 0.0, MAX_PRICE_USD_PER_HOUR)
+        )
+        and in_range(device.memory_bytes, 0, math.inf)
+    )
 
 
 def unsupported_reason(device: HardwareSpec, scheme: PrecisionScheme) -> str | None:
