@@ -260,11 +260,7 @@ def _device_rates(device: HardwareSpec, scheme: PrecisionScheme, cal: Calibratio
     found = _RATES.get(key)
     if found is not None and found[0] is device and found[1] is scheme and found[2] is cal:
         return found[3]
-    reason = unsupported_reason(device, scheme)
-    dtype = compute_dtype_for(device, scheme)
-    if reason is not None or dtype is None:
-        raise RooflineInputError(f"{device.slug} cannot run {scheme.precision}: {reason}")
-    peak = device.peak_flops_per_s[dtype]
+    dtype, peak, tiling, peak_source = _device_support(device, scheme)
     flops_per_s = peak * device.compute_fraction * cal.compute_efficiency_for(dtype)
     bytes_per_s = (
         device.memory_bandwidth_bytes_per_s * device.bandwidth_fraction * cal.memory_efficiency
@@ -278,14 +274,44 @@ def _device_rates(device: HardwareSpec, scheme: PrecisionScheme, cal: Calibratio
         flops_per_s,
         bytes_per_s,
         link,
-        tiling_for(device),
-        _peak_source(device, dtype),
+        tiling,
+        peak_source,
         _precision_scale_note(cal, dtype),
     )
     if len(_RATES) >= _RATES_MAX:
         _RATES.clear()
     _RATES[key] = (device, scheme, cal, rates)
     return rates
+
+
+# What a prediction takes from a device and a precision scheme alone, whatever the
+# calibration (the compute dtype, its peak, the tiling, the peak's source), remembered as
+# :data:`_RATES` is: a calibration fit tries thousands of calibrations on the same devices.
+_Support = tuple[DType, float, Tiling | None, str]
+_SUPPORT: dict[tuple[int, int], tuple[HardwareSpec, PrecisionScheme, _Support]] = {}
+
+
+def _device_support(device: HardwareSpec, scheme: PrecisionScheme) -> _Support:
+    """The calibration-independent part of :func:`_device_rates`; raises when ``device``
+    cannot run ``scheme`` (:func:`unsupported_reason`)."""
+    key = (id(device), id(scheme))
+    found = _SUPPORT.get(key)
+    if found is not None and found[0] is device and found[1] is scheme:
+        return found[2]
+    reason = unsupported_reason(device, scheme)
+    dtype = compute_dtype_for(device, scheme)
+    if reason is not None or dtype is None:
+        raise RooflineInputError(f"{device.slug} cannot run {scheme.precision}: {reason}")
+    support = (
+        dtype,
+        device.peak_flops_per_s[dtype],
+        tiling_for(device),
+        _peak_source(device, dtype),
+    )
+    if len(_SUPPORT) >= _RATES_MAX:
+        _SUPPORT.clear()
+    _SUPPORT[key] = (device, scheme, support)
+    return support
 
 
 def predict(request: PhasedRequest, device: HardwareSpec, calibration: Calibration) -> Prediction:
