@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from typing import Any, overload
 
 from app.domain.graph.analysis import GraphAnalysis, LayerAnalysis
 from app.domain.graph.ops import Storage, TensorKind
@@ -191,11 +193,6 @@ def _launches(layer: LayerAnalysis) -> int:
     return 1
 
 
-def _is_view(layer: LayerAnalysis) -> bool:
-    """Views and inference-time identities (dropout) launch nothing and move nothing."""
-    return layer.result.alias_of is not None and layer.flops == 0
-
-
 SPILLED_ATTENTION_TENSORS = ("scores", "probs")  # the S x S transients of unfused attention
 
 
@@ -326,46 +323,112 @@ def layer_gemms(layer: LayerAnalysis, context_tokens: int = 0) -> tuple[Gemm, ..
     return tuple(gemms)
 
 
-@dataclass(slots=True)
-class _Row:
-    """A kernel being assembled by :func:`count_kernels` (fused layers are added to it)."""
+# A kernel's figures as count_kernels assembles them, in KernelCount's field order less the
+# name and notes: ops, flops, weight_elements, float_inputs, index_inputs, float_outputs,
+# index_outputs, kv_elements, spilled_fp32, spilled_float, launches, gemms, heads, kv_heads
+_Figures = tuple[
+    tuple[str, ...], int, int, int, int, int, int, int, int, int, int, tuple[Gemm, ...], int, int
+]
+# One kernel: (name, notes, figures)
+_CountRow = tuple[str, tuple[str, ...], _Figures]
 
-    name: str
-    ops: tuple[str, ...]
-    flops: int
-    weights: int
-    float_in: int
-    index_in: int
-    float_out: int
-    index_out: int
-    kv: int
-    spilled_fp32: int
-    spilled_float: int
-    launches: int
-    notes: tuple[str, ...]
-    gemms: tuple[Gemm, ...] = ()
-    heads: int = 0
-    kv_heads: int = 0
 
-    def count(self) -> KernelCount:
-        return KernelCount(
-            name=self.name,
-            ops=self.ops,
-            flops=self.flops,
-            weight_elements=self.weights,
-            float_inputs=self.float_in,
-            index_inputs=self.index_in,
-            float_outputs=self.float_out,
-            index_outputs=self.index_out,
-            kv_elements=self.kv,
-            spilled_fp32=self.spilled_fp32,
-            spilled_float=self.spilled_float,
-            launches=self.launches,
-            notes=self.notes,
-            gemms=self.gemms,
-            heads=self.heads,
-            kv_heads=self.kv_heads,
-        )
+def _count_of(row: _CountRow) -> KernelCount:
+    name, notes, figures = row
+    ops, flops, weights, float_in, index_in, float_out, index_out = figures[:7]
+    kv, spilled_fp32, spilled_float, launches, gemms, heads, kv_heads = figures[7:]
+    return KernelCount(
+        name=name,
+        ops=ops,
+        flops=flops,
+        weight_elements=weights,
+        float_inputs=float_in,
+        index_inputs=index_in,
+        float_outputs=float_out,
+        index_outputs=index_out,
+        kv_elements=kv,
+        spilled_fp32=spilled_fp32,
+        spilled_float=spilled_float,
+        launches=launches,
+        notes=notes,
+        gemms=gemms,
+        heads=heads,
+        kv_heads=kv_heads,
+    )
+
+
+class KernelCounts(Sequence[KernelCount]):
+    """:func:`count_kernels`' kernels, read as a tuple of them but kept as plain rows and each
+    :class:`KernelCount` built when first read: a phase is priced from one kernel per run
+    (:meth:`runs`), so building a frozen object for every layer of a 96-block decoder (twice
+    per batch size a search tries) would cost more than the counting."""
+
+    __slots__ = ("_all", "_built", "_rows")
+
+    def __init__(self, rows: tuple[_CountRow, ...]) -> None:
+        self._rows = rows
+        self._built: dict[int, KernelCount] = {}
+        self._all: tuple[KernelCount, ...] | None = None
+
+    def _one(self, index: int) -> KernelCount:
+        found = self._built.get(index)
+        if found is None:
+            found = self._built[index] = _count_of(self._rows[index])
+        return found
+
+    def _every(self) -> tuple[KernelCount, ...]:
+        if self._all is None:
+            self._all = tuple(self._one(i) for i in range(len(self._rows)))
+        return self._all
+
+    def runs(self) -> tuple[tuple[int, int], ...]:
+        """Kernels alike in every figure but the name and notes, as (first index, count) in
+        order of first appearance."""
+        first: dict[_Figures, int] = {}
+        counts: dict[_Figures, int] = {}
+        for index, (_, _, figures) in enumerate(self._rows):
+            if figures in counts:
+                counts[figures] += 1
+            else:
+                first[figures] = index
+                counts[figures] = 1
+        return tuple((first[key], n) for key, n in counts.items())
+
+    def notes(self) -> tuple[str, ...]:
+        """The distinct notes of the kernels, in order of first appearance."""
+        return tuple(dict.fromkeys(note for _, notes, _ in self._rows for note in notes))
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    @overload
+    def __getitem__(self, index: int) -> KernelCount: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[KernelCount, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> KernelCount | tuple[KernelCount, ...]:
+        if isinstance(index, slice):
+            return self._every()[index]
+        size = len(self._rows)
+        position = index + size if index < 0 else index
+        if not 0 <= position < size:
+            raise IndexError("kernel index out of range")
+        return self._one(position)
+
+    def __iter__(self) -> Iterator[KernelCount]:
+        return iter(self._every())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, KernelCounts | tuple):
+            return self._every() == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._every())
+
+    def __repr__(self) -> str:
+        return repr(self._every())
 
 
 def count_kernels(
@@ -383,102 +446,154 @@ def count_kernels(
     ``beam_width`` beams (the analysis's rows are requests x beams): every beam attends to them
     (FLOPs), but they are read from memory once per request, not once per beam.
     """
+    return tuple(
+        kernel_counts(
+            analysis,
+            fuse_elementwise=fuse_elementwise,
+            kv_cache=kv_cache,
+            kv_context_tokens=kv_context_tokens,
+            kv_shared_tokens=kv_shared_tokens,
+            beam_width=beam_width,
+        )
+    )
+
+
+def _head_figures(
+    layer: LayerAnalysis,
+    *,
+    kv_cache: bool,
+    kv_context_tokens: int,
+    kv_shared_tokens: int,
+    beam_width: int,
+) -> tuple[tuple[str, ...], tuple[str, ...], int, int, int, int, int, int, tuple[Gemm, ...]]:
+    """What a kernel headed by ``layer`` takes from it besides its inputs and outputs, which
+    depends on its op result only (the same for every repeat of a block): (ops, notes, FLOPs,
+    weight elements, KV elements, spilled fp32 and activation-dtype elements, launches,
+    GEMMs)."""
+    result = layer.result
+    op = layer.op
+    flops = result.flops
+    notes: tuple[str, ...] = ()
+    if op == "moe":
+        notes = (MoeRouting.of(layer).note,)
+    kv = 0
+    context = 0
+    if kv_cache and op == "attention" and result.kv_cache_numel:
+        kv = result.kv_cache_numel  # this step's keys and values
+        if kv_context_tokens:
+            context = kv_context_tokens
+            per_token = result.kv_cache_numel // layer.output_shape[1]
+            kv += (
+                per_token * context - per_token * kv_shared_tokens * (beam_width - 1) // beam_width
+            )
+            tokens = layer.output_numel // layer.output_shape[-1]
+            flops += 4 * tokens * context * result.param_shapes[0][0]
+    spilled_fp32 = spilled_float = 0
+    if op == "attention":
+        spilled_fp32, spilled_float, note = _spilled_attention(layer, context)
+        notes = (note,) if note else notes
+    return (
+        (op,),
+        notes,
+        flops,
+        _weight_elements(layer),
+        kv,
+        spilled_fp32,
+        spilled_float,
+        _launches(layer),
+        layer_gemms(layer, context),
+    )
+
+
+def kernel_counts(
+    analysis: GraphAnalysis,
+    *,
+    fuse_elementwise: bool = True,
+    kv_cache: bool = False,
+    kv_context_tokens: int = 0,
+    kv_shared_tokens: int = 0,
+    beam_width: int = 1,
+) -> KernelCounts:
+    """:func:`count_kernels`, its kernels built when read (:class:`KernelCounts`).
+
+    A kernel's figures other than its inputs and outputs depend on its head layer's op result
+    only, found once per result: the repeats of a block share their op results.
+    """
     if not 0 <= kv_shared_tokens <= kv_context_tokens:
         raise RooflineInputError(
             f"kv_shared_tokens must be in [0, kv_context_tokens {kv_context_tokens}], "
             f"got {kv_shared_tokens}"
         )
     index_kind = TensorKind.INDEX
-    numel: dict[int, tuple[int, TensorKind]] = {
-        item.storage: (item.numel, item.kind) for item in analysis.inputs
+    fusable = FUSABLE_EPILOGUE_OPS if fuse_elementwise else frozenset[str]()
+    nothing = (0, 0)
+    # storage -> (float elements, index elements) of the value it holds
+    elements: dict[int, tuple[int, int]] = {
+        item.storage: (0, item.numel) if item.kind is index_kind else (item.numel, 0)
+        for item in analysis.inputs
     }
-    per_result: dict[int, tuple[int, int]] = {}  # id(OpResult) -> (weights, launches)
-    gemms_of: dict[tuple[int, int], tuple[Gemm, ...]] = {}  # (id(OpResult), context) -> GEMMs
-    rows: list[_Row] = []
+    heads: dict[int, tuple[Any, ...]] = {}  # id(OpResult) -> _head_figures
+    rows: list[_CountRow] = []
+    append = rows.append
     open_storage: int | None = None  # output storage of the last kernel, while fusable
+    # the kernel being assembled (fused layers are added to it)
+    name = ""
+    notes: tuple[str, ...] = ()
+    ops: tuple[str, ...] = ()
+    flops = weights = float_in = index_in = float_out = index_out = kv = 0
+    spilled_fp32 = spilled_float = launches = query_heads = kv_heads = 0
+    gemms: tuple[Gemm, ...] = ()
     for layer in analysis.layers:
-        if _is_view(layer):
-            numel[layer.output_storage] = (layer.output_numel, layer.output_kind)
+        result = layer.result
+        out = (
+            (0, layer.output_numel) if layer.output_kind is index_kind else (layer.output_numel, 0)
+        )
+        # views and inference-time identities (dropout) launch nothing and move nothing
+        if result.alias_of is not None and result.flops == 0:
+            elements[layer.output_storage] = out
             continue
-        inputs = [numel.get(s, (0, TensorKind.FLOAT)) for s in layer.input_storages]
-        numel[layer.output_storage] = (layer.output_numel, layer.output_kind)
-        out_index = layer.output_kind is index_kind
-        out_float, out_idx = (0, layer.output_numel) if out_index else (layer.output_numel, 0)
-        flops = layer.flops
-        if (
-            fuse_elementwise
-            and rows
-            and open_storage is not None
-            and (layer.op in FUSABLE_EPILOGUE_OPS and open_storage in layer.input_storages)
-        ):
-            chained = layer.input_storages.index(open_storage)
-            row = rows[-1]
-            row.ops = (*row.ops, layer.op)
-            row.flops += flops
-            row.weights += layer.params
-            for position, (elements, kind) in enumerate(inputs):
-                if position == chained:
-                    continue
-                if kind is index_kind:
-                    row.index_in += elements
-                else:
-                    row.float_in += elements
-            row.float_out, row.index_out = out_float, out_idx
+        storages = layer.input_storages
+        op = layer.op
+        if open_storage is not None and op in fusable and open_storage in storages:
+            chained = storages.index(open_storage)
+            ops = (*ops, op)
+            flops += result.flops
+            weights += result.params
+            for position, storage in enumerate(storages):
+                if position != chained:
+                    f, i = elements.get(storage, nothing)
+                    float_in += f
+                    index_in += i
         else:
-            known = per_result.get(id(layer.result))
-            if known is None:
-                known = per_result[id(layer.result)] = (_weight_elements(layer), _launches(layer))
-            notes: tuple[str, ...] = ()
-            if layer.op == "moe":
-                notes = (MoeRouting.of(layer).note,)
-            kv = 0
-            context = 0
-            if kv_cache and layer.op == "attention" and layer.result.kv_cache_numel:
-                kv = layer.result.kv_cache_numel  # this step's keys and values
-                if kv_context_tokens:
-                    context = kv_context_tokens
-                    per_token = layer.result.kv_cache_numel // layer.output_shape[1]
-                    kv += (
-                        per_token * context
-                        - per_token * kv_shared_tokens * (beam_width - 1) // beam_width
-                    )
-                    tokens = layer.output_numel // layer.output_shape[-1]
-                    flops += 4 * tokens * context * layer.result.param_shapes[0][0]
-            spilled_fp32 = spilled_float = 0
-            if layer.op == "attention":
-                spilled_fp32, spilled_float, note = _spilled_attention(layer, context)
-                notes = (note,) if note else notes
-            gemms = gemms_of.get((id(layer.result), context))
-            if gemms is None:  # the repeats of a block share their op results
-                gemms = gemms_of[id(layer.result), context] = layer_gemms(layer, context)
-            float_in = index_in = 0
-            for elements, kind in inputs:
-                if kind is index_kind:
-                    index_in += elements
-                else:
-                    float_in += elements
-            rows.append(
-                _Row(
-                    name=layer.name,
-                    ops=(layer.op,),
-                    flops=flops,
-                    weights=known[0],
-                    float_in=float_in,
-                    index_in=index_in,
-                    float_out=out_float,
-                    index_out=out_idx,
-                    kv=kv,
-                    spilled_fp32=spilled_fp32,
-                    spilled_float=spilled_float,
-                    launches=known[1],
-                    notes=notes,
-                    gemms=gemms,
-                    heads=layer.result.num_heads,
-                    kv_heads=layer.result.num_kv_heads,
+            if open_storage is not None:
+                append((name, notes, (ops, flops, weights, float_in, index_in, float_out,
+                    index_out, kv, spilled_fp32, spilled_float, launches, gemms, query_heads,
+                    kv_heads)))  # fmt: skip
+            head = heads.get(id(result))
+            if head is None:
+                head = heads[id(result)] = _head_figures(
+                    layer,
+                    kv_cache=kv_cache,
+                    kv_context_tokens=kv_context_tokens,
+                    kv_shared_tokens=kv_shared_tokens,
+                    beam_width=beam_width,
                 )
-            )
+            ops, notes, flops, weights, kv, spilled_fp32, spilled_float, launches, gemms = head
+            name = layer.name
+            query_heads = result.num_heads
+            kv_heads = result.num_kv_heads
+            float_in = index_in = 0
+            for storage in storages:
+                f, i = elements.get(storage, nothing)
+                float_in += f
+                index_in += i
+        float_out, index_out = out
+        elements[layer.output_storage] = out
         open_storage = layer.output_storage
-    return tuple(row.count() for row in rows)
+    if open_storage is not None:
+        append((name, notes, (ops, flops, weights, float_in, index_in, float_out, index_out, kv,
+            spilled_fp32, spilled_float, launches, gemms, query_heads, kv_heads)))  # fmt: skip
+    return KernelCounts(tuple(rows))
 
 
 def build_kernels(
