@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Any, overload
+from typing import overload
 
 from app.domain.graph.analysis import GraphAnalysis, LayerAnalysis
 from app.domain.graph.ops import Storage, TensorKind
@@ -323,38 +324,20 @@ def layer_gemms(layer: LayerAnalysis, context_tokens: int = 0) -> tuple[Gemm, ..
     return tuple(gemms)
 
 
-# A kernel's figures as count_kernels assembles them, in KernelCount's field order less the
-# name and notes: ops, flops, weight_elements, float_inputs, index_inputs, float_outputs,
-# index_outputs, kv_elements, spilled_fp32, spilled_float, launches, gemms, heads, kv_heads
+# What a kernel takes from its head layer besides its inputs and outputs, the same for every
+# repeat of a block (:func:`_head_figures`): ops, notes, FLOPs, weight elements, KV elements,
+# spilled fp32 and activation-dtype elements, launches, GEMMs, query heads, KV heads
+_Head = tuple[
+    tuple[str, ...], tuple[str, ...], int, int, int, int, int, int, tuple[Gemm, ...], int, int
+]
+# A kernel as count_kernels assembles it, less its name: (index of its head's _Head, ops, FLOPs,
+# weight elements, float and index elements read, float and index elements written). Plain
+# ints and strings, so that grouping kernels hashes no GEMM.
+_Key = tuple[int, tuple[str, ...], int, int, int, int, int, int]
+# KernelCount's fields less the name and notes, in its order
 _Figures = tuple[
     tuple[str, ...], int, int, int, int, int, int, int, int, int, int, tuple[Gemm, ...], int, int
 ]
-# One kernel: (name, notes, figures)
-_CountRow = tuple[str, tuple[str, ...], _Figures]
-
-
-def _count_of(row: _CountRow) -> KernelCount:
-    name, notes, figures = row
-    ops, flops, weights, float_in, index_in, float_out, index_out = figures[:7]
-    kv, spilled_fp32, spilled_float, launches, gemms, heads, kv_heads = figures[7:]
-    return KernelCount(
-        name=name,
-        ops=ops,
-        flops=flops,
-        weight_elements=weights,
-        float_inputs=float_in,
-        index_inputs=index_in,
-        float_outputs=float_out,
-        index_outputs=index_out,
-        kv_elements=kv,
-        spilled_fp32=spilled_fp32,
-        spilled_float=spilled_float,
-        launches=launches,
-        notes=notes,
-        gemms=gemms,
-        heads=heads,
-        kv_heads=kv_heads,
-    )
 
 
 class KernelCounts(Sequence[KernelCount]):
@@ -363,43 +346,87 @@ class KernelCounts(Sequence[KernelCount]):
     (:meth:`runs`), so building a frozen object for every layer of a 96-block decoder (twice
     per batch size a search tries) would cost more than the counting."""
 
-    __slots__ = ("_all", "_built", "_rows")
+    __slots__ = ("_all", "_built", "_heads", "_keys", "_names")
 
-    def __init__(self, rows: tuple[_CountRow, ...]) -> None:
-        self._rows = rows
+    def __init__(
+        self, names: tuple[str, ...], keys: tuple[_Key, ...], heads: tuple[_Head, ...]
+    ) -> None:
+        self._names = names
+        self._keys = keys
+        self._heads = heads
         self._built: dict[int, KernelCount] = {}
         self._all: tuple[KernelCount, ...] | None = None
 
+    def _figures(self, key: _Key) -> _Figures:
+        head, ops, flops, weights, float_in, index_in, float_out, index_out = key
+        _, _, _, _, kv, spilled_fp32, spilled_float, launches, gemms, heads, kv_heads = self._heads[
+            head
+        ]
+        return (ops, flops, weights, float_in, index_in, float_out, index_out, kv, spilled_fp32,
+                spilled_float, launches, gemms, heads, kv_heads)  # fmt: skip
+
     def _one(self, index: int) -> KernelCount:
         found = self._built.get(index)
-        if found is None:
-            found = self._built[index] = _count_of(self._rows[index])
+        if found is not None:
+            return found
+        key = self._keys[index]
+        head, ops, flops, weights, float_in, index_in, float_out, index_out = key
+        _, notes, _, _, kv, spilled_fp32, spilled_float, launches, gemms, heads, kv_heads = (
+            self._heads[head]
+        )
+        found = self._built[index] = KernelCount(
+            name=self._names[index],
+            ops=ops,
+            flops=flops,
+            weight_elements=weights,
+            float_inputs=float_in,
+            index_inputs=index_in,
+            float_outputs=float_out,
+            index_outputs=index_out,
+            kv_elements=kv,
+            spilled_fp32=spilled_fp32,
+            spilled_float=spilled_float,
+            launches=launches,
+            notes=notes,
+            gemms=gemms,
+            heads=heads,
+            kv_heads=kv_heads,
+        )
         return found
 
     def _every(self) -> tuple[KernelCount, ...]:
         if self._all is None:
-            self._all = tuple(self._one(i) for i in range(len(self._rows)))
+            self._all = tuple(self._one(i) for i in range(len(self._keys)))
         return self._all
 
     def runs(self) -> tuple[tuple[int, int], ...]:
         """Kernels alike in every figure but the name and notes, as (first index, count) in
-        order of first appearance."""
+        order of first appearance.
+
+        Kernels are counted per row key (C-level, no GEMM hashed), then keys whose figures are
+        equal are merged (two heads of equal figures: rare, but then one run), each at its
+        first kernel: the same runs as grouping every kernel by its figures.
+        """
+        keys = self._keys
         first: dict[_Figures, int] = {}
         counts: dict[_Figures, int] = {}
-        for index, (_, _, figures) in enumerate(self._rows):
+        for key, count in Counter(keys).items():  # in order of first appearance
+            figures = self._figures(key)
             if figures in counts:
-                counts[figures] += 1
+                counts[figures] += count
             else:
-                first[figures] = index
-                counts[figures] = 1
-        return tuple((first[key], n) for key, n in counts.items())
+                first[figures] = keys.index(key)
+                counts[figures] = count
+        return tuple((first[figures], n) for figures, n in counts.items())
 
     def notes(self) -> tuple[str, ...]:
         """The distinct notes of the kernels, in order of first appearance."""
-        return tuple(dict.fromkeys(note for _, notes, _ in self._rows for note in notes))
+        heads = self._heads
+        seen = dict.fromkeys(key[0] for key in self._keys)  # heads in order of first use
+        return tuple(dict.fromkeys(note for head in seen for note in heads[head][1]))
 
     def __len__(self) -> int:
-        return len(self._rows)
+        return len(self._keys)
 
     @overload
     def __getitem__(self, index: int) -> KernelCount: ...
@@ -410,7 +437,7 @@ class KernelCounts(Sequence[KernelCount]):
     def __getitem__(self, index: int | slice) -> KernelCount | tuple[KernelCount, ...]:
         if isinstance(index, slice):
             return self._every()[index]
-        size = len(self._rows)
+        size = len(self._keys)
         position = index + size if index < 0 else index
         if not 0 <= position < size:
             raise IndexError("kernel index out of range")
@@ -465,11 +492,12 @@ def _head_figures(
     kv_context_tokens: int,
     kv_shared_tokens: int,
     beam_width: int,
-) -> tuple[tuple[str, ...], tuple[str, ...], int, int, int, int, int, int, tuple[Gemm, ...]]:
-    """What a kernel headed by ``layer`` takes from it besides its inputs and outputs, which
-    depends on its op result only (the same for every repeat of a block): (ops, notes, FLOPs,
-    weight elements, KV elements, spilled fp32 and activation-dtype elements, launches,
-    GEMMs)."""
+) -> _Head:
+    """What a kernel headed by ``layer`` takes from it besides its inputs and outputs: ops,
+    notes, FLOPs, weight elements, KV elements, spilled fp32 and activation-dtype elements,
+    launches, GEMMs, query and KV heads. It depends on the layer's op result only (which fixes
+    its op and output shape), so the repeats of a block, which share their op results, share
+    it."""
     result = layer.result
     op = layer.op
     flops = result.flops
@@ -502,6 +530,8 @@ def _head_figures(
         spilled_float,
         _launches(layer),
         layer_gemms(layer, context),
+        result.num_heads,
+        result.num_kv_heads,
     )
 
 
@@ -516,8 +546,9 @@ def kernel_counts(
 ) -> KernelCounts:
     """:func:`count_kernels`, its kernels built when read (:class:`KernelCounts`).
 
-    A kernel's figures other than its inputs and outputs depend on its head layer's op result
-    only, found once per result: the repeats of a block share their op results.
+    A kernel's figures other than its inputs and outputs come from its head layer's op result
+    (:func:`_head_figures`, found once per result); a fused layer adds its FLOPs, weights and
+    other inputs, and its output replaces the kernel's.
     """
     if not 0 <= kv_shared_tokens <= kv_context_tokens:
         raise RooflineInputError(
@@ -532,17 +563,16 @@ def kernel_counts(
         item.storage: (0, item.numel) if item.kind is index_kind else (item.numel, 0)
         for item in analysis.inputs
     }
-    heads: dict[int, tuple[Any, ...]] = {}  # id(OpResult) -> _head_figures
-    rows: list[_CountRow] = []
-    append = rows.append
+    head_of: dict[int, int] = {}  # id(OpResult) -> index in heads
+    heads: list[_Head] = []
+    names: list[str] = []
+    keys: list[_Key] = []
+    add_key = keys.append
     open_storage: int | None = None  # output storage of the last kernel, while fusable
     # the kernel being assembled (fused layers are added to it)
-    name = ""
-    notes: tuple[str, ...] = ()
+    head = 0
     ops: tuple[str, ...] = ()
-    flops = weights = float_in = index_in = float_out = index_out = kv = 0
-    spilled_fp32 = spilled_float = launches = query_heads = kv_heads = 0
-    gemms: tuple[Gemm, ...] = ()
+    flops = weights = float_in = index_in = float_out = index_out = 0
     for layer in analysis.layers:
         result = layer.result
         out = (
@@ -566,22 +596,22 @@ def kernel_counts(
                     index_in += i
         else:
             if open_storage is not None:
-                append((name, notes, (ops, flops, weights, float_in, index_in, float_out,
-                    index_out, kv, spilled_fp32, spilled_float, launches, gemms, query_heads,
-                    kv_heads)))  # fmt: skip
-            head = heads.get(id(result))
-            if head is None:
-                head = heads[id(result)] = _head_figures(
-                    layer,
-                    kv_cache=kv_cache,
-                    kv_context_tokens=kv_context_tokens,
-                    kv_shared_tokens=kv_shared_tokens,
-                    beam_width=beam_width,
+                add_key((head, ops, flops, weights, float_in, index_in, float_out, index_out))
+            found = head_of.get(id(result))
+            if found is None:
+                found = head_of[id(result)] = len(heads)
+                heads.append(
+                    _head_figures(
+                        layer,
+                        kv_cache=kv_cache,
+                        kv_context_tokens=kv_context_tokens,
+                        kv_shared_tokens=kv_shared_tokens,
+                        beam_width=beam_width,
+                    )
                 )
-            ops, notes, flops, weights, kv, spilled_fp32, spilled_float, launches, gemms = head
-            name = layer.name
-            query_heads = result.num_heads
-            kv_heads = result.num_kv_heads
+            head = found
+            ops, _, flops, weights = heads[found][:4]
+            names.append(layer.name)
             float_in = index_in = 0
             for storage in storages:
                 f, i = elements.get(storage, nothing)
@@ -591,9 +621,8 @@ def kernel_counts(
         elements[layer.output_storage] = out
         open_storage = layer.output_storage
     if open_storage is not None:
-        append((name, notes, (ops, flops, weights, float_in, index_in, float_out, index_out, kv,
-            spilled_fp32, spilled_float, launches, gemms, query_heads, kv_heads)))  # fmt: skip
-    return KernelCounts(tuple(rows))
+        add_key((head, ops, flops, weights, float_in, index_in, float_out, index_out))
+    return KernelCounts(tuple(names), tuple(keys), tuple(heads))
 
 
 def build_kernels(
