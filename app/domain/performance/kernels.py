@@ -574,24 +574,20 @@ def kernel_counts(
     ops: tuple[str, ...] = ()
     flops = weights = float_in = index_in = float_out = index_out = 0
     for layer in analysis.layers:
-        result = layer.result
-        out = (
-            (0, layer.output_numel) if layer.output_kind is index_kind else (layer.output_numel, 0)
-        )
+        name, op, _, storages, _, kind, storage, _, result, numel = layer
+        out = (0, numel) if kind is index_kind else (numel, 0)
         # views and inference-time identities (dropout) launch nothing and move nothing
         if result.alias_of is not None and result.flops == 0:
-            elements[layer.output_storage] = out
+            elements[storage] = out
             continue
-        storages = layer.input_storages
-        op = layer.op
         if open_storage is not None and op in fusable and open_storage in storages:
             chained = storages.index(open_storage)
             ops = (*ops, op)
             flops += result.flops
             weights += result.params
-            for position, storage in enumerate(storages):
+            for position, source in enumerate(storages):
                 if position != chained:
-                    f, i = elements.get(storage, nothing)
+                    f, i = elements.get(source, nothing)
                     float_in += f
                     index_in += i
         else:
@@ -611,15 +607,18 @@ def kernel_counts(
                 )
             head = found
             ops, _, flops, weights = heads[found][:4]
-            names.append(layer.name)
-            float_in = index_in = 0
-            for storage in storages:
-                f, i = elements.get(storage, nothing)
-                float_in += f
-                index_in += i
+            names.append(name)
+            if len(storages) == 1:
+                float_in, index_in = elements.get(storages[0], nothing)
+            else:
+                float_in = index_in = 0
+                for source in storages:
+                    f, i = elements.get(source, nothing)
+                    float_in += f
+                    index_in += i
         float_out, index_out = out
-        elements[layer.output_storage] = out
-        open_storage = layer.output_storage
+        elements[storage] = out
+        open_storage = storage
     if open_storage is not None:
         add_key((head, ops, flops, weights, float_in, index_in, float_out, index_out))
     return KernelCounts(tuple(names), tuple(keys), tuple(heads))
