@@ -7,6 +7,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from operator import itemgetter
 from typing import overload
 
 from app.domain.graph.analysis import GraphAnalysis, LayerAnalysis
@@ -408,6 +409,8 @@ class KernelCounts(Sequence[KernelCount]):
         first kernel: the same runs as grouping every kernel by its figures.
         """
         keys = self._keys
+        # each key's first index: written last when read backwards (C-level, one pass)
+        first_of = dict(zip(reversed(keys), range(len(keys) - 1, -1, -1), strict=True))
         first: dict[_Figures, int] = {}
         counts: dict[_Figures, int] = {}
         for key, count in Counter(keys).items():  # in order of first appearance
@@ -415,14 +418,14 @@ class KernelCounts(Sequence[KernelCount]):
             if figures in counts:
                 counts[figures] += count
             else:
-                first[figures] = keys.index(key)
+                first[figures] = first_of[key]
                 counts[figures] = count
         return tuple((first[figures], n) for figures, n in counts.items())
 
     def notes(self) -> tuple[str, ...]:
         """The distinct notes of the kernels, in order of first appearance."""
         heads = self._heads
-        seen = dict.fromkeys(key[0] for key in self._keys)  # heads in order of first use
+        seen = dict.fromkeys(map(itemgetter(0), self._keys))  # heads in order of first use
         return tuple(dict.fromkeys(note for head in seen for note in heads[head][1]))
 
     def __len__(self) -> int:
