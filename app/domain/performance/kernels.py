@@ -347,14 +347,22 @@ class KernelCounts(Sequence[KernelCount]):
     (:meth:`runs`), so building a frozen object for every layer of a 96-block decoder (twice
     per batch size a search tries) would cost more than the counting."""
 
-    __slots__ = ("_all", "_built", "_heads", "_keys", "_names")
+    __slots__ = ("_all", "_built", "_heads", "_key_runs", "_keys", "_names", "_runs")
 
     def __init__(
-        self, names: tuple[str, ...], keys: tuple[_Key, ...], heads: tuple[_Head, ...]
+        self,
+        names: tuple[str, ...],
+        keys: tuple[_Key, ...],
+        heads: tuple[_Head, ...],
+        key_runs: Sequence[tuple[_Key, int, int]] | None = None,
     ) -> None:
+        """``key_runs``: (key, first index, count) of groups of kernels of one key, covering
+        them all in order of first appearance (found from ``keys`` when None)."""
         self._names = names
         self._keys = keys
         self._heads = heads
+        self._key_runs = key_runs
+        self._runs: tuple[tuple[int, int], ...] | None = None
         self._built: dict[int, KernelCount] = {}
         self._all: tuple[KernelCount, ...] | None = None
 
@@ -402,25 +410,31 @@ class KernelCounts(Sequence[KernelCount]):
 
     def runs(self) -> tuple[tuple[int, int], ...]:
         """Kernels alike in every figure but the name and notes, as (first index, count) in
-        order of first appearance.
+        order of first appearance (found once).
 
         Kernels are counted per row key (C-level, no GEMM hashed), then keys whose figures are
         equal are merged (two heads of equal figures: rare, but then one run), each at its
         first kernel: the same runs as grouping every kernel by its figures.
         """
-        keys = self._keys
-        # each key's first index: written last when read backwards (C-level, one pass)
-        first_of = dict(zip(reversed(keys), range(len(keys) - 1, -1, -1), strict=True))
+        if self._runs is not None:
+            return self._runs
+        key_runs = self._key_runs
+        if key_runs is None:
+            keys = self._keys
+            # each key's first index: written last when read backwards (C-level, one pass)
+            first_of = dict(zip(reversed(keys), range(len(keys) - 1, -1, -1), strict=True))
+            key_runs = [(key, first_of[key], n) for key, n in Counter(keys).items()]
         first: dict[_Figures, int] = {}
         counts: dict[_Figures, int] = {}
-        for key, count in Counter(keys).items():  # in order of first appearance
+        for key, index, count in key_runs:
             figures = self._figures(key)
             if figures in counts:
                 counts[figures] += count
             else:
-                first[figures] = first_of[key]
+                first[figures] = index
                 counts[figures] = count
-        return tuple((first[figures], n) for figures, n in counts.items())
+        self._runs = tuple((first[figures], n) for figures, n in counts.items())
+        return self._runs
 
     def notes(self) -> tuple[str, ...]:
         """The distinct notes of the kernels, in order of first appearance."""
@@ -538,6 +552,15 @@ def _head_figures(
     )
 
 
+def check_shared_tokens(kv_context_tokens: int, kv_shared_tokens: int) -> None:
+    """Refuse shared prompt tokens beyond the context (:func:`count_kernels`)."""
+    if not 0 <= kv_shared_tokens <= kv_context_tokens:
+        raise RooflineInputError(
+            f"kv_shared_tokens must be in [0, kv_context_tokens {kv_context_tokens}], "
+            f"got {kv_shared_tokens}"
+        )
+
+
 def kernel_counts(
     analysis: GraphAnalysis,
     *,
@@ -553,11 +576,7 @@ def kernel_counts(
     (:func:`_head_figures`, found once per result); a fused layer adds its FLOPs, weights and
     other inputs, and its output replaces the kernel's.
     """
-    if not 0 <= kv_shared_tokens <= kv_context_tokens:
-        raise RooflineInputError(
-            f"kv_shared_tokens must be in [0, kv_context_tokens {kv_context_tokens}], "
-            f"got {kv_shared_tokens}"
-        )
+    check_shared_tokens(kv_context_tokens, kv_shared_tokens)
     index_kind = TensorKind.INDEX
     fusable = FUSABLE_EPILOGUE_OPS if fuse_elementwise else frozenset[str]()
     nothing = (0, 0)

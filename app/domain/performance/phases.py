@@ -14,12 +14,12 @@ from typing import overload
 from app.domain.graph.analysis import GraphAnalysis
 from app.domain.graph.ops import TensorKind
 from app.domain.performance.errors import RooflineInputError
+from app.domain.performance.kernel_plans import planned_kernel_counts
 from app.domain.performance.kernels import (
     INDEX_BYTES,
     Kernel,
     KernelCount,
     KernelCounts,
-    kernel_counts,
     paid_gemm_flops,
 )
 from app.domain.performance.precision_schemes import PrecisionScheme
@@ -448,7 +448,7 @@ def forward_shape(
     h2d_float, h2d_index = _input_elements(analysis)
     phase = PhaseShape(
         name="forward",
-        counts=kernel_counts(analysis, fuse_elementwise=fuse_elementwise),
+        counts=planned_kernel_counts(analysis, fuse_elementwise=fuse_elementwise),
         h2d_float=h2d_float,
         h2d_index=h2d_index,
         d2h_float=0 if out_index else out,
@@ -502,7 +502,7 @@ def decoder_shape(
     h2d_float, h2d_index = _input_elements(prefill)
     first = PhaseShape(
         name="prefill",
-        counts=kernel_counts(prefill, fuse_elementwise=fuse_elementwise, kv_cache=True),
+        counts=planned_kernel_counts(prefill, fuse_elementwise=fuse_elementwise, kv_cache=True),
         h2d_float=h2d_float,
         h2d_index=h2d_index,
         d2h_float=0,
@@ -510,7 +510,7 @@ def decoder_shape(
     )
     decode = PhaseShape(
         name="decode",
-        counts=kernel_counts(
+        counts=planned_kernel_counts(
             step,
             fuse_elementwise=fuse_elementwise,
             kv_cache=True,
