@@ -107,3 +107,10 @@ def test_other_views_fall_back_to_the_walk() -> None:
         busy = dataclasses.replace(layers[target].result, flops=7)
         layers[target] = layers[target]._replace(result=busy)
     _same(dataclasses.replace(analysis, layers=tuple(layers)))
+
+
+def test_large_graphs_are_walked_without_a_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kernel_plans, "PLAN_MAX_LAYERS", 10)
+    _same(_at(2, 8))
+    _same(_at(3, 8))
+    assert not kernel_plans._PLANS

@@ -55,6 +55,9 @@ class _Plan(NamedTuple):
 
 _PLANS: dict[tuple[object, ...], _Plan] = {}
 _PLANS_KEPT = 32  # structures remembered (a model's prefill and decode; cleared when full)
+# Larger graphs are walked every time: a plan and its key hold a few entries per layer, kept
+# after the request (GPT-3 175B has 773 layers; a 99,999-iteration repeat would have 10^5+)
+PLAN_MAX_LAYERS = 20_000
 
 
 def _make_plan(analysis: GraphAnalysis, fuse_elementwise: bool) -> _Plan | None:
@@ -148,6 +151,8 @@ def planned_kernel_counts(
         )
 
     layers = analysis.layers
+    if len(layers) > PLAN_MAX_LAYERS:
+        return walked()
     structure = (
         fuse_elementwise,
         tuple([(item.storage, item.kind) for item in analysis.inputs]),
