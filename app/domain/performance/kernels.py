@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from operator import itemgetter
+from typing import overload
 
 from app.domain.graph.analysis import GraphAnalysis, LayerAnalysis
 from app.domain.graph.ops import Storage, TensorKind
@@ -191,11 +195,6 @@ def _launches(layer: LayerAnalysis) -> int:
     return 1
 
 
-def _is_view(layer: LayerAnalysis) -> bool:
-    """Views and inference-time identities (dropout) launch nothing and move nothing."""
-    return layer.result.alias_of is not None and layer.flops == 0
-
-
 SPILLED_ATTENTION_TENSORS = ("scores", "probs")  # the S x S transients of unfused attention
 
 
@@ -326,46 +325,154 @@ def layer_gemms(layer: LayerAnalysis, context_tokens: int = 0) -> tuple[Gemm, ..
     return tuple(gemms)
 
 
-@dataclass(slots=True)
-class _Row:
-    """A kernel being assembled by :func:`count_kernels` (fused layers are added to it)."""
+# What a kernel takes from its head layer besides its inputs and outputs, the same for every
+# repeat of a block (:func:`_head_figures`): ops, notes, FLOPs, weight elements, KV elements,
+# spilled fp32 and activation-dtype elements, launches, GEMMs, query heads, KV heads
+_Head = tuple[
+    tuple[str, ...], tuple[str, ...], int, int, int, int, int, int, tuple[Gemm, ...], int, int
+]
+# A kernel as count_kernels assembles it, less its name: (index of its head's _Head, ops, FLOPs,
+# weight elements, float and index elements read, float and index elements written). Plain
+# ints and strings, so that grouping kernels hashes no GEMM.
+_Key = tuple[int, tuple[str, ...], int, int, int, int, int, int]
+# KernelCount's fields less the name and notes, in its order
+_Figures = tuple[
+    tuple[str, ...], int, int, int, int, int, int, int, int, int, int, tuple[Gemm, ...], int, int
+]
 
-    name: str
-    ops: tuple[str, ...]
-    flops: int
-    weights: int
-    float_in: int
-    index_in: int
-    float_out: int
-    index_out: int
-    kv: int
-    spilled_fp32: int
-    spilled_float: int
-    launches: int
-    notes: tuple[str, ...]
-    gemms: tuple[Gemm, ...] = ()
-    heads: int = 0
-    kv_heads: int = 0
 
-    def count(self) -> KernelCount:
-        return KernelCount(
-            name=self.name,
-            ops=self.ops,
-            flops=self.flops,
-            weight_elements=self.weights,
-            float_inputs=self.float_in,
-            index_inputs=self.index_in,
-            float_outputs=self.float_out,
-            index_outputs=self.index_out,
-            kv_elements=self.kv,
-            spilled_fp32=self.spilled_fp32,
-            spilled_float=self.spilled_float,
-            launches=self.launches,
-            notes=self.notes,
-            gemms=self.gemms,
-            heads=self.heads,
-            kv_heads=self.kv_heads,
+class KernelCounts(Sequence[KernelCount]):
+    """:func:`count_kernels`' kernels, read as a tuple of them but kept as plain rows and each
+    :class:`KernelCount` built when first read: a phase is priced from one kernel per run
+    (:meth:`runs`), so building a frozen object for every layer of a 96-block decoder (twice
+    per batch size a search tries) would cost more than the counting."""
+
+    __slots__ = ("_all", "_built", "_heads", "_key_runs", "_keys", "_names", "_runs")
+
+    def __init__(
+        self,
+        names: tuple[str, ...],
+        keys: tuple[_Key, ...],
+        heads: tuple[_Head, ...],
+        key_runs: Sequence[tuple[_Key, int, int]] | None = None,
+    ) -> None:
+        """``key_runs``: (key, first index, count) of groups of kernels of one key, covering
+        them all in order of first appearance (found from ``keys`` when None)."""
+        self._names = names
+        self._keys = keys
+        self._heads = heads
+        self._key_runs = key_runs
+        self._runs: tuple[tuple[int, int], ...] | None = None
+        self._built: dict[int, KernelCount] = {}
+        self._all: tuple[KernelCount, ...] | None = None
+
+    def _figures(self, key: _Key) -> _Figures:
+        head, ops, flops, weights, float_in, index_in, float_out, index_out = key
+        _, _, _, _, kv, spilled_fp32, spilled_float, launches, gemms, heads, kv_heads = self._heads[
+            head
+        ]
+        return (ops, flops, weights, float_in, index_in, float_out, index_out, kv, spilled_fp32,
+                spilled_float, launches, gemms, heads, kv_heads)  # fmt: skip
+
+    def _one(self, index: int) -> KernelCount:
+        found = self._built.get(index)
+        if found is not None:
+            return found
+        key = self._keys[index]
+        head, ops, flops, weights, float_in, index_in, float_out, index_out = key
+        _, notes, _, _, kv, spilled_fp32, spilled_float, launches, gemms, heads, kv_heads = (
+            self._heads[head]
         )
+        found = self._built[index] = KernelCount(
+            name=self._names[index],
+            ops=ops,
+            flops=flops,
+            weight_elements=weights,
+            float_inputs=float_in,
+            index_inputs=index_in,
+            float_outputs=float_out,
+            index_outputs=index_out,
+            kv_elements=kv,
+            spilled_fp32=spilled_fp32,
+            spilled_float=spilled_float,
+            launches=launches,
+            notes=notes,
+            gemms=gemms,
+            heads=heads,
+            kv_heads=kv_heads,
+        )
+        return found
+
+    def _every(self) -> tuple[KernelCount, ...]:
+        if self._all is None:
+            self._all = tuple(self._one(i) for i in range(len(self._keys)))
+        return self._all
+
+    def runs(self) -> tuple[tuple[int, int], ...]:
+        """Kernels alike in every figure but the name and notes, as (first index, count) in
+        order of first appearance (found once).
+
+        Kernels are counted per row key (C-level, no GEMM hashed), then keys whose figures are
+        equal are merged (two heads of equal figures: rare, but then one run), each at its
+        first kernel: the same runs as grouping every kernel by its figures.
+        """
+        if self._runs is not None:
+            return self._runs
+        key_runs = self._key_runs
+        if key_runs is None:
+            keys = self._keys
+            # each key's first index: written last when read backwards (C-level, one pass)
+            first_of = dict(zip(reversed(keys), range(len(keys) - 1, -1, -1), strict=True))
+            key_runs = [(key, first_of[key], n) for key, n in Counter(keys).items()]
+        first: dict[_Figures, int] = {}
+        counts: dict[_Figures, int] = {}
+        for key, index, count in key_runs:
+            figures = self._figures(key)
+            if figures in counts:
+                counts[figures] += count
+            else:
+                first[figures] = index
+                counts[figures] = count
+        self._runs = tuple((first[figures], n) for figures, n in counts.items())
+        return self._runs
+
+    def notes(self) -> tuple[str, ...]:
+        """The distinct notes of the kernels, in order of first appearance."""
+        heads = self._heads
+        seen = dict.fromkeys(map(itemgetter(0), self._keys))  # heads in order of first use
+        return tuple(dict.fromkeys(note for head in seen for note in heads[head][1]))
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    @overload
+    def __getitem__(self, index: int) -> KernelCount: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[KernelCount, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> KernelCount | tuple[KernelCount, ...]:
+        if isinstance(index, slice):
+            return self._every()[index]
+        size = len(self._keys)
+        position = index + size if index < 0 else index
+        if not 0 <= position < size:
+            raise IndexError("kernel index out of range")
+        return self._one(position)
+
+    def __iter__(self) -> Iterator[KernelCount]:
+        return iter(self._every())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, KernelCounts | tuple):
+            return self._every() == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._every())
+
+    def __repr__(self) -> str:
+        return repr(self._every())
 
 
 def count_kernels(
@@ -383,102 +490,160 @@ def count_kernels(
     ``beam_width`` beams (the analysis's rows are requests x beams): every beam attends to them
     (FLOPs), but they are read from memory once per request, not once per beam.
     """
+    return tuple(
+        kernel_counts(
+            analysis,
+            fuse_elementwise=fuse_elementwise,
+            kv_cache=kv_cache,
+            kv_context_tokens=kv_context_tokens,
+            kv_shared_tokens=kv_shared_tokens,
+            beam_width=beam_width,
+        )
+    )
+
+
+def _head_figures(
+    layer: LayerAnalysis,
+    *,
+    kv_cache: bool,
+    kv_context_tokens: int,
+    kv_shared_tokens: int,
+    beam_width: int,
+) -> _Head:
+    """What a kernel headed by ``layer`` takes from it besides its inputs and outputs: ops,
+    notes, FLOPs, weight elements, KV elements, spilled fp32 and activation-dtype elements,
+    launches, GEMMs, query and KV heads. It depends on the layer's op result only (which fixes
+    its op and output shape), so the repeats of a block, which share their op results, share
+    it."""
+    result = layer.result
+    op = layer.op
+    flops = result.flops
+    notes: tuple[str, ...] = ()
+    if op == "moe":
+        notes = (MoeRouting.of(layer).note,)
+    kv = 0
+    context = 0
+    if kv_cache and op == "attention" and result.kv_cache_numel:
+        kv = result.kv_cache_numel  # this step's keys and values
+        if kv_context_tokens:
+            context = kv_context_tokens
+            per_token = result.kv_cache_numel // layer.output_shape[1]
+            kv += (
+                per_token * context - per_token * kv_shared_tokens * (beam_width - 1) // beam_width
+            )
+            tokens = layer.output_numel // layer.output_shape[-1]
+            flops += 4 * tokens * context * result.param_shapes[0][0]
+    spilled_fp32 = spilled_float = 0
+    if op == "attention":
+        spilled_fp32, spilled_float, note = _spilled_attention(layer, context)
+        notes = (note,) if note else notes
+    return (
+        (op,),
+        notes,
+        flops,
+        _weight_elements(layer),
+        kv,
+        spilled_fp32,
+        spilled_float,
+        _launches(layer),
+        layer_gemms(layer, context),
+        result.num_heads,
+        result.num_kv_heads,
+    )
+
+
+def check_shared_tokens(kv_context_tokens: int, kv_shared_tokens: int) -> None:
+    """Refuse shared prompt tokens beyond the context (:func:`count_kernels`)."""
     if not 0 <= kv_shared_tokens <= kv_context_tokens:
         raise RooflineInputError(
             f"kv_shared_tokens must be in [0, kv_context_tokens {kv_context_tokens}], "
             f"got {kv_shared_tokens}"
         )
+
+
+def kernel_counts(
+    analysis: GraphAnalysis,
+    *,
+    fuse_elementwise: bool = True,
+    kv_cache: bool = False,
+    kv_context_tokens: int = 0,
+    kv_shared_tokens: int = 0,
+    beam_width: int = 1,
+) -> KernelCounts:
+    """:func:`count_kernels`, its kernels built when read (:class:`KernelCounts`).
+
+    A kernel's figures other than its inputs and outputs come from its head layer's op result
+    (:func:`_head_figures`, found once per result); a fused layer adds its FLOPs, weights and
+    other inputs, and its output replaces the kernel's.
+    """
+    check_shared_tokens(kv_context_tokens, kv_shared_tokens)
     index_kind = TensorKind.INDEX
-    numel: dict[int, tuple[int, TensorKind]] = {
-        item.storage: (item.numel, item.kind) for item in analysis.inputs
+    fusable = FUSABLE_EPILOGUE_OPS if fuse_elementwise else frozenset[str]()
+    nothing = (0, 0)
+    # storage -> (float elements, index elements) of the value it holds
+    elements: dict[int, tuple[int, int]] = {
+        item.storage: (0, item.numel) if item.kind is index_kind else (item.numel, 0)
+        for item in analysis.inputs
     }
-    per_result: dict[int, tuple[int, int]] = {}  # id(OpResult) -> (weights, launches)
-    gemms_of: dict[tuple[int, int], tuple[Gemm, ...]] = {}  # (id(OpResult), context) -> GEMMs
-    rows: list[_Row] = []
+    head_of: dict[int, int] = {}  # id(OpResult) -> index in heads
+    heads: list[_Head] = []
+    names: list[str] = []
+    keys: list[_Key] = []
+    add_key = keys.append
     open_storage: int | None = None  # output storage of the last kernel, while fusable
+    # the kernel being assembled (fused layers are added to it)
+    head = 0
+    ops: tuple[str, ...] = ()
+    flops = weights = float_in = index_in = float_out = index_out = 0
     for layer in analysis.layers:
-        if _is_view(layer):
-            numel[layer.output_storage] = (layer.output_numel, layer.output_kind)
+        name, op, _, storages, _, kind, storage, _, result, numel = layer
+        out = (0, numel) if kind is index_kind else (numel, 0)
+        # views and inference-time identities (dropout) launch nothing and move nothing
+        if result.alias_of is not None and result.flops == 0:
+            elements[storage] = out
             continue
-        inputs = [numel.get(s, (0, TensorKind.FLOAT)) for s in layer.input_storages]
-        numel[layer.output_storage] = (layer.output_numel, layer.output_kind)
-        out_index = layer.output_kind is index_kind
-        out_float, out_idx = (0, layer.output_numel) if out_index else (layer.output_numel, 0)
-        flops = layer.flops
-        if (
-            fuse_elementwise
-            and rows
-            and open_storage is not None
-            and (layer.op in FUSABLE_EPILOGUE_OPS and open_storage in layer.input_storages)
-        ):
-            chained = layer.input_storages.index(open_storage)
-            row = rows[-1]
-            row.ops = (*row.ops, layer.op)
-            row.flops += flops
-            row.weights += layer.params
-            for position, (elements, kind) in enumerate(inputs):
-                if position == chained:
-                    continue
-                if kind is index_kind:
-                    row.index_in += elements
-                else:
-                    row.float_in += elements
-            row.float_out, row.index_out = out_float, out_idx
+        if open_storage is not None and op in fusable and open_storage in storages:
+            chained = storages.index(open_storage)
+            ops = (*ops, op)
+            flops += result.flops
+            weights += result.params
+            for position, source in enumerate(storages):
+                if position != chained:
+                    f, i = elements.get(source, nothing)
+                    float_in += f
+                    index_in += i
         else:
-            known = per_result.get(id(layer.result))
-            if known is None:
-                known = per_result[id(layer.result)] = (_weight_elements(layer), _launches(layer))
-            notes: tuple[str, ...] = ()
-            if layer.op == "moe":
-                notes = (MoeRouting.of(layer).note,)
-            kv = 0
-            context = 0
-            if kv_cache and layer.op == "attention" and layer.result.kv_cache_numel:
-                kv = layer.result.kv_cache_numel  # this step's keys and values
-                if kv_context_tokens:
-                    context = kv_context_tokens
-                    per_token = layer.result.kv_cache_numel // layer.output_shape[1]
-                    kv += (
-                        per_token * context
-                        - per_token * kv_shared_tokens * (beam_width - 1) // beam_width
+            if open_storage is not None:
+                add_key((head, ops, flops, weights, float_in, index_in, float_out, index_out))
+            found = head_of.get(id(result))
+            if found is None:
+                found = head_of[id(result)] = len(heads)
+                heads.append(
+                    _head_figures(
+                        layer,
+                        kv_cache=kv_cache,
+                        kv_context_tokens=kv_context_tokens,
+                        kv_shared_tokens=kv_shared_tokens,
+                        beam_width=beam_width,
                     )
-                    tokens = layer.output_numel // layer.output_shape[-1]
-                    flops += 4 * tokens * context * layer.result.param_shapes[0][0]
-            spilled_fp32 = spilled_float = 0
-            if layer.op == "attention":
-                spilled_fp32, spilled_float, note = _spilled_attention(layer, context)
-                notes = (note,) if note else notes
-            gemms = gemms_of.get((id(layer.result), context))
-            if gemms is None:  # the repeats of a block share their op results
-                gemms = gemms_of[id(layer.result), context] = layer_gemms(layer, context)
-            float_in = index_in = 0
-            for elements, kind in inputs:
-                if kind is index_kind:
-                    index_in += elements
-                else:
-                    float_in += elements
-            rows.append(
-                _Row(
-                    name=layer.name,
-                    ops=(layer.op,),
-                    flops=flops,
-                    weights=known[0],
-                    float_in=float_in,
-                    index_in=index_in,
-                    float_out=out_float,
-                    index_out=out_idx,
-                    kv=kv,
-                    spilled_fp32=spilled_fp32,
-                    spilled_float=spilled_float,
-                    launches=known[1],
-                    notes=notes,
-                    gemms=gemms,
-                    heads=layer.result.num_heads,
-                    kv_heads=layer.result.num_kv_heads,
                 )
-            )
-        open_storage = layer.output_storage
-    return tuple(row.count() for row in rows)
+            head = found
+            ops, _, flops, weights = heads[found][:4]
+            names.append(name)
+            if len(storages) == 1:
+                float_in, index_in = elements.get(storages[0], nothing)
+            else:
+                float_in = index_in = 0
+                for source in storages:
+                    f, i = elements.get(source, nothing)
+                    float_in += f
+                    index_in += i
+        float_out, index_out = out
+        elements[storage] = out
+        open_storage = storage
+    if open_storage is not None:
+        add_key((head, ops, flops, weights, float_in, index_in, float_out, index_out))
+    return KernelCounts(tuple(names), tuple(keys), tuple(heads))
 
 
 def build_kernels(

@@ -14,11 +14,12 @@ from typing import overload
 from app.domain.graph.analysis import GraphAnalysis
 from app.domain.graph.ops import TensorKind
 from app.domain.performance.errors import RooflineInputError
+from app.domain.performance.kernel_plans import planned_kernel_counts
 from app.domain.performance.kernels import (
     INDEX_BYTES,
     Kernel,
     KernelCount,
-    count_kernels,
+    KernelCounts,
     paid_gemm_flops,
 )
 from app.domain.performance.precision_schemes import PrecisionScheme
@@ -315,7 +316,8 @@ class PhaseShape:
     """A phase in elements: its kernels and copies, independent of the precision."""
 
     name: str
-    counts: tuple[KernelCount, ...]
+    # a tuple, or kernel_counts' rows (each KernelCount built when read)
+    counts: Sequence[KernelCount]
     h2d_float: int  # elements copied in
     h2d_index: int
     d2h_float: int  # elements copied out
@@ -340,14 +342,19 @@ class PhaseShape:
     def notes(self) -> tuple[str, ...]:
         """The distinct notes of its kernels (MoE routing, spilled attention scores)."""
         if not self._notes:
-            notes = dict.fromkeys(note for count in self.counts for note in count.notes)
-            self._notes.append(tuple(notes))
+            if isinstance(self.counts, KernelCounts):
+                self._notes.append(self.counts.notes())
+            else:
+                notes = dict.fromkeys(note for count in self.counts for note in count.notes)
+                self._notes.append(tuple(notes))
         return self._notes[0]
 
     @property
     def runs(self) -> Runs:
         """Its kernels alike in every figure but the name (and notes), as (first index,
         count) in order of first appearance (found once)."""
+        if not self._runs and isinstance(self.counts, KernelCounts):
+            self._runs.append(self.counts.runs())
         if not self._runs:
             first: dict[tuple[object, ...], int] = {}
             counts: dict[tuple[object, ...], int] = {}
@@ -441,7 +448,7 @@ def forward_shape(
     h2d_float, h2d_index = _input_elements(analysis)
     phase = PhaseShape(
         name="forward",
-        counts=count_kernels(analysis, fuse_elementwise=fuse_elementwise),
+        counts=planned_kernel_counts(analysis, fuse_elementwise=fuse_elementwise),
         h2d_float=h2d_float,
         h2d_index=h2d_index,
         d2h_float=0 if out_index else out,
@@ -495,7 +502,7 @@ def decoder_shape(
     h2d_float, h2d_index = _input_elements(prefill)
     first = PhaseShape(
         name="prefill",
-        counts=count_kernels(prefill, fuse_elementwise=fuse_elementwise, kv_cache=True),
+        counts=planned_kernel_counts(prefill, fuse_elementwise=fuse_elementwise, kv_cache=True),
         h2d_float=h2d_float,
         h2d_index=h2d_index,
         d2h_float=0,
@@ -503,7 +510,7 @@ def decoder_shape(
     )
     decode = PhaseShape(
         name="decode",
-        counts=count_kernels(
+        counts=planned_kernel_counts(
             step,
             fuse_elementwise=fuse_elementwise,
             kv_cache=True,
