@@ -15,6 +15,7 @@ from app.domain.graph.traits import CUBLAS_GEMM_OPS
 from app.domain.hardware import FrameworkOverhead
 from app.domain.memory.context import Estimation, StepTensors
 from app.domain.memory.cuda_allocator import Blocks, Event, EventsKey
+from app.domain.memory.inference_forward import FORWARD_KEYS, Template, fill, forward_template
 from app.domain.memory.liveness import (
     StoragePlan,
     adapter_tensor_id,
@@ -96,10 +97,8 @@ def _kept(sizes: Sequence[int]) -> tuple[Event, ...]:
     return (("keep", tuple(sizes), 0),) if sizes else ()
 
 
-# Keys of the forward's own tensors: their position in the forward plus this, above any index of
-# a step's events (which key the head's and the backward's tensors), so the forward's events
-# can be built once and follow any head.
-_FORWARD_KEYS = 1 << 48
+# Keys of the forward's own tensors (their position in the forward plus this)
+_FORWARD_KEYS = FORWARD_KEYS
 
 
 class _ForwardEvents(NamedTuple):
@@ -413,7 +412,10 @@ def _first_gemm(analysis: GraphAnalysis) -> int | None:
 
 
 def _warm_up_forward(
-    forward: Sequence[Event], first_gemm: int, workspaces: Sequence[int]
+    forward: Sequence[Event],
+    first_gemm: int,
+    workspaces: Sequence[int],
+    template: Template | None = None,
 ) -> tuple[list[Event], int]:
     """Inference's warm-up forward: PyTorch allocates a cuBLAS workspace at the first GEMM of
     the process (``getCurrentCUDABlasHandle`` / ``getCUDABlasLtWorkspace``,
@@ -422,17 +424,35 @@ def _warm_up_forward(
     follows can find a cached block split by it (measured on an H100, benchmarks/fidelity/cuda:
     22 of the 28 CNN inferences add a segment in their first steady step, VGG-16 fp32 at batch
     32 786 MiB, conv1_2's work space). Also returns the index of the forward's event before
-    which the workspaces' "keep" is inserted."""
-    allocs = (i for i, (kind, key, _) in enumerate(forward) if (kind, key) == ("alloc", first_gemm))
-    at = next(allocs, -1) + 1
-    live: dict[object, None] = {}
-    for kind, key, _ in forward:
-        if kind == "alloc":
-            live[key] = None
-        elif kind == "free":
-            live.pop(key, None)
-    events = [*forward[:at], *_kept(workspaces), *forward[at:], *(("free", key, 0) for key in live)]
+    which the workspaces' "keep" is inserted. ``template``: the forward's (its kinds and keys
+    and the keys live at its end, found once per template rather than by a walk per call)."""
+    if template is None:
+        allocs = (
+            i for i, (kind, key, _) in enumerate(forward) if (kind, key) == ("alloc", first_gemm)
+        )
+        at = next(allocs, -1) + 1
+        live: dict[object, None] = {}
+        for kind, key, _ in forward:
+            if kind == "alloc":
+                live[key] = None
+            elif kind == "free":
+                live.pop(key, None)
+        live_keys: Sequence[object] = list(live)
+    else:
+        at = template.first_alloc(first_gemm) + 1
+        live_keys = template.live_keys
+    events = [*forward[:at], *_kept(workspaces), *forward[at:]]
+    events += [("free", key, 0) for key in live_keys]
     return events, at
+
+
+def _inference_forward(
+    analysis: GraphAnalysis, plan: StoragePlan, e: Estimation
+) -> tuple[Template, list[Event]]:
+    """An inference forward's template and its events (:mod:`~app.domain.memory.
+    inference_forward`)."""
+    template = forward_template(analysis, plan, e.plans)
+    return template, fill(template, plan)
 
 
 def forward_events_key(e: Estimation) -> tuple[object, ...]:
@@ -544,26 +564,25 @@ def step_allocator_events(
         kept += e.comm_buffers
     events += _kept(kept)
     if step is None:
-        shared = memoised(
-            e.plans,
-            analysis,
-            forward_events_key(e),
-            lambda: _forward_events(analysis, plan, [[] for _ in layers], False),
+        # the events of _forward_events(analysis, plan, [[] for _ in layers], False), from
+        # the template the model's forwards share (inference_forward)
+        template, forward = memoised(
+            e.plans, analysis, forward_events_key(e), lambda: _inference_forward(analysis, plan, e)
         )
         repeated = memoised(
             e.plans,
             analysis,
             ("forward blocks", *forward_events_key(e)[1:]),
-            lambda: find_blocks_like(shared.events, e.plans),
+            lambda: find_blocks_like(forward, e.plans),
         )
         forward_from = len(events)
         if first_gemm is None:
-            events += shared.events
+            events += forward
             return events, 0, weights, forward_from, shifted(repeated, forward_from)
-        warm_up, workspace_at = _warm_up_forward(shared.events, first_gemm, workspaces)
+        warm_up, workspace_at = _warm_up_forward(forward, first_gemm, workspaces, template)
         events += warm_up
         steady_from = len(events)
-        events += shared.events
+        events += forward
         blocks = shifted(repeated, forward_from, workspace_at) + shifted(repeated, steady_from)
         return events, steady_from, weights, forward_from, blocks
     kept_after: list[list[int]] = [[] for _ in layers]  # per layer, the storages it keeps first
