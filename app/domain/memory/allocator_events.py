@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
-from operator import attrgetter
+from itertools import chain
 from typing import NamedTuple
 
 from app.domain.budget import CHECK_EVERY_MASK, checkpoint
@@ -24,7 +24,7 @@ from app.domain.memory.liveness import (
     offload_last_keepers,
     released_at,
 )
-from app.domain.memory.memo import memoised
+from app.domain.memory.memo import LayerColumns, layer_columns, memoised
 from app.domain.memory.repeated_blocks import find_blocks_like, shifted
 
 
@@ -42,9 +42,6 @@ def _param_tensor_bytes(
             sizes = per_result[id(layer.result)] = [-(-math.prod(s) * num // den) for s in shapes]
         tensors.append(sizes)
     return tensors
-
-
-_RESULT = attrgetter("result")
 
 
 def _spread(total: int, sizes: Sequence[int]) -> list[int]:
@@ -65,22 +62,23 @@ class _WeightEvents(NamedTuple):
     key: EventsKey  # the events as the replay memo's key (hashed once)
 
 
-def _weight_events(analysis: GraphAnalysis, weight: Fraction, model_shard: int) -> _WeightEvents:
-    """The weights' events at ``weight`` B per element, split over ``model_shard`` GPUs."""
+def _weight_events(
+    analysis: GraphAnalysis, weight: Fraction, model_shard: int, columns: LayerColumns
+) -> _WeightEvents:
+    """The weights' events at ``weight`` B per element, split over ``model_shard`` GPUs
+    (``columns``: the analysis's :func:`layer_columns`)."""
     num, den = weight.numerator, weight.denominator * model_shard
-    # once per distinct op result (the repeats of a block share theirs), as _param_tensor_bytes
-    per_result: dict[int, tuple[list[int], list[int]]] = {}
-    sizes: list[list[int]] = []
-    allocated: list[int] = []
-    for result in map(_RESULT, analysis.layers):
-        found = per_result.get(id(result))
-        if found is None:
-            tensors = [-(-math.prod(shape) * num // den) for shape in result.param_shapes]
-            with_buffers = tensors + [result.buffers_bytes] if result.buffers_bytes else tensors
-            found = per_result[id(result)] = (tensors, with_buffers)
-        sizes.append(found[0])
-        allocated += found[1]
-    events = _kept(allocated)
+    # once per distinct op result (the repeats of a block share theirs), as _param_tensor_bytes;
+    # the layers' lists then joined by C loops (map, chain) rather than a step per layer
+    tensors_of: dict[int, list[int]] = {}
+    allocated_of: dict[int, list[int]] = {}
+    for key, layer in columns.distinct.items():
+        result = layer.result
+        tensors = [-(-math.prod(shape) * num // den) for shape in result.param_shapes]
+        tensors_of[key] = tensors
+        allocated_of[key] = tensors + [result.buffers_bytes] if result.buffers_bytes else tensors
+    sizes = list(map(tensors_of.__getitem__, columns.ids))
+    events = _kept(list(chain.from_iterable(map(allocated_of.__getitem__, columns.ids))))
     return _WeightEvents(sizes=sizes, events=events, key=EventsKey(events))
 
 
@@ -527,17 +525,21 @@ def step_allocator_events(
         ("buffers",) if weights_on_host else ("weights", weight, weight_shard),
         (lambda: _buffer_events(analysis))
         if weights_on_host
-        else lambda: _weight_events(analysis, weight, weight_shard),
+        else lambda: _weight_events(
+            analysis, weight, weight_shard, layer_columns(e.plans, analysis)
+        ),
     )
     if e.weight_tensors is not None and not weights_on_host:  # QLoRA: the 4-bit base's own
         replayed = _kept([size for sizes in e.weight_tensors for size in sizes])
         weights = _WeightEvents(list(e.weight_tensors), replayed, EventsKey(replayed))
     events: list[Event] = list(weights.events)
     add = events.append
-    flat = [size for sizes in weights.sizes for size in sizes]
-    if e.grad_tensors is not None:  # LoRA: state and temporaries follow the trainable tensors
-        flat = [size for sizes in e.grad_tensors for size in sizes]
     step = e.step
+    flat: list[int] = []  # the trainable tensors (training's state and temporaries)
+    if step is not None:
+        flat = [size for sizes in weights.sizes for size in sizes]
+    if step is not None and e.grad_tensors is not None:  # LoRA: they follow the trainable ones
+        flat = [size for sizes in e.grad_tensors for size in sizes]
     kept: list[int] = []  # allocations never freed, in order (one "keep" event)
     if e.adapter_tensors is not None:  # LoRA: the adapters (and modules_to_save copies)
         kept += [size for sizes in e.adapter_tensors for size in sizes]

@@ -62,7 +62,7 @@ from app.domain.memory.formulas import (
 )
 from app.domain.memory.frozen import FrozenBase, frozen_base
 from app.domain.memory.liveness import StoragePlan, build_plan, last_reads, seed_rule
-from app.domain.memory.memo import PlanMemo, layer_totals, memoised
+from app.domain.memory.memo import PlanMemo, layer_columns, layer_totals, memoised
 from app.domain.memory.moments import inference_moments, training_moments
 from app.domain.memory.request import MemoryInputError, MemoryRequest
 from app.domain.memory.reserve import explain_reserve
@@ -361,7 +361,9 @@ def _weights_line(
             par.tensor,
             par.pipeline,
             plan.weight,
-            heads=bool(attention_heads(analysis)),
+            heads=bool(
+                memoised(plans, analysis, ("attention heads",), lambda: attention_heads(analysis))
+            ),
         )
         notes += share_notes
     if par.zero_stage >= 3:
@@ -478,8 +480,9 @@ def _storage_plan(
     """
     training = request.mode is Mode.TRAINING
     plan_key: tuple[object, ...] = ("plan", sizer.plan.activation, request.runtime)
+    columns = layer_columns(plans, analysis)
     if training:  # full checkpointing and the per-layer view edit a training plan
-        return build_plan(analysis, sizer, request, training, frozen=frozen), plan_key
+        return build_plan(analysis, sizer, request, training, None, frozen, columns), plan_key
     tp = request.parallelism.tensor
     plan_request = _INFERENCE_PLAN_REQUEST
     if tp > 1:  # a tensor-parallel rank holds its share of the column-parallel activations
@@ -496,6 +499,7 @@ def _storage_plan(
             plan_request,
             training,
             memoised(plans, analysis, ("last use",), lambda: last_reads(analysis)),
+            columns=columns,
         ),
     )
     return storage_plan, plan_key

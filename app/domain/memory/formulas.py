@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from fractions import Fraction
@@ -24,7 +24,7 @@ from app.domain.graph.analysis import GraphAnalysis, LayerAnalysis
 from app.domain.graph.ops import Storage, TensorKind
 from app.domain.graph.traits import QUANTIZABLE_OPS
 from app.domain.memory.checkpoint import checkpoint_weights_bytes, unquantized_dtype_bytes
-from app.domain.memory.memo import PlanMemo, memoised
+from app.domain.memory.memo import LayerColumns, PlanMemo, layer_columns, memoised, op_result_groups
 from app.domain.memory.request import MemoryRequest
 from app.domain.parallel import (
     check_tensor_parallel,
@@ -679,17 +679,13 @@ def kv_rank_numel(layer: LayerAnalysis, tp: int) -> int:
     return kv // kv_heads * kv_heads_per_rank(kv_heads, tp)
 
 
-def _layers_share(layers: Sequence[LayerAnalysis], tp: int) -> tuple[Fraction, int]:
-    """The sums of :func:`_kv_replicated_elements` and :func:`kv_rank_numel` over ``layers``,
-    each evaluated once per distinct (op, op result) (the repeats of a block share their
-    results) and multiplied by its count (speed only: the same sums)."""
-    keys = list(zip(map(_OP, layers), map(id, map(_RESULT, layers)), strict=True))
-    counts = Counter(keys)
-    first = dict(zip(reversed(keys), reversed(layers), strict=True))  # a layer per key
+def _layers_share(groups: Iterable[tuple[LayerAnalysis, int]], tp: int) -> tuple[Fraction, int]:
+    """The sums of :func:`_kv_replicated_elements` and :func:`kv_rank_numel` over layers, each
+    evaluated once per distinct (op, op result) (``groups``: :func:`op_result_groups`; the
+    repeats of a block share their results) and multiplied by its count (speed only)."""
     extra_total = Fraction(0)
     kv_total = 0
-    for key, count in counts.items():
-        layer = first[key]
+    for layer, count in groups:
         extra = _kv_replicated_elements(layer, tp)
         if extra:
             extra_total += count * extra
@@ -747,6 +743,7 @@ def rank_share(
     pp: int,
     kv_bytes: int,
     checkpoint: CheckpointLayout | None = None,
+    columns: LayerColumns | None = None,
 ) -> RankShare:
     """The weights and KV cache one rank holds under tensor ``tp`` x pipeline ``pp``.
 
@@ -759,6 +756,8 @@ def rank_share(
         Tensor- and pipeline-parallel degrees [-].
     kv_bytes : int
         Bytes per KV cache element, to rank the stages (0: no KV cache) [B].
+    columns : LayerColumns, optional
+        The analysis's :func:`layer_columns` (its layers grouped by op result), if known.
 
     Notes
     -----
@@ -772,7 +771,8 @@ def rank_share(
     """
     stages_of = layer_stages(analysis, pp)
     if stages_of is None:
-        extra, kv = _layers_share(analysis.layers, tp)
+        groups = columns.by_op_result if columns else op_result_groups(analysis.layers)
+        extra, kv = _layers_share(groups, tp)
         weights = ceil_fraction(Fraction(weights_full, tp * pp) + extra * plan.weight / pp)
         share = StageShare(
             stored=weights_full,
@@ -801,7 +801,7 @@ def rank_share(
                 if tied is not None:
                     held.add(tied)  # the tied head's weight: a copy on the last stage
         stored = weights_bytes(analysis, plan, precision, held, checkpoint)[0] if held else 0
-        extra, kv = _layers_share([analysis.layers[i] for i in indices], tp)
+        extra, kv = _layers_share(op_result_groups([analysis.layers[i] for i in indices]), tp)
         stages.append(
             StageShare(
                 stored=stored,
@@ -833,12 +833,13 @@ def request_rank_share(
     kv_bytes = 0
     if request.mode is Mode.INFERENCE and analysis.is_decoder and request.kv_cache is not False:
         kv_bytes = int(bytes_per_element(convention(precision).kv_cache_dtype))
+    degrees = (par.tensor, par.pipeline, kv_bytes, checkpoint)
     share = memoised(
         plans,
         analysis,
-        ("rank share", precision, par.tensor, par.pipeline, kv_bytes, checkpoint),
+        ("rank share", precision, *degrees),
         lambda: rank_share(
-            analysis, plan, precision, weights_full, par.tensor, par.pipeline, kv_bytes, checkpoint
+            analysis, plan, precision, weights_full, *degrees, layer_columns(plans, analysis)
         ),
     )
     return share, weights_full, notes

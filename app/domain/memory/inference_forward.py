@@ -12,14 +12,13 @@ from app.domain.budget import checkpoint
 from app.domain.graph.analysis import GraphAnalysis
 from app.domain.memory.cuda_allocator import Event
 from app.domain.memory.liveness import StoragePlan
-from app.domain.memory.memo import PlanMemo
+from app.domain.memory.memo import PlanMemo, layer_columns
 
 # Keys of the forward's own tensors: their position in the forward plus this, above any index of
 # a step's events (which key the head's and the backward's tensors), so the forward's events
 # can be built once and follow any head.
 FORWARD_KEYS = 1 << 48
 
-_OUTPUT_STORAGE = attrgetter("output_storage")
 _FORWARD_TRANSIENT = attrgetter("forward_transient")
 
 
@@ -61,9 +60,9 @@ class Template(NamedTuple):
                 return at
 
 
-def _shape(analysis: GraphAnalysis, plan: StoragePlan) -> _Shape:
+def _shape(analysis: GraphAnalysis, plan: StoragePlan, storages: tuple[int, ...]) -> _Shape:
     return _Shape(
-        storages=tuple(map(_OUTPUT_STORAGE, analysis.layers)),
+        storages=storages,
         allocates=tuple(map(bool, plan.out_alloc)),
         transients=tuple(map(bool, map(_FORWARD_TRANSIENT, plan.op_sizes))),
         last_use=plan.last_use,
@@ -121,7 +120,7 @@ def forward_template(analysis: GraphAnalysis, plan: StoragePlan, memo: PlanMemo 
     """The template of the inference forward of ``analysis`` under ``plan``: the one stored in
     ``memo`` for the last forward of that many layers if its shape is this one's (compared in
     full, not trusted: a shape that differs in anything gets its own), else built."""
-    shape = _shape(analysis, plan)
+    shape = _shape(analysis, plan, layer_columns(memo, analysis).storages)
     slot = ("inference forward template", len(shape.storages))
     found = memo.get(slot) if memo is not None else None
     if isinstance(found, Template) and found.shape == shape:

@@ -4,12 +4,12 @@ memo (:class:`PlanMemo`) and the sums over an analysis's layers that every estim
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import NamedTuple, Protocol, TypeVar, cast
 
-from app.domain.graph.analysis import GraphAnalysis
+from app.domain.graph.analysis import GraphAnalysis, LayerAnalysis
 
 
 class PlanMemo(Protocol):
@@ -84,3 +84,51 @@ def layer_totals(plans: PlanMemo | None, analysis: GraphAnalysis) -> LayerTotals
         )
 
     return memoised(plans, analysis, ("layer totals",), build)
+
+
+class LayerColumns(NamedTuple):
+    """Per-layer figures of an analysis read column by column (by C loops: ``map``, ``zip``),
+    and its layers grouped by op result: the repeats of a block share theirs, so what depends
+    only on a layer's op and result is worked out once per group."""
+
+    ids: list[int]  # per layer, id(layer.result)
+    distinct: dict[int, LayerAnalysis]  # result id -> the last layer with that result
+    storages: tuple[int, ...]  # per layer, its output storage
+    allocates: list[bool]  # per layer, whether it allocates its output
+    # per distinct (op, result), in order of first occurrence: its first layer and its count
+    by_op_result: list[tuple[LayerAnalysis, int]]
+
+
+def layer_columns(plans: PlanMemo | None, analysis: GraphAnalysis) -> LayerColumns:
+    """The analysis's :class:`LayerColumns` (built once per analysis with ``plans``)."""
+
+    def build() -> LayerColumns:
+        layers = analysis.layers
+        ids = list(map(id, map(_RESULT, layers)))
+        return LayerColumns(
+            ids=ids,
+            distinct=dict(zip(ids, layers, strict=True)),
+            storages=tuple(map(_OUTPUT_STORAGE, layers)),
+            allocates=list(map(_ALLOCATES, layers)),
+            by_op_result=op_result_groups(layers, ids),
+        )
+
+    return memoised(plans, analysis, ("layer columns",), build)
+
+
+def op_result_groups(
+    layers: Sequence[LayerAnalysis], ids: list[int] | None = None
+) -> list[tuple[LayerAnalysis, int]]:
+    """Per distinct (op, op result) of ``layers``, in order of first occurrence: its first
+    layer and how many layers have it. ``ids``: the layers' result ids, if known."""
+    if ids is None:
+        ids = list(map(id, map(_RESULT, layers)))
+    keys = list(zip(map(_OP, layers), ids, strict=True))
+    first = dict(zip(reversed(keys), reversed(layers), strict=True))  # a layer per key
+    return [(first[key], count) for key, count in Counter(keys).items()]
+
+
+_RESULT = attrgetter("result")
+_OP = attrgetter("op")
+_OUTPUT_STORAGE = attrgetter("output_storage")
+_ALLOCATES = attrgetter("allocates_output")
