@@ -24,7 +24,7 @@ from app.domain.graph.analysis import GraphAnalysis, LayerAnalysis
 from app.domain.graph.ops import Storage, TensorKind
 from app.domain.graph.traits import QUANTIZABLE_OPS
 from app.domain.memory.checkpoint import checkpoint_weights_bytes, unquantized_dtype_bytes
-from app.domain.memory.memo import LayerColumns, PlanMemo, layer_columns, memoised, op_result_groups
+from app.domain.memory.memo import PlanMemo, memoised, op_groups, op_result_groups
 from app.domain.memory.request import MemoryRequest
 from app.domain.parallel import (
     check_tensor_parallel,
@@ -743,7 +743,7 @@ def rank_share(
     pp: int,
     kv_bytes: int,
     checkpoint: CheckpointLayout | None = None,
-    columns: LayerColumns | None = None,
+    groups: list[tuple[LayerAnalysis, int]] | None = None,
 ) -> RankShare:
     """The weights and KV cache one rank holds under tensor ``tp`` x pipeline ``pp``.
 
@@ -756,8 +756,8 @@ def rank_share(
         Tensor- and pipeline-parallel degrees [-].
     kv_bytes : int
         Bytes per KV cache element, to rank the stages (0: no KV cache) [B].
-    columns : LayerColumns, optional
-        The analysis's :func:`layer_columns` (its layers grouped by op result), if known.
+    groups : list of (LayerAnalysis, int), optional
+        The analysis's :func:`op_result_groups`, if known.
 
     Notes
     -----
@@ -771,8 +771,7 @@ def rank_share(
     """
     stages_of = layer_stages(analysis, pp)
     if stages_of is None:
-        groups = columns.by_op_result if columns else op_result_groups(analysis.layers)
-        extra, kv = _layers_share(groups, tp)
+        extra, kv = _layers_share(groups or op_result_groups(analysis.layers), tp)
         weights = ceil_fraction(Fraction(weights_full, tp * pp) + extra * plan.weight / pp)
         share = StageShare(
             stored=weights_full,
@@ -839,7 +838,7 @@ def request_rank_share(
         analysis,
         ("rank share", precision, *degrees),
         lambda: rank_share(
-            analysis, plan, precision, weights_full, *degrees, layer_columns(plans, analysis)
+            analysis, plan, precision, weights_full, *degrees, op_groups(plans, analysis)
         ),
     )
     return share, weights_full, notes

@@ -383,8 +383,11 @@ def build_plan(
             else ()
             for layer, op in zip(layers, op_sizes, strict=True)
         ]
-    # Earliest keeper: walk backwards so that earlier layers overwrite later ones.
-    first_saver = {key: index for index in range(n - 1, -1, -1) for key in reused[index]}
+    # Earliest keeper: walk backwards so that earlier layers overwrite later ones (inference
+    # keeps nothing: no walk).
+    first_saver = (
+        {key: index for index in range(n - 1, -1, -1) for key in reused[index]} if training else {}
+    )
     pinned = {bound.storage for bound in analysis.inputs}
     pinned.add(analysis.output_storage)
     return StoragePlan(

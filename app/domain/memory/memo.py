@@ -88,15 +88,13 @@ def layer_totals(plans: PlanMemo | None, analysis: GraphAnalysis) -> LayerTotals
 
 class LayerColumns(NamedTuple):
     """Per-layer figures of an analysis read column by column (by C loops: ``map``, ``zip``),
-    and its layers grouped by op result: the repeats of a block share theirs, so what depends
-    only on a layer's op and result is worked out once per group."""
+    and its distinct op results (the repeats of a block share theirs: what depends only on a
+    layer's result is worked out once per result)."""
 
     ids: list[int]  # per layer, id(layer.result)
     distinct: dict[int, LayerAnalysis]  # result id -> the last layer with that result
     storages: tuple[int, ...]  # per layer, its output storage
     allocates: list[bool]  # per layer, whether it allocates its output
-    # per distinct (op, result), in order of first occurrence: its first layer and its count
-    by_op_result: list[tuple[LayerAnalysis, int]]
 
 
 def layer_columns(plans: PlanMemo | None, analysis: GraphAnalysis) -> LayerColumns:
@@ -110,22 +108,23 @@ def layer_columns(plans: PlanMemo | None, analysis: GraphAnalysis) -> LayerColum
             distinct=dict(zip(ids, layers, strict=True)),
             storages=tuple(map(_OUTPUT_STORAGE, layers)),
             allocates=list(map(_ALLOCATES, layers)),
-            by_op_result=op_result_groups(layers, ids),
         )
 
     return memoised(plans, analysis, ("layer columns",), build)
 
 
-def op_result_groups(
-    layers: Sequence[LayerAnalysis], ids: list[int] | None = None
-) -> list[tuple[LayerAnalysis, int]]:
+def op_result_groups(layers: Sequence[LayerAnalysis]) -> list[tuple[LayerAnalysis, int]]:
     """Per distinct (op, op result) of ``layers``, in order of first occurrence: its first
-    layer and how many layers have it. ``ids``: the layers' result ids, if known."""
-    if ids is None:
-        ids = list(map(id, map(_RESULT, layers)))
-    keys = list(zip(map(_OP, layers), ids, strict=True))
+    layer and how many layers have it (what depends only on a layer's op and result is worked
+    out once per group: the repeats of a block share their result)."""
+    keys = list(zip(map(_OP, layers), map(id, map(_RESULT, layers)), strict=True))
     first = dict(zip(reversed(keys), reversed(layers), strict=True))  # a layer per key
     return [(first[key], count) for key, count in Counter(keys).items()]
+
+
+def op_groups(plans: PlanMemo | None, analysis: GraphAnalysis) -> list[tuple[LayerAnalysis, int]]:
+    """:func:`op_result_groups` of the analysis's layers (once per analysis with ``plans``)."""
+    return memoised(plans, analysis, ("op groups",), lambda: op_result_groups(analysis.layers))
 
 
 _RESULT = attrgetter("result")
