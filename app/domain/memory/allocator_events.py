@@ -449,7 +449,7 @@ def _inference_forward(
 ) -> tuple[Template, list[Event]]:
     """An inference forward's template and its events (:mod:`~app.domain.memory.
     inference_forward`)."""
-    template = forward_template(analysis, plan, e.plans)
+    template = forward_template(analysis, plan, e.plans, e.columns)
     return template, fill(template, plan)
 
 
@@ -526,7 +526,7 @@ def step_allocator_events(
         (lambda: _buffer_events(analysis))
         if weights_on_host
         else lambda: _weight_events(
-            analysis, weight, weight_shard, layer_columns(e.plans, analysis)
+            analysis, weight, weight_shard, e.columns or layer_columns(e.plans, analysis)
         ),
     )
     if e.weight_tensors is not None and not weights_on_host:  # QLoRA: the 4-bit base's own

@@ -62,7 +62,7 @@ from app.domain.memory.formulas import (
 )
 from app.domain.memory.frozen import FrozenBase, frozen_base
 from app.domain.memory.liveness import StoragePlan, build_plan, last_reads, seed_rule
-from app.domain.memory.memo import PlanMemo, layer_columns, layer_totals, memoised
+from app.domain.memory.memo import LayerColumns, PlanMemo, layer_columns, layer_totals, memoised
 from app.domain.memory.moments import inference_moments, training_moments
 from app.domain.memory.request import MemoryInputError, MemoryRequest
 from app.domain.memory.reserve import explain_reserve
@@ -208,7 +208,8 @@ def estimate_memory(
         if lora is not None and training
         else None
     )
-    storage_plan, plan_key = _storage_plan(analysis, request, sizer, plans, frozen)
+    columns = layer_columns(plans, analysis)  # built once per estimate (per analysis, plans)
+    storage_plan, plan_key = _storage_plan(analysis, request, sizer, plans, columns, frozen)
     e = Estimation(
         analysis=analysis,
         request=request,
@@ -225,6 +226,7 @@ def estimate_memory(
         replays=replays,
         plans=plans,
         plan_key=plan_key,
+        columns=columns,
     )
     par = request.parallelism
     if request.checkpoint is not None and par.tensor * par.pipeline == 1 and par.zero_stage < 3:
@@ -468,6 +470,7 @@ def _storage_plan(
     request: MemoryRequest,
     sizer: Sizer,
     plans: PlanMemo | None,
+    columns: LayerColumns,
     frozen: FrozenBase | None = None,
 ) -> tuple[StoragePlan, tuple[object, ...]]:
     """The step's storage plan, and what an inference plan depends on (its memo key).
@@ -480,7 +483,6 @@ def _storage_plan(
     """
     training = request.mode is Mode.TRAINING
     plan_key: tuple[object, ...] = ("plan", sizer.plan.activation, request.runtime)
-    columns = layer_columns(plans, analysis)
     if training:  # full checkpointing and the per-layer view edit a training plan
         return build_plan(analysis, sizer, request, training, None, frozen, columns), plan_key
     tp = request.parallelism.tensor

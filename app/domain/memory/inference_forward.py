@@ -12,7 +12,7 @@ from app.domain.budget import checkpoint
 from app.domain.graph.analysis import GraphAnalysis
 from app.domain.memory.cuda_allocator import Event
 from app.domain.memory.liveness import StoragePlan
-from app.domain.memory.memo import PlanMemo, layer_columns
+from app.domain.memory.memo import LayerColumns, PlanMemo, layer_columns
 
 # Keys of the forward's own tensors: their position in the forward plus this, above any index of
 # a step's events (which key the head's and the backward's tensors), so the forward's events
@@ -116,11 +116,17 @@ def _template(shape: _Shape) -> Template:
     return Template(shape, kinds, keys, sources, list(live), tuple(allocated))
 
 
-def forward_template(analysis: GraphAnalysis, plan: StoragePlan, memo: PlanMemo | None) -> Template:
+def forward_template(
+    analysis: GraphAnalysis,
+    plan: StoragePlan,
+    memo: PlanMemo | None,
+    columns: LayerColumns | None = None,
+) -> Template:
     """The template of the inference forward of ``analysis`` under ``plan``: the one stored in
     ``memo`` for the last forward of that many layers if its shape is this one's (compared in
-    full, not trusted: a shape that differs in anything gets its own), else built."""
-    shape = _shape(analysis, plan, layer_columns(memo, analysis).storages)
+    full, not trusted: a shape that differs in anything gets its own), else built.
+    ``columns``: the analysis's :func:`layer_columns`, if known."""
+    shape = _shape(analysis, plan, (columns or layer_columns(memo, analysis)).storages)
     slot = ("inference forward template", len(shape.storages))
     found = memo.get(slot) if memo is not None else None
     if isinstance(found, Template) and found.shape == shape:
