@@ -19,6 +19,7 @@ from app.domain.memory.allocator_events import _first_gemm, _forward_events, _wa
 from app.domain.memory.estimate import MemoryRequest, analyze_for, estimate_memory
 from app.domain.memory.inference_forward import Template, fill, forward_template
 from app.domain.memory.liveness import StoragePlan
+from app.domain.memory.repeated_blocks import find_blocks, find_blocks_like
 from app.domain.precision import Precision
 from app.domain.workload import Mode, Parallelism, Runtime
 from app.domain.zoo import ZOO
@@ -44,9 +45,10 @@ def forwards() -> list[Forward]:
     original = allocator_events._inference_forward
 
     def capture(analysis: Any, plan: Any, e: Any) -> Any:
-        template, events = original(analysis, plan, e)
+        template, events, sizes = original(analysis, plan, e)
+        assert sizes == [size for _, _, size in events]
         captured.append((analysis, plan, template, events))
-        return template, events
+        return template, events, sizes
 
     memo = _Memo()
     with pytest.MonkeyPatch.context() as patch:
@@ -112,4 +114,19 @@ def test_a_forward_of_another_shape_gets_its_own_template(forwards: list[Forward
     other = forward_template(analysis, view, memo)
     assert other != template
     walked = _forward_events(analysis, view, [[] for _ in analysis.layers], False)
-    assert fill(other, view) == walked.events != fill(template, plan)
+    assert fill(other, view)[0] == walked.events != fill(template, plan)[0]
+
+
+def test_blocks_found_from_the_template_lists_are_the_search_s(forwards: list[Forward]) -> None:
+    """Blocks looked up with the template's kinds and keys (shared lists, compared by identity
+    first) and the forward's bytes are the forward's own search, in either order, one memo."""
+    for order in (forwards, forwards[::-1]):
+        memo = _Memo()
+        reused = 0
+        for _, _, template, events in order:
+            sizes = [size for _, _, size in events]
+            before = dict(memo)
+            found = find_blocks_like(events, memo, (template.kinds, template.keys, sizes))
+            assert found == find_blocks(events)
+            reused += memo == before
+        assert reused >= len(forwards) // 2  # precondition: most forwards reuse a search

@@ -446,11 +446,11 @@ def _warm_up_forward(
 
 def _inference_forward(
     analysis: GraphAnalysis, plan: StoragePlan, e: Estimation
-) -> tuple[Template, list[Event]]:
-    """An inference forward's template and its events (:mod:`~app.domain.memory.
-    inference_forward`)."""
+) -> tuple[Template, list[Event], list[int]]:
+    """An inference forward's template, its events and their bytes
+    (:mod:`~app.domain.memory.inference_forward`)."""
     template = forward_template(analysis, plan, e.plans, e.columns)
-    return template, fill(template, plan)
+    return template, *fill(template, plan)
 
 
 def forward_events_key(e: Estimation) -> tuple[object, ...]:
@@ -568,14 +568,14 @@ def step_allocator_events(
     if step is None:
         # the events of _forward_events(analysis, plan, [[] for _ in layers], False), from
         # the template the model's forwards share (inference_forward)
-        template, forward = memoised(
+        template, forward, sizes = memoised(
             e.plans, analysis, forward_events_key(e), lambda: _inference_forward(analysis, plan, e)
         )
         repeated = memoised(
             e.plans,
             analysis,
             ("forward blocks", *forward_events_key(e)[1:]),
-            lambda: find_blocks_like(forward, e.plans),
+            lambda: find_blocks_like(forward, e.plans, (template.kinds, template.keys, sizes)),
         )
         forward_from = len(events)
         if first_gemm is None:

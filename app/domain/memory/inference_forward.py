@@ -137,10 +137,10 @@ def forward_template(
     return template
 
 
-def fill(template: Template, plan: StoragePlan) -> list[Event]:
-    """The events of ``template`` with the bytes of ``plan``'s outputs and transients."""
+def fill(template: Template, plan: StoragePlan) -> tuple[list[Event], list[int]]:
+    """The events of ``template`` with the bytes of ``plan``'s outputs and transients, and
+    their bytes (event by event)."""
     checkpoint()  # app.domain.budget: stop here past the request's deadline
     sizes = [*plan.out_alloc, *map(_FORWARD_TRANSIENT, plan.op_sizes), 0]
-    return list(
-        zip(template.kinds, template.keys, map(sizes.__getitem__, template.sources), strict=True)
-    )
+    filled = list(map(sizes.__getitem__, template.sources))
+    return list(zip(template.kinds, template.keys, filled, strict=True)), filled
