@@ -262,7 +262,8 @@ def weights_bytes(
     other_weight = bytes_per_element(row.other_weight_dtype)
     # The output head (the last layer with weights) stays 16-bit, as GPTQ/AWQ/bitsandbytes keep
     # lm_head; so do embeddings, norms and biases.
-    head = max((i for i, layer in enumerate(analysis.layers) if layer.result.params), default=-1)
+    layers = analysis.layers  # from the end: the last one with weights, -1 without
+    head = next((i for i in reversed(range(len(layers))) if layers[i].result.params), -1)
     # Each distinct op result (one per repeated block) is summed once, times its uses, in
     # integers: total = quantized x weight + scales + other x other weight, the same exact sum
     # as per tensor without Fraction arithmetic per tensor.

@@ -300,6 +300,7 @@ _CPU_BACKWARD_EXTRA: Mapping[str, int] = {
 
 _INPUT_STORAGES = attrgetter("input_storages")
 _OUTPUT_BYTES = attrgetter("output_storage")  # of an OpSizes
+_FORWARD_TRANSIENT = attrgetter("forward_transient")
 
 
 def last_reads(analysis: GraphAnalysis) -> dict[int, int]:
@@ -485,9 +486,9 @@ def build_timeline(plan: StoragePlan) -> Timeline:
             alloc[index] += sum([sizes[key] for key in keys])
         free_backward = [0] * len(alloc)
     free_forward = [0] * len(alloc)
-    for storage, index in plan.last_use.items():
-        if storage not in first_saver and storage not in pinned:
-            free_forward[index] += sizes[storage]
+    last_use = plan.last_use  # the dead values, by set operations (their order: sums only)
+    for storage in last_use.keys() - first_saver.keys() - pinned:
+        free_forward[last_use[storage]] += sizes[storage]
     for key, index in first_saver.items():
         if key not in pinned:
             free_backward[index] += sizes[key]
@@ -524,9 +525,9 @@ def forward_peak(plan: StoragePlan, timeline: Timeline) -> tuple[Peak, int]:
         return Peak(), 0
     before = list(accumulate(map(sub, alloc, timeline.free_forward), initial=0))
     during = list(map(add, before, alloc))  # zip-like: stops after the last layer
-    transients = [op.forward_transient for op in plan.op_sizes]
+    transients = list(map(_FORWARD_TRANSIENT, plan.op_sizes))
     totals = list(map(add, during, transients))
-    index = max(range(len(totals)), key=totals.__getitem__)  # the first largest
+    index = totals.index(max(totals))  # the first largest
     peak = Peak(activations=during[index], transient=transients[index], at="forward", index=index)
     return peak, before[-1]
 
