@@ -17,6 +17,8 @@ from app.domain.memory.formulas import (
     Sizer,
     _kv_replicated_elements,
     _layers_share,
+    ceil_fraction,
+    kv_cache_bytes,
     kv_rank_numel,
     precision_plan,
 )
@@ -143,3 +145,12 @@ def test_plans_read_from_the_columns_are_the_layers_figures(
                         first_saver.setdefault(key, at)
                 assert plan.first_saver == first_saver
                 assert training or not first_saver
+
+
+def test_kv_cache_bytes_is_the_ceiling_of_the_fraction() -> None:
+    """kv_cache_bytes in integers is ``ceil_fraction(Fraction(elements x bytes, shard))``."""
+    for elements in (0, 1, 7, 4096, 3 * 2**40 + 5):
+        for element_bytes in (1, 2, 4):
+            for shard in (1, 2, 3, 4, 6, 8, 16):
+                expected = ceil_fraction(Fraction(elements * element_bytes, shard))
+                assert kv_cache_bytes(elements, element_bytes, shard) == expected

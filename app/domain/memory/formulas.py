@@ -490,7 +490,7 @@ def kv_cache_bytes(elements: int, element_bytes: int, shard: int) -> int:
     ----------
     Pope et al., "Efficiently Scaling Transformer Inference", 2022 (the KV cache's size).
     """
-    return ceil_fraction(Fraction(elements * element_bytes, shard))
+    return -(-(elements * element_bytes) // shard)  # ceil_fraction's, without a Fraction
 
 
 def fsdp_buffer_bytes(
