@@ -115,6 +115,13 @@ def test_a_forward_of_another_shape_gets_its_own_template(forwards: list[Forward
     assert other != template
     walked = _forward_events(analysis, view, [[] for _ in analysis.layers], False)
     assert fill(other, view)[0] == walked.events != fill(template, plan)[0]
+    # the same last readers in another order (the order of the frees after a layer)
+    reordered = dataclasses.replace(plan, last_use=dict(reversed(plan.last_use.items())))
+    assert reordered.last_use == plan.last_use
+    again = forward_template(analysis, reordered, memo)
+    assert again.shape != template.shape
+    walked = _forward_events(analysis, reordered, [[] for _ in analysis.layers], False)
+    assert fill(again, reordered)[0] == walked.events
 
 
 def test_blocks_found_from_the_template_lists_are_the_search_s(forwards: list[Forward]) -> None:

@@ -25,11 +25,13 @@ _FORWARD_TRANSIENT = attrgetter("forward_transient")
 class _Shape(NamedTuple):
     """What the order and keys of an inference forward's events depend on: per layer its
     output storage, whether it allocates an output and whether it takes a transient; the
-    plan's last readers, kept and pinned storages, and the model's inputs."""
+    plan's last readers (and their order: the order of the frees after a layer), kept and
+    pinned storages, and the model's inputs."""
 
     storages: tuple[int, ...]
     allocates: tuple[bool, ...]
     transients: tuple[bool, ...]
+    read: tuple[int, ...]  # the storages of last_use, in its order (dicts compare without)
     last_use: dict[int, int]
     first_saver: dict[int, int]
     pinned: frozenset[int]
@@ -65,6 +67,7 @@ def _shape(analysis: GraphAnalysis, plan: StoragePlan, storages: tuple[int, ...]
         storages=storages,
         allocates=tuple(map(bool, plan.out_alloc)),
         transients=tuple(map(bool, map(_FORWARD_TRANSIENT, plan.op_sizes))),
+        read=tuple(plan.last_use),
         last_use=plan.last_use,
         first_saver=plan.first_saver,
         pinned=frozenset(plan.pinned),
@@ -131,7 +134,10 @@ def forward_template(
     found = memo.get(slot) if memo is not None else None
     if isinstance(found, Template) and found.shape == shape:
         return found
-    template = _template(shape)
+    # stored with copies of the plan's dicts (a later edit of them cannot change its shape)
+    template = _template(
+        shape._replace(last_use=dict(shape.last_use), first_saver=dict(shape.first_saver))
+    )
     if memo is not None:
         memo.put(slot, template)
     return template
