@@ -41,10 +41,12 @@ def _steps(forwards: list[list[Event]] | None = None) -> list[Step]:
         captured.append((list(events), steady_from, list(kwargs.get("blocks", ()))))
         return original(events, steady_from, **kwargs)
 
-    def forward(events: Any, memo: Any) -> list[Blocks]:
+    def forward(events: Any, memo: Any, split: Any = None) -> list[Blocks]:
         if forwards is not None:
             forwards.append(list(events))
-        return find_blocks_like(events, memo)
+        if split is not None:  # the events' kinds, keys and bytes, as the events have them
+            assert [list(column) for column in zip(*events, strict=True)] == list(split)
+        return find_blocks_like(events, memo, split)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(engine, "replay_steady", capture)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
-from operator import attrgetter
+from itertools import chain
 from typing import NamedTuple
 
 from app.domain.budget import CHECK_EVERY_MASK, checkpoint
@@ -15,6 +15,7 @@ from app.domain.graph.traits import CUBLAS_GEMM_OPS
 from app.domain.hardware import FrameworkOverhead
 from app.domain.memory.context import Estimation, StepTensors
 from app.domain.memory.cuda_allocator import Blocks, Event, EventsKey
+from app.domain.memory.inference_forward import FORWARD_KEYS, Template, fill, forward_template
 from app.domain.memory.liveness import (
     StoragePlan,
     adapter_tensor_id,
@@ -23,7 +24,7 @@ from app.domain.memory.liveness import (
     offload_last_keepers,
     released_at,
 )
-from app.domain.memory.memo import memoised
+from app.domain.memory.memo import LayerColumns, layer_columns, memoised
 from app.domain.memory.repeated_blocks import find_blocks_like, shifted
 
 
@@ -41,9 +42,6 @@ def _param_tensor_bytes(
             sizes = per_result[id(layer.result)] = [-(-math.prod(s) * num // den) for s in shapes]
         tensors.append(sizes)
     return tensors
-
-
-_RESULT = attrgetter("result")
 
 
 def _spread(total: int, sizes: Sequence[int]) -> list[int]:
@@ -64,22 +62,23 @@ class _WeightEvents(NamedTuple):
     key: EventsKey  # the events as the replay memo's key (hashed once)
 
 
-def _weight_events(analysis: GraphAnalysis, weight: Fraction, model_shard: int) -> _WeightEvents:
-    """The weights' events at ``weight`` B per element, split over ``model_shard`` GPUs."""
+def _weight_events(
+    analysis: GraphAnalysis, weight: Fraction, model_shard: int, columns: LayerColumns
+) -> _WeightEvents:
+    """The weights' events at ``weight`` B per element, split over ``model_shard`` GPUs
+    (``columns``: the analysis's :func:`layer_columns`)."""
     num, den = weight.numerator, weight.denominator * model_shard
-    # once per distinct op result (the repeats of a block share theirs), as _param_tensor_bytes
-    per_result: dict[int, tuple[list[int], list[int]]] = {}
-    sizes: list[list[int]] = []
-    allocated: list[int] = []
-    for result in map(_RESULT, analysis.layers):
-        found = per_result.get(id(result))
-        if found is None:
-            tensors = [-(-math.prod(shape) * num // den) for shape in result.param_shapes]
-            with_buffers = tensors + [result.buffers_bytes] if result.buffers_bytes else tensors
-            found = per_result[id(result)] = (tensors, with_buffers)
-        sizes.append(found[0])
-        allocated += found[1]
-    events = _kept(allocated)
+    # once per distinct op result (the repeats of a block share theirs), as _param_tensor_bytes;
+    # the layers' lists then joined by C loops (map, chain) rather than a step per layer
+    tensors_of: dict[int, list[int]] = {}
+    allocated_of: dict[int, list[int]] = {}
+    for key, layer in columns.distinct.items():
+        result = layer.result
+        tensors = [-(-math.prod(shape) * num // den) for shape in result.param_shapes]
+        tensors_of[key] = tensors
+        allocated_of[key] = tensors + [result.buffers_bytes] if result.buffers_bytes else tensors
+    sizes = list(map(tensors_of.__getitem__, columns.ids))
+    events = _kept(list(chain.from_iterable(map(allocated_of.__getitem__, columns.ids))))
     return _WeightEvents(sizes=sizes, events=events, key=EventsKey(events))
 
 
@@ -96,10 +95,8 @@ def _kept(sizes: Sequence[int]) -> tuple[Event, ...]:
     return (("keep", tuple(sizes), 0),) if sizes else ()
 
 
-# Keys of the forward's own tensors: their position in the forward plus this, above any index of
-# a step's events (which key the head's and the backward's tensors), so the forward's events
-# can be built once and follow any head.
-_FORWARD_KEYS = 1 << 48
+# Keys of the forward's own tensors (their position in the forward plus this)
+_FORWARD_KEYS = FORWARD_KEYS
 
 
 class _ForwardEvents(NamedTuple):
@@ -413,7 +410,10 @@ def _first_gemm(analysis: GraphAnalysis) -> int | None:
 
 
 def _warm_up_forward(
-    forward: Sequence[Event], first_gemm: int, workspaces: Sequence[int]
+    forward: Sequence[Event],
+    first_gemm: int,
+    workspaces: Sequence[int],
+    template: Template | None = None,
 ) -> tuple[list[Event], int]:
     """Inference's warm-up forward: PyTorch allocates a cuBLAS workspace at the first GEMM of
     the process (``getCurrentCUDABlasHandle`` / ``getCUDABlasLtWorkspace``,
@@ -422,17 +422,35 @@ def _warm_up_forward(
     follows can find a cached block split by it (measured on an H100, benchmarks/fidelity/cuda:
     22 of the 28 CNN inferences add a segment in their first steady step, VGG-16 fp32 at batch
     32 786 MiB, conv1_2's work space). Also returns the index of the forward's event before
-    which the workspaces' "keep" is inserted."""
-    allocs = (i for i, (kind, key, _) in enumerate(forward) if (kind, key) == ("alloc", first_gemm))
-    at = next(allocs, -1) + 1
-    live: dict[object, None] = {}
-    for kind, key, _ in forward:
-        if kind == "alloc":
-            live[key] = None
-        elif kind == "free":
-            live.pop(key, None)
-    events = [*forward[:at], *_kept(workspaces), *forward[at:], *(("free", key, 0) for key in live)]
+    which the workspaces' "keep" is inserted. ``template``: the forward's (its kinds and keys
+    and the keys live at its end, found once per template rather than by a walk per call)."""
+    if template is None:
+        allocs = (
+            i for i, (kind, key, _) in enumerate(forward) if (kind, key) == ("alloc", first_gemm)
+        )
+        at = next(allocs, -1) + 1
+        live: dict[object, None] = {}
+        for kind, key, _ in forward:
+            if kind == "alloc":
+                live[key] = None
+            elif kind == "free":
+                live.pop(key, None)
+        live_keys: Sequence[object] = list(live)
+    else:
+        at = template.first_alloc(first_gemm) + 1
+        live_keys = template.live_keys
+    events = [*forward[:at], *_kept(workspaces), *forward[at:]]
+    events += [("free", key, 0) for key in live_keys]
     return events, at
+
+
+def _inference_forward(
+    analysis: GraphAnalysis, plan: StoragePlan, e: Estimation
+) -> tuple[Template, list[Event], list[int]]:
+    """An inference forward's template, its events and their bytes
+    (:mod:`~app.domain.memory.inference_forward`)."""
+    template = forward_template(analysis, plan, e.plans, e.columns)
+    return template, *fill(template, plan)
 
 
 def forward_events_key(e: Estimation) -> tuple[object, ...]:
@@ -507,17 +525,21 @@ def step_allocator_events(
         ("buffers",) if weights_on_host else ("weights", weight, weight_shard),
         (lambda: _buffer_events(analysis))
         if weights_on_host
-        else lambda: _weight_events(analysis, weight, weight_shard),
+        else lambda: _weight_events(
+            analysis, weight, weight_shard, e.columns or layer_columns(e.plans, analysis)
+        ),
     )
     if e.weight_tensors is not None and not weights_on_host:  # QLoRA: the 4-bit base's own
         replayed = _kept([size for sizes in e.weight_tensors for size in sizes])
         weights = _WeightEvents(list(e.weight_tensors), replayed, EventsKey(replayed))
     events: list[Event] = list(weights.events)
     add = events.append
-    flat = [size for sizes in weights.sizes for size in sizes]
-    if e.grad_tensors is not None:  # LoRA: state and temporaries follow the trainable tensors
-        flat = [size for sizes in e.grad_tensors for size in sizes]
     step = e.step
+    flat: list[int] = []  # the trainable tensors (training's state and temporaries)
+    if step is not None:
+        flat = [size for sizes in weights.sizes for size in sizes]
+    if step is not None and e.grad_tensors is not None:  # LoRA: they follow the trainable ones
+        flat = [size for sizes in e.grad_tensors for size in sizes]
     kept: list[int] = []  # allocations never freed, in order (one "keep" event)
     if e.adapter_tensors is not None:  # LoRA: the adapters (and modules_to_save copies)
         kept += [size for sizes in e.adapter_tensors for size in sizes]
@@ -544,26 +566,25 @@ def step_allocator_events(
         kept += e.comm_buffers
     events += _kept(kept)
     if step is None:
-        shared = memoised(
-            e.plans,
-            analysis,
-            forward_events_key(e),
-            lambda: _forward_events(analysis, plan, [[] for _ in layers], False),
+        # the events of _forward_events(analysis, plan, [[] for _ in layers], False), from
+        # the template the model's forwards share (inference_forward)
+        template, forward, sizes = memoised(
+            e.plans, analysis, forward_events_key(e), lambda: _inference_forward(analysis, plan, e)
         )
         repeated = memoised(
             e.plans,
             analysis,
             ("forward blocks", *forward_events_key(e)[1:]),
-            lambda: find_blocks_like(shared.events, e.plans),
+            lambda: find_blocks_like(forward, e.plans, (template.kinds, template.keys, sizes)),
         )
         forward_from = len(events)
         if first_gemm is None:
-            events += shared.events
+            events += forward
             return events, 0, weights, forward_from, shifted(repeated, forward_from)
-        warm_up, workspace_at = _warm_up_forward(shared.events, first_gemm, workspaces)
+        warm_up, workspace_at = _warm_up_forward(forward, first_gemm, workspaces, template)
         events += warm_up
         steady_from = len(events)
-        events += shared.events
+        events += forward
         blocks = shifted(repeated, forward_from, workspace_at) + shifted(repeated, steady_from)
         return events, steady_from, weights, forward_from, blocks
     kept_after: list[list[int]] = [[] for _ in layers]  # per layer, the storages it keeps first

@@ -11,7 +11,7 @@ from app.domain.graph.analysis import GraphAnalysis
 from app.domain.memory.cuda_allocator import AllocatorPeaks, ReplayMemo
 from app.domain.memory.formulas import PrecisionPlan, Sizer
 from app.domain.memory.liveness import Peak, StoragePlan
-from app.domain.memory.memo import LayerTotals, PlanMemo
+from app.domain.memory.memo import LayerColumns, LayerTotals, PlanMemo
 from app.domain.memory.request import MemoryRequest
 from app.domain.peft import LoraPlan
 from app.domain.peft.qlora import QuantizedBase
@@ -64,6 +64,7 @@ class Estimation:
     replays: ReplayMemo | None = None  # the caller's memo of allocator states after the weights
     plans: PlanMemo | None = None  # the caller's memo of what one analysis derives
     plan_key: tuple[object, ...] = ()  # inference: what the storage plan depends on
+    columns: LayerColumns | None = None  # the analysis's layer columns (memo.layer_columns)
     lora: LoraPlan | None = None  # training with LoRA: what the adapters adapt and train
     grad_tensors: list[list[int]] | None = None  # LoRA: per layer, its trainable tensors' bytes
     cast_tensors: list[list[int]] | None = None  # LoRA: per layer, autocast's copies of them

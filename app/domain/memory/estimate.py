@@ -62,7 +62,7 @@ from app.domain.memory.formulas import (
 )
 from app.domain.memory.frozen import FrozenBase, frozen_base
 from app.domain.memory.liveness import StoragePlan, build_plan, last_reads, seed_rule
-from app.domain.memory.memo import PlanMemo, layer_totals, memoised
+from app.domain.memory.memo import LayerColumns, PlanMemo, layer_columns, layer_totals, memoised
 from app.domain.memory.moments import inference_moments, training_moments
 from app.domain.memory.request import MemoryInputError, MemoryRequest
 from app.domain.memory.reserve import explain_reserve
@@ -208,7 +208,8 @@ def estimate_memory(
         if lora is not None and training
         else None
     )
-    storage_plan, plan_key = _storage_plan(analysis, request, sizer, plans, frozen)
+    columns = layer_columns(plans, analysis)  # built once per estimate (per analysis, plans)
+    storage_plan, plan_key = _storage_plan(analysis, request, sizer, plans, columns, frozen)
     e = Estimation(
         analysis=analysis,
         request=request,
@@ -225,6 +226,7 @@ def estimate_memory(
         replays=replays,
         plans=plans,
         plan_key=plan_key,
+        columns=columns,
     )
     par = request.parallelism
     if request.checkpoint is not None and par.tensor * par.pipeline == 1 and par.zero_stage < 3:
@@ -361,7 +363,9 @@ def _weights_line(
             par.tensor,
             par.pipeline,
             plan.weight,
-            heads=bool(attention_heads(analysis)),
+            heads=bool(
+                memoised(plans, analysis, ("attention heads",), lambda: attention_heads(analysis))
+            ),
         )
         notes += share_notes
     if par.zero_stage >= 3:
@@ -466,6 +470,7 @@ def _storage_plan(
     request: MemoryRequest,
     sizer: Sizer,
     plans: PlanMemo | None,
+    columns: LayerColumns,
     frozen: FrozenBase | None = None,
 ) -> tuple[StoragePlan, tuple[object, ...]]:
     """The step's storage plan, and what an inference plan depends on (its memo key).
@@ -479,7 +484,7 @@ def _storage_plan(
     training = request.mode is Mode.TRAINING
     plan_key: tuple[object, ...] = ("plan", sizer.plan.activation, request.runtime)
     if training:  # full checkpointing and the per-layer view edit a training plan
-        return build_plan(analysis, sizer, request, training, frozen=frozen), plan_key
+        return build_plan(analysis, sizer, request, training, None, frozen, columns), plan_key
     tp = request.parallelism.tensor
     plan_request = _INFERENCE_PLAN_REQUEST
     if tp > 1:  # a tensor-parallel rank holds its share of the column-parallel activations
@@ -496,6 +501,7 @@ def _storage_plan(
             plan_request,
             training,
             memoised(plans, analysis, ("last use",), lambda: last_reads(analysis)),
+            columns=columns,
         ),
     )
     return storage_plan, plan_key

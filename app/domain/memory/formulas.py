@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from fractions import Fraction
@@ -24,7 +24,7 @@ from app.domain.graph.analysis import GraphAnalysis, LayerAnalysis
 from app.domain.graph.ops import Storage, TensorKind
 from app.domain.graph.traits import QUANTIZABLE_OPS
 from app.domain.memory.checkpoint import checkpoint_weights_bytes, unquantized_dtype_bytes
-from app.domain.memory.memo import PlanMemo, memoised
+from app.domain.memory.memo import PlanMemo, memoised, op_groups, op_result_groups
 from app.domain.memory.request import MemoryRequest
 from app.domain.parallel import (
     check_tensor_parallel,
@@ -262,7 +262,8 @@ def weights_bytes(
     other_weight = bytes_per_element(row.other_weight_dtype)
     # The output head (the last layer with weights) stays 16-bit, as GPTQ/AWQ/bitsandbytes keep
     # lm_head; so do embeddings, norms and biases.
-    head = max((i for i, layer in enumerate(analysis.layers) if layer.result.params), default=-1)
+    layers = analysis.layers  # from the end: the last one with weights, -1 without
+    head = next((i for i in reversed(range(len(layers))) if layers[i].result.params), -1)
     # Each distinct op result (one per repeated block) is summed once, times its uses, in
     # integers: total = quantized x weight + scales + other x other weight, the same exact sum
     # as per tensor without Fraction arithmetic per tensor.
@@ -489,7 +490,7 @@ def kv_cache_bytes(elements: int, element_bytes: int, shard: int) -> int:
     ----------
     Pope et al., "Efficiently Scaling Transformer Inference", 2022 (the KV cache's size).
     """
-    return ceil_fraction(Fraction(elements * element_bytes, shard))
+    return -(-(elements * element_bytes) // shard)  # ceil_fraction's, without a Fraction
 
 
 def fsdp_buffer_bytes(
@@ -679,17 +680,13 @@ def kv_rank_numel(layer: LayerAnalysis, tp: int) -> int:
     return kv // kv_heads * kv_heads_per_rank(kv_heads, tp)
 
 
-def _layers_share(layers: Sequence[LayerAnalysis], tp: int) -> tuple[Fraction, int]:
-    """The sums of :func:`_kv_replicated_elements` and :func:`kv_rank_numel` over ``layers``,
-    each evaluated once per distinct (op, op result) (the repeats of a block share their
-    results) and multiplied by its count (speed only: the same sums)."""
-    keys = list(zip(map(_OP, layers), map(id, map(_RESULT, layers)), strict=True))
-    counts = Counter(keys)
-    first = dict(zip(reversed(keys), reversed(layers), strict=True))  # a layer per key
+def _layers_share(groups: Iterable[tuple[LayerAnalysis, int]], tp: int) -> tuple[Fraction, int]:
+    """The sums of :func:`_kv_replicated_elements` and :func:`kv_rank_numel` over layers, each
+    evaluated once per distinct (op, op result) (``groups``: :func:`op_result_groups`; the
+    repeats of a block share their results) and multiplied by its count (speed only)."""
     extra_total = Fraction(0)
     kv_total = 0
-    for key, count in counts.items():
-        layer = first[key]
+    for layer, count in groups:
         extra = _kv_replicated_elements(layer, tp)
         if extra:
             extra_total += count * extra
@@ -747,6 +744,7 @@ def rank_share(
     pp: int,
     kv_bytes: int,
     checkpoint: CheckpointLayout | None = None,
+    groups: list[tuple[LayerAnalysis, int]] | None = None,
 ) -> RankShare:
     """The weights and KV cache one rank holds under tensor ``tp`` x pipeline ``pp``.
 
@@ -759,6 +757,8 @@ def rank_share(
         Tensor- and pipeline-parallel degrees [-].
     kv_bytes : int
         Bytes per KV cache element, to rank the stages (0: no KV cache) [B].
+    groups : list of (LayerAnalysis, int), optional
+        The analysis's :func:`op_result_groups`, if known.
 
     Notes
     -----
@@ -772,7 +772,7 @@ def rank_share(
     """
     stages_of = layer_stages(analysis, pp)
     if stages_of is None:
-        extra, kv = _layers_share(analysis.layers, tp)
+        extra, kv = _layers_share(groups or op_result_groups(analysis.layers), tp)
         weights = ceil_fraction(Fraction(weights_full, tp * pp) + extra * plan.weight / pp)
         share = StageShare(
             stored=weights_full,
@@ -801,7 +801,7 @@ def rank_share(
                 if tied is not None:
                     held.add(tied)  # the tied head's weight: a copy on the last stage
         stored = weights_bytes(analysis, plan, precision, held, checkpoint)[0] if held else 0
-        extra, kv = _layers_share([analysis.layers[i] for i in indices], tp)
+        extra, kv = _layers_share(op_result_groups([analysis.layers[i] for i in indices]), tp)
         stages.append(
             StageShare(
                 stored=stored,
@@ -833,12 +833,13 @@ def request_rank_share(
     kv_bytes = 0
     if request.mode is Mode.INFERENCE and analysis.is_decoder and request.kv_cache is not False:
         kv_bytes = int(bytes_per_element(convention(precision).kv_cache_dtype))
+    degrees = (par.tensor, par.pipeline, kv_bytes, checkpoint)
     share = memoised(
         plans,
         analysis,
-        ("rank share", precision, par.tensor, par.pipeline, kv_bytes, checkpoint),
+        ("rank share", precision, *degrees),
         lambda: rank_share(
-            analysis, plan, precision, weights_full, par.tensor, par.pipeline, kv_bytes, checkpoint
+            analysis, plan, precision, weights_full, *degrees, op_groups(plans, analysis)
         ),
     )
     return share, weights_full, notes

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
-from itertools import accumulate
-from operator import add, attrgetter, sub
+from itertools import accumulate, compress
+from operator import add, attrgetter, mul, sub
 from typing import NamedTuple
 
 from app.domain.graph.analysis import GraphAnalysis, LayerAnalysis
@@ -26,6 +26,7 @@ from app.domain.graph.traits import CONV_OPS, INTERNAL_TENSOR_OPS, LOOKUP_OPS
 from app.domain.memory.compiled import compiled_kept
 from app.domain.memory.formulas import Sizer
 from app.domain.memory.frozen import WEIGHT_GRAD_LABELS, FrozenBase
+from app.domain.memory.memo import LayerColumns, layer_columns
 from app.domain.memory.request import MemoryRequest
 from app.domain.workload import Checkpointing, Runtime
 
@@ -298,7 +299,8 @@ _CPU_BACKWARD_EXTRA: Mapping[str, int] = {
 
 
 _INPUT_STORAGES = attrgetter("input_storages")
-_RESULT = attrgetter("result")
+_OUTPUT_BYTES = attrgetter("output_storage")  # of an OpSizes
+_FORWARD_TRANSIENT = attrgetter("forward_transient")
 
 
 def last_reads(analysis: GraphAnalysis) -> dict[int, int]:
@@ -317,16 +319,22 @@ def build_plan(
     training: bool,
     last_use: dict[int, int] | None = None,
     frozen: FrozenBase | None = None,
+    columns: LayerColumns | None = None,
 ) -> StoragePlan:
     """The storage plan; ``last_use``: :func:`last_reads` of the analysis, if known. Inference
     leaves out the gradients of the layers' inputs (``grad_in``: only backward reads them).
-    ``frozen``: a frozen base's rules (LoRA training, :mod:`app.domain.memory.frozen`)."""
+    ``frozen``: a frozen base's rules (LoRA training, :mod:`app.domain.memory.frozen`).
+    ``columns``: the analysis's :func:`layer_columns`, if known."""
     layers = analysis.layers
+    if columns is None:
+        columns = layer_columns(None, analysis)
+    ids = columns.ids
     # Byte figures once per distinct op result: the iterations of a repeat share theirs.
     if frozen is None or not training:
-        ids = list(map(id, map(_RESULT, layers)))
-        distinct = dict(zip(ids, layers, strict=True))  # the last layer of each result
-        derived = {key: _op_sizes(layer, sizer, request) for key, layer in distinct.items()}
+        derived = {
+            key: _op_sizes(layer, sizer, request)  # the last layer of each result
+            for key, layer in columns.distinct.items()
+        }
         op_sizes = list(map(derived.__getitem__, ids))
     else:
         variants = [frozen.variant(index) for index in range(len(layers))]
@@ -343,17 +351,9 @@ def build_plan(
             for layer, variant in zip(layers, variants, strict=True)
         ]
     sizes = {bound.storage: sizer.value_bytes(bound.numel, bound.kind) for bound in analysis.inputs}
-    out_alloc = [
-        op.output_storage if layer.allocates_output else 0
-        for layer, op in zip(layers, op_sizes, strict=True)
-    ]
-    sizes.update(
-        {
-            layer.output_storage: op.output_storage
-            for layer, op in zip(layers, op_sizes, strict=True)
-            if layer.allocates_output
-        }
-    )
+    out_alloc = list(map(mul, columns.allocates, map(_OUTPUT_BYTES, op_sizes)))  # False x n: 0
+    allocated = compress(columns.storages, columns.allocates)
+    sizes.update(zip(allocated, compress(out_alloc, columns.allocates), strict=True))
     # Every storage a layer reads is a model input or an earlier layer's (allocated) output.
     size_of = sizes.__getitem__
     grad_in = (
@@ -384,8 +384,11 @@ def build_plan(
             else ()
             for layer, op in zip(layers, op_sizes, strict=True)
         ]
-    # Earliest keeper: walk backwards so that earlier layers overwrite later ones.
-    first_saver = {key: index for index in range(n - 1, -1, -1) for key in reused[index]}
+    # Earliest keeper: walk backwards so that earlier layers overwrite later ones (inference
+    # keeps nothing: no walk).
+    first_saver = (
+        {key: index for index in range(n - 1, -1, -1) for key in reused[index]} if training else {}
+    )
     pinned = {bound.storage for bound in analysis.inputs}
     pinned.add(analysis.output_storage)
     return StoragePlan(
@@ -483,9 +486,9 @@ def build_timeline(plan: StoragePlan) -> Timeline:
             alloc[index] += sum([sizes[key] for key in keys])
         free_backward = [0] * len(alloc)
     free_forward = [0] * len(alloc)
-    for storage, index in plan.last_use.items():
-        if storage not in first_saver and storage not in pinned:
-            free_forward[index] += sizes[storage]
+    last_use = plan.last_use  # the dead values, by set operations (their order: sums only)
+    for storage in last_use.keys() - first_saver.keys() - pinned:
+        free_forward[last_use[storage]] += sizes[storage]
     for key, index in first_saver.items():
         if key not in pinned:
             free_backward[index] += sizes[key]
@@ -522,9 +525,9 @@ def forward_peak(plan: StoragePlan, timeline: Timeline) -> tuple[Peak, int]:
         return Peak(), 0
     before = list(accumulate(map(sub, alloc, timeline.free_forward), initial=0))
     during = list(map(add, before, alloc))  # zip-like: stops after the last layer
-    transients = [op.forward_transient for op in plan.op_sizes]
+    transients = list(map(_FORWARD_TRANSIENT, plan.op_sizes))
     totals = list(map(add, during, transients))
-    index = max(range(len(totals)), key=totals.__getitem__)  # the first largest
+    index = totals.index(max(totals))  # the first largest
     peak = Peak(activations=during[index], transient=transients[index], at="forward", index=index)
     return peak, before[-1]
 

@@ -4,12 +4,12 @@ memo (:class:`PlanMemo`) and the sums over an analysis's layers that every estim
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import NamedTuple, Protocol, TypeVar, cast
 
-from app.domain.graph.analysis import GraphAnalysis
+from app.domain.graph.analysis import GraphAnalysis, LayerAnalysis
 
 
 class PlanMemo(Protocol):
@@ -84,3 +84,50 @@ def layer_totals(plans: PlanMemo | None, analysis: GraphAnalysis) -> LayerTotals
         )
 
     return memoised(plans, analysis, ("layer totals",), build)
+
+
+class LayerColumns(NamedTuple):
+    """Per-layer figures of an analysis read column by column (by C loops: ``map``, ``zip``),
+    and its distinct op results (the repeats of a block share theirs: what depends only on a
+    layer's result is worked out once per result)."""
+
+    ids: list[int]  # per layer, id(layer.result)
+    distinct: dict[int, LayerAnalysis]  # result id -> the last layer with that result
+    storages: tuple[int, ...]  # per layer, its output storage
+    allocates: list[bool]  # per layer, whether it allocates its output
+
+
+def layer_columns(plans: PlanMemo | None, analysis: GraphAnalysis) -> LayerColumns:
+    """The analysis's :class:`LayerColumns` (built once per analysis with ``plans``)."""
+
+    def build() -> LayerColumns:
+        layers = analysis.layers
+        ids = list(map(id, map(_RESULT, layers)))
+        return LayerColumns(
+            ids=ids,
+            distinct=dict(zip(ids, layers, strict=True)),
+            storages=tuple(map(_OUTPUT_STORAGE, layers)),
+            allocates=list(map(_ALLOCATES, layers)),
+        )
+
+    return memoised(plans, analysis, ("layer columns",), build)
+
+
+def op_result_groups(layers: Sequence[LayerAnalysis]) -> list[tuple[LayerAnalysis, int]]:
+    """Per distinct (op, op result) of ``layers``, in order of first occurrence: its first
+    layer and how many layers have it (what depends only on a layer's op and result is worked
+    out once per group: the repeats of a block share their result)."""
+    keys = list(zip(map(_OP, layers), map(id, map(_RESULT, layers)), strict=True))
+    first = dict(zip(reversed(keys), reversed(layers), strict=True))  # a layer per key
+    return [(first[key], count) for key, count in Counter(keys).items()]
+
+
+def op_groups(plans: PlanMemo | None, analysis: GraphAnalysis) -> list[tuple[LayerAnalysis, int]]:
+    """:func:`op_result_groups` of the analysis's layers (once per analysis with ``plans``)."""
+    return memoised(plans, analysis, ("op groups",), lambda: op_result_groups(analysis.layers))
+
+
+_RESULT = attrgetter("result")
+_OP = attrgetter("op")
+_OUTPUT_STORAGE = attrgetter("output_storage")
+_ALLOCATES = attrgetter("allocates_output")

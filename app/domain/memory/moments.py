@@ -775,7 +775,9 @@ def inference_moments(e: Estimation) -> list[Moment]:
                 f"max(1, kv_heads // {par.tensor}), x head_dim x seq x batch{divisor}] x "
                 f"{kv_bytes} [B]"
             )
-        cross = cross_attention_kv_numel(analysis)
+        cross = memoised(
+            e.plans, analysis, ("cross kv",), lambda: cross_attention_kv_numel(analysis)
+        )
         if cross:  # an encoder-decoder's cross-attention keys and values (cross_kv.py)
             cross_bytes = kv_cache_bytes(cross, kv_bytes, kv_shard)
             kv += cross_bytes

@@ -10,7 +10,7 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 from operator import eq, itemgetter
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from app.domain.memory.cuda_allocator import Blocks, Event
 from app.domain.memory.memo import PlanMemo
@@ -100,7 +100,11 @@ class _Searched(NamedTuple):
 _KIND, _KEY, _SIZE = itemgetter(0), itemgetter(1), itemgetter(2)
 
 
-def find_blocks_like(events: Sequence[Event], memo: PlanMemo | None) -> list[Blocks]:
+def find_blocks_like(
+    events: Sequence[Event],
+    memo: PlanMemo | None,
+    split: tuple[list[str], list[Any], list[int]] | None = None,
+) -> list[Blocks]:
     """:func:`find_blocks`, searched once per shape of forward: the forwards of one model at
     other batch sizes and precisions have the same events but for their bytes. A forward with
     the kinds and keys of the one searched last (``memo``), whose bytes are that one's renamed
@@ -108,13 +112,21 @@ def find_blocks_like(events: Sequence[Event], memo: PlanMemo | None) -> list[Blo
     renamed one-to-one (:func:`_signatures`: a free's distance and a keep depend on kinds and
     keys only, an allocation's and a transient's on their kind and bytes), so the same counts,
     periods and runs, and gets that one's blocks without a search: per event a list
-    comparison and a dict lookup instead of the search's signature, counting and matching."""
+    comparison and a dict lookup instead of the search's signature, counting and matching.
+    ``split``: the events' kinds, keys and bytes, if known (the lists of a template its
+    forwards share: compared by identity before element by element)."""
     if memo is None:
         return find_blocks(events)
-    kinds, keys, sizes = list(map(_KIND, events)), list(map(_KEY, events)), list(map(_SIZE, events))
+    if split is None:
+        split = list(map(_KIND, events)), list(map(_KEY, events)), list(map(_SIZE, events))
+    kinds, keys, sizes = split
     slot = ("forward blocks by shape", len(events), *keys[:1], *keys[-1:])
     found = memo.get(slot)
-    if isinstance(found, _Searched) and found.kinds == kinds and found.keys == keys:
+    if (
+        isinstance(found, _Searched)
+        and (found.kinds is kinds or found.kinds == kinds)
+        and (found.keys is keys or found.keys == keys)
+    ):
         renamed = {size: sizes[at] for size, at in zip(found.distinct, found.first_at, strict=True)}
         if len(set(renamed.values())) == len(renamed) and (
             list(map(renamed.__getitem__, found.sizes)) == sizes
