@@ -31,6 +31,7 @@ from app.domain.performance.decoding import (
     kv_elements_per_token,
     serving_shape,
 )
+from app.domain.performance.kernel_plans import clear_plans
 from app.domain.performance.phases import (
     PhasedRequest,
     PhasedRequestShape,
@@ -97,6 +98,7 @@ def clear_caches() -> None:
     _SHARDS.clear()
     _STAGES.clear()
     clear_server_cache()
+    clear_plans()
 
 
 @dataclass(slots=True)

@@ -60,6 +60,11 @@ _PLANS_KEPT = 32  # structures remembered (a model's prefill and decode; cleared
 PLAN_MAX_LAYERS = 20_000
 
 
+def clear_plans() -> None:
+    """Forget every plan (they are pure: only speed changes; a cold benchmark starts empty)."""
+    _PLANS.clear()
+
+
 def _make_plan(analysis: GraphAnalysis, fuse_elementwise: bool) -> _Plan | None:
     """The plan of ``analysis``: :func:`kernel_counts`' walk, recording layer indices (None
     when a layer's ``allocates_output`` does not say whether its op result aliases an input,
