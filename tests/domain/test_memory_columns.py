@@ -13,17 +13,10 @@ import pytest
 from app.domain.graph.analysis import GraphAnalysis
 from app.domain.memory.allocator_events import _weight_events
 from app.domain.memory.estimate import MemoryRequest, analyze_for
-from app.domain.memory.formulas import (
-    Sizer,
-    _kv_replicated_elements,
-    _layers_share,
-    ceil_fraction,
-    kv_cache_bytes,
-    kv_rank_numel,
-    precision_plan,
-)
+from app.domain.memory.formulas import Sizer, ceil_fraction, kv_cache_bytes, precision_plan
 from app.domain.memory.liveness import _op_sizes, build_plan
 from app.domain.memory.memo import layer_columns, op_groups, op_result_groups
+from app.domain.memory.rank_share import _kv_replicated_elements, _layers_share, kv_rank_numel
 from app.domain.precision import Precision
 from app.domain.workload import Mode, Runtime
 from app.domain.zoo import ZOO

@@ -9,13 +9,8 @@ import pytest
 
 from app.domain.graph.analysis import GraphAnalysis, analyze
 from app.domain.memory.estimate import MemoryRequest, analyze_for, estimate_memory
-from app.domain.memory.formulas import (
-    check_tensor_parallel_heads,
-    layer_stages,
-    precision_plan,
-    rank_share,
-    weights_bytes,
-)
+from app.domain.memory.formulas import precision_plan, weights_bytes
+from app.domain.memory.rank_share import check_tensor_parallel_heads, layer_stages, rank_share
 from app.domain.parallel import (
     TensorParallelError,
     check_tensor_parallel,

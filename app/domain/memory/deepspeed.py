@@ -35,7 +35,8 @@ from collections.abc import Sequence
 from fractions import Fraction
 
 from app.domain.memory.context import Estimation
-from app.domain.memory.formulas import _tied_weight_numel, ceil_fraction
+from app.domain.memory.formulas import ceil_fraction
+from app.domain.memory.rank_share import tied_weight_numel
 
 
 def reduce_bucket_bytes(reduce_bucket_size: int, element_bytes: Fraction, buckets: int) -> int:
@@ -166,7 +167,7 @@ def deepspeed_buffers(e: Estimation) -> dict[str, int]:
     if par.zero_stage >= 3:
         model_shard = par.tensor * par.pipeline
         # a layer is a submodule; a tied output head gathers the weight it reads
-        modules = [layer.result.params + _tied_weight_numel(layer) for layer in e.analysis.layers]
+        modules = [layer.result.params + tied_weight_numel(layer) for layer in e.analysis.layers]
         largest = max(modules, default=0)
         kept = reuse_kept_elements(modules, knobs.stage3_max_reuse_distance)
         resident = max(largest, kept)

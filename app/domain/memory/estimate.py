@@ -51,19 +51,21 @@ from app.domain.memory.cuda_runtime import (
 from app.domain.memory.explain import explain_peak, layer_view, request_assumptions
 from app.domain.memory.formulas import (
     PrecisionPlan,
-    RankShare,
     Sizer,
-    attention_heads,
     ceil_fraction,
-    check_tensor_parallel_heads,
     kv_cache_bytes,
     precision_plan,
-    request_rank_share,
 )
 from app.domain.memory.frozen import FrozenBase, frozen_base
 from app.domain.memory.liveness import StoragePlan, build_plan, last_reads, seed_rule
 from app.domain.memory.memo import LayerColumns, PlanMemo, layer_columns, layer_totals, memoised
 from app.domain.memory.moments import inference_moments, training_moments
+from app.domain.memory.rank_share import (
+    RankShare,
+    attention_heads,
+    check_tensor_parallel_heads,
+    request_rank_share,
+)
 from app.domain.memory.request import MemoryInputError, MemoryRequest
 from app.domain.memory.reserve import explain_reserve
 from app.domain.memory.result import (
@@ -323,7 +325,7 @@ def _stored_weights_bytes(
     analysis: GraphAnalysis, request: MemoryRequest, plan: PrecisionPlan, plans: PlanMemo | None
 ) -> tuple[int, int, tuple[str, ...]]:
     """The weights every device stores (its tensor x pipeline share, the worst pipeline stage's:
-    :func:`app.domain.memory.formulas.rank_share`; and split over data ranks from ZeRO-3 on),
+    :func:`app.domain.memory.rank_share.rank_share`; and split over data ranks from ZeRO-3 on),
     the unsharded bytes and their notes (memoised per analysis and precision)."""
     par = request.parallelism
     share, weights_full, weight_notes = request_rank_share(analysis, request, plan, plans)

@@ -266,7 +266,7 @@ def checkpoint_unit(name: str) -> str | None:
     ``gradient_checkpointing_enable()`` each decoder/encoder layer (``model.layers[i]``), and
     a CNN's recipe each residual block of each stage (``torch.utils.checkpoint`` around
     ``resnet.layer1[i]``, torchvision's ``mobilenet_v2.features[i]``). The top-level repeats
-    (``app.domain.memory.formulas.repeated_block``, also the pipeline stages' blocks) are
+    (``app.domain.memory.rank_share.repeated_block``, also the pipeline stages' blocks) are
     such blocks; so are the iterations of a repeat inside a group (``layer1.blocks.0``), which
     a rule reading only the top level left outside every unit (checkpointing then kept their
     activations: ResNet-50 and MobileNet-V2 with full checkpointing over-estimated by 24-66 %

@@ -33,7 +33,6 @@ from app.domain.memory.formulas import (
     loss_expression,
     optimizer_state_bytes,
     optimizer_step_temporaries,
-    request_rank_share,
 )
 from app.domain.memory.frozen import trainable_lines
 from app.domain.memory.liveness import (
@@ -51,6 +50,7 @@ from app.domain.memory.liveness import (
 from app.domain.memory.loss import NO_LOSS, LossTensors, chunk_sizes, chunked_loss, loss_tensors
 from app.domain.memory.loss import SOURCE as LOSS_SOURCE
 from app.domain.memory.memo import memoised
+from app.domain.memory.rank_share import request_rank_share
 from app.domain.memory.returned_cache import returned_cache
 from app.domain.peft import LoraPlan
 from app.domain.precision import bytes_per_element, convention
