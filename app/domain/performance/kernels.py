@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from operator import itemgetter
-from typing import overload
 
 from app.domain.graph.analysis import GraphAnalysis, LayerAnalysis
 from app.domain.graph.ops import Storage, TensorKind
 from app.domain.graph.traits import CONV_OPS, FUSABLE_EPILOGUE_OPS, LOOKUP_OPS, MULTI_KERNEL_OPS
 from app.domain.performance.errors import RooflineInputError
+from app.domain.performance.lazy import LazyTuple
 from app.domain.performance.precision_schemes import PrecisionScheme
 from app.domain.performance.tiling import Gemm, Tiling, gemm_efficiency
 from app.domain.workload import FUSED_ATTENTION
@@ -341,13 +341,13 @@ _Figures = tuple[
 ]
 
 
-class KernelCounts(Sequence[KernelCount]):
+class KernelCounts(LazyTuple[KernelCount]):
     """:func:`count_kernels`' kernels, read as a tuple of them but kept as plain rows and each
     :class:`KernelCount` built when first read: a phase is priced from one kernel per run
     (:meth:`runs`), so building a frozen object for every layer of a 96-block decoder (twice
     per batch size a search tries) would cost more than the counting."""
 
-    __slots__ = ("_all", "_built", "_heads", "_key_runs", "_keys", "_names", "_runs")
+    __slots__ = ("_heads", "_key_runs", "_keys", "_names", "_runs")
 
     def __init__(
         self,
@@ -358,13 +358,12 @@ class KernelCounts(Sequence[KernelCount]):
     ) -> None:
         """``key_runs``: (key, first index, count) of groups of kernels of one key, covering
         them all in order of first appearance (found from ``keys`` when None)."""
+        super().__init__(len(keys))
         self._names = names
         self._keys = keys
         self._heads = heads
         self._key_runs = key_runs
         self._runs: tuple[tuple[int, int], ...] | None = None
-        self._built: dict[int, KernelCount] = {}
-        self._all: tuple[KernelCount, ...] | None = None
 
     def _figures(self, key: _Key) -> _Figures:
         head, ops, flops, weights, float_in, index_in, float_out, index_out = key
@@ -374,16 +373,13 @@ class KernelCounts(Sequence[KernelCount]):
         return (ops, flops, weights, float_in, index_in, float_out, index_out, kv, spilled_fp32,
                 spilled_float, launches, gemms, heads, kv_heads)  # fmt: skip
 
-    def _one(self, index: int) -> KernelCount:
-        found = self._built.get(index)
-        if found is not None:
-            return found
+    def _make(self, index: int) -> KernelCount:
         key = self._keys[index]
         head, ops, flops, weights, float_in, index_in, float_out, index_out = key
         _, notes, _, _, kv, spilled_fp32, spilled_float, launches, gemms, heads, kv_heads = (
             self._heads[head]
         )
-        found = self._built[index] = KernelCount(
+        return KernelCount(
             name=self._names[index],
             ops=ops,
             flops=flops,
@@ -401,12 +397,6 @@ class KernelCounts(Sequence[KernelCount]):
             heads=heads,
             kv_heads=kv_heads,
         )
-        return found
-
-    def _every(self) -> tuple[KernelCount, ...]:
-        if self._all is None:
-            self._all = tuple(self._one(i) for i in range(len(self._keys)))
-        return self._all
 
     def runs(self) -> tuple[tuple[int, int], ...]:
         """Kernels alike in every figure but the name and notes, as (first index, count) in
@@ -441,38 +431,6 @@ class KernelCounts(Sequence[KernelCount]):
         heads = self._heads
         seen = dict.fromkeys(map(itemgetter(0), self._keys))  # heads in order of first use
         return tuple(dict.fromkeys(note for head in seen for note in heads[head][1]))
-
-    def __len__(self) -> int:
-        return len(self._keys)
-
-    @overload
-    def __getitem__(self, index: int) -> KernelCount: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> tuple[KernelCount, ...]: ...
-
-    def __getitem__(self, index: int | slice) -> KernelCount | tuple[KernelCount, ...]:
-        if isinstance(index, slice):
-            return self._every()[index]
-        size = len(self._keys)
-        position = index + size if index < 0 else index
-        if not 0 <= position < size:
-            raise IndexError("kernel index out of range")
-        return self._one(position)
-
-    def __iter__(self) -> Iterator[KernelCount]:
-        return iter(self._every())
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, KernelCounts | tuple):
-            return self._every() == tuple(other)
-        return NotImplemented
-
-    def __hash__(self) -> int:
-        return hash(self._every())
-
-    def __repr__(self) -> str:
-        return repr(self._every())
 
 
 def count_kernels(

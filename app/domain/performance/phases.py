@@ -4,12 +4,11 @@ decode steps), its copies and what it assumes (pure)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from fractions import Fraction
 from itertools import accumulate
 from operator import attrgetter, itemgetter
-from typing import overload
 
 from app.domain.graph.analysis import GraphAnalysis
 from app.domain.graph.ops import TensorKind
@@ -22,6 +21,7 @@ from app.domain.performance.kernels import (
     KernelCounts,
     paid_gemm_flops,
 )
+from app.domain.performance.lazy import LazyTuple
 from app.domain.performance.precision_schemes import PrecisionScheme
 from app.domain.performance.tiling import Gemm, Tiling
 from app.domain.workload import FUSED_ATTENTION, Attention
@@ -48,19 +48,17 @@ _COUNT_FIGURES = attrgetter(
 )
 
 
-class LazyKernels(Sequence[Kernel]):
+class LazyKernels(LazyTuple[Kernel]):
     """A phase's kernels, each built when first read and then kept, read as a tuple of them
     (a recommendation prices a phase from one kernel per run: building every kernel of every
     precision and tensor-parallel share would cost more than the pricing). ``totals``: the
     FLOPs, bytes moved and launches of them all, summed per run (kernels of a run are alike)."""
 
-    __slots__ = ("_all", "_built", "_make", "_size", "totals")
+    __slots__ = ("_maker", "totals")
 
     def __init__(self, size: int, make: Callable[[int], Kernel], runs: Runs) -> None:
-        self._size = size
-        self._make = make
-        self._built: dict[int, Kernel] = {}
-        self._all: tuple[Kernel, ...] | None = None
+        super().__init__(size)
+        self._maker = make
         flops = moved = launches = 0
         for index, count in runs:
             k = self._one(index)
@@ -69,47 +67,8 @@ class LazyKernels(Sequence[Kernel]):
             launches += count * k.launches
         self.totals = (flops, moved, launches)
 
-    def _one(self, index: int) -> Kernel:
-        found = self._built.get(index)
-        if found is None:
-            found = self._built[index] = self._make(index)
-        return found
-
-    def _every(self) -> tuple[Kernel, ...]:
-        if self._all is None:
-            self._all = tuple(self._one(i) for i in range(self._size))
-        return self._all
-
-    def __len__(self) -> int:
-        return self._size
-
-    @overload
-    def __getitem__(self, index: int) -> Kernel: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> tuple[Kernel, ...]: ...
-
-    def __getitem__(self, index: int | slice) -> Kernel | tuple[Kernel, ...]:
-        if isinstance(index, slice) or self._all is not None:
-            return self._every()[index]
-        position = index + self._size if index < 0 else index
-        if not 0 <= position < self._size:
-            raise IndexError("kernel index out of range")
-        return self._one(position)
-
-    def __iter__(self) -> Iterator[Kernel]:
-        return iter(self._every())
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, LazyKernels | tuple):
-            return self._every() == tuple(other)
-        return NotImplemented
-
-    def __hash__(self) -> int:
-        return hash(self._every())
-
-    def __repr__(self) -> str:
-        return repr(self._every())
+    def _make(self, index: int) -> Kernel:
+        return self._maker(index)
 
 
 def _kernel_groups(
