@@ -9,6 +9,7 @@ when it is read, and the whole tuple only when it is iterated, sliced, compared 
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Iterator, Sequence
 from typing import TypeVar, overload
 
@@ -26,9 +27,9 @@ class LazyTuple(Sequence[T]):
         self._built: dict[int, T] = {}
         self._all: tuple[T, ...] | None = None
 
+    @abstractmethod
     def _make(self, index: int) -> T:
         """Build item ``index`` (0 <= index < size)."""
-        raise NotImplementedError
 
     def _one(self, index: int) -> T:
         found = self._built.get(index)
